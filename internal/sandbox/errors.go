@@ -1,0 +1,23 @@
+package sandbox
+
+import "errors"
+
+var (
+	// ErrInvalidSpec: the request asked for something impossible.
+	ErrInvalidSpec = errors.New("invalid sandbox spec")
+	// ErrUnsupported: the host lacks a feature the backend needs. The error
+	// text names the feature and the option that accepts a weaker sandbox.
+	ErrUnsupported = errors.New("isolation not supported on this host")
+	// ErrSetup: the sandbox could not be started; the text says which step
+	// failed.
+	ErrSetup = errors.New("sandbox setup failed")
+	// ErrClosed: the sandbox was closed.
+	ErrClosed = errors.New("sandbox closed")
+	// ErrBusy: the sandbox is running another execution.
+	ErrBusy = errors.New("sandbox busy")
+	// ErrTooLarge: a file exceeds the size allowed.
+	ErrTooLarge = errors.New("file too large")
+	// ErrBadPath: a workspace path is absolute, escapes the workspace, or
+	// names something that is not a regular file.
+	ErrBadPath = errors.New("invalid workspace path")
+)

@@ -1,0 +1,94 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// InputFile is copied into the workspace before the code runs.
+type InputFile struct {
+	Name string // workspace-relative path
+	Open func() (io.ReadCloser, error)
+}
+
+// OneShot is a single execution in a fresh sandbox that is destroyed
+// afterwards: what `vivarium run` and the one-shot API do.
+type OneShot struct {
+	Spec    Spec
+	Request ExecRequest
+	Files   []InputFile
+	// OutDir, when set, receives the workspace's regular files after the
+	// run (links, FIFOs and devices skipped, each file and the total capped
+	// at the disk limit).
+	OutDir string
+	Sink   Sink
+}
+
+// ExitSetupFailed is the exit status when the sandbox could not start, as
+// docker run uses 125 for its own failures.
+const ExitSetupFailed = 125
+
+// MaxListedFiles bounds Result.Files.
+const MaxListedFiles = 1000
+
+// SetupFailed is the Result for a sandbox that could not start.
+func SetupFailed(err error) *Result {
+	return &Result{
+		Status:   StatusSetupFailed,
+		ExitCode: ExitSetupFailed,
+		Results:  []Output{},
+		Files:    []FileInfo{},
+		Error:    &Error{Name: "SetupError", Value: err.Error()},
+	}
+}
+
+// RunOnce runs job and always returns a Result. The error reports problems
+// that did not change the outcome (files that could not be copied out, a
+// failed clean-up), for the caller to show or log.
+func RunOnce(ctx context.Context, b Backend, job OneShot) (*Result, error) {
+	job.Spec.OneShot = true
+	sb, err := b.Create(ctx, job.Spec)
+	if err != nil {
+		return SetupFailed(err), nil
+	}
+	res, warn, err := runIn(ctx, sb, job)
+	if err != nil {
+		res = SetupFailed(err)
+	}
+	return res, errors.Join(warn, sb.Close())
+}
+
+func runIn(ctx context.Context, sb Sandbox, job OneShot) (res *Result, warn, err error) {
+	disk := job.Spec.Limits.WithDefaults().Disk
+	for _, f := range job.Files {
+		r, err := f.Open()
+		if err != nil {
+			return nil, nil, fmt.Errorf("input file %s: %w", f.Name, err)
+		}
+		err = sb.Workspace().WriteFile(f.Name, r, disk)
+		r.Close()
+		if err != nil {
+			return nil, nil, fmt.Errorf("input file %s: %w", f.Name, err)
+		}
+	}
+	res, err = sb.Execute(ctx, job.Request, job.Sink)
+	if err != nil {
+		return nil, nil, err
+	}
+	// Every process of a one-shot sandbox is dead by now: the workspace
+	// holds still while it is read.
+	if res.Files, err = sb.Workspace().List(MaxListedFiles); err != nil {
+		warn = fmt.Errorf("list workspace: %w", err)
+	}
+	if res.Files == nil {
+		res.Files = []FileInfo{}
+	}
+	if job.OutDir != "" {
+		if _, err := sb.Workspace().CopyOut(job.OutDir, disk, disk); err != nil {
+			warn = errors.Join(warn, fmt.Errorf("copy files out: %w", err))
+		}
+	}
+	return res, warn, nil
+}

@@ -1,0 +1,80 @@
+// Package sandbox defines what every isolation backend offers: the Spec a
+// sandbox is created from, its Limits, the Result of running code in it, and
+// the Backend and Sandbox interfaces that transports and the CLI program
+// against.
+//
+// Outcomes of user code (an exception, a timeout, an OOM kill) are values in
+// Result.Status, not Go errors. A Go error means the sandbox itself could not
+// do its job.
+package sandbox
+
+import (
+	"context"
+	"io"
+	"io/fs"
+	"time"
+)
+
+// Backend creates sandboxes of one isolation kind.
+type Backend interface {
+	// Name is how users select the backend: "native", "gvisor", ...
+	Name() string
+	// Create starts a sandbox and returns once it is ready for code.
+	Create(ctx context.Context, spec Spec) (Sandbox, error)
+}
+
+// Sandbox is one isolated environment with a Python runner inside.
+type Sandbox interface {
+	ID() string
+	// Execute runs code and reports its outcome. Output is passed to sink
+	// (if not nil) while the code runs, and collected in the Result too.
+	Execute(ctx context.Context, req ExecRequest, sink Sink) (*Result, error)
+	// Workspace gives access to the sandbox's writable files.
+	Workspace() Workspace
+	// Close ends every process of the sandbox and frees everything it held.
+	// It is safe to call more than once.
+	Close() error
+}
+
+// ExecRequest is one piece of code to run.
+type ExecRequest struct {
+	Code string
+	// Filename is what tracebacks show for the code ("<cell>" if empty).
+	Filename string
+	// Env is added to the sandbox's environment for this execution only.
+	Env map[string]string
+	// Timeout and CPUTime override the sandbox's limits when non-zero.
+	Timeout, CPUTime time.Duration
+}
+
+// Sink receives output while code runs. Calls come from one goroutine at a
+// time per stream; implementations must not retain p.
+type Sink interface {
+	Stdout(p []byte)
+	Stderr(p []byte)
+}
+
+// Workspace is the sandbox's writable directory. Every path is relative to
+// it; no operation follows a symbolic link, reaches outside it, or blocks on
+// a FIFO or device.
+type Workspace interface {
+	// WriteFile creates or replaces name with the content of r, creating
+	// parent directories. At most limit bytes are written; more is an error
+	// wrapping ErrTooLarge and leaves no file behind.
+	WriteFile(name string, r io.Reader, limit int64) error
+	// List returns the regular files under the workspace, recursively, up
+	// to max entries.
+	List(max int) ([]FileInfo, error)
+	// CopyOut copies the regular files of the workspace into the host
+	// directory dir, skipping symbolic links, FIFOs, devices and sockets,
+	// and files bigger than maxFile. It returns what it copied.
+	CopyOut(dir string, maxFile, maxTotal int64) ([]FileInfo, error)
+}
+
+// FileInfo describes one file of a workspace.
+type FileInfo struct {
+	Path    string      `json:"path"` // slash-separated, relative to the workspace
+	Size    int64       `json:"size"`
+	Mode    fs.FileMode `json:"-"`
+	ModTime time.Time   `json:"-"`
+}

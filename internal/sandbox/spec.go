@@ -1,0 +1,128 @@
+package sandbox
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Limits bound what a sandbox may use. Zero means the default, except for
+// CPUTime, where zero means no limit beyond the wall clock.
+type Limits struct {
+	Timeout   time.Duration // wall clock per execution
+	CPUTime   time.Duration // CPU time per execution, all processes together
+	Memory    int64         // bytes of memory, swap off
+	Pids      int           // processes and threads at once
+	Disk      int64         // bytes of /workspace, /tmp and /dev/shm together
+	MaxOutput int64         // bytes kept per stream (stdout, stderr); the rest is dropped
+	OpenFiles int           // open file descriptors per process
+}
+
+// Defaults for Limits.
+const (
+	DefaultTimeout   = 30 * time.Second
+	DefaultMemory    = 512 << 20
+	DefaultPids      = 64
+	DefaultDisk      = 256 << 20
+	DefaultMaxOutput = 1 << 20
+	DefaultOpenFiles = 1024
+)
+
+// WithDefaults returns l with zero fields set to their defaults.
+func (l Limits) WithDefaults() Limits {
+	if l.Timeout == 0 {
+		l.Timeout = DefaultTimeout
+	}
+	if l.Memory == 0 {
+		l.Memory = DefaultMemory
+	}
+	if l.Pids == 0 {
+		l.Pids = DefaultPids
+	}
+	if l.Disk == 0 {
+		l.Disk = DefaultDisk
+	}
+	if l.MaxOutput == 0 {
+		l.MaxOutput = DefaultMaxOutput
+	}
+	if l.OpenFiles == 0 {
+		l.OpenFiles = DefaultOpenFiles
+	}
+	return l
+}
+
+// Validate checks that limits are usable: each check names the limit and
+// the accepted range, in words a user of the CLI or API can act on.
+func (l Limits) Validate() error {
+	checks := []struct {
+		bad bool
+		msg string
+	}{
+		{l.Timeout < 0 || l.Timeout > 24*time.Hour, "timeout must be between 0 and 24h"},
+		{l.CPUTime < 0 || l.CPUTime > 24*time.Hour, "cpu time must be between 0 and 24h"},
+		{l.Memory != 0 && (l.Memory < 16<<20 || l.Memory > 1<<40), "memory must be between 16MiB and 1TiB"},
+		{l.Pids < 0 || l.Pids == 1 || l.Pids > 1<<16, "pids must be between 2 and 65536"},
+		{l.Disk != 0 && (l.Disk < 1<<20 || l.Disk > 1<<40), "disk must be between 1MiB and 1TiB"},
+		{l.MaxOutput < 0 || l.MaxOutput > 1<<30, "max output must be between 0 and 1GiB"},
+		{l.OpenFiles < 0 || l.OpenFiles > 1<<20, "open files must be between 16 and 1048576"},
+		{l.OpenFiles != 0 && l.OpenFiles < 16, "open files must be between 16 and 1048576"},
+	}
+	for _, c := range checks {
+		if c.bad {
+			return fmt.Errorf("%w: %s", ErrInvalidSpec, c.msg)
+		}
+	}
+	return nil
+}
+
+// Spec describes a sandbox to create.
+type Spec struct {
+	Limits Limits
+	// Env is the sandbox's environment on top of a minimal base (PATH, HOME,
+	// LANG). Nothing of the host's environment is passed in.
+	Env map[string]string
+	// Python is the interpreter path inside the sandbox.
+	Python string
+	// OneShot sandboxes run a single execution, and its exit status is the
+	// program's own: sys.exit(3) ends the sandbox with 3.
+	OneShot bool
+}
+
+// DefaultPython is the interpreter sandboxes run unless told otherwise.
+const DefaultPython = "/usr/bin/python3"
+
+// Validate checks a spec before any resource is taken.
+func (s Spec) Validate() error {
+	if err := s.Limits.Validate(); err != nil {
+		return err
+	}
+	for k, v := range s.Env {
+		if err := validEnv(k, v); err != nil {
+			return err
+		}
+	}
+	if s.Python != "" && !strings.HasPrefix(s.Python, "/") {
+		return fmt.Errorf("%w: python must be an absolute path, got %q", ErrInvalidSpec, s.Python)
+	}
+	return nil
+}
+
+func validEnv(k, v string) error {
+	if k == "" || strings.ContainsAny(k, "=\x00") {
+		return fmt.Errorf("%w: invalid environment variable name %q", ErrInvalidSpec, k)
+	}
+	if strings.Contains(v, "\x00") {
+		return fmt.Errorf("%w: environment variable %s contains a NUL byte", ErrInvalidSpec, k)
+	}
+	return nil
+}
+
+// ValidateEnv checks environment variables passed with an execution.
+func ValidateEnv(env map[string]string) error {
+	for k, v := range env {
+		if err := validEnv(k, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
