@@ -1,0 +1,260 @@
+//go:build linux
+
+// Package cgroups gives each sandbox a control group of its own, on cgroup v1
+// (per-controller hierarchies, still the default on some hosts and on this
+// project's CI) and on cgroup v2 (the unified hierarchy of current distros).
+//
+// A Group limits memory (with swap off) and the number of processes, and
+// reports CPU time, peak memory and OOM kills. All groups live under one
+// parent, "vivarium" by default, at the top of each hierarchy.
+//
+// The package writes control files directly: the handful it needs are stable
+// kernel ABI, and a dependency would not make them safer.
+package cgroups
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Limits are applied when a group is created. Zero means no limit.
+type Limits struct {
+	MemoryBytes int64
+	Pids        int64
+}
+
+// Stats are read from a group's accounting files.
+type Stats struct {
+	CPU        time.Duration // user + system time of every process, living and dead
+	MemoryPeak int64         // high-water mark of memory charged, bytes
+	OOMKills   int64         // processes the kernel killed for exceeding the memory limit
+}
+
+// Group is one sandbox's control group.
+type Group interface {
+	// AddProc moves a process (with all its threads) into the group.
+	AddProc(pid int) error
+	// IntoFD returns a directory descriptor for clone3's CLONE_INTO_CGROUP,
+	// or -1 where the hierarchy cannot do that (cgroup v1).
+	IntoFD() int
+	// Stats reads the group's accounting.
+	Stats() (Stats, error)
+	// Destroy kills whatever still runs in the group, waits for it to be
+	// gone and removes the group. It is safe to call more than once.
+	Destroy() error
+}
+
+// Manager creates groups.
+type Manager interface {
+	// Version is 1 or 2.
+	Version() int
+	// New creates an empty group with the given limits.
+	New(name string, l Limits) (Group, error)
+}
+
+// DefaultParent is the group every sandbox group is created under.
+const DefaultParent = "vivarium"
+
+// Detect finds the cgroup hierarchy this host offers. It prefers a unified
+// (v2) hierarchy that has the memory and pids controllers, and otherwise
+// looks for v1 memory, pids and cpuacct hierarchies. The error says what is
+// missing.
+func Detect(parent string) (Manager, error) {
+	if parent == "" {
+		parent = DefaultParent
+	}
+	if err := validName(parent); err != nil {
+		return nil, err
+	}
+	mounts, err := readMounts("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	return detect(mounts, parent)
+}
+
+func detect(mounts []mount, parent string) (Manager, error) {
+	var v2Err error
+	if m := mounts2(mounts); m != "" {
+		mgr, err := newV2(m, parent)
+		if err == nil {
+			return mgr, nil
+		}
+		v2Err = err
+	}
+	mgr, err := newV1(mounts, parent)
+	if err == nil {
+		return mgr, nil
+	}
+	if v2Err != nil {
+		return nil, fmt.Errorf("%w; %w", v2Err, err)
+	}
+	return nil, err
+}
+
+// ErrUnavailable says the host's cgroups cannot limit a sandbox.
+var ErrUnavailable = errors.New("cgroups unavailable")
+
+func validName(name string) error {
+	for _, part := range strings.Split(name, "/") {
+		if part == "" || part == "." || part == ".." {
+			return fmt.Errorf("cgroups: invalid group name %q", name)
+		}
+	}
+	return nil
+}
+
+type mount struct {
+	point   string
+	fstype  string
+	options []string // super options: the v1 controllers
+}
+
+// readMounts parses /proc/self/mountinfo for cgroup file systems.
+func readMounts(path string) ([]mount, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("cgroups: %w", err)
+	}
+	return parseMountinfo(string(data)), nil
+}
+
+func parseMountinfo(s string) []mount {
+	var out []mount
+	for _, line := range strings.Split(s, "\n") {
+		// 36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue
+		pre, post, ok := strings.Cut(line, " - ")
+		if !ok {
+			continue
+		}
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if len(f) < 5 || len(g) < 3 || (g[0] != "cgroup" && g[0] != "cgroup2") {
+			continue
+		}
+		out = append(out, mount{point: unescapeMount(f[4]), fstype: g[0], options: strings.Split(g[2], ",")})
+	}
+	return out
+}
+
+// unescapeMount undoes mountinfo's octal escapes of space, tab, newline and backslash.
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+func mounts2(ms []mount) string {
+	for _, m := range ms {
+		if m.fstype == "cgroup2" {
+			return m.point
+		}
+	}
+	return ""
+}
+
+// writeFile writes a control file; the error names the file and value.
+// It never creates a file: a missing one means the kernel lacks the feature.
+func writeFile(dir, file, value string) error {
+	f, err := os.OpenFile(filepath.Join(dir, file), os.O_WRONLY|os.O_TRUNC, 0)
+	if err == nil {
+		_, err = f.WriteString(value)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("cgroups: write %q to %s: %w", value, file, err)
+	}
+	return nil
+}
+
+func readInt(dir, file string) (int64, error) {
+	b, err := os.ReadFile(filepath.Join(dir, file))
+	if err != nil {
+		return 0, fmt.Errorf("cgroups: %w", err)
+	}
+	s := strings.TrimSpace(string(b))
+	if s == "max" {
+		return -1, nil
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("cgroups: %s: %w", file, err)
+	}
+	return n, nil
+}
+
+// readKeyed reads one value of a "key value" per line file (memory.events, cpu.stat).
+func readKeyed(dir, file, key string) (int64, error) {
+	b, err := os.ReadFile(filepath.Join(dir, file))
+	if err != nil {
+		return 0, fmt.Errorf("cgroups: %w", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(line, " ")
+		if ok && k == key {
+			return strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("cgroups: %s has no %q", file, key)
+}
+
+// removeDir removes an empty group directory, retrying while the kernel
+// finishes tearing down exited processes (rmdir fails with EBUSY until then).
+// kill is called between attempts to catch processes that appeared since.
+func removeDir(dir string, kill func()) error {
+	deadline := time.Now().Add(10 * time.Second)
+	delay := 200 * time.Microsecond
+	for {
+		err := os.Remove(dir)
+		if err == nil || errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("cgroups: remove %s: %w", dir, err)
+		}
+		kill()
+		time.Sleep(delay)
+		delay = min(2*delay, 50*time.Millisecond)
+	}
+}
+
+// killProcs sends SIGKILL to every process listed in dir's cgroup.procs.
+func killProcs(dir string) (int, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return 0, nil
+		}
+		return 0, err
+	}
+	n := 0
+	for _, f := range strings.Fields(string(b)) {
+		pid, err := strconv.Atoi(f)
+		if err != nil || pid <= 0 {
+			continue
+		}
+		if syscall.Kill(pid, syscall.SIGKILL) == nil {
+			n++
+		}
+	}
+	return n, nil
+}

@@ -1,0 +1,222 @@
+//go:build linux
+
+package cgroups
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
+)
+
+const hybridMountinfo = `30 22 0:27 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+31 30 0:28 / /sys/fs/cgroup/cpu,cpuacct rw,relatime - cgroup cgroup rw,cpu,cpuacct
+34 30 0:31 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+38 30 0:35 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
+36 30 0:33 / /sys/fs/cgroup/free\040zer rw,relatime - cgroup cgroup rw,freezer
+40 30 0:37 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+`
+
+func TestParseMountinfo(t *testing.T) {
+	ms := parseMountinfo(hybridMountinfo)
+	if len(ms) != 5 {
+		t.Fatalf("got %d cgroup mounts, want 5: %+v", len(ms), ms)
+	}
+	if ms[0].point != "/sys/fs/cgroup/cpu,cpuacct" || strings.Join(ms[0].options, ",") != "rw,cpu,cpuacct" {
+		t.Errorf("first mount: %+v", ms[0])
+	}
+	if ms[3].point != "/sys/fs/cgroup/free zer" {
+		t.Errorf("escaped mount point not decoded: %q", ms[3].point)
+	}
+	if got := mounts2(ms); got != "/sys/fs/cgroup/unified" {
+		t.Errorf("v2 mount: %q", got)
+	}
+}
+
+func TestDetectNamesWhatIsMissing(t *testing.T) {
+	ms := parseMountinfo("34 30 0:31 / /x/memory rw - cgroup cgroup rw,memory\n")
+	_, err := detect(ms, "vivarium-test")
+	if err == nil || !strings.Contains(err.Error(), "cpuacct, pids") {
+		t.Fatalf("want an error naming cpuacct and pids, got %v", err)
+	}
+}
+
+// fakeV2 builds a directory that looks like a cgroup v2 root, with the
+// control files a group needs, so the v2 code runs on a v1 machine too.
+func fakeV2(t *testing.T) string {
+	root := t.TempDir()
+	write := func(p, s string) {
+		if err := os.WriteFile(filepath.Join(root, p), []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("cgroup.controllers", "cpuset cpu io memory hugetlb pids rdma misc\n")
+	write("cgroup.subtree_control", "")
+	return root
+}
+
+func TestV2WritesLimits(t *testing.T) {
+	root := fakeV2(t)
+	// The parent directory is not a real cgroup: give it the file the
+	// kernel would.
+	os.Mkdir(filepath.Join(root, "vivarium"), 0o755)
+	os.WriteFile(filepath.Join(root, "vivarium", "cgroup.subtree_control"), nil, 0o644)
+	if _, err := newV2(root, "vivarium"); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(filepath.Join(root, "cgroup.subtree_control"))
+	if string(b) != "+memory +pids" {
+		t.Errorf("root subtree_control = %q", b)
+	}
+	parent := filepath.Join(root, "vivarium")
+	if b, _ := os.ReadFile(filepath.Join(parent, "cgroup.subtree_control")); string(b) != "+memory +pids" {
+		t.Errorf("parent subtree_control = %q", b)
+	}
+	// Create the group's files before New, as the kernel would on mkdir.
+	dir := filepath.Join(parent, "sb1")
+	os.Mkdir(dir, 0o755)
+	for _, f := range []string{"memory.max", "memory.swap.max", "memory.oom.group", "pids.max", "cgroup.procs"} {
+		os.WriteFile(filepath.Join(dir, f), nil, 0o644)
+	}
+	g := &group2{dir: dir, fd: -1}
+	if err := g.limit(Limits{MemoryBytes: 1 << 20, Pids: 7}); err != nil {
+		t.Fatal(err)
+	}
+	for f, want := range map[string]string{"memory.max": "1048576", "memory.swap.max": "0", "memory.oom.group": "1", "pids.max": "7"} {
+		if b, _ := os.ReadFile(filepath.Join(dir, f)); string(b) != want {
+			t.Errorf("%s = %q, want %q", f, b, want)
+		}
+	}
+	os.WriteFile(filepath.Join(dir, "cpu.stat"), []byte("usage_usec 1500\nuser_usec 1000\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "memory.peak"), []byte("4096\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "memory.events"), []byte("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n"), 0o644)
+	s, err := g.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.CPU != 1500*time.Microsecond || s.MemoryPeak != 4096 || s.OOMKills != 1 {
+		t.Errorf("stats = %+v", s)
+	}
+}
+
+func TestV2MissingController(t *testing.T) {
+	root := t.TempDir()
+	os.WriteFile(filepath.Join(root, "cgroup.controllers"), []byte("hugetlb\n"), 0o644)
+	_, err := newV2(root, "vivarium")
+	if err == nil || !strings.Contains(err.Error(), "memory, pids") {
+		t.Fatalf("want an error naming memory and pids, got %v", err)
+	}
+}
+
+// TestRealGroup uses the host's real hierarchy: limits hold, stats count,
+// and Destroy leaves no process and no directory behind.
+func TestRealGroup(t *testing.T) {
+	testutil.RequireRoot(t)
+	m, err := Detect("vivarium-test")
+	if err != nil {
+		t.Skipf("no usable cgroups: %v", err)
+	}
+	t.Logf("cgroup v%d", m.Version())
+	g, err := m.New("real-"+strings.ReplaceAll(t.Name(), "/", "-"), Limits{MemoryBytes: 64 << 20, Pids: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Destroy()
+
+	// A process in the group forks more than the pids limit allows, then
+	// burns some CPU: the forks past the limit fail.
+	py := testutil.RequirePython(t)
+	cmd := exec.Command(py, "-c", `
+import os, sys, time
+sys.stdin.read(1)
+ok = 0
+for i in range(40):
+    try:
+        if os.fork() == 0:
+            time.sleep(30); os._exit(0)
+        ok += 1
+    except OSError:
+        pass
+sum(range(3000000))
+print("started", ok, flush=True)
+time.sleep(30)`)
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.AddProc(cmd.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	stdin.Write([]byte("x"))
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	var procs int
+	if _, err := fmt.Sscanf(line, "started %d", &procs); err != nil || procs >= 16 || procs < 5 {
+		t.Errorf("pids limit 16: %q %v", line, err)
+	}
+	s, err := g.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.CPU <= 0 || s.MemoryPeak <= 0 {
+		t.Errorf("stats did not count: %+v", s)
+	}
+	if err := g.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err == nil {
+		t.Error("the shell survived Destroy")
+	}
+	// Nothing of the group is left in any hierarchy.
+	ms, _ := readMounts("/proc/self/mountinfo")
+	for _, mt := range ms {
+		matches, _ := filepath.Glob(filepath.Join(mt.point, "vivarium-test", "real-*"))
+		if len(matches) > 0 {
+			t.Errorf("left behind: %v", matches)
+		}
+	}
+}
+
+func TestRealGroupOOM(t *testing.T) {
+	testutil.RequireRoot(t)
+	py := testutil.RequirePython(t)
+	m, err := Detect("vivarium-test")
+	if err != nil {
+		t.Skipf("no usable cgroups: %v", err)
+	}
+	g, err := m.New("oom", Limits{MemoryBytes: 32 << 20, Pids: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Destroy()
+	cmd := exec.Command(py, "-c", "import sys; sys.stdin.read(1); b = bytearray(256 << 20); print('survived')")
+	stdin, _ := cmd.StdinPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.AddProc(cmd.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	stdin.Write([]byte("x"))
+	stdin.Close()
+	err = cmd.Wait()
+	if err == nil {
+		t.Fatal("256 MiB allocation succeeded under a 32 MiB limit")
+	}
+	s, err := g.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.OOMKills < 1 {
+		t.Errorf("no OOM kill counted: %+v", s)
+	}
+	if s.MemoryPeak > 33<<20 {
+		t.Errorf("peak %d above the limit", s.MemoryPeak)
+	}
+}

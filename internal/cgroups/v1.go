@@ -1,0 +1,195 @@
+//go:build linux
+
+package cgroups
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+)
+
+// v1 is the legacy layout: one hierarchy per controller (or per set of
+// co-mounted controllers), and a sandbox's group is one directory in each.
+type v1 struct {
+	parent string
+	// Hierarchy mount points by controller. Co-mounted controllers
+	// ("cpu,cpuacct") share a point.
+	memory, pids, cpuacct, freezer string
+}
+
+func newV1(mounts []mount, parent string) (*v1, error) {
+	m := &v1{parent: parent}
+	for _, mt := range mounts {
+		if mt.fstype != "cgroup" {
+			continue
+		}
+		for _, opt := range mt.options {
+			switch opt {
+			case "memory":
+				m.memory = mt.point
+			case "pids":
+				m.pids = mt.point
+			case "cpuacct":
+				m.cpuacct = mt.point
+			case "freezer":
+				m.freezer = mt.point
+			}
+		}
+	}
+	var missing []string
+	for name, point := range map[string]string{"memory": m.memory, "pids": m.pids, "cpuacct": m.cpuacct} {
+		if point == "" {
+			missing = append(missing, name)
+		}
+	}
+	if len(missing) > 0 {
+		slices.Sort(missing)
+		return nil, fmt.Errorf("%w: no cgroup v2 hierarchy with the memory and pids controllers, and no cgroup v1 hierarchy for %s",
+			ErrUnavailable, strings.Join(missing, ", "))
+	}
+	for _, point := range m.points() {
+		dir := filepath.Join(point, parent)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("%w: cannot create %s: %v", ErrUnavailable, dir, err)
+		}
+	}
+	return m, nil
+}
+
+// points lists each distinct hierarchy once.
+func (m *v1) points() []string {
+	var out []string
+	for _, p := range []string{m.memory, m.pids, m.cpuacct, m.freezer} {
+		if p != "" && !slices.Contains(out, p) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func (m *v1) Version() int { return 1 }
+
+func (m *v1) New(name string, l Limits) (Group, error) {
+	if err := validName(name); err != nil {
+		return nil, err
+	}
+	g := &group1{m: m, name: name}
+	for _, point := range m.points() {
+		dir := filepath.Join(point, m.parent, name)
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			g.Destroy()
+			return nil, fmt.Errorf("cgroups: create %s: %w", dir, err)
+		}
+		g.dirs = append(g.dirs, dir)
+	}
+	if err := g.limit(l); err != nil {
+		g.Destroy()
+		return nil, err
+	}
+	return g, nil
+}
+
+type group1 struct {
+	m    *v1
+	name string
+	dirs []string // the group's directory in each hierarchy; nil once destroyed
+}
+
+func (g *group1) dir(point string) string { return filepath.Join(point, g.m.parent, g.name) }
+
+func (g *group1) limit(l Limits) error {
+	mem := g.dir(g.m.memory)
+	if l.MemoryBytes > 0 {
+		v := fmt.Sprint(l.MemoryBytes)
+		if err := writeFile(mem, "memory.limit_in_bytes", v); err != nil {
+			return err
+		}
+		// memory+swap: the same limit means no swap at all. The file exists
+		// only with swap accounting; without it there is nothing to set,
+		// and swappiness 0 keeps the group's pages out of swap.
+		if _, err := os.Stat(filepath.Join(mem, "memory.memsw.limit_in_bytes")); err == nil {
+			if err := writeFile(mem, "memory.memsw.limit_in_bytes", v); err != nil {
+				return err
+			}
+		}
+		if err := writeFile(mem, "memory.swappiness", "0"); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+	}
+	if l.Pids > 0 {
+		if err := writeFile(g.dir(g.m.pids), "pids.max", fmt.Sprint(l.Pids)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (g *group1) AddProc(pid int) error {
+	for _, d := range g.dirs {
+		if err := writeFile(d, "cgroup.procs", fmt.Sprint(pid)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (g *group1) IntoFD() int { return -1 }
+
+func (g *group1) Stats() (Stats, error) {
+	var s Stats
+	ns, err := readInt(g.dir(g.m.cpuacct), "cpuacct.usage")
+	if err != nil {
+		return s, err
+	}
+	s.CPU = time.Duration(ns)
+	mem := g.dir(g.m.memory)
+	if s.MemoryPeak, err = readInt(mem, "memory.max_usage_in_bytes"); err != nil {
+		return s, err
+	}
+	// oom_kill appeared in Linux 4.13; before that, a failed charge is the
+	// best evidence there is.
+	if s.OOMKills, err = readKeyed(mem, "memory.oom_control", "oom_kill"); err != nil {
+		fail, ferr := readInt(mem, "memory.failcnt")
+		if ferr != nil {
+			return s, err
+		}
+		s.OOMKills = min(fail, 1)
+	}
+	return s, nil
+}
+
+// Destroy kills what is left (freezing first where the freezer exists, so a
+// fork bomb cannot outrun the kills) and removes every directory.
+func (g *group1) Destroy() error {
+	if len(g.dirs) == 0 {
+		return nil
+	}
+	kill := func() {
+		var fz string
+		if g.m.freezer != "" {
+			fz = g.dir(g.m.freezer)
+			writeFile(fz, "freezer.state", "FROZEN")
+		}
+		for _, d := range g.dirs {
+			killProcs(d)
+		}
+		if fz != "" {
+			writeFile(fz, "freezer.state", "THAWED")
+		}
+	}
+	if n, _ := killProcs(g.dirs[0]); n > 0 {
+		kill()
+	}
+	var errs []error
+	for _, d := range g.dirs {
+		if err := removeDir(d, kill); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	g.dirs = nil
+	return errors.Join(errs...)
+}
