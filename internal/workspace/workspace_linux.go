@@ -1,0 +1,398 @@
+// Package workspace gives confined access to a directory whose contents an
+// adversary controls: a sandbox's /workspace, seen from the host.
+//
+// Every path is resolved with openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
+// RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV) relative to a directory
+// descriptor, so no component of it (not only the last) can be a symbolic
+// link, and nothing resolves outside the directory even while sandboxed
+// processes rename and replace entries concurrently. Files are opened with
+// O_NONBLOCK and checked with fstat before any read, so a FIFO or device
+// planted by the sandbox is refused instead of blocking the host.
+package workspace
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"path"
+	"slices"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+)
+
+const resolveConfined = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS |
+	unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV
+
+// Limits on walking a tree the sandbox built.
+const (
+	maxDepth   = 64
+	maxEntries = 100_000
+)
+
+// Dir is a confined directory.
+type Dir struct {
+	fd       int
+	uid, gid int // owner of what Dir creates; -1 keeps the caller's
+}
+
+// Open opens the host directory path as a Dir. Files it creates are owned by
+// uid:gid (-1 to keep the caller's).
+func Open(dirPath string, uid, gid int) (*Dir, error) {
+	fd, err := unix.Open(dirPath, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("workspace: open %s: %w", dirPath, err)
+	}
+	return &Dir{fd: fd, uid: uid, gid: gid}, nil
+}
+
+// Close releases the directory descriptor.
+func (d *Dir) Close() error {
+	if d.fd < 0 {
+		return nil
+	}
+	err := unix.Close(d.fd)
+	d.fd = -1
+	return err
+}
+
+var _ sandbox.Workspace = (*Dir)(nil)
+
+// Clean checks a workspace-relative path and returns it cleaned. Absolute
+// paths, ".." anywhere, NUL bytes and the empty path are refused.
+func Clean(name string) (string, error) {
+	bad := func(why string) (string, error) {
+		return "", fmt.Errorf("%w: %q %s", sandbox.ErrBadPath, name, why)
+	}
+	switch {
+	case name == "":
+		return bad("is empty")
+	case strings.HasPrefix(name, "/"):
+		return bad("is absolute; paths are relative to the workspace")
+	case strings.ContainsRune(name, 0):
+		return bad("contains a NUL byte")
+	case len(name) > 4096:
+		return bad("is too long")
+	}
+	for _, part := range strings.Split(name, "/") {
+		if part == ".." {
+			return bad("leaves the workspace")
+		}
+	}
+	c := path.Clean(name)
+	if c == "." {
+		return bad("names the workspace itself")
+	}
+	return c, nil
+}
+
+func (d *Dir) openat(dirfd int, name string, flags uint64, mode uint32) (int, error) {
+	for {
+		fd, err := unix.Openat2(dirfd, name, &unix.OpenHow{
+			Flags:   flags | unix.O_CLOEXEC | unix.O_NOFOLLOW,
+			Mode:    uint64(mode),
+			Resolve: resolveConfined,
+		})
+		if err == unix.EINTR || err == unix.EAGAIN {
+			// EAGAIN: a concurrent rename raced the lookup; try again.
+			continue
+		}
+		if err == unix.ENOSYS {
+			return -1, fmt.Errorf("workspace: this kernel lacks openat2 (Linux 5.6): %w", sandbox.ErrUnsupported)
+		}
+		return fd, err
+	}
+}
+
+// mkdirAll creates the directories of rel (a cleaned path) and returns a
+// descriptor of the last one.
+func (d *Dir) mkdirAll(rel string) (int, error) {
+	fd, err := unix.Dup(d.fd)
+	if err != nil {
+		return -1, err
+	}
+	if rel == "." {
+		return fd, nil
+	}
+	for _, part := range strings.Split(rel, "/") {
+		err := unix.Mkdirat(fd, part, 0o755)
+		created := err == nil
+		if err != nil && err != unix.EEXIST {
+			unix.Close(fd)
+			return -1, err
+		}
+		next, err := d.openat(fd, part, unix.O_PATH|unix.O_DIRECTORY, 0)
+		unix.Close(fd)
+		if err != nil {
+			return -1, err
+		}
+		if created {
+			d.chown(next)
+		}
+		fd = next
+	}
+	return fd, nil
+}
+
+func (d *Dir) chown(fd int) error {
+	if d.uid < 0 && d.gid < 0 {
+		return nil
+	}
+	// fchownat with AT_EMPTY_PATH works on O_PATH descriptors, too.
+	return unix.Fchownat(fd, "", d.uid, d.gid, unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW)
+}
+
+// WriteFile writes r to name atomically: into a temporary file beside it,
+// renamed over name once complete. A failure leaves nothing behind.
+func (d *Dir) WriteFile(name string, r io.Reader, limit int64) error {
+	rel, err := Clean(name)
+	if err != nil {
+		return err
+	}
+	parent, base := path.Split(rel)
+	dirfd, err := d.mkdirAll(path.Clean("./" + parent))
+	if err != nil {
+		return fmt.Errorf("workspace: create directory for %q: %w", name, err)
+	}
+	defer unix.Close(dirfd)
+
+	tmp := fmt.Sprintf(".vivarium-upload-%d", time.Now().UnixNano())
+	fd, err := d.openat(dirfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL, 0o644)
+	if err != nil {
+		return fmt.Errorf("workspace: create %q: %w", name, err)
+	}
+	f := fdFile{fd}
+	ok := false
+	defer func() {
+		unix.Close(fd)
+		if !ok {
+			unix.Unlinkat(dirfd, tmp, 0)
+		}
+	}()
+	n, err := io.Copy(f, io.LimitReader(r, limit+1))
+	switch {
+	case errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) || errors.Is(err, unix.EFBIG):
+		return fmt.Errorf("%w: %q does not fit in the workspace", sandbox.ErrTooLarge, name)
+	case err != nil:
+		return fmt.Errorf("workspace: write %q: %w", name, err)
+	case n > limit:
+		return fmt.Errorf("%w: %q is larger than %d bytes", sandbox.ErrTooLarge, name, limit)
+	}
+	if err := d.chown(fd); err != nil {
+		return fmt.Errorf("workspace: chown %q: %w", name, err)
+	}
+	if err := unix.Renameat(dirfd, tmp, dirfd, base); err != nil {
+		return fmt.Errorf("workspace: replace %q: %w", name, err)
+	}
+	ok = true
+	return nil
+}
+
+// OpenFile opens a regular file for reading.
+func (d *Dir) OpenFile(name string) (io.ReadCloser, sandbox.FileInfo, error) {
+	rel, err := Clean(name)
+	if err != nil {
+		return nil, sandbox.FileInfo{}, err
+	}
+	return d.openRegular(rel)
+}
+
+func (d *Dir) openRegular(rel string) (io.ReadCloser, sandbox.FileInfo, error) {
+	var info sandbox.FileInfo
+	fd, err := d.openat(d.fd, rel, unix.O_RDONLY|unix.O_NONBLOCK, 0)
+	if err != nil {
+		if err == unix.ELOOP || err == unix.EXDEV || err == unix.ENXIO {
+			return nil, info, fmt.Errorf("%w: %q is a link or leaves the workspace", sandbox.ErrBadPath, rel)
+		}
+		return nil, info, fmt.Errorf("workspace: open %q: %w", rel, wrapNotExist(err))
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, info, fmt.Errorf("workspace: stat %q: %w", rel, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		unix.Close(fd)
+		return nil, info, fmt.Errorf("%w: %q is not a regular file", sandbox.ErrBadPath, rel)
+	}
+	info = fileInfo(rel, &st)
+	return &fdFile{fd}, info, nil
+}
+
+func wrapNotExist(err error) error {
+	if err == unix.ENOENT {
+		return fmt.Errorf("%w: %w", fs.ErrNotExist, err)
+	}
+	return err
+}
+
+func fileInfo(rel string, st *unix.Stat_t) sandbox.FileInfo {
+	return sandbox.FileInfo{
+		Path:    rel,
+		Size:    st.Size,
+		Mode:    fs.FileMode(st.Mode & 0o777),
+		ModTime: time.Unix(st.Mtim.Unix()),
+	}
+}
+
+// List walks the workspace and returns its regular files, sorted by path.
+// Links, FIFOs, sockets and devices are not followed and not listed.
+func (d *Dir) List(max int) ([]sandbox.FileInfo, error) {
+	var out []sandbox.FileInfo
+	err := d.walk(func(rel string, st *unix.Stat_t) bool {
+		if st.Mode&unix.S_IFMT == unix.S_IFREG {
+			out = append(out, fileInfo(rel, st))
+		}
+		return len(out) < max
+	})
+	return out, err
+}
+
+// walk visits every entry below the directory, depth first in name order,
+// until visit returns false.
+func (d *Dir) walk(visit func(rel string, st *unix.Stat_t) bool) error {
+	seen := 0
+	var rec func(fd int, prefix string, depth int) (bool, error)
+	rec = func(fd int, prefix string, depth int) (bool, error) {
+		names, err := readDirNames(fd)
+		if err != nil {
+			return false, err
+		}
+		for _, name := range names {
+			if seen++; seen > maxEntries {
+				return false, nil
+			}
+			var st unix.Stat_t
+			if err := unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+				continue // removed meanwhile
+			}
+			rel := path.Join(prefix, name)
+			if !visit(rel, &st) {
+				return false, nil
+			}
+			if st.Mode&unix.S_IFMT != unix.S_IFDIR || depth >= maxDepth {
+				continue
+			}
+			sub, err := d.openat(fd, name, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+			if err != nil {
+				continue // replaced by a link meanwhile, or unreadable
+			}
+			more, err := rec(sub, rel, depth+1)
+			unix.Close(sub)
+			if err != nil || !more {
+				return more, err
+			}
+		}
+		return true, nil
+	}
+	fd, err := d.openat(d.fd, ".", unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return fmt.Errorf("workspace: %w", err)
+	}
+	defer unix.Close(fd)
+	_, err = rec(fd, "", 0)
+	return err
+}
+
+// CopyOut copies regular files into the host directory dir (created if
+// needed). Files over maxFile, or past maxTotal altogether, are skipped.
+func (d *Dir) CopyOut(dir string, maxFile, maxTotal int64) ([]sandbox.FileInfo, error) {
+	if err := unix.Mkdir(dir, 0o755); err != nil && err != unix.EEXIST {
+		return nil, fmt.Errorf("workspace: create %s: %w", dir, err)
+	}
+	dst, err := Open(dir, -1, -1)
+	if err != nil {
+		return nil, err
+	}
+	defer dst.Close()
+	files, err := d.List(maxEntries)
+	if err != nil {
+		return nil, err
+	}
+	var copied []sandbox.FileInfo
+	var total int64
+	var errs []error
+	for _, f := range files {
+		if f.Size > maxFile || total+f.Size > maxTotal {
+			continue
+		}
+		r, info, err := d.openRegular(f.Path)
+		if err != nil {
+			continue // changed since listed
+		}
+		err = dst.WriteFile(f.Path, r, min(maxFile, maxTotal-total))
+		r.Close()
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		total += info.Size
+		copied = append(copied, info)
+	}
+	return copied, errors.Join(errs...)
+}
+
+// fdFile adapts a raw descriptor to io.Reader, io.Writer and io.Closer.
+type fdFile struct{ fd int }
+
+func (f fdFile) Read(p []byte) (int, error) {
+	for {
+		n, err := unix.Read(f.fd, p)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return 0, err
+		}
+		if n == 0 && len(p) > 0 {
+			return 0, io.EOF
+		}
+		return n, nil
+	}
+}
+
+func (f fdFile) Write(p []byte) (int, error) {
+	written := 0
+	for written < len(p) {
+		n, err := unix.Write(f.fd, p[written:])
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return written, err
+		}
+		written += n
+	}
+	return written, nil
+}
+
+func (f *fdFile) Close() error { return unix.Close(f.fd) }
+
+// readDirNames lists a directory's entries, sorted, without "." and "..".
+func readDirNames(fd int) ([]string, error) {
+	buf := make([]byte, 32<<10)
+	var names []string
+	// Each descriptor is read once from its start: callers pass fresh ones.
+	for {
+		n, err := unix.Getdents(fd, buf)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if n <= 0 {
+			break
+		}
+		_, _, names = unix.ParseDirent(buf[:n], -1, names)
+		if len(names) > maxEntries {
+			break
+		}
+	}
+	slices.Sort(names)
+	return names, nil
+}

@@ -1,0 +1,213 @@
+//go:build linux
+
+package workspace
+
+import (
+	"errors"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+)
+
+func newDir(t *testing.T) (*Dir, string) {
+	t.Helper()
+	root := t.TempDir()
+	d, err := Open(root, -1, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d, root
+}
+
+func TestWriteAndRead(t *testing.T) {
+	d, root := newDir(t)
+	if err := d.WriteFile("a/b/c.txt", strings.NewReader("hello"), 100); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(root, "a/b/c.txt"))
+	if err != nil || string(b) != "hello" {
+		t.Fatalf("got %q, %v", b, err)
+	}
+	r, info, err := d.OpenFile("a/b/c.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	got, _ := io.ReadAll(r)
+	if string(got) != "hello" || info.Size != 5 || info.Path != "a/b/c.txt" {
+		t.Fatalf("read %q, info %+v", got, info)
+	}
+	// Replacing keeps one file with the new content.
+	if err := d.WriteFile("a/b/c.txt", strings.NewReader("bye"), 100); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(root, "a/b/c.txt")); string(b) != "bye" {
+		t.Fatalf("after replace: %q", b)
+	}
+	assertNoTempFiles(t, root)
+}
+
+func assertNoTempFiles(t *testing.T, root string) {
+	t.Helper()
+	filepath.Walk(root, func(p string, info fs.FileInfo, err error) error {
+		if err == nil && strings.HasPrefix(info.Name(), ".vivarium-upload-") {
+			t.Errorf("temporary file left behind: %s", p)
+		}
+		return nil
+	})
+}
+
+func TestRejectsBadPaths(t *testing.T) {
+	d, _ := newDir(t)
+	for _, name := range []string{"", "/etc/passwd", "../x", "a/../../x", "a/..", ".", "x\x00y", strings.Repeat("a", 5000)} {
+		err := d.WriteFile(name, strings.NewReader("x"), 10)
+		if !errors.Is(err, sandbox.ErrBadPath) {
+			t.Errorf("WriteFile(%q) = %v, want ErrBadPath", name, err)
+		}
+	}
+}
+
+func TestSymlinksNeverFollowed(t *testing.T) {
+	d, root := newDir(t)
+	outside := t.TempDir()
+	os.WriteFile(filepath.Join(outside, "secret"), []byte("s3cret"), 0o600)
+	os.Symlink(outside, filepath.Join(root, "dirlink"))
+	os.Symlink(filepath.Join(outside, "secret"), filepath.Join(root, "filelink"))
+	os.Symlink("/proc/self/root/etc", filepath.Join(root, "magic"))
+
+	if err := d.WriteFile("dirlink/planted", strings.NewReader("x"), 10); err == nil {
+		t.Error("wrote through a directory symlink")
+	}
+	if _, err := os.Stat(filepath.Join(outside, "planted")); err == nil {
+		t.Error("file appeared outside the workspace")
+	}
+	for _, name := range []string{"filelink", "dirlink/secret", "magic/hostname"} {
+		if r, _, err := d.OpenFile(name); err == nil {
+			b, _ := io.ReadAll(r)
+			r.Close()
+			t.Errorf("OpenFile(%q) read %q through a link", name, b)
+		}
+	}
+	// Writing over a link replaces the link itself, never its target.
+	if err := d.WriteFile("filelink", strings.NewReader("new"), 10); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(outside, "secret")); string(b) != "s3cret" {
+		t.Errorf("link target changed to %q", b)
+	}
+	if fi, _ := os.Lstat(filepath.Join(root, "filelink")); fi.Mode()&fs.ModeSymlink != 0 {
+		t.Error("link still in place")
+	}
+}
+
+func TestFIFOAndDevicesRefusedWithoutBlocking(t *testing.T) {
+	d, root := newDir(t)
+	if err := syscall.Mkfifo(filepath.Join(root, "fifo"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := d.OpenFile("fifo")
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, sandbox.ErrBadPath) {
+			t.Errorf("FIFO: %v, want ErrBadPath", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("opening a FIFO blocked")
+	}
+	files, err := d.List(100)
+	if err != nil || len(files) != 0 {
+		t.Errorf("List = %v, %v; want no regular files", files, err)
+	}
+}
+
+func TestSizeLimitLeavesNothing(t *testing.T) {
+	d, root := newDir(t)
+	err := d.WriteFile("big", strings.NewReader(strings.Repeat("x", 1000)), 999)
+	if !errors.Is(err, sandbox.ErrTooLarge) {
+		t.Fatalf("got %v, want ErrTooLarge", err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "big")); err == nil {
+		t.Error("oversized file left behind")
+	}
+	assertNoTempFiles(t, root)
+}
+
+func TestListAndCopyOut(t *testing.T) {
+	d, root := newDir(t)
+	os.MkdirAll(filepath.Join(root, "sub/deeper"), 0o755)
+	os.WriteFile(filepath.Join(root, "plot.png"), []byte("png"), 0o644)
+	os.WriteFile(filepath.Join(root, "sub/deeper/data.csv"), []byte("a,b\n"), 0o644)
+	os.WriteFile(filepath.Join(root, "huge.bin"), make([]byte, 4096), 0o644)
+	os.Symlink("/etc/passwd", filepath.Join(root, "passwd"))
+	syscall.Mkfifo(filepath.Join(root, "pipe"), 0o644)
+
+	files, err := d.List(100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, f := range files {
+		names = append(names, f.Path)
+	}
+	if got := strings.Join(names, ","); got != "huge.bin,plot.png,sub/deeper/data.csv" {
+		t.Fatalf("List = %s", got)
+	}
+
+	out := filepath.Join(t.TempDir(), "out")
+	copied, err := d.CopyOut(out, 1024, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(copied) != 2 {
+		t.Fatalf("copied %+v, want plot.png and data.csv", copied)
+	}
+	if b, _ := os.ReadFile(filepath.Join(out, "sub/deeper/data.csv")); string(b) != "a,b\n" {
+		t.Errorf("data.csv = %q", b)
+	}
+	for _, skipped := range []string{"huge.bin", "passwd", "pipe"} {
+		if _, err := os.Lstat(filepath.Join(out, skipped)); err == nil {
+			t.Errorf("%s was copied", skipped)
+		}
+	}
+}
+
+func TestCopyOutDoesNotFollowLinksInDestination(t *testing.T) {
+	d, root := newDir(t)
+	os.MkdirAll(filepath.Join(root, "sub"), 0o755)
+	os.WriteFile(filepath.Join(root, "sub/f"), []byte("x"), 0o644)
+	out := t.TempDir()
+	elsewhere := t.TempDir()
+	os.Symlink(elsewhere, filepath.Join(out, "sub"))
+	d.CopyOut(out, 100, 100)
+	if _, err := os.Stat(filepath.Join(elsewhere, "f")); err == nil {
+		t.Error("copy followed a symlink in the destination")
+	}
+}
+
+func FuzzClean(f *testing.F) {
+	for _, s := range []string{"a", "a/b", "../a", "/a", "a/./b", "a//b", ".", "..", "a/.."} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, name string) {
+		c, err := Clean(name)
+		if err != nil {
+			return
+		}
+		if c == "" || c == "." || strings.HasPrefix(c, "/") || strings.HasPrefix(c, "../") || c == ".." ||
+			strings.Contains(c, "/../") || strings.ContainsRune(c, 0) {
+			t.Fatalf("Clean(%q) = %q escapes", name, c)
+		}
+	})
+}
