@@ -1,0 +1,168 @@
+// Package runner holds the Python program that runs inside every sandbox
+// and the framed protocol the supervisor speaks with it.
+//
+// A frame is a 4-byte big-endian length followed by that many bytes of JSON.
+// Requests go to the runner on one pipe, events come back on another; the
+// code's stdout and stderr are separate pipes, so output can never be
+// mistaken for a protocol message. Everything read from a sandbox is
+// hostile: frames are size-capped and any malformed frame ends parsing.
+package runner
+
+import (
+	"embed"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+)
+
+//go:embed runner.py vivarium_mpl_backend.py
+var files embed.FS
+
+// ScriptName is the runner's entry point among Files.
+const ScriptName = "runner.py"
+
+// Files returns the runner's files by name, to be placed in one directory.
+func Files() map[string][]byte {
+	out := map[string][]byte{}
+	entries, _ := fs.ReadDir(files, ".")
+	for _, e := range entries {
+		b, err := files.ReadFile(e.Name())
+		if err != nil {
+			panic(err) // embedded: cannot fail
+		}
+		out[e.Name()] = b
+	}
+	return out
+}
+
+// Request asks the runner to do something. Type is "execute".
+type Request struct {
+	Type     string            `json:"type"`
+	Code     string            `json:"code,omitempty"`
+	Filename string            `json:"filename,omitempty"`
+	Env      map[string]string `json:"env,omitempty"`
+}
+
+// Event is something the runner reports: "ready", "result", "error" or
+// "done".
+type Event struct {
+	Type string `json:"type"`
+	// Data is a result's representations by MIME type ("text/plain",
+	// "image/png" in base64, "application/json" as JSON ...).
+	Data         map[string]json.RawMessage `json:"data,omitempty"`
+	IsMainResult bool                       `json:"is_main_result,omitempty"`
+	// Name, Value and Traceback describe an uncaught exception.
+	Name      string `json:"name,omitempty"`
+	Value     string `json:"value,omitempty"`
+	Traceback string `json:"traceback,omitempty"`
+	// ExitCode ends an execution.
+	ExitCode *int `json:"exit_code,omitempty"`
+}
+
+// Errors a FrameReader reports for a broken stream.
+var (
+	ErrFrameTooLarge = errors.New("runner: frame over the size limit")
+	ErrMalformed     = errors.New("runner: malformed frame")
+)
+
+// WriteFrame writes v as one frame.
+func WriteFrame(w io.Writer, v any) error {
+	body, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	if len(body) > 1<<31 {
+		return ErrFrameTooLarge
+	}
+	buf := make([]byte, 4+len(body))
+	binary.BigEndian.PutUint32(buf, uint32(len(body)))
+	copy(buf[4:], body)
+	_, err = w.Write(buf)
+	return err
+}
+
+// FrameReader reads events, refusing frames larger than its limit.
+type FrameReader struct {
+	r   io.Reader
+	max int
+	buf []byte
+}
+
+// NewFrameReader reads frames of at most max bytes from r.
+func NewFrameReader(r io.Reader, max int) *FrameReader {
+	return &FrameReader{r: r, max: max}
+}
+
+// Next returns the next event. It returns io.EOF at a clean end of stream,
+// and ErrFrameTooLarge or ErrMalformed (wrapped) when the stream is broken;
+// after an error the reader must not be used again.
+func (f *FrameReader) Next() (Event, error) {
+	var head [4]byte
+	if _, err := io.ReadFull(f.r, head[:]); err != nil {
+		if errors.Is(err, io.ErrUnexpectedEOF) {
+			return Event{}, fmt.Errorf("%w: truncated header", ErrMalformed)
+		}
+		return Event{}, err
+	}
+	n := binary.BigEndian.Uint32(head[:])
+	if uint64(n) > uint64(f.max) {
+		return Event{}, fmt.Errorf("%w: %d bytes, limit %d", ErrFrameTooLarge, n, f.max)
+	}
+	if cap(f.buf) < int(n) {
+		f.buf = make([]byte, n)
+	}
+	body := f.buf[:n]
+	if _, err := io.ReadFull(f.r, body); err != nil {
+		return Event{}, fmt.Errorf("%w: truncated body: %v", ErrMalformed, err)
+	}
+	var ev Event
+	if err := json.Unmarshal(body, &ev); err != nil {
+		return Event{}, fmt.Errorf("%w: %v", ErrMalformed, err)
+	}
+	if ev.Type == "" {
+		return Event{}, fmt.Errorf("%w: event without a type", ErrMalformed)
+	}
+	// Do not keep a huge buffer alive for the sandbox's whole life.
+	if cap(f.buf) > 1<<20 {
+		f.buf = nil
+	}
+	return ev, nil
+}
+
+// Output converts a "result" event into the Result's form, and reports its
+// size in bytes for the caller's caps. Representations of unexpected types
+// are dropped, not trusted.
+func Output(ev Event) (sandbox.Output, int) {
+	out := sandbox.Output{IsMainResult: ev.IsMainResult}
+	size := 0
+	str := func(mime string) string {
+		raw, ok := ev.Data[mime]
+		if !ok {
+			return ""
+		}
+		var s string
+		if json.Unmarshal(raw, &s) != nil {
+			return ""
+		}
+		size += len(s)
+		return s
+	}
+	out.Text = str("text/plain")
+	out.HTML = str("text/html")
+	out.Markdown = str("text/markdown")
+	out.SVG = str("image/svg+xml")
+	out.PNG = str("image/png")
+	out.JPEG = str("image/jpeg")
+	out.LaTeX = str("text/latex")
+	out.JavaScript = str("application/javascript")
+	if raw, ok := ev.Data["application/json"]; ok && json.Valid(raw) {
+		out.JSON = raw
+		size += len(raw)
+	}
+	return out, size
+}
