@@ -1,0 +1,345 @@
+package native
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vivarium-sandbox/vivarium/internal/seccomp"
+)
+
+// The sandbox's init is this same binary, re-executed by the supervisor
+// with argv[0] set to initArg0 inside new user, mount, PID, network, IPC
+// and UTS namespaces (the runc "init" pattern). It is PID 1 of the sandbox:
+// it builds the root file system, confines itself, starts the runner as the
+// unprivileged sandbox user, and reaps every orphan until the runner exits.
+// When it exits, the kernel kills every process left in the PID namespace.
+const initArg0 = "vivarium-sandbox-init"
+
+// Descriptors the supervisor passes to init, in order from 3.
+const (
+	fdCtrl   = 3 // supervisor → init: the initConfig as one JSON line
+	fdStatus = 4 // init → supervisor: initStatus JSON lines
+	fdStdout = 5 // the runner's stdout
+	fdStderr = 6 // the runner's stderr
+	fdReq    = 7 // supervisor → runner requests
+	fdEvents = 8 // runner → supervisor events
+)
+
+// initConfig is everything init needs; the supervisor sends it as JSON.
+type initConfig struct {
+	Python      string            `json:"python"`
+	RunnerArgs  []string          `json:"runner_args"`
+	RunnerFiles map[string][]byte `json:"runner_files"`
+	Env         []string          `json:"env"`
+	Etc         []etcEntry        `json:"etc"`
+	TopLevel    []topLink         `json:"top_level"`
+	DiskBytes   int64             `json:"disk_bytes"`
+	DiskInodes  int64             `json:"disk_inodes"`
+	OpenFiles   uint64            `json:"open_files"`
+	CPUSeconds  uint64            `json:"cpu_seconds"` // RLIMIT_CPU of the runner; 0: none
+	MaxProcs    uint64            `json:"max_procs"`   // RLIMIT_NPROC; only without a pids cgroup
+	// MemoryBytes is RLIMIT_AS, only set when there is no memory cgroup.
+	MemoryBytes uint64 `json:"memory_bytes"`
+}
+
+// initStatus is a message from init to the supervisor.
+type initStatus struct {
+	Event string `json:"event"` // "started", "error" or "exit"
+	// For "error": the step that failed and why.
+	Step  string `json:"step,omitempty"`
+	Error string `json:"error,omitempty"`
+	// For "exit": how the runner ended.
+	Code   int `json:"code"`
+	Signal int `json:"signal,omitempty"`
+}
+
+const (
+	runnerDir     = "/opt/vivarium"
+	workspacePath = "/workspace"
+)
+
+// IsInit reports whether this process was started as a sandbox's init.
+// main (and TestMain of packages that create sandboxes) must call RunInit
+// first thing when it is.
+func IsInit() bool { return len(os.Args) > 0 && os.Args[0] == initArg0 }
+
+// RunInit runs the sandbox side and never returns.
+func RunInit() {
+	// Keep init small: one P means fewer runtime threads, each of which
+	// counts against the sandbox's pids limit.
+	runtime.GOMAXPROCS(1)
+	status := os.NewFile(fdStatus, "status")
+	report := func(s initStatus) {
+		b, _ := json.Marshal(s)
+		status.Write(append(b, '\n'))
+	}
+	code, err := initMain(report)
+	if err != nil {
+		step, msg := "init", err.Error()
+		if se, ok := err.(*stepError); ok {
+			step, msg = se.step, se.err.Error()
+		}
+		report(initStatus{Event: "error", Step: step, Error: msg})
+		os.Exit(1)
+	}
+	os.Exit(code)
+}
+
+// stepError names the setup step that failed, so that "setup_failed" tells
+// the user (and us) exactly what the host refused.
+type stepError struct {
+	step string
+	err  error
+}
+
+func (e *stepError) Error() string { return e.step + ": " + e.err.Error() }
+
+func step(name string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &stepError{name, err}
+}
+
+func initMain(report func(initStatus)) (int, error) {
+	var cfg initConfig
+	ctrl := os.NewFile(fdCtrl, "ctrl")
+	if err := json.NewDecoder(ctrl).Decode(&cfg); err != nil {
+		return 0, step("read config", err)
+	}
+	ctrl.Close()
+	// Namespaces and capability sets below are per thread: everything from
+	// here runs on this one, and the runner is forked from it.
+	runtime.LockOSThread()
+	// The supervisor has put this process into the sandbox's cgroup before
+	// sending the config; a cgroup namespace now makes that group the root
+	// of what the sandbox sees in /proc/self/cgroup.
+	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
+		return 0, step("cgroup namespace", err)
+	}
+	// Supplementary groups came from the supervisor (root's group among
+	// them); they must not reach the sandbox.
+	if err := syscall.Setgroups(nil); err != nil {
+		return 0, step("setgroups", err)
+	}
+	if err := buildRoot(&cfg); err != nil {
+		return 0, err
+	}
+	if err := unix.Sethostname([]byte(hostname)); err != nil {
+		return 0, step("sethostname", err)
+	}
+	if err := loopbackUp(); err != nil {
+		return 0, step("loopback up", err)
+	}
+	if err := os.Chdir(workspacePath); err != nil {
+		return 0, step("chdir workspace", err)
+	}
+	// Init's own data must not be readable by the sandbox user through
+	// /proc/1 (its environment, memory, descriptors).
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		return 0, step("set non-dumpable", err)
+	}
+
+	if err := setRlimits(&cfg); err != nil {
+		return 0, err
+	}
+	if err := dropCapabilities(); err != nil {
+		return 0, step("drop capabilities", err)
+	}
+	prog, err := seccomp.Compile(seccomp.DefaultRules())
+	if err != nil {
+		return 0, step("seccomp", err)
+	}
+	if err := seccomp.Install(prog); err != nil {
+		return 0, step("seccomp", err)
+	}
+	pid, err := startRunner(&cfg)
+	if err != nil {
+		return 0, step("start runner", err)
+	}
+	report(initStatus{Event: "started"})
+	ws := reapUntil(pid)
+	st := initStatus{Event: "exit"}
+	switch {
+	case ws.Exited():
+		st.Code = ws.ExitStatus()
+	case ws.Signaled():
+		st.Signal = int(ws.Signal())
+		st.Code = 128 + st.Signal
+	}
+	report(st)
+	return 0, nil
+}
+
+// reapUntil collects every child that exits (orphans of the sandbox are
+// re-parented to init, and unreaped zombies would hold pids) and returns
+// when pid has exited.
+func reapUntil(pid int) unix.WaitStatus {
+	for {
+		var ws unix.WaitStatus
+		got, err := unix.Wait4(-1, &ws, 0, nil)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil { // ECHILD: the runner is gone without a status
+			return unix.WaitStatus(uint32(unix.SIGKILL))
+		}
+		if got == pid {
+			return ws
+		}
+	}
+}
+
+func setRlimits(cfg *initConfig) error {
+	limits := []struct {
+		name     string
+		resource int
+		cur, max uint64
+	}{
+		{"core", unix.RLIMIT_CORE, 0, 0},
+		{"nofile", unix.RLIMIT_NOFILE, cfg.OpenFiles, cfg.OpenFiles},
+		{"fsize", unix.RLIMIT_FSIZE, uint64(cfg.DiskBytes), uint64(cfg.DiskBytes)},
+	}
+	if cfg.CPUSeconds > 0 {
+		// SIGXCPU at the soft limit, SIGKILL one second later for code
+		// that catches SIGXCPU.
+		limits = append(limits, struct {
+			name     string
+			resource int
+			cur, max uint64
+		}{"cpu", unix.RLIMIT_CPU, cfg.CPUSeconds, cfg.CPUSeconds + 1})
+	}
+	if cfg.MaxProcs > 0 {
+		limits = append(limits, struct {
+			name     string
+			resource int
+			cur, max uint64
+		}{"nproc", unix.RLIMIT_NPROC, cfg.MaxProcs, cfg.MaxProcs})
+	}
+	if cfg.MemoryBytes > 0 {
+		limits = append(limits, struct {
+			name     string
+			resource int
+			cur, max uint64
+		}{"as", unix.RLIMIT_AS, cfg.MemoryBytes, cfg.MemoryBytes})
+	}
+	for _, l := range limits {
+		// syscall.Setrlimit, not unix.Setrlimit: the runtime then passes
+		// our RLIMIT_NOFILE to children instead of restoring its own.
+		if err := syscall.Setrlimit(l.resource, &syscall.Rlimit{Cur: l.cur, Max: l.max}); err != nil {
+			return step("rlimit "+l.name, err)
+		}
+	}
+	return nil
+}
+
+// dropCapabilities empties the bounding and ambient sets and locks the
+// securebits so that no exec, of a setuid file or by uid 0, can ever give
+// capabilities back. The runner's setuid to the sandbox user then clears
+// the permitted and effective sets.
+func dropCapabilities() error {
+	for c := 0; ; c++ {
+		if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err != nil {
+			if err == unix.EINVAL && c > 0 { // past the last capability
+				break
+			}
+			return fmt.Errorf("bounding set, capability %d: %w", c, err)
+		}
+	}
+	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil {
+		return fmt.Errorf("ambient set: %w", err)
+	}
+	// linux/securebits.h
+	const (
+		noRoot                  = 1 << 0
+		noRootLocked            = 1 << 1
+		keepCapsLocked          = 1 << 5
+		noCapAmbientRaise       = 1 << 6
+		noCapAmbientRaiseLocked = 1 << 7
+	)
+	const bits = noRoot | noRootLocked | keepCapsLocked | noCapAmbientRaise | noCapAmbientRaiseLocked
+	if err := unix.Prctl(unix.PR_SET_SECUREBITS, bits, 0, 0, 0); err != nil {
+		return fmt.Errorf("securebits: %w", err)
+	}
+	return nil
+}
+
+func startRunner(cfg *initConfig) (int, error) {
+	if _, err := os.Stat(cfg.Python); err != nil {
+		return 0, fmt.Errorf("python %s is not in the sandbox (only the host's /usr is visible): %w", cfg.Python, err)
+	}
+	cmd := &exec.Cmd{
+		Path:       cfg.Python,
+		Args:       append([]string{cfg.Python}, cfg.RunnerArgs...),
+		Env:        cfg.Env,
+		Dir:        workspacePath,
+		Stdout:     os.NewFile(fdStdout, "stdout"),
+		Stderr:     os.NewFile(fdStderr, "stderr"),
+		ExtraFiles: []*os.File{os.NewFile(fdReq, "requests"), os.NewFile(fdEvents, "events")},
+		SysProcAttr: &syscall.SysProcAttr{
+			Credential: &syscall.Credential{Uid: SandboxUID, Gid: SandboxGID, Groups: []uint32{}},
+			Setsid:     true,
+			Pdeathsig:  syscall.SIGKILL,
+		},
+	}
+	if err := cmd.Start(); err != nil {
+		return 0, err
+	}
+	// Only the runner holds these now.
+	cmd.Stdout.(*os.File).Close()
+	cmd.Stderr.(*os.File).Close()
+	for _, f := range cmd.ExtraFiles {
+		f.Close()
+	}
+	return cmd.Process.Pid, nil
+}
+
+// loopbackUp brings up lo, the only interface of the sandbox's network
+// namespace, so that programs can talk to themselves over 127.0.0.1.
+func loopbackUp() error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return err
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return err
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP | unix.IFF_RUNNING)
+	return unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr)
+}
+
+// writeEtc writes the synthetic /etc (or the runner's files) under dir.
+func writeEtc(dir string, entries []etcEntry) error {
+	for _, e := range entries {
+		p := filepath.Join(dir, filepath.Clean("/"+e.Path))
+		if !strings.HasPrefix(p, dir+"/") {
+			return fmt.Errorf("etc entry %q escapes", e.Path)
+		}
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return err
+		}
+		var err error
+		if e.Link != "" {
+			err = os.Symlink(e.Link, p)
+		} else {
+			err = os.WriteFile(p, e.Data, 0o644)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,263 @@
+package native
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+)
+
+// newRoot is where init assembles the sandbox's root before pivoting into
+// it. The mount happens in init's private mount namespace, so the host's
+// /tmp is only covered there (bubblewrap does the same).
+const newRoot = "/tmp"
+
+// Files of /proc that reveal or control the host kernel, as runc masks them.
+var (
+	procMasked   = []string{"kcore", "keys", "timer_list", "sched_debug", "latency_stats", "acpi", "scsi"}
+	procReadOnly = []string{"sys", "sysrq-trigger", "irq", "bus", "fs"}
+	devices      = []string{"null", "zero", "full", "random", "urandom"}
+)
+
+// buildRoot assembles the root file system and pivots into it. In order:
+//  1. make every mount private, so nothing below propagates to the host;
+//  2. mount a small tmpfs as the new root, and in it:
+//  3. bind the host's /usr read-only, nosuid, nodev, and add the top-level
+//     links (or read-only binds) for /bin, /lib, ...;
+//  4. write the synthetic /etc and the runner;
+//  5. mount the disk tmpfs and bind its workspace, tmp and shm directories;
+//  6. build /dev from bind-mounted host device nodes (a user namespace
+//     cannot mknod), then make /dev read-only;
+//  7. mount a fresh /proc and mask its host-revealing files;
+//  8. pivot_root into the new root and detach the old one;
+//  9. make the root read-only.
+func buildRoot(cfg *initConfig) error {
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return step("make mounts private", err)
+	}
+	if err := unix.Mount("tmpfs", newRoot, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "size=16m,nr_inodes=8192,mode=755"); err != nil {
+		return step("mount root tmpfs", err)
+	}
+	r := func(p string) string { return filepath.Join(newRoot, p) }
+
+	if err := bindReadOnly("/usr", r("usr")); err != nil {
+		return step("bind /usr", err)
+	}
+	for _, t := range cfg.TopLevel {
+		var err error
+		if t.Link != "" {
+			err = os.Symlink(t.Link, r(t.Name))
+		} else {
+			err = bindReadOnly("/"+t.Name, r(t.Name))
+		}
+		if err != nil {
+			return step("/"+t.Name, err)
+		}
+	}
+	if err := writeEtc(r("etc"), cfg.Etc); err != nil {
+		return step("write /etc", err)
+	}
+	runner := make([]etcEntry, 0, len(cfg.RunnerFiles))
+	for name, data := range cfg.RunnerFiles {
+		runner = append(runner, etcEntry{Path: name, Data: data})
+	}
+	if err := writeEtc(r(runnerDir), runner); err != nil {
+		return step("write runner", err)
+	}
+	for _, l := range []struct{ name, target string }{{"var/tmp", "../tmp"}, {"root", "workspace"}} {
+		os.MkdirAll(filepath.Dir(r(l.name)), 0o755)
+		if err := os.Symlink(l.target, r(l.name)); err != nil {
+			return step("link /"+l.name, err)
+		}
+	}
+	if err := mountDisk(cfg, r); err != nil {
+		return err
+	}
+	if err := mountDev(r("dev")); err != nil {
+		return err
+	}
+	if err := mountProc(r("proc")); err != nil {
+		return err
+	}
+
+	// pivot_root(".", ".") stacks the old root on top of the new one;
+	// detaching it leaves the new root alone (runc's approach, which needs
+	// no directory for the old root).
+	if err := unix.Chdir(newRoot); err != nil {
+		return step("chdir new root", err)
+	}
+	if err := unix.PivotRoot(".", "."); err != nil {
+		return step("pivot_root", err)
+	}
+	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
+		return step("detach old root", err)
+	}
+	if err := unix.Chdir("/"); err != nil {
+		return step("chdir /", err)
+	}
+	if err := remount("/", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV); err != nil {
+		return step("make root read-only", err)
+	}
+	return nil
+}
+
+// mountDisk mounts the one tmpfs behind /workspace, /tmp and /dev/shm, so
+// that the disk limit bounds all three together. It is mounted at a
+// scratch point, its directories bound into place, and the scratch mount
+// detached.
+func mountDisk(cfg *initConfig, r func(string) string) error {
+	scratch := r(".disk")
+	opts := fmt.Sprintf("size=%d,nr_inodes=%d,mode=755", cfg.DiskBytes, cfg.DiskInodes)
+	if err := os.Mkdir(scratch, 0o700); err != nil {
+		return step("disk mount point", err)
+	}
+	if err := unix.Mount("tmpfs", scratch, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+		return step("mount disk tmpfs", err)
+	}
+	dirs := []struct {
+		name, target string
+		mode         os.FileMode
+		owned        bool
+	}{
+		{"workspace", "workspace", 0o755, true},
+		{"tmp", "tmp", 0o777 | os.ModeSticky, false},
+		{"shm", "dev/shm", 0o777 | os.ModeSticky, false},
+	}
+	for _, d := range dirs {
+		src := filepath.Join(scratch, d.name)
+		if err := os.Mkdir(src, 0); err != nil {
+			return step("disk directory "+d.name, err)
+		}
+		if err := os.Chmod(src, d.mode); err != nil { // Mkdir's mode is masked by umask
+			return step("disk directory "+d.name, err)
+		}
+		if d.owned {
+			if err := os.Chown(src, SandboxUID, SandboxGID); err != nil {
+				return step("chown "+d.name, err)
+			}
+		}
+		if err := os.MkdirAll(r(d.target), 0o755); err != nil {
+			return step("mount point /"+d.target, err)
+		}
+		if err := unix.Mount(src, r(d.target), "", unix.MS_BIND, ""); err != nil {
+			return step("bind /"+d.target, err)
+		}
+	}
+	if err := unix.Unmount(scratch, unix.MNT_DETACH); err != nil {
+		return step("detach disk scratch mount", err)
+	}
+	return step("remove disk scratch mount point", os.Remove(scratch))
+}
+
+func mountDev(dev string) error {
+	if err := os.MkdirAll(dev, 0o755); err != nil {
+		return step("/dev", err)
+	}
+	if err := unix.Mount("tmpfs", dev, "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "size=64k,nr_inodes=64,mode=755"); err != nil {
+		return step("mount /dev", err)
+	}
+	for _, name := range devices {
+		p := filepath.Join(dev, name)
+		f, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o666)
+		if err != nil {
+			return step("/dev/"+name, err)
+		}
+		f.Close()
+		if err := unix.Mount("/dev/"+name, p, "", unix.MS_BIND, ""); err != nil {
+			return step("bind /dev/"+name, err)
+		}
+		if err := remount(p, unix.MS_NOSUID|unix.MS_NOEXEC); err != nil {
+			return step("remount /dev/"+name, err)
+		}
+	}
+	for name, target := range map[string]string{
+		"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1",
+		"stderr": "/proc/self/fd/2",
+	} {
+		if err := os.Symlink(target, filepath.Join(dev, name)); err != nil {
+			return step("/dev/"+name, err)
+		}
+	}
+	// /dev/shm was bound in by mountDisk; this makes only the tmpfs of /dev
+	// itself read-only, not the mounts on it.
+	return step("make /dev read-only", remount(dev, unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NOEXEC))
+}
+
+func mountProc(proc string) error {
+	if err := os.Mkdir(proc, 0o555); err != nil {
+		return step("/proc", err)
+	}
+	if err := unix.Mount("proc", proc, "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return step("mount /proc", err)
+	}
+	for _, name := range procMasked {
+		p := filepath.Join(proc, name)
+		fi, err := os.Stat(p)
+		if err != nil {
+			continue
+		}
+		if fi.IsDir() {
+			err = unix.Mount("tmpfs", p, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=4k,nr_inodes=1,mode=555")
+		} else {
+			err = unix.Mount("/dev/null", p, "", unix.MS_BIND, "")
+		}
+		if err != nil {
+			return step("mask /proc/"+name, err)
+		}
+	}
+	for _, name := range procReadOnly {
+		p := filepath.Join(proc, name)
+		if _, err := os.Stat(p); err != nil {
+			continue
+		}
+		if err := bindReadOnly(p, p); err != nil {
+			return step("read-only /proc/"+name, err)
+		}
+	}
+	return nil
+}
+
+// bindReadOnly bind-mounts src (not its submounts) at dst, read-only,
+// nosuid and nodev, creating dst.
+func bindReadOnly(src, dst string) error {
+	if src != dst {
+		fi, err := os.Stat(src)
+		if err != nil {
+			return err
+		}
+		if fi.IsDir() {
+			err = os.MkdirAll(dst, 0o755)
+		} else {
+			err = os.WriteFile(dst, nil, 0o644)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if err := unix.Mount(src, dst, "", unix.MS_BIND, ""); err != nil {
+		return err
+	}
+	return remount(dst, unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV)
+}
+
+// remount changes the flags of the bind mount at p, keeping the flags the
+// kernel locked when the mount came from a more privileged namespace
+// (dropping one of those fails with EPERM).
+func remount(p string, flags uintptr) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(p, &st); err != nil {
+		return err
+	}
+	locked := map[int64]uintptr{
+		unix.ST_RDONLY: unix.MS_RDONLY, unix.ST_NOSUID: unix.MS_NOSUID, unix.ST_NODEV: unix.MS_NODEV,
+		unix.ST_NOEXEC: unix.MS_NOEXEC, unix.ST_NOATIME: unix.MS_NOATIME,
+		unix.ST_NODIRATIME: unix.MS_NODIRATIME, unix.ST_RELATIME: unix.MS_RELATIME,
+	}
+	for st_, ms := range locked {
+		if st.Flags&st_ != 0 {
+			flags |= ms
+		}
+	}
+	return unix.Mount("", p, "", unix.MS_BIND|unix.MS_REMOUNT|flags, "")
+}

@@ -1,0 +1,157 @@
+package native
+
+import (
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// The sandbox's root file system, seen from inside:
+//
+//	/usr                  the host's /usr, read-only, nosuid, nodev
+//	/bin /lib /lib64 ...  the host's merged-/usr links (or read-only binds)
+//	/etc                  synthetic: only the files listed in etcPlan
+//	/opt/vivarium         the runner
+//	/proc                 a new proc of the sandbox's PID namespace, with masks
+//	/dev                  null zero full random urandom, fd links, /dev/shm
+//	/workspace /tmp       one size-limited tmpfs (with /dev/shm): the "disk"
+//
+// Everything but /workspace, /tmp and /dev/shm is read-only.
+
+// etcEntry is one file or link of the synthetic /etc.
+type etcEntry struct {
+	Path string `json:"path"` // relative to /etc
+	Data []byte `json:"data,omitempty"`
+	Link string `json:"link,omitempty"` // symlink target, when set
+}
+
+// SandboxUID and SandboxGID are the user code's ids inside the sandbox.
+const (
+	SandboxUID = 1000
+	SandboxGID = 1000
+	hostname   = "sandbox"
+)
+
+// etcGenerated are written fresh for every sandbox: they describe the
+// sandbox, not the host.
+var etcGenerated = map[string]string{
+	"passwd": "root:x:0:0:root:/root:/usr/sbin/nologin\n" +
+		"sandbox:x:1000:1000:sandbox:/workspace:/bin/sh\n" +
+		"nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+	"group":         "root:x:0:\nsandbox:x:1000:\nnogroup:x:65534:\n",
+	"hostname":      hostname + "\n",
+	"hosts":         "127.0.0.1\tlocalhost " + hostname + "\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+	"nsswitch.conf": "passwd: files\ngroup: files\nshadow: files\nhosts: files\nnetworks: files\nprotocols: files\nservices: files\n",
+	// No name server: there is no network to reach one.
+	"resolv.conf": "",
+	"timezone":    "Etc/UTC\n",
+}
+
+// etcFromHost are copied from the host when present: public, non-secret
+// files that libraries need. Directories are copied recursively (regular
+// files and links only).
+var etcFromHost = []string{
+	"ld.so.cache",    // where the dynamic loader finds libraries
+	"alternatives",   // numpy's BLAS and LAPACK are reached through these links
+	"fonts",          // fontconfig, for matplotlib
+	"matplotlibrc",   // Debian's default matplotlib settings
+	"python3*",       // Debian's Python configuration and sitecustomize
+	"mime.types",     // mimetypes
+	"protocols",      // socket.getprotobyname
+	"services",       // socket.getservbyname
+	"os-release",     // platform.freedesktop_os_release (a link into /usr)
+	"debian_version", //
+	"localtime",      // a link into /usr/share/zoneinfo
+	"ssl/openssl.cnf",
+	"ssl/certs/ca-certificates.crt",
+}
+
+// Bounds on what is copied, so a strange host cannot bloat every sandbox.
+const (
+	maxEtcFile  = 2 << 20
+	maxEtcTotal = 8 << 20
+)
+
+// buildEtc reads the synthetic /etc's content from the host's /etc.
+func buildEtc(hostEtc string) ([]etcEntry, error) {
+	var out []etcEntry
+	for name, data := range etcGenerated {
+		out = append(out, etcEntry{Path: name, Data: []byte(data)})
+	}
+	total := 0
+	add := func(rel string, d fs.DirEntry) error {
+		p := filepath.Join(hostEtc, rel)
+		switch {
+		case d.Type()&fs.ModeSymlink != 0:
+			target, err := os.Readlink(p)
+			if err != nil {
+				return err
+			}
+			out = append(out, etcEntry{Path: rel, Link: target})
+		case d.Type().IsRegular():
+			info, err := d.Info()
+			if err != nil {
+				return err
+			}
+			if info.Size() > maxEtcFile || info.Mode().Perm()&0o004 == 0 {
+				return nil // too big, or not world-readable: not for a sandbox
+			}
+			data, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			if total += len(data); total > maxEtcTotal {
+				return fmt.Errorf("host files for /etc exceed %d bytes", maxEtcTotal)
+			}
+			out = append(out, etcEntry{Path: rel, Data: data})
+		}
+		return nil
+	}
+	for _, pattern := range etcFromHost {
+		roots, _ := filepath.Glob(filepath.Join(hostEtc, pattern))
+		for _, root := range roots { // none when not on this host
+			err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+				if err != nil || d.IsDir() {
+					return err
+				}
+				rel, _ := filepath.Rel(hostEtc, p)
+				return add(rel, d)
+			})
+			if err != nil {
+				return nil, fmt.Errorf("read %s: %w", root, err)
+			}
+		}
+	}
+	return out, nil
+}
+
+// topLink is a top-level directory of the root: a link into /usr on
+// merged-/usr hosts, a read-only bind of the host directory otherwise.
+type topLink struct {
+	Name string `json:"name"`
+	Link string `json:"link,omitempty"`
+}
+
+func hostTopLevel(hostRoot string) []topLink {
+	var out []topLink
+	for _, name := range []string{"bin", "sbin", "lib", "lib32", "lib64", "libx32"} {
+		p := filepath.Join(hostRoot, name)
+		info, err := os.Lstat(p)
+		if err != nil {
+			continue
+		}
+		if info.Mode()&fs.ModeSymlink != 0 {
+			target, err := os.Readlink(p)
+			if err == nil && strings.HasPrefix(filepath.Clean(filepath.Join("/", target)), "/usr/") {
+				out = append(out, topLink{Name: name, Link: target})
+			}
+			continue
+		}
+		if info.IsDir() {
+			out = append(out, topLink{Name: name})
+		}
+	}
+	return out
+}
