@@ -1,0 +1,8 @@
+package main
+
+import (
+	"fmt"
+	"os"
+)
+
+func cmdBench(args []string) int { fmt.Fprintln(os.Stderr, "bench: not yet"); return 1 }

@@ -1,0 +1,138 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"runtime"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
+	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/seccomp"
+)
+
+// check is one line of the doctor's report.
+type check struct {
+	Name   string `json:"name"`
+	OK     bool   `json:"ok"`
+	Detail string `json:"detail"`
+}
+
+func cmdDoctor(args []string) int {
+	fs := flag.NewFlagSet("doctor", flag.ContinueOnError)
+	asJSON := fs.Bool("json", false, "print the checks as JSON")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	checks := doctorChecks()
+	if *asJSON {
+		json.NewEncoder(os.Stdout).Encode(checks)
+	} else {
+		for _, c := range checks {
+			mark := "ok  "
+			if !c.OK {
+				mark = "FAIL"
+			}
+			fmt.Printf("%s  %-22s %s\n", mark, c.Name, c.Detail)
+		}
+	}
+	for _, c := range checks {
+		if !c.OK {
+			return 1
+		}
+	}
+	return 0
+}
+
+func doctorChecks() []check {
+	var out []check
+	add := func(name string, err error, okDetail string) {
+		if err != nil {
+			out = append(out, check{name, false, err.Error()})
+		} else {
+			out = append(out, check{name, true, okDetail})
+		}
+	}
+	var uts unix.Utsname
+	unix.Uname(&uts)
+	out = append(out, check{"kernel", true, fmt.Sprintf("%s %s", unix.ByteSliceToString(uts.Release[:]), runtime.GOARCH)})
+
+	var rootErr error
+	if os.Geteuid() != 0 {
+		rootErr = errors.New("not root: the native backend needs root")
+	}
+	add("root", rootErr, "running as root")
+
+	userns := "enabled"
+	var usernsErr error
+	if b, err := os.ReadFile("/proc/sys/user/max_user_namespaces"); err != nil {
+		usernsErr = errors.New("not available in this kernel (CONFIG_USER_NS)")
+	} else if v := strings.TrimSpace(string(b)); v == "0" {
+		usernsErr = errors.New("disabled: sysctl -w user.max_user_namespaces=15000")
+	} else {
+		userns = "max_user_namespaces=" + v
+	}
+	add("user namespaces", usernsErr, userns)
+
+	actions, _ := os.ReadFile("/proc/sys/kernel/seccomp/actions_avail")
+	add("seccomp filters", seccomp.Supported(), strings.TrimSpace(string(actions)))
+
+	_, err := unix.Openat2(unix.AT_FDCWD, "/", &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC})
+	if err == unix.ENOSYS {
+		add("openat2", errors.New("missing (Linux 5.6+): needed for confined workspace access"), "")
+	} else {
+		add("openat2", nil, "available")
+	}
+
+	if m, err := cgroups.Detect(""); err != nil {
+		add("cgroups", err, "")
+	} else {
+		detail := fmt.Sprintf("v%d", m.Version())
+		if m.Version() == 1 {
+			detail += " (memory, pids, cpuacct controllers; CPU time by polling)"
+		} else {
+			detail += " (memory, pids; clone into cgroup)"
+		}
+		add("cgroups", nil, detail)
+	}
+
+	// A real sandbox, end to end, which also reports the Python stack.
+	b, err := native.New(native.Config{})
+	if err != nil {
+		add("native sandbox", err, "")
+		return out
+	}
+	code := `
+import sys, importlib
+mods = []
+for m in ("numpy", "pandas", "matplotlib", "scipy"):
+    try:
+        mods.append(m + " " + importlib.import_module(m).__version__)
+    except Exception as e:
+        mods.append(m + " missing")
+print("python " + sys.version.split()[0] + "; " + ", ".join(mods))
+`
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	start := time.Now()
+	res, _ := sandbox.RunOnce(ctx, b, sandbox.OneShot{Request: sandbox.ExecRequest{Code: code}})
+	if res.Status != sandbox.StatusOK {
+		msg := string(res.Status)
+		if res.Error != nil {
+			msg += ": " + res.Error.Value
+		}
+		add("native sandbox", errors.New(msg), "")
+		return out
+	}
+	add("native sandbox", nil, fmt.Sprintf("works (%v, cgroup v%d)", time.Since(start).Round(time.Millisecond), b.CgroupVersion()))
+	add("python in sandbox", nil, strings.TrimSpace(res.Stdout))
+	return out
+}

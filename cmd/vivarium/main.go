@@ -1,0 +1,63 @@
+// Command vivarium runs untrusted Python in sandboxes.
+//
+//	vivarium run [flags] FILE | -c CODE | -   run code in a fresh sandbox
+//	vivarium doctor                           what this host supports
+//	vivarium bench                            start-up against python3 and peers
+//
+// The same binary is the sandbox's init: the native backend re-executes it
+// inside new namespaces, and main hands over to the backend first thing.
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
+)
+
+const usage = `vivarium runs untrusted Python in sandboxes.
+
+Usage:
+  vivarium run [flags] FILE       run a Python file in a fresh sandbox
+  vivarium run [flags] -c CODE    run a string
+  vivarium run [flags] -          run standard input
+  vivarium doctor                 show what this host supports
+  vivarium bench [flags]          compare sandbox start-up with python3 and peers
+  vivarium version
+
+Run "vivarium run -h" for the flags of run.
+`
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	if native.IsInit() {
+		native.RunInit() // never returns
+	}
+	os.Exit(run(os.Args[1:]))
+}
+
+func run(args []string) int {
+	if len(args) == 0 {
+		fmt.Fprint(os.Stderr, usage)
+		return 2
+	}
+	switch args[0] {
+	case "run":
+		return cmdRun(args[1:])
+	case "doctor":
+		return cmdDoctor(args[1:])
+	case "bench":
+		return cmdBench(args[1:])
+	case "version", "--version":
+		fmt.Println("vivarium", version)
+		return 0
+	case "help", "-h", "--help":
+		fmt.Print(usage)
+		return 0
+	default:
+		fmt.Fprintf(os.Stderr, "vivarium: unknown command %q\n\n%s", args[0], usage)
+		return 2
+	}
+}

@@ -1,0 +1,210 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+)
+
+type runOptions struct {
+	code, python              string
+	asJSON, insecureNoCgroups bool
+	timeout, cpuTime          time.Duration
+	memory, disk, maxOutput   sizeFlag
+	pids                      int
+	env, files                listFlag
+	out                       string
+}
+
+func runFlags(o *runOptions) *flag.FlagSet {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `Usage: vivarium run [flags] FILE | -c CODE | -
+
+Runs Python code in a fresh sandbox and prints what it printed. The exit
+status is the program's own; 124 when a time limit ended it, 137 when the
+memory limit did, 125 when the sandbox could not start.
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	o.memory, o.disk, o.maxOutput = sandbox.DefaultMemory, sandbox.DefaultDisk, sandbox.DefaultMaxOutput
+	fs.StringVar(&o.code, "c", "", "run `CODE` instead of a file")
+	fs.BoolVar(&o.asJSON, "json", false, "print the Result as one JSON object, and nothing else on stdout")
+	fs.DurationVar(&o.timeout, "timeout", sandbox.DefaultTimeout, "wall-clock limit")
+	fs.DurationVar(&o.cpuTime, "cpu-time", 0, "CPU time limit, all processes together (0: only the wall clock)")
+	fs.Var(&o.memory, "memory", "memory limit, swap off")
+	fs.IntVar(&o.pids, "pids", sandbox.DefaultPids, "limit on processes and threads at once")
+	fs.Var(&o.disk, "disk", "size of /workspace, /tmp and /dev/shm together")
+	fs.Var(&o.maxOutput, "max-output", "bytes kept per stream; the rest is dropped and flagged")
+	fs.Var(&o.env, "env", "`K=V` environment variable for the code (repeatable); nothing else of the host's environment is passed")
+	fs.Var(&o.files, "file", "`LOCAL[:NAME]` copy a file into the workspace before the run (repeatable)")
+	fs.StringVar(&o.out, "out", "", "after the run, copy the workspace's regular files to `DIR`")
+	fs.StringVar(&o.python, "python", sandbox.DefaultPython, "Python interpreter inside the sandbox (must be under /usr)")
+	fs.BoolVar(&o.insecureNoCgroups, "insecure-no-cgroups", false,
+		"run without cgroups when the host has none: memory and process limits per process (rlimits), not per sandbox")
+	return fs
+}
+
+// parseInterleaved lets flags come before or after the file name, as users
+// type them; "--" ends the flags.
+func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return positional, nil
+		}
+		if len(args) > len(rest) && args[len(args)-len(rest)-1] == "--" {
+			return append(positional, rest...), nil
+		}
+		positional = append(positional, rest[0])
+		args = rest[1:]
+	}
+}
+
+func cmdRun(args []string) int {
+	var o runOptions
+	fs := runFlags(&o)
+	positional, err := parseInterleaved(fs, args)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	job, err := o.job(positional)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "vivarium run: %v\n", err)
+		return 2
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	if !o.asJSON {
+		job.Sink = passThrough{}
+	}
+	var res *sandbox.Result
+	var warn error
+	b, err := native.New(native.Config{InsecureNoCgroups: o.insecureNoCgroups})
+	if err != nil {
+		res = sandbox.SetupFailed(err)
+	} else {
+		res, warn = sandbox.RunOnce(ctx, b, job)
+	}
+	if warn != nil {
+		fmt.Fprintf(os.Stderr, "vivarium: warning: %v\n", warn)
+	}
+	if o.asJSON {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(res); err != nil {
+			fmt.Fprintf(os.Stderr, "vivarium: %v\n", err)
+			return 1
+		}
+		return res.ExitCode
+	}
+	reportPlain(res)
+	return res.ExitCode
+}
+
+// job turns the flags into a one-shot run.
+func (o *runOptions) job(positional []string) (sandbox.OneShot, error) {
+	var job sandbox.OneShot
+	var code, filename string
+	switch {
+	case o.code != "" && len(positional) > 0:
+		return job, errors.New("give either -c CODE or a file, not both")
+	case o.code != "":
+		code, filename = o.code, "<string>"
+	case len(positional) == 0:
+		return job, errors.New("nothing to run: give a FILE, -c CODE, or - for standard input")
+	case len(positional) > 1:
+		return job, fmt.Errorf("unexpected arguments after %s: %s", positional[0], strings.Join(positional[1:], " "))
+	case positional[0] == "-":
+		b, err := io.ReadAll(io.LimitReader(os.Stdin, 64<<20))
+		if err != nil {
+			return job, fmt.Errorf("read standard input: %w", err)
+		}
+		code, filename = string(b), "<stdin>"
+	default:
+		b, err := os.ReadFile(positional[0])
+		if err != nil {
+			return job, err
+		}
+		code, filename = string(b), filepath.Base(positional[0])
+	}
+	env := map[string]string{}
+	for _, kv := range o.env {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return job, fmt.Errorf("--env %q: want K=V", kv)
+		}
+		env[k] = v
+	}
+	for _, f := range o.files {
+		local, name, ok := strings.Cut(f, ":")
+		if !ok {
+			name = filepath.Base(local)
+		}
+		if _, err := os.Stat(local); err != nil {
+			return job, fmt.Errorf("--file: %w", err)
+		}
+		job.Files = append(job.Files, sandbox.InputFile{Name: name, Open: func() (io.ReadCloser, error) { return os.Open(local) }})
+	}
+	job.Spec = sandbox.Spec{
+		Limits: sandbox.Limits{
+			Timeout: o.timeout, CPUTime: o.cpuTime, Memory: int64(o.memory), Pids: o.pids,
+			Disk: int64(o.disk), MaxOutput: int64(o.maxOutput),
+		},
+		Env:    env,
+		Python: o.python,
+	}
+	if err := job.Spec.Validate(); err != nil {
+		return job, err
+	}
+	job.Request = sandbox.ExecRequest{Code: code, Filename: filename}
+	job.OutDir = o.out
+	return job, nil
+}
+
+// passThrough streams the sandbox's output to ours as it arrives.
+type passThrough struct{}
+
+func (passThrough) Stdout(p []byte) { os.Stdout.Write(p) }
+func (passThrough) Stderr(p []byte) { os.Stderr.Write(p) }
+
+// reportPlain says on stderr what the output alone does not: the traceback
+// (as python3 would print it), a limit that ended the run, dropped output.
+func reportPlain(res *sandbox.Result) {
+	if res.StdoutTruncated || res.StderrTruncated {
+		fmt.Fprintln(os.Stderr, "vivarium: output over --max-output was dropped")
+	}
+	e := res.Error
+	switch {
+	case e == nil:
+	case res.Status == sandbox.StatusError && e.Traceback != "":
+		fmt.Fprint(os.Stderr, strings.TrimSuffix(e.Traceback, "\n")+"\n")
+	case res.Status == sandbox.StatusError && e.Name == "SystemExit":
+		// python3 says nothing for sys.exit(n).
+	default:
+		fmt.Fprintf(os.Stderr, "vivarium: %s: %s\n", res.Status, e.Value)
+	}
+}
