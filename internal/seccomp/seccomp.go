@@ -70,7 +70,9 @@ const (
 	retKill  = unix.SECCOMP_RET_KILL_PROCESS
 )
 
-func retErrno(e unix.Errno) uint32 { return unix.SECCOMP_RET_ERRNO | (uint32(e) & unix.SECCOMP_RET_DATA) }
+func retErrno(e unix.Errno) uint32 {
+	return unix.SECCOMP_RET_ERRNO | (uint32(e) & unix.SECCOMP_RET_DATA)
+}
 
 func stmt(code uint16, k uint32) unix.SockFilter { return unix.SockFilter{Code: code, K: k} }
 

@@ -26,9 +26,10 @@ var (
 //  3. bind the host's /usr read-only, nosuid, nodev, and add the top-level
 //     links (or read-only binds) for /bin, /lib, ...;
 //  4. write the synthetic /etc and the runner;
-//  5. mount the disk tmpfs and bind its workspace, tmp and shm directories;
-//  6. build /dev from bind-mounted host device nodes (a user namespace
-//     cannot mknod), then make /dev read-only;
+//  5. build /dev from bind-mounted host device nodes (a user namespace
+//     cannot mknod);
+//  6. mount the disk tmpfs and bind its workspace, tmp and shm directories,
+//     then make /dev read-only;
 //  7. mount a fresh /proc and mask its host-revealing files;
 //  8. pivot_root into the new root and detach the old one;
 //  9. make the root read-only.
@@ -71,11 +72,15 @@ func buildRoot(cfg *initConfig) error {
 			return step("link /"+l.name, err)
 		}
 	}
+	if err := mountDev(r("dev")); err != nil {
+		return err
+	}
 	if err := mountDisk(cfg, r); err != nil {
 		return err
 	}
-	if err := mountDev(r("dev")); err != nil {
-		return err
+	// Only the tmpfs of /dev itself becomes read-only, not /dev/shm on it.
+	if err := remount(r("dev"), unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NOEXEC); err != nil {
+		return step("make /dev read-only", err)
 	}
 	if err := mountProc(r("proc")); err != nil {
 		return err
@@ -179,9 +184,7 @@ func mountDev(dev string) error {
 			return step("/dev/"+name, err)
 		}
 	}
-	// /dev/shm was bound in by mountDisk; this makes only the tmpfs of /dev
-	// itself read-only, not the mounts on it.
-	return step("make /dev read-only", remount(dev, unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NOEXEC))
+	return nil
 }
 
 func mountProc(proc string) error {

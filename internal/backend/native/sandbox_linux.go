@@ -33,17 +33,17 @@ const (
 
 // Sandbox is one running native sandbox.
 type Sandbox struct {
-	id      string
-	b       *Backend
-	spec    sandbox.Spec
-	cmd     *exec.Cmd
-	cg      cgroups.Group // nil without cgroups
-	ws      *workspace.Dir
-	reqW    *os.File
-	stdout  *capture
-	stderr  *capture
-	events  *os.File
-	initErr error         // how init exited; valid once initDone is closed
+	id       string
+	b        *Backend
+	spec     sandbox.Spec
+	cmd      *exec.Cmd
+	cg       cgroups.Group // nil without cgroups
+	ws       *workspace.Dir
+	reqW     *os.File
+	stdout   *capture
+	stderr   *capture
+	events   *os.File
+	initErr  error         // how init exited; valid once initDone is closed
 	initDone chan struct{} // closed when init has exited and been reaped
 
 	// From init's status pipe.
