@@ -16,6 +16,7 @@ import (
 	"io"
 	"io/fs"
 	"path"
+	"runtime"
 	"slices"
 	"strings"
 	"time"
@@ -120,7 +121,6 @@ func (d *Dir) mkdirAll(rel string) (int, error) {
 	}
 	for _, part := range strings.Split(rel, "/") {
 		err := unix.Mkdirat(fd, part, 0o755)
-		created := err == nil
 		if err != nil && err != unix.EEXIST {
 			unix.Close(fd)
 			return -1, err
@@ -130,25 +130,47 @@ func (d *Dir) mkdirAll(rel string) (int, error) {
 		if err != nil {
 			return -1, err
 		}
-		if created {
-			d.chown(next)
-		}
 		fd = next
 	}
 	return fd, nil
 }
 
-func (d *Dir) chown(fd int) error {
-	if d.uid < 0 && d.gid < 0 {
-		return nil
+// asOwner runs fn on a thread whose filesystem uid and gid are the
+// workspace owner's. A sandbox's workspace is a tmpfs that belongs to the
+// sandbox's user namespace, where the supervisor's own ids are unmapped:
+// the kernel refuses to create inodes for an unmapped owner (EOVERFLOW).
+// It also means the host creates files with no more rights than the
+// sandbox user has: a non-zero fsuid drops the file-system capabilities.
+func (d *Dir) asOwner(fn func() error) error {
+	if d.uid < 0 || d.gid < 0 {
+		return fn()
 	}
-	// fchownat with AT_EMPTY_PATH works on O_PATH descriptors, too.
-	return unix.Fchownat(fd, "", d.uid, d.gid, unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW)
+	runtime.LockOSThread()
+	prevGID, _ := unix.SetfsgidRetGid(d.gid)
+	prevUID, _ := unix.SetfsuidRetUid(d.uid)
+	err := fn()
+	unix.SetfsuidRetUid(prevUID)
+	unix.SetfsgidRetGid(prevGID)
+	// setfsuid reports the current value when asked for an invalid one.
+	if u, _ := unix.SetfsuidRetUid(-1); u != prevUID {
+		// Never hand a thread with the wrong identity back to the
+		// scheduler: a locked thread exits with its goroutine.
+		return errors.Join(err, errors.New("workspace: could not restore the thread's fsuid"))
+	}
+	if g, _ := unix.SetfsgidRetGid(-1); g != prevGID {
+		return errors.Join(err, errors.New("workspace: could not restore the thread's fsgid"))
+	}
+	runtime.UnlockOSThread()
+	return err
 }
 
 // WriteFile writes r to name atomically: into a temporary file beside it,
 // renamed over name once complete. A failure leaves nothing behind.
 func (d *Dir) WriteFile(name string, r io.Reader, limit int64) error {
+	return d.asOwner(func() error { return d.writeFile(name, r, limit) })
+}
+
+func (d *Dir) writeFile(name string, r io.Reader, limit int64) error {
 	rel, err := Clean(name)
 	if err != nil {
 		return err
@@ -181,9 +203,6 @@ func (d *Dir) WriteFile(name string, r io.Reader, limit int64) error {
 		return fmt.Errorf("workspace: write %q: %w", name, err)
 	case n > limit:
 		return fmt.Errorf("%w: %q is larger than %d bytes", sandbox.ErrTooLarge, name, limit)
-	}
-	if err := d.chown(fd); err != nil {
-		return fmt.Errorf("workspace: chown %q: %w", name, err)
 	}
 	if err := unix.Renameat(dirfd, tmp, dirfd, base); err != nil {
 		return fmt.Errorf("workspace: replace %q: %w", name, err)

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
 
@@ -210,4 +212,41 @@ func FuzzClean(f *testing.F) {
 			t.Fatalf("Clean(%q) = %q escapes", name, c)
 		}
 	})
+}
+
+// Files are created as the workspace's owner, with no more rights than the
+// owner has, and the thread's identity is restored afterwards.
+func TestWritesAsOwner(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	root := t.TempDir()
+	const owner = 54321
+	if err := os.Chown(root, owner, owner); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(root, "rootonly"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d, err := Open(root, owner, owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if err := d.WriteFile("sub/f.txt", strings.NewReader("x"), 10); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"sub", "sub/f.txt"} {
+		var st unix.Stat_t
+		if err := unix.Lstat(filepath.Join(root, p), &st); err != nil || st.Uid != owner || st.Gid != owner {
+			t.Fatalf("%s: owner %d:%d (%v), want %d", p, st.Uid, st.Gid, err, owner)
+		}
+	}
+	if err := d.WriteFile("rootonly/f.txt", strings.NewReader("x"), 10); !errors.Is(err, unix.EACCES) {
+		t.Fatalf("write into a directory the owner cannot write: %v, want EACCES", err)
+	}
+	// This goroutine's thread (if it was reused) is root again.
+	if err := os.WriteFile(filepath.Join(root, "rootonly", "g"), nil, 0o600); err != nil {
+		t.Fatalf("identity not restored: %v", err)
+	}
 }

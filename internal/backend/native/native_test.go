@@ -1,0 +1,484 @@
+package native_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
+)
+
+// The test binary is re-executed as every sandbox's init.
+func TestMain(m *testing.M) {
+	if native.IsInit() {
+		native.RunInit()
+	}
+	os.Exit(m.Run())
+}
+
+// Each test package has its own cgroup parent and uid range, so that
+// leftover checks are not confused by packages testing in parallel.
+const (
+	cgroupParent = "vivarium-native-test"
+	uidBase      = native.DefaultUIDBase + 1<<24
+)
+
+var (
+	backendOnce sync.Once
+	backend     *native.Backend
+	backendErr  error
+)
+
+func newBackend(t *testing.T) *native.Backend {
+	t.Helper()
+	testutil.RequireRoot(t)
+	testutil.RequirePython(t)
+	backendOnce.Do(func() {
+		backend, backendErr = native.New(native.Config{CgroupParent: cgroupParent, UIDBase: uidBase})
+	})
+	if backendErr != nil {
+		t.Fatal(backendErr)
+	}
+	return backend
+}
+
+// run executes code in a fresh one-shot sandbox.
+func run(t *testing.T, code string, opts ...func(*sandbox.OneShot)) *sandbox.Result {
+	t.Helper()
+	job := sandbox.OneShot{
+		Spec:    sandbox.Spec{Limits: sandbox.Limits{Timeout: 30 * time.Second}},
+		Request: sandbox.ExecRequest{Code: code},
+	}
+	for _, o := range opts {
+		o(&job)
+	}
+	res, warn := sandbox.RunOnce(context.Background(), newBackend(t), job)
+	if warn != nil {
+		t.Errorf("warning: %v", warn)
+	}
+	if res.Status == sandbox.StatusSetupFailed {
+		t.Fatalf("setup failed: %s", res.Error.Value)
+	}
+	return res
+}
+
+func wantStatus(t *testing.T, res *sandbox.Result, status sandbox.Status, code int) {
+	t.Helper()
+	if res.Status != status || res.ExitCode != code {
+		t.Fatalf("status %s exit %d, want %s exit %d\nstdout: %s\nstderr: %s\nerror: %+v",
+			res.Status, res.ExitCode, status, code, res.Stdout, res.Stderr, res.Error)
+	}
+}
+
+func TestPrintAndStreams(t *testing.T) {
+	t.Parallel()
+	res := run(t, "import sys\nprint('out 1')\nprint('err 1', file=sys.stderr)\nprint('out 2')")
+	wantStatus(t, res, sandbox.StatusOK, 0)
+	if res.Stdout != "out 1\nout 2\n" || res.Stderr != "err 1\n" {
+		t.Fatalf("stdout %q stderr %q", res.Stdout, res.Stderr)
+	}
+	if res.DurationMS <= 0 || res.CPUMS <= 0 || res.PeakMemoryBytes <= 0 {
+		t.Fatalf("missing accounting: %+v", res)
+	}
+}
+
+func TestExceptionTraceback(t *testing.T) {
+	t.Parallel()
+	res := run(t, "def f(x):\n    return 1 / x\n\nf(0)\n")
+	wantStatus(t, res, sandbox.StatusError, 1)
+	e := res.Error
+	if e == nil || e.Name != "ZeroDivisionError" || e.Value != "division by zero" {
+		t.Fatalf("error = %+v", e)
+	}
+	for _, want := range []string{"Traceback (most recent call last):", `File "<cell>", line 4`, "return 1 / x", "ZeroDivisionError: division by zero"} {
+		if !strings.Contains(e.Traceback, want) {
+			t.Errorf("traceback lacks %q:\n%s", want, e.Traceback)
+		}
+	}
+	if strings.Contains(e.Traceback, "runner.py") {
+		t.Errorf("traceback shows the runner's frames:\n%s", e.Traceback)
+	}
+}
+
+func TestSyntaxError(t *testing.T) {
+	t.Parallel()
+	res := run(t, "def (:\n")
+	wantStatus(t, res, sandbox.StatusError, 1)
+	if res.Error.Name != "SyntaxError" || !strings.Contains(res.Error.Traceback, "SyntaxError") {
+		t.Fatalf("error = %+v", res.Error)
+	}
+}
+
+func TestExitCodes(t *testing.T) {
+	t.Parallel()
+	for code, want := range map[string]int{
+		"import sys; sys.exit(3)":                                 3,
+		"import sys; sys.exit(0)":                                 0,
+		"import sys; sys.exit()":                                  0,
+		"import sys; sys.exit('bye')":                             1,
+		"import os; os._exit(7)":                                  7,
+		"raise SystemExit(42)":                                    42,
+		"import os, signal; os.kill(os.getpid(), signal.SIGTERM)": 128 + 15,
+	} {
+		res := run(t, code)
+		if res.ExitCode != want {
+			t.Errorf("%s: exit %d, want %d (status %s, error %+v)", code, res.ExitCode, want, res.Status, res.Error)
+		}
+	}
+}
+
+func TestLastExpressionAndRichResults(t *testing.T) {
+	t.Parallel()
+	res := run(t, `
+class Rich:
+    def _repr_html_(self): return "<b>rich</b>"
+    def _repr_markdown_(self): return "**rich**"
+    def _repr_json_(self): return {"rich": True}
+    def _repr_latex_(self): return r"$\alpha$"
+    def _repr_svg_(self): return "<svg></svg>"
+    def __repr__(self): return "Rich()"
+display(Rich())
+x = 20
+x + 22
+`)
+	wantStatus(t, res, sandbox.StatusOK, 0)
+	if len(res.Results) != 2 {
+		t.Fatalf("results = %+v", res.Results)
+	}
+	r := res.Results[0]
+	if r.IsMainResult || r.Text != "Rich()" || r.HTML != "<b>rich</b>" || r.Markdown != "**rich**" ||
+		string(r.JSON) != `{"rich": true}` || r.LaTeX != `$\alpha$` || r.SVG != "<svg></svg>" {
+		t.Fatalf("display result = %+v", r)
+	}
+	if m := res.Results[1]; !m.IsMainResult || m.Text != "42" {
+		t.Fatalf("main result = %+v", m)
+	}
+}
+
+func TestNoResultForNoneOrStatement(t *testing.T) {
+	t.Parallel()
+	for _, code := range []string{"x = 1", "None", "print('hi')", "for i in range(2): i"} {
+		if res := run(t, code); len(res.Results) != 0 {
+			t.Errorf("%q gave results %+v", code, res.Results)
+		}
+	}
+}
+
+func TestDataFrameAndChart(t *testing.T) {
+	t.Parallel()
+	testutil.RequirePythonModules(t, "pandas", "matplotlib")
+	res := run(t, `
+import pandas as pd
+import matplotlib.pyplot as plt
+df = pd.DataFrame({"a": [1, 2, 3], "b": [4, 5, 6]})
+plt.plot(df["a"], df["b"])
+plt.show()
+fig = plt.figure()
+plt.bar(["x"], [1])
+df
+`)
+	wantStatus(t, res, sandbox.StatusOK, 0)
+	var pngs int
+	var main *sandbox.Output
+	for i, r := range res.Results {
+		if r.PNG != "" {
+			b, err := base64.StdEncoding.DecodeString(r.PNG)
+			if err != nil || !bytes.HasPrefix(b, []byte("\x89PNG\r\n\x1a\n")) {
+				t.Fatalf("result %d: not a PNG (%v)", i, err)
+			}
+			pngs++
+		}
+		if r.IsMainResult {
+			main = &res.Results[i]
+		}
+	}
+	// One figure from show(), one left open at the end.
+	if pngs != 2 {
+		t.Errorf("%d PNG results, want 2", pngs)
+	}
+	if main == nil || !strings.Contains(main.HTML, "<table") || !strings.Contains(main.Text, "a  b") {
+		t.Fatalf("DataFrame main result = %+v", main)
+	}
+}
+
+func TestScientificStack(t *testing.T) {
+	t.Parallel()
+	testutil.RequirePythonModules(t, "numpy", "pandas", "matplotlib", "scipy")
+	res := run(t, `
+import numpy as np, scipy.linalg, pandas, matplotlib
+a = np.random.default_rng(0).random((200, 200))
+print(round(float(np.abs(scipy.linalg.inv(a) @ a - np.eye(200)).max()), 6))
+`)
+	wantStatus(t, res, sandbox.StatusOK, 0)
+	if strings.TrimSpace(res.Stdout) != "0.0" {
+		t.Fatalf("stdout %q stderr %q", res.Stdout, res.Stderr)
+	}
+}
+
+func TestFilesInAndOut(t *testing.T) {
+	t.Parallel()
+	out := t.TempDir()
+	in := filepath.Join(t.TempDir(), "data.csv")
+	if err := os.WriteFile(in, []byte("a,b\n1,2\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	res := run(t, `
+import os
+print(open("input/data.csv").read().strip().replace("\n", ";"))
+os.makedirs("results", exist_ok=True)
+open("results/sum.txt", "w").write("3")
+`, func(j *sandbox.OneShot) {
+		j.Files = []sandbox.InputFile{{Name: "input/data.csv", Open: func() (io.ReadCloser, error) { return os.Open(in) }}}
+		j.OutDir = out
+	})
+	wantStatus(t, res, sandbox.StatusOK, 0)
+	if res.Stdout != "a,b;1,2\n" {
+		t.Fatalf("stdout %q stderr %q", res.Stdout, res.Stderr)
+	}
+	b, err := os.ReadFile(filepath.Join(out, "results", "sum.txt"))
+	if err != nil || string(b) != "3" {
+		t.Fatalf("copied out: %q, %v", b, err)
+	}
+	var paths []string
+	for _, f := range res.Files {
+		paths = append(paths, f.Path)
+	}
+	if strings.Join(paths, ",") != "input/data.csv,results/sum.txt" {
+		t.Fatalf("files = %v", paths)
+	}
+}
+
+func TestThreadsProcessesSubprocess(t *testing.T) {
+	t.Parallel()
+	res := run(t, `
+import multiprocessing as mp, subprocess, threading
+def sq(x): return x * x
+if __name__ == "__main__":
+    out = []
+    ts = [threading.Thread(target=lambda i=i: out.append(i)) for i in range(8)]
+    [t.start() for t in ts]; [t.join() for t in ts]
+    print(sorted(out))
+    with mp.Pool(4) as p:
+        print(p.map(sq, range(5)))
+    print(subprocess.run(["sh", "-c", "echo from shell; id -u"], capture_output=True, text=True).stdout.split())
+`)
+	wantStatus(t, res, sandbox.StatusOK, 0)
+	want := "[0, 1, 2, 3, 4, 5, 6, 7]\n[0, 1, 4, 9, 16]\n['from', 'shell', '1000']\n"
+	if res.Stdout != want {
+		t.Fatalf("stdout %q, want %q; stderr %s", res.Stdout, want, res.Stderr)
+	}
+}
+
+func TestEnvironmentIsOnlyWhatWasGiven(t *testing.T) {
+	t.Setenv("VIVARIUM_HOST_ONLY", "leak")
+	res := run(t, `import os; print(sorted(os.environ.get(k, "-") for k in ("VIVARIUM_HOST_ONLY", "GREETING"))); print(os.getcwd(), os.environ["HOME"])`,
+		func(j *sandbox.OneShot) { j.Spec.Env = map[string]string{"GREETING": "hello"} })
+	wantStatus(t, res, sandbox.StatusOK, 0)
+	if res.Stdout != "['-', 'hello']\n/workspace /workspace\n" {
+		t.Fatalf("stdout %q", res.Stdout)
+	}
+}
+
+func TestLimits(t *testing.T) {
+	t.Parallel()
+	limited := func(l sandbox.Limits) func(*sandbox.OneShot) {
+		return func(j *sandbox.OneShot) { j.Spec.Limits = l }
+	}
+	t.Run("wall clock", func(t *testing.T) {
+		t.Parallel()
+		start := time.Now()
+		res := run(t, "import time; print('start', flush=True); time.sleep(60)", limited(sandbox.Limits{Timeout: time.Second}))
+		wantStatus(t, res, sandbox.StatusTimeout, sandbox.ExitTimeout)
+		if res.Stdout != "start\n" || time.Since(start) > 15*time.Second {
+			t.Fatalf("stdout %q after %v", res.Stdout, time.Since(start))
+		}
+	})
+	t.Run("cpu time", func(t *testing.T) {
+		t.Parallel()
+		res := run(t, "while True: pass", limited(sandbox.Limits{Timeout: 30 * time.Second, CPUTime: time.Second}))
+		wantStatus(t, res, sandbox.StatusTimeout, sandbox.ExitTimeout)
+		if !strings.Contains(res.Error.Value, "CPU time") {
+			t.Fatalf("error = %+v", res.Error)
+		}
+	})
+	t.Run("memory", func(t *testing.T) {
+		t.Parallel()
+		res := run(t, "x = []\nwhile True: x.append(bytearray(16 << 20))", limited(sandbox.Limits{Memory: 128 << 20}))
+		wantStatus(t, res, sandbox.StatusMemoryLimit, sandbox.ExitMemoryLimit)
+	})
+	t.Run("pids", func(t *testing.T) {
+		t.Parallel()
+		res := run(t, `
+import os, time
+n = 0
+try:
+    while True:
+        if os.fork() == 0:
+            time.sleep(30); os._exit(0)
+        n += 1
+except OSError as e:
+    print("stopped", e.errno, n < 16)
+`, limited(sandbox.Limits{Pids: 16}))
+		wantStatus(t, res, sandbox.StatusOK, 0)
+		if res.Stdout != "stopped 11 True\n" {
+			t.Fatalf("stdout %q stderr %q", res.Stdout, res.Stderr)
+		}
+	})
+	t.Run("output", func(t *testing.T) {
+		t.Parallel()
+		res := run(t, "import sys\nfor _ in range(1000): sys.stdout.write('x' * 10000)", limited(sandbox.Limits{MaxOutput: 64 << 10}))
+		wantStatus(t, res, sandbox.StatusOK, 0)
+		if len(res.Stdout) != 64<<10 || !res.StdoutTruncated || res.StderrTruncated {
+			t.Fatalf("stdout %d bytes, truncated %v", len(res.Stdout), res.StdoutTruncated)
+		}
+	})
+	t.Run("disk", func(t *testing.T) {
+		t.Parallel()
+		res := run(t, `
+try:
+    with open("big", "wb") as f:
+        while True: f.write(b"x" * (1 << 20))
+except OSError as e:
+    print(e.errno)
+`, limited(sandbox.Limits{Disk: 16 << 20}))
+		wantStatus(t, res, sandbox.StatusOK, 0)
+		// ENOSPC from the tmpfs, or EFBIG from the file-size rlimit that
+		// matches it: either way the disk limit held.
+		if res.Stdout != "28\n" && res.Stdout != "27\n" {
+			t.Fatalf("stdout %q stderr %q", res.Stdout, res.Stderr)
+		}
+	})
+}
+
+// A detached process holding stdout open must not keep a run alive, and
+// nothing of a sandbox may outlive it.
+func TestNothingOutlivesTheRun(t *testing.T) {
+	newBackend(t)
+	mounts := testutil.MountCount()
+	groups := len(testutil.CgroupsUnder(cgroupParent))
+	start := time.Now()
+	res := run(t, `
+import os, signal, subprocess
+subprocess.Popen(["sh", "-c", "trap '' TERM HUP; while true; do echo alive; sleep 0.1; done"], start_new_session=True)
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        while True: pass
+    os._exit(0)
+print("parent done")
+`)
+	wantStatus(t, res, sandbox.StatusOK, 0)
+	if time.Since(start) > 10*time.Second {
+		t.Fatalf("run took %v: a detached child kept it alive", time.Since(start))
+	}
+	if left := testutil.ProcessesOwnedBy(uidBase, uidBase+65536); len(left) > 0 {
+		t.Fatalf("processes left behind: %v", left)
+	}
+	// This test is not parallel: no other sandbox is running now.
+	if left := testutil.CgroupsUnder(cgroupParent); len(left) > groups {
+		t.Fatalf("cgroups left behind: %v", left)
+	}
+	if n := testutil.MountCount(); n != mounts {
+		t.Fatalf("mount count %d, was %d", n, mounts)
+	}
+}
+
+// A persistent sandbox keeps state between executions, like a notebook.
+func TestPersistentState(t *testing.T) {
+	t.Parallel()
+	b := newBackend(t)
+	sb, err := b.Create(context.Background(), sandbox.Spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	exec := func(code string) *sandbox.Result {
+		t.Helper()
+		res, err := sb.Execute(context.Background(), sandbox.ExecRequest{Code: code}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	if res := exec("x = 1\nprint('set')"); res.Status != sandbox.StatusOK || res.Stdout != "set\n" {
+		t.Fatalf("%+v", res)
+	}
+	if res := exec("x + 1"); len(res.Results) != 1 || res.Results[0].Text != "2" || res.Stdout != "" {
+		t.Fatalf("%+v", res)
+	}
+	if res := exec("1/0"); res.Status != sandbox.StatusError || res.Error.Name != "ZeroDivisionError" {
+		t.Fatalf("%+v", res)
+	}
+	if res := exec("import sys; sys.exit(4)"); res.Status != sandbox.StatusError || res.ExitCode != 4 {
+		t.Fatalf("%+v", res)
+	}
+	// An exception or sys.exit does not end the sandbox.
+	if res := exec("x"); res.Results[0].Text != "1" {
+		t.Fatalf("%+v", res)
+	}
+	res, err := sb.Execute(context.Background(), sandbox.ExecRequest{Code: "while True: pass", Timeout: 500 * time.Millisecond}, nil)
+	if err != nil || res.Status != sandbox.StatusTimeout {
+		t.Fatalf("%+v, %v", res, err)
+	}
+	// A limit kills the sandbox; it says so instead of hanging.
+	if _, err := sb.Execute(context.Background(), sandbox.ExecRequest{Code: "x"}, nil); err == nil {
+		t.Fatal("execution in a killed sandbox succeeded")
+	}
+}
+
+// Output reaches the sink while the code runs: the code waits for a file
+// that the host writes only after it has seen the first line.
+func TestStreamingSink(t *testing.T) {
+	t.Parallel()
+	b := newBackend(t)
+	sb, err := b.Create(context.Background(), sandbox.Spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	var mu sync.Mutex
+	var got []string
+	sink := sinkFunc(func(p []byte) {
+		mu.Lock()
+		defer mu.Unlock()
+		got = append(got, string(p))
+		if strings.Contains(strings.Join(got, ""), "early\n") && len(got) == 1 {
+			if err := sb.Workspace().WriteFile("go", strings.NewReader("1"), 10); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	res, err := sb.Execute(context.Background(), sandbox.ExecRequest{Code: `
+import os, time
+print("early", flush=True)
+for _ in range(1000):
+    if os.path.exists("go"):
+        print("streamed")
+        break
+    time.sleep(0.01)
+else:
+    print("not streamed")
+`}, sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantStatus(t, res, sandbox.StatusOK, 0)
+	if res.Stdout != "early\nstreamed\n" || strings.Join(got, "") != res.Stdout {
+		t.Fatalf("stdout %q, streamed %q", res.Stdout, got)
+	}
+}
+
+type sinkFunc func([]byte)
+
+func (f sinkFunc) Stdout(p []byte) { f(p) }
+func (f sinkFunc) Stderr(p []byte) { f(p) }

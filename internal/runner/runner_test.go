@@ -1,0 +1,124 @@
+package runner
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+)
+
+func frame(body string) []byte {
+	b := make([]byte, 4+len(body))
+	binary.BigEndian.PutUint32(b, uint32(len(body)))
+	copy(b[4:], body)
+	return b
+}
+
+func TestFrameRoundTrip(t *testing.T) {
+	var buf bytes.Buffer
+	code := 3
+	for _, ev := range []Event{
+		{Type: "ready"},
+		{Type: "error", Name: "ValueError", Value: "bad\x00value", Traceback: "Traceback ...\n"},
+		{Type: "done", ExitCode: &code},
+	} {
+		if err := WriteFrame(&buf, ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fr := NewFrameReader(&buf, 1<<20)
+	var got []Event
+	for {
+		ev, err := fr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, ev)
+	}
+	if len(got) != 3 || got[1].Value != "bad\x00value" || got[2].ExitCode == nil || *got[2].ExitCode != 3 {
+		t.Fatalf("got %+v", got)
+	}
+}
+
+func TestFrameReaderRejectsHostileStreams(t *testing.T) {
+	huge := make([]byte, 4)
+	binary.BigEndian.PutUint32(huge, 1<<31)
+	for _, tc := range []struct {
+		name   string
+		stream []byte
+		want   error
+	}{
+		{"oversized length", huge, ErrFrameTooLarge},
+		{"truncated header", []byte{0, 0}, ErrMalformed},
+		{"truncated body", frame(`{"type":"ready"}`)[:10], ErrMalformed},
+		{"not json", frame("\xff\xfe garbage"), ErrMalformed},
+		{"no type", frame(`{"name":"x"}`), ErrMalformed},
+		{"wrong types", frame(`{"type":"done","exit_code":"zero"}`), ErrMalformed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := NewFrameReader(bytes.NewReader(tc.stream), 1<<20).Next()
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("err = %v, want %v", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestOutputKeepsOnlyWellTypedRepresentations(t *testing.T) {
+	fr := NewFrameReader(bytes.NewReader(frame(`{"type":"result","is_main_result":true,"data":{
+		"text/plain":"1","text/html":"<b>1</b>","image/png":"iVBORw0KGgo=",
+		"application/json":{"a":[1,2]},"text/markdown":{"not":"a string"},"x-unknown/type":"zzz"}}`)), 1<<20)
+	ev, err := fr.Next()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, size := Output(ev)
+	if !out.IsMainResult || out.Text != "1" || out.HTML != "<b>1</b>" || out.PNG != "iVBORw0KGgo=" {
+		t.Fatalf("out = %+v", out)
+	}
+	if string(out.JSON) != `{"a":[1,2]}` {
+		t.Fatalf("json = %s", out.JSON)
+	}
+	if out.Markdown != "" {
+		t.Fatalf("a non-string markdown was accepted: %q", out.Markdown)
+	}
+	if want := len("1") + len("<b>1</b>") + len("iVBORw0KGgo=") + len(`{"a":[1,2]}`); size != want {
+		t.Fatalf("size = %d, want %d", size, want)
+	}
+}
+
+func TestFilesEmbedsRunnerAndBackend(t *testing.T) {
+	f := Files()
+	if !strings.Contains(string(f[ScriptName]), "def main()") {
+		t.Fatal("runner.py missing from the embedded files")
+	}
+	if _, ok := f["vivarium_mpl_backend.py"]; !ok {
+		t.Fatal("matplotlib backend missing from the embedded files")
+	}
+}
+
+// FuzzFrameReader: whatever a sandbox writes, the reader returns events or
+// a named error, never panics or allocates beyond its limit.
+func FuzzFrameReader(f *testing.F) {
+	f.Add(frame(`{"type":"ready"}`))
+	f.Add(frame(`{"type":"result","data":{"text/plain":"x"}}`))
+	f.Add([]byte{0xff, 0xff, 0xff, 0xff})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		fr := NewFrameReader(bytes.NewReader(b), 4096)
+		for i := 0; i < 100; i++ {
+			ev, err := fr.Next()
+			if err != nil {
+				if !errors.Is(err, io.EOF) && !errors.Is(err, ErrMalformed) && !errors.Is(err, ErrFrameTooLarge) {
+					t.Fatalf("unexpected error kind: %v", err)
+				}
+				return
+			}
+			Output(ev)
+		}
+	})
+}
