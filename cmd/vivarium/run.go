@@ -151,6 +151,18 @@ func (o *runOptions) job(positional []string) (sandbox.OneShot, error) {
 		}
 		code, filename = string(b), filepath.Base(positional[0])
 	}
+	// Zero means "the default" in a Spec; on the command line it is a
+	// mistake worth saying so.
+	switch {
+	case o.timeout <= 0:
+		return job, errors.New("--timeout must be positive")
+	case o.cpuTime < 0:
+		return job, errors.New("--cpu-time must not be negative")
+	case o.pids < 1:
+		return job, errors.New("--pids must be at least 1")
+	case o.memory <= 0 || o.disk <= 0 || o.maxOutput <= 0:
+		return job, errors.New("--memory, --disk and --max-output must be positive")
+	}
 	env := map[string]string{}
 	for _, kv := range o.env {
 		k, v, ok := strings.Cut(kv, "=")
