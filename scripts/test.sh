@@ -1,0 +1,16 @@
+#!/bin/sh
+# Runs every test: unit tests, real sandboxes, the hostile-code suite and
+# the RedCode corpus (in ../shared/attack-corpora when present). Needs root
+# for the sandboxes; tests that need root skip without it.
+set -eu
+cd "$(dirname "$0")/.."
+VIVARIUM_DEPS_EXTRA="bubblewrap ${VIVARIUM_DEPS_EXTRA:-}" scripts/deps.sh
+go vet ./...
+unformatted=$(gofmt -l cmd internal test 2>/dev/null || true)
+if [ -n "$unformatted" ]; then
+	echo "gofmt needed:" $unformatted >&2
+	exit 1
+fi
+sudo=""
+[ "$(id -u)" -ne 0 ] && sudo="sudo -E env PATH=$PATH"
+$sudo go test -count=1 -timeout 60m "$@" ./...
