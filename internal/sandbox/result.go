@@ -29,6 +29,10 @@ type Result struct {
 	CPUMS           float64    `json:"cpu_ms"`
 	PeakMemoryBytes int64      `json:"peak_memory_bytes"`
 	Files           []FileInfo `json:"files"`
+	// StateLost says the Python process of a persistent sandbox was
+	// restarted during or before this execution: variables and imports
+	// are gone, files are kept.
+	StateLost bool `json:"state_lost,omitempty"`
 }
 
 // Output is one rich result: the value of the last expression, a display()

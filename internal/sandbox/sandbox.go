@@ -12,6 +12,7 @@ import (
 	"context"
 	"io"
 	"io/fs"
+	"syscall"
 	"time"
 )
 
@@ -29,6 +30,15 @@ type Sandbox interface {
 	// Execute runs code and reports its outcome. Output is passed to sink
 	// (if not nil) while the code runs, and collected in the Result too.
 	Execute(ctx context.Context, req ExecRequest, sink Sink) (*Result, error)
+	// Interrupt raises KeyboardInterrupt in the running execution, if any.
+	Interrupt() error
+	// Restart replaces the Python runner by a fresh one (all processes of
+	// the sandbox are killed, state is lost); files are kept. It fails
+	// with ErrBusy while an execution runs.
+	Restart(ctx context.Context) error
+	// Start runs a command in the sandbox beside the runner, as the same
+	// user, in the same file system and limits.
+	Start(ctx context.Context, cmd Command) (Process, error)
 	// Workspace gives access to the sandbox's writable files.
 	Workspace() Workspace
 	// Close ends every process of the sandbox and frees everything it held.
@@ -45,6 +55,30 @@ type ExecRequest struct {
 	Env map[string]string
 	// Timeout and CPUTime override the sandbox's limits when non-zero.
 	Timeout, CPUTime time.Duration
+}
+
+// Command is a program to start in a sandbox.
+type Command struct {
+	Argv []string
+	// Env is added to the sandbox's environment.
+	Env map[string]string
+	// Dir is the working directory; default /workspace.
+	Dir string
+}
+
+// Process is a command running in a sandbox. Its output must be read (or
+// its pipes closed) for it to make progress.
+type Process interface {
+	PID() int
+	Stdin() io.WriteCloser
+	Stdout() io.ReadCloser
+	Stderr() io.ReadCloser
+	// Signal sends sig to the command's process group.
+	Signal(sig syscall.Signal) error
+	// Done is closed when the command has exited; ExitCode is then valid
+	// (128+n for a signal n).
+	Done() <-chan struct{}
+	ExitCode() int
 }
 
 // Sink receives output while code runs. Calls come from one goroutine at a

@@ -183,6 +183,7 @@ func (b *Backend) initConfig(spec sandbox.Spec, etc []etcEntry, top []topLink) *
 		// enough for an inode-exhaustion attack to cost much kernel memory.
 		DiskInodes: max(l.Disk/(8<<10), 1024),
 		OpenFiles:  uint64(l.OpenFiles),
+		OneShot:    spec.OneShot,
 	}
 	if spec.OneShot && l.CPUTime > 0 {
 		// Per-process backstop; the cgroup's CPU accounting is the limit.

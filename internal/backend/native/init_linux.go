@@ -27,11 +27,12 @@ const initArg0 = "vivarium-sandbox-init"
 const (
 	fdCtrl   = 3 // supervisor → init: the initConfig as one JSON line
 	fdStatus = 4 // init → supervisor: initStatus JSON lines
-	fdStdout = 5 // the runner's stdout
-	fdStderr = 6 // the runner's stderr
-	fdReq    = 7 // supervisor → runner requests
-	fdEvents = 8 // runner → supervisor events
+	fdStdout = 5 // stdout of the runner and commands
+	fdStderr = 6 // stderr of the runner and commands
 )
+
+// The output pipes, kept open by init for every runner it starts.
+var stdoutFile, stderrFile *os.File
 
 // initConfig is everything init needs; the supervisor sends it as JSON.
 type initConfig struct {
@@ -48,6 +49,8 @@ type initConfig struct {
 	MaxProcs    uint64            `json:"max_procs"`   // RLIMIT_NPROC; only without a pids cgroup
 	// MemoryBytes is RLIMIT_AS, only set when there is no memory cgroup.
 	MemoryBytes uint64 `json:"memory_bytes"`
+	// OneShot: init ends when the runner does.
+	OneShot bool `json:"one_shot"`
 }
 
 // initStatus is a message from init to the supervisor.
@@ -110,6 +113,12 @@ func step(name string, err error) error {
 }
 
 func initMain(report func(initStatus)) (int, error) {
+	// Descriptors inherited from the supervisor must reach no process
+	// init starts, except where handed over explicitly.
+	for fd := fdCtrl; fd <= fdControl; fd++ {
+		unix.CloseOnExec(fd)
+	}
+	stdoutFile, stderrFile = os.NewFile(fdStdout, "stdout"), os.NewFile(fdStderr, "stderr")
 	var cfg initConfig
 	ctrl := os.NewFile(fdCtrl, "ctrl")
 	if err := json.NewDecoder(ctrl).Decode(&cfg); err != nil {
@@ -161,41 +170,7 @@ func initMain(report func(initStatus)) (int, error) {
 	if err := seccomp.Install(prog); err != nil {
 		return 0, step("seccomp", err)
 	}
-	pid, err := startRunner(&cfg)
-	if err != nil {
-		return 0, step("start runner", err)
-	}
-	report(initStatus{Event: "started"})
-	ws := reapUntil(pid)
-	st := initStatus{Event: "exit"}
-	switch {
-	case ws.Exited():
-		st.Code = ws.ExitStatus()
-	case ws.Signaled():
-		st.Signal = int(ws.Signal())
-		st.Code = 128 + st.Signal
-	}
-	report(st)
-	return 0, nil
-}
-
-// reapUntil collects every child that exits (orphans of the sandbox are
-// re-parented to init, and unreaped zombies would hold pids) and returns
-// when pid has exited.
-func reapUntil(pid int) unix.WaitStatus {
-	for {
-		var ws unix.WaitStatus
-		got, err := unix.Wait4(-1, &ws, 0, nil)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil { // ECHILD: the runner is gone without a status
-			return unix.WaitStatus(uint32(unix.SIGKILL))
-		}
-		if got == pid {
-			return ws
-		}
-	}
+	return supervise(&cfg, report), nil
 }
 
 func setRlimits(cfg *initConfig) error {
@@ -272,34 +247,52 @@ func dropCapabilities() error {
 	return nil
 }
 
-func startRunner(cfg *initConfig) (int, error) {
+// startRunner starts a runner as the sandbox user with fresh request and
+// event pipes, and returns its pid and the supervisor's ends of the pipes
+// (request writer, event reader). Fresh pipes per runner mean a runner
+// killed in the middle of a frame cannot garble its successor's.
+func startRunner(cfg *initConfig) (int, []int, error) {
 	if _, err := os.Stat(cfg.Python); err != nil {
-		return 0, fmt.Errorf("python %s is not in the sandbox (only the host's /usr is visible): %w", cfg.Python, err)
+		return 0, nil, fmt.Errorf("python %s is not in the sandbox (only the host's /usr is visible): %w", cfg.Python, err)
 	}
+	reqR, reqW, err := os.Pipe()
+	if err != nil {
+		return 0, nil, err
+	}
+	defer reqR.Close()
+	defer reqW.Close()
+	evR, evW, err := os.Pipe()
+	if err != nil {
+		return 0, nil, err
+	}
+	defer evR.Close()
+	defer evW.Close()
 	cmd := &exec.Cmd{
-		Path:       cfg.Python,
-		Args:       append([]string{cfg.Python}, cfg.RunnerArgs...),
-		Env:        cfg.Env,
-		Dir:        workspacePath,
-		Stdout:     os.NewFile(fdStdout, "stdout"),
-		Stderr:     os.NewFile(fdStderr, "stderr"),
-		ExtraFiles: []*os.File{os.NewFile(fdReq, "requests"), os.NewFile(fdEvents, "events")},
-		SysProcAttr: &syscall.SysProcAttr{
-			Credential: &syscall.Credential{Uid: SandboxUID, Gid: SandboxGID, Groups: []uint32{}},
-			Setsid:     true,
-			Pdeathsig:  syscall.SIGKILL,
-		},
+		Path:        cfg.Python,
+		Args:        append([]string{cfg.Python}, cfg.RunnerArgs...),
+		Env:         cfg.Env,
+		Dir:         workspacePath,
+		Stdout:      stdoutFile,
+		Stderr:      stderrFile,
+		ExtraFiles:  []*os.File{reqR, evW},
+		SysProcAttr: userAttr(),
 	}
 	if err := cmd.Start(); err != nil {
-		return 0, err
+		return 0, nil, err
 	}
-	// Only the runner holds these now.
-	cmd.Stdout.(*os.File).Close()
-	cmd.Stderr.(*os.File).Close()
-	for _, f := range cmd.ExtraFiles {
-		f.Close()
+	pid := cmd.Process.Pid
+	cmd.Process.Release() // init reaps with wait4; drop Go's pidfd
+	fds := make([]int, 0, 2)
+	for _, f := range []*os.File{reqW, evR} {
+		fd, err := unix.Dup(int(f.Fd()))
+		if err != nil {
+			closeAll(fds)
+			return pid, nil, err
+		}
+		unix.CloseOnExec(fd)
+		fds = append(fds, fd)
 	}
-	return cmd.Process.Pid, nil
+	return pid, fds, nil
 }
 
 // loopbackUp brings up lo, the only interface of the sandbox's network

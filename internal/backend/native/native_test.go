@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -426,13 +427,130 @@ func TestPersistentState(t *testing.T) {
 	if res := exec("x"); res.Results[0].Text != "1" {
 		t.Fatalf("%+v", res)
 	}
+	if res := exec("open('kept.txt', 'w').write('still here')"); res.Status != sandbox.StatusOK {
+		t.Fatalf("%+v", res)
+	}
+	// A limit restarts the Python process: state is lost, files are kept.
 	res, err := sb.Execute(context.Background(), sandbox.ExecRequest{Code: "while True: pass", Timeout: 500 * time.Millisecond}, nil)
-	if err != nil || res.Status != sandbox.StatusTimeout {
+	if err != nil || res.Status != sandbox.StatusTimeout || !res.StateLost {
 		t.Fatalf("%+v, %v", res, err)
 	}
-	// A limit kills the sandbox; it says so instead of hanging.
-	if _, err := sb.Execute(context.Background(), sandbox.ExecRequest{Code: "x"}, nil); err == nil {
-		t.Fatal("execution in a killed sandbox succeeded")
+	if res := exec("print(open('kept.txt').read()); x"); res.Stdout != "still here\n" || res.Error == nil || res.Error.Name != "NameError" || res.StateLost {
+		t.Fatalf("after restart: %+v", res)
+	}
+	// So does a runner that exits; the next execution works again.
+	if res := exec("y = 5\nimport os; os._exit(9)"); res.ExitCode != 9 || !res.StateLost {
+		t.Fatalf("os._exit: %+v", res)
+	}
+	if res := exec("'y' in globals()"); res.Results[0].Text != "False" {
+		t.Fatalf("%+v", res)
+	}
+}
+
+func TestInterruptKeepsState(t *testing.T) {
+	t.Parallel()
+	sb, err := newBackend(t).Create(context.Background(), sandbox.Spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	ctx := context.Background()
+	if _, err := sb.Execute(ctx, sandbox.ExecRequest{Code: "n = 0"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	started := make(chan struct{})
+	var once sync.Once
+	go func() {
+		<-started
+		sb.Interrupt()
+	}()
+	res, err := sb.Execute(ctx, sandbox.ExecRequest{Code: "print('looping', flush=True)\nwhile True: n += 1"},
+		sinkFunc(func([]byte) { once.Do(func() { close(started) }) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Status != sandbox.StatusError || res.Error.Name != "KeyboardInterrupt" || res.StateLost {
+		t.Fatalf("%+v", res)
+	}
+	if res, _ := sb.Execute(ctx, sandbox.ExecRequest{Code: "n > 0"}, nil); len(res.Results) != 1 || res.Results[0].Text != "True" {
+		t.Fatalf("state after interrupt: %+v", res)
+	}
+	// Code that ignores the interrupt ends at its timeout, with a restart.
+	once = sync.Once{}
+	started = make(chan struct{})
+	go func() {
+		<-started
+		sb.Interrupt()
+	}()
+	res, err = sb.Execute(ctx, sandbox.ExecRequest{Timeout: time.Second, Code: `
+import signal
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+print("ignoring", flush=True)
+while True: pass`}, sinkFunc(func([]byte) { once.Do(func() { close(started) }) }))
+	if err != nil || res.Status != sandbox.StatusTimeout || !res.StateLost {
+		t.Fatalf("%+v %v", res, err)
+	}
+}
+
+func TestRestart(t *testing.T) {
+	t.Parallel()
+	sb, err := newBackend(t).Create(context.Background(), sandbox.Spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	ctx := context.Background()
+	sb.Execute(ctx, sandbox.ExecRequest{Code: "z = 1\nopen('f', 'w').write('kept')\nimport subprocess\nsubprocess.Popen(['sleep', '1000'])"}, nil)
+	if err := sb.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res, err := sb.Execute(ctx, sandbox.ExecRequest{Code: `
+import os
+procs = [p for p in os.listdir("/proc") if p.isdigit()]
+print(open("f").read(), "z" in globals(), len(procs))`}, nil)
+	// init and the new runner: the old runner's child is gone.
+	if err != nil || res.Stdout != "kept False 2\n" || res.StateLost {
+		t.Fatalf("%+v %v", res, err)
+	}
+}
+
+func TestCommands(t *testing.T) {
+	t.Parallel()
+	sb, err := newBackend(t).Create(context.Background(), sandbox.Spec{Env: map[string]string{"FROM_SPEC": "s"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	ctx := context.Background()
+	p, err := sb.Start(ctx, sandbox.Command{Argv: []string{"sh", "-c", "read line; echo got $line $FROM_SPEC $FROM_CMD; pwd; id -u; echo oops >&2; exit 3"},
+		Env: map[string]string{"FROM_CMD": "c"}, Dir: "/tmp"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.WriteString(p.Stdin(), "hello\n")
+	p.Stdin().Close()
+	out, _ := io.ReadAll(p.Stdout())
+	errOut, _ := io.ReadAll(p.Stderr())
+	if string(out) != "got hello s c\n/tmp\n1000\n" || string(errOut) != "oops\n" || p.ExitCode() != 3 {
+		t.Fatalf("stdout %q stderr %q exit %d", out, errOut, p.ExitCode())
+	}
+	// A command runs beside an execution, and can be killed with its children.
+	long, err := sb.Start(ctx, sandbox.Command{Argv: []string{"sh", "-c", "sleep 1000 & sleep 1000"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := sb.Execute(ctx, sandbox.ExecRequest{Code: "1 + 1"}, nil); err != nil || res.Results[0].Text != "2" {
+		t.Fatalf("%+v %v", res, err)
+	}
+	if err := long.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-long.Done()
+	if long.ExitCode() != 128+9 {
+		t.Fatalf("exit %d", long.ExitCode())
+	}
+	if _, err := sb.Start(ctx, sandbox.Command{Argv: []string{"/no/such/program"}}); err == nil {
+		t.Fatal("starting a missing program succeeded")
 	}
 }
 

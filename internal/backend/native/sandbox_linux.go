@@ -39,27 +39,31 @@ type Sandbox struct {
 	cmd      *exec.Cmd
 	cg       cgroups.Group // nil without cgroups
 	ws       *workspace.Dir
-	reqW     *os.File
+	ctl      int // control socket to init
 	stdout   *capture
 	stderr   *capture
-	events   *os.File
 	initErr  error         // how init exited; valid once initDone is closed
 	initDone chan struct{} // closed when init has exited and been reaped
 
 	// From init's status pipe.
 	statusMu   sync.Mutex
 	setupError string      // init's "error" message
-	runnerExit *initStatus // init's "exit" message
+	runnerExit *initStatus // init's "exit" message (one-shot)
 	statusDone chan struct{}
 
-	// From the runner's event pipe.
-	evMu     sync.Mutex
-	cur      *execution // receives events; nil between executions
-	ready    chan struct{}
-	evDone   chan struct{}
-	evBroken error // the runner broke the protocol
+	// From init's control socket.
+	mu        sync.Mutex
+	runner    *runnerProc   // the current runner; nil while one starts
+	runnerSet chan struct{} // closed and replaced when runner changes
+	cur       *execution    // receives the current runner's events
+	spawns    map[uint64]chan spawnReply
+	procs     map[uint64]*process
+	nextID    uint64
+	lost      bool // the runner died since the last execution
+	ctlDone   chan struct{}
+	sendMu    sync.Mutex
 
-	execMu sync.Mutex // one execution at a time
+	execMu sync.Mutex // one execution (or restart) at a time
 	used   bool       // a one-shot sandbox has run its execution
 
 	closeOnce sync.Once
@@ -68,8 +72,25 @@ type Sandbox struct {
 
 var _ sandbox.Sandbox = (*Sandbox)(nil)
 
+// runnerProc is one Python runner process and its pipes.
+type runnerProc struct {
+	pid    int
+	reqW   *os.File
+	ready  chan struct{} // closed at its "ready" event
+	exited chan struct{} // closed when init reports its end
+	exit   ctlMsg        // valid once exited is closed
+	evDone chan struct{} // its event stream ended
+	broken error         // it broke the protocol; under Sandbox.mu
+}
+
+type spawnReply struct {
+	msg ctlMsg
+	p   *process // nil when the spawn failed
+}
+
 // execution collects the events of one Execute call.
 type execution struct {
+	runner       *runnerProc
 	results      []sandbox.Output
 	resultsBytes int
 	dropped      int
@@ -82,9 +103,10 @@ type execution struct {
 // is ready for code.
 func start(ctx context.Context, b *Backend, spec sandbox.Spec, cfg *initConfig) (_ *Sandbox, err error) {
 	s := &Sandbox{
-		id: newID(), b: b, spec: spec,
+		id: newID(), b: b, spec: spec, ctl: -1,
 		initDone: make(chan struct{}), statusDone: make(chan struct{}),
-		ready: make(chan struct{}), evDone: make(chan struct{}),
+		runnerSet: make(chan struct{}), ctlDone: make(chan struct{}),
+		spawns: map[uint64]chan spawnReply{}, procs: map[uint64]*process{},
 	}
 	defer func() {
 		if err != nil {
@@ -136,14 +158,14 @@ func start(ctx context.Context, b *Backend, spec sandbox.Spec, cfg *initConfig) 
 	if err != nil {
 		return nil, err
 	}
-	if s.reqW, err = pipe(false); err != nil {
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
 		return nil, err
 	}
-	if s.events, err = pipe(true); err != nil {
-		return nil, err
-	}
-	// childEnds are now, in order: ctrl, status, stdout, stderr, req, events,
-	// matching fdCtrl..fdEvents.
+	s.ctl = pair[0]
+	childEnds = append(childEnds, os.NewFile(uintptr(pair[1]), "control"))
+	// childEnds are now, in order: ctrl, status, stdout, stderr, control,
+	// matching fdCtrl..fdControl.
 	uidMap := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(b.cfg.UIDBase), Size: 65536}}
 	s.cmd = &exec.Cmd{
 		Path:       b.cfg.Exe,
@@ -194,7 +216,7 @@ func start(ctx context.Context, b *Backend, spec sandbox.Spec, cfg *initConfig) 
 		return nil, err
 	}
 	go s.readStatus(statusR)
-	go s.readEvents()
+	go s.readControl()
 
 	if err := json.NewEncoder(ctrlW).Encode(cfg); err != nil {
 		return nil, fmt.Errorf("send config to init: %w", err)
@@ -204,7 +226,7 @@ func start(ctx context.Context, b *Backend, spec sandbox.Spec, cfg *initConfig) 
 	timer := time.NewTimer(setupTimeout)
 	defer timer.Stop()
 	select {
-	case <-s.ready:
+	case <-s.readyRunner(ctx):
 	case <-s.initDone:
 		<-s.statusDone
 		return nil, s.setupFailure()
@@ -262,22 +284,156 @@ func (s *Sandbox) readStatus(r *os.File) {
 	io.Copy(io.Discard, r)
 }
 
-// readEvents follows the runner's event pipe for the sandbox's life. A
-// malformed frame means the runner (or user code writing to its pipe) broke
-// the protocol: parsing stops, reading continues so nothing blocks.
-func (s *Sandbox) readEvents() {
-	defer close(s.evDone)
-	defer s.events.Close()
-	fr := runner.NewFrameReader(s.events, maxFrame)
-	readyOnce := sync.OnceFunc(func() { close(s.ready) })
+// readControl follows init's control socket for the sandbox's life.
+func (s *Sandbox) readControl() {
+	defer close(s.ctlDone)
+	buf, oob := make([]byte, 64<<10), make([]byte, unix.CmsgSpace(4*4))
+	for {
+		m, fds, err := recvCtl(s.ctl, buf, oob)
+		if err != nil {
+			s.mu.Lock()
+			for id, ch := range s.spawns {
+				close(ch)
+				delete(s.spawns, id)
+			}
+			for _, p := range s.procs {
+				p.finish(128 + int(syscall.SIGKILL))
+			}
+			s.procs = map[uint64]*process{}
+			if r := s.runner; r != nil && !isClosed(r.exited) {
+				r.exit = ctlMsg{Code: 128 + int(syscall.SIGKILL), Signal: int(syscall.SIGKILL)}
+				close(r.exited)
+			}
+			s.mu.Unlock()
+			return
+		}
+		switch m.Op {
+		case opRunner:
+			if len(fds) != 2 || m.Error != "" {
+				closeAll(fds)
+				continue // init exits after a failed restart: initDone follows
+			}
+			r := &runnerProc{
+				pid:    m.PID,
+				reqW:   os.NewFile(uintptr(fds[0]), "requests"),
+				ready:  make(chan struct{}),
+				exited: make(chan struct{}),
+				evDone: make(chan struct{}),
+			}
+			go s.readEvents(r, os.NewFile(uintptr(fds[1]), "events"))
+			s.mu.Lock()
+			s.runner = r
+			close(s.runnerSet)
+			s.runnerSet = make(chan struct{})
+			s.mu.Unlock()
+		case opExited:
+			closeAll(fds)
+			s.mu.Lock()
+			if m.ID == 0 {
+				if r := s.runner; r != nil && r.pid == m.PID && !isClosed(r.exited) {
+					r.exit = m
+					close(r.exited)
+					s.lost = true
+				}
+			} else if p := s.procs[m.ID]; p != nil {
+				delete(s.procs, m.ID)
+				p.finish(m.Code)
+			}
+			s.mu.Unlock()
+		case opSpawned:
+			var p *process
+			if m.Error == "" && len(fds) == 3 {
+				p = &process{
+					s: s, id: m.ID, pid: m.PID,
+					stdin:  os.NewFile(uintptr(fds[0]), "stdin"),
+					stdout: os.NewFile(uintptr(fds[1]), "stdout"),
+					stderr: os.NewFile(uintptr(fds[2]), "stderr"),
+					done:   make(chan struct{}),
+				}
+			} else {
+				closeAll(fds)
+			}
+			s.mu.Lock()
+			ch := s.spawns[m.ID]
+			delete(s.spawns, m.ID)
+			if p != nil {
+				// Registered before anyone sees it, so that its exit,
+				// which may follow at once, is not missed.
+				s.procs[m.ID] = p
+			}
+			s.mu.Unlock()
+			if ch == nil { // the caller gave up waiting
+				if p != nil {
+					p.Signal(syscall.SIGKILL)
+					p.closePipes()
+				}
+				continue
+			}
+			ch <- spawnReply{m, p}
+		default:
+			closeAll(fds)
+		}
+	}
+}
+
+// send writes one control message to init.
+func (s *Sandbox) send(m ctlMsg) error {
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
+	if err := sendCtl(s.ctl, m); err != nil {
+		return fmt.Errorf("%w: control socket: %v", sandbox.ErrClosed, err)
+	}
+	return nil
+}
+
+// readyRunner returns a channel closed once a runner is ready for code.
+func (s *Sandbox) readyRunner(ctx context.Context) <-chan struct{} {
+	ch := make(chan struct{})
+	go func() {
+		for {
+			s.mu.Lock()
+			r, set := s.runner, s.runnerSet
+			s.mu.Unlock()
+			if r != nil {
+				select {
+				case <-r.ready:
+					close(ch)
+					return
+				case <-r.exited:
+				case <-ctx.Done():
+					return
+				case <-s.initDone:
+					return
+				}
+			}
+			select {
+			case <-set:
+			case <-ctx.Done():
+				return
+			case <-s.initDone:
+				return
+			}
+		}
+	}()
+	return ch
+}
+
+// readEvents follows one runner's event pipe. A malformed frame means the
+// runner (or user code writing to its pipe) broke the protocol: parsing
+// stops, reading continues so nothing blocks.
+func (s *Sandbox) readEvents(r *runnerProc, events *os.File) {
+	defer close(r.evDone)
+	defer events.Close()
+	fr := runner.NewFrameReader(events, maxFrame)
+	readyOnce := sync.OnceFunc(func() { close(r.ready) })
 	for {
 		ev, err := fr.Next()
 		if err != nil {
 			if !errors.Is(err, io.EOF) {
-				s.evMu.Lock()
-				s.evBroken = err
-				s.evMu.Unlock()
-				io.Copy(io.Discard, s.events)
+				s.mu.Lock()
+				r.broken = err
+				s.mu.Unlock()
+				io.Copy(io.Discard, events)
 			}
 			return
 		}
@@ -285,11 +441,11 @@ func (s *Sandbox) readEvents() {
 			readyOnce()
 			continue
 		}
-		s.evMu.Lock()
-		if x := s.cur; x != nil {
+		s.mu.Lock()
+		if x := s.cur; x != nil && x.runner == r {
 			x.handle(ev)
 		}
-		s.evMu.Unlock()
+		s.mu.Unlock()
 	}
 }
 
@@ -337,9 +493,19 @@ func (s *Sandbox) Close() error {
 		if s.cmd != nil && s.cmd.Process != nil {
 			<-s.initDone
 		}
-		if s.reqW != nil {
-			s.reqW.Close()
+		if s.ctl >= 0 {
+			// Shut down, not close: readControl may still be in recvmsg.
+			unix.Shutdown(s.ctl, unix.SHUT_RDWR)
+			if s.cmd != nil && s.cmd.Process != nil {
+				<-s.ctlDone
+			}
+			unix.Close(s.ctl)
 		}
+		s.mu.Lock()
+		if r := s.runner; r != nil {
+			r.reqW.Close()
+		}
+		s.mu.Unlock()
 		timeout := time.After(drainTimeout)
 		for _, c := range []*capture{s.stdout, s.stderr} {
 			if c == nil {
@@ -366,16 +532,90 @@ func (s *Sandbox) Close() error {
 	return s.closeErr
 }
 
+// Interrupt implements sandbox.Sandbox: SIGINT to the runner, which Python
+// turns into KeyboardInterrupt.
+func (s *Sandbox) Interrupt() error {
+	if isClosed(s.initDone) {
+		return sandbox.ErrClosed
+	}
+	s.mu.Lock()
+	running := s.cur != nil
+	s.mu.Unlock()
+	if !running {
+		return nil
+	}
+	return s.send(ctlMsg{Op: opInterrupt})
+}
+
+// Restart implements sandbox.Sandbox.
+func (s *Sandbox) Restart(ctx context.Context) error {
+	if s.spec.OneShot {
+		return fmt.Errorf("%w: a one-shot sandbox cannot restart", sandbox.ErrUnsupported)
+	}
+	if !s.execMu.TryLock() {
+		return sandbox.ErrBusy
+	}
+	defer s.execMu.Unlock()
+	if err := s.restart(ctx); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.lost = false // the caller asked for it
+	s.mu.Unlock()
+	return nil
+}
+
+// restart kills every process of the sandbox but init and waits for a new
+// runner to be ready. When it returns, every process that could write to
+// the output pipes is dead. Callers hold execMu.
+func (s *Sandbox) restart(ctx context.Context) error {
+	s.mu.Lock()
+	old, set := s.runner, s.runnerSet
+	s.mu.Unlock()
+	if err := s.send(ctlMsg{Op: opRestart}); err != nil {
+		return err
+	}
+	for {
+		select {
+		case <-set:
+		case <-s.initDone:
+			return fmt.Errorf("%w: the sandbox died while restarting", sandbox.ErrClosed)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		s.mu.Lock()
+		r := s.runner
+		set = s.runnerSet
+		s.mu.Unlock()
+		if r != old {
+			if old != nil {
+				old.reqW.Close()
+			}
+			break
+		}
+	}
+	timer := time.NewTimer(setupTimeout)
+	defer timer.Stop()
+	select {
+	case <-s.readyRunner(ctx):
+		return nil
+	case <-s.initDone:
+		return fmt.Errorf("%w: the sandbox died while restarting", sandbox.ErrClosed)
+	case <-timer.C:
+		return fmt.Errorf("the new runner was not ready within %v", setupTimeout)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // Execute implements sandbox.Sandbox.
 func (s *Sandbox) Execute(ctx context.Context, req sandbox.ExecRequest, sink sandbox.Sink) (*sandbox.Result, error) {
 	if !s.execMu.TryLock() {
 		return nil, sandbox.ErrBusy
 	}
 	defer s.execMu.Unlock()
-	select {
-	case <-s.initDone:
+	if isClosed(s.initDone) {
 		return nil, sandbox.ErrClosed
-	default:
 	}
 	if s.spec.OneShot && s.used {
 		return nil, fmt.Errorf("%w: a one-shot sandbox runs one execution", sandbox.ErrClosed)
@@ -396,25 +636,46 @@ func (s *Sandbox) Execute(ctx context.Context, req sandbox.ExecRequest, sink san
 		filename = "<cell>"
 	}
 
-	x := &execution{done: make(chan struct{})}
+	// A runner that died since the last execution (os._exit from a
+	// thread, an OOM kill) is replaced first; the result says so.
+	s.mu.Lock()
+	r, lost := s.runner, s.lost
+	s.mu.Unlock()
+	if !s.spec.OneShot && (r == nil || isClosed(r.exited)) {
+		if err := s.restart(ctx); err != nil {
+			return nil, err
+		}
+		s.mu.Lock()
+		r = s.runner
+		s.mu.Unlock()
+	}
+	select {
+	case <-r.ready:
+	default:
+		return nil, fmt.Errorf("%w: the runner is not ready", sandbox.ErrClosed)
+	}
+
+	x := &execution{runner: r, done: make(chan struct{})}
 	doneCh := x.done
-	s.evMu.Lock()
-	s.cur = x
-	s.evMu.Unlock()
 	var outSink, errSink func([]byte)
 	if sink != nil {
 		outSink, errSink = sink.Stdout, sink.Stderr
 	}
 	s.stdout.begin(limits.MaxOutput, outSink)
 	s.stderr.begin(limits.MaxOutput, errSink)
+	s.mu.Lock()
+	s.cur = x
+	s.lost = false
+	s.mu.Unlock()
 
-	cpu0 := s.stats().CPU
+	st0 := s.stats()
+	cpu0 := st0.CPU
 	start := time.Now()
 	sent := make(chan error, 1)
 	go func() {
-		err := runner.WriteFrame(s.reqW, runner.Request{Type: "execute", Code: req.Code, Filename: filename, Env: req.Env})
+		err := runner.WriteFrame(r.reqW, runner.Request{Type: "execute", Code: req.Code, Filename: filename, Env: req.Env})
 		if s.spec.OneShot {
-			s.reqW.Close()
+			r.reqW.Close()
 		}
 		sent <- err
 	}()
@@ -435,10 +696,16 @@ func (s *Sandbox) Execute(ctx context.Context, req sandbox.ExecRequest, sink san
 		defer t.Stop()
 		tick = t.C
 	}
+	runnerExited := r.exited
+	if s.spec.OneShot {
+		runnerExited = nil // init's exit status says more
+	}
 wait:
 	for {
 		select {
 		case <-finished:
+			break wait
+		case <-runnerExited:
 			break wait
 		case <-s.initDone:
 			break wait
@@ -456,26 +723,48 @@ wait:
 		}
 	}
 	duration := time.Since(start)
-	if why != "" {
-		s.kill()
-	}
-	dead := why != "" || s.spec.OneShot || isClosed(s.initDone)
-	if dead {
+
+	var exit *initStatus // how the code's process ended, if it did
+	dead := false        // the code's process died before "done"
+	stateLost := lost
+	switch {
+	case s.spec.OneShot || isClosed(s.initDone):
+		if why != "" {
+			s.kill()
+		}
 		// Every process is gone once init is reaped; then the pipes hit
 		// EOF and everything written has been delivered.
 		<-s.initDone
 		<-s.statusDone
 		s.waitDrained()
-	} else {
+		s.statusMu.Lock()
+		exit = s.runnerExit
+		s.statusMu.Unlock()
+		dead = true
+	default:
+		if why != "" || isClosed(r.exited) {
+			// A limit fired or the runner died: a fresh runner replaces it
+			// (and kills whatever else ran), files stay.
+			if why == "" {
+				exit = &initStatus{Event: "exit", Code: r.exit.Code, Signal: r.exit.Signal}
+				dead = true
+			}
+			stateLost = true
+			if err := s.restart(context.WithoutCancel(ctx)); err != nil {
+				s.kill()
+				<-s.initDone
+			}
+		}
 		s.stdout.sync()
 		s.stderr.sync()
 	}
 	<-sent
 
-	s.evMu.Lock()
+	s.mu.Lock()
 	s.cur = nil
-	broken := s.evBroken
-	s.evMu.Unlock()
+	broken := r.broken
+	s.lost = false
+	s.mu.Unlock()
 	stdout, outTrunc := s.stdout.end()
 	stderr, errTrunc := s.stderr.end()
 	st := s.stats()
@@ -489,6 +778,7 @@ wait:
 		DurationMS:      float64(duration.Microseconds()) / 1000,
 		CPUMS:           float64((st.CPU - cpu0).Microseconds()) / 1000,
 		PeakMemoryBytes: st.MemoryPeak,
+		StateLost:       stateLost && !s.spec.OneShot,
 	}
 	if res.Results == nil {
 		res.Results = []sandbox.Output{}
@@ -497,10 +787,7 @@ wait:
 		res.Results = append(res.Results, sandbox.Output{
 			Text: fmt.Sprintf("[vivarium: %d more results dropped: over the %d MiB limit]", x.dropped, maxResultsBytes>>20)})
 	}
-	s.statusMu.Lock()
-	exit := s.runnerExit
-	s.statusMu.Unlock()
-	classify(res, why, whyMsg, dead, exit, x.exitCode, st.OOMKills > 0, limits, broken)
+	classify(res, why, whyMsg, dead, exit, x.exitCode, st.OOMKills > st0.OOMKills, limits, broken)
 	return res, nil
 }
 
@@ -582,9 +869,14 @@ func (s *Sandbox) waitDrained() {
 			return
 		}
 	}
-	select {
-	case <-s.evDone:
-	case <-timeout:
+	s.mu.Lock()
+	r := s.runner
+	s.mu.Unlock()
+	if r != nil {
+		select {
+		case <-r.evDone:
+		case <-timeout:
+		}
 	}
 }
 

@@ -1,0 +1,328 @@
+package native
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// After setup, init serves the supervisor on a SOCK_SEQPACKET socket (one
+// JSON message per packet). It starts, signals and restarts the runner and
+// spawns commands in the sandbox, passing their pipes back with
+// SCM_RIGHTS. Every process is forked from init's locked thread, the one
+// whose capability bounding set and securebits were dropped.
+const fdControl = 7
+
+// maxControlMsg bounds one control packet (a spawn's argv and env).
+const maxControlMsg = 256 << 10
+
+// Control operations. Supervisor → init: opSpawn, opSignal, opInterrupt,
+// opRestart. Init → supervisor: opSpawned, opExited, opRunner.
+const (
+	opSpawn     = "spawn"     // start a command: ID, Argv, Env, Dir
+	opSignal    = "signal"    // signal a command's process group: PID, Signal
+	opInterrupt = "interrupt" // SIGINT to the runner
+	opRestart   = "restart"   // kill every process but init, start a new runner
+	opSpawned   = "spawned"   // a command started (PID, with its stdin, stdout and stderr) or not (Error)
+	opExited    = "exited"    // a command (ID) or the runner (ID 0) ended: Code, Signal
+	opRunner    = "runner"    // a runner started
+)
+
+type ctlMsg struct {
+	Op     string   `json:"op"`
+	ID     uint64   `json:"id,omitempty"`
+	Argv   []string `json:"argv,omitempty"`
+	Env    []string `json:"env,omitempty"`
+	Dir    string   `json:"dir,omitempty"`
+	PID    int      `json:"pid,omitempty"`
+	Signal int      `json:"signal,omitempty"`
+	Code   int      `json:"code"`
+	Error  string   `json:"error,omitempty"`
+}
+
+func sendCtl(fd int, m ctlMsg, files ...int) error {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	var oob []byte
+	if len(files) > 0 {
+		oob = unix.UnixRights(files...)
+	}
+	return unix.Sendmsg(fd, b, oob, nil, 0)
+}
+
+// recvCtl reads one message and the descriptors that came with it.
+func recvCtl(fd int, buf, oob []byte) (ctlMsg, []int, error) {
+	for {
+		n, oobn, flags, _, err := unix.Recvmsg(fd, buf, oob, unix.MSG_CMSG_CLOEXEC)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return ctlMsg{}, nil, err
+		}
+		var fds []int
+		if oobn > 0 {
+			cmsgs, _ := unix.ParseSocketControlMessage(oob[:oobn])
+			for _, c := range cmsgs {
+				if got, err := unix.ParseUnixRights(&c); err == nil {
+					fds = append(fds, got...)
+				}
+			}
+		}
+		if n == 0 {
+			closeAll(fds)
+			return ctlMsg{}, nil, errors.New("control socket closed")
+		}
+		if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 {
+			closeAll(fds)
+			return ctlMsg{}, nil, errors.New("control message truncated")
+		}
+		var m ctlMsg
+		if err := json.Unmarshal(buf[:n], &m); err != nil {
+			closeAll(fds)
+			return ctlMsg{}, nil, fmt.Errorf("control message: %w", err)
+		}
+		return m, fds, nil
+	}
+}
+
+func closeAll(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+}
+
+// supervise is init's life after setup: it runs the runner, serves the
+// control socket and reaps every process. It returns the exit code of
+// init. A one-shot sandbox ends with its runner; a persistent one when the
+// supervisor closes the control socket.
+func supervise(cfg *initConfig, report func(initStatus)) int {
+	sigchld := make(chan os.Signal, 16)
+	signal.Notify(sigchld, syscall.SIGCHLD)
+	reqs := make(chan ctlMsg)
+	go func() {
+		defer close(reqs)
+		buf, oob := make([]byte, maxControlMsg), make([]byte, 256)
+		for {
+			m, fds, err := recvCtl(fdControl, buf, oob)
+			closeAll(fds) // the supervisor sends none
+			if err != nil {
+				return
+			}
+			reqs <- m
+		}
+	}()
+
+	runner, pipes, err := startRunner(cfg)
+	if err != nil {
+		report(initStatus{Event: "error", Step: "start runner", Error: err.Error()})
+		return 1
+	}
+	report(initStatus{Event: "started"})
+	sendCtl(fdControl, ctlMsg{Op: opRunner, PID: runner}, pipes...)
+	closeAll(pipes)
+	commands := map[int]uint64{} // pid → command ID
+
+	for {
+		select {
+		case m, ok := <-reqs:
+			if !ok {
+				return 0 // the supervisor is gone: so is the sandbox
+			}
+			switch m.Op {
+			case opSpawn:
+				pid, files, err := spawn(cfg, m)
+				reply := ctlMsg{Op: opSpawned, ID: m.ID, PID: pid}
+				if err != nil {
+					reply.Error = err.Error()
+				} else {
+					commands[pid] = m.ID
+				}
+				sendCtl(fdControl, reply, files...)
+				closeAll(files)
+			case opSignal:
+				// Only commands' process groups: never init, never a pid
+				// the supervisor did not get from a spawn.
+				if _, ok := commands[m.PID]; ok && m.Signal > 0 {
+					unix.Kill(-m.PID, unix.Signal(m.Signal))
+				}
+			case opInterrupt:
+				if runner > 0 {
+					unix.Kill(runner, unix.SIGINT)
+				}
+			case opRestart:
+				// Every process of the namespace but init itself.
+				unix.Kill(-1, unix.SIGKILL)
+				for pid, ws := range reapAll(true) {
+					exited(pid, ws, &runner, commands)
+				}
+				runner, pipes, err = startRunner(cfg)
+				if err != nil {
+					sendCtl(fdControl, ctlMsg{Op: opRunner, Error: err.Error()})
+					return 1
+				}
+				sendCtl(fdControl, ctlMsg{Op: opRunner, PID: runner}, pipes...)
+				closeAll(pipes)
+			}
+		case <-sigchld:
+			for pid, ws := range reapAll(false) {
+				if pid == runner && cfg.OneShot {
+					st := initStatus{Event: "exit", Code: ws.ExitStatus()}
+					if ws.Signaled() {
+						st.Signal = int(ws.Signal())
+						st.Code = 128 + st.Signal
+					}
+					report(st)
+					return 0
+				}
+				exited(pid, ws, &runner, commands)
+			}
+		}
+	}
+}
+
+// exited reports a process that ended, if the supervisor knows it.
+func exited(pid int, ws unix.WaitStatus, runner *int, commands map[int]uint64) {
+	m := ctlMsg{Op: opExited, PID: pid, Code: ws.ExitStatus()}
+	if ws.Signaled() {
+		m.Signal = int(ws.Signal())
+		m.Code = 128 + m.Signal
+	}
+	switch id, ok := commands[pid]; {
+	case pid == *runner:
+		*runner = 0
+	case ok:
+		m.ID = id
+		delete(commands, pid)
+	default:
+		return // an orphan re-parented to init
+	}
+	sendCtl(fdControl, m)
+}
+
+// reapAll collects exited children without blocking; with all set it
+// waits until init has no children left.
+func reapAll(all bool) map[int]unix.WaitStatus {
+	out := map[int]unix.WaitStatus{}
+	for {
+		var ws unix.WaitStatus
+		opts := unix.WNOHANG
+		if all {
+			opts = 0
+		}
+		pid, err := unix.Wait4(-1, &ws, opts, nil)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil || pid <= 0 {
+			return out
+		}
+		out[pid] = ws
+	}
+}
+
+// spawn starts a command as the sandbox user in a session of its own and
+// returns its pid and the parent ends of its stdin, stdout and stderr.
+func spawn(cfg *initConfig, m ctlMsg) (int, []int, error) {
+	if len(m.Argv) == 0 {
+		return 0, nil, errors.New("empty command")
+	}
+	path, err := lookPath(m.Argv[0], m.Env)
+	if err != nil {
+		return 0, nil, err
+	}
+	var parent, child []*os.File
+	defer func() {
+		for _, f := range child {
+			f.Close()
+		}
+	}()
+	for i := 0; i < 3; i++ {
+		r, w, err := os.Pipe()
+		if err != nil {
+			for _, f := range parent {
+				f.Close()
+			}
+			return 0, nil, err
+		}
+		if i == 0 { // stdin: the child reads
+			parent, child = append(parent, w), append(child, r)
+		} else {
+			parent, child = append(parent, r), append(child, w)
+		}
+	}
+	dir := m.Dir
+	if dir == "" {
+		dir = workspacePath
+	}
+	cmd := &exec.Cmd{
+		Path: path, Args: m.Argv, Env: m.Env, Dir: dir,
+		Stdin: child[0], Stdout: child[1], Stderr: child[2],
+		SysProcAttr: userAttr(),
+	}
+	if err := cmd.Start(); err != nil {
+		for _, f := range parent {
+			f.Close()
+		}
+		return 0, nil, err
+	}
+	pid := cmd.Process.Pid
+	cmd.Process.Release() // init reaps with wait4; drop Go's pidfd
+	fds := make([]int, len(parent))
+	for i, f := range parent {
+		// Detach the descriptor from the *os.File so that its finalizer
+		// does not close it behind our back.
+		fd, err := unix.Dup(int(f.Fd()))
+		f.Close()
+		if err != nil {
+			closeAll(fds[:i])
+			return pid, nil, err
+		}
+		fds[i] = fd
+	}
+	return pid, fds, nil
+}
+
+// userAttr makes a process the sandbox user's, in a session of its own,
+// killed if init dies.
+func userAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{
+		Credential: &syscall.Credential{Uid: SandboxUID, Gid: SandboxGID, Groups: []uint32{}},
+		Setsid:     true,
+		Pdeathsig:  syscall.SIGKILL,
+	}
+}
+
+// lookPath finds a program in the PATH of the command's environment (init's
+// own environment is empty).
+func lookPath(name string, env []string) (string, error) {
+	if strings.Contains(name, "/") {
+		return name, nil
+	}
+	path := "/usr/bin:/bin"
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			path = v
+		}
+	}
+	for _, dir := range filepath.SplitList(path) {
+		if dir == "" || !filepath.IsAbs(dir) {
+			continue
+		}
+		p := filepath.Join(dir, name)
+		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%s: command not found", name)
+}
