@@ -113,10 +113,11 @@ func step(name string, err error) error {
 }
 
 func initMain(report func(initStatus)) (int, error) {
-	// Descriptors inherited from the supervisor must reach no process
-	// init starts, except where handed over explicitly.
-	for fd := fdCtrl; fd <= fdControl; fd++ {
-		unix.CloseOnExec(fd)
+	// Descriptors inherited from the supervisor, and whatever its own
+	// parent leaked to it, must reach no process init starts, except
+	// where handed over explicitly.
+	if err := unix.CloseRange(fdCtrl, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
+		return 0, step("close-on-exec inherited descriptors (close_range, Linux 5.11)", err)
 	}
 	stdoutFile, stderrFile = os.NewFile(fdStdout, "stdout"), os.NewFile(fdStderr, "stderr")
 	var cfg initConfig

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/testutil"
@@ -600,3 +602,32 @@ type sinkFunc func([]byte)
 
 func (f sinkFunc) Stdout(p []byte) { f(p) }
 func (f sinkFunc) Stderr(p []byte) { f(p) }
+
+// Descriptors the supervisor inherited from its own parent never reach
+// the sandbox.
+func TestNoInheritedDescriptors(t *testing.T) {
+	f, err := os.Open("/etc/hostname")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	// A descriptor without close-on-exec, as a careless parent process
+	// would leave, above the ones the sandbox's init is given.
+	const leaked = 200
+	if err := unix.Dup3(int(f.Fd()), leaked, 0); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(leaked)
+	res := run(t, `
+import os
+for fd in sorted(int(x) for x in os.listdir("/proc/self/fd")):
+    try:
+        print(fd, os.readlink(f"/proc/self/fd/{fd}"))
+    except OSError:
+        pass`)
+	for _, line := range strings.Split(res.Stdout, "\n") {
+		if strings.HasSuffix(line, "/etc/hostname") {
+			t.Fatalf("host descriptor in the sandbox: %s\n%s", line, res.Stdout)
+		}
+	}
+}
