@@ -103,12 +103,21 @@ type Workspace interface {
 	// directory dir, skipping symbolic links, FIFOs, devices and sockets,
 	// and files bigger than maxFile. It returns what it copied.
 	CopyOut(dir string, maxFile, maxTotal int64) ([]FileInfo, error)
+	// OpenFile opens a regular file for reading; never blocks on a FIFO.
+	OpenFile(name string) (io.ReadCloser, FileInfo, error)
+	// ReadDir lists a directory, depth levels deep (1: its entries only).
+	ReadDir(name string, depth int) ([]FileInfo, error)
+	// Stat describes name without following a final link.
+	Stat(name string) (FileInfo, error)
+	// Remove deletes a file, a link or a directory tree.
+	Remove(name string) error
 }
 
 // FileInfo describes one file of a workspace.
 type FileInfo struct {
 	Path    string      `json:"path"` // slash-separated, relative to the workspace
 	Size    int64       `json:"size"`
+	Type    string      `json:"-"` // "file", "dir", "symlink" or "other"
 	Mode    fs.FileMode `json:"-"`
 	ModTime time.Time   `json:"-"`
 }

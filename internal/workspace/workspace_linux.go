@@ -250,12 +250,116 @@ func wrapNotExist(err error) error {
 }
 
 func fileInfo(rel string, st *unix.Stat_t) sandbox.FileInfo {
+	typ := "other"
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+		typ = "file"
+	case unix.S_IFDIR:
+		typ = "dir"
+	case unix.S_IFLNK:
+		typ = "symlink"
+	}
 	return sandbox.FileInfo{
 		Path:    rel,
 		Size:    st.Size,
+		Type:    typ,
 		Mode:    fs.FileMode(st.Mode & 0o777),
 		ModTime: time.Unix(st.Mtim.Unix()),
 	}
+}
+
+// ReadDir lists the entries of directory name (links are listed, not
+// followed), recursing depth-1 levels below it, sorted by path.
+func (d *Dir) ReadDir(name string, depth int) ([]sandbox.FileInfo, error) {
+	rel, err := Clean(name)
+	if err != nil {
+		return nil, err
+	}
+	fd, err := d.openat(d.fd, rel, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		if err == unix.ENOTDIR {
+			return nil, fmt.Errorf("%w: %q is not a directory", sandbox.ErrBadPath, rel)
+		}
+		return nil, fmt.Errorf("workspace: open %q: %w", rel, wrapNotExist(err))
+	}
+	defer unix.Close(fd)
+	sub := &Dir{fd: fd, uid: d.uid, gid: d.gid}
+	var out []sandbox.FileInfo
+	err = sub.walkDepth(max(depth, 1)-1, func(p string, st *unix.Stat_t) bool {
+		out = append(out, fileInfo(path.Join(rel, p), st))
+		return len(out) < maxEntries
+	})
+	return out, err
+}
+
+// Stat describes name without following a final link.
+func (d *Dir) Stat(name string) (sandbox.FileInfo, error) {
+	rel, err := Clean(name)
+	if err != nil {
+		return sandbox.FileInfo{}, err
+	}
+	if rel == "." {
+		var st unix.Stat_t
+		if err := unix.Fstat(d.fd, &st); err != nil {
+			return sandbox.FileInfo{}, err
+		}
+		return fileInfo(rel, &st), nil
+	}
+	parent, base := path.Split(rel)
+	pfd, err := d.openat(d.fd, path.Clean("./"+parent), unix.O_PATH|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return sandbox.FileInfo{}, fmt.Errorf("workspace: %q: %w", rel, wrapNotExist(err))
+	}
+	defer unix.Close(pfd)
+	var st unix.Stat_t
+	if err := unix.Fstatat(pfd, base, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return sandbox.FileInfo{}, fmt.Errorf("workspace: %q: %w", rel, wrapNotExist(err))
+	}
+	return fileInfo(rel, &st), nil
+}
+
+// Remove deletes name: a file, a link (not its target) or a directory with
+// everything in it.
+func (d *Dir) Remove(name string) error {
+	rel, err := Clean(name)
+	if err != nil {
+		return err
+	}
+	if rel == "." {
+		return fmt.Errorf("%w: cannot remove the workspace itself", sandbox.ErrBadPath)
+	}
+	parent, base := path.Split(rel)
+	pfd, err := d.openat(d.fd, path.Clean("./"+parent), unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return fmt.Errorf("workspace: remove %q: %w", rel, wrapNotExist(err))
+	}
+	defer unix.Close(pfd)
+	return d.asOwner(func() error { return removeAt(pfd, base, 0) })
+}
+
+func removeAt(dirfd int, name string, depth int) error {
+	err := unix.Unlinkat(dirfd, name, 0)
+	if err != unix.EISDIR {
+		return wrapNotExist(err)
+	}
+	if depth > maxDepth {
+		return fmt.Errorf("workspace: directories nested too deep")
+	}
+	fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	names, err := readDirNames(fd)
+	for _, n := range names {
+		if err == nil {
+			err = removeAt(fd, n, depth+1)
+		}
+	}
+	unix.Close(fd)
+	if err != nil {
+		return err
+	}
+	return unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR)
 }
 
 // List walks the workspace and returns its regular files, sorted by path.
@@ -274,6 +378,10 @@ func (d *Dir) List(max int) ([]sandbox.FileInfo, error) {
 // walk visits every entry below the directory, depth first in name order,
 // until visit returns false.
 func (d *Dir) walk(visit func(rel string, st *unix.Stat_t) bool) error {
+	return d.walkDepth(maxDepth, visit)
+}
+
+func (d *Dir) walkDepth(maxDepth int, visit func(rel string, st *unix.Stat_t) bool) error {
 	seen := 0
 	var rec func(fd int, prefix string, depth int) (bool, error)
 	rec = func(fd int, prefix string, depth int) (bool, error) {

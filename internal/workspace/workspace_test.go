@@ -250,3 +250,48 @@ func TestWritesAsOwner(t *testing.T) {
 		t.Fatalf("identity not restored: %v", err)
 	}
 }
+
+func TestReadDirStatRemove(t *testing.T) {
+	d, root := newDir(t)
+	outside := t.TempDir()
+	os.WriteFile(filepath.Join(outside, "victim"), []byte("keep"), 0o600)
+	os.MkdirAll(filepath.Join(root, "a/b"), 0o755)
+	os.WriteFile(filepath.Join(root, "a/b/f.txt"), []byte("12345"), 0o600)
+	os.Symlink(outside, filepath.Join(root, "a/out"))
+
+	got, err := d.ReadDir("a", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0].Path != "a/b" || got[0].Type != "dir" || got[1].Path != "a/out" || got[1].Type != "symlink" {
+		t.Fatalf("depth 1: %+v", got)
+	}
+	got, _ = d.ReadDir("a", 2)
+	if len(got) != 3 || got[1].Path != "a/b/f.txt" || got[1].Size != 5 {
+		t.Fatalf("depth 2: %+v", got)
+	}
+	if _, err := d.ReadDir("a/out", 1); !errors.Is(err, sandbox.ErrBadPath) && err == nil {
+		t.Fatalf("listing through a link: %v", err)
+	}
+	if fi, err := d.Stat("a/out"); err != nil || fi.Type != "symlink" {
+		t.Fatalf("stat link: %+v %v", fi, err)
+	}
+	if _, err := d.Stat("nope"); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("stat missing: %v", err)
+	}
+	if err := d.Remove("a/out/victim"); err == nil {
+		t.Fatal("removed through a link")
+	}
+	if err := d.Remove("a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(outside, "victim")); err != nil {
+		t.Fatalf("the link's target was touched: %v", err)
+	}
+	if _, err := os.Lstat(filepath.Join(root, "a")); !os.IsNotExist(err) {
+		t.Fatalf("a still exists: %v", err)
+	}
+	if err := d.Remove("."); !errors.Is(err, sandbox.ErrBadPath) {
+		t.Fatalf("remove workspace: %v", err)
+	}
+}
