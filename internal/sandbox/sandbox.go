@@ -88,6 +88,13 @@ type Sink interface {
 	Stderr(p []byte)
 }
 
+// ResultSink is a Sink that also receives rich results (display() calls,
+// figures, the main result) as they are produced.
+type ResultSink interface {
+	Sink
+	Result(Output)
+}
+
 // Workspace is the sandbox's writable directory. Every path is relative to
 // it; no operation follows a symbolic link, reaches outside it, or blocks on
 // a FIFO or device.

@@ -97,6 +97,7 @@ type execution struct {
 	err          *sandbox.Error
 	exitCode     *int
 	done         chan struct{} // closed at the runner's "done"
+	resultSink   sandbox.ResultSink
 }
 
 // start launches init in new namespaces and waits until the runner inside
@@ -343,6 +344,11 @@ func (s *Sandbox) readControl() {
 		case opSpawned:
 			var p *process
 			if m.Error == "" && len(fds) == 3 {
+				// Non-blocking descriptors make pollable files, whose
+				// Close interrupts a pending Read.
+				for _, fd := range fds {
+					unix.SetNonblock(fd, true)
+				}
 				p = &process{
 					s: s, id: m.ID, pid: m.PID,
 					stdin:  os.NewFile(uintptr(fds[0]), "stdin"),
@@ -442,23 +448,31 @@ func (s *Sandbox) readEvents(r *runnerProc, events *os.File) {
 			continue
 		}
 		s.mu.Lock()
+		var emit *sandbox.Output
+		var rs sandbox.ResultSink
 		if x := s.cur; x != nil && x.runner == r {
-			x.handle(ev)
+			emit = x.handle(ev)
+			rs = x.resultSink
 		}
 		s.mu.Unlock()
+		if emit != nil && rs != nil {
+			rs.Result(*emit)
+		}
 	}
 }
 
-func (x *execution) handle(ev runner.Event) {
+// handle records an event; it returns a result to pass on to a sink.
+func (x *execution) handle(ev runner.Event) *sandbox.Output {
 	switch ev.Type {
 	case "result":
 		out, size := runner.Output(ev)
 		if x.resultsBytes+size > maxResultsBytes {
 			x.dropped++
-			return
+			return nil
 		}
 		x.resultsBytes += size
 		x.results = append(x.results, out)
+		return &out
 	case "error":
 		x.err = &sandbox.Error{Name: ev.Name, Value: ev.Value, Traceback: ev.Traceback}
 	case "done":
@@ -468,6 +482,7 @@ func (x *execution) handle(ev runner.Event) {
 			x.done = nil
 		}
 	}
+	return nil
 }
 
 // ID implements sandbox.Sandbox.
@@ -656,6 +671,7 @@ func (s *Sandbox) Execute(ctx context.Context, req sandbox.ExecRequest, sink san
 	}
 
 	x := &execution{runner: r, done: make(chan struct{})}
+	x.resultSink, _ = sink.(sandbox.ResultSink)
 	doneCh := x.done
 	var outSink, errSink func([]byte)
 	if sink != nil {

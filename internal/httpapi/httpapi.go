@@ -1,0 +1,532 @@
+// Package httpapi serves the service over JSON/HTTP under /v1, with
+// NDJSON streaming of executions and commands.
+package httpapi
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/service"
+)
+
+// Authenticator maps a bearer token to its owner.
+type Authenticator interface {
+	Owner(token string) (string, error)
+}
+
+// DevOwner is the single owner of a server without keys.
+const DevOwner = "dev"
+
+// Server is the HTTP API.
+type Server struct {
+	svc  *service.Service
+	auth Authenticator // nil: dev mode, everyone is DevOwner
+	log  *slog.Logger
+	mux  *http.ServeMux
+}
+
+// maxBody bounds JSON request bodies (code, env, inline files).
+const maxBody = 32 << 20
+
+// New returns the API's handler.
+func New(svc *service.Service, auth Authenticator, log *slog.Logger) *Server {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{svc: svc, auth: auth, log: log, mux: http.NewServeMux()}
+	for _, r := range Routes {
+		s.mux.Handle(r.Method+" "+r.Pattern, s.wrap(r, s.handler(r.Name)))
+	}
+	return s
+}
+
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// Route is one endpoint; the OpenAPI document is generated from Routes.
+type Route struct {
+	Method, Pattern, Name, Summary string
+	Public                         bool // no API key needed
+}
+
+// Routes lists every endpoint the server serves.
+var Routes = []Route{
+	{"GET", "/healthz", "health", "Liveness check", true},
+	{"GET", "/metrics", "metrics", "Prometheus metrics", false},
+	{"GET", "/openapi.json", "openapi", "This API's OpenAPI 3.1 document", true},
+	{"POST", "/v1/sandboxes", "create", "Create a stateful sandbox", false},
+	{"GET", "/v1/sandboxes", "list", "List the caller's sandboxes", false},
+	{"GET", "/v1/sandboxes/{id}", "get", "Describe a sandbox", false},
+	{"DELETE", "/v1/sandboxes/{id}", "delete", "Close a sandbox", false},
+	{"POST", "/v1/sandboxes/{id}/timeout", "timeout", "Set a sandbox's idle timeout from now", false},
+	{"POST", "/v1/sandboxes/{id}/execute", "execute", "Run Python code, keeping state", false},
+	{"POST", "/v1/sandboxes/{id}/interrupt", "interrupt", "Raise KeyboardInterrupt in the running execution", false},
+	{"POST", "/v1/sandboxes/{id}/restart", "restart", "Restart the Python process; files are kept", false},
+	{"POST", "/v1/sandboxes/{id}/commands", "command", "Run a shell command in the sandbox", false},
+	{"GET", "/v1/sandboxes/{id}/files", "listFiles", "List a directory of the workspace", false},
+	{"PUT", "/v1/sandboxes/{id}/files/{path...}", "putFile", "Upload a file (raw body)", false},
+	{"GET", "/v1/sandboxes/{id}/files/{path...}", "getFile", "Download a file", false},
+	{"DELETE", "/v1/sandboxes/{id}/files/{path...}", "deleteFile", "Delete a file or directory", false},
+	{"POST", "/v1/execute", "runOnce", "Run code in a fresh sandbox destroyed afterwards", false},
+}
+
+type ctxKey struct{}
+
+func owner(r *http.Request) string { return r.Context().Value(ctxKey{}).(string) }
+
+func (s *Server) wrap(route Route, h http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		if !route.Public {
+			who := DevOwner
+			if s.auth != nil {
+				tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+				o, err := s.auth.Owner(strings.TrimSpace(tok))
+				if !ok || err != nil {
+					writeError(w, http.StatusUnauthorized, "unauthorized", "a valid API key is required: Authorization: Bearer <key>")
+					return
+				}
+				who = o
+			}
+			r = r.WithContext(context.WithValue(r.Context(), ctxKey{}, who))
+		}
+		h(w, r)
+		s.log.Debug("request", "method", r.Method, "path", r.URL.Path, "ms", time.Since(start).Milliseconds())
+	})
+}
+
+func (s *Server) handler(name string) http.HandlerFunc {
+	switch name {
+	case "health":
+		return func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, map[string]any{"ok": true}) }
+	case "metrics":
+		return func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+			s.svc.Metrics().Write(w, s.svc.Live())
+		}
+	case "openapi":
+		return func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, OpenAPI()) }
+	case "create":
+		return s.create
+	case "list":
+		return func(w http.ResponseWriter, r *http.Request) {
+			writeJSON(w, 200, map[string]any{"sandboxes": s.svc.List(owner(r))})
+		}
+	case "get":
+		return func(w http.ResponseWriter, r *http.Request) {
+			info, err := s.svc.Info(owner(r), r.PathValue("id"))
+			respond(w, info, err)
+		}
+	case "delete":
+		return func(w http.ResponseWriter, r *http.Request) {
+			if err := s.svc.Delete(owner(r), r.PathValue("id")); err != nil {
+				fail(w, err)
+				return
+			}
+			w.WriteHeader(http.StatusNoContent)
+		}
+	case "timeout":
+		return s.setTimeout
+	case "execute":
+		return s.execute
+	case "interrupt":
+		return func(w http.ResponseWriter, r *http.Request) {
+			respond(w, map[string]any{"ok": true}, s.svc.Interrupt(owner(r), r.PathValue("id")))
+		}
+	case "restart":
+		return func(w http.ResponseWriter, r *http.Request) {
+			respond(w, map[string]any{"ok": true, "state_lost": true}, s.svc.Restart(r.Context(), owner(r), r.PathValue("id")))
+		}
+	case "command":
+		return s.command
+	case "listFiles":
+		return s.listFiles
+	case "putFile":
+		return s.putFile
+	case "getFile":
+		return s.getFile
+	case "deleteFile":
+		return s.deleteFile
+	case "runOnce":
+		return s.runOnce
+	}
+	panic("httpapi: no handler for " + name)
+}
+
+// LimitsRequest is how clients ask for limits.
+type LimitsRequest struct {
+	Memory   int64   `json:"memory,omitempty"`
+	CPUTimeS float64 `json:"cpu_time_s,omitempty"`
+	TimeoutS float64 `json:"timeout_s,omitempty"` // per execution
+	Pids     int     `json:"pids,omitempty"`
+	Disk     int64   `json:"disk,omitempty"`
+	Output   int64   `json:"max_output,omitempty"`
+}
+
+func (l LimitsRequest) limits() sandbox.Limits {
+	return sandbox.Limits{Memory: l.Memory, CPUTime: seconds(l.CPUTimeS), Timeout: seconds(l.TimeoutS),
+		Pids: l.Pids, Disk: l.Disk, MaxOutput: l.Output}
+}
+
+func seconds(f float64) time.Duration { return time.Duration(f * float64(time.Second)) }
+
+type createRequest struct {
+	TimeoutS     float64           `json:"timeout_s"`
+	MaxLifetimeS float64           `json:"max_lifetime_s"`
+	Limits       LimitsRequest     `json:"limits"`
+	Env          map[string]string `json:"env"`
+	Metadata     map[string]string `json:"metadata"`
+}
+
+func (s *Server) create(w http.ResponseWriter, r *http.Request) {
+	var req createRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	info, err := s.svc.Create(r.Context(), service.CreateRequest{
+		Owner: owner(r), Idle: seconds(req.TimeoutS), MaxLifetime: seconds(req.MaxLifetimeS),
+		Limits: req.Limits.limits(), Env: req.Env, Metadata: req.Metadata,
+	})
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, info)
+}
+
+func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		TimeoutS float64 `json:"timeout_s"`
+	}
+	if !decode(w, r, &req) {
+		return
+	}
+	if req.TimeoutS <= 0 {
+		writeError(w, 400, "invalid_request", "timeout_s must be positive")
+		return
+	}
+	info, err := s.svc.SetTimeout(owner(r), r.PathValue("id"), seconds(req.TimeoutS))
+	respond(w, info, err)
+}
+
+type executeRequest struct {
+	Code     string            `json:"code"`
+	TimeoutS float64           `json:"timeout_s"`
+	CPUTimeS float64           `json:"cpu_time_s"`
+	Env      map[string]string `json:"env"`
+	Stream   bool              `json:"stream"`
+}
+
+func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
+	var req executeRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	exec := sandbox.ExecRequest{Code: req.Code, Env: req.Env, Timeout: seconds(req.TimeoutS), CPUTime: seconds(req.CPUTimeS)}
+	if wantsStream(r, req.Stream) {
+		st := newStream(w)
+		res, err := s.svc.Execute(r.Context(), owner(r), r.PathValue("id"), exec, st)
+		st.end(res, err)
+		return
+	}
+	res, err := s.svc.Execute(r.Context(), owner(r), r.PathValue("id"), exec, nil)
+	respond(w, res, err)
+}
+
+type commandRequest struct {
+	Cmd      string            `json:"cmd"`
+	Cwd      string            `json:"cwd"`
+	Env      map[string]string `json:"env"`
+	TimeoutS float64           `json:"timeout_s"`
+	Stream   bool              `json:"stream"`
+}
+
+func (s *Server) command(w http.ResponseWriter, r *http.Request) {
+	var req commandRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	c := service.CommandRequest{Cmd: req.Cmd, Cwd: req.Cwd, Env: req.Env, Timeout: seconds(req.TimeoutS)}
+	if wantsStream(r, req.Stream) {
+		st := newStream(w)
+		res, err := s.svc.Command(r.Context(), owner(r), r.PathValue("id"), c, st)
+		st.end(res, err)
+		return
+	}
+	res, err := s.svc.Command(r.Context(), owner(r), r.PathValue("id"), c, nil)
+	respond(w, res, err)
+}
+
+type runOnceRequest struct {
+	Code     string            `json:"code"`
+	Files    map[string]string `json:"files"` // name → base64 content
+	Limits   LimitsRequest     `json:"limits"`
+	TimeoutS float64           `json:"timeout_s"`
+	Env      map[string]string `json:"env"`
+	Stream   bool              `json:"stream"`
+}
+
+func (s *Server) runOnce(w http.ResponseWriter, r *http.Request) {
+	var req runOnceRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	job := sandbox.OneShot{
+		Spec:    sandbox.Spec{Limits: req.Limits.limits(), Env: req.Env},
+		Request: sandbox.ExecRequest{Code: req.Code},
+	}
+	if req.TimeoutS > 0 {
+		job.Spec.Limits.Timeout = seconds(req.TimeoutS)
+	}
+	for name, b64 := range req.Files {
+		data, err := base64.StdEncoding.DecodeString(b64)
+		if err != nil {
+			writeError(w, 400, "invalid_request", fmt.Sprintf("files[%q]: not base64: %v", name, err))
+			return
+		}
+		job.Files = append(job.Files, sandbox.InputFile{Name: name, Open: func() (io.ReadCloser, error) {
+			return io.NopCloser(strings.NewReader(string(data))), nil
+		}})
+	}
+	if wantsStream(r, req.Stream) {
+		st := newStream(w)
+		job.Sink = st
+		res, err := s.svc.RunOnce(r.Context(), owner(r), job)
+		st.end(res, err)
+		return
+	}
+	res, err := s.svc.RunOnce(r.Context(), owner(r), job)
+	respond(w, res, err)
+}
+
+func (s *Server) listFiles(w http.ResponseWriter, r *http.Request) {
+	ws, done, err := s.svc.Workspace(owner(r), r.PathValue("id"))
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	defer done()
+	dir := r.URL.Query().Get("path")
+	if dir == "" {
+		dir = "."
+	}
+	depth := 1
+	if d := r.URL.Query().Get("depth"); d != "" {
+		if depth, err = strconv.Atoi(d); err != nil || depth < 1 || depth > 64 {
+			writeError(w, 400, "invalid_request", "depth must be an integer from 1 to 64")
+			return
+		}
+	}
+	entries, err := ws.ReadDir(dir, depth)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	type entry struct {
+		Path     string    `json:"path"`
+		Name     string    `json:"name"`
+		Size     int64     `json:"size"`
+		Type     string    `json:"type"`
+		Modified time.Time `json:"modified"`
+	}
+	out := make([]entry, 0, len(entries))
+	for _, e := range entries {
+		out = append(out, entry{Path: e.Path, Name: e.Path[strings.LastIndex(e.Path, "/")+1:], Size: e.Size, Type: e.Type, Modified: e.ModTime.UTC()})
+	}
+	writeJSON(w, 200, map[string]any{"path": dir, "entries": out})
+}
+
+func (s *Server) putFile(w http.ResponseWriter, r *http.Request) {
+	b, err := s.svc.Get(owner(r), r.PathValue("id"))
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	ws, done, err := s.svc.Workspace(owner(r), r.PathValue("id"))
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	defer done()
+	name := r.PathValue("path")
+	if err := ws.WriteFile(name, r.Body, b.Limits().Disk); err != nil {
+		fail(w, err)
+		return
+	}
+	fi, err := ws.Stat(name)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, map[string]any{"path": fi.Path, "size": fi.Size})
+}
+
+func (s *Server) getFile(w http.ResponseWriter, r *http.Request) {
+	ws, done, err := s.svc.Workspace(owner(r), r.PathValue("id"))
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	defer done()
+	f, fi, err := ws.OpenFile(r.PathValue("path"))
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	defer f.Close()
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Length", strconv.FormatInt(fi.Size, 10))
+	// The file may grow while it is sent: never more than its size then.
+	io.Copy(w, io.LimitReader(f, fi.Size))
+}
+
+func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request) {
+	ws, done, err := s.svc.Workspace(owner(r), r.PathValue("id"))
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	defer done()
+	if err := ws.Remove(r.PathValue("path")); err != nil {
+		fail(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func wantsStream(r *http.Request, flag bool) bool {
+	return flag || strings.Contains(r.Header.Get("Accept"), "application/x-ndjson")
+}
+
+// stream writes NDJSON events as output arrives.
+type stream struct {
+	mu sync.Mutex
+	w  http.ResponseWriter
+	rc *http.ResponseController
+}
+
+func newStream(w http.ResponseWriter) *stream {
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(http.StatusOK)
+	return &stream{w: w, rc: http.NewResponseController(w)}
+}
+
+func (s *stream) event(v any) {
+	b, _ := json.Marshal(v)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.w.Write(append(b, '\n'))
+	s.rc.Flush()
+}
+
+func (s *stream) Stdout(p []byte) {
+	s.event(map[string]any{"type": "stdout", "text": string(p)})
+}
+func (s *stream) Stderr(p []byte) {
+	s.event(map[string]any{"type": "stderr", "text": string(p)})
+}
+func (s *stream) Result(o sandbox.Output) {
+	s.event(map[string]any{"type": "result", "result": o})
+}
+
+// end writes the error, if any, and the summary.
+func (s *stream) end(res any, err error) {
+	if err != nil {
+		code, kind := classify(err)
+		s.event(map[string]any{"type": "end", "error": map[string]any{"code": kind, "status": code, "message": err.Error()}})
+		return
+	}
+	var e *sandbox.Error
+	switch v := res.(type) {
+	case *service.ExecResult:
+		e = v.Error
+	case *sandbox.Result:
+		e = v.Error
+	}
+	if e != nil {
+		s.event(map[string]any{"type": "error", "error": e})
+	}
+	s.event(map[string]any{"type": "end", "summary": res})
+}
+
+func decode(w http.ResponseWriter, r *http.Request, v any) bool {
+	body := http.MaxBytesReader(w, r.Body, maxBody)
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		if errors.Is(err, io.EOF) {
+			return true // an empty body means defaults
+		}
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeError(w, http.StatusRequestEntityTooLarge, "too_large", fmt.Sprintf("request body over %d bytes", maxBody))
+			return false
+		}
+		writeError(w, http.StatusBadRequest, "invalid_request", "invalid JSON body: "+err.Error())
+		return false
+	}
+	return true
+}
+
+func respond(w http.ResponseWriter, v any, err error) {
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, v)
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	enc.Encode(v)
+}
+
+func writeError(w http.ResponseWriter, code int, kind, msg string) {
+	writeJSON(w, code, map[string]any{"error": map[string]any{"code": kind, "message": msg}})
+}
+
+func classify(err error) (int, string) {
+	switch {
+	case errors.Is(err, service.ErrNotFound):
+		return http.StatusNotFound, "not_found"
+	case errors.Is(err, fs.ErrNotExist):
+		return http.StatusNotFound, "file_not_found"
+	case errors.Is(err, sandbox.ErrTooLarge):
+		return http.StatusRequestEntityTooLarge, "too_large"
+	case errors.Is(err, sandbox.ErrBadPath), errors.Is(err, sandbox.ErrInvalidSpec):
+		return http.StatusBadRequest, "invalid_request"
+	case errors.Is(err, service.ErrQuota):
+		return http.StatusTooManyRequests, "quota"
+	case errors.Is(err, sandbox.ErrBusy):
+		return http.StatusConflict, "busy"
+	case errors.Is(err, sandbox.ErrClosed):
+		return http.StatusGone, "closed"
+	case errors.Is(err, sandbox.ErrUnsupported):
+		return http.StatusNotImplemented, "unsupported"
+	case errors.Is(err, context.Canceled):
+		return 499, "cancelled"
+	case errors.Is(err, sandbox.ErrSetup):
+		return http.StatusServiceUnavailable, "setup_failed"
+	}
+	return http.StatusInternalServerError, "internal"
+}
+
+func fail(w http.ResponseWriter, err error) {
+	code, kind := classify(err)
+	writeError(w, code, kind, err.Error())
+}

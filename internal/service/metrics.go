@@ -1,0 +1,102 @@
+package service
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+)
+
+// Metrics are the service's counters, written in Prometheus's text format.
+type Metrics struct {
+	mu         sync.Mutex
+	executions map[sandbox.Status]int64
+	commands   map[sandbox.Status]int64
+	execDur    histogram
+	createDur  histogram
+	expired    atomic.Int64
+}
+
+func newMetrics() *Metrics {
+	return &Metrics{
+		executions: map[sandbox.Status]int64{},
+		commands:   map[sandbox.Status]int64{},
+		execDur:    newHistogram(0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 120),
+		createDur:  newHistogram(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5),
+	}
+}
+
+func (m *Metrics) observeExec(st sandbox.Status, d time.Duration) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.executions[st]++
+	m.execDur.observe(d.Seconds())
+}
+
+func (m *Metrics) observeCommand(st sandbox.Status) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.commands[st]++
+}
+
+func (m *Metrics) observeCreate(d time.Duration) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.createDur.observe(d.Seconds())
+}
+
+// Write writes every metric; live is the number of live sandboxes.
+func (m *Metrics) Write(w io.Writer, live int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	fmt.Fprintf(w, "# HELP vivarium_sandboxes_live Sandboxes alive now.\n# TYPE vivarium_sandboxes_live gauge\nvivarium_sandboxes_live %d\n", live)
+	fmt.Fprintf(w, "# HELP vivarium_sandboxes_expired_total Sandboxes closed by their timeout.\n# TYPE vivarium_sandboxes_expired_total counter\nvivarium_sandboxes_expired_total %d\n", m.expired.Load())
+	counter := func(name, help string, by map[sandbox.Status]int64) {
+		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s counter\n", name, help, name)
+		keys := make([]string, 0, len(by))
+		for k := range by {
+			keys = append(keys, string(k))
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			fmt.Fprintf(w, "%s{status=%q} %d\n", name, k, by[sandbox.Status(k)])
+		}
+	}
+	counter("vivarium_executions_total", "Executions by outcome.", m.executions)
+	counter("vivarium_commands_total", "Shell commands by outcome.", m.commands)
+	m.execDur.write(w, "vivarium_execution_duration_seconds", "Duration of executions.")
+	m.createDur.write(w, "vivarium_sandbox_create_duration_seconds", "Time to create a sandbox ready for code.")
+}
+
+type histogram struct {
+	bounds []float64
+	counts []int64
+	sum    float64
+	n      int64
+}
+
+func newHistogram(bounds ...float64) histogram {
+	return histogram{bounds: bounds, counts: make([]int64, len(bounds))}
+}
+
+func (h *histogram) observe(v float64) {
+	for i, b := range h.bounds {
+		if v <= b {
+			h.counts[i]++
+		}
+	}
+	h.sum += v
+	h.n++
+}
+
+func (h *histogram) write(w io.Writer, name, help string) {
+	fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name)
+	for i, b := range h.bounds {
+		fmt.Fprintf(w, "%s_bucket{le=\"%g\"} %d\n", name, b, h.counts[i])
+	}
+	fmt.Fprintf(w, "%s_bucket{le=\"+Inf\"} %d\n%s_sum %g\n%s_count %d\n", name, h.n, name, h.sum, name, h.n)
+}

@@ -1,0 +1,229 @@
+package service
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+)
+
+// ExecResult is an execution's Result with the sandbox's count, as a
+// notebook numbers its cells.
+type ExecResult struct {
+	*sandbox.Result
+	ExecutionCount int `json:"execution_count"`
+}
+
+// Execute runs code in an owner's sandbox.
+func (s *Service) Execute(ctx context.Context, owner, id string, req sandbox.ExecRequest, sink sandbox.Sink) (*ExecResult, error) {
+	b, err := s.Get(owner, id)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.boundExec(b, req.Timeout, req.CPUTime); err != nil {
+		return nil, err
+	}
+	done := s.use(b)
+	defer done()
+	res, err := b.sb.Execute(ctx, req, sink)
+	if err != nil {
+		return nil, err
+	}
+	s.metrics.observeExec(res.Status, time.Duration(res.DurationMS*float64(time.Millisecond)))
+	b.mu.Lock()
+	b.executions++
+	n := b.executions
+	b.mu.Unlock()
+	return &ExecResult{Result: res, ExecutionCount: n}, nil
+}
+
+func (s *Service) boundExec(b *Box, timeout, cpu time.Duration) error {
+	max := s.cfg.MaxLimits.Timeout
+	if timeout < 0 || cpu < 0 {
+		return fmt.Errorf("%w: negative timeout", sandbox.ErrInvalidSpec)
+	}
+	if timeout > max || cpu > max {
+		return fmt.Errorf("%w: timeout over the server's limit of %v", sandbox.ErrInvalidSpec, max)
+	}
+	return nil
+}
+
+// RunOnce runs code in a fresh sandbox that is destroyed afterwards.
+func (s *Service) RunOnce(ctx context.Context, owner string, job sandbox.OneShot) (*sandbox.Result, error) {
+	limits, err := s.bound(job.Spec.Limits)
+	if err != nil {
+		return nil, err
+	}
+	job.Spec.Limits = limits
+	job.OutDir = "" // never the server's file system
+	res, warn := sandbox.RunOnce(ctx, s.cfg.Backend, job)
+	if warn != nil {
+		s.cfg.Logger.Warn("one-shot run", "owner", owner, "err", warn)
+	}
+	s.metrics.observeExec(res.Status, time.Duration(res.DurationMS*float64(time.Millisecond)))
+	return res, nil
+}
+
+// Interrupt raises KeyboardInterrupt in the running execution.
+func (s *Service) Interrupt(owner, id string) error {
+	b, err := s.Get(owner, id)
+	if err != nil {
+		return err
+	}
+	return b.sb.Interrupt()
+}
+
+// Restart gives a sandbox a fresh Python process; files are kept.
+func (s *Service) Restart(ctx context.Context, owner, id string) error {
+	b, err := s.Get(owner, id)
+	if err != nil {
+		return err
+	}
+	done := s.use(b)
+	defer done()
+	return b.sb.Restart(ctx)
+}
+
+// CommandRequest is a shell command to run in a sandbox.
+type CommandRequest struct {
+	Cmd     string
+	Cwd     string
+	Env     map[string]string
+	Timeout time.Duration
+}
+
+// CommandResult is how a command ended and what it printed.
+type CommandResult struct {
+	Status          sandbox.Status `json:"status"`
+	ExitCode        int            `json:"exit_code"`
+	Stdout          string         `json:"stdout"`
+	Stderr          string         `json:"stderr"`
+	StdoutTruncated bool           `json:"stdout_truncated"`
+	StderrTruncated bool           `json:"stderr_truncated"`
+	DurationMS      float64        `json:"duration_ms"`
+	Error           string         `json:"error,omitempty"`
+}
+
+// Command runs cmd with /bin/sh in an owner's sandbox, beside its Python
+// state and in the same file system.
+func (s *Service) Command(ctx context.Context, owner, id string, req CommandRequest, sink sandbox.Sink) (*CommandResult, error) {
+	b, err := s.Get(owner, id)
+	if err != nil {
+		return nil, err
+	}
+	if req.Cmd == "" {
+		return nil, fmt.Errorf("%w: empty command", sandbox.ErrInvalidSpec)
+	}
+	if err := s.boundExec(b, req.Timeout, 0); err != nil {
+		return nil, err
+	}
+	timeout := req.Timeout
+	if timeout == 0 {
+		timeout = b.limits.Timeout
+	}
+	done := s.use(b)
+	defer done()
+	start := time.Now()
+	p, err := b.sb.Start(ctx, sandbox.Command{Argv: []string{"/bin/sh", "-c", req.Cmd}, Env: req.Env, Dir: req.Cwd})
+	if err != nil {
+		return nil, err
+	}
+	p.Stdin().Close()
+	res := &CommandResult{Status: sandbox.StatusOK}
+	var outSink, errSink func([]byte)
+	if sink != nil {
+		outSink, errSink = sink.Stdout, sink.Stderr
+	}
+	var wg sync.WaitGroup
+	var stdout, stderr cappedBuffer
+	stdout.limit, stderr.limit = b.limits.MaxOutput, b.limits.MaxOutput
+	stdout.sink, stderr.sink = outSink, errSink
+	wg.Add(2)
+	go func() { defer wg.Done(); stdout.readFrom(p.Stdout()) }()
+	go func() { defer wg.Done(); stderr.readFrom(p.Stderr()) }()
+
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	select {
+	case <-p.Done():
+	case <-timer.C:
+		p.Signal(syscall.SIGKILL)
+		res.Status, res.Error = sandbox.StatusTimeout, fmt.Sprintf("command exceeded its %v timeout", timeout)
+	case <-ctx.Done():
+		p.Signal(syscall.SIGKILL)
+		res.Status, res.Error = sandbox.StatusKilled, "command cancelled: "+ctx.Err().Error()
+	}
+	<-p.Done()
+	// Background children may hold the pipes open: what they wrote by
+	// now is kept, the rest is theirs.
+	grace := time.AfterFunc(100*time.Millisecond, func() {
+		p.Stdout().Close()
+		p.Stderr().Close()
+	})
+	wg.Wait()
+	grace.Stop()
+	p.Stdout().Close()
+	p.Stderr().Close()
+	res.ExitCode = p.ExitCode()
+	switch {
+	case res.Status == sandbox.StatusTimeout:
+		res.ExitCode = sandbox.ExitTimeout
+	case res.Status != sandbox.StatusOK:
+	case res.ExitCode != 0:
+		res.Status = sandbox.StatusError
+	}
+	res.Stdout, res.StdoutTruncated = stdout.result()
+	res.Stderr, res.StderrTruncated = stderr.result()
+	res.DurationMS = float64(time.Since(start).Microseconds()) / 1000
+	s.metrics.observeCommand(res.Status)
+	return res, nil
+}
+
+// cappedBuffer keeps the first limit bytes of a stream and drains the rest.
+type cappedBuffer struct {
+	limit     int64
+	sink      func([]byte)
+	buf       bytes.Buffer
+	truncated bool
+}
+
+func (c *cappedBuffer) readFrom(r io.Reader) {
+	p := make([]byte, 32<<10)
+	for {
+		n, err := r.Read(p)
+		if n > 0 {
+			keep := min(int64(n), c.limit-int64(c.buf.Len()))
+			if keep < int64(n) {
+				c.truncated = true
+			}
+			if keep > 0 {
+				c.buf.Write(p[:keep])
+				if c.sink != nil {
+					c.sink(p[:keep])
+				}
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (c *cappedBuffer) result() (string, bool) { return c.buf.String(), c.truncated }
+
+// Workspace returns an owner's sandbox's files, marking the sandbox used.
+func (s *Service) Workspace(owner, id string) (sandbox.Workspace, func(), error) {
+	b, err := s.Get(owner, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	return b.sb.Workspace(), s.use(b), nil
+}
+
+// Limits returns a sandbox's limits.
+func (b *Box) Limits() sandbox.Limits { return b.limits }

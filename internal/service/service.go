@@ -1,0 +1,466 @@
+// Package service manages the life of stateful sandboxes on behalf of
+// owners (API keys): creation within server-wide bounds, idle timeouts and
+// maximum lifetimes, executions, commands and files. Transports (HTTP,
+// E2B, MCP) are thin adapters over it.
+//
+// Every lookup is by owner and id: a sandbox of another owner is reported
+// as not found, never as forbidden.
+package service
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+)
+
+// Errors of the service; transports map them to status codes.
+var (
+	ErrNotFound = errors.New("sandbox not found")
+	ErrQuota    = errors.New("sandbox quota reached")
+)
+
+// Config bounds what owners may ask for.
+type Config struct {
+	Backend sandbox.Backend
+	// MaxLimits caps every limit an owner asks for; zero fields use the
+	// sandbox package's defaults as the cap.
+	MaxLimits sandbox.Limits
+	// Idle timeout default and cap; maximum lifetime default and cap.
+	DefaultIdle, MaxIdle         time.Duration
+	DefaultLifetime, MaxLifetime time.Duration
+	// MaxPerOwner and MaxTotal bound live sandboxes.
+	MaxPerOwner, MaxTotal int
+	Logger                *slog.Logger
+	// Now is the clock; tests replace it.
+	Now func() time.Time
+}
+
+func (c *Config) setDefaults() {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&c.DefaultIdle, 5*time.Minute)
+	def(&c.MaxIdle, 24*time.Hour)
+	def(&c.DefaultLifetime, time.Hour)
+	def(&c.MaxLifetime, 24*time.Hour)
+	if c.MaxPerOwner <= 0 {
+		c.MaxPerOwner = 50
+	}
+	if c.MaxTotal <= 0 {
+		c.MaxTotal = 1000
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	c.MaxLimits = c.MaxLimits.WithDefaults()
+}
+
+// Service owns the live sandboxes.
+type Service struct {
+	cfg     Config
+	metrics *Metrics
+
+	mu     sync.Mutex
+	boxes  map[string]*Box
+	closed bool
+
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+// New starts a service; Close ends it and every sandbox.
+func New(cfg Config) *Service {
+	cfg.setDefaults()
+	s := &Service{cfg: cfg, boxes: map[string]*Box{}, stop: make(chan struct{}), metrics: newMetrics()}
+	s.wg.Add(1)
+	go s.reap()
+	return s
+}
+
+// Metrics returns the service's counters.
+func (s *Service) Metrics() *Metrics { return s.metrics }
+
+// CreateRequest describes a sandbox an owner asks for.
+type CreateRequest struct {
+	Owner       string
+	Idle        time.Duration // idle timeout; 0: default
+	MaxLifetime time.Duration // 0: default
+	Limits      sandbox.Limits
+	Env         map[string]string
+	Metadata    map[string]string
+}
+
+// Box is a managed sandbox.
+type Box struct {
+	id, owner   string
+	sb          sandbox.Sandbox
+	createdAt   time.Time
+	deadline    time.Time // end of the maximum lifetime
+	idle        time.Duration
+	limits      sandbox.Limits
+	env         map[string]string
+	metadata    map[string]string
+	mu          sync.Mutex // guards the fields below
+	expiresAt   time.Time
+	executions  int
+	running     int // executions and commands in progress
+	closeReason string
+}
+
+// Info is what owners see of a sandbox.
+type Info struct {
+	ID             string            `json:"id"`
+	CreatedAt      time.Time         `json:"created_at"`
+	ExpiresAt      time.Time         `json:"expires_at"`
+	Deadline       time.Time         `json:"max_lifetime_at"`
+	IdleTimeoutS   float64           `json:"timeout_s"`
+	Limits         LimitsInfo        `json:"limits"`
+	Metadata       map[string]string `json:"metadata"`
+	State          string            `json:"state"` // "idle" or "running"
+	ExecutionCount int               `json:"execution_count"`
+}
+
+// LimitsInfo is Limits in API units.
+type LimitsInfo struct {
+	Memory    int64   `json:"memory"`
+	CPUTimeS  float64 `json:"cpu_time_s"`
+	TimeoutS  float64 `json:"timeout_s"`
+	Pids      int     `json:"pids"`
+	Disk      int64   `json:"disk"`
+	MaxOutput int64   `json:"max_output"`
+	OpenFiles int     `json:"open_files"`
+}
+
+func limitsInfo(l sandbox.Limits) LimitsInfo {
+	return LimitsInfo{Memory: l.Memory, CPUTimeS: l.CPUTime.Seconds(), TimeoutS: l.Timeout.Seconds(), Pids: l.Pids,
+		Disk: l.Disk, MaxOutput: l.MaxOutput, OpenFiles: l.OpenFiles}
+}
+
+func (b *Box) info() Info {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	state := "idle"
+	if b.running > 0 {
+		state = "running"
+	}
+	md := b.metadata
+	if md == nil {
+		md = map[string]string{}
+	}
+	return Info{
+		ID: b.id, CreatedAt: b.createdAt, ExpiresAt: b.expiresAt, Deadline: b.deadline,
+		IdleTimeoutS: b.idle.Seconds(), Limits: limitsInfo(b.limits), Metadata: md,
+		State: state, ExecutionCount: b.executions,
+	}
+}
+
+// Sandbox returns the underlying sandbox (for its workspace).
+func (b *Box) Sandbox() sandbox.Sandbox { return b.sb }
+
+// Create starts a sandbox for an owner.
+func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
+	if req.Owner == "" {
+		return Info{}, fmt.Errorf("%w: no owner", sandbox.ErrInvalidSpec)
+	}
+	limits, err := s.bound(req.Limits)
+	if err != nil {
+		return Info{}, err
+	}
+	idle, err := bounded("timeout", req.Idle, s.cfg.DefaultIdle, s.cfg.MaxIdle)
+	if err != nil {
+		return Info{}, err
+	}
+	life, err := bounded("max lifetime", req.MaxLifetime, s.cfg.DefaultLifetime, s.cfg.MaxLifetime)
+	if err != nil {
+		return Info{}, err
+	}
+	if err := sandbox.ValidateEnv(req.Env); err != nil {
+		return Info{}, err
+	}
+	if len(req.Metadata) > 64 {
+		return Info{}, fmt.Errorf("%w: at most 64 metadata entries", sandbox.ErrInvalidSpec)
+	}
+	for k, v := range req.Metadata {
+		if len(k) > 256 || len(v) > 4096 {
+			return Info{}, fmt.Errorf("%w: metadata entry %.40q too long", sandbox.ErrInvalidSpec, k)
+		}
+	}
+
+	// Reserve a slot first, so that concurrent creations cannot exceed
+	// the quotas while sandboxes start.
+	id := "sb_" + randomHex(12)
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return Info{}, sandbox.ErrClosed
+	}
+	if len(s.boxes) >= s.cfg.MaxTotal {
+		s.mu.Unlock()
+		return Info{}, fmt.Errorf("%w: the server runs its maximum of %d sandboxes", ErrQuota, s.cfg.MaxTotal)
+	}
+	if n := s.countOwner(req.Owner); n >= s.cfg.MaxPerOwner {
+		s.mu.Unlock()
+		return Info{}, fmt.Errorf("%w: %d live sandboxes per key", ErrQuota, s.cfg.MaxPerOwner)
+	}
+	s.boxes[id] = nil // reserved
+	s.mu.Unlock()
+
+	start := time.Now()
+	sb, err := s.cfg.Backend.Create(ctx, sandbox.Spec{Limits: limits, Env: req.Env})
+	if err != nil {
+		s.mu.Lock()
+		delete(s.boxes, id)
+		s.mu.Unlock()
+		return Info{}, err
+	}
+	s.metrics.observeCreate(time.Since(start))
+	now := s.cfg.Now()
+	b := &Box{
+		id: id, owner: req.Owner, sb: sb, createdAt: now, deadline: now.Add(life), idle: idle,
+		limits: limits, env: req.Env, metadata: maps.Clone(req.Metadata), expiresAt: minTime(now.Add(idle), now.Add(life)),
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		sb.Close()
+		return Info{}, sandbox.ErrClosed
+	}
+	s.boxes[id] = b
+	s.mu.Unlock()
+	s.cfg.Logger.Info("sandbox created", "id", id, "owner", req.Owner, "ms", time.Since(start).Milliseconds())
+	return b.info(), nil
+}
+
+func (s *Service) countOwner(owner string) int {
+	n := 0
+	for _, b := range s.boxes {
+		if b != nil && b.owner == owner {
+			n++
+		}
+	}
+	return n
+}
+
+// bound applies server-wide caps to requested limits.
+func (s *Service) bound(l sandbox.Limits) (sandbox.Limits, error) {
+	max := s.cfg.MaxLimits
+	if err := l.Validate(); err != nil {
+		return l, err
+	}
+	check := func(name string, got, cap int64) error {
+		if got > cap {
+			return fmt.Errorf("%w: %s %d is over the server's limit of %d", sandbox.ErrInvalidSpec, name, got, cap)
+		}
+		return nil
+	}
+	l = l.WithDefaults()
+	return l, errors.Join(
+		check("memory", l.Memory, max.Memory),
+		check("pids", int64(l.Pids), int64(max.Pids)),
+		check("disk", l.Disk, max.Disk),
+		check("max_output", l.MaxOutput, max.MaxOutput),
+		check("timeout (ms)", l.Timeout.Milliseconds(), max.Timeout.Milliseconds()),
+		check("cpu_time (ms)", l.CPUTime.Milliseconds(), max.Timeout.Milliseconds()),
+	)
+}
+
+func bounded(name string, d, def, cap time.Duration) (time.Duration, error) {
+	switch {
+	case d < 0:
+		return 0, fmt.Errorf("%w: negative %s", sandbox.ErrInvalidSpec, name)
+	case d == 0:
+		return min(def, cap), nil
+	case d > cap:
+		return 0, fmt.Errorf("%w: %s %v is over the server's limit of %v", sandbox.ErrInvalidSpec, name, d, cap)
+	}
+	return d, nil
+}
+
+// Get returns an owner's sandbox.
+func (s *Service) Get(owner, id string) (*Box, error) {
+	s.mu.Lock()
+	b := s.boxes[id]
+	s.mu.Unlock()
+	if b == nil || b.owner != owner {
+		return nil, ErrNotFound
+	}
+	return b, nil
+}
+
+// Info describes an owner's sandbox.
+func (s *Service) Info(owner, id string) (Info, error) {
+	b, err := s.Get(owner, id)
+	if err != nil {
+		return Info{}, err
+	}
+	return b.info(), nil
+}
+
+// List returns an owner's sandboxes, oldest first.
+func (s *Service) List(owner string) []Info {
+	s.mu.Lock()
+	var boxes []*Box
+	for _, b := range s.boxes {
+		if b != nil && b.owner == owner {
+			boxes = append(boxes, b)
+		}
+	}
+	s.mu.Unlock()
+	out := make([]Info, 0, len(boxes))
+	for _, b := range boxes {
+		out = append(out, b.info())
+	}
+	slices.SortFunc(out, func(a, b Info) int { return a.CreatedAt.Compare(b.CreatedAt) })
+	return out
+}
+
+// Live is the number of live sandboxes.
+func (s *Service) Live() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.boxes)
+}
+
+// Delete closes an owner's sandbox.
+func (s *Service) Delete(owner, id string) error {
+	b, err := s.Get(owner, id)
+	if err != nil {
+		return err
+	}
+	s.remove(b, "deleted")
+	return nil
+}
+
+func (s *Service) remove(b *Box, why string) {
+	s.mu.Lock()
+	if s.boxes[b.id] != b {
+		s.mu.Unlock()
+		return
+	}
+	delete(s.boxes, b.id)
+	s.mu.Unlock()
+	if err := b.sb.Close(); err != nil {
+		s.cfg.Logger.Warn("sandbox clean-up", "id", b.id, "err", err)
+	}
+	s.cfg.Logger.Info("sandbox closed", "id", b.id, "why", why)
+}
+
+// SetTimeout sets a sandbox's idle timeout to d from now, within its
+// maximum lifetime.
+func (s *Service) SetTimeout(owner, id string, d time.Duration) (Info, error) {
+	b, err := s.Get(owner, id)
+	if err != nil {
+		return Info{}, err
+	}
+	d, err = bounded("timeout", d, s.cfg.DefaultIdle, s.cfg.MaxIdle)
+	if err != nil {
+		return Info{}, err
+	}
+	b.mu.Lock()
+	b.idle = d
+	b.expiresAt = minTime(s.cfg.Now().Add(d), b.deadline)
+	b.mu.Unlock()
+	return b.info(), nil
+}
+
+// use marks the start of an operation: the sandbox does not expire while
+// one runs, and its idle clock restarts when it ends.
+func (s *Service) use(b *Box) func() {
+	b.mu.Lock()
+	b.running++
+	b.mu.Unlock()
+	return func() {
+		b.mu.Lock()
+		b.running--
+		b.expiresAt = minTime(s.cfg.Now().Add(b.idle), b.deadline)
+		b.mu.Unlock()
+	}
+}
+
+// reap closes sandboxes past their idle timeout or maximum lifetime.
+func (s *Service) reap() {
+	defer s.wg.Done()
+	t := time.NewTicker(250 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+		}
+		now := s.cfg.Now()
+		s.mu.Lock()
+		var expired []*Box
+		for _, b := range s.boxes {
+			if b == nil {
+				continue
+			}
+			b.mu.Lock()
+			if now.After(b.deadline) || (b.running == 0 && now.After(b.expiresAt)) {
+				expired = append(expired, b)
+			}
+			b.mu.Unlock()
+		}
+		s.mu.Unlock()
+		for _, b := range expired {
+			s.remove(b, "expired")
+			s.metrics.expired.Add(1)
+		}
+	}
+}
+
+// Close ends every sandbox.
+func (s *Service) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	var boxes []*Box
+	for _, b := range s.boxes {
+		if b != nil {
+			boxes = append(boxes, b)
+		}
+	}
+	s.mu.Unlock()
+	close(s.stop)
+	s.wg.Wait()
+	var wg sync.WaitGroup
+	for _, b := range boxes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.remove(b, "server shutting down")
+		}()
+	}
+	wg.Wait()
+	return nil
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
