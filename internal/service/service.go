@@ -74,9 +74,10 @@ type Service struct {
 	cfg     Config
 	metrics *Metrics
 
-	mu     sync.Mutex
-	boxes  map[string]*Box
-	closed bool
+	mu      sync.Mutex
+	boxes   map[string]*Box
+	pending map[string]int // owner → sandboxes being created
+	closed  bool
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -85,7 +86,7 @@ type Service struct {
 // New starts a service; Close ends it and every sandbox.
 func New(cfg Config) *Service {
 	cfg.setDefaults()
-	s := &Service{cfg: cfg, boxes: map[string]*Box{}, stop: make(chan struct{}), metrics: newMetrics()}
+	s := &Service{cfg: cfg, boxes: map[string]*Box{}, pending: map[string]int{}, stop: make(chan struct{}), metrics: newMetrics()}
 	s.wg.Add(1)
 	go s.reap()
 	return s
@@ -212,18 +213,26 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		s.mu.Unlock()
 		return Info{}, fmt.Errorf("%w: the server runs its maximum of %d sandboxes", ErrQuota, s.cfg.MaxTotal)
 	}
-	if n := s.countOwner(req.Owner); n >= s.cfg.MaxPerOwner {
+	if n := s.countOwner(req.Owner) + s.pending[req.Owner]; n >= s.cfg.MaxPerOwner {
 		s.mu.Unlock()
 		return Info{}, fmt.Errorf("%w: %d live sandboxes per key", ErrQuota, s.cfg.MaxPerOwner)
 	}
 	s.boxes[id] = nil // reserved
+	s.pending[req.Owner]++
 	s.mu.Unlock()
+	unreserve := func() {
+		s.pending[req.Owner]--
+		if s.pending[req.Owner] == 0 {
+			delete(s.pending, req.Owner)
+		}
+	}
 
 	start := time.Now()
 	sb, err := s.cfg.Backend.Create(ctx, sandbox.Spec{Limits: limits, Env: req.Env})
 	if err != nil {
 		s.mu.Lock()
 		delete(s.boxes, id)
+		unreserve()
 		s.mu.Unlock()
 		return Info{}, err
 	}
@@ -234,7 +243,9 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		limits: limits, env: req.Env, metadata: maps.Clone(req.Metadata), expiresAt: minTime(now.Add(idle), now.Add(life)),
 	}
 	s.mu.Lock()
+	unreserve()
 	if s.closed {
+		delete(s.boxes, id)
 		s.mu.Unlock()
 		sb.Close()
 		return Info{}, sandbox.ErrClosed

@@ -268,10 +268,18 @@ func fileInfo(rel string, st *unix.Stat_t) sandbox.FileInfo {
 	}
 }
 
+// cleanOrRoot is Clean that also accepts the workspace itself.
+func cleanOrRoot(name string) (string, error) {
+	if name == "" || name == "." || name == "/" {
+		return ".", nil
+	}
+	return Clean(name)
+}
+
 // ReadDir lists the entries of directory name (links are listed, not
 // followed), recursing depth-1 levels below it, sorted by path.
 func (d *Dir) ReadDir(name string, depth int) ([]sandbox.FileInfo, error) {
-	rel, err := Clean(name)
+	rel, err := cleanOrRoot(name)
 	if err != nil {
 		return nil, err
 	}
@@ -294,7 +302,7 @@ func (d *Dir) ReadDir(name string, depth int) ([]sandbox.FileInfo, error) {
 
 // Stat describes name without following a final link.
 func (d *Dir) Stat(name string) (sandbox.FileInfo, error) {
-	rel, err := Clean(name)
+	rel, err := cleanOrRoot(name)
 	if err != nil {
 		return sandbox.FileInfo{}, err
 	}

@@ -1,0 +1,348 @@
+package httpapi_test
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
+	"github.com/vivarium-sandbox/vivarium/internal/httpapi"
+	"github.com/vivarium-sandbox/vivarium/internal/service"
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
+)
+
+func TestMain(m *testing.M) {
+	if native.IsInit() {
+		native.RunInit()
+	}
+	os.Exit(m.Run())
+}
+
+// keys is a fixed-table authenticator: token → owner.
+type keys map[string]string
+
+func (k keys) Owner(tok string) (string, error) {
+	if o, ok := k[tok]; ok {
+		return o, nil
+	}
+	return "", errors.New("no such key")
+}
+
+type client struct {
+	t   *testing.T
+	url string
+	key string
+}
+
+func (c client) do(method, path string, body any) (int, []byte) {
+	c.t.Helper()
+	var r io.Reader
+	switch b := body.(type) {
+	case nil:
+	case []byte:
+		r = bytes.NewReader(b)
+	default:
+		j, _ := json.Marshal(b)
+		r = bytes.NewReader(j)
+	}
+	req, _ := http.NewRequest(method, c.url+path, r)
+	if c.key != "" {
+		req.Header.Set("Authorization", "Bearer "+c.key)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	out, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, out
+}
+
+func (c client) json(method, path string, body any, want int) map[string]any {
+	c.t.Helper()
+	code, out := c.do(method, path, body)
+	if code != want {
+		c.t.Fatalf("%s %s: %d, want %d: %s", method, path, code, want, out)
+	}
+	var m map[string]any
+	if len(out) > 0 {
+		if err := json.Unmarshal(out, &m); err != nil {
+			c.t.Fatalf("%s %s: %v: %s", method, path, err, out)
+		}
+	}
+	return m
+}
+
+func newServer(t *testing.T) (*httptest.Server, *service.Service) {
+	t.Helper()
+	testutil.RequireRoot(t)
+	testutil.RequirePython(t)
+	b, err := native.New(native.Config{CgroupParent: "vivarium-httpapi-test", UIDBase: native.DefaultUIDBase + 2<<24})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := service.New(service.Config{Backend: b, MaxPerOwner: 3})
+	srv := httptest.NewServer(httpapi.New(svc, keys{"alice-key": "alice", "bob-key": "bob"}, nil))
+	t.Cleanup(func() {
+		srv.Close()
+		svc.Close()
+	})
+	return srv, svc
+}
+
+func TestStatefulSandboxLifecycle(t *testing.T) {
+	srv, svc := newServer(t)
+	alice := client{t, srv.URL, "alice-key"}
+	bob := client{t, srv.URL, "bob-key"}
+
+	sb := alice.json("POST", "/v1/sandboxes", map[string]any{"timeout_s": 60, "metadata": map[string]string{"agent": "a1"}, "env": map[string]string{"GREETING": "hi"}}, 201)
+	id := sb["id"].(string)
+	base := "/v1/sandboxes/" + id
+
+	res := alice.json("POST", base+"/execute", map[string]any{"code": "import os\nx = 1\nprint(os.environ['GREETING'])"}, 200)
+	if res["status"] != "ok" || res["stdout"] != "hi\n" || res["execution_count"] != float64(1) {
+		t.Fatalf("%v", res)
+	}
+	res = alice.json("POST", base+"/execute", map[string]any{"code": "x + 1"}, 200)
+	results := res["results"].([]any)
+	if len(results) != 1 || results[0].(map[string]any)["text"] != "2" || res["execution_count"] != float64(2) {
+		t.Fatalf("state not kept: %v", res)
+	}
+	res = alice.json("POST", base+"/execute", map[string]any{"code": "1/0"}, 200)
+	if res["status"] != "error" || res["error"].(map[string]any)["name"] != "ZeroDivisionError" {
+		t.Fatalf("%v", res)
+	}
+
+	// Another key sees nothing of it: 404, not 403.
+	bob.json("GET", base, nil, 404)
+	bob.json("POST", base+"/execute", map[string]any{"code": "1"}, 404)
+	bob.json("DELETE", base, nil, 404)
+	if l := bob.json("GET", "/v1/sandboxes", nil, 200)["sandboxes"].([]any); len(l) != 0 {
+		t.Fatalf("bob lists %v", l)
+	}
+	if l := alice.json("GET", "/v1/sandboxes", nil, 200)["sandboxes"].([]any); len(l) != 1 {
+		t.Fatalf("alice lists %v", l)
+	}
+	// No key, a wrong key.
+	client{t, srv.URL, ""}.json("GET", "/v1/sandboxes", nil, 401)
+	client{t, srv.URL, "wrong"}.json("GET", "/v1/sandboxes", nil, 401)
+
+	info := alice.json("POST", base+"/timeout", map[string]any{"timeout_s": 120}, 200)
+	if info["timeout_s"] != float64(120) || info["metadata"].(map[string]any)["agent"] != "a1" {
+		t.Fatalf("%v", info)
+	}
+	alice.json("DELETE", base, nil, 204)
+	alice.json("GET", base, nil, 404)
+	if svc.Live() != 0 {
+		t.Fatalf("%d sandboxes live after delete", svc.Live())
+	}
+}
+
+func TestFilesAPI(t *testing.T) {
+	srv, _ := newServer(t)
+	c := client{t, srv.URL, "alice-key"}
+	id := c.json("POST", "/v1/sandboxes", map[string]any{"limits": map[string]any{"disk": 8 << 20}}, 201)["id"].(string)
+	base := "/v1/sandboxes/" + id
+
+	c.json("PUT", base+"/files/data/in.csv", []byte("a,b\n1,2\n"), 201)
+	res := c.json("POST", base+"/execute", map[string]any{"code": `
+import os
+print(open("data/in.csv").read().count("\n"))
+open("out.txt", "w").write("result")
+os.symlink("/etc/passwd", "link")
+os.mkfifo("fifo")`}, 200)
+	if res["stdout"] != "2\n" {
+		t.Fatalf("%v", res)
+	}
+	if code, body := c.do("GET", base+"/files/out.txt", nil); code != 200 || string(body) != "result" {
+		t.Fatalf("download: %d %q", code, body)
+	}
+	list := c.json("GET", base+"/files?path=.", nil, 200)["entries"].([]any)
+	names := map[string]string{}
+	for _, e := range list {
+		m := e.(map[string]any)
+		names[m["name"].(string)] = m["type"].(string)
+	}
+	if names["out.txt"] != "file" || names["link"] != "symlink" || names["data"] != "dir" || names["fifo"] != "other" {
+		t.Fatalf("list: %v", names)
+	}
+	// Links, FIFOs, traversal: refused, never followed, never hanging.
+	for _, p := range []string{"link", "fifo", "../../etc/passwd", "data/../../x"} {
+		code, body := c.do("GET", base+"/files/"+p, nil)
+		if code != 400 && code != 404 {
+			t.Errorf("GET %s: %d %s", p, code, body)
+		}
+		if strings.Contains(string(body), "root:") {
+			t.Errorf("GET %s leaked the host's passwd", p)
+		}
+	}
+	c.json("PUT", base+"/files/link", []byte("overwrite"), 201) // replaces the link itself
+	if b, _ := os.ReadFile("/etc/passwd"); strings.Contains(string(b), "overwrite") {
+		t.Fatal("upload followed a link")
+	}
+	// Over the disk limit: 413, and nothing half-written.
+	code, _ := c.do("PUT", base+"/files/big.bin", bytes.Repeat([]byte("x"), 9<<20))
+	if code != 413 {
+		t.Fatalf("oversized upload: %d", code)
+	}
+	if code, _ := c.do("GET", base+"/files/big.bin", nil); code != 404 {
+		t.Fatalf("oversized upload left a file: %d", code)
+	}
+	c.json("DELETE", base+"/files/data", nil, 204)
+	c.json("GET", base+"/files/data/in.csv", nil, 404)
+}
+
+func TestStreamingAndInterrupt(t *testing.T) {
+	srv, _ := newServer(t)
+	c := client{t, srv.URL, "alice-key"}
+	id := c.json("POST", "/v1/sandboxes", nil, 201)["id"].(string)
+	base := srv.URL + "/v1/sandboxes/" + id
+
+	c.json("POST", "/v1/sandboxes/"+id+"/execute", map[string]any{"code": "n = 0"}, 200)
+	body, _ := json.Marshal(map[string]any{"code": "print('start', flush=True)\ndisplay(42)\nwhile True: n += 1"})
+	req, _ := http.NewRequest("POST", base+"/execute", bytes.NewReader(body))
+	req.Header.Set("Authorization", "Bearer alice-key")
+	req.Header.Set("Accept", "application/x-ndjson")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if ct := resp.Header.Get("Content-Type"); ct != "application/x-ndjson" {
+		t.Fatalf("content type %q", ct)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	var types []string
+	var end map[string]any
+	interrupted := false
+	for sc.Scan() {
+		var ev map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			t.Fatalf("%v: %s", err, sc.Bytes())
+		}
+		types = append(types, ev["type"].(string))
+		// The event arrived while the code still runs: interrupt it.
+		if ev["type"] == "result" && !interrupted {
+			interrupted = true
+			c.json("POST", "/v1/sandboxes/"+id+"/interrupt", nil, 200)
+		}
+		if ev["type"] == "end" {
+			end = ev
+		}
+	}
+	if strings.Join(types, ",") != "stdout,result,error,end" {
+		t.Fatalf("events %v", types)
+	}
+	summary := end["summary"].(map[string]any)
+	if summary["status"] != "error" || summary["error"].(map[string]any)["name"] != "KeyboardInterrupt" || summary["state_lost"] == true {
+		t.Fatalf("summary %v", summary)
+	}
+	res := c.json("POST", "/v1/sandboxes/"+id+"/execute", map[string]any{"code": "n > 0"}, 200)
+	if res["results"].([]any)[0].(map[string]any)["text"] != "True" {
+		t.Fatalf("state lost after interrupt: %v", res)
+	}
+	// Restart: state gone, files kept.
+	c.json("PUT", "/v1/sandboxes/"+id+"/files/keep.txt", []byte("k"), 201)
+	c.json("POST", "/v1/sandboxes/"+id+"/restart", nil, 200)
+	res = c.json("POST", "/v1/sandboxes/"+id+"/execute", map[string]any{"code": "import os\n('n' in globals(), os.path.exists('keep.txt'))"}, 200)
+	if res["results"].([]any)[0].(map[string]any)["text"] != "(False, True)" {
+		t.Fatalf("after restart: %v", res)
+	}
+}
+
+func TestCommandsAndOneShot(t *testing.T) {
+	srv, _ := newServer(t)
+	c := client{t, srv.URL, "alice-key"}
+	id := c.json("POST", "/v1/sandboxes", nil, 201)["id"].(string)
+	base := "/v1/sandboxes/" + id
+	c.json("POST", base+"/execute", map[string]any{"code": "open('made-by-python.txt', 'w').write('py')"}, 200)
+	res := c.json("POST", base+"/commands", map[string]any{"cmd": "cat made-by-python.txt; echo; echo err >&2; exit 4"}, 200)
+	if res["stdout"] != "py\n" || res["stderr"] != "err\n" || res["exit_code"] != float64(4) || res["status"] != "error" {
+		t.Fatalf("%v", res)
+	}
+	res = c.json("POST", base+"/commands", map[string]any{"cmd": "sleep 30", "timeout_s": 0.5}, 200)
+	if res["status"] != "timeout" {
+		t.Fatalf("%v", res)
+	}
+	res = c.json("POST", "/v1/execute", map[string]any{"code": "print(open('in.txt').read())\n6 * 7", "files": map[string]string{"in.txt": "aGVsbG8="}}, 200)
+	if res["stdout"] != "hello\n" || res["results"].([]any)[0].(map[string]any)["text"] != "42" {
+		t.Fatalf("one-shot: %v", res)
+	}
+	// Bad input: clear errors.
+	c.json("POST", base+"/execute", []byte("{not json"), 400)
+	c.json("POST", base+"/execute", map[string]any{"code": "1", "bogus": true}, 400)
+	c.json("POST", "/v1/sandboxes", map[string]any{"limits": map[string]any{"memory": 1 << 50}}, 400)
+	c.json("POST", base+"/commands", map[string]any{"cmd": ""}, 400)
+}
+
+func TestQuotaAndExpiry(t *testing.T) {
+	srv, svc := newServer(t)
+	c := client{t, srv.URL, "bob-key"}
+	var wg sync.WaitGroup
+	codes := make([]int, 5)
+	for i := range codes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			codes[i], _ = c.do("POST", "/v1/sandboxes", map[string]any{"timeout_s": 1})
+		}()
+	}
+	wg.Wait()
+	created := 0
+	for _, code := range codes {
+		switch code {
+		case 201:
+			created++
+		case 429:
+		default:
+			t.Fatalf("create: %d", code)
+		}
+	}
+	if created != 3 {
+		t.Fatalf("%d created with a quota of 3", created)
+	}
+	testutil.WaitFor(t, 10*time.Second, "idle sandboxes to expire", func() bool { return svc.Live() == 0 })
+}
+
+// Every route of the OpenAPI document is served, and every route served is
+// in the document.
+func TestOpenAPIMatchesServer(t *testing.T) {
+	srv, _ := newServer(t)
+	c := client{t, srv.URL, "alice-key"}
+	doc := c.json("GET", "/openapi.json", nil, 200)
+	if doc["openapi"] != "3.1.0" {
+		t.Fatalf("openapi %v", doc["openapi"])
+	}
+	paths := doc["paths"].(map[string]any)
+	n := 0
+	param := regexp.MustCompile(`\{[a-z]+\}`)
+	for p, item := range paths {
+		for method := range item.(map[string]any) {
+			n++
+			url := param.ReplaceAllString(p, "x")
+			code, body := c.do(strings.ToUpper(method), url, nil)
+			// The mux answers 404 with a plain-text body and 405 for
+			// unknown routes; our handlers answer JSON.
+			if code == 405 || (code == 404 && !bytes.HasPrefix(body, []byte("{"))) {
+				t.Errorf("%s %s in the document is not served: %d %s", method, p, code, body)
+			}
+		}
+	}
+	if n != len(httpapi.Routes) {
+		t.Errorf("document has %d operations, server %d", n, len(httpapi.Routes))
+	}
+	code, body := c.do("GET", "/metrics", nil)
+	if code != 200 || !strings.Contains(string(body), "vivarium_sandboxes_live") {
+		t.Fatalf("metrics: %d %s", code, body)
+	}
+}
