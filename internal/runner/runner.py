@@ -184,6 +184,10 @@ class Runtime:
         sys.modules["_vivarium_runtime"] = rt
 
     def emit_result(self, data, main=False):
+        # What the code printed before this result goes out first: the
+        # supervisor reads the output pipes up to this point before it
+        # passes the result on, so a stream keeps the order of events.
+        _flush_std()
         if _size(data) > MAX_RESULT_BYTES:
             data = {
                 "text/plain": "[vivarium: result of about %d MiB dropped: over the %d MiB limit]"

@@ -447,6 +447,13 @@ func (s *Sandbox) readEvents(r *runnerProc, events *os.File) {
 			readyOnce()
 			continue
 		}
+		if ev.Type == "result" || ev.Type == "error" {
+			// The runner flushed what the code printed before this event
+			// into the output pipes; deliver it first, so that streams see
+			// output and results in the order they happened.
+			s.stdout.sync()
+			s.stderr.sync()
+		}
 		s.mu.Lock()
 		var emit *sandbox.Output
 		var rs sandbox.ResultSink
