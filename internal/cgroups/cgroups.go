@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -27,6 +28,9 @@ import (
 type Limits struct {
 	MemoryBytes int64
 	Pids        int64
+	// CPUs caps CPU bandwidth in cores (1.5: one and a half cores). It
+	// needs the cpu controller; zero means no cap.
+	CPUs float64
 }
 
 // Stats are read from a group's accounting files.
@@ -56,6 +60,14 @@ type Manager interface {
 	Version() int
 	// New creates an empty group with the given limits.
 	New(name string, l Limits) (Group, error)
+	// CPUController reports whether groups get a CPU share of their own:
+	// every sandbox then competes for CPU as one entity, however many
+	// processes it runs, and CPU caps are possible.
+	CPUController() bool
+	// Sweep kills every process in every group under the parent and
+	// removes the groups: what an earlier process that crashed left. It
+	// returns the names of the groups it removed.
+	Sweep() ([]string, error)
 }
 
 // DefaultParent is the group every sandbox group is created under.
@@ -235,6 +247,44 @@ func removeDir(dir string, kill func()) error {
 		time.Sleep(delay)
 		delay = min(2*delay, 50*time.Millisecond)
 	}
+}
+
+// sweepDirs kills and removes every group directory directly under each
+// parent directory.
+func sweepDirs(parents []string, kill func(dir string)) ([]string, error) {
+	var names []string
+	var errs []error
+	for _, parent := range parents {
+		entries, err := os.ReadDir(parent)
+		if err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				continue
+			}
+			errs = append(errs, err)
+			continue
+		}
+		for _, e := range entries {
+			if !e.IsDir() {
+				continue
+			}
+			dir := filepath.Join(parent, e.Name())
+			kill(dir)
+			if err := removeDir(dir, func() { kill(dir) }); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if !slices.Contains(names, e.Name()) {
+				names = append(names, e.Name())
+			}
+		}
+	}
+	return names, errors.Join(errs...)
+}
+
+// cfsQuota converts a CPU cap in cores to a CFS quota for a 100 ms period.
+func cfsQuota(cpus float64) (quota, period int64) {
+	period = 100_000
+	return max(int64(cpus*float64(period)), 1000), period
 }
 
 // killProcs sends SIGKILL to every process listed in dir's cgroup.procs.

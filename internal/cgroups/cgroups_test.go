@@ -67,28 +67,32 @@ func TestV2WritesLimits(t *testing.T) {
 	// kernel would.
 	os.Mkdir(filepath.Join(root, "vivarium"), 0o755)
 	os.WriteFile(filepath.Join(root, "vivarium", "cgroup.subtree_control"), nil, 0o644)
-	if _, err := newV2(root, "vivarium"); err != nil {
+	m, err := newV2(root, "vivarium")
+	if err != nil {
 		t.Fatal(err)
 	}
+	if !m.CPUController() {
+		t.Error("the cpu controller was not enabled")
+	}
 	b, _ := os.ReadFile(filepath.Join(root, "cgroup.subtree_control"))
-	if string(b) != "+memory +pids" {
+	if string(b) != "+memory +pids +cpu" {
 		t.Errorf("root subtree_control = %q", b)
 	}
 	parent := filepath.Join(root, "vivarium")
-	if b, _ := os.ReadFile(filepath.Join(parent, "cgroup.subtree_control")); string(b) != "+memory +pids" {
+	if b, _ := os.ReadFile(filepath.Join(parent, "cgroup.subtree_control")); string(b) != "+memory +pids +cpu" {
 		t.Errorf("parent subtree_control = %q", b)
 	}
 	// Create the group's files before New, as the kernel would on mkdir.
 	dir := filepath.Join(parent, "sb1")
 	os.Mkdir(dir, 0o755)
-	for _, f := range []string{"memory.max", "memory.swap.max", "memory.oom.group", "pids.max", "cgroup.procs"} {
+	for _, f := range []string{"memory.max", "memory.swap.max", "memory.oom.group", "pids.max", "cgroup.procs", "cpu.max"} {
 		os.WriteFile(filepath.Join(dir, f), nil, 0o644)
 	}
-	g := &group2{dir: dir, fd: -1}
-	if err := g.limit(Limits{MemoryBytes: 1 << 20, Pids: 7}); err != nil {
+	g := &group2{dir: dir, fd: -1, cpu: true}
+	if err := g.limit(Limits{MemoryBytes: 1 << 20, Pids: 7, CPUs: 1.5}); err != nil {
 		t.Fatal(err)
 	}
-	for f, want := range map[string]string{"memory.max": "1048576", "memory.swap.max": "0", "memory.oom.group": "1", "pids.max": "7"} {
+	for f, want := range map[string]string{"memory.max": "1048576", "memory.swap.max": "0", "memory.oom.group": "1", "pids.max": "7", "cpu.max": "150000 100000"} {
 		if b, _ := os.ReadFile(filepath.Join(dir, f)); string(b) != want {
 			t.Errorf("%s = %q, want %q", f, b, want)
 		}
@@ -218,5 +222,84 @@ func TestRealGroupOOM(t *testing.T) {
 	}
 	if s.MemoryPeak > 33<<20 {
 		t.Errorf("peak %d above the limit", s.MemoryPeak)
+	}
+}
+
+// A group left by a crashed process (with a live process in it) is found
+// and removed by Sweep, and the process is killed.
+func TestSweepRemovesLeftovers(t *testing.T) {
+	testutil.RequireRoot(t)
+	m, err := Detect("vivarium-sweep-test")
+	if err != nil {
+		t.Skipf("no usable cgroups: %v", err)
+	}
+	g, err := m.New("left-behind", Limits{Pids: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.AddProc(cmd.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	names, err := m.Sweep()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(names) != 1 || names[0] != "left-behind" {
+		t.Errorf("swept %v", names)
+	}
+	if err := cmd.Wait(); err == nil {
+		t.Error("the process in the group survived the sweep")
+	}
+	ms, _ := readMounts("/proc/self/mountinfo")
+	for _, mt := range ms {
+		if matches, _ := filepath.Glob(filepath.Join(mt.point, "vivarium-sweep-test", "*")); len(matches) > 0 {
+			for _, p := range matches {
+				if fi, err := os.Stat(p); err == nil && fi.IsDir() {
+					t.Errorf("left behind: %s", p)
+				}
+			}
+		}
+	}
+}
+
+// A CPU cap holds a process that would use every core to about its share.
+func TestRealGroupCPUCap(t *testing.T) {
+	testutil.RequireRoot(t)
+	py := testutil.RequirePython(t)
+	m, err := Detect("vivarium-test")
+	if err != nil {
+		t.Skipf("no usable cgroups: %v", err)
+	}
+	if !m.CPUController() {
+		t.Skip("no cpu controller on this host")
+	}
+	g, err := m.New("cpucap", Limits{CPUs: 0.2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Destroy()
+	cmd := exec.Command(py, "-c", "import sys, time\nsys.stdin.read(1)\nend = time.time() + 1\nwhile time.time() < end: pass")
+	stdin, _ := cmd.StdinPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.AddProc(cmd.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	stdin.Write([]byte("x"))
+	stdin.Close()
+	cmd.Wait()
+	s, err := g.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One second of wall clock at 0.2 cores: about 200 ms of CPU. Well
+	// under the 1 s it would use uncapped.
+	if s.CPU > 500*time.Millisecond {
+		t.Errorf("used %v of CPU in 1 s under a 0.2-core cap", s.CPU)
 	}
 }

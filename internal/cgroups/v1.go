@@ -19,6 +19,9 @@ type v1 struct {
 	// Hierarchy mount points by controller. Co-mounted controllers
 	// ("cpu,cpuacct") share a point.
 	memory, pids, cpuacct, freezer string
+	// cpu is optional: with it each sandbox is one entity for the
+	// scheduler and can be capped.
+	cpu string
 }
 
 func newV1(mounts []mount, parent string) (*v1, error) {
@@ -37,6 +40,8 @@ func newV1(mounts []mount, parent string) (*v1, error) {
 				m.cpuacct = mt.point
 			case "freezer":
 				m.freezer = mt.point
+			case "cpu":
+				m.cpu = mt.point
 			}
 		}
 	}
@@ -63,7 +68,7 @@ func newV1(mounts []mount, parent string) (*v1, error) {
 // points lists each distinct hierarchy once.
 func (m *v1) points() []string {
 	var out []string
-	for _, p := range []string{m.memory, m.pids, m.cpuacct, m.freezer} {
+	for _, p := range []string{m.memory, m.pids, m.cpuacct, m.freezer, m.cpu} {
 		if p != "" && !slices.Contains(out, p) {
 			out = append(out, p)
 		}
@@ -72,6 +77,33 @@ func (m *v1) points() []string {
 }
 
 func (m *v1) Version() int { return 1 }
+
+func (m *v1) CPUController() bool { return m.cpu != "" }
+
+func (m *v1) Sweep() ([]string, error) {
+	var parents []string
+	for _, p := range m.points() {
+		parents = append(parents, filepath.Join(p, m.parent))
+	}
+	kill := func(dir string) {
+		// Freeze first where possible so that a fork bomb cannot outrun
+		// the kills; every hierarchy is visited, since a process may be
+		// listed in one only.
+		name := filepath.Base(dir)
+		var fz string
+		if m.freezer != "" {
+			fz = filepath.Join(m.freezer, m.parent, name)
+			writeFile(fz, "freezer.state", "FROZEN")
+		}
+		for _, p := range parents {
+			killProcs(filepath.Join(p, name))
+		}
+		if fz != "" {
+			writeFile(fz, "freezer.state", "THAWED")
+		}
+	}
+	return sweepDirs(parents, kill)
+}
 
 func (m *v1) New(name string, l Limits) (Group, error) {
 	if err := validName(name); err != nil {
@@ -122,6 +154,18 @@ func (g *group1) limit(l Limits) error {
 	}
 	if l.Pids > 0 {
 		if err := writeFile(g.dir(g.m.pids), "pids.max", fmt.Sprint(l.Pids)); err != nil {
+			return err
+		}
+	}
+	if l.CPUs > 0 {
+		if g.m.cpu == "" {
+			return fmt.Errorf("%w: a CPU cap needs the cpu controller", ErrUnavailable)
+		}
+		quota, period := cfsQuota(l.CPUs)
+		if err := writeFile(g.dir(g.m.cpu), "cpu.cfs_period_us", fmt.Sprint(period)); err != nil {
+			return err
+		}
+		if err := writeFile(g.dir(g.m.cpu), "cpu.cfs_quota_us", fmt.Sprint(quota)); err != nil {
 			return err
 		}
 	}

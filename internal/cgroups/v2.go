@@ -18,6 +18,7 @@ import (
 // for children through cgroup.subtree_control.
 type v2 struct {
 	root, parent string
+	cpu          bool // the cpu controller is enabled for sandbox groups
 }
 
 var v2Controllers = []string{"memory", "pids"}
@@ -39,11 +40,27 @@ func newV2(root, parent string) (*v2, error) {
 			ErrUnavailable, root, strings.Join(missing, ", "))
 	}
 	m := &v2{root: root, parent: parent}
+	want := v2Controllers
+	if slices.Contains(have, "cpu") {
+		want = append(slices.Clip(want), "cpu")
+	}
 	// Enable the controllers at every level from the root down to the
 	// parent, so that each sandbox group has its own memory and pids files.
+	// The cpu controller is a bonus: a host that cannot enable it still
+	// gets every limit, without per-sandbox CPU shares.
+	enable := func(dir string) error {
+		if err := enableControllers(dir, want); err != nil {
+			if len(want) == len(v2Controllers) {
+				return err
+			}
+			want = v2Controllers
+			return enableControllers(dir, want)
+		}
+		return nil
+	}
 	dir := root
 	for _, part := range strings.Split(parent, "/") {
-		if err := enableControllers(dir); err != nil {
+		if err := enable(dir); err != nil {
 			return nil, err
 		}
 		dir = filepath.Join(dir, part)
@@ -51,20 +68,21 @@ func newV2(root, parent string) (*v2, error) {
 			return nil, fmt.Errorf("%w: cannot create %s: %v", ErrUnavailable, dir, err)
 		}
 	}
-	if err := enableControllers(dir); err != nil {
+	if err := enable(dir); err != nil {
 		return nil, err
 	}
+	m.cpu = slices.Contains(want, "cpu")
 	return m, nil
 }
 
-func enableControllers(dir string) error {
+func enableControllers(dir string, controllers []string) error {
 	b, err := os.ReadFile(filepath.Join(dir, "cgroup.subtree_control"))
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 	enabled := strings.Fields(string(b))
 	var add []string
-	for _, c := range v2Controllers {
+	for _, c := range controllers {
 		if !slices.Contains(enabled, c) {
 			add = append(add, "+"+c)
 		}
@@ -82,6 +100,19 @@ func enableControllers(dir string) error {
 
 func (m *v2) Version() int { return 2 }
 
+func (m *v2) CPUController() bool { return m.cpu }
+
+func (m *v2) Sweep() ([]string, error) {
+	return sweepDirs([]string{filepath.Join(m.root, m.parent)}, func(dir string) {
+		if writeFile(dir, "cgroup.kill", "1") == nil {
+			return
+		}
+		writeFile(dir, "cgroup.freeze", "1")
+		killProcs(dir)
+		writeFile(dir, "cgroup.freeze", "0")
+	})
+}
+
 func (m *v2) New(name string, l Limits) (Group, error) {
 	if err := validName(name); err != nil {
 		return nil, err
@@ -90,7 +121,7 @@ func (m *v2) New(name string, l Limits) (Group, error) {
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("cgroups: create %s: %w", dir, err)
 	}
-	g := &group2{dir: dir, fd: -1}
+	g := &group2{dir: dir, fd: -1, cpu: m.cpu}
 	if err := g.limit(l); err != nil {
 		g.Destroy()
 		return nil, err
@@ -107,6 +138,7 @@ func (m *v2) New(name string, l Limits) (Group, error) {
 type group2 struct {
 	dir string // "" once destroyed
 	fd  int
+	cpu bool
 }
 
 func (g *group2) limit(l Limits) error {
@@ -125,6 +157,15 @@ func (g *group2) limit(l Limits) error {
 	}
 	if l.Pids > 0 {
 		if err := writeFile(g.dir, "pids.max", fmt.Sprint(l.Pids)); err != nil {
+			return err
+		}
+	}
+	if l.CPUs > 0 {
+		if !g.cpu {
+			return fmt.Errorf("%w: a CPU cap needs the cpu controller", ErrUnavailable)
+		}
+		quota, period := cfsQuota(l.CPUs)
+		if err := writeFile(g.dir, "cpu.max", fmt.Sprintf("%d %d", quota, period)); err != nil {
 			return err
 		}
 	}
