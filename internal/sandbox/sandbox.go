@@ -24,6 +24,14 @@ type Backend interface {
 	Create(ctx context.Context, spec Spec) (Sandbox, error)
 }
 
+// Sweeper is a Backend that can find and remove what an earlier process
+// left behind when it died without cleaning up (processes, cgroups). A
+// server calls it once at start, before it creates any sandbox.
+type Sweeper interface {
+	// Sweep removes leftovers and describes what it removed.
+	Sweep() ([]string, error)
+}
+
 // Sandbox is one isolated environment with a Python runner inside.
 type Sandbox interface {
 	ID() string

@@ -16,6 +16,9 @@ type Limits struct {
 	Disk      int64         // bytes of /workspace, /tmp and /dev/shm together
 	MaxOutput int64         // bytes kept per stream (stdout, stderr); the rest is dropped
 	OpenFiles int           // open file descriptors per process
+	// CPUs caps CPU bandwidth in cores (0.5: half a core); zero means no
+	// cap beyond the sandbox's fair share.
+	CPUs float64
 }
 
 // Defaults for Limits.
@@ -66,6 +69,7 @@ func (l Limits) Validate() error {
 		{l.MaxOutput < 0 || l.MaxOutput > 1<<30, "max output must be between 0 and 1GiB"},
 		{l.OpenFiles < 0 || l.OpenFiles > 1<<20, "open files must be between 16 and 1048576"},
 		{l.OpenFiles != 0 && l.OpenFiles < 16, "open files must be between 16 and 1048576"},
+		{l.CPUs < 0 || l.CPUs > 1024 || (l.CPUs > 0 && l.CPUs < 0.01), "cpus must be between 0.01 and 1024"},
 	}
 	for _, c := range checks {
 		if c.bad {

@@ -62,7 +62,10 @@ type Backend struct {
 	top     []topLink
 }
 
-var _ sandbox.Backend = (*Backend)(nil)
+var (
+	_ sandbox.Backend = (*Backend)(nil)
+	_ sandbox.Sweeper = (*Backend)(nil)
+)
 
 // New checks that the host can run native sandboxes and returns a backend.
 // Every error names what is missing and, where one exists, the option that
@@ -121,6 +124,23 @@ func (b *Backend) CgroupVersion() int {
 		return 0
 	}
 	return b.cgroups.Version()
+}
+
+// CPUShares reports whether each sandbox competes for CPU as one entity
+// (the cpu cgroup controller), so that one running many processes cannot
+// starve the others or the supervisor.
+func (b *Backend) CPUShares() bool { return b.cgroups != nil && b.cgroups.CPUController() }
+
+// Sweep implements sandbox.Sweeper: it kills whatever still runs in the
+// cgroups under this backend's parent and removes them. Sandboxes die with
+// their supervisor (PR_SET_PDEATHSIG), but a supervisor killed with
+// SIGKILL leaves their cgroups behind. Only one supervisor may use a
+// cgroup parent at a time.
+func (b *Backend) Sweep() ([]string, error) {
+	if b.cgroups == nil {
+		return nil, nil
+	}
+	return b.cgroups.Sweep()
 }
 
 func (b *Backend) hostFiles() ([]etcEntry, []topLink, error) {

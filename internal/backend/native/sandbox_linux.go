@@ -116,7 +116,8 @@ func start(ctx context.Context, b *Backend, spec sandbox.Spec, cfg *initConfig) 
 		}
 	}()
 	if b.cgroups != nil {
-		s.cg, err = b.cgroups.New(s.id, cgroups.Limits{MemoryBytes: spec.Limits.Memory, Pids: int64(spec.Limits.Pids)})
+		s.cg, err = b.cgroups.New(s.id, cgroups.Limits{
+			MemoryBytes: spec.Limits.Memory, Pids: int64(spec.Limits.Pids), CPUs: spec.Limits.CPUs})
 		if err != nil {
 			return nil, err
 		}
