@@ -1,0 +1,240 @@
+// Package store keeps what a server must remember across restarts in one
+// embedded SQLite database (a pure-Go driver, no cgo): API keys, stored as
+// SHA-256 hashes only, and the audit log of executions.
+//
+// The database is opened in WAL mode with a busy timeout, so the CLI
+// (`vivarium keys`, `vivarium audit`) can use it while a server runs.
+package store
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"database/sql"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
+)
+
+// Errors of the store.
+var (
+	ErrNotFound   = errors.New("not found")
+	ErrInvalidKey = errors.New("invalid API key")
+)
+
+// FileName is the database's name in a data directory.
+const FileName = "vivarium.db"
+
+// Store is an open database.
+type Store struct {
+	db *sql.DB
+}
+
+const schema = `
+CREATE TABLE IF NOT EXISTS keys (
+	id             TEXT PRIMARY KEY,
+	name           TEXT NOT NULL,
+	hash           TEXT NOT NULL UNIQUE,
+	created_at     INTEGER NOT NULL,
+	revoked_at     INTEGER,
+	max_sandboxes  INTEGER NOT NULL DEFAULT 0,
+	max_executions INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS audit (
+	seq               INTEGER PRIMARY KEY AUTOINCREMENT,
+	time              INTEGER NOT NULL,
+	kind              TEXT NOT NULL,
+	key_id            TEXT NOT NULL,
+	sandbox_id        TEXT NOT NULL,
+	code_sha256       TEXT NOT NULL,
+	status            TEXT NOT NULL,
+	exit_code         INTEGER NOT NULL,
+	duration_ms       REAL NOT NULL,
+	cpu_ms            REAL NOT NULL,
+	peak_memory_bytes INTEGER NOT NULL,
+	detail            TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS audit_time ON audit(time);
+CREATE INDEX IF NOT EXISTS audit_key ON audit(key_id, time);
+CREATE INDEX IF NOT EXISTS audit_sandbox ON audit(sandbox_id, time);
+`
+
+// Open opens (creating if needed) the database in dir, which is created
+// with mode 0700: it holds key hashes and the record of every execution.
+func Open(dir string) (*Store, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("data directory: %w", err)
+	}
+	path := filepath.Join(dir, FileName)
+	// Create the file with tight permissions before SQLite does.
+	if f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600); err != nil {
+		return nil, fmt.Errorf("database: %w", err)
+	} else {
+		f.Close()
+	}
+	dsn := "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)"
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("database: %w", err)
+	}
+	if _, err := db.Exec(schema); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("database %s: %w", path, err)
+	}
+	return &Store{db: db}, nil
+}
+
+// Close closes the database.
+func (s *Store) Close() error { return s.db.Close() }
+
+// Key is an API key's record. The token itself is never stored.
+type Key struct {
+	ID        string     `json:"id"`
+	Name      string     `json:"name"`
+	CreatedAt time.Time  `json:"created_at"`
+	RevokedAt *time.Time `json:"revoked_at,omitempty"`
+	// Per-key quotas; zero means the server's default.
+	MaxSandboxes  int `json:"max_sandboxes"`
+	MaxExecutions int `json:"max_executions"`
+}
+
+// TokenPrefix starts every API key, so that leaked keys are easy to find
+// with secret scanners.
+const TokenPrefix = "viv_"
+
+// CreateKey makes a new key and returns its token, shown once.
+func (s *Store) CreateKey(ctx context.Context, name string, maxSandboxes, maxExecutions int) (string, Key, error) {
+	if name == "" || len(name) > 200 {
+		return "", Key{}, errors.New("a key needs a name of 1 to 200 characters")
+	}
+	if maxSandboxes < 0 || maxExecutions < 0 {
+		return "", Key{}, errors.New("quotas cannot be negative")
+	}
+	secret := make([]byte, 32)
+	rand.Read(secret)
+	token := TokenPrefix + base64.RawURLEncoding.EncodeToString(secret)
+	id := make([]byte, 6)
+	rand.Read(id)
+	k := Key{ID: "key_" + hex.EncodeToString(id), Name: name, CreatedAt: time.Now().UTC().Truncate(time.Second),
+		MaxSandboxes: maxSandboxes, MaxExecutions: maxExecutions}
+	_, err := s.db.ExecContext(ctx,
+		`INSERT INTO keys (id, name, hash, created_at, max_sandboxes, max_executions) VALUES (?, ?, ?, ?, ?, ?)`,
+		k.ID, k.Name, hashToken(token), k.CreatedAt.Unix(), maxSandboxes, maxExecutions)
+	if err != nil {
+		return "", Key{}, err
+	}
+	return token, k, nil
+}
+
+// hashToken is the stored form of a token. Tokens carry 256 random bits,
+// so a fast hash is enough: there is nothing to brute-force.
+func hashToken(token string) string {
+	h := sha256.Sum256([]byte(token))
+	return hex.EncodeToString(h[:])
+}
+
+// Lookup returns the live key a token belongs to.
+func (s *Store) Lookup(ctx context.Context, token string) (Key, error) {
+	if !strings.HasPrefix(token, TokenPrefix) || len(token) > 200 {
+		return Key{}, ErrInvalidKey
+	}
+	want := hashToken(token)
+	row := s.db.QueryRowContext(ctx, `SELECT id, name, hash, created_at, revoked_at, max_sandboxes, max_executions
+		FROM keys WHERE hash = ?`, want)
+	k, hash, err := scanKey(row)
+	if errors.Is(err, sql.ErrNoRows) {
+		return Key{}, ErrInvalidKey
+	}
+	if err != nil {
+		return Key{}, err
+	}
+	if subtle.ConstantTimeCompare([]byte(hash), []byte(want)) != 1 || k.RevokedAt != nil {
+		return Key{}, ErrInvalidKey
+	}
+	return k, nil
+}
+
+type scanner interface{ Scan(...any) error }
+
+func scanKey(row scanner) (Key, string, error) {
+	var k Key
+	var hash string
+	var created int64
+	var revoked sql.NullInt64
+	if err := row.Scan(&k.ID, &k.Name, &hash, &created, &revoked, &k.MaxSandboxes, &k.MaxExecutions); err != nil {
+		return Key{}, "", err
+	}
+	k.CreatedAt = time.Unix(created, 0).UTC()
+	if revoked.Valid {
+		t := time.Unix(revoked.Int64, 0).UTC()
+		k.RevokedAt = &t
+	}
+	return k, hash, nil
+}
+
+// Keys lists every key, oldest first.
+func (s *Store) Keys(ctx context.Context) ([]Key, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT id, name, hash, created_at, revoked_at, max_sandboxes, max_executions
+		FROM keys ORDER BY created_at, id`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Key
+	for rows.Next() {
+		k, _, err := scanKey(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, k)
+	}
+	return out, rows.Err()
+}
+
+// CountKeys is the number of keys that are not revoked.
+func (s *Store) CountKeys(ctx context.Context) (int, error) {
+	var n int
+	err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM keys WHERE revoked_at IS NULL`).Scan(&n)
+	return n, err
+}
+
+// RevokeKey revokes a live key, named by id or by name; its token stops
+// working at once (servers cache a lookup for at most a few seconds).
+func (s *Store) RevokeKey(ctx context.Context, idOrName string) (Key, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT id, name, hash, created_at, revoked_at, max_sandboxes, max_executions
+		FROM keys WHERE (id = ? OR name = ?) AND revoked_at IS NULL`, idOrName, idOrName)
+	if err != nil {
+		return Key{}, err
+	}
+	var found []Key
+	for rows.Next() {
+		k, _, err := scanKey(rows)
+		if err != nil {
+			rows.Close()
+			return Key{}, err
+		}
+		found = append(found, k)
+	}
+	rows.Close()
+	switch {
+	case len(found) == 0:
+		return Key{}, fmt.Errorf("%w: no live key with id or name %q", ErrNotFound, idOrName)
+	case len(found) > 1:
+		return Key{}, fmt.Errorf("%d live keys are named %q: revoke one by its id", len(found), idOrName)
+	}
+	k := found[0]
+	now := time.Now().UTC().Truncate(time.Second)
+	if _, err := s.db.ExecContext(ctx, `UPDATE keys SET revoked_at = ? WHERE id = ?`, now.Unix(), k.ID); err != nil {
+		return Key{}, err
+	}
+	k.RevokedAt = &now
+	return k, nil
+}
