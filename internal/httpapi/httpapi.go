@@ -126,12 +126,12 @@ func (s *Server) handler(name string) http.HandlerFunc {
 	case "get":
 		return func(w http.ResponseWriter, r *http.Request) {
 			info, err := s.svc.Info(owner(r), r.PathValue("id"))
-			respond(w, info, err)
+			s.respond(w, info, err)
 		}
 	case "delete":
 		return func(w http.ResponseWriter, r *http.Request) {
 			if err := s.svc.Delete(owner(r), r.PathValue("id")); err != nil {
-				fail(w, err)
+				s.fail(w, err)
 				return
 			}
 			w.WriteHeader(http.StatusNoContent)
@@ -142,11 +142,11 @@ func (s *Server) handler(name string) http.HandlerFunc {
 		return s.execute
 	case "interrupt":
 		return func(w http.ResponseWriter, r *http.Request) {
-			respond(w, map[string]any{"ok": true}, s.svc.Interrupt(owner(r), r.PathValue("id")))
+			s.respond(w, map[string]any{"ok": true}, s.svc.Interrupt(owner(r), r.PathValue("id")))
 		}
 	case "restart":
 		return func(w http.ResponseWriter, r *http.Request) {
-			respond(w, map[string]any{"ok": true, "state_lost": true}, s.svc.Restart(r.Context(), owner(r), r.PathValue("id")))
+			s.respond(w, map[string]any{"ok": true, "state_lost": true}, s.svc.Restart(r.Context(), owner(r), r.PathValue("id")))
 		}
 	case "command":
 		return s.command
@@ -199,7 +199,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		Limits: req.Limits.limits(), Env: req.Env, Metadata: req.Metadata,
 	})
 	if err != nil {
-		fail(w, err)
+		s.fail(w, err)
 		return
 	}
 	writeJSON(w, http.StatusCreated, info)
@@ -217,7 +217,7 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	info, err := s.svc.SetTimeout(owner(r), r.PathValue("id"), seconds(req.TimeoutS))
-	respond(w, info, err)
+	s.respond(w, info, err)
 }
 
 type executeRequest struct {
@@ -235,13 +235,13 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 	}
 	exec := sandbox.ExecRequest{Code: req.Code, Env: req.Env, Timeout: seconds(req.TimeoutS), CPUTime: seconds(req.CPUTimeS)}
 	if wantsStream(r, req.Stream) {
-		st := newStream(w)
+		st := s.newStream(w)
 		res, err := s.svc.Execute(r.Context(), owner(r), r.PathValue("id"), exec, st)
 		st.end(res, err)
 		return
 	}
 	res, err := s.svc.Execute(r.Context(), owner(r), r.PathValue("id"), exec, nil)
-	respond(w, res, err)
+	s.respond(w, res, err)
 }
 
 type commandRequest struct {
@@ -259,13 +259,13 @@ func (s *Server) command(w http.ResponseWriter, r *http.Request) {
 	}
 	c := service.CommandRequest{Cmd: req.Cmd, Cwd: req.Cwd, Env: req.Env, Timeout: seconds(req.TimeoutS)}
 	if wantsStream(r, req.Stream) {
-		st := newStream(w)
+		st := s.newStream(w)
 		res, err := s.svc.Command(r.Context(), owner(r), r.PathValue("id"), c, st)
 		st.end(res, err)
 		return
 	}
 	res, err := s.svc.Command(r.Context(), owner(r), r.PathValue("id"), c, nil)
-	respond(w, res, err)
+	s.respond(w, res, err)
 }
 
 type runOnceRequest struct {
@@ -300,20 +300,20 @@ func (s *Server) runOnce(w http.ResponseWriter, r *http.Request) {
 		}})
 	}
 	if wantsStream(r, req.Stream) {
-		st := newStream(w)
+		st := s.newStream(w)
 		job.Sink = st
 		res, err := s.svc.RunOnce(r.Context(), owner(r), job)
 		st.end(res, err)
 		return
 	}
 	res, err := s.svc.RunOnce(r.Context(), owner(r), job)
-	respond(w, res, err)
+	s.respond(w, res, err)
 }
 
 func (s *Server) listFiles(w http.ResponseWriter, r *http.Request) {
 	ws, done, err := s.svc.Workspace(owner(r), r.PathValue("id"))
 	if err != nil {
-		fail(w, err)
+		s.fail(w, err)
 		return
 	}
 	defer done()
@@ -330,7 +330,7 @@ func (s *Server) listFiles(w http.ResponseWriter, r *http.Request) {
 	}
 	entries, err := ws.ReadDir(dir, depth)
 	if err != nil {
-		fail(w, err)
+		s.fail(w, err)
 		return
 	}
 	type entry struct {
@@ -350,23 +350,23 @@ func (s *Server) listFiles(w http.ResponseWriter, r *http.Request) {
 func (s *Server) putFile(w http.ResponseWriter, r *http.Request) {
 	b, err := s.svc.Get(owner(r), r.PathValue("id"))
 	if err != nil {
-		fail(w, err)
+		s.fail(w, err)
 		return
 	}
 	ws, done, err := s.svc.Workspace(owner(r), r.PathValue("id"))
 	if err != nil {
-		fail(w, err)
+		s.fail(w, err)
 		return
 	}
 	defer done()
 	name := r.PathValue("path")
 	if err := ws.WriteFile(name, r.Body, b.Limits().Disk); err != nil {
-		fail(w, err)
+		s.fail(w, err)
 		return
 	}
 	fi, err := ws.Stat(name)
 	if err != nil {
-		fail(w, err)
+		s.fail(w, err)
 		return
 	}
 	writeJSON(w, http.StatusCreated, map[string]any{"path": fi.Path, "size": fi.Size})
@@ -375,13 +375,13 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) {
 func (s *Server) getFile(w http.ResponseWriter, r *http.Request) {
 	ws, done, err := s.svc.Workspace(owner(r), r.PathValue("id"))
 	if err != nil {
-		fail(w, err)
+		s.fail(w, err)
 		return
 	}
 	defer done()
 	f, fi, err := ws.OpenFile(r.PathValue("path"))
 	if err != nil {
-		fail(w, err)
+		s.fail(w, err)
 		return
 	}
 	defer f.Close()
@@ -394,12 +394,12 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request) {
 func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request) {
 	ws, done, err := s.svc.Workspace(owner(r), r.PathValue("id"))
 	if err != nil {
-		fail(w, err)
+		s.fail(w, err)
 		return
 	}
 	defer done()
 	if err := ws.Remove(r.PathValue("path")); err != nil {
-		fail(w, err)
+		s.fail(w, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -411,16 +411,17 @@ func wantsStream(r *http.Request, flag bool) bool {
 
 // stream writes NDJSON events as output arrives.
 type stream struct {
-	mu sync.Mutex
-	w  http.ResponseWriter
-	rc *http.ResponseController
+	mu  sync.Mutex
+	w   http.ResponseWriter
+	rc  *http.ResponseController
+	log *slog.Logger
 }
 
-func newStream(w http.ResponseWriter) *stream {
+func (s *Server) newStream(w http.ResponseWriter) *stream {
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(http.StatusOK)
-	return &stream{w: w, rc: http.NewResponseController(w)}
+	return &stream{w: w, rc: http.NewResponseController(w), log: s.log}
 }
 
 func (s *stream) event(v any) {
@@ -445,7 +446,12 @@ func (s *stream) Result(o sandbox.Output) {
 func (s *stream) end(res any, err error) {
 	if err != nil {
 		code, kind := classify(err)
-		s.event(map[string]any{"type": "end", "error": map[string]any{"code": kind, "status": code, "message": err.Error()}})
+		msg := err.Error()
+		if code == http.StatusInternalServerError {
+			s.log.Error("internal error", "err", err)
+			msg = "internal error: the server's log has the details"
+		}
+		s.event(map[string]any{"type": "end", "error": map[string]any{"code": kind, "status": code, "message": msg}})
 		return
 	}
 	var e *sandbox.Error
@@ -480,9 +486,9 @@ func decode(w http.ResponseWriter, r *http.Request, v any) bool {
 	return true
 }
 
-func respond(w http.ResponseWriter, v any, err error) {
+func (s *Server) respond(w http.ResponseWriter, v any, err error) {
 	if err != nil {
-		fail(w, err)
+		s.fail(w, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, v)
@@ -512,6 +518,8 @@ func classify(err error) (int, string) {
 		return http.StatusBadRequest, "invalid_request"
 	case errors.Is(err, service.ErrQuota):
 		return http.StatusTooManyRequests, "quota"
+	case errors.Is(err, service.ErrShuttingDown):
+		return http.StatusServiceUnavailable, "shutting_down"
 	case errors.Is(err, sandbox.ErrBusy):
 		return http.StatusConflict, "busy"
 	case errors.Is(err, sandbox.ErrClosed):
@@ -526,7 +534,15 @@ func classify(err error) (int, string) {
 	return http.StatusInternalServerError, "internal"
 }
 
-func fail(w http.ResponseWriter, err error) {
+// fail answers with the error's status and a message for the caller. An
+// unexpected error is logged in full and answered without its details,
+// which may name internal paths.
+func (s *Server) fail(w http.ResponseWriter, err error) {
 	code, kind := classify(err)
-	writeError(w, code, kind, err.Error())
+	msg := err.Error()
+	if code == http.StatusInternalServerError {
+		s.log.Error("internal error", "err", err)
+		msg = "internal error: the server's log has the details"
+	}
+	writeError(w, code, kind, msg)
 }

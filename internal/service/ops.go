@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/store"
 )
 
 // ExecResult is an execution's Result with the sandbox's count, as a
@@ -28,6 +29,11 @@ func (s *Service) Execute(ctx context.Context, owner, id string, req sandbox.Exe
 	if err := s.boundExec(b, req.Timeout, req.CPUTime); err != nil {
 		return nil, err
 	}
+	release, err := s.acquire(owner)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	done := s.use(b)
 	defer done()
 	res, err := b.sb.Execute(ctx, req, sink)
@@ -35,11 +41,25 @@ func (s *Service) Execute(ctx context.Context, owner, id string, req sandbox.Exe
 		return nil, err
 	}
 	s.metrics.observeExec(res.Status, time.Duration(res.DurationMS*float64(time.Millisecond)))
+	s.audit("execute", owner, id, req.Code, res)
 	b.mu.Lock()
 	b.executions++
 	n := b.executions
 	b.mu.Unlock()
 	return &ExecResult{Result: res, ExecutionCount: n}, nil
+}
+
+// audit records an execution's outcome and cost.
+func (s *Service) audit(kind, owner, id, code string, res *sandbox.Result) {
+	r := store.Record{
+		Kind: kind, KeyID: owner, SandboxID: id, CodeSHA256: store.CodeHash(code),
+		Status: string(res.Status), ExitCode: res.ExitCode, DurationMS: res.DurationMS, CPUMS: res.CPUMS,
+		PeakMemoryBytes: res.PeakMemoryBytes,
+	}
+	if res.Error != nil {
+		r.Detail = res.Error.Name
+	}
+	s.cfg.Audit(r)
 }
 
 func (s *Service) boundExec(b *Box, timeout, cpu time.Duration) error {
@@ -61,11 +81,17 @@ func (s *Service) RunOnce(ctx context.Context, owner string, job sandbox.OneShot
 	}
 	job.Spec.Limits = limits
 	job.OutDir = "" // never the server's file system
+	release, err := s.acquire(owner)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	res, warn := sandbox.RunOnce(ctx, s.cfg.Backend, job)
 	if warn != nil {
 		s.cfg.Logger.Warn("one-shot run", "owner", owner, "err", warn)
 	}
 	s.metrics.observeExec(res.Status, time.Duration(res.DurationMS*float64(time.Millisecond)))
+	s.audit("run_once", owner, "", job.Request.Code, res)
 	return res, nil
 }
 
@@ -126,6 +152,11 @@ func (s *Service) Command(ctx context.Context, owner, id string, req CommandRequ
 	if timeout == 0 {
 		timeout = b.limits.Timeout
 	}
+	release, err := s.acquire(owner)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	done := s.use(b)
 	defer done()
 	start := time.Now()
@@ -181,6 +212,8 @@ func (s *Service) Command(ctx context.Context, owner, id string, req CommandRequ
 	res.Stderr, res.StderrTruncated = stderr.result()
 	res.DurationMS = float64(time.Since(start).Microseconds()) / 1000
 	s.metrics.observeCommand(res.Status)
+	s.cfg.Audit(store.Record{Kind: "command", KeyID: owner, SandboxID: id, CodeSHA256: store.CodeHash(req.Cmd),
+		Status: string(res.Status), ExitCode: res.ExitCode, DurationMS: res.DurationMS, Detail: res.Error})
 	return res, nil
 }
 

@@ -20,12 +20,14 @@ import (
 	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/store"
 )
 
 // Errors of the service; transports map them to status codes.
 var (
-	ErrNotFound = errors.New("sandbox not found")
-	ErrQuota    = errors.New("sandbox quota reached")
+	ErrNotFound     = errors.New("sandbox not found")
+	ErrQuota        = errors.New("quota reached")
+	ErrShuttingDown = errors.New("the server is shutting down")
 )
 
 // Config bounds what owners may ask for.
@@ -39,7 +41,16 @@ type Config struct {
 	DefaultLifetime, MaxLifetime time.Duration
 	// MaxPerOwner and MaxTotal bound live sandboxes.
 	MaxPerOwner, MaxTotal int
-	Logger                *slog.Logger
+	// MaxExecutionsPerOwner and MaxExecutions bound executions, commands
+	// and one-shot runs in progress at once.
+	MaxExecutionsPerOwner, MaxExecutions int
+	// Quota returns an owner's own quotas; zero values mean the defaults
+	// above. Nil: every owner has the defaults.
+	Quota func(owner string) (maxSandboxes, maxExecutions int)
+	// Audit receives a record of every execution, command and one-shot
+	// run. Nil: nothing is recorded.
+	Audit  func(store.Record)
+	Logger *slog.Logger
 	// Now is the clock; tests replace it.
 	Now func() time.Time
 }
@@ -60,6 +71,18 @@ func (c *Config) setDefaults() {
 	if c.MaxTotal <= 0 {
 		c.MaxTotal = 1000
 	}
+	if c.MaxExecutionsPerOwner <= 0 {
+		c.MaxExecutionsPerOwner = 16
+	}
+	if c.MaxExecutions <= 0 {
+		c.MaxExecutions = 256
+	}
+	if c.Quota == nil {
+		c.Quota = func(string) (int, int) { return 0, 0 }
+	}
+	if c.Audit == nil {
+		c.Audit = func(store.Record) {}
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -77,7 +100,12 @@ type Service struct {
 	mu      sync.Mutex
 	boxes   map[string]*Box
 	pending map[string]int // owner → sandboxes being created
-	closed  bool
+	running map[string]int // owner → executions in progress
+	active  int            // executions in progress, all owners
+	idle    *sync.Cond     // signalled when active drops to zero
+	// draining: no new sandboxes or executions (Shutdown began); closed:
+	// every sandbox is gone or going.
+	draining, closed bool
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -86,7 +114,9 @@ type Service struct {
 // New starts a service; Close ends it and every sandbox.
 func New(cfg Config) *Service {
 	cfg.setDefaults()
-	s := &Service{cfg: cfg, boxes: map[string]*Box{}, pending: map[string]int{}, stop: make(chan struct{}), metrics: newMetrics()}
+	s := &Service{cfg: cfg, boxes: map[string]*Box{}, pending: map[string]int{}, running: map[string]int{},
+		stop: make(chan struct{}), metrics: newMetrics()}
+	s.idle = sync.NewCond(&s.mu)
 	s.wg.Add(1)
 	go s.reap()
 	return s
@@ -205,17 +235,21 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	// the quotas while sandboxes start.
 	id := "sb_" + randomHex(12)
 	s.mu.Lock()
-	if s.closed {
+	if s.closed || s.draining {
 		s.mu.Unlock()
-		return Info{}, sandbox.ErrClosed
+		return Info{}, ErrShuttingDown
 	}
 	if len(s.boxes) >= s.cfg.MaxTotal {
 		s.mu.Unlock()
-		return Info{}, fmt.Errorf("%w: the server runs its maximum of %d sandboxes", ErrQuota, s.cfg.MaxTotal)
+		return Info{}, fmt.Errorf("%w: the server runs its maximum of %d sandboxes; close one or try later", ErrQuota, s.cfg.MaxTotal)
 	}
-	if n := s.countOwner(req.Owner) + s.pending[req.Owner]; n >= s.cfg.MaxPerOwner {
+	maxOwn, _ := s.cfg.Quota(req.Owner)
+	if maxOwn <= 0 {
+		maxOwn = s.cfg.MaxPerOwner
+	}
+	if n := s.countOwner(req.Owner) + s.pending[req.Owner]; n >= maxOwn {
 		s.mu.Unlock()
-		return Info{}, fmt.Errorf("%w: %d live sandboxes per key", ErrQuota, s.cfg.MaxPerOwner)
+		return Info{}, fmt.Errorf("%w: this key may have %d live sandboxes; close one (DELETE /v1/sandboxes/{id}) first", ErrQuota, maxOwn)
 	}
 	s.boxes[id] = nil // reserved
 	s.pending[req.Owner]++
@@ -248,7 +282,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		delete(s.boxes, id)
 		s.mu.Unlock()
 		sb.Close()
-		return Info{}, sandbox.ErrClosed
+		return Info{}, ErrShuttingDown
 	}
 	s.boxes[id] = b
 	s.mu.Unlock()
@@ -279,7 +313,17 @@ func (s *Service) bound(l sandbox.Limits) (sandbox.Limits, error) {
 		return nil
 	}
 	l = l.WithDefaults()
-	return l, errors.Join(
+	// A server-wide CPU cap is also every sandbox's default.
+	if max.CPUs > 0 && l.CPUs == 0 {
+		l.CPUs = max.CPUs
+	}
+	capCPUs := func() error {
+		if max.CPUs > 0 && l.CPUs > max.CPUs {
+			return fmt.Errorf("%w: cpus %g is over the server's limit of %g", sandbox.ErrInvalidSpec, l.CPUs, max.CPUs)
+		}
+		return nil
+	}
+	return l, errors.Join(capCPUs(),
 		check("memory", l.Memory, max.Memory),
 		check("pids", int64(l.Pids), int64(max.Pids)),
 		check("disk", l.Disk, max.Disk),
@@ -402,6 +446,38 @@ func (s *Service) use(b *Box) func() {
 	}
 }
 
+// acquire takes an execution slot for owner within the per-owner and
+// server-wide quotas; release gives it back.
+func (s *Service) acquire(owner string) (release func(), err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed || s.draining {
+		return nil, ErrShuttingDown
+	}
+	_, maxOwn := s.cfg.Quota(owner)
+	if maxOwn <= 0 {
+		maxOwn = s.cfg.MaxExecutionsPerOwner
+	}
+	if s.running[owner] >= maxOwn {
+		return nil, fmt.Errorf("%w: this key may run %d executions at once; wait for one to finish", ErrQuota, maxOwn)
+	}
+	if s.active >= s.cfg.MaxExecutions {
+		return nil, fmt.Errorf("%w: the server runs its maximum of %d executions at once; try again shortly", ErrQuota, s.cfg.MaxExecutions)
+	}
+	s.running[owner]++
+	s.active++
+	return sync.OnceFunc(func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.running[owner]--; s.running[owner] == 0 {
+			delete(s.running, owner)
+		}
+		if s.active--; s.active == 0 {
+			s.idle.Broadcast()
+		}
+	}), nil
+}
+
 // reap closes sandboxes past their idle timeout or maximum lifetime.
 func (s *Service) reap() {
 	defer s.wg.Done()
@@ -434,7 +510,47 @@ func (s *Service) reap() {
 	}
 }
 
-// Close ends every sandbox.
+// Shutdown stops taking work, lets executions in progress finish until
+// ctx is done, then interrupts those still running (and kills them a few
+// seconds later if they ignore it), and closes every sandbox.
+func (s *Service) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.draining = true
+	s.mu.Unlock()
+	finished := make(chan struct{})
+	go func() {
+		s.mu.Lock()
+		for s.active > 0 {
+			s.idle.Wait()
+		}
+		s.mu.Unlock()
+		close(finished)
+	}()
+	select {
+	case <-finished:
+	case <-ctx.Done():
+		s.mu.Lock()
+		n := s.active
+		var boxes []*Box
+		for _, b := range s.boxes {
+			if b != nil {
+				boxes = append(boxes, b)
+			}
+		}
+		s.mu.Unlock()
+		s.cfg.Logger.Warn("grace period over: interrupting executions", "running", n)
+		for _, b := range boxes {
+			b.sb.Interrupt()
+		}
+		select {
+		case <-finished:
+		case <-time.After(3 * time.Second):
+		}
+	}
+	return s.Close()
+}
+
+// Close ends every sandbox at once.
 func (s *Service) Close() error {
 	s.mu.Lock()
 	if s.closed {
