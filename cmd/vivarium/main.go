@@ -1,6 +1,10 @@
 // Command vivarium runs untrusted Python in sandboxes.
 //
 //	vivarium run [flags] FILE | -c CODE | -   run code in a fresh sandbox
+//	vivarium serve                            stateful sandboxes over HTTP
+//	vivarium keys create|list|revoke          API keys of a server
+//	vivarium audit                            what ran, by whom, at what cost
+//	vivarium sandbox create|list|exec|...     use a running server by hand
 //	vivarium doctor                           what this host supports
 //	vivarium bench                            start-up against python3 and peers
 //
@@ -21,6 +25,10 @@ Usage:
   vivarium run [flags] FILE       run a Python file in a fresh sandbox
   vivarium run [flags] -c CODE    run a string
   vivarium run [flags] -          run standard input
+  vivarium serve [flags]          serve stateful sandboxes over HTTP
+  vivarium keys create NAME       create an API key (also: keys list, keys revoke ID)
+  vivarium audit [flags]          show the audit log of executions
+  vivarium sandbox SUBCOMMAND     use a running server: create, list, exec, files, kill
   vivarium doctor                 show what this host supports
   vivarium bench [flags]          compare sandbox start-up with python3 and peers
   vivarium version
@@ -48,6 +56,14 @@ func run(args []string) int {
 		return cmdRun(args[1:])
 	case "doctor":
 		return cmdDoctor(args[1:])
+	case "serve":
+		return cmdServe(args[1:])
+	case "keys":
+		return cmdKeys(args[1:])
+	case "audit":
+		return cmdAudit(args[1:])
+	case "sandbox", "sb":
+		return cmdSandbox(args[1:])
 	case "bench":
 		return cmdBench(args[1:])
 	case "version", "--version":

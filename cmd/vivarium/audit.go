@@ -1,0 +1,88 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"text/tabwriter"
+	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/store"
+)
+
+func cmdAudit(args []string) int {
+	fs := flag.NewFlagSet("audit", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `Usage: vivarium audit [flags]
+
+Shows the audit log of a server, newest first: every execution, command
+and one-shot run, with the key, the sandbox, the SHA-256 of the code, how
+it ended and what it used.
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	dataDir := fs.String("data-dir", defaultDataDir(), "the server's data `DIR`")
+	var q store.Query
+	fs.StringVar(&q.KeyID, "key", "", "only this key `ID`")
+	fs.StringVar(&q.SandboxID, "sandbox", "", "only this sandbox `ID`")
+	fs.StringVar(&q.Status, "status", "", "only this status (ok, error, timeout, memory_limit, killed, setup_failed)")
+	fs.StringVar(&q.Kind, "kind", "", "only this kind (execute, command, run_once)")
+	since := fs.Duration("since", 0, "only the last `DURATION` (e.g. 1h)")
+	fs.IntVar(&q.Limit, "limit", 100, "at most `N` records")
+	asJSON := fs.Bool("json", false, "print JSON lines")
+	if err := envDefaults(fs); err != nil {
+		fmt.Fprintf(os.Stderr, "vivarium audit: %v\n", err)
+		return 2
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if *since < 0 || q.Limit < 1 {
+		fmt.Fprintln(os.Stderr, "vivarium audit: --since and --limit must be positive")
+		return 2
+	}
+	if *since > 0 {
+		q.Since = time.Now().Add(-*since)
+	}
+	st, err := store.Open(*dataDir)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "vivarium audit: %v\n", err)
+		return 1
+	}
+	defer st.Close()
+	recs, err := st.Audit(context.Background(), q)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "vivarium audit: %v\n", err)
+		return 1
+	}
+	if *asJSON {
+		enc := json.NewEncoder(os.Stdout)
+		for _, r := range recs {
+			enc.Encode(r)
+		}
+		return 0
+	}
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TIME\tKIND\tKEY\tSANDBOX\tCODE\tSTATUS\tEXIT\tMS\tCPU MS\tPEAK MEM")
+	for _, r := range recs {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.12s\t%s\t%d\t%.1f\t%.1f\t%s\n", r.Time.Local().Format("2006-01-02 15:04:05.000"),
+			r.Kind, r.KeyID, dash(r.SandboxID), r.CodeSHA256, r.Status, r.ExitCode, r.DurationMS, r.CPUMS, formatSize(r.PeakMemoryBytes))
+	}
+	tw.Flush()
+	return 0
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

@@ -1,0 +1,479 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+)
+
+const sandboxUsage = `Usage: vivarium sandbox SUBCOMMAND [flags] ...
+
+Uses a running server (VIVARIUM_URL, default http://127.0.0.1:8080) with
+an API key (VIVARIUM_API_KEY).
+
+  create [--idle-timeout D] [--memory SIZE] [--pids N] [--disk SIZE] [--env K=V]   print the new sandbox's id
+  list                                  the key's sandboxes
+  info ID                               one sandbox
+  exec ID [-c CODE | FILE | -]          run Python, keeping state; output streams
+  run [-c CODE | FILE | -]              run Python in a fresh sandbox destroyed afterwards
+  sh ID COMMAND                         run a shell command
+  files ID [DIR]                        list files
+  put ID LOCAL [REMOTE]                 upload a file
+  get ID REMOTE [LOCAL]                 download a file (LOCAL "-": standard output)
+  rm ID PATH                            delete a file or directory
+  interrupt ID                          interrupt the running execution
+  restart ID                            fresh Python state, files kept
+  kill ID                               close the sandbox
+
+Every subcommand takes --json to print the server's answer as it is.
+`
+
+// apiClient speaks to a server's /v1 API.
+type apiClient struct {
+	base, key string
+	http      *http.Client
+}
+
+func newAPIClient() *apiClient {
+	base := os.Getenv("VIVARIUM_URL")
+	if base == "" {
+		base = "http://127.0.0.1:8080"
+	}
+	return &apiClient{base: strings.TrimSuffix(base, "/"), key: os.Getenv("VIVARIUM_API_KEY"), http: &http.Client{}}
+}
+
+// apiError is an error answer of the server.
+type apiError struct {
+	Status  int
+	Code    string
+	Message string
+}
+
+func (e *apiError) Error() string { return fmt.Sprintf("%s (HTTP %d)", e.Message, e.Status) }
+
+func (c *apiClient) do(method, p string, body io.Reader, contentType string, accept string) (*http.Response, error) {
+	req, err := http.NewRequest(method, c.base+p, body)
+	if err != nil {
+		return nil, err
+	}
+	if c.key != "" {
+		req.Header.Set("Authorization", "Bearer "+c.key)
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	if accept != "" {
+		req.Header.Set("Accept", accept)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("cannot reach the server at %s (set VIVARIUM_URL): %w", c.base, err)
+	}
+	if resp.StatusCode >= 300 {
+		defer resp.Body.Close()
+		var e struct {
+			Error struct{ Code, Message string }
+		}
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		if json.Unmarshal(b, &e) != nil || e.Error.Message == "" {
+			e.Error.Message = strings.TrimSpace(string(b))
+		}
+		return nil, &apiError{Status: resp.StatusCode, Code: e.Error.Code, Message: e.Error.Message}
+	}
+	return resp, nil
+}
+
+// call sends v as JSON (if not nil) and decodes the answer into out (if
+// not nil), or returns it raw.
+func (c *apiClient) call(method, p string, v any, out any) ([]byte, error) {
+	var body io.Reader
+	ct := ""
+	if v != nil {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return nil, err
+		}
+		body, ct = bytes.NewReader(b), "application/json"
+	}
+	resp, err := c.do(method, p, body, ct, "")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	if out != nil && len(raw) > 0 {
+		if err := json.Unmarshal(raw, out); err != nil {
+			return raw, fmt.Errorf("unexpected answer from the server: %w", err)
+		}
+	}
+	return raw, nil
+}
+
+func cmdSandbox(args []string) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(os.Stderr, sandboxUsage)
+		return 2
+	}
+	sub, args := args[0], args[1:]
+	fs := flag.NewFlagSet("sandbox "+sub, flag.ContinueOnError)
+	fs.Usage = func() { fmt.Fprint(fs.Output(), sandboxUsage+"\nFlags:\n"); fs.PrintDefaults() }
+	asJSON := fs.Bool("json", false, "print the server's JSON answer")
+	code := fs.String("c", "", "`CODE` to run (exec, run)")
+	timeout := fs.Duration("timeout", 0, "execution timeout (exec, run, sh)")
+	idle := fs.Duration("idle-timeout", 0, "idle timeout (create)")
+	var memory, disk sizeFlag
+	fs.Var(&memory, "memory", "memory limit (create, run)")
+	fs.Var(&disk, "disk", "disk limit (create, run)")
+	pids := fs.Int("pids", 0, "pids limit (create, run)")
+	var env listFlag
+	fs.Var(&env, "env", "`K=V` environment variable (repeatable)")
+	pos, err := parseInterleaved(fs, args)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	envMap := map[string]string{}
+	for _, kv := range env {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			fmt.Fprintf(os.Stderr, "vivarium sandbox: --env %q: want K=V\n", kv)
+			return 2
+		}
+		envMap[k] = v
+	}
+	limits := map[string]any{}
+	if memory > 0 {
+		limits["memory"] = int64(memory)
+	}
+	if disk > 0 {
+		limits["disk"] = int64(disk)
+	}
+	if *pids > 0 {
+		limits["pids"] = *pids
+	}
+	need := func(n int, what string) bool {
+		if len(pos) < n {
+			fmt.Fprintf(os.Stderr, "vivarium sandbox %s: missing %s\n", sub, what)
+			return false
+		}
+		return true
+	}
+	c := newAPIClient()
+	printed := func(raw []byte, err error) int {
+		if err != nil {
+			return clientFail(sub, err)
+		}
+		os.Stdout.Write(raw)
+		return 0
+	}
+	sb := func(id string) string { return "/v1/sandboxes/" + url.PathEscape(id) }
+
+	switch sub {
+	case "create":
+		req := map[string]any{"limits": limits, "env": envMap}
+		if *idle > 0 {
+			req["timeout_s"] = idle.Seconds()
+		}
+		var info struct{ ID string }
+		raw, err := c.call("POST", "/v1/sandboxes", req, &info)
+		if err != nil || *asJSON {
+			return printed(raw, err)
+		}
+		fmt.Println(info.ID)
+	case "list":
+		var out struct {
+			Sandboxes []struct {
+				ID             string    `json:"id"`
+				CreatedAt      time.Time `json:"created_at"`
+				ExpiresAt      time.Time `json:"expires_at"`
+				State          string    `json:"state"`
+				ExecutionCount int       `json:"execution_count"`
+			}
+		}
+		raw, err := c.call("GET", "/v1/sandboxes", nil, &out)
+		if err != nil || *asJSON {
+			return printed(raw, err)
+		}
+		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "ID\tSTATE\tEXECUTIONS\tCREATED\tEXPIRES")
+		for _, s := range out.Sandboxes {
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", s.ID, s.State, s.ExecutionCount,
+				s.CreatedAt.Local().Format(time.DateTime), s.ExpiresAt.Local().Format(time.DateTime))
+		}
+		tw.Flush()
+	case "info":
+		if !need(1, "sandbox ID") {
+			return 2
+		}
+		return printed(c.call("GET", sb(pos[0]), nil, nil))
+	case "exec", "run":
+		var id string
+		if sub == "exec" {
+			if !need(1, "sandbox ID") {
+				return 2
+			}
+			id, pos = pos[0], pos[1:]
+		}
+		src, err := codeFrom(*code, pos)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "vivarium sandbox %s: %v\n", sub, err)
+			return 2
+		}
+		req := map[string]any{"code": src, "env": envMap}
+		if *timeout > 0 {
+			req["timeout_s"] = timeout.Seconds()
+		}
+		p := "/v1/execute"
+		if sub == "exec" {
+			p = sb(id) + "/execute"
+		} else {
+			req["limits"] = limits
+		}
+		if *asJSON {
+			return printed(c.call("POST", p, req, nil))
+		}
+		return c.stream(p, req)
+	case "sh":
+		if !need(2, "sandbox ID and COMMAND") {
+			return 2
+		}
+		req := map[string]any{"cmd": strings.Join(pos[1:], " "), "env": envMap}
+		if *timeout > 0 {
+			req["timeout_s"] = timeout.Seconds()
+		}
+		if *asJSON {
+			return printed(c.call("POST", sb(pos[0])+"/commands", req, nil))
+		}
+		return c.stream(sb(pos[0])+"/commands", req)
+	case "files":
+		if !need(1, "sandbox ID") {
+			return 2
+		}
+		dir := "."
+		if len(pos) > 1 {
+			dir = pos[1]
+		}
+		var out struct {
+			Entries []struct {
+				Path     string    `json:"path"`
+				Size     int64     `json:"size"`
+				Type     string    `json:"type"`
+				Modified time.Time `json:"modified"`
+			}
+		}
+		raw, err := c.call("GET", sb(pos[0])+"/files?path="+url.QueryEscape(dir), nil, &out)
+		if err != nil || *asJSON {
+			return printed(raw, err)
+		}
+		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+		for _, e := range out.Entries {
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", e.Type, e.Size, e.Modified.Local().Format(time.DateTime), e.Path)
+		}
+		tw.Flush()
+	case "put":
+		if !need(2, "sandbox ID and LOCAL file") {
+			return 2
+		}
+		remote := filepath.Base(pos[1])
+		if len(pos) > 2 {
+			remote = pos[2]
+		}
+		f, err := os.Open(pos[1])
+		if err != nil {
+			return clientFail(sub, err)
+		}
+		defer f.Close()
+		resp, err := c.do("PUT", sb(pos[0])+"/files/"+escapePath(remote), f, "application/octet-stream", "")
+		if err != nil {
+			return clientFail(sub, err)
+		}
+		defer resp.Body.Close()
+		if *asJSON {
+			io.Copy(os.Stdout, resp.Body)
+		}
+	case "get":
+		if !need(2, "sandbox ID and REMOTE path") {
+			return 2
+		}
+		local := path.Base(pos[1])
+		if len(pos) > 2 {
+			local = pos[2]
+		}
+		resp, err := c.do("GET", sb(pos[0])+"/files/"+escapePath(pos[1]), nil, "", "")
+		if err != nil {
+			return clientFail(sub, err)
+		}
+		defer resp.Body.Close()
+		var w io.Writer = os.Stdout
+		if local != "-" {
+			f, err := os.OpenFile(local, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+			if err != nil {
+				return clientFail(sub, fmt.Errorf("%w (not overwriting an existing file)", err))
+			}
+			defer f.Close()
+			w = f
+		}
+		if _, err := io.Copy(w, resp.Body); err != nil {
+			return clientFail(sub, err)
+		}
+	case "rm":
+		if !need(2, "sandbox ID and PATH") {
+			return 2
+		}
+		_, err := c.call("DELETE", sb(pos[0])+"/files/"+escapePath(pos[1]), nil, nil)
+		if err != nil {
+			return clientFail(sub, err)
+		}
+	case "interrupt", "restart":
+		if !need(1, "sandbox ID") {
+			return 2
+		}
+		raw, err := c.call("POST", sb(pos[0])+"/"+sub, nil, nil)
+		if err != nil || *asJSON {
+			return printed(raw, err)
+		}
+	case "kill":
+		if !need(1, "sandbox ID") {
+			return 2
+		}
+		for _, id := range pos {
+			if _, err := c.call("DELETE", sb(id), nil, nil); err != nil {
+				return clientFail(sub, err)
+			}
+		}
+	default:
+		fmt.Fprintf(os.Stderr, "vivarium sandbox: unknown subcommand %q\n\n%s", sub, sandboxUsage)
+		return 2
+	}
+	return 0
+}
+
+func clientFail(sub string, err error) int {
+	fmt.Fprintf(os.Stderr, "vivarium sandbox %s: %v\n", sub, err)
+	var ae *apiError
+	if errors.As(err, &ae) && ae.Status == http.StatusNotFound {
+		return 3
+	}
+	return 1
+}
+
+func escapePath(p string) string {
+	parts := strings.Split(p, "/")
+	for i, s := range parts {
+		parts[i] = url.PathEscape(s)
+	}
+	return strings.Join(parts, "/")
+}
+
+// codeFrom reads code from -c, a file, or standard input ("-").
+func codeFrom(code string, pos []string) (string, error) {
+	switch {
+	case code != "" && len(pos) > 0:
+		return "", errors.New("give either -c CODE or a file, not both")
+	case code != "":
+		return code, nil
+	case len(pos) == 0:
+		return "", errors.New("nothing to run: give a FILE, -c CODE, or - for standard input")
+	case pos[0] == "-":
+		b, err := io.ReadAll(io.LimitReader(os.Stdin, 32<<20))
+		return string(b), err
+	default:
+		b, err := os.ReadFile(pos[0])
+		return string(b), err
+	}
+}
+
+// stream runs an execution or command with NDJSON streaming, printing
+// output as it arrives, and returns the exit status to use.
+func (c *apiClient) stream(p string, req map[string]any) int {
+	body, _ := json.Marshal(req)
+	resp, err := c.do("POST", p, bytes.NewReader(body), "application/json", "application/x-ndjson")
+	if err != nil {
+		return clientFail("exec", err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 64<<20)
+	for sc.Scan() {
+		var ev struct {
+			Type   string          `json:"type"`
+			Text   string          `json:"text"`
+			Result sandbox.Output  `json:"result"`
+			Error  json.RawMessage `json:"error"`
+			// The summary of an execution or a command.
+			Summary *struct {
+				Status   sandbox.Status `json:"status"`
+				ExitCode int            `json:"exit_code"`
+				Error    any            `json:"error"`
+			} `json:"summary"`
+		}
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			fmt.Fprintf(os.Stderr, "vivarium: malformed event from the server: %v\n", err)
+			return 1
+		}
+		switch ev.Type {
+		case "stdout":
+			os.Stdout.WriteString(ev.Text)
+		case "stderr":
+			os.Stderr.WriteString(ev.Text)
+		case "result":
+			showResult(ev.Result)
+		case "error":
+			var e sandbox.Error
+			if json.Unmarshal(ev.Error, &e) == nil && e.Traceback != "" {
+				fmt.Fprint(os.Stderr, strings.TrimSuffix(e.Traceback, "\n")+"\n")
+			} else if e.Name != "" {
+				fmt.Fprintf(os.Stderr, "%s: %s\n", e.Name, e.Value)
+			}
+		case "end":
+			if ev.Summary == nil {
+				var e struct{ Message string }
+				json.Unmarshal(ev.Error, &e)
+				fmt.Fprintf(os.Stderr, "vivarium: %s\n", e.Message)
+				return 1
+			}
+			if s := ev.Summary.Status; s == sandbox.StatusTimeout || s == sandbox.StatusMemoryLimit || s == sandbox.StatusKilled {
+				fmt.Fprintf(os.Stderr, "vivarium: %s\n", s)
+			}
+			return ev.Summary.ExitCode
+		}
+	}
+	if err := sc.Err(); err != nil {
+		fmt.Fprintf(os.Stderr, "vivarium: %v\n", err)
+	} else {
+		fmt.Fprintln(os.Stderr, "vivarium: the server ended the stream early")
+	}
+	return 1
+}
+
+// showResult prints a rich result the way a terminal can: its text, and
+// where an image was produced, a note (images are kept with --json).
+func showResult(o sandbox.Output) {
+	if o.Text != "" {
+		fmt.Println(o.Text)
+	}
+	if o.PNG != "" {
+		n := base64.StdEncoding.DecodedLen(len(o.PNG))
+		fmt.Fprintf(os.Stderr, "[image/png, about %s; use --json to keep it]\n", formatSize(int64(n)))
+	}
+}

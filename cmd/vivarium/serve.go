@@ -1,0 +1,348 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
+	"github.com/vivarium-sandbox/vivarium/internal/httpapi"
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/service"
+	"github.com/vivarium-sandbox/vivarium/internal/store"
+)
+
+// serveConfig is every setting of `vivarium serve`. Each flag can also be
+// set in the environment as VIVARIUM_<FLAG> (--max-sandboxes:
+// VIVARIUM_MAX_SANDBOXES); a flag on the command line wins.
+type serveConfig struct {
+	listen       string
+	dataDir      string
+	dev          bool
+	logFormat    string
+	logLevel     string
+	cgroupParent string
+	noCgroups    bool
+	grace        time.Duration
+
+	maxSandboxes, maxSandboxesPerKey     int
+	maxExecutions, maxExecutionsPerKey   int
+	idle, maxIdle, lifetime, maxLifetime time.Duration
+	memory, disk, maxOutput              sizeFlag
+	pids                                 int
+	timeout                              time.Duration
+	cpus                                 float64
+}
+
+func serveFlags(c *serveConfig) *flag.FlagSet {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `Usage: vivarium serve [flags]
+
+Serves stateful sandboxes over HTTP (see /openapi.json). Clients
+authenticate with API keys made by "vivarium keys create"; --dev serves
+without keys, on loopback only. Every flag may also be set in the
+environment: --max-sandboxes is VIVARIUM_MAX_SANDBOXES.
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	c.memory, c.disk, c.maxOutput = 2<<30, 1<<30, 16<<20
+	fs.StringVar(&c.listen, "listen", "127.0.0.1:8080", "`ADDRESS` to listen on")
+	fs.StringVar(&c.dataDir, "data-dir", defaultDataDir(), "`DIR` for the database of keys and the audit log")
+	fs.BoolVar(&c.dev, "dev", false, "development mode: no API keys, loopback only")
+	fs.StringVar(&c.logFormat, "log-format", "text", "log format: text or json")
+	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fs.StringVar(&c.cgroupParent, "cgroup-parent", "vivarium-serve",
+		"cgroup every sandbox is created under; one server per parent (leftovers in it are removed at start)")
+	fs.BoolVar(&c.noCgroups, "insecure-no-cgroups", false,
+		"run without cgroups when the host has none: memory and process limits per process (rlimits), not per sandbox")
+	fs.DurationVar(&c.grace, "shutdown-grace", 10*time.Second, "on SIGTERM, how long executions may finish before they are interrupted")
+	fs.IntVar(&c.maxSandboxes, "max-sandboxes", 1000, "live sandboxes on this server")
+	fs.IntVar(&c.maxSandboxesPerKey, "max-sandboxes-per-key", 50, "live sandboxes per API key (a key's own quota wins)")
+	fs.IntVar(&c.maxExecutions, "max-executions", 256, "executions, commands and one-shot runs at once on this server")
+	fs.IntVar(&c.maxExecutionsPerKey, "max-executions-per-key", 16, "executions at once per API key (a key's own quota wins)")
+	fs.DurationVar(&c.idle, "idle-timeout", 5*time.Minute, "default idle timeout of a sandbox")
+	fs.DurationVar(&c.maxIdle, "max-idle-timeout", 24*time.Hour, "largest idle timeout a client may ask for")
+	fs.DurationVar(&c.lifetime, "lifetime", time.Hour, "default maximum lifetime of a sandbox")
+	fs.DurationVar(&c.maxLifetime, "max-lifetime", 24*time.Hour, "largest maximum lifetime a client may ask for")
+	fs.Var(&c.memory, "max-memory", "largest memory limit a client may ask for (the default is 512MiB)")
+	fs.Var(&c.disk, "max-disk", "largest disk limit a client may ask for (the default is 256MiB)")
+	fs.Var(&c.maxOutput, "max-output", "largest output limit per stream a client may ask for (the default is 1MiB)")
+	fs.IntVar(&c.pids, "max-pids", 1024, "largest pids limit a client may ask for (the default is 64)")
+	fs.DurationVar(&c.timeout, "max-timeout", time.Hour, "longest execution a client may ask for (the default is 30s)")
+	fs.Float64Var(&c.cpus, "cpus", 0, "CPU cap of every sandbox in cores (0: none; each sandbox still gets only its fair share)")
+	return fs
+}
+
+// defaultDataDir follows the XDG base directories for users, and /var/lib
+// for root, which runs the native backend.
+func defaultDataDir() string {
+	if os.Geteuid() == 0 {
+		return "/var/lib/vivarium"
+	}
+	if d := os.Getenv("XDG_DATA_HOME"); d != "" {
+		return filepath.Join(d, "vivarium")
+	}
+	if h, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(h, ".local", "share", "vivarium")
+	}
+	return "vivarium-data"
+}
+
+// envDefaults sets each flag not given on the command line from
+// VIVARIUM_<NAME>, where NAME is the flag's name upper-cased with dashes
+// as underscores.
+func envDefaults(fs *flag.FlagSet) error {
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		name := "VIVARIUM_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if v, ok := os.LookupEnv(name); ok {
+			if err := f.Value.Set(v); err != nil {
+				errs = append(errs, fmt.Errorf("%s=%q: %v", name, v, err))
+			}
+		}
+	})
+	return errors.Join(errs...)
+}
+
+// validate lists everything wrong with the configuration at once.
+func (c *serveConfig) validate() error {
+	var errs []error
+	check := func(bad bool, msg string) {
+		if bad {
+			errs = append(errs, errors.New(msg))
+		}
+	}
+	host, _, err := net.SplitHostPort(c.listen)
+	check(err != nil, fmt.Sprintf("--listen %q: want HOST:PORT", c.listen))
+	check(c.dev && err == nil && !isLoopback(host),
+		fmt.Sprintf("--dev serves without API keys and listens on loopback only; %q is not a loopback address", c.listen))
+	check(c.logFormat != "text" && c.logFormat != "json", "--log-format must be text or json")
+	_, lerr := parseLevel(c.logLevel)
+	check(lerr != nil, "--log-level must be debug, info, warn or error")
+	check(c.maxSandboxes < 1 || c.maxSandboxesPerKey < 1, "--max-sandboxes and --max-sandboxes-per-key must be at least 1")
+	check(c.maxExecutions < 1 || c.maxExecutionsPerKey < 1, "--max-executions and --max-executions-per-key must be at least 1")
+	check(c.idle <= 0 || c.maxIdle < c.idle, "--idle-timeout must be positive and at most --max-idle-timeout")
+	check(c.lifetime <= 0 || c.maxLifetime < c.lifetime, "--lifetime must be positive and at most --max-lifetime")
+	check(c.grace < 0, "--shutdown-grace must not be negative")
+	check(c.dataDir == "", "--data-dir must not be empty")
+	max := c.maxLimits()
+	if err := max.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+func (c *serveConfig) maxLimits() sandbox.Limits {
+	return sandbox.Limits{Memory: int64(c.memory), Disk: int64(c.disk), MaxOutput: int64(c.maxOutput), Pids: c.pids,
+		Timeout: c.timeout, CPUs: c.cpus}
+}
+
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	return l, l.UnmarshalText([]byte(s))
+}
+
+func (c *serveConfig) logger() *slog.Logger {
+	level, _ := parseLevel(c.logLevel)
+	opts := &slog.HandlerOptions{Level: level}
+	if c.logFormat == "json" {
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts))
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, opts))
+}
+
+func cmdServe(args []string) int {
+	var c serveConfig
+	fs := serveFlags(&c)
+	if err := envDefaults(fs); err != nil {
+		fmt.Fprintf(os.Stderr, "vivarium serve: %v\n", err)
+		return 2
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "vivarium serve: unexpected arguments: %s\n", strings.Join(fs.Args(), " "))
+		return 2
+	}
+	if err := c.validate(); err != nil {
+		fmt.Fprintf(os.Stderr, "vivarium serve: %v\n", err)
+		return 2
+	}
+	log := c.logger()
+	if err := serve(&c, log); err != nil {
+		log.Error("vivarium serve stopped", "err", err)
+		return 1
+	}
+	return 0
+}
+
+func serve(c *serveConfig, log *slog.Logger) error {
+	// One server per cgroup parent: the sweep below would otherwise kill
+	// another server's sandboxes.
+	unlock, err := lockParent(c.cgroupParent)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+
+	st, err := store.Open(c.dataDir)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+
+	b, err := native.New(native.Config{CgroupParent: c.cgroupParent, InsecureNoCgroups: c.noCgroups, Logger: log})
+	if err != nil {
+		return err
+	}
+	// What a crashed predecessor left: its sandboxes died with it, their
+	// cgroups did not.
+	if swept, err := b.Sweep(); err != nil {
+		return fmt.Errorf("remove what an earlier server left: %w", err)
+	} else if len(swept) > 0 {
+		log.Warn("removed sandboxes an earlier server left behind", "count", len(swept), "ids", swept)
+	}
+	if !b.CPUShares() {
+		log.Warn("no cpu cgroup controller: a sandbox running many processes gets more CPU than its share")
+	}
+
+	var auth httpapi.Authenticator
+	var keyring *store.Keyring
+	if c.dev {
+		log.Warn("DEVELOPMENT MODE: no API keys; anyone who can reach " + c.listen + " can run code. Never expose this port.")
+	} else {
+		keyring = store.NewKeyring(st, 2*time.Second)
+		auth = keyring
+		if n, err := st.CountKeys(context.Background()); err != nil {
+			return err
+		} else if n == 0 {
+			log.Warn("no API keys yet: every request will be refused; create one with: vivarium keys create NAME",
+				"data_dir", c.dataDir)
+		}
+	}
+	audit := store.NewAuditLog(st, log)
+	defer audit.Close()
+
+	svcCfg := service.Config{
+		Backend:               b,
+		MaxLimits:             c.maxLimits(),
+		DefaultIdle:           c.idle,
+		MaxIdle:               c.maxIdle,
+		DefaultLifetime:       c.lifetime,
+		MaxLifetime:           c.maxLifetime,
+		MaxPerOwner:           c.maxSandboxesPerKey,
+		MaxTotal:              c.maxSandboxes,
+		MaxExecutionsPerOwner: c.maxExecutionsPerKey,
+		MaxExecutions:         c.maxExecutions,
+		Audit:                 audit.Record,
+		Logger:                log,
+	}
+	if keyring != nil {
+		svcCfg.Quota = keyring.Quota
+	}
+	svc := service.New(svcCfg)
+	api := httpapi.New(svc, auth, log)
+
+	ln, err := net.Listen("tcp", c.listen)
+	if err != nil {
+		svc.Close()
+		return err
+	}
+	srv := &http.Server{
+		Handler:           api,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+	}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	log.Info("vivarium serving", "addr", ln.Addr().String(), "data_dir", c.dataDir, "dev", c.dev,
+		"cgroup_version", b.CgroupVersion())
+
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGTERM, os.Interrupt)
+	defer signal.Stop(sigs)
+	select {
+	case err := <-serveErr:
+		svc.Close()
+		return err
+	case sig := <-sigs:
+		log.Info("shutting down", "signal", sig.String(), "grace", c.grace)
+	}
+
+	// Stop accepting; let executions finish within the grace period, then
+	// interrupt them; destroy every sandbox. A second signal cuts the wait.
+	ctx, cancel := context.WithTimeout(context.Background(), c.grace)
+	defer cancel()
+	go func() {
+		select {
+		case <-sigs:
+			log.Warn("second signal: not waiting any longer")
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	httpDone := make(chan struct{})
+	go func() {
+		// Requests in flight (streams included) end when their executions
+		// do, which Shutdown below brings about.
+		srv.Shutdown(context.Background())
+		close(httpDone)
+	}()
+	err = svc.Shutdown(ctx)
+	select {
+	case <-httpDone:
+	case <-time.After(5 * time.Second):
+		srv.Close()
+	}
+	log.Info("stopped", "sandboxes_left", svc.Live())
+	return err
+}
+
+// lockParent takes an exclusive lock that names the cgroup parent, held
+// for the life of the process; the kernel releases it however the process
+// ends.
+func lockParent(parent string) (func(), error) {
+	dir := "/run/vivarium"
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	name := filepath.Join(dir, strings.ReplaceAll(parent, "/", "_")+".lock")
+	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("another vivarium server uses the cgroup parent %q (lock %s); give this one its own with --cgroup-parent", parent, name)
+	}
+	return func() { f.Close() }, nil
+}
