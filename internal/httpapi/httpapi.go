@@ -483,6 +483,10 @@ func decode(w http.ResponseWriter, r *http.Request, v any) bool {
 		writeError(w, http.StatusBadRequest, "invalid_request", "invalid JSON body: "+err.Error())
 		return false
 	}
+	if dec.More() {
+		writeError(w, http.StatusBadRequest, "invalid_request", "invalid JSON body: more than one JSON value")
+		return false
+	}
 	return true
 }
 

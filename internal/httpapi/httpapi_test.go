@@ -39,9 +39,18 @@ func (k keys) Owner(tok string) (string, error) {
 }
 
 type client struct {
-	t   *testing.T
+	t   testing.TB
 	url string
 	key string
+}
+
+func (c client) jsonOf(body []byte) map[string]any {
+	c.t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal(body, &m); err != nil {
+		c.t.Fatalf("%v: %s", err, body)
+	}
+	return m
 }
 
 func (c client) do(method, path string, body any) (int, []byte) {
@@ -83,7 +92,7 @@ func (c client) json(method, path string, body any, want int) map[string]any {
 	return m
 }
 
-func newServer(t *testing.T) (*httptest.Server, *service.Service) {
+func newServer(t testing.TB) (*httptest.Server, *service.Service) {
 	t.Helper()
 	testutil.RequireRoot(t)
 	testutil.RequirePython(t)

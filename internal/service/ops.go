@@ -29,6 +29,23 @@ func (s *Service) Execute(ctx context.Context, owner, id string, req sandbox.Exe
 	if err := s.boundExec(b, req.Timeout, req.CPUTime); err != nil {
 		return nil, err
 	}
+	if err := sandbox.ValidateEnv(req.Env); err != nil {
+		return nil, err
+	}
+	// A busy sandbox is the caller's own sequencing problem (409), told
+	// before any quota (429) that the busy execution itself may fill.
+	b.mu.Lock()
+	busy := b.executing
+	b.executing = true
+	b.mu.Unlock()
+	if busy {
+		return nil, fmt.Errorf("%w: an execution is running in this sandbox; wait for it or interrupt it", sandbox.ErrBusy)
+	}
+	defer func() {
+		b.mu.Lock()
+		b.executing = false
+		b.mu.Unlock()
+	}()
 	release, err := s.acquire(owner)
 	if err != nil {
 		return nil, err
@@ -146,6 +163,9 @@ func (s *Service) Command(ctx context.Context, owner, id string, req CommandRequ
 		return nil, fmt.Errorf("%w: empty command", sandbox.ErrInvalidSpec)
 	}
 	if err := s.boundExec(b, req.Timeout, 0); err != nil {
+		return nil, err
+	}
+	if err := sandbox.ValidateEnv(req.Env); err != nil {
 		return nil, err
 	}
 	timeout := req.Timeout

@@ -148,7 +148,8 @@ type Box struct {
 	mu          sync.Mutex // guards the fields below
 	expiresAt   time.Time
 	executions  int
-	running     int // executions and commands in progress
+	running     int  // executions and commands in progress
+	executing   bool // an execution is in progress
 	closeReason string
 }
 

@@ -1,0 +1,329 @@
+package httpapi_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/vivarium-sandbox/vivarium/internal/httpapi"
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/service"
+	"github.com/vivarium-sandbox/vivarium/internal/workspace"
+)
+
+// fakeBackend makes sandboxes without isolation, for tests of the HTTP
+// layer alone: decoding, routing, errors. Their workspace is a real
+// confined directory; Execute echoes the code, or blocks on "block".
+type fakeBackend struct{ dir string }
+
+func (f *fakeBackend) Name() string { return "fake" }
+
+func (f *fakeBackend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
+	if err := spec.Validate(); err != nil {
+		return nil, err
+	}
+	d, err := os.MkdirTemp(f.dir, "ws")
+	if err != nil {
+		return nil, err
+	}
+	ws, err := workspace.Open(d, os.Getuid(), os.Getgid())
+	if err != nil {
+		return nil, err
+	}
+	return &fakeSandbox{ws: ws, release: make(chan struct{})}, nil
+}
+
+type fakeSandbox struct {
+	ws      *workspace.Dir
+	mu      sync.Mutex
+	busy    bool
+	release chan struct{}
+}
+
+func (s *fakeSandbox) ID() string { return "fake" }
+func (s *fakeSandbox) Execute(ctx context.Context, req sandbox.ExecRequest, sink sandbox.Sink) (*sandbox.Result, error) {
+	s.mu.Lock()
+	if s.busy {
+		s.mu.Unlock()
+		return nil, sandbox.ErrBusy
+	}
+	s.busy = true
+	s.mu.Unlock()
+	defer func() { s.mu.Lock(); s.busy = false; s.mu.Unlock() }()
+	if req.Code == "block" {
+		select {
+		case <-s.release:
+		case <-ctx.Done():
+		}
+	}
+	if sink != nil {
+		sink.Stdout([]byte(req.Code))
+	}
+	return &sandbox.Result{Status: sandbox.StatusOK, Stdout: req.Code, Results: []sandbox.Output{}}, nil
+}
+func (s *fakeSandbox) Interrupt() error {
+	select {
+	case s.release <- struct{}{}:
+	default:
+	}
+	return nil
+}
+func (s *fakeSandbox) Restart(context.Context) error { return nil }
+func (s *fakeSandbox) Start(context.Context, sandbox.Command) (sandbox.Process, error) {
+	return nil, fmt.Errorf("%w: no commands in the fake", sandbox.ErrUnsupported)
+}
+func (s *fakeSandbox) Workspace() sandbox.Workspace { return s.ws }
+func (s *fakeSandbox) Close() error                 { return s.ws.Close() }
+
+// fakeServer serves the API over fake sandboxes, and fails the test if a
+// handler panics (net/http would otherwise recover and hide it).
+func fakeServer(t testing.TB, cfg service.Config) (*httptest.Server, *service.Service) {
+	t.Helper()
+	cfg.Backend = &fakeBackend{dir: t.TempDir()}
+	svc := service.New(cfg)
+	api := httpapi.New(svc, keys{"alice-key": "alice", "bob-key": "bob"}, nil)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			if p := recover(); p != nil {
+				t.Errorf("handler panicked on %s %s: %v", r.Method, r.URL, p)
+				panic(p)
+			}
+		}()
+		api.ServeHTTP(w, r)
+	}))
+	t.Cleanup(func() { srv.Close(); svc.Close() })
+	return srv, svc
+}
+
+// Every error is JSON with a code and a message written for the caller:
+// no Go error chains, no stack traces, no internal paths.
+func checkErrorBody(t testing.TB, what string, code int, body []byte) {
+	t.Helper()
+	if code < 400 {
+		return
+	}
+	var e struct {
+		Error struct{ Code, Message string }
+	}
+	if code == 404 && !bytes.HasPrefix(body, []byte("{")) {
+		return // the mux's own "404 page not found" for unknown routes
+	}
+	if err := json.Unmarshal(body, &e); err != nil || e.Error.Code == "" || e.Error.Message == "" {
+		t.Errorf("%s: %d with a body that is not a JSON error: %q", what, code, body)
+	}
+	for _, leak := range []string{"goroutine ", "panic", "/tmp/", "/proc/", ".go:"} {
+		if strings.Contains(string(body), leak) {
+			t.Errorf("%s: the error shows internals (%q): %s", what, leak, body)
+		}
+	}
+}
+
+func TestBadInputGetsClearErrors(t *testing.T) {
+	srv, _ := fakeServer(t, service.Config{})
+	c := client{t, srv.URL, "alice-key"}
+	id := c.json("POST", "/v1/sandboxes", nil, 201)["id"].(string)
+	base := "/v1/sandboxes/" + id
+	cases := []struct {
+		method, path string
+		body         any
+		want         int
+	}{
+		{"POST", base + "/execute", []byte("{not json"), 400},
+		{"POST", base + "/execute", []byte(`{"code": 1}`), 400},
+		{"POST", base + "/execute", []byte(`{"code": "1"} {"code": "2"}`), 400},
+		{"POST", base + "/execute", []byte("[]"), 400},
+		{"POST", base + "/execute", []byte("{\"code\": \"\xff\xfe\"}"), 200}, // invalid UTF-8 is replaced, not fatal
+		{"POST", base + "/execute", map[string]any{"code": "1", "timeout_s": -1}, 400},
+		{"POST", base + "/execute", map[string]any{"code": "1", "timeout_s": 1e9}, 400},
+		{"POST", base + "/execute", map[string]any{"code": "1", "env": map[string]string{"A=B": "x"}}, 400},
+		{"POST", base + "/execute", map[string]any{"code": "1", "env": map[string]string{"A": "x\x00y"}}, 400},
+		{"POST", base + "/execute", []byte(`{"code": "` + strings.Repeat("x", 33<<20) + `"}`), 413},
+		{"POST", "/v1/sandboxes/sb_nope/execute", map[string]any{"code": "1"}, 404},
+		{"GET", "/v1/sandboxes/sb_nope", nil, 404},
+		{"DELETE", "/v1/sandboxes/sb_nope", nil, 404},
+		{"GET", "/v1/sandboxes/" + strings.Repeat("a", 10000), nil, 404},
+		{"POST", "/v1/sandboxes", map[string]any{"timeout_s": -5}, 400},
+		{"POST", "/v1/sandboxes", map[string]any{"timeout_s": 1e12}, 400},
+		{"POST", "/v1/sandboxes", map[string]any{"limits": map[string]any{"pids": -1}}, 400},
+		{"POST", "/v1/sandboxes", map[string]any{"limits": map[string]any{"memory": "lots"}}, 400},
+		{"POST", "/v1/sandboxes", map[string]any{"metadata": map[string]string{strings.Repeat("k", 300): "v"}}, 400},
+		{"POST", base + "/timeout", map[string]any{"timeout_s": 0}, 400},
+		{"GET", base + "/files?depth=x", nil, 400},
+		{"GET", base + "/files?depth=1000", nil, 400},
+		{"GET", base + "/files/missing.txt", nil, 404},
+		{"GET", base + "/files?path=../..", nil, 400},
+		{"PUT", base + "/files/%2e%2e/escape", []byte("x"), 400},
+		{"PUT", base + "/files/a/../../escape", []byte("x"), 404}, // the mux cleans the path: no such route
+		{"DELETE", base + "/files/.", nil, 400},
+		{"POST", base + "/commands", map[string]any{"cmd": ""}, 400},
+		{"POST", "/v1/execute", map[string]any{"code": "1", "files": map[string]string{"a": "not base64!"}}, 400},
+		{"POST", "/v1/execute", map[string]any{"code": "1", "limits": map[string]any{"disk": 1}}, 400},
+	}
+	for _, tc := range cases {
+		code, body := c.do(tc.method, tc.path, tc.body)
+		what := tc.method + " " + tc.path
+		if len(what) > 80 {
+			what = what[:80]
+		}
+		if code != tc.want {
+			t.Errorf("%s: %d, want %d: %.200s", what, code, tc.want, body)
+		}
+		checkErrorBody(t, what, code, body)
+	}
+}
+
+// A second execution while one runs is refused with 409, and the quota of
+// executions at once per key gives 429.
+func TestBusyAndExecutionQuota(t *testing.T) {
+	srv, svc := fakeServer(t, service.Config{MaxExecutionsPerOwner: 2})
+	c := client{t, srv.URL, "alice-key"}
+	a := c.json("POST", "/v1/sandboxes", nil, 201)["id"].(string)
+	b := c.json("POST", "/v1/sandboxes", nil, 201)["id"].(string)
+	x := c.json("POST", "/v1/sandboxes", nil, 201)["id"].(string)
+	var wg sync.WaitGroup
+	for _, id := range []string{a, b} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.json("POST", "/v1/sandboxes/"+id+"/execute", map[string]any{"code": "block"}, 200)
+		}()
+	}
+	waitRunning := func(id string) {
+		for range 500 {
+			info, _ := svc.Info("alice", id)
+			if info.State == "running" {
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		t.Fatalf("%s never ran", id)
+	}
+	waitRunning(a)
+	waitRunning(b)
+	code, body := c.do("POST", "/v1/sandboxes/"+a+"/execute", map[string]any{"code": "1"})
+	if code != 409 {
+		t.Errorf("execute in a busy sandbox: %d %s", code, body)
+	}
+	checkErrorBody(t, "busy", code, body)
+	code, body = c.do("POST", "/v1/sandboxes/"+x+"/execute", map[string]any{"code": "1"})
+	if code != 429 || !strings.Contains(string(body), "2 executions at once") {
+		t.Errorf("third execution at once: %d %s", code, body)
+	}
+	// Another key is not held back by alice's quota.
+	bob := client{t, srv.URL, "bob-key"}
+	y := bob.json("POST", "/v1/sandboxes", nil, 201)["id"].(string)
+	bob.json("POST", "/v1/sandboxes/"+y+"/execute", map[string]any{"code": "1"}, 200)
+	c.json("POST", "/v1/sandboxes/"+a+"/interrupt", nil, 200)
+	c.json("POST", "/v1/sandboxes/"+b+"/interrupt", nil, 200)
+	wg.Wait()
+	c.json("POST", "/v1/sandboxes/"+x+"/execute", map[string]any{"code": "1"}, 200)
+}
+
+// Shutdown refuses new work with 503, lets the running execution end
+// (here: interrupted when the grace period is over), and closes every
+// sandbox.
+func TestShutdownDrains(t *testing.T) {
+	srv, svc := fakeServer(t, service.Config{})
+	c := client{t, srv.URL, "alice-key"}
+	id := c.json("POST", "/v1/sandboxes", nil, 201)["id"].(string)
+	done := make(chan int)
+	go func() {
+		code, _ := c.do("POST", "/v1/sandboxes/"+id+"/execute", map[string]any{"code": "block"})
+		done <- code
+	}()
+	for range 500 {
+		if info, _ := svc.Info("alice", id); info.State == "running" {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	shut := make(chan error)
+	go func() { shut <- svc.Shutdown(ctx) }()
+	time.Sleep(50 * time.Millisecond)
+	code, body := c.do("POST", "/v1/sandboxes", nil)
+	if code != 503 {
+		t.Errorf("create while shutting down: %d %s", code, body)
+	}
+	if code := <-done; code != 200 {
+		t.Errorf("the running execution ended with %d", code)
+	}
+	if err := <-shut; err != nil {
+		t.Fatal(err)
+	}
+	if svc.Live() != 0 {
+		t.Fatalf("%d sandboxes left", svc.Live())
+	}
+}
+
+// FuzzRequests sends arbitrary methods, paths and bodies to every route:
+// the server must never panic and must answer every error with JSON.
+func FuzzRequests(f *testing.F) {
+	routes := []string{"/v1/sandboxes", "/v1/sandboxes/ID", "/v1/sandboxes/ID/execute", "/v1/sandboxes/ID/timeout",
+		"/v1/sandboxes/ID/commands", "/v1/sandboxes/ID/files", "/v1/sandboxes/ID/files/a/b.txt", "/v1/execute",
+		"/v1/sandboxes/ID/interrupt", "/v1/sandboxes/ID/restart"}
+	for i, r := range routes {
+		for _, body := range []string{"", "{}", `{"code": "print(1)"}`, `{"timeout_s": -1}`, `{"limits": {"memory": 1e30}}`,
+			`{"files": {"../x": "AA=="}}`, "\xff\xfe", `{"env": {"": ""}}`} {
+			f.Add(uint8(i), []string{"GET", "POST", "PUT", "DELETE"}[i%4], r, body)
+		}
+	}
+	f.Add(uint8(0), "PUT", "/v1/sandboxes/ID/files/../../etc/passwd", "x")
+	f.Add(uint8(0), "GET", "/v1/sandboxes/ID/files?path=%00&depth=99999999999999999999", "")
+	srv, _ := fakeServer(f, service.Config{MaxPerOwner: 1000})
+	c := &http.Client{Timeout: 10 * time.Second}
+	var idOnce sync.Once
+	var id string
+	f.Fuzz(func(t *testing.T, _ uint8, method, path, body string) {
+		idOnce.Do(func() {
+			resp, err := doRaw(c, srv.URL, "POST", "/v1/sandboxes", "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var info struct{ ID string }
+			json.NewDecoder(resp.Body).Decode(&info)
+			resp.Body.Close()
+			id = info.ID
+		})
+		if !utf8.ValidString(method) || strings.ContainsAny(method, " \t\r\n") || method == "" || len(method) > 16 {
+			return
+		}
+		if !strings.HasPrefix(path, "/") || strings.ContainsAny(path, " \r\n\t#") {
+			return
+		}
+		path = strings.ReplaceAll(path, "ID", id)
+		resp, err := doRaw(c, srv.URL, method, path, body)
+		if err != nil {
+			return // the client refused to send it
+		}
+		out, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		resp.Body.Close()
+		if resp.StatusCode >= 500 && resp.StatusCode != 501 && resp.StatusCode != 503 {
+			t.Errorf("%s %s %q: %d %s", method, path, body, resp.StatusCode, out)
+		}
+		if resp.StatusCode != 405 {
+			checkErrorBody(t, method+" "+path, resp.StatusCode, out)
+		}
+	})
+}
+
+func doRaw(c *http.Client, base, method, path, body string) (*http.Response, error) {
+	req, err := http.NewRequest(method, base+path, strings.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer alice-key")
+	return c.Do(req)
+}
+
