@@ -326,4 +326,3 @@ func doRaw(c *http.Client, base, method, path, body string) (*http.Response, err
 	req.Header.Set("Authorization", "Bearer alice-key")
 	return c.Do(req)
 }
-
