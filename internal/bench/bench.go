@@ -1,0 +1,246 @@
+// Package bench measures how long it takes to run a piece of Python in a
+// sandbox, for Vivarium and for its peers (python3 alone, bubblewrap,
+// gVisor, Docker, Jupyter kernels), in one run on one machine, and reports
+// each peer as a ratio to Vivarium.
+//
+// The engine (Subject, Run, Report) knows nothing of what it measures: a row
+// of the report is a Subject whose Run function does one iteration of a
+// workload and checks its outcome. Rows are grouped by workload; within a
+// workload, one row is the Reference (Vivarium's) and every other row's
+// ratio is its median over the reference's median. The subjects the
+// `vivarium bench` command measures are built by Subjects (subjects_linux.go).
+//
+// Iterations run one after the other, never overlapping, so that latency
+// rows do not compete for the machine's cores; throughput rows (Options.Concurrency)
+// are the only place where iterations overlap.
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"regexp"
+	"time"
+)
+
+// A Subject is one row of the report: something that runs one iteration of
+// a workload.
+type Subject struct {
+	// Workload names the work every row of a group does ("W1 print(1)").
+	// Ratios are only taken within a workload.
+	Workload string
+	// Name identifies the row within its workload.
+	Name string
+	// Reference marks the row the others of its workload are compared with.
+	// A workload has at most one.
+	Reference bool
+	// Peer marks rows that are not Vivarium: they never change the exit
+	// status of the bench, whatever happens to them.
+	Peer bool
+	// Skip, when not empty, says why the subject cannot run on this host
+	// (and what to install); the row is printed with the reason.
+	Skip string
+	// Setup, if set, runs once before the first iteration and is not
+	// timed. An error fails the row and skips its iterations. It bounds its
+	// own duration.
+	Setup func(ctx context.Context) error
+	// Run does one iteration and checks its outcome: an iteration that
+	// printed the wrong thing is an error, not a fast run. It must be safe
+	// for concurrent use, as throughput rows call it from several
+	// goroutines at once.
+	Run func(ctx context.Context) error
+	// Teardown, if set, runs after the last iteration, also when Setup
+	// failed.
+	Teardown func() error
+}
+
+// key is what Options.Only is matched against.
+func (s *Subject) key() string { return s.Workload + " / " + s.Name }
+
+// Options say how much to measure.
+type Options struct {
+	// Iterations is the number of measured iterations per row (at least 1).
+	Iterations int
+	// WarmUp iterations run before the measured ones and are not counted:
+	// they fill the page cache and start what a subject starts lazily.
+	WarmUp int
+	// Only selects rows whose "WORKLOAD / NAME" matches; nil selects all.
+	// The reference row of a selected row's workload always runs, so that
+	// ratios can be taken.
+	Only *regexp.Regexp
+	// Concurrency > 0 adds a throughput measurement to every row:
+	// Concurrency clients run iterations back to back for Duration.
+	Concurrency int
+	Duration    time.Duration
+	// Timeout bounds one iteration; default 2 minutes.
+	Timeout time.Duration
+	// MaxConsecutiveErrors ends a row early after that many failed
+	// iterations in a row (a broken peer should not cost Iterations
+	// timeouts); default 3.
+	MaxConsecutiveErrors int
+	// Progress, if set, receives a line per row as it is measured.
+	Progress io.Writer
+	// Now gives the report's date; default time.Now.
+	Now func() time.Time
+}
+
+func (o Options) withDefaults() Options {
+	if o.Iterations < 1 {
+		o.Iterations = 1
+	}
+	if o.WarmUp < 0 {
+		o.WarmUp = 0
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 2 * time.Minute
+	}
+	if o.MaxConsecutiveErrors <= 0 {
+		o.MaxConsecutiveErrors = 3
+	}
+	if o.Concurrency > 0 && o.Duration <= 0 {
+		o.Duration = 10 * time.Second
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return o
+}
+
+// Run measures the selected subjects one after the other, in the order
+// given, and returns the report. It never fails: a subject that cannot run
+// is a row that says so. When ctx is cancelled, rows not yet measured are
+// marked as skipped.
+func Run(ctx context.Context, subjects []Subject, opts Options) *Report {
+	opts = opts.withDefaults()
+	rep := &Report{
+		Date:        opts.Now().Format("2006-01-02"),
+		Iterations:  opts.Iterations,
+		WarmUp:      opts.WarmUp,
+		Concurrency: opts.Concurrency,
+		Duration:    Millis(opts.Duration),
+	}
+	for _, s := range selected(subjects, opts.Only) {
+		start := time.Now()
+		row, tp := measure(ctx, s, opts)
+		rep.Latency = append(rep.Latency, row)
+		if tp != nil {
+			rep.Throughput = append(rep.Throughput, *tp)
+		}
+		if opts.Progress != nil {
+			fmt.Fprintf(opts.Progress, "%s [%s]\n", progressLine(row, tp), time.Since(start).Round(100*time.Millisecond))
+		}
+	}
+	rep.computeRatios()
+	return rep
+}
+
+// selected keeps the subjects only matches, and the reference rows of
+// their workloads.
+func selected(subjects []Subject, only *regexp.Regexp) []Subject {
+	if only == nil {
+		return subjects
+	}
+	wanted := map[string]bool{}
+	for i := range subjects {
+		if only.MatchString(subjects[i].key()) {
+			wanted[subjects[i].Workload] = true
+		}
+	}
+	var out []Subject
+	for i := range subjects {
+		s := &subjects[i]
+		if only.MatchString(s.key()) || (s.Reference && wanted[s.Workload]) {
+			out = append(out, *s)
+		}
+	}
+	return out
+}
+
+// measure runs one subject: setup, warm-up, the measured iterations, the
+// throughput run if asked for, teardown.
+func measure(ctx context.Context, s Subject, opts Options) (Row, *ThroughputRow) {
+	row := Row{Workload: s.Workload, Subject: s.Name, Peer: s.Peer, Reference: s.Reference}
+	if s.Skip != "" {
+		row.Skipped = s.Skip
+		return row, nil
+	}
+	if err := ctx.Err(); err != nil {
+		row.Skipped = "interrupted"
+		return row, nil
+	}
+	if s.Teardown != nil {
+		defer func() {
+			if err := s.Teardown(); err != nil && row.FirstError == "" {
+				row.FirstError = "teardown: " + err.Error()
+			}
+		}()
+	}
+	if s.Setup != nil {
+		// No timeout of the bench's: a setup may build an image.
+		if err := s.Setup(ctx); err != nil {
+			row.Failed = true
+			row.FirstError = "setup: " + err.Error()
+			return row, nil
+		}
+	}
+	once := func() (time.Duration, error) {
+		ictx, cancel := context.WithTimeout(ctx, opts.Timeout)
+		defer cancel()
+		start := time.Now()
+		err := s.Run(ictx)
+		return time.Since(start), err
+	}
+	var times []time.Duration
+	consecutive := 0
+	for i := 0; i < opts.WarmUp+opts.Iterations && ctx.Err() == nil; i++ {
+		d, err := once()
+		if err != nil {
+			consecutive++
+			if row.FirstError == "" {
+				row.FirstError = err.Error()
+			}
+			if i >= opts.WarmUp {
+				row.Errors++
+			}
+			if consecutive >= opts.MaxConsecutiveErrors {
+				break
+			}
+			continue
+		}
+		consecutive = 0
+		if i >= opts.WarmUp {
+			times = append(times, d)
+		}
+	}
+	row.Stats = Summarize(times)
+	if row.N == 0 {
+		row.Failed = true
+		if row.FirstError == "" {
+			row.FirstError = "interrupted"
+		}
+		return row, nil
+	}
+	if opts.Concurrency <= 0 || ctx.Err() != nil {
+		return row, nil
+	}
+	tp := throughput(ctx, s, opts)
+	return row, &tp
+}
+
+func progressLine(row Row, tp *ThroughputRow) string {
+	head := row.Workload + " / " + row.Subject + ": "
+	switch {
+	case row.Skipped != "":
+		return head + "skipped: " + row.Skipped
+	case row.Failed:
+		return head + "failed: " + row.FirstError
+	}
+	line := fmt.Sprintf("%sp50 %s, p95 %s over %d runs", head, formatDuration(row.P50.D()), formatDuration(row.P95.D()), row.N)
+	if row.Errors > 0 {
+		line += fmt.Sprintf(", %d errors (first: %s)", row.Errors, row.FirstError)
+	}
+	if tp != nil {
+		line += fmt.Sprintf("; %.1f executions/s with %d clients, %d errors", tp.PerSecond, tp.Clients, tp.Errors)
+	}
+	return line
+}

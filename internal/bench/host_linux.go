@@ -1,0 +1,77 @@
+package bench
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Host describes the machine a report was measured on: figures from
+// different machines are not comparable, ratios from one run are.
+type Host struct {
+	Kernel      string `json:"kernel"`
+	Arch        string `json:"arch"`
+	CPUs        int    `json:"cpus"`
+	MemoryBytes int64  `json:"memory_bytes"`
+	Cgroup      string `json:"cgroup"` // "v2", "v1 (hybrid)" or "v1"
+	Vivarium    string `json:"vivarium,omitempty"`
+}
+
+func (h Host) String() string {
+	s := fmt.Sprintf("Linux %s %s, %d %s, %.1f GiB, cgroup %s", h.Kernel, h.Arch, h.CPUs,
+		plural(h.CPUs, "CPU", "CPUs"), float64(h.MemoryBytes)/(1<<30), h.Cgroup)
+	if h.Vivarium != "" {
+		s += ", vivarium " + h.Vivarium
+	}
+	return s
+}
+
+// ReadHost describes this machine.
+func ReadHost() Host {
+	var uts unix.Utsname
+	unix.Uname(&uts)
+	return Host{
+		Kernel:      unix.ByteSliceToString(uts.Release[:]),
+		Arch:        runtime.GOARCH,
+		CPUs:        runtime.NumCPU(),
+		MemoryBytes: memTotal(),
+		Cgroup:      cgroupMode(),
+	}
+}
+
+func memTotal() int64 {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		// MemTotal:       24588536 kB
+		if f := strings.Fields(sc.Text()); len(f) >= 2 && f[0] == "MemTotal:" {
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+func cgroupMode() string {
+	isV2 := func(path string) bool {
+		var st unix.Statfs_t
+		return unix.Statfs(path, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC
+	}
+	switch {
+	case isV2("/sys/fs/cgroup"):
+		return "v2"
+	case isV2("/sys/fs/cgroup/unified"):
+		return "v1 (hybrid)"
+	default:
+		return "v1"
+	}
+}

@@ -1,0 +1,277 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+)
+
+// Config says where Vivarium and its peers are.
+type Config struct {
+	// Vivarium is the binary timed as `vivarium run -c CODE`.
+	Vivarium string
+	// Backend runs the in-process rows. When nil, BackendErr says why, and
+	// every Vivarium row is skipped with it.
+	Backend    sandbox.Backend
+	BackendErr error
+	// Python is the interpreter every subject runs; default /usr/bin/python3.
+	Python string
+	// DockerImage is the image `docker run` uses; built from the host's
+	// Python when missing. Default DefaultDockerImage.
+	DockerImage string
+}
+
+// DefaultDockerImage is the image the docker row runs, made by `docker
+// import` from the host's own Python and libraries (no registry needed).
+const DefaultDockerImage = "vivarium-bench-python"
+
+// Subjects returns the rows `vivarium bench` measures, in the order
+// printed: for the one-shot workloads W1 and W2, Vivarium's CLI (the
+// reference) and in-process RunOnce, then python3 alone, bubblewrap,
+// gVisor, Docker and a Jupyter kernel per request; for the warm workload W3,
+// a running Vivarium sandbox (the reference) and a running Jupyter kernel.
+// Subjects that this host cannot run carry the reason in Skip. Looking
+// runs a few short programs (python3 imports, docker version).
+func Subjects(ctx context.Context, cfg Config) []Subject {
+	if cfg.Python == "" {
+		cfg.Python = sandbox.DefaultPython
+	}
+	if cfg.DockerImage == "" {
+		cfg.DockerImage = DefaultDockerImage
+	}
+	py := cfg.Python
+
+	vivSkip := ""
+	switch {
+	case cfg.Backend == nil && cfg.BackendErr != nil:
+		vivSkip = cfg.BackendErr.Error()
+	case cfg.Backend == nil:
+		vivSkip = "no sandbox backend"
+	}
+	cliSkip := vivSkip
+	if cliSkip == "" && cfg.Vivarium == "" {
+		cliSkip = "no vivarium binary"
+	}
+	pySkip := ""
+	if _, err := os.Stat(py); err != nil {
+		pySkip = fmt.Sprintf("%s missing (apt install python3)", py)
+	}
+	bwrapSkip := missing("bwrap", "apt install bubblewrap")
+	runscSkip := missing("runsc", "apt install runsc")
+	if runscSkip == "" && os.Geteuid() != 0 {
+		runscSkip = "runsc do runs as root here"
+	}
+	dockerSkip := dockerAvailable(ctx)
+	jupyterSkip := firstOf(pySkip, pythonImports(ctx, py, "jupyter_client", "ipykernel",
+		"apt install python3-jupyter-client python3-ipykernel"))
+	pandasSkip := firstOf(pySkip, pythonImports(ctx, py, "pandas", "", "apt install python3-pandas"))
+
+	var out []Subject
+	for _, w := range []Workload{W1, W2} {
+		wSkip := ""
+		if w.ID == W2.ID {
+			wSkip = pandasSkip
+		}
+		cmd := func(argv ...string) func(context.Context) error {
+			return command{argv: argv, env: peerEnv(), want: w.Want}.run
+		}
+		jp := &jupyter{python: py, w: w}
+		d := &dockerRun{image: cfg.DockerImage, python: py, w: w}
+		out = append(out,
+			Subject{
+				Workload: w.Label(), Name: "vivarium run -c (CLI)", Reference: true,
+				Skip: firstOf(cliSkip, wSkip),
+				Run:  cmd(cfg.Vivarium, "run", "-c", w.Code),
+			},
+			Subject{
+				Workload: w.Label(), Name: "vivarium RunOnce (in-process)",
+				Skip: firstOf(vivSkip, wSkip),
+				Run:  oneShot(cfg.Backend, w),
+			},
+			Subject{
+				Workload: w.Label(), Name: "python3 -c (no isolation)", Peer: true,
+				Skip: firstOf(pySkip, wSkip),
+				Run:  cmd(py, "-c", w.Code),
+			},
+			Subject{
+				Workload: w.Label(), Name: "bwrap python3 -c (bubblewrap)", Peer: true,
+				Skip: firstOf(bwrapSkip, pySkip, wSkip),
+				Run:  cmd(append(bwrapArgs(), py, "-c", w.Code)...),
+			},
+			Subject{
+				Workload: w.Label(), Name: "runsc do python3 -c (gVisor)", Peer: true,
+				Skip: firstOf(runscSkip, pySkip, wSkip),
+				Run:  cmd("runsc", "--network=none", "do", py, "-c", w.Code),
+			},
+			Subject{
+				Workload: w.Label(), Name: "docker run python3 -c", Peer: true,
+				Skip:  firstOf(dockerSkip, pySkip, wSkip),
+				Setup: d.setup, Run: d.run,
+			},
+			Subject{
+				Workload: w.Label(), Name: "jupyter kernel per request", Peer: true,
+				Skip:  firstOf(jupyterSkip, wSkip),
+				Setup: jp.setup, Run: jp.run, Teardown: jp.teardown,
+			},
+		)
+	}
+
+	w := W3
+	var ws *warmSandboxes
+	warm := Subject{Workload: w.Label(), Name: "vivarium sandbox, warm (Execute)", Reference: true, Skip: vivSkip}
+	if cfg.Backend != nil {
+		ws = newWarmSandboxes(cfg.Backend, w)
+		warm.Setup, warm.Run, warm.Teardown = ws.setup, ws.run, ws.teardown
+	}
+	jp := &jupyter{python: py, w: w, warm: true}
+	out = append(out, warm, Subject{
+		Workload: w.Label(), Name: "jupyter kernel, warm (execute)", Peer: true,
+		Skip:  jupyterSkip,
+		Setup: jp.setup, Run: jp.run, Teardown: jp.teardown,
+	})
+	return out
+}
+
+// bwrapArgs give bubblewrap about what a Vivarium sandbox has: every
+// namespace unshared (network included), the host's /usr read-only with the
+// merged-usr links, the /etc files numpy's BLAS needs, its own /proc, a
+// minimal /dev and a private /tmp. Vivarium adds seccomp, cgroups, a
+// size-limited workspace and a synthetic /etc, which bwrap alone does not.
+func bwrapArgs() []string {
+	args := []string{"bwrap", "--unshare-all", "--die-with-parent", "--new-session",
+		"--ro-bind", "/usr", "/usr",
+		"--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
+	}
+	for _, p := range []string{"/etc/alternatives", "/etc/ld.so.cache"} {
+		if _, err := os.Stat(p); err == nil {
+			args = append(args, "--ro-bind", p, p)
+		}
+	}
+	return append(args, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--chdir", "/tmp")
+}
+
+// dockerRun times `docker run --rm --network none IMAGE python3 -c CODE`.
+type dockerRun struct {
+	image, python string
+	w             Workload
+}
+
+// setup builds the image when it is missing.
+func (d *dockerRun) setup(ctx context.Context) error {
+	if exec.CommandContext(ctx, "docker", "image", "inspect", d.image).Run() == nil {
+		return nil
+	}
+	return buildDockerImage(ctx, d.image)
+}
+
+func (d *dockerRun) run(ctx context.Context) error {
+	argv := []string{"docker", "run", "--rm", "--network", "none"}
+	for _, kv := range peerEnv() {
+		argv = append(argv, "--env", kv)
+	}
+	argv = append(argv, d.image, d.python, "-c", d.w.Code)
+	// The docker client keeps the host's environment: DOCKER_HOST and its
+	// configuration say which daemon to talk to. The container gets only
+	// the variables above.
+	return command{argv: argv, env: os.Environ(), want: d.w.Want}.run(ctx)
+}
+
+// buildDockerImage makes an image of the host's Python, its packages and
+// the libraries they load, with `tar | docker import`: no registry and no
+// base image needed, and the container runs the very same Python as every
+// other row.
+func buildDockerImage(ctx context.Context, image string) error {
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Minute)
+	defer cancel()
+	var paths []string
+	for _, pattern := range []string{
+		"bin", "lib", "lib64", "usr/bin/python3*", "usr/lib/python3*", "usr/local/lib/python3*",
+		"usr/lib/*-linux-gnu", "usr/lib64", "usr/share/zoneinfo", "etc/alternatives", "etc/ld.so.cache",
+	} {
+		m, _ := filepath.Glob("/" + pattern)
+		for _, p := range m {
+			paths = append(paths, strings.TrimPrefix(p, "/"))
+		}
+	}
+	tar := exec.CommandContext(ctx, "tar", append([]string{"-C", "/", "-cf", "-"}, paths...)...)
+	imp := exec.CommandContext(ctx, "docker", "import",
+		"--change", "ENV PATH=/usr/bin:/bin", "--change", "ENV LANG=C.UTF-8", "-", image)
+	pipe, err := tar.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	imp.Stdin = pipe
+	var tarErr, impErr capBuffer
+	tar.Stderr, imp.Stderr = &tarErr, &impErr
+	if err := imp.Start(); err != nil {
+		return fmt.Errorf("docker import: %w", err)
+	}
+	if err := tar.Run(); err != nil {
+		imp.Wait()
+		return fmt.Errorf("build image %s: tar: %v: %s", image, err, lastLine(tarErr.String()))
+	}
+	if err := imp.Wait(); err != nil {
+		return fmt.Errorf("build image %s: docker import: %v: %s", image, err, lastLine(impErr.String()))
+	}
+	return nil
+}
+
+// dockerAvailable is empty when a docker daemon answers, else why not.
+// The bench never starts a daemon itself.
+func dockerAvailable(ctx context.Context) string {
+	if s := missing("docker", "apt install docker.io"); s != "" {
+		return s
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if exec.CommandContext(ctx, "docker", "version", "--format", "{{.Server.Version}}").Run() != nil {
+		return "no docker daemon (start dockerd; see docs/benchmarks.md)"
+	}
+	return ""
+}
+
+func missing(program, install string) string {
+	if _, err := exec.LookPath(program); err != nil {
+		return fmt.Sprintf("%s not installed (%s)", program, install)
+	}
+	return ""
+}
+
+// pythonImports is empty when python imports the modules, else the reason
+// and how to install them.
+func pythonImports(ctx context.Context, python, mod1, mod2, install string) string {
+	code := "import " + mod1
+	mods := mod1
+	if mod2 != "" {
+		code += ", " + mod2
+		mods += " and " + mod2
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, python, "-c", code)
+	cmd.Env = peerEnv()
+	if err := cmd.Run(); err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return fmt.Sprintf("python3 lacks %s (%s)", mods, install)
+		}
+		return err.Error()
+	}
+	return ""
+}
+
+func firstOf(reasons ...string) string {
+	for _, r := range reasons {
+		if r != "" {
+			return r
+		}
+	}
+	return ""
+}
