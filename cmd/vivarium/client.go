@@ -447,10 +447,12 @@ func (c *apiClient) stream(p string, req map[string]any) int {
 			}
 		case "end":
 			if ev.Summary == nil {
-				var e struct{ Message string }
+				var e struct {
+					Message string
+					Status  int
+				}
 				json.Unmarshal(ev.Error, &e)
-				fmt.Fprintf(os.Stderr, "vivarium: %s\n", e.Message)
-				return 1
+				return clientFail("exec", &apiError{Status: e.Status, Message: e.Message})
 			}
 			if s := ev.Summary.Status; s == sandbox.StatusTimeout || s == sandbox.StatusMemoryLimit || s == sandbox.StatusKilled {
 				fmt.Fprintf(os.Stderr, "vivarium: %s\n", s)

@@ -34,6 +34,7 @@ type serveConfig struct {
 	logFormat    string
 	logLevel     string
 	cgroupParent string
+	uidBase      uint
 	noCgroups    bool
 	grace        time.Duration
 
@@ -68,6 +69,8 @@ Flags:
 	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&c.cgroupParent, "cgroup-parent", "vivarium-serve",
 		"cgroup every sandbox is created under; one server per parent (leftovers in it are removed at start)")
+	fs.UintVar(&c.uidBase, "uid-base", native.DefaultUIDBase,
+		"host `UID` that root of every sandbox maps to (65536 uids from there must belong to nobody)")
 	fs.BoolVar(&c.noCgroups, "insecure-no-cgroups", false,
 		"run without cgroups when the host has none: memory and process limits per process (rlimits), not per sandbox")
 	fs.DurationVar(&c.grace, "shutdown-grace", 10*time.Second, "on SIGTERM, how long executions may finish before they are interrupted")
@@ -140,6 +143,7 @@ func (c *serveConfig) validate() error {
 	check(c.lifetime <= 0 || c.maxLifetime < c.lifetime, "--lifetime must be positive and at most --max-lifetime")
 	check(c.grace < 0, "--shutdown-grace must not be negative")
 	check(c.dataDir == "", "--data-dir must not be empty")
+	check(c.uidBase < 100000 || c.uidBase > 1<<32-1<<17, "--uid-base must be between 100000 and 4294836224")
 	max := c.maxLimits()
 	if err := max.Validate(); err != nil {
 		errs = append(errs, err)
@@ -218,7 +222,8 @@ func serve(c *serveConfig, log *slog.Logger) error {
 	}
 	defer st.Close()
 
-	b, err := native.New(native.Config{CgroupParent: c.cgroupParent, InsecureNoCgroups: c.noCgroups, Logger: log})
+	b, err := native.New(native.Config{CgroupParent: c.cgroupParent, UIDBase: uint32(c.uidBase),
+		InsecureNoCgroups: c.noCgroups, Logger: log})
 	if err != nil {
 		return err
 	}

@@ -409,25 +409,31 @@ func wantsStream(r *http.Request, flag bool) bool {
 	return flag || strings.Contains(r.Header.Get("Accept"), "application/x-ndjson")
 }
 
-// stream writes NDJSON events as output arrives.
+// stream writes NDJSON events as output arrives. The response starts with
+// the first event, so that an error before any output (an unknown sandbox,
+// a busy one, a quota) is still answered with its own status code.
 type stream struct {
-	mu  sync.Mutex
-	w   http.ResponseWriter
-	rc  *http.ResponseController
-	log *slog.Logger
+	srv     *Server
+	mu      sync.Mutex
+	w       http.ResponseWriter
+	rc      *http.ResponseController
+	started bool
 }
 
 func (s *Server) newStream(w http.ResponseWriter) *stream {
-	w.Header().Set("Content-Type", "application/x-ndjson")
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(http.StatusOK)
-	return &stream{w: w, rc: http.NewResponseController(w), log: s.log}
+	return &stream{srv: s, w: w, rc: http.NewResponseController(w)}
 }
 
 func (s *stream) event(v any) {
 	b, _ := json.Marshal(v)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if !s.started {
+		s.started = true
+		s.w.Header().Set("Content-Type", "application/x-ndjson")
+		s.w.Header().Set("X-Content-Type-Options", "nosniff")
+		s.w.WriteHeader(http.StatusOK)
+	}
 	s.w.Write(append(b, '\n'))
 	s.rc.Flush()
 }
@@ -445,10 +451,17 @@ func (s *stream) Result(o sandbox.Output) {
 // end writes the error, if any, and the summary.
 func (s *stream) end(res any, err error) {
 	if err != nil {
+		s.mu.Lock()
+		started := s.started
+		s.mu.Unlock()
+		if !started {
+			s.srv.fail(s.w, err)
+			return
+		}
 		code, kind := classify(err)
 		msg := err.Error()
 		if code == http.StatusInternalServerError {
-			s.log.Error("internal error", "err", err)
+			s.srv.log.Error("internal error", "err", err)
 			msg = "internal error: the server's log has the details"
 		}
 		s.event(map[string]any{"type": "end", "error": map[string]any{"code": kind, "status": code, "message": msg}})

@@ -1,0 +1,373 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
+)
+
+// Servers started by these tests use their own cgroup parent and uid range,
+// apart from the `vivarium run` tests of this package.
+const (
+	serveParent  = "vivarium-serve-test"
+	serveUIDBase = native.DefaultUIDBase + 5<<24
+)
+
+// syncBuffer collects a process's output while the test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+type server struct {
+	cmd     *exec.Cmd
+	url     string
+	dataDir string
+	log     *syncBuffer
+	exited  chan struct{}
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// startServer runs `vivarium serve` as its own process and waits until it
+// answers.
+func startServer(t *testing.T, dataDir string, extra ...string) *server {
+	t.Helper()
+	addr := freePort(t)
+	args := append([]string{"serve", "--listen", addr, "--data-dir", dataDir, "--cgroup-parent", serveParent,
+		"--uid-base", fmt.Sprint(serveUIDBase)}, extra...)
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), "VIVARIUM_TEST_MAIN=1")
+	s := &server{cmd: cmd, url: "http://" + addr, dataDir: dataDir, log: &syncBuffer{}, exited: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = s.log, s.log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { cmd.Wait(); close(s.exited) }()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-s.exited
+		if t.Failed() {
+			t.Logf("server log:\n%s", s.log)
+		}
+	})
+	testutil.WaitFor(t, 20*time.Second, "the server to answer", func() bool {
+		select {
+		case <-s.exited:
+			t.Fatalf("the server exited: %s", s.log)
+		default:
+		}
+		resp, err := http.Get(s.url + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err == nil && resp.StatusCode == 200
+	})
+	return s
+}
+
+// cliAs runs a vivarium subcommand as a client of s with key.
+func (s *server) cliAs(t *testing.T, key string, stdin string, args ...string) cli {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), "VIVARIUM_TEST_MAIN=1", "VIVARIUM_URL="+s.url, "VIVARIUM_API_KEY="+key,
+		"VIVARIUM_DATA_DIR="+s.dataDir)
+	cmd.Stdin = strings.NewReader(stdin)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return cli{out.String(), errb.String(), code}
+}
+
+func createKey(t *testing.T, dataDir, name string) (token, id string) {
+	t.Helper()
+	r := vivarium(t, "", "keys", "create", "--data-dir", dataDir, "--json", name)
+	if r.code != 0 {
+		t.Fatalf("keys create: %d %s", r.code, r.stderr)
+	}
+	var out struct {
+		Token string
+		Key   struct{ ID string }
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil {
+		t.Fatal(err)
+	}
+	return out.Token, out.Key.ID
+}
+
+// The whole path a user takes by hand: keys, a server, the CLI client
+// creating a sandbox, keeping state, files in and out, a chart, a shell
+// command, another key seeing nothing, the audit log, revocation.
+func TestServeEndToEnd(t *testing.T) {
+	needSandbox(t)
+	testutil.RequirePythonModules(t, "pandas", "matplotlib")
+	dataDir := t.TempDir()
+	alice, aliceID := createKey(t, dataDir, "alice")
+	bob, _ := createKey(t, dataDir, "bob")
+	srv := startServer(t, dataDir)
+
+	must := func(r cli, what string) cli {
+		t.Helper()
+		if r.code != 0 {
+			t.Fatalf("%s: exit %d\nstdout: %s\nstderr: %s", what, r.code, r.stdout, r.stderr)
+		}
+		return r
+	}
+	id := strings.TrimSpace(must(srv.cliAs(t, alice, "", "sandbox", "create", "--idle-timeout", "2m"), "create").stdout)
+	if !strings.HasPrefix(id, "sb_") {
+		t.Fatalf("id %q", id)
+	}
+	must(srv.cliAs(t, alice, "", "sandbox", "exec", id, "-c", "x = 41"), "exec 1")
+	if r := must(srv.cliAs(t, alice, "", "sandbox", "exec", id, "-c", "x + 1"), "exec 2"); r.stdout != "42\n" {
+		t.Fatalf("state not kept: %q", r.stdout)
+	}
+	csv := filepath.Join(t.TempDir(), "sales.csv")
+	os.WriteFile(csv, []byte("month,sales\njan,10\nfeb,14\nmar,9\n"), 0o644)
+	must(srv.cliAs(t, alice, "", "sandbox", "put", id, csv, "data/sales.csv"), "put")
+	r := must(srv.cliAs(t, alice, `
+import pandas as pd
+import matplotlib.pyplot as plt
+df = pd.read_csv("data/sales.csv")
+print(df["sales"].sum())
+df.plot(x="month", y="sales").get_figure().savefig("sales.png")
+`, "sandbox", "exec", id, "-"), "plot")
+	if !strings.HasPrefix(r.stdout, "33\n") {
+		t.Fatalf("pandas: %q %s", r.stdout, r.stderr)
+	}
+	png := filepath.Join(t.TempDir(), "sales.png")
+	must(srv.cliAs(t, alice, "", "sandbox", "get", id, "sales.png", png), "get")
+	if b, _ := os.ReadFile(png); !bytes.HasPrefix(b, []byte("\x89PNG")) {
+		t.Fatalf("downloaded file is not a PNG: %.20q", b)
+	}
+	if r := must(srv.cliAs(t, alice, "", "sandbox", "sh", id, "ls", "data"), "sh"); r.stdout != "sales.csv\n" {
+		t.Fatalf("sh: %q", r.stdout)
+	}
+	if r := srv.cliAs(t, alice, "", "sandbox", "exec", id, "-c", "1/0"); r.code != 1 || !strings.Contains(r.stderr, "ZeroDivisionError") {
+		t.Fatalf("exception: %+v", r)
+	}
+	if r := must(srv.cliAs(t, alice, "", "sandbox", "list"), "list"); !strings.Contains(r.stdout, id) {
+		t.Fatalf("list: %s", r.stdout)
+	}
+
+	// Bob sees nothing of alice's sandbox.
+	if r := srv.cliAs(t, bob, "", "sandbox", "exec", id, "-c", "x"); r.code != 3 || !strings.Contains(r.stderr, "not found") {
+		t.Fatalf("bob reached alice's sandbox: %+v", r)
+	}
+	if r := must(srv.cliAs(t, bob, "", "sandbox", "list"), "bob list"); strings.Contains(r.stdout, id) {
+		t.Fatalf("bob lists alice's sandbox: %s", r.stdout)
+	}
+	if r := srv.cliAs(t, "viv_forged", "", "sandbox", "list"); r.code == 0 || !strings.Contains(r.stderr, "401") {
+		t.Fatalf("a forged key: %+v", r)
+	}
+
+	// The audit log has alice's executions, with the hash of the code.
+	r = must(vivarium(t, "", "audit", "--data-dir", dataDir, "--key", aliceID, "--json"), "audit")
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if len(lines) < 5 {
+		t.Fatalf("audit: %d records:\n%s", len(lines), r.stdout)
+	}
+	var last struct{ Kind, Status string }
+	json.Unmarshal([]byte(lines[0]), &last)
+	if last.Status != "error" || last.Kind != "execute" {
+		t.Fatalf("newest audit record: %s", lines[0])
+	}
+
+	must(srv.cliAs(t, alice, "", "sandbox", "kill", id), "kill")
+	if r := srv.cliAs(t, alice, "", "sandbox", "info", id); r.code != 3 {
+		t.Fatalf("killed sandbox still answers: %+v", r)
+	}
+
+	// A revoked key stops working within the cache's few seconds.
+	must(vivarium(t, "", "keys", "revoke", "--data-dir", dataDir, "bob"), "revoke")
+	testutil.WaitFor(t, 10*time.Second, "the revoked key to be refused", func() bool {
+		return srv.cliAs(t, bob, "", "sandbox", "list").code != 0
+	})
+}
+
+// groupProcs lists the host pids in the test server's sandbox cgroups.
+func groupProcs() []int {
+	var pids []int
+	files, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/pids", serveParent, "*", "cgroup.procs"))
+	v2, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", serveParent, "*", "cgroup.procs"))
+	for _, f := range append(files, v2...) {
+		b, _ := os.ReadFile(f)
+		for _, s := range strings.Fields(string(b)) {
+			if n, err := strconv.Atoi(s); err == nil {
+				pids = append(pids, n)
+			}
+		}
+	}
+	return pids
+}
+
+// After SIGKILL of the server, no sandbox process survives it, and the
+// next server removes the cgroups the dead one left.
+func TestServeCleansUpAfterKill9(t *testing.T) {
+	needSandbox(t)
+	dataDir := t.TempDir()
+	token, _ := createKey(t, dataDir, "k")
+	srv := startServer(t, dataDir)
+	id := strings.TrimSpace(srv.cliAs(t, token, "", "sandbox", "create").stdout)
+	// A daemon that double-forks and ignores signals, and a busy execution.
+	r := srv.cliAs(t, token, "", "sandbox", "sh", id, "(trap '' TERM HUP INT; setsid sleep 1000 &) ; echo started")
+	if r.stdout != "started\n" {
+		t.Fatalf("sh: %+v", r)
+	}
+	busy := exec.Command(os.Args[0], "sandbox", "exec", id, "-c", "while True: pass")
+	busy.Env = append(os.Environ(), "VIVARIUM_TEST_MAIN=1", "VIVARIUM_URL="+srv.url, "VIVARIUM_API_KEY="+token)
+	if err := busy.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Wait()
+	time.Sleep(300 * time.Millisecond)
+	pids := groupProcs()
+	if len(pids) < 3 {
+		t.Fatalf("sandbox processes: %v", pids)
+	}
+	srv.cmd.Process.Signal(syscall.SIGKILL)
+	<-srv.exited
+	testutil.WaitFor(t, 10*time.Second, "the sandbox's processes to die with the server", func() bool {
+		for _, p := range pids {
+			if syscall.Kill(p, 0) == nil {
+				return false
+			}
+		}
+		return true
+	})
+	if left := testutil.CgroupsUnder(serveParent); len(left) == 0 {
+		t.Log("no cgroup was left behind to sweep (the kernel removed none, so nothing to prove here)")
+	}
+	srv2 := startServer(t, dataDir)
+	if left := testutil.CgroupsUnder(serveParent); len(left) > 0 {
+		t.Fatalf("cgroups left after restart: %v", left)
+	}
+	if !strings.Contains(srv2.log.String(), "removed sandboxes an earlier server left behind") {
+		t.Errorf("the restarted server did not report its sweep:\n%s", srv2.log)
+	}
+	// A second server on the same cgroup parent is refused: its sweep
+	// would kill the first one's sandboxes.
+	r = vivarium(t, "", "serve", "--listen", freePort(t), "--data-dir", t.TempDir(), "--cgroup-parent", serveParent)
+	if r.code == 0 || !strings.Contains(r.stderr, "another vivarium server uses the cgroup parent") {
+		t.Fatalf("second server on the same parent: %+v", r)
+	}
+}
+
+// SIGTERM: new work is refused, a running execution that ignores
+// KeyboardInterrupt is ended after the grace period, every sandbox is
+// destroyed, and the server exits 0.
+func TestServeGracefulShutdown(t *testing.T) {
+	needSandbox(t)
+	dataDir := t.TempDir()
+	token, _ := createKey(t, dataDir, "k")
+	srv := startServer(t, dataDir, "--shutdown-grace", "1s")
+	id := strings.TrimSpace(srv.cliAs(t, token, "", "sandbox", "create").stdout)
+	long := exec.Command(os.Args[0], "sandbox", "exec", id, "-c", `
+import time
+print("running", flush=True)
+while True:
+    try:
+        time.sleep(0.05)
+    except KeyboardInterrupt:
+        print("ignored", flush=True)
+`)
+	long.Env = append(os.Environ(), "VIVARIUM_TEST_MAIN=1", "VIVARIUM_URL="+srv.url, "VIVARIUM_API_KEY="+token)
+	var longOut bytes.Buffer
+	long.Stdout = &longOut
+	if err := long.Start(); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 10*time.Second, "the execution to run", func() bool { return len(groupProcs()) >= 2 })
+	time.Sleep(200 * time.Millisecond)
+	start := time.Now()
+	srv.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-srv.exited:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the server did not exit within 30 s of SIGTERM")
+	}
+	t.Logf("exited %v after SIGTERM", time.Since(start).Round(time.Millisecond))
+	if code := srv.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Errorf("exit status %d", code)
+	}
+	long.Wait()
+	if !strings.Contains(longOut.String(), "ignored") {
+		t.Errorf("the execution was not interrupted: %q", longOut.String())
+	}
+	if left := testutil.CgroupsUnder(serveParent); len(left) > 0 {
+		t.Errorf("cgroups left: %v", left)
+	}
+	if p := groupProcs(); len(p) > 0 {
+		t.Errorf("processes left: %v", p)
+	}
+}
+
+func TestServeRefusesBadConfig(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--dev", "--listen", "0.0.0.0:8080"}, "loopback only"},
+		{[]string{"--listen", "nonsense"}, "want HOST:PORT"},
+		{[]string{"--log-format", "xml"}, "--log-format"},
+		{[]string{"--max-memory", "1KiB"}, "memory must be"},
+		{[]string{"--idle-timeout", "2h", "--max-idle-timeout", "1h"}, "--idle-timeout"},
+		{[]string{"stray"}, "unexpected arguments"},
+	} {
+		r := vivarium(t, "", append([]string{"serve"}, c.args...)...)
+		if r.code != 2 || !strings.Contains(r.stderr, c.want) {
+			t.Errorf("serve %v: exit %d, stderr %q; want 2 and %q", c.args, r.code, r.stderr, c.want)
+		}
+	}
+	cmd := exec.Command(os.Args[0], "serve", "--listen", "nonsense")
+	cmd.Env = append(os.Environ(), "VIVARIUM_TEST_MAIN=1", "VIVARIUM_LISTEN=also-nonsense")
+	out, _ := cmd.CombinedOutput()
+	if !strings.Contains(string(out), `"nonsense"`) {
+		t.Errorf("the flag should win over the environment: %s", out)
+	}
+	cmd = exec.Command(os.Args[0], "serve")
+	cmd.Env = append(os.Environ(), "VIVARIUM_TEST_MAIN=1", "VIVARIUM_MAX_SANDBOXES=many")
+	out, _ = cmd.CombinedOutput()
+	if !strings.Contains(string(out), "VIVARIUM_MAX_SANDBOXES") {
+		t.Errorf("a bad environment setting is not named: %s", out)
+	}
+}
