@@ -109,7 +109,7 @@ func (s *Server) wrap(route Route, h http.HandlerFunc) http.Handler {
 func (s *Server) handler(name string) http.HandlerFunc {
 	switch name {
 	case "health":
-		return func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, map[string]any{"ok": true}) }
+		return func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, okResponse{OK: true}) }
 	case "metrics":
 		return func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "text/plain; version=0.0.4")
@@ -121,7 +121,7 @@ func (s *Server) handler(name string) http.HandlerFunc {
 		return s.create
 	case "list":
 		return func(w http.ResponseWriter, r *http.Request) {
-			writeJSON(w, 200, map[string]any{"sandboxes": s.svc.List(owner(r))})
+			writeJSON(w, 200, sandboxList{Sandboxes: s.svc.List(owner(r))})
 		}
 	case "get":
 		return func(w http.ResponseWriter, r *http.Request) {
@@ -142,11 +142,11 @@ func (s *Server) handler(name string) http.HandlerFunc {
 		return s.execute
 	case "interrupt":
 		return func(w http.ResponseWriter, r *http.Request) {
-			s.respond(w, map[string]any{"ok": true}, s.svc.Interrupt(owner(r), r.PathValue("id")))
+			s.respond(w, okResponse{OK: true}, s.svc.Interrupt(owner(r), r.PathValue("id")))
 		}
 	case "restart":
 		return func(w http.ResponseWriter, r *http.Request) {
-			s.respond(w, map[string]any{"ok": true, "state_lost": true}, s.svc.Restart(r.Context(), owner(r), r.PathValue("id")))
+			s.respond(w, restartResponse{OK: true, StateLost: true}, s.svc.Restart(r.Context(), owner(r), r.PathValue("id")))
 		}
 	case "command":
 		return s.command
@@ -166,27 +166,59 @@ func (s *Server) handler(name string) http.HandlerFunc {
 
 // LimitsRequest is how clients ask for limits.
 type LimitsRequest struct {
-	Memory   int64   `json:"memory,omitempty"`
-	CPUTimeS float64 `json:"cpu_time_s,omitempty"`
-	TimeoutS float64 `json:"timeout_s,omitempty"` // per execution
-	Pids     int     `json:"pids,omitempty"`
-	Disk     int64   `json:"disk,omitempty"`
-	Output   int64   `json:"max_output,omitempty"`
+	Memory   int64   `json:"memory,omitempty" doc:"bytes of memory, swap off"`
+	CPUTimeS float64 `json:"cpu_time_s,omitempty" doc:"CPU seconds per execution, all processes together"`
+	TimeoutS float64 `json:"timeout_s,omitempty" doc:"wall-clock seconds per execution"`
+	Pids     int     `json:"pids,omitempty" doc:"processes and threads at once"`
+	Disk     int64   `json:"disk,omitempty" doc:"bytes of /workspace, /tmp and /dev/shm together"`
+	Output   int64   `json:"max_output,omitempty" doc:"bytes kept per stream; the rest is dropped and flagged"`
+	CPUs     float64 `json:"cpus,omitempty" doc:"CPU cap in cores"`
 }
 
 func (l LimitsRequest) limits() sandbox.Limits {
 	return sandbox.Limits{Memory: l.Memory, CPUTime: seconds(l.CPUTimeS), Timeout: seconds(l.TimeoutS),
-		Pids: l.Pids, Disk: l.Disk, MaxOutput: l.Output}
+		Pids: l.Pids, Disk: l.Disk, MaxOutput: l.Output, CPUs: l.CPUs}
 }
+
+type timeoutRequest struct {
+	TimeoutS float64 `json:"timeout_s" doc:"new idle timeout from now, seconds"`
+}
+
+// Responses that are not a service type.
+type (
+	okResponse      struct{ OK bool `json:"ok"` }
+	restartResponse struct {
+		OK        bool `json:"ok"`
+		StateLost bool `json:"state_lost"`
+	}
+	sandboxList struct {
+		Sandboxes []service.Info `json:"sandboxes"`
+	}
+	fileEntry struct {
+		Path     string    `json:"path" doc:"relative to the workspace"`
+		Name     string    `json:"name"`
+		Size     int64     `json:"size"`
+		Type     string    `json:"type" doc:"file, dir, symlink or other"`
+		Modified time.Time `json:"modified"`
+	}
+	fileList struct {
+		Path    string      `json:"path"`
+		Entries []fileEntry `json:"entries"`
+	}
+	fileWritten struct {
+		Path string `json:"path"`
+		Size int64  `json:"size"`
+	}
+)
 
 func seconds(f float64) time.Duration { return time.Duration(f * float64(time.Second)) }
 
 type createRequest struct {
-	TimeoutS     float64           `json:"timeout_s"`
-	MaxLifetimeS float64           `json:"max_lifetime_s"`
+	TimeoutS     float64           `json:"timeout_s" doc:"idle timeout in seconds"`
+	MaxLifetimeS float64           `json:"max_lifetime_s" doc:"maximum lifetime in seconds"`
 	Limits       LimitsRequest     `json:"limits"`
-	Env          map[string]string `json:"env"`
-	Metadata     map[string]string `json:"metadata"`
+	Env          map[string]string `json:"env" doc:"environment variables of every execution"`
+	Metadata     map[string]string `json:"metadata" doc:"free-form labels"`
 }
 
 func (s *Server) create(w http.ResponseWriter, r *http.Request) {
@@ -206,9 +238,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
-	var req struct {
-		TimeoutS float64 `json:"timeout_s"`
-	}
+	var req timeoutRequest
 	if !decode(w, r, &req) {
 		return
 	}
@@ -221,11 +251,11 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
 }
 
 type executeRequest struct {
-	Code     string            `json:"code"`
-	TimeoutS float64           `json:"timeout_s"`
-	CPUTimeS float64           `json:"cpu_time_s"`
-	Env      map[string]string `json:"env"`
-	Stream   bool              `json:"stream"`
+	Code     string            `json:"code" doc:"Python code; the value of a final expression is the main result"`
+	TimeoutS float64           `json:"timeout_s" doc:"wall-clock limit of this execution, seconds"`
+	CPUTimeS float64           `json:"cpu_time_s" doc:"CPU time limit of this execution, seconds"`
+	Env      map[string]string `json:"env" doc:"environment of this execution only"`
+	Stream   bool              `json:"stream" doc:"stream NDJSON events (or send Accept: application/x-ndjson)"`
 }
 
 func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
@@ -245,11 +275,11 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 }
 
 type commandRequest struct {
-	Cmd      string            `json:"cmd"`
-	Cwd      string            `json:"cwd"`
+	Cmd      string            `json:"cmd" doc:"shell command, run with /bin/sh -c"`
+	Cwd      string            `json:"cwd" doc:"working directory (default /workspace)"`
 	Env      map[string]string `json:"env"`
-	TimeoutS float64           `json:"timeout_s"`
-	Stream   bool              `json:"stream"`
+	TimeoutS float64           `json:"timeout_s" doc:"wall-clock limit, seconds"`
+	Stream   bool              `json:"stream" doc:"stream NDJSON events"`
 }
 
 func (s *Server) command(w http.ResponseWriter, r *http.Request) {
@@ -269,12 +299,12 @@ func (s *Server) command(w http.ResponseWriter, r *http.Request) {
 }
 
 type runOnceRequest struct {
-	Code     string            `json:"code"`
-	Files    map[string]string `json:"files"` // name → base64 content
+	Code     string            `json:"code" doc:"Python code"`
+	Files    map[string]string `json:"files" doc:"files placed in the workspace first: name to base64 content"`
 	Limits   LimitsRequest     `json:"limits"`
-	TimeoutS float64           `json:"timeout_s"`
+	TimeoutS float64           `json:"timeout_s" doc:"wall-clock limit, seconds"`
 	Env      map[string]string `json:"env"`
-	Stream   bool              `json:"stream"`
+	Stream   bool              `json:"stream" doc:"stream NDJSON events"`
 }
 
 func (s *Server) runOnce(w http.ResponseWriter, r *http.Request) {
@@ -333,18 +363,12 @@ func (s *Server) listFiles(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, err)
 		return
 	}
-	type entry struct {
-		Path     string    `json:"path"`
-		Name     string    `json:"name"`
-		Size     int64     `json:"size"`
-		Type     string    `json:"type"`
-		Modified time.Time `json:"modified"`
-	}
-	out := make([]entry, 0, len(entries))
+	out := fileList{Path: dir, Entries: make([]fileEntry, 0, len(entries))}
 	for _, e := range entries {
-		out = append(out, entry{Path: e.Path, Name: e.Path[strings.LastIndex(e.Path, "/")+1:], Size: e.Size, Type: e.Type, Modified: e.ModTime.UTC()})
+		out.Entries = append(out.Entries, fileEntry{Path: e.Path, Name: e.Path[strings.LastIndex(e.Path, "/")+1:], Size: e.Size,
+			Type: e.Type, Modified: e.ModTime.UTC()})
 	}
-	writeJSON(w, 200, map[string]any{"path": dir, "entries": out})
+	writeJSON(w, 200, out)
 }
 
 func (s *Server) putFile(w http.ResponseWriter, r *http.Request) {
@@ -369,7 +393,7 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, map[string]any{"path": fi.Path, "size": fi.Size})
+	writeJSON(w, http.StatusCreated, fileWritten{Path: fi.Path, Size: fi.Size})
 }
 
 func (s *Server) getFile(w http.ResponseWriter, r *http.Request) {
@@ -520,7 +544,9 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 }
 
 func writeError(w http.ResponseWriter, code int, kind, msg string) {
-	writeJSON(w, code, map[string]any{"error": map[string]any{"code": kind, "message": msg}})
+	var e errorBody
+	e.Error.Code, e.Error.Message = kind, msg
+	writeJSON(w, code, e)
 }
 
 func classify(err error) (int, string) {

@@ -5,11 +5,13 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -354,4 +356,97 @@ func TestOpenAPIMatchesServer(t *testing.T) {
 	if code != 200 || !strings.Contains(string(body), "vivarium_sandboxes_live") {
 		t.Fatalf("metrics: %d %s", code, body)
 	}
+
+	// Real answers conform to the document's schemas: right types, no
+	// field the document does not name.
+	check := func(method, path, docPath string, status int, body any) {
+		t.Helper()
+		code, out := c.do(method, path, body)
+		op := paths[docPath].(map[string]any)[strings.ToLower(method)].(map[string]any)
+		resp, ok := op["responses"].(map[string]any)[fmt.Sprint(code)].(map[string]any)
+		if code != status || !ok {
+			t.Fatalf("%s %s: %d (want %d, documented: %v): %s", method, path, code, status, ok, out)
+		}
+		schema := resp["content"].(map[string]any)["application/json"].(map[string]any)["schema"]
+		var v any
+		if err := json.Unmarshal(out, &v); err != nil {
+			t.Fatal(err)
+		}
+		if err := conforms(schema, v, "$"); err != nil {
+			t.Errorf("%s %s: %v\n%.300s", method, path, err, out)
+		}
+	}
+	id := c.json("POST", "/v1/sandboxes", nil, 201)["id"].(string)
+	sb := "/v1/sandboxes/" + id
+	check("GET", "/v1/sandboxes", "/v1/sandboxes", 200, nil)
+	check("GET", sb, "/v1/sandboxes/{id}", 200, nil)
+	check("POST", sb+"/execute", "/v1/sandboxes/{id}/execute", 200, map[string]any{
+		"code": "import matplotlib.pyplot as plt\nplt.plot([1, 2])\nprint('x')\ndisplay({'a': 1})\n1/0"})
+	check("POST", sb+"/commands", "/v1/sandboxes/{id}/commands", 200, map[string]any{"cmd": "echo hi"})
+	check("PUT", sb+"/files/a.txt", "/v1/sandboxes/{id}/files/{path}", 201, []byte("x"))
+	check("GET", sb+"/files", "/v1/sandboxes/{id}/files", 200, nil)
+	check("POST", sb+"/timeout", "/v1/sandboxes/{id}/timeout", 200, map[string]any{"timeout_s": 30})
+	check("POST", sb+"/restart", "/v1/sandboxes/{id}/restart", 200, nil)
+	check("POST", "/v1/execute", "/v1/execute", 200, map[string]any{"code": "2 + 2"})
+}
+
+// conforms checks v against the subset of JSON Schema the document uses.
+func conforms(schema any, v any, at string) error {
+	s, _ := schema.(map[string]any)
+	if s == nil {
+		return nil
+	}
+	types := []string{}
+	switch t := s["type"].(type) {
+	case string:
+		types = append(types, t)
+	case []any:
+		for _, x := range t {
+			types = append(types, x.(string))
+		}
+	}
+	if len(types) > 0 {
+		got := "null"
+		switch x := v.(type) {
+		case string:
+			got = "string"
+		case bool:
+			got = "boolean"
+		case float64:
+			got = "number"
+			if x == float64(int64(x)) && slices.Contains(types, "integer") {
+				got = "integer"
+			}
+		case []any:
+			got = "array"
+		case map[string]any:
+			got = "object"
+		}
+		if !slices.Contains(types, got) {
+			return fmt.Errorf("%s: %s, want %v", at, got, types)
+		}
+	}
+	switch x := v.(type) {
+	case []any:
+		for i, e := range x {
+			if err := conforms(s["items"], e, fmt.Sprintf("%s[%d]", at, i)); err != nil {
+				return err
+			}
+		}
+	case map[string]any:
+		props, _ := s["properties"].(map[string]any)
+		for k, e := range x {
+			sub, ok := props[k]
+			if !ok {
+				sub, ok = s["additionalProperties"]
+			}
+			if !ok {
+				return fmt.Errorf("%s.%s: not in the document", at, k)
+			}
+			if err := conforms(sub, e, at+"."+k); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }

@@ -1,66 +1,67 @@
 package httpapi
 
 import (
+	"encoding/json"
+	"reflect"
 	"regexp"
 	"strings"
+	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/service"
 )
 
 var pathParam = regexp.MustCompile(`\{([a-z]+)(\.\.\.)?\}`)
 
-// requestSchemas are the JSON bodies of the endpoints that take one.
-var requestSchemas = map[string]map[string]any{
-	"create": obj(map[string]any{
-		"timeout_s":      num("idle timeout in seconds"),
-		"max_lifetime_s": num("maximum lifetime in seconds"),
-		"limits":         limitsSchema,
-		"env":            strMap("environment variables"),
-		"metadata":       strMap("free-form labels"),
-	}),
-	"timeout": obj(map[string]any{"timeout_s": num("new idle timeout from now, seconds")}),
-	"execute": obj(map[string]any{
-		"code":       str("Python code"),
-		"timeout_s":  num("wall-clock limit for this execution"),
-		"cpu_time_s": num("CPU time limit for this execution"),
-		"env":        strMap("environment for this execution"),
-		"stream":     map[string]any{"type": "boolean", "description": "stream NDJSON events (or send Accept: application/x-ndjson)"},
-	}),
-	"command": obj(map[string]any{
-		"cmd":       str("shell command, run with /bin/sh -c"),
-		"cwd":       str("working directory (default /workspace)"),
-		"env":       strMap("environment"),
-		"timeout_s": num("wall-clock limit"),
-		"stream":    map[string]any{"type": "boolean"},
-	}),
-	"runOnce": obj(map[string]any{
-		"code":      str("Python code"),
-		"files":     strMap("files to place in the workspace: name → base64 content"),
-		"limits":    limitsSchema,
-		"timeout_s": num("wall-clock limit"),
-		"env":       strMap("environment"),
-		"stream":    map[string]any{"type": "boolean"},
-	}),
+// operation says what one route takes and answers: Go values whose types
+// the schemas are derived from, so the document cannot drift from the
+// code.
+type operation struct {
+	request  any // JSON body, or nil
+	status   int // success status
+	response any // JSON body; nil for none
+	stream   bool
+	raw      string // a non-JSON response's content type
 }
 
-var limitsSchema = obj(map[string]any{
-	"memory":     num("bytes"),
-	"cpu_time_s": num("CPU seconds per execution"),
-	"timeout_s":  num("wall-clock seconds per execution"),
-	"pids":       num("processes and threads"),
-	"disk":       num("bytes of /workspace, /tmp and /dev/shm"),
-	"max_output": num("bytes kept per stream"),
-})
-
-func obj(props map[string]any) map[string]any {
-	return map[string]any{"type": "object", "properties": props, "additionalProperties": false}
+var operations = map[string]operation{
+	"health":     {status: 200, response: okResponse{}},
+	"metrics":    {status: 200, raw: "text/plain"},
+	"openapi":    {status: 200, response: map[string]any{}},
+	"create":     {request: createRequest{}, status: 201, response: service.Info{}},
+	"list":       {status: 200, response: sandboxList{}},
+	"get":        {status: 200, response: service.Info{}},
+	"delete":     {status: 204},
+	"timeout":    {request: timeoutRequest{}, status: 200, response: service.Info{}},
+	"execute":    {request: executeRequest{}, status: 200, response: service.ExecResult{}, stream: true},
+	"interrupt":  {status: 200, response: okResponse{}},
+	"restart":    {status: 200, response: restartResponse{}},
+	"command":    {request: commandRequest{}, status: 200, response: service.CommandResult{}, stream: true},
+	"listFiles":  {status: 200, response: fileList{}},
+	"putFile":    {status: 201, response: fileWritten{}},
+	"getFile":    {status: 200, raw: "application/octet-stream"},
+	"deleteFile": {status: 204},
+	"runOnce":    {request: runOnceRequest{}, status: 200, response: sandbox.Result{}, stream: true},
 }
-func num(d string) map[string]any { return map[string]any{"type": "number", "description": d} }
-func str(d string) map[string]any { return map[string]any{"type": "string", "description": d} }
-func strMap(d string) map[string]any {
-	return map[string]any{"type": "object", "additionalProperties": map[string]any{"type": "string"}, "description": d}
+
+// streamEvent documents the NDJSON events of a streamed execution.
+type streamEvent struct {
+	Type    string          `json:"type" doc:"stdout, stderr, result, error or end"`
+	Text    string          `json:"text,omitempty" doc:"output (stdout, stderr)"`
+	Result  *sandbox.Output `json:"result,omitempty" doc:"a rich result (result)"`
+	Error   *sandbox.Error  `json:"error,omitempty" doc:"the exception (error), or why the request failed (end)"`
+	Summary any             `json:"summary,omitempty" doc:"the complete result, as without streaming (end)"`
 }
 
-// OpenAPI returns the API's OpenAPI 3.1 document, built from Routes so
-// that it always matches what the server serves.
+type errorBody struct {
+	Error struct {
+		Code    string `json:"code" doc:"machine-readable kind: invalid_request, not_found, busy, quota, too_large ..."`
+		Message string `json:"message" doc:"what went wrong and what to do, for the caller"`
+	} `json:"error"`
+}
+
+// OpenAPI returns the API's OpenAPI 3.1 document, built from Routes and the
+// Go types of every request and response.
 func OpenAPI() map[string]any {
 	paths := map[string]any{}
 	for _, r := range Routes {
@@ -70,28 +71,44 @@ func OpenAPI() map[string]any {
 			item = map[string]any{}
 			paths[p] = item
 		}
+		o := operations[r.Name]
+		ok := map[string]any{"description": "success"}
+		content := map[string]any{}
+		if o.response != nil {
+			content["application/json"] = map[string]any{"schema": schemaOf(reflect.TypeOf(o.response))}
+		}
+		if o.stream {
+			content["application/x-ndjson"] = map[string]any{"schema": schemaOf(reflect.TypeOf(streamEvent{}))}
+		}
+		if o.raw != "" {
+			content[o.raw] = map[string]any{}
+		}
+		if len(content) > 0 {
+			ok["content"] = content
+		}
 		op := map[string]any{
 			"operationId": r.Name,
 			"summary":     r.Summary,
 			"responses": map[string]any{
-				"200":     map[string]any{"description": "success"},
-				"default": map[string]any{"description": "error", "content": jsonContent(errorSchema)},
+				itoa(o.status): ok,
+				"default": map[string]any{"description": "error (400, 401, 404, 409, 413, 422, 429, 503)",
+					"content": map[string]any{"application/json": map[string]any{"schema": schemaOf(reflect.TypeOf(errorBody{}))}}},
 			},
 		}
 		var params []any
 		for _, m := range pathParam.FindAllStringSubmatch(r.Pattern, -1) {
-			params = append(params, map[string]any{"name": m[1], "in": "path", "required": true, "schema": str("")})
+			params = append(params, map[string]any{"name": m[1], "in": "path", "required": true, "schema": map[string]any{"type": "string"}})
 		}
 		if r.Name == "listFiles" {
 			params = append(params,
-				map[string]any{"name": "path", "in": "query", "schema": str("directory, relative to the workspace")},
-				map[string]any{"name": "depth", "in": "query", "schema": num("levels to list, 1-64")})
+				map[string]any{"name": "path", "in": "query", "schema": map[string]any{"type": "string", "description": "directory, relative to the workspace"}},
+				map[string]any{"name": "depth", "in": "query", "schema": map[string]any{"type": "integer", "minimum": 1, "maximum": 64}})
 		}
 		if params != nil {
 			op["parameters"] = params
 		}
-		if schema, ok := requestSchemas[r.Name]; ok {
-			op["requestBody"] = map[string]any{"content": jsonContent(schema)}
+		if o.request != nil {
+			op["requestBody"] = map[string]any{"content": map[string]any{"application/json": map[string]any{"schema": schemaOf(reflect.TypeOf(o.request))}}}
 		}
 		if r.Name == "putFile" {
 			op["requestBody"] = map[string]any{"content": map[string]any{"application/octet-stream": map[string]any{}}}
@@ -111,8 +128,78 @@ func OpenAPI() map[string]any {
 	}
 }
 
-var errorSchema = obj(map[string]any{"error": obj(map[string]any{"code": str("machine-readable kind"), "message": str("")})})
+func itoa(n int) string {
+	b, _ := json.Marshal(n)
+	return string(b)
+}
 
-func jsonContent(schema map[string]any) map[string]any {
-	return map[string]any{"application/json": map[string]any{"schema": schema}}
+var (
+	timeType = reflect.TypeOf(time.Time{})
+	rawType  = reflect.TypeOf(json.RawMessage{})
+)
+
+// schemaOf derives a JSON Schema from a Go type the way encoding/json
+// encodes it: json tags name the properties, a doc tag describes them.
+func schemaOf(t reflect.Type) map[string]any {
+	switch {
+	case t == timeType:
+		return map[string]any{"type": "string", "format": "date-time"}
+	case t == rawType:
+		return map[string]any{"description": "any JSON value"}
+	}
+	switch t.Kind() {
+	case reflect.Pointer:
+		s := schemaOf(t.Elem())
+		if typ, ok := s["type"].(string); ok {
+			s["type"] = []any{typ, "null"}
+		}
+		return s
+	case reflect.Interface:
+		return map[string]any{}
+	case reflect.String:
+		return map[string]any{"type": "string"}
+	case reflect.Bool:
+		return map[string]any{"type": "boolean"}
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return map[string]any{"type": "integer"}
+	case reflect.Float32, reflect.Float64:
+		return map[string]any{"type": "number"}
+	case reflect.Slice, reflect.Array:
+		return map[string]any{"type": "array", "items": schemaOf(t.Elem())}
+	case reflect.Map:
+		return map[string]any{"type": "object", "additionalProperties": schemaOf(t.Elem())}
+	case reflect.Struct:
+		props := map[string]any{}
+		addFields(t, props)
+		return map[string]any{"type": "object", "properties": props}
+	}
+	return map[string]any{}
+}
+
+func addFields(t reflect.Type, props map[string]any) {
+	for i := range t.NumField() {
+		f := t.Field(i)
+		tag := f.Tag.Get("json")
+		if tag == "-" || !f.IsExported() && !f.Anonymous {
+			continue
+		}
+		name, _, _ := strings.Cut(tag, ",")
+		if f.Anonymous && name == "" {
+			ft := f.Type
+			if ft.Kind() == reflect.Pointer {
+				ft = ft.Elem()
+			}
+			addFields(ft, props)
+			continue
+		}
+		if name == "" {
+			name = f.Name
+		}
+		s := schemaOf(f.Type)
+		if d := f.Tag.Get("doc"); d != "" {
+			s["description"] = d
+		}
+		props[name] = s
+	}
 }

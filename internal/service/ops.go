@@ -57,6 +57,9 @@ func (s *Service) Execute(ctx context.Context, owner, id string, req sandbox.Exe
 	if err != nil {
 		return nil, err
 	}
+	if res.Files == nil {
+		res.Files = []sandbox.FileInfo{} // listed by one-shot runs only
+	}
 	s.metrics.observeExec(res.Status, time.Duration(res.DurationMS*float64(time.Millisecond)))
 	s.audit("execute", owner, id, req.Code, res)
 	b.mu.Lock()
