@@ -186,7 +186,9 @@ type timeoutRequest struct {
 
 // Responses that are not a service type.
 type (
-	okResponse      struct{ OK bool `json:"ok"` }
+	okResponse struct {
+		OK bool `json:"ok"`
+	}
 	restartResponse struct {
 		OK        bool `json:"ok"`
 		StateLost bool `json:"state_lost"`
