@@ -2,6 +2,7 @@
 //
 //	vivarium run [flags] FILE | -c CODE | -   run code in a fresh sandbox
 //	vivarium serve                            stateful sandboxes over HTTP
+//	vivarium mcp                              sandboxes for an AI agent over MCP (stdio)
 //	vivarium keys create|list|revoke          API keys of a server
 //	vivarium audit                            what ran, by whom, at what cost
 //	vivarium sandbox create|list|exec|...     use a running server by hand
@@ -25,7 +26,8 @@ Usage:
   vivarium run [flags] FILE       run a Python file in a fresh sandbox
   vivarium run [flags] -c CODE    run a string
   vivarium run [flags] -          run standard input
-  vivarium serve [flags]          serve stateful sandboxes over HTTP
+  vivarium serve [flags]          serve stateful sandboxes over HTTP (and MCP at /mcp)
+  vivarium mcp [flags]            serve sandboxes to an AI agent over MCP on stdio
   vivarium keys create NAME       create an API key (also: keys list, keys revoke ID)
   vivarium audit [flags]          show the audit log of executions
   vivarium sandbox SUBCOMMAND     use a running server: create, list, exec, files, kill
@@ -58,6 +60,8 @@ func run(args []string) int {
 		return cmdDoctor(args[1:])
 	case "serve":
 		return cmdServe(args[1:])
+	case "mcp":
+		return cmdMCP(args[1:])
 	case "keys":
 		return cmdKeys(args[1:])
 	case "audit":

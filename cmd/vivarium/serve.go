@@ -280,13 +280,15 @@ func serve(c *serveConfig, log *slog.Logger) error {
 		svc.Close()
 		return err
 	}
+	handler, closeMCP := withMCP(api, svc, auth, log)
 	srv := &http.Server{
-		Handler:           api,
+		Handler:           handler,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 	}
+	srv.RegisterOnShutdown(closeMCP)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
 	log.Info("vivarium serving", "addr", ln.Addr().String(), "data_dir", c.dataDir, "dev", c.dev,
