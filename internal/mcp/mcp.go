@@ -88,7 +88,9 @@ func newServer(cfg Config, owner func(*sdk.CallToolRequest) (string, error)) *se
 	s.sdk = sdk.NewServer(&sdk.Implementation{Name: "vivarium", Title: "Vivarium Python sandboxes", Version: cfg.Version},
 		&sdk.ServerOptions{
 			Instructions: instructions,
-			Logger:       cfg.Logger,
+			// The SDK logs every session's start and end at info level:
+			// only its warnings and errors are worth a server's log.
+			Logger: slog.New(quieter{cfg.Logger.Handler()}),
 			// No logging capability: nothing is sent that way.
 			Capabilities: &sdk.ServerCapabilities{},
 		})
@@ -229,7 +231,7 @@ func NewHandler(cfg Config, a Authenticator, devOwner string) *Handler {
 	}
 	s := newServer(cfg, owner)
 	var h http.Handler = sdk.NewStreamableHTTPHandler(func(*http.Request) *sdk.Server { return s.sdk },
-		&sdk.StreamableHTTPOptions{Logger: s.log, SessionTimeout: s.cfg.SessionTimeout})
+		&sdk.StreamableHTTPOptions{Logger: slog.New(quieter{s.log.Handler()}), SessionTimeout: s.cfg.SessionTimeout})
 	if a != nil {
 		verify := func(_ context.Context, token string, _ *http.Request) (*auth.TokenInfo, error) {
 			o, err := a.Owner(strings.TrimSpace(token))
@@ -249,3 +251,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.http.Ser
 
 // Close ends every session and closes the sandboxes they created.
 func (h *Handler) Close() { h.srv.closeAll() }
+
+// quieter passes on warnings and errors only.
+type quieter struct{ slog.Handler }
+
+func (q quieter) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= slog.LevelWarn && q.Handler.Enabled(ctx, l)
+}
+
+func (q quieter) WithAttrs(a []slog.Attr) slog.Handler { return quieter{q.Handler.WithAttrs(a)} }
+func (q quieter) WithGroup(name string) slog.Handler   { return quieter{q.Handler.WithGroup(name)} }
