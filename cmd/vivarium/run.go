@@ -26,6 +26,7 @@ type runOptions struct {
 	pids                      int
 	env, files                listFlag
 	out                       string
+	allowErrors               bool // notebooks: run every cell even after one fails
 }
 
 func runFlags(o *runOptions) *flag.FlagSet {
@@ -36,6 +37,9 @@ func runFlags(o *runOptions) *flag.FlagSet {
 Runs Python code in a fresh sandbox and prints what it printed. The exit
 status is the program's own; 124 when a time limit ended it, 137 when the
 memory limit did, 125 when the sandbox could not start.
+
+A Jupyter notebook (FILE.ipynb) runs cell by cell in one sandbox:
+  vivarium run analysis.ipynb --out executed.ipynb [--allow-errors]
 
 Flags:
 `)
@@ -52,7 +56,8 @@ Flags:
 	fs.Var(&o.maxOutput, "max-output", "bytes kept per stream; the rest is dropped and flagged")
 	fs.Var(&o.env, "env", "`K=V` environment variable for the code (repeatable); nothing else of the host's environment is passed")
 	fs.Var(&o.files, "file", "`LOCAL[:NAME]` copy a file into the workspace before the run (repeatable)")
-	fs.StringVar(&o.out, "out", "", "after the run, copy the workspace's regular files to `DIR`")
+	fs.StringVar(&o.out, "out", "", "after the run, copy the workspace's regular files to `DIR`; for a .ipynb FILE, the executed notebook's path (- for standard output)")
+	fs.BoolVar(&o.allowErrors, "allow-errors", false, "for a .ipynb FILE: run every cell even after one fails")
 	fs.StringVar(&o.python, "python", sandbox.DefaultPython, "Python interpreter inside the sandbox (must be under /usr)")
 	fs.BoolVar(&o.insecureNoCgroups, "insecure-no-cgroups", false,
 		"run without cgroups when the host has none: memory and process limits per process (rlimits), not per sandbox")
@@ -88,6 +93,9 @@ func cmdRun(args []string) int {
 			return 0
 		}
 		return 2
+	}
+	if len(positional) == 1 && o.code == "" && strings.HasSuffix(positional[0], ".ipynb") {
+		return cmdNotebook(&o, positional[0])
 	}
 	job, err := o.job(positional)
 	if err != nil {
