@@ -103,9 +103,12 @@ Flags:
 	} else {
 		cfg.Backend = b
 	}
+	// Read before the bench loads the machine: the load average then is
+	// other work, which the figures suffer from.
+	host := bench.ReadHost()
+	host.Vivarium = version
 	rep := bench.Run(ctx, bench.Subjects(ctx, cfg), opts)
-	rep.Host = bench.ReadHost()
-	rep.Host.Vivarium = version
+	rep.Host = host
 
 	var err error
 	if *asJSON {
@@ -117,14 +120,14 @@ Flags:
 		fmt.Fprintf(os.Stderr, "vivarium bench: %v\n", err)
 		return 1
 	}
+	if ctx.Err() != nil {
+		return 130
+	}
 	if problems := rep.VivariumProblems(); len(problems) > 0 {
 		for _, p := range problems {
 			fmt.Fprintf(os.Stderr, "vivarium bench: %s\n", p)
 		}
 		return 1
-	}
-	if ctx.Err() != nil {
-		return 130
 	}
 	return 0
 }

@@ -47,8 +47,14 @@ type Subject struct {
 	// Run does one iteration and checks its outcome: an iteration that
 	// printed the wrong thing is an error, not a fast run. It must be safe
 	// for concurrent use, as throughput rows call it from several
-	// goroutines at once.
+	// goroutines at once. The row is the iterations' latency.
 	Run func(ctx context.Context) error
+	// Unit, when set, makes a value row: instead of Run, each iteration
+	// calls Measure, which returns a quantity in Unit that is not its own
+	// duration (memory per idle sandbox, say). Value rows are printed
+	// apart and get no throughput measurement.
+	Unit    string
+	Measure func(ctx context.Context) (float64, error)
 	// Teardown, if set, runs after the last iteration, also when Setup
 	// failed.
 	Teardown func() error
@@ -122,7 +128,11 @@ func Run(ctx context.Context, subjects []Subject, opts Options) *Report {
 	for _, s := range selected(subjects, opts.Only) {
 		start := time.Now()
 		row, tp := measure(ctx, s, opts)
-		rep.Latency = append(rep.Latency, row)
+		if s.Unit != "" {
+			rep.Values = append(rep.Values, row)
+		} else {
+			rep.Latency = append(rep.Latency, row)
+		}
 		if tp != nil {
 			rep.Throughput = append(rep.Throughput, *tp)
 		}
@@ -159,7 +169,10 @@ func selected(subjects []Subject, only *regexp.Regexp) []Subject {
 // measure runs one subject: setup, warm-up, the measured iterations, the
 // throughput run if asked for, teardown.
 func measure(ctx context.Context, s Subject, opts Options) (Row, *ThroughputRow) {
-	row := Row{Workload: s.Workload, Subject: s.Name, Peer: s.Peer, Reference: s.Reference}
+	row := Row{Workload: s.Workload, Subject: s.Name, Peer: s.Peer, Reference: s.Reference, Unit: "ms"}
+	if s.Unit != "" {
+		row.Unit = s.Unit
+	}
 	if s.Skip != "" {
 		row.Skipped = s.Skip
 		return row, nil
@@ -183,17 +196,20 @@ func measure(ctx context.Context, s Subject, opts Options) (Row, *ThroughputRow)
 			return row, nil
 		}
 	}
-	once := func() (time.Duration, error) {
+	once := func() (float64, error) {
 		ictx, cancel := context.WithTimeout(ctx, opts.Timeout)
 		defer cancel()
+		if s.Unit != "" {
+			return s.Measure(ictx)
+		}
 		start := time.Now()
 		err := s.Run(ictx)
-		return time.Since(start), err
+		return toMillis(time.Since(start)), err
 	}
-	var times []time.Duration
+	var values []float64
 	consecutive := 0
 	for i := 0; i < opts.WarmUp+opts.Iterations && ctx.Err() == nil; i++ {
-		d, err := once()
+		v, err := once()
 		if err != nil {
 			consecutive++
 			if row.FirstError == "" {
@@ -209,10 +225,10 @@ func measure(ctx context.Context, s Subject, opts Options) (Row, *ThroughputRow)
 		}
 		consecutive = 0
 		if i >= opts.WarmUp {
-			times = append(times, d)
+			values = append(values, v)
 		}
 	}
-	row.Stats = Summarize(times)
+	row.Stats = Summarize(values)
 	if row.N == 0 {
 		row.Failed = true
 		if row.FirstError == "" {
@@ -220,7 +236,7 @@ func measure(ctx context.Context, s Subject, opts Options) (Row, *ThroughputRow)
 		}
 		return row, nil
 	}
-	if opts.Concurrency <= 0 || ctx.Err() != nil {
+	if opts.Concurrency <= 0 || s.Unit != "" || ctx.Err() != nil {
 		return row, nil
 	}
 	tp := throughput(ctx, s, opts)
@@ -235,7 +251,7 @@ func progressLine(row Row, tp *ThroughputRow) string {
 	case row.Failed:
 		return head + "failed: " + row.FirstError
 	}
-	line := fmt.Sprintf("%sp50 %s, p95 %s over %d runs", head, formatDuration(row.P50.D()), formatDuration(row.P95.D()), row.N)
+	line := fmt.Sprintf("%sp50 %s, p95 %s over %d runs", head, formatValue(row.P50, row.Unit), formatValue(row.P95, row.Unit), row.N)
 	if row.Errors > 0 {
 		line += fmt.Sprintf(", %d errors (first: %s)", row.Errors, row.FirstError)
 	}

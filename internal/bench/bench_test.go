@@ -14,33 +14,29 @@ import (
 	"time"
 )
 
-func ms(v float64) time.Duration { return time.Duration(v * float64(time.Millisecond)) }
-
 func TestSummarize(t *testing.T) {
-	var twenty []time.Duration
+	var twenty []float64
 	for i := 20; i >= 1; i-- { // unsorted on purpose
-		twenty = append(twenty, ms(float64(i)))
+		twenty = append(twenty, float64(i))
 	}
 	for _, tc := range []struct {
-		name  string
-		times []time.Duration
-		want  Stats
+		name   string
+		values []float64
+		want   Stats
 	}{
 		{"none", nil, Stats{}},
-		{"one", []time.Duration{ms(5)}, Stats{N: 1, P50: Millis(ms(5)), P95: Millis(ms(5)), Mean: Millis(ms(5)), Min: Millis(ms(5)), Max: Millis(ms(5))}},
-		{"odd", []time.Duration{ms(30), ms(10), ms(20)},
-			Stats{N: 3, P50: Millis(ms(20)), P95: Millis(ms(30)), Mean: Millis(ms(20)), Min: Millis(ms(10)), Max: Millis(ms(30))}},
-		{"even: median between the middle two", []time.Duration{ms(40), ms(10), ms(20), ms(30)},
-			Stats{N: 4, P50: Millis(ms(25)), P95: Millis(ms(40)), Mean: Millis(ms(25)), Min: Millis(ms(10)), Max: Millis(ms(40))}},
-		{"twenty: p95 is the 19th", twenty,
-			Stats{N: 20, P50: Millis(ms(10.5)), P95: Millis(ms(19)), Mean: Millis(ms(10.5)), Min: Millis(ms(1)), Max: Millis(ms(20))}},
+		{"one", []float64{5}, Stats{N: 1, P50: 5, P95: 5, Mean: 5, Min: 5, Max: 5}},
+		{"odd", []float64{30, 10, 20}, Stats{N: 3, P50: 20, P95: 30, Mean: 20, Min: 10, Max: 30}},
+		{"even: median between the middle two", []float64{40, 10, 20, 30},
+			Stats{N: 4, P50: 25, P95: 40, Mean: 25, Min: 10, Max: 40}},
+		{"twenty: p95 is the 19th", twenty, Stats{N: 20, P50: 10.5, P95: 19, Mean: 10.5, Min: 1, Max: 20}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			before := slices.Clone(tc.times)
-			if got := Summarize(tc.times); got != tc.want {
+			before := slices.Clone(tc.values)
+			if got := Summarize(tc.values); got != tc.want {
 				t.Errorf("Summarize = %+v, want %+v", got, tc.want)
 			}
-			if !slices.Equal(before, tc.times) {
+			if !slices.Equal(before, tc.values) {
 				t.Error("Summarize reordered its argument")
 			}
 		})
@@ -137,12 +133,12 @@ func TestRunOnlyKeepsReference(t *testing.T) {
 func TestRatios(t *testing.T) {
 	rep := &Report{
 		Latency: []Row{
-			{Workload: "W1", Subject: "vivarium", Reference: true, Stats: Stats{N: 3, P50: Millis(ms(100))}},
-			{Workload: "W1", Subject: "python3", Peer: true, Stats: Stats{N: 3, P50: Millis(ms(25))}},
-			{Workload: "W1", Subject: "runsc", Peer: true, Stats: Stats{N: 3, P50: Millis(ms(300))}},
+			{Workload: "W1", Subject: "vivarium", Reference: true, Stats: Stats{N: 3, P50: 100}},
+			{Workload: "W1", Subject: "python3", Peer: true, Stats: Stats{N: 3, P50: 25}},
+			{Workload: "W1", Subject: "runsc", Peer: true, Stats: Stats{N: 3, P50: 300}},
 			{Workload: "W1", Subject: "docker", Peer: true, Skipped: "no daemon"},
 			{Workload: "W2", Subject: "vivarium", Reference: true, Failed: true},
-			{Workload: "W2", Subject: "python3", Peer: true, Stats: Stats{N: 3, P50: Millis(ms(500))}},
+			{Workload: "W2", Subject: "python3", Peer: true, Stats: Stats{N: 3, P50: 500}},
 		},
 		Throughput: []ThroughputRow{
 			{Workload: "W1", Subject: "vivarium", Reference: true, PerSecond: 20},
@@ -169,10 +165,10 @@ func testReport() *Report {
 		Host:       Host{Kernel: "6.1.0", Arch: "amd64", CPUs: 2, MemoryBytes: 24 << 30, Cgroup: "v1 (hybrid)", Vivarium: "dev"},
 		Iterations: 20, WarmUp: 2,
 		Latency: []Row{
-			{Workload: "W1 print(1)", Subject: "vivarium run -c (CLI)", Reference: true,
-				Stats: Stats{N: 20, P50: Millis(ms(120)), P95: Millis(ms(150)), Mean: Millis(ms(125)), Min: Millis(ms(110)), Max: Millis(ms(160))}},
-			{Workload: "W1 print(1)", Subject: "python3 -c", Peer: true,
-				Stats:  Stats{N: 19, P50: Millis(ms(30)), P95: Millis(ms(41.25)), Mean: Millis(ms(31)), Min: Millis(ms(28)), Max: Millis(ms(45))},
+			{Workload: "W1 print(1)", Subject: "vivarium run -c (CLI)", Reference: true, Unit: "ms",
+				Stats: Stats{N: 20, P50: 120, P95: 150, Mean: 125, Min: 110, Max: 160}},
+			{Workload: "W1 print(1)", Subject: "python3 -c", Peer: true, Unit: "ms",
+				Stats:  Stats{N: 19, P50: 30, P95: 41.25, Mean: 31, Min: 28, Max: 45},
 				Errors: 1, FirstError: "python3: exit status 1:\nboom"},
 			{Workload: "W1 print(1)", Subject: "docker run", Peer: true, Skipped: "no docker daemon"},
 			{Workload: "W1 print(1)", Subject: "runsc do", Peer: true, Failed: true, FirstError: "runsc: exit status 128"},
@@ -247,7 +243,7 @@ func TestWriteJSON(t *testing.T) {
 		t.Fatalf("decoded %+v", got)
 	}
 	py := got.Latency[1]
-	if py["p50_ms"] != 30.0 || py["p95_ms"] != 41.25 || py["n"] != 19.0 || py["errors"] != 1.0 ||
+	if py["unit"] != "ms" || py["p50"] != 30.0 || py["p95"] != 41.25 || py["n"] != 19.0 || py["errors"] != 1.0 ||
 		py["ratio"] != 0.25 || py["versus"] != "vivarium run -c (CLI)" || py["peer"] != true {
 		t.Errorf("python3 row: %v", py)
 	}
@@ -259,8 +255,8 @@ func TestWriteJSON(t *testing.T) {
 	if err := json.Unmarshal(b.Bytes(), &back); err != nil {
 		t.Fatal(err)
 	}
-	if back.Latency[1].P95 != Millis(ms(41.25)) {
-		t.Errorf("p95 read back as %v", back.Latency[1].P95.D())
+	if back.Latency[1].P95 != 41.25 {
+		t.Errorf("p95 read back as %v", back.Latency[1].P95)
 	}
 }
 
@@ -403,7 +399,8 @@ func TestFormat(t *testing.T) {
 		d    time.Duration
 		want string
 	}{
-		{ms(0.754), "0.75ms"}, {ms(13.34), "13.3ms"}, {ms(262.4), "262ms"}, {ms(1440), "1.44s"}, {ms(12345), "12.3s"},
+		{fromMillis(0.754), "0.75ms"}, {fromMillis(13.34), "13.3ms"}, {fromMillis(262.4), "262ms"},
+		{fromMillis(1440), "1.44s"}, {fromMillis(12345), "12.3s"},
 	} {
 		if got := formatDuration(tc.d); got != tc.want {
 			t.Errorf("formatDuration(%v) = %q, want %q", tc.d, got, tc.want)
@@ -415,6 +412,40 @@ func TestFormat(t *testing.T) {
 	}{{0, "-"}, {1, "1.00x"}, {0.187, "0.19x"}, {17.65, "17.65x"}, {250, "250x"}, {0.004, "0.0040x"}} {
 		if got := formatRatio(tc.r); got != tc.want {
 			t.Errorf("formatRatio(%v) = %q, want %q", tc.r, got, tc.want)
+		}
+	}
+}
+
+func TestValueRows(t *testing.T) {
+	mib := func(v float64) func(context.Context) (float64, error) {
+		return func(context.Context) (float64, error) { return v, nil }
+	}
+	subjects := []Subject{
+		{Workload: "idle", Name: "vivarium sandbox", Reference: true, Measure: mib(20), Unit: "MiB"},
+		{Workload: "idle", Name: "jupyter kernel", Peer: true, Measure: mib(70), Unit: "MiB"},
+		{Workload: "idle", Name: "docker", Peer: true, Skip: "no docker daemon", Unit: "MiB"},
+	}
+	rep := Run(context.Background(), subjects, Options{Iterations: 3, Concurrency: 2, Duration: time.Second})
+	if len(rep.Latency) != 0 || len(rep.Throughput) != 0 || len(rep.Values) != 3 {
+		t.Fatalf("latency %d, throughput %d, values %d rows; want only 3 value rows",
+			len(rep.Latency), len(rep.Throughput), len(rep.Values))
+	}
+	if r := rep.Values[1]; r.N != 3 || r.P50 != 70 || r.Unit != "MiB" || r.Ratio != 3.5 {
+		t.Errorf("jupyter row %+v", r)
+	}
+	var b bytes.Buffer
+	rep.WriteTable(&b)
+	if strings.Contains(b.String(), "Latency") {
+		t.Errorf("a report without latency rows has a latency header:\n%s", b.String())
+	}
+	for _, want := range []string{
+		"Other measurements",
+		"  * vivarium sandbox    3  20.0 MiB  20.0 MiB  20.0 MiB  20.0 MiB    0   1.00x\n",
+		"    jupyter kernel      3  70.0 MiB  70.0 MiB  70.0 MiB  70.0 MiB    0   3.50x\n",
+		"    docker           skipped: no docker daemon\n",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, b.String())
 		}
 	}
 }

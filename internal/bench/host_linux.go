@@ -19,12 +19,19 @@ type Host struct {
 	CPUs        int    `json:"cpus"`
 	MemoryBytes int64  `json:"memory_bytes"`
 	Cgroup      string `json:"cgroup"` // "v2", "v1 (hybrid)" or "v1"
-	Vivarium    string `json:"vivarium,omitempty"`
+	// Load is /proc/loadavg's 1, 5 and 15-minute averages when the report
+	// was made: other work on the machine shows in every figure, if not
+	// in the ratios to the same degree.
+	Load     string `json:"load,omitempty"`
+	Vivarium string `json:"vivarium,omitempty"`
 }
 
 func (h Host) String() string {
 	s := fmt.Sprintf("Linux %s %s, %d %s, %.1f GiB, cgroup %s", h.Kernel, h.Arch, h.CPUs,
 		plural(h.CPUs, "CPU", "CPUs"), float64(h.MemoryBytes)/(1<<30), h.Cgroup)
+	if h.Load != "" {
+		s += ", load " + h.Load
+	}
 	if h.Vivarium != "" {
 		s += ", vivarium " + h.Vivarium
 	}
@@ -41,7 +48,16 @@ func ReadHost() Host {
 		CPUs:        runtime.NumCPU(),
 		MemoryBytes: memTotal(),
 		Cgroup:      cgroupMode(),
+		Load:        loadAverage(),
 	}
+}
+
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(b)); err == nil && len(f) >= 3 {
+		return strings.Join(f[:3], " ")
+	}
+	return ""
 }
 
 func memTotal() int64 {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 )
@@ -18,14 +19,18 @@ type Report struct {
 	Duration    Millis          `json:"duration_ms,omitempty"`
 	Latency     []Row           `json:"latency"`
 	Throughput  []ThroughputRow `json:"throughput,omitempty"`
+	// Values are rows of quantities other than time.
+	Values []Row `json:"values,omitempty"`
 }
 
-// Row is the latency of one subject.
+// Row is one subject's latency, or another quantity (Unit).
 type Row struct {
 	Workload  string `json:"workload"`
 	Subject   string `json:"subject"`
 	Peer      bool   `json:"peer"`
 	Reference bool   `json:"reference"`
+	// Unit of the Stats: "ms" for latency rows.
+	Unit string `json:"unit"`
 	// Skipped says why the subject did not run (not available here).
 	Skipped string `json:"skipped,omitempty"`
 	// Failed: the subject was available but no iteration succeeded.
@@ -33,8 +38,8 @@ type Row struct {
 	Stats
 	Errors     int    `json:"errors"`
 	FirstError string `json:"first_error,omitempty"`
-	// Ratio is P50 over the reference row's P50: 2 means twice as slow as
-	// Vivarium. Zero when there is nothing to compare.
+	// Ratio is P50 over the reference row's P50: for latency, 2 means
+	// twice as slow as Vivarium. Zero when there is nothing to compare.
 	Ratio float64 `json:"ratio,omitempty"`
 	// Versus names the reference row Ratio was taken against.
 	Versus string `json:"versus,omitempty"`
@@ -45,19 +50,8 @@ func (r *Row) measured() bool { return r.Skipped == "" && !r.Failed && r.N > 0 }
 // computeRatios fills Ratio and Versus of every row of a workload that has
 // a measured reference row, the reference's own included (1x).
 func (r *Report) computeRatios() {
-	refs := map[string]*Row{}
-	for i := range r.Latency {
-		if row := &r.Latency[i]; row.Reference && row.measured() {
-			refs[row.Workload] = row
-		}
-	}
-	for i := range r.Latency {
-		row := &r.Latency[i]
-		if ref := refs[row.Workload]; ref != nil && row.measured() && ref.P50 > 0 {
-			row.Ratio = float64(row.P50) / float64(ref.P50)
-			row.Versus = ref.Subject
-		}
-	}
+	ratios(r.Latency)
+	ratios(r.Values)
 	tpRefs := map[string]*ThroughputRow{}
 	for i := range r.Throughput {
 		if tp := &r.Throughput[i]; tp.Reference && tp.PerSecond > 0 {
@@ -72,12 +66,28 @@ func (r *Report) computeRatios() {
 	}
 }
 
+func ratios(rows []Row) {
+	refs := map[string]*Row{}
+	for i := range rows {
+		if row := &rows[i]; row.Reference && row.measured() {
+			refs[row.Workload+"\x00"+row.Unit] = row
+		}
+	}
+	for i := range rows {
+		row := &rows[i]
+		if ref := refs[row.Workload+"\x00"+row.Unit]; ref != nil && row.measured() && ref.P50 > 0 {
+			row.Ratio = row.P50 / ref.P50
+			row.Versus = ref.Subject
+		}
+	}
+}
+
 // VivariumProblems lists what went wrong with Vivarium's own rows (peers
 // are left out: a missing or broken peer is not Vivarium's failure). The
 // bench command exits with an error when it is not empty.
 func (r *Report) VivariumProblems() []string {
 	var out []string
-	for _, row := range r.Latency {
+	for _, row := range slices.Concat(r.Latency, r.Values) {
 		switch {
 		case row.Peer:
 		case row.Skipped != "":
@@ -106,47 +116,20 @@ func (r *Report) WriteJSON(w io.Writer) error {
 // measured and which way ratios go, then a table per workload.
 func (r *Report) WriteTable(w io.Writer) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "vivarium bench, %s: %s\n\n", r.Date, r.Host)
-	fmt.Fprintf(&b, "Latency of one execution, end to end (start, run, check the output, clean up):\n")
-	fmt.Fprintf(&b, "%d measured runs per row, one at a time, after %d warm-up %s.\n",
-		r.Iterations, r.WarmUp, plural(r.WarmUp, "run", "runs"))
-	b.WriteString("ratio = the row's p50 / the p50 of its workload's Vivarium row (marked *):\n" +
-		"        above 1x the row takes longer than Vivarium, below 1x less (0.50x: half the time).\n")
-
+	fmt.Fprintf(&b, "vivarium bench, %s: %s\n", r.Date, r.Host)
 	width := len("subject")
-	for _, row := range r.Latency {
+	for _, row := range slices.Concat(r.Latency, r.Values) {
 		width = max(width, len(row.Subject))
 	}
-	for _, wl := range workloads(r.Latency, func(row Row) string { return row.Workload }) {
-		fmt.Fprintf(&b, "\n%s\n", wl)
-		fmt.Fprintf(&b, "    %-*s %4s %9s %9s %9s %9s %4s %7s\n", width, "subject", "n", "p50", "p95", "mean", "min", "err", "ratio")
-		for _, row := range r.Latency {
-			if row.Workload != wl {
-				continue
-			}
-			mark := " "
-			if row.Reference {
-				mark = "*"
-			}
-			fmt.Fprintf(&b, "  %s %-*s ", mark, width, row.Subject)
-			switch {
-			case row.Skipped != "":
-				fmt.Fprintf(&b, "skipped: %s\n", row.Skipped)
-				continue
-			case row.Failed:
-				fmt.Fprintf(&b, "failed: %s\n", oneLine(row.FirstError))
-				continue
-			}
-			fmt.Fprintf(&b, "%4d %9s %9s %9s %9s %4d %7s\n", row.N,
-				formatDuration(row.P50.D()), formatDuration(row.P95.D()),
-				formatDuration(row.Mean.D()), formatDuration(row.Min.D()),
-				row.Errors, formatRatio(row.Ratio))
-			if row.Errors > 0 {
-				fmt.Fprintf(&b, "      first error: %s\n", oneLine(row.FirstError))
-			}
-		}
-	}
 
+	if len(r.Latency) > 0 {
+		fmt.Fprintf(&b, "\nLatency of one execution, end to end (start, run, check the output, clean up):\n")
+		fmt.Fprintf(&b, "%d measured runs per row, one at a time, after %d warm-up %s.\n",
+			r.Iterations, r.WarmUp, plural(r.WarmUp, "run", "runs"))
+		b.WriteString("ratio = the row's p50 / the p50 of its workload's Vivarium row (marked *):\n" +
+			"        above 1x the row takes longer than Vivarium, below 1x less (0.50x: half the time).\n")
+		writeRows(&b, r.Latency, width)
+	}
 	if len(r.Throughput) > 0 {
 		fmt.Fprintf(&b, "\nThroughput: %d concurrent %s, each running executions back to back for %s.\n",
 			r.Concurrency, plural(r.Concurrency, "client", "clients"), r.Duration.D().Round(time.Millisecond))
@@ -171,8 +154,45 @@ func (r *Report) WriteTable(w io.Writer) error {
 			}
 		}
 	}
+	if len(r.Values) > 0 {
+		b.WriteString("\nOther measurements, per row in its unit; ratio = the row's p50 / its workload's Vivarium row's p50.\n")
+		writeRows(&b, r.Values, width)
+	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// writeRows writes a table per workload.
+func writeRows(b *strings.Builder, rows []Row, width int) {
+	for _, wl := range workloads(rows, func(row Row) string { return row.Workload }) {
+		fmt.Fprintf(b, "\n%s\n", wl)
+		fmt.Fprintf(b, "    %-*s %4s %9s %9s %9s %9s %4s %7s\n", width, "subject", "n", "p50", "p95", "mean", "min", "err", "ratio")
+		for _, row := range rows {
+			if row.Workload != wl {
+				continue
+			}
+			mark := " "
+			if row.Reference {
+				mark = "*"
+			}
+			fmt.Fprintf(b, "  %s %-*s ", mark, width, row.Subject)
+			switch {
+			case row.Skipped != "":
+				fmt.Fprintf(b, "skipped: %s\n", row.Skipped)
+				continue
+			case row.Failed:
+				fmt.Fprintf(b, "failed: %s\n", oneLine(row.FirstError))
+				continue
+			}
+			fmt.Fprintf(b, "%4d %9s %9s %9s %9s %4d %7s\n", row.N,
+				formatValue(row.P50, row.Unit), formatValue(row.P95, row.Unit),
+				formatValue(row.Mean, row.Unit), formatValue(row.Min, row.Unit),
+				row.Errors, formatRatio(row.Ratio))
+			if row.Errors > 0 {
+				fmt.Fprintf(b, "      first error: %s\n", oneLine(row.FirstError))
+			}
+		}
+	}
 }
 
 // workloads lists the workloads of rows in order of first appearance.
@@ -188,10 +208,26 @@ func workloads[R any](rows []R, workload func(R) string) []string {
 	return out
 }
 
+// formatValue writes a latency (unit "ms") as formatDuration does, and
+// other quantities with three significant digits and their unit.
+func formatValue(v float64, unit string) string {
+	if unit == "ms" {
+		return formatDuration(fromMillis(v))
+	}
+	switch {
+	case v >= 100:
+		return fmt.Sprintf("%.0f %s", v, unit)
+	case v >= 10:
+		return fmt.Sprintf("%.1f %s", v, unit)
+	default:
+		return fmt.Sprintf("%.2f %s", v, unit)
+	}
+}
+
 // formatDuration keeps three significant digits or so, in the unit people
 // read latencies in.
 func formatDuration(d time.Duration) string {
-	ms := float64(d) / float64(time.Millisecond)
+	ms := toMillis(d)
 	switch {
 	case d >= 10*time.Second:
 		return fmt.Sprintf("%.1fs", d.Seconds())

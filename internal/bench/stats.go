@@ -31,42 +31,42 @@ func (m *Millis) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// Stats summarise the durations of a row's successful iterations.
+// Stats summarise the values of a row's successful iterations: for latency
+// rows, durations in milliseconds; for value rows, quantities in the row's
+// unit.
 type Stats struct {
-	N    int    `json:"n"`
-	P50  Millis `json:"p50_ms"`
-	P95  Millis `json:"p95_ms"`
-	Mean Millis `json:"mean_ms"`
-	Min  Millis `json:"min_ms"`
-	Max  Millis `json:"max_ms"`
+	N    int     `json:"n"`
+	P50  float64 `json:"p50"`
+	P95  float64 `json:"p95"`
+	Mean float64 `json:"mean"`
+	Min  float64 `json:"min"`
+	Max  float64 `json:"max"`
 }
 
-// Summarize computes the statistics of times; the zero Stats for none.
+// Summarize computes the statistics of values; the zero Stats for none.
 // The median of an even count is the mean of the two middle values; p95 is
 // the nearest rank (the smallest value at or above 95% of the values), so
 // with fewer than 20 values it is the maximum.
-func Summarize(times []time.Duration) Stats {
-	n := len(times)
+func Summarize(values []float64) Stats {
+	n := len(values)
 	if n == 0 {
 		return Stats{}
 	}
-	s := slices.Clone(times)
+	s := slices.Clone(values)
 	slices.Sort(s)
-	var sum time.Duration
-	for _, d := range s {
-		sum += d
+	var sum float64
+	for _, v := range s {
+		sum += v
 	}
 	median := s[n/2]
 	if n%2 == 0 {
 		median = (s[n/2-1] + s[n/2]) / 2
 	}
 	rank := int(math.Ceil(0.95*float64(n))) - 1
-	return Stats{
-		N:    n,
-		P50:  Millis(median),
-		P95:  Millis(s[rank]),
-		Mean: Millis(sum / time.Duration(n)),
-		Min:  Millis(s[0]),
-		Max:  Millis(s[n-1]),
-	}
+	return Stats{N: n, P50: median, P95: s[rank], Mean: sum / float64(n), Min: s[0], Max: s[n-1]}
 }
+
+// toMillis is how latency rows record a duration.
+func toMillis(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func fromMillis(ms float64) time.Duration { return time.Duration(ms * float64(time.Millisecond)) }
