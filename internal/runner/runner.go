@@ -20,11 +20,15 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
 
-//go:embed runner.py vivarium_mpl_backend.py
+//go:embed runner.py vivarium_mpl_backend.py zygote.py
 var files embed.FS
 
-// ScriptName is the runner's entry point among Files.
-const ScriptName = "runner.py"
+// ScriptName is the runner's entry point among Files; ZygoteName is the
+// zygote's, which forks preloaded runners into sandboxes.
+const (
+	ScriptName = "runner.py"
+	ZygoteName = "zygote.py"
+)
 
 // Files returns the runner's files by name, to be placed in one directory.
 func Files() map[string][]byte {

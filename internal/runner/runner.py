@@ -314,14 +314,20 @@ def _flush_std():
             pass
 
 
-def _prepare_interpreter():
-    # User code sees its working directory first, as with `python3 file.py`,
-    # and our directory last (for the matplotlib backend only).
-    sys.path[0] = os.getcwd()
-    sys.path.append(_RUNNER_DIR)
-    sys.argv = [""]
+def prepare_environment():
+    """What must hold before matplotlib is imported: once per interpreter
+    (the zygote calls it before preloading)."""
+    if _RUNNER_DIR not in sys.path:
+        sys.path.append(_RUNNER_DIR)  # last: for the matplotlib backend only
     os.environ.setdefault("MPLBACKEND", "module://vivarium_mpl_backend")
     os.environ.setdefault("MPLCONFIGDIR", "/tmp/matplotlib")
+
+
+def _prepare_interpreter():
+    # User code sees its working directory first, as with `python3 file.py`.
+    sys.path[0] = os.getcwd()
+    prepare_environment()
+    sys.argv = [""]
     for f in (sys.stdout, sys.stderr):
         try:
             f.reconfigure(line_buffering=True, errors="backslashreplace")
@@ -329,8 +335,11 @@ def _prepare_interpreter():
             pass
 
 
-def main():
-    mode = sys.argv[1] if len(sys.argv) > 1 else "--oneshot"
+def main(mode=None):
+    """Serves requests until the supervisor closes the pipe (or, with
+    "--oneshot", after one execution); returns the exit code."""
+    if mode is None:
+        mode = sys.argv[1] if len(sys.argv) > 1 else "--oneshot"
     channel = Channel(3, 4)
     _prepare_interpreter()
     rt = Runtime(channel)

@@ -10,11 +10,31 @@ import (
 )
 
 // ProcessesOwnedBy lists host processes whose real uid lies in
-// [lo, hi): what is left of sandboxes whose users map there.
+// [lo, hi): what is left of sandboxes whose users map there. A zygote's own
+// processes (in a "zygote-" cgroup) live as long as their backend and are
+// not counted; ZygoteProcesses lists them.
 func ProcessesOwnedBy(lo, hi int) []string {
+	return processesOwnedBy(lo, hi, false)
+}
+
+// ZygoteProcesses lists the processes of zygotes whose users map into
+// [lo, hi).
+func ZygoteProcesses(lo, hi int) []string {
+	return processesOwnedBy(lo, hi, true)
+}
+
+func inZygote(pid string) bool {
+	b, _ := os.ReadFile(filepath.Join("/proc", pid, "cgroup"))
+	return strings.Contains(string(b), "/zygote-")
+}
+
+func processesOwnedBy(lo, hi int, zygotes bool) []string {
 	var out []string
 	dirs, _ := filepath.Glob("/proc/[0-9]*")
 	for _, d := range dirs {
+		if inZygote(filepath.Base(d)) != zygotes {
+			continue
+		}
 		f, err := os.Open(filepath.Join(d, "status"))
 		if err != nil {
 			continue
@@ -53,7 +73,8 @@ func CgroupsUnder(parent string) []string {
 			continue
 		}
 		for _, e := range entries {
-			if e.IsDir() {
+			// A zygote's group lives as long as its backend.
+			if e.IsDir() && !strings.HasPrefix(e.Name(), "zygote-") {
 				out = append(out, filepath.Join(r, parent, e.Name()))
 			}
 		}

@@ -22,6 +22,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
 	"github.com/vivarium-sandbox/vivarium/internal/runner"
@@ -42,8 +43,14 @@ type Config struct {
 	// sandbox), and CPU time is not accounted across processes.
 	InsecureNoCgroups bool
 	// Exe is the binary re-executed as the sandbox's init. Default: this one.
-	Exe    string
-	Logger *slog.Logger
+	Exe string
+	// Zygote forks every sandbox's runner from a zygote, a Python that has
+	// imported the runner and Preload once (see zygote_linux.go): a
+	// sandbox then starts in milliseconds and shares the preloaded
+	// modules' memory. Without it each sandbox starts its own Python.
+	Zygote  bool
+	Preload []string
+	Logger  *slog.Logger
 }
 
 // DefaultUIDBase is far above the ranges distributions hand out to users and
@@ -60,6 +67,11 @@ type Backend struct {
 	etc     []etcEntry
 	etcErr  error
 	top     []topLink
+
+	zmu       sync.Mutex
+	zygotes   map[string]*zygote       // by interpreter
+	zstarting map[string]chan struct{} // closed when a start ends
+	closed    bool
 }
 
 var (
@@ -80,7 +92,12 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	b := &Backend{cfg: cfg, log: cfg.Logger}
+	b := &Backend{cfg: cfg, log: cfg.Logger, zygotes: map[string]*zygote{}, zstarting: map[string]chan struct{}{}}
+	for _, m := range cfg.Preload {
+		if !validModule(m) {
+			return nil, fmt.Errorf("%w: preload %q is not a module name", sandbox.ErrInvalidSpec, m)
+		}
+	}
 	if err := Check(); err != nil {
 		return nil, err
 	}
@@ -167,8 +184,121 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 		return nil, fmt.Errorf("build /etc: %w", err)
 	}
 	spec.Limits = spec.Limits.WithDefaults()
+	if b.cfg.Zygote {
+		z, err := b.zygoteFor(ctx, spec.Python)
+		if err != nil {
+			return nil, err
+		}
+		cfg := b.initConfig(spec, nil, nil)
+		cfg.Role = roleForked
+		cfg.RunnerFiles, cfg.RunnerArgs = nil, nil
+		return start(ctx, b, spec, cfg, z)
+	}
 	cfg := b.initConfig(spec, etc, top)
-	return start(ctx, b, spec, cfg)
+	return start(ctx, b, spec, cfg, nil)
+}
+
+// Warm starts the zygote of the default interpreter now, so that the
+// first sandbox does not wait for it. It does nothing without Zygote.
+func (b *Backend) Warm(ctx context.Context) error {
+	if !b.cfg.Zygote {
+		return nil
+	}
+	_, err := b.zygoteFor(ctx, sandbox.DefaultPython)
+	return err
+}
+
+// zygoteFor returns the live zygote for an interpreter, starting one if
+// needed (once, however many callers wait for it).
+func (b *Backend) zygoteFor(ctx context.Context, python string) (*zygote, error) {
+	b.zmu.Lock()
+	for {
+		if b.closed {
+			b.zmu.Unlock()
+			return nil, sandbox.ErrClosed
+		}
+		if z := b.zygotes[python]; z != nil && z.alive() {
+			b.zmu.Unlock()
+			return z, nil
+		}
+		ch := b.zstarting[python]
+		if ch == nil {
+			break
+		}
+		b.zmu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		b.zmu.Lock()
+	}
+	ch := make(chan struct{})
+	b.zstarting[python] = ch
+	old := b.zygotes[python]
+	b.zmu.Unlock()
+	if old != nil {
+		b.log.Warn("zygote died; starting a new one", "python", python, "err", old.deadErr)
+		old.close()
+	}
+
+	etc, top, err := b.hostFiles()
+	var z *zygote
+	if err == nil {
+		// Not the caller's context: others wait for this zygote too.
+		sctx, cancel := context.WithTimeout(context.Background(), zygoteStartTimeout)
+		start := time.Now()
+		z, err = b.startZygote(sctx, python, etc, top)
+		cancel()
+		if err == nil {
+			b.log.Info("zygote ready", "python", python, "preload", b.cfg.Preload, "ms", time.Since(start).Milliseconds())
+		}
+	}
+	b.zmu.Lock()
+	delete(b.zstarting, python)
+	close(ch)
+	if err == nil {
+		if b.closed {
+			b.zmu.Unlock()
+			z.close()
+			return nil, sandbox.ErrClosed
+		}
+		b.zygotes[python] = z
+	}
+	b.zmu.Unlock()
+	return z, err
+}
+
+// Close stops the backend's zygotes; every sandbox forked from them dies
+// with them. Sandboxes should be closed first.
+func (b *Backend) Close() error {
+	b.zmu.Lock()
+	b.closed = true
+	zs := b.zygotes
+	b.zygotes = map[string]*zygote{}
+	b.zmu.Unlock()
+	for _, z := range zs {
+		z.close()
+	}
+	return nil
+}
+
+// validModule accepts dotted Python module names.
+func validModule(m string) bool {
+	if m == "" || len(m) > 200 {
+		return false
+	}
+	for _, part := range strings.Split(m, ".") {
+		if part == "" || !(part[0] == '_' || part[0] >= 'a' && part[0] <= 'z' || part[0] >= 'A' && part[0] <= 'Z') {
+			return false
+		}
+		for _, c := range part {
+			if !(c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // checkPython refuses interpreters the sandbox cannot see: only the host's

@@ -51,7 +51,21 @@ type initConfig struct {
 	MemoryBytes uint64 `json:"memory_bytes"`
 	// OneShot: init ends when the runner does.
 	OneShot bool `json:"one_shot"`
+	// Role is what this init is: roleClassic builds the root and runs
+	// its own Python; roleZygote builds the root and runs the zygote
+	// (zygote_linux.go); roleForked is a sandbox's init started by a
+	// zygote init, whose runners the zygote forks.
+	Role string `json:"role,omitempty"`
+	// Preload lists the modules the zygote imports (roleZygote).
+	Preload []string `json:"preload,omitempty"`
 }
+
+// Roles of init.
+const (
+	roleClassic = ""
+	roleZygote  = "zygote"
+	roleForked  = "forked"
+)
 
 // initStatus is a message from init to the supervisor.
 type initStatus struct {
@@ -140,7 +154,16 @@ func initMain(report func(initStatus)) (int, error) {
 	if err := syscall.Setgroups(nil); err != nil {
 		return 0, step("setgroups", err)
 	}
-	if err := buildRoot(&cfg); err != nil {
+	if cfg.Role == roleZygote {
+		return zygoteInit(&cfg, report)
+	}
+	if cfg.Role == roleForked {
+		// The zygote's init built the root; this sandbox's own mount
+		// namespace, a copy of it, only needs its disk and /proc.
+		if err := mountForked(&cfg); err != nil {
+			return 0, err
+		}
+	} else if err := buildRoot(&cfg); err != nil {
 		return 0, err
 	}
 	if err := unix.Sethostname([]byte(hostname)); err != nil {
@@ -174,12 +197,16 @@ func initMain(report func(initStatus)) (int, error) {
 	return supervise(&cfg, report), nil
 }
 
-func setRlimits(cfg *initConfig) error {
-	limits := []struct {
-		name     string
-		resource int
-		cur, max uint64
-	}{
+type rlimit struct {
+	name     string
+	resource int
+	cur, max uint64
+}
+
+// rlimits are init's resource limits, and so those of every process of the
+// sandbox.
+func (cfg *initConfig) rlimits() []rlimit {
+	limits := []rlimit{
 		{"core", unix.RLIMIT_CORE, 0, 0},
 		{"nofile", unix.RLIMIT_NOFILE, cfg.OpenFiles, cfg.OpenFiles},
 		{"fsize", unix.RLIMIT_FSIZE, uint64(cfg.DiskBytes), uint64(cfg.DiskBytes)},
@@ -187,27 +214,29 @@ func setRlimits(cfg *initConfig) error {
 	if cfg.CPUSeconds > 0 {
 		// SIGXCPU at the soft limit, SIGKILL one second later for code
 		// that catches SIGXCPU.
-		limits = append(limits, struct {
-			name     string
-			resource int
-			cur, max uint64
-		}{"cpu", unix.RLIMIT_CPU, cfg.CPUSeconds, cfg.CPUSeconds + 1})
+		limits = append(limits, rlimit{"cpu", unix.RLIMIT_CPU, cfg.CPUSeconds, cfg.CPUSeconds + 1})
 	}
 	if cfg.MaxProcs > 0 {
-		limits = append(limits, struct {
-			name     string
-			resource int
-			cur, max uint64
-		}{"nproc", unix.RLIMIT_NPROC, cfg.MaxProcs, cfg.MaxProcs})
+		limits = append(limits, rlimit{"nproc", unix.RLIMIT_NPROC, cfg.MaxProcs, cfg.MaxProcs})
 	}
 	if cfg.MemoryBytes > 0 {
-		limits = append(limits, struct {
-			name     string
-			resource int
-			cur, max uint64
-		}{"as", unix.RLIMIT_AS, cfg.MemoryBytes, cfg.MemoryBytes})
+		limits = append(limits, rlimit{"as", unix.RLIMIT_AS, cfg.MemoryBytes, cfg.MemoryBytes})
 	}
-	for _, l := range limits {
+	return limits
+}
+
+// runnerRlimits are the same limits for a zygote's runner, which is not
+// init's child and sets them itself.
+func (cfg *initConfig) runnerRlimits() [][3]uint64 {
+	var out [][3]uint64
+	for _, l := range cfg.rlimits() {
+		out = append(out, [3]uint64{uint64(l.resource), l.cur, l.max})
+	}
+	return out
+}
+
+func setRlimits(cfg *initConfig) error {
+	for _, l := range cfg.rlimits() {
 		// syscall.Setrlimit, not unix.Setrlimit: the runtime then passes
 		// our RLIMIT_NOFILE to children instead of restoring its own.
 		if err := syscall.Setrlimit(l.resource, &syscall.Rlimit{Cur: l.cur, Max: l.max}); err != nil {
@@ -252,7 +281,15 @@ func dropCapabilities() error {
 // event pipes, and returns its pid and the supervisor's ends of the pipes
 // (request writer, event reader). Fresh pipes per runner mean a runner
 // killed in the middle of a frame cannot garble its successor's.
+//
+// A forked sandbox's runner comes from the zygote instead: init returns pid
+// 0 and, after the supervisor's two ends, the runner's four descriptors
+// (request reader, event writer, stdout, stderr) for the supervisor to hand
+// to the zygote.
 func startRunner(cfg *initConfig) (int, []int, error) {
+	if cfg.Role == roleForked {
+		return runnerPipes()
+	}
 	if _, err := os.Stat(cfg.Python); err != nil {
 		return 0, nil, fmt.Errorf("python %s is not in the sandbox (only the host's /usr is visible): %w", cfg.Python, err)
 	}
@@ -294,6 +331,30 @@ func startRunner(cfg *initConfig) (int, []int, error) {
 		fds = append(fds, fd)
 	}
 	return pid, fds, nil
+}
+
+func runnerPipes() (int, []int, error) {
+	var fds [4]int
+	if err := unix.Pipe2(fds[:2], unix.O_CLOEXEC); err != nil { // request: r, w
+		return 0, nil, err
+	}
+	if err := unix.Pipe2(fds[2:], unix.O_CLOEXEC); err != nil { // events: r, w
+		closeAll(fds[:2])
+		return 0, nil, err
+	}
+	out, err := unix.FcntlInt(uintptr(stdoutFile.Fd()), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		closeAll(fds[:])
+		return 0, nil, err
+	}
+	errFD, err := unix.FcntlInt(uintptr(stderrFile.Fd()), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		closeAll(append(fds[:], out))
+		return 0, nil, err
+	}
+	// Supervisor's: request writer, event reader; the runner's: request
+	// reader, event writer, stdout, stderr.
+	return 0, []int{fds[1], fds[2], fds[0], fds[3], out, errFD}, nil
 }
 
 // loopbackUp brings up lo, the only interface of the sandbox's network

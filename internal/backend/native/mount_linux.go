@@ -75,14 +75,18 @@ func buildRoot(cfg *initConfig) error {
 	if err := mountDev(r("dev")); err != nil {
 		return err
 	}
-	if err := mountDisk(cfg, r); err != nil {
+	if cfg.Role == roleZygote {
+		if err := mountZygoteDirs(cfg, r); err != nil {
+			return err
+		}
+	} else if err := mountDisk(cfg, r); err != nil {
 		return err
 	}
 	// Only the tmpfs of /dev itself becomes read-only, not /dev/shm on it.
 	if err := remount(r("dev"), unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NOEXEC); err != nil {
 		return step("make /dev read-only", err)
 	}
-	if err := mountProc(r("proc")); err != nil {
+	if err := mountProc(r("proc"), cfg.Role != roleZygote); err != nil {
 		return err
 	}
 
@@ -112,9 +116,10 @@ func buildRoot(cfg *initConfig) error {
 // scratch point, its directories bound into place, and the scratch mount
 // detached.
 func mountDisk(cfg *initConfig, r func(string) string) error {
-	scratch := r(".disk")
+	scratch := r(diskScratch)
 	opts := fmt.Sprintf("size=%d,nr_inodes=%d,mode=755", cfg.DiskBytes, cfg.DiskInodes)
-	if err := os.Mkdir(scratch, 0o700); err != nil {
+	// A forked sandbox finds the mount point in the zygote's read-only root.
+	if err := os.Mkdir(scratch, 0o700); err != nil && !(cfg.Role == roleForked && os.IsExist(err)) {
 		return step("disk mount point", err)
 	}
 	if err := unix.Mount("tmpfs", scratch, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
@@ -152,7 +157,40 @@ func mountDisk(cfg *initConfig, r func(string) string) error {
 	if err := unix.Unmount(scratch, unix.MNT_DETACH); err != nil {
 		return step("detach disk scratch mount", err)
 	}
+	if cfg.Role == roleForked {
+		return nil
+	}
 	return step("remove disk scratch mount point", os.Remove(scratch))
+}
+
+// mountZygoteDirs makes the mount points that every forked sandbox covers
+// with its own disk, and gives the zygote a small /tmp of its own (for
+// caches the preloaded modules write at import).
+func mountZygoteDirs(cfg *initConfig, r func(string) string) error {
+	for _, d := range []string{diskScratch, "workspace", "tmp", "dev/shm"} {
+		if err := os.MkdirAll(r(d), 0o755); err != nil {
+			return step("mount point /"+d, err)
+		}
+	}
+	opts := fmt.Sprintf("size=%d,nr_inodes=4096,mode=1777", cfg.DiskBytes)
+	return step("mount the zygote's /tmp", unix.Mount("tmpfs", r("tmp"), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts))
+}
+
+// diskScratch is where the disk tmpfs is mounted before its directories are
+// bound into place.
+const diskScratch = ".disk"
+
+// mountForked gives a sandbox forked from a zygote what is its own, in its
+// own mount namespace (a copy of the zygote's, whose mounts the kernel has
+// locked: they can be covered, never changed or removed):
+//  1. its disk tmpfs, bound over /workspace, /tmp and /dev/shm;
+//  2. a /proc of its own PID namespace over the zygote's, with masks.
+func mountForked(cfg *initConfig) error {
+	root := func(p string) string { return filepath.Join("/", p) }
+	if err := mountDisk(cfg, root); err != nil {
+		return err
+	}
+	return mountProc("/proc", true)
 }
 
 func mountDev(dev string) error {
@@ -187,12 +225,19 @@ func mountDev(dev string) error {
 	return nil
 }
 
-func mountProc(proc string) error {
-	if err := os.Mkdir(proc, 0o555); err != nil {
+// mountProc mounts a proc of this PID namespace at proc, masked unless
+// mask is false. The zygote's own /proc stays unmasked: the kernel lets a
+// sandbox's init mount a new proc only where a fully visible one exists, and
+// the zygote runs no user code.
+func mountProc(proc string, mask bool) error {
+	if err := os.Mkdir(proc, 0o555); err != nil && !os.IsExist(err) {
 		return step("/proc", err)
 	}
 	if err := unix.Mount("proc", proc, "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return step("mount /proc", err)
+	}
+	if !mask {
+		return nil
 	}
 	for _, name := range procMasked {
 		p := filepath.Join(proc, name)

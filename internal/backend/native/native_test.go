@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -20,12 +21,14 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
 
-// The test binary is re-executed as every sandbox's init.
+// The test binary is re-executed as every sandbox's init. The whole suite
+// runs twice: with a classic init per sandbox, then (in a re-executed test
+// binary) with sandboxes forked from a zygote.
 func TestMain(m *testing.M) {
 	if native.IsInit() {
 		native.RunInit()
 	}
-	os.Exit(m.Run())
+	os.Exit(testutil.RunBothModes(m))
 }
 
 // Each test package has its own cgroup parent and uid range, so that
@@ -46,7 +49,8 @@ func newBackend(t *testing.T) *native.Backend {
 	testutil.RequireRoot(t)
 	testutil.RequirePython(t)
 	backendOnce.Do(func() {
-		backend, backendErr = native.New(native.Config{CgroupParent: cgroupParent, UIDBase: uidBase})
+		backend, backendErr = native.New(native.Config{CgroupParent: cgroupParent, UIDBase: uidBase,
+			Zygote: testutil.ZygoteMode(), Preload: []string{"numpy"}})
 	})
 	if backendErr != nil {
 		t.Fatal(backendErr)
@@ -385,7 +389,8 @@ print("parent done")
 		t.Fatalf("run took %v: a detached child kept it alive", time.Since(start))
 	}
 	if left := testutil.ProcessesOwnedBy(uidBase, uidBase+65536); len(left) > 0 {
-		t.Fatalf("processes left behind: %v", left)
+		out, _ := exec.Command("sh", "-c", "ps -eo pid,ppid,uid,stat,comm,args | grep -v ' 0 '").CombinedOutput()
+		t.Fatalf("processes left behind: %v\n%s", left, out)
 	}
 	// This test is not parallel: no other sandbox is running now.
 	if left := testutil.CgroupsUnder(cgroupParent); len(left) > groups {
@@ -466,7 +471,7 @@ func TestInterruptKeepsState(t *testing.T) {
 		<-started
 		sb.Interrupt()
 	}()
-	res, err := sb.Execute(ctx, sandbox.ExecRequest{Code: "print('looping', flush=True)\nwhile True: n += 1"},
+	res, err := sb.Execute(ctx, sandbox.ExecRequest{Code: "while True:\n    n += 1\n    if n == 1000: print('looping', flush=True)"},
 		sinkFunc(func([]byte) { once.Do(func() { close(started) }) }))
 	if err != nil {
 		t.Fatal(err)

@@ -36,7 +36,8 @@ type Sandbox struct {
 	id       string
 	b        *Backend
 	spec     sandbox.Spec
-	cmd      *exec.Cmd
+	init     *initProc
+	z        *zygote       // the zygote that forks runners; nil: init starts them
 	cg       cgroups.Group // nil without cgroups
 	ws       *workspace.Dir
 	ctl      int // control socket to init
@@ -53,6 +54,9 @@ type Sandbox struct {
 
 	// From init's control socket.
 	mu        sync.Mutex
+	cfg       *initConfig
+	failed    chan struct{} // closed when a zygote could not give a runner
+	failErr   error         // why; valid once failed is closed
 	runner    *runnerProc   // the current runner; nil while one starts
 	runnerSet chan struct{} // closed and replaced when runner changes
 	cur       *execution    // receives the current runner's events
@@ -81,6 +85,18 @@ type runnerProc struct {
 	exit   ctlMsg        // valid once exited is closed
 	evDone chan struct{} // its event stream ended
 	broken error         // it broke the protocol; under Sandbox.mu
+	// A zygote's runner: a pidfd to signal it (-1 when none or gone),
+	// under Sandbox.mu.
+	pidfd int
+}
+
+// closePidfd forgets the runner's pidfd; called with Sandbox.mu held, so
+// that no one signals a reused descriptor.
+func (r *runnerProc) closePidfd() {
+	if r.pidfd >= 0 {
+		unix.Close(r.pidfd)
+		r.pidfd = -1
+	}
 }
 
 type spawnReply struct {
@@ -101,10 +117,11 @@ type execution struct {
 }
 
 // start launches init in new namespaces and waits until the runner inside
-// is ready for code.
-func start(ctx context.Context, b *Backend, spec sandbox.Spec, cfg *initConfig) (_ *Sandbox, err error) {
+// is ready for code. With a zygote, the zygote's init starts this init and
+// the zygote forks its runners.
+func start(ctx context.Context, b *Backend, spec sandbox.Spec, cfg *initConfig, z *zygote) (_ *Sandbox, err error) {
 	s := &Sandbox{
-		id: newID(), b: b, spec: spec, ctl: -1,
+		id: newID(), b: b, spec: spec, ctl: -1, z: z, cfg: cfg, failed: make(chan struct{}),
 		initDone: make(chan struct{}), statusDone: make(chan struct{}),
 		runnerSet: make(chan struct{}), ctlDone: make(chan struct{}),
 		spawns: map[uint64]chan spawnReply{}, procs: map[uint64]*process{},
@@ -122,58 +139,198 @@ func start(ctx context.Context, b *Backend, spec sandbox.Spec, cfg *initConfig) 
 			return nil, err
 		}
 	}
+	p, err := newInitPipes()
+	if err != nil {
+		return nil, err
+	}
+	defer p.closeChild()
+	s.ctl = p.ctl
+	defer p.ctrlW.Close()
+	if z == nil {
+		var cgfd = -1
+		if s.cg != nil {
+			cgfd = s.cg.IntoFD()
+		}
+		s.init, err = b.execInit(p.child, cgfd)
+	} else {
+		s.init, err = z.spawnInit(ctx, p.child)
+	}
+	if err != nil {
+		p.closeParent()
+		return nil, err
+	}
+	go func() {
+		s.initErr = s.init.wait()
+		close(s.initDone)
+	}()
+	p.closeChild()
+	if s.cg != nil && !s.init.inCgroup {
+		// Moved in before it receives its config, so before it does
+		// anything on the sandbox's behalf.
+		if err := s.cg.AddProc(s.init.pid); err != nil {
+			p.closeParent()
+			return nil, err
+		}
+	}
+	if s.stdout, err = newCapture(p.stdoutR); err != nil {
+		return nil, err
+	}
+	if s.stderr, err = newCapture(p.stderrR); err != nil {
+		return nil, err
+	}
+	go s.readStatus(p.statusR)
+	go s.readControl()
 
-	// Pipes, parent end first. The child ends are closed here once init
-	// has them.
-	var childEnds []*os.File
+	if err := json.NewEncoder(p.ctrlW).Encode(cfg); err != nil {
+		return nil, fmt.Errorf("send config to init: %w", err)
+	}
+	p.ctrlW.Close()
+
+	timer := time.NewTimer(setupTimeout)
+	defer timer.Stop()
+	select {
+	case <-s.readyRunner(ctx):
+	case <-s.initDone:
+		<-s.statusDone
+		return nil, s.setupFailure()
+	case <-s.runnerFailed():
+		return nil, s.setupFailure()
+	case <-timer.C:
+		return nil, fmt.Errorf("the runner was not ready within %v", setupTimeout)
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+
+	// The workspace, held open from the host: files go in and out through
+	// this descriptor, and it outlives the sandbox's mount namespace, so
+	// files can be collected after every sandboxed process is dead. No user
+	// code has run yet, so the path cannot have been tampered with.
+	wsPath := fmt.Sprintf("/proc/%d/root%s", s.init.pid, workspacePath)
+	hostUID := int(b.cfg.UIDBase) + SandboxUID
+	if s.ws, err = workspace.Open(wsPath, hostUID, int(b.cfg.UIDBase)+SandboxGID); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// initPipes are the descriptors between the supervisor and a new init:
+// the supervisor's ends, and init's in the order fdCtrl..fdControl.
+type initPipes struct {
+	ctrlW                     *os.File
+	statusR, stdoutR, stderrR *os.File
+	ctl                       int
+	child                     []*os.File
+}
+
+func newInitPipes() (_ *initPipes, err error) {
+	p := &initPipes{ctl: -1}
 	defer func() {
-		for _, f := range childEnds {
-			f.Close()
+		if err != nil {
+			p.closeChild()
+			p.closeParent()
+			if p.ctl >= 0 {
+				unix.Close(p.ctl)
+			}
 		}
 	}()
-	pipe := func(parentReads bool) (parent *os.File, err error) {
+	pipe := func(parentReads bool) (*os.File, error) {
 		r, w, err := os.Pipe()
 		if err != nil {
 			return nil, err
 		}
 		if parentReads {
-			childEnds = append(childEnds, w)
+			p.child = append(p.child, w)
 			return r, nil
 		}
-		childEnds = append(childEnds, r)
+		p.child = append(p.child, r)
 		return w, nil
 	}
-	ctrlW, err := pipe(false)
-	if err != nil {
-		return nil, err
+	if p.ctrlW, err = pipe(false); err != nil {
+		return p, err
 	}
-	defer ctrlW.Close()
-	statusR, err := pipe(true)
-	if err != nil {
-		return nil, err
+	if p.statusR, err = pipe(true); err != nil {
+		return p, err
 	}
-	stdoutR, err := pipe(true)
-	if err != nil {
-		return nil, err
+	if p.stdoutR, err = pipe(true); err != nil {
+		return p, err
 	}
-	stderrR, err := pipe(true)
-	if err != nil {
-		return nil, err
+	if p.stderrR, err = pipe(true); err != nil {
+		return p, err
 	}
 	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
-		return nil, err
+		return p, err
 	}
-	s.ctl = pair[0]
-	childEnds = append(childEnds, os.NewFile(uintptr(pair[1]), "control"))
-	// childEnds are now, in order: ctrl, status, stdout, stderr, control,
-	// matching fdCtrl..fdControl.
+	p.ctl = pair[0]
+	p.child = append(p.child, os.NewFile(uintptr(pair[1]), "control"))
+	return p, nil
+}
+
+func (p *initPipes) closeChild() {
+	for _, f := range p.child {
+		f.Close()
+	}
+	p.child = nil
+}
+
+// closeParent closes the supervisor's pipe ends (not the control socket,
+// which the Sandbox owns).
+func (p *initPipes) closeParent() {
+	for _, f := range []*os.File{p.ctrlW, p.statusR, p.stdoutR, p.stderrR} {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
+// initProc is a running init, started by the supervisor (cmd) or by a
+// zygote's init (a pidfd).
+type initProc struct {
+	pid      int // on the host
+	cmd      *exec.Cmd
+	pidfd    int
+	inCgroup bool // born in its cgroup (clone3 CLONE_INTO_CGROUP)
+}
+
+// wait returns when init has exited.
+func (p *initProc) wait() error {
+	if p.cmd != nil {
+		return p.cmd.Wait()
+	}
+	return waitPidfd(p.pidfd)
+}
+
+// kill sends SIGKILL: init is PID 1 of the sandbox's PID namespace, so
+// every process of the sandbox dies with it.
+func (p *initProc) kill() {
+	if p.cmd != nil {
+		p.cmd.Process.Signal(syscall.SIGKILL)
+		return
+	}
+	unix.PidfdSendSignal(p.pidfd, unix.SIGKILL, nil, 0)
+}
+
+// awaitReaped waits (briefly) until the zygote's init has reaped an init
+// that exited: until then it lingers as a zombie.
+func (p *initProc) awaitReaped() {
+	for delay, waited := 20*time.Microsecond, time.Duration(0); waited < time.Second; delay = min(2*delay, 10*time.Millisecond) {
+		if unix.PidfdSendSignal(p.pidfd, 0, nil, 0) == unix.ESRCH {
+			return
+		}
+		time.Sleep(delay)
+		waited += delay
+	}
+}
+
+// execInit starts a classic init with the supervisor's own clone: new user,
+// mount, PID, network, IPC and UTS namespaces.
+func (b *Backend) execInit(child []*os.File, cgroupFD int) (*initProc, error) {
 	uidMap := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(b.cfg.UIDBase), Size: 65536}}
-	s.cmd = &exec.Cmd{
+	cmd := &exec.Cmd{
 		Path:       b.cfg.Exe,
 		Args:       []string{initArg0},
 		Env:        []string{},
-		ExtraFiles: childEnds,
+		ExtraFiles: child,
 		SysProcAttr: &syscall.SysProcAttr{
 			Cloneflags: syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS | syscall.CLONE_NEWPID |
 				syscall.CLONE_NEWNET | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS,
@@ -188,69 +345,27 @@ func start(ctx context.Context, b *Backend, spec sandbox.Spec, cfg *initConfig) 
 			Pdeathsig: syscall.SIGKILL,
 		},
 	}
-	if s.cg != nil && s.cg.IntoFD() >= 0 {
+	p := &initProc{cmd: cmd, pidfd: -1}
+	if cgroupFD >= 0 {
 		// cgroup v2: born inside its group (clone3 CLONE_INTO_CGROUP).
-		s.cmd.SysProcAttr.UseCgroupFD = true
-		s.cmd.SysProcAttr.CgroupFD = s.cg.IntoFD()
+		cmd.SysProcAttr.UseCgroupFD = true
+		cmd.SysProcAttr.CgroupFD = cgroupFD
+		p.inCgroup = true
 	}
-	if err := s.cmd.Start(); err != nil {
+	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start init (user namespaces: %w)", err)
 	}
-	go func() {
-		s.initErr = s.cmd.Wait()
-		close(s.initDone)
-	}()
-	for _, f := range childEnds {
-		f.Close()
-	}
-	childEnds = nil
-	if s.cg != nil && s.cg.IntoFD() < 0 {
-		// cgroup v1: moved in before it receives its config, so before it
-		// does anything on the sandbox's behalf.
-		if err := s.cg.AddProc(s.cmd.Process.Pid); err != nil {
-			return nil, err
-		}
-	}
-	if s.stdout, err = newCapture(stdoutR); err != nil {
-		return nil, err
-	}
-	if s.stderr, err = newCapture(stderrR); err != nil {
-		return nil, err
-	}
-	go s.readStatus(statusR)
-	go s.readControl()
-
-	if err := json.NewEncoder(ctrlW).Encode(cfg); err != nil {
-		return nil, fmt.Errorf("send config to init: %w", err)
-	}
-	ctrlW.Close()
-
-	timer := time.NewTimer(setupTimeout)
-	defer timer.Stop()
-	select {
-	case <-s.readyRunner(ctx):
-	case <-s.initDone:
-		<-s.statusDone
-		return nil, s.setupFailure()
-	case <-timer.C:
-		return nil, fmt.Errorf("the runner was not ready within %v", setupTimeout)
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-
-	// The workspace, held open from the host: files go in and out through
-	// this descriptor, and it outlives the sandbox's mount namespace, so
-	// files can be collected after every sandboxed process is dead. No user
-	// code has run yet, so the path cannot have been tampered with.
-	wsPath := fmt.Sprintf("/proc/%d/root%s", s.cmd.Process.Pid, workspacePath)
-	hostUID := int(b.cfg.UIDBase) + SandboxUID
-	if s.ws, err = workspace.Open(wsPath, hostUID, int(b.cfg.UIDBase)+SandboxGID); err != nil {
-		return nil, err
-	}
-	return s, nil
+	p.pid = cmd.Process.Pid
+	return p, nil
 }
 
+// runnerFailed is closed when a zygote could not give the sandbox a runner.
+func (s *Sandbox) runnerFailed() <-chan struct{} { return s.failed }
+
 func (s *Sandbox) setupFailure() error {
+	if isClosed(s.failed) {
+		return s.failErr
+	}
 	s.statusMu.Lock()
 	defer s.statusMu.Unlock()
 	if s.setupError != "" {
@@ -289,7 +404,7 @@ func (s *Sandbox) readStatus(r *os.File) {
 // readControl follows init's control socket for the sandbox's life.
 func (s *Sandbox) readControl() {
 	defer close(s.ctlDone)
-	buf, oob := make([]byte, 64<<10), make([]byte, unix.CmsgSpace(4*4))
+	buf, oob := make([]byte, 64<<10), make([]byte, unix.CmsgSpace(8*4))
 	for {
 		m, fds, err := recvCtl(s.ctl, buf, oob)
 		if err != nil {
@@ -311,12 +426,14 @@ func (s *Sandbox) readControl() {
 		}
 		switch m.Op {
 		case opRunner:
-			if len(fds) != 2 || m.Error != "" {
+			forked := s.z != nil && len(fds) == 6
+			if (len(fds) != 2 && !forked) || m.Error != "" {
 				closeAll(fds)
 				continue // init exits after a failed restart: initDone follows
 			}
 			r := &runnerProc{
 				pid:    m.PID,
+				pidfd:  -1,
 				reqW:   os.NewFile(uintptr(fds[0]), "requests"),
 				ready:  make(chan struct{}),
 				exited: make(chan struct{}),
@@ -328,6 +445,9 @@ func (s *Sandbox) readControl() {
 			close(s.runnerSet)
 			s.runnerSet = make(chan struct{})
 			s.mu.Unlock()
+			if forked {
+				go s.forkRunner(r, fds[2:])
+			}
 		case opExited:
 			closeAll(fds)
 			s.mu.Lock()
@@ -381,6 +501,91 @@ func (s *Sandbox) readControl() {
 			closeAll(fds)
 		}
 	}
+}
+
+// forkRunner has the zygote fork a runner into this sandbox, with the four
+// descriptors init made for it (request reader, event writer, stdout,
+// stderr), and lets it go once it is in the sandbox's cgroup.
+func (s *Sandbox) forkRunner(r *runnerProc, fds []int) {
+	defer closeAll(fds)
+	var gate [2]int // the child starts when it reads "g"; EOF makes it give up
+	if err := unix.Pipe2(gate[:], unix.O_CLOEXEC); err != nil {
+		s.runnerSetupFailed(r, err)
+		return
+	}
+	defer unix.Close(gate[1])
+	mode := "--persistent"
+	if s.spec.OneShot {
+		mode = "--oneshot"
+	}
+	req := forkRequest{Mode: mode, Env: s.cfg.Env, UID: SandboxUID, GID: SandboxGID, Dir: workspacePath,
+		Rlimits: s.cfg.runnerRlimits()}
+	sent := append([]int{s.init.pidfd}, fds...)
+	res, err := s.z.fork(context.Background(), req, append(sent, gate[0]),
+		func(code, signal int) { s.runnerExited(r, code, signal) })
+	unix.Close(gate[0])
+	if err != nil {
+		s.runnerSetupFailed(r, err)
+		return
+	}
+	hostPID, err := pidfdPID(res.pidfd)
+	if err == nil && s.cg != nil {
+		err = s.cg.AddProc(hostPID)
+	}
+	if err != nil {
+		unix.PidfdSendSignal(res.pidfd, unix.SIGKILL, nil, 0)
+		unix.Close(res.pidfd)
+		s.runnerSetupFailed(r, fmt.Errorf("runner into its cgroup: %w", err))
+		return
+	}
+	s.mu.Lock()
+	if isClosed(r.exited) {
+		s.mu.Unlock()
+		unix.Close(res.pidfd)
+		return
+	}
+	r.pidfd = res.pidfd
+	s.mu.Unlock()
+	unix.Write(gate[1], []byte("g"))
+}
+
+// runnerExited records the end of a zygote's runner, as the zygote saw it.
+func (s *Sandbox) runnerExited(r *runnerProc, code, signal int) {
+	s.mu.Lock()
+	if !isClosed(r.exited) {
+		r.exit = ctlMsg{Op: opExited, Code: code, Signal: signal}
+		close(r.exited)
+		if s.runner == r {
+			s.lost = true
+		}
+	}
+	r.closePidfd()
+	last := s.spec.OneShot && s.runner == r
+	s.mu.Unlock()
+	if last {
+		// A one-shot sandbox ends with its runner, as with a classic
+		// init, which is the runner's parent and exits with it.
+		s.statusMu.Lock()
+		if s.runnerExit == nil {
+			s.runnerExit = &initStatus{Event: "exit", Code: code, Signal: signal}
+		}
+		s.statusMu.Unlock()
+		s.kill()
+	}
+}
+
+// runnerSetupFailed records that a zygote could not give a runner.
+func (s *Sandbox) runnerSetupFailed(r *runnerProc, err error) {
+	s.mu.Lock()
+	if !isClosed(r.exited) {
+		r.exit = ctlMsg{Op: opExited, Code: sandbox.ExitSetupFailed}
+		close(r.exited)
+	}
+	if !isClosed(s.failed) {
+		s.failErr = fmt.Errorf("runner: %w", err)
+		close(s.failed)
+	}
+	s.mu.Unlock()
 }
 
 // send writes one control message to init.
@@ -448,6 +653,12 @@ func (s *Sandbox) readEvents(r *runnerProc, events *os.File) {
 			readyOnce()
 			continue
 		}
+		if ev.Type == "setup_error" && s.z != nil {
+			// A zygote's child reports what it could not do before it
+			// became the runner (the Go init reports on its status pipe).
+			s.runnerSetupFailed(r, errors.New(ev.Value))
+			continue
+		}
 		if ev.Type == "result" || ev.Type == "error" {
 			// The runner flushed what the code printed before this event
 			// into the output pipes; deliver it first, so that streams see
@@ -503,8 +714,8 @@ func (s *Sandbox) Workspace() sandbox.Workspace { return s.ws }
 // PID namespace, and when it dies the kernel kills all the rest, however
 // they forked, setsid or ignored signals. The cgroup is the second net.
 func (s *Sandbox) kill() {
-	if s.cmd != nil && s.cmd.Process != nil {
-		s.cmd.Process.Signal(syscall.SIGKILL)
+	if s.init != nil {
+		s.init.kill()
 	}
 }
 
@@ -513,17 +724,26 @@ func (s *Sandbox) Close() error {
 	s.closeOnce.Do(func() {
 		var errs []error
 		s.kill()
-		if s.cmd != nil && s.cmd.Process != nil {
+		if s.init != nil {
 			<-s.initDone
+			if s.init.pidfd >= 0 {
+				s.init.awaitReaped()
+				unix.Close(s.init.pidfd)
+			}
 		}
 		if s.ctl >= 0 {
 			// Shut down, not close: readControl may still be in recvmsg.
 			unix.Shutdown(s.ctl, unix.SHUT_RDWR)
-			if s.cmd != nil && s.cmd.Process != nil {
+			if s.init != nil {
 				<-s.ctlDone
 			}
 			unix.Close(s.ctl)
 		}
+		s.mu.Lock()
+		if r := s.runner; r != nil {
+			r.closePidfd()
+		}
+		s.mu.Unlock()
 		s.mu.Lock()
 		if r := s.runner; r != nil {
 			r.reqW.Close()
@@ -562,9 +782,15 @@ func (s *Sandbox) Interrupt() error {
 		return sandbox.ErrClosed
 	}
 	s.mu.Lock()
-	running := s.cur != nil
-	s.mu.Unlock()
-	if !running {
+	defer s.mu.Unlock()
+	if s.cur == nil {
+		return nil
+	}
+	if s.z != nil {
+		// A zygote's runner is not init's child: signal it directly.
+		if r := s.runner; r != nil && r.pidfd >= 0 {
+			return unix.PidfdSendSignal(r.pidfd, unix.SIGINT, nil, 0)
+		}
 		return nil
 	}
 	return s.send(ctlMsg{Op: opInterrupt})
@@ -622,6 +848,8 @@ func (s *Sandbox) restart(ctx context.Context) error {
 	select {
 	case <-s.readyRunner(ctx):
 		return nil
+	case <-s.runnerFailed():
+		return fmt.Errorf("%w: restart: %v", sandbox.ErrClosed, s.failErr)
 	case <-s.initDone:
 		return fmt.Errorf("%w: the sandbox died while restarting", sandbox.ErrClosed)
 	case <-timer.C:

@@ -1,0 +1,600 @@
+package native
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
+	"github.com/vivarium-sandbox/vivarium/internal/runner"
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/seccomp"
+)
+
+// A zygote makes sandboxes fast to start and cheap to keep. It is an init
+// of its own (roleZygote: same root file system as every sandbox, in a user
+// namespace of its own) running a Python that has imported the runner and
+// the preloaded modules once. For each sandbox:
+//
+//  1. the zygote's init starts the sandbox's init in new user, mount, PID,
+//     network, IPC and UTS namespaces nested in the zygote's (roleForked);
+//     that init mounts the sandbox's own disk and /proc and confines itself
+//     exactly as a classic init does;
+//  2. the Python zygote forks a child into the sandbox's PID namespace; the
+//     supervisor moves the child into the sandbox's cgroup; the child joins
+//     the sandbox's other namespaces, drops every privilege, loads the
+//     seccomp filter and becomes the sandbox's runner (zygote.py).
+//
+// A fork takes a millisecond or two where starting Python and importing
+// pandas take over a second, and the preloaded pages are shared
+// copy-on-write by every sandbox. Nothing flows back: a child's writes are
+// its own, and the zygote never runs user code.
+type zygote struct {
+	b      *Backend
+	python string
+	init   *initProc
+	cg     cgroups.Group
+	ctl    int // control socket to the zygote's init
+	zs     int // socket to the Python zygote
+	dead   chan struct{}
+
+	ctlMu, zsMu sync.Mutex // one sender at a time per socket
+
+	mu      sync.Mutex
+	next    uint64
+	spawns  map[uint64]chan spawnResult
+	forks   map[uint64]chan forkResult
+	exits   map[uint64]func(code, signal int)
+	deadErr error
+	closed  bool
+}
+
+type spawnResult struct {
+	pidfd int
+	err   error
+}
+
+type forkResult struct {
+	pid, pidfd int
+	err        error
+}
+
+// zygoteMessage is what the Python zygote says.
+type zygoteMessage struct {
+	Op     string            `json:"op"`
+	Token  uint64            `json:"token"`
+	PID    int               `json:"pid"`
+	Code   int               `json:"code"`
+	Signal int               `json:"signal"`
+	Error  string            `json:"error"`
+	Errors map[string]string `json:"errors"`
+}
+
+// forkRequest asks the Python zygote for a runner.
+type forkRequest struct {
+	Op      string      `json:"op"`
+	Token   uint64      `json:"token"`
+	Mode    string      `json:"mode"`
+	Env     []string    `json:"env"`
+	UID     int         `json:"uid"`
+	GID     int         `json:"gid"`
+	Dir     string      `json:"dir"`
+	Rlimits [][3]uint64 `json:"rlimits"`
+}
+
+// zygoteStartTimeout bounds the zygote's start-up: importing pandas and
+// matplotlib takes a few seconds on a busy machine.
+const zygoteStartTimeout = 3 * time.Minute
+
+// startZygote starts a zygote for python with the backend's preloads.
+func (b *Backend) startZygote(ctx context.Context, python string, etc []etcEntry, top []topLink) (_ *zygote, err error) {
+	prog, err := seccomp.Compile(seccomp.DefaultRules())
+	if err != nil {
+		return nil, err
+	}
+	files := runner.Files()
+	files["seccomp.bpf"] = filterBytes(prog)
+	cfg := &initConfig{
+		Python:      python,
+		RunnerFiles: files,
+		Env:         sandboxEnv(nil),
+		Etc:         etc,
+		TopLevel:    top,
+		DiskBytes:   64 << 20, // the zygote's own /tmp
+		OpenFiles:   4096,
+		Role:        roleZygote,
+		Preload:     b.cfg.Preload,
+	}
+	z := &zygote{
+		b: b, python: python, ctl: -1, zs: -1, dead: make(chan struct{}),
+		spawns: map[uint64]chan spawnResult{}, forks: map[uint64]chan forkResult{},
+		exits: map[uint64]func(int, int){},
+	}
+	defer func() {
+		if err != nil {
+			z.close()
+			err = fmt.Errorf("%w: zygote: %w", sandbox.ErrSetup, err)
+		}
+	}()
+	if b.cgroups != nil {
+		// No memory limit: the zygote's pages are shared by every sandbox
+		// forked from it, and an OOM kill would take them all down.
+		if z.cg, err = b.cgroups.New("zygote-"+newID(), cgroups.Limits{Pids: 256}); err != nil {
+			return nil, err
+		}
+	}
+	p, err := newInitPipes()
+	if err != nil {
+		return nil, err
+	}
+	defer p.closeChild()
+	defer p.closeParent()
+	z.ctl = p.ctl
+	cgfd := -1
+	if z.cg != nil {
+		cgfd = z.cg.IntoFD()
+	}
+	if z.init, err = b.execInit(p.child, cgfd); err != nil {
+		return nil, err
+	}
+	initDone := make(chan struct{})
+	go func() {
+		z.init.wait()
+		close(initDone)
+		z.die(errors.New("the zygote's init exited"))
+	}()
+	p.closeChild()
+	if z.cg != nil && !z.init.inCgroup {
+		if err := z.cg.AddProc(z.init.pid); err != nil {
+			return nil, err
+		}
+	}
+	go b.logLines("zygote", p.stderrR)
+	p.stderrR = nil
+	go discard(p.stdoutR)
+	p.stdoutR = nil
+	status := make(chan initStatus, 4)
+	go func(r *os.File) {
+		defer r.Close()
+		sc := bufio.NewScanner(r)
+		for sc.Scan() {
+			var st initStatus
+			if json.Unmarshal(sc.Bytes(), &st) == nil {
+				select {
+				case status <- st:
+				default:
+				}
+			}
+		}
+	}(p.statusR)
+	p.statusR = nil
+	if err := json.NewEncoder(p.ctrlW).Encode(cfg); err != nil {
+		return nil, fmt.Errorf("send config: %w", err)
+	}
+	p.ctrlW.Close()
+	p.ctrlW = nil
+
+	// The zygote's init passes the Python zygote's socket first.
+	zsSet := make(chan struct{})
+	go z.readControl(zsSet)
+	timer := time.NewTimer(zygoteStartTimeout)
+	defer timer.Stop()
+wait:
+	for {
+		select {
+		case st := <-status:
+			if st.Event == "error" {
+				return nil, fmt.Errorf("%s: %s", st.Step, st.Error)
+			}
+		case <-zsSet:
+			break wait
+		case <-initDone:
+			return nil, errors.New("the zygote's init exited during setup")
+		case <-timer.C:
+			return nil, errors.New("the zygote's init did not start in time")
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	zsReady := make(chan zygoteMessage, 1)
+	go z.readZygote(zsReady)
+	select {
+	case m := <-zsReady:
+		for mod, e := range m.Errors {
+			b.log.Warn("zygote: a module could not be preloaded", "module", mod, "err", e)
+		}
+	case <-z.dead:
+		return nil, z.deadErr
+	case <-timer.C:
+		return nil, fmt.Errorf("the zygote did not import its modules within %v", zygoteStartTimeout)
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return z, nil
+}
+
+// filterBytes lays a BPF program out as struct sock_filter[] in this
+// machine's byte order, for the zygote to load with prctl.
+func filterBytes(prog []unix.SockFilter) []byte {
+	out := make([]byte, 0, 8*len(prog))
+	for _, f := range prog {
+		out = binary.NativeEndian.AppendUint16(out, f.Code)
+		out = append(out, f.Jt, f.Jf)
+		out = binary.NativeEndian.AppendUint32(out, f.K)
+	}
+	return out
+}
+
+// readControl follows the zygote's init: first the Python zygote's socket,
+// then replies to spawns.
+func (z *zygote) readControl(zsSet chan<- struct{}) {
+	buf, oob := make([]byte, 64<<10), make([]byte, unix.CmsgSpace(4*4))
+	for {
+		m, fds, err := recvCtl(z.ctl, buf, oob)
+		if err != nil {
+			z.die(fmt.Errorf("the zygote's init: %w", err))
+			return
+		}
+		switch m.Op {
+		case opZygote:
+			if len(fds) != 1 {
+				closeAll(fds)
+				continue
+			}
+			z.mu.Lock()
+			set := z.zs < 0
+			if set {
+				z.zs = fds[0]
+				fds = nil
+			}
+			z.mu.Unlock()
+			closeAll(fds)
+			if set {
+				close(zsSet)
+			}
+		case opSpawned:
+			res := spawnResult{pidfd: -1}
+			switch {
+			case m.Error != "":
+				res.err = errors.New(m.Error)
+				closeAll(fds)
+			case len(fds) != 1:
+				res.err = errors.New("no pidfd for the new init")
+				closeAll(fds)
+			default:
+				res.pidfd = fds[0]
+			}
+			z.mu.Lock()
+			ch := z.spawns[m.ID]
+			delete(z.spawns, m.ID)
+			z.mu.Unlock()
+			if ch == nil {
+				if res.pidfd >= 0 {
+					unix.PidfdSendSignal(res.pidfd, unix.SIGKILL, nil, 0)
+					unix.Close(res.pidfd)
+				}
+				continue
+			}
+			ch <- res
+		default:
+			closeAll(fds)
+		}
+	}
+}
+
+// readZygote follows the Python zygote: its readiness, forks and exits.
+func (z *zygote) readZygote(ready chan<- zygoteMessage) {
+	buf, oob := make([]byte, 64<<10), make([]byte, unix.CmsgSpace(4*4))
+	for {
+		n, oobn, flags, _, err := unix.Recvmsg(z.zs, buf, oob, unix.MSG_CMSG_CLOEXEC)
+		if err == unix.EINTR {
+			continue
+		}
+		var fds []int
+		if err == nil && oobn > 0 {
+			cmsgs, _ := unix.ParseSocketControlMessage(oob[:oobn])
+			for _, c := range cmsgs {
+				if got, err := unix.ParseUnixRights(&c); err == nil {
+					fds = append(fds, got...)
+				}
+			}
+		}
+		if err != nil || n == 0 || flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 {
+			closeAll(fds)
+			z.die(errors.New("the zygote exited"))
+			return
+		}
+		var m zygoteMessage
+		if json.Unmarshal(buf[:n], &m) != nil {
+			closeAll(fds)
+			continue
+		}
+		switch m.Op {
+		case "ready":
+			select {
+			case ready <- m:
+			default:
+			}
+			closeAll(fds)
+		case "forked", "fork_failed":
+			res := forkResult{pid: m.PID, pidfd: -1}
+			if m.Op == "fork_failed" || len(fds) != 1 {
+				res.err = fmt.Errorf("fork: %s", m.Error)
+				closeAll(fds)
+			} else {
+				res.pidfd = fds[0]
+			}
+			z.mu.Lock()
+			ch := z.forks[m.Token]
+			delete(z.forks, m.Token)
+			z.mu.Unlock()
+			if ch == nil {
+				if res.pidfd >= 0 {
+					unix.PidfdSendSignal(res.pidfd, unix.SIGKILL, nil, 0)
+					unix.Close(res.pidfd)
+				}
+				continue
+			}
+			ch <- res
+		case "exited":
+			closeAll(fds)
+			z.mu.Lock()
+			fn := z.exits[m.Token]
+			delete(z.exits, m.Token)
+			z.mu.Unlock()
+			if fn != nil {
+				fn(m.Code, m.Signal)
+			}
+		default:
+			closeAll(fds)
+		}
+	}
+}
+
+// die marks the zygote unusable and fails whatever waits on it.
+func (z *zygote) die(err error) {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	if isClosed(z.dead) {
+		return
+	}
+	z.deadErr = err
+	close(z.dead)
+	for id, ch := range z.spawns {
+		ch <- spawnResult{pidfd: -1, err: err}
+		delete(z.spawns, id)
+	}
+	for id, ch := range z.forks {
+		ch <- forkResult{pidfd: -1, err: err}
+		delete(z.forks, id)
+	}
+	exits := z.exits
+	z.exits = map[uint64]func(int, int){}
+	go func() {
+		// Runners of a dead zygote are orphans whose end nobody reports:
+		// their sandboxes must not wait for it.
+		for _, fn := range exits {
+			fn(128+int(syscall.SIGKILL), int(syscall.SIGKILL))
+		}
+	}()
+}
+
+func (z *zygote) alive() bool { return !isClosed(z.dead) }
+
+// token reserves an id for a request.
+func (z *zygote) token() uint64 {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	z.next++
+	return z.next
+}
+
+// spawnInit asks the zygote's init to start a forked sandbox's init with
+// the given descriptors (in order fdCtrl..fdControl).
+func (z *zygote) spawnInit(ctx context.Context, child []*os.File) (*initProc, error) {
+	id := z.token()
+	ch := make(chan spawnResult, 1)
+	z.mu.Lock()
+	if isClosed(z.dead) {
+		z.mu.Unlock()
+		return nil, z.deadErr
+	}
+	z.spawns[id] = ch
+	z.mu.Unlock()
+	fds := make([]int, len(child))
+	for i, f := range child {
+		fds[i] = int(f.Fd())
+	}
+	z.ctlMu.Lock()
+	err := sendCtl(z.ctl, ctlMsg{Op: opSpawnInit, ID: id}, fds...)
+	z.ctlMu.Unlock()
+	if err != nil {
+		z.mu.Lock()
+		delete(z.spawns, id)
+		z.mu.Unlock()
+		return nil, fmt.Errorf("zygote: %w", err)
+	}
+	var res spawnResult
+	select {
+	case res = <-ch:
+	case <-ctx.Done():
+		z.mu.Lock()
+		delete(z.spawns, id)
+		z.mu.Unlock()
+		return nil, ctx.Err()
+	}
+	if res.err != nil {
+		return nil, fmt.Errorf("start init: %w", res.err)
+	}
+	pid, err := pidfdPID(res.pidfd)
+	if err != nil {
+		unix.PidfdSendSignal(res.pidfd, unix.SIGKILL, nil, 0)
+		unix.Close(res.pidfd)
+		return nil, err
+	}
+	return &initProc{pid: pid, pidfd: res.pidfd}, nil
+}
+
+// fork asks the Python zygote for a runner. fds are the sandbox init's
+// pidfd, the runner's request reader, event writer, stdout and stderr, and
+// the read end of the "go" pipe; they are sent, not closed. onExit is
+// called once when the runner has exited.
+func (z *zygote) fork(ctx context.Context, req forkRequest, fds []int, onExit func(code, signal int)) (forkResult, error) {
+	req.Op = "fork"
+	req.Token = z.token()
+	ch := make(chan forkResult, 1)
+	z.mu.Lock()
+	if isClosed(z.dead) {
+		z.mu.Unlock()
+		return forkResult{}, z.deadErr
+	}
+	z.forks[req.Token] = ch
+	z.exits[req.Token] = onExit
+	z.mu.Unlock()
+	body, err := json.Marshal(req)
+	if err == nil {
+		z.zsMu.Lock()
+		err = unix.Sendmsg(z.zs, body, unix.UnixRights(fds...), nil, 0)
+		z.zsMu.Unlock()
+	}
+	if err != nil {
+		z.mu.Lock()
+		delete(z.forks, req.Token)
+		delete(z.exits, req.Token)
+		z.mu.Unlock()
+		return forkResult{}, fmt.Errorf("zygote: %w", err)
+	}
+	select {
+	case res := <-ch:
+		if res.err != nil {
+			z.mu.Lock()
+			delete(z.exits, req.Token)
+			z.mu.Unlock()
+		}
+		return res, res.err
+	case <-ctx.Done():
+		// The fork may still come: readZygote kills what nobody awaits.
+		z.mu.Lock()
+		delete(z.forks, req.Token)
+		delete(z.exits, req.Token)
+		z.mu.Unlock()
+		return forkResult{}, ctx.Err()
+	}
+}
+
+// close kills the zygote, its init, and with it every sandbox it started.
+func (z *zygote) close() {
+	z.mu.Lock()
+	if z.closed {
+		z.mu.Unlock()
+		return
+	}
+	z.closed = true
+	z.mu.Unlock()
+	if z.init != nil {
+		z.init.kill()
+	}
+	z.die(errors.New("zygote closed"))
+	if z.ctl >= 0 {
+		unix.Shutdown(z.ctl, unix.SHUT_RDWR)
+	}
+	z.mu.Lock()
+	if z.zs >= 0 {
+		unix.Shutdown(z.zs, unix.SHUT_RDWR)
+	}
+	z.mu.Unlock()
+	if z.cg != nil {
+		z.cg.Destroy()
+	}
+}
+
+// pidfdPID reads the host pid a pidfd refers to.
+func pidfdPID(pidfd int) (int, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/self/fdinfo/%d", pidfd))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Pid:"); ok {
+			pid, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil || pid <= 0 {
+				return 0, fmt.Errorf("pidfd %d: the process is gone", pidfd)
+			}
+			return pid, nil
+		}
+	}
+	return 0, fmt.Errorf("pidfd %d: no pid in fdinfo (Linux 5.3 or later needed)", pidfd)
+}
+
+// nsPID reads the pid a host process has in its innermost PID namespace.
+func nsPID(hostPID int) (int, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", hostPID))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "NSpid:"); ok {
+			f := strings.Fields(v)
+			if len(f) > 0 {
+				return strconv.Atoi(f[len(f)-1])
+			}
+		}
+	}
+	return 0, errors.New("no NSpid")
+}
+
+// waitPidfd returns when the process a pidfd refers to has exited. It
+// waits in the runtime's poller, not on a thread of its own.
+func waitPidfd(pidfd int) error {
+	fd, err := unix.FcntlInt(uintptr(pidfd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return err
+	}
+	f := os.NewFile(uintptr(fd), "pidfd")
+	defer f.Close()
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	return rc.Read(func(fd uintptr) bool {
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, _ := unix.Poll(pfd, 0)
+		return n > 0
+	})
+}
+
+// logLines logs what a zygote writes on stderr (tracebacks), bounded.
+func (b *Backend) logLines(who string, r *os.File) {
+	defer r.Close()
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 4096), 64<<10)
+	for sc.Scan() {
+		b.log.Warn(who+" says", "line", sc.Text())
+	}
+	discard(r)
+}
+
+func discard(r *os.File) {
+	buf := make([]byte, 32<<10)
+	for {
+		if _, err := r.Read(buf); err != nil {
+			r.Close()
+			return
+		}
+	}
+}

@@ -1,0 +1,338 @@
+"""Vivarium's zygote: a Python that has already imported the runner and the
+configured modules (numpy, pandas ...) and forks a copy of itself into each
+new sandbox, so that a sandbox starts in a millisecond or two instead of a
+whole interpreter start-up, and shares the preloaded pages copy-on-write.
+
+The zygote runs inside the zygote's own namespaces, as root of a user
+namespace, with capabilities: it needs them to place each child into a
+sandbox's namespaces. It never runs user code. Each child, before any user
+code runs, and in this order:
+
+  0. leaves the zygote's session and process group;
+  1. waits until the supervisor has moved it into the sandbox's cgroup;
+  2. joins the sandbox's user, mount, network, IPC, UTS and cgroup
+     namespaces (its PID namespace was chosen before the fork);
+  3. takes its standard streams and the runner's pipes, closes every other
+     descriptor the zygote held;
+  4. sets the sandbox's resource limits;
+  5. drops every capability (bounding and ambient sets, securebits
+     locked), its supplementary groups, and becomes the sandbox user;
+  6. sets no_new_privs and loads the sandbox's seccomp filter;
+  7. takes the sandbox's environment, reseeds every random generator the
+     zygote seeded, and runs the runner.
+
+It speaks to the supervisor on descriptor 3, a SOCK_SEQPACKET socket: one
+JSON message per packet, descriptors passed with SCM_RIGHTS.
+"""
+
+import array
+import ctypes
+import gc
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+import traceback
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+
+PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
+PR_SET_SECCOMP = 22
+PR_CAPBSET_DROP = 24
+PR_SET_SECUREBITS = 28
+PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+SECCOMP_MODE_FILTER = 2
+# linux/securebits.h: noroot, noroot locked, keep_caps locked, no ambient
+# raise, no ambient raise locked: as the Go init sets them.
+SECUREBITS = (1 << 0) | (1 << 1) | (1 << 5) | (1 << 6) | (1 << 7)
+
+MAX_MESSAGE = 1 << 20
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+_libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
+
+
+class SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+
+
+class SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(SockFilter))]
+
+
+class SetupError(Exception):
+    def __init__(self, step, err):
+        super().__init__("%s: %s" % (step, err))
+
+
+def _check(step, rc):
+    if rc != 0:
+        e = ctypes.get_errno()
+        raise SetupError(step, os.strerror(e))
+
+
+def _prctl(step, option, a=0, b=0, c=0, d=0):
+    _check(step, _libc.prctl(option, a, b, c, d))
+
+
+def _load_filter(path):
+    """Reads the sandbox's seccomp program, compiled by the supervisor."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    n = len(raw) // 8
+    prog = (SockFilter * n)()
+    for i in range(n):
+        code, jt, jf, k = struct.unpack_from("=HBBI", raw, i * 8)
+        prog[i] = SockFilter(code, jt, jf, k)
+    return prog
+
+
+def _install_filter(prog):
+    fprog = SockFprog(len(prog), ctypes.cast(prog, ctypes.POINTER(SockFilter)))
+    _prctl("seccomp", PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog))
+
+
+def _drop_capabilities():
+    cap = 0
+    while True:
+        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            if ctypes.get_errno() == 22 and cap > 0:  # EINVAL: past the last one
+                break
+            _check("drop capability %d from the bounding set" % cap, -1)
+        cap += 1
+    _prctl("clear ambient capabilities", PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+    _prctl("securebits", PR_SET_SECUREBITS, SECUREBITS)
+
+
+def _reseed():
+    """Every child starts from the zygote's memory: generators seeded there
+    would give every sandbox the same numbers."""
+    import random
+
+    random.seed()
+    nprandom = sys.modules.get("numpy.random")
+    if nprandom is not None:
+        try:
+            nprandom.seed()
+        except Exception:
+            pass
+
+
+def become_sandbox(req, fds, filter_prog, sock_fd):
+    """The child's side: everything from the fork to the runner. Never
+    returns; the process ends with the runner."""
+    sandbox_pidfd, req_r, evt_w, out_w, err_w, go_r = fds
+    os.close(sock_fd)
+    # A session and process group of its own at once: the zygote's group
+    # holds every other sandbox's runner, and a signal to one's own group
+    # (kill(0, ...)) must not reach them.
+    os.setsid()
+    # 1. Wait for the cgroup. EOF: the supervisor gave up on this child.
+    if os.read(go_r, 1) != b"g":
+        os._exit(125)
+    os.close(go_r)
+    evt = evt_w  # where a setup error is reported
+    try:
+        # 2. The sandbox's namespaces; the user namespace first, which the
+        # kernel does when they are joined together through a pidfd.
+        _check("join the sandbox's namespaces (setns, Linux 5.8)", _libc.setns(
+            sandbox_pidfd,
+            CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP))
+        os.close(sandbox_pidfd)
+        os.chdir(req.get("dir") or "/workspace")
+        # 3. Descriptors: 0 /dev/null, 1 and 2 the sandbox's output, 3 and
+        # 4 the runner's pipes; nothing else of the zygote's.
+        null = os.open("/dev/null", os.O_RDONLY)
+        for src, dst in ((null, 0), (out_w, 1), (err_w, 2)):
+            os.dup2(src, dst)
+        tmp_r, tmp_w = os.dup(req_r), os.dup(evt_w)
+        os.dup2(tmp_r, 3)
+        os.dup2(tmp_w, 4)
+        evt = 4
+        os.closerange(5, 1 << 20)
+        # 4. Limits.
+        import resource
+
+        for res, cur, top in req.get("rlimits", []):
+            resource.setrlimit(res, (cur, top))
+        # 5. Privileges.
+        _drop_capabilities()
+        os.setgroups([])
+        uid, gid = req["uid"], req["gid"]
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
+        # Credential changes reset these two: set them as the sandbox user.
+        _prctl("set dumpable", PR_SET_DUMPABLE, 1)
+        _prctl("parent death signal", PR_SET_PDEATHSIG, signal.SIGKILL)
+        # 6. No way back.
+        _prctl("no_new_privs", PR_SET_NO_NEW_PRIVS, 1)
+        _install_filter(filter_prog)
+    except BaseException as e:
+        msg = str(e) if isinstance(e, SetupError) else "%s: %s" % (type(e).__name__, e)
+        _setup_error(evt, msg)
+        os._exit(125)
+    # 7. The sandbox's own process from here.
+    os.environ.clear()
+    for kv in req.get("env", []):
+        k, _, v = kv.partition("=")
+        os.environ[k] = v
+    _reseed()
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.set_wakeup_fd(-1)
+    gc.unfreeze()
+    gc.enable()
+    import runner
+
+    code = runner.main(req.get("mode", "--persistent"))
+    runner._flush_std()
+    sys.exit(code)
+
+
+def _setup_error(fd, msg):
+    body = json.dumps({"type": "setup_error", "value": msg}).encode()
+    try:
+        os.write(fd, struct.pack(">I", len(body)) + body)
+    except OSError:
+        pass
+
+
+class Zygote:
+    def __init__(self, sock):
+        self.sock = sock
+        self.children = {}  # pid -> token
+        self.filter = _load_filter(os.path.join(HERE, "seccomp.bpf"))
+
+    def send(self, msg, fds=()):
+        anc = []
+        if fds:
+            anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+        self.sock.sendmsg([json.dumps(msg).encode()], anc)
+
+    def receive(self):
+        fds = array.array("i")
+        msg, anc, flags, _ = self.sock.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(16 * fds.itemsize))
+        for level, kind, data in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
+        if not msg:
+            for fd in fds:
+                os.close(fd)
+            return None, []
+        return json.loads(msg), list(fds)
+
+    def fork(self, req, fds):
+        token = req.get("token")
+        if len(fds) != 6:
+            raise ValueError("fork needs 6 descriptors, got %d" % len(fds))
+        # The child is born in the sandbox's PID namespace: this sets the
+        # namespace of the zygote's next child, and only that.
+        _check("enter the sandbox's PID namespace", _libc.setns(fds[0], CLONE_NEWPID))
+        pid = os.fork()
+        if pid == 0:
+            try:
+                become_sandbox(req, fds, self.filter, self.sock.fileno())
+            except SystemExit as e:
+                os._exit(e.code if isinstance(e.code, int) else 1)
+            except BaseException:
+                traceback.print_exc()
+                os._exit(125)
+            os._exit(0)
+        self.children[pid] = token
+        pidfd = os.pidfd_open(pid)
+        try:
+            self.send({"op": "forked", "token": token, "pid": pid}, [pidfd])
+        finally:
+            os.close(pidfd)
+
+    def reap(self):
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            token = self.children.pop(pid, None)
+            if token is None:
+                continue
+            msg = {"op": "exited", "token": token, "code": 0, "signal": 0}
+            if os.WIFSIGNALED(status):
+                msg["signal"] = os.WTERMSIG(status)
+                msg["code"] = 128 + msg["signal"]
+            else:
+                msg["code"] = os.WEXITSTATUS(status)
+            self.send(msg)
+
+    def serve(self):
+        wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        while True:
+            ready, _, _ = select.select([self.sock, wake_r], [], [])
+            if wake_r in ready:
+                try:
+                    os.read(wake_r, 512)
+                except BlockingIOError:
+                    pass
+                self.reap()
+            if self.sock not in ready:
+                continue
+            req, fds = self.receive()
+            if req is None:
+                return  # the supervisor is gone
+            try:
+                if req.get("op") == "fork":
+                    self.fork(req, fds)
+            except BaseException as e:
+                self.send({"op": "fork_failed", "token": req.get("token"), "error": str(e)})
+            finally:
+                for fd in fds:
+                    os.close(fd)
+
+
+def main():
+    sock = socket.socket(fileno=3)
+    sys.path.append(HERE)
+    errors = {}
+    import runner  # noqa: F401  (the runner, imported once for every child)
+
+    runner.prepare_environment()
+    for name in [m for m in os.environ.get("VIVARIUM_PRELOAD", "").split(",") if m]:
+        try:
+            __import__(name)
+        except BaseException as e:
+            errors[name] = "%s: %s" % (type(e).__name__, e)
+    if "matplotlib" in sys.modules:
+        try:
+            import matplotlib.pyplot  # noqa: F401  (the backend and fonts, once)
+        except BaseException as e:
+            errors["matplotlib.pyplot"] = str(e)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Pages the zygote wrote stay shared with every child as long as no one
+    # writes them: keep the collector away from the preloaded objects.
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    z = Zygote(sock)
+    z.send({"op": "ready", "errors": errors, "modules": len(sys.modules)})
+    z.serve()
+
+
+if __name__ == "__main__":
+    main()
