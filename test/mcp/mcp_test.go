@@ -5,22 +5,17 @@
 package mcp_test
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
 	"github.com/vivarium-sandbox/vivarium/internal/testutil"
+	"github.com/vivarium-sandbox/vivarium/test/testserver"
 )
 
 // Cgroup parents and a uid range of this package's own, so that other
@@ -49,101 +44,13 @@ func requireNode(t *testing.T) {
 	}
 }
 
-// build compiles the vivarium binary into a temporary directory.
-func build(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "vivarium")
-	cmd := exec.Command("go", "build", "-o", bin, "github.com/vivarium-sandbox/vivarium/cmd/vivarium")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
-// lockedBuffer collects a process's output while the test may read it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-// startServe creates a key and runs `vivarium serve` with it.
-func startServe(t *testing.T, bin string) (url, key string) {
-	t.Helper()
-	data := t.TempDir()
-	out, err := exec.Command(bin, "keys", "create", "--data-dir", data, "--json", "node-test").Output()
-	if err != nil {
-		t.Fatalf("keys create: %v", err)
-	}
-	var k struct{ Token string }
-	if err := json.Unmarshal(out, &k); err != nil || k.Token == "" {
-		t.Fatalf("keys create: %q %v", out, err)
-	}
-	addr := freeAddr(t)
-	cmd := exec.Command(bin, "serve", "--listen", addr, "--data-dir", data, "--cgroup-parent", serveParent,
-		"--uid-base", fmt.Sprint(uidBase))
-	log := &lockedBuffer{}
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(30 * time.Second):
-			cmd.Process.Kill()
-			<-exited
-		}
-		if t.Failed() {
-			t.Logf("server log:\n%s", log)
-		}
-	})
-	url = "http://" + addr
-	testutil.WaitFor(t, 20*time.Second, "the server to answer", func() bool {
-		select {
-		case <-exited:
-			t.Fatalf("the server exited: %s", log)
-		default:
-		}
-		resp, err := http.Get(url + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-		}
-		return err == nil && resp.StatusCode == 200
-	})
-	return url, k.Token
-}
-
 func TestTypeScriptSDK(t *testing.T) {
 	testutil.RequireRoot(t)
 	testutil.RequirePythonModules(t, "matplotlib")
 	requireNode(t)
-	bin := build(t)
-	url, key := startServe(t, bin)
+	bin := testserver.Build(t)
+	srv := testserver.Start(t, bin, testserver.Options{CgroupParent: serveParent, UIDBase: uidBase, Keys: []string{"node-test"}})
+	url, key := srv.URL, srv.Keys[0]
 
 	stdioArgs, _ := json.Marshal([]string{"--cgroup-parent", stdioParent, "--uid-base", fmt.Sprint(uidBase), "--log-level", "warn"})
 	cmd := exec.Command("node", "--test", "--test-reporter=tap", "mcp.test.mjs")
@@ -164,5 +71,8 @@ func TestTypeScriptSDK(t *testing.T) {
 	// The HTTP session's sandbox went with the session, not with the server.
 	if left := testutil.CgroupsUnder(serveParent); len(left) > 0 {
 		t.Errorf("sandboxes of the ended HTTP session are still there: %v", left)
+	}
+	if strings.Contains(srv.Log(), "level=ERROR") {
+		t.Errorf("the server logged errors:\n%s", srv.Log())
 	}
 }
