@@ -4,7 +4,12 @@
 # for the sandboxes; tests that need root skip without it.
 set -eu
 cd "$(dirname "$0")/.."
-VIVARIUM_DEPS_EXTRA="bubblewrap ${VIVARIUM_DEPS_EXTRA:-}" scripts/deps.sh
+extra="bubblewrap"
+# The MCP tests drive the server with the official TypeScript SDK.
+command -v npm >/dev/null 2>&1 || extra="$extra nodejs npm"
+VIVARIUM_DEPS_EXTRA="$extra ${VIVARIUM_DEPS_EXTRA:-}" scripts/deps.sh
+# The SDK's exact version is pinned in test/mcp/package-lock.json.
+[ -d test/mcp/node_modules/@modelcontextprotocol/sdk ] || (cd test/mcp && npm ci --no-audit --no-fund --loglevel=error)
 go vet ./...
 unformatted=$(gofmt -l cmd internal test 2>/dev/null || true)
 if [ -n "$unformatted" ]; then
