@@ -1,0 +1,137 @@
+package native_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
+)
+
+// newZygoteBackend is a backend of its own, with a zygote preloading
+// numpy, whatever mode the suite runs in.
+func newZygoteBackend(t *testing.T, parent string) *native.Backend {
+	t.Helper()
+	testutil.RequireRoot(t)
+	testutil.RequirePythonModules(t, "numpy")
+	b, err := native.New(native.Config{CgroupParent: parent, UIDBase: uidBase, Zygote: true, Preload: []string{"numpy", "json"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Warm(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func runIn(t *testing.T, b *native.Backend, code string) *sandbox.Result {
+	t.Helper()
+	res, warn := sandbox.RunOnce(context.Background(), b, sandbox.OneShot{
+		Spec: sandbox.Spec{Limits: sandbox.Limits{Timeout: 20 * time.Second}}, Request: sandbox.ExecRequest{Code: code}})
+	if warn != nil {
+		t.Errorf("warning: %v", warn)
+	}
+	if res.Status == sandbox.StatusSetupFailed {
+		t.Fatalf("setup failed: %s", res.Error.Value)
+	}
+	return res
+}
+
+// What one sandbox does to the preloaded modules, the interpreter, /tmp or
+// the random generators never reaches the next one forked from the same
+// zygote.
+func TestZygoteChildrenShareNothing(t *testing.T) {
+	if testutil.ZygoteMode() {
+		t.Skip("runs once, with its own zygote")
+	}
+	b := newZygoteBackend(t, "vivarium-zygote-test")
+	defer b.Close()
+	first := runIn(t, b, `
+import numpy, json, sys, random, os
+numpy.sum = lambda *a, **k: "poisoned"
+json.dumps = lambda *a, **k: "poisoned"
+sys.modules["os"].environ["LEAK"] = "1"
+sys.modules["poison"] = sys
+import builtins; builtins.leaked = True
+open("/tmp/left-by-first", "w").write("x")
+open("/workspace/left-by-first", "w").write("x")
+print(random.random(), numpy.random.random(), os.getpid())`)
+	wantStatus(t, first, sandbox.StatusOK, 0)
+	// No writable shared mapping comes from the zygote: it would be one
+	// memory for every sandbox.
+	maps := runIn(t, b, `print([l for l in open("/proc/self/maps") if l.split()[1][1] == "w" and l.split()[1][3] == "s"])`)
+	if maps.Stdout != "[]\n" {
+		t.Errorf("writable shared mappings: %s", maps.Stdout)
+	}
+	second := runIn(t, b, `
+import numpy, json, sys, random, os, builtins
+print(numpy.sum([1, 2]), json.dumps(1), "LEAK" in os.environ, "poison" in sys.modules, hasattr(builtins, "leaked"),
+      os.path.exists("/tmp/left-by-first"), os.path.exists("/workspace/left-by-first"))
+print(random.random(), numpy.random.random(), os.getpid())`)
+	wantStatus(t, second, sandbox.StatusOK, 0)
+	lines := strings.Split(strings.TrimSpace(second.Stdout), "\n")
+	if lines[0] != "3 1 False False False False False" {
+		t.Errorf("the second sandbox saw the first's changes: %q", lines[0])
+	}
+	if strings.TrimSpace(first.Stdout) == lines[1] {
+		t.Errorf("both sandboxes drew the same random numbers: %q", lines[1])
+	}
+}
+
+// A sandbox that signals its own process group, or every process it may
+// signal (kill -1), reaches nothing outside itself: not the zygote, not a
+// sibling forked from it.
+func TestZygoteSignalsStayInside(t *testing.T) {
+	if testutil.ZygoteMode() {
+		t.Skip("runs once, with its own zygote")
+	}
+	b := newZygoteBackend(t, "vivarium-zygote-signal-test")
+	defer b.Close()
+	sib, err := b.Create(context.Background(), sandbox.Spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sib.Close()
+	if _, err := sib.Execute(context.Background(), sandbox.ExecRequest{Code: "alive = 1"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	res := runIn(t, b, `
+import os, signal
+for target in (0, -1):
+    try:
+        os.kill(target, signal.SIGKILL) if target == -1 else os.killpg(0, signal.SIGTERM)
+    except OSError as e:
+        print(target, e.errno)
+print("still here")`)
+	_ = res // the runner may well have killed itself: what matters is the rest
+	got, err := sib.Execute(context.Background(), sandbox.ExecRequest{Code: "alive"}, nil)
+	if err != nil || got.Status != sandbox.StatusOK || len(got.Results) != 1 || got.Results[0].Text != "1" || got.StateLost {
+		t.Fatalf("a sibling sandbox was hit: %+v %v", got, err)
+	}
+	if again := runIn(t, b, "print('zygote alive')"); again.Stdout != "zygote alive\n" {
+		t.Fatalf("the zygote was hit: %+v", again)
+	}
+}
+
+// Closing the backend ends its zygote: nothing of it remains.
+func TestZygoteCloseLeavesNothing(t *testing.T) {
+	if testutil.ZygoteMode() {
+		t.Skip("runs once, with its own zygote")
+	}
+	const parent = "vivarium-zygote-close-test"
+	b := newZygoteBackend(t, parent)
+	runIn(t, b, "print(1)")
+	if len(testutil.ZygoteProcesses(uidBase, uidBase+65536)) == 0 {
+		t.Fatal("no zygote process to begin with")
+	}
+	b.Close()
+	testutil.WaitFor(t, 10*time.Second, "the zygote to be gone", func() bool {
+		return len(testutil.ZygoteProcesses(uidBase, uidBase+65536)) == 0
+	})
+	if _, err := b.Create(context.Background(), sandbox.Spec{}); err == nil {
+		t.Fatal("a closed backend made a sandbox")
+	}
+}
