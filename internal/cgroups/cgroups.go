@@ -49,6 +49,8 @@ type Group interface {
 	IntoFD() int
 	// Stats reads the group's accounting.
 	Stats() (Stats, error)
+	// Procs lists the processes in the group (host pids).
+	Procs() ([]int, error)
 	// Destroy kills whatever still runs in the group, waits for it to be
 	// gone and removes the group. It is safe to call more than once.
 	Destroy() error
@@ -285,6 +287,21 @@ func sweepDirs(parents []string, kill func(dir string)) ([]string, error) {
 func cfsQuota(cpus float64) (quota, period int64) {
 	period = 100_000
 	return max(int64(cpus*float64(period)), 1000), period
+}
+
+// readProcs lists the pids in dir's cgroup.procs.
+func readProcs(dir string) ([]int, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	if err != nil {
+		return nil, err
+	}
+	var pids []int
+	for _, f := range strings.Fields(string(b)) {
+		if pid, err := strconv.Atoi(f); err == nil && pid > 0 {
+			pids = append(pids, pid)
+		}
+	}
+	return pids, nil
 }
 
 // killProcs sends SIGKILL to every process listed in dir's cgroup.procs.

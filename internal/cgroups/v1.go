@@ -183,6 +183,8 @@ func (g *group1) AddProc(pid int) error {
 
 func (g *group1) IntoFD() int { return -1 }
 
+func (g *group1) Procs() ([]int, error) { return readProcs(g.dir(g.m.pids)) }
+
 func (g *group1) Stats() (Stats, error) {
 	var s Stats
 	ns, err := readInt(g.dir(g.m.cpuacct), "cpuacct.usage")

@@ -176,6 +176,8 @@ func (g *group2) AddProc(pid int) error { return writeFile(g.dir, "cgroup.procs"
 
 func (g *group2) IntoFD() int { return g.fd }
 
+func (g *group2) Procs() ([]int, error) { return readProcs(g.dir) }
+
 func (g *group2) Stats() (Stats, error) {
 	var s Stats
 	us, err := readKeyed(g.dir, "cpu.stat", "usage_usec")

@@ -32,6 +32,18 @@ type Sweeper interface {
 	Sweep() ([]string, error)
 }
 
+// Prober is a Sandbox that can tell, cheaply, whether it still works (a
+// pool checks before it hands out a sandbox that waited).
+type Prober interface {
+	Alive() bool
+}
+
+// MemoryUser is a Sandbox that can tell how much memory it holds: its
+// processes' proportional set size (shared pages divided among sharers).
+type MemoryUser interface {
+	MemoryPSS() (int64, error)
+}
+
 // Sandbox is one isolated environment with a Python runner inside.
 type Sandbox interface {
 	ID() string

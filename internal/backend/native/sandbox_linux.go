@@ -9,6 +9,8 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -74,7 +76,57 @@ type Sandbox struct {
 	closeErr  error
 }
 
-var _ sandbox.Sandbox = (*Sandbox)(nil)
+var (
+	_ sandbox.Sandbox    = (*Sandbox)(nil)
+	_ sandbox.Prober     = (*Sandbox)(nil)
+	_ sandbox.MemoryUser = (*Sandbox)(nil)
+)
+
+// Alive implements sandbox.Prober: init runs and a runner is ready.
+func (s *Sandbox) Alive() bool {
+	if isClosed(s.initDone) || isClosed(s.failed) {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.runner
+	return r != nil && isClosed(r.ready) && !isClosed(r.exited)
+}
+
+// MemoryPSS implements sandbox.MemoryUser from the smaps_rollup of every
+// process in the sandbox's cgroup.
+func (s *Sandbox) MemoryPSS() (int64, error) {
+	if s.cg == nil {
+		return 0, errors.New("no cgroup: the sandbox's processes are not known")
+	}
+	pids, err := s.cg.Procs()
+	if err != nil {
+		return 0, err
+	}
+	var total int64
+	for _, pid := range pids {
+		total += pss(pid)
+	}
+	return total, nil
+}
+
+// pss reads a process's proportional set size in bytes (0 if it is gone).
+func pss(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Pss:"); ok {
+			f := strings.Fields(v)
+			if len(f) > 0 {
+				kb, _ := strconv.ParseInt(f[0], 10, 64)
+				return kb << 10
+			}
+		}
+	}
+	return 0
+}
 
 // runnerProc is one Python runner process and its pipes.
 type runnerProc struct {

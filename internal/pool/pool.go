@@ -1,0 +1,306 @@
+// Package pool keeps fresh sandboxes ready before anyone asks for them, so
+// that creating one costs a queue pop. It wraps any sandbox.Backend and is
+// one itself.
+//
+// Sandboxes are pooled per configuration: the whole Spec (limits,
+// environment, interpreter, one-shot or not) is the key, and a request is
+// served only by a sandbox made for exactly that configuration. A pooled
+// sandbox has run no code; once handed out it belongs to the caller and
+// never comes back. Each configuration's target size follows demand: a
+// request that finds the pool empty raises it (up to Max), and a
+// configuration nobody used for Idle is dropped.
+package pool
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+)
+
+// Config configures a Pool.
+type Config struct {
+	Backend sandbox.Backend
+	// Max is the most ready sandboxes per configuration (0: no pooling,
+	// every Create goes to the backend).
+	Max int
+	// Min is how many a configuration keeps ready while in use.
+	Min int
+	// Idle drops a configuration unused that long (default 10 minutes).
+	Idle   time.Duration
+	Logger *slog.Logger
+}
+
+// Pool is a sandbox.Backend with ready sandboxes.
+type Pool struct {
+	cfg Config
+	log *slog.Logger
+
+	mu      sync.Mutex
+	buckets map[string]*bucket
+	closed  bool
+	stop    chan struct{}
+	wg      sync.WaitGroup
+}
+
+var _ sandbox.Backend = (*Pool)(nil)
+
+// bucket is one configuration's ready sandboxes.
+type bucket struct {
+	key      string
+	spec     sandbox.Spec
+	ready    []sandbox.Sandbox
+	creating int
+	target   int
+	lastUse  time.Time
+	lastMiss time.Time
+	failedAt time.Time // the last creation error: refills pause a while
+	hits     int64
+	misses   int64
+}
+
+// New starts a pool.
+func New(cfg Config) *Pool {
+	if cfg.Idle <= 0 {
+		cfg.Idle = 10 * time.Minute
+	}
+	if cfg.Min < 0 {
+		cfg.Min = 0
+	}
+	if cfg.Min > cfg.Max {
+		cfg.Min = cfg.Max
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	p := &Pool{cfg: cfg, log: cfg.Logger, buckets: map[string]*bucket{}, stop: make(chan struct{})}
+	p.wg.Add(1)
+	go p.janitor()
+	return p
+}
+
+// Name implements sandbox.Backend.
+func (p *Pool) Name() string { return p.cfg.Backend.Name() }
+
+func key(spec sandbox.Spec) string {
+	if len(spec.Env) == 0 {
+		spec.Env = nil // no environment, however it was spelled
+	}
+	b, _ := json.Marshal(spec) // maps marshal in key order: equal specs, equal keys
+	return string(b)
+}
+
+// Create implements sandbox.Backend: a ready sandbox for this exact
+// configuration if there is one, a new one otherwise.
+func (p *Pool) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
+	if p.cfg.Max <= 0 {
+		return p.cfg.Backend.Create(ctx, spec)
+	}
+	if err := spec.Validate(); err != nil {
+		return nil, err
+	}
+	k := key(spec)
+	now := time.Now()
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil, sandbox.ErrClosed
+	}
+	b := p.bucketLocked(k, spec)
+	b.lastUse = now
+	var stale []sandbox.Sandbox
+	var got sandbox.Sandbox
+	for len(b.ready) > 0 {
+		sb := b.ready[0]
+		b.ready = b.ready[1:]
+		if pr, ok := sb.(sandbox.Prober); ok && !pr.Alive() {
+			stale = append(stale, sb)
+			continue
+		}
+		got = sb
+		break
+	}
+	if got != nil {
+		b.hits++
+	} else {
+		b.misses++
+		b.lastMiss = now
+		b.target = min(b.target+1, p.cfg.Max)
+	}
+	p.refillLocked(b)
+	p.mu.Unlock()
+	for _, sb := range stale {
+		go sb.Close()
+	}
+	if got != nil {
+		return got, nil
+	}
+	return p.cfg.Backend.Create(ctx, spec)
+}
+
+// Prewarm declares a configuration worth keeping ready, n sandboxes deep.
+func (p *Pool) Prewarm(spec sandbox.Spec, n int) {
+	if p.cfg.Max <= 0 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return
+	}
+	b := p.bucketLocked(key(spec), spec)
+	b.target = max(b.target, min(n, p.cfg.Max))
+	b.lastUse = time.Now()
+	p.refillLocked(b)
+}
+
+func (p *Pool) bucketLocked(k string, spec sandbox.Spec) *bucket {
+	b := p.buckets[k]
+	if b == nil {
+		b = &bucket{key: k, spec: spec, target: p.cfg.Min}
+		p.buckets[k] = b
+	}
+	return b
+}
+
+// refillLocked starts creations until ready and in-flight sandboxes reach
+// the target. One creation at a time per configuration: the backend's own
+// throughput is the limit, and requests that miss create their own.
+func (p *Pool) refillLocked(b *bucket) {
+	if p.closed || b.creating > 0 || len(b.ready) >= b.target || time.Since(b.failedAt) < time.Second {
+		return
+	}
+	b.creating++
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			sb, err := p.cfg.Backend.Create(ctx, b.spec)
+			cancel()
+			p.mu.Lock()
+			if err != nil {
+				b.creating--
+				b.failedAt = time.Now()
+				p.mu.Unlock()
+				p.log.Warn("pool: could not make a sandbox", "err", err)
+				return
+			}
+			if p.closed || p.buckets[b.key] != b {
+				b.creating--
+				p.mu.Unlock()
+				sb.Close()
+				return
+			}
+			b.ready = append(b.ready, sb)
+			if len(b.ready) >= b.target {
+				b.creating--
+				p.mu.Unlock()
+				return
+			}
+			p.mu.Unlock()
+		}
+	}()
+}
+
+// janitor drops configurations nobody uses and shrinks those whose demand
+// fell: a target decays by one for every minute without a miss.
+func (p *Pool) janitor() {
+	defer p.wg.Done()
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-t.C:
+		}
+		now := time.Now()
+		var drop []sandbox.Sandbox
+		p.mu.Lock()
+		for k, b := range p.buckets {
+			switch {
+			case now.Sub(b.lastUse) > p.cfg.Idle:
+				drop = append(drop, b.ready...)
+				b.ready = nil
+				delete(p.buckets, k)
+			case now.Sub(b.lastMiss) > time.Minute && b.target > p.cfg.Min:
+				b.target--
+				b.lastMiss = now
+				if len(b.ready) > b.target {
+					drop = append(drop, b.ready[b.target:]...)
+					b.ready = slices.Clip(b.ready[:b.target])
+				}
+			}
+		}
+		p.mu.Unlock()
+		for _, sb := range drop {
+			sb.Close()
+		}
+	}
+}
+
+// Stat describes one configuration of the pool.
+type Stat struct {
+	Spec     sandbox.Spec
+	Ready    int
+	Creating int
+	Target   int
+	Hits     int64
+	Misses   int64
+	// MemoryBytes is the ready sandboxes' proportional set size, where
+	// the backend can tell.
+	MemoryBytes int64
+}
+
+// Stats describes the pool, with what its ready sandboxes cost at rest.
+func (p *Pool) Stats() []Stat {
+	p.mu.Lock()
+	var out []Stat
+	var ready [][]sandbox.Sandbox
+	for _, b := range p.buckets {
+		out = append(out, Stat{Spec: b.spec, Ready: len(b.ready), Creating: b.creating, Target: b.target,
+			Hits: b.hits, Misses: b.misses})
+		ready = append(ready, slices.Clone(b.ready))
+	}
+	p.mu.Unlock()
+	for i, sbs := range ready {
+		for _, sb := range sbs {
+			if m, ok := sb.(sandbox.MemoryUser); ok {
+				if n, err := m.MemoryPSS(); err == nil {
+					out[i].MemoryBytes += n
+				}
+			}
+		}
+	}
+	return out
+}
+
+// Close closes every ready sandbox and stops refilling. It does not close
+// the backend.
+func (p *Pool) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	var all []sandbox.Sandbox
+	for _, b := range p.buckets {
+		all = append(all, b.ready...)
+		b.ready = nil
+	}
+	p.mu.Unlock()
+	close(p.stop)
+	p.wg.Wait()
+	var errs []error
+	for _, sb := range all {
+		errs = append(errs, sb.Close())
+	}
+	return errors.Join(errs...)
+}

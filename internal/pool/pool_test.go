@@ -1,0 +1,140 @@
+package pool
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
+)
+
+// fake is a backend of numbered sandboxes that records their lives.
+type fake struct {
+	made, closed atomic.Int64
+	mu           sync.Mutex
+	dead         map[int64]bool
+}
+
+type fakeSandbox struct {
+	sandbox.Sandbox // nil: only what the pool calls is implemented
+	f               *fake
+	n               int64
+	spec            sandbox.Spec
+	once            sync.Once
+}
+
+func (f *fake) Name() string { return "fake" }
+func (f *fake) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
+	return &fakeSandbox{f: f, n: f.made.Add(1), spec: spec}, nil
+}
+func (s *fakeSandbox) Close() error {
+	s.once.Do(func() { s.f.closed.Add(1) })
+	return nil
+}
+func (s *fakeSandbox) Alive() bool {
+	s.f.mu.Lock()
+	defer s.f.mu.Unlock()
+	return !s.f.dead[s.n]
+}
+
+func TestServesReadySandboxesOfTheSameConfiguration(t *testing.T) {
+	f := &fake{dead: map[int64]bool{}}
+	p := New(Config{Backend: f, Max: 3, Min: 2})
+	defer p.Close()
+	small := sandbox.Spec{Limits: sandbox.Limits{Memory: 64 << 20}}
+	big := sandbox.Spec{Limits: sandbox.Limits{Memory: 128 << 20}}
+	p.Prewarm(small, 2)
+	testutil.WaitFor(t, 5*time.Second, "the pool to fill", func() bool { return f.made.Load() == 2 })
+
+	a, _ := p.Create(context.Background(), small)
+	if a.(*fakeSandbox).n != 1 {
+		t.Fatalf("got sandbox %d, want the first pooled one", a.(*fakeSandbox).n)
+	}
+	// Another configuration is never served from this one's sandboxes.
+	c, _ := p.Create(context.Background(), big)
+	if c.(*fakeSandbox).spec.Limits.Memory != big.Limits.Memory {
+		t.Fatal("served a sandbox of another configuration")
+	}
+	// A sandbox that died while it waited is not handed out.
+	f.mu.Lock()
+	f.dead[2] = true
+	f.mu.Unlock()
+	testutil.WaitFor(t, 5*time.Second, "the refill", func() bool {
+		for _, s := range p.Stats() {
+			if s.Spec.Limits.Memory == small.Limits.Memory && s.Ready == 2 {
+				return true
+			}
+		}
+		return false
+	})
+	d, _ := p.Create(context.Background(), small)
+	if d.(*fakeSandbox).n == 2 {
+		t.Fatal("handed out a dead sandbox")
+	}
+	// Handed-out sandboxes are the caller's: the pool never serves one
+	// twice.
+	seen := map[int64]bool{1: true, d.(*fakeSandbox).n: true, c.(*fakeSandbox).n: true}
+	for range 10 {
+		s, _ := p.Create(context.Background(), small)
+		n := s.(*fakeSandbox).n
+		if seen[n] {
+			t.Fatalf("sandbox %d served twice", n)
+		}
+		seen[n] = true
+	}
+	stats := p.Stats()
+	var hits, misses int64
+	for _, s := range stats {
+		hits += s.Hits
+		misses += s.Misses
+	}
+	if hits == 0 || misses == 0 {
+		t.Fatalf("stats %+v", stats)
+	}
+}
+
+func TestMissesRaiseTheTargetAndCloseEmpties(t *testing.T) {
+	f := &fake{dead: map[int64]bool{}}
+	p := New(Config{Backend: f, Max: 4, Min: 0})
+	spec := sandbox.Spec{}
+	for range 6 {
+		p.Create(context.Background(), spec)
+	}
+	testutil.WaitFor(t, 5*time.Second, "the target to grow to the maximum", func() bool {
+		st := p.Stats()
+		return len(st) == 1 && st[0].Target == 4 && st[0].Ready == 4
+	})
+	p.Close()
+	// Six handed out (the caller closes those), four ready closed.
+	if got := f.closed.Load(); got != 4 {
+		t.Fatalf("closed %d, want the 4 ready ones", got)
+	}
+	if _, err := p.Create(context.Background(), spec); err == nil {
+		t.Fatal("a closed pool made a sandbox")
+	}
+}
+
+func TestIdleConfigurationsAreDropped(t *testing.T) {
+	f := &fake{dead: map[int64]bool{}}
+	p := New(Config{Backend: f, Max: 2, Min: 1, Idle: 50 * time.Millisecond})
+	defer p.Close()
+	p.Prewarm(sandbox.Spec{}, 2)
+	testutil.WaitFor(t, 5*time.Second, "an idle configuration to be dropped", func() bool {
+		return len(p.Stats()) == 0 && f.closed.Load() == f.made.Load() && f.made.Load() > 0
+	})
+}
+
+func TestDisabledPoolPassesThrough(t *testing.T) {
+	f := &fake{dead: map[int64]bool{}}
+	p := New(Config{Backend: f, Max: 0})
+	defer p.Close()
+	p.Prewarm(sandbox.Spec{}, 3)
+	p.Create(context.Background(), sandbox.Spec{})
+	time.Sleep(50 * time.Millisecond)
+	if f.made.Load() != 1 {
+		t.Fatalf("made %d", f.made.Load())
+	}
+}
