@@ -30,7 +30,7 @@ type mcpConfig struct {
 	logLevel                string
 	idle, lifetime          time.Duration
 	maxSandboxes            int
-	timeout                 time.Duration
+	timeout, execTimeout    time.Duration
 	memory, disk, maxOutput sizeFlag
 	pids                    int
 }
@@ -60,7 +60,8 @@ Flags:
 	fs.DurationVar(&c.idle, "idle-timeout", 10*time.Minute, "a sandbox unused for this long is closed")
 	fs.DurationVar(&c.lifetime, "lifetime", 2*time.Hour, "maximum lifetime of a sandbox")
 	fs.IntVar(&c.maxSandboxes, "max-sandboxes", 8, "live sandboxes at once")
-	fs.DurationVar(&c.timeout, "timeout", 5*time.Minute, "longest execution the agent may ask for (each defaults to 30s)")
+	fs.DurationVar(&c.execTimeout, "exec-timeout", sandbox.DefaultTimeout, "wall-clock limit of an execution when the agent gives none")
+	fs.DurationVar(&c.timeout, "max-exec-timeout", 5*time.Minute, "longest execution the agent may ask for")
 	fs.Var(&c.memory, "memory", "memory limit of each sandbox, swap off")
 	fs.Var(&c.disk, "disk", "size of each sandbox's /workspace, /tmp and /dev/shm together")
 	fs.Var(&c.maxOutput, "max-output", "bytes of output kept per stream and execution")
@@ -95,8 +96,9 @@ func cmdMCP(args []string) int {
 		fmt.Fprintf(os.Stderr, "vivarium mcp: %v\n", err)
 		return 2
 	}
-	if c.idle <= 0 || c.lifetime < c.idle || c.maxSandboxes < 1 {
-		fmt.Fprintln(os.Stderr, "vivarium mcp: --idle-timeout must be positive and at most --lifetime; --max-sandboxes at least 1")
+	if c.idle <= 0 || c.lifetime < c.idle || c.maxSandboxes < 1 || c.execTimeout <= 0 || c.execTimeout > c.timeout {
+		fmt.Fprintln(os.Stderr, "vivarium mcp: --idle-timeout must be positive and at most --lifetime; --exec-timeout "+
+			"positive and at most --max-exec-timeout; --max-sandboxes at least 1")
 		return 2
 	}
 	// Standard output is the protocol's: logs go to standard error only.
@@ -109,8 +111,10 @@ func cmdMCP(args []string) int {
 		log.Error("vivarium mcp: cannot create sandboxes on this host", "err", err)
 		return 1
 	}
-	// Sandbox limits default to what the sandbox package uses; the flags
-	// bound what the agent may ask for.
+	// Every sandbox gets the flags' limits; only the timeout of an
+	// execution may be asked for, up to --max-exec-timeout.
+	each := limits
+	each.Timeout = c.execTimeout
 	svc := service.New(service.Config{
 		Backend: b, MaxLimits: limits, DefaultIdle: c.idle, MaxIdle: c.lifetime, DefaultLifetime: c.lifetime,
 		MaxLifetime: c.lifetime, MaxPerOwner: c.maxSandboxes, MaxTotal: c.maxSandboxes, Logger: log,
@@ -120,7 +124,7 @@ func cmdMCP(args []string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	log.Info("vivarium mcp serving on stdio", "cgroup_version", b.CgroupVersion())
-	if err := mcp.ServeStdio(ctx, mcp.Config{Service: svc, Logger: log, Version: version}, mcpOwner); err != nil {
+	if err := mcp.ServeStdio(ctx, mcp.Config{Service: svc, Logger: log, Version: version, Limits: each}, mcpOwner); err != nil {
 		log.Error("vivarium mcp stopped", "err", err)
 		return 1
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/auth"
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/service"
 )
 
@@ -31,6 +32,9 @@ type Config struct {
 	Logger  *slog.Logger
 	// Version is what the server tells clients it is.
 	Version string
+	// Limits of the sandboxes the tools create; zero fields are the
+	// service's defaults. A tool call's timeout_s overrides Timeout.
+	Limits sandbox.Limits
 	// MaxText bounds each text block of a tool result, in bytes; the rest
 	// is dropped with a note. Zero: DefaultMaxText.
 	MaxText int

@@ -16,6 +16,7 @@ import (
 
 	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
 	"github.com/vivarium-sandbox/vivarium/internal/mcp"
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/service"
 	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
@@ -297,6 +298,21 @@ func TestLongOutputIsTruncatedWithANote(t *testing.T) {
 	out := mustOK(t, res)
 	if len(out) > 1300 || !strings.Contains(out, "bytes of stdout dropped") || !strings.Contains(out, "THE END") {
 		t.Fatalf("%d bytes: %q", len(out), out)
+	}
+}
+
+// Config.Limits are the limits of every sandbox the tools create.
+func TestConfiguredLimits(t *testing.T) {
+	cs := connect(t, mcp.Config{Service: newService(t), Limits: sandbox.Limits{MaxOutput: 100}})
+	out := mustOK(t, call(t, cs, "run_python", map[string]any{"code": "print('b' * 1000)"}))
+	if !strings.Contains(out, "the sandbox dropped stdout past its output limit") || strings.Count(out, "b") > 150 {
+		t.Fatalf("one-shot: %q", out)
+	}
+	res := call(t, cs, "create_sandbox", nil)
+	id := res.StructuredContent.(map[string]any)["sandbox_id"].(string)
+	out = mustOK(t, call(t, cs, "run_python", map[string]any{"code": "print('b' * 1000)", "sandbox_id": id}))
+	if !strings.Contains(out, "the sandbox dropped stdout past its output limit") {
+		t.Fatalf("stateful: %q", out)
 	}
 }
 

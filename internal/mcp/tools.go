@@ -131,7 +131,11 @@ func (s *server) runPython(ctx context.Context, req *sdk.CallToolRequest, in run
 		return nil, nil, toolError(s.log, err)
 	}
 	if in.SandboxID == "" {
-		job := sandbox.OneShot{Spec: sandbox.Spec{Limits: sandbox.Limits{Timeout: timeout}}, Request: sandbox.ExecRequest{Code: in.Code}}
+		limits := s.cfg.Limits
+		if timeout > 0 {
+			limits.Timeout = timeout
+		}
+		job := sandbox.OneShot{Spec: sandbox.Spec{Limits: limits}, Request: sandbox.ExecRequest{Code: in.Code}}
 		res, err := s.svc.RunOnce(ctx, owner, job)
 		if err != nil {
 			return nil, nil, toolError(s.log, err)
@@ -161,7 +165,7 @@ func (s *server) runShell(ctx context.Context, req *sdk.CallToolRequest, in runS
 	if id == "" {
 		// A sandbox for this command only, as run_python does without an
 		// id. Its idle timeout is a backstop should the delete be missed.
-		info, err := s.svc.Create(ctx, service.CreateRequest{Owner: owner, Idle: timeout + time.Minute})
+		info, err := s.svc.Create(ctx, service.CreateRequest{Owner: owner, Idle: timeout + time.Minute, Limits: s.cfg.Limits})
 		if err != nil {
 			return nil, nil, toolError(s.log, err)
 		}
@@ -184,7 +188,8 @@ func (s *server) createSandbox(ctx context.Context, req *sdk.CallToolRequest, in
 	if err != nil {
 		return nil, createSandboxOutput{}, toolError(s.log, err)
 	}
-	info, err := s.svc.Create(ctx, service.CreateRequest{Owner: owner, Idle: idle, Metadata: map[string]string{"created_by": "mcp"}})
+	info, err := s.svc.Create(ctx, service.CreateRequest{Owner: owner, Idle: idle, Limits: s.cfg.Limits,
+		Metadata: map[string]string{"created_by": "mcp"}})
 	if err != nil {
 		return nil, createSandboxOutput{}, toolError(s.log, err)
 	}
