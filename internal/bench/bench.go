@@ -11,8 +11,12 @@
 // `vivarium bench` command measures are built by Subjects (subjects_linux.go).
 //
 // Iterations run one after the other, never overlapping, so that latency
-// rows do not compete for the machine's cores; throughput rows (Options.Concurrency)
-// are the only place where iterations overlap.
+// rows do not compete for the machine's cores; throughput rows
+// (Options.Concurrency) are the only place where iterations overlap. The
+// rows of a workload are measured in rounds, each round one iteration of
+// every row in turn, so that a change in the machine's load during the run
+// weighs on every row of the workload alike instead of on whichever row was
+// running then: ratios stay meaningful on a machine that is not quiet.
 package bench
 
 import (
@@ -112,10 +116,10 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// Run measures the selected subjects one after the other, in the order
-// given, and returns the report. It never fails: a subject that cannot run
-// is a row that says so. When ctx is cancelled, rows not yet measured are
-// marked as skipped.
+// Run measures the selected subjects, a workload at a time in the order
+// the workloads first appear, and returns the report. It never fails: a
+// subject that cannot run is a row that says so. When ctx is cancelled,
+// rows not yet measured are marked as skipped.
 func Run(ctx context.Context, subjects []Subject, opts Options) *Report {
 	opts = opts.withDefaults()
 	rep := &Report{
@@ -125,19 +129,31 @@ func Run(ctx context.Context, subjects []Subject, opts Options) *Report {
 		Concurrency: opts.Concurrency,
 		Duration:    Millis(opts.Duration),
 	}
-	for _, s := range selected(subjects, opts.Only) {
-		start := time.Now()
-		row, tp := measure(ctx, s, opts)
-		if s.Unit != "" {
-			rep.Values = append(rep.Values, row)
-		} else {
-			rep.Latency = append(rep.Latency, row)
+	sel := selected(subjects, opts.Only)
+	for _, wl := range workloads(sel, func(s Subject) string { return s.Workload }) {
+		var group []Subject
+		for _, s := range sel {
+			if s.Workload == wl {
+				group = append(group, s)
+			}
 		}
-		if tp != nil {
-			rep.Throughput = append(rep.Throughput, *tp)
+		start := time.Now()
+		rows, tps := measureWorkload(ctx, group, opts)
+		for i, row := range rows {
+			if group[i].Unit != "" {
+				rep.Values = append(rep.Values, row)
+			} else {
+				rep.Latency = append(rep.Latency, row)
+			}
+			if tps[i] != nil {
+				rep.Throughput = append(rep.Throughput, *tps[i])
+			}
+			if opts.Progress != nil {
+				fmt.Fprintln(opts.Progress, progressLine(row, tps[i]))
+			}
 		}
 		if opts.Progress != nil {
-			fmt.Fprintf(opts.Progress, "%s [%s]\n", progressLine(row, tp), time.Since(start).Round(100*time.Millisecond))
+			fmt.Fprintf(opts.Progress, "%s: %s\n", wl, time.Since(start).Round(100*time.Millisecond))
 		}
 	}
 	rep.computeRatios()
@@ -166,81 +182,114 @@ func selected(subjects []Subject, only *regexp.Regexp) []Subject {
 	return out
 }
 
-// measure runs one subject: setup, warm-up, the measured iterations, the
-// throughput run if asked for, teardown.
-func measure(ctx context.Context, s Subject, opts Options) (Row, *ThroughputRow) {
-	row := Row{Workload: s.Workload, Subject: s.Name, Peer: s.Peer, Reference: s.Reference, Unit: "ms"}
-	if s.Unit != "" {
-		row.Unit = s.Unit
-	}
-	if s.Skip != "" {
-		row.Skipped = s.Skip
-		return row, nil
-	}
-	if err := ctx.Err(); err != nil {
-		row.Skipped = "interrupted"
-		return row, nil
-	}
-	if s.Teardown != nil {
-		defer func() {
-			if err := s.Teardown(); err != nil && row.FirstError == "" {
-				row.FirstError = "teardown: " + err.Error()
-			}
-		}()
-	}
-	if s.Setup != nil {
-		// No timeout of the bench's: a setup may build an image.
-		if err := s.Setup(ctx); err != nil {
-			row.Failed = true
-			row.FirstError = "setup: " + err.Error()
-			return row, nil
-		}
-	}
-	once := func() (float64, error) {
-		ictx, cancel := context.WithTimeout(ctx, opts.Timeout)
-		defer cancel()
+// subjectRun is a subject being measured.
+type subjectRun struct {
+	s           Subject
+	row         Row
+	values      []float64
+	consecutive int  // failed iterations in a row
+	setUp       bool // Setup ran (or there was none): Teardown is due
+	active      bool // iterations still run
+}
+
+// measureWorkload measures the subjects of one workload: every Setup, then
+// the warm-up and measured iterations in rounds, then the throughput runs
+// one row at a time, then every Teardown.
+func measureWorkload(ctx context.Context, group []Subject, opts Options) ([]Row, []*ThroughputRow) {
+	runs := make([]*subjectRun, len(group))
+	for i, s := range group {
+		r := &subjectRun{s: s, row: Row{Workload: s.Workload, Subject: s.Name, Peer: s.Peer, Reference: s.Reference, Unit: "ms"}}
 		if s.Unit != "" {
-			return s.Measure(ictx)
+			r.row.Unit = s.Unit
 		}
-		start := time.Now()
-		err := s.Run(ictx)
-		return toMillis(time.Since(start)), err
+		runs[i] = r
+		switch {
+		case s.Skip != "":
+			r.row.Skipped = s.Skip
+		case ctx.Err() != nil:
+			r.row.Skipped = "interrupted"
+		case s.Setup == nil:
+			r.setUp, r.active = true, true
+		default:
+			// No timeout of the bench's: a setup may build an image.
+			r.setUp = true
+			if err := s.Setup(ctx); err != nil {
+				r.row.Failed = true
+				r.row.FirstError = "setup: " + err.Error()
+			} else {
+				r.active = true
+			}
+		}
 	}
-	var values []float64
-	consecutive := 0
-	for i := 0; i < opts.WarmUp+opts.Iterations && ctx.Err() == nil; i++ {
-		v, err := once()
-		if err != nil {
-			consecutive++
-			if row.FirstError == "" {
-				row.FirstError = err.Error()
+
+	for i := 0; i < opts.WarmUp+opts.Iterations; i++ {
+		for _, r := range runs {
+			if !r.active || ctx.Err() != nil {
+				continue
 			}
+			v, err := iterate(ctx, r.s, opts)
+			if err != nil {
+				r.consecutive++
+				if r.row.FirstError == "" {
+					r.row.FirstError = err.Error()
+				}
+				if i >= opts.WarmUp {
+					r.row.Errors++
+				}
+				if r.consecutive >= opts.MaxConsecutiveErrors {
+					r.active = false
+				}
+				continue
+			}
+			r.consecutive = 0
 			if i >= opts.WarmUp {
-				row.Errors++
+				r.values = append(r.values, v)
 			}
-			if consecutive >= opts.MaxConsecutiveErrors {
-				break
+		}
+	}
+
+	tps := make([]*ThroughputRow, len(runs))
+	for i, r := range runs {
+		if !r.setUp || r.row.Failed {
+			continue
+		}
+		r.row.Stats = Summarize(r.values)
+		if r.row.N == 0 {
+			r.row.Failed = true
+			if r.row.FirstError == "" {
+				r.row.FirstError = "interrupted"
 			}
 			continue
 		}
-		consecutive = 0
-		if i >= opts.WarmUp {
-			values = append(values, v)
+		if opts.Concurrency > 0 && r.s.Unit == "" && ctx.Err() == nil {
+			tp := throughput(ctx, r.s, opts)
+			tps[i] = &tp
 		}
 	}
-	row.Stats = Summarize(values)
-	if row.N == 0 {
-		row.Failed = true
-		if row.FirstError == "" {
-			row.FirstError = "interrupted"
+
+	rows := make([]Row, len(runs))
+	for i, r := range runs {
+		if r.setUp && r.s.Teardown != nil {
+			if err := r.s.Teardown(); err != nil && r.row.FirstError == "" {
+				r.row.FirstError = "teardown: " + err.Error()
+			}
 		}
-		return row, nil
+		rows[i] = r.row
 	}
-	if opts.Concurrency <= 0 || s.Unit != "" || ctx.Err() != nil {
-		return row, nil
+	return rows, tps
+}
+
+// iterate runs one iteration of s: its duration in milliseconds for a
+// latency row, the value Measure returns for a value row.
+func iterate(ctx context.Context, s Subject, opts Options) (float64, error) {
+	ctx, cancel := context.WithTimeout(ctx, opts.Timeout)
+	defer cancel()
+	if s.Unit != "" {
+		return s.Measure(ctx)
 	}
-	tp := throughput(ctx, s, opts)
-	return row, &tp
+	start := time.Now()
+	err := s.Run(ctx)
+	return toMillis(time.Since(start)), err
 }
 
 func progressLine(row Row, tp *ThroughputRow) string {

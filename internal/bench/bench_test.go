@@ -186,7 +186,7 @@ func TestWriteTable(t *testing.T) {
 	want := `vivarium bench, 2026-11-22: Linux 6.1.0 amd64, 2 CPUs, 24.0 GiB, cgroup v1 (hybrid), vivarium dev
 
 Latency of one execution, end to end (start, run, check the output, clean up):
-20 measured runs per row, one at a time, after 2 warm-up runs.
+20 measured runs per row after 2 warm-up runs, never two at once; the rows of a workload take turns.
 ratio = the row's p50 / the p50 of its workload's Vivarium row (marked *):
         above 1x the row takes longer than Vivarium, below 1x less (0.50x: half the time).
 
@@ -323,14 +323,43 @@ func TestVivariumProblemsIgnorePeers(t *testing.T) {
 
 func TestRunInterrupted(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
-	var second bool
+	var ran []string
+	run := func(name string) func(context.Context) error {
+		return func(context.Context) error { ran = append(ran, name); return nil }
+	}
 	subjects := []Subject{
-		{Workload: "W", Name: "first", Run: func(context.Context) error { cancel(); return nil }},
-		{Workload: "W", Name: "second", Run: func(context.Context) error { second = true; return nil }},
+		{Workload: "W1", Name: "first", Run: func(context.Context) error { ran = append(ran, "first"); cancel(); return nil }},
+		{Workload: "W1", Name: "second", Run: run("second")},
+		{Workload: "W2", Name: "third", Run: run("third")},
 	}
 	rep := Run(ctx, subjects, Options{Iterations: 5})
-	if second || rep.Latency[0].N != 1 || rep.Latency[1].Skipped != "interrupted" {
-		t.Errorf("rows %+v, second ran: %v", rep.Latency, second)
+	if !slices.Equal(ran, []string{"first"}) {
+		t.Errorf("ran %v after the interrupt, want only first", ran)
+	}
+	if r := rep.Latency; r[0].N != 1 || !r[1].Failed || r[1].FirstError != "interrupted" || r[2].Skipped != "interrupted" {
+		t.Errorf("rows %+v", rep.Latency)
+	}
+}
+
+// Rows of a workload take turns, a round at a time, so that a change of
+// load during the run weighs on all of them; setups come before the first
+// round and teardowns after the last.
+func TestRunInterleavesRows(t *testing.T) {
+	var events []string
+	sub := func(workload, name string) Subject {
+		return Subject{Workload: workload, Name: name,
+			Setup:    func(context.Context) error { events = append(events, "setup "+name); return nil },
+			Run:      func(context.Context) error { events = append(events, name); return nil },
+			Teardown: func() error { events = append(events, "teardown "+name); return nil },
+		}
+	}
+	Run(context.Background(), []Subject{sub("W1", "a"), sub("W2", "c"), sub("W1", "b")}, Options{Iterations: 2, WarmUp: 1})
+	want := []string{
+		"setup a", "setup b", "a", "b", "a", "b", "a", "b", "teardown a", "teardown b",
+		"setup c", "c", "c", "c", "teardown c",
+	}
+	if !slices.Equal(events, want) {
+		t.Errorf("events\n%v\nwant\n%v", events, want)
 	}
 }
 

@@ -124,7 +124,7 @@ func (r *Report) WriteTable(w io.Writer) error {
 
 	if len(r.Latency) > 0 {
 		fmt.Fprintf(&b, "\nLatency of one execution, end to end (start, run, check the output, clean up):\n")
-		fmt.Fprintf(&b, "%d measured runs per row, one at a time, after %d warm-up %s.\n",
+		fmt.Fprintf(&b, "%d measured runs per row after %d warm-up %s, never two at once; the rows of a workload take turns.\n",
 			r.Iterations, r.WarmUp, plural(r.WarmUp, "run", "runs"))
 		b.WriteString("ratio = the row's p50 / the p50 of its workload's Vivarium row (marked *):\n" +
 			"        above 1x the row takes longer than Vivarium, below 1x less (0.50x: half the time).\n")
