@@ -113,7 +113,7 @@ func (s *Server) handler(name string) http.HandlerFunc {
 	case "metrics":
 		return func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-			s.svc.Metrics().Write(w, s.svc.Live())
+			s.svc.WriteMetrics(w)
 		}
 	case "openapi":
 		return func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, OpenAPI()) }

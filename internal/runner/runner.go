@@ -105,7 +105,12 @@ func NewFrameReader(r io.Reader, max int) *FrameReader {
 // Next returns the next event. It returns io.EOF at a clean end of stream,
 // and ErrFrameTooLarge or ErrMalformed (wrapped) when the stream is broken;
 // after an error the reader must not be used again.
-func (f *FrameReader) Next() (Event, error) {
+func (f *FrameReader) Next() (Event, error) { return f.NextSkipping(nil) }
+
+// NextSkipping is Next, but frames whose body skip reports true (given the
+// raw bytes) are passed over without being decoded, and reported as an
+// Event of Type "skipped": decoding is what a flood of frames costs.
+func (f *FrameReader) NextSkipping(skip func(body []byte) bool) (Event, error) {
 	var head [4]byte
 	if _, err := io.ReadFull(f.r, head[:]); err != nil {
 		if errors.Is(err, io.ErrUnexpectedEOF) {
@@ -123,6 +128,9 @@ func (f *FrameReader) Next() (Event, error) {
 	body := f.buf[:n]
 	if _, err := io.ReadFull(f.r, body); err != nil {
 		return Event{}, fmt.Errorf("%w: truncated body: %v", ErrMalformed, err)
+	}
+	if skip != nil && skip(body) {
+		return Event{Type: "skipped"}, nil
 	}
 	var ev Event
 	if err := json.Unmarshal(body, &ev); err != nil {

@@ -47,10 +47,11 @@ class Channel:
     """The framed pipes to the supervisor, moved out of user code's way."""
 
     def __init__(self, req_fd, evt_fd):
-        # Move the pipes to high, close-on-exec descriptors so that
-        # subprocesses do not inherit them and fds 3 and 4 are free.
-        self.req = fcntl.fcntl(req_fd, fcntl.F_DUPFD_CLOEXEC, 100)
-        self.evt = fcntl.fcntl(evt_fd, fcntl.F_DUPFD_CLOEXEC, 100)
+        # Move the pipes to higher, close-on-exec descriptors so that
+        # subprocesses do not inherit them and fds 3 and 4 are free. Not
+        # too high: the open-files limit may be as low as 64.
+        self.req = fcntl.fcntl(req_fd, fcntl.F_DUPFD_CLOEXEC, 10)
+        self.evt = fcntl.fcntl(evt_fd, fcntl.F_DUPFD_CLOEXEC, 10)
         os.close(req_fd)
         os.close(evt_fd)
         self.lock = threading.Lock()
@@ -161,10 +162,10 @@ def _call_repr(obj, method):
 
 
 def _size(data):
-    n = 0
-    for v in data.values():
-        n += len(v) if isinstance(v, str) else len(json.dumps(v, default=str))
-    return n
+    """The bytes a result takes in its frame: encoded, not counted in
+    characters (an emoji is four bytes, a control character six). A value
+    JSON cannot encode (a circular one) raises, as sending it would."""
+    return len(json.dumps(data, ensure_ascii=False, default=str).encode("utf-8", "surrogatepass"))
 
 
 class Runtime:
@@ -188,10 +189,11 @@ class Runtime:
         # supervisor reads the output pipes up to this point before it
         # passes the result on, so a stream keeps the order of events.
         _flush_std()
-        if _size(data) > MAX_RESULT_BYTES:
+        size = _size(data)
+        if size > MAX_RESULT_BYTES:
             data = {
                 "text/plain": "[vivarium: result of about %d MiB dropped: over the %d MiB limit]"
-                % (_size(data) >> 20, MAX_RESULT_BYTES >> 20)
+                % (size >> 20, MAX_RESULT_BYTES >> 20)
             }
         self.channel.send({"type": "result", "data": data, "is_main_result": main})
 

@@ -94,8 +94,11 @@ func TestOutputKeepsOnlyWellTypedRepresentations(t *testing.T) {
 
 func TestFilesEmbedsRunnerAndBackend(t *testing.T) {
 	f := Files()
-	if !strings.Contains(string(f[ScriptName]), "def main()") {
+	if !strings.Contains(string(f[ScriptName]), "def main(") {
 		t.Fatal("runner.py missing from the embedded files")
+	}
+	if !strings.Contains(string(f[ZygoteName]), "def become_sandbox(") {
+		t.Fatal("zygote.py missing from the embedded files")
 	}
 	if _, ok := f["vivarium_mpl_backend.py"]; !ok {
 		t.Fatal("matplotlib backend missing from the embedded files")
@@ -121,4 +124,20 @@ func FuzzFrameReader(f *testing.F) {
 			Output(ev)
 		}
 	})
+}
+
+// Frames the caller chooses to skip are not decoded: a flood costs a read,
+// not a parse.
+func TestNextSkipping(t *testing.T) {
+	var buf bytes.Buffer
+	buf.Write(frame(`{"type": "result", "data": {}}`))
+	buf.Write(frame(`{"type": "done", "exit_code": 0}`))
+	fr := NewFrameReader(&buf, 1<<20)
+	skip := func(b []byte) bool { return bytes.HasPrefix(b, []byte(`{"type": "result"`)) }
+	if ev, err := fr.NextSkipping(skip); err != nil || ev.Type != "skipped" {
+		t.Fatalf("%+v %v", ev, err)
+	}
+	if ev, err := fr.NextSkipping(skip); err != nil || ev.Type != "done" {
+		t.Fatalf("%+v %v", ev, err)
+	}
 }

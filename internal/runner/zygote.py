@@ -35,7 +35,6 @@ import signal
 import socket
 import struct
 import sys
-import traceback
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWCGROUP = 0x02000000
@@ -132,11 +131,12 @@ def _reseed():
             pass
 
 
-def become_sandbox(req, fds, filter_prog, sock_fd):
-    """The child's side: everything from the fork to the runner. Never
-    returns; the process ends with the runner."""
+def become_sandbox(req, fds, filter_prog, sock):
+    """The child's side: everything from the fork to the runner. It returns
+    the runner's exit code, for the interpreter to exit with as python3
+    would (threads joined, atexit handlers run, objects finalized)."""
     sandbox_pidfd, req_r, evt_w, out_w, err_w, go_r = fds
-    os.close(sock_fd)
+    os.close(sock.detach())
     # A session and process group of its own at once: the zygote's group
     # holds every other sandbox's runner, and a signal to one's own group
     # (kill(0, ...)) must not reach them.
@@ -194,13 +194,12 @@ def become_sandbox(req, fds, filter_prog, sock_fd):
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.set_wakeup_fd(-1)
-    gc.unfreeze()
+    # The preloaded objects stay frozen: a collection that walked them would
+    # copy every page they are on, and they are not garbage.
     gc.enable()
     import runner
 
-    code = runner.main(req.get("mode", "--persistent"))
-    runner._flush_std()
-    sys.exit(code)
+    return runner.main(req.get("mode", "--persistent"))
 
 
 def _setup_error(fd, msg):
@@ -236,6 +235,9 @@ class Zygote:
         return json.loads(msg), list(fds)
 
     def fork(self, req, fds):
+        """Forks a child for a sandbox. In the parent it returns None; in
+        the child, what the child needs to become the sandbox's runner,
+        once the zygote's own stack is unwound."""
         token = req.get("token")
         if len(fds) != 6:
             raise ValueError("fork needs 6 descriptors, got %d" % len(fds))
@@ -244,14 +246,7 @@ class Zygote:
         _check("enter the sandbox's PID namespace", _libc.setns(fds[0], CLONE_NEWPID))
         pid = os.fork()
         if pid == 0:
-            try:
-                become_sandbox(req, fds, self.filter, self.sock.fileno())
-            except SystemExit as e:
-                os._exit(e.code if isinstance(e.code, int) else 1)
-            except BaseException:
-                traceback.print_exc()
-                os._exit(125)
-            os._exit(0)
+            return (req, fds, self.filter, self.sock)
         self.children[pid] = token
         pidfd = os.pidfd_open(pid)
         try:
@@ -279,6 +274,8 @@ class Zygote:
             self.send(msg)
 
     def serve(self):
+        """Serves fork requests until the supervisor goes (None), or, in a
+        child, returns what become_sandbox needs."""
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
@@ -294,15 +291,19 @@ class Zygote:
                 continue
             req, fds = self.receive()
             if req is None:
-                return  # the supervisor is gone
+                return None  # the supervisor is gone
+            child = None
             try:
                 if req.get("op") == "fork":
-                    self.fork(req, fds)
-            except BaseException as e:
+                    child = self.fork(req, fds)
+            except Exception as e:
                 self.send({"op": "fork_failed", "token": req.get("token"), "error": str(e)})
-            finally:
-                for fd in fds:
-                    os.close(fd)
+            if child is not None:
+                os.close(wake_r)
+                os.close(wake_w)
+                return child
+            for fd in fds:
+                os.close(fd)
 
 
 def main():
@@ -331,8 +332,14 @@ def main():
     gc.disable()
     z = Zygote(sock)
     z.send({"op": "ready", "errors": errors, "modules": len(sys.modules)})
-    z.serve()
+    child = z.serve()
+    if child is None:
+        return 0
+    del z
+    return become_sandbox(*child)
 
 
 if __name__ == "__main__":
-    main()
+    # In a child, the zygote's frames are gone by now: the runner's exit is
+    # the interpreter's, exactly as with `python3 runner.py`.
+    sys.exit(main())

@@ -67,8 +67,8 @@ func (l Limits) Validate() error {
 		{l.Pids < 0 || l.Pids == 1 || l.Pids > 1<<16, "pids must be between 2 and 65536"},
 		{l.Disk != 0 && (l.Disk < 1<<20 || l.Disk > 1<<40), "disk must be between 1MiB and 1TiB"},
 		{l.MaxOutput < 0 || l.MaxOutput > 1<<30, "max output must be between 0 and 1GiB"},
-		{l.OpenFiles < 0 || l.OpenFiles > 1<<20, "open files must be between 16 and 1048576"},
-		{l.OpenFiles != 0 && l.OpenFiles < 16, "open files must be between 16 and 1048576"},
+		{l.OpenFiles < 0 || l.OpenFiles > 1<<20, "open files must be between 64 and 1048576"},
+		{l.OpenFiles != 0 && l.OpenFiles < 64, "open files must be between 64 and 1048576"},
 		{l.CPUs < 0 || l.CPUs > 1024 || (l.CPUs > 0 && l.CPUs < 0.01), "cpus must be between 0.01 and 1024"},
 	}
 	for _, c := range checks {

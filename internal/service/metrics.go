@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/vivarium-sandbox/vivarium/internal/pool"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
 
@@ -99,4 +100,22 @@ func (h *histogram) write(w io.Writer, name, help string) {
 		fmt.Fprintf(w, "%s_bucket{le=\"%g\"} %d\n", name, b, h.counts[i])
 	}
 	fmt.Fprintf(w, "%s_bucket{le=\"+Inf\"} %d\n%s_sum %g\n%s_count %d\n", name, h.n, name, h.sum, name, h.n)
+}
+
+// writePoolMetrics reports what the pool holds ready and what that costs.
+func writePoolMetrics(w io.Writer, stats []pool.Stat) {
+	var ready, creating, memory, hits, misses int64
+	for _, st := range stats {
+		ready += int64(st.Ready)
+		creating += int64(st.Creating)
+		memory += st.MemoryBytes
+		hits += st.Hits
+		misses += st.Misses
+	}
+	fmt.Fprintf(w, "# HELP vivarium_pool_ready Fresh sandboxes ready in the pool.\n# TYPE vivarium_pool_ready gauge\nvivarium_pool_ready %d\n", ready)
+	fmt.Fprintf(w, "# HELP vivarium_pool_creating Sandboxes being made for the pool.\n# TYPE vivarium_pool_creating gauge\nvivarium_pool_creating %d\n", creating)
+	fmt.Fprintf(w, "# HELP vivarium_pool_configurations Configurations the pool keeps ready.\n# TYPE vivarium_pool_configurations gauge\nvivarium_pool_configurations %d\n", len(stats))
+	fmt.Fprintf(w, "# HELP vivarium_pool_memory_bytes Memory (PSS) of the ready sandboxes: the pool's cost at rest.\n# TYPE vivarium_pool_memory_bytes gauge\nvivarium_pool_memory_bytes %d\n", memory)
+	fmt.Fprintf(w, "# HELP vivarium_pool_hits_total Sandboxes served from the pool.\n# TYPE vivarium_pool_hits_total counter\nvivarium_pool_hits_total %d\n", hits)
+	fmt.Fprintf(w, "# HELP vivarium_pool_misses_total Sandboxes made on demand because the pool was empty.\n# TYPE vivarium_pool_misses_total counter\nvivarium_pool_misses_total %d\n", misses)
 }

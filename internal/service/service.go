@@ -13,12 +13,14 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"slices"
 	"sync"
 	"time"
 
+	"github.com/vivarium-sandbox/vivarium/internal/pool"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/store"
 )
@@ -33,6 +35,8 @@ var (
 // Config bounds what owners may ask for.
 type Config struct {
 	Backend sandbox.Backend
+	// Pool, when Backend is one, is reported in the metrics.
+	Pool *pool.Pool
 	// MaxLimits caps every limit an owner asks for; zero fields use the
 	// sandbox package's defaults as the cap.
 	MaxLimits sandbox.Limits
@@ -124,6 +128,21 @@ func New(cfg Config) *Service {
 
 // Metrics returns the service's counters.
 func (s *Service) Metrics() *Metrics { return s.metrics }
+
+// WriteMetrics writes every metric of the service in Prometheus's format.
+func (s *Service) WriteMetrics(w io.Writer) {
+	s.metrics.Write(w, s.Live())
+	if s.cfg.Pool != nil {
+		writePoolMetrics(w, s.cfg.Pool.Stats())
+	}
+}
+
+// DefaultSpec is the configuration of a sandbox created with no limits
+// asked for: what a server keeps ready in its pool.
+func (s *Service) DefaultSpec(oneShot bool) sandbox.Spec {
+	l, _ := s.bound(sandbox.Limits{})
+	return sandbox.Spec{Limits: l, OneShot: oneShot}
+}
 
 // CreateRequest describes a sandbox an owner asks for.
 type CreateRequest struct {

@@ -39,7 +39,7 @@ func TestMain(m *testing.M) {
 	if !flagSet("test.parallel") {
 		flag.Set("test.parallel", "6")
 	}
-	os.Exit(m.Run())
+	os.Exit(testutil.RunBothModes(m))
 }
 
 func flagSet(name string) bool {
@@ -83,6 +83,9 @@ func backends(t *testing.T) []backendUnderTest {
 	names := os.Getenv(backendsEnv)
 	if names == "" {
 		names = "native"
+		if testutil.ZygoteMode() {
+			names = "native-zygote"
+		}
 	}
 	var out []backendUnderTest
 	for _, name := range strings.Split(names, ",") {

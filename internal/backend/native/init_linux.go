@@ -83,6 +83,16 @@ const (
 	workspacePath = "/workspace"
 )
 
+// An init runs on the process's first thread, the thread-group leader:
+// what it makes per thread (its cgroup namespace) is then what the kernel
+// shows as the process's own, which a zygote's child joins through a pidfd.
+// Init functions run on that thread, and locking there keeps main on it.
+func init() {
+	if IsInit() {
+		runtime.LockOSThread()
+	}
+}
+
 // IsInit reports whether this process was started as a sandbox's init.
 // main (and TestMain of packages that create sandboxes) must call RunInit
 // first thing when it is.
@@ -141,7 +151,8 @@ func initMain(report func(initStatus)) (int, error) {
 	}
 	ctrl.Close()
 	// Namespaces and capability sets below are per thread: everything from
-	// here runs on this one, and the runner is forked from it.
+	// here runs on this one (the leader, locked since init()), and the
+	// runner is forked from it.
 	runtime.LockOSThread()
 	// The supervisor has put this process into the sandbox's cgroup before
 	// sending the config; a cgroup namespace now makes that group the root

@@ -2,6 +2,7 @@ package native
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -27,7 +29,11 @@ import (
 const (
 	maxFrame        = 16 << 20 // one event
 	maxResultsBytes = 64 << 20 // all rich results of one execution
-	setupTimeout    = 60 * time.Second
+	maxResults      = 10000    // rich results of one execution
+	// resultOverhead is what a result costs beyond its content: an empty
+	// one is not free to receive, parse and keep.
+	resultOverhead = 256
+	setupTimeout   = 60 * time.Second
 	// How long to wait for output pipes to close once every process of
 	// the sandbox is dead. They close at once; this only guards a bug.
 	drainTimeout = 5 * time.Second
@@ -690,8 +696,14 @@ func (s *Sandbox) readEvents(r *runnerProc, events *os.File) {
 	defer events.Close()
 	fr := runner.NewFrameReader(events, maxFrame)
 	readyOnce := sync.OnceFunc(func() { close(r.ready) })
+	// Past the results cap, results are counted without being parsed; the
+	// runner's own frames start exactly so (json.dumps of a dict whose
+	// first key is "type").
+	resultPrefix := []byte(`{"type": "result"`)
+	var skipping atomic.Bool
+	skip := func(body []byte) bool { return skipping.Load() && bytes.HasPrefix(body, resultPrefix) }
 	for {
-		ev, err := fr.Next()
+		ev, err := fr.NextSkipping(skip)
 		if err != nil {
 			if !errors.Is(err, io.EOF) {
 				s.mu.Lock()
@@ -724,6 +736,9 @@ func (s *Sandbox) readEvents(r *runnerProc, events *os.File) {
 		if x := s.cur; x != nil && x.runner == r {
 			emit = x.handle(ev)
 			rs = x.resultSink
+			skipping.Store(len(x.results)+x.dropped >= maxResults)
+		} else {
+			skipping.Store(false)
 		}
 		s.mu.Unlock()
 		if emit != nil && rs != nil {
@@ -735,9 +750,12 @@ func (s *Sandbox) readEvents(r *runnerProc, events *os.File) {
 // handle records an event; it returns a result to pass on to a sink.
 func (x *execution) handle(ev runner.Event) *sandbox.Output {
 	switch ev.Type {
+	case "skipped":
+		x.dropped++
 	case "result":
 		out, size := runner.Output(ev)
-		if x.resultsBytes+size > maxResultsBytes {
+		size += resultOverhead
+		if x.resultsBytes+size > maxResultsBytes || len(x.results) >= maxResults {
 			x.dropped++
 			return nil
 		}
@@ -1089,7 +1107,8 @@ wait:
 	}
 	if x.dropped > 0 {
 		res.Results = append(res.Results, sandbox.Output{
-			Text: fmt.Sprintf("[vivarium: %d more results dropped: over the %d MiB limit]", x.dropped, maxResultsBytes>>20)})
+			Text: fmt.Sprintf("[vivarium: %d more results dropped: over the limit of %d results or %d MiB]",
+				x.dropped, maxResults, maxResultsBytes>>20)})
 	}
 	classify(res, why, whyMsg, dead, exit, x.exitCode, st.OOMKills > st0.OOMKills, limits, broken)
 	return res, nil
