@@ -19,6 +19,7 @@ import (
 
 	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
 	"github.com/vivarium-sandbox/vivarium/internal/httpapi"
+	"github.com/vivarium-sandbox/vivarium/internal/pool"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/service"
 	"github.com/vivarium-sandbox/vivarium/internal/store"
@@ -45,6 +46,12 @@ type serveConfig struct {
 	pids                                 int
 	timeout                              time.Duration
 	cpus                                 float64
+
+	allowOrigins listFlag
+	zygote       bool
+	preload      string
+	pool         int
+	poolIdle     time.Duration
 }
 
 func serveFlags(c *serveConfig) *flag.FlagSet {
@@ -88,6 +95,12 @@ Flags:
 	fs.IntVar(&c.pids, "max-pids", 1024, "largest pids limit a client may ask for (the default is 64)")
 	fs.DurationVar(&c.timeout, "max-timeout", time.Hour, "longest execution a client may ask for (the default is 30s)")
 	fs.Float64Var(&c.cpus, "cpus", 0, "CPU cap of every sandbox in cores (0: none; each sandbox still gets only its fair share)")
+	fs.Var(&c.allowOrigins, "allow-origin", "`ORIGIN` of web pages allowed to call the API (repeatable; default: none)")
+	fs.BoolVar(&c.zygote, "zygote", true,
+		"fork sandboxes from a zygote, a Python with the --preload modules imported: fast starts, shared memory")
+	fs.StringVar(&c.preload, "preload", "numpy,pandas,matplotlib", "`MODULES` the zygote imports once for every sandbox (comma-separated)")
+	fs.IntVar(&c.pool, "pool", 4, "most fresh sandboxes kept ready per configuration (0: none)")
+	fs.DurationVar(&c.poolIdle, "pool-idle", 10*time.Minute, "a configuration unused this long is no longer kept ready")
 	return fs
 }
 
@@ -144,6 +157,9 @@ func (c *serveConfig) validate() error {
 	check(c.grace < 0, "--shutdown-grace must not be negative")
 	check(c.dataDir == "", "--data-dir must not be empty")
 	check(c.uidBase < 100000 || c.uidBase > 1<<32-1<<17, "--uid-base must be between 100000 and 4294836224")
+	check(c.pool < 0 || c.pool > 1000, "--pool must be between 0 and 1000")
+	check(c.poolIdle <= 0, "--pool-idle must be positive")
+	check(c.preload != "" && !c.zygote, "--preload needs --zygote (without a zygote nothing is preloaded)")
 	max := c.maxLimits()
 	if err := max.Validate(); err != nil {
 		errs = append(errs, err)
@@ -154,6 +170,16 @@ func (c *serveConfig) validate() error {
 func (c *serveConfig) maxLimits() sandbox.Limits {
 	return sandbox.Limits{Memory: int64(c.memory), Disk: int64(c.disk), MaxOutput: int64(c.maxOutput), Pids: c.pids,
 		Timeout: c.timeout, CPUs: c.cpus}
+}
+
+func (c *serveConfig) preloads() []string {
+	var out []string
+	for _, m := range strings.Split(c.preload, ",") {
+		if m = strings.TrimSpace(m); m != "" {
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 func isLoopback(host string) bool {
@@ -223,10 +249,11 @@ func serve(c *serveConfig, log *slog.Logger) error {
 	defer st.Close()
 
 	b, err := native.New(native.Config{CgroupParent: c.cgroupParent, UIDBase: uint32(c.uidBase),
-		InsecureNoCgroups: c.noCgroups, Logger: log})
+		InsecureNoCgroups: c.noCgroups, Zygote: c.zygote, Preload: c.preloads(), Logger: log})
 	if err != nil {
 		return err
 	}
+	defer b.Close()
 	// What a crashed predecessor left: its sandboxes died with it, their
 	// cgroups did not.
 	if swept, err := b.Sweep(); err != nil {
@@ -237,6 +264,14 @@ func serve(c *serveConfig, log *slog.Logger) error {
 	if !b.CPUShares() {
 		log.Warn("no cpu cgroup controller: a sandbox running many processes gets more CPU than its share")
 	}
+	if c.zygote {
+		log.Info("starting the zygote", "preload", c.preload)
+		if err := b.Warm(context.Background()); err != nil {
+			return err
+		}
+	}
+	warm := pool.New(pool.Config{Backend: b, Max: c.pool, Min: 1, Idle: c.poolIdle, Logger: log})
+	defer warm.Close()
 
 	var auth httpapi.Authenticator
 	var keyring *store.Keyring
@@ -256,7 +291,8 @@ func serve(c *serveConfig, log *slog.Logger) error {
 	defer audit.Close()
 
 	svcCfg := service.Config{
-		Backend:               b,
+		Backend:               warm,
+		Pool:                  warm,
 		MaxLimits:             c.maxLimits(),
 		DefaultIdle:           c.idle,
 		MaxIdle:               c.maxIdle,
@@ -274,6 +310,9 @@ func serve(c *serveConfig, log *slog.Logger) error {
 	}
 	svc := service.New(svcCfg)
 	api := httpapi.New(svc, auth, log)
+	// What most requests ask for: sandboxes with the default limits.
+	warm.Prewarm(svc.DefaultSpec(true), 2)
+	warm.Prewarm(svc.DefaultSpec(false), 2)
 
 	ln, err := net.Listen("tcp", c.listen)
 	if err != nil {
@@ -282,7 +321,7 @@ func serve(c *serveConfig, log *slog.Logger) error {
 	}
 	handler, closeMCP := withMCP(api, svc, auth, log)
 	srv := &http.Server{
-		Handler:           handler,
+		Handler:           httpapi.RefuseBrowsers(handler, c.allowOrigins),
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,

@@ -12,6 +12,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -53,6 +54,26 @@ func New(svc *service.Service, auth Authenticator, log *slog.Logger) *Server {
 }
 
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// RefuseBrowsers answers 403 to requests a web browser makes on behalf of a
+// page (they carry an Origin header), unless the origin is allowed. The API
+// is for programs: without this, any page a developer visits could POST
+// code to a server on localhost, which in --dev mode needs no key (a
+// "simple" cross-origin POST is sent without a preflight).
+func RefuseBrowsers(h http.Handler, allowed []string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		origin := r.Header.Get("Origin")
+		if origin == "" && r.Header.Get("Sec-Fetch-Site") == "cross-site" {
+			origin = "a cross-site page"
+		}
+		if origin != "" && !slices.Contains(allowed, origin) {
+			writeError(w, http.StatusForbidden, "forbidden",
+				fmt.Sprintf("requests from web pages are refused (origin %q); allow an origin with --allow-origin", origin))
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
 
 // Route is one endpoint; the OpenAPI document is generated from Routes.
 type Route struct {

@@ -29,7 +29,7 @@ func benchBackend(b *testing.B) *native.Backend {
 	benchBackendOnce.Do(func() {
 		benchBackendVal, benchBackendErr = native.New(native.Config{
 			CgroupParent: "vivarium-native-bench",
-			UIDBase:      native.DefaultUIDBase + 5<<24,
+			UIDBase:      native.DefaultUIDBase + 11<<24,
 		})
 	})
 	if benchBackendErr != nil {
