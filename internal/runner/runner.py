@@ -75,7 +75,7 @@ class Channel:
             return None
         return json.loads(body)
 
-    def send(self, event):
+    def send(self, event, wait_ack=False):
         body = json.dumps(event, ensure_ascii=False, default=str).encode("utf-8", "surrogatepass")
         frame = struct.pack(">I", len(body)) + body
         with self.lock:
@@ -83,6 +83,14 @@ class Channel:
             while view:
                 n = os.write(self.evt, view)
                 view = view[n:]
+            if wait_ack:
+                # The supervisor reads the output pipes up to here before
+                # it acknowledges: nothing printed after this result can
+                # overtake it.
+                while True:
+                    req = self.receive()
+                    if req is None or req.get("type") == "ack":
+                        break
 
 
 def _encode(mime, value):
@@ -195,7 +203,7 @@ class Runtime:
                 "text/plain": "[vivarium: result of about %d MiB dropped: over the %d MiB limit]"
                 % (size >> 20, MAX_RESULT_BYTES >> 20)
             }
-        self.channel.send({"type": "result", "data": data, "is_main_result": main})
+        self.channel.send({"type": "result", "data": data, "is_main_result": main}, wait_ack=True)
 
     def display(self, *objs, **kwargs):
         """Shows each object as a rich result, like IPython's display()."""
@@ -347,7 +355,10 @@ def main(mode=None):
     rt = Runtime(channel)
     channel.send({"type": "ready"})
     while True:
-        req = channel.receive()
+        # Under the channel's lock: a thread of the code waiting for a
+        # result's ack reads the same pipe.
+        with channel.lock:
+            req = channel.receive()
         if req is None:
             return 0
         if req.get("type") != "execute":

@@ -49,7 +49,9 @@ func TestTypeScriptSDK(t *testing.T) {
 	testutil.RequirePythonModules(t, "matplotlib")
 	requireNode(t)
 	bin := testserver.Build(t)
-	srv := testserver.Start(t, bin, testserver.Options{CgroupParent: serveParent, UIDBase: uidBase, Keys: []string{"node-test"}})
+	// No pool: every sandbox under the parent is then the session's.
+	srv := testserver.Start(t, bin, testserver.Options{CgroupParent: serveParent, UIDBase: uidBase, Keys: []string{"node-test"},
+		Args: []string{"--pool", "0"}})
 	url, key := srv.URL, srv.Keys[0]
 
 	stdioArgs, _ := json.Marshal([]string{"--cgroup-parent", stdioParent, "--uid-base", fmt.Sprint(uidBase), "--log-level", "warn"})

@@ -138,6 +138,7 @@ func pss(pid int) int64 {
 type runnerProc struct {
 	pid    int
 	reqW   *os.File
+	reqMu  sync.Mutex // one frame at a time on reqW
 	ready  chan struct{} // closed at its "ready" event
 	exited chan struct{} // closed when init reports its end
 	exit   ctlMsg        // valid once exited is closed
@@ -146,6 +147,13 @@ type runnerProc struct {
 	// A zygote's runner: a pidfd to signal it (-1 when none or gone),
 	// under Sandbox.mu.
 	pidfd int
+}
+
+// request writes one frame to the runner.
+func (r *runnerProc) request(v any) error {
+	r.reqMu.Lock()
+	defer r.reqMu.Unlock()
+	return runner.WriteFrame(r.reqW, v)
 }
 
 // closePidfd forgets the runner's pidfd; called with Sandbox.mu held, so
@@ -726,7 +734,9 @@ func (s *Sandbox) readEvents(r *runnerProc, events *os.File) {
 		if ev.Type == "result" || ev.Type == "error" {
 			// The runner flushed what the code printed before this event
 			// into the output pipes; deliver it first, so that streams see
-			// output and results in the order they happened.
+			// output and results in the order they happened. For a result
+			// the runner waits for the ack below, so the pipes hold
+			// nothing printed after it.
 			s.stdout.sync()
 			s.stderr.sync()
 		}
@@ -743,6 +753,11 @@ func (s *Sandbox) readEvents(r *runnerProc, events *os.File) {
 		s.mu.Unlock()
 		if emit != nil && rs != nil {
 			rs.Result(*emit)
+		}
+		if ev.Type == "result" || ev.Type == "skipped" {
+			// Every result is acknowledged, whoever it was for: the runner
+			// (or a thread of the code) waits for it.
+			r.request(runner.Request{Type: "ack"})
 		}
 	}
 }
@@ -995,11 +1010,7 @@ func (s *Sandbox) Execute(ctx context.Context, req sandbox.ExecRequest, sink san
 	start := time.Now()
 	sent := make(chan error, 1)
 	go func() {
-		err := runner.WriteFrame(r.reqW, runner.Request{Type: "execute", Code: req.Code, Filename: filename, Env: req.Env})
-		if s.spec.OneShot {
-			r.reqW.Close()
-		}
-		sent <- err
+		sent <- r.request(runner.Request{Type: "execute", Code: req.Code, Filename: filename, Env: req.Env})
 	}()
 
 	// A one-shot execution ends when the runner process exits (its exit
