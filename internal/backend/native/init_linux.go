@@ -83,15 +83,25 @@ const (
 	workspacePath = "/workspace"
 )
 
-// An init runs on the process's first thread, the thread-group leader:
-// what it makes per thread (its cgroup namespace) is then what the kernel
-// shows as the process's own, which a zygote's child joins through a pidfd.
-// Init functions run on that thread, and locking there keeps main on it.
+// A sandbox's init runs from this package's init function, before main
+// and before the packages that sort after this one and that it does not
+// need are initialised (Go initialises packages in dependency order, then
+// by import path): the server's HTTP, SQLite and MCP packages are never
+// initialised in a sandbox's init. It runs on the process's first thread, the thread-group
+// leader, where init functions run: what it makes per thread (its cgroup
+// namespace) is then what the kernel shows as the process's own, which a
+// zygote's child joins through a pidfd.
 func init() {
 	if IsInit() {
 		runtime.LockOSThread()
+		RunInit()
 	}
 }
+
+// initEnv is init's whole environment. One P from the start: every thread
+// the runtime would start costs page-table work (much of a sandbox's start
+// on a paravirtualised host) and counts against the sandbox's pids limit.
+var initEnv = []string{"GOMAXPROCS=1"}
 
 // IsInit reports whether this process was started as a sandbox's init.
 // main (and TestMain of packages that create sandboxes) must call RunInit

@@ -138,7 +138,7 @@ func pss(pid int) int64 {
 type runnerProc struct {
 	pid    int
 	reqW   *os.File
-	reqMu  sync.Mutex // one frame at a time on reqW
+	reqMu  sync.Mutex    // one frame at a time on reqW
 	ready  chan struct{} // closed at its "ready" event
 	exited chan struct{} // closed when init reports its end
 	exit   ctlMsg        // valid once exited is closed
@@ -395,7 +395,7 @@ func (b *Backend) execInit(child []*os.File, cgroupFD int) (*initProc, error) {
 	cmd := &exec.Cmd{
 		Path:       b.cfg.Exe,
 		Args:       []string{initArg0},
-		Env:        []string{},
+		Env:        initEnv,
 		ExtraFiles: child,
 		SysProcAttr: &syscall.SysProcAttr{
 			Cloneflags: syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS | syscall.CLONE_NEWPID |

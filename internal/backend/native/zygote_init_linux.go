@@ -143,7 +143,7 @@ func spawnForkedInit(fds []int) (pid, pidfd int, err error) {
 	cmd := &exec.Cmd{
 		Path:       "/proc/self/exe",
 		Args:       []string{initArg0},
-		Env:        []string{},
+		Env:        initEnv,
 		ExtraFiles: files,
 		SysProcAttr: &syscall.SysProcAttr{
 			Cloneflags: syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS | syscall.CLONE_NEWPID |
