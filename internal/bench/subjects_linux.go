@@ -26,6 +26,9 @@ type Config struct {
 	// DockerImage is the image `docker run` uses; built from the host's
 	// Python when missing. Default DefaultDockerImage.
 	DockerImage string
+	// IdleSandboxes is how many live stateful sandboxes the memory row
+	// holds at once (default 20).
+	IdleSandboxes int
 }
 
 // DefaultDockerImage is the image the docker row runs, made by `docker
@@ -33,13 +36,16 @@ type Config struct {
 const DefaultDockerImage = "vivarium-bench-python"
 
 // Subjects returns the rows `vivarium bench` measures, in the order
-// printed: for the one-shot workloads W1 and W2, Vivarium's CLI (the
-// reference) and in-process RunOnce, then python3 alone, bubblewrap,
-// gVisor, Docker and a Jupyter kernel per request; for the warm workload W3,
-// a running Vivarium sandbox (the reference) and a running Jupyter kernel.
-// Subjects that this host cannot run carry the reason in Skip. Looking
-// runs a few short programs (python3 imports, docker version).
-func Subjects(ctx context.Context, cfg Config) []Subject {
+// printed: for the one-shot workloads W1 and W2, a `vivarium serve`'s
+// one-shot endpoint (the reference), Vivarium's CLI and in-process
+// RunOnce, then python3 alone, bubblewrap, gVisor, Docker and a Jupyter
+// kernel per request; for the warm workload W3, a running sandbox over HTTP
+// (the reference) and in-process, and a running Jupyter kernel; W4, the
+// creation of a stateful sandbox; W5, the memory of an idle one. Subjects
+// that this host cannot run carry the reason in Skip. Looking runs a few
+// short programs (python3 imports, docker version). The returned function
+// stops what the rows share (the server); call it after Run.
+func Subjects(ctx context.Context, cfg Config) ([]Subject, func()) {
 	if cfg.Python == "" {
 		cfg.Python = sandbox.DefaultPython
 	}
@@ -73,6 +79,11 @@ func Subjects(ctx context.Context, cfg Config) []Subject {
 		"apt install python3-jupyter-client python3-ipykernel"))
 	pandasSkip := firstOf(pySkip, pythonImports(ctx, py, "pandas", "", "apt install python3-pandas"))
 
+	if cfg.IdleSandboxes <= 0 {
+		cfg.IdleSandboxes = 20
+	}
+	srv := newServer(cfg.Vivarium)
+	serverSetup := func(ctx context.Context) error { return srv.acquire(ctx) }
 	var out []Subject
 	for _, w := range []Workload{W1, W2} {
 		wSkip := ""
@@ -86,7 +97,12 @@ func Subjects(ctx context.Context, cfg Config) []Subject {
 		d := &dockerRun{image: cfg.DockerImage, python: py, w: w}
 		out = append(out,
 			Subject{
-				Workload: w.Label(), Name: "vivarium run -c (CLI)", Reference: true,
+				Workload: w.Label(), Name: "vivarium serve, HTTP one-shot", Reference: true,
+				Skip:  firstOf(cliSkip, wSkip),
+				Setup: serverSetup, Run: srv.oneShot(w),
+			},
+			Subject{
+				Workload: w.Label(), Name: "vivarium run -c (CLI)",
 				Skip: firstOf(cliSkip, wSkip),
 				Run:  cmd(cfg.Vivarium, "run", "-c", w.Code),
 			},
@@ -125,18 +141,52 @@ func Subjects(ctx context.Context, cfg Config) []Subject {
 
 	w := W3
 	var ws *warmSandboxes
-	warm := Subject{Workload: w.Label(), Name: "vivarium sandbox, warm (Execute)", Reference: true, Skip: vivSkip}
+	warm := Subject{Workload: w.Label(), Name: "vivarium sandbox, warm (in-process Execute)", Skip: vivSkip}
 	if cfg.Backend != nil {
 		ws = newWarmSandboxes(cfg.Backend, w)
 		warm.Setup, warm.Run, warm.Teardown = ws.setup, ws.run, ws.teardown
 	}
+	httpWarm := Subject{Workload: w.Label(), Name: "vivarium serve, HTTP execute (warm)", Reference: true, Skip: cliSkip}
+	httpWarm.Setup, httpWarm.Run, httpWarm.Teardown = srv.warm(w)
 	jp := &jupyter{python: py, w: w, warm: true}
-	out = append(out, warm, Subject{
+	out = append(out, httpWarm, warm, Subject{
 		Workload: w.Label(), Name: "jupyter kernel, warm (execute)", Peer: true,
 		Skip:  jupyterSkip,
 		Setup: jp.setup, Run: jp.run, Teardown: jp.teardown,
 	})
-	return out
+
+	w = W4
+	out = append(out,
+		Subject{Workload: w.Label(), Name: "vivarium serve, POST /v1/sandboxes", Reference: true,
+			Skip: cliSkip, Setup: serverSetup, Run: srv.create},
+		Subject{Workload: w.Label(), Name: "vivarium Create (in-process, no pool)", Skip: vivSkip,
+			Run: func(ctx context.Context) error {
+				sb, err := cfg.Backend.Create(ctx, sandbox.Spec{})
+				if err != nil {
+					return err
+				}
+				go sb.Close()
+				return nil
+			}},
+	)
+
+	w = W5
+	out = append(out,
+		Subject{Workload: w.Label(), Name: fmt.Sprintf("vivarium serve, %d idle sandboxes at once", cfg.IdleSandboxes),
+			Reference: true, Unit: "MiB", Skip: firstOf(cliSkip, pandasSkip), Setup: serverSetup,
+			Measure: srv.idleMemory(cfg.IdleSandboxes)},
+		Subject{Workload: w.Label(), Name: "python3 with pandas imported (nothing shared)", Peer: true,
+			Unit: "MiB", Skip: pandasSkip, Measure: pythonPandasPSS(py)},
+	)
+	return out, func() {
+		srv.mu.Lock()
+		users := srv.users
+		srv.users = 1
+		srv.mu.Unlock()
+		if users > 0 {
+			srv.release()
+		}
+	}
 }
 
 // bwrapArgs give bubblewrap about what a Vivarium sandbox has: every

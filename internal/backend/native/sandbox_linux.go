@@ -156,6 +156,38 @@ func (r *runnerProc) request(v any) error {
 	return runner.WriteFrame(r.reqW, v)
 }
 
+// ack acknowledges a result if the pipe has room, and drops the ack
+// otherwise: the runner waits for at most one at a time, and a flood of
+// forged results must not block the supervisor (an ack is far below
+// PIPE_BUF, so it is written whole or not at all).
+func (r *runnerProc) ack() {
+	r.reqMu.Lock()
+	defer r.reqMu.Unlock()
+	rc, err := r.reqW.SyscallConn()
+	if err != nil {
+		return
+	}
+	rc.Write(func(fd uintptr) bool {
+		unix.Write(int(fd), ackFrame) // EAGAIN: dropped
+		return true
+	})
+}
+
+// ackFrame is the runner.Request{Type: "ack"} frame.
+var ackFrame = func() []byte {
+	var b bytes.Buffer
+	runner.WriteFrame(&b, runner.Request{Type: "ack"})
+	return b.Bytes()
+}()
+
+// hangUp closes the request pipe: a runner waiting for an ack, or for its
+// next request, sees the end of it.
+func (r *runnerProc) hangUp() {
+	r.reqMu.Lock()
+	defer r.reqMu.Unlock()
+	r.reqW.Close()
+}
+
 // closePidfd forgets the runner's pidfd; called with Sandbox.mu held, so
 // that no one signals a reused descriptor.
 func (r *runnerProc) closePidfd() {
@@ -500,7 +532,7 @@ func (s *Sandbox) readControl() {
 			r := &runnerProc{
 				pid:    m.PID,
 				pidfd:  -1,
-				reqW:   os.NewFile(uintptr(fds[0]), "requests"),
+				reqW:   pollable(fds[0], "requests"),
 				ready:  make(chan struct{}),
 				exited: make(chan struct{}),
 				evDone: make(chan struct{}),
@@ -615,6 +647,13 @@ func (s *Sandbox) forkRunner(r *runnerProc, fds []int) {
 	unix.Write(gate[1], []byte("g"))
 }
 
+// pollable wraps a pipe end in a non-blocking *os.File: writes wait in the
+// runtime's poller, and ack can try one without waiting.
+func pollable(fd int, name string) *os.File {
+	unix.SetNonblock(fd, true)
+	return os.NewFile(uintptr(fd), name)
+}
+
 // runnerExited records the end of a zygote's runner, as the zygote saw it.
 func (s *Sandbox) runnerExited(r *runnerProc, code, signal int) {
 	s.mu.Lock()
@@ -717,6 +756,9 @@ func (s *Sandbox) readEvents(r *runnerProc, events *os.File) {
 				s.mu.Lock()
 				r.broken = err
 				s.mu.Unlock()
+				// No result can be acknowledged from here on: the runner
+				// is let go, and ends after the current execution.
+				r.hangUp()
 				io.Copy(io.Discard, events)
 			}
 			return
@@ -757,7 +799,7 @@ func (s *Sandbox) readEvents(r *runnerProc, events *os.File) {
 		if ev.Type == "result" || ev.Type == "skipped" {
 			// Every result is acknowledged, whoever it was for: the runner
 			// (or a thread of the code) waits for it.
-			r.request(runner.Request{Type: "ack"})
+			r.ack()
 		}
 	}
 }

@@ -1,0 +1,358 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+)
+
+// server is a `vivarium serve` the HTTP rows share: started by the first
+// row's Setup, stopped by the last row's Teardown. It runs with its
+// defaults (a zygote preloading numpy, pandas and matplotlib, a pool of
+// ready sandboxes), in development mode on a free loopback port, with a
+// cgroup parent of its own.
+type server struct {
+	bin string
+
+	mu    sync.Mutex
+	users int
+	cmd   *exec.Cmd
+	url   string
+	data  string
+	err   error
+	log   capBuffer
+	http  *http.Client
+	wait  chan struct{}
+	reaps sync.WaitGroup // sandboxes being deleted in the background
+}
+
+// serverParent is the bench server's cgroup parent: its sandboxes' memory
+// is read from there.
+const serverParent = "vivarium-bench-serve"
+
+func newServer(bin string) *server {
+	return &server{bin: bin, http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}}
+}
+
+func (s *server) acquire(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.users++
+	if s.cmd != nil || s.err != nil {
+		return s.err
+	}
+	s.err = s.start(ctx)
+	return s.err
+}
+
+func (s *server) release() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.users--; s.users > 0 || s.cmd == nil {
+		return nil
+	}
+	s.reaps.Wait()
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.wait:
+	case <-time.After(30 * time.Second):
+		s.cmd.Process.Kill()
+		<-s.wait
+	}
+	s.cmd = nil
+	os.RemoveAll(s.data)
+	return nil
+}
+
+func (s *server) start(ctx context.Context) error {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	addr := l.Addr().String()
+	l.Close()
+	if s.data, err = os.MkdirTemp("", "vivarium-bench-"); err != nil {
+		return err
+	}
+	cmd := exec.Command(s.bin, "serve", "--dev", "--listen", addr, "--data-dir", s.data,
+		"--cgroup-parent", serverParent, "--uid-base", fmt.Sprint(1_000_000_000+12<<24),
+		"--max-sandboxes", "2000", "--max-sandboxes-per-key", "2000",
+		"--max-executions", "512", "--max-executions-per-key", "512", "--log-level", "warn")
+	cmd.Stdout, cmd.Stderr = &s.log, &s.log
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	s.cmd, s.url, s.wait = cmd, "http://"+addr, make(chan struct{})
+	go func() { cmd.Wait(); close(s.wait) }()
+	deadline := time.Now().Add(3 * time.Minute) // the zygote imports pandas first
+	for time.Now().Before(deadline) {
+		select {
+		case <-s.wait:
+			return fmt.Errorf("vivarium serve exited: %s", lastLine(s.log.String()))
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+		if resp, err := s.http.Get(s.url + "/healthz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return nil
+			}
+		}
+	}
+	return errors.New("vivarium serve did not answer within 3 minutes")
+}
+
+// post sends v as JSON and decodes the answer into out.
+func (s *server) post(ctx context.Context, method, path string, v, out any) error {
+	var body io.Reader
+	if v != nil {
+		b, _ := json.Marshal(v)
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, s.url+path, body)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := s.http.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode >= 300 {
+		return fmt.Errorf("%s %s: %d %s", method, path, resp.StatusCode, bytes.TrimSpace(raw))
+	}
+	if out != nil {
+		return json.Unmarshal(raw, out)
+	}
+	return nil
+}
+
+// oneShot is P1/P2: POST /v1/execute, a fresh sandbox per request.
+func (s *server) oneShot(w Workload) func(context.Context) error {
+	return func(ctx context.Context) error {
+		var res sandbox.Result
+		if err := s.post(ctx, "POST", "/v1/execute", map[string]any{"code": w.Code}, &res); err != nil {
+			return err
+		}
+		return checkResult(&res, w.Want)
+	}
+}
+
+// create is P6: POST /v1/sandboxes until the sandbox is ready for code;
+// it is deleted afterwards, in the background and untimed.
+func (s *server) create(ctx context.Context) error {
+	var info struct{ ID string }
+	if err := s.post(ctx, "POST", "/v1/sandboxes", nil, &info); err != nil {
+		return err
+	}
+	s.reaps.Add(1)
+	go func() {
+		defer s.reaps.Done()
+		s.post(context.Background(), "DELETE", "/v1/sandboxes/"+info.ID, nil, nil)
+	}()
+	return nil
+}
+
+// warm is P4: executions in live stateful sandboxes over HTTP, one per
+// concurrent caller.
+func (s *server) warm(w Workload) (setup func(context.Context) error, run func(context.Context) error, teardown func() error) {
+	p := newPool(func(ctx context.Context) (string, error) {
+		var info struct{ ID string }
+		if err := s.post(ctx, "POST", "/v1/sandboxes", nil, &info); err != nil {
+			return "", err
+		}
+		var res sandbox.Result
+		if err := s.post(ctx, "POST", "/v1/sandboxes/"+info.ID+"/execute", map[string]any{"code": w.Init}, &res); err != nil {
+			return "", err
+		}
+		return info.ID, checkResult(&res, "")
+	}, func(id string) error { return s.post(context.Background(), "DELETE", "/v1/sandboxes/"+id, nil, nil) })
+	setup = func(ctx context.Context) error {
+		if err := s.acquire(ctx); err != nil {
+			return err
+		}
+		return p.with(ctx, func(string) error { return nil })
+	}
+	run = func(ctx context.Context) error {
+		return p.with(ctx, func(id string) error {
+			var res sandbox.Result
+			if err := s.post(ctx, "POST", "/v1/sandboxes/"+id+"/execute", map[string]any{"code": w.Code}, &res); err != nil {
+				return err
+			}
+			return checkResult(&res, w.Want)
+		})
+	}
+	teardown = func() error {
+		err := p.closeAll()
+		return errors.Join(err, s.release())
+	}
+	return setup, run, teardown
+}
+
+// idleMemory is P5: the proportional memory (PSS) per stateful sandbox
+// that imported pandas and sits idle, over n such sandboxes alive at
+// once. Each iteration makes n, reads the memory of every process in the
+// server's sandbox cgroups, and deletes them.
+func (s *server) idleMemory(n int) func(context.Context) (float64, error) {
+	return func(ctx context.Context) (float64, error) {
+		ids := make([]string, n)
+		defer func() {
+			var wg sync.WaitGroup
+			for _, id := range ids {
+				if id != "" {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						s.post(context.Background(), "DELETE", "/v1/sandboxes/"+id, nil, nil)
+					}()
+				}
+			}
+			wg.Wait()
+		}()
+		sem := make(chan struct{}, 4)
+		errs := make(chan error, n)
+		for i := range ids {
+			sem <- struct{}{}
+			go func() {
+				defer func() { <-sem }()
+				var info struct{ ID string }
+				if err := s.post(ctx, "POST", "/v1/sandboxes", map[string]any{"timeout_s": 3600}, &info); err != nil {
+					errs <- err
+					return
+				}
+				ids[i] = info.ID
+				var res sandbox.Result
+				err := s.post(ctx, "POST", "/v1/sandboxes/"+info.ID+"/execute",
+					map[string]any{"code": "import pandas as pd\ndf = pd.DataFrame({'a': range(100)})"}, &res)
+				if err == nil {
+					err = checkResult(&res, "")
+				}
+				if err != nil {
+					errs <- err
+				}
+			}()
+		}
+		for range cap(sem) {
+			sem <- struct{}{}
+		}
+		close(errs)
+		if err := <-errs; err != nil {
+			return 0, err
+		}
+		pids := sandboxProcesses(serverParent)
+		var total int64
+		for _, pid := range pids {
+			total += processPSS(pid)
+		}
+		// The pool's ready sandboxes are under the parent too: count
+		// them as what they are, sandboxes at rest.
+		groups := len(sandboxGroups(serverParent))
+		if groups == 0 {
+			return 0, errors.New("no sandbox cgroup found")
+		}
+		return float64(total) / float64(groups) / (1 << 20), nil
+	}
+}
+
+// sandboxGroups lists the sandbox cgroups under parent (not the zygote's).
+func sandboxGroups(parent string) []string {
+	var out []string
+	for _, root := range []string{"/sys/fs/cgroup/pids", "/sys/fs/cgroup"} {
+		entries, err := os.ReadDir(filepath.Join(root, parent))
+		if err != nil {
+			continue
+		}
+		for _, e := range entries {
+			if e.IsDir() && !strings.HasPrefix(e.Name(), "zygote-") {
+				out = append(out, filepath.Join(root, parent, e.Name()))
+			}
+		}
+		if len(out) > 0 {
+			return out
+		}
+	}
+	return out
+}
+
+// sandboxProcesses lists the processes of the sandboxes under parent.
+func sandboxProcesses(parent string) []int {
+	var pids []int
+	for _, g := range sandboxGroups(parent) {
+		b, err := os.ReadFile(filepath.Join(g, "cgroup.procs"))
+		if err != nil {
+			continue
+		}
+		for _, f := range strings.Fields(string(b)) {
+			if pid, err := strconv.Atoi(f); err == nil {
+				pids = append(pids, pid)
+			}
+		}
+	}
+	return pids
+}
+
+// processPSS reads a process's proportional set size in bytes.
+func processPSS(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Pss:"); ok {
+			f := strings.Fields(v)
+			if len(f) > 0 {
+				kb, _ := strconv.ParseInt(f[0], 10, 64)
+				return kb << 10
+			}
+		}
+	}
+	return 0
+}
+
+// pythonPandasPSS is the floor of a design that shares nothing: the PSS of
+// one python3 that imported pandas, as each sandbox of it would hold.
+func pythonPandasPSS(python string) func(context.Context) (float64, error) {
+	return func(ctx context.Context) (float64, error) {
+		cmd := exec.CommandContext(ctx, python, "-c",
+			"import pandas as pd, sys\ndf = pd.DataFrame({'a': range(100)})\nprint('ready', flush=True)\nsys.stdin.read()")
+		cmd.Env = peerEnv()
+		stdin, err := cmd.StdinPipe()
+		if err != nil {
+			return 0, err
+		}
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			return 0, err
+		}
+		if err := cmd.Start(); err != nil {
+			return 0, err
+		}
+		defer func() { stdin.Close(); cmd.Wait() }()
+		buf := make([]byte, 6)
+		if _, err := io.ReadFull(stdout, buf); err != nil || string(buf) != "ready\n" {
+			return 0, fmt.Errorf("python3 did not import pandas: %v", err)
+		}
+		return float64(processPSS(cmd.Process.Pid)) / (1 << 20), nil
+	}
+}
