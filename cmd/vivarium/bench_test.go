@@ -66,10 +66,12 @@ func TestBenchShort(t *testing.T) {
 	}
 	numeric := regexp.MustCompile(`^\d+(\.\d+)?x$`)
 	for row, want := range map[string]string{
-		"W1 / vivarium run -c (CLI)":            "1.00x",
-		"W1 / vivarium RunOnce (in-process)":    "",
-		"W1 / python3 -c (no isolation)":        "",
-		"W3 / vivarium sandbox, warm (Execute)": "1.00x",
+		"W1 / vivarium serve, HTTP one-shot":       "1.00x",
+		"W1 / vivarium run -c (CLI)":               "",
+		"W1 / vivarium RunOnce (in-process)":       "",
+		"W1 / python3 -c (no isolation)":           "",
+		"W3 / vivarium serve, HTTP execute (warm)": "1.00x",
+		"W4 / vivarium serve, POST /v1/sandboxes":  "1.00x",
 	} {
 		got, ok := ratios[row]
 		switch {
@@ -80,6 +82,10 @@ func TestBenchShort(t *testing.T) {
 		case !numeric.MatchString(got):
 			t.Errorf("%s: ratio %q is not a number", row, got)
 		}
+	}
+	// The memory row is printed in its own unit.
+	if !regexp.MustCompile(`\* vivarium serve, 20 idle sandboxes at once\s+\d+\s+[\d.]+ MiB`).MatchString(stdout) {
+		t.Error("no memory row for idle sandboxes")
 	}
 	if !strings.Contains(stdout, "ratio = the row's p50 / the p50 of its workload's Vivarium row") {
 		t.Error("the table does not say which way ratios go")
