@@ -44,12 +44,24 @@ func Files() map[string][]byte {
 	return out
 }
 
-// Request asks the runner to do something. Type is "execute".
+// Request asks the runner to do something. Type is "execute", "contexts"
+// or "ack".
 type Request struct {
 	Type     string            `json:"type"`
 	Code     string            `json:"code,omitempty"`
 	Filename string            `json:"filename,omitempty"`
 	Env      map[string]string `json:"env,omitempty"`
+	// Context is the code context an "execute" runs in ("" is the default
+	// Python one); Language ("python" or "bash") and Cwd (the working
+	// directory it starts in) make it when the runner has not yet.
+	Context  string `json:"context,omitempty"`
+	Language string `json:"language,omitempty"`
+	Cwd      string `json:"cwd,omitempty"`
+	// For "contexts": Live lists the contexts that exist, the runner drops
+	// the state of any other; Reset lists those whose state it drops
+	// although they exist. The runner does not answer.
+	Live  []string `json:"live,omitempty"`
+	Reset []string `json:"reset,omitempty"`
 }
 
 // Event is something the runner reports: "ready", "result", "error" or

@@ -176,14 +176,194 @@ def _size(data):
     return len(json.dumps(data, ensure_ascii=False, default=str).encode("utf-8", "surrogatepass"))
 
 
+def _new_main():
+    module = types.ModuleType("__main__")
+    module.__dict__["__builtins__"] = builtins
+    return module
+
+
+class PythonContext:
+    """A namespace of its own, as a separate kernel has. The contexts of a
+    sandbox live in this one process, each with its own __main__ and working
+    directory: a context then costs a dictionary, not an interpreter with
+    its own copy of pandas, and the sandbox keeps one runner to start,
+    interrupt, limit and restart. They separate state, not privileges;
+    modules imported by one are shared with every other, as sys.modules is.
+    """
+
+    language = "python"
+
+    def __init__(self, cwd):
+        self.module = _new_main()
+        # None for the default context, which keeps the process's own
+        # working directory, as it always has.
+        self.cwd = cwd
+
+    def close(self):
+        self.module.__dict__.clear()
+
+
+class BashContext:
+    """A bash that keeps its variables, functions and working directory
+    from one cell to the next. Each cell is written to a file and sourced
+    (with stdin from /dev/null, so that a command reading its input cannot
+    eat the next cell); the shell then writes the cell's status to a pipe
+    that only the runner reads. Its output goes to the sandbox's stdout and
+    stderr, like the code's."""
+
+    language = "bash"
+
+    def __init__(self, cwd):
+        self.cwd = cwd
+        self.proc = None
+        self.status_r = -1
+        self.status_w = -1
+
+    def _start(self):
+        import subprocess
+
+        r, w = os.pipe()
+        try:
+            self.proc = subprocess.Popen(
+                ["/bin/bash", "--noprofile", "--norc"],
+                stdin=subprocess.PIPE,
+                cwd=self.cwd or None,
+                pass_fds=(w,),
+                # Its own process group: an interrupt reaches the cell's
+                # commands, not the runner.
+                start_new_session=True,
+            )
+        except BaseException:
+            os.close(r)
+            os.close(w)
+            raise
+        os.close(w)
+        self.status_r, self.status_w = r, w
+
+    def run(self, code, env):
+        """Runs a cell; returns (exit_code, error_event or None)."""
+        for k in env or {}:
+            if not (k.isascii() and k.isidentifier()):
+                return 1, {"type": "error", "name": "ValueError", "value": "%r is not a shell variable name" % k,
+                           "traceback": ""}
+        if self.proc is None or self.proc.poll() is not None:
+            try:
+                self._start()
+            except OSError as e:
+                return 1, {"type": "error", "name": type(e).__name__, "value": "cannot start bash: %s" % e,
+                           "traceback": ""}
+        cell = "/tmp/.vivarium-bash-%d-%d.sh" % (os.getpid(), self.proc.pid)
+        fd = os.open(cell, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as f:
+            f.write(code)
+            f.write("\n")
+        script = []
+        for i, (k, v) in enumerate((env or {}).items()):
+            script.append('__vv_set%d=${%s+x}; __vv_old%d=${%s-}; export %s=%s' % (i, k, i, k, k, _shell_quote(v)))
+        script.append(". %s </dev/null" % _shell_quote(cell))
+        script.append("__vv_rc=$?")
+        for i, k in enumerate(env or {}):
+            script.append('if [ -n "$__vv_set%d" ]; then export %s="$__vv_old%d"; else unset %s; fi; unset __vv_set%d __vv_old%d'
+                          % (i, k, i, k, i, i))
+        script.append("printf '%%s\\n' \"$__vv_rc\" >&%d" % self.status_w)
+        _flush_std()
+        # An interrupt may land anywhere from here on (Python checks for
+        # signals between bytecodes): wherever it does, the cell stops.
+        try:
+            try:
+                self.proc.stdin.write(("\n".join(script) + "\n").encode("utf-8", "surrogateescape"))
+                self.proc.stdin.flush()
+            except OSError:
+                pass  # bash is gone: its status says why
+            line = self._status_line()
+        except KeyboardInterrupt as e:
+            self._interrupt()
+            return 1, _error_event(e)
+        if line is None:
+            # The cell ended the shell (exit, exec, a signal): the next cell
+            # gets a fresh one.
+            code = self._reap()
+            return code, {"type": "error", "name": "ExitCode", "value": str(code),
+                          "traceback": "bash exited with status %d; its variables are gone\n" % code}
+        try:
+            code = int(line)
+        except ValueError:
+            code = 1
+        if code != 0:
+            return code, {"type": "error", "name": "ExitCode", "value": str(code),
+                          "traceback": "the cell's last command exited with status %d\n" % code}
+        return 0, None
+
+    def _status_line(self):
+        buf = b""
+        while not buf.endswith(b"\n"):
+            chunk = os.read(self.status_r, 64)
+            if not chunk:
+                return None
+            buf += chunk
+        return buf.decode("ascii", "replace").strip()
+
+    def _interrupt(self):
+        """Stops the cell: SIGINT to its process group, which a
+        non-interactive bash answers by exiting, then SIGKILL for what
+        ignores it. The next cell starts a fresh shell."""
+        import signal
+
+        for sig in (signal.SIGINT, signal.SIGKILL):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except OSError:
+                pass
+            try:
+                self.proc.wait(timeout=1)
+                break
+            except Exception:
+                pass
+        self._reap()
+
+    def _reap(self):
+        code = 1
+        if self.proc is not None:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+            try:
+                code = self.proc.wait(timeout=5)
+            except Exception:
+                self.proc.kill()
+                code = self.proc.wait()
+            if code < 0:
+                code = 128 - code
+            self.proc = None
+        if self.status_r >= 0:
+            os.close(self.status_r)
+            self.status_r = -1
+        return code
+
+    def close(self):
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, 9)
+            except OSError:
+                pass
+        self._reap()
+
+
+def _shell_quote(s):
+    return "'" + s.replace("'", "'\\''") + "'"
+
+
 class Runtime:
     """State shared by the cells of one sandbox."""
 
     def __init__(self, channel):
         self.channel = channel
-        self.module = types.ModuleType("__main__")
-        self.module.__dict__["__builtins__"] = builtins
+        self.default = PythonContext(None)
+        self.module = self.default.module
         sys.modules["__main__"] = self.module
+        # Code contexts by ID; "" is the default one.
+        self.contexts = {"": self.default}
         self.execution_count = 0
         builtins.display = self.display
         # The matplotlib backend and user code reach the runtime here.
@@ -236,16 +416,70 @@ class Runtime:
         except Exception:
             pass
 
-    def run_cell(self, code, filename, env):
-        """Runs one cell and returns (exit_code, error_event or None)."""
+    def update_contexts(self, live, reset):
+        """Drops the state of contexts that no longer exist or were
+        restarted; they are made afresh when code next runs in them."""
+        live, reset = set(live or ()), set(reset or ())
+        for key in list(self.contexts):
+            if key and (key not in live or key in reset):
+                self.contexts.pop(key).close()
+        if "" in reset:
+            self.default.close()
+            self.default = PythonContext(None)
+            self.module = self.default.module
+            self.contexts[""] = self.default
+            sys.modules["__main__"] = self.module
+
+    def context(self, key, language, cwd):
+        ctx = self.contexts.get(key)
+        if ctx is None or ctx.language != (language or "python"):
+            if ctx is not None:
+                ctx.close()
+            ctx = BashContext(cwd) if language == "bash" else PythonContext(cwd or os.getcwd())
+            self.contexts[key] = ctx
+        return ctx
+
+    def run_cell(self, code, filename, env, key="", language="python", cwd=None):
+        """Runs one cell in a context and returns (exit_code, error_event or
+        None)."""
         self.execution_count += 1
+        ctx = self.context(key, language, cwd)
+        if ctx.language == "bash":
+            try:
+                return ctx.run(code, env)
+            finally:
+                _flush_std()
         saved_env = {}
         for k, v in (env or {}).items():
             saved_env[k] = os.environ.get(k)
             os.environ[k] = v
+        saved_cwd = None
         try:
-            return self._run(code, filename)
+            if ctx is not self.default:
+                # Another namespace and working directory for the cell;
+                # the default context's are back afterwards.
+                try:
+                    saved_cwd = os.getcwd()
+                except OSError:
+                    saved_cwd = None
+                try:
+                    os.chdir(ctx.cwd)
+                except OSError as e:
+                    return 1, _error_event(e)
+                sys.modules["__main__"] = ctx.module
+            return self._run(code, filename, ctx.module)
         finally:
+            if ctx is not self.default:
+                try:
+                    ctx.cwd = os.getcwd()
+                except OSError:
+                    pass
+                sys.modules["__main__"] = self.module
+                if saved_cwd is not None:
+                    try:
+                        os.chdir(saved_cwd)
+                    except OSError:
+                        pass
             self.flush_figures()
             _flush_std()
             for k, v in saved_env.items():
@@ -254,9 +488,9 @@ class Runtime:
                 else:
                     os.environ[k] = v
 
-    def _run(self, code, filename):
+    def _run(self, code, filename, module):
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
-        ns = self.module.__dict__
+        ns = module.__dict__
         if not filename.startswith("<"):
             ns.setdefault("__file__", filename)
         try:
@@ -363,9 +597,13 @@ def main(mode=None):
             req = channel.receive()
         if req is None:
             return 0
+        if req.get("type") == "contexts":
+            rt.update_contexts(req.get("live"), req.get("reset"))
+            continue
         if req.get("type") != "execute":
             continue
-        code, err = rt.run_cell(req.get("code", ""), req.get("filename") or "<cell>", req.get("env"))
+        code, err = rt.run_cell(req.get("code", ""), req.get("filename") or "<cell>", req.get("env"),
+                                req.get("context") or "", req.get("language") or "python", req.get("cwd") or None)
         if err is not None:
             channel.send(err)
         channel.send({"type": "done", "exit_code": code})

@@ -20,4 +20,8 @@ var (
 	// ErrBadPath: a workspace path is absolute, escapes the workspace, or
 	// names something that is not a regular file.
 	ErrBadPath = errors.New("invalid workspace path")
+	// ErrNoContext: no code context has the ID asked for.
+	ErrNoContext = errors.New("no such code context")
+	// ErrExists: a file or directory is already there.
+	ErrExists = errors.New("already exists")
 )

@@ -44,6 +44,41 @@ type MemoryUser interface {
 	MemoryPSS() (int64, error)
 }
 
+// ContextKeeper is a Sandbox that runs code in separate code contexts, as a
+// notebook server runs separate kernels: each has its own variables (or,
+// for bash, its own shell) and working directory. Every sandbox has the
+// default contexts DefaultContext and BashContext; more are created with
+// CreateContext. Contexts separate state, not privileges: they share the
+// sandbox's user, files and limits.
+type ContextKeeper interface {
+	// CreateContext makes a context for language ("python" or "bash")
+	// whose code starts in cwd, an absolute path inside the sandbox
+	// (empty: the workspace).
+	CreateContext(language, cwd string) (CodeContext, error)
+	// Contexts lists the contexts, default ones first.
+	Contexts() []CodeContext
+	// RestartContext forgets a context's state (variables, imports of its
+	// namespace, its shell); the context keeps its ID. Other contexts
+	// keep theirs.
+	RestartContext(id string) error
+	// RemoveContext deletes a context that CreateContext made.
+	RemoveContext(id string) error
+}
+
+// CodeContext describes one code context.
+type CodeContext struct {
+	ID       string `json:"id"`
+	Language string `json:"language"`
+	Cwd      string `json:"cwd"`
+}
+
+// The IDs of the default contexts. An ExecRequest with an empty Context
+// runs in DefaultContext.
+const (
+	DefaultContext = "python"
+	BashContext    = "bash"
+)
+
 // Sandbox is one isolated environment with a Python runner inside.
 type Sandbox interface {
 	ID() string
@@ -75,6 +110,10 @@ type ExecRequest struct {
 	Env map[string]string
 	// Timeout and CPUTime override the sandbox's limits when non-zero.
 	Timeout, CPUTime time.Duration
+	// Context is the code context to run in (see ContextKeeper); empty
+	// means the default Python context, the one every execution of a
+	// sandbox without contexts shares.
+	Context string
 }
 
 // Command is a program to start in a sandbox.
@@ -138,6 +177,18 @@ type Workspace interface {
 	Stat(name string) (FileInfo, error)
 	// Remove deletes a file, a link or a directory tree.
 	Remove(name string) error
+}
+
+// WorkspaceEditor is a Workspace that also makes directories and moves
+// entries, with the same confinement. Transports that need it (E2B's
+// filesystem API) report a workspace without it as unsupported.
+type WorkspaceEditor interface {
+	// Mkdir creates a directory and its missing parents; it fails with
+	// ErrExists when name is already there.
+	Mkdir(name string) error
+	// Rename moves a file or directory, replacing a file at to, and
+	// creates the missing parents of to.
+	Rename(from, to string) error
 }
 
 // FileInfo describes one file of a workspace.

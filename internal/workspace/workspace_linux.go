@@ -61,7 +61,10 @@ func (d *Dir) Close() error {
 	return err
 }
 
-var _ sandbox.Workspace = (*Dir)(nil)
+var (
+	_ sandbox.Workspace       = (*Dir)(nil)
+	_ sandbox.WorkspaceEditor = (*Dir)(nil)
+)
 
 // Clean checks a workspace-relative path and returns it cleaned. Absolute
 // paths, ".." anywhere, NUL bytes and the empty path are refused.
@@ -368,6 +371,85 @@ func removeAt(dirfd int, name string, depth int) error {
 		return err
 	}
 	return unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR)
+}
+
+// Mkdir creates directory name and its missing parents, as the
+// workspace's owner. An entry already at name is ErrExists.
+func (d *Dir) Mkdir(name string) error {
+	rel, err := Clean(name)
+	if err != nil {
+		return err
+	}
+	parent, base := path.Split(rel)
+	return d.asOwner(func() error {
+		dirfd, err := d.mkdirAll(path.Clean("./" + parent))
+		if err != nil {
+			return fmt.Errorf("workspace: create directory for %q: %w", rel, linkOrNotExist(err))
+		}
+		defer unix.Close(dirfd)
+		switch err := unix.Mkdirat(dirfd, base, 0o755); err {
+		case nil:
+			return nil
+		case unix.EEXIST:
+			return fmt.Errorf("%w: %q", sandbox.ErrExists, rel)
+		default:
+			return fmt.Errorf("workspace: mkdir %q: %w", rel, err)
+		}
+	})
+}
+
+// Rename moves from to to, both inside the workspace, creating the missing
+// parents of to. Only the parent directories are resolved (confined, no
+// links); rename(2) itself never follows the last component, so a link is
+// moved, not its target.
+func (d *Dir) Rename(from, to string) error {
+	src, err := Clean(from)
+	if err != nil {
+		return err
+	}
+	dst, err := Clean(to)
+	if err != nil {
+		return err
+	}
+	srcParent, srcBase := path.Split(src)
+	dstParent, dstBase := path.Split(dst)
+	return d.asOwner(func() error {
+		sfd, err := d.openat(d.fd, path.Clean("./"+srcParent), unix.O_PATH|unix.O_DIRECTORY, 0)
+		if err != nil {
+			return fmt.Errorf("workspace: rename %q: %w", src, linkOrNotExist(err))
+		}
+		defer unix.Close(sfd)
+		dfd, err := d.mkdirAll(path.Clean("./" + dstParent))
+		if err != nil {
+			return fmt.Errorf("workspace: create directory for %q: %w", dst, linkOrNotExist(err))
+		}
+		defer unix.Close(dfd)
+		switch err := unix.Renameat(sfd, srcBase, dfd, dstBase); err {
+		case nil:
+			return nil
+		case unix.ENOENT:
+			return fmt.Errorf("workspace: rename %q: %w", src, wrapNotExist(err))
+		case unix.EINVAL:
+			return fmt.Errorf("%w: cannot move %q into itself", sandbox.ErrBadPath, src)
+		case unix.EISDIR, unix.ENOTDIR, unix.ENOTEMPTY, unix.EEXIST:
+			return fmt.Errorf("%w: cannot replace %q with %q (%v)", sandbox.ErrExists, dst, src, err)
+		default:
+			return fmt.Errorf("workspace: rename %q: %w", src, err)
+		}
+	})
+}
+
+// linkOrNotExist names the errors of a confined lookup for a caller: a
+// link (or a way out) in the path is a bad path, a missing part is
+// fs.ErrNotExist.
+func linkOrNotExist(err error) error {
+	switch err {
+	case unix.ELOOP, unix.EXDEV:
+		return fmt.Errorf("%w: a part of the path is a link or leaves the workspace", sandbox.ErrBadPath)
+	case unix.ENOTDIR:
+		return fmt.Errorf("%w: a part of the path is not a directory", sandbox.ErrBadPath)
+	}
+	return wrapNotExist(err)
 }
 
 // List walks the workspace and returns its regular files, sorted by path.

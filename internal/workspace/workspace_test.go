@@ -295,3 +295,65 @@ func TestReadDirStatRemove(t *testing.T) {
 		t.Fatalf("remove workspace: %v", err)
 	}
 }
+
+func TestMkdir(t *testing.T) {
+	d, root := newDir(t)
+	if err := d.Mkdir("x/y/z"); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Stat(filepath.Join(root, "x/y/z")); err != nil || !st.IsDir() {
+		t.Fatalf("x/y/z: %v %v", st, err)
+	}
+	if err := d.Mkdir("x/y/z"); !errors.Is(err, sandbox.ErrExists) {
+		t.Fatalf("again: %v, want ErrExists", err)
+	}
+	os.Symlink("/", filepath.Join(root, "out"))
+	for _, name := range []string{"out/etc", "../x", "/abs", ""} {
+		if err := d.Mkdir(name); err == nil {
+			t.Errorf("Mkdir(%q) succeeded", name)
+		}
+	}
+	if _, err := os.Stat("/etc/passwd"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRename(t *testing.T) {
+	d, root := newDir(t)
+	d.WriteFile("a.txt", strings.NewReader("A"), 10)
+	d.WriteFile("dir/b.txt", strings.NewReader("B"), 10)
+	if err := d.Rename("a.txt", "new/sub/a2.txt"); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(root, "new/sub/a2.txt")); err != nil || string(b) != "A" {
+		t.Fatalf("moved file: %q %v", b, err)
+	}
+	if err := d.Rename("dir", "dir2"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "dir2/b.txt")); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Rename("missing", "x"); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("missing source: %v", err)
+	}
+	if err := d.Rename("dir2", "dir2/inside"); !errors.Is(err, sandbox.ErrBadPath) {
+		t.Fatalf("into itself: %v", err)
+	}
+	// A link is moved, never followed; a link in the path is refused.
+	os.Symlink("/etc", filepath.Join(root, "link"))
+	if err := d.Rename("link", "link2"); err != nil {
+		t.Fatal(err)
+	}
+	if target, err := os.Readlink(filepath.Join(root, "link2")); err != nil || target != "/etc" {
+		t.Fatalf("link moved: %q %v", target, err)
+	}
+	for _, c := range [][2]string{{"link2/passwd", "stolen"}, {"dir2/b.txt", "link2/x"}, {"../a", "b"}, {"dir2", "/tmp/x"}} {
+		if err := d.Rename(c[0], c[1]); err == nil {
+			t.Errorf("Rename(%q, %q) succeeded", c[0], c[1])
+		}
+	}
+	if _, err := os.Stat("/etc/passwd"); err != nil {
+		t.Fatal(err)
+	}
+}

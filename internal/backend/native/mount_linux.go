@@ -66,7 +66,9 @@ func buildRoot(cfg *initConfig) error {
 	if err := writeEtc(r(runnerDir), runner); err != nil {
 		return step("write runner", err)
 	}
-	for _, l := range []struct{ name, target string }{{"var/tmp", "../tmp"}, {"root", "workspace"}} {
+	// /home/user is where agent SDKs (E2B's) expect the user's home: the
+	// same workspace under the name their code uses.
+	for _, l := range []struct{ name, target string }{{"var/tmp", "../tmp"}, {"root", "workspace"}, {"home/user", "/workspace"}} {
 		os.MkdirAll(filepath.Dir(r(l.name)), 0o755)
 		if err := os.Symlink(l.target, r(l.name)); err != nil {
 			return step("link /"+l.name, err)

@@ -17,6 +17,7 @@ import (
 //	/proc                 a new proc of the sandbox's PID namespace, with masks
 //	/dev                  null zero full random urandom, fd links, /dev/shm
 //	/workspace /tmp       one size-limited tmpfs (with /dev/shm): the "disk"
+//	/root /home/user      links to /workspace
 //
 // Everything but /workspace, /tmp and /dev/shm is read-only.
 

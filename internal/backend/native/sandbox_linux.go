@@ -78,6 +78,8 @@ type Sandbox struct {
 	execMu sync.Mutex // one execution (or restart) at a time
 	used   bool       // a one-shot sandbox has run its execution
 
+	contexts *codeContexts
+
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -222,7 +224,7 @@ func start(ctx context.Context, b *Backend, spec sandbox.Spec, cfg *initConfig, 
 		id: newID(), b: b, spec: spec, ctl: -1, z: z, cfg: cfg, failed: make(chan struct{}),
 		initDone: make(chan struct{}), statusDone: make(chan struct{}),
 		runnerSet: make(chan struct{}), ctlDone: make(chan struct{}),
-		spawns: map[uint64]chan spawnReply{}, procs: map[uint64]*process{},
+		spawns: map[uint64]chan spawnReply{}, procs: map[uint64]*process{}, contexts: newCodeContexts(),
 	}
 	defer func() {
 		if err != nil {
@@ -1013,6 +1015,10 @@ func (s *Sandbox) Execute(ctx context.Context, req sandbox.ExecRequest, sink san
 	if filename == "" {
 		filename = "<cell>"
 	}
+	cc, err := s.contexts.lookup(req.Context)
+	if err != nil {
+		return nil, err
+	}
 
 	// A runner that died since the last execution (os._exit from a
 	// thread, an OOM kill) is replaced first; the result says so.
@@ -1032,6 +1038,8 @@ func (s *Sandbox) Execute(ctx context.Context, req sandbox.ExecRequest, sink san
 	default:
 		return nil, fmt.Errorf("%w: the runner is not ready", sandbox.ErrClosed)
 	}
+	// Removed and restarted contexts are forgotten before any code runs.
+	s.tellContexts()
 
 	x := &execution{runner: r, done: make(chan struct{})}
 	x.resultSink, _ = sink.(sandbox.ResultSink)
@@ -1052,7 +1060,8 @@ func (s *Sandbox) Execute(ctx context.Context, req sandbox.ExecRequest, sink san
 	start := time.Now()
 	sent := make(chan error, 1)
 	go func() {
-		sent <- r.request(runner.Request{Type: "execute", Code: req.Code, Filename: filename, Env: req.Env})
+		sent <- r.request(runner.Request{Type: "execute", Code: req.Code, Filename: filename, Env: req.Env,
+			Context: runnerKey(cc.ID), Language: cc.Language, Cwd: cc.Cwd})
 	}()
 
 	// A one-shot execution ends when the runner process exits (its exit

@@ -1,0 +1,183 @@
+package native_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+)
+
+func TestCodeContexts(t *testing.T) {
+	t.Parallel()
+	sb, err := newBackend(t).Create(context.Background(), sandbox.Spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	keeper := sb.(sandbox.ContextKeeper)
+	exec := func(ctxID, code string) *sandbox.Result {
+		t.Helper()
+		res, err := sb.Execute(context.Background(), sandbox.ExecRequest{Code: code, Context: ctxID}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	text := func(res *sandbox.Result) string {
+		if len(res.Results) == 0 {
+			return "<none: " + res.Stdout + res.Stderr + ">"
+		}
+		return res.Results[0].Text
+	}
+
+	if got := keeper.Contexts(); len(got) != 2 || got[0].ID != sandbox.DefaultContext || got[1].ID != sandbox.BashContext {
+		t.Fatalf("default contexts: %+v", got)
+	}
+	a, err := keeper.CreateContext("python", "/home/user")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := keeper.CreateContext("", "/tmp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	exec("", "x = 'default'")
+	exec(a.ID, "x = 'a'\nimport os; os.chdir('/workspace'); os.makedirs('sub', exist_ok=True); os.chdir('sub')")
+	exec(b.ID, "x = 'b'")
+	// Each context has its own variables and working directory, kept
+	// between executions; the default one is untouched.
+	for _, c := range []struct{ id, want string }{
+		{"", "('default', '/workspace')"},
+		{sandbox.DefaultContext, "('default', '/workspace')"},
+		{a.ID, "('a', '/workspace/sub')"},
+		{b.ID, "('b', '/tmp')"},
+	} {
+		if got := text(exec(c.id, "import os\nx, os.getcwd()")); got != c.want {
+			t.Errorf("context %q: %s, want %s", c.id, got, c.want)
+		}
+	}
+	if res := exec(a.ID, "__name__"); text(res) != "'__main__'" {
+		t.Errorf("__name__ in a context: %s", text(res))
+	}
+
+	// Restarting a context forgets its state only.
+	if err := keeper.RestartContext(a.ID); err != nil {
+		t.Fatal(err)
+	}
+	if res := exec(a.ID, "x"); res.Error == nil || res.Error.Name != "NameError" {
+		t.Errorf("after restart: %+v", res)
+	}
+	if got := text(exec(b.ID, "x")); got != "'b'" {
+		t.Errorf("other context after restart: %s", got)
+	}
+	if err := keeper.RestartContext(sandbox.DefaultContext); err != nil {
+		t.Fatal(err)
+	}
+	if res := exec("", "x"); res.Error == nil || res.Error.Name != "NameError" {
+		t.Errorf("default context after its restart: %+v", res)
+	}
+
+	if err := keeper.RemoveContext(b.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sb.Execute(context.Background(), sandbox.ExecRequest{Code: "1", Context: b.ID}, nil); !errors.Is(err, sandbox.ErrNoContext) {
+		t.Errorf("removed context: %v", err)
+	}
+	for _, id := range []string{sandbox.DefaultContext, sandbox.BashContext} {
+		if err := keeper.RemoveContext(id); !errors.Is(err, sandbox.ErrInvalidSpec) {
+			t.Errorf("removing %s: %v", id, err)
+		}
+	}
+	if _, err := keeper.CreateContext("javascript", ""); !errors.Is(err, sandbox.ErrInvalidSpec) {
+		t.Errorf("javascript: %v", err)
+	}
+	if _, err := keeper.CreateContext("python", "relative"); !errors.Is(err, sandbox.ErrInvalidSpec) {
+		t.Errorf("relative cwd: %v", err)
+	}
+	if got := len(keeper.Contexts()); got != 3 {
+		t.Errorf("%d contexts left, want 3", got)
+	}
+}
+
+func TestBashContext(t *testing.T) {
+	t.Parallel()
+	sb, err := newBackend(t).Create(context.Background(), sandbox.Spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	keeper := sb.(sandbox.ContextKeeper)
+	ctx := context.Background()
+	bash := func(id, code string, env map[string]string) *sandbox.Result {
+		t.Helper()
+		res, err := sb.Execute(ctx, sandbox.ExecRequest{Code: code, Context: id, Env: env}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	// Variables, functions and the working directory survive; stdin is
+	// not the shell's command stream.
+	bash(sandbox.BashContext, "GREETING=hello\ngreet() { echo \"$GREETING $1\"; }\ncd /tmp", nil)
+	res := bash(sandbox.BashContext, "cat; greet world; pwd; echo oops >&2", nil)
+	if res.Status != sandbox.StatusOK || res.Stdout != "hello world\n/tmp\n" || res.Stderr != "oops\n" {
+		t.Fatalf("%+v", res)
+	}
+	// Environment of one execution only.
+	res = bash(sandbox.BashContext, `echo "[$ONLY_NOW]"`, map[string]string{"ONLY_NOW": "it's here"})
+	if res.Stdout != "[it's here]\n" {
+		t.Fatalf("env: %q", res.Stdout)
+	}
+	if res := bash(sandbox.BashContext, `echo "[${ONLY_NOW-unset}]"`, nil); res.Stdout != "[unset]\n" {
+		t.Fatalf("env afterwards: %q", res.Stdout)
+	}
+	// A failing last command is an error with its status.
+	res = bash(sandbox.BashContext, "ls /nonexistent", nil)
+	if res.Status != sandbox.StatusError || res.ExitCode != 2 || res.Error == nil || res.Error.Value != "2" {
+		t.Fatalf("failure: %+v", res)
+	}
+	// exit ends the shell, not the sandbox: the next cell gets a new one.
+	res = bash(sandbox.BashContext, "exit 3", nil)
+	if res.ExitCode != 3 || res.Error == nil {
+		t.Fatalf("exit: %+v", res)
+	}
+	if res := bash(sandbox.BashContext, `echo "${GREETING-gone}"`, nil); res.Stdout != "gone\n" || res.Status != sandbox.StatusOK {
+		t.Fatalf("after exit: %+v", res)
+	}
+	// A second bash context is a different shell; Python is untouched.
+	other, err := keeper.CreateContext("bash", "/workspace")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bash(sandbox.BashContext, "V=first", nil)
+	if res := bash(other.ID, `echo "${V-none} $(pwd)"`, nil); res.Stdout != "none /workspace\n" {
+		t.Fatalf("other bash: %q", res.Stdout)
+	}
+	if res, _ := sb.Execute(ctx, sandbox.ExecRequest{Code: "1 + 1"}, nil); len(res.Results) != 1 || res.Results[0].Text != "2" {
+		t.Fatalf("python beside bash: %+v", res)
+	}
+	// An interrupt stops the cell.
+	started := make(chan struct{})
+	var once sync.Once
+	go func() {
+		<-started
+		sb.Interrupt()
+	}()
+	res, err = sb.Execute(ctx, sandbox.ExecRequest{Code: "echo start; sleep 100", Context: sandbox.BashContext, Timeout: 20 * time.Second},
+		sinkFunc(func([]byte) { once.Do(func() { close(started) }) }))
+	if err != nil || res.Error == nil || res.Error.Name != "KeyboardInterrupt" || res.StateLost {
+		t.Fatalf("interrupt: %+v %v", res, err)
+	}
+	if res := bash(sandbox.BashContext, "echo again", nil); res.Stdout != "again\n" {
+		t.Fatalf("after interrupt: %+v", res)
+	}
+	// Invalid variable names are refused, not interpolated.
+	res = bash(sandbox.BashContext, "true", map[string]string{"A;rm -rf /": "x"})
+	if res.Error == nil || !strings.Contains(res.Error.Value, "not a shell variable name") {
+		t.Fatalf("bad name: %+v", res)
+	}
+}
