@@ -172,6 +172,29 @@ func (c *serveConfig) maxLimits() sandbox.Limits {
 		Timeout: c.timeout, CPUs: c.cpus}
 }
 
+// reportPoolAtRest logs what the pool holds once it has filled (or after a
+// minute): what keeping sandboxes ready costs when nothing happens.
+func reportPoolAtRest(p *pool.Pool, log *slog.Logger) {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		stats := p.Stats()
+		full := true
+		ready, memory := 0, int64(0)
+		for _, st := range stats {
+			full = full && st.Ready >= st.Target
+			ready += st.Ready
+			memory += st.MemoryBytes
+		}
+		if full || time.Now().After(deadline) {
+			if len(stats) > 0 {
+				log.Info("pool ready", "sandboxes", ready, "configurations", len(stats), "memory_at_rest_mib", fmt.Sprintf("%.1f", float64(memory)/(1<<20)))
+			}
+			return
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
 func (c *serveConfig) preloads() []string {
 	var out []string
 	for _, m := range strings.Split(c.preload, ",") {
@@ -313,6 +336,7 @@ func serve(c *serveConfig, log *slog.Logger) error {
 	// What most requests ask for: sandboxes with the default limits.
 	warm.Prewarm(svc.DefaultSpec(true), 2)
 	warm.Prewarm(svc.DefaultSpec(false), 2)
+	go reportPoolAtRest(warm, log)
 
 	ln, err := net.Listen("tcp", c.listen)
 	if err != nil {

@@ -298,6 +298,46 @@ print("processes", [p for p in os.listdir("/proc") if p.isdigit() and int(p) not
 		},
 	},
 	{
+		// With a zygote, every sandbox starts from the same preloaded
+		// interpreter: what one run changes in it must not reach the next.
+		name: "poison_preloaded_modules",
+		code: `
+import sys, builtins
+try:
+    import pandas as pd
+    pd.DataFrame.sum = lambda self, *a, **k: "poisoned"
+    pd.read_csv = lambda *a, **k: "poisoned"
+except ImportError:
+    pass
+import json, os
+json.dumps = lambda *a, **k: "poisoned"
+os.getcwd = lambda: "poisoned"
+sys.modules["poison"] = sys
+builtins.poisoned = True
+sys.path.insert(0, "/tmp/poison")
+open("/tmp/poison.py", "w").write("print('pwned')")
+print("poisoned")
+`,
+		check: func(t *testing.T, h *harness, o *outcome) {
+			wantOK(t, o, lines("poisoned"))
+			later := &job{OneShot: sandbox.OneShot{
+				Spec: sandbox.Spec{Limits: baseLimits},
+				Request: sandbox.ExecRequest{Code: `
+import sys, builtins, json, os
+try:
+    import pandas as pd
+    s = str(pd.DataFrame({"a": [1, 2]}).sum()["a"])
+except ImportError:
+    s = "3"
+print(s, json.dumps(1), os.getcwd(), "poison" in sys.modules, hasattr(builtins, "poisoned"),
+      "/tmp/poison" in sys.path, os.path.exists("/tmp/poison.py"))
+`}}, vars: o.vars}
+			o2 := h.run(t, later)
+			wantStarted(t, o2)
+			wantOK(t, o2, lines("3 1 /workspace False False False False"))
+		},
+	},
+	{
 		name: "neighbour_sandbox",
 		code: withProbes(`
 import socket

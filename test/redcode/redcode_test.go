@@ -14,15 +14,19 @@ import (
 	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
+	"github.com/vivarium-sandbox/vivarium/internal/pool"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
 
+// The corpus runs twice: with a classic init per sandbox (as `vivarium
+// run` makes them), then with sandboxes forked from a zygote and handed out
+// by a pool (as `vivarium serve` makes them).
 func TestMain(m *testing.M) {
 	if native.IsInit() {
 		native.RunInit()
 	}
-	os.Exit(m.Run())
+	os.Exit(testutil.RunBothModes(m))
 }
 
 const (
@@ -76,9 +80,16 @@ func TestRedCode(t *testing.T) {
 	}
 	canaries := testutil.SetupCanaries(t, 5758, 5389, 5388)
 	mounts := testutil.MountCount()
-	b, err := native.New(native.Config{CgroupParent: cgroupParent, UIDBase: uidBase})
+	nb, err := native.New(native.Config{CgroupParent: cgroupParent, UIDBase: uidBase,
+		Zygote: testutil.ZygoteMode(), Preload: []string{"numpy", "pandas"}})
 	if err != nil {
 		t.Fatal(err)
+	}
+	var b sandbox.Backend = nb
+	var warm *pool.Pool
+	if testutil.ZygoteMode() {
+		warm = pool.New(pool.Config{Backend: nb, Max: 4, Min: 2})
+		b = warm
 	}
 
 	type outcome struct {
@@ -163,7 +174,12 @@ func TestRedCode(t *testing.T) {
 		t.Logf("  category %s: %v", c, byCategory[c])
 	}
 
-	// Zero host impact.
+	// Zero host impact, once the pool's ready sandboxes and the zygote
+	// are gone too.
+	if warm != nil {
+		warm.Close()
+	}
+	nb.Close()
 	canaries.Check(t)
 	if left := testutil.ProcessesOwnedBy(uidBase, uidBase+65536); len(left) > 0 {
 		t.Errorf("processes left behind: %v", left)
