@@ -78,15 +78,17 @@ print(pwd.getpwuid(os.getuid()).pw_name)
 		name: "host_directories_not_visible",
 		code: withProbes(`
 top = set(os.listdir("/"))
-print("host dirs", sorted(top & {"home", "boot", "sys", "srv", "mnt", "media", "run", "snap", "data", "lost+found"}))
+print("host dirs", sorted(top & {"boot", "sys", "srv", "mnt", "media", "run", "snap", "data", "lost+found"}))
 print("root is", os.path.realpath("/root"))
 print("var", sorted(os.listdir("/var")))
-for p in ("/home", "/sys/fs/cgroup", "/sys/kernel", "/run/user", "/var/lib", "/var/log", "/boot"):
+# /home is the sandbox's own: one user, whose home is the workspace.
+print("home", sorted(os.listdir("/home")), os.path.realpath("/home/user"))
+for p in ("/sys/fs/cgroup", "/sys/kernel", "/run/user", "/var/lib", "/var/log", "/boot"):
     attempt(p, os.listdir, p)
 `),
 		check: func(t *testing.T, h *harness, o *outcome) {
-			wantOK(t, o, lines("host dirs []", "root is /workspace", "var ['tmp']",
-				"/home ENOENT", "/sys/fs/cgroup ENOENT", "/sys/kernel ENOENT", "/run/user ENOENT",
+			wantOK(t, o, lines("host dirs []", "root is /workspace", "var ['tmp']", "home ['user'] /workspace",
+				"/sys/fs/cgroup ENOENT", "/sys/kernel ENOENT", "/run/user ENOENT",
 				"/var/lib ENOENT", "/var/log ENOENT", "/boot ENOENT"))
 		},
 	},
