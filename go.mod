@@ -4,6 +4,7 @@ go 1.26.8
 
 require (
 	github.com/modelcontextprotocol/go-sdk v1.8.0
+	github.com/tetratelabs/wazero v1.12.0
 	golang.org/x/sys v0.49.0
 	modernc.org/sqlite v1.61.1
 )

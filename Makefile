@@ -1,0 +1,20 @@
+# Builds what `go build` cannot. Go code builds with go build as usual.
+#
+#   make wasm   the wasm backend's interpreter (CPython 3.11 for wasm32-wasi)
+#               in build/wasm, from Debian's python3.11 source package with
+#               Debian's clang-14, lld-14 and wasi-libc; nothing is
+#               downloaded from anywhere else. About four minutes on two
+#               cores; does nothing when build/wasm is up to date.
+
+WASM_DIR ?= build/wasm
+
+.PHONY: wasm clean-wasm
+
+wasm: $(WASM_DIR)/python.wasm
+
+$(WASM_DIR)/python.wasm: scripts/wasm/build.sh scripts/wasm/deps.sh
+	scripts/wasm/deps.sh
+	VIVARIUM_WASM_DIR="$(abspath $(WASM_DIR))" scripts/wasm/build.sh
+
+clean-wasm:
+	rm -rf $(WASM_DIR)

@@ -1,0 +1,191 @@
+package wasm
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"sync"
+
+	experimentalsys "github.com/tetratelabs/wazero/experimental/sys"
+	"github.com/tetratelabs/wazero/sys"
+
+	"github.com/vivarium-sandbox/vivarium/internal/runner"
+)
+
+// channel carries the runner's framed protocol (internal/runner: a 4-byte
+// big-endian length, then JSON) between the supervisor and the runner
+// inside the guest, through a device file, /dev/vivarium, that only the
+// runner opens: the device can be opened once, and the runner does so
+// before any user code runs. The code's stdout and stderr are WASI's fds
+// 1 and 2, so nothing printed can ever look like a frame. Code that finds
+// the runner's descriptor and writes frames to it can only report results
+// of its own execution, as in the native backend, where it can write to
+// the runner's pipe.
+//
+// Everything read from the guest is hostile: frames are size-capped, a
+// malformed one breaks the channel for good (later frames are dropped),
+// and past maxResults results are counted without being parsed.
+//
+// Writes and reads happen on the guest's goroutine, synchronously: when
+// the runner has written a result, everything the code printed before it
+// has already been delivered, so no acknowledgement is needed to keep
+// output and results in order.
+type channel struct {
+	requests chan []byte   // frames to the runner
+	ended    chan struct{} // closed when the instance ends
+
+	mu      sync.Mutex
+	opened  bool
+	pending []byte // the rest of a request being read
+	in      []byte // bytes of an incomplete event frame
+	broken  error
+	// onEvent receives each event; skip tells whether a result frame can
+	// be passed over unparsed (the results cap is reached). onIdle is
+	// called when the runner waits for its next request.
+	onEvent func(runner.Event)
+	skip    func() bool
+	onIdle  func()
+}
+
+func newChannel() *channel {
+	return &channel{requests: make(chan []byte, 1), ended: make(chan struct{})}
+}
+
+// send queues one request frame for the runner.
+func (c *channel) send(req runner.Request) error {
+	var b bytes.Buffer
+	if err := runner.WriteFrame(&b, req); err != nil {
+		return err
+	}
+	select {
+	case c.requests <- b.Bytes():
+		return nil
+	case <-c.ended:
+		return errInstanceEnded
+	}
+}
+
+// open is the device's open: once.
+func (c *channel) open() (experimentalsys.File, experimentalsys.Errno) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.opened {
+		return nil, experimentalsys.EACCES
+	}
+	c.opened = true
+	return &channelFile{c: c}, 0
+}
+
+// read blocks until a request is there, or the instance ends (EOF).
+func (c *channel) read(buf []byte) int {
+	c.mu.Lock()
+	if len(c.pending) == 0 {
+		idle := c.onIdle
+		c.mu.Unlock()
+		if idle != nil {
+			idle()
+		}
+		select {
+		case b := <-c.requests:
+			c.mu.Lock()
+			c.pending = b
+		case <-c.ended:
+			return 0
+		}
+	}
+	n := copy(buf, c.pending)
+	c.pending = c.pending[n:]
+	c.mu.Unlock()
+	return n
+}
+
+// write takes bytes of event frames and hands each complete one on.
+func (c *channel) write(buf []byte) {
+	c.mu.Lock()
+	if c.broken != nil {
+		c.mu.Unlock()
+		return
+	}
+	c.in = append(c.in, buf...)
+	var events []runner.Event
+	for len(c.in) >= 4 {
+		n := binary.BigEndian.Uint32(c.in)
+		if n > maxFrame {
+			c.broken = fmt.Errorf("%w: %d bytes, limit %d", runner.ErrFrameTooLarge, n, maxFrame)
+			c.in = nil
+			break
+		}
+		if uint32(len(c.in)-4) < n {
+			break
+		}
+		body := c.in[4 : 4+n]
+		if c.skip != nil && c.skip() && bytes.HasPrefix(body, resultPrefix) {
+			events = append(events, runner.Event{Type: "skipped"})
+		} else {
+			var ev runner.Event
+			if err := json.Unmarshal(body, &ev); err != nil || ev.Type == "" {
+				c.broken = fmt.Errorf("%w: %v", runner.ErrMalformed, err)
+				c.in = nil
+				break
+			}
+			events = append(events, ev)
+		}
+		c.in = c.in[4+n:]
+	}
+	if len(c.in) == 0 {
+		c.in = nil // do not keep a large buffer alive
+	}
+	handle := c.onEvent
+	c.mu.Unlock()
+	for _, ev := range events {
+		if handle != nil {
+			handle(ev)
+		}
+	}
+}
+
+// brokenErr reports how the runner broke the protocol, if it did.
+func (c *channel) brokenErr() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.broken
+}
+
+// resultPrefix starts every result frame the runner writes (json.dumps of
+// a dict whose first key is "type").
+var resultPrefix = []byte(`{"type": "result"`)
+
+// channelFile is the runner's open /dev/vivarium.
+type channelFile struct {
+	experimentalsys.UnimplementedFile
+	c      *channel
+	closed bool
+}
+
+func (f *channelFile) Dev() (uint64, experimentalsys.Errno)    { return 2, 0 }
+func (f *channelFile) Ino() (sys.Inode, experimentalsys.Errno) { return 3, 0 }
+func (f *channelFile) Stat() (sys.Stat_t, experimentalsys.Errno) {
+	return sys.Stat_t{Dev: 2, Ino: 3, Mode: fs.ModeNamedPipe | 0o600, Nlink: 1}, 0
+}
+
+func (f *channelFile) Read(buf []byte) (int, experimentalsys.Errno) {
+	if f.closed {
+		return 0, experimentalsys.EBADF
+	}
+	return f.c.read(buf), 0
+}
+
+func (f *channelFile) Write(buf []byte) (int, experimentalsys.Errno) {
+	if f.closed {
+		return 0, experimentalsys.EBADF
+	}
+	f.c.write(buf)
+	return len(buf), 0
+}
+
+func (f *channelFile) Close() experimentalsys.Errno {
+	f.closed = true
+	return 0
+}

@@ -1,0 +1,192 @@
+package wasm
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/experimental"
+	"github.com/tetratelabs/wazero/experimental/sysfs"
+	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
+	"github.com/tetratelabs/wazero/sys"
+)
+
+// Paths inside the guest.
+const (
+	workspacePath = "/workspace"
+	runnerDir     = "opt/vivarium"
+	stdlibMount   = "usr/local/lib"
+	moduleName    = "python"
+)
+
+// instance is one running interpreter: a wazero runtime of its own (the
+// memory limit is a runtime setting), the module instantiated in it, and
+// the goroutine that runs the module's _start (the runner's main loop)
+// until the runner exits, traps or is stopped.
+type instance struct {
+	rt     wazero.Runtime
+	ch     *channel
+	ctx    context.Context
+	cancel context.CancelFunc
+	ready  chan struct{} // closed at the runner's "ready"
+	done   chan struct{} // closed when _start has returned
+
+	// Valid once done is closed.
+	exitCode *uint32 // the code given to proc_exit (or 0 when _start returned)
+	trap     error   // how it failed otherwise
+
+	killed   atomic.Bool  // stop ended it
+	slept    atomic.Int64 // nanoseconds the guest spent sleeping
+	memBytes atomic.Int64 // linear memory size, last seen
+	endOnce  sync.Once
+}
+
+// stop ends the instance: wazero closes the module at the next function
+// call or loop iteration of the guest, and the host's blocking calls
+// (sleep, the channel) return at once.
+func (i *instance) stop() {
+	i.killed.Store(true)
+	i.cancel()
+	i.endChannel()
+}
+
+// endChannel makes the channel's blocking calls return.
+func (i *instance) endChannel() { i.endOnce.Do(func() { close(i.ch.ended) }) }
+
+// alive reports whether the instance still runs.
+func (i *instance) alive() bool {
+	select {
+	case <-i.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// sleep is the guest's nanosleep (time.sleep, and poll_oneoff's clock):
+// real, interrupted when the instance stops, and accounted, so that the
+// CPU time of an execution excludes it.
+func (i *instance) sleep(ns int64) {
+	if ns <= 0 {
+		return
+	}
+	start := time.Now()
+	t := time.NewTimer(time.Duration(ns))
+	select {
+	case <-t.C:
+	case <-i.ctx.Done():
+		t.Stop()
+	}
+	i.slept.Add(int64(time.Since(start)))
+}
+
+// sampleMemory records the size of the guest's linear memory. It is only
+// called while the guest waits (between executions, at an event), never
+// while it could grow the memory.
+func (i *instance) sampleMemory() {
+	if m := i.rt.Module(moduleName); m != nil {
+		if mem := m.Memory(); mem != nil {
+			i.memBytes.Store(int64(mem.Size()))
+		}
+	}
+}
+
+// launch starts an interpreter for s. It returns once the module runs;
+// the caller waits for ready.
+func (s *Sandbox) launch(ctx context.Context, ch *channel) (*instance, error) {
+	b := s.b
+	rt := wazero.NewRuntimeWithConfig(context.Background(), b.runtimeConfig(s.spec.Limits.Memory))
+	ok := false
+	defer func() {
+		if !ok {
+			rt.Close(context.Background())
+		}
+	}()
+	if _, err := wasi_snapshot_preview1.Instantiate(ctx, rt); err != nil {
+		return nil, fmt.Errorf("wasi: %w", err)
+	}
+	// A cache miss compiles 20-odd MB of code: on every core.
+	cctx := experimental.WithCompilationWorkers(ctx, runtime.NumCPU())
+	compiled, err := rt.CompileModule(cctx, b.wasm)
+	if err != nil {
+		return nil, fmt.Errorf("compile %s: %w", InterpreterFile, err)
+	}
+
+	inst := &instance{rt: rt, ch: ch, ready: make(chan struct{}), done: make(chan struct{})}
+	inst.ctx, inst.cancel = context.WithCancel(context.Background())
+	mode := "--persistent"
+	if s.spec.OneShot {
+		mode = "--oneshot"
+	}
+	root := newRootFS(
+		mount{"", b.skeleton()},
+		mount{stdlibMount, readOnlyFS{sysfs.DirFS(b.stdlibPath())}},
+		mount{"dev", &devFS{channel: ch}},
+		mount{strings.TrimPrefix(workspacePath, "/"), s.ws},
+	)
+	cfg := wazero.NewModuleConfig().
+		WithName(moduleName).
+		WithArgs("/usr/local/bin/python3.11", "-s", "-B", "/"+runnerDir+"/wasm_runner.py", mode).
+		WithStdin(strings.NewReader("")).
+		WithStdout(s.stdout).
+		WithStderr(s.stderr).
+		WithFSConfig(wazero.NewFSConfig().(sysfs.FSConfig).WithSysFSMount(root, "/")).
+		WithSysWalltime().
+		WithSysNanotime().
+		WithNanosleep(inst.sleep).
+		WithRandSource(rand.Reader)
+	for _, kv := range sandboxEnv(s.spec.Env) {
+		cfg = cfg.WithEnv(kv[0], kv[1])
+	}
+	go func() {
+		defer close(inst.done)
+		mod, err := rt.InstantiateModule(inst.ctx, compiled, cfg)
+		var exit *sys.ExitError
+		switch {
+		case err == nil:
+			code := uint32(0)
+			inst.exitCode = &code
+			mod.Close(context.Background())
+		case errors.As(err, &exit) && exit.ExitCode() != sys.ExitCodeContextCanceled && exit.ExitCode() != sys.ExitCodeDeadlineExceeded:
+			code := exit.ExitCode()
+			inst.exitCode = &code
+		default:
+			inst.trap = err
+		}
+		inst.endChannel()
+		inst.cancel()
+		rt.Close(context.Background())
+	}()
+	ok = true
+	return inst, nil
+}
+
+// sandboxEnv is the interpreter's environment: a fixed base, then the
+// user's. Nothing comes from the host's environment.
+func sandboxEnv(user map[string]string) [][2]string {
+	env := map[string]string{
+		"PATH":    "/usr/local/bin:/usr/bin:/bin",
+		"HOME":    workspacePath,
+		"USER":    "sandbox",
+		"LOGNAME": "sandbox",
+		"LANG":    "C.UTF-8",
+		"TZ":      "UTC",
+		// The standard library's place: sys.prefix.
+		"PYTHONHOME": "/usr/local",
+	}
+	for k, v := range user {
+		env[k] = v
+	}
+	out := make([][2]string, 0, len(env))
+	for k, v := range env {
+		out = append(out, [2]string{k, v})
+	}
+	return out
+}
