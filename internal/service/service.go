@@ -170,6 +170,7 @@ type Box struct {
 	running     int  // executions and commands in progress
 	executing   bool // an execution is in progress
 	closeReason string
+	procs       map[int]*Process // by pid, while they run
 }
 
 // Info is what owners see of a sandbox.

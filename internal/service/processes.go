@@ -1,0 +1,387 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/store"
+)
+
+// ErrNoProcess: the sandbox runs no process with that pid (it never
+// started there, or it has ended).
+var ErrNoProcess = errors.New("no such process")
+
+// ProcessRequest is a program to start in a sandbox and keep track of,
+// in the foreground or the background.
+type ProcessRequest struct {
+	Argv []string
+	Env  map[string]string
+	// Cwd is the working directory inside the sandbox; empty: the
+	// workspace.
+	Cwd string
+	// Timeout ends the process (SIGKILL to its group) when it runs longer;
+	// zero: no limit but the sandbox's life.
+	Timeout time.Duration
+	// Stdin keeps the process's standard input open for WriteStdin;
+	// otherwise it reads end-of-file at once.
+	Stdin bool
+	// Tag is a name of the caller's choosing, reported by Processes.
+	Tag string
+}
+
+// ProcessInfo describes a process of a sandbox.
+type ProcessInfo struct {
+	PID       int               `json:"pid"`
+	Tag       string            `json:"tag,omitempty"`
+	Argv      []string          `json:"argv"`
+	Env       map[string]string `json:"env"`
+	Cwd       string            `json:"cwd"`
+	StartedAt time.Time         `json:"started_at"`
+}
+
+// ProcessEnd is how a process ended.
+type ProcessEnd struct {
+	// Status is ok (exit 0), error (another exit status), timeout (its
+	// Timeout ended it) or killed (a signal, or the sandbox closed).
+	Status   sandbox.Status `json:"status"`
+	ExitCode int            `json:"exit_code"` // 128+n for a signal n
+	Error    string         `json:"error,omitempty"`
+}
+
+// ProcessEvent is output of a process, or its end (the last event).
+type ProcessEvent struct {
+	Stdout, Stderr []byte
+	End            *ProcessEnd
+}
+
+// Process is a program running in a sandbox, started by StartProcess. Its
+// output is delivered to subscribers as it comes, and dropped when nobody
+// listens: a process never blocks for want of a reader, only, like a
+// program writing to a pipe, while a subscriber is slow. Each stream is
+// capped at the sandbox's output limit; past it output is dropped and a
+// note says so.
+type Process struct {
+	info  ProcessInfo
+	p     sandbox.Process
+	ended chan struct{} // closed once end is set and subscribers are told
+
+	mu   sync.Mutex
+	subs map[*Subscription]struct{}
+	end  *ProcessEnd
+
+	stdinMu     sync.Mutex
+	stdinClosed bool
+}
+
+// Subscription receives a process's events until its end, which is the
+// last event before Events is closed.
+type Subscription struct {
+	p      *Process
+	events chan ProcessEvent
+	gone   chan struct{}
+	once   sync.Once
+}
+
+// Events is the subscription's channel.
+func (s *Subscription) Events() <-chan ProcessEvent { return s.events }
+
+// Close stops the subscription; the process goes on.
+func (s *Subscription) Close() {
+	s.once.Do(func() {
+		close(s.gone)
+		s.p.mu.Lock()
+		delete(s.p.subs, s)
+		s.p.mu.Unlock()
+	})
+}
+
+// maxProcessesPerSandbox bounds the processes a sandbox keeps track of.
+const maxProcessesPerSandbox = 64
+
+// StartProcess starts a program in an owner's sandbox and returns it with a
+// subscription made before it could print anything. The process holds one
+// of the owner's execution slots until it ends, and the sandbox does not
+// expire while it runs.
+func (s *Service) StartProcess(ctx context.Context, owner, id string, req ProcessRequest) (*Process, *Subscription, error) {
+	b, err := s.Get(owner, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(req.Argv) == 0 || req.Argv[0] == "" {
+		return nil, nil, fmt.Errorf("%w: empty command", sandbox.ErrInvalidSpec)
+	}
+	if req.Timeout < 0 {
+		return nil, nil, fmt.Errorf("%w: negative timeout", sandbox.ErrInvalidSpec)
+	}
+	if err := sandbox.ValidateEnv(req.Env); err != nil {
+		return nil, nil, err
+	}
+	b.mu.Lock()
+	n := len(b.procs)
+	b.mu.Unlock()
+	if n >= maxProcessesPerSandbox {
+		return nil, nil, fmt.Errorf("%w: a sandbox runs at most %d tracked processes; end one first", ErrQuota, maxProcessesPerSandbox)
+	}
+	release, err := s.acquire(owner)
+	if err != nil {
+		return nil, nil, err
+	}
+	done := s.use(b)
+	sp, err := b.sb.Start(ctx, sandbox.Command{Argv: req.Argv, Env: req.Env, Dir: req.Cwd})
+	if err != nil {
+		done()
+		release()
+		return nil, nil, err
+	}
+	p := &Process{
+		info: ProcessInfo{PID: sp.PID(), Tag: req.Tag, Argv: slices.Clone(req.Argv), Env: req.Env, Cwd: req.Cwd,
+			StartedAt: s.cfg.Now()},
+		p: sp, ended: make(chan struct{}), subs: map[*Subscription]struct{}{},
+	}
+	if p.info.Env == nil {
+		p.info.Env = map[string]string{}
+	}
+	sub := p.subscribe()
+	if !req.Stdin {
+		p.CloseStdin()
+	}
+	b.mu.Lock()
+	if b.procs == nil {
+		b.procs = map[int]*Process{}
+	}
+	b.procs[p.info.PID] = p
+	b.mu.Unlock()
+	go func() {
+		end := p.run(b.limits.MaxOutput, req.Timeout)
+		b.mu.Lock()
+		if b.procs[p.info.PID] == p {
+			delete(b.procs, p.info.PID)
+		}
+		b.mu.Unlock()
+		done()
+		release()
+		s.metrics.observeCommand(end.Status)
+		s.cfg.Audit(store.Record{Kind: "command", KeyID: owner, SandboxID: id, CodeSHA256: store.CodeHash(fmt.Sprint(req.Argv)),
+			Status: string(end.Status), ExitCode: end.ExitCode,
+			DurationMS: float64(s.cfg.Now().Sub(p.info.StartedAt).Microseconds()) / 1000, Detail: end.Error})
+	}()
+	return p, sub, nil
+}
+
+// Processes lists the processes an owner's sandbox runs, by pid.
+func (s *Service) Processes(owner, id string) ([]ProcessInfo, error) {
+	b, err := s.Get(owner, id)
+	if err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	out := make([]ProcessInfo, 0, len(b.procs))
+	for _, p := range b.procs {
+		out = append(out, p.Info())
+	}
+	b.mu.Unlock()
+	slices.SortFunc(out, func(a, b ProcessInfo) int { return a.PID - b.PID })
+	return out, nil
+}
+
+// FindProcess returns a running process of an owner's sandbox.
+func (s *Service) FindProcess(owner, id string, pid int) (*Process, error) {
+	b, err := s.Get(owner, id)
+	if err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	p := b.procs[pid]
+	b.mu.Unlock()
+	if p == nil {
+		return nil, fmt.Errorf("%w: pid %d", ErrNoProcess, pid)
+	}
+	return p, nil
+}
+
+// Info describes the process.
+func (p *Process) Info() ProcessInfo { return p.info }
+
+// Done is closed when the process has ended and its last output and end
+// have been delivered.
+func (p *Process) Done() <-chan struct{} { return p.ended }
+
+// End is how the process ended; valid once Done is closed.
+func (p *Process) End() ProcessEnd {
+	<-p.ended
+	return *p.end
+}
+
+// Subscribe follows the process's output from now on; ErrNoProcess once it
+// has ended.
+func (p *Process) Subscribe() (*Subscription, error) {
+	p.mu.Lock()
+	ended := p.end != nil
+	p.mu.Unlock()
+	if ended {
+		return nil, fmt.Errorf("%w: pid %d has ended", ErrNoProcess, p.info.PID)
+	}
+	sub := p.subscribe()
+	if sub == nil {
+		return nil, fmt.Errorf("%w: pid %d has ended", ErrNoProcess, p.info.PID)
+	}
+	return sub, nil
+}
+
+func (p *Process) subscribe() *Subscription {
+	sub := &Subscription{p: p, events: make(chan ProcessEvent, 64), gone: make(chan struct{})}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.end != nil {
+		return nil
+	}
+	p.subs[sub] = struct{}{}
+	return sub
+}
+
+// Signal sends sig to the process's group.
+func (p *Process) Signal(sig syscall.Signal) error {
+	select {
+	case <-p.ended:
+		return fmt.Errorf("%w: pid %d has ended", ErrNoProcess, p.info.PID)
+	default:
+	}
+	return p.p.Signal(sig)
+}
+
+// WriteStdin writes data to the process's standard input, waiting (until
+// ctx is done) while the pipe is full.
+func (p *Process) WriteStdin(ctx context.Context, data []byte) error {
+	p.stdinMu.Lock()
+	defer p.stdinMu.Unlock()
+	if p.stdinClosed {
+		return fmt.Errorf("%w: the standard input of pid %d is closed (start it with stdin kept open)", sandbox.ErrInvalidSpec, p.info.PID)
+	}
+	w := p.p.Stdin()
+	if f, ok := w.(*os.File); ok {
+		deadline, ok := ctx.Deadline()
+		if !ok {
+			deadline = time.Now().Add(30 * time.Second)
+		}
+		f.SetWriteDeadline(deadline)
+		defer f.SetWriteDeadline(time.Time{})
+	}
+	if _, err := w.Write(data); err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return fmt.Errorf("%w: pid %d does not read its input", context.DeadlineExceeded, p.info.PID)
+		}
+		return fmt.Errorf("%w: pid %d: stdin: %v", ErrNoProcess, p.info.PID, err)
+	}
+	return nil
+}
+
+// CloseStdin closes the process's standard input: it reads end-of-file.
+func (p *Process) CloseStdin() error {
+	p.stdinMu.Lock()
+	defer p.stdinMu.Unlock()
+	if !p.stdinClosed {
+		p.stdinClosed = true
+		return p.p.Stdin().Close()
+	}
+	return nil
+}
+
+// publish delivers an event to every subscriber, waiting for slow ones
+// (backpressure, as a pipe gives) but not for those that left.
+func (p *Process) publish(ev ProcessEvent) {
+	p.mu.Lock()
+	subs := make([]*Subscription, 0, len(p.subs))
+	for s := range p.subs {
+		subs = append(subs, s)
+	}
+	p.mu.Unlock()
+	for _, s := range subs {
+		select {
+		case s.events <- ev:
+		case <-s.gone:
+		}
+	}
+}
+
+// run follows the process to its end and returns how it ended.
+func (p *Process) run(maxOutput int64, timeout time.Duration) ProcessEnd {
+	var wg sync.WaitGroup
+	pump := func(r io.Reader, name string, event func([]byte) ProcessEvent) {
+		defer wg.Done()
+		buf := make([]byte, 32<<10)
+		left := maxOutput
+		for {
+			n, err := r.Read(buf)
+			if n > 0 && left > 0 {
+				keep := min(int64(n), left)
+				left -= keep
+				p.publish(event(slices.Clone(buf[:keep])))
+				if left == 0 {
+					p.publish(ProcessEvent{Stderr: fmt.Appendf(nil,
+						"\n[vivarium: %s over %d bytes; the rest is dropped]\n", name, maxOutput)})
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}
+	wg.Add(2)
+	go pump(p.p.Stdout(), "stdout", func(b []byte) ProcessEvent { return ProcessEvent{Stdout: b} })
+	go pump(p.p.Stderr(), "stderr", func(b []byte) ProcessEvent { return ProcessEvent{Stderr: b} })
+
+	end := ProcessEnd{Status: sandbox.StatusOK}
+	var timer <-chan time.Time
+	if timeout > 0 {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		timer = t.C
+	}
+	select {
+	case <-p.p.Done():
+	case <-timer:
+		p.p.Signal(syscall.SIGKILL)
+		end.Status, end.Error = sandbox.StatusTimeout, fmt.Sprintf("the process exceeded its %v timeout", timeout)
+	}
+	<-p.p.Done()
+	// Children in the background may hold the pipes open: what they wrote
+	// by now is delivered, the rest is theirs.
+	grace := time.AfterFunc(100*time.Millisecond, func() {
+		p.p.Stdout().Close()
+		p.p.Stderr().Close()
+	})
+	wg.Wait()
+	grace.Stop()
+	p.p.Stdout().Close()
+	p.p.Stderr().Close()
+	p.CloseStdin()
+	end.ExitCode = p.p.ExitCode()
+	switch {
+	case end.Status == sandbox.StatusTimeout:
+		end.ExitCode = 128 + int(syscall.SIGKILL)
+	case end.ExitCode != 0:
+		end.Status = sandbox.StatusError
+	}
+	p.mu.Lock()
+	p.end = &end
+	subs := p.subs
+	p.subs = map[*Subscription]struct{}{}
+	p.mu.Unlock()
+	for s := range subs {
+		select {
+		case s.events <- ProcessEvent{End: &end}:
+		case <-s.gone:
+		}
+		close(s.events)
+	}
+	close(p.ended)
+	return end
+}
