@@ -344,6 +344,7 @@ func serve(c *serveConfig, log *slog.Logger) error {
 		return err
 	}
 	handler, closeMCP := withMCP(api, svc, auth, log)
+	handler = withE2B(handler, svc, auth, log)
 	srv := &http.Server{
 		Handler:           httpapi.RefuseBrowsers(handler, c.allowOrigins),
 		ReadHeaderTimeout: 10 * time.Second,

@@ -1,0 +1,28 @@
+package main
+
+import (
+	"log/slog"
+	"net/http"
+
+	"github.com/vivarium-sandbox/vivarium/internal/e2b"
+	"github.com/vivarium-sandbox/vivarium/internal/httpapi"
+	"github.com/vivarium-sandbox/vivarium/internal/service"
+)
+
+// e2bPrefix is where `vivarium serve` answers E2B's SDKs:
+// E2B_API_URL=http://HOST:PORT/e2b and
+// E2B_SANDBOX_URL=http://HOST:PORT/e2b/sandbox.
+const e2bPrefix = "/e2b"
+
+// withE2B serves E2B's API at /e2b beside the rest, behind the same keys.
+func withE2B(next http.Handler, svc *service.Service, auth httpapi.Authenticator, log *slog.Logger) http.Handler {
+	var a e2b.Authenticator
+	if auth != nil {
+		a = auth
+	}
+	h := e2b.New(e2b.Config{Service: svc, Auth: a, DevOwner: httpapi.DevOwner, Logger: log, Prefix: e2bPrefix})
+	mux := http.NewServeMux()
+	mux.Handle(e2bPrefix+"/", h)
+	mux.Handle("/", next)
+	return mux
+}

@@ -1,0 +1,462 @@
+package e2b
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"runtime"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/service"
+)
+
+// templates Vivarium answers to: E2B's base template and its code
+// interpreter. A Vivarium sandbox is the host's Python with its packages,
+// whatever it is called.
+var knownTemplates = []string{"base", "code-interpreter-v1", "code-interpreter"}
+
+// clientID is what E2B's deprecated clientID field says.
+const clientID = "vivarium"
+
+// maxControlBody bounds control-plane request bodies.
+const maxControlBody = 1 << 20
+
+func (s *Server) routeControl() {
+	m := s.control
+	handle := func(pattern string, h func(http.ResponseWriter, *http.Request, string)) {
+		m.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+			owner, ok := s.owner(r)
+			if !ok {
+				writeEnvdError(w, http.StatusUnauthorized, "a valid vivarium API key is required in X-API-Key (E2B_API_KEY)")
+				return
+			}
+			h(w, r, owner)
+		})
+	}
+	handle("POST /sandboxes", s.create)
+	handle("POST /v2/sandboxes", s.create)
+	handle("GET /sandboxes", s.list)
+	handle("GET /v2/sandboxes", s.list)
+	handle("GET /sandboxes/{id}", s.get)
+	handle("DELETE /sandboxes/{id}", s.kill)
+	handle("POST /sandboxes/{id}/timeout", s.setTimeout)
+	handle("POST /sandboxes/{id}/refreshes", s.refresh)
+	handle("POST /sandboxes/{id}/connect", s.connect)
+	handle("POST /v2/sandboxes/{id}/connect", s.connect)
+	for pattern, what := range map[string]string{
+		"POST /sandboxes/{id}/pause":     "pausing sandboxes",
+		"POST /sandboxes/{id}/resume":    "resuming paused sandboxes (a vivarium sandbox is never paused)",
+		"POST /sandboxes/{id}/snapshots": "snapshots",
+		"GET /snapshots":                 "snapshots",
+		"POST /sandboxes/{id}/fork":      "forking sandboxes",
+		"PUT /sandboxes/{id}/network":    "network settings (vivarium sandboxes have no network at all)",
+		"GET /sandboxes/{id}/metrics":    "sandbox metrics over E2B's API (vivarium serve has /metrics)",
+		"GET /sandboxes/metrics":         "sandbox metrics over E2B's API (vivarium serve has /metrics)",
+		"GET /sandboxes/{id}/logs":       "sandbox logs",
+		"GET /v2/sandboxes/{id}/logs":    "sandbox logs",
+	} {
+		handle(pattern, func(w http.ResponseWriter, r *http.Request, _ string) { s.unsupported(w, what) })
+	}
+	handle("/", func(w http.ResponseWriter, r *http.Request, _ string) {
+		s.unsupported(w, fmt.Sprintf("%s %s (templates, volumes, secrets and teams are E2B's cloud, not part of vivarium)",
+			r.Method, r.URL.Path))
+	})
+}
+
+func (s *Server) unsupported(w http.ResponseWriter, what string) {
+	writeEnvdError(w, http.StatusNotImplemented, what+" is not supported by vivarium's E2B-compatible API")
+}
+
+func (s *Server) fail(w http.ResponseWriter, err error) {
+	code, msg := httpStatus(s.log, err)
+	writeEnvdError(w, code, msg)
+}
+
+// decodeBody reads a JSON body into v; an empty body leaves v as it is.
+// Unknown fields are ignored, as E2B's API adds fields with new SDKs.
+func decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxControlBody))
+	if err != nil {
+		writeEnvdError(w, http.StatusRequestEntityTooLarge, "request body too large")
+		return false
+	}
+	if len(body) == 0 {
+		return true
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		writeEnvdError(w, http.StatusBadRequest, "invalid JSON body: "+err.Error())
+		return false
+	}
+	return true
+}
+
+// newSandbox is the body of POST /sandboxes (NewSandbox) and
+// POST /v2/sandboxes (NewSandboxV2).
+type newSandbox struct {
+	TemplateID string            `json:"templateID"`
+	Timeout    *int64            `json:"timeout"` // seconds
+	Metadata   map[string]string `json:"metadata"`
+	EnvVars    map[string]string `json:"envVars"`
+	AutoPause  *bool             `json:"autoPause"`
+	AutoResume *struct {
+		Enabled bool `json:"enabled"`
+	} `json:"autoResume"`
+	AllowInternetAccess *bool           `json:"allow_internet_access"`
+	Network             *networkConfig  `json:"network"`
+	MCP                 json.RawMessage `json:"mcp"`
+	VolumeMounts        []any           `json:"volumeMounts"`
+	IAM                 *struct {
+		Tokens map[string]any `json:"tokens"`
+	} `json:"iam"`
+}
+
+type networkConfig struct {
+	AllowOut        []string        `json:"allowOut"`
+	DenyOut         []string        `json:"denyOut"`
+	Rules           map[string]any  `json:"rules"`
+	EgressProxy     json.RawMessage `json:"egressProxy"`
+	MaskRequestHost string          `json:"maskRequestHost"`
+	HTTPSPorts      []int           `json:"httpsPorts"`
+}
+
+// check refuses what Vivarium cannot honour, naming it; what it always
+// does anyway (no internet, access only with a token) is accepted.
+func (n *newSandbox) check() error {
+	unsupported := func(what string) error { return fmt.Errorf("%w: %s", errUnsupported, what) }
+	switch {
+	case n.TemplateID != "" && !slices.Contains(knownTemplates, n.TemplateID):
+		return fmt.Errorf("%w: template %q: custom templates are not supported; vivarium sandboxes run the server's "+
+			"Python with its packages (create with the default template)", sandbox.ErrInvalidSpec, n.TemplateID)
+	case n.Timeout != nil && *n.Timeout < 0:
+		return fmt.Errorf("%w: negative timeout", sandbox.ErrInvalidSpec)
+	case n.AutoPause != nil && *n.AutoPause, n.AutoResume != nil && n.AutoResume.Enabled:
+		return unsupported("pausing sandboxes (lifecycle onTimeout \"pause\", autoResume)")
+	case n.AllowInternetAccess != nil && *n.AllowInternetAccess:
+		return unsupported("internet access: vivarium sandboxes have no network (allowInternetAccess must be false or unset)")
+	case len(n.MCP) > 0 && string(n.MCP) != "null":
+		return unsupported("the MCP gateway")
+	case len(n.VolumeMounts) > 0:
+		return unsupported("volumes")
+	case n.IAM != nil && len(n.IAM.Tokens) > 0:
+		return unsupported("workload identity (iam)")
+	}
+	if nw := n.Network; nw != nil {
+		if len(nw.AllowOut) > 0 || len(nw.Rules) > 0 || (len(nw.EgressProxy) > 0 && string(nw.EgressProxy) != "null") ||
+			nw.MaskRequestHost != "" || len(nw.HTTPSPorts) > 0 {
+			return unsupported("network settings: vivarium sandboxes have no network (only denyOut is accepted)")
+		}
+	}
+	return nil
+}
+
+// sandboxCreated is E2B's Sandbox: what create and connect answer.
+type sandboxCreated struct {
+	SandboxID          string  `json:"sandboxID"`
+	TemplateID         string  `json:"templateID"`
+	Alias              string  `json:"alias,omitempty"`
+	ClientID           string  `json:"clientID"`
+	EnvdVersion        string  `json:"envdVersion"`
+	EnvdAccessToken    string  `json:"envdAccessToken"`
+	TrafficAccessToken string  `json:"trafficAccessToken"`
+	Domain             *string `json:"domain"`
+}
+
+func (s *Server) created(owner, id string) sandboxCreated {
+	tpl := s.template(id)
+	tok := s.accessToken(owner, id)
+	return sandboxCreated{SandboxID: id, TemplateID: tpl, Alias: tpl, ClientID: clientID, EnvdVersion: envdVersion,
+		EnvdAccessToken: tok, TrafficAccessToken: tok}
+}
+
+func (s *Server) template(id string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t := s.templates[id].name; t != "" {
+		return t
+	}
+	return "base"
+}
+
+// rememberTemplate records the template a sandbox was created from, and
+// forgets those of sandboxes that are gone now and then.
+func (s *Server) rememberTemplate(owner, id, tpl string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.templates) >= 1024 && len(s.templates) > 2*s.svc.Live() {
+		for k, t := range s.templates {
+			if _, err := s.svc.Get(t.owner, k); err != nil {
+				delete(s.templates, k)
+			}
+		}
+	}
+	s.templates[id] = templateOf{owner: owner, name: tpl}
+}
+
+func (s *Server) create(w http.ResponseWriter, r *http.Request, owner string) {
+	var req newSandbox
+	if !decodeBody(w, r, &req) {
+		return
+	}
+	if err := req.check(); err != nil {
+		s.fail(w, err)
+		return
+	}
+	var idle time.Duration
+	if req.Timeout != nil {
+		idle = time.Duration(*req.Timeout) * time.Second
+	}
+	info, err := s.svc.Create(r.Context(), service.CreateRequest{Owner: owner, Idle: idle, Env: req.EnvVars, Metadata: req.Metadata})
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	tpl := req.TemplateID
+	if tpl == "" {
+		tpl = "base"
+	}
+	s.rememberTemplate(owner, info.ID, tpl)
+	writeJSON(w, http.StatusCreated, s.created(owner, info.ID))
+}
+
+// listedSandbox is E2B's ListedSandbox and, with the detail fields,
+// SandboxDetail.
+type listedSandbox struct {
+	SandboxID           string            `json:"sandboxID"`
+	TemplateID          string            `json:"templateID"`
+	Alias               string            `json:"alias,omitempty"`
+	ClientID            string            `json:"clientID"`
+	StartedAt           time.Time         `json:"startedAt"`
+	EndAt               time.Time         `json:"endAt"`
+	CPUCount            int               `json:"cpuCount"`
+	MemoryMB            int64             `json:"memoryMB"`
+	DiskSizeMB          int64             `json:"diskSizeMB"`
+	EnvdVersion         string            `json:"envdVersion"`
+	Metadata            map[string]string `json:"metadata"`
+	State               string            `json:"state"`
+	VolumeMounts        []any             `json:"volumeMounts"`
+	EnvdAccessToken     string            `json:"envdAccessToken,omitempty"`
+	Domain              *string           `json:"domain,omitempty"`
+	AllowInternetAccess *bool             `json:"allowInternetAccess,omitempty"`
+	Lifecycle           *lifecycle        `json:"lifecycle,omitempty"`
+}
+
+type lifecycle struct {
+	AutoResume bool   `json:"autoResume"`
+	OnTimeout  string `json:"onTimeout"`
+}
+
+func (s *Server) listed(info service.Info) listedSandbox {
+	tpl := s.template(info.ID)
+	return listedSandbox{
+		SandboxID: info.ID, TemplateID: tpl, Alias: tpl, ClientID: clientID,
+		StartedAt: info.CreatedAt.UTC(), EndAt: info.ExpiresAt.UTC(),
+		CPUCount: runtime.NumCPU(), MemoryMB: info.Limits.Memory >> 20, DiskSizeMB: info.Limits.Disk >> 20,
+		EnvdVersion: envdVersion, Metadata: info.Metadata, State: "running", VolumeMounts: []any{},
+	}
+}
+
+func (s *Server) list(w http.ResponseWriter, r *http.Request, owner string) {
+	q := r.URL.Query()
+	out := []listedSandbox{}
+	if states := q["state"]; len(states) > 0 && !wantsRunning(states) {
+		writeJSON(w, http.StatusOK, out) // nothing is ever paused
+		return
+	}
+	filter, err := metadataFilter(q.Get("metadata"))
+	if err != nil {
+		writeEnvdError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	var all []service.Info
+	for _, info := range s.svc.List(owner) {
+		if matches(info.Metadata, filter) {
+			all = append(all, info)
+		}
+	}
+	// Pagination: the token is the index of the next sandbox in the
+	// list, oldest first.
+	start, limit := 0, len(all)
+	if t := q.Get("nextToken"); t != "" {
+		if start, err = strconv.Atoi(t); err != nil || start < 0 {
+			writeEnvdError(w, http.StatusBadRequest, "invalid nextToken")
+			return
+		}
+	}
+	if l := q.Get("limit"); l != "" {
+		if limit, err = strconv.Atoi(l); err != nil || limit < 1 {
+			writeEnvdError(w, http.StatusBadRequest, "limit must be a positive integer")
+			return
+		}
+	}
+	start = min(start, len(all))
+	end := min(start+limit, len(all))
+	for _, info := range all[start:end] {
+		out = append(out, s.listed(info))
+	}
+	if end < len(all) {
+		w.Header().Set("X-Next-Token", strconv.Itoa(end))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func wantsRunning(states []string) bool {
+	for _, st := range states {
+		for _, one := range splitComma(st) {
+			if one == "running" {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func splitComma(s string) []string {
+	var out []string
+	start := 0
+	for i := 0; i <= len(s); i++ {
+		if i == len(s) || s[i] == ',' {
+			out = append(out, s[start:i])
+			start = i + 1
+		}
+	}
+	return out
+}
+
+// metadataFilter parses the list's metadata query: "k=v&k2=v2", whose keys
+// and values the SDKs percent-encode once more.
+func metadataFilter(q string) (map[string]string, error) {
+	if q == "" {
+		return nil, nil
+	}
+	vals, err := url.ParseQuery(q)
+	if err != nil {
+		return nil, fmt.Errorf("invalid metadata filter: %v", err)
+	}
+	out := map[string]string{}
+	for k, vs := range vals {
+		key, err1 := url.QueryUnescape(k)
+		if err1 != nil {
+			key = k
+		}
+		for _, v := range vs {
+			val, err2 := url.QueryUnescape(v)
+			if err2 != nil {
+				val = v
+			}
+			out[key] = val
+		}
+	}
+	return out, nil
+}
+
+func matches(md, filter map[string]string) bool {
+	for k, v := range filter {
+		if got, ok := md[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *Server) get(w http.ResponseWriter, r *http.Request, owner string) {
+	info, err := s.svc.Info(owner, r.PathValue("id"))
+	if err != nil {
+		s.notFound(w, r, err)
+		return
+	}
+	d := s.listed(info)
+	d.EnvdAccessToken = s.accessToken(owner, info.ID)
+	no := false
+	d.AllowInternetAccess = &no
+	d.Lifecycle = &lifecycle{OnTimeout: "kill"}
+	writeJSON(w, http.StatusOK, d)
+}
+
+// notFound answers an error about a sandbox, saying which.
+func (s *Server) notFound(w http.ResponseWriter, r *http.Request, err error) {
+	if errors.Is(err, service.ErrNotFound) {
+		writeEnvdError(w, http.StatusNotFound, fmt.Sprintf("sandbox %q not found", r.PathValue("id")))
+		return
+	}
+	s.fail(w, err)
+}
+
+func (s *Server) kill(w http.ResponseWriter, r *http.Request, owner string) {
+	id := r.PathValue("id")
+	if err := s.svc.Delete(owner, id); err != nil {
+		s.notFound(w, r, err)
+		return
+	}
+	s.mu.Lock()
+	delete(s.templates, id)
+	s.mu.Unlock()
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// timeoutBody is the body of /timeout (timeout), /refreshes (duration)
+// and /connect (timeout), in seconds.
+type timeoutBody struct {
+	Timeout  *int64 `json:"timeout"`
+	Duration *int64 `json:"duration"`
+}
+
+// extend sets a sandbox's timeout (E2B's is from now; Vivarium's is idle
+// time, which every call restarts).
+func (s *Server) extend(owner, id string, seconds *int64) error {
+	if seconds == nil {
+		_, err := s.svc.Info(owner, id)
+		return err
+	}
+	if *seconds <= 0 {
+		return fmt.Errorf("%w: timeout must be positive", sandbox.ErrInvalidSpec)
+	}
+	_, err := s.svc.SetTimeout(owner, id, time.Duration(*seconds)*time.Second)
+	return err
+}
+
+func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request, owner string) {
+	var req timeoutBody
+	if !decodeBody(w, r, &req) {
+		return
+	}
+	if req.Timeout == nil {
+		writeEnvdError(w, http.StatusBadRequest, "timeout (seconds) is required")
+		return
+	}
+	if err := s.extend(owner, r.PathValue("id"), req.Timeout); err != nil {
+		s.notFound(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) refresh(w http.ResponseWriter, r *http.Request, owner string) {
+	var req timeoutBody
+	if !decodeBody(w, r, &req) {
+		return
+	}
+	if err := s.extend(owner, r.PathValue("id"), req.Duration); err != nil {
+		s.notFound(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) connect(w http.ResponseWriter, r *http.Request, owner string) {
+	var req timeoutBody
+	if !decodeBody(w, r, &req) {
+		return
+	}
+	id := r.PathValue("id")
+	if err := s.extend(owner, id, req.Timeout); err != nil {
+		s.notFound(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.created(owner, id))
+}

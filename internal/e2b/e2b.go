@@ -1,0 +1,214 @@
+// Package e2b serves E2B's API over the service layer, so that programs
+// written against E2B's SDKs (e2b and @e2b/code-interpreter) run unchanged
+// against a Vivarium server once E2B_API_URL, E2B_SANDBOX_URL and
+// E2B_API_KEY point at it.
+//
+// E2B has three APIs, all served here under one prefix (/e2b):
+//
+//   - the control plane (E2B_API_URL = PREFIX): sandboxes are created,
+//     listed, described, extended and killed, authenticated by the API key
+//     in X-API-Key;
+//   - envd, the sandbox's agent (E2B_SANDBOX_URL = PREFIX/sandbox, header
+//     E2b-Sandbox-Port 49983): files over HTTP, and the Filesystem and
+//     Process services over Connect RPC with JSON messages;
+//   - the code interpreter (same URL, port 49999): code runs with results
+//     streamed as JSON lines, in code contexts.
+//
+// The SDKs name the sandbox in every data-plane request with the
+// E2b-Sandbox-Id header and authenticate it with the access token the
+// control plane handed out (X-Access-Token, or E2B-Traffic-Access-Token
+// for some code-interpreter calls). A token is an HMAC of the owner and
+// the sandbox, keyed by a secret of this process: it opens that one
+// sandbox of that one owner, and nothing once the server restarts (when
+// every sandbox is gone anyway).
+//
+// Paths: E2B's user is "user" with its home at /home/user; a Vivarium
+// sandbox's writable directory is /workspace, also reachable as /home/user
+// inside the sandbox. The file API accepts paths under either (relative
+// paths are relative to the home) and refuses everything else: /tmp, /etc
+// and the rest are not the workspace. Everything runs as the sandbox's one
+// unprivileged user; asking for "root" is refused.
+//
+// What E2B offers and Vivarium does not (pause and resume, snapshots,
+// forks, templates, volumes, network settings, PTYs, MCP) is answered with
+// an error that says so, which the SDKs raise.
+package e2b
+
+import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+
+	"github.com/vivarium-sandbox/vivarium/internal/service"
+)
+
+// Authenticator maps an API key to its owner.
+type Authenticator interface {
+	Owner(token string) (string, error)
+}
+
+// Config configures the adapter.
+type Config struct {
+	Service *service.Service
+	// Auth checks API keys; nil serves everyone as DevOwner (vivarium
+	// serve --dev).
+	Auth     Authenticator
+	DevOwner string
+	Logger   *slog.Logger
+	// Prefix is where the API is mounted ("/e2b").
+	Prefix string
+}
+
+// Ports of the sandbox services, as the SDKs name them in E2b-Sandbox-Port.
+const (
+	envdPort        = "49983"
+	interpreterPort = "49999"
+)
+
+// envdVersion is the envd version the control plane reports: the SDKs use
+// the features of this version (file uploads as octet streams, closing
+// stdin, watching with entries) and refuse to use newer ones.
+const envdVersion = "0.6.4"
+
+// Server is the E2B-compatible API.
+type Server struct {
+	cfg     Config
+	svc     *service.Service
+	log     *slog.Logger
+	secret  []byte
+	control *http.ServeMux
+	envd    *http.ServeMux
+	interp  *http.ServeMux
+
+	mu        sync.Mutex
+	templates map[string]templateOf // by sandbox ID
+}
+
+// templateOf is the template a sandbox was created from.
+type templateOf struct{ owner, name string }
+
+// New returns the adapter's handler for requests under cfg.Prefix.
+func New(cfg Config) *Server {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	cfg.Prefix = strings.TrimSuffix(cfg.Prefix, "/")
+	s := &Server{cfg: cfg, svc: cfg.Service, log: cfg.Logger, secret: make([]byte, 32),
+		control: http.NewServeMux(), envd: http.NewServeMux(), interp: http.NewServeMux(),
+		templates: map[string]templateOf{}}
+	rand.Read(s.secret)
+	s.routeControl()
+	s.routeEnvd()
+	s.routeInterpreter()
+	return s
+}
+
+// sandboxPath is where the data plane is served below the prefix.
+const sandboxPath = "/sandbox"
+
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	p, ok := strings.CutPrefix(r.URL.Path, s.cfg.Prefix)
+	if !ok || (p != "" && !strings.HasPrefix(p, "/")) {
+		http.NotFound(w, r)
+		return
+	}
+	r2 := new(http.Request)
+	*r2 = *r
+	u := *r.URL
+	r2.URL = &u
+	if rest, ok := strings.CutPrefix(p, sandboxPath); ok && (rest == "" || strings.HasPrefix(rest, "/")) {
+		r2.URL.Path, r2.URL.RawPath = rest, ""
+		s.serveSandbox(w, r2)
+		return
+	}
+	r2.URL.Path, r2.URL.RawPath = p, ""
+	s.control.ServeHTTP(w, r2)
+}
+
+// accessToken is the token that opens sandbox id of owner on the data
+// plane: the owner (not secret: a key's ID) and an HMAC binding it to the
+// sandbox.
+func (s *Server) accessToken(owner, id string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(owner)) + "." + s.mac(owner, id)
+}
+
+func (s *Server) mac(owner, id string) string {
+	m := hmac.New(sha256.New, s.secret)
+	m.Write([]byte("vivarium-e2b-access\x00" + owner + "\x00" + id))
+	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+}
+
+// tokenOwner returns the owner a token was made for, if it opens sandbox
+// id.
+func (s *Server) tokenOwner(token, id string) (string, bool) {
+	enc, mac, ok := strings.Cut(token, ".")
+	if !ok || id == "" {
+		return "", false
+	}
+	owner, err := base64.RawURLEncoding.DecodeString(enc)
+	if err != nil || len(owner) == 0 {
+		return "", false
+	}
+	return string(owner), hmac.Equal([]byte(mac), []byte(s.mac(string(owner), id)))
+}
+
+// owner authenticates a control-plane request by its API key.
+func (s *Server) owner(r *http.Request) (string, bool) {
+	if s.cfg.Auth == nil {
+		return s.cfg.DevOwner, true
+	}
+	key := strings.TrimSpace(r.Header.Get("X-API-Key"))
+	if key == "" {
+		key, _ = strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		key = strings.TrimSpace(key)
+	}
+	if key == "" {
+		return "", false
+	}
+	o, err := s.cfg.Auth.Owner(key)
+	return o, err == nil
+}
+
+// target is the sandbox a data-plane request is for, authenticated.
+type target struct {
+	owner, id string
+}
+
+// serveSandbox routes a data-plane request by the port it names.
+func (s *Server) serveSandbox(w http.ResponseWriter, r *http.Request) {
+	id := r.Header.Get("E2b-Sandbox-Id")
+	tok := r.Header.Get("X-Access-Token")
+	if tok == "" {
+		tok = r.Header.Get("E2B-Traffic-Access-Token")
+	}
+	owner, ok := s.tokenOwner(tok, id)
+	if !ok {
+		writeEnvdError(w, http.StatusUnauthorized,
+			"a valid sandbox access token is required (X-Access-Token, as returned when the sandbox was created or connected to)")
+		return
+	}
+	if _, err := s.svc.Get(owner, id); err != nil {
+		// What E2B's proxy answers for a sandbox that is gone: the SDKs
+		// report that it was killed or timed out.
+		writeEnvdError(w, http.StatusBadGateway, "sandbox "+id+" is not running: it was killed or reached its timeout")
+		return
+	}
+	t := target{owner: owner, id: id}
+	r = r.WithContext(withTarget(r.Context(), t))
+	switch port := r.Header.Get("E2b-Sandbox-Port"); port {
+	case envdPort:
+		s.envd.ServeHTTP(w, r)
+	case interpreterPort:
+		s.interp.ServeHTTP(w, r)
+	case "":
+		writeEnvdError(w, http.StatusBadRequest, "the E2b-Sandbox-Port header is missing")
+	default:
+		writeEnvdError(w, http.StatusBadGateway, "port "+port+" is not reachable: vivarium sandboxes have no network; "+
+			"only the sandbox API ("+envdPort+") and the code interpreter ("+interpreterPort+") are served")
+	}
+}

@@ -1,0 +1,420 @@
+package e2b
+
+import (
+	"compress/gzip"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"mime"
+	"mime/multipart"
+	"net/http"
+	"path"
+	"strconv"
+	"strings"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+)
+
+// writeInfo is what an upload answers per file (envd's EntryInfo over
+// HTTP).
+type writeInfo struct {
+	Name string `json:"name"`
+	Type string `json:"type"`
+	Path string `json:"path"`
+}
+
+// entryInfo is filesystem.EntryInfo in protobuf's JSON mapping.
+type entryInfo struct {
+	Name         string  `json:"name"`
+	Type         string  `json:"type"`
+	Path         string  `json:"path"`
+	Size         pbInt64 `json:"size"`
+	Mode         uint32  `json:"mode"`
+	Permissions  string  `json:"permissions"`
+	Owner        string  `json:"owner"`
+	Group        string  `json:"group"`
+	ModifiedTime pbTime  `json:"modifiedTime"`
+}
+
+// sandboxUser owns every file of the workspace: the sandbox's one user.
+const sandboxUser = "sandbox"
+
+func entryOf(fi sandbox.FileInfo) entryInfo {
+	mode := fi.Mode.Perm()
+	typ := "FILE_TYPE_UNSPECIFIED"
+	switch fi.Type {
+	case "file":
+		typ = "FILE_TYPE_FILE"
+	case "dir":
+		typ, mode = "FILE_TYPE_DIRECTORY", mode|fs.ModeDir
+	case "symlink":
+		typ, mode = "FILE_TYPE_SYMLINK", mode|fs.ModeSymlink
+	default:
+		mode |= fs.ModeIrregular
+	}
+	p := toSandbox(fi.Path)
+	return entryInfo{Name: path.Base(p), Type: typ, Path: p, Size: pbInt64(fi.Size), Mode: uint32(mode),
+		Permissions: mode.String(), Owner: sandboxUser, Group: sandboxUser, ModifiedTime: pbTime(fi.ModTime)}
+}
+
+// workspace returns the target sandbox's files, and marks it used until
+// done is called.
+func (s *Server) workspace(t target) (sandbox.Workspace, func(), error) {
+	return s.svc.Workspace(t.owner, t.id)
+}
+
+// readFile serves GET /files?path=P: the file's bytes.
+func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
+	t := targetOf(r)
+	q := r.URL.Query()
+	if err := checkUser(q.Get("username")); err != nil {
+		s.fail(w, err)
+		return
+	}
+	rel, err := toWorkspace(q.Get("path"))
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	ws, done, err := s.workspace(t)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	defer done()
+	if rel == "." {
+		s.fail(w, fmt.Errorf("%w: %s is a directory", sandbox.ErrBadPath, homeDir))
+		return
+	}
+	f, fi, err := ws.OpenFile(rel)
+	if err != nil {
+		s.failFile(w, rel, err)
+		return
+	}
+	defer f.Close()
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Disposition", mime.FormatMediaType("attachment", map[string]string{"filename": path.Base(rel)}))
+	w.Header().Set("Content-Length", strconv.FormatInt(fi.Size, 10))
+	w.WriteHeader(http.StatusOK)
+	// The file may grow while it is sent: never more than its size then.
+	io.Copy(w, io.LimitReader(f, fi.Size))
+}
+
+// failFile answers a file error, naming the file as the SDK's user wrote
+// it (not the workspace's relative path).
+func (s *Server) failFile(w http.ResponseWriter, rel string, err error) {
+	if errors.Is(err, fs.ErrNotExist) {
+		writeEnvdError(w, http.StatusNotFound, fmt.Sprintf("file %s not found", toSandbox(rel)))
+		return
+	}
+	if errors.Is(err, sandbox.ErrBadPath) && strings.Contains(err.Error(), "not a regular file") {
+		writeEnvdError(w, http.StatusBadRequest, fmt.Sprintf("%s is not a regular file (a directory, link or device)", toSandbox(rel)))
+		return
+	}
+	s.fail(w, err)
+}
+
+// writeFiles serves POST /files: one file as the raw body
+// (application/octet-stream, ?path=P), or any number as multipart form
+// parts named "file" whose file names are their paths (?path=P, when
+// given, names the only one).
+func (s *Server) writeFiles(w http.ResponseWriter, r *http.Request) {
+	t := targetOf(r)
+	q := r.URL.Query()
+	if err := checkUser(q.Get("username")); err != nil {
+		s.fail(w, err)
+		return
+	}
+	for k := range r.Header {
+		if strings.HasPrefix(strings.ToLower(k), "x-metadata-") {
+			s.fail(w, fmt.Errorf("%w: file metadata (extended attributes)", errUnsupported))
+			return
+		}
+	}
+	b, err := s.svc.Get(t.owner, t.id)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	ws, done, err := s.workspace(t)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	defer done()
+	limit := b.Limits().Disk
+	write := func(name string, body io.Reader) (writeInfo, error) {
+		rel, err := toWorkspace(name)
+		if err != nil {
+			return writeInfo{}, err
+		}
+		if rel == "." {
+			return writeInfo{}, fmt.Errorf("%w: %s is a directory", sandbox.ErrBadPath, homeDir)
+		}
+		if err := ws.WriteFile(rel, body, limit); err != nil {
+			return writeInfo{}, err
+		}
+		return writeInfo{Name: path.Base(rel), Type: "file", Path: toSandbox(rel)}, nil
+	}
+
+	var body io.Reader = r.Body
+	switch enc := r.Header.Get("Content-Encoding"); enc {
+	case "", "identity":
+	case "gzip":
+		zr, err := gzip.NewReader(r.Body)
+		if err != nil {
+			writeEnvdError(w, http.StatusBadRequest, "the body is not valid gzip")
+			return
+		}
+		defer zr.Close()
+		body = zr
+	default:
+		writeEnvdError(w, http.StatusBadRequest, "unsupported Content-Encoding "+strconv.Quote(enc))
+		return
+	}
+	mt, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	out := []writeInfo{}
+	if mt != "multipart/form-data" {
+		if q.Get("path") == "" {
+			writeEnvdError(w, http.StatusBadRequest, "the path query parameter is required for a raw upload")
+			return
+		}
+		info, err := write(q.Get("path"), body)
+		if err != nil {
+			s.failWrite(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, append(out, info))
+		return
+	}
+	mr := multipart.NewReader(body, params["boundary"])
+	for {
+		part, err := mr.NextPart()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			writeEnvdError(w, http.StatusBadRequest, "invalid multipart body: "+err.Error())
+			return
+		}
+		if part.FormName() != "file" {
+			part.Close()
+			continue
+		}
+		// The part's file name is the path: read it raw, as
+		// Part.FileName keeps only its last element.
+		name := q.Get("path")
+		if name == "" {
+			_, dp, _ := mime.ParseMediaType(part.Header.Get("Content-Disposition"))
+			name = dp["filename"]
+		}
+		if name == "" {
+			part.Close()
+			writeEnvdError(w, http.StatusBadRequest, "a file part has no path (its file name)")
+			return
+		}
+		info, err := write(name, part)
+		part.Close()
+		if err != nil {
+			s.failWrite(w, err)
+			return
+		}
+		out = append(out, info)
+	}
+	if len(out) == 0 {
+		writeEnvdError(w, http.StatusBadRequest, "no file in the request")
+		return
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) failWrite(w http.ResponseWriter, err error) {
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		writeEnvdError(w, http.StatusRequestEntityTooLarge, "request body too large")
+		return
+	}
+	s.fail(w, err)
+}
+
+// Filesystem service.
+
+type pathRequest struct {
+	Path string `json:"path"`
+}
+
+type entryResponse struct {
+	Entry entryInfo `json:"entry"`
+}
+
+// rpcWorkspace checks the user and maps a path, for a filesystem RPC.
+func (s *Server) rpcWorkspace(r *http.Request, t target, p string) (sandbox.Workspace, string, func(), error) {
+	if err := rpcUser(r); err != nil {
+		return nil, "", nil, err
+	}
+	rel, err := toWorkspace(p)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	ws, done, err := s.workspace(t)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	return ws, rel, done, nil
+}
+
+// notFoundPath names a missing file as the caller wrote its path.
+func notFoundPath(rel string, err error) error {
+	if errors.Is(err, fs.ErrNotExist) {
+		return newConnectError(codeNotFound, fmt.Sprintf("%s: no such file or directory", toSandbox(rel)))
+	}
+	return err
+}
+
+func (s *Server) stat(r *http.Request, t target, msg []byte) (any, error) {
+	var req pathRequest
+	if err := decodeMessage(msg, &req); err != nil {
+		return nil, err
+	}
+	ws, rel, done, err := s.rpcWorkspace(r, t, req.Path)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	fi, err := ws.Stat(rel)
+	if err != nil {
+		return nil, notFoundPath(rel, err)
+	}
+	return entryResponse{Entry: entryOf(fi)}, nil
+}
+
+func editor(ws sandbox.Workspace) (sandbox.WorkspaceEditor, error) {
+	e, ok := ws.(sandbox.WorkspaceEditor)
+	if !ok {
+		return nil, fmt.Errorf("%w: this backend's workspace cannot make directories or move files", errUnsupported)
+	}
+	return e, nil
+}
+
+func (s *Server) makeDir(r *http.Request, t target, msg []byte) (any, error) {
+	var req pathRequest
+	if err := decodeMessage(msg, &req); err != nil {
+		return nil, err
+	}
+	ws, rel, done, err := s.rpcWorkspace(r, t, req.Path)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	if rel == "." {
+		return nil, newConnectError(codeAlreadyExists, homeDir+" already exists")
+	}
+	ed, err := editor(ws)
+	if err != nil {
+		return nil, err
+	}
+	if err := ed.Mkdir(rel); err != nil {
+		if errors.Is(err, sandbox.ErrExists) {
+			return nil, newConnectError(codeAlreadyExists, toSandbox(rel)+" already exists")
+		}
+		return nil, notFoundPath(rel, err)
+	}
+	fi, err := ws.Stat(rel)
+	if err != nil {
+		return nil, notFoundPath(rel, err)
+	}
+	return entryResponse{Entry: entryOf(fi)}, nil
+}
+
+type moveRequest struct {
+	Source      string `json:"source"`
+	Destination string `json:"destination"`
+}
+
+func (s *Server) move(r *http.Request, t target, msg []byte) (any, error) {
+	var req moveRequest
+	if err := decodeMessage(msg, &req); err != nil {
+		return nil, err
+	}
+	ws, src, done, err := s.rpcWorkspace(r, t, req.Source)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	dst, err := toWorkspace(req.Destination)
+	if err != nil {
+		return nil, err
+	}
+	if src == "." || dst == "." {
+		return nil, fmt.Errorf("%w: the home directory itself cannot be moved or replaced", sandbox.ErrBadPath)
+	}
+	ed, err := editor(ws)
+	if err != nil {
+		return nil, err
+	}
+	if err := ed.Rename(src, dst); err != nil {
+		return nil, notFoundPath(src, err)
+	}
+	fi, err := ws.Stat(dst)
+	if err != nil {
+		return nil, notFoundPath(dst, err)
+	}
+	return entryResponse{Entry: entryOf(fi)}, nil
+}
+
+type listDirRequest struct {
+	Path  string   `json:"path"`
+	Depth pbUint32 `json:"depth"`
+}
+
+type listDirResponse struct {
+	Entries []entryInfo `json:"entries"`
+}
+
+// maxListDepth bounds a listing's depth, as the workspace layer does.
+const maxListDepth = 64
+
+func (s *Server) listDir(r *http.Request, t target, msg []byte) (any, error) {
+	var req listDirRequest
+	if err := decodeMessage(msg, &req); err != nil {
+		return nil, err
+	}
+	ws, rel, done, err := s.rpcWorkspace(r, t, req.Path)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	depth := min(max(int(req.Depth), 1), maxListDepth)
+	infos, err := ws.ReadDir(rel, depth)
+	if err != nil {
+		if errors.Is(err, sandbox.ErrBadPath) && strings.Contains(err.Error(), "not a directory") {
+			return nil, newConnectError(codeInvalidArgument, toSandbox(rel)+" is not a directory")
+		}
+		return nil, notFoundPath(rel, err)
+	}
+	out := listDirResponse{Entries: make([]entryInfo, 0, len(infos))}
+	for _, fi := range infos {
+		out.Entries = append(out.Entries, entryOf(fi))
+	}
+	return out, nil
+}
+
+func (s *Server) remove(r *http.Request, t target, msg []byte) (any, error) {
+	var req pathRequest
+	if err := decodeMessage(msg, &req); err != nil {
+		return nil, err
+	}
+	ws, rel, done, err := s.rpcWorkspace(r, t, req.Path)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	if rel == "." {
+		return nil, fmt.Errorf("%w: the home directory itself cannot be removed", sandbox.ErrBadPath)
+	}
+	if err := ws.Remove(rel); err != nil {
+		return nil, notFoundPath(rel, err)
+	}
+	return struct{}{}, nil
+}

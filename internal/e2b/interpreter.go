@@ -1,0 +1,319 @@
+package e2b
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+)
+
+// The code interpreter's API (port 49999 of an E2B code-interpreter
+// sandbox): POST /execute streams an execution as JSON lines; /contexts
+// manages code contexts.
+
+func (s *Server) routeInterpreter() {
+	m := s.interp
+	m.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, `"ok"`) })
+	m.HandleFunc("POST /execute", s.execute)
+	m.HandleFunc("GET /contexts", s.listContexts)
+	m.HandleFunc("POST /contexts", s.createContext)
+	m.HandleFunc("DELETE /contexts/{id}", s.removeContext)
+	m.HandleFunc("POST /contexts/{id}/restart", s.restartContext)
+	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeText(w, http.StatusNotFound, fmt.Sprintf("%s %s is not part of the code interpreter's API", r.Method, r.URL.Path))
+	})
+}
+
+// maxCodeBody bounds an execution request (the code).
+const maxCodeBody = 32 << 20
+
+type executeRequest struct {
+	Code      string            `json:"code"`
+	ContextID string            `json:"context_id"`
+	Language  string            `json:"language"`
+	EnvVars   map[string]string `json:"env_vars"`
+}
+
+// languageContext is the default context of a language.
+func languageContext(language string) (string, error) {
+	switch strings.ToLower(strings.TrimSpace(language)) {
+	case "", "python", "python3":
+		return sandbox.DefaultContext, nil
+	case "bash", "sh", "shell":
+		return sandbox.BashContext, nil
+	}
+	return "", fmt.Errorf("language %q is not available: vivarium runs python and bash", language)
+}
+
+// The SDKs raise only the body of a 404 (as NotFoundError) or 502 (as
+// TimeoutError) from these endpoints, as plain text; any other status
+// loses its message. Refusals therefore say 404 where the thing asked for
+// does not exist here (a context, a language), and other errors of an
+// execution come as an error line of it.
+
+// writeText answers with a plain-text message, as E2B's code interpreter
+// does.
+func writeText(w http.ResponseWriter, status int, msg string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.WriteHeader(status)
+	io.WriteString(w, msg)
+}
+
+func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
+	t := targetOf(r)
+	var req executeRequest
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxCodeBody))
+	if err == nil {
+		err = json.Unmarshal(body, &req)
+	}
+	if err != nil {
+		writeText(w, http.StatusBadRequest, "invalid execution request: "+err.Error())
+		return
+	}
+	ctxID := req.ContextID
+	if ctxID == "" {
+		if ctxID, err = languageContext(req.Language); err != nil {
+			writeText(w, http.StatusNotFound, err.Error())
+			return
+		}
+	} else if !s.contextExists(t, ctxID) {
+		writeText(w, http.StatusNotFound, fmt.Sprintf("context %q not found", ctxID))
+		return
+	}
+
+	// The response starts at once: the SDK's request timeout runs until
+	// the first byte, the execution's own timeout after it.
+	out := &lineWriter{w: w, rc: http.NewResponseController(w)}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	out.rc.Flush()
+
+	// A client that leaves (its timeoutMs passed) interrupts the code, as
+	// a notebook's interrupt does: the context's state survives. The
+	// execution itself is bounded by the sandbox's limits.
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-r.Context().Done():
+			select {
+			case <-done: // it ended meanwhile: nothing of its to interrupt
+			default:
+				s.svc.Interrupt(t.owner, t.id)
+			}
+		case <-done:
+		}
+	}()
+	kctx, stop := context.WithCancel(r.Context())
+	go out.keepAlive(kctx)
+	res, err := s.executeWhenFree(r.Context(), t, sandbox.ExecRequest{Code: req.Code, Env: req.EnvVars, Context: ctxID}, out)
+	close(done)
+	stop()
+	if err != nil {
+		_, msg := httpStatus(s.log, err)
+		out.line(map[string]any{"type": "error", "name": "SandboxError", "value": msg, "traceback": ""})
+		return
+	}
+	if res.StateLost {
+		out.line(map[string]any{"type": "stderr", "text": "[vivarium: the Python process was restarted: " +
+			"variables and imports are gone, files are kept]\n", "timestamp": time.Now().UTC()})
+	}
+	if e := res.Error; e != nil {
+		out.line(map[string]any{"type": "error", "name": e.Name, "value": e.Value, "traceback": e.Traceback})
+	}
+	out.line(map[string]any{"type": "number_of_executions", "execution_count": res.ExecutionCount})
+}
+
+// executeWhenFree runs the execution once the sandbox is free: a kernel
+// queues the cells sent to it, where Vivarium answers busy.
+func (s *Server) executeWhenFree(ctx context.Context, t target, req sandbox.ExecRequest, sink sandbox.Sink) (*executed, error) {
+	wait := 5 * time.Millisecond
+	for {
+		res, err := s.svc.Execute(context.WithoutCancel(ctx), t.owner, t.id, req, sink)
+		if !errors.Is(err, sandbox.ErrBusy) {
+			if err != nil {
+				return nil, err
+			}
+			return &executed{Result: res.Result, ExecutionCount: res.ExecutionCount}, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 200*time.Millisecond)
+	}
+}
+
+type executed struct {
+	*sandbox.Result
+	ExecutionCount int
+}
+
+// lineWriter writes an execution's events as JSON lines, as they come.
+type lineWriter struct {
+	mu   sync.Mutex
+	w    http.ResponseWriter
+	rc   *http.ResponseController
+	last time.Time
+}
+
+func (l *lineWriter) line(v any) {
+	b, _ := json.Marshal(v)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.w.Write(append(b, '\n'))
+	l.rc.Flush()
+	l.last = time.Now()
+}
+
+func (l *lineWriter) Stdout(p []byte) {
+	l.line(map[string]any{"type": "stdout", "text": string(p), "timestamp": time.Now().UTC()})
+}
+
+func (l *lineWriter) Stderr(p []byte) {
+	l.line(map[string]any{"type": "stderr", "text": string(p), "timestamp": time.Now().UTC()})
+}
+
+func (l *lineWriter) Result(o sandbox.Output) { l.line(resultLine(o)) }
+
+// keepAlive writes a line the SDKs ignore whenever the execution has been
+// quiet for a while, so that a long silent computation does not look like
+// a dead connection to the client's HTTP stack.
+func (l *lineWriter) keepAlive(ctx context.Context) {
+	const quiet = 30 * time.Second
+	t := time.NewTicker(quiet / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			l.mu.Lock()
+			idle := time.Since(l.last) >= quiet
+			l.mu.Unlock()
+			if idle {
+				l.line(map[string]any{"type": "keepalive"})
+			}
+		}
+	}
+}
+
+// resultLine is a rich result as the code interpreter sends it.
+func resultLine(o sandbox.Output) map[string]any {
+	m := map[string]any{"type": "result", "is_main_result": o.IsMainResult}
+	text := o.Text
+	// Like E2B's server: a string's repr comes without its quotes.
+	if len(text) >= 2 && strings.HasPrefix(text, "'") && strings.HasSuffix(text, "'") {
+		text = text[1 : len(text)-1]
+	}
+	for k, v := range map[string]string{"text": text, "html": o.HTML, "markdown": o.Markdown, "svg": o.SVG, "png": o.PNG,
+		"jpeg": o.JPEG, "latex": o.LaTeX, "javascript": o.JavaScript} {
+		if v != "" {
+			m[k] = v
+		}
+	}
+	if len(o.JSON) > 0 {
+		m["json"] = o.JSON
+	}
+	return m
+}
+
+// Contexts.
+
+type createContextRequest struct {
+	Language string `json:"language"`
+	Cwd      string `json:"cwd"`
+}
+
+func (s *Server) contextExists(t target, id string) bool {
+	list, err := s.svc.Contexts(t.owner, t.id)
+	if err != nil {
+		return false
+	}
+	for _, c := range list {
+		if c.ID == id {
+			return true
+		}
+	}
+	return false
+}
+
+// failContext answers a context error, with 404 for what is missing.
+func (s *Server) failContext(w http.ResponseWriter, err error) {
+	if errors.Is(err, sandbox.ErrNoContext) {
+		writeText(w, http.StatusNotFound, err.Error())
+		return
+	}
+	code, msg := httpStatus(s.log, err)
+	writeText(w, code, msg)
+}
+
+func (s *Server) createContext(w http.ResponseWriter, r *http.Request) {
+	t := targetOf(r)
+	var req createContextRequest
+	if !decodeBody(w, r, &req) {
+		return
+	}
+	if _, err := languageContext(req.Language); err != nil {
+		writeText(w, http.StatusNotFound, err.Error())
+		return
+	}
+	dir, err := sandboxDir(req.Cwd)
+	if err != nil {
+		s.failContext(w, err)
+		return
+	}
+	c, err := s.svc.CreateContext(t.owner, t.id, req.Language, dir)
+	if err != nil {
+		s.failContext(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, homeContext(c))
+}
+
+// homeContext names a context's directory as E2B's users know it: the
+// workspace is their home.
+func homeContext(c sandbox.CodeContext) sandbox.CodeContext {
+	if rel, ok := strings.CutPrefix(c.Cwd, workspaceDir); ok && (rel == "" || strings.HasPrefix(rel, "/")) {
+		c.Cwd = homeDir + rel
+	}
+	return c
+}
+
+func (s *Server) listContexts(w http.ResponseWriter, r *http.Request) {
+	t := targetOf(r)
+	list, err := s.svc.Contexts(t.owner, t.id)
+	if err != nil {
+		s.failContext(w, err)
+		return
+	}
+	for i := range list {
+		list[i] = homeContext(list[i])
+	}
+	writeJSON(w, http.StatusOK, list)
+}
+
+func (s *Server) removeContext(w http.ResponseWriter, r *http.Request) {
+	t := targetOf(r)
+	if err := s.svc.RemoveContext(t.owner, t.id, r.PathValue("id")); err != nil {
+		s.failContext(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) restartContext(w http.ResponseWriter, r *http.Request) {
+	t := targetOf(r)
+	if err := s.svc.RestartContext(t.owner, t.id, r.PathValue("id")); err != nil {
+		s.failContext(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
