@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
+	"github.com/vivarium-sandbox/vivarium/internal/backend/wasm"
 	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/seccomp"
@@ -24,6 +25,9 @@ type check struct {
 	Name   string `json:"name"`
 	OK     bool   `json:"ok"`
 	Detail string `json:"detail"`
+	// Optional checks are about a backend that is not the default: a
+	// failure is reported, but does not fail the doctor.
+	Optional bool `json:"optional,omitempty"`
 }
 
 func cmdDoctor(args []string) int {
@@ -32,38 +36,66 @@ func cmdDoctor(args []string) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	checks := doctorChecks()
+	checks := append(doctorChecks(), wasmCheck())
 	if *asJSON {
 		json.NewEncoder(os.Stdout).Encode(checks)
 	} else {
 		for _, c := range checks {
 			mark := "ok  "
-			if !c.OK {
+			switch {
+			case !c.OK && c.Optional:
+				mark = "n/a "
+			case !c.OK:
 				mark = "FAIL"
 			}
 			fmt.Printf("%s  %-22s %s\n", mark, c.Name, c.Detail)
 		}
 	}
 	for _, c := range checks {
-		if !c.OK {
+		if !c.OK && !c.Optional {
 			return 1
 		}
 	}
 	return 0
 }
 
+// wasmCheck reports whether the wasm backend can run: its interpreter is
+// built (or why not), and a real wasm sandbox runs code.
+func wasmCheck() check {
+	fail := func(err error) check { return check{Name: "wasm backend", Detail: err.Error(), Optional: true} }
+	b, err := wasm.New(wasm.Config{})
+	if err != nil {
+		return fail(err)
+	}
+	defer b.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	start := time.Now()
+	res, _ := sandbox.RunOnce(ctx, b, sandbox.OneShot{Request: sandbox.ExecRequest{
+		Code: `import sys; print("CPython " + sys.version.split()[0] + " on " + sys.platform)`}})
+	if res.Status != sandbox.StatusOK {
+		msg := string(res.Status)
+		if res.Error != nil {
+			msg += ": " + res.Error.Value
+		}
+		return fail(errors.New(msg))
+	}
+	return check{Name: "wasm backend", OK: true, Optional: true, Detail: fmt.Sprintf("works (%s, %v; interpreter in %s)",
+		strings.TrimSpace(res.Stdout), time.Since(start).Round(time.Millisecond), b.Dir())}
+}
+
 func doctorChecks() []check {
 	var out []check
 	add := func(name string, err error, okDetail string) {
 		if err != nil {
-			out = append(out, check{name, false, err.Error()})
+			out = append(out, check{Name: name, Detail: err.Error()})
 		} else {
-			out = append(out, check{name, true, okDetail})
+			out = append(out, check{Name: name, OK: true, Detail: okDetail})
 		}
 	}
 	var uts unix.Utsname
 	unix.Uname(&uts)
-	out = append(out, check{"kernel", true, fmt.Sprintf("%s %s", unix.ByteSliceToString(uts.Release[:]), runtime.GOARCH)})
+	out = append(out, check{Name: "kernel", OK: true, Detail: fmt.Sprintf("%s %s", unix.ByteSliceToString(uts.Release[:]), runtime.GOARCH)})
 
 	var rootErr error
 	if os.Geteuid() != 0 {

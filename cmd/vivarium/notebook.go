@@ -12,7 +12,6 @@ import (
 	"sync"
 	"syscall"
 
-	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
 
@@ -348,7 +347,7 @@ func cmdNotebook(o *runOptions, path string) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	b, err := native.New(native.Config{InsecureNoCgroups: o.insecureNoCgroups})
+	b, err := o.newBackend()
 	if err != nil {
 		return fail(sandbox.ExitSetupFailed, "%v", err)
 	}

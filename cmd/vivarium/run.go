@@ -15,11 +15,13 @@ import (
 	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
+	"github.com/vivarium-sandbox/vivarium/internal/backend/wasm"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
 
 type runOptions struct {
 	code, python              string
+	backend, wasmDir          string
 	asJSON, insecureNoCgroups bool
 	timeout, cpuTime          time.Duration
 	memory, disk, maxOutput   sizeFlag
@@ -59,6 +61,8 @@ Flags:
 	fs.StringVar(&o.out, "out", "", "after the run, copy the workspace's regular files to `DIR`; for a .ipynb FILE, the executed notebook's path (- for standard output)")
 	fs.BoolVar(&o.allowErrors, "allow-errors", false, "for a .ipynb FILE: run every cell even after one fails")
 	fs.StringVar(&o.python, "python", sandbox.DefaultPython, "Python interpreter inside the sandbox (must be under /usr)")
+	fs.StringVar(&o.backend, "backend", "native", "isolation: `native` (Linux namespaces, seccomp, cgroups) or wasm (CPython compiled to WebAssembly: standard library only)")
+	fs.StringVar(&o.wasmDir, "wasm-dir", os.Getenv(wasm.DirEnv), "for --backend wasm: the `DIR` `make wasm` built (python.wasm and lib/); default: build/wasm above the binary or the working directory")
 	fs.BoolVar(&o.insecureNoCgroups, "insecure-no-cgroups", false,
 		"run without cgroups when the host has none: memory and process limits per process (rlimits), not per sandbox")
 	return fs
@@ -111,7 +115,7 @@ func cmdRun(args []string) int {
 	}
 	var res *sandbox.Result
 	var warn error
-	b, err := native.New(native.Config{InsecureNoCgroups: o.insecureNoCgroups})
+	b, err := o.newBackend()
 	if err != nil {
 		res = sandbox.SetupFailed(err)
 	} else {
@@ -131,6 +135,17 @@ func cmdRun(args []string) int {
 	}
 	reportPlain(res)
 	return res.ExitCode
+}
+
+// newBackend creates the backend --backend names.
+func (o *runOptions) newBackend() (sandbox.Backend, error) {
+	switch o.backend {
+	case "native":
+		return native.New(native.Config{InsecureNoCgroups: o.insecureNoCgroups})
+	case "wasm":
+		return wasm.New(wasm.Config{Dir: o.wasmDir})
+	}
+	return nil, fmt.Errorf("%w: unknown backend %q: native or wasm", sandbox.ErrInvalidSpec, o.backend)
 }
 
 // job turns the flags into a one-shot run.
