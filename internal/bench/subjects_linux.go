@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vivarium-sandbox/vivarium/internal/backend/wasm"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
 
@@ -29,6 +30,9 @@ type Config struct {
 	// IdleSandboxes is how many live stateful sandboxes the memory row
 	// holds at once (default 20).
 	IdleSandboxes int
+	// Wasm runs the wasm backend's rows; when nil, one is made from the
+	// interpreter `make wasm` built, and the rows are skipped without it.
+	Wasm sandbox.Backend
 }
 
 // DefaultDockerImage is the image the docker row runs, made by `docker
@@ -38,9 +42,10 @@ const DefaultDockerImage = "vivarium-bench-python"
 // Subjects returns the rows `vivarium bench` measures, in the order
 // printed: for the one-shot workloads W1 and W2, a `vivarium serve`'s
 // one-shot endpoint (the reference), Vivarium's CLI and in-process
-// RunOnce, then python3 alone, bubblewrap, gVisor, Docker and a Jupyter
+// RunOnce (and for W1 the wasm backend's RunOnce), then python3 alone, bubblewrap, gVisor, Docker and a Jupyter
 // kernel per request; for the warm workload W3, a running sandbox over HTTP
-// (the reference) and in-process, and a running Jupyter kernel; W4, the
+// (the reference), in-process and in a wasm sandbox, and a running
+// Jupyter kernel; W4, the
 // creation of a stateful sandbox; W5, the memory of an idle one. Subjects
 // that this host cannot run carry the reason in Skip. Looking runs a few
 // short programs (python3 imports, docker version). The returned function
@@ -84,6 +89,22 @@ func Subjects(ctx context.Context, cfg Config) ([]Subject, func()) {
 	}
 	srv := newServer(cfg.Vivarium)
 	serverSetup := func(ctx context.Context) error { return srv.acquire(ctx) }
+	wasmSkip := ""
+	if cfg.Wasm == nil {
+		if b, err := wasm.New(wasm.Config{}); err != nil {
+			wasmSkip = err.Error()
+		} else {
+			cfg.Wasm = b
+		}
+	}
+	// Compiling the interpreter (or loading it from the cache) is not what
+	// a row times.
+	wasmWarm := func(ctx context.Context) error {
+		if w, ok := cfg.Wasm.(interface{ Warm(context.Context) error }); ok {
+			return w.Warm(ctx)
+		}
+		return nil
+	}
 	var out []Subject
 	for _, w := range []Workload{W1, W2} {
 		wSkip := ""
@@ -111,6 +132,14 @@ func Subjects(ctx context.Context, cfg Config) ([]Subject, func()) {
 				Skip: firstOf(vivSkip, wSkip),
 				Run:  oneShot(cfg.Backend, w),
 			},
+		)
+		if w.ID == W1.ID {
+			out = append(out, Subject{
+				Workload: w.Label(), Name: "vivarium wasm RunOnce (in-process)",
+				Skip: wasmSkip, Setup: wasmWarm, Run: oneShot(cfg.Wasm, w),
+			})
+		}
+		out = append(out,
 			Subject{
 				Workload: w.Label(), Name: "python3 -c (no isolation)", Peer: true,
 				Skip: firstOf(pySkip, wSkip),
@@ -148,8 +177,19 @@ func Subjects(ctx context.Context, cfg Config) ([]Subject, func()) {
 	}
 	httpWarm := Subject{Workload: w.Label(), Name: "vivarium serve, HTTP execute (warm)", Reference: true, Skip: cliSkip}
 	httpWarm.Setup, httpWarm.Run, httpWarm.Teardown = srv.warm(w)
+	wasmWarmRow := Subject{Workload: w.Label(), Name: "vivarium wasm sandbox, warm (in-process Execute)", Skip: wasmSkip}
+	if cfg.Wasm != nil {
+		wws := newWarmSandboxes(cfg.Wasm, w)
+		wasmWarmRow.Run, wasmWarmRow.Teardown = wws.run, wws.teardown
+		wasmWarmRow.Setup = func(ctx context.Context) error {
+			if err := wasmWarm(ctx); err != nil {
+				return err
+			}
+			return wws.setup(ctx)
+		}
+	}
 	jp := &jupyter{python: py, w: w, warm: true}
-	out = append(out, httpWarm, warm, Subject{
+	out = append(out, httpWarm, warm, wasmWarmRow, Subject{
 		Workload: w.Label(), Name: "jupyter kernel, warm (execute)", Peer: true,
 		Skip:  jupyterSkip,
 		Setup: jp.setup, Run: jp.run, Teardown: jp.teardown,

@@ -20,9 +20,14 @@ import (
 // outcome of every attempt:
 //
 //	attempt(label, fn, *args)  "label ok", "label EPERM" or "label ValueError"
-//	syscall(label, name, *args) a raw system call by name (NR, from Go)
+//	syscall(label, name, *args) a raw system call by name (NR, from Go), or
+//	                           "label no syscalls" where there is no ctypes
 //	write(path, data)          open, write and close, so errors surface
-const probePrelude = `import ctypes as _ctypes, errno as _errno, os, sys
+const probePrelude = `import errno as _errno, os, sys
+try:
+    import ctypes as _ctypes
+except ImportError:  # no native code at all (the wasm backend): no system calls to make
+    _ctypes = None
 
 def _outcome(e):
     if isinstance(e, OSError) and e.errno in _errno.errorcode:
@@ -41,8 +46,10 @@ def write(path, data="x"):
     with open(path, "w") as f:
         f.write(data)
 
-_libc = _ctypes.CDLL(None, use_errno=True)
-_libc.syscall.restype = _ctypes.c_long
+_libc = None
+if _ctypes is not None:
+    _libc = _ctypes.CDLL(None, use_errno=True)
+    _libc.syscall.restype = _ctypes.c_long
 
 def _arg(a):
     if isinstance(a, int):
@@ -52,6 +59,9 @@ def _arg(a):
     return a
 
 def syscall(label, name, *args):
+    if _libc is None:
+        print(label, "no syscalls", flush=True)
+        return -1
     _ctypes.set_errno(0)
     r = _libc.syscall(_ctypes.c_long(NR[name]), *[_arg(a) for a in args])
     if r == 0 and name == "clone":

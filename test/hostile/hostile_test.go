@@ -8,9 +8,12 @@
 // or mount left behind.
 //
 // The case table knows nothing of the backend that runs it: backends lists
-// the backends under test (native today) with the host uid their sandbox
-// user maps to and a function that finds what their sandboxes left on the
-// host, and every case runs once against each of them.
+// the backends under test (native, and wasm when its interpreter is built)
+// with the host uid their sandbox user maps to and a function that finds
+// what their sandboxes left on the host, and every case runs once against
+// each of them. A backend that legitimately differs from the native
+// outcome of a case declares how, and why, in its table of differences
+// (wasm_test.go): the case then asserts that backend's own safe outcome.
 package hostile
 
 import (
@@ -23,6 +26,7 @@ import (
 	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
+	"github.com/vivarium-sandbox/vivarium/internal/backend/wasm"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
@@ -70,11 +74,26 @@ type backendUnderTest struct {
 	// lists what its sandboxes left on the host: processes, cgroups,
 	// containers ...
 	leftovers func() []string
+	// differences, by case name, are where this backend's safe outcome
+	// is not the native one.
+	differences map[string]difference
+}
+
+// difference is how a case goes on a backend that differs: why, and what
+// replaces the case's code, preparation or check there. A difference with
+// no check skips the case, for an attack that has nothing to attack on
+// that backend.
+type difference struct {
+	why     string
+	code    string
+	prepare func(t *testing.T, h *harness, j *job)
+	check   func(t *testing.T, h *harness, o *outcome)
 }
 
 // backendsEnv selects the backends the table runs against, comma
-// separated; default "native". "native-zygote" is the native backend with
-// runners forked from a zygote.
+// separated; default "native", and "wasm" too when its interpreter is
+// built (once: not again in the zygote run). "native-zygote" is the native
+// backend with runners forked from a zygote.
 const backendsEnv = "VIVARIUM_HOSTILE_BACKENDS"
 
 // backends returns the backends the table runs against.
@@ -85,6 +104,10 @@ func backends(t *testing.T) []backendUnderTest {
 		names = "native"
 		if testutil.ZygoteMode() {
 			names = "native-zygote"
+		} else if _, err := wasm.Locate(); err == nil {
+			names += ",wasm"
+		} else {
+			t.Logf("not testing the wasm backend: %v", err)
 		}
 	}
 	var out []backendUnderTest
@@ -106,6 +129,24 @@ func backends(t *testing.T) []backendUnderTest {
 					left := testutil.ProcessesOwnedBy(uidBase, uidBase+65536)
 					return append(left, testutil.CgroupsUnder(cgroupParent)...)
 				},
+			})
+		case "wasm":
+			b, err := wasm.New(wasm.Config{})
+			if err != nil {
+				t.Fatalf("%s backend: %v", name, err)
+			}
+			if err := b.Warm(context.Background()); err != nil {
+				t.Fatalf("%s backend: %v", name, err)
+			}
+			t.Cleanup(func() { b.Close() })
+			out = append(out, backendUnderTest{
+				name:       name,
+				b:          b,
+				sandboxUID: -1,
+				// In-process: a sandbox is memory of this process, and
+				// nothing of it exists outside.
+				leftovers:   func() []string { b.Close(); return nil },
+				differences: wasmDifferences,
 			})
 		default:
 			t.Fatalf("%s=%q: unknown backend %q", backendsEnv, names, name)
@@ -233,6 +274,14 @@ func TestCaseTable(t *testing.T) {
 		}
 		seen[c.name] = true
 	}
+	for name, d := range wasmDifferences {
+		switch {
+		case !seen[name]:
+			t.Errorf("wasm difference for %q: no such case", name)
+		case d.why == "":
+			t.Errorf("wasm difference for %q: no reason given", name)
+		}
+	}
 }
 
 func allCases() []hostileCase {
@@ -248,6 +297,18 @@ func allCases() []hostileCase {
 }
 
 func (h *harness) runCase(t *testing.T, c hostileCase) {
+	if d, ok := h.be.differences[c.name]; ok {
+		if d.check == nil {
+			t.Skipf("does not apply to %s: %s", h.be.name, d.why)
+		}
+		if d.code != "" {
+			c.code = d.code
+		}
+		if d.prepare != nil {
+			c.prepare = d.prepare
+		}
+		c.check = d.check
+	}
 	j := &job{
 		OneShot: sandbox.OneShot{
 			Spec:    sandbox.Spec{Limits: override(baseLimits, c.limits)},
