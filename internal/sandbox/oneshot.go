@@ -48,16 +48,29 @@ func SetupFailed(err error) *Result {
 // that did not change the outcome (files that could not be copied out, a
 // failed clean-up), for the caller to show or log.
 func RunOnce(ctx context.Context, b Backend, job OneShot) (*Result, error) {
+	res, sb, warn := RunOnceOpen(ctx, b, job)
+	if sb == nil {
+		return res, warn
+	}
+	return res, errors.Join(warn, sb.Close())
+}
+
+// RunOnceOpen is RunOnce without the final Close: it returns the sandbox
+// (nil if none was made) for the caller to close, so that a server can
+// answer before the sandbox's tear-down is over. Every process of the
+// sandbox is dead by the time it returns; what is left is releasing what
+// they held.
+func RunOnceOpen(ctx context.Context, b Backend, job OneShot) (res *Result, sb Sandbox, warn error) {
 	job.Spec.OneShot = true
 	sb, err := b.Create(ctx, job.Spec)
 	if err != nil {
-		return SetupFailed(err), nil
+		return SetupFailed(err), nil, nil
 	}
-	res, warn, err := runIn(ctx, sb, job)
+	res, warn, err = runIn(ctx, sb, job)
 	if err != nil {
 		res = SetupFailed(err)
 	}
-	return res, errors.Join(warn, sb.Close())
+	return res, sb, warn
 }
 
 func runIn(ctx context.Context, sb Sandbox, job OneShot) (res *Result, warn, err error) {

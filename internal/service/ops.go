@@ -106,9 +106,20 @@ func (s *Service) RunOnce(ctx context.Context, owner string, job sandbox.OneShot
 		return nil, err
 	}
 	defer release()
-	res, warn := sandbox.RunOnce(ctx, s.cfg.Backend, job)
+	res, sb, warn := sandbox.RunOnceOpen(ctx, s.cfg.Backend, job)
 	if warn != nil {
 		s.cfg.Logger.Warn("one-shot run", "owner", owner, "err", warn)
+	}
+	if sb != nil {
+		// The answer does not wait for the tear-down; Close and Shutdown
+		// do.
+		s.closing.Add(1)
+		go func() {
+			defer s.closing.Done()
+			if err := sb.Close(); err != nil {
+				s.cfg.Logger.Warn("one-shot clean-up", "owner", owner, "err", err)
+			}
+		}()
 	}
 	s.metrics.observeExec(res.Status, time.Duration(res.DurationMS*float64(time.Millisecond)))
 	s.audit("run_once", owner, "", job.Request.Code, res)

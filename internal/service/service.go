@@ -111,8 +111,9 @@ type Service struct {
 	// every sandbox is gone or going.
 	draining, closed bool
 
-	stop chan struct{}
-	wg   sync.WaitGroup
+	stop    chan struct{}
+	wg      sync.WaitGroup
+	closing sync.WaitGroup // one-shot sandboxes being torn down
 }
 
 // New starts a service; Close ends it and every sandbox.
@@ -588,6 +589,7 @@ func (s *Service) Close() error {
 	s.mu.Unlock()
 	close(s.stop)
 	s.wg.Wait()
+	s.closing.Wait()
 	var wg sync.WaitGroup
 	for _, b := range boxes {
 		wg.Add(1)
