@@ -5,11 +5,13 @@
 set -eu
 cd "$(dirname "$0")/.."
 extra="bubblewrap"
-# The MCP tests drive the server with the official TypeScript SDK.
+# The MCP and E2B tests drive the server with their official JavaScript SDKs.
 command -v npm >/dev/null 2>&1 || extra="$extra nodejs npm"
 VIVARIUM_DEPS_EXTRA="$extra ${VIVARIUM_DEPS_EXTRA:-}" scripts/deps.sh
 # The SDK's exact version is pinned in test/mcp/package-lock.json.
 [ -d test/mcp/node_modules/@modelcontextprotocol/sdk ] || (cd test/mcp && npm ci --no-audit --no-fund --loglevel=error)
+# E2B's SDKs (e2b, @e2b/code-interpreter), pinned in test/e2b/package-lock.json.
+[ -d test/e2b/node_modules/@e2b/code-interpreter ] || (cd test/e2b && npm ci --no-audit --no-fund --loglevel=error)
 go vet ./...
 unformatted=$(gofmt -l cmd internal test 2>/dev/null || true)
 if [ -n "$unformatted" ]; then

@@ -201,10 +201,18 @@ func (s *Service) FindProcess(owner, id string, pid int) (*Process, error) {
 	b.mu.Lock()
 	p := b.procs[pid]
 	b.mu.Unlock()
-	if p == nil {
+	if p == nil || p.hasEnded() {
 		return nil, fmt.Errorf("%w: pid %d", ErrNoProcess, pid)
 	}
 	return p, nil
+}
+
+// hasEnded reports whether the process's end is known (it may still be
+// being delivered).
+func (p *Process) hasEnded() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.end != nil
 }
 
 // Info describes the process.
@@ -223,10 +231,7 @@ func (p *Process) End() ProcessEnd {
 // Subscribe follows the process's output from now on; ErrNoProcess once it
 // has ended.
 func (p *Process) Subscribe() (*Subscription, error) {
-	p.mu.Lock()
-	ended := p.end != nil
-	p.mu.Unlock()
-	if ended {
+	if p.hasEnded() {
 		return nil, fmt.Errorf("%w: pid %d has ended", ErrNoProcess, p.info.PID)
 	}
 	sub := p.subscribe()
@@ -249,10 +254,8 @@ func (p *Process) subscribe() *Subscription {
 
 // Signal sends sig to the process's group.
 func (p *Process) Signal(sig syscall.Signal) error {
-	select {
-	case <-p.ended:
+	if p.hasEnded() {
 		return fmt.Errorf("%w: pid %d has ended", ErrNoProcess, p.info.PID)
-	default:
 	}
 	return p.p.Signal(sig)
 }

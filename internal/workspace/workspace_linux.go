@@ -181,7 +181,7 @@ func (d *Dir) writeFile(name string, r io.Reader, limit int64) error {
 	parent, base := path.Split(rel)
 	dirfd, err := d.mkdirAll(path.Clean("./" + parent))
 	if err != nil {
-		return fmt.Errorf("workspace: create directory for %q: %w", name, err)
+		return fmt.Errorf("workspace: create directory for %q: %w", name, linkOrNotExist(err))
 	}
 	defer unix.Close(dirfd)
 

@@ -1,0 +1,74 @@
+// Package e2b_test runs the Node test suite beside it (e2b.test.mjs): the
+// unmodified E2B SDKs, e2b and @e2b/code-interpreter (versions pinned in
+// package.json and package-lock.json), against the real vivarium binary's
+// `vivarium serve`, configured by nothing but E2B's environment variables.
+package e2b_test
+
+import (
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
+	"github.com/vivarium-sandbox/vivarium/test/testserver"
+)
+
+// A cgroup parent and a uid range of this package's own, so that other
+// packages' leftover checks are not confused.
+const (
+	cgroupParent = "vivarium-e2b-test"
+	uidBase      = native.DefaultUIDBase + 14<<24
+)
+
+// requireNode skips without node and npm, and installs the pinned packages
+// when they are missing.
+func requireNode(t *testing.T) {
+	t.Helper()
+	for _, tool := range []string{"node", "npm"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("needs %s (Node.js 20.18 or later) to run E2B's JavaScript SDKs", tool)
+		}
+	}
+	_, errA := os.Stat("node_modules/e2b/package.json")
+	_, errB := os.Stat("node_modules/@e2b/code-interpreter/package.json")
+	if errA == nil && errB == nil {
+		return
+	}
+	cmd := exec.Command("npm", "ci", "--no-audit", "--no-fund")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("npm ci: %v\n%s", err, out)
+	}
+}
+
+func TestE2BSDKs(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequirePythonModules(t, "pandas", "matplotlib")
+	requireNode(t)
+	bin := testserver.Build(t)
+	srv := testserver.Start(t, bin, testserver.Options{CgroupParent: cgroupParent, UIDBase: uidBase,
+		Keys: []string{"e2b-sdk", "e2b-other"}})
+
+	cmd := exec.Command("node", "--test", "--test-reporter=tap", "e2b.test.mjs")
+	cmd.Env = append(os.Environ(),
+		"E2B_API_URL="+srv.URL+"/e2b",
+		"E2B_SANDBOX_URL="+srv.URL+"/e2b/sandbox",
+		"E2B_API_KEY="+srv.Keys[0],
+		"VIVARIUM_OTHER_KEY="+srv.Keys[1],
+		// Nothing of a developer's own E2B setup may leak in.
+		"E2B_DOMAIN=", "E2B_DEBUG=", "E2B_ACCESS_TOKEN=")
+	out, err := cmd.CombinedOutput()
+	t.Logf("node --test:\n%s", out)
+	if err != nil {
+		t.Fatalf("node --test: %v", err)
+	}
+	pass := regexp.MustCompile(`\n# pass (\d+)`).FindSubmatch(out)
+	if !strings.Contains(string(out), "\n# fail 0") || pass == nil || string(pass[1]) == "0" {
+		t.Fatal("the Node suite did not run cleanly")
+	}
+	if strings.Contains(srv.Log(), "level=ERROR") {
+		t.Errorf("the server logged errors:\n%s", srv.Log())
+	}
+}
