@@ -87,9 +87,9 @@ func (s *fakeSandbox) Execute(ctx context.Context, req sandbox.ExecRequest, sink
 	return res, nil
 }
 
-func (s *fakeSandbox) Interrupt() error                 { return nil }
+func (s *fakeSandbox) Interrupt() error                  { return nil }
 func (s *fakeSandbox) Restart(ctx context.Context) error { return nil }
-func (s *fakeSandbox) Workspace() sandbox.Workspace     { return s.ws }
+func (s *fakeSandbox) Workspace() sandbox.Workspace      { return s.ws }
 
 func (s *fakeSandbox) Close() error {
 	s.mu.Lock()
