@@ -12,7 +12,7 @@ WASM_DIR ?= build/wasm
 
 wasm: $(WASM_DIR)/python.wasm
 
-$(WASM_DIR)/python.wasm: scripts/wasm/build.sh scripts/wasm/deps.sh
+$(WASM_DIR)/python.wasm: scripts/wasm/build.sh scripts/wasm/deps.sh scripts/wasm/config.site
 	scripts/wasm/deps.sh
 	VIVARIUM_WASM_DIR="$(abspath $(WASM_DIR))" scripts/wasm/build.sh
 

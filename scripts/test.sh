@@ -1,10 +1,11 @@
 #!/bin/sh
-# Runs every test: unit tests, real sandboxes, the hostile-code suite and
-# the RedCode corpus (in ../shared/attack-corpora when present). Needs root
-# for the sandboxes; tests that need root skip without it.
+# Runs every test: unit tests, real sandboxes (native and wasm), the
+# hostile-code suite and the RedCode corpus (in ../shared/attack-corpora
+# when present). Needs root for the sandboxes; tests that need root skip
+# without it.
 set -eu
 cd "$(dirname "$0")/.."
-extra="bubblewrap"
+extra="bubblewrap make"
 # The MCP and E2B tests drive the server with their official JavaScript SDKs.
 command -v npm >/dev/null 2>&1 || extra="$extra nodejs npm"
 VIVARIUM_DEPS_EXTRA="$extra ${VIVARIUM_DEPS_EXTRA:-}" scripts/deps.sh
@@ -12,6 +13,16 @@ VIVARIUM_DEPS_EXTRA="$extra ${VIVARIUM_DEPS_EXTRA:-}" scripts/deps.sh
 [ -d test/mcp/node_modules/@modelcontextprotocol/sdk ] || (cd test/mcp && npm ci --no-audit --no-fund --loglevel=error)
 # E2B's SDKs (e2b, @e2b/code-interpreter), pinned in test/e2b/package-lock.json.
 [ -d test/e2b/node_modules/@e2b/code-interpreter ] || (cd test/e2b && npm ci --no-audit --no-fund --loglevel=error)
+# The wasm backend's interpreter (make wasm: CPython built from Debian's
+# sources, several minutes), kept outside the checkout under a name that
+# changes with its build scripts, so that later runs on this machine reuse
+# it. Its tests skip without it; here it is built so that they run.
+if [ -z "${VIVARIUM_WASM_DIR:-}" ]; then
+	key=$(cat Makefile scripts/wasm/* | sha256sum | cut -c1-12)
+	VIVARIUM_WASM_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/vivarium/wasm-$key"
+fi
+export VIVARIUM_WASM_DIR
+[ -f "$VIVARIUM_WASM_DIR/python.wasm" ] || make wasm WASM_DIR="$VIVARIUM_WASM_DIR"
 go vet ./...
 unformatted=$(gofmt -l cmd internal test 2>/dev/null || true)
 if [ -n "$unformatted" ]; then

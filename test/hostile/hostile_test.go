@@ -80,14 +80,18 @@ type backendUnderTest struct {
 }
 
 // difference is how a case goes on a backend that differs: why, and what
-// replaces the case's code, preparation or check there. A difference with
-// no check skips the case, for an attack that has nothing to attack on
-// that backend.
+// replaces the case's code, preparation or check there. A difference that
+// changes nothing skips the case, for an attack that has nothing to attack
+// on that backend.
 type difference struct {
-	why     string
-	code    string
+	why  string
+	code string
+	// edit rewrites the case's code, where a small change suffices.
+	edit    func(code string) string
 	prepare func(t *testing.T, h *harness, j *job)
-	check   func(t *testing.T, h *harness, o *outcome)
+	// check replaces the case's check; nil with code, edit or prepare
+	// set keeps it.
+	check func(t *testing.T, h *harness, o *outcome)
 }
 
 // backendsEnv selects the backends the table runs against, comma
@@ -298,16 +302,25 @@ func allCases() []hostileCase {
 
 func (h *harness) runCase(t *testing.T, c hostileCase) {
 	if d, ok := h.be.differences[c.name]; ok {
-		if d.check == nil {
+		if d.check == nil && d.code == "" && d.edit == nil && d.prepare == nil {
 			t.Skipf("does not apply to %s: %s", h.be.name, d.why)
 		}
 		if d.code != "" {
 			c.code = d.code
 		}
+		if d.edit != nil {
+			edited := d.edit(c.code)
+			if edited == c.code {
+				t.Fatalf("the %s edit of this case's code changed nothing: the case changed", h.be.name)
+			}
+			c.code = edited
+		}
 		if d.prepare != nil {
 			c.prepare = d.prepare
 		}
-		c.check = d.check
+		if d.check != nil {
+			c.check = d.check
+		}
 	}
 	j := &job{
 		OneShot: sandbox.OneShot{

@@ -228,7 +228,10 @@ func (b *Backend) runtimeConfig(memory int64) wazero.RuntimeConfig {
 	return wazero.NewRuntimeConfig().
 		WithCompilationCache(b.cache).
 		WithMemoryLimitPages(pages).
-		WithCloseOnContextDone(true)
+		WithCloseOnContextDone(true).
+		// Stack traces of a trap without DWARF line numbers: parsing
+		// them costs seconds, at every exit.
+		WithDebugInfoEnabled(false)
 }
 
 func newID() string {

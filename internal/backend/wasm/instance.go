@@ -98,9 +98,17 @@ func (i *instance) sampleMemory() {
 	}
 }
 
-// launch starts an interpreter for s. It returns once the module runs;
+// newInstance prepares an instance around a channel; launch starts it.
+func newInstance(ch *channel) *instance {
+	inst := &instance{ch: ch, ready: make(chan struct{}), done: make(chan struct{})}
+	inst.ctx, inst.cancel = context.WithCancel(context.Background())
+	return inst
+}
+
+// launch starts the interpreter of inst. It returns once the module runs;
 // the caller waits for ready.
-func (s *Sandbox) launch(ctx context.Context, ch *channel) (*instance, error) {
+func (s *Sandbox) launch(ctx context.Context, inst *instance) error {
+	ch := inst.ch
 	b := s.b
 	rt := wazero.NewRuntimeWithConfig(context.Background(), b.runtimeConfig(s.spec.Limits.Memory))
 	ok := false
@@ -110,17 +118,15 @@ func (s *Sandbox) launch(ctx context.Context, ch *channel) (*instance, error) {
 		}
 	}()
 	if _, err := wasi_snapshot_preview1.Instantiate(ctx, rt); err != nil {
-		return nil, fmt.Errorf("wasi: %w", err)
+		return fmt.Errorf("wasi: %w", err)
 	}
 	// A cache miss compiles 20-odd MB of code: on every core.
 	cctx := experimental.WithCompilationWorkers(ctx, runtime.NumCPU())
 	compiled, err := rt.CompileModule(cctx, b.wasm)
 	if err != nil {
-		return nil, fmt.Errorf("compile %s: %w", InterpreterFile, err)
+		return fmt.Errorf("compile %s: %w", InterpreterFile, err)
 	}
-
-	inst := &instance{rt: rt, ch: ch, ready: make(chan struct{}), done: make(chan struct{})}
-	inst.ctx, inst.cancel = context.WithCancel(context.Background())
+	inst.rt = rt
 	mode := "--persistent"
 	if s.spec.OneShot {
 		mode = "--oneshot"
@@ -131,6 +137,9 @@ func (s *Sandbox) launch(ctx context.Context, ch *channel) (*instance, error) {
 		mount{"dev", &devFS{channel: ch}},
 		mount{strings.TrimPrefix(workspacePath, "/"), s.ws},
 	)
+	// The guest holds stdin, stdout, stderr and "/" besides what it opens.
+	root.maxOpen = max(int64(s.spec.Limits.OpenFiles)-4, 1)
+	root.onTooMany = s.tooManyFiles
 	cfg := wazero.NewModuleConfig().
 		WithName(moduleName).
 		WithArgs("/usr/local/bin/python3.11", "-s", "-B", "/"+runnerDir+"/wasm_runner.py", mode).
@@ -165,7 +174,7 @@ func (s *Sandbox) launch(ctx context.Context, ch *channel) (*instance, error) {
 		rt.Close(context.Background())
 	}()
 	ok = true
-	return inst, nil
+	return nil
 }
 
 // sandboxEnv is the interpreter's environment: a fixed base, then the

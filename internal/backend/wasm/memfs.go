@@ -49,7 +49,12 @@ type memFS struct {
 
 const (
 	maxNameLen = 255
-	maxDepth   = 64
+	// maxDepth bounds the host's walks of the tree (List, CopyOut), as
+	// the native workspace does; deeper files are not listed.
+	maxDepth = 64
+	// maxComponents bounds a path the guest names: WASI paths are at most
+	// PATH_MAX (4096) bytes, so about 2048 components.
+	maxComponents = 2048
 )
 
 // node is an inode: a regular file or a directory.
@@ -126,7 +131,7 @@ func split(p string) []string {
 func (m *memFS) lookup(p string) (*node, experimentalsys.Errno) {
 	n := m.root
 	parts := split(p)
-	if len(parts) > maxDepth {
+	if len(parts) > maxComponents {
 		return nil, experimentalsys.ENAMETOOLONG
 	}
 	for _, part := range parts {
@@ -148,7 +153,7 @@ func (m *memFS) parent(p string) (*node, string, experimentalsys.Errno) {
 	if len(parts) == 0 {
 		return nil, "", experimentalsys.EINVAL // the root itself
 	}
-	if len(parts) > maxDepth {
+	if len(parts) > maxComponents {
 		return nil, "", experimentalsys.ENAMETOOLONG
 	}
 	name := parts[len(parts)-1]
@@ -204,15 +209,17 @@ func (m *memFS) OpenFile(p string, flag experimentalsys.Oflag, perm fs.FileMode)
 	n, errno := m.lookup(p)
 	switch {
 	case errno == experimentalsys.ENOENT && flag&experimentalsys.O_CREAT != 0:
-		if m.readOnly {
-			return nil, experimentalsys.EROFS
-		}
 		if flag&experimentalsys.O_DIRECTORY != 0 {
 			return nil, experimentalsys.EINVAL
 		}
+		// As a kernel does: the path is resolved before the file
+		// system's being read-only matters.
 		dir, name, errno := m.parent(p)
 		if errno != 0 {
 			return nil, errno
+		}
+		if m.readOnly {
+			return nil, experimentalsys.EROFS
 		}
 		if m.inodes >= m.maxInodes {
 			if m.onFull != nil {
@@ -264,12 +271,6 @@ func (m *memFS) Stat(p string) (sys.Stat_t, experimentalsys.Errno) {
 func (m *memFS) Mkdir(p string, perm fs.FileMode) experimentalsys.Errno {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.readOnly {
-		if _, errno := m.lookup(p); errno == 0 {
-			return experimentalsys.EEXIST
-		}
-		return experimentalsys.EROFS
-	}
 	_, errno := m.mkdir(p, perm)
 	return errno
 }
@@ -281,6 +282,9 @@ func (m *memFS) mkdir(p string, perm fs.FileMode) (*node, experimentalsys.Errno)
 	}
 	if _, ok := dir.children[name]; ok {
 		return nil, experimentalsys.EEXIST
+	}
+	if m.readOnly {
+		return nil, experimentalsys.EROFS
 	}
 	if m.inodes >= m.maxInodes {
 		if m.onFull != nil {
@@ -315,9 +319,6 @@ func (m *memFS) Chmod(p string, perm fs.FileMode) experimentalsys.Errno {
 func (m *memFS) Rename(from, to string) experimentalsys.Errno {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.readOnly {
-		return experimentalsys.EROFS
-	}
 	fdir, fname, errno := m.parent(from)
 	if errno != 0 {
 		return errno
@@ -329,6 +330,9 @@ func (m *memFS) Rename(from, to string) experimentalsys.Errno {
 	tdir, tname, errno := m.parent(to)
 	if errno != 0 {
 		return errno
+	}
+	if m.readOnly {
+		return experimentalsys.EROFS
 	}
 	if n.isDir() {
 		// A directory cannot move into itself.
@@ -368,9 +372,6 @@ func (m *memFS) Rename(from, to string) experimentalsys.Errno {
 func (m *memFS) Rmdir(p string) experimentalsys.Errno {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.readOnly {
-		return experimentalsys.EROFS
-	}
 	dir, name, errno := m.parent(p)
 	if errno != 0 {
 		return errno
@@ -381,6 +382,8 @@ func (m *memFS) Rmdir(p string) experimentalsys.Errno {
 		return experimentalsys.ENOENT
 	case !n.isDir():
 		return experimentalsys.ENOTDIR
+	case m.readOnly:
+		return experimentalsys.EROFS
 	case len(n.children) > 0:
 		return experimentalsys.ENOTEMPTY
 	}
@@ -392,9 +395,6 @@ func (m *memFS) Rmdir(p string) experimentalsys.Errno {
 func (m *memFS) Unlink(p string) experimentalsys.Errno {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.readOnly {
-		return experimentalsys.EROFS
-	}
 	dir, name, errno := m.parent(p)
 	if errno != 0 {
 		return errno
@@ -403,6 +403,8 @@ func (m *memFS) Unlink(p string) experimentalsys.Errno {
 	switch {
 	case !ok:
 		return experimentalsys.ENOENT
+	case m.readOnly:
+		return experimentalsys.EROFS
 	case n.isDir():
 		return experimentalsys.EISDIR
 	}
@@ -414,12 +416,12 @@ func (m *memFS) Unlink(p string) experimentalsys.Errno {
 func (m *memFS) Link(oldPath, newPath string) experimentalsys.Errno {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.readOnly {
-		return experimentalsys.EROFS
-	}
 	n, errno := m.lookup(oldPath)
 	if errno != 0 {
 		return errno
+	}
+	if m.readOnly {
+		return experimentalsys.EROFS
 	}
 	if n.isDir() {
 		return experimentalsys.EPERM

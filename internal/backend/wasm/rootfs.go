@@ -4,6 +4,7 @@ import (
 	"io/fs"
 	"sort"
 	"strings"
+	"sync/atomic"
 
 	experimentalsys "github.com/tetratelabs/wazero/experimental/sys"
 	"github.com/tetratelabs/wazero/sys"
@@ -23,9 +24,17 @@ import (
 // A path belongs to the mount with the longest matching prefix; renaming
 // or linking across mounts fails with EROFS, as one side is always
 // read-only.
+//
+// rootFS also enforces the open-files limit: wazero's descriptor table
+// has none, and every open file is memory of the host, not of the guest.
+// Past maxOpen, opening fails with EIO (WASI preview 1 has no EMFILE in
+// wazero) and onTooMany is called.
 type rootFS struct {
 	experimentalsys.UnimplementedFS
-	mounts []mount // longest prefix first
+	mounts    []mount // longest prefix first
+	maxOpen   int64   // 0: no limit
+	open      atomic.Int64
+	onTooMany func()
 }
 
 type mount struct {
@@ -55,8 +64,33 @@ func (r *rootFS) resolve(p string) (experimentalsys.FS, string) {
 }
 
 func (r *rootFS) OpenFile(p string, flag experimentalsys.Oflag, perm fs.FileMode) (experimentalsys.File, experimentalsys.Errno) {
-	f, sub := r.resolve(p)
-	return f.OpenFile(sub, flag, perm)
+	if r.maxOpen > 0 && r.open.Load() >= r.maxOpen {
+		if r.onTooMany != nil {
+			r.onTooMany()
+		}
+		return nil, experimentalsys.EIO
+	}
+	fsys, sub := r.resolve(p)
+	f, errno := fsys.OpenFile(sub, flag, perm)
+	if errno != 0 {
+		return nil, errno
+	}
+	r.open.Add(1)
+	return &countedFile{File: f, r: r}, 0
+}
+
+// countedFile is an open file counted against rootFS's limit.
+type countedFile struct {
+	experimentalsys.File
+	r      *rootFS
+	closed atomic.Bool
+}
+
+func (f *countedFile) Close() experimentalsys.Errno {
+	if !f.closed.Swap(true) {
+		f.r.open.Add(-1)
+	}
+	return f.File.Close()
 }
 
 func (r *rootFS) Lstat(p string) (sys.Stat_t, experimentalsys.Errno) {

@@ -40,6 +40,7 @@ type Sandbox struct {
 	ws             *memFS
 	stdout, stderr *stream
 	diskFull       atomic.Bool // a guest write hit the disk limit
+	filesFull      atomic.Bool // the guest hit the open-files limit
 
 	mu     sync.Mutex
 	inst   *instance
@@ -79,13 +80,20 @@ func newSandbox(b *Backend, spec sandbox.Spec) *Sandbox {
 	return s
 }
 
+// tooManyFiles says once per execution why opening a file failed.
+func (s *Sandbox) tooManyFiles() {
+	if !s.filesFull.Swap(true) {
+		s.stderr.note(fmt.Sprintf("vivarium: too many open files: the sandbox's limit is %d "+
+			"(WASI reports this as an I/O error)\n", s.spec.Limits.OpenFiles))
+	}
+}
+
 // startInstance starts an interpreter and waits until its runner is ready.
 func (s *Sandbox) startInstance(ctx context.Context) error {
+	// The channel's handlers are set before the guest runs: its first
+	// frame, "ready", comes soon after.
 	ch := newChannel()
-	inst, err := s.launch(ctx, ch)
-	if err != nil {
-		return err
-	}
+	inst := newInstance(ch)
 	ch.onEvent = func(ev runner.Event) { s.handle(inst, ev) }
 	ch.skip = func() bool {
 		s.mu.Lock()
@@ -94,6 +102,10 @@ func (s *Sandbox) startInstance(ctx context.Context) error {
 		return x != nil && len(x.results)+x.dropped >= maxResults
 	}
 	ch.onIdle = func() { s.idle(inst) }
+	if err := s.launch(ctx, inst); err != nil {
+		return err
+	}
+	var err error
 	timer := time.NewTimer(setupTimeout)
 	defer timer.Stop()
 	select {
@@ -137,6 +149,9 @@ func (s *Sandbox) handle(inst *instance, ev runner.Event) {
 			close(inst.ready)
 		}
 		return
+	}
+	if ev.Type == "error" || ev.Type == "done" {
+		inst.sampleMemory() // the guest waits in this call: its memory holds still
 	}
 	s.mu.Lock()
 	x := s.cur
@@ -323,6 +338,7 @@ func (s *Sandbox) Execute(ctx context.Context, req sandbox.ExecRequest, sink san
 	s.stdout.begin(limits.MaxOutput, outSink)
 	s.stderr.begin(limits.MaxOutput, errSink)
 	s.diskFull.Store(false)
+	s.filesFull.Store(false)
 	s.mu.Lock()
 	s.cur = x
 	s.lost = false
@@ -432,6 +448,8 @@ func (s *Sandbox) classify(res *sandbox.Result, why sandbox.Status, whyMsg strin
 		limitErr(why, sandbox.ExitTimeout, "TimeoutError", whyMsg)
 	case why != "":
 		limitErr(why, 128+9, "Killed", whyMsg)
+	case dead && inst.killed.Load():
+		limitErr(sandbox.StatusKilled, 128+9, "Killed", "the sandbox was closed during the execution")
 	case dead && inst.exitCode == nil:
 		// A trap: the interpreter crashed (or ran out of stack).
 		if inst.memBytes.Load() >= limits.Memory-(1<<20) {

@@ -15,10 +15,16 @@ an obscure one (a missing _socket, "can't start new thread").
 
 import errno
 import importlib.abc
+import json
 import os
 import struct
 import sys
 import types
+
+# Bound now: user code may replace json.dumps, struct.pack or os.write in
+# their modules, and must not break the protocol by doing so.
+_dumps, _loads, _pack, _unpack = json.dumps, json.loads, struct.pack, struct.unpack
+_read, _write = os.read, os.write
 
 CHANNEL = "/dev/vivarium"
 WORKSPACE = "/workspace"
@@ -56,33 +62,29 @@ class Channel:
     def _read_exact(self, n):
         buf = bytearray()
         while len(buf) < n:
-            chunk = os.read(self.fd, n - len(buf))
+            chunk = _read(self.fd, n - len(buf))
             if not chunk:
                 return None
             buf += chunk
         return bytes(buf)
 
     def receive(self):
-        import json
-
         head = self._read_exact(4)
         if head is None:
             return None
-        (n,) = struct.unpack(">I", head)
+        (n,) = _unpack(">I", head)
         body = self._read_exact(n)
         if body is None:
             return None
-        return json.loads(body)
+        return _loads(body)
 
     def send(self, event, wait_ack=False):
         # No ack: output written before this frame has already reached
         # the host, which handles each write before the guest goes on.
-        import json
-
-        body = json.dumps(event, ensure_ascii=False, default=str).encode("utf-8", "surrogatepass")
-        view = memoryview(struct.pack(">I", len(body)) + body)
+        body = _dumps(event, ensure_ascii=False, default=str).encode("utf-8", "surrogatepass")
+        view = memoryview(_pack(">I", len(body)) + body)
         while view:
-            n = os.write(self.fd, view)
+            n = _write(self.fd, view)
             view = view[n:]
 
 
