@@ -99,6 +99,15 @@ var Routes = []Route{
 	{"PUT", "/v1/sandboxes/{id}/files/{path...}", "putFile", "Upload a file (raw body)", false},
 	{"GET", "/v1/sandboxes/{id}/files/{path...}", "getFile", "Download a file", false},
 	{"DELETE", "/v1/sandboxes/{id}/files/{path...}", "deleteFile", "Delete a file or directory", false},
+	{"GET", "/v1/sandboxes/{id}/contexts", "listContexts", "List the code contexts", false},
+	{"POST", "/v1/sandboxes/{id}/contexts", "createContext", "Create a code context (python or bash) with state of its own", false},
+	{"DELETE", "/v1/sandboxes/{id}/contexts/{ctx}", "deleteContext", "Remove a code context", false},
+	{"POST", "/v1/sandboxes/{id}/contexts/{ctx}/restart", "restartContext", "Forget a code context's state", false},
+	{"GET", "/v1/sandboxes/{id}/processes", "listProcesses", "List the sandbox's running tracked processes", false},
+	{"POST", "/v1/sandboxes/{id}/processes", "startProcess", "Start a shell command in the background", false},
+	{"GET", "/v1/sandboxes/{id}/processes/{pid}/output", "processOutput", "Follow a process's output from now until it ends (NDJSON)", false},
+	{"POST", "/v1/sandboxes/{id}/processes/{pid}/stdin", "processStdin", "Write the raw body to a process's stdin; ?close=1 closes it after", false},
+	{"POST", "/v1/sandboxes/{id}/processes/{pid}/signal", "signalProcess", "Send SIGTERM or SIGKILL to a process's group", false},
 	{"POST", "/v1/execute", "runOnce", "Run code in a fresh sandbox destroyed afterwards", false},
 }
 
@@ -181,6 +190,10 @@ func (s *Server) handler(name string) http.HandlerFunc {
 		return s.deleteFile
 	case "runOnce":
 		return s.runOnce
+	case "listContexts", "createContext", "deleteContext", "restartContext":
+		return s.contextHandler(name)
+	case "listProcesses", "startProcess", "processOutput", "processStdin", "signalProcess":
+		return s.processHandler(name)
 	}
 	panic("httpapi: no handler for " + name)
 }
@@ -279,6 +292,7 @@ type executeRequest struct {
 	CPUTimeS float64           `json:"cpu_time_s" doc:"CPU time limit of this execution, seconds"`
 	Env      map[string]string `json:"env" doc:"environment of this execution only"`
 	Stream   bool              `json:"stream" doc:"stream NDJSON events (or send Accept: application/x-ndjson)"`
+	Context  string            `json:"context" doc:"code context to run in (default: the default python context)"`
 }
 
 func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
@@ -286,7 +300,8 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 	if !decode(w, r, &req) {
 		return
 	}
-	exec := sandbox.ExecRequest{Code: req.Code, Env: req.Env, Timeout: seconds(req.TimeoutS), CPUTime: seconds(req.CPUTimeS)}
+	exec := sandbox.ExecRequest{Code: req.Code, Env: req.Env, Timeout: seconds(req.TimeoutS), CPUTime: seconds(req.CPUTimeS),
+		Context: req.Context}
 	if wantsStream(r, req.Stream) {
 		st := s.newStream(w)
 		res, err := s.svc.Execute(r.Context(), owner(r), r.PathValue("id"), exec, st)
@@ -578,6 +593,12 @@ func classify(err error) (int, string) {
 		return http.StatusNotFound, "not_found"
 	case errors.Is(err, fs.ErrNotExist):
 		return http.StatusNotFound, "file_not_found"
+	case errors.Is(err, sandbox.ErrNoContext):
+		return http.StatusNotFound, "context_not_found"
+	case errors.Is(err, service.ErrNoProcess):
+		return http.StatusNotFound, "process_not_found"
+	case errors.Is(err, sandbox.ErrExists):
+		return http.StatusConflict, "exists"
 	case errors.Is(err, sandbox.ErrTooLarge):
 		return http.StatusRequestEntityTooLarge, "too_large"
 	case errors.Is(err, sandbox.ErrBadPath), errors.Is(err, sandbox.ErrInvalidSpec):

@@ -388,6 +388,89 @@ func TestOpenAPIMatchesServer(t *testing.T) {
 	check("POST", sb+"/timeout", "/v1/sandboxes/{id}/timeout", 200, map[string]any{"timeout_s": 30})
 	check("POST", sb+"/restart", "/v1/sandboxes/{id}/restart", 200, nil)
 	check("POST", "/v1/execute", "/v1/execute", 200, map[string]any{"code": "2 + 2"})
+	check("POST", sb+"/contexts", "/v1/sandboxes/{id}/contexts", 201, map[string]any{"language": "bash"})
+	check("GET", sb+"/contexts", "/v1/sandboxes/{id}/contexts", 200, nil)
+	check("POST", sb+"/contexts/python/restart", "/v1/sandboxes/{id}/contexts/{ctx}/restart", 200, nil)
+	check("POST", sb+"/processes", "/v1/sandboxes/{id}/processes", 201, map[string]any{"cmd": "sleep 30", "tag": "t"})
+	check("GET", sb+"/processes", "/v1/sandboxes/{id}/processes", 200, nil)
+}
+
+// Code contexts keep their own state; tracked processes run in the
+// background, take input, stream output and end by a signal.
+func TestContextsAndProcesses(t *testing.T) {
+	srv, _ := newServer(t)
+	c := client{t, srv.URL, "alice-key"}
+	sb := "/v1/sandboxes/" + c.json("POST", "/v1/sandboxes", nil, 201)["id"].(string)
+
+	ctx := c.json("POST", sb+"/contexts", map[string]any{"cwd": "/tmp"}, 201)
+	if ctx["language"] != "python" || ctx["cwd"] != "/tmp" {
+		t.Fatalf("%v", ctx)
+	}
+	id := ctx["id"].(string)
+	c.json("POST", sb+"/execute", map[string]any{"code": "v = 'ctx'", "context": id}, 200)
+	c.json("POST", sb+"/execute", map[string]any{"code": "v = 'default'"}, 200)
+	res := c.json("POST", sb+"/execute", map[string]any{"code": "import os; v, os.getcwd()", "context": id}, 200)
+	if r := res["results"].([]any); len(r) != 1 || r[0].(map[string]any)["text"] != "('ctx', '/tmp')" {
+		t.Fatalf("%v", res)
+	}
+	bash := c.json("POST", sb+"/execute", map[string]any{"code": "X=1; echo $((X+1))", "context": "bash"}, 200)
+	if bash["stdout"] != "2\n" {
+		t.Fatalf("bash: %v", bash)
+	}
+	c.json("DELETE", sb+"/contexts/"+id, nil, 204)
+	if code, body := c.do("POST", sb+"/execute", map[string]any{"code": "1", "context": id}); code != 404 || !strings.Contains(string(body), "context_not_found") {
+		t.Fatalf("removed context: %d %s", code, body)
+	}
+	c.json("POST", sb+"/contexts", map[string]any{"language": "javascript"}, 400)
+
+	p := c.json("POST", sb+"/processes", map[string]any{"cmd": "read line; echo got $line; sleep 30", "stdin": true}, 201)
+	pid := fmt.Sprint(p["pid"])
+	list := c.json("GET", sb+"/processes", nil, 200)["processes"].([]any)
+	if len(list) != 1 || fmt.Sprint(list[0].(map[string]any)["pid"]) != pid {
+		t.Fatalf("list: %v", list)
+	}
+	events := make(chan string, 16)
+	go func() {
+		req, _ := http.NewRequest("GET", srv.URL+sb+"/processes/"+pid+"/output", nil)
+		req.Header.Set("Authorization", "Bearer alice-key")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			close(events)
+			return
+		}
+		defer resp.Body.Close()
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			events <- sc.Text()
+		}
+		close(events)
+	}()
+	if first := <-events; !strings.Contains(first, `"type":"start"`) {
+		t.Fatalf("first event: %s", first)
+	}
+	c.json("POST", sb+"/processes/"+pid+"/stdin?close=1", []byte("hello\n"), 200)
+	if out := <-events; !strings.Contains(out, `"got hello\n"`) {
+		t.Fatalf("output: %s", out)
+	}
+	c.json("POST", sb+"/processes/"+pid+"/signal", map[string]any{"signal": "SIGKILL"}, 200)
+	var last string
+	for e := range events {
+		last = e
+	}
+	if !strings.Contains(last, `"type":"end"`) || !strings.Contains(last, `"exit_code":137`) {
+		t.Fatalf("end: %s", last)
+	}
+	testutil.WaitFor(t, 5*time.Second, "the process to leave the list", func() bool {
+		return len(c.json("GET", sb+"/processes", nil, 200)["processes"].([]any)) == 0
+	})
+	c.json("POST", sb+"/processes/"+pid+"/signal", map[string]any{"signal": "SIGKILL"}, 404)
+	c.json("POST", sb+"/processes/"+pid+"/signal", map[string]any{"signal": "SIGHUP"}, 400)
+
+	// Another key reaches none of it.
+	bob := client{t, srv.URL, "bob-key"}
+	bob.json("GET", sb+"/contexts", nil, 404)
+	bob.json("GET", sb+"/processes", nil, 404)
+	bob.json("POST", sb+"/processes", map[string]any{"cmd": "true"}, 404)
 }
 
 // conforms checks v against the subset of JSON Schema the document uses.

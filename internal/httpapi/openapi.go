@@ -42,6 +42,16 @@ var operations = map[string]operation{
 	"getFile":    {status: 200, raw: "application/octet-stream"},
 	"deleteFile": {status: 204},
 	"runOnce":    {request: runOnceRequest{}, status: 200, response: sandbox.Result{}, stream: true},
+
+	"listContexts":   {status: 200, response: contextList{}},
+	"createContext":  {request: contextRequest{}, status: 201, response: sandbox.CodeContext{}},
+	"deleteContext":  {status: 204},
+	"restartContext": {status: 200, response: okResponse{}},
+	"listProcesses":  {status: 200, response: processList{}},
+	"startProcess":   {request: processRequest{}, status: 201, response: service.ProcessInfo{}},
+	"processOutput":  {status: 200, stream: true},
+	"processStdin":   {status: 200, response: okResponse{}},
+	"signalProcess":  {request: signalRequest{}, status: 200, response: okResponse{}},
 }
 
 // streamEvent documents the NDJSON events of a streamed execution.
@@ -50,7 +60,7 @@ type streamEvent struct {
 	Text    string          `json:"text,omitempty" doc:"output (stdout, stderr)"`
 	Result  *sandbox.Output `json:"result,omitempty" doc:"a rich result (result)"`
 	Error   *sandbox.Error  `json:"error,omitempty" doc:"the exception (error), or why the request failed (end)"`
-	Summary any             `json:"summary,omitempty" doc:"the complete result, as without streaming (end)"`
+	Summary any             `json:"summary,omitempty" doc:"the complete result, as without streaming (end); for a process, how it ended"`
 }
 
 type errorBody struct {
@@ -110,8 +120,13 @@ func OpenAPI() map[string]any {
 		if o.request != nil {
 			op["requestBody"] = map[string]any{"content": map[string]any{"application/json": map[string]any{"schema": schemaOf(reflect.TypeOf(o.request))}}}
 		}
-		if r.Name == "putFile" {
+		if r.Name == "putFile" || r.Name == "processStdin" {
 			op["requestBody"] = map[string]any{"content": map[string]any{"application/octet-stream": map[string]any{}}}
+		}
+		if r.Name == "processStdin" {
+			params = append(params, map[string]any{"name": "close", "in": "query",
+				"schema": map[string]any{"type": "string", "description": "1: close stdin after the body is written"}})
+			op["parameters"] = params
 		}
 		if !r.Public {
 			op["security"] = []any{map[string]any{"bearer": []any{}}}
