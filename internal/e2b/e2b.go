@@ -87,6 +87,35 @@ type Server struct {
 
 	mu        sync.Mutex
 	templates map[string]templateOf // by sandbox ID
+	// Requests that wait or poll on a sandbox's behalf without holding
+	// one of its owner's execution slots (watches, executions waiting
+	// their turn), by sandbox ID, so that a client cannot pile them up.
+	waiting map[string]int
+}
+
+// Bounds on what one sandbox's requests may hold on the server.
+const (
+	maxWatchesPerSandbox = 4
+	maxQueuedPerSandbox  = 16
+)
+
+// hold counts one more waiting request of kind for sandbox id, within max;
+// release gives it back.
+func (s *Server) hold(kind, id string, max int) (release func(), ok bool) {
+	key := kind + "\x00" + id
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.waiting[key] >= max {
+		return nil, false
+	}
+	s.waiting[key]++
+	return sync.OnceFunc(func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.waiting[key]--; s.waiting[key] <= 0 {
+			delete(s.waiting, key)
+		}
+	}), true
 }
 
 // templateOf is the template a sandbox was created from.
@@ -100,7 +129,7 @@ func New(cfg Config) *Server {
 	cfg.Prefix = strings.TrimSuffix(cfg.Prefix, "/")
 	s := &Server{cfg: cfg, svc: cfg.Service, log: cfg.Logger, secret: make([]byte, 32),
 		control: http.NewServeMux(), envd: http.NewServeMux(), interp: http.NewServeMux(),
-		templates: map[string]templateOf{}}
+		templates: map[string]templateOf{}, waiting: map[string]int{}}
 	rand.Read(s.secret)
 	s.routeControl()
 	s.routeEnvd()

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/textproto"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
@@ -531,5 +532,56 @@ func TestResultLine(t *testing.T) {
 	}
 	if m := resultLine(sandbox.Output{Text: "'"}); m["text"] != "'" {
 		t.Errorf("a lone quote: %v", m)
+	}
+}
+
+// Executions sent while another runs wait their turn, as a kernel queues
+// cells; a sandbox's queue and watches are bounded.
+func TestExecutionsQueue(t *testing.T) {
+	ts, _ := newTestServer(t)
+	c := client{t, ts.URL}
+	sb := c.create("key-a", `{}`)
+	h := sandboxHeaders(sb, interpreterPort)
+	var wg sync.WaitGroup
+	outs := make([]string, 3)
+	for i := range outs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, b := c.do("POST", "/e2b/sandbox/execute", strings.NewReader(fmt.Sprintf(`{"code":"sleep 100\nout %d"}`, i)), h)
+			outs[i] = string(b)
+		}()
+	}
+	wg.Wait()
+	for i, out := range outs {
+		if !strings.Contains(out, fmt.Sprintf(`"text":"%d\n"`, i)) || strings.Contains(out, `"type":"error"`) {
+			t.Errorf("execution %d: %s", i, out)
+		}
+	}
+
+	s := New(Config{Prefix: "/e2b"})
+	var releases []func()
+	for range maxWatchesPerSandbox {
+		r, ok := s.hold("watch", "sb_1", maxWatchesPerSandbox)
+		if !ok {
+			t.Fatal("refused within the bound")
+		}
+		releases = append(releases, r)
+	}
+	if _, ok := s.hold("watch", "sb_1", maxWatchesPerSandbox); ok {
+		t.Fatal("held past the bound")
+	}
+	if r, ok := s.hold("watch", "sb_2", maxWatchesPerSandbox); !ok {
+		t.Fatal("another sandbox's bound is its own")
+	} else {
+		r()
+	}
+	releases[0]()
+	releases[0]() // twice is once
+	if _, ok := s.hold("watch", "sb_1", maxWatchesPerSandbox); !ok {
+		t.Fatal("a release did not free a place")
+	}
+	if _, ok := s.hold("watch", "sb_1", maxWatchesPerSandbox); ok {
+		t.Fatal("a double release freed two places")
 	}
 }

@@ -55,6 +55,7 @@ func (s *fakeSandbox) ID() string { return "fake" }
 //	result TEXT   a main result with TEXT and HTML
 //	raise NAME    an exception
 //	env NAME      prints the variable of this execution
+//	sleep MS      waits
 func (s *fakeSandbox) Execute(ctx context.Context, req sandbox.ExecRequest, sink sandbox.Sink) (*sandbox.Result, error) {
 	res := &sandbox.Result{Status: sandbox.StatusOK, Results: []sandbox.Output{}}
 	for _, line := range strings.Split(req.Code, "\n") {
@@ -79,6 +80,10 @@ func (s *fakeSandbox) Execute(ctx context.Context, req sandbox.ExecRequest, sink
 			if rs, ok := sink.(sandbox.ResultSink); ok {
 				rs.Result(o)
 			}
+		case "sleep":
+			var ms int
+			fmt.Sscan(arg, &ms)
+			time.Sleep(time.Duration(ms) * time.Millisecond)
 		case "raise":
 			res.Status, res.ExitCode = sandbox.StatusError, 1
 			res.Error = &sandbox.Error{Name: arg, Value: "raised", Traceback: "Traceback ...\n" + arg + ": raised\n"}

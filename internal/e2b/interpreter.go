@@ -134,6 +134,12 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 // queues the cells sent to it, where Vivarium answers busy.
 func (s *Server) executeWhenFree(ctx context.Context, t target, req sandbox.ExecRequest, sink sandbox.Sink) (*executed, error) {
 	wait := 5 * time.Millisecond
+	var release func()
+	defer func() {
+		if release != nil {
+			release()
+		}
+	}()
 	for {
 		res, err := s.svc.Execute(context.WithoutCancel(ctx), t.owner, t.id, req, sink)
 		if !errors.Is(err, sandbox.ErrBusy) {
@@ -141,6 +147,12 @@ func (s *Server) executeWhenFree(ctx context.Context, t target, req sandbox.Exec
 				return nil, err
 			}
 			return &executed{Result: res.Result, ExecutionCount: res.ExecutionCount}, nil
+		}
+		if release == nil {
+			var ok bool
+			if release, ok = s.hold("queue", t.id, maxQueuedPerSandbox); !ok {
+				return nil, fmt.Errorf("%w: %d executions already wait for this sandbox", sandbox.ErrBusy, maxQueuedPerSandbox)
+			}
 		}
 		select {
 		case <-ctx.Done():

@@ -133,6 +133,12 @@ func (s *Server) watchDir(r *http.Request, t target, msg []byte, st *rpcStream) 
 	}
 	// Watching does not keep the sandbox alive: it is marked used once.
 	done()
+	release, ok := s.hold("watch", t.id, maxWatchesPerSandbox)
+	if !ok {
+		return newConnectError(codeResourceExhausted,
+			fmt.Sprintf("a sandbox is watched by at most %d watches at once; stop one first", maxWatchesPerSandbox))
+	}
+	defer release()
 	withEntry := req.IncludeEntry || req.IncludeEntrySnake
 	prev, err := scan(ws, rel, req.Recursive)
 	if err != nil {
