@@ -107,6 +107,9 @@ type newSandbox struct {
 	AutoResume *struct {
 		Enabled bool `json:"enabled"`
 	} `json:"autoResume"`
+	// AllowInternetAccess is accepted and has no effect: a Vivarium
+	// sandbox never has a network, and E2B's Python SDK sends true unless
+	// told otherwise. Sandbox info says false.
 	AllowInternetAccess *bool           `json:"allow_internet_access"`
 	Network             *networkConfig  `json:"network"`
 	MCP                 json.RawMessage `json:"mcp"`
@@ -126,7 +129,9 @@ type networkConfig struct {
 }
 
 // check refuses what Vivarium cannot honour, naming it; what it always
-// does anyway (no internet, access only with a token) is accepted.
+// does anyway (no internet, access only with a token) is accepted, and so
+// is allow_internet_access, which SDKs send by default (see above): code
+// that reaches for the network finds none, and says so itself.
 func (n *newSandbox) check() error {
 	unsupported := func(what string) error { return fmt.Errorf("%w: %s", errUnsupported, what) }
 	switch {
@@ -137,8 +142,6 @@ func (n *newSandbox) check() error {
 		return fmt.Errorf("%w: negative timeout", sandbox.ErrInvalidSpec)
 	case n.AutoPause != nil && *n.AutoPause, n.AutoResume != nil && n.AutoResume.Enabled:
 		return unsupported("pausing sandboxes (lifecycle onTimeout \"pause\", autoResume)")
-	case n.AllowInternetAccess != nil && *n.AllowInternetAccess:
-		return unsupported("internet access: vivarium sandboxes have no network (allowInternetAccess must be false or unset)")
 	case len(n.MCP) > 0 && string(n.MCP) != "null":
 		return unsupported("the MCP gateway")
 	case len(n.VolumeMounts) > 0:

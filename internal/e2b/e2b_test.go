@@ -104,7 +104,7 @@ func TestControlPlane(t *testing.T) {
 		{"templates", "GET", "/e2b/templates", "", auth, 501, `templates`},
 		{"bad json", "POST", "/e2b/v2/sandboxes", `{`, auth, 400, `invalid JSON`},
 		{"custom template", "POST", "/e2b/v2/sandboxes", `{"templateID":"mine"}`, auth, 400, `custom templates are not supported`},
-		{"internet", "POST", "/e2b/v2/sandboxes", `{"allow_internet_access":true}`, auth, 501, `no network`},
+		{"internet, as the Python SDK asks by default", "POST", "/e2b/v2/sandboxes", `{"allow_internet_access":true}`, auth, 201, `sandboxID`},
 		{"no internet is fine", "POST", "/e2b/v2/sandboxes", `{"allow_internet_access":false,"network":{"denyOut":["0.0.0.0/0"]}}`, auth, 201, `sandboxID`},
 		{"egress", "POST", "/e2b/v2/sandboxes", `{"network":{"egressProxy":{"address":"p:1"}}}`, auth, 501, `network settings`},
 		{"autopause", "POST", "/e2b/v2/sandboxes", `{"autoPause":true}`, auth, 501, `pausing`},

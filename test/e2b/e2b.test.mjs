@@ -138,7 +138,6 @@ describe('control plane', () => {
 
   test('what vivarium cannot do is a clear error, never a hang', async () => {
     await assert.rejects(Sandbox.create('my-custom-template'), /custom templates are not supported/)
-    await assert.rejects(Sandbox.create({ allowInternetAccess: true }), /no network/)
     await assert.rejects(Sandbox.create({ network: { allowOut: ['example.com'] } }), /no network/)
     await assert.rejects(Sandbox.create({ lifecycle: { onTimeout: 'pause' } }), /pausing sandboxes/)
     await withSandbox(async (sbx) => {
@@ -468,7 +467,10 @@ describe('commands', () => {
 
 describe('limits and lifetime', () => {
   test('every limit of the sandbox applies', async () => {
-    await withSandbox(async (sbx) => {
+    // allowInternetAccess is accepted (the Python SDK sends true by
+    // default) and changes nothing: there is no network.
+    await withSandbox({ allowInternetAccess: true }, async (sbx) => {
+      assert.equal((await sbx.getInfo()).allowInternetAccess, false)
       const oom = await sbx.runCode('x = bytearray(2 * 1024**3)')
       assert.equal(oom.error.name, 'MemoryError')
       const net = await sbx.runCode('import socket\nsocket.create_connection(("1.1.1.1", 80), timeout=3)')
