@@ -43,7 +43,8 @@ type instance struct {
 	trap     error   // how it failed otherwise
 
 	killed   atomic.Bool  // stop ended it
-	slept    atomic.Int64 // nanoseconds the guest spent sleeping
+	slept    atomic.Int64 // nanoseconds the guest spent sleeping, sleeps done
+	sleeping atomic.Int64 // when the current sleep began (Unix ns), 0 awake
 	memBytes atomic.Int64 // linear memory size, last seen
 	endOnce  sync.Once
 }
@@ -78,13 +79,26 @@ func (i *instance) sleep(ns int64) {
 		return
 	}
 	start := time.Now()
+	i.sleeping.Store(start.UnixNano())
 	t := time.NewTimer(time.Duration(ns))
 	select {
 	case <-t.C:
 	case <-i.ctx.Done():
 		t.Stop()
 	}
+	// Counted before the sleep ends: a reader in between sees the sleep
+	// twice (less CPU, checked again soon), never not at all.
 	i.slept.Add(int64(time.Since(start)))
+	i.sleeping.Store(0)
+}
+
+// sleptNow is the time the guest has slept, the current sleep included.
+func (i *instance) sleptNow() time.Duration {
+	d := i.slept.Load()
+	if since := i.sleeping.Load(); since != 0 {
+		d += time.Now().UnixNano() - since
+	}
+	return time.Duration(d)
 }
 
 // sampleMemory records the size of the guest's linear memory. It is only

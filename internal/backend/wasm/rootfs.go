@@ -209,7 +209,9 @@ func (d *devFS) Lstat(p string) (sys.Stat_t, experimentalsys.Errno) { return d.n
 func (d *devFS) OpenFile(p string, flag experimentalsys.Oflag, _ fs.FileMode) (experimentalsys.File, experimentalsys.Errno) {
 	st, errno := d.node(p)
 	if errno != 0 {
-		if flag&experimentalsys.O_CREAT != 0 {
+		// /dev is flat: a name in it cannot be created, one under it
+		// has no directory.
+		if flag&experimentalsys.O_CREAT != 0 && !strings.Contains(p, "/") {
 			return nil, experimentalsys.EROFS
 		}
 		return nil, errno

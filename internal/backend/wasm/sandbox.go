@@ -344,9 +344,9 @@ func (s *Sandbox) Execute(ctx context.Context, req sandbox.ExecRequest, sink san
 	s.lost = false
 	s.mu.Unlock()
 
-	slept0 := inst.slept.Load()
+	slept0 := inst.sleptNow()
 	start := time.Now()
-	cpu := func() time.Duration { return time.Since(start) - time.Duration(inst.slept.Load()-slept0) }
+	cpu := func() time.Duration { return time.Since(start) - (inst.sleptNow() - slept0) }
 	if err := inst.ch.send(runner.Request{Type: "execute", Code: req.Code, Filename: filename, Env: req.Env}); err != nil {
 		// It died between the check and now; what it left is reported below.
 		_ = err
