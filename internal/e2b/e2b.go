@@ -39,6 +39,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -90,7 +91,8 @@ type Server struct {
 	// Requests that wait or poll on a sandbox's behalf without holding
 	// one of its owner's execution slots (watches, executions waiting
 	// their turn), by sandbox ID, so that a client cannot pile them up.
-	waiting map[string]int
+	waiting  map[string]int
+	watchers map[string]*watcher // by ID
 }
 
 // Bounds on what one sandbox's requests may hold on the server.
@@ -129,7 +131,7 @@ func New(cfg Config) *Server {
 	cfg.Prefix = strings.TrimSuffix(cfg.Prefix, "/")
 	s := &Server{cfg: cfg, svc: cfg.Service, log: cfg.Logger, secret: make([]byte, 32),
 		control: http.NewServeMux(), envd: http.NewServeMux(), interp: http.NewServeMux(),
-		templates: map[string]templateOf{}, waiting: map[string]int{}}
+		templates: map[string]templateOf{}, waiting: map[string]int{}, watchers: map[string]*watcher{}}
 	rand.Read(s.secret)
 	s.routeControl()
 	s.routeEnvd()
@@ -157,6 +159,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	r2.URL.Path, r2.URL.RawPath = p, ""
 	s.control.ServeHTTP(w, r2)
+}
+
+func randomID() string {
+	b := make([]byte, 12)
+	rand.Read(b)
+	return hex.EncodeToString(b)
 }
 
 // accessToken is the token that opens sandbox id of owner on the data

@@ -365,7 +365,6 @@ func TestEnvd(t *testing.T) {
 		{"filesystem.Filesystem/Remove", `{"path":"/home/user/new"}`, nil, 200, `{}`},
 		{"filesystem.Filesystem/Remove", `{"path":"/home/user/new"}`, nil, 404, `not_found`},
 		{"filesystem.Filesystem/Remove", `{"path":"/home/user"}`, nil, 400, `cannot be removed`},
-		{"filesystem.Filesystem/CreateWatcher", `{"path":"/home/user"}`, nil, 501, `"code":"unimplemented"`},
 		{"process.Process/List", `{}`, nil, 200, `"processes":[]`},
 		{"process.Process/SendSignal", `{"process":{"pid":7},"signal":"SIGNAL_SIGKILL"}`, nil, 404, `not_found`},
 		{"process.Process/SendSignal", `{"process":{"pid":7},"signal":"SIGNAL_SIGHUP"}`, nil, 400, `SIGKILL or SIGTERM`},
@@ -377,6 +376,33 @@ func TestEnvd(t *testing.T) {
 			t.Errorf("%s %s: %d %s; want %d %q", tc.method, tc.body, status, b, tc.status, tc.want)
 		}
 	}
+	// Watchers polled by the client report what changed between calls.
+	status, out := c.rpc(sb, "filesystem.Filesystem/CreateWatcher", `{"path":"/home/user","recursive":true}`, nil)
+	if status != 200 || out["watcherId"] == nil {
+		t.Fatalf("create watcher: %d %v", status, out)
+	}
+	wid := fmt.Sprintf(`{"watcherId":%q}`, out["watcherId"])
+	h = sandboxHeaders(sb, envdPort)
+	h["Content-Type"] = "application/octet-stream"
+	c.do("POST", "/e2b/sandbox/files?path=/home/user/watched/new.txt", strings.NewReader("x"), h)
+	status, out = c.rpc(sb, "filesystem.Filesystem/GetWatcherEvents", wid, nil)
+	if b, _ := json.Marshal(out); status != 200 || string(b) != `{"events":[{"name":"watched","type":"EVENT_TYPE_CREATE"},{"name":"watched/new.txt","type":"EVENT_TYPE_CREATE"}]}` {
+		t.Fatalf("watcher events: %d %s", status, b)
+	}
+	if status, out = c.rpc(sb, "filesystem.Filesystem/GetWatcherEvents", wid, nil); status != 200 || len(out["events"].([]any)) != 0 {
+		t.Fatalf("no change since: %d %v", status, out)
+	}
+	other := c.create("key-a", `{}`)
+	if status, _ := c.rpc(other, "filesystem.Filesystem/GetWatcherEvents", wid, nil); status != 404 {
+		t.Fatalf("another sandbox's watcher: %d", status)
+	}
+	if status, _ := c.rpc(sb, "filesystem.Filesystem/RemoveWatcher", wid, nil); status != 200 {
+		t.Fatalf("remove watcher: %d", status)
+	}
+	if status, _ := c.rpc(sb, "filesystem.Filesystem/GetWatcherEvents", wid, nil); status != 404 {
+		t.Fatalf("removed watcher: %d", status)
+	}
+
 	// Binary protobuf is refused by name.
 	h = sandboxHeaders(sb, envdPort)
 	h["Content-Type"] = "application/proto"

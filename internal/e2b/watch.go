@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
@@ -181,18 +182,125 @@ func (s *Server) watchDir(r *http.Request, t target, msg []byte, st *rpcStream) 
 	}
 }
 
-// The polling variant of watching (CreateWatcher, GetWatcherEvents,
-// RemoveWatcher) would keep state per watcher between calls; it is not
-// offered.
+// Watchers polled by the client (CreateWatcher, GetWatcherEvents,
+// RemoveWatcher; E2B's Python SDK watches so) keep the last listing and
+// compare it with a new one at each GetWatcherEvents: nothing runs between
+// calls.
+
+type watcher struct {
+	t         target
+	ws        sandbox.Workspace
+	rel       string
+	recursive bool
+	withEntry bool
+	release   func()
+
+	mu   sync.Mutex
+	prev snapshot
+}
+
+type watcherRequest struct {
+	WatcherID      string `json:"watcherId"`
+	WatcherIDSnake string `json:"watcher_id"`
+}
+
+func (w watcherRequest) id() string {
+	if w.WatcherID != "" {
+		return w.WatcherID
+	}
+	return w.WatcherIDSnake
+}
 
 func (s *Server) createWatcher(r *http.Request, t target, msg []byte) (any, error) {
-	return nil, fmt.Errorf("%w: watchers polled with GetWatcherEvents (use the WatchDir stream)", errUnsupported)
+	var req watchRequest
+	if err := decodeMessage(msg, &req); err != nil {
+		return nil, err
+	}
+	ws, rel, done, err := s.rpcWorkspace(r, t, req.Path)
+	if err != nil {
+		return nil, err
+	}
+	done()
+	prev, err := scan(ws, rel, req.Recursive)
+	if err != nil {
+		if errors.Is(err, sandbox.ErrBadPath) && strings.Contains(err.Error(), "not a directory") {
+			return nil, newConnectError(codeInvalidArgument, toSandbox(rel)+" is not a directory")
+		}
+		return nil, notFoundPath(rel, err)
+	}
+	s.sweepWatchers()
+	release, ok := s.hold("watcher", t.id, maxWatchesPerSandbox)
+	if !ok {
+		return nil, newConnectError(codeResourceExhausted,
+			fmt.Sprintf("a sandbox has at most %d watchers at once; remove one first", maxWatchesPerSandbox))
+	}
+	id := randomID()
+	s.mu.Lock()
+	s.watchers[id] = &watcher{t: t, ws: ws, rel: rel, recursive: req.Recursive, withEntry: req.IncludeEntry || req.IncludeEntrySnake,
+		release: release, prev: prev}
+	s.mu.Unlock()
+	return map[string]string{"watcherId": id}, nil
+}
+
+// watcherOf finds a watcher of the target sandbox: another sandbox's is
+// not found.
+func (s *Server) watcherOf(t target, msg []byte) (string, *watcher, error) {
+	var req watcherRequest
+	if err := decodeMessage(msg, &req); err != nil {
+		return "", nil, err
+	}
+	s.mu.Lock()
+	w := s.watchers[req.id()]
+	s.mu.Unlock()
+	if w == nil || w.t != t {
+		return "", nil, newConnectError(codeNotFound, fmt.Sprintf("watcher %q not found", req.id()))
+	}
+	return req.id(), w, nil
 }
 
 func (s *Server) watcherEvents(r *http.Request, t target, msg []byte) (any, error) {
-	return nil, fmt.Errorf("%w: watchers polled with GetWatcherEvents (use the WatchDir stream)", errUnsupported)
+	_, w, err := s.watcherOf(t, msg)
+	if err != nil {
+		return nil, err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	cur, err := scan(w.ws, w.rel, w.recursive)
+	if err != nil {
+		return nil, notFoundPath(w.rel, err)
+	}
+	events := diff(w.prev, cur, w.rel, w.withEntry)
+	w.prev = cur
+	if events == nil {
+		events = []fsEvent{}
+	}
+	return map[string][]fsEvent{"events": events}, nil
 }
 
 func (s *Server) removeWatcher(r *http.Request, t target, msg []byte) (any, error) {
-	return nil, fmt.Errorf("%w: watchers polled with GetWatcherEvents (use the WatchDir stream)", errUnsupported)
+	id, w, err := s.watcherOf(t, msg)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	delete(s.watchers, id)
+	s.mu.Unlock()
+	w.release()
+	return struct{}{}, nil
+}
+
+// sweepWatchers forgets the watchers of sandboxes that are gone.
+func (s *Server) sweepWatchers() {
+	var gone []*watcher
+	s.mu.Lock()
+	for id, w := range s.watchers {
+		if _, err := s.svc.Get(w.t.owner, w.t.id); err != nil {
+			delete(s.watchers, id)
+			gone = append(gone, w)
+		}
+	}
+	s.mu.Unlock()
+	for _, w := range gone {
+		w.release() // takes s.mu
+	}
 }
