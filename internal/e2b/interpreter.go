@@ -95,9 +95,14 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 	out.rc.Flush()
 
-	// A client that leaves (its timeoutMs passed) interrupts the code, as
-	// a notebook's interrupt does: the context's state survives. The
-	// execution itself is bounded by the sandbox's limits.
+	// E2B's runCode carries no timeout: its timeoutMs (60 s by default)
+	// is the client's, which then hangs up. So the execution may run as
+	// long as the server lets any (--max-timeout), and a client that
+	// hangs up interrupts it, as a notebook's interrupt does: its
+	// context's state survives. Code that ignores the interrupt is ended
+	// interruptGrace later, and the Python process restarts.
+	execCtx, cancelExec := context.WithCancel(context.WithoutCancel(r.Context()))
+	defer cancelExec()
 	done := make(chan struct{})
 	go func() {
 		select {
@@ -106,13 +111,17 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 			case <-done: // it ended meanwhile: nothing of its to interrupt
 			default:
 				s.svc.Interrupt(t.owner, t.id)
+				stop := time.AfterFunc(interruptGrace, cancelExec)
+				<-done
+				stop.Stop()
 			}
 		case <-done:
 		}
 	}()
 	kctx, stop := context.WithCancel(r.Context())
 	go out.keepAlive(kctx)
-	res, err := s.executeWhenFree(r.Context(), t, sandbox.ExecRequest{Code: req.Code, Env: req.EnvVars, Context: ctxID}, out)
+	res, err := s.executeWhenFree(r.Context(), execCtx, t, sandbox.ExecRequest{Code: req.Code, Env: req.EnvVars, Context: ctxID,
+		Timeout: s.svc.MaxExecTimeout()}, out)
 	close(done)
 	stop()
 	if err != nil {
@@ -130,9 +139,15 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 	out.line(map[string]any{"type": "number_of_executions", "execution_count": res.ExecutionCount})
 }
 
-// executeWhenFree runs the execution once the sandbox is free: a kernel
-// queues the cells sent to it, where Vivarium answers busy.
-func (s *Server) executeWhenFree(ctx context.Context, t target, req sandbox.ExecRequest, sink sandbox.Sink) (*executed, error) {
+// A kernel queues the cells sent to it, where Vivarium answers busy: the
+// adapter waits its turn.
+// interruptGrace is how long code may ignore the interrupt its client's
+// leaving sent before it is ended.
+const interruptGrace = 5 * time.Second
+
+// executeWhenFree runs the execution (under execCtx) once the sandbox is
+// free, waiting while ctx (the request's) lasts.
+func (s *Server) executeWhenFree(ctx, execCtx context.Context, t target, req sandbox.ExecRequest, sink sandbox.Sink) (*executed, error) {
 	wait := 5 * time.Millisecond
 	var release func()
 	defer func() {
@@ -141,7 +156,7 @@ func (s *Server) executeWhenFree(ctx context.Context, t target, req sandbox.Exec
 		}
 	}()
 	for {
-		res, err := s.svc.Execute(context.WithoutCancel(ctx), t.owner, t.id, req, sink)
+		res, err := s.svc.Execute(execCtx, t.owner, t.id, req, sink)
 		if !errors.Is(err, sandbox.ErrBusy) {
 			if err != nil {
 				return nil, err

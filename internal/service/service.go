@@ -145,6 +145,10 @@ func (s *Service) DefaultSpec(oneShot bool) sandbox.Spec {
 	return sandbox.Spec{Limits: l, OneShot: oneShot}
 }
 
+// MaxExecTimeout is the longest an execution or command may be allowed to
+// run (Config.MaxLimits.Timeout).
+func (s *Service) MaxExecTimeout() time.Duration { return s.cfg.MaxLimits.Timeout }
+
 // CreateRequest describes a sandbox an owner asks for.
 type CreateRequest struct {
 	Owner       string

@@ -246,6 +246,11 @@ pd.DataFrame({"a": [1, 2], "b": ["x", "y"]})`)
       assert.ok(Date.now() - t0 < 5_000)
       // The timeout interrupted the code; the state survived.
       assert.equal((await sbx.runCode('n > 0')).text, 'True')
+
+      // Code that ignores the interrupt is ended a few seconds later; the
+      // next cell waits its turn and finds a fresh Python.
+      await assert.rejects(sbx.runCode('import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: pass', { timeoutMs: 1_000 }), TimeoutError)
+      assert.equal((await sbx.runCode('n')).error.name, 'NameError')
     })
   })
 
