@@ -4,17 +4,13 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
-	"fmt"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/tetratelabs/wazero"
-	"github.com/tetratelabs/wazero/experimental"
 	"github.com/tetratelabs/wazero/experimental/sysfs"
-	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
 	"github.com/tetratelabs/wazero/sys"
 )
 
@@ -23,15 +19,16 @@ const (
 	workspacePath = "/workspace"
 	runnerDir     = "opt/vivarium"
 	stdlibMount   = "usr/local/lib"
-	moduleName    = "python"
 )
 
-// instance is one running interpreter: a wazero runtime of its own (the
-// memory limit is a runtime setting), the module instantiated in it, and
-// the goroutine that runs the module's _start (the runner's main loop)
-// until the runner exits, traps or is stopped.
+// instance is one running interpreter: the module instantiated (with its
+// own linear memory, file system and streams) in the runtime its memory
+// limit shares with other sandboxes, and the goroutine that runs the
+// module's _start (the runner's main loop) until the runner exits, traps
+// or is stopped.
 type instance struct {
 	rt     wazero.Runtime
+	name   string // the module's name in rt
 	ch     *channel
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -105,7 +102,7 @@ func (i *instance) sleptNow() time.Duration {
 // called while the guest waits (between executions, at an event), never
 // while it could grow the memory.
 func (i *instance) sampleMemory() {
-	if m := i.rt.Module(moduleName); m != nil {
+	if m := i.rt.Module(i.name); m != nil {
 		if mem := m.Memory(); mem != nil {
 			i.memBytes.Store(int64(mem.Size()))
 		}
@@ -124,23 +121,13 @@ func newInstance(ch *channel) *instance {
 func (s *Sandbox) launch(ctx context.Context, inst *instance) error {
 	ch := inst.ch
 	b := s.b
-	rt := wazero.NewRuntimeWithConfig(context.Background(), b.runtimeConfig(s.spec.Limits.Memory))
-	ok := false
-	defer func() {
-		if !ok {
-			rt.Close(context.Background())
-		}
-	}()
-	if _, err := wasi_snapshot_preview1.Instantiate(ctx, rt); err != nil {
-		return fmt.Errorf("wasi: %w", err)
-	}
-	// A cache miss compiles 20-odd MB of code: on every core.
-	cctx := experimental.WithCompilationWorkers(ctx, runtime.NumCPU())
-	compiled, err := rt.CompileModule(cctx, b.wasm)
+	mr, err := b.runtimeFor(ctx, s.spec.Limits.Memory)
 	if err != nil {
-		return fmt.Errorf("compile %s: %w", InterpreterFile, err)
+		return err
 	}
+	rt, compiled := mr.rt, mr.compiled
 	inst.rt = rt
+	inst.name = "python-" + newID()
 	mode := "--persistent"
 	if s.spec.OneShot {
 		mode = "--oneshot"
@@ -155,7 +142,7 @@ func (s *Sandbox) launch(ctx context.Context, inst *instance) error {
 	root.maxOpen = max(int64(s.spec.Limits.OpenFiles)-4, 1)
 	root.onTooMany = s.tooManyFiles
 	cfg := wazero.NewModuleConfig().
-		WithName(moduleName).
+		WithName(inst.name).
 		WithArgs("/usr/local/bin/python3.11", "-s", "-B", "/"+runnerDir+"/wasm_runner.py", mode).
 		WithStdin(strings.NewReader("")).
 		WithStdout(s.stdout).
@@ -185,9 +172,7 @@ func (s *Sandbox) launch(ctx context.Context, inst *instance) error {
 		}
 		inst.endChannel()
 		inst.cancel()
-		rt.Close(context.Background())
 	}()
-	ok = true
 	return nil
 }
 
