@@ -46,6 +46,13 @@ _MISSING = {
     "resource": "the wasm backend has no resource limits to query",
     "termios": "the wasm backend has no terminal",
     "readline": "the wasm backend has no terminal",
+    "_curses": "the wasm backend has no terminal",
+    "_tkinter": "the wasm backend has no display",
+    "_sqlite3": "SQLite is not built for the wasm backend",
+    "_lzma": "lzma is not built for the wasm backend (zlib is)",
+    "_bz2": "bz2 is not built for the wasm backend (zlib is)",
+    "_dbm": "dbm is not built for the wasm backend",
+    "_gdbm": "dbm is not built for the wasm backend",
 }
 _NO_PROCESSES = ("the wasm backend cannot start processes: no subprocess, os.system, fork "
                  "or exec (the native backend can)")
