@@ -587,9 +587,7 @@ def main(mode=None):
     channel = Channel(3, 4)
     _prepare_interpreter()
     rt = Runtime(channel)
-    import time as _t; t0=_t.perf_counter()
     channel.send({"type": "ready"})
-    getattr(sys, "_ztrace", []).append("ready-send %.2fms" % ((_t.perf_counter()-t0)*1000))
     while True:
         # Under the channel's lock: a thread of the code waiting for a
         # result's ack reads the same pipe.

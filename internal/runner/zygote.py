@@ -139,14 +139,6 @@ def become_sandbox(req, fds, filter_prog, sock):
     the runner's exit code, for the interpreter to exit with as python3
     would (threads joined, atexit handlers run, objects finalized)."""
     sandbox_pidfd, req_r, evt_w, out_w, err_w, go_r = fds
-    import time as _t
-    _T = [_t.perf_counter()]
-    _L = []
-    sys._ztrace = _L
-    def _tp(what):
-        now = _t.perf_counter()
-        _L.append("%s %.2fms" % (what, (now - _T[0]) * 1000))
-        _T[0] = now
     os.close(sock.detach())
     # A session and process group of its own at once: the zygote's group
     # holds every other sandbox's runner, and a signal to one's own group
@@ -155,7 +147,6 @@ def become_sandbox(req, fds, filter_prog, sock):
     # 1. Wait for the cgroup. EOF: the supervisor gave up on this child.
     if os.read(go_r, 1) != b"g":
         os._exit(125)
-    _tp("go")
     os.close(go_r)
     evt = evt_w  # where a setup error is reported
     try:
@@ -165,7 +156,6 @@ def become_sandbox(req, fds, filter_prog, sock):
             sandbox_pidfd,
             CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP))
         os.close(sandbox_pidfd)
-        _tp("setns")
         os.chdir(req.get("dir") or "/workspace")
         # 3. Descriptors: 0 /dev/null, 1 and 2 the sandbox's output, 3 and
         # 4 the runner's pipes; nothing else of the zygote's.
@@ -177,14 +167,11 @@ def become_sandbox(req, fds, filter_prog, sock):
         os.dup2(tmp_w, 4)
         evt = 4
         os.closerange(5, 1 << 20)
-        _tp("fds")
         # 4. Limits.
         for res, cur, top in req.get("rlimits", []):
             resource.setrlimit(res, (cur, top))
         # 5. Privileges.
-        _tp("rlimits")
         _drop_capabilities()
-        _tp("caps")
         os.setgroups([])
         uid, gid = req["uid"], req["gid"]
         os.setresgid(gid, gid, gid)
@@ -195,7 +182,6 @@ def become_sandbox(req, fds, filter_prog, sock):
         # 6. No way back.
         _prctl("no_new_privs", PR_SET_NO_NEW_PRIVS, 1)
         _install_filter(filter_prog)
-        _tp("seccomp")
     except BaseException as e:
         msg = str(e) if isinstance(e, SetupError) else "%s: %s" % (type(e).__name__, e)
         _setup_error(evt, msg)
@@ -208,9 +194,7 @@ def become_sandbox(req, fds, filter_prog, sock):
     for k, v in env.items():
         if os.environ.get(k) != v:
             os.environ[k] = v
-    _tp("env")
     _reseed()
-    _tp("reseed")
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.set_wakeup_fd(-1)
