@@ -19,7 +19,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -348,34 +347,7 @@ func (b *Backend) initConfig(spec sandbox.Spec, etc []etcEntry, top []topLink) *
 
 // sandboxEnv is the runner's environment: a fixed base, then the user's.
 // Nothing comes from the host's environment.
-func sandboxEnv(user map[string]string) []string {
-	threads := fmt.Sprint(min(runtime.NumCPU(), 4))
-	env := map[string]string{
-		"PATH":    "/usr/local/bin:/usr/bin:/bin",
-		"HOME":    workspacePath,
-		"USER":    "sandbox",
-		"LOGNAME": "sandbox",
-		"SHELL":   "/bin/sh",
-		"LANG":    "C.UTF-8",
-		"TMPDIR":  "/tmp",
-		// Caches (fontconfig, matplotlib) stay out of the workspace.
-		"XDG_CACHE_HOME": "/tmp/.cache",
-		"TZ":             "UTC",
-		// BLAS and OpenMP start a thread per CPU by default; on a large
-		// host that alone would exhaust the pids limit.
-		"OPENBLAS_NUM_THREADS": threads,
-		"OMP_NUM_THREADS":      threads,
-		"MKL_NUM_THREADS":      threads,
-	}
-	for k, v := range user {
-		env[k] = v
-	}
-	out := make([]string, 0, len(env))
-	for k, v := range env {
-		out = append(out, k+"="+v)
-	}
-	return out
-}
+func sandboxEnv(user map[string]string) []string { return sandbox.Environ(user) }
 
 func newID() string {
 	var b [8]byte

@@ -156,3 +156,60 @@ func hostTopLevel(hostRoot string) []topLink {
 	}
 	return out
 }
+
+// RootSkeleton writes, under dir, what a sandbox's root holds apart from
+// the host's /usr: the synthetic /etc, the merged-/usr links (or empty
+// mount points for read-only binds of the host's directories, which
+// TopLevelBinds lists), the runner, the links of /var/tmp, /root and
+// /home/user, and empty mount points. Container backends build their root
+// file system from it.
+func RootSkeleton(dir string, runnerFiles map[string][]byte) error {
+	etc, err := buildEtc("/etc")
+	if err != nil {
+		return err
+	}
+	if err := writeEtc(filepath.Join(dir, "etc"), etc); err != nil {
+		return err
+	}
+	runner := make([]etcEntry, 0, len(runnerFiles))
+	for name, data := range runnerFiles {
+		runner = append(runner, etcEntry{Path: name, Data: data})
+	}
+	if err := writeEtc(filepath.Join(dir, runnerDir[1:]), runner); err != nil {
+		return err
+	}
+	for _, t := range hostTopLevel("/") {
+		p := filepath.Join(dir, t.Name)
+		if t.Link != "" {
+			err = os.Symlink(t.Link, p)
+		} else {
+			err = os.MkdirAll(p, 0o755)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	for _, d := range []string{"usr", "workspace", "tmp", "proc", "dev", "home", "var", runnerDir[1:] + "/bin"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			return err
+		}
+	}
+	for _, l := range []struct{ name, target string }{{"var/tmp", "../tmp"}, {"root", "workspace"}, {"home/user", "/workspace"}} {
+		if err := os.Symlink(l.target, filepath.Join(dir, l.name)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// TopLevelBinds lists the host's top-level directories a root must bind
+// read-only (on hosts without merged /usr).
+func TopLevelBinds() []string {
+	var out []string
+	for _, t := range hostTopLevel("/") {
+		if t.Link == "" {
+			out = append(out, "/"+t.Name)
+		}
+	}
+	return out
+}

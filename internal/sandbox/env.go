@@ -1,0 +1,40 @@
+package sandbox
+
+import (
+	"fmt"
+	"runtime"
+	"sort"
+)
+
+// Environ is the environment of a sandbox's processes: a fixed base, then
+// the user's variables. Nothing comes from the host's environment. Every
+// backend starts its processes with it.
+func Environ(user map[string]string) []string {
+	threads := fmt.Sprint(min(runtime.NumCPU(), 4))
+	env := map[string]string{
+		"PATH":    "/usr/local/bin:/usr/bin:/bin",
+		"HOME":    "/workspace",
+		"USER":    "sandbox",
+		"LOGNAME": "sandbox",
+		"SHELL":   "/bin/sh",
+		"LANG":    "C.UTF-8",
+		"TMPDIR":  "/tmp",
+		// Caches (fontconfig, matplotlib) stay out of the workspace.
+		"XDG_CACHE_HOME": "/tmp/.cache",
+		"TZ":             "UTC",
+		// BLAS and OpenMP start a thread per CPU by default; on a large
+		// host that alone would exhaust the pids limit.
+		"OPENBLAS_NUM_THREADS": threads,
+		"OMP_NUM_THREADS":      threads,
+		"MKL_NUM_THREADS":      threads,
+	}
+	for k, v := range user {
+		env[k] = v
+	}
+	out := make([]string, 0, len(env))
+	for k, v := range env {
+		out = append(out, k+"="+v)
+	}
+	sort.Strings(out)
+	return out
+}

@@ -1,0 +1,81 @@
+package sandbox
+
+import (
+	"fmt"
+	"syscall"
+)
+
+// Outcome is what a backend observed of how an execution ended; Classify
+// turns it into the Result's Status, ExitCode and Error the same way for
+// every backend. What counts comes from the kernel (signals, OOM kills,
+// CPU accounting), not from the sandbox: the runner's own report counts
+// only where the process itself finished normally.
+type Outcome struct {
+	// Why is set when a limit (StatusTimeout) or the caller (StatusKilled)
+	// ended the execution; WhyMsg says which.
+	Why    Status
+	WhyMsg string
+	// Dead: the code's process died before the runner reported the end.
+	Dead bool
+	// Exited: the process's end was seen, with Code and Signal.
+	Exited bool
+	Code   int
+	Signal int
+	// RunnerCode is the exit code the runner reported (sys.exit), if it did.
+	RunnerCode *int
+	// OOM: the kernel killed a process of the sandbox for its memory limit.
+	OOM    bool
+	Limits Limits
+	// Broken: the runner's event stream was malformed.
+	Broken error
+}
+
+// Classify sets res's Status, ExitCode and Error. res.CPUMS must be set.
+func (o Outcome) Classify(res *Result) {
+	limitErr := func(status Status, code int, name, msg string) {
+		res.Status, res.ExitCode = status, code
+		res.Error = &Error{Name: name, Value: msg}
+	}
+	switch {
+	case o.Why == StatusTimeout:
+		limitErr(o.Why, ExitTimeout, "TimeoutError", o.WhyMsg)
+	case o.Why != "":
+		limitErr(o.Why, 128+int(syscall.SIGKILL), "Killed", o.WhyMsg)
+	case o.Exited && o.Signal != 0 || (o.Dead && !o.Exited):
+		sig := syscall.SIGKILL
+		if o.Exited {
+			sig = syscall.Signal(o.Signal)
+		}
+		switch {
+		case o.OOM:
+			limitErr(StatusMemoryLimit, ExitMemoryLimit, "MemoryError",
+				fmt.Sprintf("the sandbox exceeded its %d MiB memory limit", o.Limits.Memory>>20))
+		case sig == syscall.SIGXCPU || (o.Limits.CPUTime > 0 && res.CPUMS >= float64(o.Limits.CPUTime.Milliseconds())):
+			limitErr(StatusTimeout, ExitTimeout, "TimeoutError",
+				fmt.Sprintf("execution exceeded the %v CPU time limit", o.Limits.CPUTime))
+		default:
+			limitErr(StatusKilled, 128+int(sig), "Killed", fmt.Sprintf("the program was killed by signal %d (%v)", int(sig), sig))
+		}
+	default:
+		code := 0
+		switch {
+		case o.Exited:
+			code = o.Code
+		case o.RunnerCode != nil:
+			code = *o.RunnerCode
+		}
+		res.ExitCode = code
+		switch {
+		case res.Error != nil:
+			res.Status = StatusError
+		case code != 0:
+			res.Status = StatusError
+			res.Error = &Error{Name: "SystemExit", Value: fmt.Sprint(code)}
+		default:
+			res.Status = StatusOK
+		}
+	}
+	if o.Broken != nil && res.Error == nil {
+		res.Error = &Error{Name: "ProtocolError", Value: "the sandbox sent malformed results; some were lost"}
+	}
+}
