@@ -21,10 +21,12 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/vivarium-sandbox/vivarium/internal/backend/gvisor"
 	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
 	"github.com/vivarium-sandbox/vivarium/internal/backend/wasm"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
@@ -113,6 +115,13 @@ func backends(t *testing.T) []backendUnderTest {
 		} else {
 			t.Logf("not testing the wasm backend: %v", err)
 		}
+		if !testutil.ZygoteMode() {
+			if err := gvisor.Check(); err == nil {
+				names += ",gvisor"
+			} else {
+				t.Logf("not testing the gvisor backend: %v", err)
+			}
+		}
 	}
 	var out []backendUnderTest
 	for _, name := range strings.Split(names, ",") {
@@ -151,6 +160,31 @@ func backends(t *testing.T) []backendUnderTest {
 				// nothing of it exists outside.
 				leftovers:   func() []string { b.Close(); return nil },
 				differences: wasmDifferences,
+			})
+		case "gvisor":
+			const parent = "vivarium-hostile-gvisor"
+			b, err := gvisor.New(gvisor.Config{CgroupParent: parent, StateDir: "/run/vivarium/hostile-gvisor"})
+			if err != nil {
+				t.Fatalf("%s backend: %v", name, err)
+			}
+			out = append(out, backendUnderTest{
+				name:       name,
+				b:          b,
+				sandboxUID: -1, // gVisor's users are its own, not the host's
+				leftovers: func() []string {
+					if err := b.Close(); err != nil {
+						t.Errorf("close the gvisor backend: %v", err)
+					}
+					left := testutil.CgroupsUnder(parent)
+					if entries, _ := os.ReadDir("/run/vivarium/hostile-gvisor/sandboxes"); len(entries) > 0 {
+						left = append(left, fmt.Sprintf("%d sandbox directories", len(entries)))
+					}
+					if roots, _ := filepath.Glob("/run/vivarium/hostile-gvisor/root-*"); len(roots) > 0 {
+						left = append(left, fmt.Sprintf("root skeletons %v", roots))
+					}
+					return left
+				},
+				differences: gvisorDifferences,
 			})
 		default:
 			t.Fatalf("%s=%q: unknown backend %q", backendsEnv, names, name)

@@ -1,0 +1,284 @@
+// Package container runs sandboxes in containers of a container runtime
+// (gVisor's runsc, Docker): the runtime makes the isolation, and Vivarium's
+// agent (internal/agent), PID 1 of the container, runs the Python runner
+// and commands inside, speaking to this package over the container's
+// standard input and output.
+//
+// Every container gets, from this package: a workspace that is a
+// size-limited tmpfs of its own on the host (mounted under a directory
+// only root can enter, bound into the container at /workspace), so files
+// go in and out through the same confined code as the native backend's;
+// a cgroup of its own (the runtime puts the container in it) for limits
+// and accounting; and the runner's protocol, with output capped and
+// classified as the native backend does it.
+package container
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vivarium-sandbox/vivarium/internal/agent"
+	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
+	"github.com/vivarium-sandbox/vivarium/internal/runner"
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/workspace"
+)
+
+// Runtime starts containers.
+type Runtime interface {
+	// Name is the backend's name ("gvisor", "docker").
+	Name() string
+	// Launch starts a container whose process is the agent (agent.Arg0),
+	// with the host directories of l.Disk bound at /workspace, /tmp and
+	// /dev/shm, in the cgroup l.Cgroup (when the runtime takes one), with
+	// no network.
+	Launch(ctx context.Context, l Launch) (Container, error)
+}
+
+// Launch is one container to start.
+type Launch struct {
+	ID   string
+	Spec sandbox.Spec
+	Disk Disk
+	// Cgroup is the container's group (its directory in each hierarchy),
+	// for runtimes that place the container themselves; nil otherwise.
+	Cgroup cgroups.Group
+}
+
+// Disk is a sandbox's one size-limited tmpfs on the host, as in the native
+// backend: its directories are the container's /workspace, /tmp and
+// /dev/shm, so that one limit holds for all three.
+type Disk struct {
+	Dir                 string // the tmpfs; the sandbox's state lives beside it
+	Workspace, Tmp, Shm string
+}
+
+// Container is a started container.
+type Container interface {
+	// Stdin and Stdout are the agent's.
+	Stdin() io.WriteCloser
+	Stdout() io.Reader
+	// Kill ends every process of the container at once.
+	Kill() error
+	// Done is closed when the container has ended.
+	Done() <-chan struct{}
+	// Stats reads CPU time, peak memory and OOM kills, where the runtime
+	// can tell; ok is false where it cannot.
+	Stats() (st cgroups.Stats, ok bool)
+	// Remove frees what the runtime holds for the container; it is called
+	// after Done.
+	Remove() error
+}
+
+// Config configures a Backend.
+type Config struct {
+	Runtime Runtime
+	// StateDir holds every sandbox's workspace mount, under a directory
+	// only root can enter.
+	StateDir string
+	// Cgroups, when set, makes a group per sandbox that Launch gets.
+	Cgroups cgroups.Manager
+	// UID and GID of the sandbox user as the host sees them (files of the
+	// workspace are created as them).
+	UID, GID int
+	// HostPids is the pids limit of a sandbox's cgroup for a sandbox whose
+	// own limit is pids: a runtime whose kernel runs on the host as
+	// processes (gVisor's) needs room for its own. Nil: pids.
+	HostPids func(pids int) int64
+	Logger   *slog.Logger
+}
+
+// Backend makes container sandboxes.
+type Backend struct {
+	cfg Config
+}
+
+var _ sandbox.Backend = (*Backend)(nil)
+
+// New returns a backend; the runtime must have been checked.
+func New(cfg Config) (*Backend, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(cfg.StateDir, 0o700); err != nil {
+		return nil, err
+	}
+	return &Backend{cfg: cfg}, nil
+}
+
+// Name implements sandbox.Backend.
+func (b *Backend) Name() string { return b.cfg.Runtime.Name() }
+
+// Close frees what the runtime keeps for every sandbox (a root file
+// system's skeleton); the sandboxes must be closed first.
+func (b *Backend) Close() error {
+	if c, ok := b.cfg.Runtime.(io.Closer); ok {
+		return c.Close()
+	}
+	return nil
+}
+
+// Sweep removes disk mounts and directories a crashed supervisor left.
+func (b *Backend) Sweep() ([]string, error) {
+	entries, err := os.ReadDir(b.cfg.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	var errs []error
+	// The runtime's containers first: their processes hold the mounts.
+	if sw, ok := b.cfg.Runtime.(interface{ Sweep() ([]string, error) }); ok {
+		names, err := sw.Sweep()
+		out = append(out, names...)
+		errs = append(errs, err)
+	}
+	for _, e := range entries {
+		dir := filepath.Join(b.cfg.StateDir, e.Name())
+		unix.Unmount(filepath.Join(dir, "disk"), unix.MNT_DETACH)
+		if err := os.RemoveAll(dir); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		out = append(out, e.Name())
+	}
+	if b.cfg.Cgroups != nil {
+		names, err := b.cfg.Cgroups.Sweep()
+		out = append(out, names...)
+		errs = append(errs, err)
+	}
+	return out, errors.Join(errs...)
+}
+
+// Create implements sandbox.Backend.
+func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
+	if err := spec.Validate(); err != nil {
+		return nil, err
+	}
+	if spec.Python == "" {
+		spec.Python = sandbox.DefaultPython
+	}
+	spec.Limits = spec.Limits.WithDefaults()
+	s, err := b.start(ctx, spec)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", sandbox.ErrSetup, b.Name(), err)
+	}
+	return s, nil
+}
+
+func newID() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// setupTimeout bounds a container's start: gVisor and Docker take a second
+// or more, several on a busy machine.
+const setupTimeout = 2 * time.Minute
+
+func (b *Backend) start(ctx context.Context, spec sandbox.Spec) (_ *Sandbox, err error) {
+	s := &Sandbox{id: newID(), b: b, spec: spec, dir: "", runnerSet: make(chan struct{}),
+		spawns: map[uint32]chan agent.Ctl{}, procs: map[uint32]*process{}, ended: make(chan struct{}),
+		ready: make(chan struct{})}
+	defer func() {
+		if err != nil {
+			s.Close()
+		}
+	}()
+	// The disk: a tmpfs of the disk limit's size, in a directory only
+	// root can enter, so that no host user reaches it by path.
+	s.dir = filepath.Join(b.cfg.StateDir, s.id)
+	if err := os.Mkdir(s.dir, 0o700); err != nil {
+		return nil, err
+	}
+	disk := Disk{Dir: filepath.Join(s.dir, "disk")}
+	if err := os.Mkdir(disk.Dir, 0o700); err != nil {
+		return nil, err
+	}
+	opts := fmt.Sprintf("size=%d,nr_inodes=%d,mode=0755", spec.Limits.Disk, max(spec.Limits.Disk/(8<<10), 1024))
+	if err := unix.Mount("tmpfs", disk.Dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+		return nil, fmt.Errorf("disk tmpfs: %w", err)
+	}
+	s.mounted = true
+	disk.Workspace, disk.Tmp, disk.Shm = filepath.Join(disk.Dir, "workspace"), filepath.Join(disk.Dir, "tmp"), filepath.Join(disk.Dir, "shm")
+	for _, d := range []string{disk.Workspace, disk.Tmp, disk.Shm} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	if err := os.Chown(disk.Workspace, b.cfg.UID, b.cfg.GID); err != nil {
+		return nil, err
+	}
+	for _, d := range []string{disk.Tmp, disk.Shm} {
+		if err := os.Chmod(d, 0o777|os.ModeSticky); err != nil {
+			return nil, err
+		}
+	}
+	if s.ws, err = workspace.Open(disk.Workspace, b.cfg.UID, b.cfg.GID); err != nil {
+		return nil, err
+	}
+	if b.cfg.Cgroups != nil {
+		pids := int64(spec.Limits.Pids)
+		if b.cfg.HostPids != nil {
+			pids = b.cfg.HostPids(spec.Limits.Pids)
+		}
+		if s.cg, err = b.cfg.Cgroups.New(s.id, cgroups.Limits{MemoryBytes: spec.Limits.Memory,
+			Pids: pids, CPUs: spec.Limits.CPUs}); err != nil {
+			return nil, err
+		}
+	}
+	if s.c, err = b.cfg.Runtime.Launch(ctx, Launch{ID: s.id, Spec: spec, Disk: disk, Cgroup: s.cg}); err != nil {
+		return nil, err
+	}
+	s.out = agent.NewWriter(s.c.Stdin())
+	s.stdout, s.stderr = newCapture(), newCapture()
+	go s.read()
+
+	cfg := agent.Config{
+		Python:     spec.Python,
+		RunnerArgs: []string{"-s", "-B", RunnerDir + "/" + runner.ScriptName, runnerMode(spec)},
+		Env:        sandbox.Environ(spec.Env),
+		Workspace:  "/workspace",
+		UID:        SandboxUID, GID: SandboxGID,
+		OpenFiles: uint64(spec.Limits.OpenFiles),
+		FileSize:  uint64(spec.Limits.Disk),
+		MaxProcs:  uint64(spec.Limits.Pids),
+	}
+	if spec.OneShot && spec.Limits.CPUTime > 0 {
+		cfg.CPUSeconds = uint64((spec.Limits.CPUTime + time.Second - 1) / time.Second)
+	}
+	if err := s.out.Write(agent.KindConfig, 0, mustJSON(cfg)); err != nil {
+		return nil, fmt.Errorf("send the agent its configuration: %w", err)
+	}
+	timer := time.NewTimer(setupTimeout)
+	defer timer.Stop()
+	select {
+	case <-s.readyRunner(ctx):
+		return s, nil
+	case <-s.ended:
+		return nil, s.setupFailure()
+	case <-timer.C:
+		return nil, fmt.Errorf("the sandbox was not ready within %v", setupTimeout)
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func runnerMode(spec sandbox.Spec) string {
+	if spec.OneShot {
+		return "--oneshot"
+	}
+	return "--persistent"
+}

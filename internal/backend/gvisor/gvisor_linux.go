@@ -1,0 +1,360 @@
+// Package gvisor runs sandboxes under gVisor (runsc): a user-space kernel
+// between the code and the host's, so that a kernel bug reachable through
+// the system calls the code makes is gVisor's to contain. Each sandbox is an
+// OCI bundle Vivarium writes (the same root file system view as the native
+// backend: the host's /usr read-only, a synthetic /etc, the runner), started
+// with `runsc run`, no network, in a cgroup of Vivarium's; Vivarium's agent
+// runs inside (see internal/backend/container).
+package gvisor
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/agent"
+	"github.com/vivarium-sandbox/vivarium/internal/backend/container"
+	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
+	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
+	"github.com/vivarium-sandbox/vivarium/internal/runner"
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+)
+
+// Config configures the gVisor backend.
+type Config struct {
+	// Runsc is the runsc binary; default: runsc in PATH.
+	Runsc string
+	// Platform is runsc's platform ("ptrace", "kvm", "systrap"); default:
+	// kvm where /dev/kvm can be opened, ptrace otherwise.
+	Platform string
+	// StateDir holds runsc's state, the bundles and the workspaces;
+	// default /run/vivarium/gvisor/CGROUP-PARENT (one per server, as the
+	// cgroup parent is).
+	StateDir string
+	// CgroupParent is the group sandboxes are created under.
+	CgroupParent string
+	// Exe is the vivarium binary bound into each sandbox as the agent;
+	// default: this one.
+	Exe    string
+	Logger *slog.Logger
+}
+
+// New checks that the host can run gVisor sandboxes and returns a backend.
+func New(cfg Config) (*container.Backend, error) {
+	if os.Geteuid() != 0 {
+		return nil, fmt.Errorf("%w: the gvisor backend needs root (runsc makes the sandbox's namespaces and cgroup)", sandbox.ErrUnsupported)
+	}
+	if cfg.Runsc == "" {
+		p, err := exec.LookPath("runsc")
+		if err != nil {
+			return nil, fmt.Errorf("%w: runsc (gVisor) is not installed: apt install runsc", sandbox.ErrUnsupported)
+		}
+		cfg.Runsc = p
+	}
+	if cfg.Platform == "" {
+		cfg.Platform = DefaultPlatform()
+	}
+	if cfg.CgroupParent == "" {
+		cfg.CgroupParent = "vivarium-gvisor"
+	}
+	if cfg.StateDir == "" {
+		cfg.StateDir = filepath.Join("/run/vivarium/gvisor", strings.ReplaceAll(cfg.CgroupParent, "/", "_"))
+	}
+	if cfg.Exe == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, err
+		}
+		cfg.Exe = exe
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	cg, err := cgroups.Detect(cfg.CgroupParent)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v (the gvisor backend limits memory and processes with cgroups)", sandbox.ErrUnsupported, err)
+	}
+	rt := &Runtime{cfg: cfg, cgroupParent: cfg.CgroupParent}
+	if err := rt.prepare(); err != nil {
+		return nil, fmt.Errorf("%w: gvisor: %v", sandbox.ErrSetup, err)
+	}
+	return container.New(container.Config{
+		Runtime: rt, StateDir: filepath.Join(cfg.StateDir, "sandboxes"), Cgroups: cg,
+		UID: container.SandboxUID, GID: container.SandboxGID, Logger: cfg.Logger,
+		// gVisor's kernel is host threads, and with the ptrace platform
+		// a host process per address space of the sandbox: the host's
+		// limit leaves it room; the code's own is RLIMIT_NPROC inside.
+		HostPids: func(pids int) int64 { return int64(512 + 4*pids) },
+	})
+}
+
+// DefaultPlatform is runsc's platform where none is given: kvm where
+// /dev/kvm can be opened (hardware virtualisation: fastest), ptrace
+// otherwise (works everywhere, slower system calls).
+func DefaultPlatform() string {
+	if f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0); err == nil {
+		f.Close()
+		return "kvm"
+	}
+	return "ptrace"
+}
+
+// Runtime starts sandboxes with runsc.
+type Runtime struct {
+	cfg          Config
+	cgroupParent string
+	root         string // the shared root skeleton
+}
+
+// Name implements container.Runtime.
+func (r *Runtime) Name() string { return "gvisor" }
+
+// prepare writes the root skeleton every bundle shares.
+func (r *Runtime) prepare() error {
+	if err := os.MkdirAll(r.cfg.StateDir, 0o700); err != nil {
+		return err
+	}
+	root, err := os.MkdirTemp(r.cfg.StateDir, "root-")
+	if err != nil {
+		return err
+	}
+	// The sandbox user must traverse its root; host users cannot reach it
+	// (the state directory is root's alone).
+	if err := os.Chmod(root, 0o755); err != nil {
+		return err
+	}
+	// A new skeleton per process: the host's /etc may have changed, and
+	// an old one may belong to a server still running.
+	if err := native.RootSkeleton(root, runner.Files()); err != nil {
+		os.RemoveAll(root)
+		return err
+	}
+	r.root = root
+	return nil
+}
+
+// Sweep ends and deletes the containers a crashed supervisor left in
+// runsc's state (its sandboxes' processes are gone with their cgroups,
+// which the backend sweeps too).
+func (r *Runtime) Sweep() ([]string, error) {
+	out, err := exec.Command(r.cfg.Runsc, append(r.globalArgs(), "list", "-quiet")...).Output()
+	if err != nil {
+		return nil, fmt.Errorf("runsc list: %w", err)
+	}
+	var ids []string
+	var errs []error
+	for _, id := range strings.Fields(string(out)) {
+		if !strings.HasPrefix(id, "vivarium-") {
+			continue
+		}
+		c := &sandboxContainer{r: r, id: id}
+		if err := c.Remove(); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		ids = append(ids, id)
+	}
+	// And its root skeleton.
+	roots, _ := filepath.Glob(filepath.Join(r.cfg.StateDir, "root-*"))
+	for _, root := range roots {
+		if root != r.root {
+			errs = append(errs, os.RemoveAll(root))
+		}
+	}
+	return ids, errors.Join(errs...)
+}
+
+// Close removes the root skeleton.
+func (r *Runtime) Close() error { return os.RemoveAll(r.root) }
+
+type mount struct {
+	Destination string   `json:"destination"`
+	Type        string   `json:"type"`
+	Source      string   `json:"source"`
+	Options     []string `json:"options,omitempty"`
+}
+
+// spec is the OCI runtime specification of one sandbox.
+func (r *Runtime) spec(l container.Launch) map[string]any {
+	ro := func(src, dst string) mount {
+		return mount{Destination: dst, Type: "bind", Source: src, Options: []string{"rbind", "ro", "nosuid", "nodev"}}
+	}
+	rw := func(src, dst string) mount {
+		return mount{Destination: dst, Type: "bind", Source: src, Options: []string{"rbind", "rw", "nosuid", "nodev"}}
+	}
+	mounts := []mount{
+		ro("/usr", "/usr"),
+		ro(filepath.Join(r.root, "etc"), "/etc"),
+		ro(filepath.Join(r.root, "opt/vivarium"), container.RunnerDir),
+		ro(r.cfg.Exe, container.RunnerDir+"/bin/"+agent.Arg0),
+		rw(l.Disk.Workspace, "/workspace"),
+		rw(l.Disk.Tmp, "/tmp"),
+		rw(l.Disk.Shm, "/dev/shm"),
+		{Destination: "/proc", Type: "proc", Source: "proc"},
+		// gVisor's /sys is its own, but the code has no use for it: an
+		// empty read-only directory, as in the native backend.
+		{Destination: "/sys", Type: "tmpfs", Source: "none", Options: []string{"ro", "nosuid", "nodev", "noexec", "size=4k", "mode=0555"}},
+	}
+	for _, d := range native.TopLevelBinds() {
+		mounts = append(mounts, ro(d, d))
+	}
+	none := []string{}
+	spec := map[string]any{
+		"ociVersion": "1.0.2",
+		"process": map[string]any{
+			"terminal": false,
+			"user":     map[string]any{"uid": 0, "gid": 0},
+			"args":     []string{agent.Arg0},
+			"env":      []string{"PATH=" + container.RunnerDir + "/bin"},
+			"cwd":      "/",
+			// The agent needs to become the sandbox user and to signal it.
+			"capabilities": map[string]any{
+				"bounding":    []string{"CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP", "CAP_KILL"},
+				"effective":   []string{"CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP", "CAP_KILL"},
+				"permitted":   []string{"CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP", "CAP_KILL"},
+				"inheritable": none, "ambient": none,
+			},
+			"noNewPrivileges": true,
+			"rlimits":         []map[string]any{{"type": "RLIMIT_NOFILE", "hard": l.Spec.Limits.OpenFiles, "soft": l.Spec.Limits.OpenFiles}},
+		},
+		"root":     map[string]any{"path": r.root, "readonly": true},
+		"hostname": "sandbox",
+		"mounts":   mounts,
+		"linux": map[string]any{
+			"namespaces": []map[string]string{{"type": "pid"}, {"type": "network"}, {"type": "ipc"},
+				{"type": "uts"}, {"type": "mount"}},
+		},
+	}
+	if l.Cgroup != nil {
+		spec["linux"].(map[string]any)["cgroupsPath"] = "/" + r.cgroupParent + "/" + l.ID
+	}
+	return spec
+}
+
+// Launch implements container.Runtime.
+func (r *Runtime) Launch(ctx context.Context, l container.Launch) (container.Container, error) {
+	bundle := filepath.Join(filepath.Dir(l.Disk.Dir), "bundle")
+	if err := os.Mkdir(bundle, 0o700); err != nil {
+		return nil, err
+	}
+	b, err := json.Marshal(r.spec(l))
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o600); err != nil {
+		return nil, err
+	}
+	c := &sandboxContainer{r: r, id: "vivarium-" + l.ID, done: make(chan struct{}), cg: l.Cgroup}
+	cmd := exec.Command(r.cfg.Runsc, r.globalArgs()...)
+	cmd.Args = append(cmd.Args, "run", "--bundle", bundle, c.id)
+	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stderr = &c.log
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("runsc run: %w", err)
+	}
+	c.cmd, c.stdin, c.stdout = cmd, stdin, stdout
+	go func() {
+		cmd.Wait()
+		close(c.done)
+	}()
+	return c, nil
+}
+
+func (r *Runtime) globalArgs() []string {
+	return []string{"--root", filepath.Join(r.cfg.StateDir, "runsc"), "--network=none", "--platform=" + r.cfg.Platform}
+}
+
+// sandboxContainer is one `runsc run`.
+type sandboxContainer struct {
+	r      *Runtime
+	id     string
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	stdout io.Reader
+	done   chan struct{}
+	cg     cgroups.Group
+	log    lockedBuffer
+}
+
+func (c *sandboxContainer) Stdin() io.WriteCloser { return c.stdin }
+func (c *sandboxContainer) Stdout() io.Reader     { return c.stdout }
+func (c *sandboxContainer) Done() <-chan struct{} { return c.done }
+
+// Stats: the container's cgroup is the backend's, which it reads itself.
+func (c *sandboxContainer) Stats() (cgroups.Stats, bool) { return cgroups.Stats{}, false }
+
+// Kill ends the sandbox: runsc kills every process of the container; the
+// cgroup, which holds gVisor's own processes, is the second net (its
+// Destroy kills whatever is left).
+func (c *sandboxContainer) Kill() error {
+	select {
+	case <-c.done:
+		return nil
+	default:
+	}
+	cmd := exec.Command(c.r.cfg.Runsc, append(c.r.globalArgs(), "kill", "--all", c.id, "KILL")...)
+	err := cmd.Run()
+	select {
+	case <-c.done:
+		return nil
+	case <-time.After(5 * time.Second):
+	}
+	// runsc could not: its processes are in the sandbox's cgroup.
+	if c.cg != nil {
+		c.cg.Destroy()
+	}
+	c.cmd.Process.Kill()
+	return err
+}
+
+// Remove deletes runsc's state of the container.
+func (c *sandboxContainer) Remove() error {
+	out, err := exec.Command(c.r.cfg.Runsc, append(c.r.globalArgs(), "delete", "--force", c.id)...).CombinedOutput()
+	if err != nil && !bytes.Contains(out, []byte("does not exist")) && !bytes.Contains(out, []byte("not exist")) {
+		return fmt.Errorf("runsc delete: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.b.Len() < 64<<10 {
+		l.b.Write(p)
+	}
+	return len(p), nil
+}
+
+// Check reports whether this host can run gVisor sandboxes.
+func Check() error {
+	if _, err := exec.LookPath("runsc"); err != nil {
+		return errors.New("runsc is not installed (apt install runsc)")
+	}
+	if os.Geteuid() != 0 {
+		return errors.New("the gvisor backend needs root")
+	}
+	return nil
+}
