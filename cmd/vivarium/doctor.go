@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vivarium-sandbox/vivarium/internal/backend/gvisor"
 	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
 	"github.com/vivarium-sandbox/vivarium/internal/backend/wasm"
 	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
@@ -36,7 +37,7 @@ func cmdDoctor(args []string) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	checks := append(doctorChecks(), wasmCheck())
+	checks := append(doctorChecks(), gvisorCheck(), wasmCheck())
 	if *asJSON {
 		json.NewEncoder(os.Stdout).Encode(checks)
 	} else {
@@ -62,8 +63,34 @@ func cmdDoctor(args []string) int {
 // wasmCheck reports whether the wasm backend can run: its interpreter is
 // built (or why not), and a real wasm sandbox runs code.
 func wasmCheck() check {
-	fail := func(err error) check { return check{Name: "wasm backend", Detail: err.Error(), Optional: true} }
-	b, err := wasm.New(wasm.Config{})
+	return backendCheck("wasm backend", func() (closingBackend, string, error) {
+		b, err := wasm.New(wasm.Config{})
+		if err != nil {
+			return nil, "", err
+		}
+		return b, "interpreter in " + b.Dir(), nil
+	})
+}
+
+// gvisorCheck reports whether the gvisor backend can run: runsc is there,
+// and a real gVisor sandbox runs code.
+func gvisorCheck() check {
+	return backendCheck("gvisor backend", func() (closingBackend, string, error) {
+		if err := gvisor.Check(); err != nil {
+			return nil, "", err
+		}
+		b, err := gvisor.New(gvisor.Config{CgroupParent: "vivarium-doctor-gvisor"})
+		if err != nil {
+			return nil, "", err
+		}
+		return b, "runsc platform " + gvisor.DefaultPlatform(), nil
+	})
+}
+
+// backendCheck runs one sandbox of an optional backend.
+func backendCheck(name string, open func() (closingBackend, string, error)) check {
+	fail := func(err error) check { return check{Name: name, Detail: err.Error(), Optional: true} }
+	b, note, err := open()
 	if err != nil {
 		return fail(err)
 	}
@@ -80,8 +107,11 @@ func wasmCheck() check {
 		}
 		return fail(errors.New(msg))
 	}
-	return check{Name: "wasm backend", OK: true, Optional: true, Detail: fmt.Sprintf("works (%s, %v; interpreter in %s)",
-		strings.TrimSpace(res.Stdout), time.Since(start).Round(time.Millisecond), b.Dir())}
+	detail := fmt.Sprintf("works (%s, %v", strings.TrimSpace(res.Stdout), time.Since(start).Round(time.Millisecond))
+	if note != "" {
+		detail += "; " + note
+	}
+	return check{Name: name, OK: true, Optional: true, Detail: detail + ")"}
 }
 
 func doctorChecks() []check {

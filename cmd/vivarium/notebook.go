@@ -351,6 +351,7 @@ func cmdNotebook(o *runOptions, path string) int {
 	if err != nil {
 		return fail(sandbox.ExitSetupFailed, "%v", err)
 	}
+	defer closeBackend(b)
 	r := &notebookRun{backend: b, spec: job.Spec, files: job.Files, allowErrors: o.allowErrors}
 	if o.out != "-" {
 		r.echo = passThrough{}

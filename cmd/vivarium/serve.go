@@ -17,7 +17,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vivarium-sandbox/vivarium/internal/backend/gvisor"
 	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
+	"github.com/vivarium-sandbox/vivarium/internal/backend/wasm"
 	"github.com/vivarium-sandbox/vivarium/internal/httpapi"
 	"github.com/vivarium-sandbox/vivarium/internal/pool"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
@@ -47,8 +49,11 @@ type serveConfig struct {
 	timeout                              time.Duration
 	cpus                                 float64
 
-	allowOrigins listFlag
-	zygote       bool
+	allowOrigins   listFlag
+	backend        string
+	gvisorPlatform string
+	wasmDir        string
+	zygote         bool
 	preload      string
 	pool         int
 	poolIdle     time.Duration
@@ -96,8 +101,11 @@ Flags:
 	fs.DurationVar(&c.timeout, "max-timeout", time.Hour, "longest execution a client may ask for (the default is 30s)")
 	fs.Float64Var(&c.cpus, "cpus", 0, "CPU cap of every sandbox in cores (0: none; each sandbox still gets only its fair share)")
 	fs.Var(&c.allowOrigins, "allow-origin", "`ORIGIN` of web pages allowed to call the API (repeatable; default: none)")
+	fs.StringVar(&c.backend, "backend", "native", "isolation: `native` (Linux namespaces, seccomp, cgroups), gvisor (inside gVisor's user-space kernel: runsc) or wasm (CPython compiled to WebAssembly: standard library only)")
+	fs.StringVar(&c.gvisorPlatform, "gvisor-platform", "", "for --backend gvisor: runsc's `PLATFORM` (ptrace, kvm, systrap); default kvm where /dev/kvm opens, else ptrace")
+	fs.StringVar(&c.wasmDir, "wasm-dir", os.Getenv(wasm.DirEnv), "for --backend wasm: the `DIR` `make wasm` built")
 	fs.BoolVar(&c.zygote, "zygote", true,
-		"fork sandboxes from a zygote, a Python with the --preload modules imported: fast starts, shared memory")
+		"native backend: fork sandboxes from a zygote, a Python with the --preload modules imported: fast starts, shared memory")
 	fs.StringVar(&c.preload, "preload", "numpy,pandas,matplotlib", "`MODULES` the zygote imports once for every sandbox (comma-separated)")
 	fs.IntVar(&c.pool, "pool", 4, "most fresh sandboxes kept ready per configuration (0: none)")
 	fs.DurationVar(&c.poolIdle, "pool-idle", 10*time.Minute, "a configuration unused this long is no longer kept ready")
@@ -160,6 +168,7 @@ func (c *serveConfig) validate() error {
 	check(c.pool < 0 || c.pool > 1000, "--pool must be between 0 and 1000")
 	check(c.poolIdle <= 0, "--pool-idle must be positive")
 	check(c.preload != "" && !c.zygote, "--preload needs --zygote (without a zygote nothing is preloaded)")
+	check(c.backend != "native" && c.backend != "gvisor" && c.backend != "wasm", "--backend must be native, gvisor or wasm")
 	max := c.maxLimits()
 	if err := max.Validate(); err != nil {
 		errs = append(errs, err)
@@ -170,6 +179,24 @@ func (c *serveConfig) validate() error {
 func (c *serveConfig) maxLimits() sandbox.Limits {
 	return sandbox.Limits{Memory: int64(c.memory), Disk: int64(c.disk), MaxOutput: int64(c.maxOutput), Pids: c.pids,
 		Timeout: c.timeout, CPUs: c.cpus}
+}
+
+// closingBackend is a backend that frees what it keeps when closed.
+type closingBackend interface {
+	sandbox.Backend
+	Close() error
+}
+
+// newBackend makes the backend --backend names.
+func (c *serveConfig) newBackend(log *slog.Logger) (closingBackend, error) {
+	switch c.backend {
+	case "gvisor":
+		return gvisor.New(gvisor.Config{Platform: c.gvisorPlatform, CgroupParent: c.cgroupParent, Logger: log})
+	case "wasm":
+		return wasm.New(wasm.Config{Dir: c.wasmDir})
+	}
+	return native.New(native.Config{CgroupParent: c.cgroupParent, UIDBase: uint32(c.uidBase),
+		InsecureNoCgroups: c.noCgroups, Zygote: c.zygote, Preload: c.preloads(), Logger: log})
 }
 
 // reportPoolAtRest logs what the pool holds once it has filled (or after a
@@ -271,26 +298,29 @@ func serve(c *serveConfig, log *slog.Logger) error {
 	}
 	defer st.Close()
 
-	b, err := native.New(native.Config{CgroupParent: c.cgroupParent, UIDBase: uint32(c.uidBase),
-		InsecureNoCgroups: c.noCgroups, Zygote: c.zygote, Preload: c.preloads(), Logger: log})
+	b, err := c.newBackend(log)
 	if err != nil {
 		return err
 	}
 	defer b.Close()
 	// What a crashed predecessor left: its sandboxes died with it, their
-	// cgroups did not.
-	if swept, err := b.Sweep(); err != nil {
-		return fmt.Errorf("remove what an earlier server left: %w", err)
-	} else if len(swept) > 0 {
-		log.Warn("removed sandboxes an earlier server left behind", "count", len(swept), "ids", swept)
+	// cgroups and mounts did not.
+	if sw, ok := b.(interface{ Sweep() ([]string, error) }); ok {
+		if swept, err := sw.Sweep(); err != nil {
+			return fmt.Errorf("remove what an earlier server left: %w", err)
+		} else if len(swept) > 0 {
+			log.Warn("removed sandboxes an earlier server left behind", "count", len(swept), "ids", swept)
+		}
 	}
-	if !b.CPUShares() {
-		log.Warn("no cpu cgroup controller: a sandbox running many processes gets more CPU than its share")
-	}
-	if c.zygote {
-		log.Info("starting the zygote", "preload", c.preload)
-		if err := b.Warm(context.Background()); err != nil {
-			return err
+	if nb, ok := b.(*native.Backend); ok {
+		if !nb.CPUShares() {
+			log.Warn("no cpu cgroup controller: a sandbox running many processes gets more CPU than its share")
+		}
+		if c.zygote {
+			log.Info("starting the zygote", "preload", c.preload)
+			if err := nb.Warm(context.Background()); err != nil {
+				return err
+			}
 		}
 	}
 	warm := pool.New(pool.Config{Backend: b, Max: c.pool, Min: 1, Idle: c.poolIdle, Logger: log})
@@ -355,8 +385,11 @@ func serve(c *serveConfig, log *slog.Logger) error {
 	srv.RegisterOnShutdown(closeMCP)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
-	log.Info("vivarium serving", "addr", ln.Addr().String(), "data_dir", c.dataDir, "dev", c.dev,
-		"cgroup_version", b.CgroupVersion())
+	attrs := []any{"addr", ln.Addr().String(), "data_dir", c.dataDir, "dev", c.dev, "backend", b.Name()}
+	if nb, ok := b.(*native.Backend); ok {
+		attrs = append(attrs, "cgroup_version", nb.CgroupVersion())
+	}
+	log.Info("vivarium serving", attrs...)
 
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGTERM, os.Interrupt)
