@@ -1,11 +1,12 @@
 #!/bin/sh
-# Runs every test: unit tests, real sandboxes (native and wasm), the
+# Runs every test: unit tests, real sandboxes (native, gvisor and wasm), the
 # hostile-code suite and the RedCode corpus (in ../shared/attack-corpora
 # when present). Needs root for the sandboxes; tests that need root skip
 # without it.
 set -eu
 cd "$(dirname "$0")/.."
-extra="bubblewrap make"
+# runsc: the gvisor backend, which the functional and hostile suites run too.
+extra="bubblewrap make runsc"
 # The MCP and E2B tests drive the server with their official JavaScript SDKs.
 command -v npm >/dev/null 2>&1 || extra="$extra nodejs npm"
 VIVARIUM_DEPS_EXTRA="$extra ${VIVARIUM_DEPS_EXTRA:-}" scripts/deps.sh
