@@ -191,7 +191,8 @@ const setupTimeout = 2 * time.Minute
 func (b *Backend) start(ctx context.Context, spec sandbox.Spec) (_ *Sandbox, err error) {
 	s := &Sandbox{id: newID(), b: b, spec: spec, dir: "", runnerSet: make(chan struct{}),
 		spawns: map[uint32]chan agent.Ctl{}, procs: map[uint32]*process{}, ended: make(chan struct{}),
-		ready: make(chan struct{})}
+		contexts: runner.NewContexts("/workspace"),
+		ready:    make(chan struct{})}
 	defer func() {
 		if err != nil {
 			s.Close()

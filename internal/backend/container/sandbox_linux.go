@@ -56,6 +56,7 @@ type Sandbox struct {
 	runner    *runnerProc
 	runnerSet chan struct{} // closed and replaced when the runner changes
 	cur       *execution
+	contexts  *runner.Contexts
 	spawns    map[uint32]chan agent.Ctl
 	procs     map[uint32]*process
 	nextID    uint32
@@ -396,6 +397,61 @@ func isClosed(ch chan struct{}) bool {
 	}
 }
 
+var _ sandbox.ContextKeeper = (*Sandbox)(nil)
+
+// CreateContext implements sandbox.ContextKeeper.
+func (s *Sandbox) CreateContext(language, cwd string) (sandbox.CodeContext, error) {
+	if s.spec.OneShot {
+		return sandbox.CodeContext{}, fmt.Errorf("%w: a one-shot sandbox has no code contexts", sandbox.ErrUnsupported)
+	}
+	return s.contexts.Create(language, cwd)
+}
+
+// Contexts implements sandbox.ContextKeeper.
+func (s *Sandbox) Contexts() []sandbox.CodeContext { return s.contexts.List() }
+
+// RestartContext implements sandbox.ContextKeeper.
+func (s *Sandbox) RestartContext(id string) error {
+	if err := s.contexts.Restart(id); err != nil {
+		return err
+	}
+	s.tellContextsIfIdle()
+	return nil
+}
+
+// RemoveContext implements sandbox.ContextKeeper.
+func (s *Sandbox) RemoveContext(id string) error {
+	if err := s.contexts.Remove(id); err != nil {
+		return err
+	}
+	s.tellContextsIfIdle()
+	return nil
+}
+
+// tellContextsIfIdle frees what a removed or restarted context held at
+// once when no execution runs; otherwise the next execution does it first.
+func (s *Sandbox) tellContextsIfIdle() {
+	if !s.execMu.TryLock() {
+		return
+	}
+	defer s.execMu.Unlock()
+	s.mu.Lock()
+	r := s.runner
+	s.mu.Unlock()
+	s.tellContexts(r)
+}
+
+// tellContexts sends the runner the contexts' changes; callers hold execMu.
+// A runner that is not ready has no state to forget (a new one starts
+// empty), so the message is then dropped.
+func (s *Sandbox) tellContexts(r *runnerProc) {
+	req, ok := s.contexts.Message()
+	if !ok || r == nil || !isClosed(r.ready) || isClosed(r.exited) {
+		return
+	}
+	s.request(r, req)
+}
+
 // Interrupt implements sandbox.Sandbox.
 func (s *Sandbox) Interrupt() error {
 	if isClosed(s.ended) {
@@ -503,6 +559,10 @@ func (s *Sandbox) Execute(ctx context.Context, req sandbox.ExecRequest, sink san
 	if filename == "" {
 		filename = "<cell>"
 	}
+	cc, err := s.contexts.Lookup(req.Context)
+	if err != nil {
+		return nil, err
+	}
 	s.mu.Lock()
 	r, lost := s.runner, s.lost
 	s.mu.Unlock()
@@ -519,6 +579,9 @@ func (s *Sandbox) Execute(ctx context.Context, req sandbox.ExecRequest, sink san
 	default:
 		return nil, fmt.Errorf("%w: the runner is not ready", sandbox.ErrClosed)
 	}
+	// Removed and restarted contexts are forgotten before any code runs.
+	s.tellContexts(r)
+
 	x := &execution{runner: r, done: make(chan struct{})}
 	x.resultSink, _ = sink.(sandbox.ResultSink)
 	doneCh := x.done
@@ -535,7 +598,8 @@ func (s *Sandbox) Execute(ctx context.Context, req sandbox.ExecRequest, sink san
 
 	st0 := s.stats()
 	start := time.Now()
-	if err := s.request(r, runner.Request{Type: "execute", Code: req.Code, Filename: filename, Env: req.Env}); err != nil {
+	if err := s.request(r, runner.Request{Type: "execute", Code: req.Code, Filename: filename, Env: req.Env,
+		Context: runner.ContextKey(cc.ID), Language: cc.Language, Cwd: cc.Cwd}); err != nil {
 		s.mu.Lock()
 		s.cur = nil
 		s.mu.Unlock()

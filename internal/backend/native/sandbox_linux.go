@@ -78,7 +78,7 @@ type Sandbox struct {
 	execMu sync.Mutex // one execution (or restart) at a time
 	used   bool       // a one-shot sandbox has run its execution
 
-	contexts *codeContexts
+	contexts *runner.Contexts
 
 	closeOnce sync.Once
 	closeErr  error
@@ -224,7 +224,7 @@ func start(ctx context.Context, b *Backend, spec sandbox.Spec, cfg *initConfig, 
 		id: newID(), b: b, spec: spec, ctl: -1, z: z, cfg: cfg, failed: make(chan struct{}),
 		initDone: make(chan struct{}), statusDone: make(chan struct{}),
 		runnerSet: make(chan struct{}), ctlDone: make(chan struct{}),
-		spawns: map[uint64]chan spawnReply{}, procs: map[uint64]*process{}, contexts: newCodeContexts(),
+		spawns: map[uint64]chan spawnReply{}, procs: map[uint64]*process{}, contexts: runner.NewContexts(workspacePath),
 	}
 	defer func() {
 		if err != nil {
@@ -1015,7 +1015,7 @@ func (s *Sandbox) Execute(ctx context.Context, req sandbox.ExecRequest, sink san
 	if filename == "" {
 		filename = "<cell>"
 	}
-	cc, err := s.contexts.lookup(req.Context)
+	cc, err := s.contexts.Lookup(req.Context)
 	if err != nil {
 		return nil, err
 	}
@@ -1061,7 +1061,7 @@ func (s *Sandbox) Execute(ctx context.Context, req sandbox.ExecRequest, sink san
 	sent := make(chan error, 1)
 	go func() {
 		sent <- r.request(runner.Request{Type: "execute", Code: req.Code, Filename: filename, Env: req.Env,
-			Context: runnerKey(cc.ID), Language: cc.Language, Cwd: cc.Cwd})
+			Context: runner.ContextKey(cc.ID), Language: cc.Language, Cwd: cc.Cwd})
 	}()
 
 	// A one-shot execution ends when the runner process exits (its exit

@@ -1,0 +1,175 @@
+package runner
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"path"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+)
+
+// maxContexts bounds the code contexts of one sandbox: each keeps a
+// namespace (or a bash) alive in the runner.
+const maxContexts = 32
+
+// Contexts is a sandbox's registry of code contexts. Their state lives
+// in the runner (runner.py's PythonContext and BashContext); the registry
+// keeps what the runner needs to make a context again (on first use, or
+// after the runner restarted) and what it must forget. The runner is told
+// between executions only, so that a context's state never changes under
+// a running cell.
+type Contexts struct {
+	mu    sync.Mutex
+	list  []sandbox.CodeContext // the default contexts first
+	reset map[string]bool       // runner keys whose state must go
+	// pending: the runner has not been told of a removal or restart.
+	pending bool
+}
+
+// NewContexts returns the registry of a new sandbox, holding the default
+// contexts, whose code starts in workspace.
+func NewContexts(workspace string) *Contexts {
+	return &Contexts{
+		list: []sandbox.CodeContext{
+			{ID: sandbox.DefaultContext, Language: "python", Cwd: workspace},
+			{ID: sandbox.BashContext, Language: "bash", Cwd: workspace},
+		},
+		reset: map[string]bool{},
+	}
+}
+
+// ContextKey is how the runner names a context: the default Python context
+// is its original namespace, "".
+func ContextKey(id string) string {
+	if id == sandbox.DefaultContext {
+		return ""
+	}
+	return id
+}
+
+// Lookup resolves an execution's context ("" is the default one).
+func (c *Contexts) Lookup(id string) (sandbox.CodeContext, error) {
+	if id == "" {
+		id = sandbox.DefaultContext
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, cc := range c.list {
+		if cc.ID == id {
+			return cc, nil
+		}
+	}
+	return sandbox.CodeContext{}, fmt.Errorf("%w: %q", sandbox.ErrNoContext, id)
+}
+
+// Message returns what the runner must be told, if anything, and clears it.
+func (c *Contexts) Message() (Request, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.pending {
+		return Request{}, false
+	}
+	req := Request{Type: "contexts"}
+	for _, cc := range c.list {
+		req.Live = append(req.Live, ContextKey(cc.ID))
+	}
+	for k := range c.reset {
+		req.Reset = append(req.Reset, k)
+	}
+	slices.Sort(req.Reset)
+	c.pending = false
+	c.reset = map[string]bool{}
+	return req, true
+}
+
+// checkLanguage accepts the languages the runner has contexts for.
+func checkLanguage(language string) (string, error) {
+	switch l := strings.ToLower(strings.TrimSpace(language)); l {
+	case "", "python", "python3":
+		return "python", nil
+	case "bash", "sh", "shell":
+		return "bash", nil
+	default:
+		return "", fmt.Errorf("%w: code contexts run python or bash, not %q", sandbox.ErrInvalidSpec, language)
+	}
+}
+
+// checkCwd accepts an absolute, clean path inside the sandbox.
+func (c *Contexts) checkCwd(cwd string) (string, error) {
+	if cwd == "" {
+		return c.list[0].Cwd, nil
+	}
+	if !strings.HasPrefix(cwd, "/") || strings.ContainsRune(cwd, 0) || len(cwd) > 4096 {
+		return "", fmt.Errorf("%w: a context's working directory must be an absolute path, got %q", sandbox.ErrInvalidSpec, cwd)
+	}
+	return path.Clean(cwd), nil
+}
+
+// Create adds a context. The runner makes it when code first runs in it,
+// so a missing directory is reported then, as a FileNotFoundError of that
+// execution.
+func (c *Contexts) Create(language, cwd string) (sandbox.CodeContext, error) {
+	lang, err := checkLanguage(language)
+	if err != nil {
+		return sandbox.CodeContext{}, err
+	}
+	dir, err := c.checkCwd(cwd)
+	if err != nil {
+		return sandbox.CodeContext{}, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.list) >= maxContexts {
+		return sandbox.CodeContext{}, fmt.Errorf("%w: a sandbox has at most %d code contexts; remove one first",
+			sandbox.ErrInvalidSpec, maxContexts)
+	}
+	cc := sandbox.CodeContext{ID: newContextID(), Language: lang, Cwd: dir}
+	c.list = append(c.list, cc)
+	return cc, nil
+}
+
+// List returns the contexts, the default ones first.
+func (c *Contexts) List() []sandbox.CodeContext {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.list)
+}
+
+// Restart marks a context's state to be forgotten.
+func (c *Contexts) Restart(id string) error {
+	if _, err := c.Lookup(id); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.reset[ContextKey(id)] = true
+	c.pending = true
+	c.mu.Unlock()
+	return nil
+}
+
+// Remove deletes a context that Create made.
+func (c *Contexts) Remove(id string) error {
+	if id == sandbox.DefaultContext || id == sandbox.BashContext {
+		return fmt.Errorf("%w: the default contexts cannot be removed (restart them instead)", sandbox.ErrInvalidSpec)
+	}
+	c.mu.Lock()
+	i := slices.IndexFunc(c.list, func(cc sandbox.CodeContext) bool { return cc.ID == id })
+	if i < 0 {
+		c.mu.Unlock()
+		return fmt.Errorf("%w: %q", sandbox.ErrNoContext, id)
+	}
+	c.list = slices.Delete(c.list, i, i+1)
+	c.pending = true
+	c.mu.Unlock()
+	return nil
+}
+
+func newContextID() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
