@@ -303,6 +303,9 @@ func (s *Sandbox) Execute(ctx context.Context, req sandbox.ExecRequest, sink san
 	if err := sandbox.ValidateEnv(req.Env); err != nil {
 		return nil, err
 	}
+	if req.Context != "" && req.Context != sandbox.DefaultContext {
+		return nil, fmt.Errorf("%w: %q: a wasm sandbox has one Python context and no bash", sandbox.ErrNoContext, req.Context)
+	}
 	limits := s.spec.Limits
 	if req.Timeout > 0 {
 		limits.Timeout = req.Timeout
@@ -456,8 +459,14 @@ func (s *Sandbox) classify(res *sandbox.Result, why sandbox.Status, whyMsg strin
 			limitErr(sandbox.StatusMemoryLimit, sandbox.ExitMemoryLimit, "MemoryError", memoryMsg)
 			return
 		}
-		limitErr(sandbox.StatusKilled, exitCrash, "Killed",
-			"the interpreter crashed: "+lastLines(fmt.Sprint(inst.trap), 1))
+		// The trap's first line says what happened ("wasm error: out
+		// of bounds memory access"); a stack of wasm functions follows.
+		why, _, _ := strings.Cut(fmt.Sprint(inst.trap), "\n")
+		if _, after, ok := strings.Cut(why, "wasm error: "); ok {
+			why = after
+		}
+		limitErr(sandbox.StatusKilled, exitCrash, "Killed", "the interpreter crashed ("+why+
+			"): its C stack overflowed, or it hit a fatal error")
 	default:
 		code := 0
 		switch {
