@@ -1,0 +1,130 @@
+// Package testbackends opens every backend a test suite runs against, as
+// one table: the native backend (with runners forked from a zygote in the
+// zygote mode of testutil.RunBothModes), gVisor where runsc is installed,
+// wasm where its interpreter is built. Each suite gets cgroups, uids and
+// state directories of its own, so that suites testing at the same time do
+// not see each other's sandboxes as leftovers.
+package testbackends
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/vivarium-sandbox/vivarium/internal/backend/gvisor"
+	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
+	"github.com/vivarium-sandbox/vivarium/internal/backend/wasm"
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
+)
+
+// Backend is one backend under test.
+type Backend struct {
+	Name string
+	B    sandbox.Backend
+	// SandboxUID is the host uid the sandbox user maps to, or -1 where
+	// the sandbox's users are not the host's.
+	SandboxUID int
+	// Leftovers closes the backend and lists what its sandboxes left on
+	// the host: processes, cgroups, state directories. Call it once,
+	// after every sandbox was closed.
+	Leftovers func() []string
+}
+
+// Suite names a test suite's resources.
+type Suite struct {
+	// Name is short and unique among suites: "conformance", "hostile".
+	Name string
+	// UIDBase is the native backend's uid base, unique among suites.
+	UIDBase uint32
+	// Env is the variable that selects backends, comma separated
+	// (native, native-zygote, gvisor, wasm); empty: all available.
+	Env string
+}
+
+// Open returns the backends to test: those Env names, or every one this
+// machine can run. The native backend is always among the defaults; the
+// others are tested in the classic mode only (not again with a zygote,
+// which is the native backend's).
+func Open(t *testing.T, s Suite) []Backend {
+	t.Helper()
+	names := os.Getenv(s.Env)
+	if names == "" {
+		names = "native"
+		if testutil.ZygoteMode() {
+			names = "native-zygote"
+		} else {
+			if err := gvisor.Check(); err == nil {
+				names += ",gvisor"
+			} else {
+				t.Logf("not testing the gvisor backend: %v", err)
+			}
+			if _, err := wasm.Locate(); err == nil {
+				names += ",wasm"
+			} else {
+				t.Logf("not testing the wasm backend: %v", err)
+			}
+		}
+	}
+	var out []Backend
+	for _, name := range strings.Split(names, ",") {
+		be, err := open(name, s)
+		if err != nil {
+			t.Fatalf("%s backend: %v", name, err)
+		}
+		out = append(out, be)
+	}
+	return out
+}
+
+func open(name string, s Suite) (Backend, error) {
+	parent := "vivarium-" + s.Name + "-test"
+	switch name {
+	case "native", "native-zygote":
+		b, err := native.New(native.Config{CgroupParent: parent, UIDBase: s.UIDBase, Zygote: name == "native-zygote"})
+		if err != nil {
+			return Backend{}, err
+		}
+		return Backend{Name: name, B: b, SandboxUID: int(s.UIDBase) + native.SandboxUID, Leftovers: func() []string {
+			b.Close() // the zygote, if any, is the backend's, not a sandbox's
+			left := testutil.ProcessesOwnedBy(int(s.UIDBase), int(s.UIDBase)+65536)
+			return append(left, testutil.CgroupsUnder(parent)...)
+		}}, nil
+	case "gvisor":
+		parent += "-gvisor"
+		dir := "/run/vivarium/" + s.Name + "-test-gvisor"
+		b, err := gvisor.New(gvisor.Config{CgroupParent: parent, StateDir: dir})
+		if err != nil {
+			return Backend{}, err
+		}
+		return Backend{Name: name, B: b, SandboxUID: -1, Leftovers: func() []string {
+			var left []string
+			if err := b.Close(); err != nil {
+				left = append(left, "closing the backend: "+err.Error())
+			}
+			left = append(left, testutil.CgroupsUnder(parent)...)
+			if entries, _ := os.ReadDir(filepath.Join(dir, "sandboxes")); len(entries) > 0 {
+				left = append(left, fmt.Sprintf("%d sandbox directories in %s", len(entries), dir))
+			}
+			if roots, _ := filepath.Glob(filepath.Join(dir, "root-*")); len(roots) > 0 {
+				left = append(left, fmt.Sprintf("root skeletons %v", roots))
+			}
+			return left
+		}}, nil
+	case "wasm":
+		b, err := wasm.New(wasm.Config{})
+		if err != nil {
+			return Backend{}, err
+		}
+		if err := b.Warm(context.Background()); err != nil {
+			return Backend{}, err
+		}
+		// In-process: a sandbox is memory of this process; nothing of it
+		// exists outside.
+		return Backend{Name: name, B: b, SandboxUID: -1, Leftovers: func() []string { b.Close(); return nil }}, nil
+	}
+	return Backend{}, fmt.Errorf("%s: unknown backend %q", s.Env, name)
+}
