@@ -481,6 +481,31 @@ func TestPersistentState(t *testing.T) {
 	}
 }
 
+// Code that crashes the interpreter (here, C recursion past the stack)
+// ends the execution as killed; a stateful sandbox gets a new one.
+func TestCrash(t *testing.T) {
+	t.Parallel()
+	sb, err := newBackend(t).Create(context.Background(), sandbox.Spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	ctx := context.Background()
+	res, err := sb.Execute(ctx, sandbox.ExecRequest{Code: `
+import sys
+sys.setrecursionlimit(10**6)
+x = []
+for i in range(10**5): x = [x]
+repr(x)`}, nil)
+	if err != nil || res.Status != sandbox.StatusKilled || res.ExitCode != 134 || !res.StateLost ||
+		!strings.HasPrefix(res.Error.Value, "the interpreter crashed (out of bounds memory access)") {
+		t.Fatalf("%+v %+v %v", res, res.Error, err)
+	}
+	if res, err := sb.Execute(ctx, sandbox.ExecRequest{Code: "1 + 1"}, nil); err != nil || res.Results[0].Text != "2" {
+		t.Fatalf("after the crash: %+v %v", res, err)
+	}
+}
+
 // Interrupting running code is not possible (no signals); it says so, and
 // the time limit still ends the code.
 func TestInterruptUnsupported(t *testing.T) {
