@@ -139,7 +139,13 @@ func (b *Backend) Sweep() ([]string, error) {
 	}
 	var out []string
 	var errs []error
-	// The runtime's containers first: their processes hold the mounts.
+	// Every process of the old sandboxes first, through their cgroups;
+	// then what the runtime keeps of their containers; then their disks.
+	if b.cfg.Cgroups != nil {
+		names, err := b.cfg.Cgroups.Sweep()
+		out = append(out, names...)
+		errs = append(errs, err)
+	}
 	if sw, ok := b.cfg.Runtime.(interface{ Sweep() ([]string, error) }); ok {
 		names, err := sw.Sweep()
 		out = append(out, names...)
@@ -153,11 +159,6 @@ func (b *Backend) Sweep() ([]string, error) {
 			continue
 		}
 		out = append(out, e.Name())
-	}
-	if b.cfg.Cgroups != nil {
-		names, err := b.cfg.Cgroups.Sweep()
-		out = append(out, names...)
-		errs = append(errs, err)
 	}
 	return out, errors.Join(errs...)
 }

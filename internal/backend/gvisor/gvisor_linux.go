@@ -55,12 +55,13 @@ func New(cfg Config) (*container.Backend, error) {
 		return nil, fmt.Errorf("%w: the gvisor backend needs root (runsc makes the sandbox's namespaces and cgroup)", sandbox.ErrUnsupported)
 	}
 	if cfg.Runsc == "" {
-		p, err := exec.LookPath("runsc")
-		if err != nil {
-			return nil, fmt.Errorf("%w: runsc (gVisor) is not installed: apt install runsc", sandbox.ErrUnsupported)
-		}
-		cfg.Runsc = p
+		cfg.Runsc = "runsc"
 	}
+	p, err := exec.LookPath(cfg.Runsc)
+	if err != nil {
+		return nil, fmt.Errorf("%w: runsc (gVisor) is not installed: apt install runsc (%v)", sandbox.ErrUnsupported, err)
+	}
+	cfg.Runsc = p
 	if cfg.Platform == "" {
 		cfg.Platform = DefaultPlatform()
 	}
