@@ -101,49 +101,53 @@ func (c *channel) read(buf []byte) int {
 	return n
 }
 
-// write takes bytes of event frames and hands each complete one on.
+// write takes bytes of event frames and hands each complete one on, as it
+// is parsed. What it holds is bounded whatever the guest writes at once: at
+// most one frame's worth of bytes (maxFrame) is buffered, and no parsed
+// event waits for the rest of the write.
 func (c *channel) write(buf []byte) {
 	c.mu.Lock()
-	if c.broken != nil {
-		c.mu.Unlock()
-		return
+	defer c.mu.Unlock()
+	for len(buf) > 0 && c.broken == nil {
+		// An incomplete frame is shorter than maxFrame+4: room >= 1.
+		n := min(maxFrame+4-len(c.in), len(buf))
+		c.in = append(c.in, buf[:n]...)
+		buf = buf[n:]
+		c.parse()
 	}
-	c.in = append(c.in, buf...)
-	var events []runner.Event
-	for len(c.in) >= 4 {
-		n := binary.BigEndian.Uint32(c.in)
-		if n > maxFrame {
-			c.broken = fmt.Errorf("%w: %d bytes, limit %d", runner.ErrFrameTooLarge, n, maxFrame)
-			c.in = nil
-			break
-		}
-		if uint32(len(c.in)-4) < n {
-			break
-		}
-		body := c.in[4 : 4+n]
-		if c.skip != nil && c.skip() && bytes.HasPrefix(body, resultPrefix) {
-			events = append(events, runner.Event{Type: "skipped"})
-		} else {
-			var ev runner.Event
-			if err := json.Unmarshal(body, &ev); err != nil || ev.Type == "" {
-				c.broken = fmt.Errorf("%w: %v", runner.ErrMalformed, err)
-				c.in = nil
-				break
-			}
-			events = append(events, ev)
-		}
-		c.in = c.in[4+n:]
-	}
-	if len(c.in) == 0 {
+	if c.broken != nil || len(c.in) == 0 {
 		c.in = nil // do not keep a large buffer alive
 	}
-	handle := c.onEvent
-	c.mu.Unlock()
-	for _, ev := range events {
-		if handle != nil {
-			handle(ev)
+}
+
+// parse hands on every complete frame of c.in and keeps the rest. The
+// handlers run with c.mu held: they take the sandbox's lock, never the
+// other way round.
+func (c *channel) parse() {
+	off := 0
+	for len(c.in)-off >= 4 {
+		n := binary.BigEndian.Uint32(c.in[off:])
+		if n > maxFrame {
+			c.broken = fmt.Errorf("%w: %d bytes, limit %d", runner.ErrFrameTooLarge, n, maxFrame)
+			return
+		}
+		if uint32(len(c.in)-off-4) < n {
+			break
+		}
+		body := c.in[off+4 : off+4+int(n)]
+		off += 4 + int(n)
+		var ev runner.Event
+		if c.skip != nil && c.skip() && bytes.HasPrefix(body, resultPrefix) {
+			ev = runner.Event{Type: "skipped"}
+		} else if err := json.Unmarshal(body, &ev); err != nil || ev.Type == "" {
+			c.broken = fmt.Errorf("%w: %v", runner.ErrMalformed, err)
+			return
+		}
+		if c.onEvent != nil {
+			c.onEvent(ev)
 		}
 	}
+	c.in = c.in[:copy(c.in, c.in[off:])]
 }
 
 // brokenErr reports how the runner broke the protocol, if it did.
