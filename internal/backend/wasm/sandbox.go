@@ -45,7 +45,6 @@ type Sandbox struct {
 	mu     sync.Mutex
 	inst   *instance
 	cur    *execution
-	lost   bool // the interpreter died since the last execution
 	closed bool
 
 	execMu sync.Mutex // one execution (or restart) at a time
@@ -242,13 +241,7 @@ func (s *Sandbox) Restart(ctx context.Context) error {
 		return sandbox.ErrBusy
 	}
 	defer s.execMu.Unlock()
-	if err := s.restart(ctx); err != nil {
-		return err
-	}
-	s.mu.Lock()
-	s.lost = false
-	s.mu.Unlock()
-	return nil
+	return s.restart(ctx)
 }
 
 // restart stops the current interpreter, if any, and starts another.
@@ -291,7 +284,7 @@ func (s *Sandbox) Execute(ctx context.Context, req sandbox.ExecRequest, sink san
 	}
 	defer s.execMu.Unlock()
 	s.mu.Lock()
-	closed, inst, lost := s.closed, s.inst, s.lost
+	closed, inst := s.closed, s.inst
 	s.mu.Unlock()
 	if closed {
 		return nil, sandbox.ErrClosed
@@ -317,8 +310,9 @@ func (s *Sandbox) Execute(ctx context.Context, req sandbox.ExecRequest, sink san
 	if filename == "" {
 		filename = "<cell>"
 	}
-	// An interpreter that died since the last execution (os._exit, a
-	// crash) is replaced first; the result says so.
+	// An interpreter that died since the last execution, and could not be
+	// replaced then, is replaced first; the result says so.
+	lost := false
 	if inst == nil || !inst.alive() {
 		if s.spec.OneShot {
 			return nil, fmt.Errorf("%w: the interpreter has ended", sandbox.ErrClosed)
@@ -344,7 +338,6 @@ func (s *Sandbox) Execute(ctx context.Context, req sandbox.ExecRequest, sink san
 	s.filesFull.Store(false)
 	s.mu.Lock()
 	s.cur = x
-	s.lost = false
 	s.mu.Unlock()
 
 	slept0 := inst.sleptNow()
