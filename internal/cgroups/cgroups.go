@@ -125,6 +125,7 @@ func validName(name string) error {
 }
 
 type mount struct {
+	root    string // the directory of the hierarchy mounted there
 	point   string
 	fstype  string
 	options []string // super options: the v1 controllers
@@ -151,7 +152,7 @@ func parseMountinfo(s string) []mount {
 		if len(f) < 5 || len(g) < 3 || (g[0] != "cgroup" && g[0] != "cgroup2") {
 			continue
 		}
-		out = append(out, mount{point: unescapeMount(f[4]), fstype: g[0], options: strings.Split(g[2], ",")})
+		out = append(out, mount{root: unescapeMount(f[3]), point: unescapeMount(f[4]), fstype: g[0], options: strings.Split(g[2], ",")})
 	}
 	return out
 }

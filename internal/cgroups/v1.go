@@ -185,14 +185,17 @@ func (g *group1) IntoFD() int { return -1 }
 
 func (g *group1) Procs() ([]int, error) { return readProcs(g.dir(g.m.pids)) }
 
-func (g *group1) Stats() (Stats, error) {
+func (g *group1) Stats() (Stats, error) { return statsV1(g.dir(g.m.cpuacct), g.dir(g.m.memory)) }
+
+// statsV1 reads a v1 group's accounting from its cpuacct and memory
+// directories.
+func statsV1(cpuacct, mem string) (Stats, error) {
 	var s Stats
-	ns, err := readInt(g.dir(g.m.cpuacct), "cpuacct.usage")
+	ns, err := readInt(cpuacct, "cpuacct.usage")
 	if err != nil {
 		return s, err
 	}
 	s.CPU = time.Duration(ns)
-	mem := g.dir(g.m.memory)
 	if s.MemoryPeak, err = readInt(mem, "memory.max_usage_in_bytes"); err != nil {
 		return s, err
 	}

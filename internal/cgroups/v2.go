@@ -178,18 +178,21 @@ func (g *group2) IntoFD() int { return g.fd }
 
 func (g *group2) Procs() ([]int, error) { return readProcs(g.dir) }
 
-func (g *group2) Stats() (Stats, error) {
+func (g *group2) Stats() (Stats, error) { return statsV2(g.dir) }
+
+// statsV2 reads a v2 group's accounting.
+func statsV2(dir string) (Stats, error) {
 	var s Stats
-	us, err := readKeyed(g.dir, "cpu.stat", "usage_usec")
+	us, err := readKeyed(dir, "cpu.stat", "usage_usec")
 	if err != nil {
 		return s, err
 	}
 	s.CPU = time.Duration(us) * time.Microsecond
 	// memory.peak arrived in Linux 5.19; older kernels report no peak.
-	if p, err := readInt(g.dir, "memory.peak"); err == nil {
+	if p, err := readInt(dir, "memory.peak"); err == nil {
 		s.MemoryPeak = p
 	}
-	if s.OOMKills, err = readKeyed(g.dir, "memory.events", "oom_kill"); err != nil {
+	if s.OOMKills, err = readKeyed(dir, "memory.events", "oom_kill"); err != nil {
 		return s, err
 	}
 	return s, nil
