@@ -95,7 +95,13 @@ type Config struct {
 	// own limit is pids: a runtime whose kernel runs on the host as
 	// processes (gVisor's) needs room for its own. Nil: pids.
 	HostPids func(pids int) int64
-	Logger   *slog.Logger
+	// SharedUser says the sandbox user is a uid of the host's, the same in
+	// every sandbox (no user namespace: Docker's containers). The kernel
+	// counts RLIMIT_NPROC per user across the host, so there it would
+	// count every sandbox's processes and the host user's: the agent sets
+	// none, and the container's pids cgroup (the runtime's) is the limit.
+	SharedUser bool
+	Logger     *slog.Logger
 }
 
 // Backend makes container sandboxes.
@@ -256,7 +262,9 @@ func (b *Backend) start(ctx context.Context, spec sandbox.Spec) (_ *Sandbox, err
 		UID:        SandboxUID, GID: SandboxGID,
 		OpenFiles: uint64(spec.Limits.OpenFiles),
 		FileSize:  uint64(spec.Limits.Disk),
-		MaxProcs:  uint64(spec.Limits.Pids),
+	}
+	if !b.cfg.SharedUser {
+		cfg.MaxProcs = uint64(spec.Limits.Pids)
 	}
 	if spec.OneShot && spec.Limits.CPUTime > 0 {
 		cfg.CPUSeconds = uint64((spec.Limits.CPUTime + time.Second - 1) / time.Second)
