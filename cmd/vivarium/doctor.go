@@ -87,6 +87,12 @@ func gvisorCheck() check {
 	})
 }
 
+// closingBackend is a backend that frees what it keeps when closed.
+type closingBackend interface {
+	sandbox.Backend
+	Close() error
+}
+
 // backendCheck runs one sandbox of an optional backend.
 func backendCheck(name string, open func() (closingBackend, string, error)) check {
 	fail := func(err error) check { return check{Name: name, Detail: err.Error(), Optional: true} }

@@ -5,12 +5,14 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -51,12 +53,13 @@ type serveConfig struct {
 
 	allowOrigins   listFlag
 	backend        string
+	backends       listFlag
 	gvisorPlatform string
 	wasmDir        string
 	zygote         bool
-	preload      string
-	pool         int
-	poolIdle     time.Duration
+	preload        string
+	pool           int
+	poolIdle       time.Duration
 }
 
 func serveFlags(c *serveConfig) *flag.FlagSet {
@@ -101,7 +104,8 @@ Flags:
 	fs.DurationVar(&c.timeout, "max-timeout", time.Hour, "longest execution a client may ask for (the default is 30s)")
 	fs.Float64Var(&c.cpus, "cpus", 0, "CPU cap of every sandbox in cores (0: none; each sandbox still gets only its fair share)")
 	fs.Var(&c.allowOrigins, "allow-origin", "`ORIGIN` of web pages allowed to call the API (repeatable; default: none)")
-	fs.StringVar(&c.backend, "backend", "native", "isolation: `native` (Linux namespaces, seccomp, cgroups), gvisor (inside gVisor's user-space kernel: runsc) or wasm (CPython compiled to WebAssembly: standard library only)")
+	fs.StringVar(&c.backend, "backend", "native", "default isolation: `native` (Linux namespaces, seccomp, cgroups), gvisor (inside gVisor's user-space kernel: runsc) or wasm (CPython compiled to WebAssembly: standard library only)")
+	fs.Var(&c.backends, "offer-backend", "`NAME` of another backend clients may ask for per sandbox (\"backend\" in the API; repeatable or comma-separated)")
 	fs.StringVar(&c.gvisorPlatform, "gvisor-platform", "", "for --backend gvisor: runsc's `PLATFORM` (ptrace, kvm, systrap); default kvm where /dev/kvm opens, else ptrace")
 	fs.StringVar(&c.wasmDir, "wasm-dir", os.Getenv(wasm.DirEnv), "for --backend wasm: the `DIR` `make wasm` built")
 	fs.BoolVar(&c.zygote, "zygote", true,
@@ -168,7 +172,10 @@ func (c *serveConfig) validate() error {
 	check(c.pool < 0 || c.pool > 1000, "--pool must be between 0 and 1000")
 	check(c.poolIdle <= 0, "--pool-idle must be positive")
 	check(c.preload != "" && !c.zygote, "--preload needs --zygote (without a zygote nothing is preloaded)")
-	check(c.backend != "native" && c.backend != "gvisor" && c.backend != "wasm", "--backend must be native, gvisor or wasm")
+	for _, name := range c.backendNames() {
+		check(name != "native" && name != "gvisor" && name != "wasm",
+			fmt.Sprintf("unknown backend %q: --backend and --offer-backend take native, gvisor or wasm", name))
+	}
 	max := c.maxLimits()
 	if err := max.Validate(); err != nil {
 		errs = append(errs, err)
@@ -181,17 +188,56 @@ func (c *serveConfig) maxLimits() sandbox.Limits {
 		Timeout: c.timeout, CPUs: c.cpus}
 }
 
-// closingBackend is a backend that frees what it keeps when closed.
-type closingBackend interface {
-	sandbox.Backend
-	Close() error
+// nativeOf returns the native backend among those offered.
+func nativeOf(m *sandbox.Mux) (*native.Backend, bool) {
+	b, ok := m.Backend("native")
+	if !ok {
+		return nil, false
+	}
+	nb, ok := b.(*native.Backend)
+	return nb, ok
 }
 
-// newBackend makes the backend --backend names.
-func (c *serveConfig) newBackend(log *slog.Logger) (closingBackend, error) {
-	switch c.backend {
+// backendNames lists the backends offered, the default first.
+func (c *serveConfig) backendNames() []string {
+	names := []string{c.backend}
+	for _, l := range c.backends {
+		for _, n := range strings.Split(l, ",") {
+			if n = strings.TrimSpace(n); n != "" && !slices.Contains(names, n) {
+				names = append(names, n)
+			}
+		}
+	}
+	return names
+}
+
+// newBackend makes the backends --backend and --offer-backend name, as
+// one: a sandbox's "backend" chooses among them.
+func (c *serveConfig) newBackend(log *slog.Logger) (*sandbox.Mux, error) {
+	var open []sandbox.Backend
+	closeAll := func() {
+		for _, b := range open {
+			if cl, ok := b.(io.Closer); ok {
+				cl.Close()
+			}
+		}
+	}
+	for _, name := range c.backendNames() {
+		b, err := c.openBackend(name, log)
+		if err != nil {
+			closeAll()
+			return nil, fmt.Errorf("%s backend: %w", name, err)
+		}
+		open = append(open, b)
+	}
+	return sandbox.NewMux(open[0], open[1:]...), nil
+}
+
+func (c *serveConfig) openBackend(name string, log *slog.Logger) (sandbox.Backend, error) {
+	switch name {
 	case "gvisor":
-		return gvisor.New(gvisor.Config{Platform: c.gvisorPlatform, CgroupParent: c.cgroupParent, Logger: log})
+		// A cgroup parent and state of its own, under the server's lock.
+		return gvisor.New(gvisor.Config{Platform: c.gvisorPlatform, CgroupParent: c.cgroupParent + "-gvisor", Logger: log})
 	case "wasm":
 		return wasm.New(wasm.Config{Dir: c.wasmDir})
 	}
@@ -305,14 +351,12 @@ func serve(c *serveConfig, log *slog.Logger) error {
 	defer b.Close()
 	// What a crashed predecessor left: its sandboxes died with it, their
 	// cgroups and mounts did not.
-	if sw, ok := b.(interface{ Sweep() ([]string, error) }); ok {
-		if swept, err := sw.Sweep(); err != nil {
-			return fmt.Errorf("remove what an earlier server left: %w", err)
-		} else if len(swept) > 0 {
-			log.Warn("removed sandboxes an earlier server left behind", "count", len(swept), "ids", swept)
-		}
+	if swept, err := b.Sweep(); err != nil {
+		return fmt.Errorf("remove what an earlier server left: %w", err)
+	} else if len(swept) > 0 {
+		log.Warn("removed sandboxes an earlier server left behind", "count", len(swept), "ids", swept)
 	}
-	if nb, ok := b.(*native.Backend); ok {
+	if nb, ok := nativeOf(b); ok {
 		if !nb.CPUShares() {
 			log.Warn("no cpu cgroup controller: a sandbox running many processes gets more CPU than its share")
 		}
@@ -345,6 +389,7 @@ func serve(c *serveConfig, log *slog.Logger) error {
 
 	svcCfg := service.Config{
 		Backend:               warm,
+		Backends:              b.Names(),
 		Pool:                  warm,
 		MaxLimits:             c.maxLimits(),
 		DefaultIdle:           c.idle,
@@ -385,8 +430,8 @@ func serve(c *serveConfig, log *slog.Logger) error {
 	srv.RegisterOnShutdown(closeMCP)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
-	attrs := []any{"addr", ln.Addr().String(), "data_dir", c.dataDir, "dev", c.dev, "backend", b.Name()}
-	if nb, ok := b.(*native.Backend); ok {
+	attrs := []any{"addr", ln.Addr().String(), "data_dir", c.dataDir, "dev", c.dev, "backends", strings.Join(b.Names(), ",")}
+	if nb, ok := nativeOf(b); ok {
 		attrs = append(attrs, "cgroup_version", nb.CgroupVersion())
 	}
 	log.Info("vivarium serving", attrs...)

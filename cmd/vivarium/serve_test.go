@@ -358,6 +358,8 @@ func TestServeRefusesBadConfig(t *testing.T) {
 		{[]string{"--max-memory", "1KiB"}, "memory must be"},
 		{[]string{"--idle-timeout", "2h", "--max-idle-timeout", "1h"}, "--idle-timeout"},
 		{[]string{"stray"}, "unexpected arguments"},
+		{[]string{"--backend", "qemu"}, `unknown backend "qemu"`},
+		{[]string{"--offer-backend", "gvisor,firecracker"}, `unknown backend "firecracker"`},
 	} {
 		r := vivarium(t, "", append([]string{"serve"}, c.args...)...)
 		if r.code != 2 || !strings.Contains(r.stderr, c.want) {

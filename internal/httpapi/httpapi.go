@@ -255,6 +255,7 @@ type createRequest struct {
 	Limits       LimitsRequest     `json:"limits"`
 	Env          map[string]string `json:"env" doc:"environment variables of every execution"`
 	Metadata     map[string]string `json:"metadata" doc:"free-form labels"`
+	Backend      string            `json:"backend" doc:"isolation backend, one the server offers (native, gvisor, docker, wasm); default: the server's"`
 }
 
 func (s *Server) create(w http.ResponseWriter, r *http.Request) {
@@ -264,7 +265,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	}
 	info, err := s.svc.Create(r.Context(), service.CreateRequest{
 		Owner: owner(r), Idle: seconds(req.TimeoutS), MaxLifetime: seconds(req.MaxLifetimeS),
-		Limits: req.Limits.limits(), Env: req.Env, Metadata: req.Metadata,
+		Limits: req.Limits.limits(), Env: req.Env, Metadata: req.Metadata, Backend: req.Backend,
 	})
 	if err != nil {
 		s.fail(w, err)
@@ -343,6 +344,7 @@ type runOnceRequest struct {
 	TimeoutS float64           `json:"timeout_s" doc:"wall-clock limit, seconds"`
 	Env      map[string]string `json:"env"`
 	Stream   bool              `json:"stream" doc:"stream NDJSON events"`
+	Backend  string            `json:"backend" doc:"isolation backend, one the server offers; default: the server's"`
 }
 
 func (s *Server) runOnce(w http.ResponseWriter, r *http.Request) {
@@ -351,7 +353,7 @@ func (s *Server) runOnce(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	job := sandbox.OneShot{
-		Spec:    sandbox.Spec{Limits: req.Limits.limits(), Env: req.Env},
+		Spec:    sandbox.Spec{Limits: req.Limits.limits(), Env: req.Env, Backend: req.Backend},
 		Request: sandbox.ExecRequest{Code: req.Code},
 	}
 	if req.TimeoutS > 0 {

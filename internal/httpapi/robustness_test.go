@@ -326,3 +326,42 @@ func doRaw(c *http.Client, base, method, path, body string) (*http.Response, err
 	req.Header.Set("Authorization", "Bearer alice-key")
 	return c.Do(req)
 }
+
+// namedFake is a fake backend under another name.
+type namedFake struct {
+	fakeBackend
+	name string
+}
+
+func (f *namedFake) Name() string { return f.name }
+
+// A client chooses the backend of a sandbox among those the server
+// offers; another is refused with the list.
+func TestChoosingABackend(t *testing.T) {
+	dir := t.TempDir()
+	mux := sandbox.NewMux(&fakeBackend{dir: dir}, &namedFake{fakeBackend{dir: dir}, "second"})
+	svc := service.New(service.Config{Backend: mux, Backends: mux.Names()})
+	t.Cleanup(func() { svc.Close() })
+	srv := httptest.NewServer(httpapi.New(svc, keys{"alice-key": "alice"}, nil))
+	t.Cleanup(srv.Close)
+	for _, c := range []struct {
+		path, body, want string
+		code             int
+	}{
+		{"/v1/sandboxes", `{}`, `"backend":"fake"`, 201},
+		{"/v1/sandboxes", `{"backend":"second"}`, `"backend":"second"`, 201},
+		{"/v1/sandboxes", `{"backend":"docker"}`, `backend \"docker\" is not offered here; this server offers fake, second`, 400},
+		{"/v1/execute", `{"code":"x","backend":"second"}`, `"stdout":"x"`, 200},
+		{"/v1/execute", `{"code":"x","backend":"gvisor"}`, `is not offered here`, 400},
+	} {
+		resp, err := doRaw(srv.Client(), srv.URL, "POST", c.path, c.body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != c.code || !strings.Contains(string(body), c.want) {
+			t.Errorf("POST %s %s: %d %s; want %d with %s", c.path, c.body, resp.StatusCode, body, c.code, c.want)
+		}
+	}
+}

@@ -90,6 +90,10 @@ type Spec struct {
 	// OneShot sandboxes run a single execution, and its exit status is the
 	// program's own: sys.exit(3) ends the sandbox with 3.
 	OneShot bool
+	// Backend names the backend that makes the sandbox, where several are
+	// offered (see Mux); empty: the default one. Backends themselves
+	// ignore it.
+	Backend string `json:",omitempty"`
 }
 
 // DefaultPython is the interpreter sandboxes run unless told otherwise.

@@ -100,6 +100,9 @@ func (s *Service) RunOnce(ctx context.Context, owner string, job sandbox.OneShot
 		return nil, err
 	}
 	job.Spec.Limits = limits
+	if err := s.checkBackend(job.Spec.Backend); err != nil {
+		return nil, err
+	}
 	job.OutDir = "" // never the server's file system
 	release, err := s.acquire(owner)
 	if err != nil {

@@ -8,6 +8,7 @@
 package service
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -17,6 +18,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -35,6 +37,9 @@ var (
 // Config bounds what owners may ask for.
 type Config struct {
 	Backend sandbox.Backend
+	// Backends names the backends a request may choose, the default
+	// first (see sandbox.Mux); empty: Backend's alone.
+	Backends []string
 	// Pool, when Backend is one, is reported in the metrics.
 	Pool *pool.Pool
 	// MaxLimits caps every limit an owner asks for; zero fields use the
@@ -157,6 +162,8 @@ type CreateRequest struct {
 	Limits      sandbox.Limits
 	Env         map[string]string
 	Metadata    map[string]string
+	// Backend is the isolation backend ("": the server's default).
+	Backend string
 }
 
 // Box is a managed sandbox.
@@ -169,6 +176,7 @@ type Box struct {
 	limits      sandbox.Limits
 	env         map[string]string
 	metadata    map[string]string
+	backend     string
 	mu          sync.Mutex // guards the fields below
 	expiresAt   time.Time
 	executions  int
@@ -187,6 +195,7 @@ type Info struct {
 	IdleTimeoutS   float64           `json:"timeout_s"`
 	Limits         LimitsInfo        `json:"limits"`
 	Metadata       map[string]string `json:"metadata"`
+	Backend        string            `json:"backend"`
 	State          string            `json:"state"` // "idle" or "running"
 	ExecutionCount int               `json:"execution_count"`
 }
@@ -220,7 +229,7 @@ func (b *Box) info() Info {
 	}
 	return Info{
 		ID: b.id, CreatedAt: b.createdAt, ExpiresAt: b.expiresAt, Deadline: b.deadline,
-		IdleTimeoutS: b.idle.Seconds(), Limits: limitsInfo(b.limits), Metadata: md,
+		IdleTimeoutS: b.idle.Seconds(), Limits: limitsInfo(b.limits), Metadata: md, Backend: b.backend,
 		State: state, ExecutionCount: b.executions,
 	}
 }
@@ -246,6 +255,9 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		return Info{}, err
 	}
 	if err := sandbox.ValidateEnv(req.Env); err != nil {
+		return Info{}, err
+	}
+	if err := s.checkBackend(req.Backend); err != nil {
 		return Info{}, err
 	}
 	if len(req.Metadata) > 64 {
@@ -288,7 +300,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	}
 
 	start := time.Now()
-	sb, err := s.cfg.Backend.Create(ctx, sandbox.Spec{Limits: limits, Env: req.Env})
+	sb, err := s.cfg.Backend.Create(ctx, sandbox.Spec{Limits: limits, Env: req.Env, Backend: req.Backend})
 	if err != nil {
 		s.mu.Lock()
 		delete(s.boxes, id)
@@ -301,6 +313,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	b := &Box{
 		id: id, owner: req.Owner, sb: sb, createdAt: now, deadline: now.Add(life), idle: idle,
 		limits: limits, env: req.Env, metadata: maps.Clone(req.Metadata), expiresAt: minTime(now.Add(idle), now.Add(life)),
+		backend: cmp.Or(req.Backend, s.cfg.Backend.Name()),
 	}
 	s.mu.Lock()
 	unreserve()
@@ -324,6 +337,19 @@ func (s *Service) countOwner(owner string) int {
 		}
 	}
 	return n
+}
+
+// checkBackend refuses a backend the server does not offer.
+func (s *Service) checkBackend(name string) error {
+	offered := s.cfg.Backends
+	if len(offered) == 0 {
+		offered = []string{s.cfg.Backend.Name()}
+	}
+	if name == "" || slices.Contains(offered, name) {
+		return nil
+	}
+	return fmt.Errorf("%w: backend %q is not offered here; this server offers %s", sandbox.ErrInvalidSpec,
+		name, strings.Join(offered, ", "))
 }
 
 // bound applies server-wide caps to requested limits.

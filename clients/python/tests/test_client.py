@@ -181,6 +181,12 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(cm.exception.code, "invalid_request")
         self.assertIn("memory", str(cm.exception))
 
+        with self.assertRaises(InvalidRequestError) as cm:
+            self.client.run("1", backend="no-such-backend")
+        self.assertIn("not offered here", str(cm.exception))
+        with self.client.create_sandbox(backend="native") as chosen:
+            self.assertEqual(chosen.info["backend"], "native")
+
         with self.assertRaises(ConnectionFailed):
             Client(url="http://127.0.0.1:9", timeout=2).health()
         self.assertTrue(issubclass(ConnectionFailed, VivariumError))

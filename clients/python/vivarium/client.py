@@ -204,13 +204,15 @@ class Client:
         """True when the server answers /healthz."""
         return bool((self._call("GET", "/healthz") or {}).get("ok"))
 
-    def create_sandbox(self, timeout_s=None, max_lifetime_s=None, limits=None, env=None, metadata=None):
+    def create_sandbox(self, timeout_s=None, max_lifetime_s=None, limits=None, env=None, metadata=None,
+                       backend=None):
         """Creates a stateful sandbox. ``timeout_s`` is its idle timeout;
         ``limits`` a dict of memory, cpu_time_s, timeout_s, pids, disk,
-        max_output, cpus."""
+        max_output, cpus; ``backend`` one the server offers (native,
+        gvisor, wasm; default: the server's)."""
         body = {}
         for k, v in (("timeout_s", timeout_s), ("max_lifetime_s", max_lifetime_s), ("limits", limits),
-                     ("env", env), ("metadata", metadata)):
+                     ("env", env), ("metadata", metadata), ("backend", backend)):
             if v is not None:
                 body[k] = v
         info = self._call("POST", "/v1/sandboxes", body)
@@ -225,9 +227,10 @@ class Client:
         return self._call("GET", "/v1/sandboxes")["sandboxes"]
 
     def run(self, code, files=None, limits=None, timeout_s=None, env=None,
-            on_stdout=None, on_stderr=None, on_result=None, on_error=None):
+            on_stdout=None, on_stderr=None, on_result=None, on_error=None, backend=None):
         """Runs code in a fresh sandbox destroyed afterwards. ``files`` maps
-        workspace paths to bytes or str, placed there first."""
+        workspace paths to bytes or str, placed there first; ``backend`` is
+        one the server offers (default: the server's)."""
         body = {"code": code}
         if files:
             body["files"] = {k: base64.b64encode(v.encode() if isinstance(v, str) else v).decode() for k, v in files.items()}
@@ -237,6 +240,8 @@ class Client:
             body["timeout_s"] = timeout_s
         if env:
             body["env"] = env
+        if backend:
+            body["backend"] = backend
         wait = (timeout_s or (limits or {}).get("timeout_s") or 30) + _GRACE
         callbacks = (on_stdout, on_stderr, on_result, on_error)
         if any(callbacks):

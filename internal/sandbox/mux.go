@@ -1,0 +1,85 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+)
+
+// Mux offers several backends as one: a Spec's Backend field chooses
+// among them, an empty one means the first. A server that lets its
+// clients choose their isolation (native, gvisor, wasm ...) serves a Mux.
+type Mux struct {
+	order    []string
+	backends map[string]Backend
+}
+
+var (
+	_ Backend = (*Mux)(nil)
+	_ Sweeper = (*Mux)(nil)
+)
+
+// NewMux offers backends by their names; the first is the default.
+func NewMux(def Backend, others ...Backend) *Mux {
+	m := &Mux{backends: map[string]Backend{}}
+	for _, b := range append([]Backend{def}, others...) {
+		if _, dup := m.backends[b.Name()]; dup {
+			continue
+		}
+		m.order = append(m.order, b.Name())
+		m.backends[b.Name()] = b
+	}
+	return m
+}
+
+// Name implements Backend: the default backend's name.
+func (m *Mux) Name() string { return m.order[0] }
+
+// Names lists the backends offered, the default first.
+func (m *Mux) Names() []string { return append([]string(nil), m.order...) }
+
+// Backend returns the backend of that name ("": the default), if offered.
+func (m *Mux) Backend(name string) (Backend, bool) {
+	if name == "" {
+		name = m.order[0]
+	}
+	b, ok := m.backends[name]
+	return b, ok
+}
+
+// Create implements Backend.
+func (m *Mux) Create(ctx context.Context, spec Spec) (Sandbox, error) {
+	b, ok := m.Backend(spec.Backend)
+	if !ok {
+		return nil, fmt.Errorf("%w: backend %q is not offered here; this server offers %s", ErrInvalidSpec,
+			spec.Backend, strings.Join(m.order, ", "))
+	}
+	return b.Create(ctx, spec)
+}
+
+// Sweep implements Sweeper over every backend that sweeps.
+func (m *Mux) Sweep() ([]string, error) {
+	var out []string
+	var errs []error
+	for _, name := range m.order {
+		if s, ok := m.backends[name].(Sweeper); ok {
+			left, err := s.Sweep()
+			out = append(out, left...)
+			errs = append(errs, err)
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
+// Close closes every backend that closes.
+func (m *Mux) Close() error {
+	var errs []error
+	for _, name := range m.order {
+		if c, ok := m.backends[name].(io.Closer); ok {
+			errs = append(errs, c.Close())
+		}
+	}
+	return errors.Join(errs...)
+}
