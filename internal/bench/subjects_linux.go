@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
 
+	"github.com/vivarium-sandbox/vivarium/internal/backend/gvisor"
 	"github.com/vivarium-sandbox/vivarium/internal/backend/wasm"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
@@ -33,6 +35,9 @@ type Config struct {
 	// Wasm runs the wasm backend's rows; when nil, one is made from the
 	// interpreter `make wasm` built, and the rows are skipped without it.
 	Wasm sandbox.Backend
+	// Gvisor runs the gvisor backend's rows; when nil, one is made where
+	// runsc is installed, and the rows are skipped without it.
+	Gvisor sandbox.Backend
 }
 
 // DefaultDockerImage is the image the docker row runs, made by `docker
@@ -42,9 +47,9 @@ const DefaultDockerImage = "vivarium-bench-python"
 // Subjects returns the rows `vivarium bench` measures, in the order
 // printed: for the one-shot workloads W1 and W2, a `vivarium serve`'s
 // one-shot endpoint (the reference), Vivarium's CLI and in-process
-// RunOnce (and for W1 the wasm backend's RunOnce), then python3 alone, bubblewrap, gVisor, Docker and a Jupyter
+// RunOnce (and for W1 the gvisor and wasm backends' RunOnce), then python3 alone, bubblewrap, gVisor, Docker and a Jupyter
 // kernel per request; for the warm workload W3, a running sandbox over HTTP
-// (the reference), in-process and in a wasm sandbox, and a running
+// (the reference), in-process and in gvisor and wasm sandboxes, and a running
 // Jupyter kernel; W4, the
 // creation of a stateful sandbox; W5, the memory of an idle one. Subjects
 // that this host cannot run carry the reason in Skip. Looking runs a few
@@ -105,6 +110,16 @@ func Subjects(ctx context.Context, cfg Config) ([]Subject, func()) {
 		}
 		return nil
 	}
+	gvisorSkip := ""
+	if cfg.Gvisor == nil {
+		if err := gvisor.Check(); err != nil {
+			gvisorSkip = err.Error()
+		} else if b, err := gvisor.New(gvisor.Config{CgroupParent: "vivarium-bench-gvisor"}); err != nil {
+			gvisorSkip = err.Error()
+		} else {
+			cfg.Gvisor = b
+		}
+	}
 	var out []Subject
 	for _, w := range []Workload{W1, W2} {
 		wSkip := ""
@@ -135,6 +150,9 @@ func Subjects(ctx context.Context, cfg Config) ([]Subject, func()) {
 		)
 		if w.ID == W1.ID {
 			out = append(out, Subject{
+				Workload: w.Label(), Name: "vivarium gvisor RunOnce (in-process)",
+				Skip: gvisorSkip, Run: oneShot(cfg.Gvisor, w),
+			}, Subject{
 				Workload: w.Label(), Name: "vivarium wasm RunOnce (in-process)",
 				Skip: wasmSkip, Setup: wasmWarm, Run: oneShot(cfg.Wasm, w),
 			})
@@ -188,8 +206,13 @@ func Subjects(ctx context.Context, cfg Config) ([]Subject, func()) {
 			return wws.setup(ctx)
 		}
 	}
+	gvisorWarmRow := Subject{Workload: w.Label(), Name: "vivarium gvisor sandbox, warm (in-process Execute)", Skip: gvisorSkip}
+	if cfg.Gvisor != nil {
+		gws := newWarmSandboxes(cfg.Gvisor, w)
+		gvisorWarmRow.Setup, gvisorWarmRow.Run, gvisorWarmRow.Teardown = gws.setup, gws.run, gws.teardown
+	}
 	jp := &jupyter{python: py, w: w, warm: true}
-	out = append(out, httpWarm, warm, wasmWarmRow, Subject{
+	out = append(out, httpWarm, warm, gvisorWarmRow, wasmWarmRow, Subject{
 		Workload: w.Label(), Name: "jupyter kernel, warm (execute)", Peer: true,
 		Skip:  jupyterSkip,
 		Setup: jp.setup, Run: jp.run, Teardown: jp.teardown,
@@ -225,6 +248,11 @@ func Subjects(ctx context.Context, cfg Config) ([]Subject, func()) {
 		srv.mu.Unlock()
 		if users > 0 {
 			srv.release()
+		}
+		for _, b := range []sandbox.Backend{cfg.Gvisor, cfg.Wasm} {
+			if c, ok := b.(io.Closer); ok {
+				c.Close()
+			}
 		}
 	}
 }
