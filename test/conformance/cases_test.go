@@ -283,6 +283,18 @@ except OSError as e:
 			t.Fatalf("%+v", res)
 		}
 	}},
+	{name: "memory_limit_in_a_stateful_sandbox", run: func(t *testing.T, be *backend) {
+		sb := be.create(t, sandbox.Spec{Limits: sandbox.Limits{Memory: 128 << 20}})
+		exec(t, sb, code("x = 1\nopen('f', 'w').write('kept')"))
+		res := exec(t, sb, code("y = []\nwhile True: y.append(bytearray(16 << 20))"))
+		wantStatus(t, res, sandbox.StatusMemoryLimit, sandbox.ExitMemoryLimit)
+		// The sandbox carries on, with its files; its state survives
+		// unless the result said it was lost.
+		after := exec(t, sb, code("print(open('f').read()); 'x' in globals()"))
+		if after.Stdout != "kept\n" || len(after.Results) != 1 || after.Results[0].Text != map[bool]string{true: "False", false: "True"}[res.StateLost] {
+			t.Fatalf("after the limit (state lost: %v): %+v", res.StateLost, after)
+		}
+	}},
 	{name: "interrupt_keeps_state", run: func(t *testing.T, be *backend) {
 		sb := be.create(t, sandbox.Spec{})
 		exec(t, sb, code("n = 0"))

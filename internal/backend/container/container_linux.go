@@ -197,9 +197,8 @@ const setupTimeout = 2 * time.Minute
 
 func (b *Backend) start(ctx context.Context, spec sandbox.Spec) (_ *Sandbox, err error) {
 	s := &Sandbox{id: newID(), b: b, spec: spec, dir: "", runnerSet: make(chan struct{}),
-		spawns: map[uint32]chan agent.Ctl{}, procs: map[uint32]*process{}, ended: make(chan struct{}),
-		contexts: runner.NewContexts("/workspace"),
-		ready:    make(chan struct{})}
+		spawns: map[uint32]chan agent.Ctl{}, procs: map[uint32]*process{},
+		contexts: runner.NewContexts("/workspace")}
 	defer func() {
 		if err != nil {
 			s.Close()
@@ -247,12 +246,29 @@ func (b *Backend) start(ctx context.Context, spec sandbox.Spec) (_ *Sandbox, err
 			return nil, err
 		}
 	}
-	if s.c, err = b.cfg.Runtime.Launch(ctx, Launch{ID: s.id, Spec: spec, Disk: disk, Cgroup: s.cg}); err != nil {
+	s.disk = disk
+	s.stdout, s.stderr = newCapture(), newCapture()
+	if err := s.launch(ctx); err != nil {
 		return nil, err
 	}
-	s.out = agent.NewWriter(s.c.Stdin())
-	s.stdout, s.stderr = newCapture(), newCapture()
-	go s.read()
+	return s, nil
+}
+
+// launch starts the sandbox's container and waits for its runner.
+func (s *Sandbox) launch(ctx context.Context) error {
+	b, spec := s.b, s.spec
+	c, err := b.cfg.Runtime.Launch(ctx, Launch{ID: s.id, Spec: spec, Disk: s.disk, Cgroup: s.cg})
+	if err != nil {
+		return err
+	}
+	ss := &session{c: c, out: agent.NewWriter(c.Stdin()), ended: make(chan struct{}), ready: make(chan struct{})}
+	s.sess.Store(ss)
+	go s.read(ss)
+	if s.closing.Load() {
+		// Close ran meanwhile, and may have ended the session before.
+		ss.end()
+		return sandbox.ErrClosed
+	}
 
 	cfg := agent.Config{
 		Python:     spec.Python,
@@ -269,21 +285,40 @@ func (b *Backend) start(ctx context.Context, spec sandbox.Spec) (_ *Sandbox, err
 	if spec.OneShot && spec.Limits.CPUTime > 0 {
 		cfg.CPUSeconds = uint64((spec.Limits.CPUTime + time.Second - 1) / time.Second)
 	}
-	if err := s.out.Write(agent.KindConfig, 0, mustJSON(cfg)); err != nil {
-		return nil, fmt.Errorf("send the agent its configuration: %w", err)
+	if err := ss.out.Write(agent.KindConfig, 0, mustJSON(cfg)); err != nil {
+		return fmt.Errorf("send the agent its configuration: %w", err)
 	}
 	timer := time.NewTimer(setupTimeout)
 	defer timer.Stop()
 	select {
 	case <-s.readyRunner(ctx):
-		return s, nil
-	case <-s.ended:
-		return nil, s.setupFailure()
+		return nil
+	case <-ss.ended:
+		return s.setupFailure()
 	case <-timer.C:
-		return nil, fmt.Errorf("the sandbox was not ready within %v", setupTimeout)
+		return fmt.Errorf("the sandbox was not ready within %v", setupTimeout)
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return ctx.Err()
 	}
+}
+
+// relaunch replaces a persistent sandbox's dead container by a new one on
+// the same disk and cgroup: files are kept, state is not. Callers hold
+// execMu.
+func (s *Sandbox) relaunch(ctx context.Context) error {
+	if s.closing.Load() {
+		return sandbox.ErrClosed
+	}
+	if err := s.session().end(); err != nil {
+		return fmt.Errorf("%w: remove the dead container: %v", sandbox.ErrClosed, err)
+	}
+	s.mu.Lock()
+	s.runner, s.cur, s.lost, s.setupErr = nil, nil, false, ""
+	s.mu.Unlock()
+	if err := s.launch(ctx); err != nil {
+		return fmt.Errorf("%w: a new container: %v", sandbox.ErrClosed, err)
+	}
+	return nil
 }
 
 func runnerMode(spec sandbox.Spec) string {

@@ -55,7 +55,7 @@ func (s *Sandbox) Start(ctx context.Context, c sandbox.Command) (sandbox.Process
 	if err := sandbox.ValidateEnv(c.Env); err != nil {
 		return nil, err
 	}
-	if isClosed(s.ended) {
+	if s.closing.Load() || isClosed(s.session().ended) {
 		return nil, sandbox.ErrClosed
 	}
 	env := map[string]string{}
@@ -73,7 +73,7 @@ func (s *Sandbox) Start(ctx context.Context, c sandbox.Command) (sandbox.Process
 	// Registered before the agent can answer, so that no output of the
 	// command arrives before its buffers exist.
 	sin, _, _ := agent.CommandStreams(id)
-	p := &process{s: s, id: id, stdin: &stdinWriter{s: s, stream: sin}, stdout: newBuffer(), stderr: newBuffer(),
+	p := &process{s: s, id: id, stdin: &stdinWriter{out: s.session().out, stream: sin}, stdout: newBuffer(), stderr: newBuffer(),
 		done: make(chan struct{})}
 	s.procs[id] = p
 	s.mu.Unlock()
@@ -110,20 +110,20 @@ func (s *Sandbox) Start(ctx context.Context, c sandbox.Command) (sandbox.Process
 
 // stdinWriter sends a command's stdin to the agent.
 type stdinWriter struct {
-	s      *Sandbox
+	out    *agent.Writer // the container's the command runs in
 	stream uint32
 	once   sync.Once
 }
 
 func (w *stdinWriter) Write(p []byte) (int, error) {
-	if err := w.s.out.Write(agent.KindData, w.stream, p); err != nil {
+	if err := w.out.Write(agent.KindData, w.stream, p); err != nil {
 		return 0, err
 	}
 	return len(p), nil
 }
 
 func (w *stdinWriter) Close() error {
-	w.once.Do(func() { w.s.out.Write(agent.KindClose, w.stream, nil) })
+	w.once.Do(func() { w.out.Write(agent.KindClose, w.stream, nil) })
 	return nil
 }
 

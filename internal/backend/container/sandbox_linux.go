@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -47,8 +48,13 @@ type Sandbox struct {
 	mounted bool   // the disk tmpfs is mounted
 	ws      *workspace.Dir
 	cg      cgroups.Group
-	c       Container
-	out     *agent.Writer
+	disk    Disk
+	// sess is the running container; a persistent sandbox whose container
+	// died (gVisor over its memory limit) gets a new one, with the same
+	// disk, on its next execution.
+	sess atomic.Pointer[session]
+	// closing is set by Close: no new container then.
+	closing atomic.Bool
 
 	stdout, stderr *capture
 
@@ -62,8 +68,6 @@ type Sandbox struct {
 	nextID    uint32
 	lost      bool   // the runner died since the last execution
 	setupErr  string // the agent's OpError
-	ended     chan struct{}
-	ready     chan struct{} // the agent is set up
 
 	execMu sync.Mutex
 	used   bool
@@ -74,7 +78,21 @@ type Sandbox struct {
 
 var _ sandbox.Sandbox = (*Sandbox)(nil)
 
+// session is one container of a sandbox and the agent's stream.
+type session struct {
+	c     Container
+	out   *agent.Writer
+	ended chan struct{} // the agent's stream ended: the container is gone
+	ready chan struct{} // the agent is set up
+
+	endOnce sync.Once
+	endErr  error
+}
+
+func (s *Sandbox) session() *session { return s.sess.Load() }
+
 type runnerProc struct {
+	ss     *session
 	gen    uint32
 	events *io.PipeWriter
 	ready  chan struct{}
@@ -108,11 +126,11 @@ func mustJSON(v any) []byte {
 	return b
 }
 
-// read follows the agent's stream for the sandbox's life.
-func (s *Sandbox) read() {
-	defer close(s.ended)
+// read follows the agent's stream for the container's life.
+func (s *Sandbox) read(ss *session) {
+	defer close(ss.ended)
 	defer s.teardownStreams()
-	fr := agent.NewReader(s.c.Stdout())
+	fr := agent.NewReader(ss.c.Stdout())
 	for {
 		f, err := fr.Next()
 		if err != nil {
@@ -122,7 +140,7 @@ func (s *Sandbox) read() {
 		case agent.KindCtl:
 			var c agent.Ctl
 			if json.Unmarshal(f.Data, &c) == nil {
-				s.control(c)
+				s.control(ss, c)
 			}
 		case agent.KindData, agent.KindClose:
 			s.data(f)
@@ -151,11 +169,11 @@ func (s *Sandbox) teardownStreams() {
 	}
 }
 
-func (s *Sandbox) control(c agent.Ctl) {
+func (s *Sandbox) control(ss *session, c agent.Ctl) {
 	switch c.Op {
 	case agent.OpReady:
-		if !isClosed(s.ready) {
-			close(s.ready)
+		if !isClosed(ss.ready) {
+			close(ss.ready)
 		}
 	case agent.OpError:
 		s.mu.Lock()
@@ -163,7 +181,7 @@ func (s *Sandbox) control(c agent.Ctl) {
 		s.mu.Unlock()
 	case agent.OpRunner:
 		pr, pw := io.Pipe()
-		r := &runnerProc{gen: c.Gen, events: pw, ready: make(chan struct{}), exited: make(chan struct{})}
+		r := &runnerProc{ss: ss, gen: c.Gen, events: pw, ready: make(chan struct{}), exited: make(chan struct{})}
 		go s.readEvents(r, pr)
 		s.mu.Lock()
 		if old := s.runner; old != nil {
@@ -264,7 +282,7 @@ func (s *Sandbox) readEvents(r *runnerProc, events *io.PipeReader) {
 				s.mu.Lock()
 				r.broken = err
 				s.mu.Unlock()
-				s.out.Write(agent.KindClose, agent.RequestStream(r.gen), nil)
+				r.ss.out.Write(agent.KindClose, agent.RequestStream(r.gen), nil)
 				io.Copy(io.Discard, events)
 			}
 			return
@@ -290,7 +308,7 @@ func (s *Sandbox) readEvents(r *runnerProc, events *io.PipeReader) {
 		if ev.Type == "result" || ev.Type == "skipped" {
 			// Every result is acknowledged, whoever it was for: the
 			// runner (or a thread of the code) waits for it.
-			s.out.Write(agent.KindData, agent.RequestStream(r.gen), ackFrame)
+			r.ss.out.Write(agent.KindData, agent.RequestStream(r.gen), ackFrame)
 		}
 	}
 }
@@ -334,14 +352,14 @@ func (s *Sandbox) request(r *runnerProc, v any) error {
 	if err := runner.WriteFrame(&b, v); err != nil {
 		return err
 	}
-	if err := s.out.Write(agent.KindData, agent.RequestStream(r.gen), b.Bytes()); err != nil {
+	if err := r.ss.out.Write(agent.KindData, agent.RequestStream(r.gen), b.Bytes()); err != nil {
 		return fmt.Errorf("%w: the agent is gone: %v", sandbox.ErrClosed, err)
 	}
 	return nil
 }
 
 func (s *Sandbox) ctl(c agent.Ctl) error {
-	if err := s.out.Ctl(c); err != nil {
+	if err := s.session().out.Ctl(c); err != nil {
 		return fmt.Errorf("%w: the agent is gone: %v", sandbox.ErrClosed, err)
 	}
 	return nil
@@ -350,6 +368,7 @@ func (s *Sandbox) ctl(c agent.Ctl) error {
 // readyRunner returns a channel closed once a runner is ready for code.
 func (s *Sandbox) readyRunner(ctx context.Context) <-chan struct{} {
 	ch := make(chan struct{})
+	ended := s.session().ended
 	go func() {
 		for {
 			s.mu.Lock()
@@ -363,7 +382,7 @@ func (s *Sandbox) readyRunner(ctx context.Context) <-chan struct{} {
 				case <-r.exited:
 				case <-ctx.Done():
 					return
-				case <-s.ended:
+				case <-ended:
 					return
 				}
 			}
@@ -371,7 +390,7 @@ func (s *Sandbox) readyRunner(ctx context.Context) <-chan struct{} {
 			case <-set:
 			case <-ctx.Done():
 				return
-			case <-s.ended:
+			case <-ended:
 				return
 			}
 		}
@@ -454,7 +473,7 @@ func (s *Sandbox) tellContexts(r *runnerProc) {
 
 // Interrupt implements sandbox.Sandbox.
 func (s *Sandbox) Interrupt() error {
-	if isClosed(s.ended) {
+	if s.closing.Load() {
 		return sandbox.ErrClosed
 	}
 	s.mu.Lock()
@@ -487,6 +506,7 @@ func (s *Sandbox) Restart(ctx context.Context) error {
 // restart kills every process of the container but the agent and waits for
 // a new runner.
 func (s *Sandbox) restart(ctx context.Context) error {
+	ended := s.session().ended
 	s.mu.Lock()
 	old, set := s.runner, s.runnerSet
 	s.mu.Unlock()
@@ -496,7 +516,7 @@ func (s *Sandbox) restart(ctx context.Context) error {
 	for {
 		select {
 		case <-set:
-		case <-s.ended:
+		case <-ended:
 			return fmt.Errorf("%w: the sandbox died while restarting", sandbox.ErrClosed)
 		case <-ctx.Done():
 			return ctx.Err()
@@ -514,7 +534,7 @@ func (s *Sandbox) restart(ctx context.Context) error {
 	select {
 	case <-s.readyRunner(ctx):
 		return nil
-	case <-s.ended:
+	case <-ended:
 		return fmt.Errorf("%w: the sandbox died while restarting", sandbox.ErrClosed)
 	case <-timer.C:
 		return fmt.Errorf("the new runner was not ready within %v", setupTimeout)
@@ -528,7 +548,7 @@ func (s *Sandbox) stats() cgroups.Stats {
 		st, _ := s.cg.Stats()
 		return st
 	}
-	st, _ := s.c.Stats()
+	st, _ := s.session().c.Stats()
 	return st
 }
 
@@ -538,7 +558,7 @@ func (s *Sandbox) Execute(ctx context.Context, req sandbox.ExecRequest, sink san
 		return nil, sandbox.ErrBusy
 	}
 	defer s.execMu.Unlock()
-	if isClosed(s.ended) {
+	if s.closing.Load() {
 		return nil, sandbox.ErrClosed
 	}
 	if s.spec.OneShot && s.used {
@@ -563,6 +583,17 @@ func (s *Sandbox) Execute(ctx context.Context, req sandbox.ExecRequest, sink san
 	if err != nil {
 		return nil, err
 	}
+	if isClosed(s.session().ended) {
+		// The container died while idle (a command over the memory
+		// limit): a persistent sandbox gets a new one.
+		if s.spec.OneShot {
+			return nil, sandbox.ErrClosed
+		}
+		if err := s.relaunch(ctx); err != nil {
+			return nil, err
+		}
+	}
+	ss := s.session()
 	s.mu.Lock()
 	r, lost := s.runner, s.lost
 	s.mu.Unlock()
@@ -630,7 +661,7 @@ wait:
 			break wait
 		case <-r.exited:
 			break wait
-		case <-s.ended:
+		case <-ss.ended:
 			break wait
 		case <-wall.C:
 			why, whyMsg = sandbox.StatusTimeout, fmt.Sprintf("execution exceeded the %v wall-clock limit", limits.Timeout)
@@ -649,13 +680,13 @@ wait:
 	o := sandbox.Outcome{Why: why, WhyMsg: whyMsg, Limits: limits}
 	stateLost := lost
 	switch {
-	case s.spec.OneShot || isClosed(s.ended):
+	case s.spec.OneShot || isClosed(ss.ended):
 		if why != "" {
-			s.c.Kill()
+			ss.c.Kill()
 		}
 		select {
 		case <-r.exited:
-		case <-s.ended:
+		case <-ss.ended:
 		}
 		s.mu.Lock()
 		if isClosed(r.exited) && r.exit.Op == agent.OpExited {
@@ -672,7 +703,7 @@ wait:
 			}
 			stateLost = true
 			if err := s.restart(context.WithoutCancel(ctx)); err != nil {
-				s.c.Kill()
+				ss.c.Kill()
 			}
 		}
 	}
@@ -703,6 +734,14 @@ wait:
 	}
 	o.OOM = st.OOMKills > st0.OOMKills
 	o.Classify(res)
+	if !s.spec.OneShot && isClosed(ss.ended) && !s.closing.Load() {
+		// The container died with the execution: the next one starts in
+		// a new container, with the same files.
+		res.StateLost = true
+		if err := s.relaunch(context.WithoutCancel(ctx)); err != nil {
+			s.b.cfg.Logger.Warn("a new container for the sandbox", "id", s.id, "err", err)
+		}
+	}
 	return res, nil
 }
 
@@ -710,19 +749,11 @@ wait:
 // killed, the container removed, the workspace unmounted, the cgroup
 // destroyed.
 func (s *Sandbox) Close() error {
+	s.closing.Store(true)
 	s.closeOnce.Do(func() {
 		var errs []error
-		if s.c != nil {
-			s.c.Kill()
-			select {
-			case <-s.c.Done():
-			case <-time.After(30 * time.Second):
-				errs = append(errs, errors.New("the container did not end within 30s of a kill"))
-			}
-			s.c.Stdin().Close()
-			if err := s.c.Remove(); err != nil {
-				errs = append(errs, err)
-			}
+		if ss := s.session(); ss != nil {
+			errs = append(errs, ss.end())
 		}
 		if s.cg != nil {
 			if err := s.cg.Destroy(); err != nil {
@@ -745,6 +776,23 @@ func (s *Sandbox) Close() error {
 		s.closeErr = errors.Join(errs...)
 	})
 	return s.closeErr
+}
+
+// end kills the container and frees what the runtime holds for it, once.
+func (ss *session) end() error {
+	ss.endOnce.Do(func() {
+		var errs []error
+		ss.c.Kill()
+		select {
+		case <-ss.c.Done():
+		case <-time.After(30 * time.Second):
+			errs = append(errs, errors.New("the container did not end within 30s of a kill"))
+		}
+		ss.c.Stdin().Close()
+		errs = append(errs, ss.c.Remove())
+		ss.endErr = errors.Join(errs...)
+	})
+	return ss.endErr
 }
 
 // capture keeps the first limit bytes of an output stream for the current

@@ -245,6 +245,10 @@ func (r *Runtime) spec(l container.Launch) map[string]any {
 // Launch implements container.Runtime.
 func (r *Runtime) Launch(ctx context.Context, l container.Launch) (container.Container, error) {
 	bundle := filepath.Join(filepath.Dir(l.Disk.Dir), "bundle")
+	// A sandbox whose container died gets a new one: a new bundle too.
+	if err := os.RemoveAll(bundle); err != nil {
+		return nil, err
+	}
 	if err := os.Mkdir(bundle, 0o700); err != nil {
 		return nil, err
 	}
