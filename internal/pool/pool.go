@@ -48,7 +48,14 @@ type Pool struct {
 	wg      sync.WaitGroup
 }
 
-var _ sandbox.Backend = (*Pool)(nil)
+var (
+	_ sandbox.Backend       = (*Pool)(nil)
+	_ sandbox.EgressBackend = (*Pool)(nil)
+)
+
+// EgressSupported implements sandbox.EgressBackend for the backend the
+// pool wraps.
+func (p *Pool) EgressSupported() error { return sandbox.EgressSupported(p.cfg.Backend) }
 
 // bucket is one configuration's ready sandboxes.
 type bucket struct {
@@ -98,7 +105,12 @@ func key(spec sandbox.Spec) string {
 // Create implements sandbox.Backend: a ready sandbox for this exact
 // configuration if there is one, a new one otherwise.
 func (p *Pool) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
-	if p.cfg.Max <= 0 {
+	if p.cfg.Max <= 0 || spec.Egress != nil {
+		// A sandbox with network access is made for its caller: its
+		// proxy is the caller's, and cannot wait in a pool.
+		if err := sandbox.CheckEgress(p.cfg.Backend, spec); err != nil {
+			return nil, err
+		}
 		return p.cfg.Backend.Create(ctx, spec)
 	}
 	if err := spec.Validate(); err != nil {

@@ -17,8 +17,9 @@ type Mux struct {
 }
 
 var (
-	_ Backend = (*Mux)(nil)
-	_ Sweeper = (*Mux)(nil)
+	_ Backend       = (*Mux)(nil)
+	_ Sweeper       = (*Mux)(nil)
+	_ EgressBackend = (*Mux)(nil)
 )
 
 // NewMux offers backends by their names; the first is the default.
@@ -56,8 +57,15 @@ func (m *Mux) Create(ctx context.Context, spec Spec) (Sandbox, error) {
 		return nil, fmt.Errorf("%w: backend %q is not offered here; this server offers %s", ErrInvalidSpec,
 			spec.Backend, strings.Join(m.order, ", "))
 	}
+	if err := CheckEgress(b, spec); err != nil {
+		return nil, err
+	}
 	return b.Create(ctx, spec)
 }
+
+// EgressSupported implements EgressBackend: Create checks the backend a
+// spec chooses.
+func (m *Mux) EgressSupported() error { return nil }
 
 // Sweep implements Sweeper over every backend that sweeps.
 func (m *Mux) Sweep() ([]string, error) {

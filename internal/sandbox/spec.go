@@ -94,6 +94,11 @@ type Spec struct {
 	// offered (see Mux); empty: the default one. Backends themselves
 	// ignore it.
 	Backend string `json:",omitempty"`
+	// Egress, when set, is the sandbox's proxy to the network (see
+	// Egress); nil: no network at all. Backends that cannot give one
+	// refuse the spec (CheckEgress). Never part of a pool's key: a
+	// sandbox with an Egress is made for its caller.
+	Egress Egress `json:"-"`
 }
 
 // DefaultPython is the interpreter sandboxes run unless told otherwise.
