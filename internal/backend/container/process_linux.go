@@ -21,6 +21,9 @@ type process struct {
 	stderr *buffer
 	done   chan struct{}
 	code   int
+	// streamsClosed counts the ends of stdout and stderr the agent sent;
+	// guarded by Sandbox.mu.
+	streamsClosed int
 }
 
 var _ sandbox.Process = (*process)(nil)

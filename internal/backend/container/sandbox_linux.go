@@ -165,6 +165,9 @@ func (s *Sandbox) teardownStreams() {
 	}
 	for id, p := range s.procs {
 		p.finish(128 + int(syscall.SIGKILL))
+		// No more output can come: readers must not wait for it.
+		p.stdout.Close()
+		p.stderr.Close()
 		delete(s.procs, id)
 	}
 }
@@ -211,8 +214,13 @@ func (s *Sandbox) control(ss *session, c agent.Ctl) {
 			return
 		}
 		if p := s.procs[c.ID]; p != nil {
-			delete(s.procs, c.ID)
 			p.finish(c.Code)
+			// The ends of its output streams may come after the exit
+			// (a process it started may still write): it is forgotten
+			// once both have come.
+			if p.streamsClosed == 2 {
+				delete(s.procs, c.ID)
+			}
 		}
 	}
 }
@@ -256,6 +264,11 @@ func (s *Sandbox) data(f agent.Frame) {
 		}
 		if f.Kind == agent.KindClose {
 			b.Close()
+			s.mu.Lock()
+			if p.streamsClosed++; p.streamsClosed == 2 && isClosed(p.done) {
+				delete(s.procs, p.id)
+			}
+			s.mu.Unlock()
 		} else {
 			b.write(f.Data)
 		}
