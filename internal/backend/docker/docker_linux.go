@@ -1,0 +1,652 @@
+// Package docker runs sandboxes as containers of a Docker Engine, driven
+// through its API on the daemon's unix socket: for hosts where teams
+// already run Docker, optionally with gVisor (runsc) as the daemon's OCI
+// runtime. Vivarium's agent (internal/agent) is each container's PID 1 and
+// runs the Python runner and commands inside (see internal/backend/container).
+//
+// Each container has no network, a read-only root from a near-empty image
+// (see imageTar) and the same file system view as the native backend,
+// bound read-only from the host (see root); the sandbox's disk (/workspace,
+// /tmp, /dev/shm) is one size-limited tmpfs of Vivarium's; all
+// capabilities dropped but the four the agent needs to become the sandbox
+// user, no-new-privileges, Docker's seccomp profile and Vivarium's own
+// filter inside; memory (without swap), process and CPU limits; no log
+// driver. Vivarium owns each container's life, not a `docker` client
+// process: it kills the container's PID 1 itself (through a pidfd) and
+// removes the container; containers carry labels by which a later start
+// sweeps what a crashed one left.
+//
+// The daemon must run on this host, in this mount namespace, with the
+// sandbox user's uid being the host's (no userns-remap, not rootless).
+package docker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vivarium-sandbox/vivarium/internal/agent"
+	"github.com/vivarium-sandbox/vivarium/internal/backend/container"
+	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
+	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+)
+
+// Config configures the docker backend.
+type Config struct {
+	// Host is the daemon's address, unix:///PATH or a socket's path;
+	// default $DOCKER_HOST, else unix:///var/run/docker.sock.
+	Host string
+	// Runtime is the daemon's OCI runtime for the containers ("runsc" to
+	// run them under gVisor); default: the daemon's default (runc).
+	Runtime string
+	// Name tells this server's containers from others': the prefix of
+	// their names, their vivarium.owner label, their cgroup parent (with
+	// the cgroupfs driver) and the state directory's name. Default
+	// "vivarium-docker".
+	Name string
+	// StateDir holds the root view and the sandboxes' disks; default
+	// /run/vivarium/NAME without its "vivarium-" prefix.
+	StateDir string
+	// Exe is the vivarium binary bound into each container as the agent;
+	// default: this one.
+	Exe    string
+	Logger *slog.Logger
+}
+
+// Labels on every container.
+const (
+	labelSandbox = "vivarium.sandbox" // the sandbox's ID
+	labelOwner   = "vivarium.owner"   // Config.Name
+)
+
+// agentTasks is room in a container's pids limit for the agent's own
+// threads (the Go runtime's, 8 to 10 with GOMAXPROCS=2), which the pids
+// cgroup counts with the code's: the code may start a few more than its
+// limit, and the agent can still start a thread when the code has taken
+// all the rest (a Go runtime that cannot, aborts).
+const agentTasks = 12
+
+// New checks that the daemon can run sandboxes, builds the image if the
+// daemon lacks it, and returns a backend.
+func New(cfg Config) (*container.Backend, error) {
+	if cfg.Name == "" {
+		cfg.Name = "vivarium-docker"
+	}
+	if err := validName(cfg.Name); err != nil {
+		return nil, err
+	}
+	if cfg.StateDir == "" {
+		cfg.StateDir = filepath.Join("/run/vivarium", strings.TrimPrefix(cfg.Name, "vivarium-"))
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if os.Geteuid() != 0 {
+		return nil, fmt.Errorf("%w: the docker backend needs root (it mounts each sandbox's disk and its root view)", sandbox.ErrUnsupported)
+	}
+	if cfg.Exe == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, err
+		}
+		cfg.Exe = exe
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, info, err := connect(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	rt := &Runtime{cfg: cfg, c: c, info: info, gvisor: info.isGVisor(cfg.Runtime)}
+	if info.CgroupDriver == "cgroupfs" {
+		rt.cgroupParent = "/" + cfg.Name
+	}
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("%w: docker: %v", sandbox.ErrSetup, err)
+	}
+	root, content, err := newRoot(cfg.StateDir, cfg.Exe)
+	if err != nil {
+		return nil, fmt.Errorf("%w: docker: the root view: %v", sandbox.ErrSetup, err)
+	}
+	rt.root, rt.image = root, imageName(content)
+	built, err := c.ensureImage(ctx, rt.image, content, nil)
+	if built {
+		cfg.Logger.Info("built the sandbox image: the daemon did not have it", "image", rt.image)
+	}
+	if err != nil {
+		root.close()
+		return nil, fmt.Errorf("%w: docker: %v", sandbox.ErrSetup, err)
+	}
+	b, err := container.New(container.Config{
+		Runtime: rt, StateDir: filepath.Join(cfg.StateDir, "sandboxes"),
+		UID: container.SandboxUID, GID: container.SandboxGID, Logger: cfg.Logger,
+		// Under runc the sandbox user is the host's uid 1000, in every
+		// container; under gVisor it is its kernel's own.
+		SharedUser: !rt.gvisor,
+	})
+	if err != nil {
+		root.close()
+		return nil, err
+	}
+	return b, nil
+}
+
+// validName: a name usable in container names, labels and cgroup paths.
+func validName(name string) error {
+	for _, r := range name {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
+			return fmt.Errorf("%w: docker backend name %q: use lower-case letters, digits, - and _", sandbox.ErrInvalidSpec, name)
+		}
+	}
+	if name == "" || name[0] == '-' || name[0] == '_' {
+		return fmt.Errorf("%w: docker backend name %q must start with a letter or digit", sandbox.ErrInvalidSpec, name)
+	}
+	return nil
+}
+
+// daemonInfo is what the backend reads of GET /info.
+type daemonInfo struct {
+	ServerVersion   string
+	CgroupDriver    string
+	CgroupVersion   string
+	SecurityOptions []string
+	Runtimes        map[string]struct{ Path string }
+	DefaultRuntime  string
+	OSType          string
+}
+
+// isGVisor reports whether the OCI runtime name (default: the daemon's
+// default) is gVisor's runsc.
+func (i *daemonInfo) isGVisor(name string) bool {
+	if name == "" {
+		name = i.DefaultRuntime
+	}
+	return strings.HasPrefix(filepath.Base(i.Runtimes[name].Path), "runsc")
+}
+
+// connect dials the daemon and checks that it can run the backend's
+// containers.
+func connect(ctx context.Context, cfg Config) (*client, *daemonInfo, error) {
+	c, err := dial(ctx, cfg.Host)
+	if err != nil {
+		return nil, nil, err
+	}
+	var info daemonInfo
+	if err := c.call(ctx, "GET", "/info", nil, nil, &info); err != nil {
+		return nil, nil, fmt.Errorf("%w: %v", ErrNoDaemon, err)
+	}
+	if info.OSType != "" && info.OSType != "linux" {
+		return nil, nil, fmt.Errorf("%w: the daemon runs %s containers; the docker backend needs linux", ErrDaemonConfig, info.OSType)
+	}
+	for _, o := range info.SecurityOptions {
+		switch {
+		case strings.Contains(o, "name=userns"):
+			return nil, nil, fmt.Errorf("%w: the daemon remaps user namespaces (userns-remap): the sandbox's files would not belong to its user; run a daemon without it", ErrDaemonConfig)
+		case strings.Contains(o, "name=rootless"):
+			return nil, nil, fmt.Errorf("%w: the daemon is rootless: it cannot bind Vivarium's mounts; run a root daemon", ErrDaemonConfig)
+		}
+	}
+	if cfg.Runtime != "" {
+		if _, ok := info.Runtimes[cfg.Runtime]; !ok {
+			var have []string
+			for name := range info.Runtimes {
+				have = append(have, name)
+			}
+			slices.Sort(have)
+			return nil, nil, fmt.Errorf("%w: the daemon has no runtime %q (it has %s); register it, e.g. dockerd --add-runtime %s=/usr/bin/%s",
+				ErrNoRuntime, cfg.Runtime, strings.Join(have, ", "), cfg.Runtime, cfg.Runtime)
+		}
+	}
+	return c, &info, nil
+}
+
+// Runtime starts sandboxes as Docker containers.
+type Runtime struct {
+	cfg          Config
+	c            *client
+	info         *daemonInfo
+	root         *root
+	image        string
+	cgroupParent string // "" with the systemd driver: Docker's default
+	gvisor       bool   // the runtime is runsc
+}
+
+var _ container.Runtime = (*Runtime)(nil)
+
+// Name implements container.Runtime.
+func (r *Runtime) Name() string { return "docker" }
+
+// Image is the image the containers run.
+func (r *Runtime) Image() string { return r.image }
+
+// createRequest is POST /containers/create's body: the fields the backend
+// sets, named as the Engine API names them.
+type createRequest struct {
+	Hostname     string
+	User         string
+	AttachStdin  bool
+	AttachStdout bool
+	AttachStderr bool
+	OpenStdin    bool
+	StdinOnce    bool
+	Tty          bool
+	Env          []string
+	Cmd          []string
+	Image        string
+	WorkingDir   string
+	Labels       map[string]string
+	// NetworkDisabled, with NetworkMode none: no interface but loopback.
+	NetworkDisabled bool
+	HostConfig      hostConfig
+}
+
+type hostConfig struct {
+	NetworkMode      string
+	IpcMode          string
+	CgroupnsMode     string
+	ReadonlyRootfs   bool
+	Privileged       bool
+	CapDrop          []string
+	CapAdd           []string
+	SecurityOpt      []string
+	Memory           int64
+	MemorySwap       int64
+	MemorySwappiness *int64 `json:",omitempty"`
+	PidsLimit        *int64
+	NanoCpus         int64  `json:",omitempty"`
+	CgroupParent     string `json:",omitempty"`
+	Runtime          string `json:",omitempty"`
+	LogConfig        struct{ Type string }
+	AutoRemove       bool
+	Init             *bool
+	Mounts           []mountSpec
+	Tmpfs            map[string]string
+	ReadonlyPaths    []string
+	Ulimits          []ulimit
+}
+
+type mountSpec struct {
+	Type        string
+	Source      string
+	Target      string
+	BindOptions struct{ Propagation string }
+}
+
+type ulimit struct {
+	Name       string
+	Soft, Hard int64
+}
+
+// Docker's default read-only paths (which ReadonlyPaths replaces), and
+// /dev and /sys.
+var readonlyPaths = []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger", "/dev", "/sys"}
+
+// request is the container of one sandbox.
+func (r *Runtime) request(l container.Launch) *createRequest {
+	bind := func(src, dst string) mountSpec {
+		m := mountSpec{Type: "bind", Source: src, Target: dst}
+		m.BindOptions.Propagation = "rprivate"
+		return m
+	}
+	mounts := []mountSpec{
+		// Read-only, nosuid, nodev on the host already (see root).
+		bind(r.root.path("usr"), "/usr"),
+		bind(r.root.path("etc"), "/etc"),
+		bind(r.root.path(container.RunnerDir), container.RunnerDir),
+		// The disk: a tmpfs of Vivarium's, nosuid and nodev.
+		bind(l.Disk.Workspace, "/workspace"),
+		bind(l.Disk.Tmp, "/tmp"),
+		bind(l.Disk.Shm, "/dev/shm"),
+	}
+	// Docker binds files of its own there unless something else is.
+	for _, f := range []string{"hosts", "hostname", "resolv.conf"} {
+		mounts = append(mounts, bind(r.root.path("etc/"+f), "/etc/"+f))
+	}
+	for _, d := range native.TopLevelBinds() {
+		mounts = append(mounts, bind(r.root.path(d), d))
+	}
+	lim := l.Spec.Limits
+	pids := int64(lim.Pids + agentTasks)
+	if r.gvisor {
+		// gVisor's kernel is host threads, and with the ptrace platform
+		// a host process per address space: room for them, as in the
+		// gvisor backend; the code's own limit is RLIMIT_NPROC inside.
+		pids = int64(512 + 4*lim.Pids)
+	}
+	no := false
+	req := &createRequest{
+		Hostname: "sandbox",
+		User:     "0:0", // the agent; it becomes the sandbox user
+		// Standard input and output are the agent's protocol.
+		AttachStdin: true, AttachStdout: true, AttachStderr: true, OpenStdin: true, StdinOnce: true,
+		// GOMAXPROCS bounds the agent's threads, which count in the
+		// container's pids limit (see agentTasks); the code's environment
+		// is the agent's configuration's, not this.
+		Env:             []string{"PATH=" + container.RunnerDir + "/bin", "GOMAXPROCS=2"},
+		Cmd:             []string{agent.Arg0},
+		Image:           r.image,
+		WorkingDir:      "/",
+		Labels:          map[string]string{labelSandbox: l.ID, labelOwner: r.cfg.Name},
+		NetworkDisabled: true,
+		HostConfig: hostConfig{
+			NetworkMode:    "none",
+			IpcMode:        "none", // its own IPC namespace; /dev/shm is the disk's
+			CgroupnsMode:   "private",
+			ReadonlyRootfs: true,
+			CapDrop:        []string{"ALL"},
+			// The agent becomes the sandbox user and signals its
+			// processes; it empties its bounding set before any starts.
+			CapAdd:       []string{"CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP", "CAP_KILL"},
+			SecurityOpt:  []string{"no-new-privileges"},
+			Memory:       lim.Memory,
+			MemorySwap:   lim.Memory, // the same as memory: no swap
+			PidsLimit:    &pids,
+			CgroupParent: r.cgroupParent,
+			Runtime:      r.cfg.Runtime,
+			Init:         &no, // the agent is PID 1
+			Mounts:       mounts,
+			Tmpfs: map[string]string{
+				// An empty /sys, as in the native backend; a
+				// tmpfs over /sys/fs/cgroup keeps Docker's
+				// cgroup mounts out.
+				"/sys":           "rw,nosuid,nodev,noexec,size=4k,mode=0555",
+				"/sys/fs/cgroup": "ro,nosuid,nodev,noexec,size=4k,mode=0555",
+			},
+			ReadonlyPaths: readonlyPaths,
+			Ulimits:       []ulimit{{Name: "nofile", Soft: int64(lim.OpenFiles), Hard: int64(lim.OpenFiles)}},
+		},
+	}
+	// Output goes nowhere but to Vivarium, through the attach stream.
+	req.HostConfig.LogConfig.Type = "none"
+	if r.info.CgroupVersion != "2" {
+		zero := int64(0)
+		req.HostConfig.MemorySwappiness = &zero
+	}
+	if lim.CPUs > 0 {
+		req.HostConfig.NanoCpus = int64(lim.CPUs * 1e9)
+	}
+	return req
+}
+
+// Launch implements container.Runtime: create the container, attach to
+// its standard streams and wait for its exit (before it starts, so that
+// nothing it writes or does is missed), start it, then hold its PID 1 by a
+// pidfd and find its cgroup.
+func (r *Runtime) Launch(ctx context.Context, l container.Launch) (_ container.Container, err error) {
+	if err := r.root.check(); err != nil {
+		return nil, err
+	}
+	var created struct {
+		ID       string `json:"Id"`
+		Warnings []string
+	}
+	q := url.Values{"name": {r.cfg.Name + "-" + l.ID}}
+	if err := r.c.call(ctx, "POST", "/containers/create", q, r.request(l), &created); err != nil {
+		return nil, fmt.Errorf("create the container: %w", err)
+	}
+	for _, w := range created.Warnings {
+		r.cfg.Logger.Warn("docker", "warning", w, "sandbox", l.ID)
+	}
+	c := &sandboxContainer{r: r, id: created.ID, sandbox: l.ID, done: make(chan struct{}), pidfd: -1}
+	defer func() {
+		if err != nil {
+			c.Kill()
+			c.Remove()
+		}
+	}()
+	conn, out, err := r.c.hijack(ctx, "/containers/"+c.id+"/attach",
+		url.Values{"stream": {"1"}, "stdin": {"1"}, "stdout": {"1"}, "stderr": {"1"}})
+	if err != nil {
+		return nil, fmt.Errorf("attach to the container: %w", err)
+	}
+	c.conn, c.out = conn, &demux{r: out}
+	wait, err := r.c.send(context.WithoutCancel(ctx), "POST", "/containers/"+c.id+"/wait",
+		url.Values{"condition": {"next-exit"}}, nil)
+	if err != nil {
+		return nil, fmt.Errorf("wait for the container: %w", err)
+	}
+	go c.waitExit(wait.Body)
+	if err := r.c.call(ctx, "POST", "/containers/"+c.id+"/start", nil, nil, nil); err != nil {
+		return nil, fmt.Errorf("start the container: %w", err)
+	}
+	if err := c.hold(ctx); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// sandboxContainer is one container.
+type sandboxContainer struct {
+	r       *Runtime
+	id      string
+	sandbox string
+	conn    *net.UnixConn
+	out     *demux
+	done    chan struct{}
+
+	pidfd int // PID 1's, -1 until held
+	cg    *cgroups.External
+
+	mu        sync.Mutex
+	last      cgroups.Stats // the last read, for after the cgroup is gone
+	oomKilled bool          // Docker says an OOM kill ended the container
+}
+
+// inspect is what the backend reads of GET /containers/ID/json.
+type inspect struct {
+	State struct {
+		Running   bool
+		Pid       int
+		OOMKilled bool
+	}
+}
+
+// hold opens a pidfd of the container's PID 1 and finds its cgroup. The
+// pidfd is checked to be the container's (its cgroup path names the
+// container), so a pid reused by the time it was opened is refused.
+func (c *sandboxContainer) hold(ctx context.Context) error {
+	var in inspect
+	if err := c.r.c.call(ctx, "GET", "/containers/"+c.id+"/json", nil, nil, &in); err != nil {
+		return fmt.Errorf("inspect the container: %w", err)
+	}
+	if !in.State.Running || in.State.Pid <= 0 {
+		return errors.New("the container ended as it started")
+	}
+	fd, err := unix.PidfdOpen(in.State.Pid, 0)
+	if err != nil {
+		return fmt.Errorf("pidfd_open of the container's process: %w", err)
+	}
+	c.pidfd = fd
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", in.State.Pid))
+	if err != nil || !strings.Contains(string(b), c.id) {
+		return fmt.Errorf("the container's process %d is not in the container's cgroup (%v)", in.State.Pid, err)
+	}
+	if c.cg, err = cgroups.OfProcess(in.State.Pid); err != nil {
+		return fmt.Errorf("the container's cgroup: %w", err)
+	}
+	return nil
+}
+
+// waitExit follows POST /containers/ID/wait to the container's exit, then
+// asks Docker whether an OOM kill ended it.
+func (c *sandboxContainer) waitExit(body io.ReadCloser) {
+	defer close(c.done)
+	io.Copy(io.Discard, io.LimitReader(body, 1<<20))
+	body.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var in inspect
+	if err := c.r.c.call(ctx, "GET", "/containers/"+c.id+"/json", nil, nil, &in); err == nil && in.State.OOMKilled {
+		c.mu.Lock()
+		c.oomKilled = true
+		c.mu.Unlock()
+	}
+}
+
+func (c *sandboxContainer) Stdin() io.WriteCloser { return stdin{c.conn} }
+func (c *sandboxContainer) Stdout() io.Reader     { return c.out }
+func (c *sandboxContainer) Done() <-chan struct{} { return c.done }
+
+// stdin is the attach stream's writing half; closing it closes the
+// container's standard input (StdinOnce), which ends the agent.
+type stdin struct{ conn *net.UnixConn }
+
+func (s stdin) Write(p []byte) (int, error) { return s.conn.Write(p) }
+func (s stdin) Close() error                { return s.conn.CloseWrite() }
+
+// Stats implements container.Container: the container's own cgroup, which
+// Docker made and limits. Once it is gone, the last reading holds, with
+// the OOM kill Docker reports if the kernel's count was not seen.
+func (c *sandboxContainer) Stats() (cgroups.Stats, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cg == nil {
+		return cgroups.Stats{}, false
+	}
+	if st, err := c.cg.Stats(); err == nil {
+		c.last = st
+	} else if c.oomKilled && c.last.OOMKills == 0 {
+		c.last.OOMKills = 1
+	}
+	return c.last, true
+}
+
+// Kill implements container.Container: SIGKILL to the container's PID 1
+// through its pidfd, which takes every process of its PID namespace with
+// it, at once and whatever the daemon is doing; then the daemon is told
+// too (a runtime such as runsc has processes of its own to end).
+func (c *sandboxContainer) Kill() error {
+	select {
+	case <-c.done:
+		return nil
+	default:
+	}
+	var err error
+	if c.pidfd >= 0 {
+		if e := unix.PidfdSendSignal(c.pidfd, unix.SIGKILL, nil, 0); e != nil && !errors.Is(e, syscall.ESRCH) {
+			err = fmt.Errorf("kill the container's process: %w", e)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if e := c.r.c.call(ctx, "POST", "/containers/"+c.id+"/kill", url.Values{"signal": {"KILL"}}, nil, nil); e != nil {
+		// 404: gone; 409: not running.
+		if s := statusOf(e); s != 404 && s != 409 && err == nil {
+			err = fmt.Errorf("kill the container: %w", e)
+		}
+	}
+	return err
+}
+
+// Remove implements container.Container: the container (with its writable
+// layer and any anonymous volume) is deleted, and its pidfd and streams
+// closed.
+func (c *sandboxContainer) Remove() error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err := c.r.c.call(ctx, "DELETE", "/containers/"+c.id, url.Values{"force": {"1"}, "v": {"1"}}, nil, nil)
+	if statusOf(err) == 404 {
+		err = nil
+	}
+	if c.conn != nil {
+		c.conn.Close()
+		// The agent writes nothing there unless it failed (a Go panic).
+		if msg := c.out.Stderr(); msg != "" {
+			c.r.cfg.Logger.Warn("docker: the agent's standard error", "sandbox", c.sandbox, "stderr", msg)
+		}
+	}
+	if c.pidfd >= 0 {
+		unix.Close(c.pidfd)
+		c.pidfd = -1
+	}
+	if err != nil {
+		return fmt.Errorf("remove the container: %w", err)
+	}
+	// runc removes the container's cgroup; runsc leaves it, empty.
+	if c.r.cgroupParent != "" {
+		return cgroups.RemoveEmpty(c.r.cfg.Name + "/" + c.id)
+	}
+	return nil
+}
+
+// Sweep removes the containers of this backend's name that a crashed
+// supervisor left, running or not, then the root views it left, and the
+// images of an older layout that no container uses.
+func (r *Runtime) Sweep() ([]string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var list []struct {
+		ID    string `json:"Id"`
+		Names []string
+	}
+	q := url.Values{"all": {"1"}, "filters": {`{"label":["` + labelOwner + `=` + r.cfg.Name + `"]}`}}
+	if err := r.c.call(ctx, "GET", "/containers/json", q, nil, &list); err != nil {
+		return nil, fmt.Errorf("list the containers: %w", err)
+	}
+	var names []string
+	var errs []error
+	for _, ct := range list {
+		err := r.c.call(ctx, "DELETE", "/containers/"+ct.ID, url.Values{"force": {"1"}, "v": {"1"}}, nil, nil)
+		if err != nil && statusOf(err) != 404 {
+			errs = append(errs, err)
+			continue
+		}
+		names = append(names, strings.TrimPrefix(strings.Join(ct.Names, ","), "/"))
+	}
+	errs = append(errs, sweepRoots(r.cfg.StateDir, r.root.dir))
+	if old, err := r.c.oldImages(ctx, r.image); err == nil {
+		for _, img := range old {
+			// In use by another server's containers: 409, and it stays.
+			if err := r.c.call(ctx, "DELETE", "/images/"+img, nil, nil, nil); err == nil {
+				names = append(names, img)
+			}
+		}
+	}
+	return names, errors.Join(errs...)
+}
+
+// Close removes the root view and the cgroup parent Docker made for the
+// containers (the sandboxes must be closed first).
+func (r *Runtime) Close() error {
+	err := r.root.close()
+	if r.cgroupParent != "" {
+		err = errors.Join(err, cgroups.RemoveEmpty(r.cfg.Name))
+	}
+	r.c.http.CloseIdleConnections()
+	return err
+}
+
+// Check reports whether this host can run docker sandboxes: a daemon
+// answers at host (see Config.Host) and suits the backend, with the OCI
+// runtime named, if any.
+func Check(host, runtime string) error {
+	if os.Geteuid() != 0 {
+		return errors.New("the docker backend needs root")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, _, err := connect(ctx, Config{Host: host, Runtime: runtime})
+	if err != nil {
+		if _, lerr := exec.LookPath("dockerd"); lerr != nil && errors.Is(err, ErrNoDaemon) {
+			return fmt.Errorf("Docker is not installed (apt install docker.io): %w", err)
+		}
+		return err
+	}
+	c.http.CloseIdleConnections()
+	return nil
+}
