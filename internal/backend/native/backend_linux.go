@@ -183,6 +183,9 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 		return nil, fmt.Errorf("build /etc: %w", err)
 	}
 	spec.Limits = spec.Limits.WithDefaults()
+	if spec.Egress != nil {
+		spec.Env = sandbox.WithEgressEnv(spec.Env)
+	}
 	if b.cfg.Zygote {
 		z, err := b.zygoteFor(ctx, spec.Python)
 		if err != nil {

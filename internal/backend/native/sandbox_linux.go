@@ -80,6 +80,10 @@ type Sandbox struct {
 
 	contexts *runner.Contexts
 
+	// Closed when the proxy (Spec.Egress), serving on its listener in the
+	// sandbox, has returned; nil without one.
+	egressDone chan struct{}
+
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -259,6 +263,16 @@ func start(ctx context.Context, b *Backend, spec sandbox.Spec, cfg *initConfig, 
 		p.closeParent()
 		return nil, err
 	}
+	if spec.Egress != nil {
+		// Before init's wait begins: until then its pid is its own.
+		if err := s.startEgress(spec.Egress); err != nil {
+			s.init.kill()
+			s.init.wait()
+			close(s.initDone)
+			p.closeParent()
+			return nil, err
+		}
+	}
 	go func() {
 		s.initErr = s.init.wait()
 		close(s.initDone)
@@ -311,6 +325,27 @@ func start(ctx context.Context, b *Backend, spec sandbox.Spec, cfg *initConfig, 
 		return nil, err
 	}
 	return s, nil
+}
+
+// startEgress binds the proxy's listener in the sandbox's network
+// namespace and serves the proxy on it, before any code of the sandbox
+// runs.
+func (s *Sandbox) startEgress(e sandbox.Egress) error {
+	ns, err := openNetns(s.init)
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	l, err := listenIn(ns)
+	if err != nil {
+		return err
+	}
+	s.egressDone = make(chan struct{})
+	go func() {
+		defer close(s.egressDone)
+		e.Serve(l)
+	}()
+	return nil
 }
 
 // initPipes are the descriptors between the supervisor and a new init:
@@ -889,6 +924,14 @@ func (s *Sandbox) Close() error {
 				errs = append(errs, errors.New("output pipe still open after the sandbox died"))
 			}
 			c.close()
+		}
+		if s.spec.Egress != nil {
+			// Every process of the sandbox is dead: the proxy's
+			// connections and its listener go too.
+			s.spec.Egress.Close()
+			if s.egressDone != nil {
+				<-s.egressDone
+			}
 		}
 		if s.cg != nil {
 			if err := s.cg.Destroy(); err != nil {
