@@ -174,6 +174,10 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 	if err := spec.Validate(); err != nil {
 		return nil, err
 	}
+	if spec.Egress != nil {
+		// No network policy is ever dropped: this backend has no way out.
+		return nil, sandbox.CheckEgress(b, spec)
+	}
 	if spec.Python == "" {
 		spec.Python = sandbox.DefaultPython
 	}
