@@ -10,7 +10,9 @@ import (
 )
 
 // Record is one entry of the audit log: an execution, a command or a
-// one-shot run, and what it cost.
+// one-shot run, and what it cost; or a sandbox's network connection
+// (Kind "net", Status "allowed", "refused" or "failed", Detail the
+// reason), with its destination and bytes.
 type Record struct {
 	Seq             int64     `json:"seq"`
 	Time            time.Time `json:"time"`
@@ -24,6 +26,12 @@ type Record struct {
 	CPUMS           float64   `json:"cpu_ms"`
 	PeakMemoryBytes int64     `json:"peak_memory_bytes"`
 	Detail          string    `json:"detail,omitempty"`
+	// Network connections only: where to, and the bytes from there
+	// (in) and to there (out).
+	Host     string `json:"host,omitempty"`
+	Port     int    `json:"port,omitempty"`
+	BytesIn  int64  `json:"bytes_in,omitempty"`
+	BytesOut int64  `json:"bytes_out,omitempty"`
 }
 
 // CodeHash is how the audit log identifies code without keeping it.
@@ -43,7 +51,8 @@ func (s *Store) Append(ctx context.Context, recs ...Record) error {
 	}
 	defer tx.Rollback()
 	stmt, err := tx.PrepareContext(ctx, `INSERT INTO audit (time, kind, key_id, sandbox_id, code_sha256, status,
-		exit_code, duration_ms, cpu_ms, peak_memory_bytes, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`)
+		exit_code, duration_ms, cpu_ms, peak_memory_bytes, detail, host, port, bytes_in, bytes_out)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`)
 	if err != nil {
 		return err
 	}
@@ -53,7 +62,7 @@ func (s *Store) Append(ctx context.Context, recs ...Record) error {
 			r.Time = time.Now()
 		}
 		if _, err := stmt.ExecContext(ctx, r.Time.UnixMicro(), r.Kind, r.KeyID, r.SandboxID, r.CodeSHA256, r.Status,
-			r.ExitCode, r.DurationMS, r.CPUMS, r.PeakMemoryBytes, r.Detail); err != nil {
+			r.ExitCode, r.DurationMS, r.CPUMS, r.PeakMemoryBytes, r.Detail, r.Host, r.Port, r.BytesIn, r.BytesOut); err != nil {
 			return err
 		}
 	}
@@ -104,7 +113,7 @@ func (s *Store) Audit(ctx context.Context, q Query) ([]Record, error) {
 		return nil, fmt.Errorf("limit %d over 100000", q.Limit)
 	}
 	query := `SELECT seq, time, kind, key_id, sandbox_id, code_sha256, status, exit_code, duration_ms, cpu_ms,
-		peak_memory_bytes, detail FROM audit`
+		peak_memory_bytes, detail, host, port, bytes_in, bytes_out FROM audit`
 	if len(where) > 0 {
 		query += " WHERE " + strings.Join(where, " AND ")
 	}
@@ -120,7 +129,7 @@ func (s *Store) Audit(ctx context.Context, q Query) ([]Record, error) {
 		var r Record
 		var t int64
 		if err := rows.Scan(&r.Seq, &t, &r.Kind, &r.KeyID, &r.SandboxID, &r.CodeSHA256, &r.Status, &r.ExitCode,
-			&r.DurationMS, &r.CPUMS, &r.PeakMemoryBytes, &r.Detail); err != nil {
+			&r.DurationMS, &r.CPUMS, &r.PeakMemoryBytes, &r.Detail, &r.Host, &r.Port, &r.BytesIn, &r.BytesOut); err != nil {
 			return nil, err
 		}
 		r.Time = time.UnixMicro(t).UTC()

@@ -60,7 +60,11 @@ CREATE TABLE IF NOT EXISTS audit (
 	duration_ms       REAL NOT NULL,
 	cpu_ms            REAL NOT NULL,
 	peak_memory_bytes INTEGER NOT NULL,
-	detail            TEXT NOT NULL DEFAULT ''
+	detail            TEXT NOT NULL DEFAULT '',
+	host              TEXT NOT NULL DEFAULT '',
+	port              INTEGER NOT NULL DEFAULT 0,
+	bytes_in          INTEGER NOT NULL DEFAULT 0,
+	bytes_out         INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS audit_time ON audit(time);
 CREATE INDEX IF NOT EXISTS audit_key ON audit(key_id, time);
@@ -89,7 +93,36 @@ func Open(dir string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("database %s: %w", path, err)
 	}
+	if err := migrate(db); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("database %s: %w", path, err)
+	}
 	return &Store{db: db}, nil
+}
+
+// addedColumns are columns added to a table after its first release: a
+// database made by an older server gets them on open.
+var addedColumns = []struct{ table, column, def string }{
+	{"audit", "host", "TEXT NOT NULL DEFAULT ''"},
+	{"audit", "port", "INTEGER NOT NULL DEFAULT 0"},
+	{"audit", "bytes_in", "INTEGER NOT NULL DEFAULT 0"},
+	{"audit", "bytes_out", "INTEGER NOT NULL DEFAULT 0"},
+}
+
+func migrate(db *sql.DB) error {
+	for _, c := range addedColumns {
+		var n int
+		err := db.QueryRow(`SELECT COUNT(*) FROM pragma_table_info(?) WHERE name = ?`, c.table, c.column).Scan(&n)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			if _, err := db.Exec(fmt.Sprintf("ALTER TABLE %s ADD COLUMN %s %s", c.table, c.column, c.def)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // Close closes the database.
