@@ -278,6 +278,7 @@ type hostConfig struct {
 	Tmpfs            map[string]string
 	ReadonlyPaths    []string
 	Ulimits          []ulimit
+	Sysctls          map[string]string
 }
 
 type mountSpec struct {
@@ -368,7 +369,10 @@ func (r *Runtime) request(l container.Launch) *createRequest {
 				"/sys/fs/cgroup": "ro,nosuid,nodev,noexec,size=4k,mode=0555",
 			},
 			ReadonlyPaths: readonlyPaths,
-			Ulimits:       []ulimit{{Name: "nofile", Soft: int64(lim.OpenFiles), Hard: int64(lim.OpenFiles)}},
+			// The kernel's default, which Docker opens to every group:
+			// no ICMP echo sockets without a privilege.
+			Sysctls: map[string]string{"net.ipv4.ping_group_range": "1 0"},
+			Ulimits: []ulimit{{Name: "nofile", Soft: int64(lim.OpenFiles), Hard: int64(lim.OpenFiles)}},
 		},
 	}
 	// Output goes nowhere but to Vivarium, through the attach stream.
@@ -631,22 +635,47 @@ func (r *Runtime) Close() error {
 	return err
 }
 
+// Containers lists the IDs of the containers of the daemon at host whose
+// owner is name (Config.Name), running or not: what a backend of that
+// name left, for tests and tools to check.
+func Containers(host, name string) ([]string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := dial(ctx, host)
+	if err != nil {
+		return nil, err
+	}
+	defer c.http.CloseIdleConnections()
+	var list []struct {
+		ID string `json:"Id"`
+	}
+	q := url.Values{"all": {"1"}, "filters": {`{"label":["` + labelOwner + `=` + name + `"]}`}}
+	if err := c.call(ctx, "GET", "/containers/json", q, nil, &list); err != nil {
+		return nil, err
+	}
+	var ids []string
+	for _, ct := range list {
+		ids = append(ids, ct.ID)
+	}
+	return ids, nil
+}
+
 // Check reports whether this host can run docker sandboxes: a daemon
 // answers at host (see Config.Host) and suits the backend, with the OCI
-// runtime named, if any.
-func Check(host, runtime string) error {
+// runtime named, if any. It describes the daemon.
+func Check(host, runtime string) (string, error) {
 	if os.Geteuid() != 0 {
-		return errors.New("the docker backend needs root")
+		return "", errors.New("the docker backend needs root")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c, _, err := connect(ctx, Config{Host: host, Runtime: runtime})
+	c, info, err := connect(ctx, Config{Host: host, Runtime: runtime})
 	if err != nil {
 		if _, lerr := exec.LookPath("dockerd"); lerr != nil && errors.Is(err, ErrNoDaemon) {
-			return fmt.Errorf("Docker is not installed (apt install docker.io): %w", err)
+			return "", fmt.Errorf("Docker is not installed (apt install docker.io): %w", err)
 		}
-		return err
+		return "", err
 	}
 	c.http.CloseIdleConnections()
-	return nil
+	return fmt.Sprintf("Docker %s at %s, API %s, %s cgroup driver", info.ServerVersion, c.socket, c.version, info.CgroupDriver), nil
 }

@@ -396,7 +396,7 @@ func TestUnavailable(t *testing.T) {
 func TestRunsc(t *testing.T) {
 	testutil.RequirePython(t)
 	d := testutil.RequireDockerd(t)
-	if err := docker.Check(d.Host, "runsc"); err != nil {
+	if _, err := docker.Check(d.Host, "runsc"); err != nil {
 		t.Skipf("runsc: %v", err)
 	}
 	b := newBackend(t, "vivarium-docker-runsc-test", docker.Config{Runtime: "runsc"})
