@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vivarium-sandbox/vivarium/internal/backend/docker"
 	"github.com/vivarium-sandbox/vivarium/internal/backend/gvisor"
 	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
 	"github.com/vivarium-sandbox/vivarium/internal/backend/wasm"
@@ -37,7 +38,7 @@ func cmdDoctor(args []string) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	checks := append(doctorChecks(), gvisorCheck(), wasmCheck())
+	checks := append(doctorChecks(), gvisorCheck(), dockerCheck(), wasmCheck())
 	if *asJSON {
 		json.NewEncoder(os.Stdout).Encode(checks)
 	} else {
@@ -91,6 +92,23 @@ func gvisorCheck() check {
 type closingBackend interface {
 	sandbox.Backend
 	Close() error
+}
+
+// dockerCheck reports whether the docker backend can run: a daemon answers
+// at $DOCKER_HOST or the usual socket, and a real container sandbox runs
+// code; otherwise why not (not installed, daemon not running, API too old).
+func dockerCheck() check {
+	return backendCheck("docker backend", func() (closingBackend, string, error) {
+		about, err := docker.Check("", "")
+		if err != nil {
+			return nil, "", err
+		}
+		b, err := docker.New(docker.Config{Name: "vivarium-doctor-docker"})
+		if err != nil {
+			return nil, "", err
+		}
+		return b, about, nil
+	})
 }
 
 // backendCheck runs one sandbox of an optional backend.

@@ -8,6 +8,7 @@
 //	vivarium sandbox create|list|exec|...     use a running server by hand
 //	vivarium doctor                           what this host supports
 //	vivarium bench                            start-up against python3 and peers
+//	vivarium image build                      the docker backend's image
 //
 // The same binary is the sandbox's init: the native backend re-executes it
 // inside new namespaces, and main hands over to the backend first thing.
@@ -33,6 +34,7 @@ Usage:
   vivarium sandbox SUBCOMMAND     use a running server: create, list, exec, files, kill
   vivarium doctor                 show what this host supports
   vivarium bench [flags]          compare sandbox start-up with python3 and peers
+  vivarium image build            build the docker backend's image in the local daemon
   vivarium version
 
 Run "vivarium run -h" for the flags of run.
@@ -70,6 +72,8 @@ func run(args []string) int {
 		return cmdSandbox(args[1:])
 	case "bench":
 		return cmdBench(args[1:])
+	case "image":
+		return cmdImage(args[1:])
 	case "version", "--version":
 		fmt.Println("vivarium", version)
 		return 0

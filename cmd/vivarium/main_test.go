@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -24,7 +25,12 @@ func TestMain(m *testing.M) {
 		os.Unsetenv("VIVARIUM_TEST_MAIN")
 		main()
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if err := testutil.StopDockerd(); err != nil {
+		fmt.Fprintln(os.Stderr, "stop the test dockerd:", err)
+		code = 1
+	}
+	os.Exit(code)
 }
 
 type cli struct {

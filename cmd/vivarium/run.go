@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vivarium-sandbox/vivarium/internal/backend/docker"
 	"github.com/vivarium-sandbox/vivarium/internal/backend/gvisor"
 	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
 	"github.com/vivarium-sandbox/vivarium/internal/backend/wasm"
@@ -24,6 +25,7 @@ type runOptions struct {
 	code, python              string
 	backend, wasmDir          string
 	gvisorPlatform            string
+	dockerHost, dockerRuntime string
 	asJSON, insecureNoCgroups bool
 	timeout, cpuTime          time.Duration
 	memory, disk, maxOutput   sizeFlag
@@ -63,8 +65,10 @@ Flags:
 	fs.StringVar(&o.out, "out", "", "after the run, copy the workspace's regular files to `DIR`; for a .ipynb FILE, the executed notebook's path (- for standard output)")
 	fs.BoolVar(&o.allowErrors, "allow-errors", false, "for a .ipynb FILE: run every cell even after one fails")
 	fs.StringVar(&o.python, "python", sandbox.DefaultPython, "Python interpreter inside the sandbox (must be under /usr)")
-	fs.StringVar(&o.backend, "backend", "native", "isolation: `native` (Linux namespaces, seccomp, cgroups), gvisor (the same inside gVisor's user-space kernel: runsc) or wasm (CPython compiled to WebAssembly: standard library only)")
+	fs.StringVar(&o.backend, "backend", "native", "isolation: `native` (Linux namespaces, seccomp, cgroups), gvisor (the same inside gVisor's user-space kernel: runsc), docker (a container of a local Docker daemon) or wasm (CPython compiled to WebAssembly: standard library only)")
 	fs.StringVar(&o.gvisorPlatform, "gvisor-platform", "", "for --backend gvisor: runsc's `PLATFORM` (ptrace, kvm, systrap); default kvm where /dev/kvm opens, else ptrace")
+	fs.StringVar(&o.dockerHost, "docker-host", "", "for --backend docker: the daemon's `ADDRESS` (unix:///PATH); default $DOCKER_HOST, else unix:///var/run/docker.sock")
+	fs.StringVar(&o.dockerRuntime, "docker-runtime", "", "for --backend docker: the daemon's OCI `RUNTIME` for the container (runsc: gVisor); default the daemon's")
 	fs.StringVar(&o.wasmDir, "wasm-dir", os.Getenv(wasm.DirEnv), "for --backend wasm: the `DIR` `make wasm` built (python.wasm and lib/); default: build/wasm above the binary or the working directory")
 	fs.BoolVar(&o.insecureNoCgroups, "insecure-no-cgroups", false,
 		"run without cgroups when the host has none: memory and process limits per process (rlimits), not per sandbox")
@@ -148,10 +152,12 @@ func (o *runOptions) newBackend() (sandbox.Backend, error) {
 		return native.New(native.Config{InsecureNoCgroups: o.insecureNoCgroups})
 	case "gvisor":
 		return gvisor.New(gvisor.Config{Platform: o.gvisorPlatform, CgroupParent: "vivarium-run-gvisor"})
+	case "docker":
+		return docker.New(docker.Config{Host: o.dockerHost, Runtime: o.dockerRuntime, Name: "vivarium-run-docker"})
 	case "wasm":
 		return wasm.New(wasm.Config{Dir: o.wasmDir})
 	}
-	return nil, fmt.Errorf("%w: unknown backend %q: native, gvisor or wasm", sandbox.ErrInvalidSpec, o.backend)
+	return nil, fmt.Errorf("%w: unknown backend %q: native, gvisor, docker or wasm", sandbox.ErrInvalidSpec, o.backend)
 }
 
 // closeBackend frees what a backend keeps beyond its sandboxes (wasm's

@@ -19,6 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vivarium-sandbox/vivarium/internal/backend/docker"
 	"github.com/vivarium-sandbox/vivarium/internal/backend/gvisor"
 	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
 	"github.com/vivarium-sandbox/vivarium/internal/backend/wasm"
@@ -55,6 +56,8 @@ type serveConfig struct {
 	backend        string
 	backends       listFlag
 	gvisorPlatform string
+	dockerHost     string
+	dockerRuntime  string
 	wasmDir        string
 	zygote         bool
 	preload        string
@@ -104,9 +107,11 @@ Flags:
 	fs.DurationVar(&c.timeout, "max-timeout", time.Hour, "longest execution a client may ask for (the default is 30s)")
 	fs.Float64Var(&c.cpus, "cpus", 0, "CPU cap of every sandbox in cores (0: none; each sandbox still gets only its fair share)")
 	fs.Var(&c.allowOrigins, "allow-origin", "`ORIGIN` of web pages allowed to call the API (repeatable; default: none)")
-	fs.StringVar(&c.backend, "backend", "native", "default isolation: `native` (Linux namespaces, seccomp, cgroups), gvisor (inside gVisor's user-space kernel: runsc) or wasm (CPython compiled to WebAssembly: standard library only)")
+	fs.StringVar(&c.backend, "backend", "native", "default isolation: `native` (Linux namespaces, seccomp, cgroups), gvisor (inside gVisor's user-space kernel: runsc), docker (containers of a local Docker daemon) or wasm (CPython compiled to WebAssembly: standard library only)")
 	fs.Var(&c.backends, "offer-backend", "`NAME` of another backend clients may ask for per sandbox (\"backend\" in the API; repeatable or comma-separated)")
 	fs.StringVar(&c.gvisorPlatform, "gvisor-platform", "", "for --backend gvisor: runsc's `PLATFORM` (ptrace, kvm, systrap); default kvm where /dev/kvm opens, else ptrace")
+	fs.StringVar(&c.dockerHost, "docker-host", "", "for the docker backend: the daemon's `ADDRESS` (unix:///PATH); default $DOCKER_HOST, else unix:///var/run/docker.sock")
+	fs.StringVar(&c.dockerRuntime, "docker-runtime", "", "for the docker backend: the daemon's OCI `RUNTIME` for containers (runsc: gVisor); default the daemon's")
 	fs.StringVar(&c.wasmDir, "wasm-dir", os.Getenv(wasm.DirEnv), "for --backend wasm: the `DIR` `make wasm` built")
 	fs.BoolVar(&c.zygote, "zygote", true,
 		"native backend: fork sandboxes from a zygote, a Python with the --preload modules imported: fast starts, shared memory")
@@ -173,8 +178,8 @@ func (c *serveConfig) validate() error {
 	check(c.poolIdle <= 0, "--pool-idle must be positive")
 	check(c.preload != "" && !c.zygote, "--preload needs --zygote (without a zygote nothing is preloaded)")
 	for _, name := range c.backendNames() {
-		check(name != "native" && name != "gvisor" && name != "wasm",
-			fmt.Sprintf("unknown backend %q: --backend and --offer-backend take native, gvisor or wasm", name))
+		check(name != "native" && name != "gvisor" && name != "docker" && name != "wasm",
+			fmt.Sprintf("unknown backend %q: --backend and --offer-backend take native, gvisor, docker or wasm", name))
 	}
 	max := c.maxLimits()
 	if err := max.Validate(); err != nil {
@@ -238,6 +243,8 @@ func (c *serveConfig) openBackend(name string, log *slog.Logger) (sandbox.Backen
 	case "gvisor":
 		// A cgroup parent and state of its own, under the server's lock.
 		return gvisor.New(gvisor.Config{Platform: c.gvisorPlatform, CgroupParent: c.cgroupParent + "-gvisor", Logger: log})
+	case "docker":
+		return docker.New(docker.Config{Host: c.dockerHost, Runtime: c.dockerRuntime, Name: c.cgroupParent + "-docker", Logger: log})
 	case "wasm":
 		return wasm.New(wasm.Config{Dir: c.wasmDir})
 	}
