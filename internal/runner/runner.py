@@ -455,6 +455,7 @@ class Runtime:
                 return ctx.run(code, env)
             finally:
                 _flush_std()
+        _forget_missing_path_entries()
         saved_env = {}
         for k, v in (env or {}).items():
             saved_env[k] = os.environ.get(k)
@@ -562,6 +563,18 @@ def _flush_std():
                 f.flush()
         except Exception:
             pass
+
+
+def _forget_missing_path_entries():
+    # A directory on sys.path that did not exist when an import first
+    # searched it is remembered as having no finder (None) for good: the
+    # packages installed into the sandbox since (PYTHONPATH's
+    # /workspace/.packages) would stay invisible. Forgetting those entries
+    # makes the next import look again.
+    cache = sys.path_importer_cache
+    for p in sys.path:
+        if cache.get(p, 0) is None:
+            del cache[p]
 
 
 def prepare_environment():

@@ -194,6 +194,12 @@ def become_sandbox(req, fds, filter_prog, sock):
     for k, v in env.items():
         if os.environ.get(k) != v:
             os.environ[k] = v
+    # The sandbox's PYTHONPATH (its installed packages) goes where the
+    # interpreter would have put it at start-up: after the script's own
+    # directory, before the standard library.
+    for i, d in enumerate(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p):
+        if d not in sys.path:
+            sys.path.insert(1 + i, d)
     _reseed()
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)

@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vivarium-sandbox/vivarium/internal/netpolicy"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/store"
 )
@@ -95,6 +96,13 @@ func (s *Service) boundExec(b *Box, timeout, cpu time.Duration) error {
 
 // RunOnce runs code in a fresh sandbox that is destroyed afterwards.
 func (s *Service) RunOnce(ctx context.Context, owner string, job sandbox.OneShot) (*sandbox.Result, error) {
+	return s.RunOnceWithNetwork(ctx, owner, job, netpolicy.Request{})
+}
+
+// RunOnceWithNetwork is RunOnce with the network access network asks for,
+// within the server's policy. Its connections are audited under an id of
+// the run's own ("run_..."), which its run_once record carries too.
+func (s *Service) RunOnceWithNetwork(ctx context.Context, owner string, job sandbox.OneShot, network netpolicy.Request) (*sandbox.Result, error) {
 	limits, err := s.bound(job.Spec.Limits)
 	if err != nil {
 		return nil, err
@@ -103,13 +111,28 @@ func (s *Service) RunOnce(ctx context.Context, owner string, job sandbox.OneShot
 	if err := s.checkBackend(job.Spec.Backend); err != nil {
 		return nil, err
 	}
+	policy, err := s.grantNetwork(network, job.Spec.Backend)
+	if err != nil {
+		return nil, err
+	}
 	job.OutDir = "" // never the server's file system
 	release, err := s.acquire(owner)
 	if err != nil {
 		return nil, err
 	}
 	defer release()
+	id := ""
+	var egress sandbox.Egress
+	if policy != nil {
+		id = "run_" + randomHex(12)
+		if job.Spec, egress, err = s.withNetwork(owner, id, job.Spec, policy); err != nil {
+			return nil, err
+		}
+	}
 	res, sb, warn := sandbox.RunOnceOpen(ctx, s.cfg.Backend, job)
+	if sb == nil && egress != nil {
+		egress.Close() // the sandbox was not made: its proxy is still ours
+	}
 	if warn != nil {
 		s.cfg.Logger.Warn("one-shot run", "owner", owner, "err", warn)
 	}
@@ -125,7 +148,7 @@ func (s *Service) RunOnce(ctx context.Context, owner string, job sandbox.OneShot
 		}()
 	}
 	s.metrics.observeExec(res.Status, time.Duration(res.DurationMS*float64(time.Millisecond)))
-	s.audit("run_once", owner, "", job.Request.Code, res)
+	s.audit("run_once", owner, id, job.Request.Code, res)
 	return res, nil
 }
 
@@ -189,6 +212,14 @@ func (s *Service) Command(ctx context.Context, owner, id string, req CommandRequ
 	if timeout == 0 {
 		timeout = b.limits.Timeout
 	}
+	cmd := sandbox.Command{Argv: []string{"/bin/sh", "-c", req.Cmd}, Env: req.Env, Dir: req.Cwd}
+	return s.run(ctx, owner, id, b, cmd, timeout, sink, "command", req.Cmd)
+}
+
+// run runs a program in a sandbox, within the owner's execution quota,
+// and records it in the audit log as kind, identified by what.
+func (s *Service) run(ctx context.Context, owner, id string, b *Box, cmd sandbox.Command, timeout time.Duration,
+	sink sandbox.Sink, kind, what string) (*CommandResult, error) {
 	release, err := s.acquire(owner)
 	if err != nil {
 		return nil, err
@@ -197,7 +228,7 @@ func (s *Service) Command(ctx context.Context, owner, id string, req CommandRequ
 	done := s.use(b)
 	defer done()
 	start := time.Now()
-	p, err := b.sb.Start(ctx, sandbox.Command{Argv: []string{"/bin/sh", "-c", req.Cmd}, Env: req.Env, Dir: req.Cwd})
+	p, err := b.sb.Start(ctx, cmd)
 	if err != nil {
 		return nil, err
 	}
@@ -221,10 +252,10 @@ func (s *Service) Command(ctx context.Context, owner, id string, req CommandRequ
 	case <-p.Done():
 	case <-timer.C:
 		p.Signal(syscall.SIGKILL)
-		res.Status, res.Error = sandbox.StatusTimeout, fmt.Sprintf("command exceeded its %v timeout", timeout)
+		res.Status, res.Error = sandbox.StatusTimeout, fmt.Sprintf("%s exceeded its %v timeout", kind, timeout)
 	case <-ctx.Done():
 		p.Signal(syscall.SIGKILL)
-		res.Status, res.Error = sandbox.StatusKilled, "command cancelled: "+ctx.Err().Error()
+		res.Status, res.Error = sandbox.StatusKilled, kind+" cancelled: "+ctx.Err().Error()
 	}
 	<-p.Done()
 	// Background children may hold the pipes open: what they wrote by
@@ -249,7 +280,7 @@ func (s *Service) Command(ctx context.Context, owner, id string, req CommandRequ
 	res.Stderr, res.StderrTruncated = stderr.result()
 	res.DurationMS = float64(time.Since(start).Microseconds()) / 1000
 	s.metrics.observeCommand(res.Status)
-	s.cfg.Audit(store.Record{Kind: "command", KeyID: owner, SandboxID: id, CodeSHA256: store.CodeHash(req.Cmd),
+	s.cfg.Audit(store.Record{Kind: kind, KeyID: owner, SandboxID: id, CodeSHA256: store.CodeHash(what),
 		Status: string(res.Status), ExitCode: res.ExitCode, DurationMS: res.DurationMS, Detail: res.Error})
 	return res, nil
 }

@@ -22,6 +22,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vivarium-sandbox/vivarium/internal/netpolicy"
+	"github.com/vivarium-sandbox/vivarium/internal/netproxy"
 	"github.com/vivarium-sandbox/vivarium/internal/pool"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/store"
@@ -56,8 +58,11 @@ type Config struct {
 	// Quota returns an owner's own quotas; zero values mean the defaults
 	// above. Nil: every owner has the defaults.
 	Quota func(owner string) (maxSandboxes, maxExecutions int)
-	// Audit receives a record of every execution, command and one-shot
-	// run. Nil: nothing is recorded.
+	// Network is what network access sandboxes may be given; the zero
+	// value gives none.
+	Network NetworkConfig
+	// Audit receives a record of every execution, command, one-shot run
+	// and network connection. Nil: nothing is recorded.
 	Audit  func(store.Record)
 	Logger *slog.Logger
 	// Now is the clock; tests replace it.
@@ -119,6 +124,8 @@ type Service struct {
 	stop    chan struct{}
 	wg      sync.WaitGroup
 	closing sync.WaitGroup // one-shot sandboxes being torn down
+
+	pkgService *netproxy.InProcess // the package index, to sandboxes' proxies
 }
 
 // New starts a service; Close ends it and every sandbox.
@@ -127,6 +134,7 @@ func New(cfg Config) *Service {
 	s := &Service{cfg: cfg, boxes: map[string]*Box{}, pending: map[string]int{}, running: map[string]int{},
 		stop: make(chan struct{}), metrics: newMetrics()}
 	s.idle = sync.NewCond(&s.mu)
+	s.startNetwork()
 	s.wg.Add(1)
 	go s.reap()
 	return s
@@ -164,6 +172,9 @@ type CreateRequest struct {
 	Metadata    map[string]string
 	// Backend is the isolation backend ("": the server's default).
 	Backend string
+	// Network asks for network access, within the server's policy;
+	// empty: none.
+	Network netpolicy.Request
 }
 
 // Box is a managed sandbox.
@@ -177,7 +188,8 @@ type Box struct {
 	env         map[string]string
 	metadata    map[string]string
 	backend     string
-	mu          sync.Mutex // guards the fields below
+	network     *netpolicy.Policy // nil: no network
+	mu          sync.Mutex        // guards the fields below
 	expiresAt   time.Time
 	executions  int
 	running     int  // executions and commands in progress
@@ -196,6 +208,7 @@ type Info struct {
 	Limits         LimitsInfo        `json:"limits"`
 	Metadata       map[string]string `json:"metadata"`
 	Backend        string            `json:"backend"`
+	Network        *NetworkInfo      `json:"network" doc:"the sandbox's network access; null: none"`
 	State          string            `json:"state"` // "idle" or "running"
 	ExecutionCount int               `json:"execution_count"`
 }
@@ -230,7 +243,7 @@ func (b *Box) info() Info {
 	return Info{
 		ID: b.id, CreatedAt: b.createdAt, ExpiresAt: b.expiresAt, Deadline: b.deadline,
 		IdleTimeoutS: b.idle.Seconds(), Limits: limitsInfo(b.limits), Metadata: md, Backend: b.backend,
-		State: state, ExecutionCount: b.executions,
+		Network: networkInfo(b.network), State: state, ExecutionCount: b.executions,
 	}
 }
 
@@ -268,6 +281,10 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 			return Info{}, fmt.Errorf("%w: metadata entry %.40q too long", sandbox.ErrInvalidSpec, k)
 		}
 	}
+	policy, err := s.grantNetwork(req.Network, req.Backend)
+	if err != nil {
+		return Info{}, err
+	}
 
 	// Reserve a slot first, so that concurrent creations cannot exceed
 	// the quotas while sandboxes start.
@@ -300,7 +317,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	}
 
 	start := time.Now()
-	sb, err := s.cfg.Backend.Create(ctx, sandbox.Spec{Limits: limits, Env: req.Env, Backend: req.Backend})
+	sb, err := s.makeSandbox(ctx, req.Owner, id, sandbox.Spec{Limits: limits, Env: req.Env, Backend: req.Backend}, policy)
 	if err != nil {
 		s.mu.Lock()
 		delete(s.boxes, id)
@@ -313,7 +330,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	b := &Box{
 		id: id, owner: req.Owner, sb: sb, createdAt: now, deadline: now.Add(life), idle: idle,
 		limits: limits, env: req.Env, metadata: maps.Clone(req.Metadata), expiresAt: minTime(now.Add(idle), now.Add(life)),
-		backend: cmp.Or(req.Backend, s.cfg.Backend.Name()),
+		backend: cmp.Or(req.Backend, s.cfg.Backend.Name()), network: policy,
 	}
 	s.mu.Lock()
 	unreserve()
@@ -620,6 +637,7 @@ func (s *Service) Close() error {
 	close(s.stop)
 	s.wg.Wait()
 	s.closing.Wait()
+	defer s.stopNetwork()
 	var wg sync.WaitGroup
 	for _, b := range boxes {
 		wg.Add(1)
