@@ -18,6 +18,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vivarium-sandbox/vivarium/internal/netpolicy"
+	"github.com/vivarium-sandbox/vivarium/internal/pkgindex"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/service"
 )
@@ -95,6 +97,7 @@ var Routes = []Route{
 	{"POST", "/v1/sandboxes/{id}/interrupt", "interrupt", "Raise KeyboardInterrupt in the running execution", false},
 	{"POST", "/v1/sandboxes/{id}/restart", "restart", "Restart the Python process; files are kept", false},
 	{"POST", "/v1/sandboxes/{id}/commands", "command", "Run a shell command in the sandbox", false},
+	{"POST", "/v1/sandboxes/{id}/packages", "installPackage", "Install one of the server's allowed packages into the sandbox", false},
 	{"GET", "/v1/sandboxes/{id}/files", "listFiles", "List a directory of the workspace", false},
 	{"PUT", "/v1/sandboxes/{id}/files/{path...}", "putFile", "Upload a file (raw body)", false},
 	{"GET", "/v1/sandboxes/{id}/files/{path...}", "getFile", "Download a file", false},
@@ -180,6 +183,8 @@ func (s *Server) handler(name string) http.HandlerFunc {
 		}
 	case "command":
 		return s.command
+	case "installPackage":
+		return s.installPackage
 	case "listFiles":
 		return s.listFiles
 	case "putFile":
@@ -256,6 +261,7 @@ type createRequest struct {
 	Env          map[string]string `json:"env" doc:"environment variables of every execution"`
 	Metadata     map[string]string `json:"metadata" doc:"free-form labels"`
 	Backend      string            `json:"backend" doc:"isolation backend, one the server offers (native, gvisor, docker, wasm); default: the server's"`
+	Network      netpolicy.Request `json:"network" doc:"network access through the sandbox's proxy, within the server's allowlist; default: none"`
 }
 
 func (s *Server) create(w http.ResponseWriter, r *http.Request) {
@@ -266,6 +272,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	info, err := s.svc.Create(r.Context(), service.CreateRequest{
 		Owner: owner(r), Idle: seconds(req.TimeoutS), MaxLifetime: seconds(req.MaxLifetimeS),
 		Limits: req.Limits.limits(), Env: req.Env, Metadata: req.Metadata, Backend: req.Backend,
+		Network: req.Network,
 	})
 	if err != nil {
 		s.fail(w, err)
@@ -345,6 +352,7 @@ type runOnceRequest struct {
 	Env      map[string]string `json:"env"`
 	Stream   bool              `json:"stream" doc:"stream NDJSON events"`
 	Backend  string            `json:"backend" doc:"isolation backend, one the server offers; default: the server's"`
+	Network  netpolicy.Request `json:"network" doc:"network access through the sandbox's proxy, within the server's allowlist; default: none"`
 }
 
 func (s *Server) runOnce(w http.ResponseWriter, r *http.Request) {
@@ -372,11 +380,11 @@ func (s *Server) runOnce(w http.ResponseWriter, r *http.Request) {
 	if wantsStream(r, req.Stream) {
 		st := s.newStream(w)
 		job.Sink = st
-		res, err := s.svc.RunOnce(r.Context(), owner(r), job)
+		res, err := s.svc.RunOnceWithNetwork(r.Context(), owner(r), job, req.Network)
 		st.end(res, err)
 		return
 	}
-	res, err := s.svc.RunOnce(r.Context(), owner(r), job)
+	res, err := s.svc.RunOnceWithNetwork(r.Context(), owner(r), job, req.Network)
 	s.respond(w, res, err)
 }
 
@@ -603,8 +611,11 @@ func classify(err error) (int, string) {
 		return http.StatusConflict, "exists"
 	case errors.Is(err, sandbox.ErrTooLarge):
 		return http.StatusRequestEntityTooLarge, "too_large"
-	case errors.Is(err, sandbox.ErrBadPath), errors.Is(err, sandbox.ErrInvalidSpec):
+	case errors.Is(err, sandbox.ErrBadPath), errors.Is(err, sandbox.ErrInvalidSpec),
+		errors.Is(err, netpolicy.ErrInvalid), errors.Is(err, pkgindex.ErrInvalid):
 		return http.StatusBadRequest, "invalid_request"
+	case errors.Is(err, netpolicy.ErrNotAllowed), errors.Is(err, pkgindex.ErrNotAllowed):
+		return http.StatusForbidden, "not_allowed"
 	case errors.Is(err, service.ErrQuota):
 		return http.StatusTooManyRequests, "quota"
 	case errors.Is(err, service.ErrShuttingDown):
