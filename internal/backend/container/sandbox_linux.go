@@ -99,6 +99,9 @@ type runnerProc struct {
 	exited chan struct{}
 	exit   agent.Ctl
 	broken error
+	// eventsDone is closed when its event stream has ended and every
+	// event on it was handled.
+	eventsDone chan struct{}
 }
 
 type execution struct {
@@ -184,7 +187,8 @@ func (s *Sandbox) control(ss *session, c agent.Ctl) {
 		s.mu.Unlock()
 	case agent.OpRunner:
 		pr, pw := io.Pipe()
-		r := &runnerProc{ss: ss, gen: c.Gen, events: pw, ready: make(chan struct{}), exited: make(chan struct{})}
+		r := &runnerProc{ss: ss, gen: c.Gen, events: pw, ready: make(chan struct{}), exited: make(chan struct{}),
+			eventsDone: make(chan struct{})}
 		go s.readEvents(r, pr)
 		s.mu.Lock()
 		if old := s.runner; old != nil {
@@ -281,6 +285,7 @@ func (s *Sandbox) data(f agent.Frame) {
 // can be acknowledged: it ends after the current execution), reading goes
 // on so that nothing blocks.
 func (s *Sandbox) readEvents(r *runnerProc, events *io.PipeReader) {
+	defer close(r.eventsDone)
 	defer events.Close()
 	fr := runner.NewFrameReader(events, maxFrame)
 	readyOnce := sync.OnceFunc(func() { close(r.ready) })
@@ -700,6 +705,16 @@ wait:
 		select {
 		case <-r.exited:
 		case <-ss.ended:
+		}
+		// The agent reports the runner's exit once its output is
+		// forwarded, but its last events (the error, the result) may
+		// still be on their way: they are handled before the outcome
+		// is read. A process the code forked may hold the stream open,
+		// hence the bound.
+		select {
+		case <-r.eventsDone:
+		case <-ss.ended:
+		case <-time.After(time.Second):
 		}
 		s.mu.Lock()
 		if isClosed(r.exited) && r.exit.Op == agent.OpExited {
