@@ -1,5 +1,5 @@
 #!/bin/sh
-# Runs every test: unit tests, real sandboxes (native, gvisor and wasm), the
+# Runs every test: unit tests, real sandboxes (native, gvisor, docker and wasm), the
 # hostile-code suite and the RedCode corpus (in ../shared/attack-corpora
 # when present). Needs root for the sandboxes; tests that need root skip
 # without it.
@@ -7,6 +7,9 @@ set -eu
 cd "$(dirname "$0")/.."
 # runsc: the gvisor backend, which the functional and hostile suites run too.
 extra="bubblewrap make runsc"
+# docker.io: the docker backend; its tests start a dockerd of their own
+# (no bridge, no iptables) and stop it when they end.
+extra="$extra docker.io"
 # The MCP and E2B tests drive the server with their official JavaScript SDKs.
 command -v npm >/dev/null 2>&1 || extra="$extra nodejs npm"
 VIVARIUM_DEPS_EXTRA="$extra ${VIVARIUM_DEPS_EXTRA:-}" scripts/deps.sh
