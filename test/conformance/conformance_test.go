@@ -12,6 +12,7 @@ package conformance
 import (
 	"context"
 	"flag"
+	"fmt"
 	"os"
 	"sort"
 	"testing"
@@ -31,10 +32,17 @@ func TestMain(m *testing.M) {
 	flag.Parse()
 	// A variable of the host's that no sandbox may see.
 	os.Setenv("VIVARIUM_HOST_ONLY", "leak")
-	os.Exit(testutil.RunBothModes(m))
+	code := testutil.RunBothModes(m)
+	// The docker backend's daemon, if a test started one.
+	if err := testutil.StopDockerd(); err != nil {
+		fmt.Fprintln(os.Stderr, "stop the test dockerd:", err)
+		code = 1
+	}
+	os.Exit(code)
 }
 
-var suite = testbackends.Suite{Name: "conformance", UIDBase: native.DefaultUIDBase + 15<<24, Env: "VIVARIUM_CONFORMANCE_BACKENDS"}
+var suite = testbackends.Suite{Name: "conformance", UIDBase: native.DefaultUIDBase + 15<<24, Env: "VIVARIUM_CONFORMANCE_BACKENDS",
+	Docker: true}
 
 // conformanceCase is one behaviour, checked against one backend.
 type conformanceCase struct {
@@ -58,7 +66,8 @@ type backend struct {
 
 // differencesOf are the declared differences of each backend.
 var differencesOf = map[string]map[string]difference{
-	"wasm": wasmDifferences,
+	"wasm":   wasmDifferences,
+	"docker": dockerDifferences,
 }
 
 func TestConformance(t *testing.T) {

@@ -1,19 +1,24 @@
 // Package testbackends opens every backend a test suite runs against, as
 // one table: the native backend (with runners forked from a zygote in the
 // zygote mode of testutil.RunBothModes), gVisor where runsc is installed,
-// wasm where its interpreter is built. Each suite gets cgroups, uids and
-// state directories of its own, so that suites testing at the same time do
-// not see each other's sandboxes as leftovers.
+// wasm where its interpreter is built, and docker, in a daemon of the test
+// binary's own (testutil.RequireDockerd), for suites that ask for it. Each
+// suite gets cgroups, uids and state directories of its own, so that
+// suites testing at the same time do not see each other's sandboxes as
+// leftovers.
 package testbackends
 
 import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/vivarium-sandbox/vivarium/internal/backend/container"
+	"github.com/vivarium-sandbox/vivarium/internal/backend/docker"
 	"github.com/vivarium-sandbox/vivarium/internal/backend/gvisor"
 	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
 	"github.com/vivarium-sandbox/vivarium/internal/backend/wasm"
@@ -41,8 +46,13 @@ type Suite struct {
 	// UIDBase is the native backend's uid base, unique among suites.
 	UIDBase uint32
 	// Env is the variable that selects backends, comma separated
-	// (native, native-zygote, gvisor, wasm); empty: all available.
+	// (native, native-zygote, gvisor, wasm, docker); empty: all available.
 	Env string
+	// Docker adds the docker backend to the defaults, where dockerd is
+	// installed and the tests run as root. It runs in a daemon started for
+	// the test binary, which the suite's TestMain must stop
+	// (testutil.StopDockerd) even when tests fail.
+	Docker bool
 }
 
 // Open returns the backends to test: those Env names, or every one this
@@ -67,10 +77,24 @@ func Open(t *testing.T, s Suite) []Backend {
 			} else {
 				t.Logf("not testing the wasm backend: %v", err)
 			}
+			if s.Docker {
+				if _, err := exec.LookPath("dockerd"); err == nil && os.Geteuid() == 0 {
+					names += ",docker"
+				} else {
+					t.Logf("not testing the docker backend: needs root and dockerd (apt install docker.io)")
+				}
+			}
 		}
 	}
 	var out []Backend
 	for _, name := range strings.Split(names, ",") {
+		if name == "docker" {
+			if !s.Docker {
+				t.Fatalf("%s=%q: the %s suite does not stop a test daemon (Suite.Docker)", s.Env, names, s.Name)
+			}
+			out = append(out, openDocker(t, s))
+			continue
+		}
 		be, err := open(name, s)
 		if err != nil {
 			t.Fatalf("%s backend: %v", name, err)
@@ -127,4 +151,41 @@ func open(name string, s Suite) (Backend, error) {
 		return Backend{Name: name, B: b, SandboxUID: -1, Leftovers: func() []string { b.Close(); return nil }}, nil
 	}
 	return Backend{}, fmt.Errorf("%s: unknown backend %q", s.Env, name)
+}
+
+// openDocker opens the docker backend on the test binary's daemon, with a
+// name (its containers' label, cgroup parent, state directory) holding
+// the daemon's own suffix: apart from the same suite run at once by
+// another process.
+func openDocker(t *testing.T, s Suite) Backend {
+	t.Helper()
+	d := testutil.RequireDockerd(t)
+	name := "vivarium-" + s.Name + "-test-docker-" + strings.TrimPrefix(filepath.Base(d.Dir), "vd-")
+	dir := "/run/vivarium/" + strings.TrimPrefix(name, "vivarium-")
+	b, err := docker.New(docker.Config{Host: d.Host, Name: name, StateDir: dir})
+	if err != nil {
+		t.Fatalf("docker backend: %v", err)
+	}
+	// No user namespace: the sandbox user is the host's uid 1000.
+	return Backend{Name: "docker", B: b, SandboxUID: container.SandboxUID, Leftovers: func() []string {
+		var left []string
+		if err := b.Close(); err != nil {
+			left = append(left, "closing the backend: "+err.Error())
+		}
+		if ids, err := docker.Containers(d.Host, name); err != nil || len(ids) > 0 {
+			left = append(left, fmt.Sprintf("containers %v (%v)", ids, err))
+		}
+		left = append(left, testutil.CgroupsUnder(name)...)
+		if parents, _ := filepath.Glob("/sys/fs/cgroup/*/" + name); len(parents) > 0 {
+			left = append(left, fmt.Sprintf("cgroup parents %v", parents))
+		}
+		if entries, _ := os.ReadDir(filepath.Join(dir, "sandboxes")); len(entries) > 0 {
+			left = append(left, fmt.Sprintf("%d sandbox directories in %s", len(entries), dir))
+		}
+		if roots, _ := filepath.Glob(filepath.Join(dir, "root-*")); len(roots) > 0 {
+			left = append(left, fmt.Sprintf("root views %v", roots))
+		}
+		os.RemoveAll(dir)
+		return left
+	}}
 }
