@@ -51,11 +51,18 @@ type Pool struct {
 var (
 	_ sandbox.Backend       = (*Pool)(nil)
 	_ sandbox.EgressBackend = (*Pool)(nil)
+	_ sandbox.EgressChooser = (*Pool)(nil)
 )
 
 // EgressSupported implements sandbox.EgressBackend for the backend the
 // pool wraps.
 func (p *Pool) EgressSupported() error { return sandbox.EgressSupported(p.cfg.Backend) }
+
+// EgressSupportedBy implements sandbox.EgressChooser for the backend the
+// pool creates with.
+func (p *Pool) EgressSupportedBy(name string) error {
+	return sandbox.EgressSupportedBy(p.cfg.Backend, name)
+}
 
 // bucket is one configuration's ready sandboxes.
 type bucket struct {

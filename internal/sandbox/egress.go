@@ -58,10 +58,27 @@ type EgressBackend interface {
 	EgressSupported() error
 }
 
+// EgressChooser is a Backend offering several (Mux): whether a sandbox
+// can have an Egress depends on the backend its Spec names.
+type EgressChooser interface {
+	// EgressSupportedBy returns nil, or why sandboxes of the backend
+	// named ("": the default) cannot have network access.
+	EgressSupportedBy(name string) error
+}
+
 // EgressSupported returns nil if b can give sandboxes an Egress, or why
 // not.
 func EgressSupported(b Backend) error {
 	return CheckEgress(b, Spec{Egress: noEgress{}})
+}
+
+// EgressSupportedBy returns nil if b can give a sandbox of the backend
+// named ("": b's default) an Egress, or why not.
+func EgressSupportedBy(b Backend, name string) error {
+	if c, ok := b.(EgressChooser); ok {
+		return c.EgressSupportedBy(name)
+	}
+	return EgressSupported(b)
 }
 
 type noEgress struct{}

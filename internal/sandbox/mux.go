@@ -20,6 +20,7 @@ var (
 	_ Backend       = (*Mux)(nil)
 	_ Sweeper       = (*Mux)(nil)
 	_ EgressBackend = (*Mux)(nil)
+	_ EgressChooser = (*Mux)(nil)
 )
 
 // NewMux offers backends by their names; the first is the default.
@@ -66,6 +67,15 @@ func (m *Mux) Create(ctx context.Context, spec Spec) (Sandbox, error) {
 // EgressSupported implements EgressBackend: Create checks the backend a
 // spec chooses.
 func (m *Mux) EgressSupported() error { return nil }
+
+// EgressSupportedBy implements EgressChooser.
+func (m *Mux) EgressSupportedBy(name string) error {
+	b, ok := m.Backend(name)
+	if !ok {
+		return nil // Create refuses it, naming what is offered
+	}
+	return CheckEgress(b, Spec{Egress: noEgress{}})
+}
 
 // Sweep implements Sweeper over every backend that sweeps.
 func (m *Mux) Sweep() ([]string, error) {

@@ -41,3 +41,26 @@ func TestMuxChoosesByName(t *testing.T) {
 		t.Fatal("Close did not close every backend")
 	}
 }
+
+type egressBackend struct{ namedBackend }
+
+func (*egressBackend) EgressSupported() error { return nil }
+
+// Whether a sandbox can have network access depends on the backend its
+// spec names; the mux says so before anything starts.
+func TestMuxEgressSupportedBy(t *testing.T) {
+	m := NewMux(&egressBackend{namedBackend{name: "native"}}, &namedBackend{name: "wasm"})
+	if err := EgressSupportedBy(m, ""); err != nil {
+		t.Errorf("default: %v", err)
+	}
+	if err := EgressSupportedBy(m, "native"); err != nil {
+		t.Errorf("native: %v", err)
+	}
+	err := EgressSupportedBy(m, "wasm")
+	if !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "the wasm backend cannot give a sandbox network access") {
+		t.Errorf("wasm: %v", err)
+	}
+	if err := EgressSupportedBy(&namedBackend{name: "plain"}, ""); !errors.Is(err, ErrUnsupported) {
+		t.Errorf("a backend without egress: %v", err)
+	}
+}

@@ -81,13 +81,7 @@ func (s *Service) grantNetwork(req netpolicy.Request, backend string) (*netpolic
 	if err != nil || p == nil {
 		return p, err
 	}
-	b := s.cfg.Backend
-	if m, ok := b.(*sandbox.Mux); ok {
-		if mb, ok := m.Backend(backend); ok {
-			b = mb
-		}
-	}
-	if err := sandbox.EgressSupported(b); err != nil {
+	if err := sandbox.EgressSupportedBy(s.cfg.Backend, backend); err != nil {
 		return nil, err
 	}
 	return p, nil
