@@ -27,11 +27,13 @@ Uses a running server (VIVARIUM_URL, default http://127.0.0.1:8080) with
 an API key (VIVARIUM_API_KEY).
 
   create [--idle-timeout D] [--memory SIZE] [--pids N] [--disk SIZE] [--env K=V]   print the new sandbox's id
+         [--allow-net RULE] [--packages]  with network access, within the server's allowlist
   list                                  the key's sandboxes
   info ID                               one sandbox
   exec ID [-c CODE | FILE | -]          run Python, keeping state; output streams
   run [-c CODE | FILE | -]              run Python in a fresh sandbox destroyed afterwards
   sh ID COMMAND                         run a shell command
+  install ID NAME[==VERSION]            install one of the server's allowed packages
   files ID [DIR]                        list files
   put ID LOCAL [REMOTE]                 upload a file
   get ID REMOTE [LOCAL]                 download a file (LOCAL "-": standard output)
@@ -145,6 +147,9 @@ func cmdSandbox(args []string) int {
 	pids := fs.Int("pids", 0, "pids limit (create, run)")
 	var env listFlag
 	fs.Var(&env, "env", "`K=V` environment variable (repeatable)")
+	var allowNet ruleList
+	fs.Var(&allowNet, "allow-net", "`RULE` the sandbox may reach through its proxy, within the server's allowlist (create, run; repeatable)")
+	packages := fs.Bool("packages", false, "the sandbox may install the server's allowed packages (create)")
 	pos, err := parseInterleaved(fs, args)
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -171,6 +176,13 @@ func cmdSandbox(args []string) int {
 	if *pids > 0 {
 		limits["pids"] = *pids
 	}
+	network := map[string]any{}
+	if len(allowNet) > 0 {
+		network["allow"] = []string(allowNet)
+	}
+	if *packages {
+		network["packages"] = true
+	}
 	need := func(n int, what string) bool {
 		if len(pos) < n {
 			fmt.Fprintf(os.Stderr, "vivarium sandbox %s: missing %s\n", sub, what)
@@ -190,7 +202,7 @@ func cmdSandbox(args []string) int {
 
 	switch sub {
 	case "create":
-		req := map[string]any{"limits": limits, "env": envMap}
+		req := map[string]any{"limits": limits, "env": envMap, "network": network}
 		if *idle > 0 {
 			req["timeout_s"] = idle.Seconds()
 		}
@@ -248,6 +260,7 @@ func cmdSandbox(args []string) int {
 			p = sb(id) + "/execute"
 		} else {
 			req["limits"] = limits
+			req["network"] = network
 		}
 		if *asJSON {
 			return printed(c.call("POST", p, req, nil))
@@ -265,6 +278,23 @@ func cmdSandbox(args []string) int {
 			return printed(c.call("POST", sb(pos[0])+"/commands", req, nil))
 		}
 		return c.stream(sb(pos[0])+"/commands", req)
+	case "install":
+		if !need(2, "sandbox ID and package NAME[==VERSION]") {
+			return 2
+		}
+		name, version, _ := strings.Cut(pos[1], "==")
+		var res struct {
+			Status, Output, Error string
+		}
+		raw, err := c.call("POST", sb(pos[0])+"/packages", map[string]any{"name": name, "version": version}, &res)
+		if err != nil || *asJSON {
+			return printed(raw, err)
+		}
+		os.Stdout.WriteString(res.Output)
+		if res.Status != "ok" {
+			fmt.Fprintf(os.Stderr, "vivarium sandbox install: %s\n", res.Error)
+			return 1
+		}
 	case "files":
 		if !need(1, "sandbox ID") {
 			return 2

@@ -336,6 +336,9 @@ func cmdNotebook(o *runOptions, path string) int {
 	if err != nil {
 		return fail(2, "%v", err)
 	}
+	if job.Spec.Egress != nil {
+		defer job.Spec.Egress.Close() // the sandbox closes it too, when one was made
+	}
 	src, err := os.ReadFile(path)
 	if err != nil {
 		return fail(2, "%v", err)

@@ -33,6 +33,7 @@ type runOptions struct {
 	env, files                listFlag
 	out                       string
 	allowErrors               bool // notebooks: run every cell even after one fails
+	allowNet                  ruleList
 }
 
 func runFlags(o *runOptions) *flag.FlagSet {
@@ -72,6 +73,8 @@ Flags:
 	fs.StringVar(&o.wasmDir, "wasm-dir", os.Getenv(wasm.DirEnv), "for --backend wasm: the `DIR` `make wasm` built (python.wasm and lib/); default: build/wasm above the binary or the working directory")
 	fs.BoolVar(&o.insecureNoCgroups, "insecure-no-cgroups", false,
 		"run without cgroups when the host has none: memory and process limits per process (rlimits), not per sandbox")
+	fs.Var(&o.allowNet, "allow-net", "`RULE` the code may reach through the sandbox's HTTP(S) proxy (repeatable, or several separated by spaces): "+
+		"HOST, *.DOMAIN, CIDR or [IPV6-CIDR], each with :PORTS (80,443 when none); metadata, loopback and this host stay refused. Default: no network")
 	return fs
 }
 
@@ -112,6 +115,9 @@ func cmdRun(args []string) int {
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "vivarium run: %v\n", err)
 		return 2
+	}
+	if job.Spec.Egress != nil {
+		defer job.Spec.Egress.Close() // the sandbox closes it too, when one was made
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -236,6 +242,13 @@ func (o *runOptions) job(positional []string) (sandbox.OneShot, error) {
 	}
 	if err := job.Spec.Validate(); err != nil {
 		return job, err
+	}
+	egress, err := runEgress(o.allowNet)
+	if err != nil {
+		return job, err
+	}
+	if egress != nil {
+		job.Spec.Egress = egress
 	}
 	job.Request = sandbox.ExecRequest{Code: code, Filename: filename}
 	job.OutDir = o.out

@@ -63,6 +63,7 @@ type serveConfig struct {
 	preload        string
 	pool           int
 	poolIdle       time.Duration
+	net            netServeFlags
 }
 
 func serveFlags(c *serveConfig) *flag.FlagSet {
@@ -118,6 +119,7 @@ Flags:
 	fs.StringVar(&c.preload, "preload", "numpy,pandas,matplotlib", "`MODULES` the zygote imports once for every sandbox (comma-separated)")
 	fs.IntVar(&c.pool, "pool", 4, "most fresh sandboxes kept ready per configuration (0: none)")
 	fs.DurationVar(&c.poolIdle, "pool-idle", 10*time.Minute, "a configuration unused this long is no longer kept ready")
+	c.net.register(fs)
 	return fs
 }
 
@@ -183,6 +185,9 @@ func (c *serveConfig) validate() error {
 	}
 	max := c.maxLimits()
 	if err := max.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := c.net.config(c.listen, nil); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
@@ -393,6 +398,18 @@ func serve(c *serveConfig, log *slog.Logger) error {
 	}
 	audit := store.NewAuditLog(st, log)
 	defer audit.Close()
+	network, err := c.net.config(c.listen, log)
+	if err != nil {
+		return err
+	}
+	if network.Policy != nil {
+		for _, name := range b.Names() {
+			if sandbox.EgressSupportedBy(b, name) != nil {
+				log.Warn("sandboxes of this backend cannot have network access: asking for it is refused", "backend", name)
+			}
+		}
+		log.Info("network policy", "allow", c.net.allow.String(), "packages", c.net.packages.String())
+	}
 
 	svcCfg := service.Config{
 		Backend:               warm,
@@ -409,6 +426,7 @@ func serve(c *serveConfig, log *slog.Logger) error {
 		MaxExecutions:         c.maxExecutions,
 		Audit:                 audit.Record,
 		Logger:                log,
+		Network:               network,
 	}
 	if keyring != nil {
 		svcCfg.Quota = keyring.Quota
