@@ -21,13 +21,11 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/vivarium-sandbox/vivarium/internal/backend/docker"
 	"github.com/vivarium-sandbox/vivarium/internal/backend/gvisor"
 	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
 	"github.com/vivarium-sandbox/vivarium/internal/backend/wasm"
@@ -123,12 +121,6 @@ func backends(t *testing.T) []backendUnderTest {
 			} else {
 				t.Logf("not testing the gvisor backend: %v", err)
 			}
-			// Against a daemon of the test's own, where one can start.
-			if _, err := exec.LookPath("dockerd"); err == nil && os.Geteuid() == 0 {
-				names += ",docker"
-			} else {
-				t.Logf("not testing the docker backend: needs root and dockerd (apt install docker.io)")
-			}
 		}
 	}
 	var out []backendUnderTest
@@ -139,10 +131,6 @@ func backends(t *testing.T) []backendUnderTest {
 			b, err := native.New(native.Config{CgroupParent: cgroupParent, UIDBase: uidBase, Zygote: zygote})
 			if err != nil {
 				t.Fatalf("%s backend: %v", name, err)
-			}
-			// What an earlier, killed run left is not this run's leak.
-			if _, err := b.Sweep(); err != nil {
-				t.Fatalf("%s backend: sweep: %v", name, err)
 			}
 			t.Cleanup(func() { b.Close() })
 			out = append(out, backendUnderTest{
@@ -179,9 +167,6 @@ func backends(t *testing.T) []backendUnderTest {
 			if err != nil {
 				t.Fatalf("%s backend: %v", name, err)
 			}
-			if _, err := b.Sweep(); err != nil {
-				t.Fatalf("%s backend: sweep: %v", name, err)
-			}
 			out = append(out, backendUnderTest{
 				name:       name,
 				b:          b,
@@ -200,46 +185,6 @@ func backends(t *testing.T) []backendUnderTest {
 					return left
 				},
 				differences: gvisorDifferences,
-			})
-		case "docker":
-			d := testutil.RequireDockerd(t)
-			// Apart from the same suite run at once by another process.
-			name := "vivarium-hostile-docker-" + strings.TrimPrefix(filepath.Base(d.Dir), "vd-")
-			dir := "/run/vivarium/" + strings.TrimPrefix(name, "vivarium-")
-			b, err := docker.New(docker.Config{Host: d.Host, Name: name, StateDir: dir})
-			if err != nil {
-				t.Fatalf("%s backend: %v", name, err)
-			}
-			out = append(out, backendUnderTest{
-				name: "docker",
-				b:    b,
-				// No user namespace: the sandbox user is the host's uid 1000.
-				sandboxUID: 1000,
-				leftovers: func() []string {
-					var left []string
-					if err := b.Close(); err != nil {
-						left = append(left, "closing the docker backend: "+err.Error())
-					}
-					if ids, err := docker.Containers(d.Host, name); err != nil || len(ids) > 0 {
-						left = append(left, fmt.Sprintf("containers %v (%v)", ids, err))
-					}
-					left = append(left, testutil.CgroupsUnder(name)...)
-					if parents, _ := filepath.Glob("/sys/fs/cgroup/*/" + name); len(parents) > 0 {
-						left = append(left, fmt.Sprintf("cgroup parents %v", parents))
-					}
-					if entries, _ := os.ReadDir(filepath.Join(dir, "sandboxes")); len(entries) > 0 {
-						left = append(left, fmt.Sprintf("%d sandbox directories", len(entries)))
-					}
-					if roots, _ := filepath.Glob(filepath.Join(dir, "root-*")); len(roots) > 0 {
-						left = append(left, fmt.Sprintf("root views %v", roots))
-					}
-					os.RemoveAll(dir)
-					if err := testutil.StopDockerd(); err != nil {
-						left = append(left, "stopping the test dockerd: "+err.Error())
-					}
-					return left
-				},
-				differences: dockerDifferences,
 			})
 		default:
 			t.Fatalf("%s=%q: unknown backend %q", backendsEnv, names, name)
@@ -342,7 +287,7 @@ func TestHostile(t *testing.T) {
 	canaries.Check(t)
 	// Container runtimes on a shared host mount and unmount as they
 	// please: only a mount that lasts counts.
-	for _, m := range testutil.MountsAdded(mounts, 5*time.Second, "hostile") {
+	for _, m := range testutil.MountsAdded(mounts, 5*time.Second) {
 		t.Errorf("mount left on the host: %s", m)
 	}
 	for _, p := range host.changes() {
