@@ -21,11 +21,13 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/vivarium-sandbox/vivarium/internal/backend/docker"
 	"github.com/vivarium-sandbox/vivarium/internal/backend/gvisor"
 	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
 	"github.com/vivarium-sandbox/vivarium/internal/backend/wasm"
@@ -45,7 +47,14 @@ func TestMain(m *testing.M) {
 	if !flagSet("test.parallel") {
 		flag.Set("test.parallel", "6")
 	}
-	os.Exit(testutil.RunBothModes(m))
+	code := testutil.RunBothModes(m)
+	// The docker backend's daemon, if a test started one and did not stop
+	// it (a test that failed before its leftovers were checked).
+	if err := testutil.StopDockerd(); err != nil {
+		fmt.Fprintln(os.Stderr, "stop the test dockerd:", err)
+		code = 1
+	}
+	os.Exit(code)
 }
 
 func flagSet(name string) bool {
@@ -97,8 +106,8 @@ type difference struct {
 }
 
 // backendsEnv selects the backends the table runs against, comma
-// separated; default "native", and "wasm" too when its interpreter is
-// built (once: not again in the zygote run). "native-zygote" is the native
+// separated; default "native", and "gvisor", "docker" and "wasm" too
+// where they can run (once: not again in the zygote run). "native-zygote" is the native
 // backend with runners forked from a zygote.
 const backendsEnv = "VIVARIUM_HOSTILE_BACKENDS"
 
@@ -120,6 +129,12 @@ func backends(t *testing.T) []backendUnderTest {
 				names += ",gvisor"
 			} else {
 				t.Logf("not testing the gvisor backend: %v", err)
+			}
+			// Against a daemon of the test's own, where one can start.
+			if _, err := exec.LookPath("dockerd"); err == nil && os.Geteuid() == 0 {
+				names += ",docker"
+			} else {
+				t.Logf("not testing the docker backend: needs root and dockerd (apt install docker.io)")
 			}
 		}
 	}
@@ -185,6 +200,46 @@ func backends(t *testing.T) []backendUnderTest {
 					return left
 				},
 				differences: gvisorDifferences,
+			})
+		case "docker":
+			d := testutil.RequireDockerd(t)
+			// Apart from the same suite run at once by another process.
+			name := "vivarium-hostile-docker-" + strings.TrimPrefix(filepath.Base(d.Dir), "vd-")
+			dir := "/run/vivarium/" + strings.TrimPrefix(name, "vivarium-")
+			b, err := docker.New(docker.Config{Host: d.Host, Name: name, StateDir: dir})
+			if err != nil {
+				t.Fatalf("%s backend: %v", name, err)
+			}
+			out = append(out, backendUnderTest{
+				name: "docker",
+				b:    b,
+				// No user namespace: the sandbox user is the host's uid 1000.
+				sandboxUID: 1000,
+				leftovers: func() []string {
+					var left []string
+					if err := b.Close(); err != nil {
+						left = append(left, "closing the docker backend: "+err.Error())
+					}
+					if ids, err := docker.Containers(d.Host, name); err != nil || len(ids) > 0 {
+						left = append(left, fmt.Sprintf("containers %v (%v)", ids, err))
+					}
+					left = append(left, testutil.CgroupsUnder(name)...)
+					if parents, _ := filepath.Glob("/sys/fs/cgroup/*/" + name); len(parents) > 0 {
+						left = append(left, fmt.Sprintf("cgroup parents %v", parents))
+					}
+					if entries, _ := os.ReadDir(filepath.Join(dir, "sandboxes")); len(entries) > 0 {
+						left = append(left, fmt.Sprintf("%d sandbox directories", len(entries)))
+					}
+					if roots, _ := filepath.Glob(filepath.Join(dir, "root-*")); len(roots) > 0 {
+						left = append(left, fmt.Sprintf("root views %v", roots))
+					}
+					os.RemoveAll(dir)
+					if err := testutil.StopDockerd(); err != nil {
+						left = append(left, "stopping the test dockerd: "+err.Error())
+					}
+					return left
+				},
+				differences: dockerDifferences,
 			})
 		default:
 			t.Fatalf("%s=%q: unknown backend %q", backendsEnv, names, name)
