@@ -58,43 +58,23 @@ func newEgressWorld(t *testing.T) *egressWorld {
 	return w
 }
 
-func (w *egressWorld) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
-	if a, ok := w.names[host]; ok {
-		return a, nil
-	}
-	return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
-}
-
 // attach gives the job's sandbox a proxy with the world's allowlist, as a
 // server would: under the operator's policy, with the API listener
 // refused. A backend that cannot carry the proxy must refuse the job; the
 // case checks that, and is skipped there.
 func (w *egressWorld) attach(t *testing.T, h *harness, j *job) {
 	t.Helper()
-	rules, err := netpolicy.ParseRules(w.rules)
-	if err != nil {
-		t.Fatal(err)
-	}
 	api := w.api.addr.(*net.TCPAddr).AddrPort()
-	srv := &netpolicy.Server{Rules: rules, DenyAddrs: []netip.AddrPort{api}}
-	p, err := srv.Grant(netpolicy.Request{Allow: w.rules, Limits: netpolicy.Limits{MaxConns: 8}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	name := t.Name()
-	proxy, err := netproxy.New(netproxy.Config{
-		Checker: srv.Checker(p, w),
+	proxy := testutil.NewEgress(t, testutil.EgressConfig{
+		Allow: w.rules, Names: w.names, DenyAddrs: []netip.AddrPort{api}, Limits: netpolicy.Limits{MaxConns: 8},
 		Audit: func(e netproxy.Event) {
 			w.mu.Lock()
 			w.events[name] = append(w.events[name], e)
 			w.mu.Unlock()
 		},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	if err := sandbox.EgressSupported(h.be.b); err != nil {
-		defer proxy.Close()
 		res, _ := sandbox.RunOnce(context.Background(), h.be.b, sandbox.OneShot{
 			Spec: sandbox.Spec{Limits: baseLimits, Egress: proxy}, Request: sandbox.ExecRequest{Code: "print(1)"}})
 		if res.Status != sandbox.StatusSetupFailed || !strings.Contains(res.Error.Value, h.be.b.Name()) {
