@@ -2,6 +2,7 @@ package testutil
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
@@ -42,10 +43,7 @@ func NewNetHost(t testing.TB) *NetHost {
 	py := RequirePython(t)
 	n := int(netHosts.Add(1))
 	pid := os.Getpid()
-	// 10.213.0.0/16, a /30 per host: unique per process and host while
-	// pids stay apart by more than 64 hosts.
-	slot := (pid*64 + n) % (1 << 14)
-	base := netip.AddrFrom4([4]byte{10, 213, byte(slot >> 6), byte(slot&63) << 2})
+	base := freeSubnet(t)
 	h := &NetHost{
 		Name: fmt.Sprintf("vivtest-%d-%d", pid, n),
 		Peer: base.Next(),
@@ -94,4 +92,34 @@ func NewNetHost(t testing.TB) *NetHost {
 		return err == nil
 	})
 	return h
+}
+
+// freeSubnet picks a /30 of 10.213.0.0/16 that no interface of the host
+// has an address in (test binaries of other packages make hosts at the
+// same time), starting at a random one.
+func freeSubnet(t testing.TB) netip.Addr {
+	t.Helper()
+	start := rand.IntN(1 << 14)
+	for i := range 1 << 14 {
+		slot := (start + i) % (1 << 14)
+		base := netip.AddrFrom4([4]byte{10, 213, byte(slot >> 6), byte(slot&63) << 2})
+		p := netip.PrefixFrom(base, 30)
+		addrs, err := net.InterfaceAddrs()
+		if err != nil {
+			t.Fatal(err)
+		}
+		used := false
+		for _, a := range addrs {
+			if ipn, ok := a.(*net.IPNet); ok {
+				if ip, ok := netip.AddrFromSlice(ipn.IP); ok && p.Contains(ip.Unmap()) {
+					used = true
+				}
+			}
+		}
+		if !used {
+			return base
+		}
+	}
+	t.Fatal("no free /30 in 10.213.0.0/16")
+	return netip.Addr{}
 }

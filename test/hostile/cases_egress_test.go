@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -29,12 +30,18 @@ type egressWorld struct {
 	names map[string][]netip.Addr
 	rules []string
 
+	missing string // why the world could not be made
+
 	mu     sync.Mutex
 	events map[string][]netproxy.Event // by test name
 }
 
 func newEgressWorld(t *testing.T) *egressWorld {
 	t.Helper()
+	if _, err := exec.LookPath("ip"); err != nil {
+		// The cases with an allowlist skip; the rest of the suite runs.
+		return &egressWorld{missing: "needs iproute2's ip (apt install iproute2) for its test host"}
+	}
 	h := testutil.NewNetHost(t)
 	w := &egressWorld{host: h, api: listenCounting(t, "tcp", netip.AddrPortFrom(h.Peer, 0).String()),
 		events: map[string][]netproxy.Event{}}
@@ -64,6 +71,9 @@ func newEgressWorld(t *testing.T) *egressWorld {
 // case checks that, and is skipped there.
 func (w *egressWorld) attach(t *testing.T, h *harness, j *job) {
 	t.Helper()
+	if w.missing != "" {
+		t.Skip(w.missing)
+	}
 	api := w.api.addr.(*net.TCPAddr).AddrPort()
 	name := t.Name()
 	proxy := testutil.NewEgress(t, testutil.EgressConfig{
