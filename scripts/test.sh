@@ -10,6 +10,8 @@ extra="bubblewrap make runsc"
 # docker.io: the docker backend; its tests start a dockerd of their own
 # (no bridge, no iptables) and stop it when they end.
 extra="$extra docker.io"
+# iproute2: the network tests' hosts, in network namespaces of their own.
+extra="$extra iproute2"
 # The MCP and E2B tests drive the server with their official JavaScript SDKs.
 command -v npm >/dev/null 2>&1 || extra="$extra nodejs npm"
 VIVARIUM_DEPS_EXTRA="$extra ${VIVARIUM_DEPS_EXTRA:-}" scripts/deps.sh
