@@ -109,13 +109,34 @@ func Mounts() []string {
 	return out
 }
 
+// foreign reports whether a mount belongs to another test package's
+// container sandboxes or test daemon.
+func foreign(m string, mine []string) bool {
+	if !strings.HasPrefix(m, "/run/vivarium/") && !strings.HasPrefix(m, "/tmp/vd-") &&
+		!strings.HasPrefix(m, "/run/netns ") && !strings.HasPrefix(m, "/run/netns/") {
+		return false
+	}
+	for _, s := range mine {
+		if strings.Contains(m, s) {
+			return false
+		}
+	}
+	return true
+}
+
 // MountsAdded returns the mounts present now and not in before that stay
 // for the whole of settle, sampled every 100ms. Other programs on a shared
 // host (container runtimes) mount and unmount all the time; a mount that a
 // test leaked stays. (Removals are not reported: other programs' mounts
 // that existed before come and go, and what runs in a sandbox cannot
 // unmount anything of the host's.)
-func MountsAdded(before []string, settle time.Duration) []string {
+//
+// Sandboxes of container backends (gVisor, Docker) mount their disks on the
+// host, under /run/vivarium, test daemons their state under /tmp/vd-, and
+// the network tests' hosts (NewNetHost) their namespaces under /run/netns:
+// test packages run at the same time, so such mounts count only when their
+// path holds one of mine (the suite's name, as in its state directories).
+func MountsAdded(before []string, settle time.Duration, mine ...string) []string {
 	was := map[string]int{}
 	for _, m := range before {
 		was[m]++
@@ -127,7 +148,7 @@ func MountsAdded(before []string, settle time.Duration) []string {
 		}
 		d := map[string]bool{}
 		for m, n := range now {
-			if n > was[m] {
+			if n > was[m] && !foreign(m, mine) {
 				d[m] = true
 			}
 		}

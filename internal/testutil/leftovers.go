@@ -81,12 +81,3 @@ func CgroupsUnder(parent string) []string {
 	}
 	return out
 }
-
-// MountCount is the number of mounts in this process's mount namespace.
-func MountCount() int {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return -1
-	}
-	return strings.Count(string(b), "\n")
-}

@@ -147,6 +147,10 @@ func backends(t *testing.T) []backendUnderTest {
 			if err != nil {
 				t.Fatalf("%s backend: %v", name, err)
 			}
+			// What an earlier, killed run left is not this run's leak.
+			if _, err := b.Sweep(); err != nil {
+				t.Fatalf("%s backend: sweep: %v", name, err)
+			}
 			t.Cleanup(func() { b.Close() })
 			out = append(out, backendUnderTest{
 				name:       name,
@@ -181,6 +185,9 @@ func backends(t *testing.T) []backendUnderTest {
 			b, err := gvisor.New(gvisor.Config{CgroupParent: parent, StateDir: "/run/vivarium/hostile-gvisor"})
 			if err != nil {
 				t.Fatalf("%s backend: %v", name, err)
+			}
+			if _, err := b.Sweep(); err != nil {
+				t.Fatalf("%s backend: sweep: %v", name, err)
 			}
 			out = append(out, backendUnderTest{
 				name:       name,
@@ -342,7 +349,7 @@ func TestHostile(t *testing.T) {
 	canaries.Check(t)
 	// Container runtimes on a shared host mount and unmount as they
 	// please: only a mount that lasts counts.
-	for _, m := range testutil.MountsAdded(mounts, 5*time.Second) {
+	for _, m := range testutil.MountsAdded(mounts, 5*time.Second, "hostile") {
 		t.Errorf("mount left on the host: %s", m)
 	}
 	for _, p := range host.changes() {

@@ -48,6 +48,8 @@ type Suite struct {
 	// Env is the variable that selects backends, comma separated
 	// (native, native-zygote, gvisor, wasm, docker); empty: all available.
 	Env string
+	// Preload is what the native backend's zygote imports.
+	Preload []string
 	// Docker adds the docker backend to the defaults, where dockerd is
 	// installed and the tests run as root. It runs in a daemon started for
 	// the test binary, which the suite's TestMain must stop
@@ -108,8 +110,16 @@ func open(name string, s Suite) (Backend, error) {
 	parent := "vivarium-" + s.Name + "-test"
 	switch name {
 	case "native", "native-zygote":
-		b, err := native.New(native.Config{CgroupParent: parent, UIDBase: s.UIDBase, Zygote: name == "native-zygote"})
+		zygote := name == "native-zygote"
+		var preload []string
+		if zygote {
+			preload = s.Preload
+		}
+		b, err := native.New(native.Config{CgroupParent: parent, UIDBase: s.UIDBase, Zygote: zygote, Preload: preload})
 		if err != nil {
+			return Backend{}, err
+		}
+		if err := sweep(b); err != nil {
 			return Backend{}, err
 		}
 		return Backend{Name: name, B: b, SandboxUID: int(s.UIDBase) + native.SandboxUID, Leftovers: func() []string {
@@ -122,6 +132,9 @@ func open(name string, s Suite) (Backend, error) {
 		dir := "/run/vivarium/" + s.Name + "-test-gvisor"
 		b, err := gvisor.New(gvisor.Config{CgroupParent: parent, StateDir: dir})
 		if err != nil {
+			return Backend{}, err
+		}
+		if err := sweep(b); err != nil {
 			return Backend{}, err
 		}
 		return Backend{Name: name, B: b, SandboxUID: -1, Leftovers: func() []string {
@@ -188,4 +201,17 @@ func openDocker(t *testing.T, s Suite) Backend {
 		os.RemoveAll(dir)
 		return left
 	}}
+}
+
+// sweep removes what an earlier run of the same suite left when it was
+// killed (its cgroups, containers, state), so that the leftovers this run
+// checks for are its own. The suite owns its cgroup parent and state
+// directory: nothing else uses them.
+func sweep(b sandbox.Backend) error {
+	sw, ok := b.(sandbox.Sweeper)
+	if !ok {
+		return nil
+	}
+	_, err := sw.Sweep()
+	return err
 }
