@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vivarium-sandbox/vivarium/internal/backend/docker"
 	"github.com/vivarium-sandbox/vivarium/internal/backend/gvisor"
 	"github.com/vivarium-sandbox/vivarium/internal/backend/wasm"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
@@ -38,6 +39,10 @@ type Config struct {
 	// Gvisor runs the gvisor backend's rows; when nil, one is made where
 	// runsc is installed, and the rows are skipped without it.
 	Gvisor sandbox.Backend
+	// Docker runs the docker backend's rows; when nil, one is made where a
+	// Docker daemon answers ($DOCKER_HOST, else the usual socket), and the
+	// rows are skipped without one. The bench never starts a daemon.
+	Docker sandbox.Backend
 }
 
 // DefaultDockerImage is the image the docker row runs, made by `docker
@@ -47,9 +52,9 @@ const DefaultDockerImage = "vivarium-bench-python"
 // Subjects returns the rows `vivarium bench` measures, in the order
 // printed: for the one-shot workloads W1 and W2, a `vivarium serve`'s
 // one-shot endpoint (the reference), Vivarium's CLI and in-process
-// RunOnce (and for W1 the gvisor and wasm backends' RunOnce), then python3 alone, bubblewrap, gVisor, Docker and a Jupyter
+// RunOnce (and for W1 the gvisor, docker and wasm backends' RunOnce), then python3 alone, bubblewrap, gVisor, Docker and a Jupyter
 // kernel per request; for the warm workload W3, a running sandbox over HTTP
-// (the reference), in-process and in gvisor and wasm sandboxes, and a running
+// (the reference), in-process and in gvisor, docker and wasm sandboxes, and a running
 // Jupyter kernel; W4, the
 // creation of a stateful sandbox; W5, the memory of an idle one. Subjects
 // that this host cannot run carry the reason in Skip. Looking runs a few
@@ -120,6 +125,16 @@ func Subjects(ctx context.Context, cfg Config) ([]Subject, func()) {
 			cfg.Gvisor = b
 		}
 	}
+	dockerBackendSkip := ""
+	if cfg.Docker == nil {
+		if _, err := docker.Check("", ""); err != nil {
+			dockerBackendSkip = err.Error()
+		} else if b, err := docker.New(docker.Config{Name: "vivarium-bench-docker"}); err != nil {
+			dockerBackendSkip = err.Error()
+		} else {
+			cfg.Docker = b
+		}
+	}
 	var out []Subject
 	for _, w := range []Workload{W1, W2} {
 		wSkip := ""
@@ -152,6 +167,9 @@ func Subjects(ctx context.Context, cfg Config) ([]Subject, func()) {
 			out = append(out, Subject{
 				Workload: w.Label(), Name: "vivarium gvisor RunOnce (in-process)",
 				Skip: gvisorSkip, Run: oneShot(cfg.Gvisor, w),
+			}, Subject{
+				Workload: w.Label(), Name: "vivarium docker RunOnce (in-process)",
+				Skip: dockerBackendSkip, Run: oneShot(cfg.Docker, w),
 			}, Subject{
 				Workload: w.Label(), Name: "vivarium wasm RunOnce (in-process)",
 				Skip: wasmSkip, Setup: wasmWarm, Run: oneShot(cfg.Wasm, w),
@@ -211,8 +229,13 @@ func Subjects(ctx context.Context, cfg Config) ([]Subject, func()) {
 		gws := newWarmSandboxes(cfg.Gvisor, w)
 		gvisorWarmRow.Setup, gvisorWarmRow.Run, gvisorWarmRow.Teardown = gws.setup, gws.run, gws.teardown
 	}
+	dockerWarmRow := Subject{Workload: w.Label(), Name: "vivarium docker sandbox, warm (in-process Execute)", Skip: dockerBackendSkip}
+	if cfg.Docker != nil {
+		dws := newWarmSandboxes(cfg.Docker, w)
+		dockerWarmRow.Setup, dockerWarmRow.Run, dockerWarmRow.Teardown = dws.setup, dws.run, dws.teardown
+	}
 	jp := &jupyter{python: py, w: w, warm: true}
-	out = append(out, httpWarm, warm, gvisorWarmRow, wasmWarmRow, Subject{
+	out = append(out, httpWarm, warm, gvisorWarmRow, dockerWarmRow, wasmWarmRow, Subject{
 		Workload: w.Label(), Name: "jupyter kernel, warm (execute)", Peer: true,
 		Skip:  jupyterSkip,
 		Setup: jp.setup, Run: jp.run, Teardown: jp.teardown,
@@ -249,7 +272,7 @@ func Subjects(ctx context.Context, cfg Config) ([]Subject, func()) {
 		if users > 0 {
 			srv.release()
 		}
-		for _, b := range []sandbox.Backend{cfg.Gvisor, cfg.Wasm} {
+		for _, b := range []sandbox.Backend{cfg.Gvisor, cfg.Docker, cfg.Wasm} {
 			if c, ok := b.(io.Closer); ok {
 				c.Close()
 			}
