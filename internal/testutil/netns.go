@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -41,6 +42,7 @@ func NewNetHost(t testing.TB) *NetHost {
 		t.Skip("needs iproute2's ip (apt install iproute2)")
 	}
 	py := RequirePython(t)
+	removeDeadNetHosts(ipPath)
 	n := int(netHosts.Add(1))
 	pid := os.Getpid()
 	base := freeSubnet(t)
@@ -74,6 +76,8 @@ func NewNetHost(t testing.TB) *NetHost {
 
 	srv := exec.Command(ipPath, "netns", "exec", h.Name, py, "-m", "http.server", fmt.Sprint(h.Port),
 		"--bind", h.Addr.String(), "--directory", h.Dir)
+	// A test binary killed before its clean-up takes its server along.
+	srv.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := srv.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -122,4 +126,19 @@ func freeSubnet(t testing.TB) netip.Addr {
 	}
 	t.Fatal("no free /30 in 10.213.0.0/16")
 	return netip.Addr{}
+}
+
+// removeDeadNetHosts removes the namespaces of NetHosts whose test binary
+// was killed before its clean-up (their names carry its pid).
+func removeDeadNetHosts(ipPath string) {
+	entries, _ := os.ReadDir("/run/netns")
+	for _, e := range entries {
+		var pid, n int
+		if _, err := fmt.Sscanf(e.Name(), "vivtest-%d-%d", &pid, &n); err != nil || pid == os.Getpid() {
+			continue
+		}
+		if err := syscall.Kill(pid, 0); err == syscall.ESRCH {
+			exec.Command(ipPath, "netns", "del", e.Name()).Run()
+		}
+	}
 }
