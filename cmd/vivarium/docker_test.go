@@ -3,11 +3,16 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
+	"github.com/vivarium-sandbox/vivarium/internal/backend/docker"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
@@ -69,6 +74,24 @@ func TestDocker(t *testing.T) {
 	if got.code != 3 || res.Stdout != "1000 linux\n" {
 		t.Fatalf("exit %d: %+v", got.code, res)
 	}
+	// A server offering docker beside its native default: per sandbox.
+	srv := startServer(t, t.TempDir(), "--dev", "--zygote=false", "--preload", "", "--offer-backend", "docker", "--docker-host", d.Host)
+	t.Cleanup(func() { stopDockerServer(t, srv, d.Host, serveParent+"-docker") })
+	for _, c := range []struct{ path, body, want string }{
+		{"/v1/sandboxes", `{"backend":"docker"}`, `"backend":"docker"`},
+		{"/v1/execute", `{"code":"import os; print(os.getuid())","backend":"docker"}`, `"stdout":"1000\n"`},
+		{"/v1/execute", `{"code":"import os; print(os.getuid())"}`, `"status":"ok"`},
+	} {
+		resp, err := http.Post(srv.url+c.path, "application/json", strings.NewReader(c.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode/100 != 2 || !strings.Contains(string(body), c.want) {
+			t.Errorf("POST %s %s: %d %s", c.path, c.body, resp.StatusCode, body)
+		}
+	}
 	got = vivariumEnv(t, []string{"DOCKER_HOST=" + d.Host}, "doctor", "--json")
 	if c := findCheck(t, got.stdout, "docker backend"); !c.OK || !strings.Contains(c.Detail, "CPython") {
 		t.Fatalf("doctor with a daemon: %+v", c)
@@ -92,4 +115,29 @@ func findCheck(t *testing.T, out, name string) check {
 	}
 	t.Fatalf("no %q check: %+v", name, checks)
 	return check{}
+}
+
+// stopDockerServer stops the server as an operator would (SIGTERM), then
+// checks that its docker sandboxes left nothing: no container, no mount.
+func stopDockerServer(t *testing.T, srv *server, host, name string) {
+	srv.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-srv.exited:
+	case <-time.After(time.Minute):
+		t.Errorf("the server did not stop within a minute of SIGTERM")
+		return
+	}
+	if ids, err := docker.Containers(host, name); err != nil || len(ids) > 0 {
+		t.Errorf("containers left: %v (%v)", ids, err)
+	}
+	dir := "/run/vivarium/" + strings.TrimPrefix(name, "vivarium-")
+	for _, m := range testutil.Mounts() {
+		if strings.Contains(m, dir+"/") {
+			t.Errorf("mount left: %s", m)
+		}
+	}
+	// The backend's state directory stays (empty) for the next server of
+	// the name; the test's goes.
+	os.Remove(dir + "/sandboxes")
+	os.Remove(dir)
 }
