@@ -74,6 +74,19 @@ func TestDocker(t *testing.T) {
 	if got.code != 3 || res.Stdout != "1000 linux\n" {
 		t.Fatalf("exit %d: %+v", got.code, res)
 	}
+	// gVisor as the daemon's runtime, where the test daemon has runsc; a
+	// runtime it lacks is refused, never replaced by its default.
+	got = vivarium(t, "", "run", "--backend", "docker", "--docker-host", d.Host, "--docker-runtime", "nope", "-c", "1")
+	if got.code != sandbox.ExitSetupFailed || !strings.Contains(got.stderr, `no runtime "nope"`) {
+		t.Errorf("unknown runtime: exit %d, stderr %q", got.code, got.stderr)
+	}
+	if _, err := docker.Check(d.Host, "runsc"); err == nil {
+		got = vivarium(t, "", "run", "--backend", "docker", "--docker-host", d.Host, "--docker-runtime", "runsc",
+			"-c", "import os; print(os.uname().release)")
+		if got.code != 0 || got.stdout != "4.4.0\n" {
+			t.Errorf("--docker-runtime runsc: exit %d, stdout %q, stderr %q", got.code, got.stdout, got.stderr)
+		}
+	}
 	// A server offering docker beside its native default: per sandbox.
 	srv := startServer(t, t.TempDir(), "--dev", "--zygote=false", "--preload", "", "--offer-backend", "docker", "--docker-host", d.Host)
 	t.Cleanup(func() { stopDockerServer(t, srv, d.Host, serveParent+"-docker") })
