@@ -75,6 +75,7 @@ func StartDockerd() (*Dockerd, error) {
 	if err != nil {
 		return nil, errors.New("dockerd is not installed (apt install docker.io)")
 	}
+	sweepDockerds()
 	// Short: the sockets under it must fit in a sockaddr_un.
 	dir, err := os.MkdirTemp("", "vd-")
 	if err != nil {
@@ -199,6 +200,31 @@ func (d *Dockerd) Stop() error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// sweepDockerds removes what test daemons of killed test binaries left (a
+// binary that panics on its -timeout never reaches TestMain's end; its
+// daemon gets SIGTERM, but its directory, mounts and its backends' state
+// directories stay): each /tmp/vd-* directory older than a minute that no
+// process names, the mounts under it, and the /run/vivarium directories
+// named after it (the tests' backends end their names with its suffix).
+func sweepDockerds() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "vd-*"))
+	for _, dir := range dirs {
+		fi, err := os.Lstat(dir)
+		// Young: a daemon starting (the directory is made first).
+		if err != nil || !fi.IsDir() || time.Since(fi.ModTime()) < time.Minute || len(processesNaming(dir)) > 0 {
+			continue
+		}
+		suffix := strings.TrimPrefix(filepath.Base(dir), "vd-")
+		states, _ := filepath.Glob("/run/vivarium/*-" + suffix)
+		for _, d := range append(states, dir) {
+			for _, m := range mountsUnder(d) {
+				syscall.Unmount(m, syscall.MNT_DETACH)
+			}
+			os.RemoveAll(d)
+		}
+	}
 }
 
 // processesNaming lists the processes whose command line contains s.
