@@ -24,14 +24,19 @@ const (
 
 func TestPythonClient(t *testing.T) {
 	testutil.RequireRoot(t)
-	testutil.RequirePythonModules(t, "matplotlib")
+	testutil.RequirePythonModules(t, "matplotlib", "pip")
+	// A package the server allows, from a wheel built here.
+	wheels := t.TempDir()
+	testutil.Wheel(t, wheels, "vivpytest", "1.0", map[string]string{"vivpytest/__init__.py": "ANSWER = 42\n"})
 	srv := testserver.Start(t, testserver.Build(t), testserver.Options{
-		CgroupParent: cgroupParent, UIDBase: uidBase, Keys: []string{"py-a", "py-b"}})
+		CgroupParent: cgroupParent, UIDBase: uidBase, Keys: []string{"py-a", "py-b"},
+		Args: []string{"--package", "vivpytest", "--package-dir", wheels}})
 
 	cmd := exec.Command(python, "-m", "unittest", "discover", "-v", "-s", "tests")
 	cmd.Dir = clientDir
 	cmd.Env = append(os.Environ(), "PYTHONPATH=.", "PYTHONDONTWRITEBYTECODE=1",
-		"VIVARIUM_URL="+srv.URL, "VIVARIUM_API_KEY="+srv.Keys[0], "VIVARIUM_API_KEY_2="+srv.Keys[1])
+		"VIVARIUM_URL="+srv.URL, "VIVARIUM_API_KEY="+srv.Keys[0], "VIVARIUM_API_KEY_2="+srv.Keys[1],
+		"VIVARIUM_TEST_PACKAGE=vivpytest")
 	out, err := cmd.CombinedOutput()
 	t.Logf("python3 -m unittest:\n%s", out)
 	if err != nil {

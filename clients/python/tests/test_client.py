@@ -9,8 +9,8 @@ import threading
 import unittest
 
 import vivarium
-from vivarium import (AuthenticationError, Client, ConnectionFailed, InvalidRequestError, NotFoundError,
-                      SandboxBusyError, VivariumError)
+from vivarium import (AuthenticationError, Client, ConnectionFailed, InvalidRequestError, NotAllowedError,
+                      NotFoundError, SandboxBusyError, VivariumError)
 
 
 def client(key=None):
@@ -190,6 +190,27 @@ class ClientTest(unittest.TestCase):
         with self.assertRaises(ConnectionFailed):
             Client(url="http://127.0.0.1:9", timeout=2).health()
         self.assertTrue(issubclass(ConnectionFailed, VivariumError))
+
+
+    @unittest.skipUnless(os.environ.get("VIVARIUM_TEST_PACKAGE"), "the server offers no test package")
+    def test_network_and_packages(self):
+        pkg = os.environ["VIVARIUM_TEST_PACKAGE"]
+        with self.assertRaises(NotAllowedError) as cm:
+            self.client.create_sandbox(network={"allow": ["evil.test"]})
+        self.assertIn("not within the server's allowlist", str(cm.exception))
+        sb = self.sandbox(network={"packages": True})
+        self.assertTrue(sb.info["network"]["packages"])
+        with self.assertRaises(NotAllowedError) as cm:
+            sb.install("requests")
+        self.assertIn("not on this server's package allowlist", str(cm.exception))
+        res = sb.install(pkg)
+        self.assertIn("Successfully installed", res["output"])
+        ex = sb.execute("import %s; print(%s.ANSWER)" % (pkg, pkg))
+        self.assertEqual(ex.stdout, "42\n", ex)
+        plain = self.sandbox()
+        self.assertIsNone(plain.info["network"])
+        with self.assertRaises(NotAllowedError):
+            plain.install(pkg)
 
 
 class StandardLibraryOnlyTest(unittest.TestCase):

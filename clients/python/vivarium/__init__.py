@@ -12,13 +12,13 @@ server (``vivarium serve``), standard library only.
 """
 
 from .client import Client, CommandResult, Execution, ExecutionError, Result, Sandbox
-from .errors import (AuthenticationError, ConnectionFailed, InvalidRequestError, NotFoundError,
+from .errors import (AuthenticationError, ConnectionFailed, InvalidRequestError, NotAllowedError, NotFoundError,
                      QuotaExceededError, SandboxBusyError, SandboxClosedError, ServerError,
                      ServerUnavailableError, TooLargeError, VivariumError)
 
 __all__ = [
     "Client", "Sandbox", "Execution", "ExecutionError", "Result", "CommandResult",
-    "VivariumError", "ConnectionFailed", "InvalidRequestError", "AuthenticationError", "NotFoundError",
+    "VivariumError", "ConnectionFailed", "InvalidRequestError", "AuthenticationError", "NotAllowedError", "NotFoundError",
     "SandboxBusyError", "SandboxClosedError", "TooLargeError", "QuotaExceededError",
     "ServerUnavailableError", "ServerError",
 ]

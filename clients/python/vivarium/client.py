@@ -205,14 +205,17 @@ class Client:
         return bool((self._call("GET", "/healthz") or {}).get("ok"))
 
     def create_sandbox(self, timeout_s=None, max_lifetime_s=None, limits=None, env=None, metadata=None,
-                       backend=None):
+                       backend=None, network=None):
         """Creates a stateful sandbox. ``timeout_s`` is its idle timeout;
         ``limits`` a dict of memory, cpu_time_s, timeout_s, pids, disk,
         max_output, cpus; ``backend`` one the server offers (native,
-        gvisor, wasm; default: the server's)."""
+        gvisor, wasm; default: the server's); ``network`` a dict of allow
+        (hosts, within the server's allowlist), packages (True: may install
+        the server's allowed packages), max_bytes, rate, max_connections
+        (default: no network)."""
         body = {}
         for k, v in (("timeout_s", timeout_s), ("max_lifetime_s", max_lifetime_s), ("limits", limits),
-                     ("env", env), ("metadata", metadata), ("backend", backend)):
+                     ("env", env), ("metadata", metadata), ("backend", backend), ("network", network)):
             if v is not None:
                 body[k] = v
         info = self._call("POST", "/v1/sandboxes", body)
@@ -227,10 +230,11 @@ class Client:
         return self._call("GET", "/v1/sandboxes")["sandboxes"]
 
     def run(self, code, files=None, limits=None, timeout_s=None, env=None,
-            on_stdout=None, on_stderr=None, on_result=None, on_error=None, backend=None):
+            on_stdout=None, on_stderr=None, on_result=None, on_error=None, backend=None, network=None):
         """Runs code in a fresh sandbox destroyed afterwards. ``files`` maps
         workspace paths to bytes or str, placed there first; ``backend`` is
-        one the server offers (default: the server's)."""
+        one the server offers (default: the server's); ``network`` as for
+        create_sandbox."""
         body = {"code": code}
         if files:
             body["files"] = {k: base64.b64encode(v.encode() if isinstance(v, str) else v).decode() for k, v in files.items()}
@@ -242,6 +246,8 @@ class Client:
             body["env"] = env
         if backend:
             body["backend"] = backend
+        if network:
+            body["network"] = network
         wait = (timeout_s or (limits or {}).get("timeout_s") or 30) + _GRACE
         callbacks = (on_stdout, on_stderr, on_result, on_error)
         if any(callbacks):
@@ -300,6 +306,21 @@ class Sandbox:
         if any(callbacks):
             return Execution(self.client._stream(self._path("/execute"), body, callbacks, limit + _GRACE))
         return Execution(self.client._call("POST", self._path("/execute"), body, timeout=limit + _GRACE))
+
+    def install(self, name, version=None):
+        """Installs one of the server's allowed packages into this sandbox
+        (created with network={"packages": True}); importable at once.
+        Returns the server's answer (status, output); raises
+        NotAllowedError for a package not on the server's list, and
+        VivariumError when pip fails."""
+        from .errors import VivariumError
+        body = {"name": name}
+        if version:
+            body["version"] = version
+        res = self.client._call("POST", self._path("/packages"), body, timeout=300 + _GRACE)
+        if res.get("status") != "ok":
+            raise VivariumError("installing %s failed: %s" % (name, res.get("error") or res.get("output")))
+        return res
 
     def interrupt(self):
         """Raises KeyboardInterrupt in the running execution, if any."""

@@ -38,6 +38,11 @@ class AuthenticationError(VivariumError):
     """401: no API key, or one the server does not know."""
 
 
+class NotAllowedError(VivariumError):
+    """403: the server's policy does not allow it (a host outside its network
+    allowlist, a package not on its list)."""
+
+
 class NotFoundError(VivariumError):
     """404: no such sandbox (or it belongs to another key), or no such file."""
 
@@ -69,6 +74,7 @@ class ServerError(VivariumError):
 _BY_CODE = {
     "invalid_request": InvalidRequestError,
     "unauthorized": AuthenticationError,
+    "not_allowed": NotAllowedError,
     "not_found": NotFoundError,
     "file_not_found": NotFoundError,
     "busy": SandboxBusyError,
@@ -83,6 +89,7 @@ _BY_CODE = {
 _BY_STATUS = {
     400: InvalidRequestError,
     401: AuthenticationError,
+    403: NotAllowedError,
     404: NotFoundError,
     409: SandboxBusyError,
     410: SandboxClosedError,
