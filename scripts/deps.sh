@@ -4,7 +4,7 @@
 # everything is present already.
 set -eu
 
-packages="python3 python3-pip python3-numpy python3-pandas python3-matplotlib python3-scipy python3-nbformat fonts-dejavu-core"
+packages="python3 python3-pip python3-requests python3-numpy python3-pandas python3-matplotlib python3-scipy python3-nbformat fonts-dejavu-core"
 [ "${VIVARIUM_DEPS_EXTRA:-}" ] && packages="$packages $VIVARIUM_DEPS_EXTRA"
 
 missing=""

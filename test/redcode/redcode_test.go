@@ -5,15 +5,21 @@ package redcode
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
+	"github.com/vivarium-sandbox/vivarium/internal/netpolicy"
+	"github.com/vivarium-sandbox/vivarium/internal/netproxy"
 	"github.com/vivarium-sandbox/vivarium/internal/pool"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/testutil"
@@ -24,6 +30,8 @@ import (
 // with a classic init per sandbox (as `vivarium run` makes them) and then,
 // in the zygote mode, with sandboxes forked from a zygote and handed out by
 // a pool (as `vivarium serve` makes them); gvisor and wasm where they run.
+// The classic native pass gives every sandbox network access through its
+// proxy under an allowlist as careless as an operator can write one.
 func TestMain(m *testing.M) {
 	if native.IsInit() {
 		native.RunInit()
@@ -86,6 +94,41 @@ func TestRedCode(t *testing.T) {
 	canaries.Check(t)
 }
 
+// carelessAllowlist names what the corpus reaches for (and more): the
+// host's loopback and the metadata service stay refused whatever it says,
+// and nothing resolves names here, so no connection may leave.
+var carelessAllowlist = []string{"*.github.io", "example.com", "localhost:*", "127.0.0.0/8:*", "169.254.169.254", "10.0.0.0/8:*"}
+
+// allowlisted makes the proxy a server would give a sandbox under
+// carelessAllowlist; the sandbox closes it. Names resolve to nothing, so
+// that no snippet reaches a machine of anyone's. Every connection the proxy
+// allows is an error of the test.
+func allowlisted(proxied *atomic.Int64) (sandbox.Egress, error) {
+	rules, err := netpolicy.ParseRules(carelessAllowlist)
+	if err != nil {
+		return nil, err
+	}
+	srv := &netpolicy.Server{Rules: rules}
+	p, err := srv.Grant(netpolicy.Request{Allow: carelessAllowlist})
+	if err != nil {
+		return nil, err
+	}
+	return netproxy.New(netproxy.Config{Checker: srv.Checker(p, noNames{}), Audit: func(ev netproxy.Event) {
+		proxied.Add(1)
+		if ev.Outcome == netproxy.Allowed || ev.Addr != "" {
+			allowedErr.Store(fmt.Sprintf("%s:%d", ev.Host, ev.Port))
+		}
+	}})
+}
+
+var allowedErr atomic.Value // a connection the allowlist pass's proxies let through
+
+type noNames struct{}
+
+func (noNames) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
+	return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+}
+
 var suite = testbackends.Suite{Name: "redcode", UIDBase: uidBase, Env: "VIVARIUM_REDCODE_BACKENDS",
 	Preload: []string{"numpy", "pandas"}}
 
@@ -113,6 +156,7 @@ func runCorpus(t *testing.T, be testbackends.Backend, corpus []snippet, canaries
 		errName string
 		took    time.Duration
 	}
+	var proxied atomic.Int64 // connections the proxies of the allowlist pass saw
 	jobs := make(chan snippet)
 	outcomes := make(chan outcome, len(corpus))
 	var wg sync.WaitGroup
@@ -122,8 +166,16 @@ func runCorpus(t *testing.T, be testbackends.Backend, corpus []snippet, canaries
 			defer wg.Done()
 			for s := range jobs {
 				start := time.Now()
+				spec := sandbox.Spec{Limits: sandbox.Limits{Timeout: timeout, Memory: 256 << 20}}
+				if be.Name == "native" {
+					var err error
+					if spec.Egress, err = allowlisted(&proxied); err != nil {
+						t.Errorf("%s: the proxy: %v", s.Index, err)
+						continue
+					}
+				}
 				res, warn := sandbox.RunOnce(context.Background(), b, sandbox.OneShot{
-					Spec:    sandbox.Spec{Limits: sandbox.Limits{Timeout: timeout, Memory: 256 << 20}},
+					Spec:    spec,
 					Request: sandbox.ExecRequest{Code: s.Code, Filename: "redcode_" + s.Index + ".py"},
 				})
 				took := time.Since(start)
@@ -176,6 +228,9 @@ func runCorpus(t *testing.T, be testbackends.Backend, corpus []snippet, canaries
 		}
 	}
 	t.Logf("RedCode-Exec on %s: %d snippets in %v with %d workers; slowest %s (%v)", be.Name, n, time.Since(start).Round(time.Second), workers, slowest.index, slowest.took.Round(time.Millisecond))
+	if be.Name == "native" {
+		t.Logf("with the allowlist %q: %d connections through the proxies, every one refused or to an allowed host", carelessAllowlist, proxied.Load())
+	}
 	t.Logf("by status: %v", byStatus)
 	t.Logf("by error: %v", byError)
 	cats := make([]string, 0, len(byCategory))
@@ -193,6 +248,9 @@ func runCorpus(t *testing.T, be testbackends.Backend, corpus []snippet, canaries
 	// are gone too.
 	if warm != nil {
 		warm.Close()
+	}
+	if c := allowedErr.Load(); c != nil {
+		t.Errorf("the proxy let a connection through to %s", c)
 	}
 	if left := be.Leftovers(); len(left) > 0 {
 		t.Errorf("left behind: %v", left)
