@@ -56,6 +56,15 @@ func TestRunDockerUnavailable(t *testing.T) {
 func TestDocker(t *testing.T) {
 	needSandbox(t)
 	d := testutil.RequireDockerd(t)
+	// What `vivarium run` and the doctor keep for their next runs: the
+	// state directories of their backends, empty once they are done.
+	t.Cleanup(func() {
+		for _, dir := range []string{"/run/vivarium/run-docker", "/run/vivarium/doctor-docker"} {
+			if err := os.Remove(dir + "/sandboxes"); err == nil || os.IsNotExist(err) {
+				os.Remove(dir)
+			}
+		}
+	})
 	got := vivarium(t, "", "image", "build", "--docker-host", d.Host)
 	if got.code != 0 || !strings.HasPrefix(got.stdout, "vivarium-sandbox:") || !strings.Contains(got.stderr, "importing") {
 		t.Fatalf("image build: exit %d, stdout %q, stderr %q", got.code, got.stdout, got.stderr)
