@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 )
@@ -80,4 +81,21 @@ func CgroupsUnder(parent string) []string {
 		}
 	}
 	return out
+}
+
+// RemoveStaleCgroups removes the empty groups under parent: what a test
+// binary that was killed left (its sandboxes died with it, their groups
+// stayed). Groups with members stay, and nothing is killed, so that a run
+// of the same suite going on at once is left alone.
+func RemoveStaleCgroups(parent string) {
+	groups := CgroupsUnder(parent)
+	// Children before their parents.
+	sort.Slice(groups, func(i, j int) bool { return len(groups[i]) > len(groups[j]) })
+	for _, g := range groups {
+		sub, _ := filepath.Glob(filepath.Join(g, "*", "cgroup.procs"))
+		for _, s := range sub {
+			os.Remove(filepath.Dir(s))
+		}
+		os.Remove(g) // EBUSY while it has members
+	}
 }
