@@ -65,25 +65,14 @@ func newEgressWorld(t *testing.T) *egressWorld {
 	return w
 }
 
-// attach gives the job's sandbox a proxy with the world's allowlist, as a
-// server would: under the operator's policy, with the API listener
-// refused. A backend that cannot carry the proxy must refuse the job; the
-// case checks that, and is skipped there.
+// attach gives the job's sandbox a proxy with the world's allowlist and
+// tells its code where the world's hosts are. A backend that cannot carry
+// the proxy must refuse the job; the case checks that, and is skipped
+// there.
 func (w *egressWorld) attach(t *testing.T, h *harness, j *job) {
 	t.Helper()
-	if w.missing != "" {
-		t.Skip(w.missing)
-	}
+	proxy := w.proxy(t)
 	api := w.api.addr.(*net.TCPAddr).AddrPort()
-	name := t.Name()
-	proxy := testutil.NewEgress(t, testutil.EgressConfig{
-		Allow: w.rules, Names: w.names, DenyAddrs: []netip.AddrPort{api}, Limits: netpolicy.Limits{MaxConns: 8},
-		Audit: func(e netproxy.Event) {
-			w.mu.Lock()
-			w.events[name] = append(w.events[name], e)
-			w.mu.Unlock()
-		},
-	})
 	if err := sandbox.EgressSupported(h.be.b); err != nil {
 		res, _ := sandbox.RunOnce(context.Background(), h.be.b, sandbox.OneShot{
 			Spec: sandbox.Spec{Limits: baseLimits, Egress: proxy}, Request: sandbox.ExecRequest{Code: "print(1)"}})
@@ -103,6 +92,26 @@ func (w *egressWorld) attach(t *testing.T, h *harness, j *job) {
 		ports = append(ports, fmt.Sprint(p))
 	}
 	j.vars["PORTS"] = strings.Join(ports, " ")
+}
+
+// proxy is a sandbox's proxy under the world's allowlist, as a server
+// would give it: under the operator's policy, with the API listener
+// refused; its events are kept under the test's name.
+func (w *egressWorld) proxy(t *testing.T) sandbox.Egress {
+	t.Helper()
+	if w.missing != "" {
+		t.Skip(w.missing)
+	}
+	name := t.Name()
+	return testutil.NewEgress(t, testutil.EgressConfig{
+		Allow: w.rules, Names: w.names, DenyAddrs: []netip.AddrPort{w.api.addr.(*net.TCPAddr).AddrPort()},
+		Limits: netpolicy.Limits{MaxConns: 8},
+		Audit: func(e netproxy.Event) {
+			w.mu.Lock()
+			w.events[name] = append(w.events[name], e)
+			w.mu.Unlock()
+		},
+	})
 }
 
 // seen lists the job's connections as "METHOD HOST:PORT OUTCOME".
@@ -373,4 +382,32 @@ raw("huge head", b"GET http://" + allowed + b"/ HTTP/1.1\r\nX: " + b"a" * 200000
 			}
 		},
 	},
+}
+
+// allowlistDifferences are the cases whose safe outcome differs when every
+// case runs with the egress world's allowlist set (the native-allowlist
+// backend).
+var allowlistDifferences = map[string]difference{
+	"cloud_metadata": {
+		why: "urllib goes through the sandbox's proxy, which answers 403 (metadata is refused whatever the allowlist says) where, without a proxy, there is no route at all",
+		check: func(t *testing.T, h *harness, o *outcome) {
+			wantOK(t, o, lines("169.254.169.254 ENETUNREACH", "169.254.170.2 ENETUNREACH",
+				"100.100.100.200 ENETUNREACH", "168.63.129.16 ENETUNREACH", "fd00:ec2::254 ENETUNREACH",
+				"urllib HTTPError"))
+			wantSeen(t, h.egress, "GET 169.254.169.254:80 refused")
+		},
+	},
+}
+
+// The allowlist backend's differences name real cases and say why.
+func TestAllowlistDifferences(t *testing.T) {
+	seen := map[string]bool{}
+	for _, c := range allCases() {
+		seen[c.name] = true
+	}
+	for name, d := range allowlistDifferences {
+		if !seen[name] || d.why == "" {
+			t.Errorf("allowlist difference for %q: no such case, or no reason given", name)
+		}
+	}
 }

@@ -88,6 +88,9 @@ type backendUnderTest struct {
 	// differences, by case name, are where this backend's safe outcome
 	// is not the native one.
 	differences map[string]difference
+	// allowlist: every case runs with a network allowlist set (the
+	// egress world's), its proxy in the sandbox.
+	allowlist bool
 }
 
 // difference is how a case goes on a backend that differs: why, and what
@@ -108,7 +111,8 @@ type difference struct {
 // backendsEnv selects the backends the table runs against, comma
 // separated; default "native", and "gvisor", "docker" and "wasm" too
 // where they can run (once: not again in the zygote run). "native-zygote" is the native
-// backend with runners forked from a zygote.
+// backend with runners forked from a zygote; "native-allowlist" the native
+// backend with every case run under a network allowlist (cases_egress_test.go).
 const backendsEnv = "VIVARIUM_HOSTILE_BACKENDS"
 
 // backends returns the backends the table runs against.
@@ -125,6 +129,9 @@ func backends(t *testing.T) []backendUnderTest {
 			t.Logf("not testing the wasm backend: %v", err)
 		}
 		if !testutil.ZygoteMode() {
+			// Every case again, with a network allowlist set: the
+			// sandbox's proxy must open nothing the cases attack.
+			names += ",native-allowlist"
 			if err := gvisor.Check(); err == nil {
 				names += ",gvisor"
 			} else {
@@ -141,16 +148,14 @@ func backends(t *testing.T) []backendUnderTest {
 	var out []backendUnderTest
 	for _, name := range strings.Split(names, ",") {
 		switch name {
-		case "native", "native-zygote":
+		case "native", "native-zygote", "native-allowlist":
 			zygote := name == "native-zygote"
 			b, err := native.New(native.Config{CgroupParent: cgroupParent, UIDBase: uidBase, Zygote: zygote})
 			if err != nil {
 				t.Fatalf("%s backend: %v", name, err)
 			}
 			// What an earlier, killed run left is not this run's leak.
-			if _, err := b.Sweep(); err != nil {
-				t.Fatalf("%s backend: sweep: %v", name, err)
-			}
+			testutil.RemoveStaleCgroups(cgroupParent)
 			t.Cleanup(func() { b.Close() })
 			out = append(out, backendUnderTest{
 				name:       name,
@@ -161,7 +166,11 @@ func backends(t *testing.T) []backendUnderTest {
 					left := testutil.ProcessesOwnedBy(uidBase, uidBase+65536)
 					return append(left, testutil.CgroupsUnder(cgroupParent)...)
 				},
+				allowlist: name == "native-allowlist",
 			})
+			if name == "native-allowlist" {
+				out[len(out)-1].differences = allowlistDifferences
+			}
 		case "wasm":
 			b, err := wasm.New(wasm.Config{})
 			if err != nil {
@@ -429,6 +438,9 @@ func (h *harness) runCase(t *testing.T, c hostileCase) {
 	}
 	if c.prepare != nil {
 		c.prepare(t, h, j)
+	}
+	if h.be.allowlist && j.Spec.Egress == nil {
+		j.Spec.Egress = h.egress.proxy(t)
 	}
 	o := h.run(t, j)
 	if o.Status == sandbox.StatusSetupFailed && c.knownSetupBug != "" {
