@@ -155,7 +155,9 @@ func backends(t *testing.T) []backendUnderTest {
 				t.Fatalf("%s backend: %v", name, err)
 			}
 			// What an earlier, killed run left is not this run's leak.
-			testutil.RemoveStaleCgroups(cgroupParent)
+			if _, err := b.Sweep(); err != nil {
+				t.Fatalf("%s backend: sweep: %v", name, err)
+			}
 			t.Cleanup(func() { b.Close() })
 			out = append(out, backendUnderTest{
 				name:       name,
