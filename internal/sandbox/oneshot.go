@@ -57,9 +57,8 @@ func RunOnce(ctx context.Context, b Backend, job OneShot) (*Result, error) {
 
 // RunOnceOpen is RunOnce without the final Close: it returns the sandbox
 // (nil if none was made) for the caller to close, so that a server can
-// answer before the sandbox's tear-down is over. Every process of the
-// sandbox is dead by the time it returns; what is left is releasing what
-// they held.
+// answer before the sandbox's tear-down is over. The processes the code
+// left may still be dying when it returns.
 func RunOnceOpen(ctx context.Context, b Backend, job OneShot) (res *Result, sb Sandbox, warn error) {
 	job.Spec.OneShot = true
 	sb, err := b.Create(ctx, job.Spec)
@@ -90,8 +89,11 @@ func runIn(ctx context.Context, sb Sandbox, job OneShot) (res *Result, warn, err
 	if err != nil {
 		return nil, nil, err
 	}
-	// Every process of a one-shot sandbox is dead by now: the workspace
-	// holds still while it is read.
+	// Files are copied out of a workspace that holds still: every process
+	// of the sandbox dead. The list alone does not wait for that.
+	if q, ok := sb.(Quiescer); ok && job.OutDir != "" {
+		q.Quiesce()
+	}
 	if res.Files, err = sb.Workspace().List(MaxListedFiles); err != nil {
 		warn = fmt.Errorf("list workspace: %w", err)
 	}

@@ -32,6 +32,14 @@ type Sweeper interface {
 	Sweep() ([]string, error)
 }
 
+// Quiescer is a one-shot Sandbox whose execution may return before its
+// tear-down is over (the code is done; what it left is being killed).
+// Quiesce waits until none of its processes runs any more, so that its
+// workspace holds still.
+type Quiescer interface {
+	Quiesce()
+}
+
 // Prober is a Sandbox that can tell, cheaply, whether it still works (a
 // pool checks before it hands out a sandbox that waited).
 type Prober interface {

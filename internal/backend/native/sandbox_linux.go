@@ -56,8 +56,9 @@ type Sandbox struct {
 
 	// From init's status pipe.
 	statusMu   sync.Mutex
-	setupError string      // init's "error" message
-	runnerExit *initStatus // init's "exit" message (one-shot)
+	setupError string        // init's "error" message
+	runnerExit *initStatus   // init's "exit" message (one-shot)
+	runnerGone chan struct{} // closed when runnerExit is set
 	statusDone chan struct{}
 
 	// From init's control socket.
@@ -73,6 +74,7 @@ type Sandbox struct {
 	nextID    uint64
 	lost      bool // the runner died since the last execution
 	ctlDone   chan struct{}
+	ctlRead   bool // readControl was started: ctlDone will be closed
 	sendMu    sync.Mutex
 
 	execMu sync.Mutex // one execution (or restart) at a time
@@ -226,7 +228,7 @@ type execution struct {
 func start(ctx context.Context, b *Backend, spec sandbox.Spec, cfg *initConfig, z *zygote) (_ *Sandbox, err error) {
 	s := &Sandbox{
 		id: newID(), b: b, spec: spec, ctl: -1, z: z, cfg: cfg, failed: make(chan struct{}),
-		initDone: make(chan struct{}), statusDone: make(chan struct{}),
+		initDone: make(chan struct{}), statusDone: make(chan struct{}), runnerGone: make(chan struct{}),
 		runnerSet: make(chan struct{}), ctlDone: make(chan struct{}),
 		spawns: map[uint64]chan spawnReply{}, procs: map[uint64]*process{}, contexts: runner.NewContexts(workspacePath),
 	}
@@ -293,6 +295,7 @@ func start(ctx context.Context, b *Backend, spec sandbox.Spec, cfg *initConfig, 
 		return nil, err
 	}
 	go s.readStatus(p.statusR)
+	s.ctlRead = true
 	go s.readControl()
 
 	if err := json.NewEncoder(p.ctrlW).Encode(cfg); err != nil {
@@ -529,11 +532,20 @@ func (s *Sandbox) readStatus(r *os.File) {
 		case "error":
 			s.setupError = st.Step + ": " + st.Error
 		case "exit":
-			s.runnerExit = &st
+			s.setRunnerExit(&st)
 		}
 		s.statusMu.Unlock()
 	}
 	io.Copy(io.Discard, r)
+}
+
+// setRunnerExit records how a one-shot sandbox's runner ended, the first
+// time it is told. Called with statusMu held.
+func (s *Sandbox) setRunnerExit(st *initStatus) {
+	if s.runnerExit == nil {
+		s.runnerExit = st
+		close(s.runnerGone)
+	}
 }
 
 // readControl follows init's control socket for the sandbox's life.
@@ -708,9 +720,7 @@ func (s *Sandbox) runnerExited(r *runnerProc, code, signal int) {
 		// A one-shot sandbox ends with its runner, as with a classic
 		// init, which is the runner's parent and exits with it.
 		s.statusMu.Lock()
-		if s.runnerExit == nil {
-			s.runnerExit = &initStatus{Event: "exit", Code: code, Signal: signal}
-		}
+		s.setRunnerExit(&initStatus{Event: "exit", Code: code, Signal: signal})
 		s.statusMu.Unlock()
 		s.kill()
 	}
@@ -883,6 +893,15 @@ func (s *Sandbox) kill() {
 	}
 }
 
+// Quiesce implements sandbox.Quiescer: it kills every process of the
+// sandbox and waits until they are gone.
+func (s *Sandbox) Quiesce() {
+	s.kill()
+	if s.init != nil {
+		<-s.initDone
+	}
+}
+
 // Close implements sandbox.Sandbox.
 func (s *Sandbox) Close() error {
 	s.closeOnce.Do(func() {
@@ -898,7 +917,7 @@ func (s *Sandbox) Close() error {
 		if s.ctl >= 0 {
 			// Shut down, not close: readControl may still be in recvmsg.
 			unix.Shutdown(s.ctl, unix.SHUT_RDWR)
-			if s.init != nil {
+			if s.ctlRead {
 				<-s.ctlDone
 			}
 			unix.Close(s.ctl)
@@ -1111,7 +1130,7 @@ func (s *Sandbox) Execute(ctx context.Context, req sandbox.ExecRequest, sink san
 	// status is the program's); a persistent one at the runner's "done".
 	finished := doneCh
 	if s.spec.OneShot {
-		finished = s.initDone
+		finished = s.runnerGone
 	}
 	var why sandbox.Status // set when a limit or the caller ended it
 	var whyMsg string
@@ -1155,6 +1174,19 @@ wait:
 	dead := false        // the code's process died before "done"
 	stateLost := lost
 	switch {
+	case s.spec.OneShot && why == "" && isClosed(s.runnerGone) && !isClosed(s.initDone):
+		// The runner process has exited, having written all it wrote:
+		// its status is the program's and its output is in the pipes.
+		// What is left is the tear-down, which the answer does not wait
+		// for (Close does); processes the code left behind are killed
+		// now, and what they write from here on is not the code's.
+		s.kill()
+		s.stdout.sync()
+		s.stderr.sync()
+		s.statusMu.Lock()
+		exit = s.runnerExit
+		s.statusMu.Unlock()
+		dead = true
 	case s.spec.OneShot || isClosed(s.initDone):
 		if why != "" {
 			s.kill()

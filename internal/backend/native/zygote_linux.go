@@ -44,6 +44,7 @@ type zygote struct {
 	b      *Backend
 	python string
 	init   *initProc
+	reaped chan struct{} // closed once init has exited and been reaped
 	cg     cgroups.Group
 	ctl    int // control socket to the zygote's init
 	zs     int // socket to the Python zygote
@@ -149,6 +150,7 @@ func (b *Backend) startZygote(ctx context.Context, python string, etc []etcEntry
 		return nil, err
 	}
 	initDone := make(chan struct{})
+	z.reaped = initDone
 	go func() {
 		z.init.wait()
 		close(initDone)
@@ -516,6 +518,13 @@ func (z *zygote) close() {
 	z.mu.Unlock()
 	if z.cg != nil {
 		z.cg.Destroy()
+	}
+	if z.reaped != nil {
+		// Not a zombie of ours once close returns.
+		select {
+		case <-z.reaped:
+		case <-time.After(10 * time.Second):
+		}
 	}
 }
 
