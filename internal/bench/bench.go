@@ -41,6 +41,10 @@ type Subject struct {
 	// Peer marks rows that are not Vivarium: they never change the exit
 	// status of the bench, whatever happens to them.
 	Peer bool
+	// Optional marks Vivarium rows of a backend a host may lack (gvisor,
+	// docker, wasm): skipped there, they do not change the exit status;
+	// when they run, their errors do.
+	Optional bool
 	// Skip, when not empty, says why the subject cannot run on this host
 	// (and what to install); the row is printed with the reason.
 	Skip string
@@ -198,7 +202,7 @@ type subjectRun struct {
 func measureWorkload(ctx context.Context, group []Subject, opts Options) ([]Row, []*ThroughputRow) {
 	runs := make([]*subjectRun, len(group))
 	for i, s := range group {
-		r := &subjectRun{s: s, row: Row{Workload: s.Workload, Subject: s.Name, Peer: s.Peer, Reference: s.Reference, Unit: "ms"}}
+		r := &subjectRun{s: s, row: Row{Workload: s.Workload, Subject: s.Name, Peer: s.Peer, Optional: s.Optional, Reference: s.Reference, Unit: "ms"}}
 		if s.Unit != "" {
 			r.row.Unit = s.Unit
 		}

@@ -321,6 +321,20 @@ func TestVivariumProblemsIgnorePeers(t *testing.T) {
 	}
 }
 
+// A backend the host lacks is skipped without failing the bench; once it
+// runs, its errors count.
+func TestVivariumProblemsOptionalBackends(t *testing.T) {
+	rep := testReport()
+	rep.Latency = append(rep.Latency,
+		Row{Workload: "W1", Subject: "vivarium docker RunOnce", Optional: true, Skipped: "no Docker daemon"},
+		Row{Workload: "W1", Subject: "vivarium gvisor RunOnce", Optional: true, Errors: 1, FirstError: "runsc: boom"},
+		Row{Workload: "W1", Subject: "vivarium RunOnce", Skipped: "not root"})
+	p := rep.VivariumProblems()
+	if len(p) != 2 || !strings.Contains(p[0], "gvisor RunOnce: 1 errors: runsc: boom") || !strings.Contains(p[1], "vivarium RunOnce: skipped: not root") {
+		t.Errorf("problems %q, want the gvisor error and the skipped native row", p)
+	}
+}
+
 func TestRunInterrupted(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var ran []string

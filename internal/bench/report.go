@@ -28,6 +28,7 @@ type Row struct {
 	Workload  string `json:"workload"`
 	Subject   string `json:"subject"`
 	Peer      bool   `json:"peer"`
+	Optional  bool   `json:"optional,omitempty"`
 	Reference bool   `json:"reference"`
 	// Unit of the Stats: "ms" for latency rows.
 	Unit string `json:"unit"`
@@ -89,7 +90,7 @@ func (r *Report) VivariumProblems() []string {
 	var out []string
 	for _, row := range slices.Concat(r.Latency, r.Values) {
 		switch {
-		case row.Peer:
+		case row.Peer, row.Optional && row.Skipped != "":
 		case row.Skipped != "":
 			out = append(out, fmt.Sprintf("%s / %s: skipped: %s", row.Workload, row.Subject, row.Skipped))
 		case row.Failed || row.Errors > 0:

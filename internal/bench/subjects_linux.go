@@ -166,13 +166,13 @@ func Subjects(ctx context.Context, cfg Config) ([]Subject, func()) {
 		if w.ID == W1.ID {
 			out = append(out, Subject{
 				Workload: w.Label(), Name: "vivarium gvisor RunOnce (in-process)",
-				Skip: gvisorSkip, Run: oneShot(cfg.Gvisor, w),
+				Optional: true, Skip: gvisorSkip, Run: oneShot(cfg.Gvisor, w),
 			}, Subject{
 				Workload: w.Label(), Name: "vivarium docker RunOnce (in-process)",
-				Skip: dockerBackendSkip, Run: oneShot(cfg.Docker, w),
+				Optional: true, Skip: dockerBackendSkip, Run: oneShot(cfg.Docker, w),
 			}, Subject{
 				Workload: w.Label(), Name: "vivarium wasm RunOnce (in-process)",
-				Skip: wasmSkip, Setup: wasmWarm, Run: oneShot(cfg.Wasm, w),
+				Optional: true, Skip: wasmSkip, Setup: wasmWarm, Run: oneShot(cfg.Wasm, w),
 			})
 		}
 		out = append(out,
@@ -213,7 +213,7 @@ func Subjects(ctx context.Context, cfg Config) ([]Subject, func()) {
 	}
 	httpWarm := Subject{Workload: w.Label(), Name: "vivarium serve, HTTP execute (warm)", Reference: true, Skip: cliSkip}
 	httpWarm.Setup, httpWarm.Run, httpWarm.Teardown = srv.warm(w)
-	wasmWarmRow := Subject{Workload: w.Label(), Name: "vivarium wasm sandbox, warm (in-process Execute)", Skip: wasmSkip}
+	wasmWarmRow := Subject{Workload: w.Label(), Name: "vivarium wasm sandbox, warm (in-process Execute)", Optional: true, Skip: wasmSkip}
 	if cfg.Wasm != nil {
 		wws := newWarmSandboxes(cfg.Wasm, w)
 		wasmWarmRow.Run, wasmWarmRow.Teardown = wws.run, wws.teardown
@@ -224,12 +224,12 @@ func Subjects(ctx context.Context, cfg Config) ([]Subject, func()) {
 			return wws.setup(ctx)
 		}
 	}
-	gvisorWarmRow := Subject{Workload: w.Label(), Name: "vivarium gvisor sandbox, warm (in-process Execute)", Skip: gvisorSkip}
+	gvisorWarmRow := Subject{Workload: w.Label(), Name: "vivarium gvisor sandbox, warm (in-process Execute)", Optional: true, Skip: gvisorSkip}
 	if cfg.Gvisor != nil {
 		gws := newWarmSandboxes(cfg.Gvisor, w)
 		gvisorWarmRow.Setup, gvisorWarmRow.Run, gvisorWarmRow.Teardown = gws.setup, gws.run, gws.teardown
 	}
-	dockerWarmRow := Subject{Workload: w.Label(), Name: "vivarium docker sandbox, warm (in-process Execute)", Skip: dockerBackendSkip}
+	dockerWarmRow := Subject{Workload: w.Label(), Name: "vivarium docker sandbox, warm (in-process Execute)", Optional: true, Skip: dockerBackendSkip}
 	if cfg.Docker != nil {
 		dws := newWarmSandboxes(cfg.Docker, w)
 		dockerWarmRow.Setup, dockerWarmRow.Run, dockerWarmRow.Teardown = dws.setup, dws.run, dws.teardown
