@@ -28,7 +28,15 @@ func TestMain(m *testing.M) {
 	if native.IsInit() {
 		native.RunInit()
 	}
-	os.Exit(testutil.RunBothModes(m))
+	code := testutil.RunBothModes(m)
+	// The backend the tests share, and its zygote's cgroup with it.
+	if backend != nil {
+		backend.Close()
+	}
+	for _, b := range benchBackends {
+		b.Close()
+	}
+	os.Exit(code)
 }
 
 // Each test package has its own cgroup parent and uid range, so that
