@@ -116,6 +116,7 @@ func newNetWorld(t *testing.T, zygote bool) *netWorld {
 	t.Cleanup(func() {
 		srv.Close()
 		svc.Close()
+		b.Close() // the zygote, and its cgroup
 	})
 	w.url = srv.URL
 	return w
