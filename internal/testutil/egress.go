@@ -30,25 +30,31 @@ type EgressConfig struct {
 // it as Spec.Egress (the sandbox closes it; so does the end of the test).
 func NewEgress(t testing.TB, cfg EgressConfig) sandbox.Egress {
 	t.Helper()
-	rules, err := netpolicy.ParseRules(cfg.Allow)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &netpolicy.Server{Rules: rules, DenyAddrs: cfg.DenyAddrs}
-	p, err := srv.Grant(netpolicy.Request{Allow: cfg.Allow, Limits: cfg.Limits})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var r netpolicy.Resolver
-	if cfg.Names != nil {
-		r = nameTable(cfg.Names)
-	}
-	proxy, err := netproxy.New(netproxy.Config{Checker: srv.Checker(p, r), Audit: cfg.Audit})
+	proxy, err := Egress(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { proxy.Close() })
 	return proxy
+}
+
+// Egress is NewEgress for callers outside a test's goroutine (workers):
+// the caller closes the proxy, or the sandbox it is given to does.
+func Egress(cfg EgressConfig) (sandbox.Egress, error) {
+	rules, err := netpolicy.ParseRules(cfg.Allow)
+	if err != nil {
+		return nil, err
+	}
+	srv := &netpolicy.Server{Rules: rules, DenyAddrs: cfg.DenyAddrs}
+	p, err := srv.Grant(netpolicy.Request{Allow: cfg.Allow, Limits: cfg.Limits})
+	if err != nil {
+		return nil, err
+	}
+	var r netpolicy.Resolver
+	if cfg.Names != nil {
+		r = nameTable(cfg.Names)
+	}
+	return netproxy.New(netproxy.Config{Checker: srv.Checker(p, r), Audit: cfg.Audit})
 }
 
 type nameTable map[string][]netip.Addr

@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -18,7 +17,6 @@ import (
 	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
-	"github.com/vivarium-sandbox/vivarium/internal/netpolicy"
 	"github.com/vivarium-sandbox/vivarium/internal/netproxy"
 	"github.com/vivarium-sandbox/vivarium/internal/pool"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
@@ -100,34 +98,20 @@ func TestRedCode(t *testing.T) {
 var carelessAllowlist = []string{"*.github.io", "example.com", "localhost:*", "127.0.0.0/8:*", "169.254.169.254", "10.0.0.0/8:*"}
 
 // allowlisted makes the proxy a server would give a sandbox under
-// carelessAllowlist; the sandbox closes it. Names resolve to nothing, so
-// that no snippet reaches a machine of anyone's. Every connection the proxy
-// allows is an error of the test.
+// carelessAllowlist; the sandbox closes it. No name resolves, so that no
+// snippet reaches a machine of anyone's. Every connection the proxy allows
+// is an error of the test.
 func allowlisted(proxied *atomic.Int64) (sandbox.Egress, error) {
-	rules, err := netpolicy.ParseRules(carelessAllowlist)
-	if err != nil {
-		return nil, err
-	}
-	srv := &netpolicy.Server{Rules: rules}
-	p, err := srv.Grant(netpolicy.Request{Allow: carelessAllowlist})
-	if err != nil {
-		return nil, err
-	}
-	return netproxy.New(netproxy.Config{Checker: srv.Checker(p, noNames{}), Audit: func(ev netproxy.Event) {
-		proxied.Add(1)
-		if ev.Outcome == netproxy.Allowed || ev.Addr != "" {
-			allowedErr.Store(fmt.Sprintf("%s:%d", ev.Host, ev.Port))
-		}
-	}})
+	return testutil.Egress(testutil.EgressConfig{Allow: carelessAllowlist, Names: map[string][]netip.Addr{},
+		Audit: func(ev netproxy.Event) {
+			proxied.Add(1)
+			if ev.Outcome == netproxy.Allowed || ev.Addr != "" {
+				allowedErr.Store(fmt.Sprintf("%s:%d", ev.Host, ev.Port))
+			}
+		}})
 }
 
 var allowedErr atomic.Value // a connection the allowlist pass's proxies let through
-
-type noNames struct{}
-
-func (noNames) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
-	return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
-}
 
 var suite = testbackends.Suite{Name: "redcode", UIDBase: uidBase, Env: "VIVARIUM_REDCODE_BACKENDS",
 	Preload: []string{"numpy", "pandas"}}
