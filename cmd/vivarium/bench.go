@@ -102,7 +102,7 @@ Flags:
 	// In-process rows use what `vivarium serve` uses by default: sandboxes
 	// forked from a zygote with the data-science stack preloaded.
 	if b, err := native.New(native.Config{Zygote: true, Preload: []string{"numpy", "pandas", "matplotlib"},
-		CgroupParent: "vivarium-bench", UIDBase: native.DefaultUIDBase + 13<<24}); err != nil {
+		CgroupParent: "vivarium-bench", UIDBase: native.DefaultUIDBase + 13<<24, UIDRanges: 256}); err != nil {
 		cfg.BackendErr = err
 	} else if err := b.Warm(ctx); err != nil {
 		cfg.BackendErr = err

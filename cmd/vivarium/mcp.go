@@ -26,6 +26,8 @@ const mcpOwner = "local"
 type mcpConfig struct {
 	cgroupParent            string
 	uidBase                 uint
+	uidRanges               int
+	kernelLimits            native.KernelLimits
 	noCgroups               bool
 	logLevel                string
 	idle, lifetime          time.Duration
@@ -52,8 +54,7 @@ Flags:
 	}
 	c.memory, c.disk, c.maxOutput = sandbox.DefaultMemory, sandbox.DefaultDisk, sandbox.DefaultMaxOutput
 	fs.StringVar(&c.cgroupParent, "cgroup-parent", "", "cgroup sandboxes are created under (default: the one \"vivarium run\" uses)")
-	fs.UintVar(&c.uidBase, "uid-base", native.DefaultUIDBase,
-		"host `UID` that root of every sandbox maps to (65536 uids from there must belong to nobody)")
+	addUIDFlags(fs, &c.uidBase, &c.uidRanges, &c.kernelLimits)
 	fs.BoolVar(&c.noCgroups, "insecure-no-cgroups", false,
 		"run without cgroups when the host has none: memory and process limits per process (rlimits), not per sandbox")
 	fs.StringVar(&c.logLevel, "log-level", "warn", "log level on standard error: debug, info, warn or error")
@@ -104,8 +105,8 @@ func cmdMCP(args []string) int {
 	// Standard output is the protocol's: logs go to standard error only.
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 
-	b, err := native.New(native.Config{CgroupParent: c.cgroupParent, UIDBase: uint32(c.uidBase),
-		InsecureNoCgroups: c.noCgroups, Logger: log})
+	b, err := native.New(native.Config{CgroupParent: c.cgroupParent, UIDBase: uint32(c.uidBase), UIDRanges: c.uidRanges,
+		KernelLimits: c.kernelLimits, InsecureNoCgroups: c.noCgroups, Logger: log})
 	if err != nil {
 		// The agent shows this to its user: say what to do.
 		log.Error("vivarium mcp: cannot create sandboxes on this host", "err", err)

@@ -75,7 +75,7 @@ func TestServeNetwork(t *testing.T) {
 	testutil.Wheel(t, wheels, "vivtestpkg", "1.0", map[string]string{"vivtestpkg/__init__.py": "ANSWER = 42\n"})
 	dataDir := t.TempDir()
 	srv := startServer(t, dataDir, "--dev", "--cgroup-parent", "vivarium-serve-net-test",
-		"--uid-base", fmt.Sprint(native.DefaultUIDBase+21<<24), "--zygote=false", "--preload=", "--pool=0",
+		"--uid-base", fmt.Sprint(native.DefaultUIDBase+21<<24), "--uid-ranges", fmt.Sprint(testutil.UIDRanges), "--zygote=false", "--preload=", "--pool=0",
 		"--allow-net", fmt.Sprintf("%s:%d *.example.com", h.Addr, h.Port),
 		"--package", "vivtestpkg", "--package-dir", wheels, "--net-max-connections", "4")
 	must := func(r cli, what string) cli {

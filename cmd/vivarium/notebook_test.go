@@ -91,7 +91,7 @@ func runSales(t *testing.T, allowErrors bool) (notebookReport, []nbCell, string)
 	t.Helper()
 	needSandbox(t)
 	testutil.RequirePythonModules(t, "pandas", "matplotlib")
-	b, err := native.New(native.Config{CgroupParent: notebookParent, UIDBase: notebookUIDBase})
+	b, err := native.New(native.Config{CgroupParent: notebookParent, UIDBase: notebookUIDBase, UIDRanges: testutil.UIDRanges})
 	if err != nil {
 		t.Fatal(err)
 	}

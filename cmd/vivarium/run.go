@@ -27,6 +27,7 @@ type runOptions struct {
 	gvisorPlatform            string
 	dockerHost, dockerRuntime string
 	asJSON, insecureNoCgroups bool
+	kernelLimits              native.KernelLimits
 	timeout, cpuTime          time.Duration
 	memory, disk, maxOutput   sizeFlag
 	pids                      int
@@ -71,6 +72,7 @@ Flags:
 	fs.StringVar(&o.dockerHost, "docker-host", "", "for --backend docker: the daemon's `ADDRESS` (unix:///PATH); default $DOCKER_HOST, else unix:///var/run/docker.sock")
 	fs.StringVar(&o.dockerRuntime, "docker-runtime", "", "for --backend docker: the daemon's OCI `RUNTIME` for the container (runsc: gVisor); default the daemon's")
 	fs.StringVar(&o.wasmDir, "wasm-dir", os.Getenv(wasm.DirEnv), "for --backend wasm: the `DIR` `make wasm` built (python.wasm and lib/); default: build/wasm above the binary or the working directory")
+	fs.Var(kernelLimitFlag{&o.kernelLimits}, "kernel-limit", kernelLimitUsage)
 	fs.BoolVar(&o.insecureNoCgroups, "insecure-no-cgroups", false,
 		"run without cgroups when the host has none: memory and process limits per process (rlimits), not per sandbox")
 	fs.Var(&o.allowNet, "allow-net", "`RULE` the code may reach through the sandbox's HTTP(S) proxy (repeatable, or several separated by spaces): "+
@@ -155,7 +157,7 @@ func cmdRun(args []string) int {
 func (o *runOptions) newBackend() (sandbox.Backend, error) {
 	switch o.backend {
 	case "native":
-		return native.New(native.Config{InsecureNoCgroups: o.insecureNoCgroups})
+		return native.New(native.Config{InsecureNoCgroups: o.insecureNoCgroups, KernelLimits: o.kernelLimits})
 	case "gvisor":
 		return gvisor.New(gvisor.Config{Platform: o.gvisorPlatform, CgroupParent: "vivarium-run-gvisor"})
 	case "docker":

@@ -41,6 +41,8 @@ type serveConfig struct {
 	logLevel     string
 	cgroupParent string
 	uidBase      uint
+	uidRanges    int
+	kernelLimits native.KernelLimits
 	noCgroups    bool
 	grace        time.Duration
 
@@ -52,18 +54,20 @@ type serveConfig struct {
 	timeout                              time.Duration
 	cpus                                 float64
 
-	allowOrigins   listFlag
-	backend        string
-	backends       listFlag
-	gvisorPlatform string
-	dockerHost     string
-	dockerRuntime  string
-	wasmDir        string
-	zygote         bool
-	preload        string
-	pool           int
-	poolIdle       time.Duration
-	net            netServeFlags
+	allowOrigins       listFlag
+	backend            string
+	backends           listFlag
+	gvisorPlatform     string
+	dockerHost         string
+	dockerRuntime      string
+	wasmDir            string
+	zygote             bool
+	zygoteMaxSandboxes int
+	zygoteMaxAge       time.Duration
+	preload            string
+	pool               int
+	poolIdle           time.Duration
+	net                netServeFlags
 }
 
 func serveFlags(c *serveConfig) *flag.FlagSet {
@@ -88,8 +92,7 @@ Flags:
 	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&c.cgroupParent, "cgroup-parent", "vivarium-serve",
 		"cgroup every sandbox is created under; one server per parent (leftovers in it are removed at start)")
-	fs.UintVar(&c.uidBase, "uid-base", native.DefaultUIDBase,
-		"host `UID` that root of every sandbox maps to (65536 uids from there must belong to nobody)")
+	addUIDFlags(fs, &c.uidBase, &c.uidRanges, &c.kernelLimits)
 	fs.BoolVar(&c.noCgroups, "insecure-no-cgroups", false,
 		"run without cgroups when the host has none: memory and process limits per process (rlimits), not per sandbox")
 	fs.DurationVar(&c.grace, "shutdown-grace", 10*time.Second, "on SIGTERM, how long executions may finish before they are interrupted")
@@ -116,6 +119,9 @@ Flags:
 	fs.StringVar(&c.wasmDir, "wasm-dir", os.Getenv(wasm.DirEnv), "for --backend wasm: the `DIR` `make wasm` built")
 	fs.BoolVar(&c.zygote, "zygote", true,
 		"native backend: fork sandboxes from a zygote, a Python with the --preload modules imported: fast starts, shared memory")
+	fs.IntVar(&c.zygoteMaxSandboxes, "zygote-max-sandboxes", native.DefaultZygoteMaxSandboxes,
+		"replace the zygote after this many sandboxes (sandboxes of one zygote share its memory layout); -1: never")
+	fs.DurationVar(&c.zygoteMaxAge, "zygote-max-age", native.DefaultZygoteMaxAge, "replace the zygote after this long; -1s: never")
 	fs.StringVar(&c.preload, "preload", "numpy,pandas,matplotlib", "`MODULES` the zygote imports once for every sandbox (comma-separated)")
 	fs.IntVar(&c.pool, "pool", 4, "most fresh sandboxes kept ready per configuration (0: none)")
 	fs.DurationVar(&c.poolIdle, "pool-idle", 10*time.Minute, "a configuration unused this long is no longer kept ready")
@@ -175,7 +181,9 @@ func (c *serveConfig) validate() error {
 	check(c.lifetime <= 0 || c.maxLifetime < c.lifetime, "--lifetime must be positive and at most --max-lifetime")
 	check(c.grace < 0, "--shutdown-grace must not be negative")
 	check(c.dataDir == "", "--data-dir must not be empty")
-	check(c.uidBase < 100000 || c.uidBase > 1<<32-1<<17, "--uid-base must be between 100000 and 4294836224")
+	check(c.uidBase < 100000 || c.uidRanges < 1 || uint64(c.uidBase)+uint64(c.uidRanges)<<16 >= 1<<32-1,
+		"--uid-base must be at least 100000, --uid-ranges at least 1, and the ranges must end below 4294967295")
+	check(c.zygoteMaxSandboxes == 0 || c.zygoteMaxAge == 0, "--zygote-max-sandboxes and --zygote-max-age must not be 0 (-1: never)")
 	check(c.pool < 0 || c.pool > 1000, "--pool must be between 0 and 1000")
 	check(c.poolIdle <= 0, "--pool-idle must be positive")
 	check(c.preload != "" && !c.zygote, "--preload needs --zygote (without a zygote nothing is preloaded)")
@@ -253,8 +261,9 @@ func (c *serveConfig) openBackend(name string, log *slog.Logger) (sandbox.Backen
 	case "wasm":
 		return wasm.New(wasm.Config{Dir: c.wasmDir})
 	}
-	return native.New(native.Config{CgroupParent: c.cgroupParent, UIDBase: uint32(c.uidBase),
-		InsecureNoCgroups: c.noCgroups, Zygote: c.zygote, Preload: c.preloads(), Logger: log})
+	return native.New(native.Config{CgroupParent: c.cgroupParent, UIDBase: uint32(c.uidBase), UIDRanges: c.uidRanges,
+		KernelLimits: c.kernelLimits, InsecureNoCgroups: c.noCgroups, Zygote: c.zygote, Preload: c.preloads(),
+		ZygoteMaxSandboxes: c.zygoteMaxSandboxes, ZygoteMaxAge: c.zygoteMaxAge, Logger: log})
 }
 
 // reportPoolAtRest logs what the pool holds once it has filled (or after a

@@ -70,7 +70,7 @@ func startServer(t *testing.T, dataDir string, extra ...string) *server {
 	t.Helper()
 	addr := freePort(t)
 	args := append([]string{"serve", "--listen", addr, "--data-dir", dataDir, "--cgroup-parent", serveParent,
-		"--uid-base", fmt.Sprint(serveUIDBase)}, extra...)
+		"--uid-base", fmt.Sprint(serveUIDBase), "--uid-ranges", fmt.Sprint(testutil.UIDRanges)}, extra...)
 	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(os.Environ(), "VIVARIUM_TEST_MAIN=1")
 	s := &server{cmd: cmd, url: "http://" + addr, dataDir: dataDir, log: &syncBuffer{}, exited: make(chan struct{})}

@@ -90,7 +90,7 @@ func (s *server) start(ctx context.Context) error {
 		return err
 	}
 	cmd := exec.Command(s.bin, "serve", "--dev", "--listen", addr, "--data-dir", s.data,
-		"--cgroup-parent", serverParent, "--uid-base", fmt.Sprint(1_000_000_000+12<<24),
+		"--cgroup-parent", serverParent, "--uid-base", fmt.Sprint(1_000_000_000+12<<24), "--uid-ranges", "256",
 		"--max-sandboxes", "2000", "--max-sandboxes-per-key", "2000",
 		"--max-executions", "512", "--max-executions-per-key", "512", "--log-level", "warn")
 	cmd.Stdout, cmd.Stderr = &s.log, &s.log

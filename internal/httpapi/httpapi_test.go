@@ -98,7 +98,7 @@ func newServer(t testing.TB) (*httptest.Server, *service.Service) {
 	t.Helper()
 	testutil.RequireRoot(t)
 	testutil.RequirePython(t)
-	b, err := native.New(native.Config{CgroupParent: "vivarium-httpapi-test", UIDBase: native.DefaultUIDBase + 9<<24})
+	b, err := native.New(native.Config{CgroupParent: "vivarium-httpapi-test", UIDBase: native.DefaultUIDBase + 9<<24, UIDRanges: testutil.UIDRanges})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -86,7 +86,7 @@ func newNetWorld(t *testing.T, zygote bool) *netWorld {
 		t.Fatal(err)
 	}
 	w := &netWorld{certPEM: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: tlsSrv.Certificate().Raw}))}
-	b, err := native.New(native.Config{CgroupParent: "vivarium-httpapi-net-test", UIDBase: native.DefaultUIDBase + 20<<24,
+	b, err := native.New(native.Config{CgroupParent: "vivarium-httpapi-net-test", UIDBase: native.DefaultUIDBase + 20<<24, UIDRanges: testutil.UIDRanges,
 		Zygote: zygote})
 	if err != nil {
 		t.Fatal(err)

@@ -54,7 +54,7 @@ func newService(t *testing.T) *service.Service {
 	testutil.RequireRoot(t)
 	testutil.RequirePython(t)
 	backendOnce.Do(func() {
-		backend, backendErr = native.New(native.Config{CgroupParent: cgroupParent, UIDBase: uidBase})
+		backend, backendErr = native.New(native.Config{CgroupParent: cgroupParent, UIDBase: uidBase, UIDRanges: testutil.UIDRanges})
 	})
 	if backendErr != nil {
 		t.Fatal(backendErr)

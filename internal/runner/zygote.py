@@ -3,15 +3,18 @@ configured modules (numpy, pandas ...) and forks a copy of itself into each
 new sandbox, so that a sandbox starts in a millisecond or two instead of a
 whole interpreter start-up, and shares the preloaded pages copy-on-write.
 
-The zygote runs inside the zygote's own namespaces, as root of a user
-namespace, with capabilities: it needs them to place each child into a
-sandbox's namespaces. It never runs user code. Each child, before any user
-code runs, and in this order:
+The zygote runs in the zygote's own mount, PID, network, IPC and UTS
+namespaces, in the host's user namespace, as a host user of its own with
+one capability, CAP_SYS_ADMIN: setns needs it to place each child into a
+sandbox's namespaces, whose user namespace is a child of the host's (each
+sandbox is a host user of its own). It never runs user code. Each child,
+before any user code runs, and in this order:
 
   0. leaves the zygote's session and process group;
   1. waits until the supervisor has moved it into the sandbox's cgroup;
-  2. joins the sandbox's user, mount, network, IPC, UTS and cgroup
-     namespaces (its PID namespace was chosen before the fork);
+  2. joins the sandbox's user namespace, and then, with the capabilities it
+     has there, its mount, network, IPC, UTS and cgroup namespaces (its PID
+     namespace was chosen before the fork);
   3. takes its standard streams and the runner's pipes, closes every other
      descriptor the zygote held;
   4. sets the sandbox's resource limits;
@@ -119,6 +122,15 @@ def _drop_capabilities():
     _prctl("securebits", PR_SET_SECUREBITS, SECUREBITS)
 
 
+def _check_no_capabilities():
+    """The sandbox user must hold no capability at all: say so, or fail."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("CapInh", "CapPrm", "CapEff", "CapAmb") and int(value, 16) != 0:
+                raise SetupError("drop capabilities", "%s is %s" % (key, value.strip()))
+
+
 def _reseed():
     """Every child starts from the zygote's memory: generators seeded there
     would give every sandbox the same numbers."""
@@ -138,7 +150,8 @@ def become_sandbox(req, fds, filter_prog, sock):
     """The child's side: everything from the fork to the runner. It returns
     the runner's exit code, for the interpreter to exit with as python3
     would (threads joined, atexit handlers run, objects finalized)."""
-    sandbox_pidfd, req_r, evt_w, out_w, err_w, go_r = fds
+    (user_ns, pid_ns, mnt_ns, net_ns, ipc_ns, uts_ns, cgroup_ns), (req_r, evt_w, out_w, err_w, go_r) = fds[:7], fds[7:]
+    os.close(pid_ns)
     os.close(sock.detach())
     # A session and process group of its own at once: the zygote's group
     # holds every other sandbox's runner, and a signal to one's own group
@@ -150,12 +163,28 @@ def become_sandbox(req, fds, filter_prog, sock):
     os.close(go_r)
     evt = evt_w  # where a setup error is reported
     try:
-        # 2. The sandbox's namespaces; the user namespace first, which the
-        # kernel does when they are joined together through a pidfd.
-        _check("join the sandbox's namespaces (setns, Linux 5.8)", _libc.setns(
-            sandbox_pidfd,
-            CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP))
-        os.close(sandbox_pidfd)
+        # 2. The sandbox's namespaces: its user namespace alone first. The
+        # kernel checks the others against the caller's capabilities as
+        # they are before the call, and in the host's user namespace the
+        # zygote has only CAP_SYS_ADMIN, where joining a mount namespace
+        # also needs CAP_SYS_CHROOT; in the sandbox's user namespace the
+        # child has every capability, until it drops them below.
+        # The namespaces come as files the supervisor opened, not as the
+        # sandbox init's pidfd: setns through a pidfd also asks for ptrace
+        # access to init, which a zygote without CAP_SYS_PTRACE lacks.
+        for fd, kind, name in ((user_ns, CLONE_NEWUSER, "user"), (mnt_ns, CLONE_NEWNS, "mount"),
+                               (net_ns, CLONE_NEWNET, "network"), (ipc_ns, CLONE_NEWIPC, "IPC"),
+                               (uts_ns, CLONE_NEWUTS, "UTS"), (cgroup_ns, CLONE_NEWCGROUP, "cgroup")):
+            _check("join the sandbox's %s namespace (setns)" % name, _libc.setns(fd, kind))
+            os.close(fd)
+            if kind == CLONE_NEWUSER:
+                # Root of the sandbox's user namespace, whose capabilities
+                # setns just gave. The zygote's own host user is not mapped
+                # there; had the child stayed that user, the step from it
+                # to the sandbox user would not be a step away from root,
+                # and the kernel would keep its capabilities across it.
+                os.setresgid(0, 0, 0)
+                os.setresuid(0, 0, 0)
         os.chdir(req.get("dir") or "/workspace")
         # 3. Descriptors: 0 /dev/null, 1 and 2 the sandbox's output, 3 and
         # 4 the runner's pipes; nothing else of the zygote's.
@@ -176,6 +205,7 @@ def become_sandbox(req, fds, filter_prog, sock):
         uid, gid = req["uid"], req["gid"]
         os.setresgid(gid, gid, gid)
         os.setresuid(uid, uid, uid)
+        _check_no_capabilities()
         # Credential changes reset these two: set them as the sandbox user.
         _prctl("set dumpable", PR_SET_DUMPABLE, 1)
         _prctl("parent death signal", PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -249,11 +279,11 @@ class Zygote:
         the child, what the child needs to become the sandbox's runner,
         once the zygote's own stack is unwound."""
         token = req.get("token")
-        if len(fds) != 6:
-            raise ValueError("fork needs 6 descriptors, got %d" % len(fds))
+        if len(fds) != 12:
+            raise ValueError("fork needs 12 descriptors, got %d" % len(fds))
         # The child is born in the sandbox's PID namespace: this sets the
         # namespace of the zygote's next child, and only that.
-        _check("enter the sandbox's PID namespace", _libc.setns(fds[0], CLONE_NEWPID))
+        _check("enter the sandbox's PID namespace", _libc.setns(fds[1], CLONE_NEWPID))
         pid = os.fork()
         if pid == 0:
             return (req, fds, self.filter, self.sock)

@@ -50,3 +50,12 @@ func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// UIDRanges is the size of each test package's pool of host users (one
+// range of 65536 ids per sandbox): packages' pools start 1<<24 ids apart,
+// and a package's leftover checks look at its own ids only, UIDSpan of
+// them from its base.
+const (
+	UIDRanges = 64
+	UIDSpan   = UIDRanges * 65536
+)

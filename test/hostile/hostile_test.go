@@ -150,7 +150,7 @@ func backends(t *testing.T) []backendUnderTest {
 		switch name {
 		case "native", "native-zygote", "native-allowlist":
 			zygote := name == "native-zygote"
-			b, err := native.New(native.Config{CgroupParent: cgroupParent, UIDBase: uidBase, Zygote: zygote})
+			b, err := native.New(native.Config{CgroupParent: cgroupParent, UIDBase: uidBase, UIDRanges: testutil.UIDRanges, Zygote: zygote})
 			if err != nil {
 				t.Fatalf("%s backend: %v", name, err)
 			}
@@ -163,7 +163,7 @@ func backends(t *testing.T) []backendUnderTest {
 				sandboxUID: uidBase + native.SandboxUID,
 				leftovers: func() []string {
 					b.Close() // the zygote, if any, is the backend's, not a sandbox's
-					left := testutil.ProcessesOwnedBy(uidBase, uidBase+65536)
+					left := testutil.ProcessesOwnedBy(uidBase, uidBase+testutil.UIDSpan)
 					return append(left, testutil.CgroupsUnder(cgroupParent)...)
 				},
 				allowlist: name == "native-allowlist",
@@ -400,7 +400,7 @@ func allCases() []hostileCase {
 	for _, group := range [][]hostileCase{
 		secretCases, filesystemCases, procCases, privilegeCases, seccompCases,
 		networkCases, resourceCases, lifetimeCases, outputCases, protocolCases,
-		outDirCases, persistenceCases, egressCases,
+		outDirCases, persistenceCases, egressCases, budgetCases,
 	} {
 		all = append(all, group...)
 	}

@@ -13,6 +13,11 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
 
+// noKernelBudgets: a wasm sandbox makes no system call of the host's that
+// a budget counts (no inotify, signals, queues, pipes, sockets, shared
+// memory or processes: no ctypes to ask for them).
+const noKernelBudgets = "no kernel budgets to take: no ctypes, no processes, no host system calls"
+
 // wasmDifferences are the cases whose safe outcome on the wasm backend is
 // not the native one, and why. A wasm sandbox is one CPython interpreter
 // inside WebAssembly: there is no kernel behind it to attack, no /proc, no
@@ -24,6 +29,15 @@ import (
 // attack still has a target (files, the disk, descriptors, the protocol),
 // the case asserts the wasm outcome in full.
 var wasmDifferences = map[string]difference{
+	// Kernel budgets (cases_budgets_test.go): nothing to take.
+	"take_all_inotify_instances":  {why: noKernelBudgets},
+	"take_all_inotify_watches":    {why: noKernelBudgets},
+	"queue_signals_until_refused": {why: noKernelBudgets},
+	"fill_posix_message_queues":   {why: noKernelBudgets},
+	"reserve_all_pipe_buffers":    {why: noKernelBudgets},
+	"park_descriptors_in_flight":  {why: noKernelBudgets},
+	"lock_shared_memory":          {why: noKernelBudgets},
+	"take_every_process_slot":     {why: noKernelBudgets},
 	// Processes and signals.
 	"processes_outlive_the_run":    {why: noProcesses, check: refused("OSError", "cannot start processes")},
 	"daemon_writes_stdout_forever": {why: noProcesses, check: refused("AttributeError", "'fork'")},

@@ -23,7 +23,7 @@ import (
 const (
 	serveParent = "vivarium-mcp-e2e-serve"
 	stdioParent = "vivarium-mcp-e2e-stdio"
-	uidBase     = native.DefaultUIDBase + 6<<24 + 1<<20
+	uidBase     = native.DefaultUIDBase + 6<<24 + 8<<20
 )
 
 // requireNode skips without node and npm, and installs the pinned packages
@@ -54,7 +54,7 @@ func TestTypeScriptSDK(t *testing.T) {
 		Args: []string{"--pool", "0"}})
 	url, key := srv.URL, srv.Keys[0]
 
-	stdioArgs, _ := json.Marshal([]string{"--cgroup-parent", stdioParent, "--uid-base", fmt.Sprint(uidBase), "--log-level", "warn"})
+	stdioArgs, _ := json.Marshal([]string{"--cgroup-parent", stdioParent, "--uid-base", fmt.Sprint(uidBase), "--uid-ranges", fmt.Sprint(testutil.UIDRanges), "--log-level", "warn"})
 	cmd := exec.Command("node", "--test", "--test-reporter=tap", "mcp.test.mjs")
 	cmd.Env = append(os.Environ(), "VIVARIUM_BIN="+bin, "VIVARIUM_STDIO_ARGS="+string(stdioArgs),
 		"VIVARIUM_URL="+url, "VIVARIUM_API_KEY="+key)

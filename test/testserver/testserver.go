@@ -74,7 +74,7 @@ func Start(t *testing.T, bin string, o Options) *Server {
 	addr := l.Addr().String()
 	l.Close()
 	args := append([]string{"serve", "--listen", addr, "--data-dir", data, "--cgroup-parent", o.CgroupParent,
-		"--uid-base", fmt.Sprint(o.UIDBase)}, o.Args...)
+		"--uid-base", fmt.Sprint(o.UIDBase), "--uid-ranges", fmt.Sprint(testutil.UIDRanges)}, o.Args...)
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = s.log, s.log
 	if err := cmd.Start(); err != nil {

@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
+	"github.com/vivarium-sandbox/vivarium/internal/hostuid"
 	"github.com/vivarium-sandbox/vivarium/internal/runner"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/seccomp"
@@ -31,10 +32,18 @@ import (
 
 // Config configures the native backend.
 type Config struct {
-	// UIDBase is the host uid (and gid) that uid 0 of every sandbox maps
-	// to; the sandbox user, uid 1000 inside, is UIDBase+1000 on the host.
-	// The range must belong to nobody on the host.
-	UIDBase uint32
+	// UIDBase and UIDRanges are the pool of host ids sandboxes are made
+	// of: every sandbox (and every zygote) is a host user of its own, a
+	// range of 65536 ids from UIDBase+k*65536 whose first id is its root
+	// and owns its user namespace (spawn_linux.go); the sandbox user, uid
+	// 1000 inside, is that id+1000 on the host. The ids must belong to
+	// nobody on the host. Pools of every process on a host exclude each
+	// other (internal/hostuid).
+	UIDBase   uint32
+	UIDRanges int
+	// KernelLimits bound what a sandbox may hold of the kernel's per-user
+	// and per-namespace budgets; zero fields take DefaultKernelLimits.
+	KernelLimits KernelLimits
 	// CgroupParent is the group sandboxes are created under.
 	CgroupParent string
 	// InsecureNoCgroups accepts sandboxes without cgroups: memory and
@@ -49,8 +58,23 @@ type Config struct {
 	// modules' memory. Without it each sandbox starts its own Python.
 	Zygote  bool
 	Preload []string
-	Logger  *slog.Logger
+	// A zygote is replaced by a fresh one after ZygoteMaxSandboxes
+	// sandboxes or ZygoteMaxAge, whichever comes first: sandboxes forked
+	// from one zygote share its memory layout (library and heap addresses,
+	// the stack canary, Python's string-hash secret), and a tenant that
+	// learnt it should find it worth little. Zero: the defaults; negative:
+	// never.
+	ZygoteMaxSandboxes int
+	ZygoteMaxAge       time.Duration
+	Logger             *slog.Logger
 }
+
+// Defaults of the pool and of zygote replacement.
+const (
+	DefaultUIDRanges          = 4096
+	DefaultZygoteMaxSandboxes = 256
+	DefaultZygoteMaxAge       = 15 * time.Minute
+)
 
 // DefaultUIDBase is far above the ranges distributions hand out to users and
 // to rootless containers (subuid ranges start at 100000).
@@ -60,6 +84,7 @@ const DefaultUIDBase = 1_000_000_000
 type Backend struct {
 	cfg     Config
 	cgroups cgroups.Manager // nil with InsecureNoCgroups
+	uids    *hostuid.Pool
 	log     *slog.Logger
 
 	etcOnce sync.Once
@@ -67,10 +92,13 @@ type Backend struct {
 	etcErr  error
 	top     []topLink
 
-	zmu       sync.Mutex
-	zygotes   map[string]*zygote       // by interpreter
-	zstarting map[string]chan struct{} // closed when a start ends
-	closed    bool
+	zmu            sync.Mutex
+	zygotes        map[string]*zygote       // by interpreter
+	zstarting      map[string]chan struct{} // closed when a start ends
+	zreplacing     map[string]bool          // a replacement is starting
+	zreplaceFailed map[string]time.Time     // when a replacement last failed
+	retired        []*zygote                // replaced, serving their last sandboxes
+	closed         bool
 }
 
 var (
@@ -85,13 +113,24 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.UIDBase == 0 {
 		cfg.UIDBase = DefaultUIDBase
 	}
+	if cfg.UIDRanges == 0 {
+		cfg.UIDRanges = DefaultUIDRanges
+	}
+	if cfg.ZygoteMaxSandboxes == 0 {
+		cfg.ZygoteMaxSandboxes = DefaultZygoteMaxSandboxes
+	}
+	if cfg.ZygoteMaxAge == 0 {
+		cfg.ZygoteMaxAge = DefaultZygoteMaxAge
+	}
+	cfg.KernelLimits = cfg.KernelLimits.withDefaults()
 	if cfg.Exe == "" {
 		cfg.Exe = "/proc/self/exe"
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	b := &Backend{cfg: cfg, log: cfg.Logger, zygotes: map[string]*zygote{}, zstarting: map[string]chan struct{}{}}
+	b := &Backend{cfg: cfg, log: cfg.Logger, zygotes: map[string]*zygote{}, zstarting: map[string]chan struct{}{},
+		zreplacing: map[string]bool{}, zreplaceFailed: map[string]time.Time{}}
 	for _, m := range cfg.Preload {
 		if !validModule(m) {
 			return nil, fmt.Errorf("%w: preload %q is not a module name", sandbox.ErrInvalidSpec, m)
@@ -100,9 +139,15 @@ func New(cfg Config) (*Backend, error) {
 	if err := Check(); err != nil {
 		return nil, err
 	}
+	uids, err := hostuid.New(hostuid.Config{Base: cfg.UIDBase, Ranges: cfg.UIDRanges})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", sandbox.ErrUnsupported, err)
+	}
+	b.uids = uids
 	if !cfg.InsecureNoCgroups {
 		m, err := cgroups.Detect(cfg.CgroupParent)
 		if err != nil {
+			uids.Close()
 			return nil, fmt.Errorf("%w: %v. Sandboxes need cgroups to limit memory and processes; "+
 				"to run with rlimits only (weaker: limits per process, not per sandbox), pass --insecure-no-cgroups",
 				sandbox.ErrUnsupported, err)
@@ -126,6 +171,9 @@ func Check() error {
 			"enable them with: sysctl -w user.max_user_namespaces=15000", sandbox.ErrUnsupported)
 	}
 	if err := seccomp.Supported(); err != nil {
+		return fmt.Errorf("%w: %v", sandbox.ErrUnsupported, err)
+	}
+	if err := checkCoreDumps(); err != nil {
 		return fmt.Errorf("%w: %v", sandbox.ErrUnsupported, err)
 	}
 	return nil
@@ -187,7 +235,7 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 		spec.Env = sandbox.WithEgressEnv(spec.Env)
 	}
 	if b.cfg.Zygote {
-		z, err := b.zygoteFor(ctx, spec.Python)
+		z, err := b.zygoteFor(ctx, spec.Python, true)
 		if err != nil {
 			return nil, err
 		}
@@ -206,13 +254,16 @@ func (b *Backend) Warm(ctx context.Context) error {
 	if !b.cfg.Zygote {
 		return nil
 	}
-	_, err := b.zygoteFor(ctx, sandbox.DefaultPython)
+	_, err := b.zygoteFor(ctx, sandbox.DefaultPython, false)
 	return err
 }
 
 // zygoteFor returns the live zygote for an interpreter, starting one if
-// needed (once, however many callers wait for it).
-func (b *Backend) zygoteFor(ctx context.Context, python string) (*zygote, error) {
+// needed (once, however many callers wait for it); with take, the caller
+// is a new sandbox of it, which releases it when it closes. A zygote that
+// has served its sandboxes or its time keeps serving until a replacement,
+// started in the background, is ready.
+func (b *Backend) zygoteFor(ctx context.Context, python string, take bool) (*zygote, error) {
 	b.zmu.Lock()
 	for {
 		if b.closed {
@@ -220,6 +271,12 @@ func (b *Backend) zygoteFor(ctx context.Context, python string) (*zygote, error)
 			return nil, sandbox.ErrClosed
 		}
 		if z := b.zygotes[python]; z != nil && z.alive() {
+			if z.expired() {
+				b.replaceZygoteLocked(python)
+			}
+			if take {
+				z.acquire()
+			}
 			b.zmu.Unlock()
 			return z, nil
 		}
@@ -243,19 +300,7 @@ func (b *Backend) zygoteFor(ctx context.Context, python string) (*zygote, error)
 		b.log.Warn("zygote died; starting a new one", "python", python, "err", old.deadErr)
 		old.close()
 	}
-
-	etc, top, err := b.hostFiles()
-	var z *zygote
-	if err == nil {
-		// Not the caller's context: others wait for this zygote too.
-		sctx, cancel := context.WithTimeout(context.Background(), zygoteStartTimeout)
-		start := time.Now()
-		z, err = b.startZygote(sctx, python, etc, top)
-		cancel()
-		if err == nil {
-			b.log.Info("zygote ready", "python", python, "preload", b.cfg.Preload, "ms", time.Since(start).Milliseconds())
-		}
-	}
+	z, err := b.newZygote(python)
 	b.zmu.Lock()
 	delete(b.zstarting, python)
 	close(ch)
@@ -266,9 +311,79 @@ func (b *Backend) zygoteFor(ctx context.Context, python string) (*zygote, error)
 			return nil, sandbox.ErrClosed
 		}
 		b.zygotes[python] = z
+		if take {
+			z.acquire()
+		}
 	}
 	b.zmu.Unlock()
 	return z, err
+}
+
+// newZygote starts a zygote, with a deadline of its own: others may wait
+// for it too, so not the caller's context.
+func (b *Backend) newZygote(python string) (*zygote, error) {
+	etc, top, err := b.hostFiles()
+	if err != nil {
+		return nil, err
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), zygoteStartTimeout)
+	defer cancel()
+	start := time.Now()
+	z, err := b.startZygote(sctx, python, etc, top)
+	if err == nil {
+		b.log.Info("zygote ready", "python", python, "preload", b.cfg.Preload,
+			"uid", z.owner.First, "ms", time.Since(start).Milliseconds())
+	}
+	return z, err
+}
+
+// replaceZygoteLocked starts a replacement for the interpreter's zygote in
+// the background, once; when it is ready it takes the old one's place and
+// the old one retires. A replacement that fails to start is retried no
+// sooner than a minute later. Callers hold zmu.
+func (b *Backend) replaceZygoteLocked(python string) {
+	if b.zreplacing[python] || time.Since(b.zreplaceFailed[python]) < time.Minute {
+		return
+	}
+	b.zreplacing[python] = true
+	go func() {
+		z, err := b.newZygote(python)
+		b.zmu.Lock()
+		delete(b.zreplacing, python)
+		if err != nil {
+			b.zreplaceFailed[python] = time.Now()
+			b.zmu.Unlock()
+			b.log.Warn("zygote: the replacement did not start; the old one goes on serving", "python", python, "err", err)
+			return
+		}
+		if b.closed {
+			b.zmu.Unlock()
+			z.close()
+			return
+		}
+		old := b.zygotes[python]
+		b.zygotes[python] = z
+		if old != nil {
+			b.retired = append(b.retired, old)
+		}
+		b.zmu.Unlock()
+		if old != nil {
+			b.log.Info("zygote replaced", "python", python, "old_uid", old.owner.First, "new_uid", z.owner.First)
+			old.retire()
+		}
+	}()
+}
+
+// dropRetired forgets a retired zygote that has closed.
+func (b *Backend) dropRetired(z *zygote) {
+	b.zmu.Lock()
+	defer b.zmu.Unlock()
+	for i, r := range b.retired {
+		if r == z {
+			b.retired = append(b.retired[:i], b.retired[i+1:]...)
+			return
+		}
+	}
 }
 
 // Close stops the backend's zygotes; every sandbox forked from them dies
@@ -278,11 +393,44 @@ func (b *Backend) Close() error {
 	b.closed = true
 	zs := b.zygotes
 	b.zygotes = map[string]*zygote{}
+	zs2 := b.retired
+	b.retired = nil
 	b.zmu.Unlock()
 	for _, z := range zs {
 		z.close()
 	}
+	for _, z := range zs2 {
+		z.close()
+	}
+	b.maybeClosePool()
 	return nil
+}
+
+// releaseOwner returns a sandbox's (or a zygote's) host user to the pool.
+func (b *Backend) releaseOwner(r hostuid.Range) {
+	b.uids.Release(r)
+	b.maybeClosePool()
+}
+
+// maybeClosePool closes the pool once the backend is closed and no
+// sandbox holds a range: closing its lock file releases every range, so
+// it must outlive the last sandbox of a backend closed first.
+func (b *Backend) maybeClosePool() {
+	b.zmu.Lock()
+	closed := b.closed
+	b.zmu.Unlock()
+	if closed && b.uids.Held() == 0 {
+		b.uids.Close()
+	}
+}
+
+// UIDPool describes the pool of host users: its first and last ids, how
+// many sandboxes it holds at most, and how many ranges of it are in use
+// on this host now (by any process).
+func (b *Backend) UIDPool() (first, last uint32, ranges, inUse int, err error) {
+	first, last = b.uids.Bounds()
+	inUse, err = b.uids.InUse()
+	return first, last, b.uids.Ranges(), inUse, err
 }
 
 // validModule accepts dotted Python module names.
@@ -324,6 +472,8 @@ func (b *Backend) initConfig(spec sandbox.Spec, etc []etcEntry, top []topLink) *
 		mode = "--oneshot"
 	}
 	cfg := &initConfig{
+		Sysctls:     b.cfg.KernelLimits.namespaceSysctls(l.Memory),
+		Kernel:      b.cfg.KernelLimits,
 		Python:      spec.Python,
 		RunnerArgs:  []string{"-s", "-B", runnerDir + "/" + runner.ScriptName, mode},
 		RunnerFiles: runner.Files(),

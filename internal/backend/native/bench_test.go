@@ -37,7 +37,7 @@ func benchBackend(b *testing.B, mode string) *native.Backend {
 	if be := benchBackends[mode]; be != nil {
 		return be
 	}
-	cfg := native.Config{CgroupParent: "vivarium-native-bench", UIDBase: native.DefaultUIDBase + 11<<24}
+	cfg := native.Config{CgroupParent: "vivarium-native-bench", UIDBase: native.DefaultUIDBase + 11<<24, UIDRanges: testutil.UIDRanges}
 	switch mode {
 	case "zygote":
 		cfg.Zygote, cfg.Preload = true, []string{"numpy", "pandas", "matplotlib"}

@@ -46,6 +46,8 @@ type ctlMsg struct {
 	Signal int      `json:"signal,omitempty"`
 	Code   int      `json:"code"`
 	Error  string   `json:"error,omitempty"`
+	// Owner is the host user of a forked sandbox (opSpawnInit).
+	Owner uint32 `json:"owner,omitempty"`
 }
 
 func sendCtl(fd int, m ctlMsg, files ...int) error {

@@ -58,6 +58,12 @@ type initConfig struct {
 	Role string `json:"role,omitempty"`
 	// Preload lists the modules the zygote imports (roleZygote).
 	Preload []string `json:"preload,omitempty"`
+	// Sysctls are written in the sandbox's own namespaces once its /proc
+	// is mounted; Kernel's budgets become rlimits (budgets_linux.go).
+	Sysctls []sysctl     `json:"sysctls,omitempty"`
+	Kernel  KernelLimits `json:"kernel"`
+	// ZygoteUID is the host user the Python zygote runs as (roleZygote).
+	ZygoteUID uint32 `json:"zygote_uid,omitempty"`
 }
 
 // Roles of init.
@@ -228,7 +234,11 @@ type rlimit struct {
 // sandbox.
 func (cfg *initConfig) rlimits() []rlimit {
 	limits := []rlimit{
-		{"core", unix.RLIMIT_CORE, 0, 0},
+		// 1, not 0: with 0 the kernel still runs a core_pattern pipe
+		// handler (systemd-coredump, apport: as host root) when a
+		// process crashes; with 1 it refuses every dump, to a pipe or a
+		// file. The seccomp filter keeps sandboxes from changing it.
+		{"core", unix.RLIMIT_CORE, coreLimit(), coreLimit()},
 		{"nofile", unix.RLIMIT_NOFILE, cfg.OpenFiles, cfg.OpenFiles},
 		{"fsize", unix.RLIMIT_FSIZE, uint64(cfg.DiskBytes), uint64(cfg.DiskBytes)},
 	}
@@ -243,7 +253,38 @@ func (cfg *initConfig) rlimits() []rlimit {
 	if cfg.MemoryBytes > 0 {
 		limits = append(limits, rlimit{"as", unix.RLIMIT_AS, cfg.MemoryBytes, cfg.MemoryBytes})
 	}
-	return limits
+	return append(limits, cfg.Kernel.rlimits()...)
+}
+
+// coreLimit is 1 unless this process's hard limit is already 0, which it
+// cannot raise (no CAP_SYS_RESOURCE in the host's user namespace): 0 stops
+// file dumps too, and the backend refuses to start when the host pipes
+// core dumps to a handler (checkCoreDumps).
+func coreLimit() uint64 {
+	var l unix.Rlimit
+	if unix.Getrlimit(unix.RLIMIT_CORE, &l) == nil && l.Max == 0 {
+		return 0
+	}
+	return 1
+}
+
+// checkCoreDumps fails when sandboxes could make the host run its core
+// dump handler: a core_pattern that pipes to a program (which the kernel
+// runs as host root, whatever RLIMIT_CORE is, except 1) while this
+// process's hard RLIMIT_CORE is 0 and so cannot be set to 1 for them.
+func checkCoreDumps() error {
+	var l unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_CORE, &l); err != nil || l.Max != 0 {
+		return err
+	}
+	pattern, err := os.ReadFile("/proc/sys/kernel/core_pattern")
+	if err != nil || !strings.HasPrefix(string(pattern), "|") {
+		return nil
+	}
+	return fmt.Errorf("the host pipes core dumps to %q, and this process's hard RLIMIT_CORE is 0, so sandboxes "+
+		"cannot get the limit of 1 that stops the kernel from running that handler as root for their crashes; "+
+		"start vivarium with a hard core limit of at least 1 (ulimit -Hc unlimited, or LimitCORE= in its unit)",
+		strings.TrimSpace(string(pattern)))
 }
 
 // runnerRlimits are the same limits for a zygote's runner, which is not

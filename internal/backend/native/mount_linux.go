@@ -88,7 +88,7 @@ func buildRoot(cfg *initConfig) error {
 	if err := remount(r("dev"), unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NOEXEC); err != nil {
 		return step("make /dev read-only", err)
 	}
-	if err := mountProc(r("proc"), cfg.Role != roleZygote); err != nil {
+	if err := mountProc(r("proc"), cfg.Role != roleZygote, cfg.Sysctls); err != nil {
 		return err
 	}
 
@@ -192,7 +192,7 @@ func mountForked(cfg *initConfig) error {
 	if err := mountDisk(cfg, root); err != nil {
 		return err
 	}
-	return mountProc("/proc", true)
+	return mountProc("/proc", true, cfg.Sysctls)
 }
 
 func mountDev(dev string) error {
@@ -227,11 +227,13 @@ func mountDev(dev string) error {
 	return nil
 }
 
-// mountProc mounts a proc of this PID namespace at proc, masked unless
-// mask is false. The zygote's own /proc stays unmasked: the kernel lets a
-// sandbox's init mount a new proc only where a fully visible one exists, and
-// the zygote runs no user code.
-func mountProc(proc string, mask bool) error {
+// mountProc mounts a proc of this PID namespace at proc, writes the
+// sandbox's namespace sysctls through it, then masks it, unless mask is
+// false. The zygote's own /proc stays unmasked and its sysctls untouched
+// (its init lives in the host's user namespace: they would be the host's):
+// the kernel lets a sandbox's init mount a new proc only where a fully
+// visible one exists, and the zygote runs no user code.
+func mountProc(proc string, mask bool, sysctls []sysctl) error {
 	if err := os.Mkdir(proc, 0o555); err != nil && !os.IsExist(err) {
 		return step("/proc", err)
 	}
@@ -240,6 +242,9 @@ func mountProc(proc string, mask bool) error {
 	}
 	if !mask {
 		return nil
+	}
+	if err := writeSysctls(proc, sysctls); err != nil {
+		return err
 	}
 	for _, name := range procMasked {
 		p := filepath.Join(proc, name)

@@ -57,7 +57,7 @@ func newBackend(t *testing.T) *native.Backend {
 	testutil.RequireRoot(t)
 	testutil.RequirePython(t)
 	backendOnce.Do(func() {
-		backend, backendErr = native.New(native.Config{CgroupParent: cgroupParent, UIDBase: uidBase,
+		backend, backendErr = native.New(native.Config{CgroupParent: cgroupParent, UIDBase: uidBase, UIDRanges: testutil.UIDRanges,
 			Zygote: testutil.ZygoteMode(), Preload: []string{"numpy"}})
 	})
 	if backendErr != nil {
@@ -419,7 +419,7 @@ print("parent done")
 	if time.Since(start) > 10*time.Second {
 		t.Fatalf("run took %v: a detached child kept it alive", time.Since(start))
 	}
-	if left := testutil.ProcessesOwnedBy(uidBase, uidBase+65536); len(left) > 0 {
+	if left := testutil.ProcessesOwnedBy(uidBase, uidBase+testutil.UIDSpan); len(left) > 0 {
 		out, _ := exec.Command("sh", "-c", "ps -eo pid,ppid,uid,stat,comm,args | grep -v ' 0 '").CombinedOutput()
 		t.Fatalf("processes left behind: %v\n%s", left, out)
 	}

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
+	"github.com/vivarium-sandbox/vivarium/internal/hostuid"
 	"github.com/vivarium-sandbox/vivarium/internal/runner"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/workspace"
@@ -47,6 +48,8 @@ type Sandbox struct {
 	init     *initProc
 	z        *zygote       // the zygote that forks runners; nil: init starts them
 	cg       cgroups.Group // nil without cgroups
+	owner    hostuid.Range // the host user the sandbox is
+	hasOwner bool          // owner is held, and released by Close
 	ws       *workspace.Dir
 	ctl      int // control socket to init
 	stdout   *capture
@@ -238,6 +241,10 @@ func start(ctx context.Context, b *Backend, spec sandbox.Spec, cfg *initConfig, 
 			err = fmt.Errorf("%w: %w", sandbox.ErrSetup, err)
 		}
 	}()
+	if s.owner, err = b.uids.Acquire(); err != nil {
+		return nil, err
+	}
+	s.hasOwner = true
 	if b.cgroups != nil {
 		s.cg, err = b.cgroups.New(s.id, cgroups.Limits{
 			MemoryBytes: spec.Limits.Memory, Pids: int64(spec.Limits.Pids), CPUs: spec.Limits.CPUs})
@@ -257,9 +264,9 @@ func start(ctx context.Context, b *Backend, spec sandbox.Spec, cfg *initConfig, 
 		if s.cg != nil {
 			cgfd = s.cg.IntoFD()
 		}
-		s.init, err = b.execInit(p.child, cgfd)
+		s.init, err = b.execInit(p.child, cgfd, s.owner.First)
 	} else {
-		s.init, err = z.spawnInit(ctx, p.child)
+		s.init, err = z.spawnInit(ctx, p.child, s.owner.First)
 	}
 	if err != nil {
 		p.closeParent()
@@ -323,8 +330,7 @@ func start(ctx context.Context, b *Backend, spec sandbox.Spec, cfg *initConfig, 
 	// files can be collected after every sandboxed process is dead. No user
 	// code has run yet, so the path cannot have been tampered with.
 	wsPath := fmt.Sprintf("/proc/%d/root%s", s.init.pid, workspacePath)
-	hostUID := int(b.cfg.UIDBase) + SandboxUID
-	if s.ws, err = workspace.Open(wsPath, hostUID, int(b.cfg.UIDBase)+SandboxGID); err != nil {
+	if s.ws, err = workspace.Open(wsPath, int(s.owner.ID(SandboxUID)), int(s.owner.ID(SandboxGID))); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -438,6 +444,32 @@ func (p *initProc) wait() error {
 	return waitPidfd(p.pidfd)
 }
 
+// nsKinds are the namespaces a zygote's child joins, in the order
+// zygote.py takes them: user first, then the ones it owns.
+var nsKinds = []string{"user", "pid", "mnt", "net", "ipc", "uts", "cgroup"}
+
+// namespaces opens init's namespaces (nsKinds). The pidfd tells that the
+// files are init's: it is checked alive after they are opened, so its pid
+// was not reused for another process in between.
+func (p *initProc) namespaces() ([]int, error) {
+	fds := make([]int, 0, len(nsKinds))
+	for _, kind := range nsKinds {
+		fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/%s", p.pid, kind), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			closeAll(fds)
+			return nil, fmt.Errorf("open the sandbox's %s namespace: %w", kind, err)
+		}
+		fds = append(fds, fd)
+	}
+	if p.pidfd >= 0 {
+		if err := unix.PidfdSendSignal(p.pidfd, 0, nil, 0); err != nil {
+			closeAll(fds)
+			return nil, fmt.Errorf("the sandbox's init is gone: %w", err)
+		}
+	}
+	return fds, nil
+}
+
 // kill sends SIGKILL: init is PID 1 of the sandbox's PID namespace, so
 // every process of the sandbox dies with it.
 func (p *initProc) kill() {
@@ -460,29 +492,12 @@ func (p *initProc) awaitReaped() {
 	}
 }
 
-// execInit starts a classic init with the supervisor's own clone: new user,
-// mount, PID, network, IPC and UTS namespaces.
-func (b *Backend) execInit(child []*os.File, cgroupFD int) (*initProc, error) {
-	uidMap := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(b.cfg.UIDBase), Size: 65536}}
-	cmd := &exec.Cmd{
-		Path:       b.cfg.Exe,
-		Args:       []string{initArg0},
-		Env:        initEnv,
-		ExtraFiles: child,
-		SysProcAttr: &syscall.SysProcAttr{
-			Cloneflags: syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS | syscall.CLONE_NEWPID |
-				syscall.CLONE_NEWNET | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS,
-			UidMappings:                uidMap,
-			GidMappings:                uidMap,
-			GidMappingsEnableSetgroups: true, // init drops supplementary groups with setgroups
-			// Become root of the new user namespace before exec: the host's
-			// root is not mapped into it, and an unmapped uid keeps no
-			// capabilities across execve.
-			Credential: &syscall.Credential{Uid: 0, Gid: 0},
-			// If the supervisor dies, so does the sandbox.
-			Pdeathsig: syscall.SIGKILL,
-		},
-	}
+// execInit starts a classic init from the supervisor: in new user, mount,
+// PID, network, IPC and UTS namespaces, the user namespace owned by the
+// sandbox's host user (spawn_linux.go).
+func (b *Backend) execInit(child []*os.File, cgroupFD int, owner uint32) (*initProc, error) {
+	cmd := initCommand(b.cfg.Exe, child)
+	cmd.SysProcAttr = &syscall.SysProcAttr{}
 	p := &initProc{cmd: cmd, pidfd: -1}
 	if cgroupFD >= 0 {
 		// cgroup v2: born inside its group (clone3 CLONE_INTO_CGROUP).
@@ -490,7 +505,7 @@ func (b *Backend) execInit(child []*os.File, cgroupFD int) (*initProc, error) {
 		cmd.SysProcAttr.CgroupFD = cgroupFD
 		p.inCgroup = true
 	}
-	if err := cmd.Start(); err != nil {
+	if err := startOwned(cmd, owner); err != nil {
 		return nil, fmt.Errorf("start init (user namespaces: %w)", err)
 	}
 	p.pid = cmd.Process.Pid
@@ -667,8 +682,14 @@ func (s *Sandbox) forkRunner(r *runnerProc, fds []int) {
 	}
 	req := forkRequest{Mode: mode, Env: s.cfg.Env, UID: SandboxUID, GID: SandboxGID, Dir: workspacePath,
 		Rlimits: s.cfg.runnerRlimits()}
-	sent := append([]int{s.init.pidfd}, fds...)
-	res, err := s.z.fork(context.Background(), req, append(sent, gate[0]),
+	ns, err := s.init.namespaces()
+	if err != nil {
+		s.runnerSetupFailed(r, err)
+		return
+	}
+	defer closeAll(ns)
+	sent := append(append(ns, fds...), gate[0])
+	res, err := s.z.fork(context.Background(), req, sent,
 		func(code, signal int) { s.runnerExited(r, code, signal) })
 	unix.Close(gate[0])
 	if err != nil {
@@ -960,6 +981,15 @@ func (s *Sandbox) Close() error {
 		if s.ws != nil {
 			// The last reference to the disk tmpfs: its memory is freed.
 			s.ws.Close()
+		}
+		if s.z != nil {
+			s.z.release()
+		}
+		if s.hasOwner {
+			// Every process of the sandbox is gone (the cgroup is
+			// empty, or init and its PID namespace have ended): the
+			// host user can be another sandbox.
+			s.b.releaseOwner(s.owner)
 		}
 		s.closeErr = errors.Join(errs...)
 	})

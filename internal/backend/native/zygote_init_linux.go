@@ -1,6 +1,7 @@
 package native
 
 import (
+	"errors"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -20,14 +21,18 @@ const (
 )
 
 // zygoteInit is the life of a zygote's init (roleZygote), after the root is
-// built. A zygote's init keeps root's capabilities in its user namespace:
-// it must create every forked sandbox's namespaces, and its Python zygote
-// must place children in them. Neither runs user code. In order:
-//  1. start the Python zygote as root of this user namespace, with one end
-//     of a socket pair, and pass the other end to the supervisor;
+// built. A zygote's init is root of the host's user namespace, in mount,
+// PID, network, IPC and UTS namespaces of its own: it must create every
+// forked sandbox's user namespace, owned by that sandbox's host user, and
+// write its id maps (spawn_linux.go). It runs no user code. In order:
+//  1. start the Python zygote as its own host user (cfg.ZygoteUID) with one
+//     capability, CAP_SYS_ADMIN (ambient), which setns needs to place its
+//     children in sandboxes' namespaces, with one end of a socket pair, and
+//     pass the other end to the supervisor;
 //  2. serve opSpawnInit: start a sandbox's init in new user, mount, PID,
-//     network, IPC and UTS namespaces, nested in this one, and pass a pidfd
-//     of it back;
+//     network, IPC and UTS namespaces, the user namespace owned by the
+//     sandbox's host user, the PID namespace a child of this one (where
+//     the Python zygote can fork into it), and pass a pidfd of it back;
 //  3. reap every child; end when the Python zygote does.
 func zygoteInit(cfg *initConfig, report func(initStatus)) (int, error) {
 	if err := buildRoot(cfg); err != nil {
@@ -49,13 +54,20 @@ func zygoteInit(cfg *initConfig, report func(initStatus)) (int, error) {
 		// into other namespaces, and its children inherit the setting.
 		"OPENBLAS_NUM_THREADS=1", "OMP_NUM_THREADS=1", "MKL_NUM_THREADS=1")
 	zyg := &exec.Cmd{
-		Path:        cfg.Python,
-		Args:        []string{cfg.Python, "-s", "-B", runnerDir + "/" + runner.ZygoteName},
-		Env:         env,
-		Dir:         "/",
-		Stderr:      stderrFile, // tracebacks reach the supervisor's log
-		ExtraFiles:  []*os.File{zsock},
-		SysProcAttr: &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL},
+		Path:       cfg.Python,
+		Args:       []string{cfg.Python, "-s", "-B", runnerDir + "/" + runner.ZygoteName},
+		Env:        env,
+		Dir:        "/",
+		Stderr:     stderrFile, // tracebacks reach the supervisor's log
+		ExtraFiles: []*os.File{zsock},
+		SysProcAttr: &syscall.SysProcAttr{
+			Pdeathsig:   syscall.SIGKILL,
+			Credential:  &syscall.Credential{Uid: cfg.ZygoteUID, Gid: cfg.ZygoteUID},
+			AmbientCaps: []uintptr{unix.CAP_SYS_ADMIN},
+		},
+	}
+	if cfg.ZygoteUID == 0 {
+		return 0, step("start the zygote", errors.New("no host user for the zygote"))
 	}
 	if err := zyg.Start(); err != nil {
 		return 0, step("start the zygote", err)
@@ -95,7 +107,7 @@ func zygoteInit(cfg *initConfig, report func(initStatus)) (int, error) {
 				closeAll(r.fds)
 				continue
 			}
-			pid, pidfd, err := spawnForkedInit(r.fds)
+			pid, pidfd, err := spawnForkedInit(r.fds, r.m.Owner)
 			reply := ctlMsg{Op: opSpawned, ID: r.m.ID, PID: pid}
 			if err != nil {
 				reply.Error = err.Error()
@@ -122,11 +134,9 @@ func zygoteInit(cfg *initConfig, report func(initStatus)) (int, error) {
 
 // spawnForkedInit starts a forked sandbox's init (this binary again) with
 // the five descriptors the supervisor sent, in order fdCtrl..fdControl,
-// and closes them.
-// Its user namespace maps the same ids as this one: root of the sandbox is
-// root here, which the kernel still confines to the sandbox's namespaces.
-func spawnForkedInit(fds []int) (pid, pidfd int, err error) {
-	if len(fds) != fdControl-fdCtrl+1 {
+// and closes them. Its user namespace is owned by, and maps 0 to, owner.
+func spawnForkedInit(fds []int, owner uint32) (pid, pidfd int, err error) {
+	if len(fds) != fdControl-fdCtrl+1 || owner == 0 {
 		closeAll(fds)
 		return 0, -1, unix.EINVAL
 	}
@@ -139,23 +149,8 @@ func spawnForkedInit(fds []int) (pid, pidfd int, err error) {
 			f.Close()
 		}
 	}()
-	ids := []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 65536}}
-	cmd := &exec.Cmd{
-		Path:       "/proc/self/exe",
-		Args:       []string{initArg0},
-		Env:        initEnv,
-		ExtraFiles: files,
-		SysProcAttr: &syscall.SysProcAttr{
-			Cloneflags: syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS | syscall.CLONE_NEWPID |
-				syscall.CLONE_NEWNET | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS,
-			UidMappings:                ids,
-			GidMappings:                ids,
-			GidMappingsEnableSetgroups: true,
-			Credential:                 &syscall.Credential{Uid: 0, Gid: 0},
-			Pdeathsig:                  syscall.SIGKILL,
-		},
-	}
-	if err := cmd.Start(); err != nil {
+	cmd := initCommand("/proc/self/exe", files)
+	if err := startOwned(cmd, owner); err != nil {
 		return 0, -1, err
 	}
 	pid = cmd.Process.Pid

@@ -17,43 +17,60 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
+	"github.com/vivarium-sandbox/vivarium/internal/hostuid"
 	"github.com/vivarium-sandbox/vivarium/internal/runner"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/seccomp"
 )
 
 // A zygote makes sandboxes fast to start and cheap to keep. It is an init
-// of its own (roleZygote: same root file system as every sandbox, in a user
-// namespace of its own) running a Python that has imported the runner and
-// the preloaded modules once. For each sandbox:
+// of its own (roleZygote: same root file system as every sandbox) running a
+// Python that has imported the runner and the preloaded modules once. For
+// each sandbox:
 //
 //  1. the zygote's init starts the sandbox's init in new user, mount, PID,
-//     network, IPC and UTS namespaces nested in the zygote's (roleForked);
-//     that init mounts the sandbox's own disk and /proc and confines itself
-//     exactly as a classic init does;
+//     network, IPC and UTS namespaces (roleForked), the user namespace owned
+//     by the sandbox's own host user, as a classic init's is; that init
+//     mounts the sandbox's own disk and /proc and confines itself exactly
+//     as a classic init does;
 //  2. the Python zygote forks a child into the sandbox's PID namespace; the
 //     supervisor moves the child into the sandbox's cgroup; the child joins
 //     the sandbox's other namespaces, drops every privilege, loads the
 //     seccomp filter and becomes the sandbox's runner (zygote.py).
 //
+// Because each sandbox's user namespace is a child of the host's (it must
+// be, for the sandbox to be charged as its own host user), the zygote's
+// init and the Python zygote live in the host's user namespace, in mount,
+// PID, network, IPC and UTS namespaces of their own: the zygote's init as
+// root (it creates namespaces owned by other users and writes their id
+// maps), the Python zygote as a host user of its own with one capability,
+// CAP_SYS_ADMIN, which setns needs to place children in a sandbox's
+// namespaces. Neither runs user code.
+//
 // A fork takes a millisecond or two where starting Python and importing
 // pandas take over a second, and the preloaded pages are shared
 // copy-on-write by every sandbox. Nothing flows back: a child's writes are
-// its own, and the zygote never runs user code.
+// its own. What sandboxes of one zygote share is its memory layout, so a
+// zygote is replaced after a number of sandboxes or an age (Config).
 type zygote struct {
-	b      *Backend
-	python string
-	init   *initProc
-	reaped chan struct{} // closed once init has exited and been reaped
-	cg     cgroups.Group
-	ctl    int // control socket to the zygote's init
-	zs     int // socket to the Python zygote
-	dead   chan struct{}
+	b       *Backend
+	python  string
+	owner   hostuid.Range // the Python zygote's host user
+	started time.Time
+	init    *initProc
+	reaped  chan struct{} // closed once init has exited and been reaped
+	cg      cgroups.Group
+	ctl     int // control socket to the zygote's init
+	zs      int // socket to the Python zygote
+	dead    chan struct{}
 
 	ctlMu, zsMu sync.Mutex // one sender at a time per socket
 
 	mu      sync.Mutex
 	next    uint64
+	forked  int  // sandboxes started from this zygote
+	live    int  // of them, not yet closed
+	retired bool // replaced: closes when its last sandbox does
 	spawns  map[uint64]chan spawnResult
 	forks   map[uint64]chan forkResult
 	exits   map[uint64]func(code, signal int)
@@ -118,7 +135,7 @@ func (b *Backend) startZygote(ctx context.Context, python string, etc []etcEntry
 		Preload:     b.cfg.Preload,
 	}
 	z := &zygote{
-		b: b, python: python, ctl: -1, zs: -1, dead: make(chan struct{}),
+		b: b, python: python, ctl: -1, zs: -1, dead: make(chan struct{}), started: time.Now(),
 		spawns: map[uint64]chan spawnResult{}, forks: map[uint64]chan forkResult{},
 		exits: map[uint64]func(int, int){},
 	}
@@ -128,6 +145,11 @@ func (b *Backend) startZygote(ctx context.Context, python string, etc []etcEntry
 			err = fmt.Errorf("%w: zygote: %w", sandbox.ErrSetup, err)
 		}
 	}()
+	if z.owner, err = b.uids.Acquire(); err != nil {
+		z.owner = hostuid.Range{}
+		return nil, err
+	}
+	cfg.ZygoteUID = z.owner.First
 	if b.cgroups != nil {
 		// No memory limit: the zygote's pages are shared by every sandbox
 		// forked from it, and an OOM kill would take them all down.
@@ -146,7 +168,7 @@ func (b *Backend) startZygote(ctx context.Context, python string, etc []etcEntry
 	if z.cg != nil {
 		cgfd = z.cg.IntoFD()
 	}
-	if z.init, err = b.execInit(p.child, cgfd); err != nil {
+	if z.init, err = startZygoteInit(b.cfg.Exe, p.child, cgfd); err != nil {
 		return nil, err
 	}
 	initDone := make(chan struct{})
@@ -224,6 +246,72 @@ wait:
 		return nil, ctx.Err()
 	}
 	return z, nil
+}
+
+// startZygoteInit starts a zygote's init as root of the host's user
+// namespace, in new mount, PID, network, IPC and UTS namespaces.
+func startZygoteInit(exe string, child []*os.File, cgroupFD int) (*initProc, error) {
+	cmd := initCommand(exe, child)
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWNET |
+			syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS,
+	}
+	p := &initProc{cmd: cmd, pidfd: -1}
+	if cgroupFD >= 0 {
+		cmd.SysProcAttr.UseCgroupFD = true
+		cmd.SysProcAttr.CgroupFD = cgroupFD
+		p.inCgroup = true
+	}
+	if err := spawnCmd(cmd, 0); err != nil {
+		return nil, fmt.Errorf("start the zygote's init: %w", err)
+	}
+	p.pid = cmd.Process.Pid
+	return p, nil
+}
+
+// acquire counts a sandbox started from the zygote; release, its end.
+func (z *zygote) acquire() {
+	z.mu.Lock()
+	z.forked++
+	z.live++
+	z.mu.Unlock()
+}
+
+func (z *zygote) release() {
+	z.mu.Lock()
+	z.live--
+	last := z.retired && z.live == 0
+	z.mu.Unlock()
+	if last {
+		go z.closeRetired()
+	}
+}
+
+func (z *zygote) closeRetired() {
+	z.close()
+	z.b.dropRetired(z)
+}
+
+// expired reports whether the zygote has served its number of sandboxes
+// or its time.
+func (z *zygote) expired() bool {
+	cfg := z.b.cfg
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	return (cfg.ZygoteMaxSandboxes > 0 && z.forked >= cfg.ZygoteMaxSandboxes) ||
+		(cfg.ZygoteMaxAge > 0 && time.Since(z.started) >= cfg.ZygoteMaxAge)
+}
+
+// retire marks a replaced zygote: it serves its sandboxes' restarts (their
+// PID namespaces are under its own) and closes with the last of them.
+func (z *zygote) retire() {
+	z.mu.Lock()
+	z.retired = true
+	last := z.live == 0
+	z.mu.Unlock()
+	if last {
+		go z.closeRetired()
+	}
 }
 
 // filterBytes lays a BPF program out as struct sock_filter[] in this
@@ -404,7 +492,7 @@ func (z *zygote) token() uint64 {
 
 // spawnInit asks the zygote's init to start a forked sandbox's init with
 // the given descriptors (in order fdCtrl..fdControl).
-func (z *zygote) spawnInit(ctx context.Context, child []*os.File) (*initProc, error) {
+func (z *zygote) spawnInit(ctx context.Context, child []*os.File, owner uint32) (*initProc, error) {
 	id := z.token()
 	ch := make(chan spawnResult, 1)
 	z.mu.Lock()
@@ -419,7 +507,7 @@ func (z *zygote) spawnInit(ctx context.Context, child []*os.File) (*initProc, er
 		fds[i] = int(f.Fd())
 	}
 	z.ctlMu.Lock()
-	err := sendCtl(z.ctl, ctlMsg{Op: opSpawnInit, ID: id}, fds...)
+	err := sendCtl(z.ctl, ctlMsg{Op: opSpawnInit, ID: id, Owner: owner}, fds...)
 	z.ctlMu.Unlock()
 	if err != nil {
 		z.mu.Lock()
@@ -449,9 +537,9 @@ func (z *zygote) spawnInit(ctx context.Context, child []*os.File) (*initProc, er
 }
 
 // fork asks the Python zygote for a runner. fds are the sandbox init's
-// pidfd, the runner's request reader, event writer, stdout and stderr, and
-// the read end of the "go" pipe; they are sent, not closed. onExit is
-// called once when the runner has exited.
+// namespaces (nsKinds), the runner's request reader, event writer, stdout
+// and stderr, and the read end of the "go" pipe; they are sent, not
+// closed. onExit is called once when the runner has exited.
 func (z *zygote) fork(ctx context.Context, req forkRequest, fds []int, onExit func(code, signal int)) (forkResult, error) {
 	req.Op = "fork"
 	req.Token = z.token()
@@ -525,6 +613,9 @@ func (z *zygote) close() {
 		case <-z.reaped:
 		case <-time.After(10 * time.Second):
 		}
+	}
+	if z.owner.First != 0 {
+		z.b.releaseOwner(z.owner)
 	}
 }
 

@@ -17,7 +17,7 @@ func newZygoteBackend(t *testing.T, parent string) *native.Backend {
 	t.Helper()
 	testutil.RequireRoot(t)
 	testutil.RequirePythonModules(t, "numpy")
-	b, err := native.New(native.Config{CgroupParent: parent, UIDBase: uidBase, Zygote: true, Preload: []string{"numpy", "json"}})
+	b, err := native.New(native.Config{CgroupParent: parent, UIDBase: uidBase, UIDRanges: testutil.UIDRanges, Zygote: true, Preload: []string{"numpy", "json"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,12 +124,12 @@ func TestZygoteCloseLeavesNothing(t *testing.T) {
 	const parent = "vivarium-zygote-close-test"
 	b := newZygoteBackend(t, parent)
 	runIn(t, b, "print(1)")
-	if len(testutil.ZygoteProcesses(uidBase, uidBase+65536)) == 0 {
+	if len(testutil.ZygoteProcesses(uidBase, uidBase+testutil.UIDSpan)) == 0 {
 		t.Fatal("no zygote process to begin with")
 	}
 	b.Close()
 	testutil.WaitFor(t, 10*time.Second, "the zygote to be gone", func() bool {
-		return len(testutil.ZygoteProcesses(uidBase, uidBase+65536)) == 0
+		return len(testutil.ZygoteProcesses(uidBase, uidBase+testutil.UIDSpan)) == 0
 	})
 	if _, err := b.Create(context.Background(), sandbox.Spec{}); err == nil {
 		t.Fatal("a closed backend made a sandbox")

@@ -115,14 +115,14 @@ func open(name string, s Suite) (Backend, error) {
 		if zygote {
 			preload = s.Preload
 		}
-		b, err := native.New(native.Config{CgroupParent: parent, UIDBase: s.UIDBase, Zygote: zygote, Preload: preload})
+		b, err := native.New(native.Config{CgroupParent: parent, UIDBase: s.UIDBase, UIDRanges: testutil.UIDRanges, Zygote: zygote, Preload: preload})
 		if err != nil {
 			return Backend{}, err
 		}
 		testutil.RemoveStaleCgroups(parent)
 		return Backend{Name: name, B: b, SandboxUID: int(s.UIDBase) + native.SandboxUID, Leftovers: func() []string {
 			b.Close() // the zygote, if any, is the backend's, not a sandbox's
-			left := testutil.ProcessesOwnedBy(int(s.UIDBase), int(s.UIDBase)+65536)
+			left := testutil.ProcessesOwnedBy(int(s.UIDBase), int(s.UIDBase)+testutil.UIDSpan)
 			return append(left, testutil.CgroupsUnder(parent)...)
 		}}, nil
 	case "gvisor":
