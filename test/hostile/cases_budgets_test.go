@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"unsafe"
@@ -23,7 +24,7 @@ import (
 // meanwhile (neighbours_test.go). On the native backend every sandbox is a
 // host user of its own whose user namespace it owns, so what it takes is
 // charged to itself, within the small limits set in its own namespaces.
-var budgetCases = []hostileCase{
+var budgetCases = append([]hostileCase{coreCase}, []hostileCase{
 	{
 		name: "take_all_inotify_instances",
 		code: holdPrelude + `
@@ -274,7 +275,90 @@ ok = True
 			neighboursServed(t, o)
 		},
 	},
+}...)
+
+// coreCase crashes processes every way it can while the host's
+// core_pattern pipes dumps to a handler (systemd-coredump and apport do
+// this, as host root): the handler must never run for the sandbox.
+var coreCase = hostileCase{
+	name: "crash_runs_no_host_core_handler",
+	code: `
+import ctypes, os, resource, signal, subprocess
+libc = ctypes.CDLL(None, use_errno=True)
+
+def crash(label, how):
+    pid = os.fork()
+    if pid == 0:
+        libc.prctl(15, b"vivcrash", 0, 0, 0)  # PR_SET_NAME
+        how()
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    print(label, "signal" if os.WIFSIGNALED(status) else "exit", flush=True)
+
+def lower_core_limit():
+    try:
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    except OSError:
+        pass
+    os.abort()
+
+def dumpable_again():
+    libc.prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE
+    os.kill(os.getpid(), signal.SIGQUIT)
+
+crash("abort", os.abort)
+crash("segv", lambda: ctypes.string_at(0))
+crash("core limit lowered", lower_core_limit)
+crash("dumpable again", dumpable_again)
+r = subprocess.run(["sh", "-c", "kill -SEGV $$"])
+print("shell", r.returncode)
+`,
+	prepare: func(t *testing.T, h *harness, j *job) {
+		dir := t.TempDir()
+		log := dir + "/handled"
+		handler := dir + "/handler"
+		script := "#!/bin/sh\necho \"$1 $2\" >> " + log + "\ncat > /dev/null\n"
+		if err := os.WriteFile(handler, []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		setCorePattern(t, "|"+handler+" %u %e")
+		j.vars["HANDLED"] = log
+	},
+	check: func(t *testing.T, h *harness, o *outcome) {
+		wantOK(t, o, lines("abort signal", "segv signal", "core limit lowered signal", "dumpable again signal", "shell -11"))
+		b, _ := os.ReadFile(o.vars["HANDLED"])
+		for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+			// Host processes (uid 0) may crash meanwhile; a sandbox's
+			// never reach the handler.
+			if f := strings.Fields(line); len(f) == 2 && f[0] != "0" {
+				t.Errorf("the host's core handler ran for a sandbox's crash: uid %s, %s", f[0], f[1])
+			}
+		}
+	},
 }
+
+// setCorePattern sets the host's core_pattern for the rest of the test
+// (cases that change it run one at a time), and restores it after.
+func setCorePattern(t *testing.T, pattern string) {
+	const path = "/proc/sys/kernel/core_pattern"
+	corePatternMu.Lock()
+	old, err := os.ReadFile(path)
+	if err == nil {
+		err = os.WriteFile(path, []byte(pattern), 0o644)
+	}
+	if err != nil {
+		corePatternMu.Unlock()
+		t.Fatalf("core_pattern: %v", err)
+	}
+	t.Cleanup(func() {
+		defer corePatternMu.Unlock()
+		if err := os.WriteFile(path, old, 0o644); err != nil {
+			t.Errorf("restore core_pattern: %v", err)
+		}
+	})
+}
+
+var corePatternMu sync.Mutex
 
 func isNative(h *harness) bool { return strings.HasPrefix(h.be.name, "native") }
 

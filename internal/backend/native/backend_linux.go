@@ -17,6 +17,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -372,6 +373,43 @@ func (b *Backend) replaceZygoteLocked(python string) {
 			old.retire()
 		}
 	}()
+}
+
+// ZygoteStatus describes one zygote, for logs and the doctor.
+type ZygoteStatus struct {
+	Python   string
+	UID      uint32 // the Python zygote's host user
+	PID      int    // its init's host pid
+	Started  time.Time
+	Forked   int  // sandboxes started from it
+	Live     int  // of them, still open
+	Retired  bool // replaced: serving its last sandboxes
+	Starting bool // ... and its replacement is starting
+}
+
+// Zygotes lists the backend's zygotes: the current one of each
+// interpreter, then the retired ones.
+func (b *Backend) Zygotes() []ZygoteStatus {
+	b.zmu.Lock()
+	zs := make([]*zygote, 0, len(b.zygotes)+len(b.retired))
+	for _, z := range b.zygotes {
+		zs = append(zs, z)
+	}
+	zs = append(zs, b.retired...)
+	replacing := maps.Clone(b.zreplacing)
+	b.zmu.Unlock()
+	out := make([]ZygoteStatus, 0, len(zs))
+	for _, z := range zs {
+		z.mu.Lock()
+		st := ZygoteStatus{Python: z.python, UID: z.owner.First, Started: z.started, Forked: z.forked,
+			Live: z.live, Retired: z.retired, Starting: !z.retired && replacing[z.python]}
+		z.mu.Unlock()
+		if z.init != nil {
+			st.PID = z.init.pid
+		}
+		out = append(out, st)
+	}
+	return out
 }
 
 // dropRetired forgets a retired zygote that has closed.

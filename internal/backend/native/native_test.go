@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -666,4 +667,82 @@ for fd in sorted(int(x) for x in os.listdir("/proc/self/fd")):
 			t.Fatalf("host descriptor in the sandbox: %s\n%s", line, res.Stdout)
 		}
 	}
+}
+
+// Every sandbox is a host user of its own, from the backend's pool, and
+// gives its ids back when it closes: with a pool of two, a third sandbox
+// waits for one of the first two to close.
+func TestEverySandboxIsItsOwnHostUser(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequirePython(t)
+	// Past the shared backend's ranges, still within this package's.
+	base := uint32(uidBase + testutil.UIDSpan)
+	b, err := native.New(native.Config{CgroupParent: cgroupParent + "-owner", UIDBase: base, UIDRanges: 2,
+		Zygote: testutil.ZygoteMode(), Preload: []string{"json"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ctx := context.Background()
+	hostUID := func(s sandbox.Sandbox) uint32 {
+		t.Helper()
+		// The first line of uid_map: "0 <host uid> 65536".
+		res, err := s.Execute(ctx, sandbox.ExecRequest{Code: `import os
+print(open("/proc/self/uid_map").read().split()[1], os.getuid())`}, nil)
+		if err != nil || res.Status != sandbox.StatusOK {
+			t.Fatalf("uid_map: %v %+v", err, res)
+		}
+		var root, uid uint32
+		if _, err := fmt.Sscan(res.Stdout, &root, &uid); err != nil || uid != native.SandboxUID {
+			t.Fatalf("uid_map said %q", res.Stdout)
+		}
+		return root
+	}
+	first, max := base, base+2*65536
+	a, err := b.Create(ctx, sandbox.Spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ua := hostUID(a)
+	if ua < first || ua >= max || (ua-first)%65536 != 0 {
+		t.Fatalf("sandbox's host root %d is not a range of the pool [%d, %d)", ua, first, max)
+	}
+	if testutil.ZygoteMode() {
+		// The zygote is a host user too: the pool is full.
+		if _, err := b.Create(ctx, sandbox.Spec{}); err == nil || !strings.Contains(err.Error(), "in use") {
+			t.Fatalf("a sandbox beyond the pool: %v", err)
+		}
+		a.Close()
+		return
+	}
+	c, err := b.Create(ctx, sandbox.Spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	uc := hostUID(c)
+	if uc == ua || uc < first || uc >= max {
+		t.Fatalf("two sandboxes, host users %d and %d", ua, uc)
+	}
+	// Their processes, seen from the host, are those users.
+	for _, u := range []uint32{ua, uc} {
+		if procs := testutil.ProcessesOwnedBy(int(u)+native.SandboxUID, int(u)+native.SandboxUID+1); len(procs) == 0 {
+			t.Errorf("no process of host user %d", u+native.SandboxUID)
+		}
+	}
+	if _, err := b.Create(ctx, sandbox.Spec{}); err == nil || !strings.Contains(err.Error(), "in use") {
+		t.Fatalf("a third sandbox in a pool of two: %v", err)
+	}
+	c.Close()
+	if left := testutil.ProcessesOwnedBy(int(uc), int(uc)+65536); len(left) > 0 {
+		t.Fatalf("closed, and still running as its host user: %v", left)
+	}
+	d, err := b.Create(ctx, sandbox.Spec{})
+	if err != nil {
+		t.Fatalf("after one closed: %v", err)
+	}
+	if ud := hostUID(d); ud != uc {
+		t.Fatalf("the freed range %d was not reused (got %d)", uc, ud)
+	}
+	d.Close()
+	a.Close()
 }

@@ -135,3 +135,73 @@ func TestZygoteCloseLeavesNothing(t *testing.T) {
 		t.Fatal("a closed backend made a sandbox")
 	}
 }
+
+// A zygote that has served its number of sandboxes is replaced in the
+// background: later sandboxes come from a new zygote, a host user of its
+// own, and the old one goes with its last sandbox.
+func TestZygoteReplacedAfterItsLimit(t *testing.T) {
+	if testutil.ZygoteMode() {
+		t.Skip("runs once, with its own zygote")
+	}
+	testutil.RequireRoot(t)
+	b, err := native.New(native.Config{CgroupParent: "vivarium-zygote-replace-test", UIDBase: uidBase,
+		UIDRanges: testutil.UIDRanges, Zygote: true, Preload: []string{"json"}, ZygoteMaxSandboxes: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ctx := context.Background()
+	create := func() sandbox.Sandbox {
+		t.Helper()
+		s, err := b.Create(ctx, sandbox.Spec{Limits: sandbox.Limits{Timeout: 20 * time.Second}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	current := func() native.ZygoteStatus {
+		for _, z := range b.Zygotes() {
+			if !z.Retired {
+				return z
+			}
+		}
+		t.Fatal("no current zygote")
+		return native.ZygoteStatus{}
+	}
+	old := []sandbox.Sandbox{create(), create()}
+	first := current()
+	if first.Forked != 2 {
+		t.Fatalf("the first zygote forked %d sandboxes, want 2", first.Forked)
+	}
+	// The third is still the old zygote's, and starts its replacement.
+	old = append(old, create())
+	testutil.WaitFor(t, time.Minute, "the replacement zygote", func() bool { return current().UID != first.UID })
+	second := current()
+	if second.PID == first.PID || second.Forked != 0 {
+		t.Fatalf("replacement %+v, first %+v", second, first)
+	}
+	fresh := create()
+	defer fresh.Close()
+	if current().Forked != 1 {
+		t.Fatalf("a sandbox after the replacement did not come from the new zygote: %+v", b.Zygotes())
+	}
+	// The retired zygote still serves its sandboxes (a restart forks a new
+	// runner from it), and closes with the last of them.
+	if err := old[0].Restart(ctx); err != nil {
+		t.Fatalf("restart in a retired zygote's sandbox: %v", err)
+	}
+	res, err := old[0].Execute(ctx, sandbox.ExecRequest{Code: "print(6*7)"}, nil)
+	if err != nil || res.Stdout != "42\n" {
+		t.Fatalf("after restart: %v %+v", err, res)
+	}
+	for _, s := range old {
+		s.Close()
+	}
+	testutil.WaitFor(t, 10*time.Second, "the retired zygote to close", func() bool { return len(b.Zygotes()) == 1 })
+	if left := testutil.ProcessesOwnedBy(int(first.UID), int(first.UID)+65536); len(left) > 0 {
+		t.Fatalf("the retired zygote left processes: %v", left)
+	}
+	if left := testutil.ZygoteProcesses(int(first.UID), int(first.UID)+65536); len(left) > 0 {
+		t.Fatalf("the retired zygote's processes remain: %v", left)
+	}
+}
