@@ -220,5 +220,14 @@ print("python " + sys.version.split()[0] + "; " + ", ".join(mods))
 	}
 	add("native sandbox", nil, fmt.Sprintf("works (%v, cgroup v%d)", time.Since(start).Round(time.Millisecond), b.CgroupVersion()))
 	add("python in sandbox", nil, strings.TrimSpace(res.Stdout))
+	first, last, ranges, inUse, err := b.UIDPool()
+	add("host users", err, fmt.Sprintf("every sandbox is a host user of its own: uids %d-%d, %d ranges of 65536, %d in use on this host now",
+		first, last, ranges, inUse))
+	k := native.DefaultKernelLimits
+	add("kernel budgets", nil, fmt.Sprintf("per sandbox: %d inotify instances, %d watches, %d queued signals, %d KiB of message queues, %d KiB locked",
+		k.InotifyInstances, k.InotifyWatches, k.PendingSignals, k.MsgQueueBytes>>10, k.LockedMemory>>10))
+	pattern, _ := os.ReadFile("/proc/sys/kernel/core_pattern")
+	add("core dumps", nil, fmt.Sprintf("sandboxes run with RLIMIT_CORE 1, which the kernel reads as \"no dump\", to a file or to the host's handler (core_pattern %q)",
+		strings.TrimSpace(string(pattern))))
 	return out
 }
