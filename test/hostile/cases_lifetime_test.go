@@ -245,8 +245,9 @@ attempt("pidfd_open host victim", lambda: os.pidfd_open(victim))
 print("survived")
 `),
 		prepare: func(t *testing.T, h *harness, j *job) {
-			// A host process of the very uid the sandbox user maps to:
-			// only the PID namespace keeps the sandbox from it.
+			// A host process of a uid a sandbox user of this backend maps
+			// to (every sandbox is a user of its own; this is the first
+			// range's): only the PID namespace keeps the sandbox from it.
 			if h.be.sandboxUID < 0 {
 				t.Skip("the backend's sandbox user has no host uid")
 			}

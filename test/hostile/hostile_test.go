@@ -79,7 +79,8 @@ var canaryPorts = []int{5759, 6380, 9229}
 type backendUnderTest struct {
 	name string
 	b    sandbox.Backend
-	// sandboxUID is the host uid the sandbox user maps to, or -1.
+	// sandboxUID is a host uid a sandbox user maps to (the first of the
+	// backend's pool of host users), or -1.
 	sandboxUID int
 	// leftovers, called once every case has run, closes the backend and
 	// lists what its sandboxes left on the host: processes, cgroups,
