@@ -4,12 +4,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -168,6 +170,9 @@ func supervise(cfg *initConfig, report func(initStatus)) int {
 				for pid, ws := range reapAll(true) {
 					exited(pid, ws, &runner, commands)
 				}
+				for pid, ws := range awaitAlone(2 * time.Second) {
+					exited(pid, ws, &runner, commands)
+				}
 				runner, pipes, err = startRunner(cfg)
 				if err != nil {
 					sendCtl(fdControl, ctlMsg{Op: opRunner, Error: err.Error()})
@@ -210,6 +215,39 @@ func exited(pid int, ws unix.WaitStatus, runner *int, commands map[int]uint64) {
 		return // an orphan re-parented to init
 	}
 	sendCtl(fdControl, m)
+}
+
+// awaitAlone waits, up to limit, until init is the only process left in
+// its PID namespace, reaping what becomes its child on the way: a killed
+// process's children are re-parented to init only once it has exited, and
+// a zygote's runner is reaped by the zygote, outside. Whatever exited, it
+// returns, for the supervisor to hear of.
+func awaitAlone(limit time.Duration) map[int]unix.WaitStatus {
+	out := map[int]unix.WaitStatus{}
+	deadline := time.Now().Add(limit)
+	for delay := 50 * time.Microsecond; ; delay = min(2*delay, 5*time.Millisecond) {
+		maps.Copy(out, reapAll(false))
+		if onlyInit() || time.Now().After(deadline) {
+			return out
+		}
+		time.Sleep(delay)
+	}
+}
+
+// onlyInit reports whether /proc lists no process but init.
+func onlyInit() bool {
+	d, err := os.Open("/proc")
+	if err != nil {
+		return true
+	}
+	defer d.Close()
+	names, _ := d.Readdirnames(-1)
+	for _, n := range names {
+		if n != "1" && n[0] >= '0' && n[0] <= '9' {
+			return false
+		}
+	}
+	return true
 }
 
 // reapAll collects exited children without blocking; with all set it
