@@ -471,7 +471,7 @@ func checkedRules() []Rule {
 
 // DefaultRules is the sandbox policy.
 func DefaultRules() []Rule {
-	var rules []Rule
+	rules := make([]Rule, 0, 400)
 	add := func(action Action, groups ...[]sys) {
 		for _, g := range groups {
 			for _, s := range g {

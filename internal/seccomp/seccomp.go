@@ -192,7 +192,7 @@ func Compile(rules []Rule) ([]unix.SockFilter, error) {
 	if err != nil {
 		return nil, err
 	}
-	a := &asm{}
+	a := &asm{ins: make([]insn, 0, 4*len(sorted))}
 	wrongArch := a.newLabel()
 	a.ld(offArch)
 	a.jump(bpfJeqK, nativeArch, 0, wrongArch)
@@ -459,13 +459,13 @@ func (a *asm) assemble() ([]unix.SockFilter, error) {
 // layout is where each instruction and label of a program being assembled
 // falls in the final program.
 type layout struct {
-	at      []int         // by index into asm.ins; -1 for a label
-	labelAt map[label]int // a label is at the instruction that follows it
-	n       int           // the program's length
+	at      []int // by index into asm.ins; -1 for a label
+	labelAt []int // by label; a label is at the instruction that follows it
+	n       int   // the program's length
 }
 
 func (a *asm) layout() layout {
-	l := layout{at: make([]int, len(a.ins)), labelAt: make(map[label]int, a.labels)}
+	l := layout{at: make([]int, len(a.ins)), labelAt: make([]int, a.labels+1)}
 	for i, in := range a.ins {
 		if in.mark != 0 {
 			l.at[i] = -1

@@ -523,3 +523,12 @@ func TestLongJumps(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkCompile: every sandbox's init compiles the policy as it starts.
+func BenchmarkCompile(b *testing.B) {
+	for i := 0; i < b.N; i++ {
+		if _, err := Compile(DefaultRules()); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
