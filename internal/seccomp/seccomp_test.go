@@ -244,7 +244,7 @@ func TestPolicyDecisions(t *testing.T) {
 				t.Errorf("compiled: got %v, want %v", got, tc.want)
 			}
 			if tc.c.arch == nativeArch {
-				if got := Decide(rules, tc.c.nr, tc.c.args); got != tc.want {
+				if got := evaluate(rules, tc.c.nr, tc.c.args); got != tc.want {
 					t.Errorf("policy: got %v, want %v", got, tc.want)
 				}
 			}
@@ -342,7 +342,7 @@ func TestCompiledAgreesWithPolicy(t *testing.T) {
 			gen := newArgGen(rules, r)
 			check := func(nr uint32, args [6]uint64) {
 				got, _ := interpret(t, prog, call{nr: nr, arch: nativeArch, args: args})
-				if want := Decide(rules, nr, args); got != want {
+				if want := evaluate(rules, nr, args); got != want {
 					t.Fatalf("nr %d args %#x: compiled %v, policy %v", nr, args, got, want)
 				}
 			}
@@ -518,7 +518,7 @@ func TestLongJumps(t *testing.T) {
 		nr := uint32(r.Intn(140))
 		args := gen.args()
 		got, _ := interpret(t, prog, call{nr: nr, arch: nativeArch, args: args})
-		if want := Decide(rules, nr, args); got != want {
+		if want := evaluate(rules, nr, args); got != want {
 			t.Fatalf("nr %d args %#x: compiled %v, policy %v", nr, args, got, want)
 		}
 	}
