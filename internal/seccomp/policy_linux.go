@@ -300,13 +300,13 @@ var personalities = []uint64{0x0, 0x8, 0x20000, 0x20008, 0xffffffff}
 // ioctl requests from asm-generic/ioctls.h, which amd64 and arm64 share,
 // that golang.org/x/sys does not name.
 const (
-	ioctlFIONREAD    = 0x541B
-	ioctlFIONBIO     = 0x5421
-	ioctlFIONCLEX    = 0x5450
-	ioctlFIOCLEX     = 0x5451
-	ioctlFIOASYNC    = 0x5452
-	ioctlOldGSTAMP   = 0x8906 // SIOCGSTAMP_OLD
-	ioctlOldGSTAMPNS = 0x8907 // SIOCGSTAMPNS_OLD
+	ioctlFIONREAD        = 0x541B
+	ioctlFIONBIO         = 0x5421
+	ioctlFIONCLEX        = 0x5450
+	ioctlFIOCLEX         = 0x5451
+	ioctlFIOASYNC        = 0x5452
+	ioctlSIOCGSTAMPOld   = 0x8906 // SIOCGSTAMP_OLD
+	ioctlSIOCGSTAMPNSOld = 0x8907 // SIOCGSTAMPNS_OLD
 )
 
 // ioctlRequests are the ioctls a sandbox may make; any other gets EPERM.
@@ -337,8 +337,8 @@ var ioctlRequests = []uint64{
 	unix.TIOCGPTPEER, ioctlFIOASYNC,
 	unix.SIOCGIFCONF, unix.SIOCGIFFLAGS, unix.SIOCGIFADDR, unix.SIOCGIFDSTADDR, unix.SIOCGIFBRDADDR,
 	unix.SIOCGIFNETMASK, unix.SIOCGIFMETRIC, unix.SIOCGIFMTU, unix.SIOCGIFHWADDR, unix.SIOCGIFINDEX,
-	unix.SIOCGIFNAME, unix.SIOCGIFTXQLEN, unix.SIOCATMARK, unix.SIOCOUTQNSD, ioctlOldGSTAMP,
-	ioctlOldGSTAMPNS, unix.SIOCGSTAMP_NEW, unix.SIOCGSTAMPNS_NEW,
+	unix.SIOCGIFNAME, unix.SIOCGIFTXQLEN, unix.SIOCATMARK, unix.SIOCOUTQNSD, ioctlSIOCGSTAMPOld,
+	ioctlSIOCGSTAMPNSOld, unix.SIOCGSTAMP_NEW, unix.SIOCGSTAMPNS_NEW,
 }
 
 // prctlOptions are the prctl options a sandbox may use; any other gets
