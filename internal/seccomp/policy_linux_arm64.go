@@ -7,7 +7,10 @@ const (
 	x32SyscallBit = 0 // arm64 has no second ABI to refuse
 )
 
-var archDenied = []struct {
-	name string
-	nr   uint32
-}{}
+// arm64 has only the generic system call table: nothing of its own to
+// allow or refuse.
+var (
+	archAllowed = []sys{}
+	archDenied  = []sys{}
+	archAbsent  = []sys{}
+)

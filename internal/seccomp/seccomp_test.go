@@ -3,10 +3,16 @@
 package seccomp
 
 import (
+	"bufio"
 	"encoding/binary"
-	"encoding/json"
+	"math/rand"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -30,13 +36,16 @@ func (c call) bytes() []byte {
 }
 
 // interpret runs prog the way the kernel would, for the instructions Compile
-// emits. An instruction it does not know fails the test: the compiler must
-// not emit anything this interpreter has not been taught.
-func interpret(t *testing.T, prog []unix.SockFilter, c call) uint32 {
+// emits, and returns the action and how many instructions ran. An
+// instruction it does not know fails the test: the compiler must not emit
+// anything this interpreter has not been taught.
+func interpret(t testing.TB, prog []unix.SockFilter, c call) (Action, int) {
 	t.Helper()
 	data := c.bytes()
 	var acc uint32
+	steps := 0
 	for pc := 0; pc < len(prog); pc++ {
+		steps++
 		in := prog[pc]
 		switch in.Code {
 		case bpfLdWAbs:
@@ -44,6 +53,8 @@ func interpret(t *testing.T, prog []unix.SockFilter, c call) uint32 {
 				t.Fatalf("pc %d: load at bad offset %d", pc, in.K)
 			}
 			acc = binary.LittleEndian.Uint32(data[in.K:])
+		case bpfJa:
+			pc += int(in.K)
 		case bpfJeqK, bpfJgeK, bpfJsetK:
 			var taken bool
 			switch in.Code {
@@ -60,186 +71,464 @@ func interpret(t *testing.T, prog []unix.SockFilter, c call) uint32 {
 				pc += int(in.Jf)
 			}
 		case bpfRetK:
-			return in.K
+			return Action(in.K), steps
 		default:
 			t.Fatalf("pc %d: opcode %#x not understood by the test interpreter", pc, in.Code)
 		}
 	}
 	t.Fatalf("program fell off its end")
-	return 0
+	return 0, 0
 }
 
-func mustCompile(t *testing.T) []unix.SockFilter {
+func mustCompile(t testing.TB, rules []Rule) []unix.SockFilter {
 	t.Helper()
-	prog, err := Compile(DefaultRules())
+	prog, err := Compile(rules)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return prog
 }
 
-func TestPolicyDecisions(t *testing.T) {
-	prog := mustCompile(t)
-	const threadFlags = unix.CLONE_VM | unix.CLONE_FS | unix.CLONE_FILES | unix.CLONE_SIGHAND |
-		unix.CLONE_THREAD | unix.CLONE_SYSVSEM | unix.CLONE_SETTLS | unix.CLONE_PARENT_SETTID |
-		unix.CLONE_CHILD_CLEARTID
-	cases := []struct {
-		name string
-		c    call
-		want uint32
-	}{
-		{"read allowed", call{nr: unix.SYS_READ}, retAllow},
-		{"foreign architecture killed", call{nr: unix.SYS_READ, arch: 0x40000003 /* i386 */}, retKill},
-		{"mount", call{nr: unix.SYS_MOUNT}, retErrno(unix.EPERM)},
-		{"unshare", call{nr: unix.SYS_UNSHARE}, retErrno(unix.EPERM)},
-		{"setns", call{nr: unix.SYS_SETNS}, retErrno(unix.EPERM)},
-		{"ptrace", call{nr: unix.SYS_PTRACE}, retErrno(unix.EPERM)},
-		{"bpf", call{nr: unix.SYS_BPF}, retErrno(unix.EPERM)},
-		{"io_uring_setup", call{nr: unix.SYS_IO_URING_SETUP}, retErrno(unix.EPERM)},
-		{"open_by_handle_at", call{nr: unix.SYS_OPEN_BY_HANDLE_AT}, retErrno(unix.EPERM)},
-		{"clone3 falls back", call{nr: unix.SYS_CLONE3}, retErrno(unix.ENOSYS)},
-		{"clone for a thread", call{nr: unix.SYS_CLONE, args: [6]uint64{threadFlags}}, retAllow},
-		{"clone for fork", call{nr: unix.SYS_CLONE, args: [6]uint64{uint64(unix.SIGCHLD)}}, retAllow},
-		{"clone new user ns", call{nr: unix.SYS_CLONE, args: [6]uint64{unix.CLONE_NEWUSER | uint64(unix.SIGCHLD)}}, retErrno(unix.EPERM)},
-		{"clone new net ns", call{nr: unix.SYS_CLONE, args: [6]uint64{unix.CLONE_NEWNET}}, retErrno(unix.EPERM)},
-		{"clone ns flag with high garbage", call{nr: unix.SYS_CLONE, args: [6]uint64{1<<40 | unix.CLONE_NEWPID}}, retErrno(unix.EPERM)},
-		{"ioctl TIOCSTI", call{nr: unix.SYS_IOCTL, args: [6]uint64{0, unix.TIOCSTI}}, retErrno(unix.EPERM)},
-		{"ioctl TIOCSTI high garbage", call{nr: unix.SYS_IOCTL, args: [6]uint64{0, 1<<33 | unix.TIOCSTI}}, retErrno(unix.EPERM)},
-		{"ioctl TIOCLINUX", call{nr: unix.SYS_IOCTL, args: [6]uint64{0, unix.TIOCLINUX}}, retErrno(unix.EPERM)},
-		{"ioctl FIONREAD", call{nr: unix.SYS_IOCTL, args: [6]uint64{0, 0x541B /* FIONREAD */}}, retAllow},
-		{"socket inet", call{nr: unix.SYS_SOCKET, args: [6]uint64{unix.AF_INET}}, retAllow},
-		{"socket unix", call{nr: unix.SYS_SOCKET, args: [6]uint64{unix.AF_UNIX}}, retAllow},
-		{"socket packet", call{nr: unix.SYS_SOCKET, args: [6]uint64{unix.AF_PACKET}}, retErrno(unix.EAFNOSUPPORT)},
-		{"socket vsock", call{nr: unix.SYS_SOCKET, args: [6]uint64{unix.AF_VSOCK}}, retErrno(unix.EAFNOSUPPORT)},
-		{"socket alg", call{nr: unix.SYS_SOCKET, args: [6]uint64{unix.AF_ALG}}, retErrno(unix.EAFNOSUPPORT)},
-		{"personality query", call{nr: unix.SYS_PERSONALITY, args: [6]uint64{0xffffffff}}, retAllow},
-		{"personality linux", call{nr: unix.SYS_PERSONALITY, args: [6]uint64{0}}, retAllow},
-		{"personality no aslr", call{nr: unix.SYS_PERSONALITY, args: [6]uint64{addrNoRandomize}}, retErrno(unix.EPERM)},
+var (
+	eperm  = Errno(unix.EPERM)
+	enosys = Errno(unix.ENOSYS)
+)
+
+const threadFlags = unix.CLONE_VM | unix.CLONE_FS | unix.CLONE_FILES | unix.CLONE_SIGHAND |
+	unix.CLONE_THREAD | unix.CLONE_SYSVSEM | unix.CLONE_SETTLS | unix.CLONE_PARENT_SETTID |
+	unix.CLONE_CHILD_CLEARTID
+
+// addrNoRandomize is the personality flag that turns off ASLR.
+const addrNoRandomize = 0x0040000
+
+type decision struct {
+	name string
+	c    call
+	want Action
+}
+
+// sandboxDecisions are the answers the brief and the README promise, one
+// by one.
+func sandboxDecisions() []decision {
+	nrOnly := func(name string, nr uint32, want Action) decision {
+		return decision{name, call{nr: nr}, want}
+	}
+	with := func(name string, nr uint32, want Action, args ...uint64) decision {
+		d := decision{name: name, c: call{nr: nr}, want: want}
+		copy(d.c.args[:], args)
+		return d
+	}
+	ds := []decision{
+		nrOnly("read", unix.SYS_READ, Allow),
+		{"foreign architecture killed", call{nr: unix.SYS_READ, arch: 0x40000003 /* i386 */}, killProcess},
+		nrOnly("mount", unix.SYS_MOUNT, eperm),
+		nrOnly("unshare", unix.SYS_UNSHARE, eperm),
+		nrOnly("setns", unix.SYS_SETNS, eperm),
+		nrOnly("ptrace", unix.SYS_PTRACE, eperm),
+		nrOnly("bpf", unix.SYS_BPF, eperm),
+		nrOnly("io_uring_setup", unix.SYS_IO_URING_SETUP, eperm),
+		nrOnly("open_by_handle_at", unix.SYS_OPEN_BY_HANDLE_AT, eperm),
+		nrOnly("acct, known and refused", unix.SYS_ACCT, eperm),
+		nrOnly("memfd_secret", unix.SYS_MEMFD_SECRET, enosys),
+		nrOnly("set_mempolicy", unix.SYS_SET_MEMPOLICY, enosys),
+		nrOnly("set_mempolicy_home_node", unix.SYS_SET_MEMPOLICY_HOME_NODE, enosys),
+		nrOnly("mbind", unix.SYS_MBIND, enosys),
+		nrOnly("migrate_pages", unix.SYS_MIGRATE_PAGES, enosys),
+		nrOnly("move_pages", unix.SYS_MOVE_PAGES, enosys),
+		nrOnly("io_setup", unix.SYS_IO_SETUP, enosys),
+		nrOnly("io_submit", unix.SYS_IO_SUBMIT, enosys),
+		nrOnly("io_getevents", unix.SYS_IO_GETEVENTS, enosys),
+		nrOnly("io_pgetevents", unix.SYS_IO_PGETEVENTS, enosys),
+		nrOnly("io_cancel", unix.SYS_IO_CANCEL, enosys),
+		nrOnly("io_destroy", unix.SYS_IO_DESTROY, enosys),
+		nrOnly("cachestat", unix.SYS_CACHESTAT, enosys),
+		nrOnly("unknown number 1000", 1000, enosys),
+		nrOnly("number past the table", unix.SYS_RSEQ_SLICE_YIELD+1, enosys),
+		nrOnly("highest number", ^uint32(0), enosys),
+		nrOnly("clone3 falls back", unix.SYS_CLONE3, enosys),
+		nrOnly("sync fakes success", unix.SYS_SYNC, FakeSuccess),
+		nrOnly("syncfs fakes success", unix.SYS_SYNCFS, FakeSuccess),
+		nrOnly("getpid", unix.SYS_GETPID, Allow),
+		with("clone for a thread", unix.SYS_CLONE, Allow, threadFlags),
+		with("clone for fork", unix.SYS_CLONE, Allow, uint64(unix.SIGCHLD)),
+		with("clone for Go's exec", unix.SYS_CLONE, Allow, unix.CLONE_VM|unix.CLONE_VFORK|unix.CLONE_PIDFD|uint64(unix.SIGCHLD)),
+		with("clone new user ns", unix.SYS_CLONE, eperm, unix.CLONE_NEWUSER|uint64(unix.SIGCHLD)),
+		with("clone new net ns", unix.SYS_CLONE, eperm, unix.CLONE_NEWNET),
+		with("clone new cgroup ns", unix.SYS_CLONE, eperm, unix.CLONE_NEWCGROUP),
+		with("clone ns flag with high garbage", unix.SYS_CLONE, eperm, 1<<40|unix.CLONE_NEWPID),
+		with("clone high garbage only", unix.SYS_CLONE, Allow, 1<<40|uint64(unix.SIGCHLD)),
+		with("ioctl TIOCSTI", unix.SYS_IOCTL, eperm, 0, unix.TIOCSTI),
+		with("ioctl TIOCSTI high garbage", unix.SYS_IOCTL, eperm, 0, 1<<33|unix.TIOCSTI),
+		with("ioctl TIOCLINUX", unix.SYS_IOCTL, eperm, 0, unix.TIOCLINUX),
+		with("ioctl TIOCSETD", unix.SYS_IOCTL, eperm, 0, unix.TIOCSETD),
+		with("ioctl TIOCCONS", unix.SYS_IOCTL, eperm, 0, unix.TIOCCONS),
+		with("ioctl SIOCETHTOOL", unix.SYS_IOCTL, eperm, 0, unix.SIOCETHTOOL),
+		with("ioctl SIOCSIFFLAGS", unix.SYS_IOCTL, eperm, 0, unix.SIOCSIFFLAGS),
+		with("ioctl FICLONE", unix.SYS_IOCTL, eperm, 0, unix.FICLONE),
+		with("ioctl FIONREAD", unix.SYS_IOCTL, Allow, 0, ioctlFIONREAD),
+		with("ioctl FIOCLEX", unix.SYS_IOCTL, Allow, 0, ioctlFIOCLEX),
+		with("ioctl TCGETS", unix.SYS_IOCTL, Allow, 0, unix.TCGETS),
+		with("ioctl TCGETS high garbage", unix.SYS_IOCTL, Allow, 0, 1<<40|unix.TCGETS),
+		with("ioctl SIOCGIFHWADDR", unix.SYS_IOCTL, Allow, 0, unix.SIOCGIFHWADDR),
+		with("socket inet", unix.SYS_SOCKET, Allow, unix.AF_INET),
+		with("socket inet6", unix.SYS_SOCKET, Allow, unix.AF_INET6),
+		with("socket unix", unix.SYS_SOCKET, Allow, unix.AF_UNIX),
+		with("socket netlink route", unix.SYS_SOCKET, Allow, unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_ROUTE),
+		with("socket netlink generic", unix.SYS_SOCKET, Errno(unix.EPROTONOSUPPORT), unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_GENERIC),
+		with("socket netlink audit", unix.SYS_SOCKET, Errno(unix.EPROTONOSUPPORT), unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_AUDIT),
+		with("socket netlink uevent", unix.SYS_SOCKET, Errno(unix.EPROTONOSUPPORT), unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_KOBJECT_UEVENT),
+		with("socket packet", unix.SYS_SOCKET, Errno(unix.EAFNOSUPPORT), unix.AF_PACKET),
+		with("socket vsock", unix.SYS_SOCKET, Errno(unix.EAFNOSUPPORT), unix.AF_VSOCK),
+		with("socket alg", unix.SYS_SOCKET, Errno(unix.EAFNOSUPPORT), unix.AF_ALG),
+		with("socket xdp", unix.SYS_SOCKET, Errno(unix.EAFNOSUPPORT), unix.AF_XDP),
+		with("socketpair unix", unix.SYS_SOCKETPAIR, Allow, unix.AF_UNIX),
+		with("socketpair vsock", unix.SYS_SOCKETPAIR, Errno(unix.EAFNOSUPPORT), unix.AF_VSOCK),
+		with("socketpair packet", unix.SYS_SOCKETPAIR, Errno(unix.EAFNOSUPPORT), unix.AF_PACKET),
+		with("socketpair xdp", unix.SYS_SOCKETPAIR, Errno(unix.EAFNOSUPPORT), unix.AF_XDP),
+		with("socketpair netlink generic", unix.SYS_SOCKETPAIR, Errno(unix.EPROTONOSUPPORT), unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_GENERIC),
+		with("personality query", unix.SYS_PERSONALITY, Allow, 0xffffffff),
+		with("personality linux", unix.SYS_PERSONALITY, Allow, 0),
+		with("personality no aslr", unix.SYS_PERSONALITY, eperm, addrNoRandomize),
+		with("prctl PR_SET_NAME", unix.SYS_PRCTL, Allow, unix.PR_SET_NAME),
+		with("prctl PR_SET_VMA", unix.SYS_PRCTL, Allow, unix.PR_SET_VMA),
+		with("prctl PR_GET_DUMPABLE", unix.SYS_PRCTL, Allow, unix.PR_GET_DUMPABLE),
+		with("prctl PR_SET_DUMPABLE 0", unix.SYS_PRCTL, Allow, unix.PR_SET_DUMPABLE, 0),
+		with("prctl PR_SET_DUMPABLE 1", unix.SYS_PRCTL, eperm, unix.PR_SET_DUMPABLE, 1),
+		with("prctl PR_SET_DUMPABLE 1<<32", unix.SYS_PRCTL, eperm, unix.PR_SET_DUMPABLE, 1<<32),
+		with("prctl PR_SET_NO_NEW_PRIVS", unix.SYS_PRCTL, Allow, unix.PR_SET_NO_NEW_PRIVS, 1),
+		with("prctl PR_SET_SECCOMP", unix.SYS_PRCTL, Allow, unix.PR_SET_SECCOMP, 2),
+		with("prctl PR_CAPBSET_READ", unix.SYS_PRCTL, Allow, unix.PR_CAPBSET_READ),
+		with("prctl PR_CAPBSET_DROP", unix.SYS_PRCTL, eperm, unix.PR_CAPBSET_DROP),
+		with("prctl PR_SET_SECUREBITS", unix.SYS_PRCTL, eperm, unix.PR_SET_SECUREBITS),
+		with("prctl PR_CAP_AMBIENT_IS_SET", unix.SYS_PRCTL, Allow, unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_IS_SET),
+		with("prctl PR_CAP_AMBIENT_RAISE", unix.SYS_PRCTL, eperm, unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_RAISE),
+		with("prctl PR_CAP_AMBIENT_CLEAR_ALL", unix.SYS_PRCTL, eperm, unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL),
+		with("prctl PR_SET_MM", unix.SYS_PRCTL, eperm, unix.PR_SET_MM),
+		with("prctl PR_SET_MEMORY_MERGE", unix.SYS_PRCTL, eperm, unix.PR_SET_MEMORY_MERGE, 1),
+		with("prctl PR_SET_PTRACER", unix.SYS_PRCTL, eperm, unix.PR_SET_PTRACER),
+		with("prctl PR_SET_NAME high garbage", unix.SYS_PRCTL, Allow, 1<<32|unix.PR_SET_NAME),
+		with("setrlimit nofile", unix.SYS_SETRLIMIT, Allow, unix.RLIMIT_NOFILE, 0x7fff0000),
+		with("setrlimit core", unix.SYS_SETRLIMIT, eperm, unix.RLIMIT_CORE, 0x7fff0000),
+		with("prlimit64 core read", unix.SYS_PRLIMIT64, Allow, 0, unix.RLIMIT_CORE, 0, 0x7fff0000),
+		with("prlimit64 core write", unix.SYS_PRLIMIT64, eperm, 0, unix.RLIMIT_CORE, 0x7fff0000, 0),
+		with("prlimit64 core write, pointer above 4 GiB", unix.SYS_PRLIMIT64, eperm, 0, unix.RLIMIT_CORE, 0x7f0000000000, 0),
+		with("prlimit64 nofile write", unix.SYS_PRLIMIT64, Allow, 0, unix.RLIMIT_NOFILE, 0x7fff0000, 0),
+		with("fadvise DONTNEED", unix.SYS_FADVISE64, FakeSuccess, 3, 0, 0, unix.FADV_DONTNEED),
+		with("fadvise SEQUENTIAL", unix.SYS_FADVISE64, Allow, 3, 0, 0, unix.FADV_SEQUENTIAL),
+		with("fadvise WILLNEED", unix.SYS_FADVISE64, Allow, 3, 0, 0, unix.FADV_WILLNEED),
+		with("preadv2 RWF_NOWAIT", unix.SYS_PREADV2, Errno(unix.EOPNOTSUPP), 3, 0, 1, 0, 0, unix.RWF_NOWAIT),
+		with("preadv2 RWF_NOWAIT|RWF_HIPRI", unix.SYS_PREADV2, Errno(unix.EOPNOTSUPP), 3, 0, 1, 0, 0, unix.RWF_NOWAIT|unix.RWF_HIPRI),
+		with("preadv2 no flags", unix.SYS_PREADV2, Allow, 3, 0, 1, 0, 0, 0),
+		with("pwritev2 RWF_NOWAIT", unix.SYS_PWRITEV2, Errno(unix.EOPNOTSUPP), 3, 0, 1, 0, 0, unix.RWF_NOWAIT),
+		with("pwritev2 RWF_APPEND", unix.SYS_PWRITEV2, Allow, 3, 0, 1, 0, 0, unix.RWF_APPEND),
+		with("madvise MADV_MERGEABLE", unix.SYS_MADVISE, Errno(unix.EINVAL), 0, 4096, unix.MADV_MERGEABLE),
+		with("madvise MADV_DONTNEED", unix.SYS_MADVISE, Allow, 0, 4096, unix.MADV_DONTNEED),
+		with("seccomp filter", unix.SYS_SECCOMP, Allow, unix.SECCOMP_SET_MODE_FILTER, unix.SECCOMP_FILTER_FLAG_TSYNC),
+		with("seccomp listener", unix.SYS_SECCOMP, eperm, unix.SECCOMP_SET_MODE_FILTER, unix.SECCOMP_FILTER_FLAG_NEW_LISTENER),
 	}
 	if x32SyscallBit != 0 {
-		cases = append(cases, struct {
-			name string
-			c    call
-			want uint32
-		}{"x32 read", call{nr: x32SyscallBit | unix.SYS_READ}, retErrno(unix.ENOSYS)})
+		ds = append(ds, nrOnly("x32 read", x32SyscallBit|unix.SYS_READ, enosys))
 	}
-	for _, tc := range cases {
+	return append(ds, archDecisions()...)
+}
+
+func TestPolicyDecisions(t *testing.T) {
+	rules := DefaultRules()
+	prog := mustCompile(t, rules)
+	for _, tc := range sandboxDecisions() {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.c.arch == 0 {
 				tc.c.arch = nativeArch
 			}
-			if got := interpret(t, prog, tc.c); got != tc.want {
-				t.Fatalf("got %#x, want %#x", got, tc.want)
+			if got, _ := interpret(t, prog, tc.c); got != tc.want {
+				t.Errorf("compiled: got %v, want %v", got, tc.want)
+			}
+			if tc.c.arch == nativeArch {
+				if got := evaluate(rules, tc.c.nr, tc.c.args); got != tc.want {
+					t.Errorf("policy: got %v, want %v", got, tc.want)
+				}
 			}
 		})
 	}
 }
 
-func TestEveryUnconditionalRuleDenies(t *testing.T) {
-	prog := mustCompile(t)
-	for _, r := range DefaultRules() {
-		if r.When != nil {
+func TestZygoteDecisions(t *testing.T) {
+	prog := mustCompile(t, ZygoteRules())
+	for _, tc := range []decision{
+		{"setns", call{nr: unix.SYS_SETNS}, Allow},
+		{"prctl PR_SET_DUMPABLE 1", call{nr: unix.SYS_PRCTL, args: [6]uint64{unix.PR_SET_DUMPABLE, 1}}, Allow},
+		{"prctl PR_CAPBSET_DROP", call{nr: unix.SYS_PRCTL, args: [6]uint64{unix.PR_CAPBSET_DROP, 5}}, Allow},
+		{"prctl PR_SET_SECUREBITS", call{nr: unix.SYS_PRCTL, args: [6]uint64{unix.PR_SET_SECUREBITS, 0xe3}}, Allow},
+		{"prctl PR_CAP_AMBIENT_CLEAR_ALL", call{nr: unix.SYS_PRCTL, args: [6]uint64{unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL}}, Allow},
+		{"prctl PR_CAP_AMBIENT_RAISE", call{nr: unix.SYS_PRCTL, args: [6]uint64{unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_RAISE}}, eperm},
+		{"prctl PR_SET_MM", call{nr: unix.SYS_PRCTL, args: [6]uint64{unix.PR_SET_MM}}, eperm},
+		{"prlimit64 core write", call{nr: unix.SYS_PRLIMIT64, args: [6]uint64{0, unix.RLIMIT_CORE, 0x7fff0000}}, Allow},
+		{"setrlimit core", call{nr: unix.SYS_SETRLIMIT, args: [6]uint64{unix.RLIMIT_CORE, 0x7fff0000}}, Allow},
+		{"mount", call{nr: unix.SYS_MOUNT}, eperm},
+		{"unshare", call{nr: unix.SYS_UNSHARE}, eperm},
+		{"pivot_root", call{nr: unix.SYS_PIVOT_ROOT}, eperm},
+		{"bpf", call{nr: unix.SYS_BPF}, eperm},
+		{"clone new user ns", call{nr: unix.SYS_CLONE, args: [6]uint64{unix.CLONE_NEWUSER}}, eperm},
+		{"io_setup", call{nr: unix.SYS_IO_SETUP}, enosys},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.c.arch = nativeArch
+			if got, _ := interpret(t, prog, tc.c); got != tc.want {
+				t.Errorf("got %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// knownSyscalls reads golang.org/x/sys's table of this architecture's
+// system calls: the kernel's list, as far as this module's version knows it.
+func knownSyscalls(t *testing.T) map[string]uint32 {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "golang.org/x/sys").Output()
+	if err != nil {
+		t.Fatalf("find golang.org/x/sys: %v", err)
+	}
+	path := filepath.Join(strings.TrimSpace(string(out)), "unix", "zsysnum_linux_"+runtime.GOARCH+".go")
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	re := regexp.MustCompile(`^\s+SYS_(\w+)\s+=\s+(\d+)$`)
+	known := map[string]uint32{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		m := re.FindStringSubmatch(sc.Text())
+		if m == nil || m[1] == "ARCH_SPECIFIC_SYSCALL" { // arm64: the base of a range, no call
 			continue
 		}
-		if got := interpret(t, prog, call{nr: r.Nr, arch: nativeArch}); got != retErrno(r.Errno) {
-			t.Errorf("%s: got %#x, want errno %v", r.Name, got, r.Errno)
+		n, _ := strconv.Atoi(m[2])
+		known[strings.ToLower(m[1])] = uint32(n)
+	}
+	if len(known) < 300 {
+		t.Fatalf("%s: only %d system calls", path, len(known))
+	}
+	return known
+}
+
+// Every system call the kernel has (as golang.org/x/sys knows it) is named
+// by the policy, so that each was decided on rather than refused by
+// default; and the policy names nothing else.
+func TestPolicyNamesEveryKnownSyscall(t *testing.T) {
+	known := knownSyscalls(t)
+	named := map[uint32]string{}
+	for _, r := range DefaultRules() {
+		named[r.Nr] = r.Name
+		if nr, ok := known[r.Name]; !ok || nr != r.Nr {
+			t.Errorf("rule %q (%d): golang.org/x/sys knows no such system call", r.Name, r.Nr)
 		}
+	}
+	for name, nr := range known {
+		if _, ok := named[nr]; !ok {
+			t.Errorf("%s (%d) is not named by the policy: allow it in a group or refuse it", name, nr)
+		}
+	}
+}
+
+// The compiled program answers every call as the policy says: every known
+// number, and random ones, with arguments drawn from the values the rules
+// compare against, their neighbours, and random bits above and below.
+func TestCompiledAgreesWithPolicy(t *testing.T) {
+	known := knownSyscalls(t)
+	for name, rules := range map[string][]Rule{"sandbox": DefaultRules(), "zygote": ZygoteRules()} {
+		t.Run(name, func(t *testing.T) {
+			prog := mustCompile(t, rules)
+			r := rand.New(rand.NewSource(1))
+			gen := newArgGen(rules, r)
+			check := func(nr uint32, args [6]uint64) {
+				got, _ := interpret(t, prog, call{nr: nr, arch: nativeArch, args: args})
+				if want := evaluate(rules, nr, args); got != want {
+					t.Fatalf("nr %d args %#x: compiled %v, policy %v", nr, args, got, want)
+				}
+			}
+			for _, nr := range known {
+				for i := 0; i < 200; i++ {
+					check(nr, gen.args())
+				}
+			}
+			for i := 0; i < 20000; i++ {
+				check(r.Uint32()>>uint(r.Intn(32)), gen.args())
+			}
+		})
+	}
+}
+
+// argGen draws arguments that exercise the rules' comparisons.
+type argGen struct {
+	r      *rand.Rand
+	values []uint64
+}
+
+func newArgGen(rules []Rule, r *rand.Rand) *argGen {
+	g := &argGen{r: r, values: []uint64{0, 1, 0xffffffff, 1 << 32, ^uint64(0)}}
+	for _, rule := range rules {
+		for _, c := range rule.Cases {
+			for _, cond := range c.When {
+				for _, v := range cond.Values {
+					g.values = append(g.values, v, v+1, v-1, v|1<<32, v|0xffffffff<<32, ^v)
+				}
+			}
+		}
+	}
+	return g
+}
+
+func (g *argGen) args() [6]uint64 {
+	var a [6]uint64
+	for i := range a {
+		switch g.r.Intn(4) {
+		case 0:
+			a[i] = g.r.Uint64()
+		case 1:
+			a[i] = uint64(g.r.Uint32())
+		default:
+			a[i] = g.values[g.r.Intn(len(g.values))]
+		}
+	}
+	return a
+}
+
+// stacked is what the kernel answers with two filters: the action of
+// highest precedence (lowest value), the newer filter's on a tie.
+func stacked(newer, older Action) Action {
+	if int32(older&unix.SECCOMP_RET_ACTION_FULL) < int32(newer&unix.SECCOMP_RET_ACTION_FULL) {
+		return older
+	}
+	return newer
+}
+
+// The zygote's policy only loosens the sandbox's, and a child that stacks
+// the sandbox's filter on the zygote's gets exactly the sandbox's answers.
+func TestZygoteOnlyLoosens(t *testing.T) {
+	sandbox, zygote := DefaultRules(), ZygoteRules()
+	sp, zp := mustCompile(t, sandbox), mustCompile(t, zygote)
+	r := rand.New(rand.NewSource(2))
+	gen := newArgGen(zygote, r)
+	for _, nr := range knownSyscalls(t) {
+		for i := 0; i < 200; i++ {
+			c := call{nr: nr, arch: nativeArch, args: gen.args()}
+			s, _ := interpret(t, sp, c)
+			z, _ := interpret(t, zp, c)
+			if z != Allow && z != s {
+				t.Fatalf("nr %d args %#x: the zygote answers %v, the sandbox %v", nr, c.args, z, s)
+			}
+			if got := stacked(s, z); got != s {
+				t.Fatalf("nr %d args %#x: stacked %v, the sandbox alone %v", nr, c.args, got, s)
+			}
+		}
+	}
+}
+
+// The search keeps every call cheap: a call decided by its number alone
+// runs a handful of instructions, whatever its place in the table, where
+// a chain of comparisons would make the last of ~350 rules pay ~350.
+func TestFilterCost(t *testing.T) {
+	rules := DefaultRules()
+	prog := mustCompile(t, rules)
+	byNumber, checked := 0, 0
+	for _, r := range rules {
+		_, steps := interpret(t, prog, call{nr: r.Nr, arch: nativeArch})
+		if len(r.Cases) == 0 {
+			byNumber = max(byNumber, steps)
+		} else {
+			checked = max(checked, steps)
+		}
+	}
+	_, unknown := interpret(t, prog, call{nr: 1000, arch: nativeArch})
+	t.Logf("%d rules, %d instructions; a call decided by its number runs at most %d, "+
+		"one whose arguments are checked %d, an unknown number %d", len(rules), len(prog), byNumber, checked, unknown)
+	// Three for the architecture and the number, one comparison per
+	// level of a balanced tree over the spans (fewer than 2^8 of them),
+	// the return; a trampoline or two where a subtree is long.
+	if byNumber > 3+8+2+1 || unknown > 3+8+2+1 {
+		t.Errorf("a call decided by its number runs up to %d instructions (an unknown one %d)", byNumber, unknown)
+	}
+	// ioctl's chain of requests is the longest check.
+	if checked > 3+8+2+1+len(ioctlRequests)+2 {
+		t.Errorf("a checked call runs up to %d instructions", checked)
+	}
+	if len(prog) > 1024 {
+		t.Errorf("the program has %d instructions", len(prog))
 	}
 }
 
 func TestCompileRejectsBadRules(t *testing.T) {
-	bad := [][]Rule{
-		{{Name: "a", Nr: 1, Errno: unix.EPERM}, {Name: "b", Nr: 1, Errno: unix.EPERM}},
-		{{Name: "arg", Nr: 1, Errno: unix.EPERM, When: &ArgCheck{Arg: 6}}},
-		{{Name: "empty", Nr: 1, Errno: unix.EPERM, When: &ArgCheck{Op: OpIn}}},
+	bad := map[string][]Rule{
+		"duplicate":      {{Name: "a", Nr: 1, Action: eperm}, {Name: "b", Nr: 1, Action: eperm}},
+		"argument 6":     {{Name: "arg", Nr: 1, Cases: []Case{{When: []Cond{argIn(6, 1)}, Action: eperm}}}},
+		"no values":      {{Name: "empty", Nr: 1, Cases: []Case{{When: []Cond{argIn(0)}, Action: eperm}}}},
+		"no conditions":  {{Name: "none", Nr: 1, Cases: []Case{{Action: eperm}}}},
+		"zero mask":      {{Name: "mask", Nr: 1, Cases: []Case{{When: []Cond{argAny(0, 0)}, Action: eperm}}}},
+		"64-bit value":   {{Name: "narrow", Nr: 1, Cases: []Case{{When: []Cond{argIn(0, 1<<32)}, Action: eperm}}}},
+		"kill action":    {{Name: "kill", Nr: 1, Action: killProcess}},
+		"huge errno":     {{Name: "errno", Nr: 1, Action: Action(unix.SECCOMP_RET_ERRNO | 5000)}},
+		"x32 number":     {{Name: "x32", Nr: 0x40000001, Action: Allow}},
+		"no rules":       nil,
+		"unknown op":     {{Name: "op", Nr: 1, Cases: []Case{{When: []Cond{{Arg: 0, Op: 7, Values: []uint64{1}}}, Action: eperm}}}},
+		"too many value": {{Name: "many", Nr: 1, Cases: []Case{{When: []Cond{argIn(0, make([]uint64, 65)...)}, Action: eperm}}}},
 	}
-	for i, rules := range bad {
+	for name, rules := range bad {
 		if _, err := Compile(rules); err == nil {
-			t.Errorf("case %d: Compile accepted %+v", i, rules)
+			t.Errorf("%s: Compile accepted %+v", name, rules)
 		}
 	}
 }
 
-const victimEnv = "VIVARIUM_SECCOMP_VICTIM"
-
-// TestMain lets the test binary act as a victim process that installs the
-// filter on itself and reports what each system call returned.
-func TestMain(m *testing.M) {
-	if os.Getenv(victimEnv) == "1" {
-		victim()
-		return
+// Jumps farther than a conditional jump reaches go through trampolines:
+// rules whose checks are long, spread over many numbers, compile to a
+// program the interpreter runs as the policy says.
+func TestLongJumps(t *testing.T) {
+	var rules []Rule
+	many := make([]uint64, 64)
+	for i := range many {
+		many[i] = uint64(i*7+3) | uint64(i%3)<<32
 	}
-	os.Exit(m.Run())
-}
-
-func victim() {
-	prog, err := Compile(DefaultRules())
-	if err == nil {
-		err = Install(prog)
+	narrow := make([]uint64, 64)
+	for i := range narrow {
+		narrow[i] = uint64(i * 5)
 	}
-	if err != nil {
-		os.Stderr.WriteString(err.Error())
-		os.Exit(2)
+	// Each rule is longer than a conditional jump reaches, and so is each
+	// of its first conditions: jumps over them need trampolines, in the
+	// search tree and inside the rule.
+	for nr := uint32(10); nr < 130; nr += 20 {
+		rules = append(rules, Rule{Name: "r" + strconv.Itoa(int(nr)), Nr: nr, Action: Allow, Cases: []Case{
+			{When: []Cond{argIn(0, many...).wide(), argNotIn(1, many...).wide()}, Action: eperm},
+			{When: []Cond{argAny(2, 1<<40|1).wide()}, Action: Errno(unix.EINVAL)},
+			{When: []Cond{argNotIn(3, narrow...)}, Action: FakeSuccess},
+		}})
 	}
-	errnoOf := func(_, _ uintptr, e unix.Errno) string { return e.Error() }
-	out := map[string]string{
-		"getpid":       errnoOf(unix.Syscall(unix.SYS_GETPID, 0, 0, 0)),
-		"unshare_user": errnoOf(unix.Syscall(unix.SYS_UNSHARE, unix.CLONE_NEWUSER, 0, 0)),
-		"mount":        errnoOf(unix.Syscall6(unix.SYS_MOUNT, 0, 0, 0, 0, 0, 0)),
-		"clone3":       errnoOf(unix.Syscall(unix.SYS_CLONE3, 0, 0, 0)),
-		"io_uring":     errnoOf(unix.Syscall(unix.SYS_IO_URING_SETUP, 1, 0, 0)),
-		"vsock":        errnoOf(unix.Syscall(unix.SYS_SOCKET, unix.AF_VSOCK, unix.SOCK_STREAM, 0)),
-		"keyctl":       errnoOf(unix.Syscall(unix.SYS_KEYCTL, 0, 0, 0)),
-		"no_aslr":      errnoOf(unix.Syscall(unix.SYS_PERSONALITY, addrNoRandomize, 0, 0)),
+	prog := mustCompile(t, rules)
+	jas := 0
+	for _, in := range prog {
+		if in.Code == bpfJa {
+			jas++
+		}
 	}
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM, 0)
-	out["inet"] = "ok"
-	if err != nil {
-		out["inet"] = err.Error()
-	} else {
-		unix.Close(fd)
+	if jas == 0 {
+		t.Fatalf("%d instructions and no trampoline: the test does not test long jumps", len(prog))
 	}
-	// The filter must survive execve: a child shell cannot unshare either.
-	if err := exec.Command("/bin/sh", "-c", "exec unshare -U true").Run(); err == nil {
-		out["child_unshare"] = "succeeded"
-	} else {
-		out["child_unshare"] = "failed"
-	}
-	json.NewEncoder(os.Stdout).Encode(out)
-}
-
-func TestRealVictim(t *testing.T) {
-	if _, err := exec.LookPath("unshare"); err != nil {
-		t.Skip("needs util-linux unshare")
-	}
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), victimEnv+"=1")
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("victim: %v (%s)", err, out)
-	}
-	var got map[string]string
-	if err := json.Unmarshal(out, &got); err != nil {
-		t.Fatalf("victim output %q: %v", out, err)
-	}
-	want := map[string]string{
-		"getpid":        unix.Errno(0).Error(),
-		"unshare_user":  unix.EPERM.Error(),
-		"mount":         unix.EPERM.Error(),
-		"clone3":        unix.ENOSYS.Error(),
-		"io_uring":      unix.EPERM.Error(),
-		"vsock":         unix.EAFNOSUPPORT.Error(),
-		"keyctl":        unix.EPERM.Error(),
-		"no_aslr":       unix.EPERM.Error(),
-		"inet":          "ok",
-		"child_unshare": "failed",
-	}
-	for k, v := range want {
-		if got[k] != v {
-			t.Errorf("%s: got %q, want %q", k, got[k], v)
+	r := rand.New(rand.NewSource(3))
+	gen := newArgGen(rules, r)
+	for i := 0; i < 50000; i++ {
+		nr := uint32(r.Intn(140))
+		args := gen.args()
+		got, _ := interpret(t, prog, call{nr: nr, arch: nativeArch, args: args})
+		if want := evaluate(rules, nr, args); got != want {
+			t.Fatalf("nr %d args %#x: compiled %v, policy %v", nr, args, got, want)
 		}
 	}
 }
 
-// addrNoRandomize is the personality flag that turns off ASLR.
-const addrNoRandomize = 0x0040000
+// BenchmarkCompile: every sandbox's init compiles the policy as it starts.
+func BenchmarkCompile(b *testing.B) {
+	for i := 0; i < b.N; i++ {
+		if _, err := Compile(DefaultRules()); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -111,6 +111,12 @@ var gvisorDifferences = map[string]difference{
 		"attach own child EPERM", "seize own child EPERM", "process_vm_readv EPERM", "process_vm_writev EPERM",
 		"kcmp EPERM", "pidfd_open child ENOSYS", "pidfd_getfd EPERM", "child mem EIO", "strace failed",
 		"gdb attached False")},
+	"seccomp_prctl_options": {why: "gVisor's prctl does not know PR_CAP_AMBIENT (EINVAL) where the filter lets " +
+		"a read through; raising and clearing are refused by the filter before gVisor sees them",
+		check: want("set dumpable 1 EPERM", "set dumpable 0 ok", "dumpable 0", "set dumpable 1 again EPERM",
+			"set name ok", "pdeathsig ok", "capbset read ok", "capbset drop EPERM", "set securebits EPERM",
+			"ambient is_set EINVAL", "ambient raise EPERM", "ambient clear EPERM", "set mm EPERM",
+			"memory merge EPERM", "set ptracer EPERM", "io flusher EPERM")},
 	"become_root": {why: "gVisor's setfsuid returns -1 where it changes nothing", check: want(
 		"uid 1000 1000 gid 1000 groups []", "setuid 0 EPERM", "seteuid 0 EPERM", "setresuid 0 EPERM",
 		"setgid 0 EPERM", "setgroups [0] EPERM", "fsuid after setfsuid(0) -1")},

@@ -399,7 +399,7 @@ func TestCaseTable(t *testing.T) {
 func allCases() []hostileCase {
 	var all []hostileCase
 	for _, group := range [][]hostileCase{
-		secretCases, filesystemCases, procCases, privilegeCases, seccompCases,
+		secretCases, filesystemCases, procCases, privilegeCases, seccompCases, allowlistCases,
 		networkCases, resourceCases, lifetimeCases, outputCases, protocolCases,
 		outDirCases, persistenceCases, egressCases, budgetCases,
 	} {

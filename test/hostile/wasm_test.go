@@ -117,6 +117,14 @@ var wasmDifferences = map[string]difference{
 	"seccomp_machine_state":        {why: noSyscalls + " (its probe needs ctypes to build its arguments)"},
 	"seccomp_file_handles":         {why: noSyscalls + " (its probe needs ctypes to build its arguments)"},
 	"seccomp_kernel_modules":       {why: noSyscalls + " (and no module file to load)"},
+	"seccomp_socket_families":      {why: noSyscalls + " (its probe needs ctypes to build its arguments)"},
+	"seccomp_refused_calls":        {why: noSyscalls + " (its probe needs ctypes to build its arguments)"},
+	"seccomp_aio_pool":             {why: noSyscalls + " (its probe needs ctypes to build its arguments)"},
+	"seccomp_page_cache":           {why: noSyscalls + " (its probe needs ctypes to build its arguments); no /usr"},
+	"seccomp_core_limit":           {why: noSyscalls + " (its probe needs ctypes to build its arguments)"},
+	"seccomp_prctl_options":        {why: noSyscalls + " (its probe needs ctypes to build its arguments)"},
+	"seccomp_ioctl_requests":       {why: noSyscalls + " (its probe needs ctypes to build its arguments)"},
+	"seccomp_ksm_and_sync":         {why: noSyscalls + " (its probe needs ctypes to build its arguments)"},
 	"sysv_shared_memory_bomb":      {why: noSyscalls, check: refused("ModuleNotFoundError", "_ctypes")},
 
 	// The file system: only what the host builds is there.
