@@ -348,6 +348,11 @@ class Zygote:
 
 def main():
     sock = socket.socket(fileno=3)
+    # The zygote confines itself before it imports anything: no privilege
+    # gained by exec, and a filter that is the sandbox's plus setns and the
+    # calls that drop privileges (the children stack the sandbox's on it).
+    _prctl("no_new_privs", PR_SET_NO_NEW_PRIVS, 1)
+    _install_filter(_load_filter(os.path.join(HERE, "zygote.bpf")))
     sys.path.append(HERE)
     errors = {}
     import runner  # noqa: F401  (the runner, imported once for every child)

@@ -59,7 +59,6 @@ var (
 		{"listxattrat", unix.SYS_LISTXATTRAT}, {"setxattrat", unix.SYS_SETXATTRAT},
 		{"removexattrat", unix.SYS_REMOVEXATTRAT}, {"inotify_init1", unix.SYS_INOTIFY_INIT1},
 		{"inotify_add_watch", unix.SYS_INOTIFY_ADD_WATCH}, {"inotify_rm_watch", unix.SYS_INOTIFY_RM_WATCH},
-		{"memfd_create", unix.SYS_MEMFD_CREATE},
 	}
 
 	// Waiting on descriptors, timers and events: event loops (asyncio,
@@ -76,7 +75,7 @@ var (
 	// RLIMIT_MEMLOCK; mseal, protection keys and shadow stacks only
 	// harden the process that asks.
 	memoryCalls = []sys{
-		{"brk", unix.SYS_BRK}, {"mmap", unix.SYS_MMAP}, {"munmap", unix.SYS_MUNMAP},
+		{"brk", unix.SYS_BRK}, {"munmap", unix.SYS_MUNMAP},
 		{"mremap", unix.SYS_MREMAP}, {"mprotect", unix.SYS_MPROTECT}, {"msync", unix.SYS_MSYNC},
 		{"mincore", unix.SYS_MINCORE}, {"mlock", unix.SYS_MLOCK}, {"mlock2", unix.SYS_MLOCK2},
 		{"munlock", unix.SYS_MUNLOCK}, {"mlockall", unix.SYS_MLOCKALL}, {"munlockall", unix.SYS_MUNLOCKALL},
@@ -160,7 +159,7 @@ var (
 	// namespace (its objects go with it); message-queue bytes are bounded
 	// by RLIMIT_MSGQUEUE.
 	ipcCalls = []sys{
-		{"shmget", unix.SYS_SHMGET}, {"shmat", unix.SYS_SHMAT}, {"shmdt", unix.SYS_SHMDT},
+		{"shmat", unix.SYS_SHMAT}, {"shmdt", unix.SYS_SHMDT},
 		{"shmctl", unix.SYS_SHMCTL}, {"semget", unix.SYS_SEMGET}, {"semop", unix.SYS_SEMOP},
 		{"semtimedop", unix.SYS_SEMTIMEDOP}, {"semctl", unix.SYS_SEMCTL}, {"msgget", unix.SYS_MSGGET},
 		{"msgsnd", unix.SYS_MSGSND}, {"msgrcv", unix.SYS_MSGRCV}, {"msgctl", unix.SYS_MSGCTL},
@@ -466,7 +465,32 @@ func checkedRules() []Rule {
 		{Name: "sync", Nr: unix.SYS_SYNC, Action: FakeSuccess},
 		{Name: "syncfs", Nr: unix.SYS_SYNCFS, Action: FakeSuccess},
 	}
+	rules = append(rules, hugePageRules()...)
 	return append(rules, pageCacheRules()...)
+}
+
+// shmHugeTLB is SHM_HUGETLB (linux/shm.h), which x/sys/unix does not name.
+const shmHugeTLB = 0o4000
+
+// hugePageRules keep sandboxes out of the host's pool of huge pages
+// (vm.nr_hugepages), reserved by the host for its own databases and
+// virtual machines and shared by every process: a sandbox could take them
+// all. Each call answers what a kernel with no huge page to give answers:
+// mmap ENOMEM, SysV shared memory EPERM (a user outside
+// vm.hugetlb_shm_group), memfd EINVAL. Transparent huge pages are ordinary
+// memory, charged to the sandbox, and stay.
+func hugePageRules() []Rule {
+	return []Rule{
+		{Name: "mmap", Nr: unix.SYS_MMAP, Action: Allow, Cases: []Case{
+			{When: []Cond{argAny(3, unix.MAP_HUGETLB)}, Action: Errno(unix.ENOMEM)},
+		}},
+		{Name: "shmget", Nr: unix.SYS_SHMGET, Action: Allow, Cases: []Case{
+			{When: []Cond{argAny(2, shmHugeTLB)}, Action: Errno(unix.EPERM)},
+		}},
+		{Name: "memfd_create", Nr: unix.SYS_MEMFD_CREATE, Action: Allow, Cases: []Case{
+			{When: []Cond{argAny(1, unix.MFD_HUGETLB)}, Action: Errno(unix.EINVAL)},
+		}},
+	}
 }
 
 // DefaultRules is the sandbox policy.

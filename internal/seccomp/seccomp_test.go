@@ -223,6 +223,12 @@ func sandboxDecisions() []decision {
 		with("pwritev2 RWF_APPEND", unix.SYS_PWRITEV2, Allow, 3, 0, 1, 0, 0, unix.RWF_APPEND),
 		with("madvise MADV_MERGEABLE", unix.SYS_MADVISE, Errno(unix.EINVAL), 0, 4096, unix.MADV_MERGEABLE),
 		with("madvise MADV_DONTNEED", unix.SYS_MADVISE, Allow, 0, 4096, unix.MADV_DONTNEED),
+		with("mmap anonymous", unix.SYS_MMAP, Allow, 0, 4096, unix.PROT_READ, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS),
+		with("mmap MAP_HUGETLB", unix.SYS_MMAP, Errno(unix.ENOMEM), 0, 2<<20, unix.PROT_READ, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_HUGETLB),
+		with("shmget", unix.SYS_SHMGET, Allow, 0, 4096, unix.IPC_CREAT|0o600),
+		with("shmget SHM_HUGETLB", unix.SYS_SHMGET, eperm, 0, 2<<20, unix.IPC_CREAT|0o600|shmHugeTLB),
+		with("memfd_create", unix.SYS_MEMFD_CREATE, Allow, 0, unix.MFD_CLOEXEC),
+		with("memfd_create MFD_HUGETLB", unix.SYS_MEMFD_CREATE, Errno(unix.EINVAL), 0, unix.MFD_CLOEXEC|unix.MFD_HUGETLB),
 		with("seccomp filter", unix.SYS_SECCOMP, Allow, unix.SECCOMP_SET_MODE_FILTER, unix.SECCOMP_FILTER_FLAG_TSYNC),
 		with("seccomp listener", unix.SYS_SECCOMP, eperm, unix.SECCOMP_SET_MODE_FILTER, unix.SECCOMP_FILTER_FLAG_NEW_LISTENER),
 	}

@@ -298,7 +298,7 @@ def crash(label, how):
 def lower_core_limit():
     try:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    except OSError:
+    except (OSError, ValueError):  # EPERM is a ValueError here
         pass
     os.abort()
 

@@ -121,8 +121,15 @@ func (b *Backend) startZygote(ctx context.Context, python string, etc []etcEntry
 	if err != nil {
 		return nil, err
 	}
+	zprog, err := seccomp.Compile(seccomp.ZygoteRules())
+	if err != nil {
+		return nil, err
+	}
 	files := runner.Files()
 	files["seccomp.bpf"] = filterBytes(prog)
+	// The zygote's own filter, loaded before it imports anything: the
+	// sandbox's, plus setns and what dropping privileges takes.
+	files["zygote.bpf"] = filterBytes(zprog)
 	cfg := &initConfig{
 		Python:      python,
 		RunnerFiles: files,
