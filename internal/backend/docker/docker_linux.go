@@ -142,6 +142,11 @@ func New(cfg Config) (*container.Backend, error) {
 		return nil, fmt.Errorf("%w: docker: the agent: %v", sandbox.ErrSetup, err)
 	}
 	cfg.Exe = exe
+	for _, p := range []string{cfg.StateDir, filepath.Dir(cfg.Exe)} {
+		if err := overlayable(p); err != nil {
+			return nil, fmt.Errorf("%w: docker: %v", sandbox.ErrSetup, err)
+		}
+	}
 	if cfg.UIDBase == 0 {
 		cfg.UIDBase = DefaultUIDBase
 	}

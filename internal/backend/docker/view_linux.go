@@ -99,8 +99,8 @@ func hostDirs() []string { return append([]string{"/usr"}, native.TopLevelBinds(
 // of the directories lower (the first on top).
 func (v *view) overlay(p string, lower ...string) error {
 	for _, l := range lower {
-		if strings.ContainsAny(l, ":,\\") {
-			return fmt.Errorf("cannot overlay %q: overlayfs takes no path with ':', ',' or '\\'", l)
+		if err := overlayable(l); err != nil {
+			return err
 		}
 	}
 	dst := v.path(p)
@@ -112,6 +112,14 @@ func (v *view) overlay(p string, lower ...string) error {
 		return fmt.Errorf("overlay of %s: %w", lower[len(lower)-1], err)
 	}
 	v.mounts = append(v.mounts, dst)
+	return nil
+}
+
+// overlayable fails for a path overlayfs's options cannot name.
+func overlayable(p string) error {
+	if strings.ContainsAny(p, ":,\\") {
+		return fmt.Errorf("cannot overlay %q: overlayfs takes no path with ':', ',' or '\\'", p)
+	}
 	return nil
 }
 
