@@ -3,16 +3,20 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/vivarium-sandbox/vivarium/internal/backend/container"
 	"github.com/vivarium-sandbox/vivarium/internal/backend/docker"
+	"github.com/vivarium-sandbox/vivarium/internal/hostuid"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
@@ -60,6 +64,7 @@ func TestDocker(t *testing.T) {
 	// state directories of their backends, empty once they are done.
 	t.Cleanup(func() {
 		for _, dir := range []string{"/run/vivarium/run-docker", "/run/vivarium/doctor-docker"} {
+			os.Remove(dir + "/views")
 			if err := os.Remove(dir + "/sandboxes"); err == nil || os.IsNotExist(err) {
 				os.Remove(dir)
 			}
@@ -74,14 +79,20 @@ func TestDocker(t *testing.T) {
 		!strings.Contains(again.stderr, "has it already") {
 		t.Fatalf("second build: %+v", again)
 	}
-	got = vivarium(t, "", "run", "--backend", "docker", "--docker-host", d.Host, "--json", "-c",
-		"import os, sys; print(os.getuid(), sys.platform); sys.exit(3)")
+	// The sandbox is a host user of its own, of the pool --docker-uid-base
+	// starts.
+	got = vivarium(t, "", "run", "--backend", "docker", "--docker-host", d.Host, "--docker-uid-base", fmt.Sprint(dockerUIDBase),
+		"--json", "-c", "import os, sys; print(sys.platform, os.getuid()); sys.exit(3)")
 	var res sandbox.Result
 	if err := json.Unmarshal([]byte(got.stdout), &res); err != nil {
 		t.Fatalf("%v: %q %q", err, got.stdout, got.stderr)
 	}
-	if got.code != 3 || res.Stdout != "1000 linux\n" {
+	if got.code != 3 || !strings.HasPrefix(res.Stdout, "linux ") {
 		t.Fatalf("exit %d: %+v", got.code, res)
+	}
+	if uid, _ := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(res.Stdout, "linux "))); uid < dockerUIDBase ||
+		(uid-dockerUIDBase)%hostuid.RangeSize != container.SandboxUID {
+		t.Fatalf("uid %q, want id %d of a range from %d", res.Stdout, container.SandboxUID, dockerUIDBase)
 	}
 	// gVisor as the daemon's runtime, where the test daemon has runsc; a
 	// runtime it lacks is refused, never replaced by its default.
@@ -97,11 +108,12 @@ func TestDocker(t *testing.T) {
 		}
 	}
 	// A server offering docker beside its native default: per sandbox.
-	srv := startServer(t, t.TempDir(), "--dev", "--zygote=false", "--preload", "", "--offer-backend", "docker", "--docker-host", d.Host)
+	srv := startServer(t, t.TempDir(), "--dev", "--zygote=false", "--preload", "", "--offer-backend", "docker", "--docker-host", d.Host,
+		"--docker-uid-base", fmt.Sprint(dockerUIDBase), "--docker-uid-ranges", "16", "--max-sandboxes", "16")
 	t.Cleanup(func() { stopDockerServer(t, srv, d.Host, serveParent+"-docker") })
 	for _, c := range []struct{ path, body, want string }{
 		{"/v1/sandboxes", `{"backend":"docker"}`, `"backend":"docker"`},
-		{"/v1/execute", `{"code":"import os; print(os.getuid())","backend":"docker"}`, `"stdout":"1000\n"`},
+		{"/v1/execute", `{"code":"import os; print(os.getuid() - ` + fmt.Sprint(dockerUIDBase) + `)","backend":"docker"}`, `"stdout":"`},
 		{"/v1/execute", `{"code":"import os; print(os.getuid())"}`, `"status":"ok"`},
 	} {
 		resp, err := http.Post(srv.url+c.path, "application/json", strings.NewReader(c.body))
@@ -112,6 +124,16 @@ func TestDocker(t *testing.T) {
 		resp.Body.Close()
 		if resp.StatusCode/100 != 2 || !strings.Contains(string(body), c.want) {
 			t.Errorf("POST %s %s: %d %s", c.path, c.body, resp.StatusCode, body)
+		}
+		if strings.Contains(c.body, `"docker"`) && strings.Contains(c.body, "getuid") {
+			// A host user of its own, of the server's pool.
+			var res sandbox.Result
+			json.Unmarshal(body, &res)
+			if off, err := strconv.Atoi(strings.TrimSpace(res.Stdout)); err != nil || off < 0 || off >= 16*hostuid.RangeSize ||
+				off%hostuid.RangeSize != container.SandboxUID {
+				t.Errorf("the docker sandbox's uid is %q above --docker-uid-base, want id %d of one of its 16 ranges",
+					res.Stdout, container.SandboxUID)
+			}
 		}
 	}
 	got = vivariumEnv(t, []string{"DOCKER_HOST=" + d.Host}, "doctor", "--json")
@@ -161,5 +183,10 @@ func stopDockerServer(t *testing.T, srv *server, host, name string) {
 	// The backend's state directory stays (empty) for the next server of
 	// the name; the test's goes.
 	os.Remove(dir + "/sandboxes")
+	os.Remove(dir + "/views")
 	os.Remove(dir)
 }
+
+// dockerUIDBase is the package's docker sandboxes' pool: apart from the
+// docker backend's default, and from other packages' tests.
+const dockerUIDBase = docker.DefaultUIDBase + docker.DefaultUIDRanges*hostuid.RangeSize + 1<<22

@@ -26,6 +26,7 @@ type runOptions struct {
 	backend, wasmDir          string
 	gvisorPlatform            string
 	dockerHost, dockerRuntime string
+	dockerUIDBase             uint
 	asJSON, insecureNoCgroups bool
 	kernelLimits              native.KernelLimits
 	timeout, cpuTime          time.Duration
@@ -71,6 +72,8 @@ Flags:
 	fs.StringVar(&o.gvisorPlatform, "gvisor-platform", "", "for --backend gvisor: runsc's `PLATFORM` (ptrace, kvm, systrap); default kvm where /dev/kvm opens, else ptrace")
 	fs.StringVar(&o.dockerHost, "docker-host", "", "for --backend docker: the daemon's `ADDRESS` (unix:///PATH); default $DOCKER_HOST, else unix:///var/run/docker.sock")
 	fs.StringVar(&o.dockerRuntime, "docker-runtime", "", "for --backend docker: the daemon's OCI `RUNTIME` for the container (runsc: gVisor); default the daemon's")
+	fs.UintVar(&o.dockerUIDBase, "docker-uid-base", docker.DefaultUIDBase,
+		"for --backend docker: first host `UID` of the pool the sandbox is a host user of its own from (shared with every vivarium on the host; 65536 uids a sandbox, which must belong to nobody)")
 	fs.StringVar(&o.wasmDir, "wasm-dir", os.Getenv(wasm.DirEnv), "for --backend wasm: the `DIR` `make wasm` built (python.wasm and lib/); default: build/wasm above the binary or the working directory")
 	fs.Var(kernelLimitFlag{&o.kernelLimits}, "kernel-limit", kernelLimitUsage)
 	fs.BoolVar(&o.insecureNoCgroups, "insecure-no-cgroups", false,
@@ -161,7 +164,11 @@ func (o *runOptions) newBackend() (sandbox.Backend, error) {
 	case "gvisor":
 		return gvisor.New(gvisor.Config{Platform: o.gvisorPlatform, CgroupParent: "vivarium-run-gvisor"})
 	case "docker":
-		return docker.New(docker.Config{Host: o.dockerHost, Runtime: o.dockerRuntime, Name: "vivarium-run-docker"})
+		if o.dockerUIDBase > 1<<32-1 {
+			return nil, fmt.Errorf("%w: --docker-uid-base %d is no uid", sandbox.ErrInvalidSpec, o.dockerUIDBase)
+		}
+		return docker.New(docker.Config{Host: o.dockerHost, Runtime: o.dockerRuntime, Name: "vivarium-run-docker",
+			UIDBase: uint32(o.dockerUIDBase)})
 	case "wasm":
 		return wasm.New(wasm.Config{Dir: o.wasmDir})
 	}

@@ -60,6 +60,8 @@ type serveConfig struct {
 	gvisorPlatform     string
 	dockerHost         string
 	dockerRuntime      string
+	dockerUIDBase      uint
+	dockerUIDs         int
 	wasmDir            string
 	zygote             bool
 	zygoteMaxSandboxes int
@@ -116,6 +118,10 @@ Flags:
 	fs.StringVar(&c.gvisorPlatform, "gvisor-platform", "", "for --backend gvisor: runsc's `PLATFORM` (ptrace, kvm, systrap); default kvm where /dev/kvm opens, else ptrace")
 	fs.StringVar(&c.dockerHost, "docker-host", "", "for the docker backend: the daemon's `ADDRESS` (unix:///PATH); default $DOCKER_HOST, else unix:///var/run/docker.sock")
 	fs.StringVar(&c.dockerRuntime, "docker-runtime", "", "for the docker backend: the daemon's OCI `RUNTIME` for containers (runsc: gVisor); default the daemon's")
+	fs.UintVar(&c.dockerUIDBase, "docker-uid-base", docker.DefaultUIDBase,
+		"for the docker backend: first host `UID` of the pool every sandbox is a host user of its own from (65536 uids a sandbox, which must belong to nobody)")
+	fs.IntVar(&c.dockerUIDs, "docker-uid-ranges", docker.DefaultUIDRanges,
+		"for the docker backend: `N` ranges of 65536 uids from --docker-uid-base: as many docker sandboxes at once (at least --max-sandboxes)")
 	fs.StringVar(&c.wasmDir, "wasm-dir", os.Getenv(wasm.DirEnv), "for --backend wasm: the `DIR` `make wasm` built")
 	fs.BoolVar(&c.zygote, "zygote", true,
 		"native backend: fork sandboxes from a zygote, a Python with the --preload modules imported: fast starts, shared memory")
@@ -190,6 +196,12 @@ func (c *serveConfig) validate() error {
 	for _, name := range c.backendNames() {
 		check(name != "native" && name != "gvisor" && name != "docker" && name != "wasm",
 			fmt.Sprintf("unknown backend %q: --backend and --offer-backend take native, gvisor, docker or wasm", name))
+		if name == "docker" {
+			check(c.dockerUIDBase < 100000 || uint64(c.dockerUIDBase)+uint64(max(c.dockerUIDs, 0))<<16 > 1<<32-1,
+				"--docker-uid-base must be at least 100000, and its --docker-uid-ranges end below 4294967295")
+			check(c.dockerUIDs < c.maxSandboxes, fmt.Sprintf("--docker-uid-ranges (%d) must be at least --max-sandboxes (%d): "+
+				"a docker sandbox is a host user of its own", c.dockerUIDs, c.maxSandboxes))
+		}
 	}
 	max := c.maxLimits()
 	if err := max.Validate(); err != nil {
@@ -257,7 +269,8 @@ func (c *serveConfig) openBackend(name string, log *slog.Logger) (sandbox.Backen
 		// A cgroup parent and state of its own, under the server's lock.
 		return gvisor.New(gvisor.Config{Platform: c.gvisorPlatform, CgroupParent: c.cgroupParent + "-gvisor", Logger: log})
 	case "docker":
-		return docker.New(docker.Config{Host: c.dockerHost, Runtime: c.dockerRuntime, Name: c.cgroupParent + "-docker", Logger: log})
+		return docker.New(docker.Config{Host: c.dockerHost, Runtime: c.dockerRuntime, Name: c.cgroupParent + "-docker",
+			UIDBase: uint32(c.dockerUIDBase), UIDRanges: c.dockerUIDs, Logger: log})
 	case "wasm":
 		return wasm.New(wasm.Config{Dir: c.wasmDir})
 	}

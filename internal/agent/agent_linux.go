@@ -138,10 +138,13 @@ func (a *agent) setup() (string, error) {
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
 		return "set non-dumpable", err
 	}
+	// RLIMIT_CORE 1, not 0: at 0 a core_pattern that pipes to a handler
+	// still runs it (as host root, under runc); at 1 the kernel dumps
+	// nothing.
 	limits := []struct {
 		res      int
 		cur, max uint64
-	}{{unix.RLIMIT_CORE, 0, 0}}
+	}{{unix.RLIMIT_CORE, 1, 1}}
 	if a.cfg.OpenFiles > 0 {
 		limits = append(limits, struct {
 			res      int

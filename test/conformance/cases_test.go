@@ -183,9 +183,9 @@ if __name__ == "__main__":
     print(sorted(out))
     with mp.Pool(4) as p:
         print(p.map(sq, range(5)))
-    print(subprocess.run(["sh", "-c", "echo from shell; id -u"], capture_output=True, text=True).stdout.split())
+    print(subprocess.run(["sh", "-c", "echo from shell; id -un"], capture_output=True, text=True).stdout.split())
 `)
-		wantStdout(t, res, "[0, 1, 2, 3, 4, 5, 6, 7]\n[0, 1, 4, 9, 16]\n['from', 'shell', '1000']\n")
+		wantStdout(t, res, "[0, 1, 2, 3, 4, 5, 6, 7]\n[0, 1, 4, 9, 16]\n['from', 'shell', 'sandbox']\n")
 	}},
 	{name: "environment_is_only_what_was_given", run: func(t *testing.T, be *backend) {
 		// TestMain set VIVARIUM_HOST_ONLY in this process's environment.
@@ -344,7 +344,7 @@ except ProcessLookupError:
 	{name: "commands", run: func(t *testing.T, be *backend) {
 		sb := be.create(t, sandbox.Spec{Env: map[string]string{"FROM_SPEC": "s"}})
 		ctx := context.Background()
-		p, err := sb.Start(ctx, sandbox.Command{Argv: []string{"sh", "-c", "read line; echo got $line $FROM_SPEC $FROM_CMD; pwd; id -u; echo oops >&2; exit 3"},
+		p, err := sb.Start(ctx, sandbox.Command{Argv: []string{"sh", "-c", "read line; echo got $line $FROM_SPEC $FROM_CMD; pwd; id -un; echo oops >&2; exit 3"},
 			Env: map[string]string{"FROM_CMD": "c"}, Dir: "/tmp"})
 		if err != nil {
 			t.Fatal(err)
@@ -358,7 +358,7 @@ except ProcessLookupError:
 		out, _ = io.ReadAll(p.Stdout())
 		wg.Wait()
 		<-p.Done()
-		if string(out) != "got hello s c\n/tmp\n1000\n" || string(errOut) != "oops\n" || p.ExitCode() != 3 {
+		if string(out) != "got hello s c\n/tmp\nsandbox\n" || string(errOut) != "oops\n" || p.ExitCode() != 3 {
 			t.Fatalf("stdout %q stderr %q exit %d", out, errOut, p.ExitCode())
 		}
 		// A command runs beside an execution, and is killed with its children.

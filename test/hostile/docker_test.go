@@ -3,21 +3,105 @@
 package hostile
 
 import (
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+
+	"github.com/vivarium-sandbox/vivarium/internal/backend/container"
+	"github.com/vivarium-sandbox/vivarium/internal/hostuid"
+	"github.com/vivarium-sandbox/vivarium/internal/testutil/testbackends"
 )
+
+// The docker sandboxes' host uids: a pool of the suite's own, apart from
+// other suites' (see testbackends.DockerUIDs). Every sandbox is a host
+// user of its own, id SandboxUID of one of its ranges.
+var (
+	dockerUIDBase, dockerUIDEnd = testbackends.DockerUIDs(uidBase)
+	dockerUIDRanges             = int(dockerUIDEnd-dockerUIDBase) / hostuid.RangeSize
+)
+
+// dockerUID is the uid of the pool that text (from the sandbox) names, or
+// -1.
+func dockerUID(text string) int {
+	uid, err := strconv.Atoi(text)
+	if off := uid - int(dockerUIDBase); err != nil || off < 0 || uid >= int(dockerUIDEnd) ||
+		off%hostuid.RangeSize != container.SandboxUID {
+		return -1
+	}
+	return uid
+}
 
 // dockerDifferences are the cases whose safe outcome differs in a Docker
 // container, and why. The container is made by Docker and runc: its /dev
 // and /sys are Docker's (Vivarium empties /sys and makes /dev read-only,
 // but cannot choose the devices), Docker's seccomp profile runs under
-// Vivarium's filter, and the container's pids limit counts the agent's
-// threads. The attack still fails in every case.
+// Vivarium's filter, and there is no user namespace: the sandbox user is
+// a host uid of the sandbox's own, not 1000. The attack still fails in
+// every case.
 var dockerDifferences = map[string]difference{
-	"thread_bomb": {why: "the container's pids cgroup counts the agent's own threads (8 to 10) with the code's, " +
-		"and Vivarium gives the container 12 more than the sandbox's limit for them (RLIMIT_NPROC, counted per " +
-		"host user, would count every sandbox's processes): the code's threads stop within a few of its limit",
-		edit: func(code string) string { return strings.Replace(code, "n < 32", "n < 32 + 12", 1) }},
+	"become_root": {why: "no user namespace: the sandbox user is a host uid of its own (named sandbox), not 1000",
+		check: func(t *testing.T, h *harness, o *outcome) {
+			f := strings.Fields(strings.SplitN(o.Stdout, "\n", 2)[0])
+			uid := -1
+			if len(f) > 1 {
+				uid = dockerUID(f[1])
+			}
+			if uid < 0 {
+				t.Fatalf("the sandbox user is not of the pool (%d to %d): %q", dockerUIDBase, dockerUIDEnd, o.Stdout)
+			}
+			wantOK(t, o, lines(fmt.Sprintf("uid %[1]d %[1]d gid %[1]d groups []", uid), "setuid 0 EPERM",
+				"seteuid 0 EPERM", "setresuid 0 EPERM", "setgid 0 EPERM", "setgroups [0] EPERM",
+				fmt.Sprintf("fsuid after setfsuid(0) %d", uid)))
+		}},
+	"change_host_file_metadata": {why: "/usr is a read-only overlay of the container's own (no upper layer): its " +
+		"superblock is read-only, so the kernel answers truncate with EROFS before it checks the file's permissions " +
+		"(EACCES on a read-only bind of the host's file system, whose superblock is writable)",
+		check: func(t *testing.T, h *harness, o *outcome) {
+			wantOK(t, o, lines("chmod su EROFS", "chown passwd EROFS", "utime python EROFS",
+				"truncate os.py EROFS", "setxattr EROFS", "chmod workspace root EROFS"))
+			if fi, err := os.Stat("/usr/bin/su"); err == nil && fi.Mode().Perm() == 0o777 {
+				t.Errorf("/usr/bin/su changed mode on the host: %v", fi.Mode())
+			}
+		}},
+	"kill_processes_outside": {why: "the sandbox user is a host uid of its own, which the sandbox learns only once " +
+		"it runs: a host victim runs as the sandbox user of every range of the pool, and the code attacks its own",
+		edit: func(code string) string {
+			return strings.Replace(code, `int(os.environ["VICTIM_PID"])`, `int(os.environ["VICTIM_PID_%d" % os.getuid()])`, 1)
+		},
+		prepare: func(t *testing.T, h *harness, j *job) {
+			for k := range dockerUIDRanges {
+				uid := int(dockerUIDBase) + k*hostuid.RangeSize + container.SandboxUID
+				victim := exec.Command("sleep", "60")
+				victim.SysProcAttr = &syscall.SysProcAttr{
+					Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid)},
+					Setsid:     true,
+				}
+				if err := victim.Start(); err != nil {
+					t.Fatal(err)
+				}
+				exited := make(chan struct{})
+				go func() { victim.Wait(); close(exited) }()
+				t.Cleanup(func() {
+					victim.Process.Kill()
+					<-exited
+				})
+				j.vars[fmt.Sprintf("VICTIM_PID_%d", uid)] = fmt.Sprint(victim.Process.Pid)
+			}
+			j.vars["HOST_PID"] = fmt.Sprint(os.Getpid())
+		},
+		check: func(t *testing.T, h *harness, o *outcome) {
+			wantOK(t, o, lines("kill host victim ESRCH", "killpg host victim ESRCH", "kill host test process ESRCH",
+				"kill -1 ESRCH", "pidfd_open host victim ESRCH", "survived"))
+			for name, v := range o.vars {
+				if pid, _ := strconv.Atoi(v); strings.HasPrefix(name, "VICTIM_PID_") && !alive(pid) {
+					t.Errorf("the host victim %s (pid %d) died", name, pid)
+				}
+			}
+		}},
 	"seccomp_personality": {why: "Docker's seccomp profile, under Vivarium's filter, refuses libc's personality(" +
 		"0xffffffff) query (its rule compares the whole 64-bit argument, which libc passes sign-extended): the " +
 		"persona is read from /proc/self/personality instead",

@@ -223,15 +223,17 @@ func backends(t *testing.T) []backendUnderTest {
 			// Apart from the same suite run at once by another process.
 			name := "vivarium-hostile-docker-" + strings.TrimPrefix(filepath.Base(d.Dir), "vd-")
 			dir := "/run/vivarium/" + strings.TrimPrefix(name, "vivarium-")
-			b, err := docker.New(docker.Config{Host: d.Host, Name: name, StateDir: dir})
+			b, err := docker.New(docker.Config{Host: d.Host, Name: name, StateDir: dir, UIDBase: dockerUIDBase,
+				UIDRanges: dockerUIDRanges})
 			if err != nil {
 				t.Fatalf("%s backend: %v", name, err)
 			}
 			out = append(out, backendUnderTest{
 				name: "docker",
 				b:    b,
-				// No user namespace: the sandbox user is the host's uid 1000.
-				sandboxUID: 1000,
+				// A host user of its own per sandbox, of the pool
+				// (see dockerDifferences).
+				sandboxUID: -1,
 				leftovers: func() []string {
 					var left []string
 					if err := b.Close(); err != nil {
@@ -248,8 +250,12 @@ func backends(t *testing.T) []backendUnderTest {
 						left = append(left, fmt.Sprintf("%d sandbox directories", len(entries)))
 					}
 					if roots, _ := filepath.Glob(filepath.Join(dir, "root-*")); len(roots) > 0 {
-						left = append(left, fmt.Sprintf("root views %v", roots))
+						left = append(left, fmt.Sprintf("root skeletons %v", roots))
 					}
+					if views, _ := filepath.Glob(filepath.Join(dir, "views", "*")); len(views) > 0 {
+						left = append(left, fmt.Sprintf("container views %v", views))
+					}
+					left = append(left, testutil.ProcessesOwnedBy(int(dockerUIDBase), int(dockerUIDEnd))...)
 					os.RemoveAll(dir)
 					if err := testutil.StopDockerd(); err != nil {
 						left = append(left, "stopping the test dockerd: "+err.Error())

@@ -29,6 +29,7 @@ import (
 
 	"github.com/vivarium-sandbox/vivarium/internal/agent"
 	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
+	"github.com/vivarium-sandbox/vivarium/internal/hostuid"
 	"github.com/vivarium-sandbox/vivarium/internal/runner"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/workspace"
@@ -41,7 +42,8 @@ type Runtime interface {
 	// Launch starts a container whose process is the agent (agent.Arg0),
 	// with the host directories of l.Disk bound at /workspace, /tmp and
 	// /dev/shm, in the cgroup l.Cgroup (when the runtime takes one), with
-	// no network.
+	// no network. A Launch that fails removes what it started, or wraps
+	// ErrLeftBehind.
 	Launch(ctx context.Context, l Launch) (Container, error)
 }
 
@@ -50,6 +52,10 @@ type Launch struct {
 	ID   string
 	Spec sandbox.Spec
 	Disk Disk
+	// UID and GID are the sandbox user's, as the agent sets them: the
+	// host's ids where the runtime has no user namespace of its own
+	// (Docker with runc), a sandbox's own when Config.Users is set.
+	UID, GID int
 	// Cgroup is the container's group (its directory in each hierarchy),
 	// for runtimes that place the container themselves; nil otherwise.
 	Cgroup cgroups.Group
@@ -62,6 +68,10 @@ type Disk struct {
 	Dir                 string // the tmpfs; the sandbox's state lives beside it
 	Workspace, Tmp, Shm string
 }
+
+// ErrLeftBehind is wrapped by a Launch that failed and could not remove
+// the container it started: processes of it may be left.
+var ErrLeftBehind = errors.New("the container may be left behind")
 
 // Container is a started container.
 type Container interface {
@@ -89,19 +99,22 @@ type Config struct {
 	// Cgroups, when set, makes a group per sandbox that Launch gets.
 	Cgroups cgroups.Manager
 	// UID and GID of the sandbox user as the host sees them (files of the
-	// workspace are created as them).
+	// workspace are created as them), unless Users is set.
 	UID, GID int
+	// Users, when set, makes every sandbox a host user of its own: a
+	// range of the pool per sandbox, whose id SandboxUID is the sandbox
+	// user's uid and gid on the host, returned once the sandbox's
+	// container and every process of it are gone. The kernel keeps many
+	// budgets per user (inotify instances, pipe buffers, descriptors in
+	// flight, queued signals, message-queue bytes, locked memory,
+	// RLIMIT_NPROC); with a user of its own, a sandbox exhausts only its
+	// own. For runtimes without a user namespace (Docker with runc).
+	Users *hostuid.Pool
 	// HostPids is the pids limit of a sandbox's cgroup for a sandbox whose
 	// own limit is pids: a runtime whose kernel runs on the host as
 	// processes (gVisor's) needs room for its own. Nil: pids.
 	HostPids func(pids int) int64
-	// SharedUser says the sandbox user is a uid of the host's, the same in
-	// every sandbox (no user namespace: Docker's containers). The kernel
-	// counts RLIMIT_NPROC per user across the host, so there it would
-	// count every sandbox's processes and the host user's: the agent sets
-	// none, and the container's pids cgroup (the runtime's) is the limit.
-	SharedUser bool
-	Logger     *slog.Logger
+	Logger   *slog.Logger
 }
 
 // Backend makes container sandboxes.
@@ -210,6 +223,15 @@ func (b *Backend) start(ctx context.Context, spec sandbox.Spec) (_ *Sandbox, err
 	}()
 	// The disk: a tmpfs of the disk limit's size, in a directory only
 	// root can enter, so that no host user reaches it by path.
+	s.uid, s.gid = b.cfg.UID, b.cfg.GID
+	if b.cfg.Users != nil {
+		r, err := b.cfg.Users.Acquire()
+		if err != nil {
+			return nil, err
+		}
+		s.users = &r
+		s.uid, s.gid = int(r.ID(SandboxUID)), int(r.ID(SandboxGID))
+	}
 	s.dir = filepath.Join(b.cfg.StateDir, s.id)
 	if err := os.Mkdir(s.dir, 0o700); err != nil {
 		return nil, err
@@ -229,7 +251,7 @@ func (b *Backend) start(ctx context.Context, spec sandbox.Spec) (_ *Sandbox, err
 			return nil, err
 		}
 	}
-	if err := os.Chown(disk.Workspace, b.cfg.UID, b.cfg.GID); err != nil {
+	if err := os.Chown(disk.Workspace, s.uid, s.gid); err != nil {
 		return nil, err
 	}
 	for _, d := range []string{disk.Tmp, disk.Shm} {
@@ -237,7 +259,7 @@ func (b *Backend) start(ctx context.Context, spec sandbox.Spec) (_ *Sandbox, err
 			return nil, err
 		}
 	}
-	if s.ws, err = workspace.Open(disk.Workspace, b.cfg.UID, b.cfg.GID); err != nil {
+	if s.ws, err = workspace.Open(disk.Workspace, s.uid, s.gid); err != nil {
 		return nil, err
 	}
 	if b.cfg.Cgroups != nil {
@@ -261,8 +283,11 @@ func (b *Backend) start(ctx context.Context, spec sandbox.Spec) (_ *Sandbox, err
 // launch starts the sandbox's container and waits for its runner.
 func (s *Sandbox) launch(ctx context.Context) error {
 	b, spec := s.b, s.spec
-	c, err := b.cfg.Runtime.Launch(ctx, Launch{ID: s.id, Spec: spec, Disk: s.disk, Cgroup: s.cg})
+	c, err := b.cfg.Runtime.Launch(ctx, Launch{ID: s.id, Spec: spec, Disk: s.disk, Cgroup: s.cg, UID: s.uid, GID: s.gid})
 	if err != nil {
+		if errors.Is(err, ErrLeftBehind) {
+			s.leftBehind.Store(true)
+		}
 		return err
 	}
 	ss := &session{c: c, out: agent.NewWriter(c.Stdin()), ended: make(chan struct{}), ready: make(chan struct{})}
@@ -279,12 +304,13 @@ func (s *Sandbox) launch(ctx context.Context) error {
 		RunnerArgs: []string{"-s", "-B", RunnerDir + "/" + runner.ScriptName, runnerMode(spec)},
 		Env:        sandbox.Environ(spec.Env),
 		Workspace:  "/workspace",
-		UID:        SandboxUID, GID: SandboxGID,
+		UID:        s.uid, GID: s.gid,
 		OpenFiles: uint64(spec.Limits.OpenFiles),
 		FileSize:  uint64(spec.Limits.Disk),
-	}
-	if !b.cfg.SharedUser {
-		cfg.MaxProcs = uint64(spec.Limits.Pids)
+		// The kernel counts RLIMIT_NPROC per user: the sandbox user's
+		// processes are the sandbox's alone (a user of its own, or a
+		// runtime's kernel of its own).
+		MaxProcs: uint64(spec.Limits.Pids),
 	}
 	if spec.OneShot && spec.Limits.CPUTime > 0 {
 		cfg.CPUSeconds = uint64((spec.Limits.CPUTime + time.Second - 1) / time.Second)

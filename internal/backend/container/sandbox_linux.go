@@ -17,6 +17,7 @@ import (
 
 	"github.com/vivarium-sandbox/vivarium/internal/agent"
 	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
+	"github.com/vivarium-sandbox/vivarium/internal/hostuid"
 	"github.com/vivarium-sandbox/vivarium/internal/runner"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/workspace"
@@ -49,12 +50,18 @@ type Sandbox struct {
 	ws      *workspace.Dir
 	cg      cgroups.Group
 	disk    Disk
+	// uid and gid are the sandbox user's (see Launch); users is the host
+	// uid range they come from, nil without Config.Users.
+	uid, gid int
+	users    *hostuid.Range
 	// sess is the running container; a persistent sandbox whose container
 	// died (gVisor over its memory limit) gets a new one, with the same
 	// disk, on its next execution.
 	sess atomic.Pointer[session]
 	// closing is set by Close: no new container then.
 	closing atomic.Bool
+	// leftBehind: a container of the sandbox may not be gone.
+	leftBehind atomic.Bool
 
 	stdout, stderr *capture
 
@@ -775,17 +782,34 @@ wait:
 
 // Close implements sandbox.Sandbox: every process of the container is
 // killed, the container removed, the workspace unmounted, the cgroup
-// destroyed.
+// destroyed; then the sandbox's host user goes back to the pool, unless
+// something of the container may be left.
 func (s *Sandbox) Close() error {
 	s.closing.Store(true)
 	s.closeOnce.Do(func() {
 		var errs []error
+		gone := true
 		if ss := s.session(); ss != nil {
-			errs = append(errs, ss.end())
+			if err := ss.end(); err != nil {
+				errs = append(errs, err)
+				gone = false
+			}
 		}
 		if s.cg != nil {
 			if err := s.cg.Destroy(); err != nil {
 				errs = append(errs, err)
+				gone = false
+			}
+		}
+		if s.users != nil {
+			if gone && !s.leftBehind.Load() {
+				s.b.cfg.Users.Release(*s.users)
+			} else {
+				// A process of the user may be left: the range stays
+				// held (until the backend closes) rather than be given
+				// to another sandbox.
+				s.b.cfg.Logger.Warn("a sandbox's host uid range is kept: its container may not be gone",
+					"id", s.id, "uid", s.uid)
 			}
 		}
 		if s.ws != nil {

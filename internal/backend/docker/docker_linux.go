@@ -6,15 +6,25 @@
 //
 // Each container has no network, a read-only root from a near-empty image
 // (see imageTar) and the same file system view as the native backend,
-// bound read-only from the host (see root); the sandbox's disk (/workspace,
-// /tmp, /dev/shm) is one size-limited tmpfs of Vivarium's; all
-// capabilities dropped but the four the agent needs to become the sandbox
-// user, no-new-privileges, Docker's seccomp profile and Vivarium's own
-// filter inside; memory (without swap), process and CPU limits; no log
-// driver. Vivarium owns each container's life, not a `docker` client
+// read-only overlays of the host's mounted for it alone (see view); the
+// sandbox's disk (/workspace, /tmp, /dev/shm) is one size-limited tmpfs of
+// Vivarium's; all capabilities dropped but the four the agent needs to
+// become the sandbox user, no-new-privileges, Docker's seccomp profile and
+// Vivarium's own filter inside; memory (without swap), process and CPU
+// limits; small per-user rlimits and IPC namespace limits (see request);
+// no log driver. Vivarium owns each container's life, not a `docker` client
 // process: it kills the container's PID 1 itself (through a pidfd) and
 // removes the container; containers carry labels by which a later start
 // sweeps what a crashed one left.
+//
+// Under runc every sandbox is a host user of its own: a range of a
+// hostuid pool per sandbox, whose id 1000 (Config.UIDBase+k*65536+1000)
+// the agent becomes. Docker's containers are in the host's user
+// namespace, so the kernel's per-user budgets (inotify instances and
+// watches, pipe buffers, descriptors in flight, queued signals,
+// message-queue bytes, locked memory, processes) are the host's per-user
+// limits, each sandbox's alone. Under gVisor (runsc) the users are its
+// kernel's own.
 //
 // The daemon must run on this host, in this mount namespace, with the
 // sandbox user's uid being the host's (no userns-remap, not rootless).
@@ -41,8 +51,8 @@ import (
 
 	"github.com/vivarium-sandbox/vivarium/internal/agent"
 	"github.com/vivarium-sandbox/vivarium/internal/backend/container"
-	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
 	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
+	"github.com/vivarium-sandbox/vivarium/internal/hostuid"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
 
@@ -64,9 +74,28 @@ type Config struct {
 	StateDir string
 	// Exe is the vivarium binary bound into each container as the agent;
 	// default: this one.
-	Exe    string
-	Logger *slog.Logger
+	Exe string
+	// UIDBase is the first host uid of the pool the sandboxes' users come
+	// from, a range of hostuid.RangeSize ids per sandbox (of which the
+	// sandbox user is id 1000: the pool and its lock file are shared with
+	// the native backend, whose sandboxes use whole ranges); UIDRanges is
+	// how many sandboxes can exist at once. Defaults DefaultUIDBase and
+	// DefaultUIDRanges. Every id must belong to nobody on the host.
+	UIDBase   uint32
+	UIDRanges int
+	Logger    *slog.Logger
 }
+
+// DefaultUIDBase is the docker backend's default pool, apart from the
+// native backend's (native.DefaultUIDBase, 1e9, and its ranges above it),
+// so that the two never wait on each other's ranges and a host uid tells
+// which backend it is; and below 2^31, where programs that keep a uid in a
+// signed int (or print it) go wrong. DefaultUIDRanges ranges (a server's
+// default --max-sandboxes, 1000, with room) end at 2,067,108,863.
+const (
+	DefaultUIDBase   = 2_000_000_000
+	DefaultUIDRanges = 1024
+)
 
 // Labels on every container.
 const (
@@ -106,6 +135,24 @@ func New(cfg Config) (*container.Backend, error) {
 		}
 		cfg.Exe = exe
 	}
+	// The agent is taken from an overlay of its directory (see view): the
+	// file itself, not a link.
+	exe, err := filepath.EvalSymlinks(cfg.Exe)
+	if err != nil {
+		return nil, fmt.Errorf("%w: docker: the agent: %v", sandbox.ErrSetup, err)
+	}
+	cfg.Exe = exe
+	for _, p := range []string{cfg.StateDir, filepath.Dir(cfg.Exe)} {
+		if err := overlayable(p); err != nil {
+			return nil, fmt.Errorf("%w: docker: %v", sandbox.ErrSetup, err)
+		}
+	}
+	if cfg.UIDBase == 0 {
+		cfg.UIDBase = DefaultUIDBase
+	}
+	if cfg.UIDRanges == 0 {
+		cfg.UIDRanges = DefaultUIDRanges
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	c, info, err := connect(ctx, cfg)
@@ -116,12 +163,28 @@ func New(cfg Config) (*container.Backend, error) {
 	if info.CgroupDriver == "cgroupfs" {
 		rt.cgroupParent = "/" + cfg.Name
 	}
-	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
-		return nil, fmt.Errorf("%w: docker: %v", sandbox.ErrSetup, err)
+	for _, d := range []string{cfg.StateDir, filepath.Join(cfg.StateDir, viewsDir)} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("%w: docker: %v", sandbox.ErrSetup, err)
+		}
 	}
-	root, content, err := newRoot(cfg.StateDir, cfg.Exe)
+	ccfg := container.Config{
+		Runtime: rt, StateDir: filepath.Join(cfg.StateDir, "sandboxes"),
+		UID: container.SandboxUID, GID: container.SandboxGID, Logger: cfg.Logger,
+	}
+	// Under runc every sandbox is a host user of its own; under gVisor
+	// the sandbox user is its kernel's, uid 1000 in every sandbox.
+	if !rt.gvisor {
+		pool, err := hostuid.New(hostuid.Config{Base: cfg.UIDBase, Ranges: cfg.UIDRanges})
+		if err != nil {
+			return nil, fmt.Errorf("%w: docker: %v", sandbox.ErrSetup, err)
+		}
+		rt.users, ccfg.Users = pool, pool
+	}
+	root, content, err := newRoot(cfg.StateDir)
 	if err != nil {
-		return nil, fmt.Errorf("%w: docker: the root view: %v", sandbox.ErrSetup, err)
+		rt.closeUsers()
+		return nil, fmt.Errorf("%w: docker: the root skeleton: %v", sandbox.ErrSetup, err)
 	}
 	rt.root, rt.image = root, imageName(content)
 	built, err := c.ensureImage(ctx, rt.image, content, nil)
@@ -129,18 +192,12 @@ func New(cfg Config) (*container.Backend, error) {
 		cfg.Logger.Info("built the sandbox image: the daemon did not have it", "image", rt.image)
 	}
 	if err != nil {
-		root.close()
+		rt.Close()
 		return nil, fmt.Errorf("%w: docker: %v", sandbox.ErrSetup, err)
 	}
-	b, err := container.New(container.Config{
-		Runtime: rt, StateDir: filepath.Join(cfg.StateDir, "sandboxes"),
-		UID: container.SandboxUID, GID: container.SandboxGID, Logger: cfg.Logger,
-		// Under runc the sandbox user is the host's uid 1000, in every
-		// container; under gVisor it is its kernel's own.
-		SharedUser: !rt.gvisor,
-	})
+	b, err := container.New(ccfg)
 	if err != nil {
-		root.close()
+		rt.Close()
 		return nil, err
 	}
 	return b, nil
@@ -222,8 +279,9 @@ type Runtime struct {
 	info         *daemonInfo
 	root         *root
 	image        string
-	cgroupParent string // "" with the systemd driver: Docker's default
-	gvisor       bool   // the runtime is runsc
+	cgroupParent string        // "" with the systemd driver: Docker's default
+	gvisor       bool          // the runtime is runsc
+	users        *hostuid.Pool // nil under gVisor
 }
 
 var _ container.Runtime = (*Runtime)(nil)
@@ -297,18 +355,41 @@ type ulimit struct {
 // /dev and /sys.
 var readonlyPaths = []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger", "/dev", "/sys"}
 
-// request is the container of one sandbox.
-func (r *Runtime) request(l container.Launch) *createRequest {
+// Per-user and IPC limits of every container. The rlimits bound what the
+// kernel counts per user against the limit of the process that asks
+// (every process of the sandbox has them; the user is the sandbox's
+// alone): queued signals, POSIX message-queue bytes, locked memory.
+// RLIMIT_CORE is 1, not 0: with a core_pattern that pipes to a handler
+// (systemd-coredump, apport), the kernel runs the handler, as host root,
+// whatever the limit, except at 1, which it takes for a handler's own
+// crash and refuses. The IPC namespace (the container's own) gets few
+// System V objects and message queues; what they hold is charged to the
+// container's memory cgroup. inotify's limits are per user namespace, and
+// Docker's containers are in the host's: each sandbox has the host's
+// per-user budget (fs.inotify.max_user_instances, max_user_watches) to
+// itself.
+const (
+	sigPending   = 1024
+	msgQueue     = 256 << 10
+	memLock      = 64 << 10
+	coreLimit    = 1
+	ipcObjects   = "32" // kernel.shmmni, kernel.msgmni, fs.mqueue.queues_max
+	semaphores   = "250 2000 32 32"
+	shmRmidForce = "1" // a segment nobody attaches goes at once
+)
+
+// request is the container of one sandbox, whose file system is v.
+func (r *Runtime) request(l container.Launch, v *view) *createRequest {
 	bind := func(src, dst string) mountSpec {
 		m := mountSpec{Type: "bind", Source: src, Target: dst}
 		m.BindOptions.Propagation = "rprivate"
 		return m
 	}
 	mounts := []mountSpec{
-		// Read-only, nosuid, nodev on the host already (see root).
-		bind(r.root.path("usr"), "/usr"),
-		bind(r.root.path("etc"), "/etc"),
-		bind(r.root.path(container.RunnerDir), container.RunnerDir),
+		// Read-only, nosuid, nodev overlays (see view).
+		bind(v.root("etc"), "/etc"),
+		bind(v.root(container.RunnerDir), container.RunnerDir),
+		bind(v.agent(r.cfg.Exe), agentPath),
 		// The disk: a tmpfs of Vivarium's, nosuid and nodev.
 		bind(l.Disk.Workspace, "/workspace"),
 		bind(l.Disk.Tmp, "/tmp"),
@@ -316,10 +397,10 @@ func (r *Runtime) request(l container.Launch) *createRequest {
 	}
 	// Docker binds files of its own there unless something else is.
 	for _, f := range []string{"hosts", "hostname", "resolv.conf"} {
-		mounts = append(mounts, bind(r.root.path("etc/"+f), "/etc/"+f))
+		mounts = append(mounts, bind(v.root("etc/"+f), "/etc/"+f))
 	}
-	for _, d := range native.TopLevelBinds() {
-		mounts = append(mounts, bind(r.root.path(d), d))
+	for _, d := range hostDirs() {
+		mounts = append(mounts, bind(v.host(d), d))
 	}
 	lim := l.Spec.Limits
 	pids := int64(lim.Pids + agentTasks)
@@ -369,10 +450,23 @@ func (r *Runtime) request(l container.Launch) *createRequest {
 				"/sys/fs/cgroup": "ro,nosuid,nodev,noexec,size=4k,mode=0555",
 			},
 			ReadonlyPaths: readonlyPaths,
-			// The kernel's default, which Docker opens to every group:
-			// no ICMP echo sockets without a privilege.
-			Sysctls: map[string]string{"net.ipv4.ping_group_range": "1 0"},
-			Ulimits: []ulimit{{Name: "nofile", Soft: int64(lim.OpenFiles), Hard: int64(lim.OpenFiles)}},
+			Sysctls: map[string]string{
+				// The kernel's default, which Docker opens to every
+				// group: no ICMP echo sockets without a privilege.
+				"net.ipv4.ping_group_range": "1 0",
+				"kernel.shmmni":             ipcObjects,
+				"kernel.shm_rmid_forced":    shmRmidForce,
+				"kernel.msgmni":             ipcObjects,
+				"kernel.sem":                semaphores,
+				"fs.mqueue.queues_max":      ipcObjects,
+			},
+			Ulimits: []ulimit{
+				{Name: "nofile", Soft: int64(lim.OpenFiles), Hard: int64(lim.OpenFiles)},
+				{Name: "core", Soft: coreLimit, Hard: coreLimit},
+				{Name: "sigpending", Soft: sigPending, Hard: sigPending},
+				{Name: "msgqueue", Soft: msgQueue, Hard: msgQueue},
+				{Name: "memlock", Soft: memLock, Hard: memLock},
+			},
 		},
 	}
 	// Output goes nowhere but to Vivarium, through the attach stream.
@@ -392,25 +486,32 @@ func (r *Runtime) request(l container.Launch) *createRequest {
 // nothing it writes or does is missed), start it, then hold its PID 1 by a
 // pidfd and find its cgroup.
 func (r *Runtime) Launch(ctx context.Context, l container.Launch) (_ container.Container, err error) {
-	if err := r.root.check(); err != nil {
-		return nil, err
+	name := r.cfg.Name + "-" + l.ID
+	v, err := r.newView(l.ID, l.UID, l.GID)
+	if err != nil {
+		return nil, fmt.Errorf("the container's file system: %w", err)
 	}
 	var created struct {
 		ID       string `json:"Id"`
 		Warnings []string
 	}
-	q := url.Values{"name": {r.cfg.Name + "-" + l.ID}}
-	if err := r.c.call(ctx, "POST", "/containers/create", q, r.request(l), &created); err != nil {
+	q := url.Values{"name": {name}}
+	if err := r.c.call(ctx, "POST", "/containers/create", q, r.request(l, v), &created); err != nil {
+		// Were it created all the same (an answer lost), it never
+		// starts: the next Sweep removes it.
+		v.close()
 		return nil, fmt.Errorf("create the container: %w", err)
 	}
 	for _, w := range created.Warnings {
 		r.cfg.Logger.Warn("docker", "warning", w, "sandbox", l.ID)
 	}
-	c := &sandboxContainer{r: r, id: created.ID, sandbox: l.ID, done: make(chan struct{}), pidfd: -1}
+	c := &sandboxContainer{r: r, id: created.ID, sandbox: l.ID, view: v, done: make(chan struct{}), pidfd: -1}
 	defer func() {
 		if err != nil {
 			c.Kill()
-			c.Remove()
+			if rerr := c.Remove(); rerr != nil {
+				err = fmt.Errorf("%w (%w: %v)", err, container.ErrLeftBehind, rerr)
+			}
 		}
 	}()
 	conn, out, err := r.c.hijack(ctx, "/containers/"+c.id+"/attach",
@@ -445,6 +546,7 @@ type sandboxContainer struct {
 
 	pidfd int // PID 1's, -1 until held
 	cg    *cgroups.External
+	view  *view // its file system, unmounted once it is removed
 
 	mu        sync.Mutex
 	last      cgroups.Stats // the last read, for after the cgroup is gone
@@ -558,8 +660,8 @@ func (c *sandboxContainer) Kill() error {
 }
 
 // Remove implements container.Container: the container (with its writable
-// layer and any anonymous volume) is deleted, and its pidfd and streams
-// closed.
+// layer and any anonymous volume) is deleted, its pidfd and streams
+// closed, its view unmounted.
 func (c *sandboxContainer) Remove() error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -579,18 +681,24 @@ func (c *sandboxContainer) Remove() error {
 		c.pidfd = -1
 	}
 	if err != nil {
+		// Its view stays for Sweep: the container may still use it.
 		return fmt.Errorf("remove the container: %w", err)
+	}
+	if c.view != nil {
+		err = c.view.close()
+		c.view = nil
 	}
 	// runc removes the container's cgroup; runsc leaves it, empty.
 	if c.r.cgroupParent != "" {
-		return cgroups.RemoveEmpty(c.r.cfg.Name + "/" + c.id)
+		err = errors.Join(err, cgroups.RemoveEmpty(c.r.cfg.Name+"/"+c.id))
 	}
-	return nil
+	return err
 }
 
 // Sweep removes the containers of this backend's name that a crashed
-// supervisor left, running or not, then the root views it left, and the
-// images of an older layout that no container uses.
+// supervisor left, running or not, then their views and the root
+// skeletons it left, and the images of an older layout that no container
+// uses.
 func (r *Runtime) Sweep() ([]string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -612,7 +720,7 @@ func (r *Runtime) Sweep() ([]string, error) {
 		}
 		names = append(names, strings.TrimPrefix(strings.Join(ct.Names, ","), "/"))
 	}
-	errs = append(errs, sweepRoots(r.cfg.StateDir, r.root.dir))
+	errs = append(errs, sweepViews(r.cfg.StateDir), sweepRoots(r.cfg.StateDir, r.root.dir))
 	if old, err := r.c.oldImages(ctx, r.image); err == nil {
 		for _, img := range old {
 			// In use by another server's containers: 409, and it stays.
@@ -624,15 +732,26 @@ func (r *Runtime) Sweep() ([]string, error) {
 	return names, errors.Join(errs...)
 }
 
-// Close removes the root view and the cgroup parent Docker made for the
-// containers (the sandboxes must be closed first).
+// Close removes the root skeleton and the cgroup parent Docker made for
+// the containers, and closes the host uid pool (the sandboxes must be
+// closed first).
 func (r *Runtime) Close() error {
-	err := r.root.close()
+	var err error
+	if r.root != nil {
+		err = r.root.close()
+	}
 	if r.cgroupParent != "" {
 		err = errors.Join(err, cgroups.RemoveEmpty(r.cfg.Name))
 	}
+	r.closeUsers()
 	r.c.http.CloseIdleConnections()
 	return err
+}
+
+func (r *Runtime) closeUsers() {
+	if r.users != nil {
+		r.users.Close()
+	}
 }
 
 // Containers lists the IDs of the containers of the daemon at host whose

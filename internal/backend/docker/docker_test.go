@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/backend/docker"
+	"github.com/vivarium-sandbox/vivarium/internal/hostuid"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
@@ -40,6 +41,13 @@ func (b *testBackend) Close() error { return b.Backend.(io.Closer).Close() }
 
 func (b *testBackend) Sweep() ([]string, error) { return b.Backend.(sandbox.Sweeper).Sweep() }
 
+// The package's host uids: above the default pool, apart from other
+// packages' tests (which take the next regions of 1<<22 ids).
+const (
+	testUIDBase   = docker.DefaultUIDBase + docker.DefaultUIDRanges*hostuid.RangeSize
+	testUIDRanges = 32
+)
+
 // newBackend opens a backend on the test daemon, named name and the
 // daemon's own suffix: its containers' label, cgroup parent and state
 // directory are apart from those of the same tests run at the same time
@@ -49,6 +57,9 @@ func newBackend(t *testing.T, name string, cfg docker.Config) *testBackend {
 	d := testutil.RequireDockerd(t)
 	name += "-" + strings.TrimPrefix(filepath.Base(d.Dir), "vd-")
 	cfg.Host, cfg.Name = d.Host, name
+	if cfg.UIDBase == 0 {
+		cfg.UIDBase, cfg.UIDRanges = testUIDBase, testUIDRanges
+	}
 	cfg.StateDir = "/run/vivarium/" + strings.TrimPrefix(name, "vivarium-")
 	b, err := docker.New(cfg)
 	if err != nil {
@@ -89,8 +100,12 @@ func (b *testBackend) leftovers(t *testing.T) []string {
 		left = append(left, fmt.Sprintf("%d sandbox directories", len(entries)))
 	}
 	if roots, _ := filepath.Glob(filepath.Join(b.dir, "root-*")); len(roots) > 0 {
-		left = append(left, fmt.Sprintf("root views %v", roots))
+		left = append(left, fmt.Sprintf("root skeletons %v", roots))
 	}
+	if views, _ := filepath.Glob(filepath.Join(b.dir, "views", "*")); len(views) > 0 {
+		left = append(left, fmt.Sprintf("container views %v", views))
+	}
+	left = append(left, testutil.ProcessesOwnedBy(testUIDBase, testUIDBase+testUIDRanges*hostuid.RangeSize)...)
 	return left
 }
 
@@ -133,10 +148,11 @@ func TestSandboxes(t *testing.T) {
 	t.Run("cases", func(t *testing.T) {
 		t.Run("one_shot", func(t *testing.T) {
 			t.Parallel()
-			res := oneShot(t, "import os, sys\nprint('hi', os.getuid(), os.getcwd())\nsys.exit(3)", sandbox.Limits{})
-			if res.Stdout != "hi 1000 /workspace\n" || res.ExitCode != 3 || res.Status != sandbox.StatusError {
+			res := oneShot(t, "import os, sys\nprint('hi', os.getcwd(), os.getuid())\nsys.exit(3)", sandbox.Limits{})
+			if !strings.HasPrefix(res.Stdout, "hi /workspace ") || res.ExitCode != 3 || res.Status != sandbox.StatusError {
 				t.Fatalf("%+v", res)
 			}
+			wantSandboxUID(t, strings.Fields(res.Stdout)[2])
 		})
 		t.Run("state_interrupt_restart", func(t *testing.T) {
 			t.Parallel()
@@ -174,7 +190,7 @@ func TestSandboxes(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer sb.Close()
-			p, err := sb.Start(ctx, sandbox.Command{Argv: []string{"sh", "-c", "read line; echo got $line; id -u; echo oops >&2; exit 7"}})
+			p, err := sb.Start(ctx, sandbox.Command{Argv: []string{"sh", "-c", "read line; echo got $line; id -un; echo oops >&2; exit 7"}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -183,7 +199,7 @@ func TestSandboxes(t *testing.T) {
 			out, _ := io.ReadAll(p.Stdout())
 			errOut, _ := io.ReadAll(p.Stderr())
 			<-p.Done()
-			if code := p.ExitCode(); code != 7 || string(out) != "got hello\n1000\n" || string(errOut) != "oops\n" {
+			if code := p.ExitCode(); code != 7 || string(out) != "got hello\nsandbox\n" || string(errOut) != "oops\n" {
 				t.Fatalf("code %d, stdout %q, stderr %q", code, out, errOut)
 			}
 		})
@@ -288,6 +304,9 @@ plt.show()
 			wantStatus(t, run(t, sb, "1"), sandbox.StatusOK)
 		})
 		t.Run("pids", func(t *testing.T) {
+			// RLIMIT_NPROC of the sandbox's own user stops the code
+			// at its limit; the container's pids cgroup, which counts
+			// the agent's threads too, has room for them.
 			t.Parallel()
 			res := oneShot(t, fmt.Sprintf(`
 import os, time
@@ -300,10 +319,37 @@ try:
         n += 1
 except OSError as e:
     print("stopped", e.errno, n < %d)
-`, 16+docker.AgentTasks), sandbox.Limits{Pids: 16})
+`, 16), sandbox.Limits{Pids: 16})
 			wantStatus(t, res, sandbox.StatusOK)
 			if res.Stdout != "stopped 11 True\n" {
 				t.Fatalf("%+v", res)
+			}
+		})
+		t.Run("user_limits", func(t *testing.T) {
+			t.Parallel()
+			res := oneShot(t, `
+import resource, subprocess
+for r in ("CORE", "SIGPENDING", "MSGQUEUE", "MEMLOCK", "NPROC"):
+    print(r, *resource.getrlimit(getattr(resource, "RLIMIT_" + r)))
+for p in ("kernel/shmmni", "kernel/msgmni", "kernel/sem", "kernel/shm_rmid_forced", "fs/mqueue/queues_max"):
+    print(p, *open("/proc/sys/" + p).read().split())
+print(subprocess.run(["id"], capture_output=True, text=True).stdout.strip())
+`, sandbox.Limits{Pids: 20})
+			wantStatus(t, res, sandbox.StatusOK)
+			lines := strings.Split(strings.TrimSpace(res.Stdout), "\n")
+			want := []string{"CORE 1 1", "SIGPENDING 1024 1024", "MSGQUEUE 262144 262144", "MEMLOCK 65536 65536",
+				"NPROC 20 20", "kernel/shmmni 32", "kernel/msgmni 32", "kernel/sem 250 2000 32 32",
+				"kernel/shm_rmid_forced 1", "fs/mqueue/queues_max 32"}
+			if len(lines) != len(want)+1 || strings.Join(lines[:len(want)], "\n") != strings.Join(want, "\n") {
+				t.Fatalf("limits inside:\n%s\nwant\n%s", res.Stdout, strings.Join(want, "\n"))
+			}
+			// The sandbox user keeps its name (and home): only its
+			// number is the host's.
+			var uid int
+			fmt.Sscanf(lines[len(want)], "uid=%d", &uid)
+			wantSandboxUID(t, fmt.Sprint(uid))
+			if id := fmt.Sprintf("uid=%[1]d(sandbox) gid=%[1]d(sandbox) groups=%[1]d(sandbox)", uid); lines[len(want)] != id {
+				t.Errorf("id says %q, want %q", lines[len(want)], id)
 			}
 		})
 		t.Run("output_cap", func(t *testing.T) {

@@ -17,11 +17,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/vivarium-sandbox/vivarium/internal/backend/container"
 	"github.com/vivarium-sandbox/vivarium/internal/backend/docker"
 	"github.com/vivarium-sandbox/vivarium/internal/backend/gvisor"
 	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
 	"github.com/vivarium-sandbox/vivarium/internal/backend/wasm"
+	"github.com/vivarium-sandbox/vivarium/internal/hostuid"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
@@ -173,12 +173,14 @@ func openDocker(t *testing.T, s Suite) Backend {
 	d := testutil.RequireDockerd(t)
 	name := "vivarium-" + s.Name + "-test-docker-" + strings.TrimPrefix(filepath.Base(d.Dir), "vd-")
 	dir := "/run/vivarium/" + strings.TrimPrefix(name, "vivarium-")
-	b, err := docker.New(docker.Config{Host: d.Host, Name: name, StateDir: dir})
+	uidBase, uidEnd := DockerUIDs(s.UIDBase)
+	b, err := docker.New(docker.Config{Host: d.Host, Name: name, StateDir: dir, UIDBase: uidBase,
+		UIDRanges: int(uidEnd-uidBase) / hostuid.RangeSize})
 	if err != nil {
 		t.Fatalf("docker backend: %v", err)
 	}
-	// No user namespace: the sandbox user is the host's uid 1000.
-	return Backend{Name: "docker", B: b, SandboxUID: container.SandboxUID, Leftovers: func() []string {
+	// Every sandbox is a host user of its own, of the suite's pool.
+	return Backend{Name: "docker", B: b, SandboxUID: -1, Leftovers: func() []string {
 		var left []string
 		if err := b.Close(); err != nil {
 			left = append(left, "closing the backend: "+err.Error())
@@ -194,11 +196,27 @@ func openDocker(t *testing.T, s Suite) Backend {
 			left = append(left, fmt.Sprintf("%d sandbox directories in %s", len(entries), dir))
 		}
 		if roots, _ := filepath.Glob(filepath.Join(dir, "root-*")); len(roots) > 0 {
-			left = append(left, fmt.Sprintf("root views %v", roots))
+			left = append(left, fmt.Sprintf("root skeletons %v", roots))
 		}
+		if views, _ := filepath.Glob(filepath.Join(dir, "views", "*")); len(views) > 0 {
+			left = append(left, fmt.Sprintf("container views %v", views))
+		}
+		left = append(left, testutil.ProcessesOwnedBy(int(uidBase), int(uidEnd))...)
 		os.RemoveAll(dir)
 		return left
 	}}
+}
+
+// DockerUIDs are the host uids [first, end) of the docker backend's pool
+// of the suite whose native uid base is nativeBase: 64 ranges above the
+// docker backend's default pool, apart from every other suite's (the
+// native bases are native.DefaultUIDBase + k<<24; the docker pools
+// docker.DefaultUIDBase + DefaultUIDRanges ranges + k<<22, below 2^31
+// for k up to 18).
+func DockerUIDs(nativeBase uint32) (first, end uint32) {
+	k := (nativeBase - native.DefaultUIDBase) >> 24
+	first = docker.DefaultUIDBase + docker.DefaultUIDRanges*hostuid.RangeSize + k<<22
+	return first, first + 1<<22
 }
 
 // sweep removes what an earlier run of the same suite left when it was
