@@ -13,6 +13,7 @@ import (
 
 	"github.com/vivarium-sandbox/vivarium/internal/backend/container"
 	"github.com/vivarium-sandbox/vivarium/internal/hostuid"
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/testutil/testbackends"
 )
 
@@ -43,6 +44,17 @@ func dockerUID(text string) int {
 // a host uid of the sandbox's own, not 1000. The attack still fails in
 // every case.
 var dockerDifferences = map[string]difference{
+	"take_all_inotify_watches": {why: "no user namespace of its own: a container's watches are limited by the host's " +
+		"per-user limit (fs.inotify.max_user_watches) for its own host user, and each watch pins an inode of the " +
+		"container's /usr overlay, charged to its memory cgroup, whose limit ends the walk first",
+		check: func(t *testing.T, h *harness, o *outcome) {
+			if o.Status != sandbox.StatusMemoryLimit {
+				if _, why := heldCount(t, o, "inotify_watches"); why != "ENOSPC" {
+					t.Errorf("watches stopped with %s, want ENOSPC or the memory limit", why)
+				}
+			}
+			neighboursNeverRefused(t)
+		}},
 	"become_root": {why: "no user namespace: the sandbox user is a host uid of its own (named sandbox), not 1000",
 		check: func(t *testing.T, h *harness, o *outcome) {
 			f := strings.Fields(strings.SplitN(o.Stdout, "\n", 2)[0])

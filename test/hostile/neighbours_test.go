@@ -239,6 +239,31 @@ func neighboursServed(t *testing.T, o *outcome) {
 	}
 }
 
+// neighboursNeverRefused stops the case's probes and fails the case if any
+// was refused, for a case that may end before it holds anything.
+func neighboursNeverRefused(t *testing.T) {
+	t.Helper()
+	neighboursMu.Lock()
+	n := neighbourSet[t.Name()]
+	delete(neighbourSet, t.Name())
+	neighboursMu.Unlock()
+	if n == nil {
+		t.Fatal("the case's prepare started no probes")
+	}
+	n.finish()
+	for _, s := range n.setup {
+		t.Error(s)
+	}
+	for side, recs := range map[string][]probeRecord{"the host (root)": n.host, "another sandbox": n.sandbox} {
+		for _, r := range recs {
+			if r.err != "" {
+				t.Errorf("%s was refused at %.3f: %s", side, r.at, r.err)
+				break
+			}
+		}
+	}
+}
+
 // heldCount parses the case's "held NAME COUNT ERRNO" line.
 func heldCount(t *testing.T, o *outcome, name string) (int, string) {
 	t.Helper()
