@@ -20,19 +20,42 @@ var (
 	devices      = []string{"null", "zero", "full", "random", "urandom"}
 )
 
-// buildRoot assembles the root file system and pivots into it. In order:
+// Directories of the new root during its assembly: scratch is a tmpfs for
+// what the assembly needs and the sandbox must not see (the overlays'
+// empty layer), detached before the pivot;
+// hostDirs is where a zygote keeps the host's directories for its forked
+// sandboxes to overlay (see buildRoot).
+const (
+	scratchDir = ".scratch"
+	hostDirs   = ".host"
+)
+
+// buildRoot assembles the sandbox's root file system and pivots into it.
+// Every sandbox builds its own, on a tmpfs of its own, so that nothing it
+// can open, / included, is an inode of the host's or of another sandbox's
+// (see overlay_linux.go). A classic sandbox and a zygote build it from the
+// host's files; a sandbox forked from a zygote starts in a copy of the
+// zygote's mount namespace and builds it from the zygote's root, whose
+// mounts the kernel has locked (they can be covered, never changed or
+// removed, but a root pivoted away from is detached whole). In order:
 //  1. make every mount private, so nothing below propagates to the host;
-//  2. mount a small tmpfs as the new root, and in it:
-//  3. bind the host's /usr read-only, nosuid, nodev, and add the top-level
-//     links (or read-only binds) for /bin, /lib, ...;
-//  4. write the synthetic /etc and the runner;
+//  2. mount a small tmpfs as the new root, and the scratch tmpfs in it;
+//  3. mount read-only overlays of the host's /usr and, on hosts without
+//     merged /usr, of /bin, /lib ... (else links into /usr); a zygote also
+//     binds these host directories under /.host, the lower layers of its
+//     forked sandboxes' overlays (an overlay of its overlay would stack
+//     one level deeper than the kernel allows on hosts whose / is an
+//     overlay already), which they leave behind with the zygote's root;
+//  4. write the synthetic /etc and the runner; a forked sandbox mounts
+//     read-only overlays of the zygote's instead;
 //  5. build /dev from bind-mounted host device nodes (a user namespace
 //     cannot mknod);
-//  6. mount the disk tmpfs and bind its workspace, tmp and shm directories,
-//     then make /dev read-only;
+//  6. mount the disk tmpfs and bind its workspace, tmp and shm directories
+//     (a zygote: a /tmp of its own), then make /dev read-only;
 //  7. mount a fresh /proc and mask its host-revealing files;
-//  8. pivot_root into the new root and detach the old one;
-//  9. make the root read-only.
+//  8. detach the scratch tmpfs;
+//  9. pivot_root into the new root and detach the old one;
+//  10. make the root read-only.
 func buildRoot(cfg *initConfig) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return step("make mounts private", err)
@@ -41,30 +64,59 @@ func buildRoot(cfg *initConfig) error {
 		return step("mount root tmpfs", err)
 	}
 	r := func(p string) string { return filepath.Join(newRoot, p) }
+	scratch := r(scratchDir)
+	if err := os.Mkdir(scratch, 0o700); err != nil {
+		return step("scratch mount point", err)
+	}
+	if err := unix.Mount("tmpfs", scratch, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=1m,nr_inodes=64,mode=700"); err != nil {
+		return step("mount scratch tmpfs", err)
+	}
+	empty := filepath.Join(scratch, "empty")
+	if err := os.Mkdir(empty, 0o755); err != nil {
+		return step("empty overlay layer", err)
+	}
 
-	if err := bindReadOnly("/usr", r("usr")); err != nil {
-		return step("bind /usr", err)
+	// The host's directories, as this init sees them.
+	hostDir := func(name string) string { return "/" + name }
+	top := cfg.TopLevel
+	if cfg.Role == roleForked {
+		hostDir = func(name string) string { return filepath.Join("/", hostDirs, name) }
+		top = hostTopLevel("/") // the zygote's root has the host's layout
 	}
-	for _, t := range cfg.TopLevel {
-		var err error
+	for _, name := range append([]string{"usr"}, bindsOf(top)...) {
+		if err := mountOverlay(hostDir(name), empty, r(name)); err != nil {
+			return step("overlay /"+name, err)
+		}
+		if cfg.Role == roleZygote {
+			if err := bindReadOnly("/"+name, r(filepath.Join(hostDirs, name))); err != nil {
+				return step("bind /"+name+" for forked sandboxes", err)
+			}
+		}
+	}
+	for _, t := range top {
 		if t.Link != "" {
-			err = os.Symlink(t.Link, r(t.Name))
-		} else {
-			err = bindReadOnly("/"+t.Name, r(t.Name))
-		}
-		if err != nil {
-			return step("/"+t.Name, err)
+			if err := os.Symlink(t.Link, r(t.Name)); err != nil {
+				return step("/"+t.Name, err)
+			}
 		}
 	}
-	if err := writeEtc(r("etc"), cfg.Etc); err != nil {
-		return step("write /etc", err)
-	}
-	runner := make([]etcEntry, 0, len(cfg.RunnerFiles))
-	for name, data := range cfg.RunnerFiles {
-		runner = append(runner, etcEntry{Path: name, Data: data})
-	}
-	if err := writeEtc(r(runnerDir), runner); err != nil {
-		return step("write runner", err)
+	if cfg.Role == roleForked {
+		for _, d := range []string{"etc", runnerDir} {
+			if err := mountOverlay(filepath.Join("/", d), empty, r(d)); err != nil {
+				return step("overlay /"+d, err)
+			}
+		}
+	} else {
+		if err := writeEtc(r("etc"), cfg.Etc); err != nil {
+			return step("write /etc", err)
+		}
+		runner := make([]etcEntry, 0, len(cfg.RunnerFiles))
+		for name, data := range cfg.RunnerFiles {
+			runner = append(runner, etcEntry{Path: name, Data: data})
+		}
+		if err := writeEtc(r(runnerDir), runner); err != nil {
+			return step("write runner", err)
+		}
 	}
 	// /home/user is where agent SDKs (E2B's) expect the user's home: the
 	// same workspace under the name their code uses.
@@ -91,6 +143,13 @@ func buildRoot(cfg *initConfig) error {
 	if err := mountProc(r("proc"), cfg.Role != roleZygote); err != nil {
 		return err
 	}
+	// The overlays and binds keep what they use of the scratch tmpfs.
+	if err := unix.Unmount(scratch, unix.MNT_DETACH); err != nil {
+		return step("detach scratch tmpfs", err)
+	}
+	if err := os.Remove(scratch); err != nil {
+		return step("remove scratch mount point", err)
+	}
 
 	// pivot_root(".", ".") stacks the old root on top of the new one;
 	// detaching it leaves the new root alone (runc's approach, which needs
@@ -113,6 +172,18 @@ func buildRoot(cfg *initConfig) error {
 	return nil
 }
 
+// bindsOf lists the top-level directories that are the host's own
+// directories rather than links into /usr.
+func bindsOf(top []topLink) []string {
+	var out []string
+	for _, t := range top {
+		if t.Link == "" {
+			out = append(out, t.Name)
+		}
+	}
+	return out
+}
+
 // mountDisk mounts the one tmpfs behind /workspace, /tmp and /dev/shm, so
 // that the disk limit bounds all three together. It is mounted at a
 // scratch point, its directories bound into place, and the scratch mount
@@ -120,8 +191,7 @@ func buildRoot(cfg *initConfig) error {
 func mountDisk(cfg *initConfig, r func(string) string) error {
 	scratch := r(diskScratch)
 	opts := fmt.Sprintf("size=%d,nr_inodes=%d,mode=755", cfg.DiskBytes, cfg.DiskInodes)
-	// A forked sandbox finds the mount point in the zygote's read-only root.
-	if err := os.Mkdir(scratch, 0o700); err != nil && !(cfg.Role == roleForked && os.IsExist(err)) {
+	if err := os.Mkdir(scratch, 0o700); err != nil {
 		return step("disk mount point", err)
 	}
 	if err := unix.Mount("tmpfs", scratch, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
@@ -159,17 +229,14 @@ func mountDisk(cfg *initConfig, r func(string) string) error {
 	if err := unix.Unmount(scratch, unix.MNT_DETACH); err != nil {
 		return step("detach disk scratch mount", err)
 	}
-	if cfg.Role == roleForked {
-		return nil
-	}
 	return step("remove disk scratch mount point", os.Remove(scratch))
 }
 
-// mountZygoteDirs makes the mount points that every forked sandbox covers
-// with its own disk, and gives the zygote a small /tmp of its own (for
-// caches the preloaded modules write at import).
+// mountZygoteDirs gives the zygote's root the directories of a sandbox's,
+// and the zygote a small /tmp of its own (for caches the preloaded modules
+// write at import).
 func mountZygoteDirs(cfg *initConfig, r func(string) string) error {
-	for _, d := range []string{diskScratch, "workspace", "tmp", "dev/shm"} {
+	for _, d := range []string{"workspace", "tmp", "dev/shm"} {
 		if err := os.MkdirAll(r(d), 0o755); err != nil {
 			return step("mount point /"+d, err)
 		}
@@ -182,18 +249,10 @@ func mountZygoteDirs(cfg *initConfig, r func(string) string) error {
 // bound into place.
 const diskScratch = ".disk"
 
-// mountForked gives a sandbox forked from a zygote what is its own, in its
-// own mount namespace (a copy of the zygote's, whose mounts the kernel has
-// locked: they can be covered, never changed or removed):
-//  1. its disk tmpfs, bound over /workspace, /tmp and /dev/shm;
-//  2. a /proc of its own PID namespace over the zygote's, with masks.
-func mountForked(cfg *initConfig) error {
-	root := func(p string) string { return filepath.Join("/", p) }
-	if err := mountDisk(cfg, root); err != nil {
-		return err
-	}
-	return mountProc("/proc", true)
-}
+// mountForked builds the root of a sandbox forked from a zygote, in its
+// own mount namespace, a copy of the zygote's: from the zygote's root, as
+// buildRoot says.
+func mountForked(cfg *initConfig) error { return buildRoot(cfg) }
 
 func mountDev(dev string) error {
 	if err := os.MkdirAll(dev, 0o755); err != nil {
