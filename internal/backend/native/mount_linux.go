@@ -13,16 +13,11 @@ import (
 // /tmp is only covered there (bubblewrap does the same).
 const newRoot = "/tmp"
 
-// Files of /proc that reveal or control the host kernel, as runc masks them.
-var (
-	procMasked   = []string{"kcore", "keys", "timer_list", "sched_debug", "latency_stats", "acpi", "scsi"}
-	procReadOnly = []string{"sys", "sysrq-trigger", "irq", "bus", "fs"}
-	devices      = []string{"null", "zero", "full", "random", "urandom"}
-)
+var devices = []string{"null", "zero", "full", "random", "urandom"}
 
 // Directories of the new root during its assembly: scratch is a tmpfs for
 // what the assembly needs and the sandbox must not see (the overlays'
-// empty layer), detached before the pivot;
+// empty layer, the synthesised /proc files), detached before the pivot;
 // hostDirs is where a zygote keeps the host's directories for its forked
 // sandboxes to overlay (see buildRoot).
 const (
@@ -52,7 +47,7 @@ const (
 //     cannot mknod);
 //  6. mount the disk tmpfs and bind its workspace, tmp and shm directories
 //     (a zygote: a /tmp of its own), then make /dev read-only;
-//  7. mount a fresh /proc and mask its host-revealing files;
+//  7. mount a fresh /proc and hide what reveals the host (mountProc);
 //  8. detach the scratch tmpfs;
 //  9. pivot_root into the new root and detach the old one;
 //  10. make the root read-only.
@@ -140,7 +135,7 @@ func buildRoot(cfg *initConfig) error {
 	if err := remount(r("dev"), unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NOEXEC); err != nil {
 		return step("make /dev read-only", err)
 	}
-	if err := mountProc(r("proc"), cfg.Role != roleZygote); err != nil {
+	if err := mountProc(r("proc"), cfg, scratch); err != nil {
 		return err
 	}
 	// The overlays and binds keep what they use of the scratch tmpfs.
@@ -286,34 +281,24 @@ func mountDev(dev string) error {
 	return nil
 }
 
-// mountProc mounts a proc of this PID namespace at proc, masked unless
-// mask is false. The zygote's own /proc stays unmasked: the kernel lets a
-// sandbox's init mount a new proc only where a fully visible one exists, and
-// the zygote runs no user code.
-func mountProc(proc string, mask bool) error {
+// mountProc mounts a proc of this PID namespace at proc. In order:
+//  1. mount it;
+//  2. bind procReadOnly read-only over themselves;
+//  3. hide what reveals the host or other tenants (maskProc), with the
+//     synthesised files written under scratch.
+//
+// The zygote's own /proc stays as mounted: the kernel lets a sandbox's init
+// mount a new proc only where a fully visible one exists, and the zygote
+// runs no user code.
+func mountProc(proc string, cfg *initConfig, scratch string) error {
 	if err := os.Mkdir(proc, 0o555); err != nil && !os.IsExist(err) {
 		return step("/proc", err)
 	}
 	if err := unix.Mount("proc", proc, "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return step("mount /proc", err)
 	}
-	if !mask {
+	if cfg.Role == roleZygote {
 		return nil
-	}
-	for _, name := range procMasked {
-		p := filepath.Join(proc, name)
-		fi, err := os.Stat(p)
-		if err != nil {
-			continue
-		}
-		if fi.IsDir() {
-			err = unix.Mount("tmpfs", p, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=4k,nr_inodes=1,mode=555")
-		} else {
-			err = unix.Mount("/dev/null", p, "", unix.MS_BIND, "")
-		}
-		if err != nil {
-			return step("mask /proc/"+name, err)
-		}
 	}
 	for _, name := range procReadOnly {
 		p := filepath.Join(proc, name)
@@ -324,7 +309,11 @@ func mountProc(proc string, mask bool) error {
 			return step("read-only /proc/"+name, err)
 		}
 	}
-	return nil
+	v, err := newProcView(cfg)
+	if err != nil {
+		return step("describe /proc", err)
+	}
+	return maskProc(proc, scratch, v)
 }
 
 // bindReadOnly bind-mounts src (not its submounts) at dst, read-only,
