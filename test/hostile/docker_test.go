@@ -43,6 +43,10 @@ var dockerDifferences = map[string]difference{
 			want = append(want, "mknod char device EPERM", "mknod block device EPERM", "create in /dev EROFS")
 			wantOK(t, o, lines(want...))
 		}},
+	"change_host_file_metadata": {why: "/usr is a read-only bind of the host's file system, not an overlay: " +
+		"truncate(2) checks the file's permission before the mount's read-only flag",
+		check: want("chmod su EROFS", "chown passwd EROFS", "utime python EROFS", "truncate os.py EACCES",
+			"setxattr EROFS", "chmod workspace root EROFS")},
 	"host_directories_not_visible": {why: "Docker always mounts something at /sys: the sandbox's is an empty " +
 		"read-only tmpfs, with an empty one at /sys/fs/cgroup that keeps Docker's cgroup mounts out",
 		check: want("host dirs ['sys']", "root is /workspace", "var ['tmp']", "home ['user'] /workspace",
