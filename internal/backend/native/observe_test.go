@@ -114,14 +114,15 @@ def drain():
 
 	// The host: the watcher's locks are not on the host's inodes, and the
 	// host's own lock, held while the other sandbox runs, is not on the
-	// sandboxes'.
+	// sandboxes'. A shared lock: the sandboxes' exclusive ones conflict
+	// with it, other tests' shared ones on the same files do not.
 	for _, p := range hostFiles {
 		fd, err := unix.Open(p, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer unix.Close(fd)
-		if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		if err := unix.Flock(fd, unix.LOCK_SH|unix.LOCK_NB); err != nil {
 			t.Errorf("the host's flock -n %s: %v, while a sandbox holds a lock on its %s", p, err, p)
 		}
 		lk := unix.Flock_t{Type: unix.F_WRLCK}
