@@ -14,7 +14,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
 
 // observePrelude gives the code of the tests below locks and inotify
@@ -328,5 +330,14 @@ print("imports", numpy.ones(3).sum(), len(pandas.DataFrame({"a": [1, 2]})))
 	want := "ps 0 \ntop 0 \nfree 0 \nuptime 0 \nnproc 0 \ndf 0 \nvmstat 0 \ncpus True\nimports 3.0 2\n"
 	if res.Stdout != want {
 		t.Errorf("stdout:\n%s\nwant:\n%s\nstderr: %s", res.Stdout, want, res.Stderr)
+	}
+}
+
+// This host lets a sandbox's init mount the overlays its root is made of:
+// the doctor's probe says so.
+func TestCheckOverlay(t *testing.T) {
+	testutil.RequireRoot(t)
+	if err := native.CheckOverlay(); err != nil {
+		t.Fatal(err)
 	}
 }
