@@ -8,22 +8,23 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// newRoot is where init assembles the sandbox's root before pivoting into
-// it. The mount happens in init's private mount namespace, so the host's
-// /tmp is only covered there (bubblewrap does the same).
-const newRoot = "/tmp"
+// Init assembles the sandbox's root in its private mount namespace, over
+// the host's /tmp, which is only covered there (bubblewrap does the same):
+// a scratch tmpfs at scratchDir holds what the assembly needs and the
+// sandbox must not see (the overlays' empty layer, the synthesised /proc
+// files, the disk tmpfs before its directories are bound into place), and
+// the root's own tmpfs is mounted inside it, at newRoot. The scratch tmpfs
+// goes with the old root when that is detached after the pivot.
+const (
+	scratchDir = "/tmp"
+	newRoot    = "/tmp/root"
+)
 
 var devices = []string{"null", "zero", "full", "random", "urandom"}
 
-// Directories of the new root during its assembly: scratch is a tmpfs for
-// what the assembly needs and the sandbox must not see (the overlays'
-// empty layer, the synthesised /proc files), detached before the pivot;
 // hostDirs is where a zygote keeps the host's directories for its forked
 // sandboxes to overlay (see buildRoot).
-const (
-	scratchDir = ".scratch"
-	hostDirs   = ".host"
-)
+const hostDirs = ".host"
 
 // buildRoot assembles the sandbox's root file system and pivots into it.
 // Every sandbox builds its own, on a tmpfs of its own, so that nothing it
@@ -34,7 +35,7 @@ const (
 // mounts the kernel has locked (they can be covered, never changed or
 // removed, but a root pivoted away from is detached whole). In order:
 //  1. make every mount private, so nothing below propagates to the host;
-//  2. mount a small tmpfs as the new root, and the scratch tmpfs in it;
+//  2. mount the scratch tmpfs, and a small tmpfs in it as the new root;
 //  3. mount read-only overlays of the host's /usr and, on hosts without
 //     merged /usr, of /bin, /lib ... (else links into /usr); a zygote also
 //     binds these host directories under /.host, the lower layers of its
@@ -48,28 +49,26 @@ const (
 //  6. mount the disk tmpfs and bind its workspace, tmp and shm directories
 //     (a zygote: a /tmp of its own), then make /dev read-only;
 //  7. mount a fresh /proc and hide what reveals the host (mountProc);
-//  8. detach the scratch tmpfs;
-//  9. pivot_root into the new root and detach the old one;
-//  10. make the root read-only.
+//  8. pivot_root into the new root and detach the old one, and with it
+//     the scratch tmpfs;
+//  9. make the root read-only.
 func buildRoot(cfg *initConfig) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return step("make mounts private", err)
+	}
+	if err := unix.Mount("tmpfs", scratchDir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=1m,nr_inodes=64,mode=700"); err != nil {
+		return step("mount scratch tmpfs", err)
+	}
+	empty := filepath.Join(scratchDir, "empty")
+	for _, d := range []string{empty, newRoot} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return step("scratch directory "+d, err)
+		}
 	}
 	if err := unix.Mount("tmpfs", newRoot, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "size=16m,nr_inodes=8192,mode=755"); err != nil {
 		return step("mount root tmpfs", err)
 	}
 	r := func(p string) string { return filepath.Join(newRoot, p) }
-	scratch := r(scratchDir)
-	if err := os.Mkdir(scratch, 0o700); err != nil {
-		return step("scratch mount point", err)
-	}
-	if err := unix.Mount("tmpfs", scratch, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=1m,nr_inodes=64,mode=700"); err != nil {
-		return step("mount scratch tmpfs", err)
-	}
-	empty := filepath.Join(scratch, "empty")
-	if err := os.Mkdir(empty, 0o755); err != nil {
-		return step("empty overlay layer", err)
-	}
 
 	// The host's directories, as this init sees them.
 	hostDir := func(name string) string { return "/" + name }
@@ -135,20 +134,14 @@ func buildRoot(cfg *initConfig) error {
 	if err := remount(r("dev"), unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NOEXEC); err != nil {
 		return step("make /dev read-only", err)
 	}
-	if err := mountProc(r("proc"), cfg, scratch); err != nil {
+	if err := mountProc(r("proc"), cfg, scratchDir); err != nil {
 		return err
-	}
-	// The overlays and binds keep what they use of the scratch tmpfs.
-	if err := unix.Unmount(scratch, unix.MNT_DETACH); err != nil {
-		return step("detach scratch tmpfs", err)
-	}
-	if err := os.Remove(scratch); err != nil {
-		return step("remove scratch mount point", err)
 	}
 
 	// pivot_root(".", ".") stacks the old root on top of the new one;
 	// detaching it leaves the new root alone (runc's approach, which needs
-	// no directory for the old root).
+	// no directory for the old root). The overlays and binds keep what they
+	// use of the scratch tmpfs.
 	if err := unix.Chdir(newRoot); err != nil {
 		return step("chdir new root", err)
 	}
@@ -180,16 +173,15 @@ func bindsOf(top []topLink) []string {
 }
 
 // mountDisk mounts the one tmpfs behind /workspace, /tmp and /dev/shm, so
-// that the disk limit bounds all three together. It is mounted at a
-// scratch point, its directories bound into place, and the scratch mount
-// detached.
+// that the disk limit bounds all three together. It is mounted in the
+// scratch tmpfs and its directories bound into place.
 func mountDisk(cfg *initConfig, r func(string) string) error {
-	scratch := r(diskScratch)
+	disk := filepath.Join(scratchDir, "disk")
 	opts := fmt.Sprintf("size=%d,nr_inodes=%d,mode=755", cfg.DiskBytes, cfg.DiskInodes)
-	if err := os.Mkdir(scratch, 0o700); err != nil {
+	if err := os.Mkdir(disk, 0o700); err != nil {
 		return step("disk mount point", err)
 	}
-	if err := unix.Mount("tmpfs", scratch, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+	if err := unix.Mount("tmpfs", disk, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
 		return step("mount disk tmpfs", err)
 	}
 	dirs := []struct {
@@ -202,7 +194,7 @@ func mountDisk(cfg *initConfig, r func(string) string) error {
 		{"shm", "dev/shm", 0o777 | os.ModeSticky, false},
 	}
 	for _, d := range dirs {
-		src := filepath.Join(scratch, d.name)
+		src := filepath.Join(disk, d.name)
 		if err := os.Mkdir(src, 0); err != nil {
 			return step("disk directory "+d.name, err)
 		}
@@ -221,10 +213,7 @@ func mountDisk(cfg *initConfig, r func(string) string) error {
 			return step("bind /"+d.target, err)
 		}
 	}
-	if err := unix.Unmount(scratch, unix.MNT_DETACH); err != nil {
-		return step("detach disk scratch mount", err)
-	}
-	return step("remove disk scratch mount point", os.Remove(scratch))
+	return nil
 }
 
 // mountZygoteDirs gives the zygote's root the directories of a sandbox's,
@@ -239,10 +228,6 @@ func mountZygoteDirs(cfg *initConfig, r func(string) string) error {
 	opts := fmt.Sprintf("size=%d,nr_inodes=4096,mode=1777", cfg.DiskBytes)
 	return step("mount the zygote's /tmp", unix.Mount("tmpfs", r("tmp"), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts))
 }
-
-// diskScratch is where the disk tmpfs is mounted before its directories are
-// bound into place.
-const diskScratch = ".disk"
 
 // mountForked builds the root of a sandbox forked from a zygote, in its
 // own mount namespace, a copy of the zygote's: from the zygote's root, as

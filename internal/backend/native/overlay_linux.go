@@ -100,10 +100,10 @@ func overlayProbe() error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make mounts private: %w", err)
 	}
-	if err := unix.Mount("tmpfs", newRoot, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "size=16k,nr_inodes=16"); err != nil {
+	if err := unix.Mount("tmpfs", scratchDir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "size=16k,nr_inodes=16"); err != nil {
 		return fmt.Errorf("mount a tmpfs: %w", err)
 	}
-	empty, dst := filepath.Join(newRoot, "empty"), filepath.Join(newRoot, "usr")
+	empty, dst := filepath.Join(scratchDir, "empty"), filepath.Join(scratchDir, "usr")
 	if err := os.Mkdir(empty, 0o755); err != nil {
 		return err
 	}

@@ -28,9 +28,10 @@ import (
 // stay consistent with the start times of /proc/PID/stat (a time namespace
 // would hide them: see the README).
 
-// procMasked are emptied: a file shows as /dev/null, a directory as an empty
-// read-only tmpfs. Paths are relative to /proc; those this kernel lacks are
-// skipped.
+// procMasked are emptied: a file shows as an empty file, a directory as an
+// empty directory, both read-only and the sandbox's own (not /dev/null, an
+// inode of the host's). Paths are relative to /proc; those this kernel
+// lacks are skipped.
 var procMasked = []string{
 	// runc's masks: the host kernel's memory, keys and timers.
 	"kcore", "keys", "timer_list", "sched_debug", "latency_stats", "acpi", "scsi",
@@ -109,31 +110,25 @@ func newProcView(cfg *initConfig) (*procView, error) {
 }
 
 // maskProc hides, in the proc mounted at proc, what reveals the host or
-// other tenants. The synthesised files are written under scratch (a tmpfs
-// of the sandbox's own, detached once the root is built) and bound
-// read-only over the kernel's. It runs after the read-only binds of
-// procReadOnly: a bind of /proc/sys over itself would cover whatever was
-// mounted below it before.
+// other tenants. It runs after the read-only binds of procReadOnly: a bind
+// of /proc/sys over itself would cover whatever was mounted below it
+// before. In order:
+//  1. write the synthesised files under scratch (a tmpfs of the sandbox's
+//     own, which the pivot leaves behind), from the kernel's own files;
+//  2. make the scratch mount read-only, nosuid, nodev and noexec: every
+//     bind of it is, too;
+//  3. bind the scratch's empty file and empty directory over the masked
+//     files and directories, and each synthesised file over the kernel's.
 func maskProc(proc, scratch string, v *procView) error {
-	for _, name := range procMasked {
-		p := filepath.Join(proc, name)
-		fi, err := os.Stat(p)
-		if err != nil {
-			continue
-		}
-		if fi.IsDir() {
-			err = unix.Mount("tmpfs", p, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=4k,nr_inodes=1,mode=555")
-		} else {
-			err = unix.Mount("/dev/null", p, "", unix.MS_BIND, "")
-		}
-		if err != nil {
-			return step("mask /proc/"+name, err)
-		}
-	}
-	dir := filepath.Join(scratch, "proc")
+	dir, nothing := filepath.Join(scratch, "proc"), filepath.Join(scratch, "nothing")
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		return step("synthesised /proc files", err)
 	}
+	if err := os.WriteFile(nothing, nil, 0o444); err != nil {
+		return step("empty file for /proc", err)
+	}
+	type bind struct{ src, dst string }
+	var binds []bind
 	for i, f := range procSynthesised {
 		p := filepath.Join(proc, f.path)
 		host, err := os.ReadFile(p)
@@ -144,11 +139,26 @@ func maskProc(proc, scratch string, v *procView) error {
 		if err := os.WriteFile(src, []byte(f.make(v, string(host))), 0o444); err != nil {
 			return step("synthesise /proc/"+f.path, err)
 		}
-		if err := unix.Mount(src, p, "", unix.MS_BIND, ""); err != nil {
-			return step("bind /proc/"+f.path, err)
+		binds = append(binds, bind{src, p})
+	}
+	if err := remount(scratch, unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC); err != nil {
+		return step("read-only scratch tmpfs", err)
+	}
+	for _, name := range procMasked {
+		p := filepath.Join(proc, name)
+		fi, err := os.Stat(p)
+		if err != nil {
+			continue
 		}
-		if err := remount(p, unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC); err != nil {
-			return step("read-only /proc/"+f.path, err)
+		src := nothing
+		if fi.IsDir() {
+			src = filepath.Join(scratch, "empty")
+		}
+		binds = append(binds, bind{src, p})
+	}
+	for _, b := range binds {
+		if err := unix.Mount(b.src, b.dst, "", unix.MS_BIND, ""); err != nil {
+			return step("hide "+b.dst, err)
 		}
 	}
 	return nil
