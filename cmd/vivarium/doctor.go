@@ -178,6 +178,12 @@ func doctorChecks() []check {
 		add("openat2", nil, "available")
 	}
 
+	// Every native sandbox's root is made of read-only overlays: probed
+	// in a user namespace of its own, as a sandbox's init mounts them.
+	if rootErr == nil {
+		add("overlayfs", native.CheckOverlay(), "read-only overlays in user namespaces: each sandbox sees /usr through inodes of its own")
+	}
+
 	if m, err := cgroups.Detect(""); err != nil {
 		add("cgroups", err, "")
 	} else {

@@ -59,6 +59,21 @@ var gvisorDifferences = map[string]difference{
 		check: want("oom_score_adj -1000 ok", "oom_adj -17 EACCES", "now -1000")},
 	"cgroup_escape": {why: sentryProc + ": the Sentry shows no cgroup", check: want("cgroup paths []",
 		"cgroup mounts 0", "mount cgroup EPERM", "release_agent ENOENT")},
+	"lock_host_files": {why: "gVisor has no OFD locks (EINVAL) and no /proc/locks; its flock locks are the " +
+		"Sentry's own, never the host's", check: want("flock /usr/bin/env ok", "flock LIBDIR/libc.so.6 ok", "flock /etc/passwd ok",
+		"flock / ok", "flock /opt/vivarium ok", "lock seen on /usr/bin/env EINVAL", "lock seen on /etc/passwd EINVAL",
+		"/proc/locks absent", "hold md5sum ok")},
+	"proc_reveals_host": {why: sentryProc + ": it has no boot_id and no fs/file-nr, the cmdline of gVisor's own " +
+		"kernel, a /proc/cgroups without controllers, and counters of the sandbox alone", check: func(t *testing.T, h *harness, o *outcome) {
+		want := []string{"boot_id absent", "cmdline own"}
+		for _, p := range []string{"config.gz", "interrupts", "softirqs", "diskstats", "partitions", "iomem", "ioports",
+			"devices", "buddyinfo", "zoneinfo", "locks", "bus", "fs", "irq", "pressure"} {
+			want = append(want, p+" hidden")
+		}
+		want = append(want, "loadavg ['0.00', '0.00', '0.00']", "stat cpus True", "stat counters ['0']",
+			"cgroups []", "MemTotal ['131072']", "file-nr absent")
+		wantOK(t, o, lines(want...))
+	}},
 	"capabilities_and_no_new_privs": {why: sentryProc + ": its status has no CapAmb line (none can be raised " +
 		"without CapInh and CapPrm) and no NoNewPrivs line, which prctl tells instead",
 		edit: func(code string) string {

@@ -83,6 +83,11 @@ var wasmDifferences = map[string]difference{
 	"host_processes_not_visible":    {why: noProc, check: refused("FileNotFoundError", "/proc")},
 	"raise_oom_protection":          {why: noProc, check: refused("FileNotFoundError", "/proc/self/oom_score_adj")},
 	"proc_1_tricks":                 {why: noProc, check: allLinesEnd(" ENOENT", 17)},
+	"proc_reveals_host":             {why: noProc + ": nothing of the host to read"},
+	"watch_host_file_activity": {why: "WASI has no inotify, and the sandbox's tree is the interpreter's own files: " +
+		"nothing it opens is the host's"},
+	"lock_host_files": {why: "WASI has no file locks (no fcntl module), and the sandbox's tree is the interpreter's " +
+		"own files: nothing it could lock is the host's"},
 	"write_proc_sys": {why: noProc, check: func(t *testing.T, h *harness, o *outcome) {
 		var want []string
 		for _, p := range []string{"kernel/core_pattern", "kernel/modprobe", "kernel/hostname", "vm/drop_caches",

@@ -524,6 +524,7 @@ func (b *Backend) initConfig(spec sandbox.Spec, etc []etcEntry, top []topLink) *
 		DiskInodes: max(l.Disk/(8<<10), 1024),
 		OpenFiles:  uint64(l.OpenFiles),
 		OneShot:    spec.OneShot,
+		MemTotal:   l.Memory,
 	}
 	if spec.OneShot && l.CPUTime > 0 {
 		// Per-process backstop; the cgroup's CPU accounting is the limit.

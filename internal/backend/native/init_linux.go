@@ -49,6 +49,9 @@ type initConfig struct {
 	MaxProcs    uint64            `json:"max_procs"`   // RLIMIT_NPROC; only without a pids cgroup
 	// MemoryBytes is RLIMIT_AS, only set when there is no memory cgroup.
 	MemoryBytes uint64 `json:"memory_bytes"`
+	// MemTotal is the sandbox's memory limit, which its /proc/meminfo
+	// shows as the machine's memory.
+	MemTotal int64 `json:"mem_total"`
 	// OneShot: init ends when the runner does.
 	OneShot bool `json:"one_shot"`
 	// Role is what this init is: roleClassic builds the root and runs

@@ -8,63 +8,109 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// newRoot is where init assembles the sandbox's root before pivoting into
-// it. The mount happens in init's private mount namespace, so the host's
-// /tmp is only covered there (bubblewrap does the same).
-const newRoot = "/tmp"
-
-// Files of /proc that reveal or control the host kernel, as runc masks them.
-var (
-	procMasked   = []string{"kcore", "keys", "timer_list", "sched_debug", "latency_stats", "acpi", "scsi"}
-	procReadOnly = []string{"sys", "sysrq-trigger", "irq", "bus", "fs"}
-	devices      = []string{"null", "zero", "full", "random", "urandom"}
+// Init assembles the sandbox's root in its private mount namespace, over
+// the host's /tmp, which is only covered there (bubblewrap does the same):
+// a scratch tmpfs at scratchDir holds what the assembly needs and the
+// sandbox must not see (the overlays' empty layer, the synthesised /proc
+// files, the disk tmpfs before its directories are bound into place), and
+// the root's own tmpfs is mounted inside it, at newRoot. The scratch tmpfs
+// goes with the old root when that is detached after the pivot.
+const (
+	scratchDir = "/tmp"
+	newRoot    = "/tmp/root"
 )
 
-// buildRoot assembles the root file system and pivots into it. In order:
+var devices = []string{"null", "zero", "full", "random", "urandom"}
+
+// hostDirs is where a zygote keeps the host's directories for its forked
+// sandboxes to overlay (see buildRoot).
+const hostDirs = ".host"
+
+// buildRoot assembles the sandbox's root file system and pivots into it.
+// Every sandbox builds its own, on a tmpfs of its own, so that nothing it
+// can open, / included, is an inode of the host's or of another sandbox's
+// (see overlay_linux.go). A classic sandbox and a zygote build it from the
+// host's files; a sandbox forked from a zygote starts in a copy of the
+// zygote's mount namespace and builds it from the zygote's root, whose
+// mounts the kernel has locked (they can be covered, never changed or
+// removed, but a root pivoted away from is detached whole). In order:
 //  1. make every mount private, so nothing below propagates to the host;
-//  2. mount a small tmpfs as the new root, and in it:
-//  3. bind the host's /usr read-only, nosuid, nodev, and add the top-level
-//     links (or read-only binds) for /bin, /lib, ...;
-//  4. write the synthetic /etc and the runner;
+//  2. mount the scratch tmpfs, and a small tmpfs in it as the new root;
+//  3. mount read-only overlays of the host's /usr and, on hosts without
+//     merged /usr, of /bin, /lib ... (else links into /usr); a zygote also
+//     binds these host directories under /.host, the lower layers of its
+//     forked sandboxes' overlays (an overlay of its overlay would stack
+//     one level deeper than the kernel allows on hosts whose / is an
+//     overlay already), which they leave behind with the zygote's root;
+//  4. write the synthetic /etc and the runner; a forked sandbox mounts
+//     read-only overlays of the zygote's instead;
 //  5. build /dev from bind-mounted host device nodes (a user namespace
 //     cannot mknod);
-//  6. mount the disk tmpfs and bind its workspace, tmp and shm directories,
-//     then make /dev read-only;
-//  7. mount a fresh /proc and mask its host-revealing files;
-//  8. pivot_root into the new root and detach the old one;
+//  6. mount the disk tmpfs and bind its workspace, tmp and shm directories
+//     (a zygote: a /tmp of its own), then make /dev read-only;
+//  7. mount a fresh /proc and hide what reveals the host (mountProc);
+//  8. pivot_root into the new root and detach the old one, and with it
+//     the scratch tmpfs;
 //  9. make the root read-only.
 func buildRoot(cfg *initConfig) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return step("make mounts private", err)
+	}
+	if err := unix.Mount("tmpfs", scratchDir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=1m,nr_inodes=64,mode=700"); err != nil {
+		return step("mount scratch tmpfs", err)
+	}
+	empty := filepath.Join(scratchDir, "empty")
+	for _, d := range []string{empty, newRoot} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return step("scratch directory "+d, err)
+		}
 	}
 	if err := unix.Mount("tmpfs", newRoot, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "size=16m,nr_inodes=8192,mode=755"); err != nil {
 		return step("mount root tmpfs", err)
 	}
 	r := func(p string) string { return filepath.Join(newRoot, p) }
 
-	if err := bindReadOnly("/usr", r("usr")); err != nil {
-		return step("bind /usr", err)
+	// The host's directories, as this init sees them.
+	hostDir := func(name string) string { return "/" + name }
+	top := cfg.TopLevel
+	if cfg.Role == roleForked {
+		hostDir = func(name string) string { return filepath.Join("/", hostDirs, name) }
+		top = hostTopLevel("/") // the zygote's root has the host's layout
 	}
-	for _, t := range cfg.TopLevel {
-		var err error
+	for _, name := range append([]string{"usr"}, bindsOf(top)...) {
+		if err := mountOverlay(hostDir(name), empty, r(name)); err != nil {
+			return step("overlay /"+name, err)
+		}
+		if cfg.Role == roleZygote {
+			if err := bindReadOnly("/"+name, r(filepath.Join(hostDirs, name))); err != nil {
+				return step("bind /"+name+" for forked sandboxes", err)
+			}
+		}
+	}
+	for _, t := range top {
 		if t.Link != "" {
-			err = os.Symlink(t.Link, r(t.Name))
-		} else {
-			err = bindReadOnly("/"+t.Name, r(t.Name))
-		}
-		if err != nil {
-			return step("/"+t.Name, err)
+			if err := os.Symlink(t.Link, r(t.Name)); err != nil {
+				return step("/"+t.Name, err)
+			}
 		}
 	}
-	if err := writeEtc(r("etc"), cfg.Etc); err != nil {
-		return step("write /etc", err)
-	}
-	runner := make([]etcEntry, 0, len(cfg.RunnerFiles))
-	for name, data := range cfg.RunnerFiles {
-		runner = append(runner, etcEntry{Path: name, Data: data})
-	}
-	if err := writeEtc(r(runnerDir), runner); err != nil {
-		return step("write runner", err)
+	if cfg.Role == roleForked {
+		for _, d := range []string{"etc", runnerDir} {
+			if err := mountOverlay(filepath.Join("/", d), empty, r(d)); err != nil {
+				return step("overlay /"+d, err)
+			}
+		}
+	} else {
+		if err := writeEtc(r("etc"), cfg.Etc); err != nil {
+			return step("write /etc", err)
+		}
+		runner := make([]etcEntry, 0, len(cfg.RunnerFiles))
+		for name, data := range cfg.RunnerFiles {
+			runner = append(runner, etcEntry{Path: name, Data: data})
+		}
+		if err := writeEtc(r(runnerDir), runner); err != nil {
+			return step("write runner", err)
+		}
 	}
 	// /home/user is where agent SDKs (E2B's) expect the user's home: the
 	// same workspace under the name their code uses.
@@ -88,13 +134,14 @@ func buildRoot(cfg *initConfig) error {
 	if err := remount(r("dev"), unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NOEXEC); err != nil {
 		return step("make /dev read-only", err)
 	}
-	if err := mountProc(r("proc"), cfg.Role != roleZygote, cfg.Sysctls); err != nil {
+	if err := mountProc(r("proc"), cfg, scratchDir); err != nil {
 		return err
 	}
 
 	// pivot_root(".", ".") stacks the old root on top of the new one;
 	// detaching it leaves the new root alone (runc's approach, which needs
-	// no directory for the old root).
+	// no directory for the old root). The overlays and binds keep what they
+	// use of the scratch tmpfs.
 	if err := unix.Chdir(newRoot); err != nil {
 		return step("chdir new root", err)
 	}
@@ -113,18 +160,28 @@ func buildRoot(cfg *initConfig) error {
 	return nil
 }
 
+// bindsOf lists the top-level directories that are the host's own
+// directories rather than links into /usr.
+func bindsOf(top []topLink) []string {
+	var out []string
+	for _, t := range top {
+		if t.Link == "" {
+			out = append(out, t.Name)
+		}
+	}
+	return out
+}
+
 // mountDisk mounts the one tmpfs behind /workspace, /tmp and /dev/shm, so
-// that the disk limit bounds all three together. It is mounted at a
-// scratch point, its directories bound into place, and the scratch mount
-// detached.
+// that the disk limit bounds all three together. It is mounted in the
+// scratch tmpfs and its directories bound into place.
 func mountDisk(cfg *initConfig, r func(string) string) error {
-	scratch := r(diskScratch)
+	disk := filepath.Join(scratchDir, "disk")
 	opts := fmt.Sprintf("size=%d,nr_inodes=%d,mode=755", cfg.DiskBytes, cfg.DiskInodes)
-	// A forked sandbox finds the mount point in the zygote's read-only root.
-	if err := os.Mkdir(scratch, 0o700); err != nil && !(cfg.Role == roleForked && os.IsExist(err)) {
+	if err := os.Mkdir(disk, 0o700); err != nil {
 		return step("disk mount point", err)
 	}
-	if err := unix.Mount("tmpfs", scratch, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+	if err := unix.Mount("tmpfs", disk, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
 		return step("mount disk tmpfs", err)
 	}
 	dirs := []struct {
@@ -137,7 +194,7 @@ func mountDisk(cfg *initConfig, r func(string) string) error {
 		{"shm", "dev/shm", 0o777 | os.ModeSticky, false},
 	}
 	for _, d := range dirs {
-		src := filepath.Join(scratch, d.name)
+		src := filepath.Join(disk, d.name)
 		if err := os.Mkdir(src, 0); err != nil {
 			return step("disk directory "+d.name, err)
 		}
@@ -156,20 +213,14 @@ func mountDisk(cfg *initConfig, r func(string) string) error {
 			return step("bind /"+d.target, err)
 		}
 	}
-	if err := unix.Unmount(scratch, unix.MNT_DETACH); err != nil {
-		return step("detach disk scratch mount", err)
-	}
-	if cfg.Role == roleForked {
-		return nil
-	}
-	return step("remove disk scratch mount point", os.Remove(scratch))
+	return nil
 }
 
-// mountZygoteDirs makes the mount points that every forked sandbox covers
-// with its own disk, and gives the zygote a small /tmp of its own (for
-// caches the preloaded modules write at import).
+// mountZygoteDirs gives the zygote's root the directories of a sandbox's,
+// and the zygote a small /tmp of its own (for caches the preloaded modules
+// write at import).
 func mountZygoteDirs(cfg *initConfig, r func(string) string) error {
-	for _, d := range []string{diskScratch, "workspace", "tmp", "dev/shm"} {
+	for _, d := range []string{"workspace", "tmp", "dev/shm"} {
 		if err := os.MkdirAll(r(d), 0o755); err != nil {
 			return step("mount point /"+d, err)
 		}
@@ -178,22 +229,10 @@ func mountZygoteDirs(cfg *initConfig, r func(string) string) error {
 	return step("mount the zygote's /tmp", unix.Mount("tmpfs", r("tmp"), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts))
 }
 
-// diskScratch is where the disk tmpfs is mounted before its directories are
-// bound into place.
-const diskScratch = ".disk"
-
-// mountForked gives a sandbox forked from a zygote what is its own, in its
-// own mount namespace (a copy of the zygote's, whose mounts the kernel has
-// locked: they can be covered, never changed or removed):
-//  1. its disk tmpfs, bound over /workspace, /tmp and /dev/shm;
-//  2. a /proc of its own PID namespace over the zygote's, with masks.
-func mountForked(cfg *initConfig) error {
-	root := func(p string) string { return filepath.Join("/", p) }
-	if err := mountDisk(cfg, root); err != nil {
-		return err
-	}
-	return mountProc("/proc", true, cfg.Sysctls)
-}
+// mountForked builds the root of a sandbox forked from a zygote, in its
+// own mount namespace, a copy of the zygote's: from the zygote's root, as
+// buildRoot says.
+func mountForked(cfg *initConfig) error { return buildRoot(cfg) }
 
 func mountDev(dev string) error {
 	if err := os.MkdirAll(dev, 0o755); err != nil {
@@ -227,39 +266,29 @@ func mountDev(dev string) error {
 	return nil
 }
 
-// mountProc mounts a proc of this PID namespace at proc, writes the
-// sandbox's namespace sysctls through it, then masks it, unless mask is
-// false. The zygote's own /proc stays unmasked and its sysctls untouched
-// (its init lives in the host's user namespace: they would be the host's):
-// the kernel lets a sandbox's init mount a new proc only where a fully
-// visible one exists, and the zygote runs no user code.
-func mountProc(proc string, mask bool, sysctls []sysctl) error {
+// mountProc mounts a proc of this PID namespace at proc. In order:
+//  1. mount it, and write the sandbox's namespace sysctls through it
+//     (never the zygote's: its init lives in the host's user namespace, and
+//     they would be the host's);
+//  2. bind procReadOnly read-only over themselves;
+//  3. hide what reveals the host or other tenants (maskProc), with the
+//     synthesised files written under scratch.
+//
+// The zygote's own /proc stays as mounted: the kernel lets a sandbox's init
+// mount a new proc only where a fully visible one exists, and the zygote
+// runs no user code.
+func mountProc(proc string, cfg *initConfig, scratch string) error {
 	if err := os.Mkdir(proc, 0o555); err != nil && !os.IsExist(err) {
 		return step("/proc", err)
 	}
 	if err := unix.Mount("proc", proc, "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return step("mount /proc", err)
 	}
-	if !mask {
+	if cfg.Role == roleZygote {
 		return nil
 	}
-	if err := writeSysctls(proc, sysctls); err != nil {
+	if err := writeSysctls(proc, cfg.Sysctls); err != nil {
 		return err
-	}
-	for _, name := range procMasked {
-		p := filepath.Join(proc, name)
-		fi, err := os.Stat(p)
-		if err != nil {
-			continue
-		}
-		if fi.IsDir() {
-			err = unix.Mount("tmpfs", p, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=4k,nr_inodes=1,mode=555")
-		} else {
-			err = unix.Mount("/dev/null", p, "", unix.MS_BIND, "")
-		}
-		if err != nil {
-			return step("mask /proc/"+name, err)
-		}
 	}
 	for _, name := range procReadOnly {
 		p := filepath.Join(proc, name)
@@ -270,7 +299,11 @@ func mountProc(proc string, mask bool, sysctls []sysctl) error {
 			return step("read-only /proc/"+name, err)
 		}
 	}
-	return nil
+	v, err := newProcView(cfg)
+	if err != nil {
+		return step("describe /proc", err)
+	}
+	return maskProc(proc, scratch, v)
 }
 
 // bindReadOnly bind-mounts src (not its submounts) at dst, read-only,
