@@ -28,7 +28,7 @@ var observeCases = []hostileCase{
 		name: "watch_host_file_activity",
 		code: observePrelude + `
 import time
-WATCHED = ["/usr/bin", LIBDIR, "/etc", "/", "/opt/vivarium"]
+WATCHED = ["/usr/bin", LIBDIR, "/etc", "/", "/opt/vivarium", "/dev/null", "/dev/urandom"]
 ino = _libc.inotify_init1(os.O_NONBLOCK)
 watches = {_libc.inotify_add_watch(ino, p.encode(), 0xfff): p for p in WATCHED}
 print("watches", sorted(watches.values()) == sorted(WATCHED) and min(watches) > 0)
@@ -51,11 +51,12 @@ def drain():
 time.sleep(3)
 print("events", drain())
 # The sandbox's own reads show: the watches work.
-for p in ("/usr/bin/env", LIBDIR + "/libc.so.6", "/etc/passwd"):
+for p in ("/usr/bin/env", LIBDIR + "/libc.so.6", "/etc/passwd", "/dev/null", "/dev/urandom"):
     open(p, "rb").read(1)
 os.listdir("/")
 os.listdir("/opt/vivarium")
-print("own", {"/usr/bin/env", LIBDIR + "/libc.so.6", "/etc/passwd", "/", "/opt/vivarium"} <= set(drain()))
+print("own", {"/usr/bin/env", LIBDIR + "/libc.so.6", "/etc/passwd", "/", "/opt/vivarium", "/dev/null",
+              "/dev/urandom"} <= set(drain()))
 `,
 		prepare: func(t *testing.T, h *harness, j *job) {
 			host := hostFileActivity(t)
@@ -76,7 +77,7 @@ print("own", {"/usr/bin/env", LIBDIR + "/libc.so.6", "/etc/passwd", "/", "/opt/v
 		code: observePrelude + `
 import errno, time
 held = []
-for p in ("/usr/bin/env", LIBDIR + "/libc.so.6", "/etc/passwd", "/", "/opt/vivarium"):
+for p in ("/usr/bin/env", LIBDIR + "/libc.so.6", "/etc/passwd", "/", "/opt/vivarium", "/dev/null"):
     fd, r = flock_nb(p)
     held.append(fd)
     print("flock", p.replace(LIBDIR, "LIBDIR"), r)
@@ -107,6 +108,15 @@ time.sleep(3)
 			t.Cleanup(func() { unix.Close(fd) })
 			if err := unix.Flock(fd, unix.LOCK_SH|unix.LOCK_NB); err != nil {
 				t.Fatalf("flock /usr/bin/env on the host: %v", err)
+			}
+			// And on /dev/null, whose node is the host's own inode too.
+			null, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { unix.Close(null) })
+			if err := unix.Flock(null, unix.LOCK_SH|unix.LOCK_NB); err != nil {
+				t.Fatalf("flock /dev/null on the host: %v", err)
 			}
 			if err := unix.FcntlFlock(uintptr(fd), unix.F_OFD_SETLK, &unix.Flock_t{Type: unix.F_RDLCK}); err != nil {
 				t.Fatalf("OFD lock on /usr/bin/env: %v", err)
@@ -162,7 +172,7 @@ print([r for _, r in held])
 		},
 		check: func(t *testing.T, h *harness, o *outcome) {
 			wantOK(t, o, lines("flock /usr/bin/env ok", "flock LIBDIR/libc.so.6 ok", "flock /etc/passwd ok", "flock / ok",
-				"flock /opt/vivarium ok", "lock seen on /usr/bin/env False", "lock seen on /etc/passwd False",
+				"flock /opt/vivarium ok", "flock /dev/null ok", "lock seen on /usr/bin/env False", "lock seen on /etc/passwd False",
 				"/proc/locks []", "hold md5sum ok"))
 		},
 	},
@@ -268,7 +278,7 @@ func hostFileActivity(t *testing.T) *atomic.Int64 {
 				return
 			case <-time.After(100 * time.Millisecond):
 			}
-			for _, p := range []string{"/usr/bin/env", libdir[0]} {
+			for _, p := range []string{"/usr/bin/env", libdir[0], "/dev/null", "/dev/urandom"} {
 				if f, err := os.Open(p); err == nil {
 					f.Read(make([]byte, 64))
 					f.Close()
@@ -299,7 +309,7 @@ func neighbourFileActivity(t *testing.T, h *harness) *atomic.Int64 {
 		neighbour.Execute(context.Background(), sandbox.ExecRequest{Code: observePrelude + `
 import time
 while True:
-    for p in ("/usr/bin/env", LIBDIR + "/libc.so.6", "/etc/passwd"):
+    for p in ("/usr/bin/env", LIBDIR + "/libc.so.6", "/etc/passwd", "/dev/null", "/dev/urandom"):
         open(p, "rb").read(1)
     os.listdir("/")
     os.listdir("/opt/vivarium")

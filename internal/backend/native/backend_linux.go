@@ -12,6 +12,7 @@
 package native
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -86,6 +87,7 @@ type Backend struct {
 	cfg     Config
 	cgroups cgroups.Manager // nil with InsecureNoCgroups
 	uids    *hostuid.Pool
+	devices string // where sandboxes' device nodes are made (devices_linux.go)
 	log     *slog.Logger
 
 	etcOnce sync.Once
@@ -139,6 +141,10 @@ func New(cfg Config) (*Backend, error) {
 	}
 	if err := Check(); err != nil {
 		return nil, err
+	}
+	b.devices = devicesDir(cmp.Or(cfg.CgroupParent, cgroups.DefaultParent))
+	if err := prepareDevicesDir(b.devices); err != nil {
+		return nil, fmt.Errorf("%w: device nodes: %v", sandbox.ErrUnsupported, err)
 	}
 	uids, err := hostuid.New(hostuid.Config{Base: cfg.UIDBase, Ranges: cfg.UIDRanges})
 	if err != nil {

@@ -65,6 +65,10 @@ type initConfig struct {
 	// is mounted; Kernel's budgets become rlimits (budgets_linux.go).
 	Sysctls []sysctl     `json:"sysctls,omitempty"`
 	Kernel  KernelLimits `json:"kernel"`
+	// Devices is the directory of the sandbox's own device nodes, as init
+	// sees it (devices_linux.go); for a zygote, the backend's directory of
+	// them, which it binds for its forked sandboxes.
+	Devices string `json:"devices,omitempty"`
 	// ZygoteUID is the host user the Python zygote runs as (roleZygote).
 	ZygoteUID uint32 `json:"zygote_uid,omitempty"`
 }

@@ -87,6 +87,21 @@ func buildRoot(cfg *initConfig) error {
 			}
 		}
 	}
+	if cfg.Role == roleZygote && cfg.Devices != "" {
+		// A plain bind, not bindReadOnly's: nodev would make the
+		// sandboxes' nodes unusable, and the kernel would lock it.
+		dst := r(filepath.Join(hostDirs, "devices"))
+		if err := os.MkdirAll(dst, 0o755); err != nil {
+			return step("/.host/devices", err)
+		}
+		if err := unix.Mount(cfg.Devices, dst, "", unix.MS_BIND, ""); err != nil {
+			return step("bind the device nodes' directory", err)
+		}
+		if err := remount(dst, unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NOEXEC); err != nil {
+			return step("bind the device nodes' directory", err)
+		}
+		cfg.Devices = "" // the zygote's own /dev: the host's nodes
+	}
 	for _, t := range top {
 		if t.Link != "" {
 			if err := os.Symlink(t.Link, r(t.Name)); err != nil {
@@ -120,7 +135,7 @@ func buildRoot(cfg *initConfig) error {
 			return step("link /"+l.name, err)
 		}
 	}
-	if err := mountDev(r("dev")); err != nil {
+	if err := mountDev(r("dev"), cfg.Devices); err != nil {
 		return err
 	}
 	if cfg.Role == roleZygote {
@@ -234,7 +249,13 @@ func mountZygoteDirs(cfg *initConfig, r func(string) string) error {
 // buildRoot says.
 func mountForked(cfg *initConfig) error { return buildRoot(cfg) }
 
-func mountDev(dev string) error {
+// mountDev makes /dev a small tmpfs with the device nodes of src (the
+// sandbox's own, devices_linux.go; a zygote's are the host's: it runs no
+// user code) bound in, and the links to /proc/self/fd.
+func mountDev(dev, src string) error {
+	if src == "" {
+		src = "/dev"
+	}
 	if err := os.MkdirAll(dev, 0o755); err != nil {
 		return step("/dev", err)
 	}
@@ -248,7 +269,7 @@ func mountDev(dev string) error {
 			return step("/dev/"+name, err)
 		}
 		f.Close()
-		if err := unix.Mount("/dev/"+name, p, "", unix.MS_BIND, ""); err != nil {
+		if err := unix.Mount(filepath.Join(src, name), p, "", unix.MS_BIND, ""); err != nil {
 			return step("bind /dev/"+name, err)
 		}
 		if err := remount(p, unix.MS_NOSUID|unix.MS_NOEXEC); err != nil {

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -251,6 +252,16 @@ func start(ctx context.Context, b *Backend, spec sandbox.Spec, cfg *initConfig, 
 		if err != nil {
 			return nil, err
 		}
+	}
+	devs, err := makeDevices(b.devices, s.id)
+	if err != nil {
+		return nil, err
+	}
+	// Bound by init before its runner starts: not needed once it is ready.
+	defer os.RemoveAll(devs)
+	cfg.Devices = devs
+	if z != nil {
+		cfg.Devices = filepath.Join("/", hostDirs, "devices", s.id)
 	}
 	p, err := newInitPipes()
 	if err != nil {

@@ -140,6 +140,7 @@ func (b *Backend) startZygote(ctx context.Context, python string, etc []etcEntry
 		OpenFiles:   4096,
 		Role:        roleZygote,
 		Preload:     b.cfg.Preload,
+		Devices:     b.devices,
 	}
 	z := &zygote{
 		b: b, python: python, ctl: -1, zs: -1, dead: make(chan struct{}), started: time.Now(),
