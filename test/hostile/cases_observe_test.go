@@ -177,6 +177,52 @@ print([r for _, r in held])
 		},
 	},
 	{
+		// A runner forked from a zygote runs the zygote's interpreter
+		// file, which /proc/self/exe opens: one file for all the
+		// sandboxes of that zygote, outside any of their roots.
+		name: "lock_own_executable",
+		code: `import errno, fcntl, os
+try:
+    fd = os.open("/proc/self/exe", os.O_RDONLY)
+except OSError as e:
+    print("open", errno.errorcode[e.errno])
+else:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        print("flock ok")
+    except BlockingIOError:
+        print("flock EWOULDBLOCK")
+`,
+		prepare: func(t *testing.T, h *harness, j *job) {
+			neighbour, err := h.be.b.Create(context.Background(), sandbox.Spec{Limits: baseLimits})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { neighbour.Close() })
+			res, err := neighbour.Execute(context.Background(), sandbox.ExecRequest{Code: `import fcntl, os
+try:
+    held = os.open("/proc/self/exe", os.O_RDONLY)
+    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    print("held")
+except OSError as e:
+    print("refused", e.errno)
+`}, nil)
+			if err != nil || res.Status != sandbox.StatusOK {
+				t.Fatalf("the neighbour: %v %+v", err, res)
+			}
+		},
+		check: func(t *testing.T, h *harness, o *outcome) {
+			if h.be.name == "native-zygote" {
+				// Landlock: nothing outside the sandbox's root opens.
+				wantOK(t, o, lines("open EACCES"))
+				return
+			}
+			if o.Stdout != "flock ok\n" && o.Stdout != "open EACCES\n" {
+				t.Fatalf("the neighbour's lock on its own executable reached this sandbox: %s", describe(o))
+			}
+		},
+	},
+	{
 		name: "proc_reveals_host",
 		code: `import os, re
 def read(p):

@@ -30,14 +30,16 @@ const noKernelBudgets = "no kernel budgets to take: no ctypes, no processes, no 
 // the case asserts the wasm outcome in full.
 var wasmDifferences = map[string]difference{
 	// Kernel budgets (cases_budgets_test.go): nothing to take.
-	"take_all_inotify_instances":  {why: noKernelBudgets},
-	"take_all_inotify_watches":    {why: noKernelBudgets},
-	"queue_signals_until_refused": {why: noKernelBudgets},
-	"fill_posix_message_queues":   {why: noKernelBudgets},
-	"reserve_all_pipe_buffers":    {why: noKernelBudgets},
-	"park_descriptors_in_flight":  {why: noKernelBudgets},
-	"lock_shared_memory":          {why: noKernelBudgets},
-	"take_every_process_slot":     {why: noKernelBudgets},
+	"take_all_inotify_instances":      {why: noKernelBudgets},
+	"take_all_inotify_watches":        {why: noKernelBudgets},
+	"queue_signals_until_refused":     {why: noKernelBudgets},
+	"fill_posix_message_queues":       {why: noKernelBudgets},
+	"reserve_all_pipe_buffers":        {why: noKernelBudgets},
+	"park_descriptors_in_flight":      {why: noKernelBudgets},
+	"lock_shared_memory":              {why: noKernelBudgets},
+	"take_every_process_slot":         {why: noKernelBudgets},
+	"crash_runs_no_host_core_handler": {why: noProcesses + ": nothing can crash but the interpreter, inside WebAssembly"},
+	"lock_own_executable":             {why: "an interpreter inside WebAssembly: no /proc, no executable file to open"},
 	// Processes and signals.
 	"processes_outlive_the_run":    {why: noProcesses, check: refused("OSError", "cannot start processes")},
 	"daemon_writes_stdout_forever": {why: noProcesses, check: refused("AttributeError", "'fork'")},

@@ -97,6 +97,9 @@ type zygoteMessage struct {
 	Signal int               `json:"signal"`
 	Error  string            `json:"error"`
 	Errors map[string]string `json:"errors"`
+	// Landlock is the kernel's Landlock ABI, which children confine their
+	// file access with (0: none).
+	Landlock int `json:"landlock"`
 }
 
 // forkRequest asks the Python zygote for a runner.
@@ -245,6 +248,11 @@ wait:
 	case m := <-zsReady:
 		for mod, e := range m.Errors {
 			b.log.Warn("zygote: a module could not be preloaded", "module", mod, "err", e)
+		}
+		if m.Landlock == 0 {
+			b.log.Warn("zygote: this kernel has no Landlock (CONFIG_SECURITY_LANDLOCK, lsm=landlock): the sandboxes " +
+				"forked from a zygote can open its interpreter's file through /proc/self/exe, one file they share " +
+				"(a lock on it is seen by all of them); run without --zygote to avoid it")
 		}
 	case <-z.dead:
 		return nil, z.deadErr
