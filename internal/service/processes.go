@@ -160,7 +160,13 @@ func (s *Service) StartProcess(ctx context.Context, owner, id string, req Proces
 	b.procs[p.info.PID] = p
 	b.mu.Unlock()
 	go func() {
-		end := p.run(b.limits.MaxOutput, req.Timeout)
+		// The end is recorded before anyone is told of it.
+		p.run(b.limits.MaxOutput, req.Timeout, func(end ProcessEnd) {
+			s.metrics.observeCommand(end.Status)
+			s.cfg.Audit(store.Record{Kind: "command", KeyID: owner, SandboxID: id, CodeSHA256: store.CodeHash(fmt.Sprint(req.Argv)),
+				Status: string(end.Status), ExitCode: end.ExitCode,
+				DurationMS: float64(s.cfg.Now().Sub(p.info.StartedAt).Microseconds()) / 1000, Detail: end.Error})
+		})
 		b.mu.Lock()
 		if b.procs[p.info.PID] == p {
 			delete(b.procs, p.info.PID)
@@ -168,10 +174,6 @@ func (s *Service) StartProcess(ctx context.Context, owner, id string, req Proces
 		b.mu.Unlock()
 		done()
 		release()
-		s.metrics.observeCommand(end.Status)
-		s.cfg.Audit(store.Record{Kind: "command", KeyID: owner, SandboxID: id, CodeSHA256: store.CodeHash(fmt.Sprint(req.Argv)),
-			Status: string(end.Status), ExitCode: end.ExitCode,
-			DurationMS: float64(s.cfg.Now().Sub(p.info.StartedAt).Microseconds()) / 1000, Detail: end.Error})
 	}()
 	return p, sub, nil
 }
@@ -314,8 +316,9 @@ func (p *Process) publish(ev ProcessEvent) {
 	}
 }
 
-// run follows the process to its end and returns how it ended.
-func (p *Process) run(maxOutput int64, timeout time.Duration) ProcessEnd {
+// run follows the process to its end and returns how it ended; record is
+// given the end before the subscribers are.
+func (p *Process) run(maxOutput int64, timeout time.Duration, record func(ProcessEnd)) ProcessEnd {
 	var wg sync.WaitGroup
 	pump := func(r io.Reader, name string, event func([]byte) ProcessEvent) {
 		defer wg.Done()
@@ -373,6 +376,7 @@ func (p *Process) run(maxOutput int64, timeout time.Duration) ProcessEnd {
 	case end.ExitCode != 0:
 		end.Status = sandbox.StatusError
 	}
+	record(end)
 	p.mu.Lock()
 	p.end = &end
 	subs := p.subs
