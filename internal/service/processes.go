@@ -115,13 +115,16 @@ func (s *Service) StartProcess(ctx context.Context, owner, id string, req Proces
 	if err != nil {
 		return nil, nil, err
 	}
-	if len(req.Argv) == 0 || req.Argv[0] == "" {
-		return nil, nil, fmt.Errorf("%w: empty command", sandbox.ErrInvalidSpec)
+	if err := checkArgv(req.Argv); err != nil {
+		return nil, nil, err
 	}
 	if req.Timeout < 0 {
 		return nil, nil, fmt.Errorf("%w: negative timeout", sandbox.ErrInvalidSpec)
 	}
-	if err := sandbox.ValidateEnv(req.Env); err != nil {
+	if err := checkEnv(req.Env); err != nil {
+		return nil, nil, err
+	}
+	if req.Cwd, err = checkCwd(req.Cwd); err != nil {
 		return nil, nil, err
 	}
 	b.mu.Lock()
@@ -135,8 +138,10 @@ func (s *Service) StartProcess(ctx context.Context, owner, id string, req Proces
 		return nil, nil, err
 	}
 	done := s.use(b)
-	sp, err := b.sb.Start(ctx, sandbox.Command{Argv: req.Argv, Env: req.Env, Dir: req.Cwd})
+	cmd := sandbox.Command{Argv: req.Argv, Env: req.Env, Dir: req.Cwd}
+	sp, err := b.sb.Start(ctx, cmd)
 	if err != nil {
+		err = startError(err, cmd)
 		done()
 		release()
 		return nil, nil, err

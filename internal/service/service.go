@@ -270,7 +270,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	if err != nil {
 		return Info{}, err
 	}
-	if err := sandbox.ValidateEnv(req.Env); err != nil {
+	if err := checkEnv(req.Env); err != nil {
 		return Info{}, err
 	}
 	if err := s.checkBackend(req.Backend); err != nil {
