@@ -1,12 +1,15 @@
 package gvisor_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -177,9 +180,21 @@ func TestRequestedPlatformFailsFast(t *testing.T) {
 func TestDefaultPlatformWorks(t *testing.T) {
 	const parent = "vivarium-gvisor-platform-test"
 	dir := t.TempDir()
-	b := newBackend(t, parent, dir)
+	testutil.RequireRoot(t)
+	if err := gvisor.Check(); err != nil {
+		t.Skip(err)
+	}
+	var log bytes.Buffer
+	b, err := gvisor.New(gvisor.Config{CgroupParent: parent, StateDir: dir, Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer b.Close()
-	c := b.Backend.(*gvisor.Backend).Platform()
+	c := b.Platform()
+	// The server's log names it.
+	if want := "gvisor: platform " + c.String(); !strings.Contains(log.String(), strconv.Quote(want)) {
+		t.Errorf("log %q lacks %q", log.String(), want)
+	}
 	order := gvisor.PlatformOrder(gvisor.InVirtualMachine())
 	i := slices.Index(order, c.Platform)
 	if i < 0 || c.Requested {
