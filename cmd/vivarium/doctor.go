@@ -84,7 +84,7 @@ func gvisorCheck() check {
 		if err != nil {
 			return nil, "", err
 		}
-		return b, "runsc platform " + gvisor.DefaultPlatform(), nil
+		return b, "runsc platform " + b.Platform().String(), nil
 	})
 }
 

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -184,4 +185,31 @@ func TestDoctor(t *testing.T) {
 	if got.code != 0 {
 		t.Fatalf("doctor exit %d on a capable host:\n%s%s", got.code, got.stdout, got.stderr)
 	}
+}
+
+// The doctor names the runsc platform the gvisor backend found to start a
+// sandbox, when it can run one.
+func TestDoctorNamesTheGvisorPlatform(t *testing.T) {
+	needSandbox(t)
+	if _, err := exec.LookPath("runsc"); err != nil {
+		t.Skip("runsc is not installed")
+	}
+	got := vivarium(t, "", "doctor", "--json")
+	var checks []check
+	if err := json.Unmarshal([]byte(got.stdout), &checks); err != nil {
+		t.Fatalf("%v: %s", err, got.stdout)
+	}
+	for _, c := range checks {
+		if c.Name != "gvisor backend" {
+			continue
+		}
+		if !c.OK {
+			t.Fatalf("gvisor backend: %s", c.Detail)
+		}
+		if !regexp.MustCompile(`runsc platform (systrap|kvm|ptrace)\b`).MatchString(c.Detail) {
+			t.Errorf("gvisor backend: %q names no platform", c.Detail)
+		}
+		return
+	}
+	t.Fatalf("no gvisor check in %s", got.stdout)
 }

@@ -69,7 +69,7 @@ Flags:
 	fs.BoolVar(&o.allowErrors, "allow-errors", false, "for a .ipynb FILE: run every cell even after one fails")
 	fs.StringVar(&o.python, "python", sandbox.DefaultPython, "Python interpreter inside the sandbox (must be under /usr)")
 	fs.StringVar(&o.backend, "backend", "native", "isolation: `native` (Linux namespaces, seccomp, cgroups), gvisor (the same inside gVisor's user-space kernel: runsc), docker (a container of a local Docker daemon) or wasm (CPython compiled to WebAssembly: standard library only)")
-	fs.StringVar(&o.gvisorPlatform, "gvisor-platform", "", "for --backend gvisor: runsc's `PLATFORM` (ptrace, kvm, systrap); default kvm where /dev/kvm opens, else ptrace")
+	fs.StringVar(&o.gvisorPlatform, "gvisor-platform", "", "for --backend gvisor: runsc's `PLATFORM` (systrap, kvm, ptrace); default: the first that starts a sandbox here")
 	fs.StringVar(&o.dockerHost, "docker-host", "", "for --backend docker: the daemon's `ADDRESS` (unix:///PATH); default $DOCKER_HOST, else unix:///var/run/docker.sock")
 	fs.StringVar(&o.dockerRuntime, "docker-runtime", "", "for --backend docker: the daemon's OCI `RUNTIME` for the container (runsc: gVisor); default the daemon's")
 	fs.UintVar(&o.dockerUIDBase, "docker-uid-base", docker.DefaultUIDBase,

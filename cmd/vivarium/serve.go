@@ -115,7 +115,7 @@ Flags:
 	fs.Var(&c.allowOrigins, "allow-origin", "`ORIGIN` of web pages allowed to call the API (repeatable; default: none)")
 	fs.StringVar(&c.backend, "backend", "native", "default isolation: `native` (Linux namespaces, seccomp, cgroups), gvisor (inside gVisor's user-space kernel: runsc), docker (containers of a local Docker daemon) or wasm (CPython compiled to WebAssembly: standard library only)")
 	fs.Var(&c.backends, "offer-backend", "`NAME` of another backend clients may ask for per sandbox (\"backend\" in the API; repeatable or comma-separated)")
-	fs.StringVar(&c.gvisorPlatform, "gvisor-platform", "", "for --backend gvisor: runsc's `PLATFORM` (ptrace, kvm, systrap); default kvm where /dev/kvm opens, else ptrace")
+	fs.StringVar(&c.gvisorPlatform, "gvisor-platform", "", "for --backend gvisor: runsc's `PLATFORM` (systrap, kvm, ptrace); default: the first that starts a sandbox here")
 	fs.StringVar(&c.dockerHost, "docker-host", "", "for the docker backend: the daemon's `ADDRESS` (unix:///PATH); default $DOCKER_HOST, else unix:///var/run/docker.sock")
 	fs.StringVar(&c.dockerRuntime, "docker-runtime", "", "for the docker backend: the daemon's OCI `RUNTIME` for containers (runsc: gVisor); default the daemon's")
 	fs.UintVar(&c.dockerUIDBase, "docker-uid-base", docker.DefaultUIDBase,

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
+	"github.com/vivarium-sandbox/vivarium/internal/store"
 	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
 
@@ -165,13 +166,14 @@ func TestServeEndToEnd(t *testing.T) {
 	csv := filepath.Join(t.TempDir(), "sales.csv")
 	os.WriteFile(csv, []byte("month,sales\njan,10\nfeb,14\nmar,9\n"), 0o644)
 	must(srv.cliAs(t, alice, "", "sandbox", "put", id, csv, "data/sales.csv"), "put")
-	r := must(srv.cliAs(t, alice, `
+	const plot = `
 import pandas as pd
 import matplotlib.pyplot as plt
 df = pd.read_csv("data/sales.csv")
 print(df["sales"].sum())
 df.plot(x="month", y="sales").get_figure().savefig("sales.png")
-`, "sandbox", "exec", id, "-"), "plot")
+`
+	r := must(srv.cliAs(t, alice, plot, "sandbox", "exec", id, "-"), "plot")
 	if !strings.HasPrefix(r.stdout, "33\n") {
 		t.Fatalf("pandas: %q %s", r.stdout, r.stderr)
 	}
@@ -201,16 +203,32 @@ df.plot(x="month", y="sales").get_figure().savefig("sales.png")
 		t.Fatalf("a forged key: %+v", r)
 	}
 
-	// The audit log has alice's executions, with the hash of the code.
+	// The audit log has every one of alice's executions whose answer
+	// came, read at once (a record is stored before its answer is sent),
+	// with the hash of the code.
 	r = must(vivarium(t, "", "audit", "--data-dir", dataDir, "--key", aliceID, "--json"), "audit")
-	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
-	if len(lines) < 5 {
-		t.Fatalf("audit: %d records:\n%s", len(lines), r.stdout)
+	var got []string
+	for _, line := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
+		var rec struct {
+			Kind, Status string
+			SandboxID    string `json:"sandbox_id"`
+			Code         string `json:"code_sha256"`
+		}
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("audit: %v: %s", err, line)
+		}
+		if rec.SandboxID != id {
+			t.Errorf("audit record of another sandbox: %s", line)
+		}
+		got = append(got, rec.Kind+" "+rec.Status+" "+rec.Code[:12])
 	}
-	var last struct{ Kind, Status string }
-	json.Unmarshal([]byte(lines[0]), &last)
-	if last.Status != "error" || last.Kind != "execute" {
-		t.Fatalf("newest audit record: %s", lines[0])
+	h := func(code string) string { return store.CodeHash(code)[:12] }
+	want := []string{ // newest first
+		"execute error " + h("1/0"), "command ok " + h("ls data"), "execute ok " + h(plot),
+		"execute ok " + h("x + 1"), "execute ok " + h("x = 41"),
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("audit records:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 
 	must(srv.cliAs(t, alice, "", "sandbox", "kill", id), "kill")

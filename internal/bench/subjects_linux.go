@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -125,6 +126,12 @@ func Subjects(ctx context.Context, cfg Config) ([]Subject, func()) {
 			cfg.Gvisor = b
 		}
 	}
+	// The runsc peer runs on the platform the gvisor rows use, the one a
+	// sandbox was seen to start with (runsc's own default may hang here).
+	runscDo := []string{"runsc", "--network=none"}
+	if g, ok := cfg.Gvisor.(*gvisor.Backend); ok {
+		runscDo = append(runscDo, "--platform="+g.Platform().Platform)
+	}
 	dockerBackendSkip := ""
 	if cfg.Docker == nil {
 		if _, err := docker.Check("", ""); err != nil {
@@ -189,7 +196,7 @@ func Subjects(ctx context.Context, cfg Config) ([]Subject, func()) {
 			Subject{
 				Workload: w.Label(), Name: "runsc do python3 -c (gVisor)", Peer: true,
 				Skip: firstOf(runscSkip, pySkip, wSkip),
-				Run:  cmd("runsc", "--network=none", "do", py, "-c", w.Code),
+				Run:  cmd(append(slices.Clip(runscDo), "do", py, "-c", w.Code)...),
 			},
 			Subject{
 				Workload: w.Label(), Name: "docker run python3 -c", Peer: true,

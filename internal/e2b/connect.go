@@ -16,6 +16,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/jsonerr"
 )
 
 // The Connect protocol (connectrpc.com/docs/protocol), as E2B's SDKs speak
@@ -270,7 +272,7 @@ func decodeMessage(msg []byte, v any) error {
 		return nil
 	}
 	if err := json.Unmarshal(msg, v); err != nil {
-		return newConnectError(codeInvalidArgument, "invalid request message: "+err.Error())
+		return newConnectError(codeInvalidArgument, "invalid request message: "+jsonerr.Message(err))
 	}
 	return nil
 }

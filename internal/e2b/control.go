@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/url"
 	"runtime"
@@ -12,6 +13,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/vivarium-sandbox/vivarium/internal/jsonerr"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/service"
 )
@@ -90,7 +92,7 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
 		return true
 	}
 	if err := json.Unmarshal(body, v); err != nil {
-		writeEnvdError(w, http.StatusBadRequest, "invalid JSON body: "+err.Error())
+		writeEnvdError(w, http.StatusBadRequest, "invalid JSON body: "+jsonerr.Message(err))
 		return false
 	}
 	return true
@@ -212,7 +214,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, owner string) {
 	}
 	var idle time.Duration
 	if req.Timeout != nil {
-		idle = time.Duration(*req.Timeout) * time.Second
+		idle = durationOf(*req.Timeout)
 	}
 	info, err := s.svc.Create(r.Context(), service.CreateRequest{Owner: owner, Idle: idle, Env: req.EnvVars, Metadata: req.Metadata})
 	if err != nil {
@@ -419,8 +421,21 @@ func (s *Server) extend(owner, id string, seconds *int64) error {
 	if *seconds <= 0 {
 		return fmt.Errorf("%w: timeout must be positive", sandbox.ErrInvalidSpec)
 	}
-	_, err := s.svc.SetTimeout(owner, id, time.Duration(*seconds)*time.Second)
+	_, err := s.svc.SetTimeout(owner, id, durationOf(*seconds))
 	return err
+}
+
+// durationOf is a client's whole number of seconds as a Duration,
+// saturating: a number too large for one is the largest (refused as over
+// the server's limit), never one that wrapped around.
+func durationOf(seconds int64) time.Duration {
+	if seconds > int64(math.MaxInt64/time.Second) {
+		return math.MaxInt64
+	}
+	if seconds < int64(math.MinInt64/time.Second) {
+		return math.MinInt64
+	}
+	return time.Duration(seconds) * time.Second
 }
 
 func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request, owner string) {

@@ -53,7 +53,7 @@ func httpStatus(log *slog.Logger, err error) (int, string) {
 		code = http.StatusNotFound
 	case errors.Is(err, sandbox.ErrTooLarge):
 		code = http.StatusInsufficientStorage // the SDKs' NotEnoughSpaceError
-	case errors.Is(err, sandbox.ErrBadPath), errors.Is(err, sandbox.ErrInvalidSpec):
+	case errors.Is(err, sandbox.ErrBadPath), errors.Is(err, sandbox.ErrInvalidSpec), errors.Is(err, service.ErrCannotStart):
 		code = http.StatusBadRequest
 	case errors.Is(err, sandbox.ErrExists), errors.Is(err, sandbox.ErrBusy):
 		code = http.StatusConflict
@@ -136,7 +136,7 @@ func connectCode(log *slog.Logger, err error) (string, string) {
 		code = codeNotFound
 	case errors.Is(err, sandbox.ErrExists):
 		code = codeAlreadyExists
-	case errors.Is(err, sandbox.ErrBadPath), errors.Is(err, sandbox.ErrInvalidSpec):
+	case errors.Is(err, sandbox.ErrBadPath), errors.Is(err, sandbox.ErrInvalidSpec), errors.Is(err, service.ErrCannotStart):
 		code = codeInvalidArgument
 	case errors.Is(err, errUser):
 		code = codePermissionDenied

@@ -24,13 +24,16 @@ import (
 // and "run" commands by printing their argv.
 
 type fakeBackend struct {
-	t *testing.T
+	dir string // each sandbox's workspace is a directory in it
 }
 
 func (fakeBackend) Name() string { return "fake" }
 
 func (b fakeBackend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
-	dir := b.t.TempDir()
+	dir, err := os.MkdirTemp(b.dir, "ws")
+	if err != nil {
+		return nil, err
+	}
 	ws, err := workspace.Open(dir, -1, -1)
 	if err != nil {
 		return nil, err
@@ -83,7 +86,10 @@ func (s *fakeSandbox) Execute(ctx context.Context, req sandbox.ExecRequest, sink
 		case "sleep":
 			var ms int
 			fmt.Sscan(arg, &ms)
-			time.Sleep(time.Duration(ms) * time.Millisecond)
+			select { // at most a second: fuzzed code asks for anything
+			case <-time.After(min(time.Duration(ms)*time.Millisecond, time.Second)):
+			case <-ctx.Done():
+			}
 		case "raise":
 			res.Status, res.ExitCode = sandbox.StatusError, 1
 			res.Error = &sandbox.Error{Name: arg, Value: "raised", Traceback: "Traceback ...\n" + arg + ": raised\n"}
@@ -181,9 +187,9 @@ func (k keys) Owner(token string) (string, error) {
 
 // newTestServer serves the adapter over a fake backend at /e2b, with the
 // keys "key-a" (owner a) and "key-b" (owner b).
-func newTestServer(t *testing.T) (*httptest.Server, *service.Service) {
+func newTestServer(t testing.TB) (*httptest.Server, *service.Service) {
 	t.Helper()
-	svc := service.New(service.Config{Backend: fakeBackend{t}})
+	svc := service.New(service.Config{Backend: fakeBackend{t.TempDir()}})
 	t.Cleanup(func() { svc.Close() })
 	h := New(Config{Service: svc, Auth: keys{"key-a": "a", "key-b": "b"}, Prefix: "/e2b"})
 	ts := httptest.NewServer(h)

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vivarium-sandbox/vivarium/internal/jsonerr"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
 
@@ -73,8 +74,13 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 	if err == nil {
 		err = json.Unmarshal(body, &req)
 	}
-	if err != nil {
-		writeText(w, http.StatusBadRequest, "invalid execution request: "+err.Error())
+	var tooBig *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooBig):
+		writeText(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the execution request is over %d bytes", maxCodeBody))
+		return
+	case err != nil:
+		writeText(w, http.StatusBadRequest, "invalid execution request: "+jsonerr.Message(err))
 		return
 	}
 	ctxID := req.ContextID

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"strings"
 	"syscall"
 
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
@@ -121,9 +120,6 @@ func (s *Server) startProcess(r *http.Request, t target, msg []byte, st *rpcStre
 	}
 	p, sub, err := s.svc.StartProcess(r.Context(), t.owner, t.id, pr)
 	if err != nil {
-		if strings.Contains(err.Error(), "start "+pr.Argv[0]) {
-			return newConnectError(codeInvalidArgument, err.Error())
-		}
 		return err
 	}
 	return s.follow(r.Context(), p, sub, st)

@@ -11,6 +11,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"math"
 	"net/http"
 	"slices"
 	"strconv"
@@ -18,6 +19,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vivarium-sandbox/vivarium/internal/jsonerr"
 	"github.com/vivarium-sandbox/vivarium/internal/netpolicy"
 	"github.com/vivarium-sandbox/vivarium/internal/pkgindex"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
@@ -252,7 +254,19 @@ type (
 	}
 )
 
-func seconds(f float64) time.Duration { return time.Duration(f * float64(time.Second)) }
+// seconds converts a client's number of seconds, saturating: a number
+// too large for a Duration is the largest one (and refused as over the
+// server's limit), never one that wrapped around to negative.
+func seconds(f float64) time.Duration {
+	switch ns := f * float64(time.Second); {
+	case ns >= math.MaxInt64:
+		return math.MaxInt64
+	case ns <= math.MinInt64:
+		return math.MinInt64
+	default:
+		return time.Duration(ns)
+	}
+}
 
 type createRequest struct {
 	TimeoutS     float64           `json:"timeout_s" doc:"idle timeout in seconds"`
@@ -286,7 +300,7 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
 	if !decode(w, r, &req) {
 		return
 	}
-	if req.TimeoutS <= 0 {
+	if seconds(req.TimeoutS) <= 0 {
 		writeError(w, 400, "invalid_request", "timeout_s must be positive")
 		return
 	}
@@ -322,7 +336,7 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 
 type commandRequest struct {
 	Cmd      string            `json:"cmd" doc:"shell command, run with /bin/sh -c"`
-	Cwd      string            `json:"cwd" doc:"working directory (default /workspace)"`
+	Cwd      string            `json:"cwd" doc:"working directory inside the sandbox, absolute or relative to /workspace (default /workspace); one that is not there is a 400"`
 	Env      map[string]string `json:"env"`
 	TimeoutS float64           `json:"timeout_s" doc:"wall-clock limit, seconds"`
 	Stream   bool              `json:"stream" doc:"stream NDJSON events"`
@@ -364,8 +378,8 @@ func (s *Server) runOnce(w http.ResponseWriter, r *http.Request) {
 		Spec:    sandbox.Spec{Limits: req.Limits.limits(), Env: req.Env, Backend: req.Backend},
 		Request: sandbox.ExecRequest{Code: req.Code},
 	}
-	if req.TimeoutS > 0 {
-		job.Spec.Limits.Timeout = seconds(req.TimeoutS)
+	if req.TimeoutS != 0 {
+		job.Spec.Limits.Timeout = seconds(req.TimeoutS) // a negative one is refused
 	}
 	for name, b64 := range req.Files {
 		data, err := base64.StdEncoding.DecodeString(b64)
@@ -565,7 +579,7 @@ func decode(w http.ResponseWriter, r *http.Request, v any) bool {
 			writeError(w, http.StatusRequestEntityTooLarge, "too_large", fmt.Sprintf("request body over %d bytes", maxBody))
 			return false
 		}
-		writeError(w, http.StatusBadRequest, "invalid_request", "invalid JSON body: "+err.Error())
+		writeError(w, http.StatusBadRequest, "invalid_request", "invalid JSON body: "+jsonerr.Message(err))
 		return false
 	}
 	if dec.More() {
@@ -611,6 +625,8 @@ func classify(err error) (int, string) {
 		return http.StatusConflict, "exists"
 	case errors.Is(err, sandbox.ErrTooLarge):
 		return http.StatusRequestEntityTooLarge, "too_large"
+	case errors.Is(err, service.ErrCannotStart):
+		return http.StatusBadRequest, "cannot_start"
 	case errors.Is(err, sandbox.ErrBadPath), errors.Is(err, sandbox.ErrInvalidSpec),
 		errors.Is(err, netpolicy.ErrInvalid), errors.Is(err, pkgindex.ErrInvalid):
 		return http.StatusBadRequest, "invalid_request"

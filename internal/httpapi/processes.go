@@ -26,7 +26,7 @@ type (
 	}
 	processRequest struct {
 		Cmd      string            `json:"cmd" doc:"shell command, run with /bin/sh -c"`
-		Cwd      string            `json:"cwd" doc:"working directory (default /workspace)"`
+		Cwd      string            `json:"cwd" doc:"working directory inside the sandbox, absolute or relative to /workspace (default /workspace); one that is not there is a 400"`
 		Env      map[string]string `json:"env"`
 		TimeoutS float64           `json:"timeout_s" doc:"ends the process after this many seconds (default: no limit but the sandbox's life)"`
 		Stdin    bool              `json:"stdin" doc:"keep stdin open for .../stdin (default: closed)"`

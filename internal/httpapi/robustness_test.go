@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -107,7 +109,7 @@ func fakeServer(t testing.TB, cfg service.Config) (*httptest.Server, *service.Se
 
 // Every error is JSON with a code and a message written for the caller:
 // no Go error chains, no stack traces, no internal paths.
-func checkErrorBody(t testing.TB, what string, code int, body []byte) {
+func checkErrorBody(t testing.TB, what string, code int, body []byte, sent ...string) {
 	t.Helper()
 	if code < 400 {
 		return
@@ -121,11 +123,48 @@ func checkErrorBody(t testing.TB, what string, code int, body []byte) {
 	if err := json.Unmarshal(body, &e); err != nil || e.Error.Code == "" || e.Error.Message == "" {
 		t.Errorf("%s: %d with a body that is not a JSON error: %q", what, code, body)
 	}
-	for _, leak := range []string{"goroutine ", "panic", "/tmp/", "/proc/", ".go:"} {
-		if strings.Contains(string(body), leak) {
+	// What the client sent may come back quoted: not a leak.
+	text := e.Error.Message
+	for _, s := range echoes(sent) {
+		text = strings.ReplaceAll(text, s, "")
+	}
+	for _, leak := range []string{"goroutine ", "panic", "/tmp/", "/proc/", "/run/", ".go:", "json: ", "Go struct", "Go value"} {
+		if strings.Contains(text, leak) {
 			t.Errorf("%s: the error shows internals (%q): %s", what, leak, body)
 		}
 	}
+}
+
+// echoes are the strings a client sent, as an error message may quote
+// them: the request's path, its body, and every string in the body's JSON,
+// raw and quoted; longest first.
+func echoes(sent []string) []string {
+	var out []string
+	var walk func(v any)
+	walk = func(v any) {
+		switch v := v.(type) {
+		case string:
+			out = append(out, v, strconv.Quote(v), fmt.Sprintf("%q", v))
+		case map[string]any:
+			for k, x := range v {
+				walk(k)
+				walk(x)
+			}
+		case []any:
+			for _, x := range v {
+				walk(x)
+			}
+		}
+	}
+	for _, s := range sent {
+		walk(s)
+		var v any
+		if json.Unmarshal([]byte(s), &v) == nil {
+			walk(v)
+		}
+	}
+	slices.SortFunc(out, func(a, b string) int { return len(b) - len(a) })
+	return slices.DeleteFunc(out, func(s string) bool { return s == "" })
 }
 
 func TestBadInputGetsClearErrors(t *testing.T) {
@@ -162,6 +201,12 @@ func TestBadInputGetsClearErrors(t *testing.T) {
 		{"GET", base + "/files?depth=1000", nil, 400},
 		{"GET", base + "/files/missing.txt", nil, 404},
 		{"GET", base + "/files?path=../..", nil, 400},
+		{"GET", base + "/files/" + strings.Repeat("n", 256), nil, 400},
+		{"PUT", base + "/files/d/f", []byte("x"), 201},
+		{"GET", base + "/files/d/f/x", nil, 400},     // through a file: was a 500
+		{"DELETE", base + "/files/d/f/x", nil, 400},  // was a 500
+		{"PUT", base + "/files/d", []byte("x"), 409}, // over a directory: was a 500
+		{"DELETE", base + "/files/a/" + strings.Repeat("n", 256), nil, 400},
 		{"PUT", base + "/files/%2e%2e/escape", []byte("x"), 400},
 		{"PUT", base + "/files/a/../../escape", []byte("x"), 404}, // the mux cleans the path: no such route
 		{"DELETE", base + "/files/.", nil, 400},
@@ -267,27 +312,63 @@ func TestShutdownDrains(t *testing.T) {
 	}
 }
 
-// FuzzRequests sends arbitrary methods, paths and bodies to every route:
-// the server must never panic and must answer every error with JSON.
+// fuzzBodies are bad request bodies: wrong JSON, wrong types, and bad
+// values of every field a route decodes.
+var fuzzBodies = []string{
+	"", "{}", "null", "[]", `"x"`, "{", `{"a":}`, "\xff\xfe", `{"unknown":1}`, `{"code":"1"} {"code":"2"}`,
+	`{"code": "print(1)"}`, `{"code":1}`, `{"code":"\u0000"}`,
+	`{"timeout_s": -1}`, `{"timeout_s": 1e300}`, `{"timeout_s": -1e300}`, `{"timeout_s": 1e-300}`, `{"timeout_s":"5"}`,
+	`{"cpu_time_s": 1e300}`, `{"max_lifetime_s": 1e300}`,
+	`{"limits": {"memory": 1e30}}`, `{"limits": {"memory": -1}}`, `{"limits": {"memory": 1.5}}`, `{"limits": {"memory": "lots"}}`,
+	`{"limits": {"pids": 1e12}}`, `{"limits": {"cpus": -1}}`, `{"limits": {"disk": 1}}`, `{"limits": {"max_output": -1}}`,
+	`{"limits": []}`, `{"limits": null}`,
+	`{"files": {"../x": "AA=="}}`, `{"files": {"/etc/x": "AA=="}}`, `{"files": {"": "AA=="}}`, `{"files": {"a\u0000": "AA=="}}`,
+	`{"files": {"a": "not base64!"}}`, `{"files": []}`,
+	`{"env": {"": ""}}`, `{"env": {"A=B": "x"}}`, `{"env": {"A": "x\u0000y"}}`, `{"env": {"A": 1}}`, `{"env": []}`,
+	`{"env": {"A": "` + strings.Repeat("v", 70000) + `"}}`,
+	`{"cmd": ""}`, `{"cmd": "pwd", "cwd": "/missing"}`, `{"cmd": "pwd", "cwd": "relative"}`, `{"cmd": "pwd", "cwd": "a\u0000b"}`,
+	`{"cmd": "pwd", "cwd": "/` + strings.Repeat("d", 5000) + `"}`, `{"cmd": "a\u0000b"}`, `{"cmd": "` + strings.Repeat("x", 70000) + `"}`,
+	`{"cmd": "true", "stdin": "yes"}`, `{"signal": "SIGSTOP"}`, `{"signal": 9}`,
+	`{"language": "cobol"}`, `{"language": "python", "cwd": "rel"}`, `{"context": "nope"}`,
+	`{"backend": "nope"}`, `{"network": "yes"}`, `{"network": {"allow": ["x"]}}`, `{"metadata": {"k": 1}}`,
+	`{"name": ""}`, `{"name": "../x", "version": "\u0000"}`,
+}
+
+// FuzzRequests sends arbitrary methods, paths, content types and bodies to
+// every route: the server never panics, never answers a client's input with
+// a server error (5xx; 501 is the fake's lack of commands), and answers
+// every error with JSON written for the client (no Go error chain, no
+// internal path).
 func FuzzRequests(f *testing.F) {
 	routes := []string{"/v1/sandboxes", "/v1/sandboxes/ID", "/v1/sandboxes/ID/execute", "/v1/sandboxes/ID/timeout",
 		"/v1/sandboxes/ID/commands", "/v1/sandboxes/ID/files", "/v1/sandboxes/ID/files/a/b.txt", "/v1/execute",
-		"/v1/sandboxes/ID/interrupt", "/v1/sandboxes/ID/restart"}
-	for i, r := range routes {
-		for _, body := range []string{"", "{}", `{"code": "print(1)"}`, `{"timeout_s": -1}`, `{"limits": {"memory": 1e30}}`,
-			`{"files": {"../x": "AA=="}}`, "\xff\xfe", `{"env": {"": ""}}`} {
-			f.Add(uint8(i), []string{"GET", "POST", "PUT", "DELETE"}[i%4], r, body)
+		"/v1/sandboxes/ID/interrupt", "/v1/sandboxes/ID/restart", "/v1/sandboxes/ID/processes", "/v1/sandboxes/ID/contexts",
+		"/v1/sandboxes/ID/processes/1/signal", "/v1/sandboxes/ID/processes/x/stdin", "/v1/sandboxes/ID/packages",
+		"/v1/sandboxes/ID/contexts/nope/restart"}
+	for _, r := range routes {
+		for _, body := range fuzzBodies {
+			f.Add("POST", r, "application/json", body)
 		}
+		f.Add("GET", r, "", "")
+		f.Add("DELETE", r, "", "")
+		f.Add("PUT", r, "text/plain", "x")
+		f.Add("POST", r, "application/x-www-form-urlencoded", "code=1")
 	}
-	f.Add(uint8(0), "PUT", "/v1/sandboxes/ID/files/../../etc/passwd", "x")
-	f.Add(uint8(0), "GET", "/v1/sandboxes/ID/files?path=%00&depth=99999999999999999999", "")
+	f.Add("PUT", "/v1/sandboxes/ID/files/../../etc/passwd", "", "x")
+	f.Add("PUT", "/v1/sandboxes/ID/files/%2e%2e/x", "", "x")
+	f.Add("PUT", "/v1/sandboxes/ID/files/a%00b", "", "x")
+	f.Add("GET", "/v1/sandboxes/ID/files?path=%00&depth=99999999999999999999", "", "")
+	f.Add("GET", "/v1/sandboxes/ID/files?path=/etc&depth=-1", "", "")
+	f.Add("GET", "/v1/sandboxes/"+strings.Repeat("a", 5000), "", "")
+	f.Add("GET", "/v1/sandboxes/ID/files/"+strings.Repeat("n", 256), "", "") // over NAME_MAX: was a 500
+	f.Add("PUT", "/v1/sandboxes/ID/files/a/"+strings.Repeat("n", 256), "", "x")
 	srv, _ := fakeServer(f, service.Config{MaxPerOwner: 1000})
 	c := &http.Client{Timeout: 10 * time.Second}
 	var idOnce sync.Once
 	var id string
-	f.Fuzz(func(t *testing.T, _ uint8, method, path, body string) {
+	f.Fuzz(func(t *testing.T, method, path, contentType, body string) {
 		idOnce.Do(func() {
-			resp, err := doRaw(c, srv.URL, "POST", "/v1/sandboxes", "")
+			resp, err := doRaw(c, srv.URL, "POST", "/v1/sandboxes", "", "")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -302,28 +383,34 @@ func FuzzRequests(f *testing.F) {
 		if !strings.HasPrefix(path, "/") || strings.ContainsAny(path, " \r\n\t#") {
 			return
 		}
+		if strings.ContainsAny(contentType, "\r\n\x00") {
+			return
+		}
 		path = strings.ReplaceAll(path, "ID", id)
-		resp, err := doRaw(c, srv.URL, method, path, body)
+		resp, err := doRaw(c, srv.URL, method, path, contentType, body)
 		if err != nil {
 			return // the client refused to send it
 		}
 		out, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 		resp.Body.Close()
-		if resp.StatusCode >= 500 && resp.StatusCode != 501 && resp.StatusCode != 503 {
+		if resp.StatusCode >= 500 && resp.StatusCode != 501 {
 			t.Errorf("%s %s %q: %d %s", method, path, body, resp.StatusCode, out)
 		}
 		if resp.StatusCode != 405 {
-			checkErrorBody(t, method+" "+path, resp.StatusCode, out)
+			checkErrorBody(t, method+" "+path, resp.StatusCode, out, body, path)
 		}
 	})
 }
 
-func doRaw(c *http.Client, base, method, path, body string) (*http.Response, error) {
+func doRaw(c *http.Client, base, method, path, contentType, body string) (*http.Response, error) {
 	req, err := http.NewRequest(method, base+path, strings.NewReader(body))
 	if err != nil {
 		return nil, err
 	}
 	req.Header.Set("Authorization", "Bearer alice-key")
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
 	return c.Do(req)
 }
 
@@ -354,7 +441,7 @@ func TestChoosingABackend(t *testing.T) {
 		{"/v1/execute", `{"code":"x","backend":"second"}`, `"stdout":"x"`, 200},
 		{"/v1/execute", `{"code":"x","backend":"gvisor"}`, `is not offered here`, 400},
 	} {
-		resp, err := doRaw(srv.Client(), srv.URL, "POST", c.path, c.body)
+		resp, err := doRaw(srv.Client(), srv.URL, "POST", c.path, "application/json", c.body)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -35,7 +35,7 @@ func clientMessage(log *slog.Logger, err error) string {
 		return "cancelled: the request was cancelled before it finished."
 	case errors.Is(err, sandbox.ErrTooLarge), errors.Is(err, sandbox.ErrBadPath), errors.Is(err, sandbox.ErrInvalidSpec),
 		errors.Is(err, sandbox.ErrClosed), errors.Is(err, sandbox.ErrSetup), errors.Is(err, sandbox.ErrUnsupported),
-		errors.Is(err, service.ErrShuttingDown), errors.Is(err, ErrNoOwner):
+		errors.Is(err, service.ErrShuttingDown), errors.Is(err, service.ErrCannotStart), errors.Is(err, ErrNoOwner):
 		return err.Error()
 	}
 	log.Error("mcp: internal error", "err", err)

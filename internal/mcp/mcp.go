@@ -11,6 +11,7 @@ package mcp
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -74,6 +75,9 @@ type server struct {
 	sdk   *sdk.Server
 	owner func(*sdk.CallToolRequest) (string, error)
 
+	// decoders decode each tool's arguments (see checkArguments).
+	decoders map[string]func(json.RawMessage) error
+
 	mu       sync.Mutex
 	sessions map[*sdk.ServerSession]*session
 }
@@ -88,7 +92,8 @@ type session struct {
 
 func newServer(cfg Config, owner func(*sdk.CallToolRequest) (string, error)) *server {
 	cfg.setDefaults()
-	s := &server{cfg: cfg, svc: cfg.Service, log: cfg.Logger, owner: owner, sessions: map[*sdk.ServerSession]*session{}}
+	s := &server{cfg: cfg, svc: cfg.Service, log: cfg.Logger, owner: owner, sessions: map[*sdk.ServerSession]*session{},
+		decoders: map[string]func(json.RawMessage) error{}}
 	s.sdk = sdk.NewServer(&sdk.Implementation{Name: "vivarium", Title: "Vivarium Python sandboxes", Version: cfg.Version},
 		&sdk.ServerOptions{
 			Instructions: instructions,
@@ -99,6 +104,7 @@ func newServer(cfg Config, owner func(*sdk.CallToolRequest) (string, error)) *se
 			Capabilities: &sdk.ServerCapabilities{},
 		})
 	s.addTools()
+	s.sdk.AddReceivingMiddleware(s.checkArguments)
 	return s
 }
 

@@ -4,13 +4,16 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"strings"
 	"time"
 
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/vivarium-sandbox/vivarium/internal/jsonerr"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/service"
 )
@@ -65,7 +68,7 @@ const maxReadFile = 8 << 20
 func ptr[T any](v T) *T { return &v }
 
 func (s *server) addTools() {
-	sdk.AddTool(s.sdk, &sdk.Tool{
+	addTool(s, &sdk.Tool{
 		Name:  "run_python",
 		Title: "Run Python",
 		Description: `Run Python 3 code in an isolated Linux sandbox and get back what it printed, the value of its last expression (as in a notebook cell), charts as PNG images, and, if it failed, the Python traceback.
@@ -74,39 +77,39 @@ Without sandbox_id the code runs in a fresh sandbox that is destroyed afterwards
 Print the values you want to see. Save files under the working directory (/workspace, the default) to read them back with read_file. A matplotlib figure comes back as an image when plt.show() is called or the figure is still open at the end. Long output is truncated with a note.`,
 		Annotations: &sdk.ToolAnnotations{Title: "Run Python", OpenWorldHint: ptr(false), DestructiveHint: ptr(false)},
 	}, s.runPython)
-	sdk.AddTool(s.sdk, &sdk.Tool{
+	addTool(s, &sdk.Tool{
 		Name:  "run_shell",
 		Title: "Run a shell command",
 		Description: `Run a shell command (/bin/sh -c) in an isolated Linux sandbox: inspect files, run command-line tools installed on the server, see what Python packages exist (python3 -m pip list). No network access.
 With sandbox_id it runs in that sandbox's working directory, beside the Python state of run_python; without it, in a fresh sandbox destroyed afterwards. Returns stdout, stderr and the exit code.`,
 		Annotations: &sdk.ToolAnnotations{Title: "Run a shell command", OpenWorldHint: ptr(false), DestructiveHint: ptr(false)},
 	}, s.runShell)
-	sdk.AddTool(s.sdk, &sdk.Tool{
+	addTool(s, &sdk.Tool{
 		Name:  "create_sandbox",
 		Title: "Create a sandbox",
 		Description: `Create a stateful Python sandbox and return its sandbox_id. Pass the id to run_python, run_shell, list_files, read_file and write_file: variables, imports and files are kept between calls, like a notebook kernel.
 The sandbox closes after idle_timeout_s seconds without use, when this conversation's session ends, or with close_sandbox.`,
 		Annotations: &sdk.ToolAnnotations{Title: "Create a sandbox", OpenWorldHint: ptr(false), DestructiveHint: ptr(false)},
 	}, s.createSandbox)
-	sdk.AddTool(s.sdk, &sdk.Tool{
+	addTool(s, &sdk.Tool{
 		Name:        "close_sandbox",
 		Title:       "Close a sandbox",
 		Description: `Close a sandbox created with create_sandbox: its processes end and its variables and files are deleted. Call it when the work in that sandbox is done.`,
 		Annotations: &sdk.ToolAnnotations{Title: "Close a sandbox", OpenWorldHint: ptr(false), DestructiveHint: ptr(true), IdempotentHint: true},
 	}, s.closeSandbox)
-	sdk.AddTool(s.sdk, &sdk.Tool{
+	addTool(s, &sdk.Tool{
 		Name:        "list_files",
 		Title:       "List files",
 		Description: `List the files and directories in a sandbox's working directory (or a directory under it), with their sizes. Directories end with a slash.`,
 		Annotations: &sdk.ToolAnnotations{Title: "List files", ReadOnlyHint: true, OpenWorldHint: ptr(false)},
 	}, s.listFiles)
-	sdk.AddTool(s.sdk, &sdk.Tool{
+	addTool(s, &sdk.Tool{
 		Name:        "read_file",
 		Title:       "Read a file",
 		Description: `Read a file from a sandbox's working directory. Text files come back as text (long ones truncated with a note), PNG, JPEG and GIF files as images; other binary files are described, to be inspected with run_python.`,
 		Annotations: &sdk.ToolAnnotations{Title: "Read a file", ReadOnlyHint: true, OpenWorldHint: ptr(false)},
 	}, s.readFile)
-	sdk.AddTool(s.sdk, &sdk.Tool{
+	addTool(s, &sdk.Tool{
 		Name:        "write_file",
 		Title:       "Write a file",
 		Description: `Write a file into a sandbox's working directory, for code run with run_python or run_shell to use (for example a CSV to analyse). Creates missing directories and replaces an existing file. Use encoding base64 for binary content.`,
@@ -114,9 +117,44 @@ The sandbox closes after idle_timeout_s seconds without use, when this conversat
 	}, s.writeFile)
 }
 
+// seconds converts a timeout the model gave, saturating: one too large
+// for a Duration is the largest (refused as over the server's limit).
+// addTool adds a tool, and the decoding of its arguments checkArguments
+// does.
+func addTool[In, Out any](s *server, t *sdk.Tool, h sdk.ToolHandlerFor[In, Out]) {
+	s.decoders[t.Name] = func(args json.RawMessage) error {
+		var in In
+		return json.Unmarshal(args, &in)
+	}
+	sdk.AddTool(s.sdk, t, h)
+}
+
+// checkArguments answers a tool call whose arguments do not decode into
+// the tool's input (not an object, a number out of range) with what is
+// wrong in JSON's terms, before the SDK does in Go's ("cannot unmarshal
+// ... into Go value of type ...").
+func (s *server) checkArguments(next sdk.MethodHandler) sdk.MethodHandler {
+	return func(ctx context.Context, method string, req sdk.Request) (sdk.Result, error) {
+		if call, ok := req.(*sdk.CallToolRequest); ok && method == "tools/call" && call.Params != nil {
+			args := call.Params.Arguments
+			if decode := s.decoders[call.Params.Name]; decode != nil && len(args) > 0 && string(args) != "null" {
+				if err := decode(args); err != nil {
+					res := &sdk.CallToolResult{}
+					res.SetError(fmt.Errorf("invalid arguments: %s", jsonerr.Message(err)))
+					return res, nil
+				}
+			}
+		}
+		return next(ctx, method, req)
+	}
+}
+
 func seconds(f float64) (time.Duration, error) {
 	if f < 0 {
 		return 0, fmt.Errorf("%w: a timeout must not be negative", sandbox.ErrInvalidSpec)
+	}
+	if ns := f * float64(time.Second); ns >= math.MaxInt64 {
+		return math.MaxInt64, nil
 	}
 	return time.Duration(f * float64(time.Second)), nil
 }
@@ -160,6 +198,9 @@ func (s *server) runShell(ctx context.Context, req *sdk.CallToolRequest, in runS
 	}
 	if strings.TrimSpace(in.Command) == "" {
 		return nil, nil, toolError(s.log, fmt.Errorf("%w: command is empty", sandbox.ErrInvalidSpec))
+	}
+	if max := s.svc.MaxExecTimeout(); timeout > max {
+		return nil, nil, toolError(s.log, fmt.Errorf("%w: timeout_s is over the server's limit of %v", sandbox.ErrInvalidSpec, max))
 	}
 	id := in.SandboxID
 	if id == "" {

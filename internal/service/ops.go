@@ -3,6 +3,7 @@ package service
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"sync"
@@ -30,7 +31,7 @@ func (s *Service) Execute(ctx context.Context, owner, id string, req sandbox.Exe
 	if err := s.boundExec(b, req.Timeout, req.CPUTime); err != nil {
 		return nil, err
 	}
-	if err := sandbox.ValidateEnv(req.Env); err != nil {
+	if err := checkEnv(req.Env); err != nil {
 		return nil, err
 	}
 	// A busy sandbox is the caller's own sequencing problem (409), told
@@ -109,6 +110,9 @@ func (s *Service) RunOnceWithNetwork(ctx context.Context, owner string, job sand
 	}
 	job.Spec.Limits = limits
 	if err := s.checkBackend(job.Spec.Backend); err != nil {
+		return nil, err
+	}
+	if err := errors.Join(checkEnv(job.Spec.Env), checkEnv(job.Request.Env), checkFileNames(job.Files)); err != nil {
 		return nil, err
 	}
 	policy, err := s.grantNetwork(network, job.Spec.Backend)
@@ -205,14 +209,21 @@ func (s *Service) Command(ctx context.Context, owner, id string, req CommandRequ
 	if err := s.boundExec(b, req.Timeout, 0); err != nil {
 		return nil, err
 	}
-	if err := sandbox.ValidateEnv(req.Env); err != nil {
+	if err := checkEnv(req.Env); err != nil {
+		return nil, err
+	}
+	cwd, err := checkCwd(req.Cwd)
+	if err != nil {
 		return nil, err
 	}
 	timeout := req.Timeout
 	if timeout == 0 {
 		timeout = b.limits.Timeout
 	}
-	cmd := sandbox.Command{Argv: []string{"/bin/sh", "-c", req.Cmd}, Env: req.Env, Dir: req.Cwd}
+	cmd := sandbox.Command{Argv: []string{"/bin/sh", "-c", req.Cmd}, Env: req.Env, Dir: cwd}
+	if err := checkArgv(cmd.Argv); err != nil {
+		return nil, err
+	}
 	return s.run(ctx, owner, id, b, cmd, timeout, sink, "command", req.Cmd)
 }
 
@@ -230,7 +241,7 @@ func (s *Service) run(ctx context.Context, owner, id string, b *Box, cmd sandbox
 	start := time.Now()
 	p, err := b.sb.Start(ctx, cmd)
 	if err != nil {
-		return nil, err
+		return nil, startError(err, cmd)
 	}
 	p.Stdin().Close()
 	res := &CommandResult{Status: sandbox.StatusOK}

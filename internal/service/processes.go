@@ -115,13 +115,16 @@ func (s *Service) StartProcess(ctx context.Context, owner, id string, req Proces
 	if err != nil {
 		return nil, nil, err
 	}
-	if len(req.Argv) == 0 || req.Argv[0] == "" {
-		return nil, nil, fmt.Errorf("%w: empty command", sandbox.ErrInvalidSpec)
+	if err := checkArgv(req.Argv); err != nil {
+		return nil, nil, err
 	}
 	if req.Timeout < 0 {
 		return nil, nil, fmt.Errorf("%w: negative timeout", sandbox.ErrInvalidSpec)
 	}
-	if err := sandbox.ValidateEnv(req.Env); err != nil {
+	if err := checkEnv(req.Env); err != nil {
+		return nil, nil, err
+	}
+	if req.Cwd, err = checkCwd(req.Cwd); err != nil {
 		return nil, nil, err
 	}
 	b.mu.Lock()
@@ -135,8 +138,10 @@ func (s *Service) StartProcess(ctx context.Context, owner, id string, req Proces
 		return nil, nil, err
 	}
 	done := s.use(b)
-	sp, err := b.sb.Start(ctx, sandbox.Command{Argv: req.Argv, Env: req.Env, Dir: req.Cwd})
+	cmd := sandbox.Command{Argv: req.Argv, Env: req.Env, Dir: req.Cwd}
+	sp, err := b.sb.Start(ctx, cmd)
 	if err != nil {
+		err = startError(err, cmd)
 		done()
 		release()
 		return nil, nil, err
@@ -160,7 +165,13 @@ func (s *Service) StartProcess(ctx context.Context, owner, id string, req Proces
 	b.procs[p.info.PID] = p
 	b.mu.Unlock()
 	go func() {
-		end := p.run(b.limits.MaxOutput, req.Timeout)
+		// The end is recorded before anyone is told of it.
+		p.run(b.limits.MaxOutput, req.Timeout, func(end ProcessEnd) {
+			s.metrics.observeCommand(end.Status)
+			s.cfg.Audit(store.Record{Kind: "command", KeyID: owner, SandboxID: id, CodeSHA256: store.CodeHash(fmt.Sprint(req.Argv)),
+				Status: string(end.Status), ExitCode: end.ExitCode,
+				DurationMS: float64(s.cfg.Now().Sub(p.info.StartedAt).Microseconds()) / 1000, Detail: end.Error})
+		})
 		b.mu.Lock()
 		if b.procs[p.info.PID] == p {
 			delete(b.procs, p.info.PID)
@@ -168,10 +179,6 @@ func (s *Service) StartProcess(ctx context.Context, owner, id string, req Proces
 		b.mu.Unlock()
 		done()
 		release()
-		s.metrics.observeCommand(end.Status)
-		s.cfg.Audit(store.Record{Kind: "command", KeyID: owner, SandboxID: id, CodeSHA256: store.CodeHash(fmt.Sprint(req.Argv)),
-			Status: string(end.Status), ExitCode: end.ExitCode,
-			DurationMS: float64(s.cfg.Now().Sub(p.info.StartedAt).Microseconds()) / 1000, Detail: end.Error})
 	}()
 	return p, sub, nil
 }
@@ -314,8 +321,9 @@ func (p *Process) publish(ev ProcessEvent) {
 	}
 }
 
-// run follows the process to its end and returns how it ended.
-func (p *Process) run(maxOutput int64, timeout time.Duration) ProcessEnd {
+// run follows the process to its end and returns how it ended; record is
+// given the end before the subscribers are.
+func (p *Process) run(maxOutput int64, timeout time.Duration, record func(ProcessEnd)) ProcessEnd {
 	var wg sync.WaitGroup
 	pump := func(r io.Reader, name string, event func([]byte) ProcessEvent) {
 		defer wg.Done()
@@ -373,6 +381,7 @@ func (p *Process) run(maxOutput int64, timeout time.Duration) ProcessEnd {
 	case end.ExitCode != 0:
 		end.Status = sandbox.StatusError
 	}
+	record(end)
 	p.mu.Lock()
 	p.end = &end
 	subs := p.subs

@@ -62,7 +62,10 @@ type Config struct {
 	// value gives none.
 	Network NetworkConfig
 	// Audit receives a record of every execution, command, one-shot run
-	// and network connection. Nil: nothing is recorded.
+	// and network connection. An execution's, command's or run's record
+	// is given before its result is returned or its end told to anyone:
+	// an Audit that returns once the record is stored (store.AuditLog)
+	// keeps a record of every answer sent. Nil: nothing is recorded.
 	Audit  func(store.Record)
 	Logger *slog.Logger
 	// Now is the clock; tests replace it.
@@ -267,7 +270,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	if err != nil {
 		return Info{}, err
 	}
-	if err := sandbox.ValidateEnv(req.Env); err != nil {
+	if err := checkEnv(req.Env); err != nil {
 		return Info{}, err
 	}
 	if err := s.checkBackend(req.Backend); err != nil {

@@ -50,12 +50,7 @@ func (s *Store) Append(ctx context.Context, recs ...Record) error {
 		return err
 	}
 	defer tx.Rollback()
-	stmt, err := tx.PrepareContext(ctx, `INSERT INTO audit (time, kind, key_id, sandbox_id, code_sha256, status,
-		exit_code, duration_ms, cpu_ms, peak_memory_bytes, detail, host, port, bytes_in, bytes_out)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`)
-	if err != nil {
-		return err
-	}
+	stmt := tx.StmtContext(ctx, s.insertAudit)
 	defer stmt.Close()
 	for _, r := range recs {
 		if r.Time.IsZero() {

@@ -35,7 +35,8 @@ const FileName = "vivarium.db"
 
 // Store is an open database.
 type Store struct {
-	db *sql.DB
+	db          *sql.DB
+	insertAudit *sql.Stmt // prepared once: every request's record uses it
 }
 
 const schema = `
@@ -84,7 +85,15 @@ func Open(dir string) (*Store, error) {
 	} else {
 		f.Close()
 	}
-	dsn := "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)"
+	// WAL: readers (the CLI) and the server's writes do not block each
+	// other. synchronous(NORMAL): a commit is in the log file when it
+	// returns, safe from a crash of the process (not from one of the
+	// machine). No automatic checkpoint: it would run, with its fsync,
+	// inside whichever request's commit crossed the threshold; a server
+	// checkpoints in the background (AuditLog), and the last connection
+	// to close checkpoints too.
+	dsn := "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)" +
+		"&_pragma=wal_autocheckpoint(0)"
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {
 		return nil, fmt.Errorf("database: %w", err)
@@ -97,7 +106,14 @@ func Open(dir string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("database %s: %w", path, err)
 	}
-	return &Store{db: db}, nil
+	insert, err := db.Prepare(`INSERT INTO audit (time, kind, key_id, sandbox_id, code_sha256, status,
+		exit_code, duration_ms, cpu_ms, peak_memory_bytes, detail, host, port, bytes_in, bytes_out)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`)
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("database %s: %w", path, err)
+	}
+	return &Store{db: db, insertAudit: insert}, nil
 }
 
 // addedColumns are columns added to a table after its first release: a
@@ -125,8 +141,18 @@ func migrate(db *sql.DB) error {
 	return nil
 }
 
+// Checkpoint copies what the write-ahead log holds into the database file,
+// as far as readers let it, without waiting for them.
+func (s *Store) Checkpoint(ctx context.Context) error {
+	_, err := s.db.ExecContext(ctx, `PRAGMA wal_checkpoint(PASSIVE)`)
+	return err
+}
+
 // Close closes the database.
-func (s *Store) Close() error { return s.db.Close() }
+func (s *Store) Close() error {
+	s.insertAudit.Close()
+	return s.db.Close()
+}
 
 // Key is an API key's record. The token itself is never stored.
 type Key struct {

@@ -67,7 +67,8 @@ var (
 )
 
 // Clean checks a workspace-relative path and returns it cleaned. Absolute
-// paths, ".." anywhere, NUL bytes and the empty path are refused.
+// paths, ".." anywhere, NUL bytes, names over 255 bytes and the empty path
+// are refused.
 func Clean(name string) (string, error) {
 	bad := func(why string) (string, error) {
 		return "", fmt.Errorf("%w: %q %s", sandbox.ErrBadPath, name, why)
@@ -85,6 +86,9 @@ func Clean(name string) (string, error) {
 	for _, part := range strings.Split(name, "/") {
 		if part == ".." {
 			return bad("leaves the workspace")
+		}
+		if len(part) > 255 { // NAME_MAX: the kernel's ENAMETOOLONG
+			return bad("has a name over 255 bytes")
 		}
 	}
 	c := path.Clean(name)
@@ -208,6 +212,9 @@ func (d *Dir) writeFile(name string, r io.Reader, limit int64) error {
 		return fmt.Errorf("%w: %q is larger than %d bytes", sandbox.ErrTooLarge, name, limit)
 	}
 	if err := unix.Renameat(dirfd, tmp, dirfd, base); err != nil {
+		if err == unix.EISDIR || err == unix.ENOTEMPTY || err == unix.EEXIST {
+			return fmt.Errorf("%w: %q is a directory", sandbox.ErrExists, name)
+		}
 		return fmt.Errorf("workspace: replace %q: %w", name, err)
 	}
 	ok = true
@@ -230,7 +237,7 @@ func (d *Dir) openRegular(rel string) (io.ReadCloser, sandbox.FileInfo, error) {
 		if err == unix.ELOOP || err == unix.EXDEV || err == unix.ENXIO {
 			return nil, info, fmt.Errorf("%w: %q is a link or leaves the workspace", sandbox.ErrBadPath, rel)
 		}
-		return nil, info, fmt.Errorf("workspace: open %q: %w", rel, wrapNotExist(err))
+		return nil, info, fmt.Errorf("workspace: open %q: %w", rel, linkOrNotExist(err))
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
@@ -291,7 +298,7 @@ func (d *Dir) ReadDir(name string, depth int) ([]sandbox.FileInfo, error) {
 		if err == unix.ENOTDIR {
 			return nil, fmt.Errorf("%w: %q is not a directory", sandbox.ErrBadPath, rel)
 		}
-		return nil, fmt.Errorf("workspace: open %q: %w", rel, wrapNotExist(err))
+		return nil, fmt.Errorf("workspace: open %q: %w", rel, linkOrNotExist(err))
 	}
 	defer unix.Close(fd)
 	sub := &Dir{fd: fd, uid: d.uid, gid: d.gid}
@@ -319,7 +326,7 @@ func (d *Dir) Stat(name string) (sandbox.FileInfo, error) {
 	parent, base := path.Split(rel)
 	pfd, err := d.openat(d.fd, path.Clean("./"+parent), unix.O_PATH|unix.O_DIRECTORY, 0)
 	if err != nil {
-		return sandbox.FileInfo{}, fmt.Errorf("workspace: %q: %w", rel, wrapNotExist(err))
+		return sandbox.FileInfo{}, fmt.Errorf("workspace: %q: %w", rel, linkOrNotExist(err))
 	}
 	defer unix.Close(pfd)
 	var st unix.Stat_t
@@ -342,7 +349,7 @@ func (d *Dir) Remove(name string) error {
 	parent, base := path.Split(rel)
 	pfd, err := d.openat(d.fd, path.Clean("./"+parent), unix.O_RDONLY|unix.O_DIRECTORY, 0)
 	if err != nil {
-		return fmt.Errorf("workspace: remove %q: %w", rel, wrapNotExist(err))
+		return fmt.Errorf("workspace: remove %q: %w", rel, linkOrNotExist(err))
 	}
 	defer unix.Close(pfd)
 	return d.asOwner(func() error { return removeAt(pfd, base, 0) })

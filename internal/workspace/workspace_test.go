@@ -69,7 +69,8 @@ func assertNoTempFiles(t *testing.T, root string) {
 
 func TestRejectsBadPaths(t *testing.T) {
 	d, _ := newDir(t)
-	for _, name := range []string{"", "/etc/passwd", "../x", "a/../../x", "a/..", ".", "x\x00y", strings.Repeat("a", 5000)} {
+	for _, name := range []string{"", "/etc/passwd", "../x", "a/../../x", "a/..", ".", "x\x00y", strings.Repeat("a", 5000),
+		strings.Repeat("a", 256), "a/" + strings.Repeat("b", 256) + "/c"} {
 		err := d.WriteFile(name, strings.NewReader("x"), 10)
 		if !errors.Is(err, sandbox.ErrBadPath) {
 			t.Errorf("WriteFile(%q) = %v, want ErrBadPath", name, err)
@@ -355,5 +356,37 @@ func TestRename(t *testing.T) {
 	}
 	if _, err := os.Stat("/etc/passwd"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A path through a file, or a file where a directory is, is the caller's
+// mistake (ErrBadPath, ErrExists), not an unexplained error.
+func TestFilesAndDirectoriesMixedUp(t *testing.T) {
+	d, _ := newDir(t)
+	if err := d.WriteFile("f", strings.NewReader("x"), 10); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Mkdir("dir/sub"); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		what string
+		err  error
+		want error
+	}{
+		{"open f/x", func() error { _, _, err := d.OpenFile("f/x"); return err }(), sandbox.ErrBadPath},
+		{"stat f/x", func() error { _, err := d.Stat("f/x"); return err }(), sandbox.ErrBadPath},
+		{"list f/x", func() error { _, err := d.ReadDir("f/x", 1); return err }(), sandbox.ErrBadPath},
+		{"remove f/x", d.Remove("f/x"), sandbox.ErrBadPath},
+		{"write f/x", d.WriteFile("f/x", strings.NewReader("x"), 10), sandbox.ErrBadPath},
+		{"write over dir", d.WriteFile("dir", strings.NewReader("x"), 10), sandbox.ErrExists},
+		{"open dir", func() error { _, _, err := d.OpenFile("dir"); return err }(), sandbox.ErrBadPath},
+	} {
+		if !errors.Is(tc.err, tc.want) {
+			t.Errorf("%s: %v, want %v", tc.what, tc.err, tc.want)
+		}
+	}
+	if fi, err := d.Stat("dir/sub"); err != nil || fi.Type != "dir" {
+		t.Errorf("the directory was touched: %+v %v", fi, err)
 	}
 }

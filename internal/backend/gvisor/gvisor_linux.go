@@ -34,9 +34,13 @@ import (
 type Config struct {
 	// Runsc is the runsc binary; default: runsc in PATH.
 	Runsc string
-	// Platform is runsc's platform ("ptrace", "kvm", "systrap"); default:
-	// kvm where /dev/kvm can be opened, ptrace otherwise.
+	// Platform is runsc's platform ("systrap", "kvm", "ptrace"); default:
+	// the first in PlatformOrder that starts a sandbox here. Either way a
+	// sandbox is started with it before New returns.
 	Platform string
+	// ProbeTimeout bounds the start of the sandbox that tries a platform;
+	// default DefaultProbeTimeout.
+	ProbeTimeout time.Duration
 	// StateDir holds runsc's state, the bundles and the workspaces;
 	// default /run/vivarium/gvisor/CGROUP-PARENT (one per server, as the
 	// cgroup parent is).
@@ -49,8 +53,20 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// New checks that the host can run gVisor sandboxes and returns a backend.
-func New(cfg Config) (*container.Backend, error) {
+// Backend is the gvisor backend: container sandboxes whose runtime is
+// runsc, on the platform New found to work.
+type Backend struct {
+	*container.Backend
+	platform Choice
+}
+
+// Platform is the runsc platform the backend's sandboxes use, and how it
+// was chosen.
+func (b *Backend) Platform() Choice { return b.platform }
+
+// New checks that the host can run gVisor sandboxes, finds a platform that
+// starts one (see PlatformOrder), and returns a backend.
+func New(cfg Config) (*Backend, error) {
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("%w: the gvisor backend needs root (runsc makes the sandbox's namespaces and cgroup)", sandbox.ErrUnsupported)
 	}
@@ -62,9 +78,6 @@ func New(cfg Config) (*container.Backend, error) {
 		return nil, fmt.Errorf("%w: runsc (gVisor) is not installed: apt install runsc (%v)", sandbox.ErrUnsupported, err)
 	}
 	cfg.Runsc = p
-	if cfg.Platform == "" {
-		cfg.Platform = DefaultPlatform()
-	}
 	if cfg.CgroupParent == "" {
 		cfg.CgroupParent = "vivarium-gvisor"
 	}
@@ -85,35 +98,40 @@ func New(cfg Config) (*container.Backend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v (the gvisor backend limits memory and processes with cgroups)", sandbox.ErrUnsupported, err)
 	}
-	rt := &Runtime{cfg: cfg, cgroupParent: cfg.CgroupParent}
+	rt := &Runtime{cfg: cfg, cgroupParent: cfg.CgroupParent, cgroups: cg}
 	if err := rt.prepare(); err != nil {
 		return nil, fmt.Errorf("%w: gvisor: %v", sandbox.ErrSetup, err)
 	}
-	return container.New(container.Config{
+	choice, err := rt.selectPlatform(context.Background())
+	if err != nil {
+		rt.Close()
+		return nil, err
+	}
+	rt.cfg.Platform = choice.Platform
+	cfg.Logger.Info("gvisor: platform " + choice.String())
+	b, err := container.New(container.Config{
 		Runtime: rt, StateDir: filepath.Join(cfg.StateDir, "sandboxes"), Cgroups: cg,
 		UID: container.SandboxUID, GID: container.SandboxGID, Logger: cfg.Logger,
-		// gVisor's kernel is host threads, and with the ptrace platform
-		// a host process per address space of the sandbox: the host's
-		// limit leaves it room; the code's own is RLIMIT_NPROC inside.
-		HostPids: func(pids int) int64 { return int64(512 + 4*pids) },
+		HostPids: hostPids,
 	})
+	if err != nil {
+		rt.Close()
+		return nil, err
+	}
+	return &Backend{Backend: b, platform: choice}, nil
 }
 
-// DefaultPlatform is runsc's platform where none is given: kvm where
-// /dev/kvm can be opened (hardware virtualisation: fastest), ptrace
-// otherwise (works everywhere, slower system calls).
-func DefaultPlatform() string {
-	if f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0); err == nil {
-		f.Close()
-		return "kvm"
-	}
-	return "ptrace"
-}
+// hostPids is the pids limit of a sandbox's cgroup: gVisor's kernel is
+// host threads, and with the ptrace platform a host process per address
+// space of the sandbox; the host's limit leaves it room, the code's own is
+// RLIMIT_NPROC inside.
+func hostPids(pids int) int64 { return int64(512 + 4*pids) }
 
 // Runtime starts sandboxes with runsc.
 type Runtime struct {
 	cfg          Config
 	cgroupParent string
+	cgroups      cgroups.Manager
 	root         string // the shared root skeleton
 }
 
@@ -165,12 +183,18 @@ func (r *Runtime) Sweep() ([]string, error) {
 		}
 		ids = append(ids, id)
 	}
-	// And its root skeleton.
+	// And its root skeleton, and what a platform probe it did not see
+	// to the end left (the probe's processes were in a cgroup of the
+	// parent, which the backend has swept).
 	roots, _ := filepath.Glob(filepath.Join(r.cfg.StateDir, "root-*"))
-	for _, root := range roots {
-		if root != r.root {
-			errs = append(errs, os.RemoveAll(root))
+	probes, _ := filepath.Glob(filepath.Join(r.cfg.StateDir, "probe-*"))
+	for _, dir := range append(roots, probes...) {
+		if dir != r.root {
+			errs = append(errs, os.RemoveAll(dir))
 		}
+	}
+	for _, dir := range probes {
+		removeCgroupDirs(filepath.Join(r.cgroupParent, filepath.Base(dir)))
 	}
 	return ids, errors.Join(errs...)
 }
@@ -284,7 +308,13 @@ func (r *Runtime) Launch(ctx context.Context, l container.Launch) (container.Con
 }
 
 func (r *Runtime) globalArgs() []string {
-	return []string{"--root", filepath.Join(r.cfg.StateDir, "runsc"), "--network=none", "--platform=" + r.cfg.Platform}
+	return runscArgs(filepath.Join(r.cfg.StateDir, "runsc"), r.cfg.Platform)
+}
+
+// runscArgs are the flags of every runsc command on a sandbox: its state
+// directory, no network, the platform.
+func runscArgs(root, platform string) []string {
+	return []string{"--root", root, "--network=none", "--platform=" + platform}
 }
 
 // sandboxContainer is one `runsc run`.
@@ -342,6 +372,12 @@ func (c *sandboxContainer) Remove() error {
 type lockedBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 func (l *lockedBuffer) Write(p []byte) (int, error) {

@@ -1,12 +1,18 @@
 package gvisor_test
 
 import (
+	"bytes"
 	"context"
+	"errors"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/backend/gvisor"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
@@ -108,5 +114,113 @@ func TestMissingRunsc(t *testing.T) {
 		StateDir: t.TempDir()})
 	if err == nil {
 		t.Fatal("New succeeded without runsc")
+	}
+}
+
+// leftoversOf lists what a backend's state directory and cgroup parent
+// hold beyond a backend's own: probe directories, runsc's containers,
+// cgroups, processes of runsc started on dir.
+func leftoversOf(t *testing.T, parent, dir string) []string {
+	t.Helper()
+	var left []string
+	probes, _ := filepath.Glob(filepath.Join(dir, "probe-*"))
+	left = append(left, probes...)
+	left = append(left, testutil.CgroupsUnder(parent)...)
+	left = append(left, testutil.ProcessesMatching(dir)...)
+	return left
+}
+
+// An explicitly requested platform is started for real before New returns:
+// one that does not work here fails in seconds (the probe's timeout, not
+// the two minutes a sandbox's start may take), names the platform, and
+// leaves nothing behind. A name runsc does not know fails at once.
+func TestRequestedPlatformFailsFast(t *testing.T) {
+	testutil.RequireRoot(t)
+	if err := gvisor.Check(); err != nil {
+		t.Skip(err)
+	}
+	const parent = "vivarium-gvisor-platform-test"
+	dir := t.TempDir()
+	_, err := gvisor.New(gvisor.Config{Platform: "bogus", CgroupParent: parent, StateDir: dir})
+	if err == nil {
+		t.Fatal("New succeeded with the platform bogus")
+	}
+	if !errors.Is(err, sandbox.ErrUnsupported) || !strings.Contains(err.Error(), "platform bogus") ||
+		!strings.Contains(err.Error(), "unknown platform") {
+		t.Errorf("error %q: want ErrUnsupported naming the platform and runsc's reason", err)
+	}
+	if left := leftoversOf(t, parent, dir); len(left) > 0 {
+		t.Errorf("left after a failed probe: %v", left)
+	}
+
+	// kvm: where /dev/kvm opens but the platform cannot start a sandbox
+	// (this nested VM), the probe gives up after its timeout; where it
+	// works, a sandbox runs code on it.
+	b, err := gvisor.New(gvisor.Config{Platform: "kvm", CgroupParent: parent, StateDir: dir, ProbeTimeout: 5 * time.Second})
+	if err != nil {
+		t.Logf("kvm: %v", err)
+		if !errors.Is(err, sandbox.ErrUnsupported) || !strings.Contains(err.Error(), "platform kvm") {
+			t.Errorf("error %q: want ErrUnsupported naming kvm", err)
+		}
+		if left := leftoversOf(t, parent, dir); len(left) > 0 {
+			t.Errorf("left after a failed probe: %v", left)
+		}
+		return
+	}
+	defer b.Close()
+	if got := b.Platform(); got.Platform != "kvm" || !got.Requested {
+		t.Errorf("platform %v, want kvm as requested", got)
+	}
+	runPrint(t, b)
+}
+
+// Without a platform, New uses the first of PlatformOrder that starts a
+// sandbox, says which and why the ones before it were passed over, and
+// sandboxes run on it.
+func TestDefaultPlatformWorks(t *testing.T) {
+	const parent = "vivarium-gvisor-platform-test"
+	dir := t.TempDir()
+	testutil.RequireRoot(t)
+	if err := gvisor.Check(); err != nil {
+		t.Skip(err)
+	}
+	var log bytes.Buffer
+	b, err := gvisor.New(gvisor.Config{CgroupParent: parent, StateDir: dir, Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	c := b.Platform()
+	// The server's log names it.
+	if want := "gvisor: platform " + c.String(); !strings.Contains(log.String(), strconv.Quote(want)) {
+		t.Errorf("log %q lacks %q", log.String(), want)
+	}
+	order := gvisor.PlatformOrder(gvisor.InVirtualMachine())
+	i := slices.Index(order, c.Platform)
+	if i < 0 || c.Requested {
+		t.Fatalf("platform %v: want one of %v, not requested", c, order)
+	}
+	if len(c.Rejected) != i {
+		t.Errorf("%v: %d platforms before it in %v, %d rejections", c, i, order, len(c.Rejected))
+	}
+	for j, r := range c.Rejected {
+		if r.Platform != order[j] || !strings.Contains(c.String(), r.Err.Error()) {
+			t.Errorf("rejection %d: %v (order %v; %q)", j, r, order, c)
+		}
+	}
+	t.Logf("platform %s", c)
+	runPrint(t, b)
+	if left := leftoversOf(t, parent, dir); len(left) > 0 {
+		t.Errorf("left after the probe and a sandbox: %v", left)
+	}
+}
+
+func runPrint(t *testing.T, b sandbox.Backend) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res, err := sandbox.RunOnce(ctx, b, sandbox.OneShot{Request: sandbox.ExecRequest{Code: "print(6*7)"}})
+	if err != nil || res.Status != sandbox.StatusOK || res.Stdout != "42\n" {
+		t.Fatalf("%+v %v", res, err)
 	}
 }

@@ -1,0 +1,121 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"sync"
+	"testing"
+)
+
+// A record is in the database, for another connection (the CLI's) to read,
+// as soon as Record returns: a request's answer, sent after, never runs
+// ahead of its audit record. Concurrent records are committed together.
+func TestAuditRecordIsCommittedWhenItReturns(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	server, cli := open(t, dir), open(t, dir)
+	audit := NewAuditLog(server, slog.New(slog.DiscardHandler))
+	defer audit.Close()
+
+	// One at a time: each is readable at once.
+	for i := range 20 {
+		sb := fmt.Sprintf("sb_%d", i)
+		audit.Record(Record{Kind: "execute", KeyID: "key_1", SandboxID: sb, Status: "ok"})
+		got, err := cli.Audit(ctx, Query{SandboxID: sb})
+		if err != nil || len(got) != 1 {
+			t.Fatalf("record %d: %d records (%v) right after Record returned", i, len(got), err)
+		}
+	}
+	// Many at once, as a busy server's requests: every one that has
+	// returned is there.
+	var wg sync.WaitGroup
+	missing := make(chan string, 400)
+	for i := range 400 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sb := fmt.Sprintf("par_%d", i)
+			audit.Record(Record{Kind: "execute", KeyID: "key_2", SandboxID: sb, Status: "ok"})
+			if got, err := cli.Audit(ctx, Query{SandboxID: sb}); err != nil || len(got) != 1 {
+				missing <- fmt.Sprintf("%s: %d records, %v", sb, len(got), err)
+			}
+		}()
+	}
+	wg.Wait()
+	close(missing)
+	for m := range missing {
+		t.Error(m)
+	}
+	if got, _ := cli.Audit(ctx, Query{KeyID: "key_2", Limit: 1000}); len(got) != 400 {
+		t.Fatalf("%d records of 400", len(got))
+	}
+}
+
+// A commit that fails does not hang its callers, and the next records are
+// written.
+func TestAuditRecordReturnsWhenTheWriteFails(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir)
+	audit := NewAuditLog(s, slog.New(slog.DiscardHandler))
+	defer audit.Close()
+	if _, err := s.db.Exec(`CREATE TRIGGER refuse BEFORE INSERT ON audit WHEN NEW.kind = 'bad'
+		BEGIN SELECT RAISE(ABORT, 'refused'); END`); err != nil {
+		t.Fatal(err)
+	}
+	audit.Record(Record{Kind: "bad"}) // returns: the failure is logged
+	audit.Record(Record{Kind: "execute", KeyID: "k"})
+	if got, err := s.Audit(context.Background(), Query{}); err != nil || len(got) != 1 || got[0].Kind != "execute" {
+		t.Fatalf("%+v %v", got, err)
+	}
+}
+
+// What waiting for the commit costs a request: one record at a time (an
+// idle server), and many requests at once (group commit).
+func BenchmarkAuditRecord(b *testing.B) {
+	for _, parallel := range []int{1, 16} {
+		b.Run(fmt.Sprintf("clients=%d", parallel*runtime.GOMAXPROCS(0)), func(b *testing.B) {
+			s, err := Open(b.TempDir())
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			audit := NewAuditLog(s, slog.New(slog.DiscardHandler))
+			defer audit.Close()
+			b.SetParallelism(parallel)
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					audit.Record(Record{Kind: "execute", KeyID: "key_1", SandboxID: "sb_1", Status: "ok", CodeSHA256: CodeHash("x")})
+				}
+			})
+		})
+	}
+}
+
+// Commits do not checkpoint (that would put an fsync in some request's
+// path); the log does it in the background and when it closes, so the
+// write-ahead log is copied into the database file.
+func TestAuditLogCheckpoints(t *testing.T) {
+	s := open(t, t.TempDir())
+	audit := NewAuditLog(s, slog.New(slog.DiscardHandler))
+	for range 50 {
+		audit.Record(Record{Kind: "execute", KeyID: "k"})
+	}
+	var busy, logFrames, done int
+	// Nothing checkpointed yet by a commit: the log holds every frame.
+	if err := s.db.QueryRow(`PRAGMA wal_checkpoint(NOOP)`).Scan(&busy, &logFrames, &done); err != nil {
+		t.Fatal(err)
+	}
+	if logFrames == 0 || done != 0 {
+		t.Fatalf("before the log's checkpoint: %d frames in the log, %d checkpointed", logFrames, done)
+	}
+	audit.Close()
+	if err := s.db.QueryRow(`PRAGMA wal_checkpoint(NOOP)`).Scan(&busy, &logFrames, &done); err != nil {
+		t.Fatal(err)
+	}
+	if done != logFrames {
+		t.Fatalf("after Close: %d frames in the log, %d checkpointed", logFrames, done)
+	}
+	audit.Close() // twice is harmless
+}
