@@ -288,7 +288,7 @@ print("file-nr", "absent" if filenr is None else filenr.split())
 
 // observePrelude gives the cases above locks and the architecture's
 // library directory.
-const observePrelude = `import ctypes, fcntl, os, struct, subprocess, sysconfig
+const observePrelude = `import ctypes, errno, fcntl, os, struct, subprocess, sysconfig
 _libc = ctypes.CDLL(None, use_errno=True)
 F_OFD_GETLK, F_OFD_SETLK = 36, 37
 LIBDIR = "/usr/lib/" + sysconfig.get_config_var("MULTIARCH")
@@ -302,9 +302,9 @@ def flock_nb(path):
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return fd, "ok"
-    except BlockingIOError:
+    except OSError as e:
         os.close(fd)
-        return None, "EWOULDBLOCK"
+        return None, "EWOULDBLOCK" if isinstance(e, BlockingIOError) else errno.errorcode[e.errno]
 `
 
 // hostFileActivity reads and runs files of the host's /usr, ten times a

@@ -17,6 +17,11 @@ import (
 // and errno values sometimes differ from Linux's. The attack still fails in
 // every case; what differs is how it is refused.
 var gvisorDifferences = map[string]difference{
+	"park_descriptors_in_flight": {why: "the Sentry keeps a sandbox's sockets and the descriptors queued on them in " +
+		"its own memory, charged to the sandbox: the memory limit may come before the descriptor limit; the host's " +
+		"budgets are never touched", check: heldOrMemoryLimit("in_flight")},
+	"take_every_process_slot": {why: "each task costs the Sentry memory charged to the sandbox: the memory limit " +
+		"may come before the pids limit", check: heldOrMemoryLimit("processes")},
 	// Files: the host's files come through the gofer, which checks
 	// permissions before the read-only mount (EACCES, EPERM) where Linux
 	// says EROFS first.
@@ -59,9 +64,9 @@ var gvisorDifferences = map[string]difference{
 		check: want("oom_score_adj -1000 ok", "oom_adj -17 EACCES", "now -1000")},
 	"cgroup_escape": {why: sentryProc + ": the Sentry shows no cgroup", check: want("cgroup paths []",
 		"cgroup mounts 0", "mount cgroup EPERM", "release_agent ENOENT")},
-	"lock_host_files": {why: "gVisor has no OFD locks (EINVAL) and no /proc/locks; its flock locks are the " +
-		"Sentry's own, never the host's", check: want("flock /usr/bin/env ok", "flock LIBDIR/libc.so.6 ok", "flock /etc/passwd ok",
-		"flock / ok", "flock /opt/vivarium ok", "lock seen on /usr/bin/env EINVAL", "lock seen on /etc/passwd EINVAL",
+	"lock_host_files": {why: "gVisor has no OFD locks (EINVAL), no locks on its devices (ENOLCK) and no " +
+		"/proc/locks; its flock locks are the Sentry's own, never the host's", check: want("flock /usr/bin/env ok", "flock LIBDIR/libc.so.6 ok", "flock /etc/passwd ok",
+		"flock / ok", "flock /opt/vivarium ok", "flock /dev/null ENOLCK", "lock seen on /usr/bin/env EINVAL", "lock seen on /etc/passwd EINVAL",
 		"/proc/locks absent", "hold md5sum ok")},
 	"proc_reveals_host": {why: sentryProc + ": it has no boot_id and no fs/file-nr, the cmdline of gVisor's own " +
 		"kernel, a /proc/cgroups without controllers, and counters of the sandbox alone", check: func(t *testing.T, h *harness, o *outcome) {

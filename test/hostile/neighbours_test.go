@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
 
@@ -22,8 +20,9 @@ import (
 // on both sides of it ask for the same thing again and again: on the host,
 // as root, in this process; and in another sandbox of the same backend.
 // Every probe must be served, and at least one of each must have run
-// inside the window the case reports ("window FROM TO", in seconds of
-// CLOCK_MONOTONIC, which the sandbox and the host share).
+// inside the window the case reports ("window FROM TO", in seconds of the
+// wall clock: gVisor's monotonic clock is its own, its wall clock the
+// host's).
 const (
 	holdFor       = 3 * time.Second
 	probeInterval = 100 * time.Millisecond
@@ -36,10 +35,10 @@ libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 
 def held(name, count, err):
-    start = time.monotonic()
+    start = time.time()
     print("held", name, count, errno.errorcode.get(err, err), flush=True)
     time.sleep(%f)
-    print("window %%.3f %%.3f" %% (start, time.monotonic()), flush=True)
+    print("window %%.3f %%.3f" %% (start, time.time()), flush=True)
 
 `, holdFor.Seconds())
 
@@ -50,7 +49,7 @@ func probeCode(body string) string {
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 ok, why = False, "not run"
-t = time.monotonic()
+t = time.time()
 try:
 ` + indent(body) + `
 except OSError as e:
@@ -68,7 +67,7 @@ func indent(s string) string {
 }
 
 type probeRecord struct {
-	at  float64 // CLOCK_MONOTONIC seconds
+	at  float64 // wall-clock seconds
 	err string  // "" when served
 }
 
@@ -88,11 +87,7 @@ var (
 	neighbourSet = map[string]*neighbours{}
 )
 
-func monotonic() float64 {
-	var ts unix.Timespec
-	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
-	return float64(ts.Sec) + float64(ts.Nsec)/1e9
-}
+func now() float64 { return float64(time.Now().UnixNano()) / 1e9 }
 
 // watchNeighbours starts the probes, for the case's check to judge with
 // neighboursServed. Called from a case's prepare.
@@ -106,7 +101,7 @@ func watchNeighbours(t *testing.T, h *harness, hostProbe func() error, sandboxPr
 	go func() {
 		defer n.wg.Done()
 		for {
-			at := monotonic()
+			at := now()
 			rec := probeRecord{at: at}
 			if err := hostProbe(); err != nil {
 				rec.err = err.Error()
@@ -278,4 +273,18 @@ func heldCount(t *testing.T, o *outcome, name string) (int, string) {
 	}
 	t.Fatalf("no %q held line: %s", name, describe(o))
 	return 0, ""
+}
+
+// heldOrMemoryLimit checks a budget case on a backend where the sandbox's
+// memory limit may end it before it holds anything: either way, neither
+// the host nor the neighbour was ever refused.
+func heldOrMemoryLimit(name string) func(t *testing.T, h *harness, o *outcome) {
+	return func(t *testing.T, h *harness, o *outcome) {
+		if o.Status == sandbox.StatusMemoryLimit {
+			neighboursNeverRefused(t)
+			return
+		}
+		heldCount(t, o, name)
+		neighboursServed(t, o)
+	}
 }
