@@ -134,6 +134,23 @@ var dockerDifferences = map[string]difference{
 		check: want("host dirs ['sys']", "root is /workspace", "var ['tmp']", "home ['user'] /workspace",
 			"/sys/fs/cgroup ok", "/sys/kernel ENOENT", "/run/user ENOENT", "/var/lib ENOENT", "/var/log ENOENT",
 			"/boot ENOENT")},
+	"proc_reveals_host": {why: "runc lets a mount cover only the files of /proc that LXCFS emulates (meminfo, stat, " +
+		"loadavg, swaps ...): the other files the native backend synthesises are emptied (Docker's MaskedPaths, a " +
+		"bind of the container's /dev/null), so the boot id is empty rather than one of the sandbox's own, and " +
+		"/proc/cgroups and /proc/sys/fs/file-nr are empty rather than counting the sandbox alone",
+		edit: func(code string) string {
+			return strings.Replace(code, "if boot is None:", "if boot == \"\":\n    print(\"boot_id empty\")\nelif boot is None:", 1)
+		},
+		check: func(t *testing.T, h *harness, o *outcome) {
+			want := []string{"boot_id empty", "cmdline hidden"}
+			for _, p := range []string{"config.gz", "interrupts", "softirqs", "diskstats", "partitions", "iomem", "ioports",
+				"devices", "buddyinfo", "zoneinfo", "locks", "bus", "fs", "irq", "pressure"} {
+				want = append(want, p+" hidden")
+			}
+			want = append(want, "loadavg ['0.00', '0.00', '0.00']", "stat cpus True", "stat counters ['0']",
+				"cgroups []", "MemTotal ['131072']", "file-nr []")
+			wantOK(t, o, lines(want...))
+		}},
 }
 
 // dockerDev: why /dev differs.

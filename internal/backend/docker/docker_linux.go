@@ -6,13 +6,14 @@
 //
 // Each container has no network, a read-only root from a near-empty image
 // (see imageTar) and the same file system view as the native backend,
-// read-only overlays of the host's mounted for it alone (see view); the
-// sandbox's disk (/workspace, /tmp, /dev/shm) is one size-limited tmpfs of
-// Vivarium's; all capabilities dropped but the four the agent needs to
-// become the sandbox user, no-new-privileges, Docker's seccomp profile and
-// Vivarium's own filter inside; memory (without swap), process and CPU
-// limits; small per-user rlimits and IPC namespace limits (see request);
-// no log driver. Vivarium owns each container's life, not a `docker` client
+// read-only overlays of the host's mounted for it alone (see view), and a
+// /proc that hides what the native backend's hides (see proc_linux.go);
+// the sandbox's disk (/workspace, /tmp, /dev/shm) is one size-limited
+// tmpfs of Vivarium's; all capabilities dropped but the four the agent
+// needs to become the sandbox user, no-new-privileges, Docker's seccomp
+// profile and Vivarium's own filter inside; memory (without swap), process
+// and CPU limits; small per-user rlimits and IPC namespace limits (see
+// request); no log driver. Vivarium owns each container's life, not a `docker` client
 // process: it kills the container's PID 1 itself (through a pidfd) and
 // removes the container; containers carry labels by which a later start
 // sweeps what a crashed one left.
@@ -335,6 +336,7 @@ type hostConfig struct {
 	Mounts           []mountSpec
 	Tmpfs            map[string]string
 	ReadonlyPaths    []string
+	MaskedPaths      []string `json:",omitempty"` // nil: Docker's
 	Ulimits          []ulimit
 	Sysctls          map[string]string
 }
@@ -402,6 +404,10 @@ func (r *Runtime) request(l container.Launch, v *view) *createRequest {
 	for _, d := range hostDirs() {
 		mounts = append(mounts, bind(v.host(d), d))
 	}
+	// The synthesised /proc files (see proc_linux.go).
+	for _, p := range v.procFiles {
+		mounts = append(mounts, bind(v.root("proc/"+p), "/proc/"+p))
+	}
 	lim := l.Spec.Limits
 	pids := int64(lim.Pids + agentTasks)
 	if r.gvisor {
@@ -450,6 +456,7 @@ func (r *Runtime) request(l container.Launch, v *view) *createRequest {
 				"/sys/fs/cgroup": "ro,nosuid,nodev,noexec,size=4k,mode=0555",
 			},
 			ReadonlyPaths: readonlyPaths,
+			MaskedPaths:   v.maskedPaths(),
 			Sysctls: map[string]string{
 				// The kernel's default, which Docker opens to every
 				// group: no ICMP echo sockets without a privilege.
@@ -487,7 +494,7 @@ func (r *Runtime) request(l container.Launch, v *view) *createRequest {
 // pidfd and find its cgroup.
 func (r *Runtime) Launch(ctx context.Context, l container.Launch) (_ container.Container, err error) {
 	name := r.cfg.Name + "-" + l.ID
-	v, err := r.newView(l.ID, l.UID, l.GID)
+	v, err := r.newView(l.ID, l.UID, l.GID, l.Spec.Limits.Memory)
 	if err != nil {
 		return nil, fmt.Errorf("the container's file system: %w", err)
 	}

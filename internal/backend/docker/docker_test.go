@@ -265,6 +265,10 @@ plt.show()
 				t.Fatalf("%+v", res)
 			}
 		})
+		t.Run("proc", func(t *testing.T) {
+			t.Parallel()
+			testProc(t, oneShot)
+		})
 		t.Run("timeout", func(t *testing.T) {
 			t.Parallel()
 			res := oneShot(t, "while True: pass", sandbox.Limits{Timeout: time.Second})
@@ -455,6 +459,24 @@ func TestRunsc(t *testing.T) {
 	// gVisor's kernel says it is Linux 4.4.0.
 	if res.Stdout != "4.4.0 1000\n" {
 		t.Errorf("not under gVisor? %q", res.Stdout)
+	}
+	// Its /proc is its kernel's, which shows nothing of the host: the
+	// backend binds no file over it (the loadavg would be the native
+	// backend's, 1/1 1).
+	res, warn = sandbox.RunOnce(context.Background(), b, sandbox.OneShot{Request: sandbox.ExecRequest{Code: `import os
+for p in ("sys/kernel/random/boot_id", "cmdline", "loadavg", "locks"):
+    try:
+        print(p, open("/proc/" + p).read().strip())
+    except OSError as e:
+        print(p, os.strerror(e.errno))
+`}})
+	if warn != nil {
+		t.Error(warn)
+	}
+	wantStatus(t, res, sandbox.StatusOK)
+	if want := "sys/kernel/random/boot_id No such file or directory\ncmdline BOOT_IMAGE=/vmlinuz-4.4.0-gvisor quiet\n" +
+		"loadavg 0.00 0.00 0.00 0/0 0\nlocks No such file or directory\n"; res.Stdout != want {
+		t.Errorf("/proc under gVisor:\n%s\nwant\n%s", res.Stdout, want)
 	}
 	if left := b.leftovers(t); len(left) > 0 {
 		t.Errorf("left behind: %v", left)

@@ -29,6 +29,10 @@ import (
 // the skeleton, the view's own files: passwd and group naming the
 // sandbox user) goes on top.
 //
+// Under runc, the view holds the container's synthesised /proc files too
+// (see proc_linux.go), in the skeleton's top layer, so that they are read-only
+// through its overlay without a mount of their own.
+//
 // The mounts are made before the container is created and removed once
 // it is: in order, for each: the directory, an overlay mounted
 // read-only, nosuid and nodev. Docker binds them read-write, which they
@@ -38,6 +42,10 @@ import (
 type view struct {
 	dir    string
 	mounts []string // mounted in this order, unmounted in the reverse
+	// procFiles are the synthesised files of /proc (paths relative to
+	// it) the view holds, procMasked those the container's /proc
+	// empties; both nil under gVisor, whose /proc is its own.
+	procFiles, procMasked []string
 }
 
 // viewsDir is where the views are, in the backend's state directory.
@@ -46,15 +54,17 @@ const viewsDir = "views"
 // Paths in a view.
 const (
 	viewEmpty = "empty" // an empty directory: the top layer of host overlays
-	viewTop   = "top"   // the skeleton's top layer: /etc/passwd and /etc/group
+	viewTop   = "top"   // the skeleton's top layer: /etc/passwd, /etc/group and /proc's files
 	viewRoot  = "root"  // the skeleton's overlay
 	viewHost  = "host"  // host/usr ...: the host directories' overlays
 	viewAgent = "agent" // the agent's directory's overlay
 )
 
 // newView mounts a container's view: the skeleton with passwd and group
-// naming the sandbox user uid and gid, the host's directories, the agent.
-func (r *Runtime) newView(name string, uid, gid int) (_ *view, err error) {
+// naming the sandbox user uid and gid (and, under runc, the /proc files of
+// a sandbox whose memory limit is memory bytes), the host's directories,
+// the agent.
+func (r *Runtime) newView(name string, uid, gid int, memory int64) (_ *view, err error) {
 	dir, err := os.MkdirTemp(filepath.Join(r.cfg.StateDir, viewsDir), name+"-")
 	if err != nil {
 		return nil, err
@@ -76,6 +86,12 @@ func (r *Runtime) newView(name string, uid, gid int) (_ *view, err error) {
 	}
 	if err := os.WriteFile(v.path(viewTop+"/etc/group"), group, 0o644); err != nil {
 		return nil, err
+	}
+	if !r.gvisor {
+		v.procFiles, v.procMasked, err = native.ProcFiles(v.path(viewTop+"/proc"), "/proc", memory, procBindable)
+		if err != nil {
+			return nil, fmt.Errorf("the /proc files: %w", err)
+		}
 	}
 	if err := v.overlay(viewRoot, v.path(viewTop), r.root.dir); err != nil {
 		return nil, err

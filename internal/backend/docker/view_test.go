@@ -2,6 +2,7 @@ package docker
 
 import (
 	"os"
+	"slices"
 	"testing"
 )
 
@@ -27,12 +28,26 @@ func BenchmarkView(b *testing.B) {
 	r := &Runtime{cfg: Config{StateDir: dir, Exe: exe}, root: root}
 	b.ResetTimer()
 	for b.Loop() {
-		v, err := r.newView("bench", 2_000_001_000, 2_000_001_000)
+		v, err := r.newView("bench", 2_000_001_000, 2_000_001_000, 128<<20)
 		if err != nil {
 			b.Fatal(err)
 		}
 		if err := v.close(); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// A container's MaskedPaths keep Docker's defaults, which they replace,
+// and name each path once; under gVisor they are Docker's.
+func TestMaskedPaths(t *testing.T) {
+	v := &view{procMasked: []string{"kcore", "locks", "sys/kernel/random/boot_id", "keys"}}
+	got := v.maskedPaths()
+	want := append(slices.Clone(dockerMasked), "/proc/locks", "/proc/sys/kernel/random/boot_id")
+	if !slices.Equal(got, want) {
+		t.Errorf("masked paths %v, want %v", got, want)
+	}
+	if got := (&view{}).maskedPaths(); got != nil {
+		t.Errorf("masked paths under gVisor %v, want nil (Docker's)", got)
 	}
 }

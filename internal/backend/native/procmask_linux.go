@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -88,8 +89,12 @@ var procSynthesised = []struct {
 }
 
 // newProcView describes the sandbox that cfg starts.
-func newProcView(cfg *initConfig) (*procView, error) {
-	v := &procView{MemTotal: cfg.MemTotal}
+func newProcView(cfg *initConfig) (*procView, error) { return procViewOf(cfg.MemTotal) }
+
+// procViewOf describes a sandbox whose memory limit is memTotal bytes and
+// which may run on the CPUs this thread may.
+func procViewOf(memTotal int64) (*procView, error) {
+	v := &procView{MemTotal: memTotal}
 	var set unix.CPUSet
 	if err := unix.SchedGetaffinity(0, &set); err != nil {
 		return nil, fmt.Errorf("sched_getaffinity: %w", err)
@@ -162,6 +167,41 @@ func maskProc(proc, scratch string, v *procView) error {
 		}
 	}
 	return nil
+}
+
+// ProcFiles does what maskProc does for a runtime that mounts a sandbox's
+// /proc itself (the docker backend), and may bind files over only some of
+// it: it writes the synthesised file of each path bindable accepts into
+// dir, at its path relative to /proc (dir/meminfo), for a sandbox whose
+// memory limit is memTotal bytes, from the kernel's files under proc. It
+// returns the paths (relative to /proc) of the files written and of those
+// to empty: procMasked, and the synthesised files bindable refuses. A file
+// this kernel lacks is not written.
+func ProcFiles(dir, proc string, memTotal int64, bindable func(path string) bool) (written, masked []string, err error) {
+	v, err := procViewOf(memTotal)
+	if err != nil {
+		return nil, nil, err
+	}
+	masked = slices.Clone(procMasked)
+	for _, f := range procSynthesised {
+		if !bindable(f.path) {
+			masked = append(masked, f.path)
+			continue
+		}
+		host, err := os.ReadFile(filepath.Join(proc, f.path))
+		if err != nil {
+			continue // not in this kernel
+		}
+		dst := filepath.Join(dir, f.path)
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			return nil, nil, err
+		}
+		if err := os.WriteFile(dst, []byte(f.make(v, string(host))), 0o444); err != nil {
+			return nil, nil, err
+		}
+		written = append(written, f.path)
+	}
+	return written, masked, nil
 }
 
 // stat is /proc/stat for the sandbox: a line per CPU it may use, as glibc

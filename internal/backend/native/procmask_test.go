@@ -1,6 +1,9 @@
 package native
 
 import (
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -46,6 +49,71 @@ func TestOverlayLayerNames(t *testing.T) {
 	for _, p := range []string{"/a:b", "/a,upperdir=/x", `/a\b`} {
 		if err := mountOverlay(p, "/empty", t.TempDir()); err == nil || !strings.Contains(err.Error(), "overlay layer") {
 			t.Errorf("layer %q: %v, want it refused", p, err)
+		}
+	}
+}
+
+// ProcFiles writes the synthesised files a runtime can bind, from the
+// kernel's files under the proc it is given, and names the rest to empty.
+// Runs without root.
+func TestProcFiles(t *testing.T) {
+	proc, dir := t.TempDir(), t.TempDir()
+	host := map[string]string{
+		"meminfo": "MemTotal:       24683656 kB\nMemFree:        20983188 kB\n",
+		"loadavg": "3.14 2.71 1.41 5/900 4242\n",
+		"vmstat":  "nr_free_pages 1128559\n",
+	}
+	for name, content := range host {
+		if err := os.WriteFile(filepath.Join(proc, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// stat is bindable but absent from this "kernel"; vmstat is there
+	// but not bindable.
+	bindable := func(p string) bool { return p == "meminfo" || p == "loadavg" || p == "stat" }
+	written, masked, err := ProcFiles(dir, proc, 64<<20, bindable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(written, []string{"loadavg", "meminfo"}) {
+		t.Errorf("written %v, want [loadavg meminfo]", written)
+	}
+	for name, want := range map[string]string{
+		"loadavg": "0.00 0.00 0.00 1/1 1\n",
+		"meminfo": "MemTotal:          65536 kB\nMemFree:           65536 kB\n",
+	} {
+		got, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil || string(got) != want {
+			t.Errorf("%s: %q (%v), want %q", name, got, err, want)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "stat")); err == nil {
+		t.Error("stat written, though the kernel has none")
+	}
+	for _, p := range append(slices.Clone(procMasked), "vmstat", "cgroups", "sys/kernel/random/boot_id", "sys/fs/file-nr") {
+		if !slices.Contains(masked, p) {
+			t.Errorf("%s not masked", p)
+		}
+	}
+	for _, p := range append(written, "stat") {
+		if slices.Contains(masked, p) {
+			t.Errorf("%s masked, though bindable", p)
+		}
+	}
+}
+
+// The cost of ProcFiles for the docker backend: the four files runc lets
+// it bind, from this host's /proc, written and removed.
+func BenchmarkProcFiles(b *testing.B) {
+	dir := b.TempDir()
+	lxcfs := func(p string) bool { return p == "loadavg" || p == "stat" || p == "meminfo" || p == "swaps" }
+	for b.Loop() {
+		d := filepath.Join(dir, "proc")
+		if _, _, err := ProcFiles(d, "/proc", 128<<20, lxcfs); err != nil {
+			b.Fatal(err)
+		}
+		if err := os.RemoveAll(d); err != nil {
+			b.Fatal(err)
 		}
 	}
 }
