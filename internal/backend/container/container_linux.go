@@ -245,8 +245,11 @@ func (b *Backend) start(ctx context.Context, spec sandbox.Spec) (_ *Sandbox, err
 		if b.cfg.HostPids != nil {
 			pids = b.cfg.HostPids(spec.Limits.Pids)
 		}
-		if s.cg, err = b.cfg.Cgroups.New(s.id, cgroups.Limits{MemoryBytes: spec.Limits.Memory,
-			Pids: pids, CPUs: spec.Limits.CPUs}); err != nil {
+		// No tenant's group: a runtime is told the group's path as
+		// parent/ID (gvisor's cgroupsPath).
+		l := cgroups.Of(spec)
+		l.Pids, l.Tenant = pids, ""
+		if s.cg, err = b.cfg.Cgroups.New(s.id, l); err != nil {
 			return nil, err
 		}
 	}
