@@ -275,7 +275,8 @@ func (s *server) idleMemory(n int) func(context.Context) (float64, error) {
 	}
 }
 
-// sandboxGroups lists the sandbox cgroups under parent (not the zygote's).
+// sandboxGroups lists the sandbox cgroups under parent (not the zygote's),
+// those in a tenant's group (parent/TENANT/SANDBOX) included.
 func sandboxGroups(parent string) []string {
 	var out []string
 	for _, root := range []string{"/sys/fs/cgroup/pids", "/sys/fs/cgroup"} {
@@ -284,8 +285,20 @@ func sandboxGroups(parent string) []string {
 			continue
 		}
 		for _, e := range entries {
-			if e.IsDir() && !strings.HasPrefix(e.Name(), "zygote-") {
-				out = append(out, filepath.Join(root, parent, e.Name()))
+			if !e.IsDir() || strings.HasPrefix(e.Name(), "zygote-") {
+				continue
+			}
+			dir := filepath.Join(root, parent, e.Name())
+			subs, _ := os.ReadDir(dir)
+			tenant := false
+			for _, sub := range subs {
+				if sub.IsDir() {
+					tenant = true
+					out = append(out, filepath.Join(dir, sub.Name()))
+				}
+			}
+			if !tenant {
+				out = append(out, dir)
 			}
 		}
 		if len(out) > 0 {
