@@ -400,7 +400,7 @@ func allCases() []hostileCase {
 	for _, group := range [][]hostileCase{
 		secretCases, filesystemCases, procCases, privilegeCases, seccompCases,
 		networkCases, resourceCases, lifetimeCases, outputCases, protocolCases,
-		outDirCases, persistenceCases, egressCases,
+		outDirCases, persistenceCases, egressCases, noisyCases,
 	} {
 		all = append(all, group...)
 	}
