@@ -59,6 +59,10 @@ type Group interface {
 	// IntoFD returns a directory descriptor for clone3's CLONE_INTO_CGROUP,
 	// or -1 where the hierarchy cannot do that (cgroup v1).
 	IntoFD() int
+	// Path is the group's path from the top of its hierarchy,
+	// "/PARENT/NAME" or "/PARENT/TENANT/NAME": what an OCI runtime is
+	// given as cgroupsPath to run a container in it.
+	Path() string
 	// Stats reads the group's accounting.
 	Stats() (Stats, error)
 	// Procs lists the processes in the group (host pids).

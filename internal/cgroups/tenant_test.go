@@ -98,6 +98,9 @@ func TestV1TenantTree(t *testing.T) {
 			t.Errorf("%s = %q, want %q", strings.TrimPrefix(path, root), got, want)
 		}
 	}
+	if a1.Path() != "/vivarium/key_a/sb1" || alone.Path() != "/vivarium/sb4" {
+		t.Errorf("paths %q and %q", a1.Path(), alone.Path())
+	}
 	if err := a1.Destroy(); err != nil {
 		t.Fatal(err)
 	}
@@ -154,6 +157,9 @@ func TestV2TenantTree(t *testing.T) {
 		if got := readString(t, path); got != want {
 			t.Errorf("%s = %q, want %q", strings.TrimPrefix(path, root), got, want)
 		}
+	}
+	if a1.Path() != "/vivarium/key_a/sb1" {
+		t.Errorf("path %q", a1.Path())
 	}
 	if fd := a1.IntoFD(); fd < 0 {
 		t.Error("no descriptor for CLONE_INTO_CGROUP")

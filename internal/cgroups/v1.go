@@ -28,6 +28,8 @@ type v1 struct {
 	// devices are the block devices I/O limits apply to (IODevices;
 	// tests replace it).
 	devices func() ([]Device, error)
+	// others are the v1 hierarchies the manager makes no groups in.
+	others []string
 }
 
 func newV1(mounts []mount, parent string) (*v1, error) {
@@ -51,6 +53,11 @@ func newV1(mounts []mount, parent string) (*v1, error) {
 			case "blkio":
 				m.blkio = mt.point
 			}
+		}
+	}
+	for _, mt := range mounts {
+		if mt.fstype == "cgroup" && !slices.Contains(m.points(), mt.point) {
+			m.others = append(m.others, mt.point)
 		}
 	}
 	var missing []string
@@ -208,7 +215,14 @@ func (m *v1) releaseTenant(tenant string) error {
 		for _, p := range points {
 			dirs = append(dirs, filepath.Join(p, m.parent, tenant))
 		}
-		return removeTenantDirs(dirs)
+		err := removeTenantDirs(dirs)
+		// An OCI runtime given a group's path (gVisor's runsc) makes it in
+		// every hierarchy it knows, cpuset and devices too, and removes
+		// only the group: the tenant's group there is left to us.
+		for _, p := range m.others {
+			rmdirGroup(filepath.Join(p, m.parent, tenant)) // ENOENT where none was made
+		}
+		return err
 	})
 }
 
@@ -277,6 +291,8 @@ func (g *group1) AddProc(pid int) error {
 }
 
 func (g *group1) IntoFD() int { return -1 }
+
+func (g *group1) Path() string { return "/" + filepath.Join(g.m.parent, g.rel) }
 
 func (g *group1) Procs() ([]int, error) { return readProcs(g.dir(g.m.pids)) }
 

@@ -153,7 +153,7 @@ func (m *v2) New(name string, l Limits) (Group, error) {
 		}
 	}
 	dir := filepath.Join(m.root, m.parent, name)
-	g := &group2{m: m, fd: -1}
+	g := &group2{m: m, name: name, fd: -1}
 	if l.Tenant != "" {
 		if err := m.acquireTenant(l.Tenant); err != nil {
 			return nil, err
@@ -236,6 +236,7 @@ func (m *v2) releaseTenant(tenant string) error {
 
 type group2 struct {
 	m      *v2
+	name   string
 	dir    string // "" before it is made and once destroyed
 	fd     int
 	tenant string
@@ -277,6 +278,14 @@ func (g *group2) limit(l Limits, devs []Device) error {
 func (g *group2) AddProc(pid int) error { return writeFile(g.dir, "cgroup.procs", fmt.Sprint(pid)) }
 
 func (g *group2) IntoFD() int { return g.fd }
+
+func (g *group2) Path() string {
+	rel := g.name
+	if g.tenant != "" {
+		rel = filepath.Join(g.tenant, g.name)
+	}
+	return "/" + filepath.Join(g.m.parent, rel)
+}
 
 func (g *group2) Procs() ([]int, error) { return readProcs(g.dir) }
 

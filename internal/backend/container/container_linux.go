@@ -245,10 +245,8 @@ func (b *Backend) start(ctx context.Context, spec sandbox.Spec) (_ *Sandbox, err
 		if b.cfg.HostPids != nil {
 			pids = b.cfg.HostPids(spec.Limits.Pids)
 		}
-		// No tenant's group: a runtime is told the group's path as
-		// parent/ID (gvisor's cgroupsPath).
 		l := cgroups.Of(spec)
-		l.Pids, l.Tenant = pids, ""
+		l.Pids = pids
 		if s.cg, err = b.cfg.Cgroups.New(s.id, l); err != nil {
 			return nil, err
 		}
