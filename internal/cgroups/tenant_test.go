@@ -236,11 +236,16 @@ func TestIOLimitNeedsController(t *testing.T) {
 // groups and their sandboxes', and removes children first.
 func TestSweepNested(t *testing.T) {
 	fakeKernel(t, v1Files)
-	m, root := fakeV1(t, "cpu", "cpuacct", "memory", "pids", "freezer", "blkio")
+	m, root := fakeV1(t, "cpu", "cpuacct", "memory", "pids", "freezer", "blkio", "cpuset")
 	for _, g := range []struct{ name, tenant string }{{"sb1", "key_a"}, {"sb2", "key_a"}, {"sb3", ""}} {
 		if _, err := m.New(g.name, Limits{Tenant: g.tenant}); err != nil {
 			t.Fatal(err)
 		}
+	}
+	// A hierarchy the manager makes no groups in, where a runtime made
+	// one of the sandboxes' (runsc does, given the group's path).
+	if err := os.MkdirAll(filepath.Join(root, "cpuset", "vivarium", "key_a", "sb1"), 0o755); err != nil {
+		t.Fatal(err)
 	}
 	names, err := m.Sweep()
 	if err != nil {
@@ -250,7 +255,7 @@ func TestSweepNested(t *testing.T) {
 	if want := []string{"key_a", "key_a/sb1", "key_a/sb2", "sb3"}; !slices.Equal(names, want) {
 		t.Errorf("swept %v, want %v", names, want)
 	}
-	for _, h := range []string{"cpu", "memory", "blkio"} {
+	for _, h := range []string{"cpu", "memory", "blkio", "cpuset"} {
 		entries, _ := os.ReadDir(filepath.Join(root, h, "vivarium"))
 		for _, e := range entries {
 			if e.IsDir() {

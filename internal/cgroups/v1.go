@@ -99,7 +99,9 @@ func (m *v1) IOController() bool { return m.blkio != "" }
 
 func (m *v1) Sweep() ([]string, error) {
 	var parents []string
-	for _, p := range m.points() {
+	// The other hierarchies too: what a runtime that was given a group's
+	// path made there (runsc: cpuset, devices ...).
+	for _, p := range append(m.points(), m.others...) {
 		parents = append(parents, filepath.Join(p, m.parent))
 	}
 	kill := func(rel string) {
