@@ -169,14 +169,17 @@ func (s *Service) DefaultSpec(owner string, oneShot bool) sandbox.Spec {
 //
 // A pooled sandbox is made in its tenant's group from the start: the
 // tenant is part of the spec, and so of the pool's key, and each tenant
-// has pools of its own, filled on its first request (a miss: a sandbox
-// made on demand, ~50-130 ms instead of ~1 ms on the native backend) and
-// kept while it is in use. The alternative, one pool for all and the
-// sandbox's processes moved into its tenant's group when handed out,
+// has pools of its own, filled after its first request and kept while it
+// is in use. The cost is that first request: a sandbox made on demand (a
+// key's first one-shot print(1) took 35 to 104 ms, its next ones 5 to
+// 45 ms, on the two-core development machine under load; a stateful
+// sandbox, 131 ms against 0.7 ms from a pool) and the ready sandboxes of
+// each active key (6.9 MiB each). The alternative, one pool for all and
+// the sandbox's processes moved into its tenant's group when handed out,
 // was not taken: on cgroup v2 a process's memory charge stays with the
-// group it was made in (a sandbox's first pages would escape its own
-// limit), a move races with anything the sandbox starts, and for a
-// while a tenant's sandbox would share a group with nobody's.
+// group it was made in (what a sandbox touched before would escape its
+// own limit), a move of several processes races with any one of them
+// forking, and a move that fails halfway leaves a sandbox in two groups.
 func (s *Service) tenantOf(owner string) string {
 	if !s.cfg.Tenants || owner == "" {
 		return ""
