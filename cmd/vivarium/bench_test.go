@@ -72,6 +72,10 @@ func TestBenchShort(t *testing.T) {
 		"W1 / python3 -c (no isolation)":           "",
 		"W3 / vivarium serve, HTTP execute (warm)": "1.00x",
 		"W4 / vivarium serve, POST /v1/sandboxes":  "1.00x",
+		// Fairness between keys: value rows, in milliseconds.
+		"W6 / quiet key alone (--tenant-share)":                        "1.00x",
+		"W6 / beside a key of 8 busy sandboxes (--tenant-share)":       "",
+		"W6 / beside a key of 8 busy sandboxes (--tenant-share=false)": "",
 	} {
 		got, ok := ratios[row]
 		switch {

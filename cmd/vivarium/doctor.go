@@ -194,6 +194,12 @@ func doctorChecks() []check {
 			detail += " (memory, pids; clone into cgroup)"
 		}
 		add("cgroups", nil, detail)
+		add("disk I/O limits", ioLimitCheck(m), ioLimitDetail())
+		shares := "a CPU weight per sandbox and per API key (vivarium serve --tenant-share)"
+		if !m.CPUController() {
+			shares = "none: no cpu controller, a sandbox of many processes (or a key of many sandboxes) gets more than its share"
+		}
+		out = append(out, check{Name: "CPU shares", OK: true, Optional: true, Detail: shares})
 	}
 
 	// A real sandbox, end to end, which also reports the Python stack.
@@ -236,4 +242,27 @@ print("python " + sys.version.split()[0] + "; " + ", ".join(mods))
 	add("core dumps", nil, fmt.Sprintf("sandboxes run with RLIMIT_CORE 1, which the kernel reads as \"no dump\", to a file or to the host's handler (core_pattern %q)",
 		strings.TrimSpace(string(pattern))))
 	return out
+}
+
+// ioLimitCheck: sandboxes get a disk I/O limit by default; a host that
+// cannot give one needs --insecure-no-io-limit.
+func ioLimitCheck(m cgroups.Manager) error {
+	if !m.IOController() {
+		name := "blkio"
+		if m.Version() == 2 {
+			name = "io"
+		}
+		return fmt.Errorf("no %s cgroup controller: sandboxes cannot start without --insecure-no-io-limit", name)
+	}
+	_, err := cgroups.IODevices()
+	return err
+}
+
+func ioLimitDetail() string {
+	devs, _ := cgroups.IODevices()
+	var names []string
+	for _, d := range devs {
+		names = append(names, fmt.Sprintf("%s (%s)", d.Name, d))
+	}
+	return "throttled on " + strings.Join(names, ", ") + " (the disks behind / and /usr)"
 }

@@ -1,9 +1,13 @@
 package main
 
 import (
+	"errors"
+	"flag"
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
 
 // sizeFlag parses byte sizes: 1048576, 512KiB, 512MiB, 1GiB, and the
@@ -63,3 +67,46 @@ type listFlag []string
 
 func (l *listFlag) String() string     { return strings.Join(*l, ",") }
 func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
+
+// ioFlags are the disk I/O limits of run, serve and mcp: each sandbox's
+// rates on the disks behind the host's / and /usr, and the explicit
+// option that accepts none (a host without the blkio/io controller).
+type ioFlags struct {
+	readBPS, writeBPS   sizeFlag
+	readIOPS, writeIOPS int64
+	none                bool
+}
+
+func (f *ioFlags) register(fs *flag.FlagSet, what string) {
+	f.readBPS, f.writeBPS = sandbox.DefaultIOReadBPS, sandbox.DefaultIOWriteBPS
+	fs.Var(&f.readBPS, "io-read", "disk reads of "+what+", bytes a `RATE` per second (cgroup blkio/io.max)")
+	fs.Int64Var(&f.readIOPS, "io-read-iops", sandbox.DefaultIOReadIOPS, "disk reads of "+what+", operations a second")
+	fs.Var(&f.writeBPS, "io-write", "disk writes of "+what+", bytes a `RATE` per second")
+	fs.Int64Var(&f.writeIOPS, "io-write-iops", sandbox.DefaultIOWriteIOPS, "disk writes of "+what+", operations a second")
+	fs.BoolVar(&f.none, "insecure-no-io-limit", false,
+		"run sandboxes without a disk I/O limit, on a host without the cgroup blkio (v1) or io (v2) controller: one sandbox can then take the whole disk")
+}
+
+// apply sets l's I/O rates from the flags, or none with
+// --insecure-no-io-limit.
+func (f *ioFlags) apply(l sandbox.Limits) (sandbox.Limits, error) {
+	if f.none {
+		return l.WithoutIOLimit(), nil
+	}
+	if f.readBPS <= 0 || f.writeBPS <= 0 || f.readIOPS <= 0 || f.writeIOPS <= 0 {
+		return l, errors.New("--io-read, --io-write, --io-read-iops and --io-write-iops must be positive " +
+			"(--insecure-no-io-limit runs without a disk I/O limit)")
+	}
+	l.IOReadBPS, l.IOWriteBPS = int64(f.readBPS), int64(f.writeBPS)
+	l.IOReadIOPS, l.IOWriteIOPS = f.readIOPS, f.writeIOPS
+	return l, nil
+}
+
+// String describes the limit for logs.
+func (f *ioFlags) String() string {
+	if f.none {
+		return "none (--insecure-no-io-limit)"
+	}
+	return fmt.Sprintf("read %s/s %d/s, write %s/s %d/s", formatSize(int64(f.readBPS)), f.readIOPS,
+		formatSize(int64(f.writeBPS)), f.writeIOPS)
+}

@@ -165,6 +165,9 @@ func TestRunBadInput(t *testing.T) {
 		{[]string{"run", "--env", "NOEQUALS", "-c", "1"}, "want K=V"},
 		{[]string{"run", "--file", "/nonexistent", "-c", "1"}, "--file"},
 		{[]string{"run", "--pids", "0", "-c", "1"}, "pids"},
+		{[]string{"run", "--io-read", "0", "-c", "1"}, "--insecure-no-io-limit"},
+		{[]string{"run", "--io-read", "100", "-c", "1"}, "disk I/O rates must be between 1MiB and 1TiB"},
+		{[]string{"run", "--io-write-iops", "5", "-c", "1"}, "disk I/O operations must be between 10"},
 		{[]string{"frobnicate"}, "unknown command"},
 	} {
 		got := vivarium(t, "", tc.args...)

@@ -35,6 +35,7 @@ type mcpConfig struct {
 	timeout, execTimeout    time.Duration
 	memory, disk, maxOutput sizeFlag
 	pids                    int
+	io                      ioFlags
 }
 
 func mcpFlags(c *mcpConfig) *flag.FlagSet {
@@ -67,6 +68,7 @@ Flags:
 	fs.Var(&c.disk, "disk", "size of each sandbox's /workspace, /tmp and /dev/shm together")
 	fs.Var(&c.maxOutput, "max-output", "bytes of output kept per stream and execution")
 	fs.IntVar(&c.pids, "pids", sandbox.DefaultPids, "processes and threads at once in each sandbox")
+	c.io.register(fs, "each sandbox")
 	return fs
 }
 
@@ -92,7 +94,12 @@ func cmdMCP(args []string) int {
 		fmt.Fprintln(os.Stderr, "vivarium mcp: --log-level must be debug, info, warn or error")
 		return 2
 	}
-	limits := sandbox.Limits{Memory: int64(c.memory), Disk: int64(c.disk), MaxOutput: int64(c.maxOutput), Pids: c.pids, Timeout: c.timeout}
+	limits, err := c.io.apply(sandbox.Limits{Memory: int64(c.memory), Disk: int64(c.disk), MaxOutput: int64(c.maxOutput),
+		Pids: c.pids, Timeout: c.timeout})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "vivarium mcp: %v\n", err)
+		return 2
+	}
 	if err := limits.Validate(); err != nil {
 		fmt.Fprintf(os.Stderr, "vivarium mcp: %v\n", err)
 		return 2

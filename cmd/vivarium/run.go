@@ -36,6 +36,7 @@ type runOptions struct {
 	out                       string
 	allowErrors               bool // notebooks: run every cell even after one fails
 	allowNet                  ruleList
+	io                        ioFlags
 }
 
 func runFlags(o *runOptions) *flag.FlagSet {
@@ -78,6 +79,7 @@ Flags:
 	fs.Var(kernelLimitFlag{&o.kernelLimits}, "kernel-limit", kernelLimitUsage)
 	fs.BoolVar(&o.insecureNoCgroups, "insecure-no-cgroups", false,
 		"run without cgroups when the host has none: memory and process limits per process (rlimits), not per sandbox")
+	o.io.register(fs, "the sandbox")
 	fs.Var(&o.allowNet, "allow-net", "`RULE` the code may reach through the sandbox's HTTP(S) proxy (repeatable, or several separated by spaces): "+
 		"HOST, *.DOMAIN, CIDR or [IPV6-CIDR], each with :PORTS (80,443 when none); metadata, loopback and this host stay refused. Default: no network")
 	return fs
@@ -248,6 +250,10 @@ func (o *runOptions) job(positional []string) (sandbox.OneShot, error) {
 		},
 		Env:    env,
 		Python: o.python,
+	}
+	var err error
+	if job.Spec.Limits, err = o.io.apply(job.Spec.Limits); err != nil {
+		return job, err
 	}
 	if err := job.Spec.Validate(); err != nil {
 		return job, err

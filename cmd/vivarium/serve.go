@@ -70,6 +70,8 @@ type serveConfig struct {
 	pool               int
 	poolIdle           time.Duration
 	net                netServeFlags
+	io                 ioFlags
+	tenants            bool
 }
 
 func serveFlags(c *serveConfig) *flag.FlagSet {
@@ -112,6 +114,9 @@ Flags:
 	fs.IntVar(&c.pids, "max-pids", 1024, "largest pids limit a client may ask for (the default is 64)")
 	fs.DurationVar(&c.timeout, "max-timeout", time.Hour, "longest execution a client may ask for (the default is 30s)")
 	fs.Float64Var(&c.cpus, "cpus", 0, "CPU cap of every sandbox in cores (0: none; each sandbox still gets only its fair share)")
+	c.io.register(fs, "every sandbox (clients may ask for less)")
+	fs.BoolVar(&c.tenants, "tenant-share", true,
+		"group each API key's sandboxes in a cgroup of the key's own, with one CPU and I/O weight per key: a key gets its share however many sandboxes it runs")
 	fs.Var(&c.allowOrigins, "allow-origin", "`ORIGIN` of web pages allowed to call the API (repeatable; default: none)")
 	fs.StringVar(&c.backend, "backend", "native", "default isolation: `native` (Linux namespaces, seccomp, cgroups), gvisor (inside gVisor's user-space kernel: runsc), docker (containers of a local Docker daemon) or wasm (CPython compiled to WebAssembly: standard library only)")
 	fs.Var(&c.backends, "offer-backend", "`NAME` of another backend clients may ask for per sandbox (\"backend\" in the API; repeatable or comma-separated)")
@@ -203,6 +208,9 @@ func (c *serveConfig) validate() error {
 				"a docker sandbox is a host user of its own", c.dockerUIDs, c.maxSandboxes))
 		}
 	}
+	if _, err := c.io.apply(sandbox.Limits{}); err != nil {
+		errs = append(errs, err)
+	}
 	max := c.maxLimits()
 	if err := max.Validate(); err != nil {
 		errs = append(errs, err)
@@ -214,8 +222,10 @@ func (c *serveConfig) validate() error {
 }
 
 func (c *serveConfig) maxLimits() sandbox.Limits {
-	return sandbox.Limits{Memory: int64(c.memory), Disk: int64(c.disk), MaxOutput: int64(c.maxOutput), Pids: c.pids,
+	l := sandbox.Limits{Memory: int64(c.memory), Disk: int64(c.disk), MaxOutput: int64(c.maxOutput), Pids: c.pids,
 		Timeout: c.timeout, CPUs: c.cpus}
+	l, _ = c.io.apply(l) // validate reports the error
+	return l
 }
 
 // nativeOf returns the native backend among those offered.
@@ -392,7 +402,8 @@ func serve(c *serveConfig, log *slog.Logger) error {
 	}
 	if nb, ok := nativeOf(b); ok {
 		if !nb.CPUShares() {
-			log.Warn("no cpu cgroup controller: a sandbox running many processes gets more CPU than its share")
+			log.Warn("no cpu cgroup controller: a sandbox running many processes gets more CPU than its share, " +
+				"and a key running many sandboxes more than its share")
 		}
 		if c.zygote {
 			log.Info("starting the zygote", "preload", c.preload)
@@ -449,15 +460,25 @@ func serve(c *serveConfig, log *slog.Logger) error {
 		Audit:                 audit.Record,
 		Logger:                log,
 		Network:               network,
+		Tenants:               c.tenants,
 	}
 	if keyring != nil {
 		svcCfg.Quota = keyring.Quota
 	}
 	svc := service.New(svcCfg)
 	api := httpapi.New(svc, auth, log)
-	// What most requests ask for: sandboxes with the default limits.
-	warm.Prewarm(svc.DefaultSpec(true), 2)
-	warm.Prewarm(svc.DefaultSpec(false), 2)
+	// What most requests ask for: sandboxes with the default limits. With
+	// --tenant-share a key's sandboxes are made in its own group, so its
+	// pools fill on its first request; only the one owner of --dev is
+	// known now.
+	if c.dev || !c.tenants {
+		owner := ""
+		if c.dev {
+			owner = httpapi.DevOwner
+		}
+		warm.Prewarm(svc.DefaultSpec(owner, true), 2)
+		warm.Prewarm(svc.DefaultSpec(owner, false), 2)
+	}
 	go reportPoolAtRest(warm, log)
 
 	ln, err := net.Listen("tcp", c.listen)
@@ -477,7 +498,8 @@ func serve(c *serveConfig, log *slog.Logger) error {
 	srv.RegisterOnShutdown(closeMCP)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
-	attrs := []any{"addr", ln.Addr().String(), "data_dir", c.dataDir, "dev", c.dev, "backends", strings.Join(b.Names(), ",")}
+	attrs := []any{"addr", ln.Addr().String(), "data_dir", c.dataDir, "dev", c.dev, "backends", strings.Join(b.Names(), ","),
+		"tenant_share", c.tenants, "io_limit", c.io.String()}
 	if nb, ok := nativeOf(b); ok {
 		attrs = append(attrs, "cgroup_version", nb.CgroupVersion())
 	}

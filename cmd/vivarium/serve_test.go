@@ -243,12 +243,18 @@ df.plot(x="month", y="sales").get_figure().savefig("sales.png")
 	})
 }
 
-// groupProcs lists the host pids in the test server's sandbox cgroups.
+// groupProcs lists the host pids in the test server's sandbox cgroups,
+// those of its keys' groups (parent/KEY/SANDBOX) included.
 func groupProcs() []int {
 	var pids []int
-	files, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/pids", serveParent, "*", "cgroup.procs"))
-	v2, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", serveParent, "*", "cgroup.procs"))
-	for _, f := range append(files, v2...) {
+	var files []string
+	for _, root := range []string{"/sys/fs/cgroup/pids", "/sys/fs/cgroup"} {
+		for _, pattern := range []string{"*", "*/*"} {
+			m, _ := filepath.Glob(filepath.Join(root, serveParent, pattern, "cgroup.procs"))
+			files = append(files, m...)
+		}
+	}
+	for _, f := range files {
 		b, _ := os.ReadFile(f)
 		for _, s := range strings.Fields(string(b)) {
 			if n, err := strconv.Atoi(s); err == nil {
@@ -378,6 +384,8 @@ func TestServeRefusesBadConfig(t *testing.T) {
 		{[]string{"stray"}, "unexpected arguments"},
 		{[]string{"--backend", "qemu"}, `unknown backend "qemu"`},
 		{[]string{"--offer-backend", "gvisor,firecracker"}, `unknown backend "firecracker"`},
+		{[]string{"--io-read-iops", "0"}, "--insecure-no-io-limit"},
+		{[]string{"--io-write", "1KiB"}, "disk I/O rates must be"},
 	} {
 		r := vivarium(t, "", append([]string{"serve"}, c.args...)...)
 		if r.code != 2 || !strings.Contains(r.stderr, c.want) {

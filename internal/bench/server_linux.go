@@ -28,6 +28,15 @@ import (
 // cgroup parent of its own.
 type server struct {
 	bin string
+	// parent and uidBase keep the server's sandboxes apart from other
+	// servers'; keys, when set, are the names of the API keys the server
+	// is made with (it then runs without --dev), tokens their tokens;
+	// extra are more flags of serve.
+	parent  string
+	uidBase int
+	keys    []string
+	tokens  map[string]string
+	extra   []string
 
 	mu    sync.Mutex
 	users int
@@ -46,7 +55,8 @@ type server struct {
 const serverParent = "vivarium-bench-serve"
 
 func newServer(bin string) *server {
-	return &server{bin: bin, http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}}
+	return &server{bin: bin, parent: serverParent, uidBase: 1_000_000_000 + 12<<24,
+		http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}}
 }
 
 func (s *server) acquire(ctx context.Context) error {
@@ -89,10 +99,22 @@ func (s *server) start(ctx context.Context) error {
 	if s.data, err = os.MkdirTemp("", "vivarium-bench-"); err != nil {
 		return err
 	}
-	cmd := exec.Command(s.bin, "serve", "--dev", "--listen", addr, "--data-dir", s.data,
-		"--cgroup-parent", serverParent, "--uid-base", fmt.Sprint(1_000_000_000+12<<24), "--uid-ranges", "256",
+	args := []string{"serve", "--listen", addr, "--data-dir", s.data,
+		"--cgroup-parent", s.parent, "--uid-base", fmt.Sprint(s.uidBase), "--uid-ranges", "256",
 		"--max-sandboxes", "2000", "--max-sandboxes-per-key", "2000",
-		"--max-executions", "512", "--max-executions-per-key", "512", "--log-level", "warn")
+		"--max-executions", "512", "--max-executions-per-key", "512", "--log-level", "warn"}
+	if len(s.keys) == 0 {
+		args = append(args, "--dev")
+	}
+	s.tokens = map[string]string{}
+	for _, name := range s.keys {
+		out, err := exec.CommandContext(ctx, s.bin, "keys", "create", "--data-dir", s.data, name).Output()
+		if err != nil {
+			return fmt.Errorf("vivarium keys create: %w", err)
+		}
+		s.tokens[name] = strings.TrimSpace(string(out))
+	}
+	cmd := exec.Command(s.bin, append(args, s.extra...)...)
 	cmd.Stdout, cmd.Stderr = &s.log, &s.log
 	if err := cmd.Start(); err != nil {
 		return err
@@ -120,6 +142,11 @@ func (s *server) start(ctx context.Context) error {
 
 // post sends v as JSON and decodes the answer into out.
 func (s *server) post(ctx context.Context, method, path string, v, out any) error {
+	return s.postAs(ctx, "", method, path, v, out)
+}
+
+// postAs is post with the API key named key ("": none, as with --dev).
+func (s *server) postAs(ctx context.Context, key, method, path string, v, out any) error {
 	var body io.Reader
 	if v != nil {
 		b, _ := json.Marshal(v)
@@ -130,6 +157,9 @@ func (s *server) post(ctx context.Context, method, path string, v, out any) erro
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+s.tokens[key])
+	}
 	resp, err := s.http.Do(req)
 	if err != nil {
 		return err
@@ -275,7 +305,8 @@ func (s *server) idleMemory(n int) func(context.Context) (float64, error) {
 	}
 }
 
-// sandboxGroups lists the sandbox cgroups under parent (not the zygote's).
+// sandboxGroups lists the sandbox cgroups under parent (not the zygote's),
+// those in a tenant's group (parent/TENANT/SANDBOX) included.
 func sandboxGroups(parent string) []string {
 	var out []string
 	for _, root := range []string{"/sys/fs/cgroup/pids", "/sys/fs/cgroup"} {
@@ -284,8 +315,20 @@ func sandboxGroups(parent string) []string {
 			continue
 		}
 		for _, e := range entries {
-			if e.IsDir() && !strings.HasPrefix(e.Name(), "zygote-") {
-				out = append(out, filepath.Join(root, parent, e.Name()))
+			if !e.IsDir() || strings.HasPrefix(e.Name(), "zygote-") {
+				continue
+			}
+			dir := filepath.Join(root, parent, e.Name())
+			subs, _ := os.ReadDir(dir)
+			tenant := false
+			for _, sub := range subs {
+				if sub.IsDir() {
+					tenant = true
+					out = append(out, filepath.Join(dir, sub.Name()))
+				}
+			}
+			if !tenant {
+				out = append(out, dir)
 			}
 		}
 		if len(out) > 0 {

@@ -57,7 +57,9 @@ const DefaultDockerImage = "vivarium-bench-python"
 // kernel per request; for the warm workload W3, a running sandbox over HTTP
 // (the reference), in-process and in gvisor, docker and wasm sandboxes, and a running
 // Jupyter kernel; W4, the
-// creation of a stateful sandbox; W5, the memory of an idle one. Subjects
+// creation of a stateful sandbox; W5, the memory of an idle one; W6, a
+// quiet API key's one-shots beside a busy key's sandboxes, with and
+// without --tenant-share. Subjects
 // that this host cannot run carry the reason in Skip. Looking runs a few
 // short programs (python3 imports, docker version). The returned function
 // stops what the rows share (the server); call it after Run.
@@ -271,7 +273,11 @@ func Subjects(ctx context.Context, cfg Config) ([]Subject, func()) {
 		Subject{Workload: w.Label(), Name: "python3 with pandas imported (nothing shared)", Peer: true,
 			Unit: "MiB", Skip: pandasSkip, Measure: pythonPandasPSS(py)},
 	)
+
+	fair, stopFair := fairnessSubjects(cfg.Vivarium, cliSkip)
+	out = append(out, fair...)
 	return out, func() {
+		stopFair()
 		srv.mu.Lock()
 		users := srv.users
 		srv.users = 1

@@ -4,9 +4,12 @@
 // (per-controller hierarchies, still the default on some hosts and on this
 // project's CI) and on cgroup v2 (the unified hierarchy of current distros).
 //
-// A Group limits memory (with swap off) and the number of processes, and
-// reports CPU time, peak memory and OOM kills. All groups live under one
-// parent, "vivarium" by default, at the top of each hierarchy.
+// A Group limits memory (with swap off), the number of processes, CPU
+// bandwidth and disk I/O, and reports CPU time, peak memory and OOM kills.
+// All groups live under one parent, "vivarium" by default, at the top of
+// each hierarchy: parent/SANDBOX, or parent/TENANT/SANDBOX for a sandbox of
+// a tenant (an API key of a server), whose group has one CPU and I/O weight
+// however many sandboxes it holds.
 //
 // The package writes control files directly: the handful it needs are stable
 // kernel ABI, and a dependency would not make them safer.
@@ -31,6 +34,15 @@ type Limits struct {
 	// CPUs caps CPU bandwidth in cores (1.5: one and a half cores). It
 	// needs the cpu controller; zero means no cap.
 	CPUs float64
+	// IO caps disk I/O on every block device behind the host's / and /usr
+	// (IODevices). Any cap needs the blkio (v1) or io (v2) controller: New
+	// fails without it, never leaves the group unlimited.
+	IO IOMax
+	// Tenant, when not empty, puts the group in its tenant's group
+	// (parent/TENANT/NAME), which is made with the tenant's first group
+	// and removed with its last. It is not a limit of the sandbox but its
+	// share: tenants' groups have equal CPU and I/O weights.
+	Tenant string
 }
 
 // Stats are read from a group's accounting files.
@@ -47,6 +59,10 @@ type Group interface {
 	// IntoFD returns a directory descriptor for clone3's CLONE_INTO_CGROUP,
 	// or -1 where the hierarchy cannot do that (cgroup v1).
 	IntoFD() int
+	// Path is the group's path from the top of its hierarchy,
+	// "/PARENT/NAME" or "/PARENT/TENANT/NAME": what an OCI runtime is
+	// given as cgroupsPath to run a container in it.
+	Path() string
 	// Stats reads the group's accounting.
 	Stats() (Stats, error)
 	// Procs lists the processes in the group (host pids).
@@ -66,9 +82,12 @@ type Manager interface {
 	// every sandbox then competes for CPU as one entity, however many
 	// processes it runs, and CPU caps are possible.
 	CPUController() bool
+	// IOController reports whether groups can have disk I/O limits.
+	IOController() bool
 	// Sweep kills every process in every group under the parent and
-	// removes the groups: what an earlier process that crashed left. It
-	// returns the names of the groups it removed.
+	// removes the groups, tenants' groups and the sandbox groups in them
+	// alike: what an earlier process that crashed left. It returns the
+	// groups it removed, as paths under the parent ("key_1/sb", "key_1").
 	Sweep() ([]string, error)
 }
 
@@ -185,6 +204,14 @@ func mounts2(ms []mount) string {
 	return ""
 }
 
+// mkdirGroup and rmdirGroup make and remove a group's directory. Tests
+// replace them with versions that add and remove the control files the
+// kernel shows in a group, so that the code runs on a fake hierarchy.
+var (
+	mkdirGroup = func(dir string) error { return os.Mkdir(dir, 0o755) }
+	rmdirGroup = os.Remove
+)
+
 // writeFile writes a control file; the error names the file and value.
 // It never creates a file: a missing one means the kernel lacks the feature.
 func writeFile(dir, file, value string) error {
@@ -239,7 +266,7 @@ func removeDir(dir string, kill func()) error {
 	deadline := time.Now().Add(10 * time.Second)
 	delay := 200 * time.Microsecond
 	for {
-		err := os.Remove(dir)
+		err := rmdirGroup(dir)
 		if err == nil || errors.Is(err, os.ErrNotExist) {
 			return nil
 		}
@@ -252,33 +279,52 @@ func removeDir(dir string, kill func()) error {
 	}
 }
 
-// sweepDirs kills and removes every group directory directly under each
-// parent directory.
-func sweepDirs(parents []string, kill func(dir string)) ([]string, error) {
-	var names []string
+// sweepDirs kills and removes every group under each parent directory,
+// at any depth, children before their parents (a tenant's sandboxes
+// before the tenant's group). kill gets the group's path relative to the
+// parent, as do the names returned. On v1 a group has a directory in
+// each hierarchy, and one that exists in only some is removed from those.
+func sweepDirs(parents []string, kill func(rel string)) ([]string, error) {
+	var rels []string
 	var errs []error
-	for _, parent := range parents {
-		entries, err := os.ReadDir(parent)
+	var walk func(parent, rel string)
+	walk = func(parent, rel string) {
+		entries, err := os.ReadDir(filepath.Join(parent, rel))
 		if err != nil {
-			if errors.Is(err, os.ErrNotExist) {
-				continue
+			if !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, err)
 			}
-			errs = append(errs, err)
-			continue
+			return
 		}
 		for _, e := range entries {
 			if !e.IsDir() {
 				continue
 			}
-			dir := filepath.Join(parent, e.Name())
-			kill(dir)
-			if err := removeDir(dir, func() { kill(dir) }); err != nil {
+			sub := filepath.Join(rel, e.Name())
+			walk(parent, sub)
+			if !slices.Contains(rels, sub) {
+				rels = append(rels, sub)
+			}
+		}
+	}
+	for _, parent := range parents {
+		walk(parent, "")
+	}
+	// Deepest first.
+	slices.SortStableFunc(rels, func(a, b string) int { return strings.Count(b, "/") - strings.Count(a, "/") })
+	var names []string
+	for _, rel := range rels {
+		kill(rel)
+		ok := true
+		for _, parent := range parents {
+			dir := filepath.Join(parent, rel)
+			if err := removeDir(dir, func() { kill(rel) }); err != nil {
 				errs = append(errs, err)
-				continue
+				ok = false
 			}
-			if !slices.Contains(names, e.Name()) {
-				names = append(names, e.Name())
-			}
+		}
+		if ok {
+			names = append(names, rel)
 		}
 	}
 	return names, errors.Join(errs...)

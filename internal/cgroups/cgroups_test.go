@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -61,38 +62,72 @@ func fakeV2(t *testing.T) string {
 	return root
 }
 
+// The control files a group directory shows, those the package writes.
+var (
+	v2Files = []string{"cgroup.procs", "cgroup.subtree_control", "cgroup.kill", "memory.max", "memory.swap.max",
+		"memory.oom.group", "pids.max", "cpu.max", "cpu.weight", "io.max", "io.weight"}
+	v1Files = []string{"cgroup.procs", "memory.limit_in_bytes", "memory.swappiness", "pids.max", "cpu.shares",
+		"cpu.cfs_period_us", "cpu.cfs_quota_us", "freezer.state", "blkio.bfq.weight", "blkio.throttle.read_bps_device",
+		"blkio.throttle.write_bps_device", "blkio.throttle.read_iops_device", "blkio.throttle.write_iops_device"}
+)
+
+// fakeKernel makes group directories behave as the kernel's for the rest
+// of the test: a new one holds (empty) control files, and one that holds
+// groups cannot be removed (EBUSY), while its files go with it.
+func fakeKernel(t *testing.T, files []string) {
+	mk, rm := mkdirGroup, rmdirGroup
+	t.Cleanup(func() { mkdirGroup, rmdirGroup = mk, rm })
+	mkdirGroup = func(dir string) error {
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			return err
+		}
+		for _, f := range files {
+			if err := os.WriteFile(filepath.Join(dir, f), nil, 0o644); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	rmdirGroup = func(dir string) error {
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			return err
+		}
+		for _, e := range entries {
+			if e.IsDir() {
+				return &os.PathError{Op: "rmdir", Path: dir, Err: syscall.EBUSY}
+			}
+		}
+		return os.RemoveAll(dir)
+	}
+}
+
 func TestV2WritesLimits(t *testing.T) {
+	fakeKernel(t, v2Files)
 	root := fakeV2(t)
-	// The parent directory is not a real cgroup: give it the file the
-	// kernel would.
-	os.Mkdir(filepath.Join(root, "vivarium"), 0o755)
-	os.WriteFile(filepath.Join(root, "vivarium", "cgroup.subtree_control"), nil, 0o644)
 	m, err := newV2(root, "vivarium")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !m.CPUController() {
-		t.Error("the cpu controller was not enabled")
+	m.devices = func() ([]Device, error) { return []Device{{Major: 254, Minor: 0, Name: "vda"}}, nil }
+	if !m.CPUController() || !m.IOController() {
+		t.Error("the cpu and io controllers were not enabled")
 	}
 	b, _ := os.ReadFile(filepath.Join(root, "cgroup.subtree_control"))
-	if string(b) != "+memory +pids +cpu" {
+	if string(b) != "+memory +pids +cpu +io" {
 		t.Errorf("root subtree_control = %q", b)
 	}
 	parent := filepath.Join(root, "vivarium")
-	if b, _ := os.ReadFile(filepath.Join(parent, "cgroup.subtree_control")); string(b) != "+memory +pids +cpu" {
+	if b, _ := os.ReadFile(filepath.Join(parent, "cgroup.subtree_control")); string(b) != "+memory +pids +cpu +io" {
 		t.Errorf("parent subtree_control = %q", b)
 	}
-	// Create the group's files before New, as the kernel would on mkdir.
-	dir := filepath.Join(parent, "sb1")
-	os.Mkdir(dir, 0o755)
-	for _, f := range []string{"memory.max", "memory.swap.max", "memory.oom.group", "pids.max", "cgroup.procs", "cpu.max"} {
-		os.WriteFile(filepath.Join(dir, f), nil, 0o644)
-	}
-	g := &group2{dir: dir, fd: -1, cpu: true}
-	if err := g.limit(Limits{MemoryBytes: 1 << 20, Pids: 7, CPUs: 1.5}); err != nil {
+	g, err := m.New("sb1", Limits{MemoryBytes: 1 << 20, Pids: 7, CPUs: 1.5, IO: IOMax{ReadBPS: 8 << 20, ReadIOPS: 500, WriteBPS: 4 << 20}})
+	if err != nil {
 		t.Fatal(err)
 	}
-	for f, want := range map[string]string{"memory.max": "1048576", "memory.swap.max": "0", "memory.oom.group": "1", "pids.max": "7", "cpu.max": "150000 100000"} {
+	dir := filepath.Join(parent, "sb1")
+	for f, want := range map[string]string{"memory.max": "1048576", "memory.swap.max": "0", "memory.oom.group": "1",
+		"pids.max": "7", "cpu.max": "150000 100000", "io.max": "254:0 rbps=8388608 wbps=4194304 riops=500"} {
 		if b, _ := os.ReadFile(filepath.Join(dir, f)); string(b) != want {
 			t.Errorf("%s = %q, want %q", f, b, want)
 		}
@@ -106,6 +141,12 @@ func TestV2WritesLimits(t *testing.T) {
 	}
 	if s.CPU != 1500*time.Microsecond || s.MemoryPeak != 4096 || s.OOMKills != 1 {
 		t.Errorf("stats = %+v", s)
+	}
+	if err := g.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("the group is still there: %v", err)
 	}
 }
 

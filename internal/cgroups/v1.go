@@ -22,10 +22,18 @@ type v1 struct {
 	// cpu is optional: with it each sandbox is one entity for the
 	// scheduler and can be capped.
 	cpu string
+	// blkio is optional: without it a group asking for a disk I/O limit
+	// cannot be made.
+	blkio string
+	// devices are the block devices I/O limits apply to (IODevices;
+	// tests replace it).
+	devices func() ([]Device, error)
+	// others are the v1 hierarchies the manager makes no groups in.
+	others []string
 }
 
 func newV1(mounts []mount, parent string) (*v1, error) {
-	m := &v1{parent: parent}
+	m := &v1{parent: parent, devices: IODevices}
 	for _, mt := range mounts {
 		if mt.fstype != "cgroup" {
 			continue
@@ -42,7 +50,14 @@ func newV1(mounts []mount, parent string) (*v1, error) {
 				m.freezer = mt.point
 			case "cpu":
 				m.cpu = mt.point
+			case "blkio":
+				m.blkio = mt.point
 			}
+		}
+	}
+	for _, mt := range mounts {
+		if mt.fstype == "cgroup" && !slices.Contains(m.points(), mt.point) {
+			m.others = append(m.others, mt.point)
 		}
 	}
 	var missing []string
@@ -68,7 +83,7 @@ func newV1(mounts []mount, parent string) (*v1, error) {
 // points lists each distinct hierarchy once.
 func (m *v1) points() []string {
 	var out []string
-	for _, p := range []string{m.memory, m.pids, m.cpuacct, m.freezer, m.cpu} {
+	for _, p := range []string{m.memory, m.pids, m.cpuacct, m.freezer, m.cpu, m.blkio} {
 		if p != "" && !slices.Contains(out, p) {
 			out = append(out, p)
 		}
@@ -80,23 +95,26 @@ func (m *v1) Version() int { return 1 }
 
 func (m *v1) CPUController() bool { return m.cpu != "" }
 
+func (m *v1) IOController() bool { return m.blkio != "" }
+
 func (m *v1) Sweep() ([]string, error) {
 	var parents []string
-	for _, p := range m.points() {
+	// The other hierarchies too: what a runtime that was given a group's
+	// path made there (runsc: cpuset, devices ...).
+	for _, p := range append(m.points(), m.others...) {
 		parents = append(parents, filepath.Join(p, m.parent))
 	}
-	kill := func(dir string) {
+	kill := func(rel string) {
 		// Freeze first where possible so that a fork bomb cannot outrun
 		// the kills; every hierarchy is visited, since a process may be
 		// listed in one only.
-		name := filepath.Base(dir)
 		var fz string
 		if m.freezer != "" {
-			fz = filepath.Join(m.freezer, m.parent, name)
+			fz = filepath.Join(m.freezer, m.parent, rel)
 			writeFile(fz, "freezer.state", "FROZEN")
 		}
 		for _, p := range parents {
-			killProcs(filepath.Join(p, name))
+			killProcs(filepath.Join(p, rel))
 		}
 		if fz != "" {
 			writeFile(fz, "freezer.state", "THAWED")
@@ -109,31 +127,119 @@ func (m *v1) New(name string, l Limits) (Group, error) {
 	if err := validName(name); err != nil {
 		return nil, err
 	}
-	g := &group1{m: m, name: name}
+	var devs []Device
+	if l.IO.any() {
+		if m.blkio == "" {
+			return nil, errNoIOController("blkio")
+		}
+		var err error
+		if devs, err = m.devices(); err != nil {
+			return nil, err
+		}
+	}
+	g := &group1{m: m, rel: name}
+	if l.Tenant != "" {
+		if err := m.acquireTenant(l.Tenant); err != nil {
+			return nil, err
+		}
+		g.tenant, g.rel = l.Tenant, filepath.Join(l.Tenant, name)
+	}
 	for _, point := range m.points() {
-		dir := filepath.Join(point, m.parent, name)
-		if err := os.Mkdir(dir, 0o755); err != nil {
+		dir := g.dir(point)
+		if err := mkdirGroup(dir); err != nil {
 			g.Destroy()
 			return nil, fmt.Errorf("cgroups: create %s: %w", dir, err)
 		}
 		g.dirs = append(g.dirs, dir)
 	}
-	if err := g.limit(l); err != nil {
+	if err := g.limit(l, devs); err != nil {
 		g.Destroy()
 		return nil, err
 	}
 	return g, nil
 }
 
-type group1 struct {
-	m    *v1
-	name string
-	dirs []string // the group's directory in each hierarchy; nil once destroyed
+// acquireTenant makes the tenant's group in every hierarchy, with its
+// weights, unless a live group of the tenant has already.
+func (m *v1) acquireTenant(tenant string) error {
+	if err := validTenant(tenant); err != nil {
+		return err
+	}
+	points := m.points()
+	return tenants.acquire(filepath.Join(points[0], m.parent, tenant), func() error {
+		var dirs []string
+		for _, p := range points {
+			dir := filepath.Join(p, m.parent, tenant)
+			// It may exist: left by a process that crashed before a Sweep.
+			if err := mkdirGroup(dir); err != nil && !errors.Is(err, os.ErrExist) {
+				removeTenantDirs(dirs)
+				return fmt.Errorf("cgroups: create %s: %w", dir, err)
+			}
+			dirs = append(dirs, dir)
+		}
+		if err := m.weighTenant(tenant); err != nil {
+			removeTenantDirs(dirs)
+			return err
+		}
+		return nil
+	})
 }
 
-func (g *group1) dir(point string) string { return filepath.Join(point, g.m.parent, g.name) }
+// weighTenant writes a tenant group's CPU share and, where the kernel
+// has a weight-based I/O scheduler for groups (BFQ: blkio.bfq.weight),
+// its I/O weight. The I/O weight acts only on disks whose scheduler is
+// BFQ; with mq-deadline, none or kyber only the throttle (IOMax) holds.
+func (m *v1) weighTenant(tenant string) error {
+	if m.cpu != "" {
+		if err := writeFile(filepath.Join(m.cpu, m.parent, tenant), "cpu.shares", fmt.Sprint(tenantCPUShares)); err != nil {
+			return err
+		}
+	}
+	if m.blkio != "" {
+		dir := filepath.Join(m.blkio, m.parent, tenant)
+		for _, f := range []string{"blkio.bfq.weight", "blkio.weight"} {
+			if _, err := os.Stat(filepath.Join(dir, f)); err == nil {
+				if err := writeFile(dir, f, fmt.Sprint(tenantIOWeight)); err != nil {
+					return err
+				}
+				break
+			}
+		}
+	}
+	return nil
+}
 
-func (g *group1) limit(l Limits) error {
+// releaseTenant removes the tenant's group after its last group is gone.
+func (m *v1) releaseTenant(tenant string) error {
+	points := m.points()
+	return tenants.release(filepath.Join(points[0], m.parent, tenant), func() error {
+		var dirs []string
+		for _, p := range points {
+			dirs = append(dirs, filepath.Join(p, m.parent, tenant))
+		}
+		err := removeTenantDirs(dirs)
+		// An OCI runtime given a group's path (gVisor's runsc) makes it in
+		// every hierarchy it knows, cpuset and devices too, and removes
+		// only the group: the tenant's group there is left to us.
+		for _, p := range m.others {
+			rmdirGroup(filepath.Join(p, m.parent, tenant)) // ENOENT where none was made
+		}
+		return err
+	})
+}
+
+type group1 struct {
+	m      *v1
+	rel    string // the group's path under the parent: NAME or TENANT/NAME
+	tenant string
+	dirs   []string // the group's directory in each hierarchy; nil once destroyed
+	// destroyed: Destroy ran (the tenant's count was given back once).
+	destroyed bool
+}
+
+func (g *group1) dir(point string) string { return filepath.Join(point, g.m.parent, g.rel) }
+
+func (g *group1) limit(l Limits, devs []Device) error {
 	mem := g.dir(g.m.memory)
 	if l.MemoryBytes > 0 {
 		v := fmt.Sprint(l.MemoryBytes)
@@ -169,6 +275,11 @@ func (g *group1) limit(l Limits) error {
 			return err
 		}
 	}
+	for file, lines := range ioLinesV1(devs, l.IO) {
+		if err := writeIO(g.dir(g.m.blkio), file, lines); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -182,6 +293,8 @@ func (g *group1) AddProc(pid int) error {
 }
 
 func (g *group1) IntoFD() int { return -1 }
+
+func (g *group1) Path() string { return "/" + filepath.Join(g.m.parent, g.rel) }
 
 func (g *group1) Procs() ([]int, error) { return readProcs(g.dir(g.m.pids)) }
 
@@ -212,11 +325,13 @@ func statsV1(cpuacct, mem string) (Stats, error) {
 }
 
 // Destroy kills what is left (freezing first where the freezer exists, so a
-// fork bomb cannot outrun the kills) and removes every directory.
+// fork bomb cannot outrun the kills) and removes every directory, and the
+// tenant's group after its last sandbox.
 func (g *group1) Destroy() error {
-	if len(g.dirs) == 0 {
+	if g.destroyed {
 		return nil
 	}
+	g.destroyed = true
 	kill := func() {
 		var fz string
 		if g.m.freezer != "" {
@@ -230,8 +345,10 @@ func (g *group1) Destroy() error {
 			writeFile(fz, "freezer.state", "THAWED")
 		}
 	}
-	if n, _ := killProcs(g.dirs[0]); n > 0 {
-		kill()
+	if len(g.dirs) > 0 {
+		if n, _ := killProcs(g.dirs[0]); n > 0 {
+			kill()
+		}
 	}
 	var errs []error
 	for _, d := range g.dirs {
@@ -240,5 +357,8 @@ func (g *group1) Destroy() error {
 		}
 	}
 	g.dirs = nil
+	if g.tenant != "" {
+		errs = append(errs, g.m.releaseTenant(g.tenant))
+	}
 	return errors.Join(errs...)
 }

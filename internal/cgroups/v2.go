@@ -18,10 +18,22 @@ import (
 // for children through cgroup.subtree_control.
 type v2 struct {
 	root, parent string
-	cpu          bool // the cpu controller is enabled for sandbox groups
+	// controllers are those enabled for sandbox groups: memory and pids,
+	// and cpu and io where the hierarchy can give them.
+	controllers []string
+	// devices are the block devices I/O limits apply to (IODevices;
+	// tests replace it).
+	devices func() ([]Device, error)
 }
 
 var v2Controllers = []string{"memory", "pids"}
+
+// v2Optional are enabled where the hierarchy has them: cpu gives each
+// sandbox (and tenant) a CPU share of its own and makes CPU caps
+// possible; io makes disk I/O limits possible. A host that lacks one
+// still gets the other limits; a sandbox that asks for what is missing
+// cannot be made.
+var v2Optional = []string{"cpu", "io"}
 
 func newV2(root, parent string) (*v2, error) {
 	b, err := os.ReadFile(filepath.Join(root, "cgroup.controllers"))
@@ -39,40 +51,50 @@ func newV2(root, parent string) (*v2, error) {
 		return nil, fmt.Errorf("%w: the cgroup v2 hierarchy at %s lacks the %s controller(s)",
 			ErrUnavailable, root, strings.Join(missing, ", "))
 	}
-	m := &v2{root: root, parent: parent}
-	want := v2Controllers
-	if slices.Contains(have, "cpu") {
-		want = append(slices.Clip(want), "cpu")
+	m := &v2{root: root, parent: parent, devices: IODevices}
+	want := slices.Clone(v2Controllers)
+	for _, c := range v2Optional {
+		if slices.Contains(have, c) {
+			want = append(want, c)
+		}
 	}
 	// Enable the controllers at every level from the root down to the
 	// parent, so that each sandbox group has its own memory and pids files.
-	// The cpu controller is a bonus: a host that cannot enable it still
-	// gets every limit, without per-sandbox CPU shares.
-	enable := func(dir string) error {
-		if err := enableControllers(dir, want); err != nil {
-			if len(want) == len(v2Controllers) {
-				return err
-			}
-			want = v2Controllers
-			return enableControllers(dir, want)
-		}
-		return nil
-	}
+	// An optional controller that cannot be enabled is dropped.
 	dir := root
 	for _, part := range strings.Split(parent, "/") {
-		if err := enable(dir); err != nil {
+		if want, err = enableSome(dir, want); err != nil {
 			return nil, err
 		}
 		dir = filepath.Join(dir, part)
-		if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		if err := mkdirGroup(dir); err != nil && !errors.Is(err, os.ErrExist) {
 			return nil, fmt.Errorf("%w: cannot create %s: %v", ErrUnavailable, dir, err)
 		}
 	}
-	if err := enable(dir); err != nil {
+	if want, err = enableSome(dir, want); err != nil {
 		return nil, err
 	}
-	m.cpu = slices.Contains(want, "cpu")
+	m.controllers = want
 	return m, nil
+}
+
+// enableSome enables want for dir's children: the required controllers
+// or an error, and each optional one that can be; it returns those
+// enabled.
+func enableSome(dir string, want []string) ([]string, error) {
+	if err := enableControllers(dir, want); err == nil {
+		return want, nil
+	}
+	got := slices.Clone(v2Controllers)
+	if err := enableControllers(dir, got); err != nil {
+		return nil, err
+	}
+	for _, c := range want {
+		if !slices.Contains(got, c) && enableControllers(dir, []string{c}) == nil {
+			got = append(got, c)
+		}
+	}
+	return got, nil
 }
 
 func enableControllers(dir string, controllers []string) error {
@@ -100,10 +122,13 @@ func enableControllers(dir string, controllers []string) error {
 
 func (m *v2) Version() int { return 2 }
 
-func (m *v2) CPUController() bool { return m.cpu }
+func (m *v2) CPUController() bool { return slices.Contains(m.controllers, "cpu") }
+
+func (m *v2) IOController() bool { return slices.Contains(m.controllers, "io") }
 
 func (m *v2) Sweep() ([]string, error) {
-	return sweepDirs([]string{filepath.Join(m.root, m.parent)}, func(dir string) {
+	return sweepDirs([]string{filepath.Join(m.root, m.parent)}, func(rel string) {
+		dir := filepath.Join(m.root, m.parent, rel)
 		if writeFile(dir, "cgroup.kill", "1") == nil {
 			return
 		}
@@ -117,12 +142,31 @@ func (m *v2) New(name string, l Limits) (Group, error) {
 	if err := validName(name); err != nil {
 		return nil, err
 	}
+	var devs []Device
+	if l.IO.any() {
+		if !m.IOController() {
+			return nil, errNoIOController("io")
+		}
+		var err error
+		if devs, err = m.devices(); err != nil {
+			return nil, err
+		}
+	}
 	dir := filepath.Join(m.root, m.parent, name)
-	if err := os.Mkdir(dir, 0o755); err != nil {
+	g := &group2{m: m, name: name, fd: -1}
+	if l.Tenant != "" {
+		if err := m.acquireTenant(l.Tenant); err != nil {
+			return nil, err
+		}
+		g.tenant = l.Tenant
+		dir = filepath.Join(m.root, m.parent, l.Tenant, name)
+	}
+	if err := mkdirGroup(dir); err != nil {
+		g.Destroy()
 		return nil, fmt.Errorf("cgroups: create %s: %w", dir, err)
 	}
-	g := &group2{dir: dir, fd: -1, cpu: m.cpu}
-	if err := g.limit(l); err != nil {
+	g.dir = dir
+	if err := g.limit(l, devs); err != nil {
 		g.Destroy()
 		return nil, err
 	}
@@ -135,13 +179,72 @@ func (m *v2) New(name string, l Limits) (Group, error) {
 	return g, nil
 }
 
-type group2 struct {
-	dir string // "" once destroyed
-	fd  int
-	cpu bool
+// acquireTenant makes the tenant's group, with the controllers enabled for
+// its sandboxes' groups and its weights, unless a live group of the tenant
+// has already.
+func (m *v2) acquireTenant(tenant string) error {
+	if err := validTenant(tenant); err != nil {
+		return err
+	}
+	dir := filepath.Join(m.root, m.parent, tenant)
+	return tenants.acquire(dir, func() error {
+		// It may exist: left by a process that crashed before a Sweep.
+		if err := mkdirGroup(dir); err != nil && !errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("cgroups: create %s: %w", dir, err)
+		}
+		if err := m.setUpTenant(dir); err != nil {
+			removeTenantDirs([]string{dir})
+			return err
+		}
+		return nil
+	})
 }
 
-func (g *group2) limit(l Limits) error {
+// setUpTenant enables the sandboxes' controllers below a tenant's group
+// and writes its CPU weight and, where the kernel weighs groups' I/O
+// (io.weight with the io.cost controller configured for a disk;
+// io.bfq.weight on disks whose scheduler is BFQ), its I/O weight.
+func (m *v2) setUpTenant(dir string) error {
+	if err := enableControllers(dir, m.controllers); err != nil {
+		return err
+	}
+	if m.CPUController() {
+		if err := writeFile(dir, "cpu.weight", fmt.Sprint(tenantCPUWeight)); err != nil {
+			return err
+		}
+	}
+	if m.IOController() {
+		for _, w := range []struct{ file, value string }{
+			{"io.weight", fmt.Sprintf("default %d", tenantIOWeight)},
+			{"io.bfq.weight", fmt.Sprintf("default %d", tenantIOWeight)},
+		} {
+			if _, err := os.Stat(filepath.Join(dir, w.file)); err == nil {
+				if err := writeFile(dir, w.file, w.value); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// releaseTenant removes the tenant's group after its last group is gone.
+func (m *v2) releaseTenant(tenant string) error {
+	dir := filepath.Join(m.root, m.parent, tenant)
+	return tenants.release(dir, func() error { return removeTenantDirs([]string{dir}) })
+}
+
+type group2 struct {
+	m      *v2
+	name   string
+	dir    string // "" before it is made and once destroyed
+	fd     int
+	tenant string
+	// destroyed: Destroy ran (the tenant's count was given back once).
+	destroyed bool
+}
+
+func (g *group2) limit(l Limits, devs []Device) error {
 	if l.MemoryBytes > 0 {
 		if err := writeFile(g.dir, "memory.max", fmt.Sprint(l.MemoryBytes)); err != nil {
 			return err
@@ -161,7 +264,7 @@ func (g *group2) limit(l Limits) error {
 		}
 	}
 	if l.CPUs > 0 {
-		if !g.cpu {
+		if !g.m.CPUController() {
 			return fmt.Errorf("%w: a CPU cap needs the cpu controller", ErrUnavailable)
 		}
 		quota, period := cfsQuota(l.CPUs)
@@ -169,12 +272,20 @@ func (g *group2) limit(l Limits) error {
 			return err
 		}
 	}
-	return nil
+	return writeIO(g.dir, "io.max", ioLinesV2(devs, l.IO))
 }
 
 func (g *group2) AddProc(pid int) error { return writeFile(g.dir, "cgroup.procs", fmt.Sprint(pid)) }
 
 func (g *group2) IntoFD() int { return g.fd }
+
+func (g *group2) Path() string {
+	rel := g.name
+	if g.tenant != "" {
+		rel = filepath.Join(g.tenant, g.name)
+	}
+	return "/" + filepath.Join(g.m.parent, rel)
+}
 
 func (g *group2) Procs() ([]int, error) { return readProcs(g.dir) }
 
@@ -199,26 +310,33 @@ func statsV2(dir string) (Stats, error) {
 }
 
 func (g *group2) Destroy() error {
-	if g.dir == "" {
+	if g.destroyed {
 		return nil
 	}
-	kill := func() {
-		// cgroup.kill (Linux 5.14) kills atomically, forks in flight included.
-		if writeFile(g.dir, "cgroup.kill", "1") == nil {
-			return
+	g.destroyed = true
+	var errs []error
+	if g.dir != "" {
+		kill := func() {
+			// cgroup.kill (Linux 5.14) kills atomically, forks in flight included.
+			if writeFile(g.dir, "cgroup.kill", "1") == nil {
+				return
+			}
+			writeFile(g.dir, "cgroup.freeze", "1")
+			killProcs(g.dir)
+			writeFile(g.dir, "cgroup.freeze", "0")
 		}
-		writeFile(g.dir, "cgroup.freeze", "1")
-		killProcs(g.dir)
-		writeFile(g.dir, "cgroup.freeze", "0")
+		if n, _ := killProcs(g.dir); n > 0 {
+			kill()
+		}
+		errs = append(errs, removeDir(g.dir, kill))
 	}
-	if n, _ := killProcs(g.dir); n > 0 {
-		kill()
-	}
-	err := removeDir(g.dir, kill)
 	if g.fd >= 0 {
 		unix.Close(g.fd)
 		g.fd = -1
 	}
 	g.dir = ""
-	return err
+	if g.tenant != "" {
+		errs = append(errs, g.m.releaseTenant(g.tenant))
+	}
+	return errors.Join(errs...)
 }

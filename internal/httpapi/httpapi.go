@@ -214,11 +214,17 @@ type LimitsRequest struct {
 	Disk     int64   `json:"disk,omitempty" doc:"bytes of /workspace, /tmp and /dev/shm together"`
 	Output   int64   `json:"max_output,omitempty" doc:"bytes kept per stream; the rest is dropped and flagged"`
 	CPUs     float64 `json:"cpus,omitempty" doc:"CPU cap in cores"`
+	// Disk I/O rates, at most the server's (which are also the defaults).
+	IOReadBPS   int64 `json:"io_read_bps,omitempty" doc:"disk reads, bytes a second"`
+	IOWriteBPS  int64 `json:"io_write_bps,omitempty" doc:"disk writes, bytes a second"`
+	IOReadIOPS  int64 `json:"io_read_iops,omitempty" doc:"disk reads a second"`
+	IOWriteIOPS int64 `json:"io_write_iops,omitempty" doc:"disk writes a second"`
 }
 
 func (l LimitsRequest) limits() sandbox.Limits {
 	return sandbox.Limits{Memory: l.Memory, CPUTime: seconds(l.CPUTimeS), Timeout: seconds(l.TimeoutS),
-		Pids: l.Pids, Disk: l.Disk, MaxOutput: l.Output, CPUs: l.CPUs}
+		Pids: l.Pids, Disk: l.Disk, MaxOutput: l.Output, CPUs: l.CPUs,
+		IOReadBPS: l.IOReadBPS, IOWriteBPS: l.IOWriteBPS, IOReadIOPS: l.IOReadIOPS, IOWriteIOPS: l.IOWriteIOPS}
 }
 
 type timeoutRequest struct {

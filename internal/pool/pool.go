@@ -3,8 +3,9 @@
 // one itself.
 //
 // Sandboxes are pooled per configuration: the whole Spec (limits,
-// environment, interpreter, one-shot or not) is the key, and a request is
-// served only by a sandbox made for exactly that configuration. A pooled
+// environment, interpreter, one-shot or not, tenant) is the key, and a
+// request is served only by a sandbox made for exactly that configuration:
+// a tenant's sandboxes come from pools of its own, made in its group. A pooled
 // sandbox has run no code; once handed out it belongs to the caller and
 // never comes back. Each configuration's target size follows demand: a
 // request that finds the pool empty raises it (up to Max), and a

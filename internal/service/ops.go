@@ -109,6 +109,7 @@ func (s *Service) RunOnceWithNetwork(ctx context.Context, owner string, job sand
 		return nil, err
 	}
 	job.Spec.Limits = limits
+	job.Spec.Tenant = s.tenantOf(owner)
 	if err := s.checkBackend(job.Spec.Backend); err != nil {
 		return nil, err
 	}

@@ -267,8 +267,9 @@ func (b *Backend) start(ctx context.Context, spec sandbox.Spec) (_ *Sandbox, err
 		if b.cfg.HostPids != nil {
 			pids = b.cfg.HostPids(spec.Limits.Pids)
 		}
-		if s.cg, err = b.cfg.Cgroups.New(s.id, cgroups.Limits{MemoryBytes: spec.Limits.Memory,
-			Pids: pids, CPUs: spec.Limits.CPUs}); err != nil {
+		l := cgroups.Of(spec)
+		l.Pids = pids
+		if s.cg, err = b.cfg.Cgroups.New(s.id, l); err != nil {
 			return nil, err
 		}
 	}

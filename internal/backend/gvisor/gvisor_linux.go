@@ -261,7 +261,7 @@ func (r *Runtime) spec(l container.Launch) map[string]any {
 		},
 	}
 	if l.Cgroup != nil {
-		spec["linux"].(map[string]any)["cgroupsPath"] = "/" + r.cgroupParent + "/" + l.ID
+		spec["linux"].(map[string]any)["cgroupsPath"] = l.Cgroup.Path()
 	}
 	return spec
 }

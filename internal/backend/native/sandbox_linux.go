@@ -247,8 +247,7 @@ func start(ctx context.Context, b *Backend, spec sandbox.Spec, cfg *initConfig, 
 	}
 	s.hasOwner = true
 	if b.cgroups != nil {
-		s.cg, err = b.cgroups.New(s.id, cgroups.Limits{
-			MemoryBytes: spec.Limits.Memory, Pids: int64(spec.Limits.Pids), CPUs: spec.Limits.CPUs})
+		s.cg, err = b.cgroups.New(s.id, cgroups.Of(spec))
 		if err != nil {
 			return nil, err
 		}

@@ -1,0 +1,110 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+)
+
+// specs is a backend that records the specs it is asked for and makes no
+// sandbox: what the service hands a backend is what these tests check.
+type specs struct {
+	mu  sync.Mutex
+	got []sandbox.Spec
+}
+
+var errRecorded = errors.New("recorded, not made")
+
+func (r *specs) Name() string { return "recorder" }
+
+func (r *specs) Create(_ context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.got = append(r.got, spec)
+	return nil, errRecorded
+}
+
+func (r *specs) last(t *testing.T) sandbox.Spec {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.got) == 0 {
+		t.Fatal("the backend was not asked for a sandbox")
+	}
+	return r.got[len(r.got)-1]
+}
+
+// Each owner's sandboxes, stateful and one-shot, are asked for in the
+// owner's tenant: its id where that is a valid name, a digest otherwise
+// (never the owner's text in a path), none without Config.Tenants.
+func TestTenantOfOwner(t *testing.T) {
+	rec := &specs{}
+	svc := New(Config{Backend: rec, Tenants: true})
+	defer svc.Close()
+	for owner, want := range map[string]string{"key_0a1b2c": "key_0a1b2c", "dev": "dev"} {
+		if _, err := svc.Create(context.Background(), CreateRequest{Owner: owner}); !errors.Is(err, errRecorded) {
+			t.Fatal(err)
+		}
+		if got := rec.last(t).Tenant; got != want {
+			t.Errorf("Create for %q: tenant %q, want %q", owner, got, want)
+		}
+		svc.RunOnce(context.Background(), owner, sandbox.OneShot{Request: sandbox.ExecRequest{Code: "1"}})
+		if got := rec.last(t); got.Tenant != want || !got.OneShot {
+			t.Errorf("RunOnce for %q: tenant %q, want %q", owner, got.Tenant, want)
+		}
+	}
+	odd := "alice@example.com/../x"
+	svc.RunOnce(context.Background(), odd, sandbox.OneShot{Request: sandbox.ExecRequest{Code: "1"}})
+	got := rec.last(t).Tenant
+	if sandbox.ValidTenant(got) != nil || strings.Contains(got, "alice") || got != svc.tenantOf(odd) {
+		t.Errorf("owner %q: tenant %q", odd, got)
+	}
+	if svc.tenantOf("other@example.com") == got {
+		t.Error("two owners, one tenant")
+	}
+
+	off := New(Config{Backend: rec})
+	defer off.Close()
+	off.Create(context.Background(), CreateRequest{Owner: "key_0a1b2c"})
+	if got := rec.last(t).Tenant; got != "" {
+		t.Errorf("without Config.Tenants: tenant %q", got)
+	}
+	if spec := svc.DefaultSpec("dev", true); spec.Tenant != "dev" || !spec.OneShot {
+		t.Errorf("DefaultSpec: %+v", spec)
+	}
+}
+
+// The server's disk I/O rates are every sandbox's default and the most a
+// client may ask for; no limit is possible only on a server without one.
+func TestIOLimitBounds(t *testing.T) {
+	capped := New(Config{Backend: &specs{}, MaxLimits: sandbox.Limits{IOReadBPS: 64 << 20}})
+	defer capped.Close()
+	l, err := capped.bound(sandbox.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.IOReadBPS != 64<<20 || l.IOReadIOPS != sandbox.DefaultIOReadIOPS || l.IOWriteBPS != sandbox.DefaultIOWriteBPS {
+		t.Errorf("defaults: %+v", l)
+	}
+	if l, err := capped.bound(sandbox.Limits{IOReadBPS: 8 << 20, IOWriteIOPS: 20}); err != nil || l.IOReadBPS != 8<<20 || l.IOWriteIOPS != 20 {
+		t.Errorf("less than the server's: %+v %v", l, err)
+	}
+	for _, bad := range []sandbox.Limits{{IOReadBPS: 65 << 20}, {IOReadBPS: sandbox.NoIOLimit}, {IOWriteIOPS: sandbox.DefaultIOWriteIOPS + 1}} {
+		if _, err := capped.bound(bad); !errors.Is(err, sandbox.ErrInvalidSpec) {
+			t.Errorf("%+v: want ErrInvalidSpec, got %v", bad, err)
+		}
+	}
+
+	none := New(Config{Backend: &specs{}, MaxLimits: sandbox.Limits{}.WithoutIOLimit()})
+	defer none.Close()
+	if l, err := none.bound(sandbox.Limits{}); err != nil || l.IOReadBPS != sandbox.NoIOLimit || l.IOWriteIOPS != sandbox.NoIOLimit {
+		t.Errorf("a server without a limit: %+v %v", l, err)
+	}
+	if l, err := none.bound(sandbox.Limits{IOReadBPS: 1 << 30}); err != nil || l.IOReadBPS != 1<<30 {
+		t.Errorf("a client's own limit on a server without one: %+v %v", l, err)
+	}
+}
