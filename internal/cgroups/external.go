@@ -19,6 +19,23 @@ type External struct {
 	cpuacct, mem string // its cpuacct and memory directories on v1
 }
 
+// LimitSockets makes a v1 group charge its sockets' buffers to it, within
+// bytes (memory.kmem.tcp.limit_in_bytes, which covers UDP too): v1 does so
+// only for a group with such a limit, and counts them otherwise against
+// the host-wide tcp_mem and udp_mem alone. Sockets made before the call
+// are not charged. On v2, where memory.max covers them always, it does
+// nothing.
+func (e *External) LimitSockets(bytes int64) error {
+	if e.mem == "" || bytes <= 0 {
+		return nil
+	}
+	err := writeFile(e.mem, "memory.kmem.tcp.limit_in_bytes", fmt.Sprint(bytes))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil // a kernel without TCP accounting in v1
+	}
+	return err
+}
+
 // OfProcess finds the group a process is in, from /proc/PID/cgroup and the
 // cgroup mounts of this process's mount namespace. The process should be
 // one this process holds (a pidfd), so that its pid was not reused.

@@ -257,6 +257,15 @@ func (g *group1) limit(l Limits, devs []Device) error {
 		if err := writeFile(mem, "memory.swappiness", "0"); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return err
 		}
+		// Socket buffers: v1 charges a socket's TCP and UDP buffers to its
+		// group only once the group has a TCP limit of its own (v2 always
+		// charges them to memory.max). Without it they count against the
+		// host-wide net.ipv4.tcp_mem and udp_mem alone: one sandbox of
+		// 128 MiB held 2.2 GiB of UDP buffers on loopback. The same bound
+		// as its memory, beside it.
+		if err := writeFile(mem, "memory.kmem.tcp.limit_in_bytes", v); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
 	}
 	if l.Pids > 0 {
 		if err := writeFile(g.dir(g.m.pids), "pids.max", fmt.Sprint(l.Pids)); err != nil {

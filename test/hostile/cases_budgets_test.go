@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -246,6 +247,51 @@ if shm >= 0: libc.shmctl(shm, 0, None)  # IPC_RMID
 		},
 	},
 	{
+		// Socket buffers count against the host-wide net.ipv4.tcp_mem
+		// and udp_mem; a sandbox's must be charged to it, within its
+		// memory limit (v1 does only with memory.kmem.tcp set).
+		name:   "fill_socket_buffers",
+		limits: sandbox.Limits{OpenFiles: 1024},
+		code: holdPrelude + `
+import socket
+payload, socks, err = b"x" * 60000, [], 0
+try:
+    while len(socks) < 400:
+        r = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        r.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+        r.bind(("127.0.0.1", 0))
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.setblocking(False)
+        for _ in range(200):
+            try:
+                s.sendto(payload, r.getsockname())
+            except BlockingIOError:
+                break
+        socks.append((r, s))
+except OSError as e:
+    err = e.errno
+held("socket_buffers", len(socks), err)
+`,
+		prepare: func(t *testing.T, h *harness, j *job) {
+			w := watchSocketMemory(t)
+			watchNeighbours(t, h, w.probe, `
+import socket
+a = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+a.bind(("127.0.0.1", 0))
+a.sendto(b"ping", a.getsockname())
+a.settimeout(2)
+ok = a.recv(16) == b"ping"
+a.close()
+`)
+		},
+		check: func(t *testing.T, h *harness, o *outcome) {
+			// Where the buffers are the sandbox's own memory (gVisor's
+			// network stack), its memory limit may end the case first.
+			heldOrMemoryLimit("socket_buffers")(t, h, o)
+			socketMemoryWithin(t, o.limits.Memory)
+		},
+	},
+	{
 		name: "take_every_process_slot",
 		code: holdPrelude + `
 n, err = 0, 0
@@ -470,3 +516,99 @@ func hostFork() error {
 
 // shmLock is SHM_LOCK (linux/shm.h), which x/sys/unix does not name.
 const shmLock = 11
+
+// socketMemory follows the host's socket buffer memory (TCP and UDP, every
+// namespace's: /proc/net/sockstat's counters are the kernel's global ones)
+// while a case runs, and checks that a round trip on the host's loopback
+// still works.
+type socketMemory struct {
+	baseline int64
+	max      atomic.Int64
+}
+
+var (
+	socketMemoryMu  sync.Mutex
+	socketMemorySet = map[string]*socketMemory{}
+)
+
+func watchSocketMemory(t *testing.T) *socketMemory {
+	w := &socketMemory{baseline: hostSocketPages(t)}
+	socketMemoryMu.Lock()
+	socketMemorySet[t.Name()] = w
+	socketMemoryMu.Unlock()
+	return w
+}
+
+func (w *socketMemory) probe() error {
+	pages := hostSocketPages(nil)
+	for {
+		old := w.max.Load()
+		if pages <= old || w.max.CompareAndSwap(old, pages) {
+			break
+		}
+	}
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("socket: %w", err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		return fmt.Errorf("bind: %w", err)
+	}
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		return err
+	}
+	if err := unix.Sendto(fd, []byte("ping"), 0, sa); err != nil {
+		return fmt.Errorf("sendto: %w", err)
+	}
+	unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 2})
+	buf := make([]byte, 16)
+	if n, _, err := unix.Recvfrom(fd, buf, 0); err != nil || string(buf[:n]) != "ping" {
+		return fmt.Errorf("loopback round trip: %v", err)
+	}
+	return nil
+}
+
+// socketMemoryWithin: at its highest, the host's socket memory grew by no
+// more than the sandbox's memory limit (and a little for everyone else).
+func socketMemoryWithin(t *testing.T, limit int64) {
+	t.Helper()
+	socketMemoryMu.Lock()
+	w := socketMemorySet[t.Name()]
+	delete(socketMemorySet, t.Name())
+	socketMemoryMu.Unlock()
+	if w == nil {
+		t.Fatal("no socket memory watch")
+	}
+	grew := (w.max.Load() - w.baseline) * 4096
+	if grew > limit+limit/4 {
+		t.Errorf("the host's socket buffers grew by %d MiB while the case held them; its memory limit is %d MiB",
+			grew>>20, limit>>20)
+	}
+}
+
+// hostSocketPages sums the TCP and UDP "mem" counters of /proc/net/sockstat.
+func hostSocketPages(t *testing.T) int64 {
+	b, err := os.ReadFile("/proc/net/sockstat")
+	if err != nil {
+		if t != nil {
+			t.Fatal(err)
+		}
+		return 0
+	}
+	var total int64
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || (f[0] != "TCP:" && f[0] != "UDP:") {
+			continue
+		}
+		for i := 1; i+1 < len(f); i++ {
+			if f[i] == "mem" {
+				n, _ := strconv.ParseInt(f[i+1], 10, 64)
+				total += n
+			}
+		}
+	}
+	return total
+}

@@ -37,6 +37,7 @@ var wasmDifferences = map[string]difference{
 	"reserve_all_pipe_buffers":        {why: noKernelBudgets},
 	"park_descriptors_in_flight":      {why: noKernelBudgets},
 	"lock_shared_memory":              {why: noKernelBudgets},
+	"fill_socket_buffers":             {why: noKernelBudgets},
 	"take_every_process_slot":         {why: noKernelBudgets},
 	"crash_runs_no_host_core_handler": {why: noProcesses + ": nothing can crash but the interpreter, inside WebAssembly"},
 	"lock_own_executable":             {why: "an interpreter inside WebAssembly: no /proc, no executable file to open"},

@@ -512,7 +512,8 @@ func (r *Runtime) Launch(ctx context.Context, l container.Launch) (_ container.C
 	for _, w := range created.Warnings {
 		r.cfg.Logger.Warn("docker", "warning", w, "sandbox", l.ID)
 	}
-	c := &sandboxContainer{r: r, id: created.ID, sandbox: l.ID, view: v, done: make(chan struct{}), pidfd: -1}
+	c := &sandboxContainer{r: r, id: created.ID, sandbox: l.ID, view: v, done: make(chan struct{}), pidfd: -1,
+		memory: l.Spec.Limits.Memory}
 	defer func() {
 		if err != nil {
 			c.Kill()
@@ -551,9 +552,10 @@ type sandboxContainer struct {
 	out     *demux
 	done    chan struct{}
 
-	pidfd int // PID 1's, -1 until held
-	cg    *cgroups.External
-	view  *view // its file system, unmounted once it is removed
+	pidfd  int // PID 1's, -1 until held
+	cg     *cgroups.External
+	memory int64 // the memory limit, which bounds socket buffers too
+	view   *view // its file system, unmounted once it is removed
 
 	mu        sync.Mutex
 	last      cgroups.Stats // the last read, for after the cgroup is gone
@@ -591,6 +593,11 @@ func (c *sandboxContainer) hold(ctx context.Context) error {
 	}
 	if c.cg, err = cgroups.OfProcess(in.State.Pid); err != nil {
 		return fmt.Errorf("the container's cgroup: %w", err)
+	}
+	// Before the agent gets its first request, so before the code makes a
+	// socket: Docker's KernelMemoryTCP reaches runc on cgroup v1 no more.
+	if err := c.cg.LimitSockets(c.memory); err != nil {
+		return fmt.Errorf("the container's socket memory: %w", err)
 	}
 	return nil
 }
