@@ -149,6 +149,7 @@ func pss(pid int) int64 {
 // runnerProc is one Python runner process and its pipes.
 type runnerProc struct {
 	pid    int
+	events *eventsReader // its event pipe, as readEvents reads it
 	reqW   *os.File
 	reqMu  sync.Mutex    // one frame at a time on reqW
 	ready  chan struct{} // closed at its "ready" event
@@ -611,7 +612,8 @@ func (s *Sandbox) readControl() {
 				exited: make(chan struct{}),
 				evDone: make(chan struct{}),
 			}
-			go s.readEvents(r, os.NewFile(uintptr(fds[1]), "events"))
+			r.events = &eventsReader{f: os.NewFile(uintptr(fds[1]), "events"), fd: fds[1]}
+			go s.readEvents(r, r.events)
 			s.mu.Lock()
 			s.runner = r
 			close(s.runnerSet)
@@ -816,7 +818,7 @@ func (s *Sandbox) readyRunner(ctx context.Context) <-chan struct{} {
 // readEvents follows one runner's event pipe. A malformed frame means the
 // runner (or user code writing to its pipe) broke the protocol: parsing
 // stops, reading continues so nothing blocks.
-func (s *Sandbox) readEvents(r *runnerProc, events *os.File) {
+func (s *Sandbox) readEvents(r *runnerProc, events *eventsReader) {
 	defer close(r.evDone)
 	defer events.Close()
 	fr := runner.NewFrameReader(events, maxFrame)
@@ -1221,6 +1223,7 @@ wait:
 		// for (Close does); processes the code left behind are killed
 		// now, and what they write from here on is not the code's.
 		s.kill()
+		r.events.drained(r.evDone)
 		s.stdout.sync()
 		s.stderr.sync()
 		s.statusMu.Lock()
@@ -1358,6 +1361,56 @@ func (s *Sandbox) stats() cgroups.Stats {
 	}
 	st, _ := s.cg.Stats()
 	return st
+}
+
+// eventsReader is a runner's event pipe as readEvents reads it, which
+// tells when the reader is idle: waiting in a read with nothing left in the
+// pipe, so that every frame written so far has been handled.
+type eventsReader struct {
+	f       *os.File
+	fd      int
+	waiting atomic.Bool
+	reads   atomic.Uint64
+}
+
+func (e *eventsReader) Read(p []byte) (int, error) {
+	e.waiting.Store(true)
+	n, err := e.f.Read(p)
+	e.reads.Add(1)
+	e.waiting.Store(false)
+	return n, err
+}
+
+func (e *eventsReader) Close() error { return e.f.Close() }
+
+// drained returns once the reader has handled every frame of a runner that
+// has exited (so wrote its last), or its stream ended (done), or after
+// drainTimeout. Its last frames may still be in the pipe when its exit is
+// seen; its children may hold the pipe open, so EOF alone cannot tell.
+func (e *eventsReader) drained(done chan struct{}) {
+	idle := func() bool {
+		seq := e.reads.Load()
+		if !e.waiting.Load() {
+			return false
+		}
+		n, err := unix.IoctlGetInt(e.fd, unix.TIOCINQ) // FIONREAD
+		return (err != nil || n == 0) && e.waiting.Load() && e.reads.Load() == seq
+	}
+	deadline := time.Now().Add(drainTimeout)
+	for calm := 0; time.Now().Before(deadline); {
+		if isClosed(done) {
+			return
+		}
+		if idle() {
+			// Twice, apart: a read that returned in between is seen.
+			if calm++; calm == 2 {
+				return
+			}
+		} else {
+			calm = 0
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
 }
 
 func (s *Sandbox) waitDrained() {
