@@ -160,14 +160,23 @@ def _confine_to_root(abi):
     ruleset = _libc.syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.sizeof(attr), 0)
     if ruleset < 0:
         _check("landlock ruleset", -1)
-    root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        rule = _PathBeneathAttr(rights, root)
-        _check("landlock rule", _libc.syscall(SYS_LANDLOCK_ADD_RULE, ruleset, LANDLOCK_RULE_PATH_BENEATH,
-                                              ctypes.byref(rule), 0))
+        # "/", and the sandbox's message queues, which mq_open reaches
+        # through its IPC namespace's own mount of the same file system,
+        # outside the root: a rule on /dev/mqueue names the same inode.
+        for path in ("/", "/dev/mqueue"):
+            try:
+                fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue
+            try:
+                rule = _PathBeneathAttr(rights, fd)
+                _check("landlock rule for " + path, _libc.syscall(
+                    SYS_LANDLOCK_ADD_RULE, ruleset, LANDLOCK_RULE_PATH_BENEATH, ctypes.byref(rule), 0))
+            finally:
+                os.close(fd)
         _check("landlock", _libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, ruleset, 0))
     finally:
-        os.close(root)
         os.close(ruleset)
 
 

@@ -138,6 +138,18 @@ func buildRoot(cfg *initConfig) error {
 	if err := mountDev(r("dev"), cfg.Devices); err != nil {
 		return err
 	}
+	if cfg.Role != roleZygote {
+		// The sandbox's own POSIX message queues, where programs look
+		// for them; a forked runner's Landlock rules name it too, for
+		// mq_open reaches them outside the root (the IPC namespace's
+		// own mount of the same file system).
+		if err := os.Mkdir(r("dev/mqueue"), 0o755); err != nil {
+			return step("/dev/mqueue", err)
+		}
+		if err := unix.Mount("mqueue", r("dev/mqueue"), "mqueue", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+			return step("mount /dev/mqueue", err)
+		}
+	}
 	if cfg.Role == roleZygote {
 		if err := mountZygoteDirs(cfg, r); err != nil {
 			return err
