@@ -105,7 +105,7 @@ attempt("mknod block device", os.mknod, "/workspace/sda", stat.S_IFBLK | 0o600, 
 attempt("create in /dev", write, "/dev/evil")
 `),
 		check: func(t *testing.T, h *harness, o *outcome) {
-			want := []string{"['fd', 'full', 'null', 'random', 'shm', 'stderr', 'stdin', 'stdout', 'urandom', 'zero']"}
+			want := []string{"['fd', 'full', 'mqueue', 'null', 'random', 'shm', 'stderr', 'stdin', 'stdout', 'urandom', 'zero']"}
 			for _, d := range []string{"mem", "kmem", "port", "kmsg", "sda", "vda", "nvme0n1", "ptmx", "tty",
 				"console", "net/tun", "fuse", "kvm", "loop0", "dri/card0"} {
 				want = append(want, "/dev/"+d+" ENOENT")

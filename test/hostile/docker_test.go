@@ -113,8 +113,7 @@ var dockerDifferences = map[string]difference{
 	"seccomp_tiocsti": {why: dockerDev + ": /dev/tty exists, and without a controlling terminal opening it " +
 		"says ENXIO", check: want("TIOCSTI fd 0 EPERM", "TIOCSTI fd 1 EPERM", "TIOCSTI fd 2 EPERM",
 		"TIOCLINUX EPERM", "TIOCGWINSZ ENOTTY", "open /dev/tty ENXIO")},
-	"host_devices": {why: dockerDev + ": besides the native set, mqueue (POSIX message queues of the sandbox's " +
-		"own IPC namespace), tty (no controlling terminal: ENXIO) and ptmx with pts (terminals of the container's " +
+	"host_devices": {why: dockerDev + ": besides the native set, tty (no controlling terminal: ENXIO) and ptmx with pts (terminals of the container's " +
 		"own devpts instance); no host device is reachable, and /dev is read-only",
 		check: func(t *testing.T, h *harness, o *outcome) {
 			want := []string{"['fd', 'full', 'mqueue', 'null', 'ptmx', 'pts', 'random', 'shm', 'stderr', 'stdin', " +
