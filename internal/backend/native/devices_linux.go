@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vivarium-sandbox/vivarium/internal/core"
 )
 
 // Every sandbox gets device nodes of its own. A node is an inode like any
@@ -89,11 +91,11 @@ func makeDevices(dir, id string) (string, error) {
 
 // sweepDevices removes what a killed supervisor of the same cgroup parent
 // left: nodes of sandboxes whose start it did not see through. A start
-// ends within setupTimeout; younger directories may be another process's.
+// ends within core.SetupTimeout; younger directories may be another process's.
 func sweepDevices(dir string) {
 	entries, _ := os.ReadDir(dir)
 	for _, e := range entries {
-		if info, err := e.Info(); err == nil && time.Since(info.ModTime()) > 2*setupTimeout {
+		if info, err := e.Info(); err == nil && time.Since(info.ModTime()) > 2*core.SetupTimeout {
 			os.RemoveAll(filepath.Join(dir, e.Name()))
 		}
 	}

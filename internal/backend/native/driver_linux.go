@@ -1,0 +1,126 @@
+package native
+
+import (
+	"context"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
+	"github.com/vivarium-sandbox/vivarium/internal/core"
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+)
+
+// driver is a Sandbox as the core drives it (core.Driver): what a native
+// sandbox does differently from other backends' during an execution.
+type driver Sandbox
+
+var _ core.Driver = (*driver)(nil)
+
+func (d *driver) s() *Sandbox { return (*Sandbox)(d) }
+
+// Prepare: a native sandbox whose init died is over.
+func (d *driver) Prepare(context.Context) error {
+	if isClosed(d.initDone) {
+		return sandbox.ErrClosed
+	}
+	return nil
+}
+
+func (d *driver) Closed() bool { return isClosed(d.initDone) }
+
+func (d *driver) Dead() <-chan struct{} { return d.initDone }
+
+// Restart has init kill every process of the sandbox but itself and start
+// a runner (readControl hands it over).
+func (d *driver) Restart(context.Context) error { return d.s().send(ctlMsg{Op: opRestart}) }
+
+// Interrupt sends SIGINT to the runner, which Python turns into
+// KeyboardInterrupt.
+func (d *driver) Interrupt(r *core.Runner) error {
+	if d.z == nil {
+		return d.s().send(ctlMsg{Op: opInterrupt})
+	}
+	// A zygote's runner is not init's child: signal it directly.
+	rp := r.Conn().(*runnerProc)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if rp.pidfd >= 0 {
+		return unix.PidfdSendSignal(rp.pidfd, unix.SIGINT, nil, 0)
+	}
+	return nil
+}
+
+func (d *driver) Usage() core.Usage {
+	st := d.s().stats()
+	return core.Usage{CPU: st.CPU, MemoryPeak: st.MemoryPeak, OOMKills: st.OOMKills}
+}
+
+// CPUWatch: CPU time is the cgroup's.
+func (d *driver) CPUWatch() bool { return d.cg != nil }
+
+func (d *driver) Kill() { d.s().kill() }
+
+func (d *driver) SyncOutput() {
+	d.stdout.sync()
+	d.stderr.sync()
+}
+
+func (d *driver) Executed(context.Context, *sandbox.Result) {}
+
+// Finish: init's status says how the runner of a one-shot ended; a dead
+// sandbox's output is all delivered once init is reaped and the pipes
+// reach their end.
+func (d *driver) Finish(r *core.Runner, why sandbox.Status) core.Exit {
+	s := d.s()
+	rp := r.Conn().(*runnerProc)
+	if why == "" && isClosed(s.runnerGone) && !isClosed(s.initDone) {
+		// A one-shot's runner has exited, having written all it wrote:
+		// its status is the program's and its output is in the pipes.
+		// What is left is the tear-down, which the answer does not wait
+		// for (Close does); processes the code left behind are killed
+		// now, and what they write from here on is not the code's.
+		s.kill()
+		rp.events.drained(r.EventsDone())
+		d.SyncOutput()
+		return s.runnerExitStatus()
+	}
+	if why != "" {
+		s.kill()
+	}
+	// Every process is gone once init is reaped; then the pipes hit EOF
+	// and everything written has been delivered.
+	<-s.initDone
+	<-s.statusDone
+	timeout := time.After(drainTimeout)
+	for _, c := range []*pipeReader{s.stdout, s.stderr} {
+		select {
+		case <-c.done:
+		case <-timeout:
+			return s.runnerExitStatus()
+		}
+	}
+	select {
+	case <-r.EventsDone():
+	case <-timeout:
+	}
+	return s.runnerExitStatus()
+}
+
+// runnerExitStatus is how init saw a one-shot's runner end, if it did.
+func (s *Sandbox) runnerExitStatus() core.Exit {
+	s.statusMu.Lock()
+	defer s.statusMu.Unlock()
+	if s.runnerExit == nil {
+		return core.Exit{}
+	}
+	return core.Exit{Exited: true, Code: s.runnerExit.Code, Signal: s.runnerExit.Signal}
+}
+
+func (s *Sandbox) stats() cgroups.Stats {
+	if s.cg == nil {
+		return cgroups.Stats{}
+	}
+	st, _ := s.cg.Stats()
+	return st
+}
