@@ -37,7 +37,8 @@ const (
 	// resultOverhead is what a result costs beyond its content: an empty
 	// one is not free to receive, parse and keep.
 	resultOverhead = 256
-	// SetupTimeout bounds how long a new runner may take to be ready.
+	// SetupTimeout bounds how long a new runner may take to be ready,
+	// unless Config says otherwise.
 	SetupTimeout = 60 * time.Second
 	// killTimeout guards a bug: a sandbox that was killed is dead at once.
 	killTimeout = 30 * time.Second
@@ -101,9 +102,10 @@ type Exit struct {
 // Core runs a sandbox's executions. A backend's Sandbox embeds it and
 // implements sandbox.Sandbox with it.
 type Core struct {
-	d       Driver
-	oneShot bool
-	limits  sandbox.Limits
+	d            Driver
+	oneShot      bool
+	limits       sandbox.Limits
+	setupTimeout time.Duration
 	// Stdout and Stderr receive the code's output; the backend writes to
 	// them.
 	Stdout, Stderr *Output
@@ -126,12 +128,18 @@ type Config struct {
 	// Contexts are the sandbox's code contexts; nil where the backend has
 	// only the default Python context.
 	Contexts *runner.Contexts
+	// SetupTimeout bounds how long a new runner may take to be ready
+	// (0: SetupTimeout).
+	SetupTimeout time.Duration
 }
 
 // New makes the core of a sandbox driven by d.
 func New(d Driver, cfg Config) *Core {
+	if cfg.SetupTimeout <= 0 {
+		cfg.SetupTimeout = SetupTimeout
+	}
 	return &Core{
-		d: d, oneShot: cfg.Spec.OneShot, limits: cfg.Spec.Limits, contexts: cfg.Contexts,
+		d: d, oneShot: cfg.Spec.OneShot, limits: cfg.Spec.Limits, contexts: cfg.Contexts, setupTimeout: cfg.SetupTimeout,
 		Stdout: &Output{}, Stderr: &Output{}, runnerSet: make(chan struct{}),
 		cmds: commands{starting: map[uint64]chan started{}, live: map[uint64]*Process{}},
 	}
@@ -219,6 +227,15 @@ func (c *Core) SetRunner(r *Runner) {
 	c.runnerSet = make(chan struct{})
 }
 
+// ResetRunner forgets the runner, for a backend whose isolation was
+// replaced (a new container): the next one comes with SetRunner. lost says
+// whether the next execution reports its state lost.
+func (c *Core) ResetRunner(lost bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.runner, c.lost = nil, lost
+}
+
 // Runner returns the current runner, or nil.
 func (c *Core) Runner() *Runner {
 	c.mu.Lock()
@@ -283,9 +300,9 @@ func (c *Core) Alive() bool {
 
 // AwaitRunner waits until a runner is ready for code, as a sandbox's
 // start-up does. It fails with the runner's setup failure, or when the
-// sandbox dies, ctx ends or SetupTimeout passes.
+// sandbox dies, ctx ends or the setup timeout passes.
 func (c *Core) AwaitRunner(ctx context.Context) error {
-	timer := time.NewTimer(SetupTimeout)
+	timer := time.NewTimer(c.setupTimeout)
 	defer timer.Stop()
 	for {
 		c.mu.Lock()
@@ -311,7 +328,7 @@ func (c *Core) AwaitRunner(ctx context.Context) error {
 			case <-c.d.Dead():
 				return errDied
 			case <-timer.C:
-				return fmt.Errorf("no runner was ready within %v", SetupTimeout)
+				return fmt.Errorf("no runner was ready within %v", c.setupTimeout)
 			case <-ctx.Done():
 				return ctx.Err()
 			}
@@ -319,7 +336,7 @@ func (c *Core) AwaitRunner(ctx context.Context) error {
 		case <-c.d.Dead():
 			return errDied
 		case <-timer.C:
-			return fmt.Errorf("no runner was ready within %v", SetupTimeout)
+			return fmt.Errorf("no runner was ready within %v", c.setupTimeout)
 		case <-ctx.Done():
 			return ctx.Err()
 		}

@@ -29,6 +29,7 @@ import (
 
 	"github.com/vivarium-sandbox/vivarium/internal/agent"
 	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
+	"github.com/vivarium-sandbox/vivarium/internal/core"
 	"github.com/vivarium-sandbox/vivarium/internal/hostuid"
 	"github.com/vivarium-sandbox/vivarium/internal/runner"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
@@ -213,9 +214,9 @@ func newID() string {
 const setupTimeout = 2 * time.Minute
 
 func (b *Backend) start(ctx context.Context, spec sandbox.Spec) (_ *Sandbox, err error) {
-	s := &Sandbox{id: newID(), b: b, spec: spec, dir: "", runnerSet: make(chan struct{}),
-		spawns: map[uint32]chan agent.Ctl{}, procs: map[uint32]*process{},
-		contexts: runner.NewContexts("/workspace")}
+	s := &Sandbox{id: newID(), b: b, spec: spec, cmds: map[uint32]*cmdStreams{}}
+	s.Core = core.New((*driver)(s), core.Config{Spec: spec, Contexts: runner.NewContexts("/workspace"),
+		SetupTimeout: setupTimeout})
 	defer func() {
 		if err != nil {
 			s.Close()
@@ -274,7 +275,6 @@ func (b *Backend) start(ctx context.Context, spec sandbox.Spec) (_ *Sandbox, err
 		}
 	}
 	s.disk = disk
-	s.stdout, s.stderr = newCapture(), newCapture()
 	if err := s.launch(ctx); err != nil {
 		return nil, err
 	}
@@ -319,24 +319,19 @@ func (s *Sandbox) launch(ctx context.Context) error {
 	if err := ss.out.Write(agent.KindConfig, 0, mustJSON(cfg)); err != nil {
 		return fmt.Errorf("send the agent its configuration: %w", err)
 	}
-	timer := time.NewTimer(setupTimeout)
-	defer timer.Stop()
-	select {
-	case <-s.readyRunner(ctx):
-		return nil
-	case <-ss.ended:
-		return s.setupFailure()
-	case <-timer.C:
-		return fmt.Errorf("the sandbox was not ready within %v", setupTimeout)
-	case <-ctx.Done():
-		return ctx.Err()
+	if err := s.AwaitRunner(ctx); err != nil {
+		if isClosed(ss.ended) {
+			return s.setupFailure()
+		}
+		return err
 	}
+	return nil
 }
 
 // relaunch replaces a persistent sandbox's dead container by a new one on
-// the same disk and cgroup: files are kept, state is not. Callers hold
-// execMu.
-func (s *Sandbox) relaunch(ctx context.Context) error {
+// the same disk and cgroup: files are kept, state is not (lost says
+// whether the next execution is told). Called during an execution.
+func (s *Sandbox) relaunch(ctx context.Context, lost bool) error {
 	if s.closing.Load() {
 		return sandbox.ErrClosed
 	}
@@ -344,8 +339,9 @@ func (s *Sandbox) relaunch(ctx context.Context) error {
 		return fmt.Errorf("%w: remove the dead container: %v", sandbox.ErrClosed, err)
 	}
 	s.mu.Lock()
-	s.runner, s.cur, s.lost, s.setupErr = nil, nil, false, ""
+	s.runner, s.setupErr = nil, ""
 	s.mu.Unlock()
+	s.ResetRunner(lost)
 	if err := s.launch(ctx); err != nil {
 		return fmt.Errorf("%w: a new container: %v", sandbox.ErrClosed, err)
 	}

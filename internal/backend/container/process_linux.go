@@ -2,113 +2,71 @@ package container
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"sync"
 	"syscall"
 
 	"github.com/vivarium-sandbox/vivarium/internal/agent"
+	"github.com/vivarium-sandbox/vivarium/internal/core"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
 
-// process is a command the agent started.
-type process struct {
-	s      *Sandbox
-	id     uint32
-	pid    int
-	stdin  *stdinWriter
-	stdout *buffer
-	stderr *buffer
-	done   chan struct{}
-	code   int
-	// streamsClosed counts the ends of stdout and stderr the agent sent;
-	// guarded by Sandbox.mu.
-	streamsClosed int
+// cmdStreams are a command's streams through the agent: its stdin, and
+// its output, buffered as it arrives.
+type cmdStreams struct {
+	id             uint32
+	stdin          *stdinWriter
+	stdout, stderr *buffer
+	// Under Sandbox.mu: it exited, and how many of its two output
+	// streams have ended.
+	exited bool
+	closed int
 }
 
-var _ sandbox.Process = (*process)(nil)
-
-// finish records the exit; called with Sandbox.mu held.
-func (p *process) finish(code int) {
-	if !isClosed(p.done) {
-		p.code = code
-		close(p.done)
-	}
-}
-
-func (p *process) PID() int              { return p.pid }
-func (p *process) Stdin() io.WriteCloser { return p.stdin }
-func (p *process) Stdout() io.ReadCloser { return p.stdout }
-func (p *process) Stderr() io.ReadCloser { return p.stderr }
-func (p *process) Done() <-chan struct{} { return p.done }
-func (p *process) ExitCode() int         { <-p.done; return p.code }
-
-func (p *process) Signal(sig syscall.Signal) error {
-	if isClosed(p.done) {
-		return nil
-	}
-	return p.s.ctl(agent.Ctl{Op: agent.OpSignal, ID: p.id, Signal: int(sig)})
-}
-
-// Start implements sandbox.Sandbox.
+// Start implements sandbox.Sandbox: the agent starts the command.
 func (s *Sandbox) Start(ctx context.Context, c sandbox.Command) (sandbox.Process, error) {
-	if len(c.Argv) == 0 {
-		return nil, fmt.Errorf("%w: empty command", sandbox.ErrInvalidSpec)
-	}
-	if err := sandbox.ValidateEnv(c.Env); err != nil {
-		return nil, err
-	}
-	if s.closing.Load() || isClosed(s.session().ended) {
-		return nil, sandbox.ErrClosed
-	}
-	env := map[string]string{}
-	for k, v := range s.spec.Env {
-		env[k] = v
-	}
-	for k, v := range c.Env {
-		env[k] = v
-	}
-	ch := make(chan agent.Ctl, 1)
-	s.mu.Lock()
-	s.nextID++
-	id := s.nextID
-	s.spawns[id] = ch
-	// Registered before the agent can answer, so that no output of the
-	// command arrives before its buffers exist.
-	sin, _, _ := agent.CommandStreams(id)
-	p := &process{s: s, id: id, stdin: &stdinWriter{out: s.session().out, stream: sin}, stdout: newBuffer(), stderr: newBuffer(),
-		done: make(chan struct{})}
-	s.procs[id] = p
-	s.mu.Unlock()
-	if err := s.ctl(agent.Ctl{Op: agent.OpSpawn, ID: id, Argv: c.Argv, Env: sandbox.Environ(env), Dir: c.Dir}); err != nil {
+	return s.StartCommand(ctx, c, s.spec.Env, func(id uint64, env map[string]string) error {
+		// Its streams exist before the agent can answer, so that no
+		// output of the command arrives before them.
+		cid := uint32(id)
+		sin, _, _ := agent.CommandStreams(cid)
+		cs := &cmdStreams{id: cid, stdin: &stdinWriter{out: s.session().out, stream: sin}, stdout: newBuffer(),
+			stderr: newBuffer()}
 		s.mu.Lock()
-		delete(s.spawns, id)
-		delete(s.procs, id)
+		s.cmds[cid] = cs
 		s.mu.Unlock()
-		return nil, err
-	}
-	var reply agent.Ctl
-	var ok bool
-	select {
-	case reply, ok = <-ch:
-		if !ok {
-			return nil, sandbox.ErrClosed
+		err := s.ctl(agent.Ctl{Op: agent.OpSpawn, ID: cid, Argv: c.Argv, Env: sandbox.Environ(env), Dir: c.Dir})
+		if err != nil {
+			s.forgetCmd(cid)
 		}
-	case <-ctx.Done():
-		s.mu.Lock()
-		delete(s.spawns, id)
-		s.mu.Unlock()
-		p.Signal(syscall.SIGKILL)
-		return nil, ctx.Err()
+		return err
+	})
+}
+
+// spawned turns the agent's answer to a start into the core's.
+func (s *Sandbox) spawned(c agent.Ctl) core.Spawned {
+	s.mu.Lock()
+	cs := s.cmds[c.ID]
+	s.mu.Unlock()
+	if c.Error != "" || cs == nil {
+		s.forgetCmd(c.ID)
+		msg := c.Error
+		if msg == "" {
+			msg = "the agent started an unknown command"
+		}
+		return core.Spawned{Err: msg}
 	}
-	if reply.Error != "" {
-		s.mu.Lock()
-		delete(s.procs, id)
-		s.mu.Unlock()
-		return nil, fmt.Errorf("start %s: %s", c.Argv[0], reply.Error)
-	}
-	p.pid = reply.PID
-	return p, nil
+	id := c.ID
+	return core.Spawned{PID: c.PID, Stdin: cs.stdin, Stdout: cs.stdout, Stderr: cs.stderr,
+		Signal: func(sig syscall.Signal) error {
+			return s.ctl(agent.Ctl{Op: agent.OpSignal, ID: id, Signal: int(sig)})
+		}}
+}
+
+func (s *Sandbox) forgetCmd(id uint32) {
+	s.mu.Lock()
+	delete(s.cmds, id)
+	s.mu.Unlock()
 }
 
 // stdinWriter sends a command's stdin to the agent.
