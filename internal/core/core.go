@@ -97,6 +97,10 @@ type Usage struct {
 type Exit struct {
 	Exited       bool
 	Code, Signal int
+	// Crash says how it crashed without a signal (a WebAssembly trap);
+	// Closed: the sandbox was closed meanwhile.
+	Crash  string
+	Closed bool
 }
 
 // Core runs a sandbox's executions. A backend's Sandbox embeds it and
@@ -106,6 +110,7 @@ type Core struct {
 	oneShot      bool
 	limits       sandbox.Limits
 	setupTimeout time.Duration
+	memErrLimit  bool
 	// Stdout and Stderr receive the code's output; the backend writes to
 	// them.
 	Stdout, Stderr *Output
@@ -131,6 +136,9 @@ type Config struct {
 	// SetupTimeout bounds how long a new runner may take to be ready
 	// (0: SetupTimeout).
 	SetupTimeout time.Duration
+	// MemoryErrorIsLimit: Python's MemoryError means the memory limit
+	// (see sandbox.Outcome).
+	MemoryErrorIsLimit bool
 }
 
 // New makes the core of a sandbox driven by d.
@@ -140,7 +148,8 @@ func New(d Driver, cfg Config) *Core {
 	}
 	return &Core{
 		d: d, oneShot: cfg.Spec.OneShot, limits: cfg.Spec.Limits, contexts: cfg.Contexts, setupTimeout: cfg.SetupTimeout,
-		Stdout: &Output{}, Stderr: &Output{}, runnerSet: make(chan struct{}),
+		memErrLimit: cfg.MemoryErrorIsLimit,
+		Stdout:      &Output{}, Stderr: &Output{}, runnerSet: make(chan struct{}),
 		cmds: commands{starting: map[uint64]chan started{}, live: map[uint64]*Process{}},
 	}
 }
@@ -271,6 +280,16 @@ func (c *Core) RunnerFailed(r *Runner, err error) {
 		r.setupFail = err
 	}
 	c.runnerExited(r, Exit{Exited: true, Code: sandbox.ExitSetupFailed})
+}
+
+// RunnerBroken records that r's events were malformed, for a backend that
+// parses them itself.
+func (c *Core) RunnerBroken(r *Runner, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if r.broken == nil {
+		r.broken = err
+	}
 }
 
 // ExitOf returns how r ended, once Exited is closed.

@@ -108,20 +108,24 @@ func (c *Core) Execute(ctx context.Context, req sandbox.ExecRequest, sink sandbo
 	dead := c.d.Dead()
 	why, whyMsg := c.wait(ctx, finished, r.exited, dead, limits, u0.CPU)
 	duration := time.Since(start)
+	// What the code used is measured before anything is torn down or
+	// replaced.
+	u := c.d.Usage()
 
-	o := sandbox.Outcome{Why: why, WhyMsg: whyMsg, Limits: limits}
+	o := sandbox.Outcome{Why: why, WhyMsg: whyMsg, Limits: limits, MemoryErrorIsLimit: c.memErrLimit}
+	ended := func(e Exit) {
+		o.Exited, o.Code, o.Signal, o.Crash, o.Closed, o.Dead = e.Exited, e.Code, e.Signal, e.Crash, e.Closed, true
+	}
 	stateLost := lost
 	switch {
 	case c.oneShot || isClosed(dead):
-		e := c.d.Finish(r, why)
-		o.Exited, o.Code, o.Signal, o.Dead = e.Exited, e.Code, e.Signal, true
+		ended(c.d.Finish(r, why))
 	default:
 		if why != "" || isClosed(r.exited) {
 			// A limit fired or the runner died: a fresh runner replaces
 			// it (and kills whatever else ran), files stay.
 			if why == "" {
-				e := c.ExitOf(r)
-				o.Exited, o.Code, o.Signal, o.Dead = e.Exited, e.Code, e.Signal, true
+				ended(c.ExitOf(r))
 			}
 			stateLost = true
 			if err := c.restart(context.WithoutCancel(ctx)); err != nil {
@@ -144,7 +148,8 @@ func (c *Core) Execute(ctx context.Context, req sandbox.ExecRequest, sink sandbo
 	c.mu.Unlock()
 	stdout, outTrunc := c.Stdout.End()
 	stderr, errTrunc := c.Stderr.End()
-	u := c.d.Usage()
+	// An OOM kill that ended the execution may be counted late.
+	u.OOMKills = max(u.OOMKills, c.d.Usage().OOMKills)
 	res := &sandbox.Result{
 		Stdout: string(stdout), Stderr: string(stderr), StdoutTruncated: outTrunc, StderrTruncated: errTrunc,
 		Results: x.results, Error: x.err,

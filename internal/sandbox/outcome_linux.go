@@ -21,6 +21,13 @@ type Outcome struct {
 	Exited bool
 	Code   int
 	Signal int
+	// Crash says how a process that had no signal to die of crashed (a
+	// WebAssembly trap); Closed: the sandbox was closed meanwhile.
+	Crash  string
+	Closed bool
+	// MemoryErrorIsLimit: Python's MemoryError is the memory limit
+	// (WebAssembly's linear memory could not grow past it).
+	MemoryErrorIsLimit bool
 	// RunnerCode is the exit code the runner reported (sys.exit), if it did.
 	RunnerCode *int
 	// OOM: the kernel killed a process of the sandbox for its memory limit.
@@ -41,6 +48,15 @@ func (o Outcome) Classify(res *Result) {
 		limitErr(o.Why, ExitTimeout, "TimeoutError", o.WhyMsg)
 	case o.Why != "":
 		limitErr(o.Why, 128+int(syscall.SIGKILL), "Killed", o.WhyMsg)
+	case o.Dead && o.Closed:
+		limitErr(StatusKilled, 128+int(syscall.SIGKILL), "Killed", "the sandbox was closed during the execution")
+	case o.Dead && o.Crash != "":
+		if o.OOM {
+			limitErr(StatusMemoryLimit, ExitMemoryLimit, "MemoryError",
+				fmt.Sprintf("the sandbox exceeded its %d MiB memory limit", o.Limits.Memory>>20))
+			break
+		}
+		limitErr(StatusKilled, ExitCrash, "Killed", o.Crash)
 	case o.Exited && o.Signal != 0 || (o.Dead && !o.Exited):
 		sig := syscall.SIGKILL
 		if o.Exited {
@@ -66,6 +82,10 @@ func (o Outcome) Classify(res *Result) {
 		}
 		res.ExitCode = code
 		switch {
+		case res.Error != nil && res.Error.Name == "MemoryError" && o.MemoryErrorIsLimit:
+			// The traceback is kept.
+			res.Status, res.ExitCode = StatusMemoryLimit, ExitMemoryLimit
+			res.Error.Value = fmt.Sprintf("the sandbox exceeded its %d MiB memory limit", o.Limits.Memory>>20)
 		case res.Error != nil:
 			res.Status = StatusError
 		case code != 0:

@@ -63,4 +63,7 @@ type Error struct {
 const (
 	ExitTimeout     = 124
 	ExitMemoryLimit = 137
+	// ExitCrash: a crash with no signal of its own (a WebAssembly trap),
+	// reported as abort() is, 128+SIGABRT.
+	ExitCrash = 128 + 6
 )

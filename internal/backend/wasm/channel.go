@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io/fs"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	experimentalsys "github.com/tetratelabs/wazero/experimental/sys"
 	"github.com/tetratelabs/wazero/sys"
@@ -44,9 +46,15 @@ type channel struct {
 	// onEvent receives each event; skip tells whether a result frame can
 	// be passed over unparsed (the results cap is reached). onIdle is
 	// called when the runner waits for its next request.
-	onEvent func(runner.Event)
-	skip    func() bool
-	onIdle  func()
+	onEvent  func(runner.Event)
+	skip     func() bool
+	onIdle   func()
+	onBroken func(error)
+
+	// The time the runner has spent waiting for requests (ns), and when
+	// its current wait began (Unix ns; 0 when it does not wait).
+	waited       atomic.Int64
+	waitingSince atomic.Int64
 }
 
 func newChannel() *channel {
@@ -87,13 +95,21 @@ func (c *channel) read(buf []byte) int {
 		if idle != nil {
 			idle()
 		}
+		start := time.Now()
+		c.waitingSince.Store(start.UnixNano())
+		var b []byte
 		select {
-		case b := <-c.requests:
-			c.mu.Lock()
-			c.pending = b
+		case b = <-c.requests:
 		case <-c.ended:
+		}
+		// Counted before the wait ends, as a sleep is.
+		c.waited.Add(int64(time.Since(start)))
+		c.waitingSince.Store(0)
+		if b == nil {
 			return 0
 		}
+		c.mu.Lock()
+		c.pending = b
 	}
 	n := copy(buf, c.pending)
 	c.pending = c.pending[n:]
@@ -128,7 +144,7 @@ func (c *channel) parse() {
 	for len(c.in)-off >= 4 {
 		n := binary.BigEndian.Uint32(c.in[off:])
 		if n > maxFrame {
-			c.broken = fmt.Errorf("%w: %d bytes, limit %d", runner.ErrFrameTooLarge, n, maxFrame)
+			c.broke(fmt.Errorf("%w: %d bytes, limit %d", runner.ErrFrameTooLarge, n, maxFrame))
 			return
 		}
 		if uint32(len(c.in)-off-4) < n {
@@ -140,7 +156,7 @@ func (c *channel) parse() {
 		if c.skip != nil && c.skip() && bytes.HasPrefix(body, resultPrefix) {
 			ev = runner.Event{Type: "skipped"}
 		} else if err := json.Unmarshal(body, &ev); err != nil || ev.Type == "" {
-			c.broken = fmt.Errorf("%w: %v", runner.ErrMalformed, err)
+			c.broke(fmt.Errorf("%w: %v", runner.ErrMalformed, err))
 			return
 		}
 		if c.onEvent != nil {
@@ -148,6 +164,24 @@ func (c *channel) parse() {
 		}
 	}
 	c.in = c.in[:copy(c.in, c.in[off:])]
+}
+
+// broke records that the runner broke the protocol; called with c.mu held.
+func (c *channel) broke(err error) {
+	c.broken = err
+	if c.onBroken != nil {
+		c.onBroken(err)
+	}
+}
+
+// waitedNow is the time the runner has waited for requests, the current
+// wait included.
+func (c *channel) waitedNow() time.Duration {
+	d := c.waited.Load()
+	if since := c.waitingSince.Load(); since != 0 {
+		d += time.Now().UnixNano() - since
+	}
+	return time.Duration(d)
 }
 
 // brokenErr reports how the runner broke the protocol, if it did.

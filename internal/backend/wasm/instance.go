@@ -39,6 +39,7 @@ type instance struct {
 	exitCode *uint32 // the code given to proc_exit (or 0 when _start returned)
 	trap     error   // how it failed otherwise
 
+	started  time.Time    // when it was launched
 	killed   atomic.Bool  // stop ended it
 	slept    atomic.Int64 // nanoseconds the guest spent sleeping, sleeps done
 	sleeping atomic.Int64 // when the current sleep began (Unix ns), 0 awake
@@ -98,6 +99,12 @@ func (i *instance) sleptNow() time.Duration {
 	return time.Duration(d)
 }
 
+// busy is the time the interpreter has run: since its start, less its
+// sleeps and its waits for requests.
+func (i *instance) busy() time.Duration {
+	return time.Since(i.started) - i.sleptNow() - i.ch.waitedNow()
+}
+
 // sampleMemory records the size of the guest's linear memory. It is only
 // called while the guest waits (between executions, at an event), never
 // while it could grow the memory.
@@ -145,8 +152,8 @@ func (s *Sandbox) launch(ctx context.Context, inst *instance) error {
 		WithName(inst.name).
 		WithArgs("/usr/local/bin/python3.11", "-s", "-B", "/"+runnerDir+"/wasm_runner.py", mode).
 		WithStdin(strings.NewReader("")).
-		WithStdout(s.stdout).
-		WithStderr(s.stderr).
+		WithStdout(s.core.Stdout).
+		WithStderr(s.core.Stderr).
 		WithFSConfig(wazero.NewFSConfig().(sysfs.FSConfig).WithSysFSMount(root, "/")).
 		WithSysWalltime().
 		WithSysNanotime().
@@ -155,6 +162,7 @@ func (s *Sandbox) launch(ctx context.Context, inst *instance) error {
 	for _, kv := range sandboxEnv(s.spec.Env) {
 		cfg = cfg.WithEnv(kv[0], kv[1])
 	}
+	inst.started = time.Now()
 	go func() {
 		defer close(inst.done)
 		mod, err := rt.InstantiateModule(inst.ctx, compiled, cfg)

@@ -12,43 +12,36 @@ import (
 
 	experimentalsys "github.com/tetratelabs/wazero/experimental/sys"
 
+	"github.com/vivarium-sandbox/vivarium/internal/core"
 	"github.com/vivarium-sandbox/vivarium/internal/runner"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
 
-// Bounds on what the runner may send back per execution, as the native
-// backend's.
-const (
-	maxFrame        = 16 << 20 // one event
-	maxResultsBytes = 64 << 20 // all rich results of one execution
-	maxResults      = 10000    // rich results of one execution
-	resultOverhead  = 256      // what a result costs beyond its content
-	setupTimeout    = 120 * time.Second
-)
+// maxFrame bounds one event, as on every backend.
+const maxFrame = core.MaxFrame
 
-// exitCrash is the exit status of an interpreter that trapped (Python's
-// abort() is a wasm "unreachable"): 128+SIGABRT, as a crashed process.
-const exitCrash = 128 + 6
+// setupTimeout bounds an interpreter's start, longer than a process's:
+// the first one of a runtime compiles the module.
+const setupTimeout = 120 * time.Second
 
 // Sandbox is one wasm sandbox: a workspace, and an interpreter instance
 // that keeps Python's state between executions (replaced when it dies or
-// a limit stops it).
+// a limit stops it). Its executions are the core's; a sandbox has the
+// default Python context only, and no commands.
 type Sandbox struct {
-	id             string
-	b              *Backend
-	spec           sandbox.Spec
-	ws             *memFS
-	stdout, stderr *stream
-	diskFull       atomic.Bool // a guest write hit the disk limit
-	filesFull      atomic.Bool // the guest hit the open-files limit
+	core      *core.Core
+	id        string
+	b         *Backend
+	spec      sandbox.Spec
+	ws        *memFS
+	diskFull  atomic.Bool   // a guest write hit the disk limit
+	filesFull atomic.Bool   // the guest hit the open-files limit
+	oomTraps  atomic.Int64  // interpreters that trapped at the memory limit
+	closedCh  chan struct{} // closed by Close
 
 	mu     sync.Mutex
 	inst   *instance
-	cur    *execution
 	closed bool
-
-	execMu sync.Mutex // one execution (or restart) at a time
-	used   bool       // a one-shot sandbox has run its execution
 }
 
 var (
@@ -56,23 +49,13 @@ var (
 	_ sandbox.Prober  = (*Sandbox)(nil)
 )
 
-// execution collects the events of one Execute call.
-type execution struct {
-	results      []sandbox.Output
-	resultsBytes int
-	dropped      int
-	err          *sandbox.Error
-	exitCode     *int
-	finished     chan struct{} // closed when the runner waits again after "done"
-	resultSink   sandbox.ResultSink
-}
-
 func newSandbox(b *Backend, spec sandbox.Spec) *Sandbox {
-	s := &Sandbox{id: newID(), b: b, spec: spec, stdout: &stream{}, stderr: &stream{}}
+	s := &Sandbox{id: newID(), b: b, spec: spec, closedCh: make(chan struct{})}
+	s.core = core.New((*driver)(s), core.Config{Spec: spec, SetupTimeout: setupTimeout, MemoryErrorIsLimit: true})
 	s.ws = newMemFS(spec.Limits.Disk)
 	s.ws.onFull = func() {
 		if !s.diskFull.Swap(true) {
-			s.stderr.note(fmt.Sprintf("vivarium: the workspace is full: the sandbox's disk limit is %s "+
+			s.core.Stderr.Note(fmt.Sprintf("vivarium: the workspace is full: the sandbox's disk limit is %s "+
 				"(WASI reports this as an I/O error)\n", sizeText(spec.Limits.Disk)))
 		}
 	}
@@ -82,10 +65,23 @@ func newSandbox(b *Backend, spec sandbox.Spec) *Sandbox {
 // tooManyFiles says once per execution why opening a file failed.
 func (s *Sandbox) tooManyFiles() {
 	if !s.filesFull.Swap(true) {
-		s.stderr.note(fmt.Sprintf("vivarium: too many open files: the sandbox's limit is %d "+
+		s.core.Stderr.Note(fmt.Sprintf("vivarium: too many open files: the sandbox's limit is %d "+
 			"(WASI reports this as an I/O error)\n", s.spec.Limits.OpenFiles))
 	}
 }
+
+// guestRunner is an interpreter instance as the core reaches it: requests
+// go through its channel. The channel parses the events itself, on the
+// guest's goroutine, so that output and results keep their order without
+// acknowledgements (see channel); it hands each to the core.
+type guestRunner struct {
+	inst *instance
+	full atomic.Bool // the execution has all the results it may keep
+}
+
+func (w *guestRunner) Send(req runner.Request) error { return w.inst.ch.send(req) }
+func (w *guestRunner) Ack()                          {}
+func (w *guestRunner) HangUp()                       {}
 
 // startInstance starts an interpreter and waits until its runner is ready.
 func (s *Sandbox) startInstance(ctx context.Context) error {
@@ -93,25 +89,38 @@ func (s *Sandbox) startInstance(ctx context.Context) error {
 	// frame, "ready", comes soon after.
 	ch := newChannel()
 	inst := newInstance(ch)
-	ch.onEvent = func(ev runner.Event) { s.handle(inst, ev) }
-	ch.skip = func() bool {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		x := s.cur
-		return x != nil && len(x.results)+x.dropped >= maxResults
+	w := &guestRunner{inst: inst}
+	r := core.NewRunner(w, core.DoneOnIdle())
+	ch.onEvent = func(ev runner.Event) {
+		if ev.Type == "error" || ev.Type == "done" {
+			inst.sampleMemory() // the guest waits in this call: its memory holds still
+		}
+		w.full.Store(s.core.Event(r, ev))
 	}
-	ch.onIdle = func() { s.idle(inst) }
+	ch.skip = w.full.Load
+	ch.onIdle = func() {
+		inst.sampleMemory()
+		s.core.Idle(r)
+	}
+	ch.onBroken = func(err error) { s.core.RunnerBroken(r, err) }
+	s.diskFull.Store(false)
+	s.filesFull.Store(false)
 	if err := s.launch(ctx, inst); err != nil {
 		return err
 	}
+	go func() {
+		<-inst.done
+		s.core.RunnerExited(r, s.exitOf(inst))
+	}()
 	var err error
 	timer := time.NewTimer(setupTimeout)
 	defer timer.Stop()
 	select {
-	case <-inst.ready:
+	case <-r.Ready():
 		s.mu.Lock()
 		s.inst = inst
 		s.mu.Unlock()
+		s.core.SetRunner(r)
 		return nil
 	case <-inst.done:
 		return s.startFailure(inst)
@@ -125,6 +134,28 @@ func (s *Sandbox) startInstance(ctx context.Context) error {
 	return err
 }
 
+// exitOf says how an instance ended, once it has.
+func (s *Sandbox) exitOf(inst *instance) core.Exit {
+	switch {
+	case inst.killed.Load():
+		return core.Exit{Closed: true}
+	case inst.exitCode != nil:
+		return core.Exit{Exited: true, Code: int(*inst.exitCode & 0xff)}
+	}
+	// A trap: the interpreter crashed (or ran out of stack), or its
+	// memory could not grow. The trap's first line says what happened
+	// ("wasm error: out of bounds memory access"); a stack of wasm
+	// functions follows.
+	if inst.memBytes.Load() >= s.spec.Limits.Memory-(1<<20) {
+		s.oomTraps.Add(1)
+	}
+	why, _, _ := strings.Cut(fmt.Sprint(inst.trap), "\n")
+	if _, after, ok := strings.Cut(why, "wasm error: "); ok {
+		why = after
+	}
+	return core.Exit{Crash: "the interpreter crashed (" + why + "): its C stack overflowed, or it hit a fatal error"}
+}
+
 // startFailure explains why an interpreter ended before it was ready.
 func (s *Sandbox) startFailure(inst *instance) error {
 	why := "it trapped: " + fmt.Sprint(inst.trap)
@@ -132,72 +163,10 @@ func (s *Sandbox) startFailure(inst *instance) error {
 		why = fmt.Sprintf("it exited with status %d", *inst.exitCode)
 	}
 	msg := "the interpreter ended during start-up: " + why
-	if out := strings.TrimSpace(s.stderr.setupOutput()); out != "" {
+	if out := strings.TrimSpace(s.core.Stderr.Setup()); out != "" {
 		msg += "; it wrote: " + lastLines(out, 5)
 	}
 	return errors.New(msg)
-}
-
-// handle records an event of instance inst; it runs on the guest's
-// goroutine, in the order the runner wrote them.
-func (s *Sandbox) handle(inst *instance, ev runner.Event) {
-	if ev.Type == "ready" {
-		select {
-		case <-inst.ready:
-		default:
-			close(inst.ready)
-		}
-		return
-	}
-	if ev.Type == "error" || ev.Type == "done" {
-		inst.sampleMemory() // the guest waits in this call: its memory holds still
-	}
-	s.mu.Lock()
-	x := s.cur
-	if x == nil || s.inst != inst {
-		s.mu.Unlock()
-		return
-	}
-	var emit *sandbox.Output
-	switch ev.Type {
-	case "skipped":
-		x.dropped++
-	case "result":
-		out, size := runner.Output(ev)
-		size += resultOverhead
-		if x.resultsBytes+size > maxResultsBytes || len(x.results) >= maxResults {
-			x.dropped++
-		} else {
-			x.resultsBytes += size
-			x.results = append(x.results, out)
-			emit = &out
-		}
-	case "error":
-		x.err = &sandbox.Error{Name: ev.Name, Value: ev.Value, Traceback: ev.Traceback}
-	case "done":
-		x.exitCode = ev.ExitCode
-	}
-	rs := x.resultSink
-	s.mu.Unlock()
-	if emit != nil && rs != nil {
-		rs.Result(*emit)
-	}
-}
-
-// idle is called when the runner of inst waits for a request: after a
-// "done", the execution is over. (A "done" forged by the code does not end
-// it early: the runner only waits once the cell has returned.)
-func (s *Sandbox) idle(inst *instance) {
-	inst.sampleMemory()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if x := s.cur; x != nil && s.inst == inst && x.exitCode != nil {
-		select {
-		case <-x.finished:
-		default:
-			close(x.finished)
-		}
-	}
 }
 
 // ID implements sandbox.Sandbox.
@@ -207,46 +176,71 @@ func (s *Sandbox) ID() string { return s.id }
 func (s *Sandbox) Workspace() sandbox.Workspace { return &workspace{fs: s.ws} }
 
 // Alive implements sandbox.Prober.
-func (s *Sandbox) Alive() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return !s.closed && s.inst != nil && s.inst.alive()
+func (s *Sandbox) Alive() bool { return s.core.Alive() }
+
+// Execute implements sandbox.Sandbox.
+func (s *Sandbox) Execute(ctx context.Context, req sandbox.ExecRequest, sink sandbox.Sink) (*sandbox.Result, error) {
+	return s.core.Execute(ctx, req, sink)
 }
 
 // Interrupt implements sandbox.Sandbox. WebAssembly has no signals: code
 // that runs cannot be interrupted, only stopped by its time limit.
-func (s *Sandbox) Interrupt() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return sandbox.ErrClosed
-	}
-	if s.cur == nil {
-		return nil
-	}
-	return errNoInterrupt
-}
+func (s *Sandbox) Interrupt() error { return s.core.Interrupt() }
+
+// Restart implements sandbox.Sandbox: a fresh interpreter, the same files.
+func (s *Sandbox) Restart(ctx context.Context) error { return s.core.Restart(ctx) }
 
 // Start implements sandbox.Sandbox: there are no processes to start.
 func (s *Sandbox) Start(context.Context, sandbox.Command) (sandbox.Process, error) {
 	return nil, errNoCommands
 }
 
-// Restart implements sandbox.Sandbox: a fresh interpreter, the same files.
-func (s *Sandbox) Restart(ctx context.Context) error {
-	if s.spec.OneShot {
-		return fmt.Errorf("%w: a one-shot sandbox cannot restart", sandbox.ErrUnsupported)
+// Close implements sandbox.Sandbox.
+func (s *Sandbox) Close() error {
+	s.mu.Lock()
+	inst, closed := s.inst, s.closed
+	s.closed = true
+	s.mu.Unlock()
+	if !closed {
+		close(s.closedCh)
 	}
-	if !s.execMu.TryLock() {
-		return sandbox.ErrBusy
+	if inst != nil {
+		inst.stop()
+		<-inst.done
 	}
-	defer s.execMu.Unlock()
-	return s.restart(ctx)
+	return nil
 }
 
-// restart stops the current interpreter, if any, and starts another.
-// Callers hold execMu.
-func (s *Sandbox) restart(ctx context.Context) error {
+// driver is a Sandbox as the core drives it (core.Driver).
+type driver Sandbox
+
+var _ core.Driver = (*driver)(nil)
+
+func (d *driver) s() *Sandbox { return (*Sandbox)(d) }
+
+func (d *driver) Prepare(context.Context) error {
+	if d.Closed() {
+		return sandbox.ErrClosed
+	}
+	// The disk and open-files notes are said once per execution.
+	d.diskFull.Store(false)
+	d.filesFull.Store(false)
+	return nil
+}
+
+func (d *driver) Closed() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.closed
+}
+
+// Dead: an interpreter's end is its runner's; the sandbox dies when it is
+// closed.
+func (d *driver) Dead() <-chan struct{} { return d.closedCh }
+
+// Restart stops the current interpreter, if any, and starts another.
+func (d *driver) Restart(ctx context.Context) error {
+	s := d.s()
 	s.mu.Lock()
 	old, closed := s.inst, s.closed
 	s.inst = nil
@@ -264,231 +258,49 @@ func (s *Sandbox) restart(ctx context.Context) error {
 	return nil
 }
 
-// Close implements sandbox.Sandbox.
-func (s *Sandbox) Close() error {
-	s.mu.Lock()
-	inst := s.inst
-	s.closed = true
-	s.mu.Unlock()
-	if inst != nil {
-		inst.stop()
-		<-inst.done
+func (d *driver) Interrupt(*core.Runner) error { return errNoInterrupt }
+
+// Usage: the interpreter runs on a goroutine of this process; its CPU
+// time is the time it ran, neither sleeping nor waiting for a request.
+func (d *driver) Usage() core.Usage {
+	u := core.Usage{OOMKills: d.oomTraps.Load()}
+	if r := d.s().core.Runner(); r != nil {
+		inst := r.Conn().(*guestRunner).inst
+		u.CPU, u.MemoryPeak = inst.busy(), inst.memBytes.Load()
 	}
-	return nil
+	return u
 }
 
-// Execute implements sandbox.Sandbox.
-func (s *Sandbox) Execute(ctx context.Context, req sandbox.ExecRequest, sink sandbox.Sink) (*sandbox.Result, error) {
-	if !s.execMu.TryLock() {
-		return nil, sandbox.ErrBusy
-	}
-	defer s.execMu.Unlock()
-	s.mu.Lock()
-	closed, inst := s.closed, s.inst
-	s.mu.Unlock()
-	if closed {
-		return nil, sandbox.ErrClosed
-	}
-	if s.spec.OneShot && s.used {
-		return nil, fmt.Errorf("%w: a one-shot sandbox runs one execution", sandbox.ErrClosed)
-	}
-	s.used = true
-	if err := sandbox.ValidateEnv(req.Env); err != nil {
-		return nil, err
-	}
-	if req.Context != "" && req.Context != sandbox.DefaultContext {
-		return nil, fmt.Errorf("%w: %q: a wasm sandbox has one Python context and no bash", sandbox.ErrNoContext, req.Context)
-	}
-	limits := s.spec.Limits
-	if req.Timeout > 0 {
-		limits.Timeout = req.Timeout
-	}
-	if req.CPUTime > 0 {
-		limits.CPUTime = req.CPUTime
-	}
-	filename := req.Filename
-	if filename == "" {
-		filename = "<cell>"
-	}
-	// An interpreter that died since the last execution, and could not be
-	// replaced then, is replaced first; the result says so.
-	lost := false
-	if inst == nil || !inst.alive() {
-		if s.spec.OneShot {
-			return nil, fmt.Errorf("%w: the interpreter has ended", sandbox.ErrClosed)
-		}
-		if err := s.restart(ctx); err != nil {
-			return nil, err
-		}
-		s.mu.Lock()
-		inst = s.inst
-		s.mu.Unlock()
-		lost = true
-	}
+func (d *driver) CPUWatch() bool { return true }
 
-	x := &execution{finished: make(chan struct{})}
-	x.resultSink, _ = sink.(sandbox.ResultSink)
-	var outSink, errSink func([]byte)
-	if sink != nil {
-		outSink, errSink = sink.Stdout, sink.Stderr
+func (d *driver) Kill() {
+	if r := d.s().core.Runner(); r != nil {
+		r.Conn().(*guestRunner).inst.stop()
 	}
-	s.stdout.begin(limits.MaxOutput, outSink)
-	s.stderr.begin(limits.MaxOutput, errSink)
-	s.diskFull.Store(false)
-	s.filesFull.Store(false)
-	s.mu.Lock()
-	s.cur = x
-	s.mu.Unlock()
+}
 
-	slept0 := inst.sleptNow()
-	start := time.Now()
-	cpu := func() time.Duration { return time.Since(start) - (inst.sleptNow() - slept0) }
-	if err := inst.ch.send(runner.Request{Type: "execute", Code: req.Code, Filename: filename, Env: req.Env}); err != nil {
-		// It died between the check and now; what it left is reported below.
-		_ = err
-	}
+// SyncOutput: the guest's writes are calls into the host, done when the
+// runner reports.
+func (d *driver) SyncOutput() {}
 
-	var why sandbox.Status // set when a limit or the caller ended it
-	var whyMsg string
-	wall := time.NewTimer(limits.Timeout)
-	defer wall.Stop()
-	var tick <-chan time.Time
-	if limits.CPUTime > 0 {
-		t := time.NewTicker(min(max(limits.CPUTime/20, 10*time.Millisecond), 250*time.Millisecond))
-		defer t.Stop()
-		tick = t.C
-	}
-wait:
-	for {
-		select {
-		case <-x.finished:
-			break wait
-		case <-inst.done:
-			break wait
-		case <-wall.C:
-			why, whyMsg = sandbox.StatusTimeout, fmt.Sprintf("execution exceeded the %v wall-clock limit", limits.Timeout)
-			break wait
-		case <-tick:
-			if cpu() > limits.CPUTime {
-				why, whyMsg = sandbox.StatusTimeout, fmt.Sprintf("execution exceeded the %v CPU time limit", limits.CPUTime)
-				break wait
-			}
-		case <-ctx.Done():
-			why, whyMsg = sandbox.StatusKilled, "execution cancelled: "+ctx.Err().Error()
-			break wait
-		}
-	}
-	duration := time.Since(start)
-	cpuTime := cpu()
+// Finish: the one-shot runner exits after its execution: its exit status
+// is the program's.
+func (d *driver) Finish(r *core.Runner, why sandbox.Status) core.Exit {
+	inst := r.Conn().(*guestRunner).inst
 	if why != "" {
 		inst.stop()
 	}
-	dead := why != "" || !inst.alive()
-	if s.spec.OneShot || dead {
-		// The one-shot runner exits after its execution: its exit status
-		// is the program's.
+	select {
+	case <-inst.done:
+	case <-d.closedCh:
+		inst.stop()
 		<-inst.done
 	}
-	dead = !inst.alive()
-
-	s.mu.Lock()
-	s.cur = nil
-	s.mu.Unlock()
-	stdout, outTrunc := s.stdout.end()
-	stderr, errTrunc := s.stderr.end()
-	res := &sandbox.Result{
-		Stdout:          string(stdout),
-		Stderr:          string(stderr),
-		StdoutTruncated: outTrunc,
-		StderrTruncated: errTrunc,
-		Results:         x.results,
-		Error:           x.err,
-		DurationMS:      float64(duration.Microseconds()) / 1000,
-		CPUMS:           float64(min(cpuTime, duration).Microseconds()) / 1000,
-		PeakMemoryBytes: inst.memBytes.Load(),
-		StateLost:       lost && !s.spec.OneShot,
-	}
-	if res.Results == nil {
-		res.Results = []sandbox.Output{}
-	}
-	if x.dropped > 0 {
-		res.Results = append(res.Results, sandbox.Output{
-			Text: fmt.Sprintf("[vivarium: %d more results dropped: over the limit of %d results or %d MiB]",
-				x.dropped, maxResults, maxResultsBytes>>20)})
-	}
-	s.classify(res, why, whyMsg, dead, inst, x.exitCode, limits, inst.ch.brokenErr())
-
-	if dead && !s.spec.OneShot {
-		// A limit stopped it or it died: a fresh interpreter replaces it
-		// now, so that the sandbox is ready again; files stay.
-		res.StateLost = true
-		if err := s.restart(context.WithoutCancel(ctx)); err != nil {
-			s.b.log.Warn("wasm: could not restart the interpreter", "sandbox", s.id, "err", err)
-		}
-	}
-	return res, nil
+	<-r.Exited()
+	return d.s().core.ExitOf(r)
 }
 
-// classify sets Status, ExitCode and Error. What the host observed (its
-// own stop, how the instance ended) decides; the runner's report counts
-// only where the interpreter itself finished normally.
-func (s *Sandbox) classify(res *sandbox.Result, why sandbox.Status, whyMsg string, dead bool,
-	inst *instance, runnerCode *int, limits sandbox.Limits, broken error) {
-	limitErr := func(status sandbox.Status, code int, name, msg string) {
-		res.Status, res.ExitCode = status, code
-		res.Error = &sandbox.Error{Name: name, Value: msg}
-	}
-	memoryMsg := fmt.Sprintf("the sandbox exceeded its %d MiB memory limit", limits.Memory>>20)
-	switch {
-	case why == sandbox.StatusTimeout:
-		limitErr(why, sandbox.ExitTimeout, "TimeoutError", whyMsg)
-	case why != "":
-		limitErr(why, 128+9, "Killed", whyMsg)
-	case dead && inst.killed.Load():
-		limitErr(sandbox.StatusKilled, 128+9, "Killed", "the sandbox was closed during the execution")
-	case dead && inst.exitCode == nil:
-		// A trap: the interpreter crashed (or ran out of stack).
-		if inst.memBytes.Load() >= limits.Memory-(1<<20) {
-			limitErr(sandbox.StatusMemoryLimit, sandbox.ExitMemoryLimit, "MemoryError", memoryMsg)
-			return
-		}
-		// The trap's first line says what happened ("wasm error: out
-		// of bounds memory access"); a stack of wasm functions follows.
-		why, _, _ := strings.Cut(fmt.Sprint(inst.trap), "\n")
-		if _, after, ok := strings.Cut(why, "wasm error: "); ok {
-			why = after
-		}
-		limitErr(sandbox.StatusKilled, exitCrash, "Killed", "the interpreter crashed ("+why+
-			"): its C stack overflowed, or it hit a fatal error")
-	default:
-		code := 0
-		switch {
-		case dead: // it exited: its own status
-			code = int(*inst.exitCode & 0xff)
-		case runnerCode != nil:
-			code = *runnerCode
-		}
-		res.ExitCode = code
-		switch {
-		case res.Error != nil && res.Error.Name == "MemoryError":
-			// Python raises MemoryError when the linear memory cannot
-			// grow past the limit: the same outcome as the native
-			// backend's OOM kill, with the traceback kept.
-			res.Status, res.ExitCode = sandbox.StatusMemoryLimit, sandbox.ExitMemoryLimit
-			res.Error.Value = memoryMsg
-		case res.Error != nil:
-			res.Status = sandbox.StatusError
-		case code != 0:
-			res.Status = sandbox.StatusError
-			res.Error = &sandbox.Error{Name: "SystemExit", Value: fmt.Sprint(code)}
-		default:
-			res.Status = sandbox.StatusOK
-		}
-	}
-	if broken != nil && res.Error == nil {
-		res.Error = &sandbox.Error{Name: "ProtocolError", Value: "the sandbox sent malformed results; some were lost"}
-	}
-}
+func (d *driver) Executed(context.Context, *sandbox.Result) {}
 
 // skeleton is the read-only root every sandbox of b shares: the mount
 // points, and the runner in /opt/vivarium.
