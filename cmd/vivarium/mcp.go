@@ -45,7 +45,7 @@ func mcpFlags(c *mcpConfig) *flag.FlagSet {
 
 Serves sandboxes to one AI agent over the Model Context Protocol on
 standard input and output: the agent starts this command itself (see the
-README for a config snippet). Needs root, like "vivarium run". Logs go to
+README or docs/mcp.md for a config snippet). Needs root, like "vivarium run". Logs go to
 standard error. Every sandbox is closed when the agent disconnects.
 "vivarium serve" serves the same tools over HTTP at /mcp, with API keys.
 

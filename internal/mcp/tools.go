@@ -32,7 +32,7 @@ type (
 		TimeoutS  float64 `json:"timeout_s,omitempty" jsonschema:"Wall-clock limit in seconds. The default is 30."`
 	}
 	createSandboxInput struct {
-		IdleTimeoutS float64 `json:"idle_timeout_s,omitempty" jsonschema:"Close the sandbox after this many seconds without use. The default is 300."`
+		IdleTimeoutS float64 `json:"idle_timeout_s,omitempty" jsonschema:"Close the sandbox after this many seconds without use. Without it, the server's default applies (the answer gives it)."`
 	}
 	sandboxInput struct {
 		SandboxID string `json:"sandbox_id" jsonschema:"The sandbox, from create_sandbox."`

@@ -107,7 +107,7 @@ type decision struct {
 	want Action
 }
 
-// sandboxDecisions are the answers the brief and the README promise, one
+// sandboxDecisions are the answers docs/security.md promises, one
 // by one.
 func sandboxDecisions() []decision {
 	nrOnly := func(name string, nr uint32, want Action) decision {

@@ -51,7 +51,7 @@ print(n, time.monotonic() - start)
 			case "wasm":
 				t.Skip("no host disk: a wasm sandbox's files are the interpreter's own, in memory")
 			case "docker":
-				t.Skip("the docker backend sets no disk I/O limit: the daemon makes the container's cgroup (see the README)")
+				t.Skip("the docker backend sets no disk I/O limit: the daemon makes the container's cgroup (see docs/operations.md)")
 			}
 			big, err := largestUsrLib()
 			if err != nil {

@@ -27,7 +27,7 @@ import (
 // (the kernel's configuration, the same on every machine of a kind, and
 // needed by programs that tune themselves); uptime and stat's btime, which
 // stay consistent with the start times of /proc/PID/stat (a time namespace
-// would hide them: see the README).
+// would hide them: see docs/security.md).
 
 // procMasked are emptied: a file shows as an empty file, a directory as an
 // empty directory, both read-only and the sandbox's own (not /dev/null, an
