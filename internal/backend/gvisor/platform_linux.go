@@ -327,7 +327,8 @@ var errEnded = errors.New("the sandbox ended without an answer")
 // a missing configuration.
 func readProbeAnswer(r io.Reader) error {
 	f, err := agent.NewReader(r).Next()
-	if errors.Is(err, io.EOF) {
+	if errors.Is(err, io.EOF) || errors.Is(err, os.ErrClosed) {
+		// Closed: runsc exited and its pipe was closed under the read.
 		return errEnded
 	}
 	if err != nil {
