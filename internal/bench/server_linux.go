@@ -293,7 +293,7 @@ func (s *server) idleMemory(n int) func(context.Context) (float64, error) {
 		pids := sandboxProcesses(serverParent)
 		var total int64
 		for _, pid := range pids {
-			total += processPSS(pid)
+			total += sandbox.ProcessPSS(pid)
 		}
 		// The pool's ready sandboxes are under the parent too: count
 		// them as what they are, sandboxes at rest.
@@ -355,24 +355,6 @@ func sandboxProcesses(parent string) []int {
 	return pids
 }
 
-// processPSS reads a process's proportional set size in bytes.
-func processPSS(pid int) int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "Pss:"); ok {
-			f := strings.Fields(v)
-			if len(f) > 0 {
-				kb, _ := strconv.ParseInt(f[0], 10, 64)
-				return kb << 10
-			}
-		}
-	}
-	return 0
-}
-
 // pythonPandasPSS is the floor of a design that shares nothing: the PSS of
 // one python3 that imported pandas, as each sandbox of it would hold.
 func pythonPandasPSS(python string) func(context.Context) (float64, error) {
@@ -396,6 +378,6 @@ func pythonPandasPSS(python string) func(context.Context) (float64, error) {
 		if _, err := io.ReadFull(stdout, buf); err != nil || string(buf) != "ready\n" {
 			return 0, fmt.Errorf("python3 did not import pandas: %v", err)
 		}
-		return float64(processPSS(cmd.Process.Pid)) / (1 << 20), nil
+		return float64(sandbox.ProcessPSS(cmd.Process.Pid)) / (1 << 20), nil
 	}
 }

@@ -9,8 +9,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -100,27 +98,9 @@ func (s *Sandbox) MemoryPSS() (int64, error) {
 	}
 	var total int64
 	for _, pid := range pids {
-		total += pss(pid)
+		total += sandbox.ProcessPSS(pid)
 	}
 	return total, nil
-}
-
-// pss reads a process's proportional set size in bytes (0 if it is gone).
-func pss(pid int) int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "Pss:"); ok {
-			f := strings.Fields(v)
-			if len(f) > 0 {
-				kb, _ := strconv.ParseInt(f[0], 10, 64)
-				return kb << 10
-			}
-		}
-	}
-	return 0
 }
 
 func start(ctx context.Context, b *Backend, spec sandbox.Spec, cfg *initConfig, z *zygote) (_ *Sandbox, err error) {
