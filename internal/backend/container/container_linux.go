@@ -9,8 +9,9 @@
 // only root can enter, bound into the container at /workspace), so files
 // go in and out through the same confined code as the native backend's;
 // a cgroup of its own (the runtime puts the container in it) for limits
-// and accounting; and the runner's protocol, with output capped and
-// classified as the native backend does it.
+// and accounting; and the runner's protocol, whose executions, code
+// contexts and commands are internal/core's, as every backend's are
+// (sandbox_linux.go follows the agent's stream and drives the core).
 package container
 
 import (

@@ -6,9 +6,18 @@
 // The supervisor (this package, in the vivarium process) creates a
 // sandbox's cgroup, starts the sandbox's init (this binary again, see
 // init_linux.go) in fresh namespaces, and talks to the runner inside over
-// pipes. It never trusts what comes back: output is capped and treated as
-// bytes, and the outcome of a run (status, exit code, CPU, memory) comes
-// from the kernel, not from the sandbox.
+// pipes (runner_linux.go, capture_linux.go). Executions, code contexts and
+// commands are internal/core's, which this package drives (driver_linux.go):
+// output is capped and treated as bytes, and the outcome of a run (status,
+// exit code, CPU, memory) comes from the kernel, not from the sandbox.
+//
+// Where to look: the backend and its configuration (backend_linux.go), a
+// sandbox's life (sandbox_linux.go), init and its control socket
+// (init_linux.go, control_linux.go, initproc_linux.go), the file system it
+// sees (mount_linux.go, rootfs_linux.go, overlay_linux.go, procmask_linux.go,
+// devices_linux.go), its host user and kernel budgets (spawn_linux.go,
+// budgets_linux.go), the zygote (zygote_linux.go, zygote_init_linux.go),
+// and its network (egress_linux.go).
 package native
 
 import (

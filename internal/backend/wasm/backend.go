@@ -9,11 +9,13 @@
 // and stderr, clocks, random bytes, and the runner's protocol device. No
 // network, no processes, no threads, no native extensions.
 //
-// Limits: the wall clock by cancelling the instance (wazero closes a
-// module when its context is done, even in a tight loop), CPU time as the
-// wall clock minus the time the code slept, memory by the linear memory's
-// page limit (an allocation past it is Python's MemoryError), output per
-// stream as the native backend caps it, and disk by memFS's accounting.
+// Executions are internal/core's, as every backend's are: an interpreter
+// instance is the core's runner. Limits: the wall clock by cancelling the
+// instance (wazero closes a module when its context is done, even in a
+// tight loop), CPU time as the time the interpreter ran (neither sleeping
+// nor waiting for a request), memory by the linear memory's page limit
+// (an allocation past it is Python's MemoryError), output per stream by
+// the core, and disk by memFS's accounting.
 //
 // The interpreter is built by `make wasm` (scripts/wasm/build.sh) from
 // Debian's python3.11 source package; Locate finds it. Compiled machine
