@@ -1,4 +1,4 @@
-// Package e2b_test runs the Node test suite beside it (e2b.test.mjs): the
+// Package e2b_test runs the Node test suite beside it (every *.test.mjs): the
 // unmodified E2B SDKs, e2b and @e2b/code-interpreter (versions pinned in
 // package.json and package-lock.json), against the real vivarium binary's
 // `vivarium serve`, configured by nothing but E2B's environment variables.
@@ -51,7 +51,8 @@ func TestE2BSDKs(t *testing.T) {
 	srv := testserver.Start(t, bin, testserver.Options{CgroupParent: cgroupParent, UIDBase: uidBase,
 		Keys: []string{"e2b-sdk", "e2b-other"}})
 
-	cmd := exec.Command("node", "--test", "--test-reporter=tap", "e2b.test.mjs")
+	// Every *.test.mjs here (node_modules excluded): one file per surface.
+	cmd := exec.Command("node", "--test", "--test-reporter=tap")
 	cmd.Env = append(os.Environ(),
 		"E2B_API_URL="+srv.URL+"/e2b",
 		"E2B_SANDBOX_URL="+srv.URL+"/e2b/sandbox",
