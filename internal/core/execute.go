@@ -148,8 +148,6 @@ func (c *Core) Execute(ctx context.Context, req sandbox.ExecRequest, sink sandbo
 	c.mu.Unlock()
 	stdout, outTrunc := c.Stdout.End()
 	stderr, errTrunc := c.Stderr.End()
-	// An OOM kill that ended the execution may be counted late.
-	u.OOMKills = max(u.OOMKills, c.d.Usage().OOMKills)
 	res := &sandbox.Result{
 		Stdout: string(stdout), Stderr: string(stderr), StdoutTruncated: outTrunc, StderrTruncated: errTrunc,
 		Results: x.results, Error: x.err,

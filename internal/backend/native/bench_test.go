@@ -37,7 +37,9 @@ func benchBackend(b *testing.B, mode string) *native.Backend {
 	if be := benchBackends[mode]; be != nil {
 		return be
 	}
-	cfg := native.Config{CgroupParent: "vivarium-native-bench", UIDBase: native.DefaultUIDBase + 11<<24, UIDRanges: testutil.UIDRanges}
+	// IdleMemory keeps every sandbox it makes for a second: with a zygote,
+	// more than a test's pool. 256 ranges are the 1<<24 ids of the base.
+	cfg := native.Config{CgroupParent: "vivarium-native-bench", UIDBase: native.DefaultUIDBase + 11<<24, UIDRanges: 256}
 	switch mode {
 	case "zygote":
 		cfg.Zygote, cfg.Preload = true, []string{"numpy", "pandas", "matplotlib"}
