@@ -338,5 +338,25 @@ func (s *Service) Workspace(owner, id string) (sandbox.Workspace, func(), error)
 	return b.sb.Workspace(), s.use(b), nil
 }
 
+// FileSystem returns an owner's sandbox's whole file system as user writes
+// it (sandbox.FileSystem), marking the sandbox used. A backend that cannot
+// reach more than the workspace answers ErrUnsupported.
+func (s *Service) FileSystem(owner, id, user string) (sandbox.Workspace, func(), error) {
+	b, err := s.Get(owner, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	fs, ok := b.sb.(sandbox.FileSystem)
+	if !ok {
+		return nil, nil, fmt.Errorf("%w: this sandbox's files outside its workspace cannot be reached (its backend keeps "+
+			"them apart)", sandbox.ErrUnsupported)
+	}
+	root, err := fs.Root(user)
+	if err != nil {
+		return nil, nil, err
+	}
+	return root, s.use(b), nil
+}
+
 // Limits returns a sandbox's limits.
 func (b *Box) Limits() sandbox.Limits { return b.limits }

@@ -15,7 +15,7 @@ import (
 // back its pipes (readControl hands them to the core).
 func (s *Sandbox) Start(ctx context.Context, c sandbox.Command) (sandbox.Process, error) {
 	return s.StartCommand(ctx, c, s.spec.Env, func(id uint64, env map[string]string) error {
-		return s.send(ctlMsg{Op: opSpawn, ID: id, Argv: c.Argv, Env: sandboxEnv(env), Dir: c.Dir})
+		return s.send(ctlMsg{Op: opSpawn, ID: id, Argv: c.Argv, Env: sandboxEnv(env), Dir: c.Dir, User: c.User})
 	})
 }
 
