@@ -45,11 +45,11 @@ type Sandbox struct {
 	// The sandbox's root, as its user and as its root write it
 	// (sandbox.FileSystem).
 	rootAsUser, rootAsRoot *workspace.Dir
-	ctl      int // control socket to init
-	stdout   *pipeReader
-	stderr   *pipeReader
-	initErr  error         // how init exited; valid once initDone is closed
-	initDone chan struct{} // closed when init has exited and been reaped
+	ctl                    int // control socket to init
+	stdout                 *pipeReader
+	stderr                 *pipeReader
+	initErr                error         // how init exited; valid once initDone is closed
+	initDone               chan struct{} // closed when init has exited and been reaped
 
 	// From init's status pipe.
 	statusMu   sync.Mutex
