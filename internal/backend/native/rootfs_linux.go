@@ -16,10 +16,12 @@ import (
 //	/opt/vivarium         the runner
 //	/proc                 a new proc of the sandbox's PID namespace, with masks
 //	/dev                  null zero full random urandom, fd links, /dev/shm
-//	/workspace /tmp       one size-limited tmpfs (with /dev/shm): the "disk"
-//	/root /home/user      links to /workspace
+//	/                     the sandbox's disk: one size-limited tmpfs, whose
+//	                      system directories (/etc, /root, /var ...) its
+//	                      root owns; /workspace (also at /home/user), /tmp
+//	                      and /dev/shm (from /run/shm) its user's
 //
-// Everything but /workspace, /tmp and /dev/shm is read-only.
+// /usr, the host's directories and the runner are read-only mounts.
 
 // etcEntry is one file or link of the synthetic /etc.
 type etcEntry struct {
