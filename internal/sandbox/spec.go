@@ -175,6 +175,20 @@ func (s Spec) HomeDir() string {
 	return s.Home
 }
 
+// UserEnv is who's environment: HOME, USER and LOGNAME of the sandbox user
+// ("" or UserSandbox) or of its root (UserRoot), with the spec's Env over
+// them.
+func (s Spec) UserEnv(who string) map[string]string {
+	env := map[string]string{"HOME": s.HomeDir(), "USER": s.UserName(), "LOGNAME": s.UserName()}
+	if who == UserRoot {
+		env = map[string]string{"HOME": "/root", "USER": "root", "LOGNAME": "root"}
+	}
+	for k, v := range s.Env {
+		env[k] = v
+	}
+	return env
+}
+
 // UserName is the name of the sandbox user, which depends on its home.
 func (s Spec) UserName() string {
 	if s.HomeDir() == HomeUser {

@@ -530,7 +530,7 @@ func (b *Backend) initConfig(spec sandbox.Spec, etc []etcEntry, top []topLink) *
 		Python:      spec.Python,
 		RunnerArgs:  []string{"-s", "-B", runnerDir + "/" + runner.ScriptName, mode},
 		RunnerFiles: runner.Files(),
-		Env:         sandboxEnv(spec.Env),
+		Env:         sandboxEnv(spec.UserEnv(sandbox.UserSandbox)),
 		Etc:         etc,
 		TopLevel:    top,
 		DiskBytes:   l.Disk,

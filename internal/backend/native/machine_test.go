@@ -95,9 +95,9 @@ func TestHomeUser(t *testing.T) {
 	res, err := sb.Execute(context.Background(), sandbox.ExecRequest{Code: `
 import os, pwd
 open("note.txt", "w").write("hi")
-print(os.getcwd(), pwd.getpwuid(os.getuid()).pw_name, pwd.getpwuid(os.getuid()).pw_dir)
+print(os.getcwd(), pwd.getpwuid(os.getuid()).pw_name, pwd.getpwuid(os.getuid()).pw_dir, os.environ["HOME"], os.environ["USER"])
 `}, nil)
-	if err != nil || res.Stdout != "/home/user user /home/user\n" {
+	if err != nil || res.Stdout != "/home/user user /home/user /home/user user\n" {
 		t.Fatalf("%+v %v", res, err)
 	}
 	f, _, err := sb.Workspace().OpenFile("note.txt")
@@ -108,8 +108,11 @@ print(os.getcwd(), pwd.getpwuid(os.getuid()).pw_name, pwd.getpwuid(os.getuid()).
 	if b, _ := io.ReadAll(f); string(b) != "hi" {
 		t.Fatalf("the workspace's note.txt: %q", b)
 	}
-	if out, _ := command(t, sb, "", "sh", "-c", "pwd; whoami"); out != "/home/user\nuser\n" {
+	if out, _ := command(t, sb, "", "sh", "-c", "pwd; whoami; echo $HOME $USER"); out != "/home/user\nuser\n/home/user user\n" {
 		t.Fatalf("a command: %q", out)
+	}
+	if out, _ := command(t, sb, sandbox.UserRoot, "sh", "-c", "whoami; echo $HOME $USER; ls -A /root"); out != "root\n/root root\n" {
+		t.Fatalf("a command as root: %q", out)
 	}
 }
 
