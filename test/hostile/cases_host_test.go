@@ -31,7 +31,7 @@ for p in ("/etc/shadow", "/etc/gshadow", "/root/.bashrc", "/root/.ssh/id_rsa", "
 		},
 		check: func(t *testing.T, h *harness, o *outcome) {
 			// The sandbox's /root is its own root's home (0700, empty:
-			// TestRootIsASmallMachine looks inside), not the host's.
+			// the native TestHomeUser looks inside as root), not the host's.
 			wantOK(t, o, lines(
 				"secret EACCES", "secret via /proc/self/root EACCES", "glob [] []",
 				"/etc/shadow ENOENT", "/etc/gshadow ENOENT", "/root/.bashrc EACCES",
