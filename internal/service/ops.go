@@ -183,6 +183,8 @@ type CommandRequest struct {
 	Cwd     string
 	Env     map[string]string
 	Timeout time.Duration
+	// User runs it: "" or sandbox.UserSandbox, or sandbox.UserRoot.
+	User string
 }
 
 // CommandResult is how a command ended and what it printed.
@@ -221,7 +223,7 @@ func (s *Service) Command(ctx context.Context, owner, id string, req CommandRequ
 	if timeout == 0 {
 		timeout = b.limits.Timeout
 	}
-	cmd := sandbox.Command{Argv: []string{"/bin/sh", "-c", req.Cmd}, Env: req.Env, Dir: cwd}
+	cmd := sandbox.Command{Argv: []string{"/bin/sh", "-c", req.Cmd}, Env: req.Env, Dir: cwd, User: req.User}
 	if err := checkArgv(cmd.Argv); err != nil {
 		return nil, err
 	}

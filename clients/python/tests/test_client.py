@@ -146,6 +146,13 @@ class ClientTest(unittest.TestCase):
         res = sb.commands.run("for i in 1 2; do echo $i; sleep 0.1; done", on_stdout=chunks.append)
         self.assertEqual("".join(chunks), "1\n2\n")
         self.assertTrue(res.ok)
+        res = sb.commands.run("id -u; echo conf > /etc/app.conf && cat /etc/app.conf", user="root")
+        self.assertEqual(res.stdout, "0\nconf\n")
+
+    def test_home_user(self):
+        sb = self.sandbox(home="/home/user")
+        self.assertEqual(sb.commands.run("pwd; whoami").stdout, "/home/user\nuser\n")
+        self.assertEqual(sb.execute("import os; os.getcwd()").text, "'/home/user'")
 
     def test_one_shot_run(self):
         ex = self.client.run("print(open('in.txt').read())\n2 ** 10", files={"in.txt": "from the client"})
