@@ -252,8 +252,10 @@ func resultLine(o sandbox.Output) map[string]any {
 			m[k] = v
 		}
 	}
-	if len(o.JSON) > 0 {
-		m["json"] = o.JSON
+	for k, v := range map[string]json.RawMessage{"json": o.JSON, "chart": o.Chart, "data": o.Data} {
+		if len(v) > 0 {
+			m[k] = v
+		}
 	}
 	return m
 }
