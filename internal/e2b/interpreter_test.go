@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
 
 // A sandbox killed while an execution runs drops the connection, as E2B's
@@ -48,5 +50,22 @@ func TestInterpreterKilledSandboxDropsConnection(t *testing.T) {
 		if json.Unmarshal([]byte(l), &m) == nil && (m["type"] == "number_of_executions" || m["type"] == "error") {
 			t.Fatalf("a killed sandbox's execution ended with %q", l)
 		}
+	}
+}
+
+func TestResultLineChartAndData(t *testing.T) {
+	m := resultLine(sandbox.Output{Text: "<Figure>", Chart: json.RawMessage(`{"type":"pie","elements":[]}`),
+		Data: json.RawMessage(`{"a":[1]}`)})
+	b, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back map[string]any
+	json.Unmarshal(b, &back)
+	if back["chart"].(map[string]any)["type"] != "pie" || back["data"].(map[string]any)["a"].([]any)[0] != 1.0 {
+		t.Errorf("%s", b)
+	}
+	if _, ok := resultLine(sandbox.Output{Text: "1"})["chart"]; ok {
+		t.Error("a result without a chart has one")
 	}
 }
