@@ -188,6 +188,20 @@ class Rich(Base, unittest.TestCase):
         self.assertEqual([(e["label"], e["value"]) for e in c["elements"]], [("a", 5), ("b", 7)])
         self.assertEqual(c["y_label"], "n")
 
+    def test_scales(self):
+        c = self.chart("import datetime\nd = [datetime.date(2024, 1, 1) + datetime.timedelta(days=i) for i in range(3)]\n"
+                       "plt.plot(d, [1, 2, 3])")
+        self.assertEqual((c["x_scale"], c["y_scale"]), ("datetime", "linear"))
+        self.assertEqual(c["elements"][0]["points"][0], ["2024-01-01", 1.0])
+        self.assertTrue(all(isinstance(t, str) and t.startswith("2024-") for t in c["x_ticks"]))
+        c = self.chart("plt.plot([1, 2, 3], ['A', 'B', 'C'])")
+        self.assertEqual((c["x_scale"], c["y_scale"], c["y_tick_labels"]), ("linear", "categorical", ["A", "B", "C"]))
+
+    def test_stacked_bars_stand(self):
+        c = self.chart("plt.bar(['a', 'b'], [4, 5], label='low')\nplt.bar(['a', 'b'], [1, 1], bottom=[4, 5], label='top')")
+        self.assertEqual([(e["group"], e["label"], e["value"]) for e in c["elements"]],
+                         [("low", "a", 4), ("low", "b", 5), ("top", "a", 1), ("top", "b", 1)])
+
     def test_pie(self):
         c = self.chart("plt.pie([1, 3], labels=['one', 'three'])")
         self.assertEqual(c["type"], "pie")

@@ -197,7 +197,13 @@ def _bar_chart(ax):
             group = "Group " + group[10:]
         rects = list(container)
         heights = [r.get_height() for r in rects]
-        horizontal = len(rects) > 1 and all(h == heights[0] for h in heights)
+        # A BarContainer knows its orientation (matplotlib 3.4 on); else
+        # bars of one height are taken to lie flat, as E2B does.
+        orientation = getattr(container, "orientation", None)
+        if orientation is None:
+            horizontal = len(rects) > 1 and all(h == heights[0] for h in heights)
+        else:
+            horizontal = orientation == "horizontal"
         if horizontal:
             names = _tick_names(ax, "y")
             centers = [r.get_y() + r.get_height() / 2 for r in rects]
