@@ -763,6 +763,10 @@ class SList(list):
 
 
 def _cpu():
+    """(user, system) CPU seconds of the process and its children; None
+    on WASI, whose process clock does not count CPU seconds."""
+    if sys.platform == "wasi":
+        return None
     t = os.times()
     return t.user + t.children_user, t.system + t.children_system
 
@@ -774,10 +778,11 @@ def _fmt_seconds(s):
 
 
 def _print_times(cpu0, wall0):
-    user, sys_ = _cpu()
     wall = _time.perf_counter() - wall0
-    user, sys_ = user - cpu0[0], sys_ - cpu0[1]
-    print("CPU times: user %s, sys: %s, total: %s" % (_fmt_seconds(user), _fmt_seconds(sys_), _fmt_seconds(user + sys_)))
+    cpu = _cpu()
+    if cpu is not None:
+        user, sys_ = cpu[0] - cpu0[0], cpu[1] - cpu0[1]
+        print("CPU times: user %s, sys: %s, total: %s" % (_fmt_seconds(user), _fmt_seconds(sys_), _fmt_seconds(user + sys_)))
     print("Wall time: %s" % _fmt_seconds(wall))
 
 
