@@ -608,11 +608,10 @@ class Cell:
     """A cell made ready to run: the Python to compile, the source that
     tracebacks show, and the cell magic that wraps it (or None)."""
 
-    def __init__(self, python, source, cell_magic=None, cell_arg=""):
+    def __init__(self, python, source, cell_magic=None):
         self.python = python
         self.source = source
         self.cell_magic = cell_magic
-        self.cell_arg = cell_arg
 
 
 def transform_cell(code):
@@ -633,7 +632,7 @@ def transform_cell(code):
         # %%time: the rest is a cell of its own, timed; the magic's line
         # stays, blank, so that line numbers do not move.
         lines[first] = "\n"
-        return Cell(_transform_lines(lines), source, "time", arg.strip())
+        return Cell(_transform_lines(lines), source, "time")
     if not _MAYBE_MAGIC.search(source):
         return Cell(source, source)
     return Cell(_transform_lines(lines), source)

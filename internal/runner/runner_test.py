@@ -83,6 +83,32 @@ class Cells(Base, unittest.TestCase):
             self.assertIsNone(err)
             self.assertEqual(self.main_text(results), [repr("hello vv vv $HOME_NOT\n")])
 
+    def test_interrupt_ends_the_command(self):
+        import signal
+
+        with tempfile.TemporaryDirectory() as d:
+            f = os.path.join(d, "pid")
+            # The interrupt comes once the command has started (its pid
+            # file exists), as a client's would.
+            sent = []
+
+            def interrupt(*_):
+                if not sent and os.path.exists(f) and os.path.getsize(f):
+                    sent.append(True)
+                    raise KeyboardInterrupt
+            old = signal.signal(signal.SIGALRM, interrupt)
+            signal.setitimer(signal.ITIMER_REAL, 0.05, 0.05)
+            try:
+                _, err, _, _ = self.run_cell("!sh -c 'echo $$$$ > %s; exec sleep 60'" % f)
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, old)
+            self.assertEqual(err["name"], "KeyboardInterrupt")
+            with open(f) as r:
+                pid = int(r.read())
+            with self.assertRaises(ProcessLookupError):
+                os.kill(pid, 0)
+
     def test_shell_assign(self):
         _, err, results, _ = self.run_cell("files = !printf 'a\\nb\\n'\n(files, files.s, _exit_code)")
         self.assertIsNone(err)
