@@ -192,6 +192,11 @@ class Rich(Base, unittest.TestCase):
         self.assertEqual(len(results), 2)
         for r in results:
             self.assertTrue(r["data"]["image/png"])
+        # Saved to a file, it is shown too (as E2B's); to a buffer, not.
+        with tempfile.TemporaryDirectory() as d:
+            results = self.results_of("import io\nim.save(%r)\nim.save(io.BytesIO(), 'PNG')" % os.path.join(d, "a.png"))
+            self.assertEqual(len(results), 1)
+            self.assertTrue(results[0]["data"]["image/png"])
 
     def test_line(self):
         c = self.chart("import numpy as np\nx = np.linspace(0, 1, 10)\nplt.plot(x, x, label='id')\nplt.plot(x, x * x)\n"

@@ -81,11 +81,15 @@ describe('code interpreter', () => {
     assert.ok(ex.results[0].formats().includes('data'))
   })
 
-  test('PIL images: Image.show() and an image as the value', async () => {
+  test('PIL images: Image.show(), an image as the value, Image.save(path)', async () => {
     const ex = await sbx.runCode('from PIL import Image\nim = Image.new("RGB", (8, 8), "blue")\nim.show()\nim')
     assert.equal(ex.error, undefined)
     assert.equal(ex.results.length, 2)
     for (const r of ex.results) assert.ok(Buffer.from(r.png, 'base64').subarray(1, 4).toString() === 'PNG')
+    // Saved to a file, it is shown too, as E2B's.
+    const saved = await sbx.runCode('im.save("/tmp/blue.png")')
+    assert.equal(saved.results.length, 1)
+    assert.ok(saved.results[0].png)
   })
 })
 
