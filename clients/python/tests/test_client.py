@@ -85,6 +85,12 @@ class ClientTest(unittest.TestCase):
         pngs = [r for r in ex.results if r.png]
         self.assertEqual(len(pngs), 1)
         self.assertTrue(pngs[0].png_bytes().startswith(b"\x89PNG"))
+        # The figure described as data, and a DataFrame's columns.
+        self.assertEqual(pngs[0].chart["type"], "line")
+        self.assertEqual(len(pngs[0].chart["elements"][0]["points"]), 3)
+        ex = sb.execute("import pandas as pd\npd.DataFrame({'a': [1, 2]})")
+        self.assertEqual(ex.results[0].data, {"a": [1, 2]})
+        self.assertIn("data", ex.results[0].formats())
 
     def test_interrupt_keeps_state(self):
         sb = self.sandbox()

@@ -22,9 +22,11 @@ _GRACE = 30.0
 
 class Result:
     """A rich result: the value of the last expression, a display() call or a
-    figure. Binary formats (png, jpeg) are base64 text, as the API sends them."""
+    figure. Binary formats (png, jpeg) are base64 text, as the API sends them;
+    chart (a matplotlib figure described as data) and data (a DataFrame's
+    columns) are decoded JSON."""
 
-    FIELDS = ("text", "html", "png", "jpeg", "svg", "markdown", "latex", "json", "javascript")
+    FIELDS = ("text", "html", "png", "jpeg", "svg", "markdown", "latex", "json", "javascript", "chart", "data")
 
     def __init__(self, d):
         self.raw = d
