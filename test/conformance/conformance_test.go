@@ -14,6 +14,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"testing"
 	"time"
@@ -110,6 +111,9 @@ func TestDifferencesNameCases(t *testing.T) {
 		names[c.name] = true
 	}
 	for b, diffs := range differencesOf {
+		if !slices.Contains(testbackends.Names, b) {
+			t.Errorf("differences of %q: no such backend", b)
+		}
 		var keys []string
 		for k := range diffs {
 			keys = append(keys, k)
