@@ -67,6 +67,7 @@ type backend struct {
 
 // differencesOf are the declared differences of each backend.
 var differencesOf = map[string]map[string]difference{
+	"gvisor": gvisorDifferences,
 	"wasm":   wasmDifferences,
 	"docker": dockerDifferences,
 }
