@@ -21,7 +21,7 @@ import (
 // other suites' (see testbackends.DockerUIDs). Every sandbox is a host
 // user of its own, id SandboxUID of one of its ranges.
 var (
-	dockerUIDBase, dockerUIDEnd = testbackends.DockerUIDs(uidBase)
+	dockerUIDBase, dockerUIDEnd = testbackends.DockerUIDs(suite.UIDBase)
 	dockerUIDRanges             = int(dockerUIDEnd-dockerUIDBase) / hostuid.RangeSize
 )
 

@@ -238,7 +238,7 @@ print("json is the stdlib's", json.__file__.startswith("/usr/local/lib/python3")
 	"neighbour_sandbox": {why: "no /tmp, /dev/shm, sockets or processes: a neighbour can only leave files " +
 		"and state in its own interpreter and workspace",
 		prepare: func(t *testing.T, h *harness, j *job) {
-			sb, err := h.be.b.Create(context.Background(), sandbox.Spec{Limits: baseLimits})
+			sb, err := h.be.B.Create(context.Background(), sandbox.Spec{Limits: baseLimits})
 			if err != nil {
 				t.Fatal(err)
 			}
