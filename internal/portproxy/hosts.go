@@ -40,7 +40,8 @@ func (h *Hosts) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if owner == "" {
-		WriteError(w, Unauthorized("a token for this port of this sandbox is required: the "+TokenHeader+
+		// 403, as E2B's proxy answers a request without its token.
+		WriteError(w, Forbidden("a token for this port of this sandbox is required: the "+TokenHeader+
 			" header (or E2B's "+TrafficHeader+"), or ?"+TokenParam+"= in a link"))
 		return
 	}

@@ -281,9 +281,10 @@ func WriteError(w http.ResponseWriter, err error) {
 func classify(err error) (int, string, string) {
 	var mbe *http.MaxBytesError
 	var ne net.Error
+	var denied *deniedError
 	switch {
-	case errors.Is(err, errUnauthorized):
-		return http.StatusUnauthorized, "unauthorized", err.Error()
+	case errors.As(err, &denied):
+		return denied.status, denied.code, denied.msg
 	case errors.Is(err, service.ErrNotFound):
 		return http.StatusNotFound, "not_found", "no such sandbox: it was closed, timed out, or is not yours"
 	case errors.Is(err, sandbox.ErrPortClosed):
@@ -309,10 +310,21 @@ func classify(err error) (int, string, string) {
 	return http.StatusBadGateway, "bad_gateway", "the sandbox's server did not answer with valid HTTP"
 }
 
-var errUnauthorized = errors.New("unauthorized")
+// deniedError is a request without a valid token.
+type deniedError struct {
+	status    int
+	code, msg string
+}
 
-// Unauthorized is the error of a request without a valid token.
-func Unauthorized(msg string) error { return fmt.Errorf("%w: %s", errUnauthorized, msg) }
+func (e *deniedError) Error() string { return e.msg }
+
+// Unauthorized is the error of a request without a valid token (401).
+func Unauthorized(msg string) error {
+	return &deniedError{http.StatusUnauthorized, "unauthorized", msg}
+}
+
+// Forbidden is the same error as E2B's proxy answers it (403).
+func Forbidden(msg string) error { return &deniedError{http.StatusForbidden, "forbidden", msg} }
 
 // ParseHost splits a host of the form <port>-<id>.<domain> (any port of
 // its own after a colon is ignored, as is case). ok is false for any other

@@ -105,7 +105,7 @@ func TestHostFormNeedsAToken(t *testing.T) {
 		"e2b's in the query":      httptest.NewRequest("GET", "http://3000-sb_a.preview.test:8080/?"+TokenParam+"=e2b", nil),
 		"a port token as API key": withHeader(httptest.NewRequest("GET", "http://3000-sb_a.preview.test:8080/", nil), "Authorization", "Bearer good"),
 	} {
-		if rec := w.do(r); rec.Code != http.StatusUnauthorized || !strings.Contains(rec.Body.String(), "unauthorized") {
+		if rec := w.do(r); rec.Code != http.StatusForbidden || !strings.Contains(rec.Body.String(), "forbidden") {
 			t.Errorf("%s: %d %s", name, rec.Code, rec.Body)
 		}
 	}
