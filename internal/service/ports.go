@@ -70,7 +70,7 @@ func (s *Service) portDialer(owner, id string, port int) (*Box, sandbox.PortDial
 	}
 	d, ok := b.sb.(sandbox.PortDialer)
 	if !ok {
-		return nil, nil, fmt.Errorf("%w: the %s backend's sandboxes cannot serve their ports through the server; use the native backend",
+		return nil, nil, fmt.Errorf("%w: the %s backend's sandboxes have no ports to serve (no sockets); the native, gvisor and docker backends' have",
 			sandbox.ErrUnsupported, b.backend)
 	}
 	return b, d, nil

@@ -56,9 +56,10 @@ while True:
     threading.Thread(target=handle, args=(conn,), daemon=True).start()
 `
 
-// A sandbox's ports, attacked from both sides, on the native backend (the
-// only one whose sandboxes are a sandbox.PortDialer: the others' ports are
-// refused as unsupported, see service.TestDialPortUnsupported). From the
+// A sandbox's ports, attacked from both sides, on the native backend
+// (gvisor's and docker's go through a relay in the sandbox, tested in
+// their packages; wasm has no sockets and its ports are refused as
+// unsupported, see service.TestDialPortUnsupported). From the
 // outside: the host's canary ports and the server's own port, asked for
 // as ports of the sandbox, are closed ports of the sandbox's own network.
 // From the inside: the sandbox's server answers what a proxy must
