@@ -354,6 +354,12 @@ func ParseHost(host, domain string) (id string, port int, ok bool) {
 	return id, port, true
 }
 
+// IsHost reports whether host is <label>.<domain> (ports and case
+// ignored).
+func IsHost(host, label, domain string) bool {
+	return domain != "" && strings.EqualFold(stripPort(host), label+"."+stripPort(domain))
+}
+
 // stripPort drops a :port from a host (not from an IPv6 literal's colons).
 func stripPort(h string) string {
 	if i := strings.LastIndexByte(h, ':'); i >= 0 && !strings.Contains(h[i:], "]") && strings.Count(h, ":") == 1 {
