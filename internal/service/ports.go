@@ -12,8 +12,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/store"
 )
 
 // A sandbox's ports: a server its code started is reached from outside
@@ -108,7 +111,8 @@ func (s *Service) PortTokenOwner(token, id string, port int) (string, bool) {
 // own network: the connection reaches a server the sandbox's code
 // started, and nothing else. At most MaxPortConns are open at once per
 // sandbox; each restarts the sandbox's idle clock when it opens and
-// closes, and all are closed with the sandbox. What is read from the
+// closes, is audited (Kind "port") when it closes or is refused, and all
+// are closed with the sandbox. What is read from the
 // connection is the sandbox's, and hostile.
 func (s *Service) DialPort(ctx context.Context, owner, id string, port int) (net.Conn, error) {
 	b, d, err := s.portDialer(owner, id, port)
@@ -131,11 +135,18 @@ func (s *Service) DialPort(ctx context.Context, owner, id string, port int) (net
 	}
 	open[pc] = struct{}{}
 	s.ports.mu.Unlock()
+	start := time.Now()
 	c, err := d.DialPort(ctx, port)
 	if err != nil {
 		pc.release()
+		status := "failed"
+		if errors.Is(err, sandbox.ErrPortClosed) {
+			status = "refused"
+		}
+		s.cfg.Audit(store.Record{Time: start, Kind: "port", KeyID: owner, SandboxID: id, Status: status, Port: port})
 		return nil, err
 	}
+	pc.port, pc.start = port, start
 	s.ports.mu.Lock()
 	_, live := s.ports.conns[id][pc]
 	if live {
@@ -172,12 +183,29 @@ func (s *Service) touch(b *Box) {
 	b.mu.Unlock()
 }
 
-// portConn is a connection to a sandbox's port, counted while open.
+// portConn is a connection to a sandbox's port, counted while open, and
+// audited when it closes (Kind "port": the bytes from the sandbox, in,
+// and to it, out).
 type portConn struct {
 	net.Conn
-	s    *Service
-	b    *Box
-	once sync.Once
+	s       *Service
+	b       *Box
+	port    int
+	start   time.Time
+	in, out atomic.Int64
+	once    sync.Once
+}
+
+func (pc *portConn) Read(p []byte) (int, error) {
+	n, err := pc.Conn.Read(p)
+	pc.in.Add(int64(n))
+	return n, err
+}
+
+func (pc *portConn) Write(p []byte) (int, error) {
+	n, err := pc.Conn.Write(p)
+	pc.out.Add(int64(n))
+	return n, err
 }
 
 func (pc *portConn) release() {
@@ -197,6 +225,9 @@ func (pc *portConn) Close() error {
 		err = pc.Conn.Close()
 		pc.release()
 		pc.s.touch(pc.b)
+		pc.s.cfg.Audit(store.Record{Time: pc.start, Kind: "port", KeyID: pc.b.owner, SandboxID: pc.b.id, Status: "ok",
+			Port: pc.port, BytesIn: pc.in.Load(), BytesOut: pc.out.Load(),
+			DurationMS: float64(time.Since(pc.start).Microseconds()) / 1000})
 	})
 	return err
 }

@@ -3,11 +3,14 @@ package service
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/store"
 )
 
 // portBackend makes sandboxes whose ports are pipes; withPorts false makes
@@ -171,5 +174,59 @@ func TestDialPortUnsupported(t *testing.T) {
 	}
 	if _, err := svc.PortToken("alice", info.ID, 8000); !errors.Is(err, sandbox.ErrUnsupported) {
 		t.Errorf("PortToken: %v", err)
+	}
+}
+
+// Each connection to a port is audited when it closes, and each refused
+// one when it is refused.
+func TestPortConnectionsAudited(t *testing.T) {
+	var mu sync.Mutex
+	var records []store.Record
+	svc := New(Config{Backend: portBackend{withPorts: true}, Audit: func(r store.Record) {
+		mu.Lock()
+		defer mu.Unlock()
+		records = append(records, r)
+	}})
+	defer svc.Close()
+	info, err := svc.Create(context.Background(), CreateRequest{Owner: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := svc.DialPort(context.Background(), "alice", info.ID, 8000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		c.Write([]byte("ping"))
+		c.Close()
+	}()
+	box, _ := svc.Get("alice", info.ID)
+	peer := box.sb.(*portSandbox).peers[0]
+	io.ReadFull(peer, make([]byte, 4))
+	svc.DialPort(context.Background(), "alice", info.ID, 8001)
+	mu.Lock()
+	defer mu.Unlock()
+	for deadline := time.Now().Add(10 * time.Second); len(records) < 2 && time.Now().Before(deadline); {
+		mu.Unlock()
+		time.Sleep(10 * time.Millisecond)
+		mu.Lock()
+	}
+	if len(records) != 2 {
+		t.Fatalf("%+v", records)
+	}
+	for _, r := range records {
+		if r.Kind != "port" || r.KeyID != "alice" || r.SandboxID != info.ID {
+			t.Errorf("%+v", r)
+		}
+		switch r.Port {
+		case 8000:
+			if r.Status != "ok" || r.BytesOut != 4 {
+				t.Errorf("%+v", r)
+			}
+		case 8001:
+			if r.Status != "refused" {
+				t.Errorf("%+v", r)
+			}
+		}
 	}
 }
