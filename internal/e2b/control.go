@@ -176,7 +176,7 @@ func (s *Server) created(owner, id string) sandboxCreated {
 	tpl := s.template(id)
 	tok := s.accessToken(owner, id)
 	return sandboxCreated{SandboxID: id, TemplateID: tpl, Alias: tpl, ClientID: clientID, EnvdVersion: envdVersion,
-		EnvdAccessToken: tok, TrafficAccessToken: tok}
+		EnvdAccessToken: tok, TrafficAccessToken: tok, Domain: s.domain()}
 }
 
 func (s *Server) template(id string) string {
@@ -377,6 +377,7 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request, owner string) {
 	}
 	d := s.listed(info)
 	d.EnvdAccessToken = s.accessToken(owner, info.ID)
+	d.Domain = s.domain()
 	no := false
 	d.AllowInternetAccess = &no
 	d.Lifecycle = &lifecycle{OnTimeout: "kill"}

@@ -40,6 +40,8 @@ type Server struct {
 	auth Authenticator // nil: dev mode, everyone is DevOwner
 	log  *slog.Logger
 	mux  *http.ServeMux
+	// A sandbox's ports (ports.go).
+	ports portRoutes
 }
 
 // maxBody bounds JSON request bodies (code, env, inline files).
@@ -54,6 +56,7 @@ func New(svc *service.Service, auth Authenticator, log *slog.Logger) *Server {
 	for _, r := range Routes {
 		s.mux.Handle(r.Method+" "+r.Pattern, s.wrap(r, s.handler(r.Name)))
 	}
+	s.routePorts()
 	return s
 }
 
@@ -113,6 +116,7 @@ var Routes = []Route{
 	{"GET", "/v1/sandboxes/{id}/processes/{pid}/output", "processOutput", "Follow a process's output from now until it ends (NDJSON)", false},
 	{"POST", "/v1/sandboxes/{id}/processes/{pid}/stdin", "processStdin", "Write the raw body to a process's stdin; ?close=1 closes it after", false},
 	{"POST", "/v1/sandboxes/{id}/processes/{pid}/signal", "signalProcess", "Send SIGTERM or SIGKILL to a process's group", false},
+	{"POST", "/v1/sandboxes/{id}/ports/{port}", "portToken", "A token and URLs that open one port of the sandbox (a server its code started) from outside", false},
 	{"POST", "/v1/execute", "runOnce", "Run code in a fresh sandbox destroyed afterwards", false},
 }
 
@@ -197,6 +201,8 @@ func (s *Server) handler(name string) http.HandlerFunc {
 		return s.deleteFile
 	case "runOnce":
 		return s.runOnce
+	case "portToken":
+		return s.portToken
 	case "listContexts", "createContext", "deleteContext", "restartContext":
 		return s.contextHandler(name)
 	case "listProcesses", "startProcess", "processOutput", "processStdin", "signalProcess":

@@ -134,6 +134,7 @@ type Service struct {
 	closing sync.WaitGroup // one-shot sandboxes being torn down
 
 	pkgService *netproxy.InProcess // the package index, to sandboxes' proxies
+	ports      ports               // port tokens and connections (ports.go)
 }
 
 // New starts a service; Close ends it and every sandbox.
@@ -548,6 +549,7 @@ func (s *Service) remove(b *Box, why string) {
 	if err := b.sb.Close(); err != nil {
 		s.cfg.Logger.Warn("sandbox clean-up", "id", b.id, "err", err)
 	}
+	s.closePorts(b.id)
 	s.cfg.Logger.Info("sandbox closed", "id", b.id, "why", why)
 }
 

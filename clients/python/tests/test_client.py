@@ -47,6 +47,33 @@ class ClientTest(unittest.TestCase):
             self.client.sandbox(sb.id)
         sb.close()  # closing twice is fine
 
+    def test_a_port_of_the_sandbox(self):
+        sb = self.sandbox()
+        sb.files.write("index.html", b"hello from the sandbox")
+        sb.execute("import subprocess\n"
+                   "server = subprocess.Popen(['python3', '-m', 'http.server', '8000'], "
+                   "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)")
+        access = sb.port(8000)
+        self.assertTrue(access["token"].startswith("vp1."))
+        self.assertIn("/ports/8000/", access["path_url"])
+        for _ in range(300):
+            try:
+                status, headers, body = sb.fetch(8000, "/index.html")
+                break
+            except VivariumError as e:
+                self.assertEqual(e.code, "port_closed")
+                threading.Event().wait(0.1)
+        self.assertEqual((status, body), (200, b"hello from the sandbox"))
+        status, _, _ = sb.fetch(8000, "/missing")
+        self.assertEqual(status, 404)  # the sandbox's server's own answer
+        with self.assertRaises(VivariumError) as cm:
+            sb.fetch(8001)
+        self.assertEqual(cm.exception.code, "port_closed")
+        if os.environ.get("VIVARIUM_API_KEY_2"):
+            other = client(os.environ["VIVARIUM_API_KEY_2"])
+            with self.assertRaises(NotFoundError):
+                other._call("POST", "/v1/sandboxes/%s/ports/8000" % sb.id)
+
     def test_exception_is_a_result_not_a_client_error(self):
         sb = self.sandbox()
         ex = sb.execute("def f():\n    return 1 / 0\nf()")

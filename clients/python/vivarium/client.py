@@ -326,6 +326,38 @@ class Sandbox:
             raise VivariumError("installing %s failed: %s" % (name, res.get("error") or res.get("output")))
         return res
 
+    def port(self, port):
+        """A token and the URLs that open one port of this sandbox (a
+        server its code started) from outside: a dict with ``token``,
+        ``path_url`` and, when the server has a --domain, ``host`` and
+        ``url`` (a link for a browser). The token opens that port of this
+        sandbox only."""
+        return self.client._call("POST", self._path("/ports/%d" % int(port)))
+
+    def fetch(self, port, path="/", method="GET", data=None, headers=None, timeout=None):
+        """Sends one HTTP request to the sandbox's server on ``port``
+        through the API and returns ``(status, headers, body)``: the
+        server's answer, whatever its status. Raises the client's errors
+        when the request does not reach it (nothing listens on the port:
+        VivariumError with code ``port_closed``)."""
+        token = self.port(port)["token"]
+        url = "%s%s/ports/%d/%s" % (self.client.url, self._path(), int(port), path.lstrip("/"))
+        hdrs = dict(headers or {})
+        hdrs["Vivarium-Port-Token"] = token
+        req = urllib.request.Request(url, data=data, method=method, headers=hdrs)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout or self.client.timeout) as resp:
+                return resp.status, dict(resp.headers), resp.read()
+        except urllib.error.HTTPError as e:
+            raw = e.read()
+            if e.headers.get("Content-Security-Policy", "").startswith("sandbox"):
+                return e.code, dict(e.headers), raw  # the sandbox's own answer
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                body = {"error": {"message": raw.decode("utf-8", "replace").strip()}}
+            raise from_response(e.code, body) from None
+
     def interrupt(self):
         """Raises KeyboardInterrupt in the running execution, if any."""
         self.client._call("POST", self._path("/interrupt"))

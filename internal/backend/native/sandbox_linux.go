@@ -72,6 +72,8 @@ type Sandbox struct {
 	// Closed when the proxy (Spec.Egress), serving on its listener in the
 	// sandbox, has returned; nil without one.
 	egressDone chan struct{}
+	// The sandbox's network namespace, for DialPort (dial_linux.go).
+	netns netnsRef
 
 	closeOnce sync.Once
 	closeErr  error
@@ -172,15 +174,14 @@ func start(ctx context.Context, b *Backend, spec sandbox.Spec, cfg *initConfig, 
 		p.closeParent()
 		return nil, err
 	}
-	if spec.Egress != nil {
-		// Before init's wait begins: until then its pid is its own.
-		if err := s.startEgress(spec.Egress); err != nil {
-			s.init.kill()
-			s.init.wait()
-			close(s.initDone)
-			p.closeParent()
-			return nil, err
-		}
+	// Before init's wait begins: until then its pid is its own. The
+	// namespace is kept for DialPort and the proxy's listener.
+	if err := s.openNetwork(); err != nil {
+		s.init.kill()
+		s.init.wait()
+		close(s.initDone)
+		p.closeParent()
+		return nil, err
 	}
 	go func() {
 		s.initErr = s.init.wait()
@@ -239,16 +240,25 @@ func start(ctx context.Context, b *Backend, spec sandbox.Spec, cfg *initConfig, 
 	return s, nil
 }
 
-// startEgress binds the proxy's listener in the sandbox's network
-// namespace and serves the proxy on it, before any code of the sandbox
-
-func (s *Sandbox) startEgress(e sandbox.Egress) error {
+// openNetwork opens the sandbox's network namespace, kept until Close
+// for DialPort, and starts the proxy (Spec.Egress) in it.
+func (s *Sandbox) openNetwork() error {
 	ns, err := openNetns(s.init)
 	if err != nil {
 		return err
 	}
-	defer ns.Close()
-	l, err := listenIn(ns)
+	s.netns.f = ns
+	if s.spec.Egress != nil {
+		return s.startEgress(s.spec.Egress)
+	}
+	return nil
+}
+
+// startEgress binds the proxy's listener in the sandbox's network
+// namespace and serves the proxy on it, before any code of the sandbox
+// runs.
+func (s *Sandbox) startEgress(e sandbox.Egress) error {
+	l, err := listenIn(s.netns.f)
 	if err != nil {
 		return err
 	}
@@ -538,6 +548,7 @@ func (s *Sandbox) Close() error {
 			}
 			c.close()
 		}
+		s.netns.close()
 		if s.spec.Egress != nil {
 			// Every process of the sandbox is dead: the proxy's
 			// connections and its listener go too.
