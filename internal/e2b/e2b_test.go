@@ -174,7 +174,8 @@ func TestMetadataFilter(t *testing.T) {
 	if got, err := metadataFilter(""); err != nil || got != nil {
 		t.Fatalf("%v %v", got, err)
 	}
-	if !matches(map[string]string{"a": "1", "b": "2"}, map[string]string{"a": "1"}) || matches(map[string]string{}, map[string]string{"a": "1"}) {
+	lq := listQuery{metadata: map[string]string{"a": "1"}}
+	if !lq.matches(service.Info{Metadata: map[string]string{"a": "1", "b": "2"}}, "base") || lq.matches(service.Info{Metadata: map[string]string{}}, "base") {
 		t.Fatal("matches")
 	}
 }
