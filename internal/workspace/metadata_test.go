@@ -53,13 +53,13 @@ func TestMetadataRoundTripAndBounds(t *testing.T) {
 		many[strings.Repeat("k", i+1)] = "v"
 	}
 	for name, bad := range map[string]map[string]string{
-		"too many":    many,
-		"long key":    {strings.Repeat("k", sandbox.MaxMetadataKeyLen+1): "v"},
-		"long value":  {"k": strings.Repeat("v", sandbox.MaxMetadataValueLen+1)},
-		"empty key":   {"": "v"},
-		"space":       {"a b": "v"},
-		"NUL":         {"k": "a\x00b"},
-		"non-ASCII":   {"é": "v"},
+		"too many":   many,
+		"long key":   {strings.Repeat("k", sandbox.MaxMetadataKeyLen+1): "v"},
+		"long value": {"k": strings.Repeat("v", sandbox.MaxMetadataValueLen+1)},
+		"empty key":  {"": "v"},
+		"space":      {"a b": "v"},
+		"NUL":        {"k": "a\x00b"},
+		"non-ASCII":  {"é": "v"},
 	} {
 		if err := d.SetFileMetadata("f.txt", bad); !errors.Is(err, sandbox.ErrInvalidSpec) {
 			t.Errorf("%s: %v", name, err)
