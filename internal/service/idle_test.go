@@ -2,6 +2,8 @@ package service
 
 import (
 	"context"
+	"sync/atomic"
+	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
@@ -16,10 +18,28 @@ func newFakeBackend() idleBackend { return idleBackend{} }
 func (idleBackend) Name() string { return "idle" }
 
 func (idleBackend) Create(context.Context, sandbox.Spec) (sandbox.Sandbox, error) {
-	return idleSandbox{}, nil
+	return &idleSandbox{}, nil
 }
 
-type idleSandbox struct{ sandbox.Sandbox }
+// idleSandbox reports the use its test sets.
+type idleSandbox struct {
+	sandbox.Sandbox
+	cpu, mem atomic.Int64
+	closed   atomic.Bool
+}
 
-func (idleSandbox) ID() string   { return "idle" }
-func (idleSandbox) Close() error { return nil }
+func (*idleSandbox) ID() string { return "idle" }
+
+func (s *idleSandbox) Close() error {
+	s.closed.Store(true)
+	return nil
+}
+
+func (s *idleSandbox) Usage() (sandbox.Usage, error) {
+	if s.closed.Load() {
+		panic("Usage called on a closed sandbox")
+	}
+	return sandbox.Usage{CPU: time.Duration(s.cpu.Load()), Memory: s.mem.Load()}, nil
+}
+
+func (*idleSandbox) Workspace() sandbox.Workspace { return nil }

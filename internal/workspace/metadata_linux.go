@@ -133,4 +133,19 @@ func (d *Dir) SetFileMetadata(name string, md map[string]string) error {
 var (
 	_ sandbox.WorkspaceLinker   = (*Dir)(nil)
 	_ sandbox.WorkspaceMetadata = (*Dir)(nil)
+	_ sandbox.DiskUser          = (*Dir)(nil)
 )
+
+// DiskUsed is the space used on the workspace's file system: a sandbox's
+// disk of its own (see sandbox.DiskUser), on the backends that give it one.
+func (d *Dir) DiskUsed() (int64, error) {
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(d.fd, &st); err != nil {
+		return 0, err
+	}
+	if st.Type != unix.TMPFS_MAGIC {
+		// A directory of the host's own disk: its use is the host's.
+		return 0, fmt.Errorf("workspace: not on a disk of the sandbox's own: %w", sandbox.ErrUnsupported)
+	}
+	return int64(st.Blocks-st.Bfree) * st.Bsize, nil
+}
