@@ -49,6 +49,8 @@ func (s *Server) routeControl() {
 	handle("POST /sandboxes/{id}/refreshes", s.refresh)
 	handle("POST /sandboxes/{id}/connect", s.connect)
 	handle("POST /v2/sandboxes/{id}/connect", s.connect)
+	handle("GET /sandboxes/{id}/metrics", s.metrics)
+	handle("GET /sandboxes/metrics", s.latestMetrics)
 	for pattern, what := range map[string]string{
 		"POST /sandboxes/{id}/pause":     "pausing sandboxes",
 		"POST /sandboxes/{id}/resume":    "resuming paused sandboxes (a vivarium sandbox is never paused)",
@@ -56,8 +58,6 @@ func (s *Server) routeControl() {
 		"GET /snapshots":                 "snapshots",
 		"POST /sandboxes/{id}/fork":      "forking sandboxes",
 		"PUT /sandboxes/{id}/network":    "network settings (vivarium sandboxes have no network at all)",
-		"GET /sandboxes/{id}/metrics":    "sandbox metrics over E2B's API (vivarium serve has /metrics)",
-		"GET /sandboxes/metrics":         "sandbox metrics over E2B's API (vivarium serve has /metrics)",
 		"GET /sandboxes/{id}/logs":       "sandbox logs",
 		"GET /v2/sandboxes/{id}/logs":    "sandbox logs",
 	} {

@@ -104,3 +104,27 @@ func wsDir(t *testing.T, svc *service.Service, sb created) string {
 	}
 	return b.Sandbox().(*fakeSandbox).dir
 }
+
+func TestMetrics(t *testing.T) {
+	ts, _ := newTestServer(t)
+	c := client{t, ts.URL}
+	auth := map[string]string{"X-API-Key": "key-a"}
+	sb := c.create("key-a", `{}`)
+	resp, b := c.do("GET", "/e2b/sandboxes/"+sb.SandboxID+"/metrics", nil, auth)
+	var got []sandboxMetric
+	if resp.StatusCode != http.StatusOK || json.Unmarshal(b, &got) != nil || len(got) == 0 ||
+		got[0].MemTotal <= 0 || got[0].DiskTotal <= 0 || got[0].CPUCount <= 0 || got[0].TimestampUnix == 0 {
+		t.Fatalf("metrics: %d %s", resp.StatusCode, b)
+	}
+	if resp, b := c.do("GET", "/e2b/sandboxes/"+sb.SandboxID+"/metrics", nil, map[string]string{"X-API-Key": "key-b"}); resp.StatusCode != http.StatusNotFound {
+		t.Fatalf("another key's: %d %s", resp.StatusCode, b)
+	}
+	if resp, _ := c.do("GET", "/e2b/sandboxes/"+sb.SandboxID+"/metrics?start=yesterday", nil, auth); resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("bad start: %d", resp.StatusCode)
+	}
+	other := c.create("key-b", `{}`)
+	resp, b = c.do("GET", "/e2b/sandboxes/metrics?sandbox_ids="+sb.SandboxID+","+other.SandboxID, nil, auth)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), sb.SandboxID) || strings.Contains(string(b), other.SandboxID) {
+		t.Fatalf("latest metrics: %d %s", resp.StatusCode, b)
+	}
+}

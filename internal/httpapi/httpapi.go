@@ -95,6 +95,7 @@ var Routes = []Route{
 	{"GET", "/v1/sandboxes/{id}", "get", "Describe a sandbox", false},
 	{"DELETE", "/v1/sandboxes/{id}", "delete", "Close a sandbox", false},
 	{"POST", "/v1/sandboxes/{id}/timeout", "timeout", "Set a sandbox's idle timeout from now", false},
+	{"GET", "/v1/sandboxes/{id}/metrics", "usage", "A sandbox's CPU, memory and disk over time (sampled every 5 s)", false},
 	{"POST", "/v1/sandboxes/{id}/execute", "execute", "Run Python code, keeping state", false},
 	{"POST", "/v1/sandboxes/{id}/interrupt", "interrupt", "Raise KeyboardInterrupt in the running execution", false},
 	{"POST", "/v1/sandboxes/{id}/restart", "restart", "Restart the Python process; files are kept", false},
@@ -197,6 +198,8 @@ func (s *Server) handler(name string) http.HandlerFunc {
 		return s.deleteFile
 	case "runOnce":
 		return s.runOnce
+	case "usage":
+		return s.usage
 	case "listContexts", "createContext", "deleteContext", "restartContext":
 		return s.contextHandler(name)
 	case "listProcesses", "startProcess", "processOutput", "processStdin", "signalProcess":

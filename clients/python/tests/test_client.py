@@ -161,6 +161,16 @@ class ClientTest(unittest.TestCase):
         info = sb.set_timeout(300)
         self.assertEqual(info["timeout_s"], 300)
 
+    def test_metrics(self):
+        sb = self.sandbox()
+        sb.execute("x = bytearray(32 << 20)")
+        samples = sb.metrics()
+        self.assertGreaterEqual(len(samples), 1)
+        now = samples[-1]
+        self.assertGreaterEqual(now["mem_used"], 32 << 20)
+        self.assertLessEqual(now["mem_used"], now["mem_total"])
+        self.assertEqual(sb.metrics(start=0, end=1), [])
+
     def test_errors_are_mapped(self):
         with self.assertRaises(AuthenticationError) as cm:
             client("viv_forged").list_sandboxes()

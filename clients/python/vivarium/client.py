@@ -284,6 +284,14 @@ class Sandbox:
         self.info = self.client._call("GET", self._path())
         return self.info
 
+    def metrics(self, start=None, end=None):
+        """The sandbox's CPU, memory and disk over time, oldest first (one
+        sample every 5 s on the server, the last taken now): a list of dicts
+        with time, cpu_count, cpu_used_pct, mem_used, mem_total, disk_used and
+        disk_total. start and end, in Unix seconds, bound it."""
+        query = {k: int(v) for k, v in (("start", start), ("end", end)) if v is not None}
+        return self.client._call("GET", self._path("/metrics"), query=query or None)["samples"]
+
     def set_timeout(self, timeout_s):
         """Sets the idle timeout to timeout_s seconds from now."""
         self.info = self.client._call("POST", self._path("/timeout"), {"timeout_s": timeout_s})
