@@ -144,6 +144,25 @@ describe('files', () => {
     })
   })
 
+  test("hostile metadata: what the sandbox sets beyond the bounds, or on links, is not reported", async () => {
+    await withSandbox(async (sbx) => {
+      await sbx.files.write('f.txt', 'x')
+      await sbx.commands.run(`python3 -c "
+import os
+for i in range(60):
+    os.setxattr('/home/user/f.txt', 'user.e2b.k%02d' % i, (b'v' * 2000) if i % 2 else b'small')
+os.symlink('/etc/passwd', '/home/user/link')
+"`)
+      const md = (await sbx.files.getInfo('f.txt')).metadata
+      const keys = Object.keys(md)
+      assert.ok(keys.length > 0 && keys.length <= 32, `${keys.length} keys`)
+      assert.ok(Object.values(md).every((v) => v === 'small'))
+      const link = await sbx.files.getInfo('link')
+      assert.equal(link.metadata, undefined)
+      assert.equal(link.symlinkTarget, '/etc/passwd')
+    })
+  })
+
   test('a watch reports a new file as created, then written', async () => {
     await withSandbox(async (sbx) => {
       await sbx.files.makeDir('/home/user/w')
