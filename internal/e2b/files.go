@@ -156,7 +156,7 @@ func (s *Server) writeFiles(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, err)
 		return
 	}
-	md, err := uploadMetadata(r.Header)
+	md, err := sandbox.MetadataFromHeader(r.Header)
 	if err != nil {
 		s.fail(w, err)
 		return
@@ -266,31 +266,6 @@ func (s *Server) writeFiles(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, out)
-}
-
-// metadataHeader starts the headers that carry an upload's file
-// metadata, one per key: X-Metadata-KEY: VALUE.
-const metadataHeader = "X-Metadata-"
-
-// uploadMetadata is the metadata an upload sets on every file it writes,
-// within the bounds of sandbox.CheckMetadata. Header names are
-// case-insensitive, so keys are lower-cased.
-func uploadMetadata(h http.Header) (map[string]string, error) {
-	var md map[string]string
-	for k, vs := range h {
-		key, ok := strings.CutPrefix(http.CanonicalHeaderKey(k), metadataHeader)
-		if !ok || len(vs) == 0 {
-			continue
-		}
-		if md == nil {
-			md = map[string]string{}
-		}
-		md[strings.ToLower(key)] = vs[0]
-		if len(md) > sandbox.MaxMetadataEntries {
-			break // CheckMetadata says so
-		}
-	}
-	return md, sandbox.CheckMetadata(md)
 }
 
 func (s *Server) failWrite(w http.ResponseWriter, err error) {

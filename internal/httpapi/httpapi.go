@@ -258,8 +258,9 @@ type (
 		Entries []fileEntry `json:"entries"`
 	}
 	fileWritten struct {
-		Path string `json:"path"`
-		Size int64  `json:"size"`
+		Path     string            `json:"path"`
+		Size     int64             `json:"size"`
+		Metadata map[string]string `json:"metadata,omitempty" doc:"the file's metadata, from the request's X-Metadata-KEY headers"`
 	}
 )
 
@@ -455,16 +456,27 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) {
 	}
 	defer done()
 	name := r.PathValue("path")
+	md, err := s.fileMetadata(ws, r.Header)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
 	if err := ws.WriteFile(name, r.Body, b.Limits().Disk); err != nil {
 		s.fail(w, err)
 		return
+	}
+	if len(md) > 0 {
+		if err := ws.(sandbox.WorkspaceMetadata).SetFileMetadata(name, md); err != nil {
+			s.fail(w, err)
+			return
+		}
 	}
 	fi, err := ws.Stat(name)
 	if err != nil {
 		s.fail(w, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, fileWritten{Path: fi.Path, Size: fi.Size})
+	writeJSON(w, http.StatusCreated, fileWritten{Path: fi.Path, Size: fi.Size, Metadata: md})
 }
 
 func (s *Server) getFile(w http.ResponseWriter, r *http.Request) {
@@ -482,6 +494,7 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request) {
 	defer f.Close()
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Content-Length", strconv.FormatInt(fi.Size, 10))
+	setMetadataHeaders(w.Header(), ws, r.PathValue("path"))
 	// The file may grow while it is sent: never more than its size then.
 	io.Copy(w, io.LimitReader(f, fi.Size))
 }

@@ -54,3 +54,50 @@ func TestSandboxMetrics(t *testing.T) {
 		t.Fatalf("bad start: %d", code)
 	}
 }
+
+// File metadata over Vivarium's API: set by X-Metadata-* on PUT, answered
+// the same way on GET; what the sandbox sets that no header may carry is
+// left out.
+func TestFileMetadata(t *testing.T) {
+	srv, _ := newServer(t)
+	do := func(method, path string, body string, h map[string]string) (*http.Response, string) {
+		t.Helper()
+		req, _ := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer alice-key")
+		for k, v := range h {
+			req.Header.Set(k, v)
+		}
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp, string(b)
+	}
+	resp, body := do("POST", "/v1/sandboxes", `{}`, map[string]string{"Content-Type": "application/json"})
+	var info service.Info
+	if resp.StatusCode != 201 || json.Unmarshal([]byte(body), &info) != nil {
+		t.Fatalf("create: %d %s", resp.StatusCode, body)
+	}
+	files := "/v1/sandboxes/" + info.ID + "/files/"
+	resp, body = do("PUT", files+"m.txt", "x", map[string]string{"X-Metadata-Author": "mish"})
+	if resp.StatusCode != 201 || !strings.Contains(body, `"metadata":{"author":"mish"}`) {
+		t.Fatalf("put: %d %s", resp.StatusCode, body)
+	}
+	if resp, body := do("PUT", files+"big.txt", "x", map[string]string{"X-Metadata-K": strings.Repeat("v", 2000)}); resp.StatusCode != 400 {
+		t.Fatalf("put over the bound: %d %s", resp.StatusCode, body)
+	}
+	// The sandbox adds a key no header may carry, and a value with a
+	// line break.
+	resp, body = do("POST", "/v1/sandboxes/"+info.ID+"/execute", `{"code":"import os\nos.setxattr('m.txt', 'user.e2b.a:b', b'x')\nos.setxattr('m.txt', 'user.e2b.evil', b'a\\r\\nSet-Cookie: x=y')\nos.setxattr('m.txt', 'user.e2b.tag', b'ok')"}`,
+		map[string]string{"Content-Type": "application/json"})
+	if resp.StatusCode != 200 || !strings.Contains(body, `"status":"ok"`) {
+		t.Fatalf("execute: %d %s", resp.StatusCode, body)
+	}
+	resp, body = do("GET", files+"m.txt", "", nil)
+	if resp.StatusCode != 200 || body != "x" || resp.Header.Get("X-Metadata-Author") != "mish" || resp.Header.Get("X-Metadata-Tag") != "ok" ||
+		resp.Header.Get("Set-Cookie") != "" || resp.Header.Get("X-Metadata-Evil") != "" {
+		t.Fatalf("get: %d %q %v", resp.StatusCode, body, resp.Header)
+	}
+}

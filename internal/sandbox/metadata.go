@@ -52,3 +52,29 @@ func CheckMetadata(md map[string]string) error {
 	}
 	return nil
 }
+
+// MetadataHeader starts the HTTP headers that carry a file's metadata,
+// one per key (X-Metadata-KEY: VALUE), as E2B's SDKs send it on upload;
+// Vivarium's own API takes and gives it the same way.
+const MetadataHeader = "X-Metadata-"
+
+// MetadataFromHeader reads metadata from a request's headers (canonical
+// keys, as net/http gives them), within the bounds of CheckMetadata.
+// Header names are case-insensitive, so keys are lower-cased.
+func MetadataFromHeader(h map[string][]string) (map[string]string, error) {
+	var md map[string]string
+	for k, vs := range h {
+		key, ok := strings.CutPrefix(k, MetadataHeader)
+		if !ok || len(vs) == 0 {
+			continue
+		}
+		if md == nil {
+			md = map[string]string{}
+		}
+		md[strings.ToLower(key)] = vs[0]
+		if len(md) > MaxMetadataEntries {
+			break // CheckMetadata says so
+		}
+	}
+	return md, CheckMetadata(md)
+}

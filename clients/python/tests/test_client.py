@@ -128,6 +128,9 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(names["data/in.csv"], "file")
         self.assertIn("name with spaces é.txt", names)
         self.assertEqual(sb.execute("print(open('data/in.csv').read().split()[1])").stdout, "1,2\n")
+        self.assertEqual(sb.files.write("m.txt", "x", metadata={"Author": "mish"})["metadata"], {"author": "mish"})
+        self.assertEqual(sb.files.metadata("m.txt"), {"author": "mish"})
+        self.assertEqual(sb.files.metadata("bin.dat"), {})
         sb.files.remove("data")
         with self.assertRaises(NotFoundError):
             sb.files.read("data/in.csv")
