@@ -76,3 +76,22 @@ func TestListOrderFiltersAndPages(t *testing.T) {
 		}
 	}
 }
+
+// A nextToken is the client's: any string parses or is refused, and a
+// cursor the server made reads back as itself.
+func FuzzCursor(f *testing.F) {
+	f.Add(cursor{started: time.Unix(0, 1_700_000_000_123456789), id: "sb_abc"}.String())
+	f.Add("")
+	f.Add("!!")
+	f.Add("LTEuLQ") // "-1.-"
+	f.Fuzz(func(t *testing.T, tok string) {
+		c, err := parseCursor(tok)
+		if err != nil {
+			return
+		}
+		again, err := parseCursor(c.String())
+		if err != nil || again.compare(c) != 0 || again.id != c.id {
+			t.Fatalf("%q: %+v, then %+v %v", tok, c, again, err)
+		}
+	})
+}
