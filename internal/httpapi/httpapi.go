@@ -286,6 +286,7 @@ type createRequest struct {
 	Metadata     map[string]string `json:"metadata" doc:"free-form labels"`
 	Backend      string            `json:"backend" doc:"isolation backend, one the server offers (native, gvisor, docker, wasm); default: the server's"`
 	Network      netpolicy.Request `json:"network" doc:"network access through the sandbox's proxy, within the server's allowlist; default: none"`
+	Home         string            `json:"home" doc:"the sandbox user's home, where code starts: /workspace (default; the user is \"sandbox\") or /home/user (E2B's layout; the user is \"user\"), the same directory"`
 }
 
 func (s *Server) create(w http.ResponseWriter, r *http.Request) {
@@ -296,7 +297,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	info, err := s.svc.Create(r.Context(), service.CreateRequest{
 		Owner: owner(r), Idle: seconds(req.TimeoutS), MaxLifetime: seconds(req.MaxLifetimeS),
 		Limits: req.Limits.limits(), Env: req.Env, Metadata: req.Metadata, Backend: req.Backend,
-		Network: req.Network,
+		Network: req.Network, Home: req.Home,
 	})
 	if err != nil {
 		s.fail(w, err)
@@ -350,6 +351,7 @@ type commandRequest struct {
 	Env      map[string]string `json:"env"`
 	TimeoutS float64           `json:"timeout_s" doc:"wall-clock limit, seconds"`
 	Stream   bool              `json:"stream" doc:"stream NDJSON events"`
+	User     string            `json:"user" doc:"who runs it: user (default) or root, uid 0 of the sandbox's own user namespace, with no capability (native backend)"`
 }
 
 func (s *Server) command(w http.ResponseWriter, r *http.Request) {
@@ -357,7 +359,7 @@ func (s *Server) command(w http.ResponseWriter, r *http.Request) {
 	if !decode(w, r, &req) {
 		return
 	}
-	c := service.CommandRequest{Cmd: req.Cmd, Cwd: req.Cwd, Env: req.Env, Timeout: seconds(req.TimeoutS)}
+	c := service.CommandRequest{Cmd: req.Cmd, Cwd: req.Cwd, Env: req.Env, Timeout: seconds(req.TimeoutS), User: req.User}
 	if wantsStream(r, req.Stream) {
 		st := s.newStream(w)
 		res, err := s.svc.Command(r.Context(), owner(r), r.PathValue("id"), c, st)

@@ -217,6 +217,9 @@ type CreateRequest struct {
 	// Network asks for network access, within the server's policy;
 	// empty: none.
 	Network netpolicy.Request
+	// Home is the sandbox user's home and where code starts
+	// (sandbox.Spec.Home): "" or /workspace, or /home/user.
+	Home string
 }
 
 // Box is a managed sandbox.
@@ -365,7 +368,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 
 	start := time.Now()
 	sb, err := s.makeSandbox(ctx, req.Owner, id, sandbox.Spec{Limits: limits, Env: req.Env, Backend: req.Backend,
-		Tenant: s.tenantOf(req.Owner)}, policy)
+		Tenant: s.tenantOf(req.Owner), Home: req.Home}, policy)
 	if err != nil {
 		s.mu.Lock()
 		delete(s.boxes, id)

@@ -200,7 +200,7 @@ pd.DataFrame({"a": [1, 2], "b": ["x", "y"]})`)
       assert.equal(df.isMainResult, true)
       assert.match(df.html, /<table/)
       assert.match(df.text, /a\s+b/)
-      assert.deepEqual(df.formats().sort(), ['html'])
+      assert.deepEqual(df.formats().sort(), ['data', 'html']) // data: the frame's columns, as E2B's
       assert.ok(rich.executionCount > count)
 
       const failed = await sbx.runCode('def f():\n    return 1 / 0\nf()')

@@ -85,6 +85,12 @@ class ClientTest(unittest.TestCase):
         pngs = [r for r in ex.results if r.png]
         self.assertEqual(len(pngs), 1)
         self.assertTrue(pngs[0].png_bytes().startswith(b"\x89PNG"))
+        # The figure described as data, and a DataFrame's columns.
+        self.assertEqual(pngs[0].chart["type"], "line")
+        self.assertEqual(len(pngs[0].chart["elements"][0]["points"]), 3)
+        ex = sb.execute("import pandas as pd\npd.DataFrame({'a': [1, 2]})")
+        self.assertEqual(ex.results[0].data, {"a": [1, 2]})
+        self.assertIn("data", ex.results[0].formats())
 
     def test_interrupt_keeps_state(self):
         sb = self.sandbox()
@@ -149,6 +155,13 @@ class ClientTest(unittest.TestCase):
         res = sb.commands.run("for i in 1 2; do echo $i; sleep 0.1; done", on_stdout=chunks.append)
         self.assertEqual("".join(chunks), "1\n2\n")
         self.assertTrue(res.ok)
+        res = sb.commands.run("id -u; echo conf > /etc/app.conf && cat /etc/app.conf", user="root")
+        self.assertEqual(res.stdout, "0\nconf\n")
+
+    def test_home_user(self):
+        sb = self.sandbox(home="/home/user")
+        self.assertEqual(sb.commands.run("pwd; whoami").stdout, "/home/user\nuser\n")
+        self.assertEqual(sb.execute("import os; os.getcwd()").text, "'/home/user'")
 
     def test_one_shot_run(self):
         ex = self.client.run("print(open('in.txt').read())\n2 ** 10", files={"in.txt": "from the client"})

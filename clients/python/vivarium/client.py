@@ -22,9 +22,11 @@ _GRACE = 30.0
 
 class Result:
     """A rich result: the value of the last expression, a display() call or a
-    figure. Binary formats (png, jpeg) are base64 text, as the API sends them."""
+    figure. Binary formats (png, jpeg) are base64 text, as the API sends them;
+    chart (a matplotlib figure described as data) and data (a DataFrame's
+    columns) are decoded JSON."""
 
-    FIELDS = ("text", "html", "png", "jpeg", "svg", "markdown", "latex", "json", "javascript")
+    FIELDS = ("text", "html", "png", "jpeg", "svg", "markdown", "latex", "json", "javascript", "chart", "data")
 
     def __init__(self, d):
         self.raw = d
@@ -205,17 +207,19 @@ class Client:
         return bool((self._call("GET", "/healthz") or {}).get("ok"))
 
     def create_sandbox(self, timeout_s=None, max_lifetime_s=None, limits=None, env=None, metadata=None,
-                       backend=None, network=None):
+                       backend=None, network=None, home=None):
         """Creates a stateful sandbox. ``timeout_s`` is its idle timeout;
         ``limits`` a dict of memory, cpu_time_s, timeout_s, pids, disk,
         max_output, cpus; ``backend`` one the server offers (native,
         gvisor, wasm; default: the server's); ``network`` a dict of allow
         (hosts, within the server's allowlist), packages (True: may install
         the server's allowed packages), max_bytes, rate, max_connections
-        (default: no network)."""
+        (default: no network); ``home`` the user's home and working
+        directory: "/workspace" (default) or "/home/user" (E2B's layout)."""
         body = {}
         for k, v in (("timeout_s", timeout_s), ("max_lifetime_s", max_lifetime_s), ("limits", limits),
-                     ("env", env), ("metadata", metadata), ("backend", backend), ("network", network)):
+                     ("env", env), ("metadata", metadata), ("backend", backend), ("network", network),
+                     ("home", home)):
             if v is not None:
                 body[k] = v
         info = self._call("POST", "/v1/sandboxes", body)
@@ -353,9 +357,13 @@ class Commands:
     def __init__(self, sandbox):
         self._sb = sandbox
 
-    def run(self, cmd, cwd=None, env=None, timeout_s=None, on_stdout=None, on_stderr=None):
-        """Runs cmd with /bin/sh -c; streams output to the callbacks if given."""
+    def run(self, cmd, cwd=None, env=None, timeout_s=None, on_stdout=None, on_stderr=None, user=None):
+        """Runs cmd with /bin/sh -c; streams output to the callbacks if given.
+        ``user`` is "user" (default) or "root", the sandbox's own root,
+        without any capability."""
         body = {"cmd": cmd}
+        if user:
+            body["user"] = user
         if cwd:
             body["cwd"] = cwd
         if env:

@@ -42,11 +42,14 @@ type Sandbox struct {
 	owner    hostuid.Range // the host user the sandbox is
 	hasOwner bool          // owner is held, and released by Close
 	ws       *workspace.Dir
-	ctl      int // control socket to init
-	stdout   *pipeReader
-	stderr   *pipeReader
-	initErr  error         // how init exited; valid once initDone is closed
-	initDone chan struct{} // closed when init has exited and been reaped
+	// The sandbox's root, as its user and as its root write it
+	// (sandbox.FileSystem).
+	rootAsUser, rootAsRoot *workspace.Dir
+	ctl                    int // control socket to init
+	stdout                 *pipeReader
+	stderr                 *pipeReader
+	initErr                error         // how init exited; valid once initDone is closed
+	initDone               chan struct{} // closed when init has exited and been reaped
 
 	// From init's status pipe.
 	statusMu   sync.Mutex
@@ -79,7 +82,20 @@ var (
 	_ sandbox.Prober        = (*Sandbox)(nil)
 	_ sandbox.MemoryUser    = (*Sandbox)(nil)
 	_ sandbox.ContextKeeper = (*Sandbox)(nil)
+	_ sandbox.FileSystem    = (*Sandbox)(nil)
 )
+
+// Root implements sandbox.FileSystem.
+func (s *Sandbox) Root(user string) (sandbox.Workspace, error) {
+	switch user {
+	case "", sandbox.UserSandbox:
+		return s.rootAsUser, nil
+	case sandbox.UserRoot:
+		return s.rootAsRoot, nil
+	}
+	return nil, fmt.Errorf("%w: user must be %q or %q, got %q", sandbox.ErrInvalidSpec, sandbox.UserSandbox,
+		sandbox.UserRoot, user)
+}
 
 // Alive implements sandbox.Prober: init runs and a runner is ready.
 func (s *Sandbox) Alive() bool {
@@ -109,7 +125,7 @@ func start(ctx context.Context, b *Backend, spec sandbox.Spec, cfg *initConfig, 
 		initDone: make(chan struct{}), statusDone: make(chan struct{}), runnerGone: make(chan struct{}),
 		ctlDone: make(chan struct{}),
 	}
-	s.Core = core.New((*driver)(s), core.Config{Spec: spec, Contexts: runner.NewContexts(workspacePath)})
+	s.Core = core.New((*driver)(s), core.Config{Spec: spec, Contexts: runner.NewContexts(spec.HomeDir())})
 	defer func() {
 		if err != nil {
 			s.Close()
@@ -211,6 +227,13 @@ func start(ctx context.Context, b *Backend, spec sandbox.Spec, cfg *initConfig, 
 	// code has run yet, so the path cannot have been tampered with.
 	wsPath := fmt.Sprintf("/proc/%d/root%s", s.init.pid, workspacePath)
 	if s.ws, err = workspace.Open(wsPath, int(s.owner.ID(SandboxUID)), int(s.owner.ID(SandboxGID))); err != nil {
+		return nil, err
+	}
+	rootPath := fmt.Sprintf("/proc/%d/root", s.init.pid)
+	if s.rootAsUser, err = workspace.Open(rootPath, int(s.owner.ID(SandboxUID)), int(s.owner.ID(SandboxGID))); err != nil {
+		return nil, err
+	}
+	if s.rootAsRoot, err = workspace.Open(rootPath, int(s.owner.ID(0)), int(s.owner.ID(0))); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -369,7 +392,7 @@ func (s *Sandbox) forkRunner(r *runnerProc, fds []int) {
 	if s.spec.OneShot {
 		mode = "--oneshot"
 	}
-	req := forkRequest{Mode: mode, Env: s.cfg.Env, UID: SandboxUID, GID: SandboxGID, Dir: workspacePath,
+	req := forkRequest{Mode: mode, Env: s.cfg.Env, UID: SandboxUID, GID: SandboxGID, Dir: s.cfg.home(),
 		Rlimits: s.cfg.runnerRlimits()}
 	ns, err := s.init.namespaces()
 	if err != nil {
@@ -528,9 +551,11 @@ func (s *Sandbox) Close() error {
 				errs = append(errs, err)
 			}
 		}
-		if s.ws != nil {
-			// The last reference to the disk tmpfs: its memory is freed.
-			s.ws.Close()
+		// The last references to the disk tmpfs: its memory is freed.
+		for _, d := range []*workspace.Dir{s.ws, s.rootAsUser, s.rootAsRoot} {
+			if d != nil {
+				d.Close()
+			}
 		}
 		if s.z != nil {
 			s.z.release()
