@@ -23,6 +23,9 @@ func withE2B(next http.Handler, svc *service.Service, auth httpapi.Authenticator
 	h := e2b.New(e2b.Config{Service: svc, Auth: a, DevOwner: httpapi.DevOwner, Logger: log, Prefix: e2bPrefix, Domain: domain})
 	mux := http.NewServeMux()
 	mux.Handle(e2bPrefix+"/", h)
+	// Signed file URLs: E2B's SDKs build them at the root of the sandbox
+	// URL's host, whatever its path.
+	mux.Handle("/files", h.SignedFiles())
 	mux.Handle("/", next)
 	return mux, h
 }

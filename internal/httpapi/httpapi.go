@@ -98,6 +98,7 @@ var Routes = []Route{
 	{"GET", "/v1/sandboxes/{id}", "get", "Describe a sandbox", false},
 	{"DELETE", "/v1/sandboxes/{id}", "delete", "Close a sandbox", false},
 	{"POST", "/v1/sandboxes/{id}/timeout", "timeout", "Set a sandbox's idle timeout from now", false},
+	{"GET", "/v1/sandboxes/{id}/metrics", "usage", "A sandbox's CPU, memory and disk over time (sampled every 5 s)", false},
 	{"POST", "/v1/sandboxes/{id}/execute", "execute", "Run Python code, keeping state", false},
 	{"POST", "/v1/sandboxes/{id}/interrupt", "interrupt", "Raise KeyboardInterrupt in the running execution", false},
 	{"POST", "/v1/sandboxes/{id}/restart", "restart", "Restart the Python process; files are kept", false},
@@ -203,6 +204,8 @@ func (s *Server) handler(name string) http.HandlerFunc {
 		return s.runOnce
 	case "portToken":
 		return s.portToken
+	case "usage":
+		return s.usage
 	case "listContexts", "createContext", "deleteContext", "restartContext":
 		return s.contextHandler(name)
 	case "listProcesses", "startProcess", "processOutput", "processStdin", "signalProcess":
@@ -261,8 +264,9 @@ type (
 		Entries []fileEntry `json:"entries"`
 	}
 	fileWritten struct {
-		Path string `json:"path"`
-		Size int64  `json:"size"`
+		Path     string            `json:"path"`
+		Size     int64             `json:"size"`
+		Metadata map[string]string `json:"metadata,omitempty" doc:"the file's metadata, from the request's X-Metadata-KEY headers"`
 	}
 )
 
@@ -460,16 +464,27 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) {
 	}
 	defer done()
 	name := r.PathValue("path")
+	md, err := s.fileMetadata(ws, r.Header)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
 	if err := ws.WriteFile(name, r.Body, b.Limits().Disk); err != nil {
 		s.fail(w, err)
 		return
+	}
+	if len(md) > 0 {
+		if err := ws.(sandbox.WorkspaceMetadata).SetFileMetadata(name, md); err != nil {
+			s.fail(w, err)
+			return
+		}
 	}
 	fi, err := ws.Stat(name)
 	if err != nil {
 		s.fail(w, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, fileWritten{Path: fi.Path, Size: fi.Size})
+	writeJSON(w, http.StatusCreated, fileWritten{Path: fi.Path, Size: fi.Size, Metadata: md})
 }
 
 func (s *Server) getFile(w http.ResponseWriter, r *http.Request) {
@@ -487,6 +502,7 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request) {
 	defer f.Close()
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Content-Length", strconv.FormatInt(fi.Size, 10))
+	setMetadataHeaders(w.Header(), ws, r.PathValue("path"))
 	// The file may grow while it is sent: never more than its size then.
 	io.Copy(w, io.LimitReader(f, fi.Size))
 }

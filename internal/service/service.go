@@ -75,6 +75,9 @@ type Config struct {
 	Logger *slog.Logger
 	// Now is the clock; tests replace it.
 	Now func() time.Time
+	// UsageInterval is how often every sandbox's use is sampled (see
+	// Usage); zero: every 5 s.
+	UsageInterval time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -87,6 +90,7 @@ func (c *Config) setDefaults() {
 	def(&c.MaxIdle, 24*time.Hour)
 	def(&c.DefaultLifetime, time.Hour)
 	def(&c.MaxLifetime, 24*time.Hour)
+	def(&c.UsageInterval, defaultUsageInterval)
 	if c.MaxPerOwner <= 0 {
 		c.MaxPerOwner = 50
 	}
@@ -135,6 +139,7 @@ type Service struct {
 
 	pkgService *netproxy.InProcess // the package index, to sandboxes' proxies
 	ports      ports               // port tokens and connections (ports.go)
+	usage      usageLogs           // samples of every sandbox's use (usage.go)
 }
 
 // New starts a service; Close ends it and every sandbox.
@@ -144,8 +149,9 @@ func New(cfg Config) *Service {
 		stop: make(chan struct{}), metrics: newMetrics()}
 	s.idle = sync.NewCond(&s.mu)
 	s.startNetwork()
-	s.wg.Add(1)
+	s.wg.Add(2)
 	go s.reap()
+	go s.sampleUsage()
 	return s
 }
 
@@ -546,6 +552,7 @@ func (s *Service) remove(b *Box, why string) {
 	}
 	delete(s.boxes, b.id)
 	s.mu.Unlock()
+	s.usage.closing(b.id) // no sample is taken from here on
 	if err := b.sb.Close(); err != nil {
 		s.cfg.Logger.Warn("sandbox clean-up", "id", b.id, "err", err)
 	}

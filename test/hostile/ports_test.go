@@ -72,7 +72,7 @@ func TestHostilePorts(t *testing.T) {
 	canaries := testutil.SetupCanaries(t)
 	listener := listenCounting(t, "tcp", "127.0.0.1:0")
 	const parent = "vivarium-hostile-ports"
-	const base = suite.UIDBase + testutil.UIDSpan
+	base := suite.UIDBase + testutil.UIDSpan
 	testutil.RemoveStaleCgroups(parent)
 	b, err := native.New(native.Config{CgroupParent: parent, UIDBase: base, UIDRanges: testutil.UIDRanges,
 		Zygote: testutil.ZygoteMode()})

@@ -161,6 +161,9 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(names["data/in.csv"], "file")
         self.assertIn("name with spaces é.txt", names)
         self.assertEqual(sb.execute("print(open('data/in.csv').read().split()[1])").stdout, "1,2\n")
+        self.assertEqual(sb.files.write("m.txt", "x", metadata={"Author": "mish"})["metadata"], {"author": "mish"})
+        self.assertEqual(sb.files.metadata("m.txt"), {"author": "mish"})
+        self.assertEqual(sb.files.metadata("bin.dat"), {})
         sb.files.remove("data")
         with self.assertRaises(NotFoundError):
             sb.files.read("data/in.csv")
@@ -200,6 +203,16 @@ class ClientTest(unittest.TestCase):
         sb = self.sandbox(timeout_s=60)
         info = sb.set_timeout(300)
         self.assertEqual(info["timeout_s"], 300)
+
+    def test_metrics(self):
+        sb = self.sandbox()
+        sb.execute("x = bytearray(32 << 20)")
+        samples = sb.metrics()
+        self.assertGreaterEqual(len(samples), 1)
+        now = samples[-1]
+        self.assertGreaterEqual(now["mem_used"], 32 << 20)
+        self.assertLessEqual(now["mem_used"], now["mem_total"])
+        self.assertEqual(sb.metrics(start=0, end=1), [])
 
     def test_errors_are_mapped(self):
         with self.assertRaises(AuthenticationError) as cm:

@@ -135,11 +135,11 @@ class Client:
 
     # -- transport --------------------------------------------------------
 
-    def _open(self, method, path, json_body=None, data=None, query=None, stream=False, timeout=None):
+    def _open(self, method, path, json_body=None, data=None, query=None, stream=False, timeout=None, headers=None):
         url = self.url + path
         if query:
             url += "?" + urllib.parse.urlencode(query)
-        headers = {"User-Agent": "vivarium-python"}
+        headers = dict(headers or {}, **{"User-Agent": "vivarium-python"})
         if self.api_key:
             headers["Authorization"] = "Bearer " + self.api_key
         if json_body is not None:
@@ -288,6 +288,14 @@ class Sandbox:
         self.info = self.client._call("GET", self._path())
         return self.info
 
+    def metrics(self, start=None, end=None):
+        """The sandbox's CPU, memory and disk over time, oldest first (one
+        sample every 5 s on the server, the last taken now): a list of dicts
+        with time, cpu_count, cpu_used_pct, mem_used, mem_total, disk_used and
+        disk_total. start and end, in Unix seconds, bound it."""
+        query = {k: int(v) for k, v in (("start", start), ("end", end)) if v is not None}
+        return self.client._call("GET", self._path("/metrics"), query=query or None)["samples"]
+
     def set_timeout(self, timeout_s):
         """Sets the idle timeout to timeout_s seconds from now."""
         self.info = self.client._call("POST", self._path("/timeout"), {"timeout_s": timeout_s})
@@ -411,17 +419,26 @@ class Files:
     def _path(self, name):
         return self._sb._path("/files/" + urllib.parse.quote(name, safe="/"))
 
-    def write(self, path, data):
-        """Creates or replaces a file (bytes, or str written as UTF-8)."""
+    def write(self, path, data, metadata=None):
+        """Creates or replaces a file (bytes, or str written as UTF-8).
+        metadata (a dict of str) is kept with the file, as its extended
+        attributes; keys are lower-cased."""
         if isinstance(data, str):
             data = data.encode()
-        with self._sb.client._open("PUT", self._path(path), data=data) as resp:
+        headers = {"X-Metadata-" + k: v for k, v in (metadata or {}).items()}
+        with self._sb.client._open("PUT", self._path(path), data=data, headers=headers) as resp:
             return json.loads(resp.read())
 
     def read(self, path):
         """The file's content, as bytes."""
         with self._sb.client._open("GET", self._path(path)) as resp:
             return resp.read()
+
+    def metadata(self, path):
+        """The file's metadata, a dict (empty: none)."""
+        with self._sb.client._open("HEAD", self._path(path)) as resp:
+            prefix = "x-metadata-"
+            return {k[len(prefix):].lower(): v for k, v in resp.headers.items() if k.lower().startswith(prefix)}
 
     def read_text(self, path, encoding="utf-8"):
         return self.read(path).decode(encoding)

@@ -132,11 +132,7 @@ func buildRoot(cfg *initConfig) error {
 		if err := writeEtc(r("etc"), cfg.Etc); err != nil {
 			return step("write /etc", err)
 		}
-		runner := make([]etcEntry, 0, len(cfg.RunnerFiles))
-		for name, data := range cfg.RunnerFiles {
-			runner = append(runner, etcEntry{Path: name, Data: data})
-		}
-		if err := writeEtc(r(runnerDir), runner); err != nil {
+		if err := writeEtc(r(runnerDir), runnerTree(cfg.RunnerFiles)); err != nil {
 			return step("write runner", err)
 		}
 		if cfg.Role != roleZygote {

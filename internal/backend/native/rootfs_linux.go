@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
 
 // The sandbox's root file system, seen from inside:
@@ -173,11 +175,7 @@ func RootSkeleton(dir string, runnerFiles map[string][]byte) error {
 	if err := writeEtc(filepath.Join(dir, "etc"), etc); err != nil {
 		return err
 	}
-	runner := make([]etcEntry, 0, len(runnerFiles))
-	for name, data := range runnerFiles {
-		runner = append(runner, etcEntry{Path: name, Data: data})
-	}
-	if err := writeEtc(filepath.Join(dir, runnerDir[1:]), runner); err != nil {
+	if err := writeEtc(filepath.Join(dir, runnerDir[1:]), runnerTree(runnerFiles)); err != nil {
 		return err
 	}
 	for _, t := range hostTopLevel("/") {
@@ -212,6 +210,20 @@ func TopLevelBinds() []string {
 		if t.Link == "" {
 			out = append(out, "/"+t.Name)
 		}
+	}
+	return out
+}
+
+// runnerTree is what runnerDir holds: the runner's files, and the shims
+// (sandbox.ShimDir, inside runnerDir).
+func runnerTree(files map[string][]byte) []etcEntry {
+	out := make([]etcEntry, 0, len(files)+len(sandbox.Shims))
+	for name, data := range files {
+		out = append(out, etcEntry{Path: name, Data: data})
+	}
+	shims := strings.TrimPrefix(sandbox.ShimDir, runnerDir+"/")
+	for name, target := range sandbox.Shims {
+		out = append(out, etcEntry{Path: shims + "/" + name, Link: target})
 	}
 	return out
 }
