@@ -92,7 +92,7 @@ func TestHostilePorts(t *testing.T) {
 		front.Close()
 		svc.Close()
 		b.Close()
-		left := testutil.ProcessesOwnedBy(base, base+testutil.UIDSpan)
+		left := testutil.ProcessesOwnedBy(int(base), int(base)+testutil.UIDSpan)
 		if left = append(left, testutil.CgroupsUnder(parent)...); len(left) > 0 {
 			t.Errorf("left behind on the host: %v", left)
 		}
