@@ -214,7 +214,9 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, owner string) {
 	if req.Timeout != nil {
 		idle = durationOf(*req.Timeout)
 	}
-	info, err := s.svc.Create(r.Context(), service.CreateRequest{Owner: owner, Idle: idle, Env: req.EnvVars, Metadata: req.Metadata})
+	// E2B's layout: the user is "user", at home (and working) in /home/user.
+	info, err := s.svc.Create(r.Context(), service.CreateRequest{Owner: owner, Idle: idle, Env: req.EnvVars, Metadata: req.Metadata,
+		Home: sandbox.HomeUser})
 	if err != nil {
 		s.fail(w, err)
 		return
