@@ -56,6 +56,9 @@ func (c *Checker) Check(ctx context.Context, t Target, port uint16) ([]netip.Add
 		if !c.Policy.allowsAddr(t.Addr, port) {
 			return refuse("%s is not in this sandbox's network allowlist", dest)
 		}
+		if c.Policy.deniesAddr(t.Addr, port) {
+			return refuse("%s is in this sandbox's deny list", dest)
+		}
 		return []netip.Addr{t.Addr}, nil
 	}
 	if why := refusedName(t.Name); why != "" {
@@ -65,6 +68,10 @@ func (c *Checker) Check(ctx context.Context, t Target, port uint16) ([]netip.Add
 	// carry whatever it spells to the name's DNS server.
 	if !c.Policy.allowsName(t.Name, port) {
 		return refuse("%s is not in this sandbox's network allowlist", dest)
+	}
+	exempt := c.Policy.exemptName(t.Name, port)
+	if !exempt && c.Policy.deniesName(t.Name, port) {
+		return refuse("%s is in this sandbox's deny list", dest)
 	}
 	r := c.Resolver
 	if r == nil {
@@ -83,6 +90,9 @@ func (c *Checker) Check(ctx context.Context, t Target, port uint16) ([]netip.Add
 		why := c.refusedAddr(a, port)
 		if why == "" && isNonPublic(a) && !c.Policy.allowsAddr(a, port) {
 			why = "a private address that no address rule of this sandbox lists"
+		}
+		if why == "" && !exempt && c.Policy.deniesAddr(a, port) {
+			why = "an address in this sandbox's deny list"
 		}
 		if why != "" {
 			if first == "" {
