@@ -2,10 +2,13 @@ package netproxy
 
 import (
 	"bufio"
+	"context"
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -124,5 +127,57 @@ func TestSetPolicy(t *testing.T) {
 	}
 	if closed != 2 {
 		t.Errorf("%d tunnels' events say a policy change closed them, want 2: %+v", closed, w.waitEvents(7))
+	}
+}
+
+// flipResolver answers a name with one address, then with another: DNS
+// rebinding.
+type flipResolver struct {
+	mu    sync.Mutex
+	n     int
+	first netip.Addr
+	then  netip.Addr
+}
+
+func (f *flipResolver) LookupNetIP(context.Context, string, string) ([]netip.Addr, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.n++
+	if f.n == 1 {
+		return []netip.Addr{f.first}, nil
+	}
+	return []netip.Addr{f.then}, nil
+}
+
+// A name that rebinds to an address of the sandbox's deny list is refused
+// there and never dialled; an open connection is judged by the address it
+// was made to, the name not being resolved again.
+func TestDenyRebinding(t *testing.T) {
+	flip := &flipResolver{first: publicHTTP, then: publicOther}
+	w := newWorld(t, []string{"*.example.com:*"}, netpolicy.Limits{}, func(c *Config) {
+		c.Checker.Resolver = flip
+		c.Checker.Policy.Deny = policy(t, nil, []string{publicOther.String()}, nil).Deny
+	})
+	conn, br := w.tunnel("flip.example.com:80")
+	if body, err := roundTrip(conn, br); err != nil || body != "hello from api.example.com" {
+		t.Fatalf("through the tunnel: %q %v", body, err)
+	}
+	dialled := w.dialled.Load()
+	if code, status, _ := w.get("http://flip.example.com/"); code != 403 ||
+		!strings.Contains(status, "resolves to "+publicOther.String()+", an address in this sandbox's deny list") {
+		t.Errorf("after rebinding: %d %s", code, status)
+	}
+	if w.dialled.Load() != dialled {
+		t.Error("the denied address was dialled")
+	}
+	// A change that denies the name's new address leaves the open tunnel,
+	// made to its old one, alone; one that denies the old address closes it.
+	w.proxy.SetPolicy(policy(t, []string{"*.example.com:*"}, []string{publicOther.String()}, nil))
+	if body, err := roundTrip(conn, br); err != nil || body != "hello from api.example.com" {
+		t.Errorf("the tunnel after an unrelated change: %q %v", body, err)
+	}
+	w.proxy.SetPolicy(policy(t, []string{"*.example.com:*"}, []string{publicHTTP.String() + "/31"}, nil))
+	if _, err := roundTrip(conn, br); err == nil {
+		t.Error("the tunnel to a now denied address carried on")
 	}
 }
