@@ -100,4 +100,19 @@ attempt("example", lambda: fetch("http://example.com/"))
 		t.Errorf("update of a sandbox made without network: %d %s", code, body)
 	}
 	alice.json("PUT", "/v1/sandboxes/"+plain["id"].(string)+"/network", map[string]any{"deny": []string{"0.0.0.0/0"}}, 200)
+
+	// Every request that reached the sandbox is in the audit log, granted
+	// or refused (another key's never found one).
+	var got []string
+	for _, r := range w.records("net_policy") {
+		if r.KeyID != "alice" {
+			t.Errorf("a record of another key: %+v", r)
+		}
+		got = append(got, r.Status)
+	}
+	statuses := []string{"changed", "refused", "refused", "refused", "refused", "refused", "changed", "changed", "changed",
+		"refused", "changed"}
+	if strings.Join(got, " ") != strings.Join(statuses, " ") {
+		t.Errorf("net_policy records: %v, want %v", got, statuses)
+	}
 }
