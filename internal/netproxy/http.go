@@ -156,12 +156,13 @@ func (p *Proxy) connect(t netpolicy.Target, port uint16, ev *Event) (*meteredCon
 		ip   netip.Addr // invalid for a service
 	}
 	var dials []dialer
+	checker := p.checker.Load() // the policy this connection is decided by
 	svc, isService := p.cfg.Services[t.Name]
 	isService = isService && t.Name != ""
 	if isService {
 		dials = append(dials, dialer{"(served by vivarium)", svc, netip.Addr{}})
 	} else {
-		addrs, err := p.checker.Load().Check(ctx, t, port)
+		addrs, err := checker.Check(ctx, t, port)
 		if err != nil {
 			return fail(Refused, "%s", err.Error())
 		}
@@ -185,7 +186,7 @@ func (p *Proxy) connect(t netpolicy.Target, port uint16, ev *Event) (*meteredCon
 			ev.Addr = d.addr
 			m := &meteredConn{Conn: c, ctx: p.ctx, b: p.budget, idle: p.cfg.IdleTimeout}
 			if !isService {
-				p.watch(m, dest{target: t, port: port, addr: d.ip})
+				p.watch(m, checker, dest{target: t, port: port, addr: d.ip})
 			}
 			return m, nil
 		}

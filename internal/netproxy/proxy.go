@@ -191,14 +191,18 @@ type dest struct {
 	closed string // why SetPolicy closed it; guarded by Proxy.mu
 }
 
-// watch registers a live upstream connection for SetPolicy. Connections
-// made by a checker SetPolicy has since replaced are decided again here:
-// none outlives a policy change unchecked.
-func (p *Proxy) watch(m *meteredConn, d dest) {
+// watch registers a live upstream connection for SetPolicy. One that
+// checker allowed, but SetPolicy has replaced checker since, is decided
+// again here: none outlives a policy change unchecked.
+func (p *Proxy) watch(m *meteredConn, checker *netpolicy.Checker, d dest) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.live[m] = &d
-	if err := p.checker.Load().Recheck(d.target, d.port, d.addr); err != nil {
+	now := p.checker.Load()
+	if now == checker {
+		return
+	}
+	if err := now.Recheck(d.target, d.port, d.addr); err != nil {
 		p.live[m].closed = "closed when the sandbox's network policy changed: " + err.Error()
 		m.Close()
 	}
