@@ -22,7 +22,9 @@ func TestE2BNetwork(t *testing.T) {
 	requireNode(t)
 	a, b, outside := testutil.NewNetHost(t), testutil.NewNetHost(t), testutil.NewNetHost(t)
 	bin := testserver.Build(t)
-	srv := testserver.Start(t, bin, testserver.Options{CgroupParent: cgroupParent, UIDBase: uidBase,
+	// A cgroup parent and host users of its own: TestE2BSDKs, here or in
+	// another checkout, may run at the same time.
+	srv := testserver.Start(t, bin, testserver.Options{CgroupParent: cgroupParent + "-net", UIDBase: uidBase + 8<<20,
 		Keys: []string{"e2b-sdk", "e2b-other"},
 		Args: []string{"--allow-net", fmt.Sprintf("%s:%d %s:%d", a.Addr, a.Port, b.Addr, b.Port)}})
 
