@@ -3,7 +3,7 @@
 // (always a subset of it), and the addresses refused whatever either
 // says (cloud metadata, loopback, link-local, the host itself).
 //
-// A reader must know three things:
+// A reader must know four things:
 //   - No policy (nil, or None) means no network at all; that is every
 //     sandbox's default.
 //   - Host names are resolved by the supervisor, never by the sandbox,
@@ -16,6 +16,11 @@
 //     unless an address range rule lists the private one too: a
 //     wildcard such as *.example.com must not become a way into the
 //     operator's internal network.
+//   - A sandbox's own deny list and its exceptions (Policy.Deny,
+//     Policy.Except: E2B's denyOut and allowOut) narrow its rules and
+//     never widen them; nothing lifts what is always refused. A policy may
+//     be replaced while its sandbox runs: Checker.Recheck then decides an
+//     open connection again by the address it was made to.
 package netpolicy
 
 import (
