@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 
+	"github.com/vivarium-sandbox/vivarium/internal/netpolicy"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/service"
 )
@@ -69,6 +70,10 @@ func httpStatus(log *slog.Logger, err error) (int, string) {
 		code = http.StatusNotImplemented
 	case errors.Is(err, context.Canceled):
 		code = 499
+	case errors.Is(err, netpolicy.ErrInvalid):
+		code = http.StatusBadRequest
+	case errors.Is(err, netpolicy.ErrNotAllowed):
+		code = http.StatusForbidden
 	}
 	if code == http.StatusInternalServerError {
 		log.Error("internal error", "err", err)

@@ -482,7 +482,9 @@ describe('commands', () => {
 describe('limits and lifetime', () => {
   test('every limit of the sandbox applies', async () => {
     // allowInternetAccess is accepted (the Python SDK sends true by
-    // default) and changes nothing: there is no network.
+    // default): it is all the operator allows, and this server allows no
+    // host, so there is no network (network.test.mjs has a server that
+    // does).
     await withSandbox({ allowInternetAccess: true }, async (sbx) => {
       assert.equal((await sbx.getInfo()).allowInternetAccess, false)
       const oom = await sbx.runCode('x = bytearray(2 * 1024**3)')
