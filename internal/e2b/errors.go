@@ -58,7 +58,7 @@ func httpStatus(log *slog.Logger, err error) (int, string) {
 		code = http.StatusBadRequest
 	case errors.Is(err, sandbox.ErrExists), errors.Is(err, sandbox.ErrBusy):
 		code = http.StatusConflict
-	case errors.Is(err, errUser):
+	case errors.Is(err, errUser), errors.Is(err, sandbox.ErrPermission):
 		code = http.StatusForbidden
 	case errors.Is(err, service.ErrQuota):
 		code = http.StatusTooManyRequests
@@ -143,7 +143,7 @@ func connectCode(log *slog.Logger, err error) (string, string) {
 		code = codeAlreadyExists
 	case errors.Is(err, sandbox.ErrBadPath), errors.Is(err, sandbox.ErrInvalidSpec), errors.Is(err, service.ErrCannotStart):
 		code = codeInvalidArgument
-	case errors.Is(err, errUser):
+	case errors.Is(err, errUser), errors.Is(err, sandbox.ErrPermission):
 		code = codePermissionDenied
 	case errors.Is(err, service.ErrQuota), errors.Is(err, sandbox.ErrTooLarge):
 		code = codeResourceExhausted

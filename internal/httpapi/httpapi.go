@@ -665,6 +665,8 @@ func classify(err error) (int, string) {
 		return http.StatusBadRequest, "invalid_request"
 	case errors.Is(err, netpolicy.ErrNotAllowed), errors.Is(err, pkgindex.ErrNotAllowed):
 		return http.StatusForbidden, "not_allowed"
+	case errors.Is(err, sandbox.ErrPermission):
+		return http.StatusForbidden, "permission_denied"
 	case errors.Is(err, service.ErrQuota):
 		return http.StatusTooManyRequests, "quota"
 	case errors.Is(err, service.ErrShuttingDown):
