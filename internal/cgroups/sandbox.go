@@ -18,3 +18,19 @@ func Of(spec sandbox.Spec) Limits {
 		Tenant: spec.Tenant,
 	}
 }
+
+// UsageOf is what a sandbox's group says it uses now (sandbox.Usage): its
+// CPU time so far, and its memory where the group can tell it apart from
+// what Stats reads. Every backend whose sandboxes have a group of
+// Vivarium's reports usage with it.
+func UsageOf(g Group) (sandbox.Usage, error) {
+	st, err := g.Stats()
+	if err != nil {
+		return sandbox.Usage{}, err
+	}
+	u := sandbox.Usage{CPU: st.CPU}
+	if m, ok := g.(MemoryReader); ok {
+		u.Memory, err = m.MemoryCurrent()
+	}
+	return u, err
+}

@@ -12,15 +12,7 @@ func (s *Sandbox) Usage() (sandbox.Usage, error) {
 	if s.cg == nil {
 		return sandbox.Usage{}, errors.New("no cgroup: the sandbox's usage is not known")
 	}
-	st, err := s.cg.Stats()
-	if err != nil {
-		return sandbox.Usage{}, err
-	}
-	u := sandbox.Usage{CPU: st.CPU}
-	if m, ok := s.cg.(cgroups.MemoryReader); ok {
-		u.Memory, err = m.MemoryCurrent()
-	}
-	return u, err
+	return cgroups.UsageOf(s.cg)
 }
 
 var _ sandbox.UsageReporter = (*Sandbox)(nil)
