@@ -70,6 +70,25 @@ except OSError as e:
 			}
 		}},
 	"restart_ends_processes": {why: "no processes"},
+	"python_command": {why: "no processes: no command runs, python or other", run: func(t *testing.T, be *backend) {
+		sb := be.create(t, sandbox.Spec{})
+		if _, err := sb.Start(context.Background(), sandbox.Command{Argv: []string{"python"}}); !errors.Is(err, sandbox.ErrUnsupported) {
+			t.Fatalf("start: %v", err)
+		}
+	}},
+	"usage": {why: "an interpreter in this process: no cgroup tells its CPU and memory apart", run: func(t *testing.T, be *backend) {
+		if _, ok := be.create(t, sandbox.Spec{}).(sandbox.UsageReporter); ok {
+			t.Fatal("a wasm sandbox claims to report its usage")
+		}
+	}},
+	"ports": {why: "no sockets: the interpreter serves nothing, and the sandbox has no ports", run: func(t *testing.T, be *backend) {
+		sb := be.create(t, sandbox.Spec{})
+		if d, ok := sb.(sandbox.PortDialer); ok {
+			if _, err := d.DialPort(context.Background(), 8000); !errors.Is(err, sandbox.ErrUnsupported) {
+				t.Fatalf("dial: %v", err)
+			}
+		}
+	}},
 	"commands": {why: "no processes: starting a command is refused", run: func(t *testing.T, be *backend) {
 		sb := be.create(t, sandbox.Spec{})
 		if _, err := sb.Start(context.Background(), sandbox.Command{Argv: []string{"sh"}}); !errors.Is(err, sandbox.ErrUnsupported) {
