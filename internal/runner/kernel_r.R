@@ -7,9 +7,9 @@
 local({
   fds <- as.integer(strsplit(Sys.getenv("VIVARIUM_KERNEL_FDS"), ",")[[1]])
   Sys.unsetenv("VIVARIUM_KERNEL_FDS")
-  req <- file(sprintf("/proc/self/fd/%d", fds[1]), open = "r")
-  evt <- file(sprintf("/proc/self/fd/%d", fds[2]), open = "w")
-  ack <- file(sprintf("/proc/self/fd/%d", fds[3]), open = "r")
+  req <- file(sprintf("/proc/self/fd/%d", fds[1]), open = "r", raw = TRUE)
+  evt <- file(sprintf("/proc/self/fd/%d", fds[2]), open = "w", raw = TRUE)
+  ack <- file(sprintf("/proc/self/fd/%d", fds[3]), open = "r", raw = TRUE)
 
   unhex <- function(h) {
     if (nchar(h) == 0) return("")
