@@ -56,10 +56,14 @@ func ContextKey(id string) string {
 }
 
 // Lookup resolves an execution's context ("" is the default one). A
-// language's name is its default context, made here on first use.
+// language's name (or another name it goes by: "js") is its default
+// context, made here on first use.
 func (c *Contexts) Lookup(id string) (sandbox.CodeContext, error) {
 	if id == "" {
 		id = sandbox.DefaultContext
+	}
+	if l, ok := languageAliases[id]; ok {
+		id = l
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
