@@ -93,7 +93,7 @@ class KernelContext:
         self.emit = emit
         self.proc = None
         self.fds = ()  # the runner's ends: request, event, ack
-        self.buf = b""
+        self.buf = bytearray()
 
     def _start(self):
         argv = kernel_command(self.language)
@@ -121,7 +121,7 @@ class KernelContext:
         for fd in child:
             os.close(fd)
         self.fds = (req_w, evt_r, ack_w)
-        self.buf = b""
+        self.buf = bytearray()
 
     def run(self, code, env):
         """Runs a cell; returns (exit_code, error_event or None)."""
@@ -169,18 +169,26 @@ class KernelContext:
         deadline, did not answer by then)."""
         import time
 
-        while b"\n" not in self.buf:
+        # Each byte is searched once: a huge line costs its length, not
+        # its square.
+        scanned = 0
+        while True:
+            nl = self.buf.find(b"\n", scanned)
+            if nl >= 0:
+                break
+            scanned = len(self.buf)
+            if scanned > MAX_LINE:
+                raise ValueError("an event line over %d bytes" % MAX_LINE)
             if deadline is not None:
                 left = deadline - time.monotonic()
                 if left <= 0 or not select.select([self.fds[1]], [], [], left)[0]:
                     return None
-            chunk = os.read(self.fds[1], 1 << 16)
+            chunk = os.read(self.fds[1], 1 << 20)
             if not chunk:
                 return None
             self.buf += chunk
-            if len(self.buf) > MAX_LINE and b"\n" not in self.buf:
-                raise ValueError("an event line over %d bytes" % MAX_LINE)
-        line, self.buf = self.buf.split(b"\n", 1)
+        line = bytes(self.buf[:nl])
+        del self.buf[:nl + 1]
         ev = json.loads(line.decode("utf-8", "surrogateescape"))
         if not isinstance(ev, dict):
             raise ValueError("an event that is not an object")
@@ -235,7 +243,7 @@ class KernelContext:
             except OSError:
                 pass
         self.fds = ()
-        self.buf = b""
+        self.buf = bytearray()
         return code
 
     def close(self):
