@@ -43,14 +43,33 @@ local({
     if (length(readLines(ack, n = 1)) == 0) quit(save = "no", status = 0)
   }
 
+  # Plots: a cell's graphics go to PNG files, one per page, shown as
+  # results when the cell ends (the runner reads and removes the files).
+  plot_dir <- tempfile("vivarium-plots-")
+  options(device = function(...) {
+    dir.create(plot_dir, showWarnings = FALSE, mode = "0700")
+    grDevices::png(file.path(plot_dir, "plot%03d.png"), width = 7, height = 5, units = "in", res = 100,
+                   type = if (capabilities("cairo")) "cairo" else getOption("bitmapType"))
+  })
+  show_plots <- function() {
+    while (grDevices::dev.cur() > 1) grDevices::dev.off()
+    for (f in sort(list.files(plot_dir, full.names = TRUE))) {
+      send(sprintf("{\"type\":\"result\",\"main\":false,\"data\":{\"text/plain\":\"<Figure>\"},\"files\":{\"image/png\":%s}}",
+                   json(f)))
+      if (length(readLines(ack, n = 1)) == 0) quit(save = "no", status = 0)
+    }
+    unlink(plot_dir, recursive = TRUE)
+  }
+
   run_cell <- function(code, env) {
+    on.exit(show_plots(), add = TRUE)
     saved <- Sys.getenv(names(env), unset = NA, names = TRUE)
     if (length(env) > 0) do.call(Sys.setenv, as.list(env))
     on.exit({
       for (k in names(saved)) {
         if (is.na(saved[[k]])) Sys.unsetenv(k) else do.call(Sys.setenv, stats::setNames(list(saved[[k]]), k))
       }
-    })
+    }, add = TRUE)
     exprs <- tryCatch(parse(text = code, keep.source = FALSE), error = function(e) e)
     if (inherits(exprs, "error")) {
       send_error("SyntaxError", conditionMessage(exprs), paste0("Error: ", conditionMessage(exprs), "\n"))

@@ -12,7 +12,10 @@ finds in VIVARIUM_KERNEL_FDS ("request,event,ack"):
   request (runner -> kernel), one line per cell:
       cell <code in hex> [<name in hex>=<value in hex> ...]
   event (kernel -> runner), one JSON object per line:
-      {"type": "result", "data": {mime: value}, "main": bool}
+      {"type": "result", "data": {mime: value}, "main": bool,
+       "files": {mime: path}}  (files: binary representations the kernel
+       wrote to a file of its own, read, base64-encoded and removed by the
+       runner: R has no base64 of its own)
       {"type": "error", "name": ..., "value": ..., "traceback": ...}
       {"type": "done", "code": int}
   ack (runner -> kernel): "ack\\n" once a result has been passed on, so that
@@ -36,6 +39,9 @@ _DIR = os.path.dirname(os.path.abspath(__file__))
 # A kernel's event line, beyond which the kernel is killed: a result's own
 # cap (runner.MAX_RESULT_BYTES) applies after decoding.
 MAX_LINE = 24 << 20
+# A representation a kernel passes as a file (a plot) beyond which it is
+# left out.
+MAX_FILE = 6 << 20
 # How long a kernel may take to end a cell after an interrupt before it is
 # killed (its state with it).
 INTERRUPT_GRACE = 3.0
@@ -151,7 +157,9 @@ class KernelContext:
                 if kind == "result":
                     data = ev.get("data")
                     if isinstance(data, dict):
-                        self.emit({k: v for k, v in data.items() if isinstance(k, str)}, bool(ev.get("main")))
+                        data = {k: v for k, v in data.items() if isinstance(k, str)}
+                        data.update(_read_files(ev.get("files")))
+                        self.emit(data, bool(ev.get("main")))
                     _write_all(self.fds[2], b"ack\n")
                 elif kind == "error":
                     err = {"type": "error", "name": str(ev.get("name") or "Error"), "value": str(ev.get("value") or ""),
@@ -248,6 +256,37 @@ class KernelContext:
 
     def close(self):
         self._reap()
+
+
+def _read_files(files):
+    """The representations a kernel left in files (see the module doc),
+    base64-encoded; each file is removed. A file that is not a regular
+    file of a sane size is left out."""
+    import base64
+    import stat
+
+    out = {}
+    if not isinstance(files, dict):
+        return out
+    for mime, path in files.items():
+        if not (isinstance(mime, str) and isinstance(path, str) and mime.startswith("image/")):
+            continue
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISREG(st.st_mode) and st.st_size <= MAX_FILE:
+                with os.fdopen(os.dup(fd), "rb") as f:
+                    out[mime] = base64.b64encode(f.read(MAX_FILE + 1)[:MAX_FILE]).decode("ascii")
+        finally:
+            os.close(fd)
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    return out
 
 
 def _write_all(fd, data):

@@ -118,6 +118,21 @@ run(fds + "os.read(r, 1 << 20); os.write(w, b'[1]\\n')\nos.read(r, 1)")
 # A result whose data is not an object is dropped; the cell goes on.
 run(fds + "os.read(r, 1 << 20); os.write(w, b'{\"type\":\"result\",\"data\":[1]}\\n'); os.read(a, 4)\n"
     + "os.write(w, b'{\"type\":\"done\",\"code\":\"zero\"}\\n'); os.read(r, 1)")
+# Files it names: a regular one is read and removed; a link, a FIFO (which
+# must not block the runner), a text type and a missing file are left out.
+import os, tempfile
+d = tempfile.mkdtemp()
+open(d + "/p.png", "wb").write(b"PNG")
+os.symlink(d + "/p.png", d + "/link.png")
+os.mkfifo(d + "/fifo.png")
+files = [{"image/png": d + "/p.png", "text/html": d + "/p.png"}, {"image/png": d + "/link.png"},
+         {"image/png": d + "/fifo.png"}, {"image/png": d + "/missing.png"}, "nope"]
+prog = fds + "import json\nos.read(r, 1 << 20)\nfor f in %r:\n" % (files,) + \
+    "    os.write(w, (json.dumps({'type': 'result', 'data': {'text/plain': 'f'}, 'files': f}) + '\\n').encode()); os.read(a, 4)\n" + \
+    "os.write(w, b'{\"type\":\"done\",\"code\":0}\\n'); os.read(r, 1)"
+run(prog)
+print("files", [sorted(d) for d, _ in results], os.path.exists(d + "/p.png"), os.path.lexists(d + "/link.png"))
+del results[:]
 # Exits mid-cell: its state is gone, and said so.
 run("sys.exit(7)")
 # No runtime for the language.
@@ -132,6 +147,8 @@ print("results", results)
 		"137 KernelDied the javascript kernel broke its protocol (Expecting property",
 		"137 KernelDied the javascript kernel broke its protocol (an event that is n",
 		"1 None None",
+		"0 None None",
+		"files [['image/png', 'text/plain'], ['text/plain'], ['text/plain'], ['text/plain'], ['text/plain']] False True",
 		"7 KernelDied the javascript kernel exited",
 		"(1, {'type': 'error', 'name': 'KernelUnavailable', 'value': 'r needs R', 'traceback': ''})",
 		"results []",

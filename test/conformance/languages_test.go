@@ -135,6 +135,12 @@ var languageCases = []conformanceCase{
 		if res.Error.Value != "boom" {
 			t.Fatalf("error %+v", res.Error)
 		}
+		// A plot is a PNG result.
+		res = in("plot(1:10)", nil)
+		wantStatus(t, res, sandbox.StatusOK, 0)
+		if len(res.Results) != 1 || !strings.HasPrefix(res.Results[0].PNG, "iVBORw0KGgo") {
+			t.Fatalf("a plot: %+v\nstderr: %s", res.Results, res.Stderr)
+		}
 	}},
 	{name: "java_context", run: func(t *testing.T, be *backend) {
 		needTool(t, "jshell", "a JDK: Debian's default-jdk-headless")
