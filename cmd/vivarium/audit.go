@@ -30,8 +30,8 @@ Flags:
 	var q store.Query
 	fs.StringVar(&q.KeyID, "key", "", "only this key `ID`")
 	fs.StringVar(&q.SandboxID, "sandbox", "", "only this sandbox `ID`")
-	fs.StringVar(&q.Status, "status", "", "only this status (ok, error, timeout, memory_limit, killed, setup_failed; for net: allowed, refused, failed)")
-	fs.StringVar(&q.Kind, "kind", "", "only this kind (execute, command, run_once, package, net)")
+	fs.StringVar(&q.Status, "status", "", "only this status (ok, error, timeout, memory_limit, killed, setup_failed; for net: allowed, refused, failed; for port: ok, refused, failed)")
+	fs.StringVar(&q.Kind, "kind", "", "only this kind (execute, command, run_once, package, net, port)")
 	since := fs.Duration("since", 0, "only the last `DURATION` (e.g. 1h)")
 	fs.IntVar(&q.Limit, "limit", 100, "at most `N` records")
 	asJSON := fs.Bool("json", false, "print JSON lines")
@@ -74,9 +74,13 @@ Flags:
 	fmt.Fprintln(tw, "TIME\tKIND\tKEY\tSANDBOX\tCODE/HOST\tSTATUS\tEXIT\tMS\tCPU MS\tPEAK MEM")
 	for _, r := range recs {
 		what := fmt.Sprintf("%.12s", r.CodeSHA256)
-		if r.Kind == "net" {
+		switch r.Kind {
+		case "net":
 			// A connection: where to, and the bytes from it and to it.
 			what = fmt.Sprintf("%s:%d in=%s out=%s", r.Host, r.Port, formatSize(r.BytesIn), formatSize(r.BytesOut))
+		case "port":
+			// A connection to a port of the sandbox, from outside.
+			what = fmt.Sprintf("port %d in=%s out=%s", r.Port, formatSize(r.BytesIn), formatSize(r.BytesOut))
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%.1f\t%.1f\t%s\n", r.Time.Local().Format("2006-01-02 15:04:05.000"),
 			r.Kind, r.KeyID, dash(r.SandboxID), what, r.Status, r.ExitCode, r.DurationMS, r.CPUMS, formatSize(r.PeakMemoryBytes))

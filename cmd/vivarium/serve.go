@@ -72,6 +72,7 @@ type serveConfig struct {
 	net                netServeFlags
 	io                 ioFlags
 	tenants            bool
+	domain             string
 }
 
 func serveFlags(c *serveConfig) *flag.FlagSet {
@@ -137,6 +138,8 @@ Flags:
 	fs.IntVar(&c.pool, "pool", 4, "most fresh sandboxes kept ready per configuration (0: none)")
 	fs.DurationVar(&c.poolIdle, "pool-idle", 10*time.Minute, "a configuration unused this long is no longer kept ready")
 	c.net.register(fs)
+	fs.StringVar(&c.domain, "domain", "",
+		"`DOMAIN` whose subdomains <port>-<sandbox>.DOMAIN serve sandboxes' ports (E2B's getHost; wildcard DNS to this server; add :PORT if not 80 or 443)")
 	return fs
 }
 
@@ -216,6 +219,9 @@ func (c *serveConfig) validate() error {
 		errs = append(errs, err)
 	}
 	if _, err := c.net.config(c.listen, nil); err != nil {
+		errs = append(errs, err)
+	}
+	if err := checkDomain(c.domain); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
@@ -467,6 +473,7 @@ func serve(c *serveConfig, log *slog.Logger) error {
 	}
 	svc := service.New(svcCfg)
 	api := httpapi.New(svc, auth, log)
+	api.SetPortDomain(c.domain)
 	// What most requests ask for: sandboxes with the default limits. With
 	// --tenant-share a key's sandboxes are made in its own group, so its
 	// pools fill on its first request; only the one owner of --dev is
@@ -487,9 +494,10 @@ func serve(c *serveConfig, log *slog.Logger) error {
 		return err
 	}
 	handler, closeMCP := withMCP(api, svc, auth, log)
-	handler = withE2B(handler, svc, auth, log)
+	handler, e2bServer := withE2B(handler, svc, auth, log, c.domain)
 	srv := &http.Server{
-		Handler:           httpapi.RefuseBrowsers(handler, c.allowOrigins),
+		// Sandboxes' own hosts first: each is an origin of its own.
+		Handler:           withPorts(httpapi.RefuseBrowsers(handler, c.allowOrigins), svc, e2bServer, c.domain, log),
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,

@@ -95,6 +95,10 @@ func (c *Core) StartCommand(ctx context.Context, cmd sandbox.Command, base map[s
 	if err := sandbox.ValidateEnv(cmd.Env); err != nil {
 		return nil, err
 	}
+	if cmd.User != "" && cmd.User != sandbox.UserSandbox && cmd.User != sandbox.UserRoot {
+		return nil, fmt.Errorf("%w: user must be %q or %q, got %q", sandbox.ErrInvalidSpec, sandbox.UserSandbox,
+			sandbox.UserRoot, cmd.User)
+	}
 	if c.d.Closed() || isClosed(c.d.Dead()) {
 		return nil, sandbox.ErrClosed
 	}

@@ -7,10 +7,8 @@ import (
 	"io"
 	"math"
 	"net/http"
-	"net/url"
 	"runtime"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/jsonerr"
@@ -51,6 +49,8 @@ func (s *Server) routeControl() {
 	handle("POST /sandboxes/{id}/refreshes", s.refresh)
 	handle("POST /sandboxes/{id}/connect", s.connect)
 	handle("POST /v2/sandboxes/{id}/connect", s.connect)
+	handle("GET /sandboxes/{id}/metrics", s.metrics)
+	handle("GET /sandboxes/metrics", s.latestMetrics)
 	for pattern, what := range map[string]string{
 		"POST /sandboxes/{id}/pause":     "pausing sandboxes",
 		"POST /sandboxes/{id}/resume":    "resuming paused sandboxes (a vivarium sandbox is never paused)",
@@ -58,8 +58,6 @@ func (s *Server) routeControl() {
 		"GET /snapshots":                 "snapshots",
 		"POST /sandboxes/{id}/fork":      "forking sandboxes",
 		"PUT /sandboxes/{id}/network":    "network settings (vivarium sandboxes have no network at all)",
-		"GET /sandboxes/{id}/metrics":    "sandbox metrics over E2B's API (vivarium serve has /metrics)",
-		"GET /sandboxes/metrics":         "sandbox metrics over E2B's API (vivarium serve has /metrics)",
 		"GET /sandboxes/{id}/logs":       "sandbox logs",
 		"GET /v2/sandboxes/{id}/logs":    "sandbox logs",
 	} {
@@ -176,7 +174,7 @@ func (s *Server) created(owner, id string) sandboxCreated {
 	tpl := s.template(id)
 	tok := s.accessToken(owner, id)
 	return sandboxCreated{SandboxID: id, TemplateID: tpl, Alias: tpl, ClientID: clientID, EnvdVersion: envdVersion,
-		EnvdAccessToken: tok, TrafficAccessToken: tok}
+		EnvdAccessToken: tok, TrafficAccessToken: tok, Domain: s.domain()}
 }
 
 func (s *Server) template(id string) string {
@@ -266,109 +264,6 @@ func (s *Server) listed(info service.Info) listedSandbox {
 	}
 }
 
-func (s *Server) list(w http.ResponseWriter, r *http.Request, owner string) {
-	q := r.URL.Query()
-	out := []listedSandbox{}
-	if states := q["state"]; len(states) > 0 && !wantsRunning(states) {
-		writeJSON(w, http.StatusOK, out) // nothing is ever paused
-		return
-	}
-	filter, err := metadataFilter(q.Get("metadata"))
-	if err != nil {
-		writeEnvdError(w, http.StatusBadRequest, err.Error())
-		return
-	}
-	var all []service.Info
-	for _, info := range s.svc.List(owner) {
-		if matches(info.Metadata, filter) {
-			all = append(all, info)
-		}
-	}
-	// Pagination: the token is the index of the next sandbox in the
-	// list, oldest first.
-	start, limit := 0, len(all)
-	if t := q.Get("nextToken"); t != "" {
-		if start, err = strconv.Atoi(t); err != nil || start < 0 {
-			writeEnvdError(w, http.StatusBadRequest, "invalid nextToken")
-			return
-		}
-	}
-	if l := q.Get("limit"); l != "" {
-		if limit, err = strconv.Atoi(l); err != nil || limit < 1 {
-			writeEnvdError(w, http.StatusBadRequest, "limit must be a positive integer")
-			return
-		}
-	}
-	start = min(start, len(all))
-	end := min(start+limit, len(all))
-	for _, info := range all[start:end] {
-		out = append(out, s.listed(info))
-	}
-	if end < len(all) {
-		w.Header().Set("X-Next-Token", strconv.Itoa(end))
-	}
-	writeJSON(w, http.StatusOK, out)
-}
-
-func wantsRunning(states []string) bool {
-	for _, st := range states {
-		for _, one := range splitComma(st) {
-			if one == "running" {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-func splitComma(s string) []string {
-	var out []string
-	start := 0
-	for i := 0; i <= len(s); i++ {
-		if i == len(s) || s[i] == ',' {
-			out = append(out, s[start:i])
-			start = i + 1
-		}
-	}
-	return out
-}
-
-// metadataFilter parses the list's metadata query: "k=v&k2=v2", whose keys
-// and values the SDKs percent-encode once more.
-func metadataFilter(q string) (map[string]string, error) {
-	if q == "" {
-		return nil, nil
-	}
-	vals, err := url.ParseQuery(q)
-	if err != nil {
-		return nil, fmt.Errorf("invalid metadata filter: %v", err)
-	}
-	out := map[string]string{}
-	for k, vs := range vals {
-		key, err1 := url.QueryUnescape(k)
-		if err1 != nil {
-			key = k
-		}
-		for _, v := range vs {
-			val, err2 := url.QueryUnescape(v)
-			if err2 != nil {
-				val = v
-			}
-			out[key] = val
-		}
-	}
-	return out, nil
-}
-
-func matches(md, filter map[string]string) bool {
-	for k, v := range filter {
-		if got, ok := md[k]; !ok || got != v {
-			return false
-		}
-	}
-	return true
-}
-
 func (s *Server) get(w http.ResponseWriter, r *http.Request, owner string) {
 	info, err := s.svc.Info(owner, r.PathValue("id"))
 	if err != nil {
@@ -377,6 +272,7 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request, owner string) {
 	}
 	d := s.listed(info)
 	d.EnvdAccessToken = s.accessToken(owner, info.ID)
+	d.Domain = s.domain()
 	no := false
 	d.AllowInternetAccess = &no
 	d.Lifecycle = &lifecycle{OnTimeout: "kill"}
@@ -471,8 +367,20 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request, owner string) {
 	if !decodeBody(w, r, &req) {
 		return
 	}
+	// Connecting keeps the sandbox alive at least that long; a shorter
+	// timeout than it has leaves it as it is (SetTimeout is the way to
+	// shorten it).
 	id := r.PathValue("id")
-	if err := s.extend(owner, id, req.Timeout); err != nil {
+	var err error
+	switch {
+	case req.Timeout == nil:
+		_, err = s.svc.Info(owner, id)
+	case *req.Timeout <= 0:
+		err = fmt.Errorf("%w: timeout must be positive", sandbox.ErrInvalidSpec)
+	default:
+		_, err = s.svc.ExtendTimeout(owner, id, durationOf(*req.Timeout))
+	}
+	if err != nil {
 		s.notFound(w, r, err)
 		return
 	}

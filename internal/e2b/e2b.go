@@ -63,6 +63,9 @@ type Config struct {
 	Logger   *slog.Logger
 	// Prefix is where the API is mounted ("/e2b").
 	Prefix string
+	// Domain is the preview domain of sandboxes' ports (ports.go), as
+	// the control plane reports it; "": none.
+	Domain string
 }
 
 // Ports of the sandbox services, as the SDKs name them in E2b-Sandbox-Port.

@@ -174,7 +174,8 @@ func TestMetadataFilter(t *testing.T) {
 	if got, err := metadataFilter(""); err != nil || got != nil {
 		t.Fatalf("%v %v", got, err)
 	}
-	if !matches(map[string]string{"a": "1", "b": "2"}, map[string]string{"a": "1"}) || matches(map[string]string{}, map[string]string{"a": "1"}) {
+	lq := listQuery{metadata: map[string]string{"a": "1"}}
+	if !lq.matches(service.Info{Metadata: map[string]string{"a": "1", "b": "2"}}, "base") || lq.matches(service.Info{Metadata: map[string]string{}}, "base") {
 		t.Fatal("matches")
 	}
 }
@@ -337,8 +338,18 @@ func TestEnvd(t *testing.T) {
 	}
 	h = sandboxHeaders(sb, envdPort)
 	h["X-Metadata-Owner"] = "me"
-	if resp, b := c.do("POST", "/e2b/sandbox/files?path=m.txt", strings.NewReader("x"), h); resp.StatusCode != 501 {
+	if resp, b := c.do("POST", "/e2b/sandbox/files?path=m.txt", strings.NewReader("x"), h); resp.StatusCode != 200 ||
+		!strings.Contains(string(b), `"metadata":{"owner":"me"}`) {
 		t.Errorf("file metadata: %d %s", resp.StatusCode, b)
+	}
+	h["X-Metadata-"] = "x" // an empty key
+	if resp, b := c.do("POST", "/e2b/sandbox/files?path=m2.txt", strings.NewReader("x"), h); resp.StatusCode != 400 {
+		t.Errorf("bad metadata key: %d %s", resp.StatusCode, b)
+	}
+	delete(h, "X-Metadata-")
+	h["X-Metadata-Big"] = strings.Repeat("v", sandbox.MaxMetadataValueLen+1)
+	if resp, b := c.do("POST", "/e2b/sandbox/files?path=m2.txt", strings.NewReader("x"), h); resp.StatusCode != 400 {
+		t.Errorf("metadata over its bound: %d %s", resp.StatusCode, b)
 	}
 
 	// The Filesystem service.
@@ -363,7 +374,7 @@ func TestEnvd(t *testing.T) {
 		{"filesystem.Filesystem/ListDir", `{"path":"/home/user","depth":"3"}`, nil, 200, `/home/user/new/dir`},
 		{"filesystem.Filesystem/ListDir", `{"path":"/home/user/raw.bin"}`, nil, 400, `not a directory`},
 		{"filesystem.Filesystem/Remove", `{"path":"/home/user/new"}`, nil, 200, `{}`},
-		{"filesystem.Filesystem/Remove", `{"path":"/home/user/new"}`, nil, 404, `not_found`},
+		{"filesystem.Filesystem/Remove", `{"path":"/home/user/new"}`, nil, 200, `{}`}, // gone already: envd succeeds too
 		{"filesystem.Filesystem/Remove", `{"path":"/home/user"}`, nil, 400, `cannot be removed`},
 		{"process.Process/List", `{}`, nil, 200, `"processes":[]`},
 		{"process.Process/SendSignal", `{"process":{"pid":7},"signal":"SIGNAL_SIGKILL"}`, nil, 404, `not_found`},
@@ -386,7 +397,7 @@ func TestEnvd(t *testing.T) {
 	h["Content-Type"] = "application/octet-stream"
 	c.do("POST", "/e2b/sandbox/files?path=/home/user/watched/new.txt", strings.NewReader("x"), h)
 	status, out = c.rpc(sb, "filesystem.Filesystem/GetWatcherEvents", wid, nil)
-	if b, _ := json.Marshal(out); status != 200 || string(b) != `{"events":[{"name":"watched","type":"EVENT_TYPE_CREATE"},{"name":"watched/new.txt","type":"EVENT_TYPE_CREATE"}]}` {
+	if b, _ := json.Marshal(out); status != 200 || string(b) != `{"events":[{"name":"watched","type":"EVENT_TYPE_CREATE"},{"name":"watched/new.txt","type":"EVENT_TYPE_CREATE"},{"name":"watched/new.txt","type":"EVENT_TYPE_WRITE"}]}` {
 		t.Fatalf("watcher events: %d %s", status, b)
 	}
 	if status, out = c.rpc(sb, "filesystem.Filesystem/GetWatcherEvents", wid, nil); status != 200 || len(out["events"].([]any)) != 0 {

@@ -38,11 +38,12 @@ func (b fakeBackend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.San
 	if err != nil {
 		return nil, err
 	}
-	return &fakeSandbox{ws: ws, env: spec.Env}, nil
+	return &fakeSandbox{ws: ws, dir: dir, env: spec.Env}, nil
 }
 
 type fakeSandbox struct {
 	ws  *workspace.Dir
+	dir string // the workspace on the host
 	env map[string]string
 
 	mu     sync.Mutex

@@ -19,26 +19,32 @@ import (
 // writeInfo is what an upload answers per file (envd's EntryInfo over
 // HTTP).
 type writeInfo struct {
-	Name string `json:"name"`
-	Type string `json:"type"`
-	Path string `json:"path"`
+	Name     string            `json:"name"`
+	Type     string            `json:"type"`
+	Path     string            `json:"path"`
+	Metadata map[string]string `json:"metadata,omitempty"`
 }
 
 // entryInfo is filesystem.EntryInfo in protobuf's JSON mapping.
 type entryInfo struct {
-	Name         string  `json:"name"`
-	Type         string  `json:"type"`
-	Path         string  `json:"path"`
-	Size         pbInt64 `json:"size"`
-	Mode         uint32  `json:"mode"`
-	Permissions  string  `json:"permissions"`
-	Owner        string  `json:"owner"`
-	Group        string  `json:"group"`
-	ModifiedTime pbTime  `json:"modifiedTime"`
+	Name string  `json:"name"`
+	Type string  `json:"type"`
+	Path string  `json:"path"`
+	Size pbInt64 `json:"size"`
+	// Mode is the permission bits alone (envd's); Permissions is the
+	// whole mode as ls shows it ("drwxr-xr-x").
+	Mode          uint32            `json:"mode"`
+	Permissions   string            `json:"permissions"`
+	Owner         string            `json:"owner"`
+	Group         string            `json:"group"`
+	ModifiedTime  pbTime            `json:"modifiedTime"`
+	SymlinkTarget *string           `json:"symlinkTarget,omitempty"`
+	Metadata      map[string]string `json:"metadata,omitempty"`
 }
 
-// sandboxUser owns every file of the workspace: the sandbox's one user.
-const sandboxUser = "sandbox"
+// sandboxUser owns every file of the workspace: the sandbox's one user,
+// by E2B's name for it.
+const sandboxUser = "user"
 
 func entryOf(fi sandbox.FileInfo) entryInfo {
 	mode := fi.Mode.Perm()
@@ -54,8 +60,32 @@ func entryOf(fi sandbox.FileInfo) entryInfo {
 		mode |= fs.ModeIrregular
 	}
 	p := toSandbox(fi.Path)
-	return entryInfo{Name: path.Base(p), Type: typ, Path: p, Size: pbInt64(fi.Size), Mode: uint32(mode),
+	return entryInfo{Name: path.Base(p), Type: typ, Path: p, Size: pbInt64(fi.Size), Mode: uint32(mode.Perm()),
 		Permissions: mode.String(), Owner: sandboxUser, Group: sandboxUser, ModifiedTime: pbTime(fi.ModTime)}
+}
+
+// detailedEntry is entryOf with what takes more than a stat: a link's
+// target (as an absolute path in the sandbox, where the link names a
+// relative one) and the file's metadata, where the backend's workspace
+// keeps them.
+func detailedEntry(ws sandbox.Workspace, fi sandbox.FileInfo) entryInfo {
+	e := entryOf(fi)
+	if fi.Type == "symlink" {
+		if l, ok := ws.(sandbox.WorkspaceLinker); ok {
+			if target, err := l.Readlink(fi.Path); err == nil {
+				if !path.IsAbs(target) {
+					target = path.Join(path.Dir(e.Path), target)
+				}
+				e.SymlinkTarget = &target
+			}
+		}
+	}
+	if m, ok := ws.(sandbox.WorkspaceMetadata); ok && (fi.Type == "file" || fi.Type == "dir") {
+		if md, err := m.FileMetadata(fi.Path); err == nil && len(md) > 0 {
+			e.Metadata = md
+		}
+	}
+	return e
 }
 
 // workspace returns the target sandbox's files, and marks it used until
@@ -126,11 +156,10 @@ func (s *Server) writeFiles(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, err)
 		return
 	}
-	for k := range r.Header {
-		if strings.HasPrefix(strings.ToLower(k), "x-metadata-") {
-			s.fail(w, fmt.Errorf("%w: file metadata (extended attributes)", errUnsupported))
-			return
-		}
+	md, err := sandbox.MetadataFromHeader(r.Header)
+	if err != nil {
+		s.fail(w, err)
+		return
 	}
 	b, err := s.svc.Get(t.owner, t.id)
 	if err != nil {
@@ -144,6 +173,11 @@ func (s *Server) writeFiles(w http.ResponseWriter, r *http.Request) {
 	}
 	defer done()
 	limit := b.Limits().Disk
+	meta, ok := ws.(sandbox.WorkspaceMetadata)
+	if len(md) > 0 && !ok {
+		s.fail(w, fmt.Errorf("%w: file metadata on this backend's files", errUnsupported))
+		return
+	}
 	write := func(name string, body io.Reader) (writeInfo, error) {
 		rel, err := toWorkspace(name)
 		if err != nil {
@@ -155,7 +189,12 @@ func (s *Server) writeFiles(w http.ResponseWriter, r *http.Request) {
 		if err := ws.WriteFile(rel, body, limit); err != nil {
 			return writeInfo{}, err
 		}
-		return writeInfo{Name: path.Base(rel), Type: "file", Path: toSandbox(rel)}, nil
+		if len(md) > 0 {
+			if err := meta.SetFileMetadata(rel, md); err != nil {
+				return writeInfo{}, err
+			}
+		}
+		return writeInfo{Name: path.Base(rel), Type: "file", Path: toSandbox(rel), Metadata: md}, nil
 	}
 
 	var body io.Reader = r.Body
@@ -286,7 +325,7 @@ func (s *Server) stat(r *http.Request, t target, msg []byte) (any, error) {
 	if err != nil {
 		return nil, notFoundPath(rel, err)
 	}
-	return entryResponse{Entry: entryOf(fi)}, nil
+	return entryResponse{Entry: detailedEntry(ws, fi)}, nil
 }
 
 func editor(ws sandbox.Workspace) (sandbox.WorkspaceEditor, error) {
@@ -324,7 +363,7 @@ func (s *Server) makeDir(r *http.Request, t target, msg []byte) (any, error) {
 	if err != nil {
 		return nil, notFoundPath(rel, err)
 	}
-	return entryResponse{Entry: entryOf(fi)}, nil
+	return entryResponse{Entry: detailedEntry(ws, fi)}, nil
 }
 
 type moveRequest struct {
@@ -360,7 +399,7 @@ func (s *Server) move(r *http.Request, t target, msg []byte) (any, error) {
 	if err != nil {
 		return nil, notFoundPath(dst, err)
 	}
-	return entryResponse{Entry: entryOf(fi)}, nil
+	return entryResponse{Entry: detailedEntry(ws, fi)}, nil
 }
 
 type listDirRequest struct {
@@ -395,7 +434,7 @@ func (s *Server) listDir(r *http.Request, t target, msg []byte) (any, error) {
 	}
 	out := listDirResponse{Entries: make([]entryInfo, 0, len(infos))}
 	for _, fi := range infos {
-		out.Entries = append(out.Entries, entryOf(fi))
+		out.Entries = append(out.Entries, detailedEntry(ws, fi))
 	}
 	return out, nil
 }
@@ -413,7 +452,8 @@ func (s *Server) remove(r *http.Request, t target, msg []byte) (any, error) {
 	if rel == "." {
 		return nil, fmt.Errorf("%w: the home directory itself cannot be removed", sandbox.ErrBadPath)
 	}
-	if err := ws.Remove(rel); err != nil {
+	// Removing what is not there succeeds, as envd's Remove does.
+	if err := ws.Remove(rel); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, notFoundPath(rel, err)
 	}
 	return struct{}{}, nil

@@ -14,6 +14,7 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/jsonerr"
 	"github.com/vivarium-sandbox/vivarium/internal/runner"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/service"
 )
 
 // The code interpreter's API (port 49999 of an E2B code-interpreter
@@ -130,6 +131,15 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 		Timeout: s.svc.MaxExecTimeout()}, out)
 	close(done)
 	stop()
+	if s.killedDuring(t) {
+		// E2B's SDKs learn that a sandbox was killed (deleted, or at the
+		// end of its life) mid-request from the connection dropping: they
+		// then ask whether it still runs and raise their TimeoutError
+		// ("the sandbox was killed"). An execution's own limit (its
+		// timeout, memory) leaves the sandbox alive and ends the stream
+		// as usual.
+		panic(http.ErrAbortHandler)
+	}
 	if err != nil {
 		_, msg := httpStatus(s.log, err)
 		out.line(map[string]any{"type": "error", "name": "SandboxError", "value": msg, "traceback": ""})
@@ -143,6 +153,12 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 		out.line(map[string]any{"type": "error", "name": e.Name, "value": e.Value, "traceback": e.Traceback})
 	}
 	out.line(map[string]any{"type": "number_of_executions", "execution_count": res.ExecutionCount})
+}
+
+// killedDuring reports whether the request's sandbox is gone.
+func (s *Server) killedDuring(t target) bool {
+	_, err := s.svc.Get(t.owner, t.id)
+	return errors.Is(err, service.ErrNotFound)
 }
 
 // A kernel queues the cells sent to it, where Vivarium answers busy: the
@@ -252,8 +268,10 @@ func resultLine(o sandbox.Output) map[string]any {
 			m[k] = v
 		}
 	}
-	if len(o.JSON) > 0 {
-		m["json"] = o.JSON
+	for k, v := range map[string]json.RawMessage{"json": o.JSON, "chart": o.Chart, "data": o.Data} {
+		if len(v) > 0 {
+			m[k] = v
+		}
 	}
 	return m
 }

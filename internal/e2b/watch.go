@@ -75,8 +75,9 @@ func scan(ws sandbox.Workspace, rel string, recursive bool) (snapshot, error) {
 	return snap, nil
 }
 
-// diff lists what changed from old to cur, as E2B's event types: created,
-// written (size or time changed), permissions changed, removed.
+// diff lists what changed from old to cur, as E2B's event types: created
+// (and written, for a file with content), written (size or time changed),
+// permissions changed, removed.
 func diff(old, cur snapshot, rel string, withEntry bool) []fsEvent {
 	name := func(p string) string {
 		if rel == "." {
@@ -104,6 +105,11 @@ func diff(old, cur snapshot, rel string, withEntry bool) []fsEvent {
 		switch {
 		case !ok || before.Type != now.Type:
 			add(p, "EVENT_TYPE_CREATE", &now)
+			if now.Type == "file" && now.Size > 0 {
+				// A file made with content: created, then written,
+				// as inotify tells it in an E2B sandbox.
+				add(p, "EVENT_TYPE_WRITE", &now)
+			}
 		case now.Type != "dir" && (before.Size != now.Size || !before.ModTime.Equal(now.ModTime)):
 			add(p, "EVENT_TYPE_WRITE", &now)
 		case before.Mode != now.Mode:

@@ -40,6 +40,8 @@ type Server struct {
 	auth Authenticator // nil: dev mode, everyone is DevOwner
 	log  *slog.Logger
 	mux  *http.ServeMux
+	// A sandbox's ports (ports.go).
+	ports portRoutes
 }
 
 // maxBody bounds JSON request bodies (code, env, inline files).
@@ -54,6 +56,7 @@ func New(svc *service.Service, auth Authenticator, log *slog.Logger) *Server {
 	for _, r := range Routes {
 		s.mux.Handle(r.Method+" "+r.Pattern, s.wrap(r, s.handler(r.Name)))
 	}
+	s.routePorts()
 	return s
 }
 
@@ -95,6 +98,7 @@ var Routes = []Route{
 	{"GET", "/v1/sandboxes/{id}", "get", "Describe a sandbox", false},
 	{"DELETE", "/v1/sandboxes/{id}", "delete", "Close a sandbox", false},
 	{"POST", "/v1/sandboxes/{id}/timeout", "timeout", "Set a sandbox's idle timeout from now", false},
+	{"GET", "/v1/sandboxes/{id}/metrics", "usage", "A sandbox's CPU, memory and disk over time (sampled every 5 s)", false},
 	{"POST", "/v1/sandboxes/{id}/execute", "execute", "Run Python code, keeping state", false},
 	{"POST", "/v1/sandboxes/{id}/interrupt", "interrupt", "Raise KeyboardInterrupt in the running execution", false},
 	{"POST", "/v1/sandboxes/{id}/restart", "restart", "Restart the Python process; files are kept", false},
@@ -113,6 +117,7 @@ var Routes = []Route{
 	{"GET", "/v1/sandboxes/{id}/processes/{pid}/output", "processOutput", "Follow a process's output from now until it ends (NDJSON)", false},
 	{"POST", "/v1/sandboxes/{id}/processes/{pid}/stdin", "processStdin", "Write the raw body to a process's stdin; ?close=1 closes it after", false},
 	{"POST", "/v1/sandboxes/{id}/processes/{pid}/signal", "signalProcess", "Send SIGTERM or SIGKILL to a process's group", false},
+	{"POST", "/v1/sandboxes/{id}/ports/{port}", "portToken", "A token and URLs that open one port of the sandbox (a server its code started) from outside", false},
 	{"POST", "/v1/execute", "runOnce", "Run code in a fresh sandbox destroyed afterwards", false},
 }
 
@@ -197,6 +202,10 @@ func (s *Server) handler(name string) http.HandlerFunc {
 		return s.deleteFile
 	case "runOnce":
 		return s.runOnce
+	case "portToken":
+		return s.portToken
+	case "usage":
+		return s.usage
 	case "listContexts", "createContext", "deleteContext", "restartContext":
 		return s.contextHandler(name)
 	case "listProcesses", "startProcess", "processOutput", "processStdin", "signalProcess":
@@ -255,8 +264,9 @@ type (
 		Entries []fileEntry `json:"entries"`
 	}
 	fileWritten struct {
-		Path string `json:"path"`
-		Size int64  `json:"size"`
+		Path     string            `json:"path"`
+		Size     int64             `json:"size"`
+		Metadata map[string]string `json:"metadata,omitempty" doc:"the file's metadata, from the request's X-Metadata-KEY headers"`
 	}
 )
 
@@ -282,6 +292,7 @@ type createRequest struct {
 	Metadata     map[string]string `json:"metadata" doc:"free-form labels"`
 	Backend      string            `json:"backend" doc:"isolation backend, one the server offers (native, gvisor, docker, wasm); default: the server's"`
 	Network      netpolicy.Request `json:"network" doc:"network access through the sandbox's proxy, within the server's allowlist; default: none"`
+	Home         string            `json:"home" doc:"the sandbox user's home, where code starts: /workspace (default; the user is \"sandbox\") or /home/user (E2B's layout; the user is \"user\"), the same directory"`
 }
 
 func (s *Server) create(w http.ResponseWriter, r *http.Request) {
@@ -292,7 +303,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	info, err := s.svc.Create(r.Context(), service.CreateRequest{
 		Owner: owner(r), Idle: seconds(req.TimeoutS), MaxLifetime: seconds(req.MaxLifetimeS),
 		Limits: req.Limits.limits(), Env: req.Env, Metadata: req.Metadata, Backend: req.Backend,
-		Network: req.Network,
+		Network: req.Network, Home: req.Home,
 	})
 	if err != nil {
 		s.fail(w, err)
@@ -346,6 +357,7 @@ type commandRequest struct {
 	Env      map[string]string `json:"env"`
 	TimeoutS float64           `json:"timeout_s" doc:"wall-clock limit, seconds"`
 	Stream   bool              `json:"stream" doc:"stream NDJSON events"`
+	User     string            `json:"user" doc:"who runs it: user (default) or root, uid 0 of the sandbox's own user namespace, with no capability (native backend)"`
 }
 
 func (s *Server) command(w http.ResponseWriter, r *http.Request) {
@@ -353,7 +365,7 @@ func (s *Server) command(w http.ResponseWriter, r *http.Request) {
 	if !decode(w, r, &req) {
 		return
 	}
-	c := service.CommandRequest{Cmd: req.Cmd, Cwd: req.Cwd, Env: req.Env, Timeout: seconds(req.TimeoutS)}
+	c := service.CommandRequest{Cmd: req.Cmd, Cwd: req.Cwd, Env: req.Env, Timeout: seconds(req.TimeoutS), User: req.User}
 	if wantsStream(r, req.Stream) {
 		st := s.newStream(w)
 		res, err := s.svc.Command(r.Context(), owner(r), r.PathValue("id"), c, st)
@@ -452,16 +464,27 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) {
 	}
 	defer done()
 	name := r.PathValue("path")
+	md, err := s.fileMetadata(ws, r.Header)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
 	if err := ws.WriteFile(name, r.Body, b.Limits().Disk); err != nil {
 		s.fail(w, err)
 		return
+	}
+	if len(md) > 0 {
+		if err := ws.(sandbox.WorkspaceMetadata).SetFileMetadata(name, md); err != nil {
+			s.fail(w, err)
+			return
+		}
 	}
 	fi, err := ws.Stat(name)
 	if err != nil {
 		s.fail(w, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, fileWritten{Path: fi.Path, Size: fi.Size})
+	writeJSON(w, http.StatusCreated, fileWritten{Path: fi.Path, Size: fi.Size, Metadata: md})
 }
 
 func (s *Server) getFile(w http.ResponseWriter, r *http.Request) {
@@ -479,6 +502,7 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request) {
 	defer f.Close()
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Content-Length", strconv.FormatInt(fi.Size, 10))
+	setMetadataHeaders(w.Header(), ws, r.PathValue("path"))
 	// The file may grow while it is sent: never more than its size then.
 	io.Copy(w, io.LimitReader(f, fi.Size))
 }

@@ -535,3 +535,21 @@ func conforms(schema any, v any, at string) error {
 	}
 	return nil
 }
+
+// A sandbox in E2B's layout, and a command as its root.
+func TestHomeAndRootCommands(t *testing.T) {
+	srv, _ := newServer(t)
+	c := client{t, srv.URL, "alice-key"}
+	id := c.json("POST", "/v1/sandboxes", map[string]any{"home": "/home/user"}, 201)["id"].(string)
+	res := c.json("POST", "/v1/sandboxes/"+id+"/commands", map[string]any{"cmd": "pwd; whoami"}, 200)
+	if res["stdout"] != "/home/user\nuser\n" {
+		t.Fatalf("as the user: %v", res)
+	}
+	res = c.json("POST", "/v1/sandboxes/"+id+"/commands", map[string]any{"cmd": "whoami; echo x > /etc/app.conf && cat /etc/app.conf",
+		"user": "root"}, 200)
+	if res["stdout"] != "root\nx\n" {
+		t.Fatalf("as root: %v", res)
+	}
+	c.json("POST", "/v1/sandboxes/"+id+"/commands", map[string]any{"cmd": "true", "user": "admin"}, 400)
+	c.json("POST", "/v1/sandboxes", map[string]any{"home": "/etc"}, 400)
+}

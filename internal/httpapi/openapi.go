@@ -33,6 +33,7 @@ var operations = map[string]operation{
 	"get":            {status: 200, response: service.Info{}},
 	"delete":         {status: 204},
 	"timeout":        {request: timeoutRequest{}, status: 200, response: service.Info{}},
+	"usage":          {status: 200, response: usageList{}},
 	"execute":        {request: executeRequest{}, status: 200, response: service.ExecResult{}, stream: true},
 	"interrupt":      {status: 200, response: okResponse{}},
 	"restart":        {status: 200, response: restartResponse{}},
@@ -53,6 +54,7 @@ var operations = map[string]operation{
 	"processOutput":  {status: 200, stream: true},
 	"processStdin":   {status: 200, response: okResponse{}},
 	"signalProcess":  {request: signalRequest{}, status: 200, response: okResponse{}},
+	"portToken":      {status: 200, response: portAccess{}},
 }
 
 // streamEvent documents the NDJSON events of a streamed execution.

@@ -31,6 +31,7 @@ type (
 		TimeoutS float64           `json:"timeout_s" doc:"ends the process after this many seconds (default: no limit but the sandbox's life)"`
 		Stdin    bool              `json:"stdin" doc:"keep stdin open for .../stdin (default: closed)"`
 		Tag      string            `json:"tag" doc:"a name of the caller's choosing"`
+		User     string            `json:"user" doc:"who runs it: user (default) or root, uid 0 of the sandbox's own user namespace, with no capability (native backend)"`
 	}
 	signalRequest struct {
 		Signal string `json:"signal" doc:"SIGTERM or SIGKILL"`
@@ -85,7 +86,7 @@ func (s *Server) processHandler(name string) http.HandlerFunc {
 			}
 			p, sub, err := s.svc.StartProcess(r.Context(), o, id, service.ProcessRequest{
 				Argv: []string{"/bin/sh", "-c", req.Cmd}, Env: req.Env, Cwd: req.Cwd, Timeout: seconds(req.TimeoutS),
-				Stdin: req.Stdin, Tag: req.Tag})
+				Stdin: req.Stdin, Tag: req.Tag, User: req.User})
 			if err != nil {
 				s.fail(w, err)
 				return

@@ -116,6 +116,7 @@ The sandbox closes after idle_timeout_s seconds without use, when this conversat
 		Annotations: &sdk.ToolAnnotations{Title: "Write a file", OpenWorldHint: ptr(false), DestructiveHint: ptr(true), IdempotentHint: true},
 	}, s.writeFile)
 	s.addLanguageTools()
+	s.addPortTools()
 }
 
 // seconds converts a timeout the model gave, saturating: one too large

@@ -82,6 +82,13 @@ type Event struct {
 	ExitCode *int `json:"exit_code,omitempty"`
 }
 
+// The MIME types runner.py gives E2B's result fields under: a figure's
+// chart and a DataFrame's data.
+const (
+	ChartMIME = "application/vnd.vivarium.chart+json"
+	DataMIME  = "application/vnd.vivarium.data+json"
+)
+
 // Errors a FrameReader reports for a broken stream.
 var (
 	ErrFrameTooLarge = errors.New("runner: frame over the size limit")
@@ -186,9 +193,12 @@ func Output(ev Event) (sandbox.Output, int) {
 	out.JPEG = str("image/jpeg")
 	out.LaTeX = str("text/latex")
 	out.JavaScript = str("application/javascript")
-	if raw, ok := ev.Data["application/json"]; ok && json.Valid(raw) {
-		out.JSON = raw
-		size += len(raw)
+	for mime, field := range map[string]*json.RawMessage{"application/json": &out.JSON,
+		ChartMIME: &out.Chart, DataMIME: &out.Data} {
+		if raw, ok := ev.Data[mime]; ok && json.Valid(raw) {
+			*field = raw
+			size += len(raw)
+		}
 	}
 	return out, size
 }

@@ -5,8 +5,12 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
 
 func frame(body string) []byte {
@@ -139,5 +143,35 @@ func TestNextSkipping(t *testing.T) {
 	}
 	if ev, err := fr.NextSkipping(skip); err != nil || ev.Type != "done" {
 		t.Fatalf("%+v %v", ev, err)
+	}
+}
+
+func TestOutputChartAndData(t *testing.T) {
+	fr := NewFrameReader(bytes.NewReader(frame(`{"type":"result","data":{"text/plain":"<Figure>",
+		"`+ChartMIME+`":{"type":"bar","elements":[]},"`+DataMIME+`":{"a":[1,null]}}}`)), 1<<20)
+	ev, err := fr.Next()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, size := Output(ev)
+	if string(out.Chart) != `{"type":"bar","elements":[]}` || string(out.Data) != `{"a":[1,null]}` {
+		t.Fatalf("chart = %s, data = %s", out.Chart, out.Data)
+	}
+	if want := len("<Figure>") + len(out.Chart) + len(out.Data); size != want {
+		t.Fatalf("size = %d, want %d", size, want)
+	}
+}
+
+// TestRunnerPython runs runner_test.py: runner.py's cell syntax (indented
+// cells, shell escapes, magics) and rich results (charts, DataFrame data,
+// PIL images) in the host's Python, without a sandbox.
+func TestRunnerPython(t *testing.T) {
+	py := testutil.RequirePython(t)
+	cmd := exec.Command(py, "-X", "dev", "runner_test.py", "-v")
+	cmd.Env = append(os.Environ(), "MPLCONFIGDIR="+t.TempDir())
+	out, err := cmd.CombinedOutput()
+	t.Logf("%s", out)
+	if err != nil {
+		t.Fatalf("runner_test.py: %v", err)
 	}
 }

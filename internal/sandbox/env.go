@@ -6,13 +6,22 @@ import (
 	"sort"
 )
 
+// ShimDir holds programs by the names code expects and a Debian host
+// may not have: python (python3 under the name most code and E2B's own
+// examples use). It is last in PATH: a host's own python comes first.
+// Backends that build a root put it there (see native.RootSkeleton).
+const ShimDir = "/opt/vivarium/shims"
+
+// Shims are ShimDir's links, by name: what each points at.
+var Shims = map[string]string{"python": "/usr/bin/python3"}
+
 // Environ is the environment of a sandbox's processes: a fixed base, then
 // the user's variables. Nothing comes from the host's environment. Every
 // backend starts its processes with it.
 func Environ(user map[string]string) []string {
 	threads := fmt.Sprint(min(runtime.NumCPU(), 4))
 	env := map[string]string{
-		"PATH":    "/usr/local/bin:/usr/bin:/bin",
+		"PATH":    "/usr/local/bin:/usr/bin:/bin:" + ShimDir,
 		"HOME":    "/workspace",
 		"USER":    "sandbox",
 		"LOGNAME": "sandbox",

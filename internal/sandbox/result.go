@@ -38,15 +38,21 @@ type Result struct {
 // Output is one rich result: the value of the last expression, a display()
 // call or a figure. Binary formats are base64.
 type Output struct {
-	Text         string          `json:"text,omitempty"`
-	HTML         string          `json:"html,omitempty"`
-	PNG          string          `json:"png,omitempty"`
-	JPEG         string          `json:"jpeg,omitempty"`
-	SVG          string          `json:"svg,omitempty"`
-	Markdown     string          `json:"markdown,omitempty"`
-	LaTeX        string          `json:"latex,omitempty"`
-	JSON         json.RawMessage `json:"json,omitempty"`
-	JavaScript   string          `json:"javascript,omitempty"`
+	Text       string          `json:"text,omitempty"`
+	HTML       string          `json:"html,omitempty"`
+	PNG        string          `json:"png,omitempty"`
+	JPEG       string          `json:"jpeg,omitempty"`
+	SVG        string          `json:"svg,omitempty"`
+	Markdown   string          `json:"markdown,omitempty"`
+	LaTeX      string          `json:"latex,omitempty"`
+	JSON       json.RawMessage `json:"json,omitempty"`
+	JavaScript string          `json:"javascript,omitempty"`
+	// Chart describes a matplotlib figure as data (its type, title, axes
+	// and elements), in the shape of E2B's result.chart.
+	Chart json.RawMessage `json:"chart,omitempty"`
+	// Data is a DataFrame's columns, each a list of its values, as E2B's
+	// result.data.
+	Data         json.RawMessage `json:"data,omitempty"`
 	IsMainResult bool            `json:"is_main_result"`
 }
 

@@ -130,9 +130,20 @@ type Command struct {
 	Argv []string
 	// Env is added to the sandbox's environment.
 	Env map[string]string
-	// Dir is the working directory; default /workspace.
+	// Dir is the working directory; default the sandbox user's home.
 	Dir string
+	// User is who runs it: "" or UserSandbox, the sandbox user, or
+	// UserRoot, uid 0 of the sandbox's own user namespace, which owns the
+	// sandbox's system directories and has no capability: never the
+	// host's root, never more of the kernel than the sandbox user.
+	User string
 }
+
+// Who a command runs as (Command.User).
+const (
+	UserSandbox = "user"
+	UserRoot    = "root"
+)
 
 // Process is a command running in a sandbox. Its output must be read (or
 // its pipes closed) for it to make progress.
@@ -186,6 +197,16 @@ type Workspace interface {
 	Stat(name string) (FileInfo, error)
 	// Remove deletes a file, a link or a directory tree.
 	Remove(name string) error
+}
+
+// FileSystem is a Sandbox whose whole file system can be reached from the
+// host, not only its workspace. Root gives it as user (UserSandbox or
+// UserRoot) writes it, owning what it creates; names are relative to the
+// sandbox's "/". The Workspace's confinement holds: no link is followed and
+// no mount crossed, so only the sandbox's own disk is reached (/tmp, /etc,
+// /root, /workspace ...), never /proc, /dev, /usr or another mount.
+type FileSystem interface {
+	Root(user string) (Workspace, error)
 }
 
 // WorkspaceEditor is a Workspace that also makes directories and moves

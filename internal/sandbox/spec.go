@@ -154,6 +154,47 @@ type Spec struct {
 	// Part of a pool's key, so that a pooled sandbox is made in its
 	// tenant's group from the start.
 	Tenant string `json:",omitempty"`
+	// Home is the sandbox user's home and the directory its code starts
+	// in: HomeWorkspace (the default, "" too), or HomeUser, the layout of
+	// E2B's sandboxes, where the user is named "user". Both paths show the
+	// one workspace. Part of a pool's key.
+	Home string `json:",omitempty"`
+}
+
+// The homes a sandbox user may have (Spec.Home).
+const (
+	HomeWorkspace = "/workspace"
+	HomeUser      = "/home/user"
+)
+
+// HomeDir is the spec's home, the default filled in.
+func (s Spec) HomeDir() string {
+	if s.Home == "" {
+		return HomeWorkspace
+	}
+	return s.Home
+}
+
+// UserEnv is who's environment: HOME, USER and LOGNAME of the sandbox user
+// ("" or UserSandbox) or of its root (UserRoot), with the spec's Env over
+// them.
+func (s Spec) UserEnv(who string) map[string]string {
+	env := map[string]string{"HOME": s.HomeDir(), "USER": s.UserName(), "LOGNAME": s.UserName()}
+	if who == UserRoot {
+		env = map[string]string{"HOME": "/root", "USER": "root", "LOGNAME": "root"}
+	}
+	for k, v := range s.Env {
+		env[k] = v
+	}
+	return env
+}
+
+// UserName is the name of the sandbox user, which depends on its home.
+func (s Spec) UserName() string {
+	if s.HomeDir() == HomeUser {
+		return "user"
+	}
+	return "sandbox"
 }
 
 // ValidTenant checks a tenant's name: 1 to 64 letters, digits, '_' and
@@ -188,6 +229,9 @@ func (s Spec) Validate() error {
 		if err := ValidTenant(s.Tenant); err != nil {
 			return err
 		}
+	}
+	if s.Home != "" && s.Home != HomeWorkspace && s.Home != HomeUser {
+		return fmt.Errorf("%w: home must be %s or %s, got %q", ErrInvalidSpec, HomeWorkspace, HomeUser, s.Home)
 	}
 	if s.Python != "" && !strings.HasPrefix(s.Python, "/") {
 		return fmt.Errorf("%w: python must be an absolute path, got %q", ErrInvalidSpec, s.Python)

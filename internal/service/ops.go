@@ -183,6 +183,8 @@ type CommandRequest struct {
 	Cwd     string
 	Env     map[string]string
 	Timeout time.Duration
+	// User runs it: "" or sandbox.UserSandbox, or sandbox.UserRoot.
+	User string
 }
 
 // CommandResult is how a command ended and what it printed.
@@ -221,7 +223,7 @@ func (s *Service) Command(ctx context.Context, owner, id string, req CommandRequ
 	if timeout == 0 {
 		timeout = b.limits.Timeout
 	}
-	cmd := sandbox.Command{Argv: []string{"/bin/sh", "-c", req.Cmd}, Env: req.Env, Dir: cwd}
+	cmd := sandbox.Command{Argv: []string{"/bin/sh", "-c", req.Cmd}, Env: req.Env, Dir: cwd, User: req.User}
 	if err := checkArgv(cmd.Argv); err != nil {
 		return nil, err
 	}
@@ -336,6 +338,26 @@ func (s *Service) Workspace(owner, id string) (sandbox.Workspace, func(), error)
 		return nil, nil, err
 	}
 	return b.sb.Workspace(), s.use(b), nil
+}
+
+// FileSystem returns an owner's sandbox's whole file system as user writes
+// it (sandbox.FileSystem), marking the sandbox used. A backend that cannot
+// reach more than the workspace answers ErrUnsupported.
+func (s *Service) FileSystem(owner, id, user string) (sandbox.Workspace, func(), error) {
+	b, err := s.Get(owner, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	fs, ok := b.sb.(sandbox.FileSystem)
+	if !ok {
+		return nil, nil, fmt.Errorf("%w: this sandbox's files outside its workspace cannot be reached (its backend keeps "+
+			"them apart)", sandbox.ErrUnsupported)
+	}
+	root, err := fs.Root(user)
+	if err != nil {
+		return nil, nil, err
+	}
+	return root, s.use(b), nil
 }
 
 // Limits returns a sandbox's limits.

@@ -24,6 +24,8 @@ var ErrNoProcess = errors.New("no such process")
 type ProcessRequest struct {
 	Argv []string
 	Env  map[string]string
+	// User runs it: "" or sandbox.UserSandbox, or sandbox.UserRoot.
+	User string
 	// Cwd is the working directory inside the sandbox; empty: the
 	// workspace.
 	Cwd string
@@ -138,7 +140,7 @@ func (s *Service) StartProcess(ctx context.Context, owner, id string, req Proces
 		return nil, nil, err
 	}
 	done := s.use(b)
-	cmd := sandbox.Command{Argv: req.Argv, Env: req.Env, Dir: req.Cwd}
+	cmd := sandbox.Command{Argv: req.Argv, Env: req.Env, Dir: req.Cwd, User: req.User}
 	sp, err := b.sb.Start(ctx, cmd)
 	if err != nil {
 		err = startError(err, cmd)

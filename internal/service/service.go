@@ -75,6 +75,9 @@ type Config struct {
 	Logger *slog.Logger
 	// Now is the clock; tests replace it.
 	Now func() time.Time
+	// UsageInterval is how often every sandbox's use is sampled (see
+	// Usage); zero: every 5 s.
+	UsageInterval time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -87,6 +90,7 @@ func (c *Config) setDefaults() {
 	def(&c.MaxIdle, 24*time.Hour)
 	def(&c.DefaultLifetime, time.Hour)
 	def(&c.MaxLifetime, 24*time.Hour)
+	def(&c.UsageInterval, defaultUsageInterval)
 	if c.MaxPerOwner <= 0 {
 		c.MaxPerOwner = 50
 	}
@@ -134,6 +138,8 @@ type Service struct {
 	closing sync.WaitGroup // one-shot sandboxes being torn down
 
 	pkgService *netproxy.InProcess // the package index, to sandboxes' proxies
+	ports      ports               // port tokens and connections (ports.go)
+	usage      usageLogs           // samples of every sandbox's use (usage.go)
 }
 
 // New starts a service; Close ends it and every sandbox.
@@ -143,8 +149,9 @@ func New(cfg Config) *Service {
 		stop: make(chan struct{}), metrics: newMetrics()}
 	s.idle = sync.NewCond(&s.mu)
 	s.startNetwork()
-	s.wg.Add(1)
+	s.wg.Add(2)
 	go s.reap()
+	go s.sampleUsage()
 	return s
 }
 
@@ -211,6 +218,9 @@ type CreateRequest struct {
 	// Network asks for network access, within the server's policy;
 	// empty: none.
 	Network netpolicy.Request
+	// Home is the sandbox user's home and where code starts
+	// (sandbox.Spec.Home): "" or /workspace, or /home/user.
+	Home string
 }
 
 // Box is a managed sandbox.
@@ -359,7 +369,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 
 	start := time.Now()
 	sb, err := s.makeSandbox(ctx, req.Owner, id, sandbox.Spec{Limits: limits, Env: req.Env, Backend: req.Backend,
-		Tenant: s.tenantOf(req.Owner)}, policy)
+		Tenant: s.tenantOf(req.Owner), Home: req.Home}, policy)
 	if err != nil {
 		s.mu.Lock()
 		delete(s.boxes, id)
@@ -542,9 +552,11 @@ func (s *Service) remove(b *Box, why string) {
 	}
 	delete(s.boxes, b.id)
 	s.mu.Unlock()
+	s.usage.closing(b.id) // no sample is taken from here on
 	if err := b.sb.Close(); err != nil {
 		s.cfg.Logger.Warn("sandbox clean-up", "id", b.id, "err", err)
 	}
+	s.closePorts(b.id)
 	s.cfg.Logger.Info("sandbox closed", "id", b.id, "why", why)
 }
 

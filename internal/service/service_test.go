@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
@@ -106,5 +107,28 @@ func TestIOLimitBounds(t *testing.T) {
 	}
 	if l, err := none.bound(sandbox.Limits{IOReadBPS: 1 << 30}); err != nil || l.IOReadBPS != 1<<30 {
 		t.Errorf("a client's own limit on a server without one: %+v %v", l, err)
+	}
+}
+
+// Connecting with a shorter timeout never shortens a sandbox's life; a
+// longer one extends it.
+func TestExtendTimeoutNeverShortens(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	svc := New(Config{Backend: newFakeBackend(), Now: func() time.Time { return now }})
+	defer svc.Close()
+	info, err := svc.Create(context.Background(), CreateRequest{Owner: "o", Idle: 10 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := svc.ExtendTimeout("o", info.ID, time.Minute)
+	if err != nil || !got.ExpiresAt.Equal(info.ExpiresAt) || got.IdleTimeoutS != 600 {
+		t.Fatalf("shorter: expires %v (was %v), idle %vs, %v", got.ExpiresAt, info.ExpiresAt, got.IdleTimeoutS, err)
+	}
+	got, err = svc.ExtendTimeout("o", info.ID, 20*time.Minute)
+	if err != nil || !got.ExpiresAt.Equal(now.Add(20*time.Minute)) || got.IdleTimeoutS != 1200 {
+		t.Fatalf("longer: expires %v, idle %vs, %v", got.ExpiresAt, got.IdleTimeoutS, err)
+	}
+	if _, err := svc.ExtendTimeout("other", info.ID, time.Hour); err != ErrNotFound {
+		t.Fatalf("another owner: %v", err)
 	}
 }

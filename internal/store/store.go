@@ -12,7 +12,6 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"database/sql"
-	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -165,9 +164,17 @@ type Key struct {
 	MaxExecutions int `json:"max_executions"`
 }
 
-// TokenPrefix starts every API key, so that leaked keys are easy to find
-// with secret scanners.
-const TokenPrefix = "viv_"
+// TokenPrefix starts every new API key: E2B's format ("e2b_" and 40 hex
+// digits, 160 random bits), which E2B's SDKs check before they send a key,
+// so that a Vivarium key works with them unchanged; secret scanners find
+// leaked ones as they find E2B's.
+const TokenPrefix = "e2b_"
+
+// legacyTokenPrefix starts the keys servers made before: they keep working.
+const legacyTokenPrefix = "viv_"
+
+// tokenBytes is the random part of a new key: 20 bytes, 40 hex digits.
+const tokenBytes = 20
 
 // CreateKey makes a new key and returns its token, shown once.
 func (s *Store) CreateKey(ctx context.Context, name string, maxSandboxes, maxExecutions int) (string, Key, error) {
@@ -177,9 +184,9 @@ func (s *Store) CreateKey(ctx context.Context, name string, maxSandboxes, maxExe
 	if maxSandboxes < 0 || maxExecutions < 0 {
 		return "", Key{}, errors.New("quotas cannot be negative")
 	}
-	secret := make([]byte, 32)
+	secret := make([]byte, tokenBytes)
 	rand.Read(secret)
-	token := TokenPrefix + base64.RawURLEncoding.EncodeToString(secret)
+	token := TokenPrefix + hex.EncodeToString(secret)
 	id := make([]byte, 6)
 	rand.Read(id)
 	k := Key{ID: "key_" + hex.EncodeToString(id), Name: name, CreatedAt: time.Now().UTC().Truncate(time.Second),
@@ -193,8 +200,9 @@ func (s *Store) CreateKey(ctx context.Context, name string, maxSandboxes, maxExe
 	return token, k, nil
 }
 
-// hashToken is the stored form of a token. Tokens carry 256 random bits,
-// so a fast hash is enough: there is nothing to brute-force.
+// hashToken is the stored form of a token. Tokens carry 160 random bits
+// (256 for legacy ones), so a fast hash is enough: there is nothing to
+// brute-force.
 func hashToken(token string) string {
 	h := sha256.Sum256([]byte(token))
 	return hex.EncodeToString(h[:])
@@ -202,7 +210,7 @@ func hashToken(token string) string {
 
 // Lookup returns the live key a token belongs to.
 func (s *Store) Lookup(ctx context.Context, token string) (Key, error) {
-	if !strings.HasPrefix(token, TokenPrefix) || len(token) > 200 {
+	if !(strings.HasPrefix(token, TokenPrefix) || strings.HasPrefix(token, legacyTokenPrefix)) || len(token) > 200 {
 		return Key{}, ErrInvalidKey
 	}
 	want := hashToken(token)

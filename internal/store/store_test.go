@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -28,14 +29,14 @@ func TestKeysAreHashedAndRevocable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.HasPrefix(token, TokenPrefix) || len(token) < 40 {
-		t.Fatalf("token %q", token)
+	if !regexp.MustCompile(`^e2b_[0-9a-f]{40}$`).MatchString(token) {
+		t.Fatalf("token %q: not E2B's format, which its SDKs check", token)
 	}
 	got, err := s.Lookup(ctx, token)
 	if err != nil || got.ID != k.ID || got.MaxSandboxes != 3 || got.MaxExecutions != 1 {
 		t.Fatalf("lookup: %+v %v", got, err)
 	}
-	for _, bad := range []string{"", "viv_", token + "x", token[:len(token)-1], "Bearer " + token, strings.ToUpper(token)} {
+	for _, bad := range []string{"", "viv_", "e2b_", token + "x", token[:len(token)-1], "Bearer " + token, strings.ToUpper(token)} {
 		if _, err := s.Lookup(ctx, bad); err != ErrInvalidKey {
 			t.Errorf("lookup %q: %v", bad, err)
 		}
@@ -143,5 +144,22 @@ func TestAuditQuery(t *testing.T) {
 	got, _ := s.Audit(ctx, Query{})
 	if got[0].Kind != "command" || got[2].CodeSHA256 != CodeHash("x = 1") || got[2].DurationMS != 1.5 || !got[2].Time.Equal(t0) {
 		t.Fatalf("records %+v", got)
+	}
+}
+
+// A key made by an older server (viv_ and base64) keeps working.
+func TestLegacyKeysStillWork(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, t.TempDir())
+	legacy := "viv_" + strings.Repeat("A", 43)
+	if _, err := s.db.ExecContext(ctx, `INSERT INTO keys (id, name, hash, created_at) VALUES ('key_old', 'old', ?, 0)`,
+		hashToken(legacy)); err != nil {
+		t.Fatal(err)
+	}
+	if k, err := s.Lookup(ctx, legacy); err != nil || k.ID != "key_old" {
+		t.Fatalf("legacy key: %+v %v", k, err)
+	}
+	if _, err := s.Lookup(ctx, "e2b_"+legacy[4:]); err != ErrInvalidKey {
+		t.Fatalf("the legacy secret under the new prefix: %v", err)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"testing"
 	"time"
@@ -66,6 +67,7 @@ type backend struct {
 
 // differencesOf are the declared differences of each backend.
 var differencesOf = map[string]map[string]difference{
+	"gvisor": gvisorDifferences,
 	"wasm":   wasmDifferences,
 	"docker": dockerDifferences,
 }
@@ -110,6 +112,9 @@ func TestDifferencesNameCases(t *testing.T) {
 		names[c.name] = true
 	}
 	for b, diffs := range differencesOf {
+		if !slices.Contains(testbackends.Names, b) {
+			t.Errorf("differences of %q: no such backend", b)
+		}
 		var keys []string
 		for k := range diffs {
 			keys = append(keys, k)

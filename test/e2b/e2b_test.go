@@ -21,6 +21,9 @@ import (
 const (
 	cgroupParent = "vivarium-e2b-test"
 	uidBase      = native.DefaultUIDBase + 14<<24
+	// previewDomain is the server's --domain: sandboxes' ports are
+	// served at <port>-<id>.vivarium.test.
+	previewDomain = "vivarium.test"
 )
 
 // requireNode skips without node and npm, and installs the pinned packages
@@ -49,7 +52,7 @@ func TestE2BSDKs(t *testing.T) {
 	requireNode(t)
 	bin := testserver.Build(t)
 	srv := testserver.Start(t, bin, testserver.Options{CgroupParent: cgroupParent, UIDBase: uidBase,
-		Keys: []string{"e2b-sdk", "e2b-other"}})
+		Keys: []string{"e2b-sdk", "e2b-other"}, Args: []string{"--domain", previewDomain}})
 
 	// Every *.test.mjs here (node_modules excluded): one file per surface.
 	cmd := exec.Command("node", "--test", "--test-reporter=tap")
@@ -58,6 +61,9 @@ func TestE2BSDKs(t *testing.T) {
 		"E2B_SANDBOX_URL="+srv.URL+"/e2b/sandbox",
 		"E2B_API_KEY="+srv.Keys[0],
 		"VIVARIUM_OTHER_KEY="+srv.Keys[1],
+		// ports.test.mjs: the preview hosts <port>-<id>.vivarium.test,
+		// sent to the server as a wildcard DNS record would.
+		"VIVARIUM_URL="+srv.URL, "VIVARIUM_DOMAIN="+previewDomain,
 		// Nothing of a developer's own E2B setup may leak in.
 		"E2B_DOMAIN=", "E2B_DEBUG=", "E2B_ACCESS_TOKEN=")
 	out, err := cmd.CombinedOutput()

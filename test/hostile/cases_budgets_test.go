@@ -406,7 +406,7 @@ func setCorePattern(t *testing.T, pattern string) {
 
 var corePatternMu sync.Mutex
 
-func isNative(h *harness) bool { return strings.HasPrefix(h.be.name, "native") }
+func isNative(h *harness) bool { return strings.HasPrefix(h.be.Name, "native") }
 
 // wantHeld: on the native backend, the case stopped at the sandbox's own
 // limit (at most max) for the reason the kernel gives there.

@@ -355,7 +355,7 @@ print("processes", [p for p in os.listdir("/proc") if p.isdigit() and int(p) not
 		prepare: func(t *testing.T, h *harness, j *job) {
 			// A persistent sandbox, alive during this case's run, holding
 			// files, sockets, a shared memory segment and a process.
-			sb, err := h.be.b.Create(context.Background(), sandbox.Spec{Limits: baseLimits})
+			sb, err := h.be.B.Create(context.Background(), sandbox.Spec{Limits: baseLimits})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -30,12 +30,14 @@ for p in ("/etc/shadow", "/etc/gshadow", "/root/.bashrc", "/root/.ssh/id_rsa", "
 			j.vars["SECRET_PATH"] = h.canaries.SecretPath
 		},
 		check: func(t *testing.T, h *harness, o *outcome) {
+			// The sandbox's /root is its own root's home (0700, empty:
+			// the native TestHomeUser looks inside as root), not the host's.
 			wantOK(t, o, lines(
-				"secret ENOENT", "secret via /proc/self/root ENOENT", "glob [] []",
-				"/etc/shadow ENOENT", "/etc/gshadow ENOENT", "/root/.bashrc ENOENT",
-				"/root/.ssh/id_rsa ENOENT", "/root/.ssh/authorized_keys ENOENT",
-				"/etc/ssh/ssh_host_rsa_key ENOENT", "/root/.aws/credentials ENOENT",
-				"/root/.docker/config.json ENOENT", "/root/.kube/config ENOENT",
+				"secret EACCES", "secret via /proc/self/root EACCES", "glob [] []",
+				"/etc/shadow ENOENT", "/etc/gshadow ENOENT", "/root/.bashrc EACCES",
+				"/root/.ssh/id_rsa EACCES", "/root/.ssh/authorized_keys EACCES",
+				"/etc/ssh/ssh_host_rsa_key ENOENT", "/root/.aws/credentials EACCES",
+				"/root/.docker/config.json EACCES", "/root/.kube/config EACCES",
 				"/var/run/secrets/kubernetes.io/serviceaccount/token ENOENT"))
 		},
 	},
@@ -78,7 +80,8 @@ print(pwd.getpwuid(os.getuid()).pw_name)
 		name: "host_directories_not_visible",
 		code: withProbes(`
 top = set(os.listdir("/"))
-print("host dirs", sorted(top & {"boot", "sys", "srv", "mnt", "media", "run", "snap", "data", "lost+found"}))
+print("host dirs", sorted(top & {"boot", "sys", "srv", "mnt", "media", "snap", "data", "lost+found"}))
+print("run", sorted(os.listdir("/run")) if "run" in top else None)
 print("root is", os.path.realpath("/root"))
 print("var", sorted(os.listdir("/var")))
 # /home is the sandbox's own: one user, whose home is the workspace.
@@ -87,7 +90,8 @@ for p in ("/sys/fs/cgroup", "/sys/kernel", "/run/user", "/var/lib", "/var/log", 
     attempt(p, os.listdir, p)
 `),
 		check: func(t *testing.T, h *harness, o *outcome) {
-			wantOK(t, o, lines("host dirs []", "root is /workspace", "var ['tmp']", "home ['user'] /workspace",
+			// /run holds the sandbox's own /dev/shm; /root is its root's.
+			wantOK(t, o, lines("host dirs []", "run ['shm']", "root is /root", "var ['tmp']", "home ['user'] /home/user",
 				"/sys/fs/cgroup ENOENT", "/sys/kernel ENOENT", "/run/user ENOENT",
 				"/var/lib ENOENT", "/var/log ENOENT", "/boot ENOENT"))
 		},
@@ -172,13 +176,14 @@ attempt("symlink in /", os.symlink, "/workspace", "/evil")
 attempt("write /var/evil", write, "/var/evil")
 `),
 		check: func(t *testing.T, h *harness, o *outcome) {
-			// Opening for writing with O_TRUNC meets the read-only mount
-			// before the file's permissions.
-			wantOK(t, o, lines("append /etc/passwd EROFS", "create /etc/cron.d/evil ENOENT",
+			// The sandbox's root is writable by its own root alone: its
+			// user meets the permissions; /usr and the runner are
+			// read-only mounts for everyone.
+			wantOK(t, o, lines("append /etc/passwd EACCES", "create /etc/cron.d/evil ENOENT",
 				"create /usr/bin/evil EROFS", "create /usr/lib/python3/dist-packages/evil.pth EROFS",
-				"overwrite the runner EROFS", "overwrite python EROFS", "mkdir /evil EROFS",
-				"unlink /etc/hosts EROFS", "rename /etc/passwd EROFS", "symlink in / EROFS",
-				"write /var/evil EROFS"))
+				"overwrite the runner EROFS", "overwrite python EROFS", "mkdir /evil EACCES",
+				"unlink /etc/hosts EACCES", "rename /etc/passwd EACCES", "symlink in / EACCES",
+				"write /var/evil EACCES"))
 			for _, p := range []string{"/usr/bin/evil", "/usr/lib/python3/dist-packages/evil.pth", "/evil", "/var/evil"} {
 				hostFileAbsent(t, p)
 			}
@@ -198,8 +203,9 @@ attempt("chmod workspace root", os.chmod, "/", 0o777)
 			// os.py is watched by the canaries; /usr/bin/su here. /usr is
 			// a read-only overlay: no write gets as far as a permission
 			// check.
-			wantOK(t, o, lines("chmod su EROFS", "chown passwd EROFS", "utime python EROFS",
-				"truncate os.py EROFS", "setxattr EROFS", "chmod workspace root EROFS"))
+			// /etc and / are the sandbox root's: EPERM for its user.
+			wantOK(t, o, lines("chmod su EROFS", "chown passwd EPERM", "utime python EROFS",
+				"truncate os.py EROFS", "setxattr EROFS", "chmod workspace root EPERM"))
 			if fi, err := os.Stat("/usr/bin/su"); err == nil && fi.Mode().Perm() == 0o777 {
 				t.Errorf("/usr/bin/su changed mode on the host: %v", fi.Mode())
 			}
@@ -219,10 +225,69 @@ attempt("read through /proc/1/root symlink", lambda: open("/workspace/shadow").r
 			j.vars["SECRET_PATH"] = h.canaries.SecretPath
 		},
 		check: func(t *testing.T, h *harness, o *outcome) {
-			wantOK(t, o, lines("hard link python EXDEV", "hard link passwd into tmp EXDEV",
-				"read through symlink ENOENT", "read through /proc/1/root symlink EACCES"))
+			// /etc and /tmp are one file system now: the kernel's
+			// protected_hardlinks refuses a link to root's file; the
+			// secret's path is in the sandbox root's own /root.
+			wantOK(t, o, lines("hard link python EXDEV", "hard link passwd into tmp EPERM",
+				"read through symlink EACCES", "read through /proc/1/root symlink EACCES"))
 		},
 	},
+}
+
+// readOnlyRootDifferences are the outcomes of the root's cases on a
+// backend whose root is read-only, with /root and /home/user links to the
+// workspace (docker, gvisor, wasm): writes meet the read-only mount
+// before any permission, and the host's /root is simply absent.
+var readOnlyRootDifferences = map[string]difference{
+	"read_host_secret_file": {why: "the root is read-only and /root a link to the workspace: the host's files are absent",
+		check: func(t *testing.T, h *harness, o *outcome) {
+			wantOK(t, o, lines(
+				"secret ENOENT", "secret via /proc/self/root ENOENT", "glob [] []",
+				"/etc/shadow ENOENT", "/etc/gshadow ENOENT", "/root/.bashrc ENOENT",
+				"/root/.ssh/id_rsa ENOENT", "/root/.ssh/authorized_keys ENOENT",
+				"/etc/ssh/ssh_host_rsa_key ENOENT", "/root/.aws/credentials ENOENT",
+				"/root/.docker/config.json ENOENT", "/root/.kube/config ENOENT",
+				"/var/run/secrets/kubernetes.io/serviceaccount/token ENOENT"))
+		}},
+	"proc_self_root_escape": {why: "/root is a link to the workspace: the host's .bashrc is absent",
+		check: func(t *testing.T, h *harness, o *outcome) {
+			wantOK(t, o, lines("same root True", "same listing True", "/proc/self/cwd/../../etc/shadow ENOENT",
+				"/proc/self/root/root/.bashrc ENOENT", "openat .. from / ok", "dotdot of / is / True"))
+		}},
+	"write_read_only_root": {why: "the root is read-only: writes meet the mount before the file's permissions",
+		check: func(t *testing.T, h *harness, o *outcome) {
+			wantOK(t, o, lines("append /etc/passwd EROFS", "create /etc/cron.d/evil ENOENT",
+				"create /usr/bin/evil EROFS", "create /usr/lib/python3/dist-packages/evil.pth EROFS",
+				"overwrite the runner EROFS", "overwrite python EROFS", "mkdir /evil EROFS",
+				"unlink /etc/hosts EROFS", "rename /etc/passwd EROFS", "symlink in / EROFS",
+				"write /var/evil EROFS"))
+			for _, p := range []string{"/usr/bin/evil", "/usr/lib/python3/dist-packages/evil.pth", "/evil", "/var/evil"} {
+				hostFileAbsent(t, p)
+			}
+		}},
+	"change_host_file_metadata": {why: "the root is read-only: no change gets as far as a permission check",
+		check: func(t *testing.T, h *harness, o *outcome) {
+			wantOK(t, o, lines("chmod su EROFS", "chown passwd EROFS", "utime python EROFS",
+				"truncate os.py EROFS", "setxattr EROFS", "chmod workspace root EROFS"))
+		}},
+	"link_to_host_files": {why: "/tmp is a mount of its own, and /root a link to the workspace",
+		check: func(t *testing.T, h *harness, o *outcome) {
+			wantOK(t, o, lines("hard link python EXDEV", "hard link passwd into tmp EXDEV",
+				"read through symlink ENOENT", "read through /proc/1/root symlink EACCES"))
+		}},
+}
+
+// withReadOnlyRoot adds readOnlyRootDifferences to a backend's own
+// differences, which win.
+func withReadOnlyRoot(own map[string]difference) map[string]difference {
+	out := map[string]difference{}
+	for k, v := range readOnlyRootDifferences {
+		out[k] = v
+	}
+	for k, v := range own {
+		out[k] = v
+	}
+	return out
 }
 
 // /proc: the sandbox's own, with the host's knobs masked or read-only.
@@ -262,8 +327,9 @@ attempt("openat .. from /", lambda: os.listdir(os.open("..", os.O_RDONLY, dir_fd
 print("dotdot of / is /", os.stat("/..").st_ino == b.st_ino)
 `),
 		check: func(t *testing.T, h *harness, o *outcome) {
+			// /root is the sandbox root's own (0700).
 			wantOK(t, o, lines("same root True", "same listing True", "/proc/self/cwd/../../etc/shadow ENOENT",
-				"/proc/self/root/root/.bashrc ENOENT", "openat .. from / ok", "dotdot of / is / True"))
+				"/proc/self/root/root/.bashrc EACCES", "openat .. from / ok", "dotdot of / is / True"))
 		},
 	},
 	{

@@ -248,12 +248,12 @@ print("survived")
 			// A host process of a uid a sandbox user of this backend maps
 			// to (every sandbox is a user of its own; this is the first
 			// range's): only the PID namespace keeps the sandbox from it.
-			if h.be.sandboxUID < 0 {
+			if h.be.SandboxUID < 0 {
 				t.Skip("the backend's sandbox user has no host uid")
 			}
 			victim := exec.Command("sleep", "60")
 			victim.SysProcAttr = &syscall.SysProcAttr{
-				Credential: &syscall.Credential{Uid: uint32(h.be.sandboxUID), Gid: uint32(h.be.sandboxUID)},
+				Credential: &syscall.Credential{Uid: uint32(h.be.SandboxUID), Gid: uint32(h.be.SandboxUID)},
 				Setsid:     true,
 			}
 			if err := victim.Start(); err != nil {

@@ -47,7 +47,7 @@ while time.monotonic() - start < 2:
 print(n, time.monotonic() - start)
 `,
 		prepare: func(t *testing.T, h *harness, j *job) {
-			switch h.be.name {
+			switch h.be.Name {
 			case "wasm":
 				t.Skip("no host disk: a wasm sandbox's files are the interpreter's own, in memory")
 			case "docker":

@@ -122,7 +122,7 @@ time.sleep(3)
 				t.Fatalf("OFD lock on /usr/bin/env: %v", err)
 			}
 			// A neighbour sandbox holds them on its own files.
-			neighbour, err := h.be.b.Create(context.Background(), sandbox.Spec{Limits: baseLimits})
+			neighbour, err := h.be.B.Create(context.Background(), sandbox.Spec{Limits: baseLimits})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -194,7 +194,7 @@ else:
         print("flock EWOULDBLOCK")
 `,
 		prepare: func(t *testing.T, h *harness, j *job) {
-			neighbour, err := h.be.b.Create(context.Background(), sandbox.Spec{Limits: baseLimits})
+			neighbour, err := h.be.B.Create(context.Background(), sandbox.Spec{Limits: baseLimits})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -212,7 +212,7 @@ except OSError as e:
 			}
 		},
 		check: func(t *testing.T, h *harness, o *outcome) {
-			if h.be.name == "native-zygote" {
+			if h.be.Name == "native-zygote" {
 				// Landlock: nothing outside the sandbox's root opens.
 				wantOK(t, o, lines("open EACCES"))
 				return
@@ -344,7 +344,7 @@ func hostFileActivity(t *testing.T) *atomic.Int64 {
 // sandbox sees, ten times a second, until the test ends; it counts the
 // rounds.
 func neighbourFileActivity(t *testing.T, h *harness) *atomic.Int64 {
-	neighbour, err := h.be.b.Create(context.Background(), sandbox.Spec{Limits: baseLimits})
+	neighbour, err := h.be.B.Create(context.Background(), sandbox.Spec{Limits: baseLimits})
 	if err != nil {
 		t.Fatal(err)
 	}

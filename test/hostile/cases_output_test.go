@@ -91,6 +91,32 @@ print("\udcff lone surrogate", flush=True)
 		},
 	},
 	{
+		// A DataFrame's data (E2B's result.data) is bounded with the
+		// result: too big, it is left out and the rest still comes.
+		name: "huge_frame_data",
+		code: `
+import json
+class DataFrame:
+    size = 1
+    def to_json(self, **kw):
+        return json.dumps({"columns": ["a"], "data": [["x" * (20 << 20)]]})
+    def _repr_html_(self):
+        return "<table></table>"
+    def __repr__(self):
+        return "frame"
+DataFrame.__module__ = "pandas.core.frame"
+display(DataFrame())
+print("after")
+`,
+		check: func(t *testing.T, h *harness, o *outcome) {
+			wantOK(t, o, lines("after"))
+			if len(o.Results) != 1 || o.Results[0].Data != nil || o.Results[0].Text != "frame" ||
+				o.Results[0].HTML != "<table></table>" {
+				t.Fatalf("results %.300v", o.Results)
+			}
+		},
+	},
+	{
 		name: "huge_result",
 		code: `
 class Giant:

@@ -21,7 +21,7 @@ import (
 // other suites' (see testbackends.DockerUIDs). Every sandbox is a host
 // user of its own, id SandboxUID of one of its ranges.
 var (
-	dockerUIDBase, dockerUIDEnd = testbackends.DockerUIDs(uidBase)
+	dockerUIDBase, dockerUIDEnd = testbackends.DockerUIDs(suite.UIDBase)
 	dockerUIDRanges             = int(dockerUIDEnd-dockerUIDBase) / hostuid.RangeSize
 )
 
@@ -43,7 +43,7 @@ func dockerUID(text string) int {
 // Vivarium's filter, and there is no user namespace: the sandbox user is
 // a host uid of the sandbox's own, not 1000. The attack still fails in
 // every case.
-var dockerDifferences = map[string]difference{
+var dockerDifferences = withReadOnlyRoot(map[string]difference{
 	"take_all_inotify_watches": {why: "no user namespace of its own: a container's watches are limited by the host's " +
 		"per-user limit (fs.inotify.max_user_watches) for its own host user, and each watch pins an inode of the " +
 		"container's /usr overlay, charged to its memory cgroup, whose limit ends the walk first",
@@ -130,7 +130,7 @@ var dockerDifferences = map[string]difference{
 		}},
 	"host_directories_not_visible": {why: "Docker always mounts something at /sys: the sandbox's is an empty " +
 		"read-only tmpfs, with an empty one at /sys/fs/cgroup that keeps Docker's cgroup mounts out",
-		check: want("host dirs ['sys']", "root is /workspace", "var ['tmp']", "home ['user'] /workspace",
+		check: want("host dirs ['sys']", "run None", "root is /workspace", "var ['tmp']", "home ['user'] /workspace",
 			"/sys/fs/cgroup ok", "/sys/kernel ENOENT", "/run/user ENOENT", "/var/lib ENOENT", "/var/log ENOENT",
 			"/boot ENOENT")},
 	"proc_reveals_host": {why: "runc lets a mount cover only the files of /proc that LXCFS emulates (meminfo, stat, " +
@@ -150,7 +150,7 @@ var dockerDifferences = map[string]difference{
 				"cgroups []", "MemTotal ['131072']", "file-nr []")
 			wantOK(t, o, lines(want...))
 		}},
-}
+})
 
 // dockerDev: why /dev differs.
 const dockerDev = "/dev is Docker's (read-only: Vivarium cannot choose its devices through Docker's API)"

@@ -16,7 +16,7 @@ import (
 // manager are gVisor's own, files reach the host only through its gofer,
 // and errno values sometimes differ from Linux's. The attack still fails in
 // every case; what differs is how it is refused.
-var gvisorDifferences = map[string]difference{
+var gvisorDifferences = withReadOnlyRoot(map[string]difference{
 	"park_descriptors_in_flight": {why: "the Sentry keeps a sandbox's sockets and the descriptors queued on them in " +
 		"its own memory, charged to the sandbox: the memory limit may come before the descriptor limit; the host's " +
 		"budgets are never touched", check: heldOrMemoryLimit("in_flight")},
@@ -98,7 +98,7 @@ var gvisorDifferences = map[string]difference{
 		check: want("setns net EPERM", "no file for mnt", "setns pid EPERM", "setns user EPERM", "no file for uts",
 			"no file for ipc", "no file for cgroup", "open init's mnt ns ENOENT", "nsenter failed")},
 	"host_directories_not_visible": {why: "gVisor always mounts a /sys: the sandbox's is an empty read-only tmpfs",
-		check: want("host dirs ['sys']", "root is /workspace", "var ['tmp']", "home ['user'] /workspace",
+		check: want("host dirs ['sys']", "run None", "root is /workspace", "var ['tmp']", "home ['user'] /workspace",
 			"/sys/fs/cgroup ENOENT", "/sys/kernel ENOENT", "/run/user ENOENT", "/var/lib ENOENT", "/var/log ENOENT",
 			"/boot ENOENT")},
 	"host_devices": {why: "gVisor's /dev is its own: ptmx, pts, tty, fuse and net/tun are the Sentry's devices " +
@@ -202,7 +202,7 @@ var gvisorDifferences = map[string]difference{
 		}},
 	"thread_bomb": {why: "gVisor's RLIMIT_NPROC counts the threads the code starts, not those it had",
 		edit: func(code string) string { return strings.Replace(code, "n < 32", "n <= 32", 1) }},
-}
+})
 
 // Why cases differ under gVisor.
 const (

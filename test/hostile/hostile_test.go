@@ -7,13 +7,16 @@
 // the host is unchanged afterwards: canaries untouched, no process, cgroup
 // or mount left behind.
 //
-// The case table knows nothing of the backend that runs it: backends lists
-// the backends under test (native, and wasm when its interpreter is built)
-// with the host uid their sandbox user maps to and a function that finds
-// what their sandboxes left on the host, and every case runs once against
-// each of them. A backend that legitimately differs from the native
-// outcome of a case declares how, and why, in its table of differences
-// (wasm_test.go): the case then asserts that backend's own safe outcome.
+// The case table knows nothing of the backend that runs it: the backends
+// under test are those every suite opens (testbackends.Open: native,
+// gvisor, wasm, docker where they run, and native under a network
+// allowlist), each with the host uid its sandbox user maps to and a
+// function that finds what its sandboxes left on the host, and every case
+// runs once against each of them. A backend that legitimately differs from
+// the native outcome of a case declares how, and why, in its table of
+// differences (differencesOf: gvisor_test.go, wasm_test.go, docker_test.go,
+// cases_egress_test.go): the case then asserts that backend's own safe
+// outcome.
 package hostile
 
 import (
@@ -21,18 +24,15 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/vivarium-sandbox/vivarium/internal/backend/docker"
-	"github.com/vivarium-sandbox/vivarium/internal/backend/gvisor"
 	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
-	"github.com/vivarium-sandbox/vivarium/internal/backend/wasm"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/testutil"
+	"github.com/vivarium-sandbox/vivarium/internal/testutil/testbackends"
 )
 
 // The test binary is re-executed as every native sandbox's init.
@@ -63,35 +63,31 @@ func flagSet(name string) bool {
 	return set
 }
 
-// This package's cgroup parent and uid range, apart from other packages
-// that test sandboxes at the same time, so that leftover checks see only
-// what these cases left.
-const (
-	cgroupParent = "vivarium-hostile-test"
-	uidBase      = native.DefaultUIDBase + 2<<24
-)
+// The suite's backends (testbackends.Open), with cgroups, uids and state
+// directories of its own, so that leftover checks see only what these
+// cases left. VIVARIUM_HOSTILE_BACKENDS selects them, comma separated; by
+// default native, native-allowlist (the native backend with every case run
+// under a network allowlist: cases_egress_test.go), and gvisor, wasm and
+// docker where they can run; the zygote run tests native-zygote alone.
+var suite = testbackends.Suite{Name: "hostile", UIDBase: native.DefaultUIDBase + 2<<24, Env: "VIVARIUM_HOSTILE_BACKENDS",
+	Docker: true, Allowlist: true}
 
 // Host ports the canaries listen on; a sandbox must reach none of them.
 var canaryPorts = []int{5759, 6380, 9229}
 
-// backendUnderTest is one backend and what the suite needs to know about
-// it to check the host.
+// backendUnderTest is one backend and the cases where it differs.
 type backendUnderTest struct {
-	name string
-	b    sandbox.Backend
-	// sandboxUID is a host uid a sandbox user maps to (the first of the
-	// backend's pool of host users), or -1.
-	sandboxUID int
-	// leftovers, called once every case has run, closes the backend and
-	// lists what its sandboxes left on the host: processes, cgroups,
-	// containers ...
-	leftovers func() []string
-	// differences, by case name, are where this backend's safe outcome
-	// is not the native one.
+	testbackends.Backend
 	differences map[string]difference
-	// allowlist: every case runs with a network allowlist set (the
-	// egress world's), its proxy in the sandbox.
-	allowlist bool
+}
+
+// differencesOf are the declared differences of each backend, by name:
+// where its safe outcome is not the native one.
+var differencesOf = map[string]map[string]difference{
+	"native-allowlist": allowlistDifferences,
+	"wasm":             wasmDifferences,
+	"gvisor":           gvisorDifferences,
+	"docker":           dockerDifferences,
 }
 
 // difference is how a case goes on a backend that differs: why, and what
@@ -107,168 +103,6 @@ type difference struct {
 	// check replaces the case's check; nil with code, edit or prepare
 	// set keeps it.
 	check func(t *testing.T, h *harness, o *outcome)
-}
-
-// backendsEnv selects the backends the table runs against, comma
-// separated; default "native", and "gvisor", "docker" and "wasm" too
-// where they can run (once: not again in the zygote run). "native-zygote" is the native
-// backend with runners forked from a zygote; "native-allowlist" the native
-// backend with every case run under a network allowlist (cases_egress_test.go).
-const backendsEnv = "VIVARIUM_HOSTILE_BACKENDS"
-
-// backends returns the backends the table runs against.
-func backends(t *testing.T) []backendUnderTest {
-	t.Helper()
-	names := os.Getenv(backendsEnv)
-	if names == "" {
-		names = "native"
-		if testutil.ZygoteMode() {
-			names = "native-zygote"
-		} else if _, err := wasm.Locate(); err == nil {
-			names += ",wasm"
-		} else {
-			t.Logf("not testing the wasm backend: %v", err)
-		}
-		if !testutil.ZygoteMode() {
-			// Every case again, with a network allowlist set: the
-			// sandbox's proxy must open nothing the cases attack.
-			names += ",native-allowlist"
-			if err := gvisor.Check(); err == nil {
-				names += ",gvisor"
-			} else {
-				t.Logf("not testing the gvisor backend: %v", err)
-			}
-			// Against a daemon of the test's own, where one can start.
-			if _, err := exec.LookPath("dockerd"); err == nil && os.Geteuid() == 0 {
-				names += ",docker"
-			} else {
-				t.Logf("not testing the docker backend: needs root and dockerd (apt install docker.io)")
-			}
-		}
-	}
-	var out []backendUnderTest
-	for _, name := range strings.Split(names, ",") {
-		switch name {
-		case "native", "native-zygote", "native-allowlist":
-			zygote := name == "native-zygote"
-			b, err := native.New(native.Config{CgroupParent: cgroupParent, UIDBase: uidBase, UIDRanges: testutil.UIDRanges, Zygote: zygote})
-			if err != nil {
-				t.Fatalf("%s backend: %v", name, err)
-			}
-			// What an earlier, killed run left is not this run's leak.
-			testutil.RemoveStaleCgroups(cgroupParent)
-			t.Cleanup(func() { b.Close() })
-			out = append(out, backendUnderTest{
-				name:       name,
-				b:          b,
-				sandboxUID: uidBase + native.SandboxUID,
-				leftovers: func() []string {
-					b.Close() // the zygote, if any, is the backend's, not a sandbox's
-					left := testutil.ProcessesOwnedBy(uidBase, uidBase+testutil.UIDSpan)
-					return append(left, testutil.CgroupsUnder(cgroupParent)...)
-				},
-				allowlist: name == "native-allowlist",
-			})
-			if name == "native-allowlist" {
-				out[len(out)-1].differences = allowlistDifferences
-			}
-		case "wasm":
-			b, err := wasm.New(wasm.Config{})
-			if err != nil {
-				t.Fatalf("%s backend: %v", name, err)
-			}
-			if err := b.Warm(context.Background()); err != nil {
-				t.Fatalf("%s backend: %v", name, err)
-			}
-			t.Cleanup(func() { b.Close() })
-			out = append(out, backendUnderTest{
-				name:       name,
-				b:          b,
-				sandboxUID: -1,
-				// In-process: a sandbox is memory of this process, and
-				// nothing of it exists outside.
-				leftovers:   func() []string { b.Close(); return nil },
-				differences: wasmDifferences,
-			})
-		case "gvisor":
-			const parent = "vivarium-hostile-gvisor"
-			b, err := gvisor.New(gvisor.Config{CgroupParent: parent, StateDir: "/run/vivarium/hostile-gvisor"})
-			if err != nil {
-				t.Fatalf("%s backend: %v", name, err)
-			}
-			if _, err := b.Sweep(); err != nil {
-				t.Fatalf("%s backend: sweep: %v", name, err)
-			}
-			out = append(out, backendUnderTest{
-				name:       name,
-				b:          b,
-				sandboxUID: -1, // gVisor's users are its own, not the host's
-				leftovers: func() []string {
-					if err := b.Close(); err != nil {
-						t.Errorf("close the gvisor backend: %v", err)
-					}
-					left := testutil.CgroupsUnder(parent)
-					if entries, _ := os.ReadDir("/run/vivarium/hostile-gvisor/sandboxes"); len(entries) > 0 {
-						left = append(left, fmt.Sprintf("%d sandbox directories", len(entries)))
-					}
-					if roots, _ := filepath.Glob("/run/vivarium/hostile-gvisor/root-*"); len(roots) > 0 {
-						left = append(left, fmt.Sprintf("root skeletons %v", roots))
-					}
-					return left
-				},
-				differences: gvisorDifferences,
-			})
-		case "docker":
-			d := testutil.RequireDockerd(t)
-			// Apart from the same suite run at once by another process.
-			name := "vivarium-hostile-docker-" + strings.TrimPrefix(filepath.Base(d.Dir), "vd-")
-			dir := "/run/vivarium/" + strings.TrimPrefix(name, "vivarium-")
-			b, err := docker.New(docker.Config{Host: d.Host, Name: name, StateDir: dir, UIDBase: dockerUIDBase,
-				UIDRanges: dockerUIDRanges})
-			if err != nil {
-				t.Fatalf("%s backend: %v", name, err)
-			}
-			out = append(out, backendUnderTest{
-				name: "docker",
-				b:    b,
-				// A host user of its own per sandbox, of the pool
-				// (see dockerDifferences).
-				sandboxUID: -1,
-				leftovers: func() []string {
-					var left []string
-					if err := b.Close(); err != nil {
-						left = append(left, "closing the docker backend: "+err.Error())
-					}
-					if ids, err := docker.Containers(d.Host, name); err != nil || len(ids) > 0 {
-						left = append(left, fmt.Sprintf("containers %v (%v)", ids, err))
-					}
-					left = append(left, testutil.CgroupsUnder(name)...)
-					if parents, _ := filepath.Glob("/sys/fs/cgroup/*/" + name); len(parents) > 0 {
-						left = append(left, fmt.Sprintf("cgroup parents %v", parents))
-					}
-					if entries, _ := os.ReadDir(filepath.Join(dir, "sandboxes")); len(entries) > 0 {
-						left = append(left, fmt.Sprintf("%d sandbox directories", len(entries)))
-					}
-					if roots, _ := filepath.Glob(filepath.Join(dir, "root-*")); len(roots) > 0 {
-						left = append(left, fmt.Sprintf("root skeletons %v", roots))
-					}
-					if views, _ := filepath.Glob(filepath.Join(dir, "views", "*")); len(views) > 0 {
-						left = append(left, fmt.Sprintf("container views %v", views))
-					}
-					left = append(left, testutil.ProcessesOwnedBy(int(dockerUIDBase), int(dockerUIDEnd))...)
-					os.RemoveAll(dir)
-					if err := testutil.StopDockerd(); err != nil {
-						left = append(left, "stopping the test dockerd: "+err.Error())
-					}
-					return left
-				},
-				differences: dockerDifferences,
-			})
-		default:
-			t.Fatalf("%s=%q: unknown backend %q", backendsEnv, names, name)
-		}
-	}
-	return out
 }
 
 // Limits every case gets unless it says otherwise: small, so that bombs
@@ -343,8 +177,9 @@ func TestHostile(t *testing.T) {
 	host := snapshotHost()
 	mounts := testutil.Mounts()
 	cases := allCases()
-	for _, be := range backends(t) {
-		t.Run(be.name, func(t *testing.T) {
+	for _, tb := range testbackends.Open(t, suite) {
+		be := backendUnderTest{Backend: tb, differences: differencesOf[tb.Name]}
+		t.Run(be.Name, func(t *testing.T) {
 			h := &harness{be: be, canaries: canaries, egress: egress}
 			start := time.Now()
 			// The group returns once every parallel case has finished.
@@ -357,7 +192,7 @@ func TestHostile(t *testing.T) {
 				}
 			})
 			t.Logf("%d cases in %v", len(cases), time.Since(start).Round(time.Millisecond))
-			if left := be.leftovers(); len(left) > 0 {
+			if left := be.Leftovers(); len(left) > 0 {
 				t.Errorf("left behind on the host: %v", left)
 			}
 		})
@@ -392,12 +227,17 @@ func TestCaseTable(t *testing.T) {
 		}
 		seen[c.name] = true
 	}
-	for name, d := range wasmDifferences {
-		switch {
-		case !seen[name]:
-			t.Errorf("wasm difference for %q: no such case", name)
-		case d.why == "":
-			t.Errorf("wasm difference for %q: no reason given", name)
+	for be, diffs := range differencesOf {
+		if !slices.Contains(testbackends.Names, be) {
+			t.Errorf("differences of %q: no such backend", be)
+		}
+		for name, d := range diffs {
+			switch {
+			case !seen[name]:
+				t.Errorf("%s difference for %q: no such case", be, name)
+			case d.why == "":
+				t.Errorf("%s difference for %q: no reason given", be, name)
+			}
 		}
 	}
 }
@@ -417,7 +257,7 @@ func allCases() []hostileCase {
 func (h *harness) runCase(t *testing.T, c hostileCase) {
 	if d, ok := h.be.differences[c.name]; ok {
 		if d.check == nil && d.code == "" && d.edit == nil && d.prepare == nil {
-			t.Skipf("does not apply to %s: %s", h.be.name, d.why)
+			t.Skipf("does not apply to %s: %s", h.be.Name, d.why)
 		}
 		if d.code != "" {
 			c.code = d.code
@@ -425,7 +265,7 @@ func (h *harness) runCase(t *testing.T, c hostileCase) {
 		if d.edit != nil {
 			edited := d.edit(c.code)
 			if edited == c.code {
-				t.Fatalf("the %s edit of this case's code changed nothing: the case changed", h.be.name)
+				t.Fatalf("the %s edit of this case's code changed nothing: the case changed", h.be.Name)
 			}
 			c.code = edited
 		}
@@ -446,7 +286,7 @@ func (h *harness) runCase(t *testing.T, c hostileCase) {
 	if c.prepare != nil {
 		c.prepare(t, h, j)
 	}
-	if h.be.allowlist && j.Spec.Egress == nil {
+	if h.be.Allowlist && j.Spec.Egress == nil {
 		j.Spec.Egress = h.egress.proxy(t)
 	}
 	o := h.run(t, j)
@@ -509,7 +349,7 @@ func (h *harness) run(t *testing.T, j *job) *outcome {
 		j.Request.Env = env
 	}
 	start := time.Now()
-	res, warn := sandbox.RunOnce(context.Background(), h.be.b, j.OneShot)
+	res, warn := sandbox.RunOnce(context.Background(), h.be.B, j.OneShot)
 	took := time.Since(start)
 	limits := j.Spec.Limits.WithDefaults()
 	if took > limits.Timeout+grace {

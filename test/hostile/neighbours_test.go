@@ -124,7 +124,7 @@ func watchNeighbours(t *testing.T, h *harness, hostProbe func() error, sandboxPr
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		go func() { <-n.stop; cancel() }()
-		sb, err := h.be.b.Create(ctx, sandbox.Spec{Limits: baseLimits})
+		sb, err := h.be.B.Create(ctx, sandbox.Spec{Limits: baseLimits})
 		close(ready)
 		if err != nil {
 			n.note("the neighbour sandbox did not start: %v", err)

@@ -28,7 +28,7 @@ const noKernelBudgets = "no kernel budgets to take: no ctypes, no processes, no 
 // and the case asserts exactly that step's error (refused). Where the
 // attack still has a target (files, the disk, descriptors, the protocol),
 // the case asserts the wasm outcome in full.
-var wasmDifferences = map[string]difference{
+var wasmDifferences = withReadOnlyRoot(map[string]difference{
 	// Kernel budgets (cases_budgets_test.go): nothing to take.
 	"take_all_inotify_instances":      {why: noKernelBudgets},
 	"take_all_inotify_watches":        {why: noKernelBudgets},
@@ -176,7 +176,7 @@ var wasmDifferences = map[string]difference{
 	"host_directories_not_visible": {why: "the sandbox's tree has no /var, /home, /boot ...",
 		check: func(t *testing.T, h *harness, o *outcome) {
 			refused("FileNotFoundError", "/var")(t, h, o)
-			if o.Stdout != lines("host dirs []", "root is /root") {
+			if o.Stdout != lines("host dirs []", "run None", "root is /root") {
 				t.Fatalf("stdout %q", o.Stdout)
 			}
 		}},
@@ -238,7 +238,7 @@ print("json is the stdlib's", json.__file__.startswith("/usr/local/lib/python3")
 	"neighbour_sandbox": {why: "no /tmp, /dev/shm, sockets or processes: a neighbour can only leave files " +
 		"and state in its own interpreter and workspace",
 		prepare: func(t *testing.T, h *harness, j *job) {
-			sb, err := h.be.b.Create(context.Background(), sandbox.Spec{Limits: baseLimits})
+			sb, err := h.be.B.Create(context.Background(), sandbox.Spec{Limits: baseLimits})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -327,7 +327,7 @@ print("workspace marker", os.path.exists("/workspace/" + m), "json", hasattr(jso
 				t.Fatalf("want a ProtocolError; %s", describe(o))
 			}
 		}},
-}
+})
 
 // Why cases differ on the wasm backend.
 const (

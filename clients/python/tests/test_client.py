@@ -62,6 +62,33 @@ class ClientTest(unittest.TestCase):
         with self.assertRaises(InvalidRequestError):
             sb.create_context("cobol")
 
+    def test_a_port_of_the_sandbox(self):
+        sb = self.sandbox()
+        sb.files.write("index.html", b"hello from the sandbox")
+        sb.execute("import subprocess\n"
+                   "server = subprocess.Popen(['python3', '-m', 'http.server', '8000'], "
+                   "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)")
+        access = sb.port(8000)
+        self.assertTrue(access["token"].startswith("vp1."))
+        self.assertIn("/ports/8000/", access["path_url"])
+        for _ in range(300):
+            try:
+                status, headers, body = sb.fetch(8000, "/index.html")
+                break
+            except VivariumError as e:
+                self.assertEqual(e.code, "port_closed")
+                threading.Event().wait(0.1)
+        self.assertEqual((status, body), (200, b"hello from the sandbox"))
+        status, _, _ = sb.fetch(8000, "/missing")
+        self.assertEqual(status, 404)  # the sandbox's server's own answer
+        with self.assertRaises(VivariumError) as cm:
+            sb.fetch(8001)
+        self.assertEqual(cm.exception.code, "port_closed")
+        if os.environ.get("VIVARIUM_API_KEY_2"):
+            other = client(os.environ["VIVARIUM_API_KEY_2"])
+            with self.assertRaises(NotFoundError):
+                other._call("POST", "/v1/sandboxes/%s/ports/8000" % sb.id)
+
     def test_exception_is_a_result_not_a_client_error(self):
         sb = self.sandbox()
         ex = sb.execute("def f():\n    return 1 / 0\nf()")
@@ -100,6 +127,12 @@ class ClientTest(unittest.TestCase):
         pngs = [r for r in ex.results if r.png]
         self.assertEqual(len(pngs), 1)
         self.assertTrue(pngs[0].png_bytes().startswith(b"\x89PNG"))
+        # The figure described as data, and a DataFrame's columns.
+        self.assertEqual(pngs[0].chart["type"], "line")
+        self.assertEqual(len(pngs[0].chart["elements"][0]["points"]), 3)
+        ex = sb.execute("import pandas as pd\npd.DataFrame({'a': [1, 2]})")
+        self.assertEqual(ex.results[0].data, {"a": [1, 2]})
+        self.assertIn("data", ex.results[0].formats())
 
     def test_interrupt_keeps_state(self):
         sb = self.sandbox()
@@ -143,6 +176,9 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(names["data/in.csv"], "file")
         self.assertIn("name with spaces é.txt", names)
         self.assertEqual(sb.execute("print(open('data/in.csv').read().split()[1])").stdout, "1,2\n")
+        self.assertEqual(sb.files.write("m.txt", "x", metadata={"Author": "mish"})["metadata"], {"author": "mish"})
+        self.assertEqual(sb.files.metadata("m.txt"), {"author": "mish"})
+        self.assertEqual(sb.files.metadata("bin.dat"), {})
         sb.files.remove("data")
         with self.assertRaises(NotFoundError):
             sb.files.read("data/in.csv")
@@ -161,6 +197,13 @@ class ClientTest(unittest.TestCase):
         res = sb.commands.run("for i in 1 2; do echo $i; sleep 0.1; done", on_stdout=chunks.append)
         self.assertEqual("".join(chunks), "1\n2\n")
         self.assertTrue(res.ok)
+        res = sb.commands.run("id -u; echo conf > /etc/app.conf && cat /etc/app.conf", user="root")
+        self.assertEqual(res.stdout, "0\nconf\n")
+
+    def test_home_user(self):
+        sb = self.sandbox(home="/home/user")
+        self.assertEqual(sb.commands.run("pwd; whoami").stdout, "/home/user\nuser\n")
+        self.assertEqual(sb.execute("import os; os.getcwd()").text, "'/home/user'")
 
     def test_one_shot_run(self):
         ex = self.client.run("print(open('in.txt').read())\n2 ** 10", files={"in.txt": "from the client"})
@@ -175,6 +218,16 @@ class ClientTest(unittest.TestCase):
         sb = self.sandbox(timeout_s=60)
         info = sb.set_timeout(300)
         self.assertEqual(info["timeout_s"], 300)
+
+    def test_metrics(self):
+        sb = self.sandbox()
+        sb.execute("x = bytearray(32 << 20)")
+        samples = sb.metrics()
+        self.assertGreaterEqual(len(samples), 1)
+        now = samples[-1]
+        self.assertGreaterEqual(now["mem_used"], 32 << 20)
+        self.assertLessEqual(now["mem_used"], now["mem_total"])
+        self.assertEqual(sb.metrics(start=0, end=1), [])
 
     def test_errors_are_mapped(self):
         with self.assertRaises(AuthenticationError) as cm:

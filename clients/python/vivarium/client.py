@@ -22,9 +22,11 @@ _GRACE = 30.0
 
 class Result:
     """A rich result: the value of the last expression, a display() call or a
-    figure. Binary formats (png, jpeg) are base64 text, as the API sends them."""
+    figure. Binary formats (png, jpeg) are base64 text, as the API sends them;
+    chart (a matplotlib figure described as data) and data (a DataFrame's
+    columns) are decoded JSON."""
 
-    FIELDS = ("text", "html", "png", "jpeg", "svg", "markdown", "latex", "json", "javascript")
+    FIELDS = ("text", "html", "png", "jpeg", "svg", "markdown", "latex", "json", "javascript", "chart", "data")
 
     def __init__(self, d):
         self.raw = d
@@ -133,11 +135,11 @@ class Client:
 
     # -- transport --------------------------------------------------------
 
-    def _open(self, method, path, json_body=None, data=None, query=None, stream=False, timeout=None):
+    def _open(self, method, path, json_body=None, data=None, query=None, stream=False, timeout=None, headers=None):
         url = self.url + path
         if query:
             url += "?" + urllib.parse.urlencode(query)
-        headers = {"User-Agent": "vivarium-python"}
+        headers = dict(headers or {}, **{"User-Agent": "vivarium-python"})
         if self.api_key:
             headers["Authorization"] = "Bearer " + self.api_key
         if json_body is not None:
@@ -205,17 +207,19 @@ class Client:
         return bool((self._call("GET", "/healthz") or {}).get("ok"))
 
     def create_sandbox(self, timeout_s=None, max_lifetime_s=None, limits=None, env=None, metadata=None,
-                       backend=None, network=None):
+                       backend=None, network=None, home=None):
         """Creates a stateful sandbox. ``timeout_s`` is its idle timeout;
         ``limits`` a dict of memory, cpu_time_s, timeout_s, pids, disk,
         max_output, cpus; ``backend`` one the server offers (native,
         gvisor, wasm; default: the server's); ``network`` a dict of allow
         (hosts, within the server's allowlist), packages (True: may install
         the server's allowed packages), max_bytes, rate, max_connections
-        (default: no network)."""
+        (default: no network); ``home`` the user's home and working
+        directory: "/workspace" (default) or "/home/user" (E2B's layout)."""
         body = {}
         for k, v in (("timeout_s", timeout_s), ("max_lifetime_s", max_lifetime_s), ("limits", limits),
-                     ("env", env), ("metadata", metadata), ("backend", backend), ("network", network)):
+                     ("env", env), ("metadata", metadata), ("backend", backend), ("network", network),
+                     ("home", home)):
             if v is not None:
                 body[k] = v
         info = self._call("POST", "/v1/sandboxes", body)
@@ -284,6 +288,14 @@ class Sandbox:
         self.info = self.client._call("GET", self._path())
         return self.info
 
+    def metrics(self, start=None, end=None):
+        """The sandbox's CPU, memory and disk over time, oldest first (one
+        sample every 5 s on the server, the last taken now): a list of dicts
+        with time, cpu_count, cpu_used_pct, mem_used, mem_total, disk_used and
+        disk_total. start and end, in Unix seconds, bound it."""
+        query = {k: int(v) for k, v in (("start", start), ("end", end)) if v is not None}
+        return self.client._call("GET", self._path("/metrics"), query=query or None)["samples"]
+
     def set_timeout(self, timeout_s):
         """Sets the idle timeout to timeout_s seconds from now."""
         self.info = self.client._call("POST", self._path("/timeout"), {"timeout_s": timeout_s})
@@ -347,6 +359,38 @@ class Sandbox:
             raise VivariumError("installing %s failed: %s" % (name, res.get("error") or res.get("output")))
         return res
 
+    def port(self, port):
+        """A token and the URLs that open one port of this sandbox (a
+        server its code started) from outside: a dict with ``token``,
+        ``path_url`` and, when the server has a --domain, ``host`` and
+        ``url`` (a link for a browser). The token opens that port of this
+        sandbox only."""
+        return self.client._call("POST", self._path("/ports/%d" % int(port)))
+
+    def fetch(self, port, path="/", method="GET", data=None, headers=None, timeout=None):
+        """Sends one HTTP request to the sandbox's server on ``port``
+        through the API and returns ``(status, headers, body)``: the
+        server's answer, whatever its status. Raises the client's errors
+        when the request does not reach it (nothing listens on the port:
+        VivariumError with code ``port_closed``)."""
+        token = self.port(port)["token"]
+        url = "%s%s/ports/%d/%s" % (self.client.url, self._path(), int(port), path.lstrip("/"))
+        hdrs = dict(headers or {})
+        hdrs["Vivarium-Port-Token"] = token
+        req = urllib.request.Request(url, data=data, method=method, headers=hdrs)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout or self.client.timeout) as resp:
+                return resp.status, dict(resp.headers), resp.read()
+        except urllib.error.HTTPError as e:
+            raw = e.read()
+            if e.headers.get("Content-Security-Policy", "").startswith("sandbox"):
+                return e.code, dict(e.headers), raw  # the sandbox's own answer
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                body = {"error": {"message": raw.decode("utf-8", "replace").strip()}}
+            raise from_response(e.code, body) from None
+
     def interrupt(self):
         """Raises KeyboardInterrupt in the running execution, if any."""
         self.client._call("POST", self._path("/interrupt"))
@@ -370,9 +414,13 @@ class Commands:
     def __init__(self, sandbox):
         self._sb = sandbox
 
-    def run(self, cmd, cwd=None, env=None, timeout_s=None, on_stdout=None, on_stderr=None):
-        """Runs cmd with /bin/sh -c; streams output to the callbacks if given."""
+    def run(self, cmd, cwd=None, env=None, timeout_s=None, on_stdout=None, on_stderr=None, user=None):
+        """Runs cmd with /bin/sh -c; streams output to the callbacks if given.
+        ``user`` is "user" (default) or "root", the sandbox's own root,
+        without any capability."""
         body = {"cmd": cmd}
+        if user:
+            body["user"] = user
         if cwd:
             body["cwd"] = cwd
         if env:
@@ -396,17 +444,26 @@ class Files:
     def _path(self, name):
         return self._sb._path("/files/" + urllib.parse.quote(name, safe="/"))
 
-    def write(self, path, data):
-        """Creates or replaces a file (bytes, or str written as UTF-8)."""
+    def write(self, path, data, metadata=None):
+        """Creates or replaces a file (bytes, or str written as UTF-8).
+        metadata (a dict of str) is kept with the file, as its extended
+        attributes; keys are lower-cased."""
         if isinstance(data, str):
             data = data.encode()
-        with self._sb.client._open("PUT", self._path(path), data=data) as resp:
+        headers = {"X-Metadata-" + k: v for k, v in (metadata or {}).items()}
+        with self._sb.client._open("PUT", self._path(path), data=data, headers=headers) as resp:
             return json.loads(resp.read())
 
     def read(self, path):
         """The file's content, as bytes."""
         with self._sb.client._open("GET", self._path(path)) as resp:
             return resp.read()
+
+    def metadata(self, path):
+        """The file's metadata, a dict (empty: none)."""
+        with self._sb.client._open("HEAD", self._path(path)) as resp:
+            prefix = "x-metadata-"
+            return {k[len(prefix):].lower(): v for k, v in resp.headers.items() if k.lower().startswith(prefix)}
 
     def read_text(self, path, encoding="utf-8"):
         return self.read(path).decode(encoding)

@@ -530,7 +530,7 @@ func (b *Backend) initConfig(spec sandbox.Spec, etc []etcEntry, top []topLink) *
 		Python:      spec.Python,
 		RunnerArgs:  []string{"-s", "-B", runnerDir + "/" + runner.ScriptName, mode},
 		RunnerFiles: runner.Files(),
-		Env:         sandboxEnv(spec.Env),
+		Env:         sandboxEnv(spec.UserEnv(sandbox.UserSandbox)),
 		Etc:         etc,
 		TopLevel:    top,
 		DiskBytes:   l.Disk,
@@ -540,6 +540,8 @@ func (b *Backend) initConfig(spec sandbox.Spec, etc []etcEntry, top []topLink) *
 		OpenFiles:  uint64(l.OpenFiles),
 		OneShot:    spec.OneShot,
 		MemTotal:   l.Memory,
+		Home:       spec.HomeDir(),
+		UserName:   spec.UserName(),
 	}
 	if spec.OneShot && l.CPUTime > 0 {
 		// Per-process backstop; the cgroup's CPU accounting is the limit.

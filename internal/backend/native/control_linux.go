@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"golang.org/x/sys/unix"
 )
 
@@ -44,6 +45,7 @@ type ctlMsg struct {
 	Argv   []string `json:"argv,omitempty"`
 	Env    []string `json:"env,omitempty"`
 	Dir    string   `json:"dir,omitempty"`
+	User   string   `json:"user,omitempty"` // a command's: sandbox.UserRoot or the sandbox user
 	PID    int      `json:"pid,omitempty"`
 	Signal int      `json:"signal,omitempty"`
 	Code   int      `json:"code"`
@@ -303,12 +305,19 @@ func spawn(cfg *initConfig, m ctlMsg) (int, []int, error) {
 	}
 	dir := m.Dir
 	if dir == "" {
-		dir = workspacePath
+		dir = cfg.home()
+	}
+	attr := userAttr()
+	if m.User == sandbox.UserRoot {
+		// uid 0 of the sandbox's user namespace: it owns the sandbox's
+		// system directories, and has no capability (the bounding set is
+		// empty and the securebits locked: dropCapabilities).
+		attr.Credential.Uid, attr.Credential.Gid = 0, 0
 	}
 	cmd := &exec.Cmd{
 		Path: path, Args: m.Argv, Env: m.Env, Dir: dir,
 		Stdin: child[0], Stdout: child[1], Stderr: child[2],
-		SysProcAttr: userAttr(),
+		SysProcAttr: attr,
 	}
 	if err := cmd.Start(); err != nil {
 		for _, f := range parent {

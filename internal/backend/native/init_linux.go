@@ -54,6 +54,10 @@ type initConfig struct {
 	MemTotal int64 `json:"mem_total"`
 	// OneShot: init ends when the runner does.
 	OneShot bool `json:"one_shot"`
+	// Home is the sandbox user's home and where its code starts
+	// (sandbox.Spec.Home); UserName is its name.
+	Home     string `json:"home"`
+	UserName string `json:"user_name"`
 	// Role is what this init is: roleClassic builds the root and runs
 	// its own Python; roleZygote builds the root and runs the zygote
 	// (zygote_linux.go); roleForked is a sandbox's init started by a
@@ -95,6 +99,14 @@ const (
 	runnerDir     = "/opt/vivarium"
 	workspacePath = "/workspace"
 )
+
+// home is the sandbox user's home, where its code starts.
+func (cfg *initConfig) home() string {
+	if cfg.Home == "" {
+		return workspacePath
+	}
+	return cfg.Home
+}
 
 // A sandbox's init runs from this package's init function, before main
 // and before the packages that sort after this one and that it does not
@@ -206,8 +218,8 @@ func initMain(report func(initStatus)) (int, error) {
 	if err := loopbackUp(); err != nil {
 		return 0, step("loopback up", err)
 	}
-	if err := os.Chdir(workspacePath); err != nil {
-		return 0, step("chdir workspace", err)
+	if err := os.Chdir(cfg.home()); err != nil {
+		return 0, step("chdir home", err)
 	}
 	// Init's own data must not be readable by the sandbox user through
 	// /proc/1 (its environment, memory, descriptors).
@@ -378,7 +390,7 @@ func startRunner(cfg *initConfig) (int, []int, error) {
 		Path:        cfg.Python,
 		Args:        append([]string{cfg.Python}, cfg.RunnerArgs...),
 		Env:         cfg.Env,
-		Dir:         workspacePath,
+		Dir:         cfg.home(),
 		Stdout:      stdoutFile,
 		Stderr:      stderrFile,
 		ExtraFiles:  []*os.File{reqR, evW},

@@ -35,23 +35,28 @@ const hostDirs = ".host"
 // mounts the kernel has locked (they can be covered, never changed or
 // removed, but a root pivoted away from is detached whole). In order:
 //  1. make every mount private, so nothing below propagates to the host;
-//  2. mount the scratch tmpfs, and a small tmpfs in it as the new root;
+//  2. mount the scratch tmpfs, and in it the new root: for a sandbox, its
+//     disk, one size-limited tmpfs that holds whatever it writes anywhere
+//     (/workspace, /tmp, /etc, /root ...); for a zygote, a small tmpfs;
 //  3. mount read-only overlays of the host's /usr and, on hosts without
 //     merged /usr, of /bin, /lib ... (else links into /usr); a zygote also
 //     binds these host directories under /.host, the lower layers of its
 //     forked sandboxes' overlays (an overlay of its overlay would stack
 //     one level deeper than the kernel allows on hosts whose / is an
 //     overlay already), which they leave behind with the zygote's root;
-//  4. write the synthetic /etc and the runner; a forked sandbox mounts
-//     read-only overlays of the zygote's instead;
+//  4. write the synthetic /etc (a forked sandbox copies the zygote's) and
+//     the runner (read-only; a forked sandbox overlays the zygote's);
 //  5. build /dev from bind-mounted host device nodes (a user namespace
 //     cannot mknod);
-//  6. mount the disk tmpfs and bind its workspace, tmp and shm directories
-//     (a zygote: a /tmp of its own), then make /dev read-only;
+//  6. make the sandbox's directories (mountDisk: /workspace and the same
+//     directory at /home/user, /tmp, /root, /dev/shm; a zygote: a /tmp of
+//     its own), then make /dev read-only;
 //  7. mount a fresh /proc and hide what reveals the host (mountProc);
 //  8. pivot_root into the new root and detach the old one, and with it
 //     the scratch tmpfs;
-//  9. make the root read-only.
+//  9. a zygote's root is made read-only; a sandbox's stays writable by
+//     its owners (root of its user namespace; its user where it owns),
+//     within its disk limit, so that it is a small machine of its own.
 func buildRoot(cfg *initConfig) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return step("make mounts private", err)
@@ -65,7 +70,11 @@ func buildRoot(cfg *initConfig) error {
 			return step("scratch directory "+d, err)
 		}
 	}
-	if err := unix.Mount("tmpfs", newRoot, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "size=16m,nr_inodes=8192,mode=755"); err != nil {
+	rootOpts := "size=16m,nr_inodes=8192,mode=755"
+	if cfg.Role != roleZygote {
+		rootOpts = fmt.Sprintf("size=%d,nr_inodes=%d,mode=755", cfg.DiskBytes, cfg.DiskInodes)
+	}
+	if err := unix.Mount("tmpfs", newRoot, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, rootOpts); err != nil {
 		return step("mount root tmpfs", err)
 	}
 	r := func(p string) string { return filepath.Join(newRoot, p) }
@@ -110,30 +119,38 @@ func buildRoot(cfg *initConfig) error {
 		}
 	}
 	if cfg.Role == roleForked {
-		for _, d := range []string{"etc", runnerDir} {
-			if err := mountOverlay(filepath.Join("/", d), empty, r(d)); err != nil {
-				return step("overlay /"+d, err)
-			}
+		// The zygote's /etc is the host's root's, whose ids the
+		// sandbox's user namespace does not map: a copy is the
+		// sandbox's own, writable by its root.
+		if err := copyTree("/etc", r("etc")); err != nil {
+			return step("copy /etc", err)
+		}
+		if err := mountOverlay(runnerDir, empty, r(runnerDir)); err != nil {
+			return step("overlay "+runnerDir, err)
 		}
 	} else {
 		if err := writeEtc(r("etc"), cfg.Etc); err != nil {
 			return step("write /etc", err)
 		}
-		runner := make([]etcEntry, 0, len(cfg.RunnerFiles))
-		for name, data := range cfg.RunnerFiles {
-			runner = append(runner, etcEntry{Path: name, Data: data})
-		}
-		if err := writeEtc(r(runnerDir), runner); err != nil {
+		if err := writeEtc(r(runnerDir), runnerTree(cfg.RunnerFiles)); err != nil {
 			return step("write runner", err)
 		}
-	}
-	// /home/user is where agent SDKs (E2B's) expect the user's home: the
-	// same workspace under the name their code uses.
-	for _, l := range []struct{ name, target string }{{"var/tmp", "../tmp"}, {"root", "workspace"}, {"home/user", "/workspace"}} {
-		os.MkdirAll(filepath.Dir(r(l.name)), 0o755)
-		if err := os.Symlink(l.target, r(l.name)); err != nil {
-			return step("link /"+l.name, err)
+		if cfg.Role != roleZygote {
+			// The runner's files stay as written, whoever the code is.
+			if err := bindReadOnly(r(runnerDir), r(runnerDir)); err != nil {
+				return step("make the runner read-only", err)
+			}
 		}
+	}
+	if cfg.Role == roleZygote {
+		for _, l := range []struct{ name, target string }{{"var/tmp", "../tmp"}, {"root", "workspace"}, {"home/user", "/workspace"}} {
+			os.MkdirAll(filepath.Dir(r(l.name)), 0o755)
+			if err := os.Symlink(l.target, r(l.name)); err != nil {
+				return step("link /"+l.name, err)
+			}
+		}
+	} else if err := writeUsers(r("etc"), cfg.UserName, cfg.Home); err != nil {
+		return step("write /etc/passwd", err)
 	}
 	if err := mountDev(r("dev"), cfg.Devices); err != nil {
 		return err
@@ -181,8 +198,10 @@ func buildRoot(cfg *initConfig) error {
 	if err := unix.Chdir("/"); err != nil {
 		return step("chdir /", err)
 	}
-	if err := remount("/", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV); err != nil {
-		return step("make root read-only", err)
+	if cfg.Role == roleZygote {
+		if err := remount("/", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV); err != nil {
+			return step("make root read-only", err)
+		}
 	}
 	return nil
 }
@@ -199,45 +218,46 @@ func bindsOf(top []topLink) []string {
 	return out
 }
 
-// mountDisk mounts the one tmpfs behind /workspace, /tmp and /dev/shm, so
-// that the disk limit bounds all three together. It is mounted in the
-// scratch tmpfs and its directories bound into place.
+// mountDisk makes a sandbox's directories in its root, the disk tmpfs, so
+// that the disk limit bounds everything it writes: /workspace (its user's,
+// also at /home/user, a bind of the same directory, so that code that
+// starts there sees that path), /tmp and /dev/shm (bound from /run/shm),
+// /root (root's home) and the links of /var/tmp.
 func mountDisk(cfg *initConfig, r func(string) string) error {
-	disk := filepath.Join(scratchDir, "disk")
-	opts := fmt.Sprintf("size=%d,nr_inodes=%d,mode=755", cfg.DiskBytes, cfg.DiskInodes)
-	if err := os.Mkdir(disk, 0o700); err != nil {
-		return step("disk mount point", err)
-	}
-	if err := unix.Mount("tmpfs", disk, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
-		return step("mount disk tmpfs", err)
-	}
 	dirs := []struct {
-		name, target string
-		mode         os.FileMode
-		owned        bool
+		name  string
+		mode  os.FileMode
+		owned bool
 	}{
-		{"workspace", "workspace", 0o755, true},
-		{"tmp", "tmp", 0o777 | os.ModeSticky, false},
-		{"shm", "dev/shm", 0o777 | os.ModeSticky, false},
+		{"workspace", 0o755, true},
+		{"home/user", 0o755, true},
+		{"tmp", 0o777 | os.ModeSticky, false},
+		{"run/shm", 0o777 | os.ModeSticky, false},
+		{"root", 0o700, false},
+		{"var", 0o755, false},
 	}
 	for _, d := range dirs {
-		src := filepath.Join(disk, d.name)
-		if err := os.Mkdir(src, 0); err != nil {
-			return step("disk directory "+d.name, err)
+		if err := os.MkdirAll(r(d.name), 0o755); err != nil {
+			return step("directory /"+d.name, err)
 		}
-		if err := os.Chmod(src, d.mode); err != nil { // Mkdir's mode is masked by umask
-			return step("disk directory "+d.name, err)
+		if err := os.Chmod(r(d.name), d.mode); err != nil { // Mkdir's mode is masked by umask
+			return step("directory /"+d.name, err)
 		}
 		if d.owned {
-			if err := os.Chown(src, SandboxUID, SandboxGID); err != nil {
-				return step("chown "+d.name, err)
+			if err := os.Chown(r(d.name), SandboxUID, SandboxGID); err != nil {
+				return step("chown /"+d.name, err)
 			}
 		}
-		if err := os.MkdirAll(r(d.target), 0o755); err != nil {
-			return step("mount point /"+d.target, err)
+	}
+	if err := os.Symlink("../tmp", r("var/tmp")); err != nil {
+		return step("link /var/tmp", err)
+	}
+	for _, b := range []struct{ src, dst string }{{"workspace", "home/user"}, {"run/shm", "dev/shm"}} {
+		if err := os.MkdirAll(r(b.dst), 0o755); err != nil {
+			return step("mount point /"+b.dst, err)
 		}
-		if err := unix.Mount(src, r(d.target), "", unix.MS_BIND, ""); err != nil {
-			return step("bind /"+d.target, err)
+		if err := unix.Mount(r(b.src), r(b.dst), "", unix.MS_BIND, ""); err != nil {
+			return step("bind /"+b.dst, err)
 		}
 	}
 	return nil

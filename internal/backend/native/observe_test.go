@@ -283,7 +283,7 @@ print(json.dumps({"files": {p: read(p) for p in files}, "dirs": {p: listdir(p) f
 			t.Errorf("/proc/%s: %v, want it empty or absent", p, names)
 		}
 	}
-	if want := []string{"bin", "dev", "etc", "home", "lib", "lib64", "opt", "proc", "root", "sbin", "tmp", "usr", "var", "workspace"}; !slices.Equal(v.Root, want) && !slices.Equal(v.Root, hostRootNames(want)) {
+	if want := []string{"bin", "dev", "etc", "home", "lib", "lib64", "opt", "proc", "root", "run", "sbin", "tmp", "usr", "var", "workspace"}; !slices.Equal(v.Root, want) && !slices.Equal(v.Root, hostRootNames(want)) {
 		t.Errorf("/ holds %v, want %v: nothing of the root's assembly", v.Root, want)
 	}
 }

@@ -14,8 +14,8 @@ import (
 // Start implements sandbox.Sandbox: init starts the command and passes
 // back its pipes (readControl hands them to the core).
 func (s *Sandbox) Start(ctx context.Context, c sandbox.Command) (sandbox.Process, error) {
-	return s.StartCommand(ctx, c, s.spec.Env, func(id uint64, env map[string]string) error {
-		return s.send(ctlMsg{Op: opSpawn, ID: id, Argv: c.Argv, Env: sandboxEnv(env), Dir: c.Dir})
+	return s.StartCommand(ctx, c, s.spec.UserEnv(c.User), func(id uint64, env map[string]string) error {
+		return s.send(ctlMsg{Op: opSpawn, ID: id, Argv: c.Argv, Env: sandboxEnv(env), Dir: c.Dir, User: c.User})
 	})
 }
 

@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
 
 // The sandbox's root file system, seen from inside:
@@ -16,10 +18,12 @@ import (
 //	/opt/vivarium         the runner
 //	/proc                 a new proc of the sandbox's PID namespace, with masks
 //	/dev                  null zero full random urandom, fd links, /dev/shm
-//	/workspace /tmp       one size-limited tmpfs (with /dev/shm): the "disk"
-//	/root /home/user      links to /workspace
+//	/                     the sandbox's disk: one size-limited tmpfs, whose
+//	                      system directories (/etc, /root, /var ...) its
+//	                      root owns; /workspace (also at /home/user), /tmp
+//	                      and /dev/shm (from /run/shm) its user's
 //
-// Everything but /workspace, /tmp and /dev/shm is read-only.
+// /usr, the host's directories and the runner are read-only mounts.
 
 // etcEntry is one file or link of the synthetic /etc.
 type etcEntry struct {
@@ -173,11 +177,7 @@ func RootSkeleton(dir string, runnerFiles map[string][]byte) error {
 	if err := writeEtc(filepath.Join(dir, "etc"), etc); err != nil {
 		return err
 	}
-	runner := make([]etcEntry, 0, len(runnerFiles))
-	for name, data := range runnerFiles {
-		runner = append(runner, etcEntry{Path: name, Data: data})
-	}
-	if err := writeEtc(filepath.Join(dir, runnerDir[1:]), runner); err != nil {
+	if err := writeEtc(filepath.Join(dir, runnerDir[1:]), runnerTree(runnerFiles)); err != nil {
 		return err
 	}
 	for _, t := range hostTopLevel("/") {
@@ -214,4 +214,79 @@ func TopLevelBinds() []string {
 		}
 	}
 	return out
+}
+
+// runnerTree is what runnerDir holds: the runner's files, and the shims
+// (sandbox.ShimDir, inside runnerDir).
+func runnerTree(files map[string][]byte) []etcEntry {
+	out := make([]etcEntry, 0, len(files)+len(sandbox.Shims))
+	for name, data := range files {
+		out = append(out, etcEntry{Path: name, Data: data})
+	}
+	shims := strings.TrimPrefix(sandbox.ShimDir, runnerDir+"/")
+	for name, target := range sandbox.Shims {
+		out = append(out, etcEntry{Path: shims + "/" + name, Link: target})
+	}
+	return out
+}
+
+// writeUsers writes the sandbox's /etc/passwd and /etc/group: root, the
+// sandbox user (uid 1000) by the name and home its spec gives, and nobody.
+func writeUsers(etc, name, home string) error {
+	if name == "" {
+		name, home = "sandbox", workspacePath
+	}
+	passwd := "root:x:0:0:root:/root:/bin/sh\n" +
+		name + ":x:1000:1000:" + name + ":" + home + ":/bin/sh\n" +
+		"nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+	group := "root:x:0:\n" + name + ":x:1000:\nnogroup:x:65534:\n"
+	for _, f := range []struct{ name, data string }{{"passwd", passwd}, {"group", group}} {
+		p := filepath.Join(etc, f.name)
+		os.Remove(p) // a link or a file of the zygote's copy
+		if err := os.WriteFile(p, []byte(f.data), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// copyTree copies the directory src to dst: directories, regular files and
+// symbolic links, with their permission bits, owned by the caller. src is
+// trusted (the zygote's /etc, which it wrote itself); other kinds of file
+// are skipped.
+func copyTree(src, dst string) error {
+	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(src, p)
+		if err != nil {
+			return err
+		}
+		to := filepath.Join(dst, rel)
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		switch {
+		case d.IsDir():
+			if err := os.Mkdir(to, 0o755); err != nil && !os.IsExist(err) {
+				return err
+			}
+			return os.Chmod(to, info.Mode().Perm())
+		case d.Type()&fs.ModeSymlink != 0:
+			target, err := os.Readlink(p)
+			if err != nil {
+				return err
+			}
+			return os.Symlink(target, to)
+		case d.Type().IsRegular():
+			data, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			return os.WriteFile(to, data, info.Mode().Perm())
+		}
+		return nil
+	})
 }

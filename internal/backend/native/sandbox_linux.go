@@ -42,11 +42,14 @@ type Sandbox struct {
 	owner    hostuid.Range // the host user the sandbox is
 	hasOwner bool          // owner is held, and released by Close
 	ws       *workspace.Dir
-	ctl      int // control socket to init
-	stdout   *pipeReader
-	stderr   *pipeReader
-	initErr  error         // how init exited; valid once initDone is closed
-	initDone chan struct{} // closed when init has exited and been reaped
+	// The sandbox's root, as its user and as its root write it
+	// (sandbox.FileSystem).
+	rootAsUser, rootAsRoot *workspace.Dir
+	ctl                    int // control socket to init
+	stdout                 *pipeReader
+	stderr                 *pipeReader
+	initErr                error         // how init exited; valid once initDone is closed
+	initDone               chan struct{} // closed when init has exited and been reaped
 
 	// From init's status pipe.
 	statusMu   sync.Mutex
@@ -69,6 +72,8 @@ type Sandbox struct {
 	// Closed when the proxy (Spec.Egress), serving on its listener in the
 	// sandbox, has returned; nil without one.
 	egressDone chan struct{}
+	// The sandbox's network namespace, for DialPort (dial_linux.go).
+	netns netnsRef
 
 	closeOnce sync.Once
 	closeErr  error
@@ -79,7 +84,20 @@ var (
 	_ sandbox.Prober        = (*Sandbox)(nil)
 	_ sandbox.MemoryUser    = (*Sandbox)(nil)
 	_ sandbox.ContextKeeper = (*Sandbox)(nil)
+	_ sandbox.FileSystem    = (*Sandbox)(nil)
 )
+
+// Root implements sandbox.FileSystem.
+func (s *Sandbox) Root(user string) (sandbox.Workspace, error) {
+	switch user {
+	case "", sandbox.UserSandbox:
+		return s.rootAsUser, nil
+	case sandbox.UserRoot:
+		return s.rootAsRoot, nil
+	}
+	return nil, fmt.Errorf("%w: user must be %q or %q, got %q", sandbox.ErrInvalidSpec, sandbox.UserSandbox,
+		sandbox.UserRoot, user)
+}
 
 // Alive implements sandbox.Prober: init runs and a runner is ready.
 func (s *Sandbox) Alive() bool {
@@ -109,7 +127,7 @@ func start(ctx context.Context, b *Backend, spec sandbox.Spec, cfg *initConfig, 
 		initDone: make(chan struct{}), statusDone: make(chan struct{}), runnerGone: make(chan struct{}),
 		ctlDone: make(chan struct{}),
 	}
-	s.Core = core.New((*driver)(s), core.Config{Spec: spec, Contexts: runner.NewContexts(workspacePath)})
+	s.Core = core.New((*driver)(s), core.Config{Spec: spec, Contexts: runner.NewContexts(spec.HomeDir())})
 	defer func() {
 		if err != nil {
 			s.Close()
@@ -156,15 +174,14 @@ func start(ctx context.Context, b *Backend, spec sandbox.Spec, cfg *initConfig, 
 		p.closeParent()
 		return nil, err
 	}
-	if spec.Egress != nil {
-		// Before init's wait begins: until then its pid is its own.
-		if err := s.startEgress(spec.Egress); err != nil {
-			s.init.kill()
-			s.init.wait()
-			close(s.initDone)
-			p.closeParent()
-			return nil, err
-		}
+	// Before init's wait begins: until then its pid is its own. The
+	// namespace is kept for DialPort and the proxy's listener.
+	if err := s.openNetwork(); err != nil {
+		s.init.kill()
+		s.init.wait()
+		close(s.initDone)
+		p.closeParent()
+		return nil, err
 	}
 	go func() {
 		s.initErr = s.init.wait()
@@ -213,19 +230,35 @@ func start(ctx context.Context, b *Backend, spec sandbox.Spec, cfg *initConfig, 
 	if s.ws, err = workspace.Open(wsPath, int(s.owner.ID(SandboxUID)), int(s.owner.ID(SandboxGID))); err != nil {
 		return nil, err
 	}
+	rootPath := fmt.Sprintf("/proc/%d/root", s.init.pid)
+	if s.rootAsUser, err = workspace.Open(rootPath, int(s.owner.ID(SandboxUID)), int(s.owner.ID(SandboxGID))); err != nil {
+		return nil, err
+	}
+	if s.rootAsRoot, err = workspace.Open(rootPath, int(s.owner.ID(0)), int(s.owner.ID(0))); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 
-// startEgress binds the proxy's listener in the sandbox's network
-// namespace and serves the proxy on it, before any code of the sandbox
-
-func (s *Sandbox) startEgress(e sandbox.Egress) error {
+// openNetwork opens the sandbox's network namespace, kept until Close
+// for DialPort, and starts the proxy (Spec.Egress) in it.
+func (s *Sandbox) openNetwork() error {
 	ns, err := openNetns(s.init)
 	if err != nil {
 		return err
 	}
-	defer ns.Close()
-	l, err := listenIn(ns)
+	s.netns.f = ns
+	if s.spec.Egress != nil {
+		return s.startEgress(s.spec.Egress)
+	}
+	return nil
+}
+
+// startEgress binds the proxy's listener in the sandbox's network
+// namespace and serves the proxy on it, before any code of the sandbox
+// runs.
+func (s *Sandbox) startEgress(e sandbox.Egress) error {
+	l, err := listenIn(s.netns.f)
 	if err != nil {
 		return err
 	}
@@ -369,7 +402,7 @@ func (s *Sandbox) forkRunner(r *runnerProc, fds []int) {
 	if s.spec.OneShot {
 		mode = "--oneshot"
 	}
-	req := forkRequest{Mode: mode, Env: s.cfg.Env, UID: SandboxUID, GID: SandboxGID, Dir: workspacePath,
+	req := forkRequest{Mode: mode, Env: s.cfg.Env, UID: SandboxUID, GID: SandboxGID, Dir: s.cfg.home(),
 		Rlimits: s.cfg.runnerRlimits()}
 	ns, err := s.init.namespaces()
 	if err != nil {
@@ -515,6 +548,7 @@ func (s *Sandbox) Close() error {
 			}
 			c.close()
 		}
+		s.netns.close()
 		if s.spec.Egress != nil {
 			// Every process of the sandbox is dead: the proxy's
 			// connections and its listener go too.
@@ -528,9 +562,11 @@ func (s *Sandbox) Close() error {
 				errs = append(errs, err)
 			}
 		}
-		if s.ws != nil {
-			// The last reference to the disk tmpfs: its memory is freed.
-			s.ws.Close()
+		// The last references to the disk tmpfs: its memory is freed.
+		for _, d := range []*workspace.Dir{s.ws, s.rootAsUser, s.rootAsRoot} {
+			if d != nil {
+				d.Close()
+			}
 		}
 		if s.z != nil {
 			s.z.release()

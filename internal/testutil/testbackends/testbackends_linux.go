@@ -1,11 +1,13 @@
 // Package testbackends opens every backend a test suite runs against, as
 // one table: the native backend (with runners forked from a zygote in the
 // zygote mode of testutil.RunBothModes), gVisor where runsc is installed,
-// wasm where its interpreter is built, and docker, in a daemon of the test
-// binary's own (testutil.RequireDockerd), for suites that ask for it. Each
-// suite gets cgroups, uids and state directories of its own, so that
+// wasm where its interpreter is built, and, for suites that ask for them,
+// docker in a daemon of the test binary's own (testutil.RequireDockerd)
+// and the native backend again for every case under a network allowlist.
+// Each suite gets cgroups, uids and state directories of its own, so that
 // suites testing at the same time do not see each other's sandboxes as
-// leftovers.
+// leftovers; what a suite's cases expect of each backend (its differences)
+// is the suite's, keyed by Backend.Name.
 package testbackends
 
 import (
@@ -15,6 +17,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/vivarium-sandbox/vivarium/internal/backend/docker"
@@ -31,13 +34,26 @@ type Backend struct {
 	Name string
 	B    sandbox.Backend
 	// SandboxUID is the host uid the sandbox user maps to, or -1 where
-	// the sandbox's users are not the host's.
+	// the sandbox's users are not the host's (gVisor's and wasm's are
+	// their own; every docker sandbox is a host user of its own, of the
+	// pool DockerUIDs names).
 	SandboxUID int
+	// Allowlist: the suite gives every sandbox a network allowlist, its
+	// proxy in the sandbox (the native-allowlist backend). What the
+	// allowlist names is the suite's.
+	Allowlist bool
 	// Leftovers closes the backend and lists what its sandboxes left on
-	// the host: processes, cgroups, state directories. Call it once,
-	// after every sandbox was closed.
+	// the host: processes, cgroups, state directories, containers, and
+	// the docker backend's test daemon (stopped, so that its processes
+	// and mounts are gone before the suite checks the host). Call it
+	// once, after every sandbox was closed. A test that ends before
+	// calling it still closes the backend (t.Cleanup).
 	Leftovers func() []string
 }
+
+// Names are the backends Open knows, which a suite's Env may name and its
+// tables of differences be keyed by.
+var Names = []string{"native", "native-zygote", "native-allowlist", "gvisor", "wasm", "docker"}
 
 // Suite names a test suite's resources.
 type Suite struct {
@@ -46,21 +62,28 @@ type Suite struct {
 	// UIDBase is the native backend's uid base, unique among suites.
 	UIDBase uint32
 	// Env is the variable that selects backends, comma separated
-	// (native, native-zygote, gvisor, wasm, docker); empty: all available.
+	// (native, native-zygote, native-allowlist, gvisor, wasm, docker);
+	// empty: all available.
 	Env string
 	// Preload is what the native backend's zygote imports.
 	Preload []string
 	// Docker adds the docker backend to the defaults, where dockerd is
 	// installed and the tests run as root. It runs in a daemon started for
-	// the test binary, which the suite's TestMain must stop
-	// (testutil.StopDockerd) even when tests fail.
+	// the test binary, which the backend's Leftovers stops; the suite's
+	// TestMain must stop it too (testutil.StopDockerd): a test can fail
+	// once the daemon has started and before the backend is open.
 	Docker bool
+	// Allowlist adds native-allowlist to the defaults: the native
+	// backend, whose every case the suite runs with a network allowlist
+	// set (Backend.Allowlist).
+	Allowlist bool
 }
 
 // Open returns the backends to test: those Env names, or every one this
 // machine can run. The native backend is always among the defaults; the
 // others are tested in the classic mode only (not again with a zygote,
-// which is the native backend's).
+// which is the native backend's). Each is closed when t ends, if
+// Leftovers has not closed it by then.
 func Open(t *testing.T, s Suite) []Backend {
 	t.Helper()
 	names := os.Getenv(s.Env)
@@ -69,6 +92,9 @@ func Open(t *testing.T, s Suite) []Backend {
 		if testutil.ZygoteMode() {
 			names = "native-zygote"
 		} else {
+			if s.Allowlist {
+				names += ",native-allowlist"
+			}
 			if err := gvisor.Check(); err == nil {
 				names += ",gvisor"
 			} else {
@@ -90,26 +116,39 @@ func Open(t *testing.T, s Suite) []Backend {
 	}
 	var out []Backend
 	for _, name := range strings.Split(names, ",") {
-		if name == "docker" {
-			if !s.Docker {
-				t.Fatalf("%s=%q: the %s suite does not stop a test daemon (Suite.Docker)", s.Env, names, s.Name)
+		var be Backend
+		switch {
+		case name == "docker" && !s.Docker:
+			t.Fatalf("%s=%q: the %s suite does not stop a test daemon (Suite.Docker)", s.Env, names, s.Name)
+		case name == "native-allowlist" && !s.Allowlist:
+			t.Fatalf("%s=%q: the %s suite sets no allowlist (Suite.Allowlist)", s.Env, names, s.Name)
+		case name == "docker":
+			be = openDocker(t, s)
+		default:
+			var err error
+			if be, err = open(name, s); err != nil {
+				t.Fatalf("%s backend: %v", name, err)
 			}
-			out = append(out, openDocker(t, s))
-			continue
 		}
-		be, err := open(name, s)
-		if err != nil {
-			t.Fatalf("%s backend: %v", name, err)
-		}
-		out = append(out, be)
+		out = append(out, closedAtEnd(t, be))
 	}
 	return out
+}
+
+// closedAtEnd makes Leftovers run at most once, and closes be when t ends
+// if a failed test never called it: neither a zygote nor a daemon may
+// outlive the test binary.
+func closedAtEnd(t *testing.T, be Backend) Backend {
+	leftovers := sync.OnceValue(be.Leftovers)
+	be.Leftovers = leftovers
+	t.Cleanup(func() { leftovers() })
+	return be
 }
 
 func open(name string, s Suite) (Backend, error) {
 	parent := "vivarium-" + s.Name + "-test"
 	switch name {
-	case "native", "native-zygote":
+	case "native", "native-zygote", "native-allowlist":
 		zygote := name == "native-zygote"
 		var preload []string
 		if zygote {
@@ -120,11 +159,12 @@ func open(name string, s Suite) (Backend, error) {
 			return Backend{}, err
 		}
 		testutil.RemoveStaleCgroups(parent)
-		return Backend{Name: name, B: b, SandboxUID: int(s.UIDBase) + native.SandboxUID, Leftovers: func() []string {
-			b.Close() // the zygote, if any, is the backend's, not a sandbox's
-			left := testutil.ProcessesOwnedBy(int(s.UIDBase), int(s.UIDBase)+testutil.UIDSpan)
-			return append(left, testutil.CgroupsUnder(parent)...)
-		}}, nil
+		return Backend{Name: name, B: b, SandboxUID: int(s.UIDBase) + native.SandboxUID, Allowlist: name == "native-allowlist",
+			Leftovers: func() []string {
+				b.Close() // the zygote, if any, is the backend's, not a sandbox's
+				left := testutil.ProcessesOwnedBy(int(s.UIDBase), int(s.UIDBase)+testutil.UIDSpan)
+				return append(left, testutil.CgroupsUnder(parent)...)
+			}}, nil
 	case "gvisor":
 		parent += "-gvisor"
 		dir := "/run/vivarium/" + s.Name + "-test-gvisor"
@@ -203,6 +243,9 @@ func openDocker(t *testing.T, s Suite) Backend {
 		}
 		left = append(left, testutil.ProcessesOwnedBy(int(uidBase), int(uidEnd))...)
 		os.RemoveAll(dir)
+		if err := testutil.StopDockerd(); err != nil {
+			left = append(left, "stopping the test dockerd: "+err.Error())
+		}
 		return left
 	}}
 }

@@ -1,0 +1,369 @@
+// Package portproxy serves HTTP (and WebSockets) to a port of a sandbox:
+// a server the sandbox's code started, reached from outside through the
+// server, what people call a preview URL. The connection to the sandbox is
+// the service's (service.DialPort), made inside the sandbox's own network;
+// this package is the HTTP side, shared by Vivarium's API (a path form,
+// /v1/sandboxes/{id}/ports/{port}/...) and a host form,
+// <port>-<id>.<domain>, as E2B's getHost(port) builds it.
+//
+// Every request needs a token, never none: a port token (the service's,
+// for one port of one sandbox) in the Vivarium-Port-Token header, the
+// vivarium_port_token query parameter or cookie, or E2B's traffic access
+// token (one sandbox, every port) in its E2B-Traffic-Access-Token header.
+// Tokens never reach the sandbox: they are taken out of the request.
+//
+// Everything the sandbox answers is hostile: its headers are bounded,
+// its body is bounded per response, its time is bounded, and a page it
+// serves on the server's own origin (the path form) is sandboxed by a
+// Content-Security-Policy so that its scripts act as no one.
+package portproxy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/service"
+)
+
+// Where a token may come from.
+const (
+	// TokenHeader carries a port token.
+	TokenHeader = "Vivarium-Port-Token"
+	// TrafficHeader is E2B's: its SDK users send the sandbox's
+	// trafficAccessToken in it.
+	TrafficHeader = "E2B-Traffic-Access-Token"
+	// TokenParam is the query parameter of a link to a preview: in the
+	// host form, a GET with it is answered by a redirect that moves the
+	// token into a cookie (TokenCookie) and out of the address bar.
+	TokenParam = "vivarium_port_token"
+	// TokenCookie is the cookie, for that host only, HttpOnly.
+	TokenCookie = "vivarium_port_token"
+)
+
+// Bounds on one proxied request.
+const (
+	MaxRequestBody = 64 << 20
+	// MaxResponseBody is the most of one response's body passed on; a
+	// longer one is cut (the connection to the client is aborted).
+	MaxResponseBody = 256 << 20
+	// MaxResponseHeader bounds the sandbox's response headers.
+	MaxResponseHeader = 64 << 10
+	// ResponseHeaderTimeout bounds the wait for the sandbox's answer to
+	// begin; RequestTimeout the whole of a request that is not a
+	// WebSocket (or another upgrade), which lasts as long as both sides
+	// keep it.
+	ResponseHeaderTimeout = 60 * time.Second
+	RequestTimeout        = 10 * time.Minute
+)
+
+// Credential is a token a request carries, and where.
+type Credential struct {
+	Value string
+	From  string // "header", "e2b-header", "query" or "cookie"
+}
+
+// Credentials lists the tokens r carries, in the order they should be
+// tried. Several cookies of the name may come (another host of the domain
+// may have set one for the whole domain): each is a candidate.
+func Credentials(r *http.Request) []Credential {
+	var out []Credential
+	if v := r.Header.Get(TokenHeader); v != "" {
+		out = append(out, Credential{v, "header"})
+	}
+	if v := r.Header.Get(TrafficHeader); v != "" {
+		out = append(out, Credential{v, "e2b-header"})
+	}
+	if v := r.URL.Query().Get(TokenParam); v != "" {
+		out = append(out, Credential{v, "query"})
+	}
+	for _, c := range r.CookiesNamed(TokenCookie) {
+		if c.Value != "" {
+			out = append(out, Credential{c.Value, "cookie"})
+		}
+	}
+	if len(out) > 8 {
+		out = out[:8]
+	}
+	return out
+}
+
+// DialFunc connects to the sandbox's port.
+type DialFunc func(ctx context.Context) (net.Conn, error)
+
+type dialKey struct{}
+
+// Proxy forwards requests to sandboxes' ports.
+type Proxy struct {
+	rp          *httputil.ReverseProxy
+	maxResponse int64 // MaxResponseBody; tests lower it
+}
+
+// New returns a Proxy logging to log.
+func New(log *slog.Logger) *Proxy {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	t := &http.Transport{
+		// The request's own dial: never a connection pooled for another
+		// request, which could be another sandbox's.
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return ctx.Value(dialKey{}).(DialFunc)(ctx)
+		},
+		DisableKeepAlives:      true,
+		DisableCompression:     true,
+		ResponseHeaderTimeout:  ResponseHeaderTimeout,
+		MaxResponseHeaderBytes: MaxResponseHeader,
+		ExpectContinueTimeout:  time.Second,
+	}
+	p := &Proxy{maxResponse: MaxResponseBody}
+	p.rp = &httputil.ReverseProxy{
+		Transport:      t,
+		FlushInterval:  -1, // server-sent events and streams as they come
+		ErrorLog:       slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+		Rewrite:        rewrite,
+		ModifyResponse: p.modifyResponse,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			WriteError(w, err)
+		},
+	}
+	return p
+}
+
+type targetKey struct{}
+
+// target is what one request is proxied to.
+type target struct {
+	path    string
+	isolate bool
+}
+
+// Serve proxies r to the sandbox's port that dial connects to, asking it
+// for path (with r's query, its token taken out). isolate marks a response
+// served on the server's own origin (the path form): it is sandboxed.
+func (p *Proxy) Serve(w http.ResponseWriter, r *http.Request, dial DialFunc, path string, isolate bool) {
+	ctx := context.WithValue(r.Context(), dialKey{}, dial)
+	ctx = context.WithValue(ctx, targetKey{}, target{path: path, isolate: isolate})
+	if !isUpgrade(r) {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, RequestTimeout)
+		defer cancel()
+	}
+	r = r.WithContext(ctx)
+	if r.Body != nil {
+		r.Body = http.MaxBytesReader(w, r.Body, MaxRequestBody)
+	}
+	p.rp.ServeHTTP(w, r)
+}
+
+func isUpgrade(r *http.Request) bool {
+	for _, v := range r.Header.Values("Connection") {
+		for _, t := range strings.Split(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(t), "upgrade") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func rewrite(pr *httputil.ProxyRequest) {
+	t := pr.In.Context().Value(targetKey{}).(target)
+	out := pr.Out
+	out.URL.Scheme = "http"
+	out.URL.Host = "sandbox" // never dialled: the request's DialFunc is
+	out.URL.Path, out.URL.RawPath = t.path, ""
+	if !strings.HasPrefix(out.URL.Path, "/") {
+		out.URL.Path = "/" + out.URL.Path
+	}
+	q := out.URL.Query()
+	if q.Has(TokenParam) {
+		q.Del(TokenParam)
+		out.URL.RawQuery = q.Encode()
+	}
+	out.Host = pr.In.Host
+	// The tokens, and the server's own credentials, are not the
+	// sandbox's to see.
+	for _, h := range []string{TokenHeader, TrafficHeader, "X-Access-Token", "X-API-Key"} {
+		out.Header.Del(h)
+	}
+	if cookies := out.Cookies(); len(cookies) > 0 {
+		out.Header.Del("Cookie")
+		var kept []string
+		for _, c := range cookies {
+			if c.Name != TokenCookie {
+				kept = append(kept, c.String())
+			}
+		}
+		if len(kept) > 0 {
+			out.Header.Set("Cookie", strings.Join(kept, "; "))
+		}
+	}
+}
+
+func (p *Proxy) modifyResponse(resp *http.Response) error {
+	t := resp.Request.Context().Value(targetKey{}).(target)
+	// The sandbox may not set the server's cookie, for its host or (as a
+	// Domain cookie) for other sandboxes' hosts.
+	if sc := resp.Header.Values("Set-Cookie"); len(sc) > 0 {
+		resp.Header.Del("Set-Cookie")
+		for _, v := range sc {
+			name, _, _ := strings.Cut(strings.TrimSpace(v), "=")
+			if !strings.EqualFold(strings.TrimSpace(name), TokenCookie) {
+				resp.Header.Add("Set-Cookie", v)
+			}
+		}
+	}
+	if t.isolate {
+		// A page served on the server's own origin: its scripts run in
+		// an opaque origin, and its requests to the API are cross-origin
+		// ones (refused: see httpapi.RefuseBrowsers).
+		resp.Header.Set("Content-Security-Policy", "sandbox allow-scripts allow-forms allow-popups allow-downloads")
+		resp.Header.Set("X-Content-Type-Options", "nosniff")
+		resp.Header.Del("Set-Cookie")
+	}
+	if resp.StatusCode != http.StatusSwitchingProtocols && resp.Body != nil {
+		resp.Body = &limitedBody{rc: resp.Body, left: p.maxResponse}
+	}
+	return nil
+}
+
+// errResponseTooLarge cuts a response longer than MaxResponseBody.
+var errResponseTooLarge = errors.New("the sandbox's response is longer than the server passes on")
+
+type limitedBody struct {
+	rc   io.ReadCloser
+	left int64
+}
+
+func (l *limitedBody) Read(p []byte) (int, error) {
+	if l.left <= 0 {
+		return 0, errResponseTooLarge
+	}
+	if int64(len(p)) > l.left {
+		p = p[:l.left]
+	}
+	n, err := l.rc.Read(p)
+	l.left -= int64(n)
+	return n, err
+}
+
+func (l *limitedBody) Close() error { return l.rc.Close() }
+
+// WriteError answers a request that could not be proxied, as Vivarium's
+// API answers errors ({"error": {"code", "message"}}), with a message for
+// the client; nothing of the sandbox's own words.
+func WriteError(w http.ResponseWriter, err error) {
+	status, code, msg := classify(err)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	var body struct {
+		Error struct {
+			Code    string `json:"code"`
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	body.Error.Code, body.Error.Message = code, msg
+	json.NewEncoder(w).Encode(body)
+}
+
+func classify(err error) (int, string, string) {
+	var mbe *http.MaxBytesError
+	var ne net.Error
+	var denied *deniedError
+	switch {
+	case errors.As(err, &denied):
+		return denied.status, denied.code, denied.msg
+	case errors.Is(err, service.ErrNotFound):
+		return http.StatusNotFound, "not_found", "no such sandbox: it was closed, timed out, or is not yours"
+	case errors.Is(err, sandbox.ErrPortClosed):
+		return http.StatusBadGateway, "port_closed", err.Error() + ": start a server on it (on 0.0.0.0 or 127.0.0.1) first"
+	case errors.Is(err, sandbox.ErrInvalidSpec):
+		return http.StatusBadRequest, "invalid_request", err.Error()
+	case errors.Is(err, service.ErrQuota):
+		return http.StatusTooManyRequests, "quota", err.Error()
+	case errors.Is(err, sandbox.ErrUnsupported):
+		return http.StatusNotImplemented, "unsupported", err.Error()
+	case errors.Is(err, sandbox.ErrClosed):
+		return http.StatusGone, "closed", "the sandbox was closed"
+	case errors.Is(err, service.ErrShuttingDown):
+		return http.StatusServiceUnavailable, "shutting_down", err.Error()
+	case errors.As(err, &mbe):
+		return http.StatusRequestEntityTooLarge, "too_large",
+			fmt.Sprintf("a request body to a sandbox's port is at most %d bytes", MaxRequestBody)
+	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
+		return http.StatusGatewayTimeout, "timeout", "the sandbox's server did not answer in time"
+	case errors.Is(err, context.Canceled):
+		return 499, "cancelled", "the request was cancelled"
+	}
+	return http.StatusBadGateway, "bad_gateway", "the sandbox's server did not answer with valid HTTP"
+}
+
+// deniedError is a request without a valid token.
+type deniedError struct {
+	status    int
+	code, msg string
+}
+
+func (e *deniedError) Error() string { return e.msg }
+
+// Unauthorized is the error of a request without a valid token (401).
+func Unauthorized(msg string) error {
+	return &deniedError{http.StatusUnauthorized, "unauthorized", msg}
+}
+
+// Forbidden is the same error as E2B's proxy answers it (403).
+func Forbidden(msg string) error { return &deniedError{http.StatusForbidden, "forbidden", msg} }
+
+// ParseHost splits a host of the form <port>-<id>.<domain> (any port of
+// its own after a colon is ignored, as is case). ok is false for any other
+// host.
+func ParseHost(host, domain string) (id string, port int, ok bool) {
+	if domain == "" {
+		return "", 0, false
+	}
+	host, domain = stripPort(strings.ToLower(host)), stripPort(strings.ToLower(domain))
+	label, ok := strings.CutSuffix(host, "."+domain)
+	if !ok || label == "" || strings.Contains(label, ".") {
+		return "", 0, false
+	}
+	ps, id, ok := strings.Cut(label, "-")
+	if !ok || id == "" || ps == "" || len(ps) > 5 || ps[0] == '0' {
+		return "", 0, false
+	}
+	port, err := strconv.Atoi(ps)
+	if err != nil || port < 1 || port > 65535 {
+		return "", 0, false
+	}
+	for _, c := range ps {
+		if c < '0' || c > '9' {
+			return "", 0, false
+		}
+	}
+	return id, port, true
+}
+
+// IsHost reports whether host is <label>.<domain> (ports and case
+// ignored).
+func IsHost(host, label, domain string) bool {
+	return domain != "" && strings.EqualFold(stripPort(host), label+"."+stripPort(domain))
+}
+
+// stripPort drops a :port from a host (not from an IPv6 literal's colons).
+func stripPort(h string) string {
+	if i := strings.LastIndexByte(h, ':'); i >= 0 && !strings.Contains(h[i:], "]") && strings.Count(h, ":") == 1 {
+		return h[:i]
+	}
+	return h
+}

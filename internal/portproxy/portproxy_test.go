@@ -1,0 +1,297 @@
+package portproxy
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+)
+
+func TestParseHost(t *testing.T) {
+	for _, c := range []struct {
+		host, domain string
+		id           string
+		port         int
+	}{
+		{"3000-sb_abc.preview.test", "preview.test", "sb_abc", 3000},
+		{"3000-sb_abc.preview.test:8080", "preview.test:8080", "sb_abc", 3000},
+		{"3000-SB_ABC.Preview.Test", "preview.test", "sb_abc", 3000},
+		{"65535-x.d", "d", "x", 65535},
+		{"1-x-y.d", "d", "x-y", 1},
+		{"preview.test", "preview.test", "", 0},
+		{"a.3000-sb_abc.preview.test", "preview.test", "", 0},
+		{"3000-sb_abc.preview.test.evil", "preview.test", "", 0},
+		{"3000-sb_abc.evilpreview.test", "preview.test", "", 0},
+		{"3000sb_abc.preview.test", "preview.test", "", 0},
+		{"-sb_abc.preview.test", "preview.test", "", 0},
+		{"3000-.preview.test", "preview.test", "", 0},
+		{"0-sb.preview.test", "preview.test", "", 0},
+		{"03000-sb.preview.test", "preview.test", "", 0},
+		{"65536-sb.preview.test", "preview.test", "", 0},
+		{"+300-sb.preview.test", "preview.test", "", 0},
+		{"3000-sb_abc.preview.test", "", "", 0},
+		{"127.0.0.1:8080", "preview.test", "", 0},
+	} {
+		id, port, ok := ParseHost(c.host, c.domain)
+		if ok != (c.id != "") || id != c.id || port != c.port {
+			t.Errorf("ParseHost(%q, %q) = %q %d %v, want %q %d", c.host, c.domain, id, port, ok, c.id, c.port)
+		}
+	}
+}
+
+// world is a proxy in front of one "sandbox" server (a host listener the
+// tests dial explicitly) under the domain preview.test, where the port
+// token "good" opens port 3000 of sandbox sb_a.
+type world struct {
+	proxy   *Proxy
+	front   http.Handler
+	backend *httptest.Server
+	next    int // requests that went past the host form
+}
+
+func newWorld(t *testing.T, backend http.Handler) *world {
+	w := &world{proxy: New(nil)}
+	w.backend = httptest.NewServer(backend)
+	t.Cleanup(w.backend.Close)
+	w.front = &Hosts{
+		Domain: "preview.test:8080",
+		Proxy:  w.proxy,
+		Authorize: func(c Credential, id string, port int) (string, bool) {
+			return "alice", c.Value == "good" && c.From != "e2b-header" && id == "sb_a" && port == 3000 ||
+				c.Value == "e2b" && c.From == "e2b-header" && id == "sb_a"
+		},
+		Dial: func(ctx context.Context, owner, id string, port int) (net.Conn, error) {
+			if port != 3000 {
+				return nil, sandbox.ErrPortClosed
+			}
+			var d net.Dialer
+			return d.DialContext(ctx, "tcp", w.backend.Listener.Addr().String())
+		},
+		Next: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) { w.next++; rw.WriteHeader(204) }),
+	}
+	return w
+}
+
+func (w *world) do(r *http.Request) *httptest.ResponseRecorder {
+	rec := httptest.NewRecorder()
+	w.front.ServeHTTP(rec, r)
+	return rec
+}
+
+// echo answers what the sandbox was sent.
+var echo = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	w.Header().Add("Set-Cookie", "app=1")
+	w.Header().Add("Set-Cookie", TokenCookie+"=forged; Domain=preview.test")
+	json.NewEncoder(w).Encode(map[string]any{"path": r.URL.Path, "query": r.URL.RawQuery, "host": r.Host,
+		"headers": r.Header})
+})
+
+func TestHostFormNeedsAToken(t *testing.T) {
+	w := newWorld(t, echo)
+	for name, r := range map[string]*http.Request{
+		"none":                    httptest.NewRequest("GET", "http://3000-sb_a.preview.test:8080/", nil),
+		"bad":                     withHeader(httptest.NewRequest("GET", "http://3000-sb_a.preview.test:8080/", nil), TokenHeader, "bad"),
+		"another sandbox's":       withHeader(httptest.NewRequest("GET", "http://3000-sb_b.preview.test:8080/", nil), TokenHeader, "good"),
+		"another port's":          withHeader(httptest.NewRequest("GET", "http://3001-sb_a.preview.test:8080/", nil), TokenHeader, "good"),
+		"e2b's in our header":     withHeader(httptest.NewRequest("GET", "http://3000-sb_a.preview.test:8080/", nil), TokenHeader, "e2b"),
+		"e2b's in the query":      httptest.NewRequest("GET", "http://3000-sb_a.preview.test:8080/?"+TokenParam+"=e2b", nil),
+		"a port token as API key": withHeader(httptest.NewRequest("GET", "http://3000-sb_a.preview.test:8080/", nil), "Authorization", "Bearer good"),
+	} {
+		if rec := w.do(r); rec.Code != http.StatusForbidden || !strings.Contains(rec.Body.String(), "forbidden") {
+			t.Errorf("%s: %d %s", name, rec.Code, rec.Body)
+		}
+	}
+	if w.next != 0 {
+		t.Errorf("%d requests went past the host form", w.next)
+	}
+	// Other hosts are not the form's.
+	if rec := w.do(httptest.NewRequest("GET", "http://127.0.0.1:8080/v1/sandboxes", nil)); rec.Code != 204 || w.next != 1 {
+		t.Errorf("the API's host: %d", rec.Code)
+	}
+}
+
+func withHeader(r *http.Request, k, v string) *http.Request {
+	r.Header.Set(k, v)
+	return r
+}
+
+type echoed struct {
+	Path, Query, Host string
+	Headers           http.Header
+}
+
+func decode(t *testing.T, rec *httptest.ResponseRecorder) echoed {
+	t.Helper()
+	var e echoed
+	if rec.Code != 200 {
+		t.Fatalf("%d %s", rec.Code, rec.Body)
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &e); err != nil {
+		t.Fatalf("%v: %s", err, rec.Body)
+	}
+	return e
+}
+
+// A request with a token is proxied with its tokens taken out; the
+// sandbox cannot set the server's cookie.
+func TestHostFormProxiesWithoutTokens(t *testing.T) {
+	w := newWorld(t, echo)
+	r := httptest.NewRequest("GET", "http://3000-sb_a.preview.test:8080/a/b?x=1", nil)
+	r.Header.Set(TokenHeader, "good")
+	r.Header.Set("X-Access-Token", "envd")
+	r.Header.Add("Cookie", TokenCookie+"=junk; app=1")
+	rec := w.do(r)
+	e := decode(t, rec)
+	if e.Path != "/a/b" || e.Query != "x=1" || e.Host != "3000-sb_a.preview.test:8080" {
+		t.Errorf("%+v", e)
+	}
+	for _, h := range []string{TokenHeader, TrafficHeader, "X-Access-Token"} {
+		if e.Headers.Get(h) != "" {
+			t.Errorf("the sandbox was sent %s", h)
+		}
+	}
+	if c := e.Headers.Get("Cookie"); c != "app=1" {
+		t.Errorf("the sandbox was sent the cookies %q", c)
+	}
+	if sc := rec.Header().Values("Set-Cookie"); len(sc) != 1 || sc[0] != "app=1" {
+		t.Errorf("Set-Cookie passed on: %q", sc)
+	}
+	// E2B's traffic token, in E2B's header.
+	r = httptest.NewRequest("GET", "http://3000-sb_a.preview.test:8080/", nil)
+	r.Header.Set(TrafficHeader, "e2b")
+	if e := decode(t, w.do(r)); e.Headers.Get(TrafficHeader) != "" {
+		t.Error("the sandbox was sent E2B's token")
+	}
+	// Nothing listens on the port.
+	r = httptest.NewRequest("GET", "http://3001-sb_a.preview.test:8080/", nil)
+	w.front.(*Hosts).Authorize = func(Credential, string, int) (string, bool) { return "alice", true }
+	r.Header.Set(TokenHeader, "good")
+	if rec := w.do(r); rec.Code != http.StatusBadGateway || !strings.Contains(rec.Body.String(), "port_closed") {
+		t.Errorf("a closed port: %d %s", rec.Code, rec.Body)
+	}
+}
+
+// A link's token becomes a cookie of that host, and leaves the URL.
+func TestHostFormLinkSetsACookie(t *testing.T) {
+	w := newWorld(t, echo)
+	for path, want := range map[string]string{
+		"/page?" + TokenParam + "=good&x=1":       "/page?x=1",
+		"//evil.example/?" + TokenParam + "=good": "/evil.example/",
+		"/\\evil.example?" + TokenParam + "=good": "/evil.example",
+	} {
+		r := httptest.NewRequest("GET", "http://3000-sb_a.preview.test:8080"+path, nil)
+		rec := w.do(r)
+		if rec.Code != http.StatusSeeOther || rec.Header().Get("Location") != want {
+			t.Errorf("%s: %d to %q, want %q", path, rec.Code, rec.Header().Get("Location"), want)
+		}
+		c := rec.Result().Cookies()
+		if len(c) != 1 || c[0].Name != TokenCookie || c[0].Value != "good" || !c[0].HttpOnly || c[0].Domain != "" ||
+			c[0].SameSite != http.SameSiteLaxMode {
+			t.Errorf("%s: cookies %+v", path, c)
+		}
+	}
+	// The cookie opens the port; one another host of the domain tossed in
+	// beside it does not get in the way.
+	r := httptest.NewRequest("GET", "http://3000-sb_a.preview.test:8080/next", nil)
+	r.Header.Add("Cookie", TokenCookie+"=tossed; "+TokenCookie+"=good")
+	if e := decode(t, w.do(r)); e.Path != "/next" || e.Headers.Get("Cookie") != "" {
+		t.Errorf("%+v", e)
+	}
+	// A POST with the token in its query is served, not redirected.
+	r = httptest.NewRequest("POST", "http://3000-sb_a.preview.test:8080/form?"+TokenParam+"=good", strings.NewReader("a=1"))
+	if e := decode(t, w.do(r)); e.Query != "" {
+		t.Errorf("the sandbox was sent the query %q", e.Query)
+	}
+}
+
+// The path form's pages are sandboxed (the server's own origin).
+func TestIsolatedResponse(t *testing.T) {
+	w := newWorld(t, echo)
+	rec := httptest.NewRecorder()
+	dial := func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", w.backend.Listener.Addr().String())
+	}
+	w.proxy.Serve(rec, httptest.NewRequest("GET", "http://127.0.0.1/v1/sandboxes/x/ports/3000/y", nil), dial, "/y", true)
+	if csp := rec.Header().Get("Content-Security-Policy"); !strings.HasPrefix(csp, "sandbox") {
+		t.Errorf("CSP %q", csp)
+	}
+	if sc := rec.Header().Values("Set-Cookie"); len(sc) != 0 {
+		t.Errorf("Set-Cookie on the server's origin: %q", sc)
+	}
+	if e := decode(t, rec); e.Path != "/y" {
+		t.Errorf("%+v", e)
+	}
+}
+
+// A response longer than the bound is cut.
+func TestResponseBound(t *testing.T) {
+	w := newWorld(t, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		chunk := strings.Repeat("x", 1<<10)
+		for range 1 << 10 { // 1 MiB
+			if _, err := io.WriteString(rw, chunk); err != nil {
+				return
+			}
+		}
+	}))
+	w.proxy.maxResponse = 64 << 10
+	front := httptest.NewServer(w.front)
+	defer front.Close()
+	req, _ := http.NewRequest("GET", front.URL+"/big", nil)
+	req.Host = "3000-sb_a.preview.test:8080"
+	req.Header.Set(TokenHeader, "good")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	n, err := io.Copy(io.Discard, resp.Body)
+	if err == nil || n > 64<<10 {
+		t.Errorf("read %d bytes, err %v: the response was not cut at 64 KiB", n, err)
+	}
+}
+
+// A WebSocket (any upgrade) goes through both ways.
+func TestUpgrade(t *testing.T) {
+	w := newWorld(t, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Upgrade") != "websocket" {
+			rw.WriteHeader(400)
+			return
+		}
+		c, brw, err := http.NewResponseController(rw).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		fmt.Fprint(brw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+		brw.Flush()
+		line, _ := brw.ReadString('\n')
+		fmt.Fprint(brw, "echo "+line)
+		brw.Flush()
+	}))
+	front := httptest.NewServer(w.front)
+	defer front.Close()
+	c, err := net.Dial("tcp", front.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "GET /ws HTTP/1.1\r\nHost: 3000-sb_a.preview.test:8080\r\n%s: good\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n", TokenHeader)
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != 101 {
+		t.Fatalf("%v %v", resp, err)
+	}
+	fmt.Fprint(c, "hello\n")
+	if line, err := br.ReadString('\n'); err != nil || line != "echo hello\n" {
+		t.Errorf("%q %v", line, err)
+	}
+}

@@ -1,0 +1,20 @@
+package service
+
+// Owned names a live sandbox and its owner.
+type Owned struct{ Owner, ID string }
+
+// All lists every live sandbox with its owner, for what finds a sandbox
+// by a credential of its own rather than by an owner's key (a signed
+// file URL). It tells nothing to callers about other owners' sandboxes:
+// transports use it only to check a credential against each.
+func (s *Service) All() []Owned {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Owned, 0, len(s.boxes))
+	for id, b := range s.boxes {
+		if b != nil {
+			out = append(out, Owned{Owner: b.owner, ID: id})
+		}
+	}
+	return out
+}

@@ -1,0 +1,242 @@
+package service
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/store"
+)
+
+// A sandbox's ports: a server its code started is reached from outside
+// through the server (preview URLs), by connections the backend makes
+// inside the sandbox's own network (sandbox.PortDialer). Each is opened
+// by a port token: an HMAC of the owner, the sandbox and the port, keyed
+// by a secret of this process, so it opens that one port of that one
+// sandbox, and nothing once the server restarts (when every sandbox is
+// gone anyway). Tokens are handed to the sandbox's owner only.
+
+// MaxPortConns bounds the connections to one sandbox's ports open at once
+// (HTTP requests in progress and WebSockets).
+const MaxPortConns = 64
+
+// portTokenPrefix starts every port token (and no other token of the
+// server).
+const portTokenPrefix = "vp1."
+
+type ports struct {
+	once   sync.Once
+	secret []byte
+	mu     sync.Mutex
+	conns  map[string]map[*portConn]struct{} // by sandbox ID
+}
+
+func (p *ports) key() []byte {
+	p.once.Do(func() {
+		p.secret = make([]byte, 32)
+		rand.Read(p.secret)
+	})
+	return p.secret
+}
+
+func (p *ports) mac(owner, id string, port int) string {
+	m := hmac.New(sha256.New, p.key())
+	m.Write([]byte("vivarium-port\x00" + owner + "\x00" + id + "\x00" + strconv.Itoa(port)))
+	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+}
+
+func checkPort(port int) error {
+	if port < 1 || port > 65535 {
+		return fmt.Errorf("%w: port %d is not a TCP port (1-65535)", sandbox.ErrInvalidSpec, port)
+	}
+	return nil
+}
+
+// portDialer returns an owner's sandbox and its PortDialer.
+func (s *Service) portDialer(owner, id string, port int) (*Box, sandbox.PortDialer, error) {
+	if err := checkPort(port); err != nil {
+		return nil, nil, err
+	}
+	b, err := s.Get(owner, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	d, ok := b.sb.(sandbox.PortDialer)
+	if !ok {
+		return nil, nil, fmt.Errorf("%w: the %s backend's sandboxes have no ports to serve (no sockets); the native, gvisor and docker backends' have",
+			sandbox.ErrUnsupported, b.backend)
+	}
+	return b, d, nil
+}
+
+// PortToken returns the token that opens port of an owner's sandbox.
+func (s *Service) PortToken(owner, id string, port int) (string, error) {
+	if _, _, err := s.portDialer(owner, id, port); err != nil {
+		return "", err
+	}
+	return portTokenPrefix + base64.RawURLEncoding.EncodeToString([]byte(owner)) + "." + s.ports.mac(owner, id, port), nil
+}
+
+// PortTokenOwner returns the owner a port token was made for, if it opens
+// port of sandbox id (a live sandbox of that owner or not: DialPort
+// checks).
+func (s *Service) PortTokenOwner(token, id string, port int) (string, bool) {
+	rest, ok := strings.CutPrefix(token, portTokenPrefix)
+	if !ok || id == "" || checkPort(port) != nil {
+		return "", false
+	}
+	enc, mac, ok := strings.Cut(rest, ".")
+	if !ok {
+		return "", false
+	}
+	owner, err := base64.RawURLEncoding.DecodeString(enc)
+	if err != nil || len(owner) == 0 {
+		return "", false
+	}
+	return string(owner), hmac.Equal([]byte(mac), []byte(s.ports.mac(string(owner), id, port)))
+}
+
+// DialPort connects to port of an owner's sandbox, inside the sandbox's
+// own network: the connection reaches a server the sandbox's code
+// started, and nothing else. At most MaxPortConns are open at once per
+// sandbox; each restarts the sandbox's idle clock when it opens and
+// closes, is audited (Kind "port") when it closes or is refused, and all
+// are closed with the sandbox. What is read from the
+// connection is the sandbox's, and hostile.
+func (s *Service) DialPort(ctx context.Context, owner, id string, port int) (net.Conn, error) {
+	b, d, err := s.portDialer(owner, id, port)
+	if err != nil {
+		return nil, err
+	}
+	pc := &portConn{s: s, b: b}
+	s.ports.mu.Lock()
+	if s.ports.conns == nil {
+		s.ports.conns = map[string]map[*portConn]struct{}{}
+	}
+	open := s.ports.conns[id]
+	if len(open) >= MaxPortConns {
+		s.ports.mu.Unlock()
+		return nil, fmt.Errorf("%w: sandbox %s has %d connections to its ports open; close some first", ErrQuota, id, MaxPortConns)
+	}
+	if open == nil {
+		open = map[*portConn]struct{}{}
+		s.ports.conns[id] = open
+	}
+	open[pc] = struct{}{}
+	s.ports.mu.Unlock()
+	start := time.Now()
+	c, err := d.DialPort(ctx, port)
+	if err != nil {
+		pc.release()
+		status := "failed"
+		if errors.Is(err, sandbox.ErrPortClosed) {
+			status = "refused"
+		}
+		s.cfg.Audit(store.Record{Time: start, Kind: "port", KeyID: owner, SandboxID: id, Status: status, Port: port})
+		return nil, err
+	}
+	pc.port, pc.start = port, start
+	s.ports.mu.Lock()
+	_, live := s.ports.conns[id][pc]
+	if live {
+		pc.Conn = c
+	}
+	s.ports.mu.Unlock()
+	if !live {
+		// The sandbox was removed while we dialled (closePorts).
+		c.Close()
+		return nil, ErrNotFound
+	}
+	s.touch(b)
+	return pc, nil
+}
+
+// closePorts closes the connections to a sandbox's ports; the sandbox is
+// gone.
+func (s *Service) closePorts(id string) {
+	s.ports.mu.Lock()
+	open := s.ports.conns[id]
+	delete(s.ports.conns, id)
+	s.ports.mu.Unlock()
+	for pc := range open {
+		if pc.Conn != nil { // set under ports.mu, while pc was in open
+			pc.Conn.Close()
+		}
+	}
+}
+
+// touch restarts a sandbox's idle clock.
+func (s *Service) touch(b *Box) {
+	b.mu.Lock()
+	b.expiresAt = minTime(s.cfg.Now().Add(b.idle), b.deadline)
+	b.mu.Unlock()
+}
+
+// portConn is a connection to a sandbox's port, counted while open, and
+// audited when it closes (Kind "port": the bytes from the sandbox, in,
+// and to it, out).
+type portConn struct {
+	net.Conn
+	s       *Service
+	b       *Box
+	port    int
+	start   time.Time
+	in, out atomic.Int64
+	once    sync.Once
+}
+
+func (pc *portConn) Read(p []byte) (int, error) {
+	n, err := pc.Conn.Read(p)
+	pc.in.Add(int64(n))
+	return n, err
+}
+
+func (pc *portConn) Write(p []byte) (int, error) {
+	n, err := pc.Conn.Write(p)
+	pc.out.Add(int64(n))
+	return n, err
+}
+
+func (pc *portConn) release() {
+	pc.s.ports.mu.Lock()
+	defer pc.s.ports.mu.Unlock()
+	if open := pc.s.ports.conns[pc.b.id]; open != nil {
+		delete(open, pc)
+		if len(open) == 0 {
+			delete(pc.s.ports.conns, pc.b.id)
+		}
+	}
+}
+
+func (pc *portConn) Close() error {
+	var err error
+	pc.once.Do(func() {
+		err = pc.Conn.Close()
+		pc.release()
+		pc.s.touch(pc.b)
+		pc.s.cfg.Audit(store.Record{Time: pc.start, Kind: "port", KeyID: pc.b.owner, SandboxID: pc.b.id, Status: "ok",
+			Port: pc.port, BytesIn: pc.in.Load(), BytesOut: pc.out.Load(),
+			DurationMS: float64(time.Since(pc.start).Microseconds()) / 1000})
+	})
+	return err
+}
+
+// CloseWrite half-closes the connection when the backend's allows it
+// (a proxied WebSocket or request body may end before the answer).
+func (pc *portConn) CloseWrite() error {
+	if cw, ok := pc.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return errors.ErrUnsupported
+}
