@@ -30,8 +30,8 @@ Flags:
 	var q store.Query
 	fs.StringVar(&q.KeyID, "key", "", "only this key `ID`")
 	fs.StringVar(&q.SandboxID, "sandbox", "", "only this sandbox `ID`")
-	fs.StringVar(&q.Status, "status", "", "only this status (ok, error, timeout, memory_limit, killed, setup_failed; for net: allowed, refused, failed; for port: ok, refused, failed)")
-	fs.StringVar(&q.Kind, "kind", "", "only this kind (execute, command, run_once, package, net, port)")
+	fs.StringVar(&q.Status, "status", "", "only this status (ok, error, timeout, memory_limit, killed, setup_failed; for net: allowed, refused, failed; for port: ok, refused, failed; for net_policy: changed, refused)")
+	fs.StringVar(&q.Kind, "kind", "", "only this kind (execute, command, run_once, package, net, net_policy, port)")
 	since := fs.Duration("since", 0, "only the last `DURATION` (e.g. 1h)")
 	fs.IntVar(&q.Limit, "limit", 100, "at most `N` records")
 	asJSON := fs.Bool("json", false, "print JSON lines")
@@ -81,6 +81,10 @@ Flags:
 		case "port":
 			// A connection to a port of the sandbox, from outside.
 			what = fmt.Sprintf("port %d in=%s out=%s", r.Port, formatSize(r.BytesIn), formatSize(r.BytesOut))
+		case "net_policy":
+			// A change of a sandbox's network: the policy granted, or why
+			// it was refused (--json has all of it).
+			what = fmt.Sprintf("%.60s", r.Detail)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%.1f\t%.1f\t%s\n", r.Time.Local().Format("2006-01-02 15:04:05.000"),
 			r.Kind, r.KeyID, dash(r.SandboxID), what, r.Status, r.ExitCode, r.DurationMS, r.CPUMS, formatSize(r.PeakMemoryBytes))

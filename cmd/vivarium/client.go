@@ -28,12 +28,15 @@ an API key (VIVARIUM_API_KEY).
 
   create [--idle-timeout D] [--memory SIZE] [--pids N] [--disk SIZE] [--env K=V]   print the new sandbox's id
          [--allow-net RULE] [--packages]  with network access, within the server's allowlist
+         [--all-net] [--deny-net RULE] [--except-net RULE]  all of it, less what --deny-net refuses
   list                                  the key's sandboxes
   info ID                               one sandbox
   exec ID [-c CODE | FILE | -]          run Python, keeping state; output streams
   run [-c CODE | FILE | -]              run Python in a fresh sandbox destroyed afterwards
   sh ID COMMAND                         run a shell command
   install ID NAME[==VERSION]            install one of the server's allowed packages
+  network ID [--allow-net RULE] [--all-net] [--deny-net RULE] [--except-net RULE]
+                                        replace what the sandbox may reach (none of them: nothing)
   files ID [DIR]                        list files
   put ID LOCAL [REMOTE]                 upload a file
   get ID REMOTE [LOCAL]                 download a file (LOCAL "-": standard output)
@@ -150,6 +153,10 @@ func cmdSandbox(args []string) int {
 	var allowNet ruleList
 	fs.Var(&allowNet, "allow-net", "`RULE` the sandbox may reach through its proxy, within the server's allowlist (create, run; repeatable)")
 	packages := fs.Bool("packages", false, "the sandbox may install the server's allowed packages (create)")
+	allNet := fs.Bool("all-net", false, "the sandbox may reach all the server's allowlist allows (create, run, network)")
+	var denyNet, exceptNet ruleList
+	fs.Var(&denyNet, "deny-net", "`RULE` refused even where allowed; without ports, every port (create, run, network; repeatable)")
+	fs.Var(&exceptNet, "except-net", "`RULE` exempt from --deny-net, within the server's allowlist (create, run, network; repeatable)")
 	pos, err := parseInterleaved(fs, args)
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -182,6 +189,15 @@ func cmdSandbox(args []string) int {
 	}
 	if *packages {
 		network["packages"] = true
+	}
+	if *allNet {
+		network["all"] = true
+	}
+	if len(denyNet) > 0 {
+		network["deny"] = []string(denyNet)
+	}
+	if len(exceptNet) > 0 {
+		network["except"] = []string(exceptNet)
 	}
 	need := func(n int, what string) bool {
 		if len(pos) < n {
@@ -295,6 +311,18 @@ func cmdSandbox(args []string) int {
 			fmt.Fprintf(os.Stderr, "vivarium sandbox install: %s\n", res.Error)
 			return 1
 		}
+	case "network":
+		if !need(1, "sandbox ID") {
+			return 2
+		}
+		var info struct {
+			Network json.RawMessage `json:"network"`
+		}
+		raw, err := c.call("PUT", sb(pos[0])+"/network", network, &info)
+		if err != nil || *asJSON {
+			return printed(raw, err)
+		}
+		fmt.Printf("%s\n", info.Network)
 	case "files":
 		if !need(1, "sandbox ID") {
 			return 2

@@ -101,6 +101,27 @@ print(vivtestpkg.ANSWER, urllib.request.urlopen("http://%s:%d/hello.txt").read()
 	if want := "42 hello from " + h.Name + "\n"; r.stdout != want {
 		t.Errorf("exec: %q, want %q", r.stdout, want)
 	}
+	// The sandbox's network changes while it runs, within the allowlist.
+	hostPort := fmt.Sprintf("%s:%d", h.Addr, h.Port)
+	if r := must(srv.cliAs(t, "", "", "sandbox", "network", id, "--all-net", "--deny-net", h.Addr.String()), "network"); !strings.Contains(r.stdout, `"deny":["`+h.Addr.String()+`/32:*"]`) {
+		t.Errorf("network: %+v", r)
+	}
+	fetch := fmt.Sprintf(`
+import urllib.request, urllib.error
+try:
+    print(urllib.request.urlopen("http://%s/hello.txt").read().decode())
+except urllib.error.HTTPError as e:
+    print(e.code, e.read().decode().strip())`, hostPort)
+	if r := must(srv.cliAs(t, "", "", "sandbox", "exec", id, "-c", fetch), "exec denied"); r.stdout != "403 vivarium: "+h.Addr.String()+fmt.Sprintf(" port %d is in this sandbox's deny list\n", h.Port) {
+		t.Errorf("exec after deny: %q", r.stdout)
+	}
+	if r := srv.cliAs(t, "", "", "sandbox", "network", id, "--allow-net", "evil.test"); r.code != 1 || !strings.Contains(r.stderr, "not within the server's allowlist") {
+		t.Errorf("network beyond the allowlist: %+v", r)
+	}
+	must(srv.cliAs(t, "", "", "sandbox", "network", id, "--allow-net", hostPort), "network again")
+	if r := must(srv.cliAs(t, "", "", "sandbox", "exec", id, "-c", fetch), "exec allowed"); r.stdout != "hello from "+h.Name+"\n" {
+		t.Errorf("exec after allow: %q", r.stdout)
+	}
 	info := must(srv.cliAs(t, "", "", "sandbox", "info", id), "info").stdout
 	if !strings.Contains(info, `"max_connections":4`) || !strings.Contains(info, `"packages":true`) {
 		t.Errorf("info: %s", info)

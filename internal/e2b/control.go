@@ -51,13 +51,13 @@ func (s *Server) routeControl() {
 	handle("POST /v2/sandboxes/{id}/connect", s.connect)
 	handle("GET /sandboxes/{id}/metrics", s.metrics)
 	handle("GET /sandboxes/metrics", s.latestMetrics)
+	handle("PUT /sandboxes/{id}/network", s.updateNetwork)
 	for pattern, what := range map[string]string{
 		"POST /sandboxes/{id}/pause":     "pausing sandboxes",
 		"POST /sandboxes/{id}/resume":    "resuming paused sandboxes (a vivarium sandbox is never paused)",
 		"POST /sandboxes/{id}/snapshots": "snapshots",
 		"GET /snapshots":                 "snapshots",
 		"POST /sandboxes/{id}/fork":      "forking sandboxes",
-		"PUT /sandboxes/{id}/network":    "network settings (vivarium sandboxes have no network at all)",
 		"GET /sandboxes/{id}/logs":       "sandbox logs",
 		"GET /v2/sandboxes/{id}/logs":    "sandbox logs",
 	} {
@@ -107,9 +107,7 @@ type newSandbox struct {
 	AutoResume *struct {
 		Enabled bool `json:"enabled"`
 	} `json:"autoResume"`
-	// AllowInternetAccess is accepted and has no effect: a Vivarium
-	// sandbox never has a network, and E2B's Python SDK sends true unless
-	// told otherwise. Sandbox info says false.
+	// AllowInternetAccess and Network's egress fields: see network.go.
 	AllowInternetAccess *bool           `json:"allow_internet_access"`
 	Network             *networkConfig  `json:"network"`
 	MCP                 json.RawMessage `json:"mcp"`
@@ -128,10 +126,8 @@ type networkConfig struct {
 	HTTPSPorts      []int           `json:"httpsPorts"`
 }
 
-// check refuses what Vivarium cannot honour, naming it; what it always
-// does anyway (no internet, access only with a token) is accepted, and so
-// is allow_internet_access, which SDKs send by default (see above): code
-// that reaches for the network finds none, and says so itself.
+// check refuses what Vivarium cannot honour, naming it; network settings
+// are network.go's.
 func (n *newSandbox) check() error {
 	unsupported := func(what string) error { return fmt.Errorf("%w: %s", errUnsupported, what) }
 	switch {
@@ -149,13 +145,7 @@ func (n *newSandbox) check() error {
 	case n.IAM != nil && len(n.IAM.Tokens) > 0:
 		return unsupported("workload identity (iam)")
 	}
-	if nw := n.Network; nw != nil {
-		if len(nw.AllowOut) > 0 || len(nw.Rules) > 0 || (len(nw.EgressProxy) > 0 && string(nw.EgressProxy) != "null") ||
-			nw.MaskRequestHost != "" || len(nw.HTTPSPorts) > 0 {
-			return unsupported("network settings: vivarium sandboxes have no network (only denyOut is accepted)")
-		}
-	}
-	return nil
+	return n.Network.check()
 }
 
 // sandboxCreated is E2B's Sandbox: what create and connect answer.
@@ -214,7 +204,9 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, owner string) {
 	if req.Timeout != nil {
 		idle = durationOf(*req.Timeout)
 	}
-	info, err := s.svc.Create(r.Context(), service.CreateRequest{Owner: owner, Idle: idle, Env: req.EnvVars, Metadata: req.Metadata})
+	// E2B's layout: the user is "user", at home (and working) in /home/user.
+	info, err := s.svc.Create(r.Context(), service.CreateRequest{Owner: owner, Idle: idle, Env: req.EnvVars, Metadata: req.Metadata,
+		Network: networkRequest(req.AllowInternetAccess, req.Network), Home: sandbox.HomeUser})
 	if err != nil {
 		s.fail(w, err)
 		return
@@ -246,6 +238,7 @@ type listedSandbox struct {
 	EnvdAccessToken     string            `json:"envdAccessToken,omitempty"`
 	Domain              *string           `json:"domain,omitempty"`
 	AllowInternetAccess *bool             `json:"allowInternetAccess,omitempty"`
+	Network             *sandboxNetwork   `json:"network,omitempty"`
 	Lifecycle           *lifecycle        `json:"lifecycle,omitempty"`
 }
 
@@ -273,8 +266,8 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request, owner string) {
 	d := s.listed(info)
 	d.EnvdAccessToken = s.accessToken(owner, info.ID)
 	d.Domain = s.domain()
-	no := false
-	d.AllowInternetAccess = &no
+	internet, network := networkOf(info.Network)
+	d.AllowInternetAccess, d.Network = &internet, network
 	d.Lifecycle = &lifecycle{OnTimeout: "kill"}
 	writeJSON(w, http.StatusOK, d)
 }

@@ -22,16 +22,16 @@
 // sandbox of that one owner, and nothing once the server restarts (when
 // every sandbox is gone anyway).
 //
-// Paths: E2B's user is "user" with its home at /home/user; a Vivarium
-// sandbox's writable directory is /workspace, also reachable as /home/user
-// inside the sandbox. The file API accepts paths under either (relative
-// paths are relative to the home) and refuses everything else: /tmp, /etc
-// and the rest are not the workspace. Everything runs as the sandbox's one
-// unprivileged user; asking for "root" is refused.
+// Paths: E2B's user is "user" with its home at /home/user, the sandbox's
+// workspace (also at /workspace); relative paths are relative to it. The
+// file API reaches any path of the sandbox's own disk (sandbox.FileSystem:
+// /tmp, /etc, /root ...) as "user" or as "root", uid 0 of the sandbox's
+// user namespace, which has no capability; it follows no link and crosses
+// no mount. Backends without that reach the home alone.
 //
 // What E2B offers and Vivarium does not (pause and resume, snapshots,
-// forks, templates, volumes, network settings, PTYs, MCP) is answered with
-// an error that says so, which the SDKs raise.
+// forks, templates, volumes, PTYs, MCP) is answered with an error that
+// says so, which the SDKs raise.
 package e2b
 
 import (

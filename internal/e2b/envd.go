@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
 
 // routeEnvd serves envd, the sandbox's agent: files over HTTP, the
@@ -50,27 +52,29 @@ func (s *Server) routeEnvd() {
 	})
 }
 
-// checkUser accepts the users every operation may act as: E2B's default
-// user and the sandbox's own name, which are one unprivileged user.
-func checkUser(name string) error {
+// checkUser maps the user an operation acts as: E2B's default user (the
+// sandbox's own, also by Vivarium's name for it), or root, uid 0 of the
+// sandbox's user namespace, which has no capability.
+func checkUser(name string) (string, error) {
 	switch name {
 	case "", "user", "sandbox":
-		return nil
+		return sandbox.UserSandbox, nil
+	case "root":
+		return sandbox.UserRoot, nil
 	}
-	return fmt.Errorf("%w %q: vivarium runs everything as the sandbox's one unprivileged user (\"user\"); there is no root or other user",
-		errUser, name)
+	return "", fmt.Errorf("%w %q: a sandbox has its user (\"user\") and its root (\"root\")", errUser, name)
 }
 
 // rpcUser is the user an RPC acts as: envd's HTTP Basic authorization
 // carries it ("user:" in base64).
-func rpcUser(r *http.Request) error {
+func rpcUser(r *http.Request) (string, error) {
 	v, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Basic ")
 	if !ok {
-		return nil
+		return sandbox.UserSandbox, nil
 	}
 	dec, err := base64.StdEncoding.DecodeString(strings.TrimSpace(v))
 	if err != nil {
-		return newConnectError(codeInvalidArgument, "invalid Authorization header")
+		return "", newConnectError(codeInvalidArgument, "invalid Authorization header")
 	}
 	name, _, _ := strings.Cut(string(dec), ":")
 	return checkUser(name)

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 
+	"github.com/vivarium-sandbox/vivarium/internal/netpolicy"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/service"
 )
@@ -57,7 +58,7 @@ func httpStatus(log *slog.Logger, err error) (int, string) {
 		code = http.StatusBadRequest
 	case errors.Is(err, sandbox.ErrExists), errors.Is(err, sandbox.ErrBusy):
 		code = http.StatusConflict
-	case errors.Is(err, errUser):
+	case errors.Is(err, errUser), errors.Is(err, sandbox.ErrPermission):
 		code = http.StatusForbidden
 	case errors.Is(err, service.ErrQuota):
 		code = http.StatusTooManyRequests
@@ -69,6 +70,10 @@ func httpStatus(log *slog.Logger, err error) (int, string) {
 		code = http.StatusNotImplemented
 	case errors.Is(err, context.Canceled):
 		code = 499
+	case errors.Is(err, netpolicy.ErrInvalid):
+		code = http.StatusBadRequest
+	case errors.Is(err, netpolicy.ErrNotAllowed):
+		code = http.StatusForbidden
 	}
 	if code == http.StatusInternalServerError {
 		log.Error("internal error", "err", err)
@@ -138,7 +143,7 @@ func connectCode(log *slog.Logger, err error) (string, string) {
 		code = codeAlreadyExists
 	case errors.Is(err, sandbox.ErrBadPath), errors.Is(err, sandbox.ErrInvalidSpec), errors.Is(err, service.ErrCannotStart):
 		code = codeInvalidArgument
-	case errors.Is(err, errUser):
+	case errors.Is(err, errUser), errors.Is(err, sandbox.ErrPermission):
 		code = codePermissionDenied
 	case errors.Is(err, service.ErrQuota), errors.Is(err, sandbox.ErrTooLarge):
 		code = codeResourceExhausted

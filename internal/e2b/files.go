@@ -88,33 +88,28 @@ func detailedEntry(ws sandbox.Workspace, fi sandbox.FileInfo) entryInfo {
 	return e
 }
 
-// workspace returns the target sandbox's files, and marks it used until
-// done is called.
-func (s *Server) workspace(t target) (sandbox.Workspace, func(), error) {
-	return s.svc.Workspace(t.owner, t.id)
-}
-
 // readFile serves GET /files?path=P: the file's bytes.
 func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
 	t := targetOf(r)
 	q := r.URL.Query()
-	if err := checkUser(q.Get("username")); err != nil {
-		s.fail(w, err)
-		return
-	}
-	rel, err := toWorkspace(q.Get("path"))
+	user, err := checkUser(q.Get("username"))
 	if err != nil {
 		s.fail(w, err)
 		return
 	}
-	ws, done, err := s.workspace(t)
+	rel, err := toRoot(q.Get("path"))
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	ws, done, err := s.files(t, user)
 	if err != nil {
 		s.fail(w, err)
 		return
 	}
 	defer done()
-	if rel == "." {
-		s.fail(w, fmt.Errorf("%w: %s is a directory", sandbox.ErrBadPath, homeDir))
+	if rel == "." || isHome(rel) {
+		s.fail(w, fmt.Errorf("%w: %s is a directory", sandbox.ErrBadPath, toSandbox(rel)))
 		return
 	}
 	f, fi, err := ws.OpenFile(rel)
@@ -152,7 +147,8 @@ func (s *Server) failFile(w http.ResponseWriter, rel string, err error) {
 func (s *Server) writeFiles(w http.ResponseWriter, r *http.Request) {
 	t := targetOf(r)
 	q := r.URL.Query()
-	if err := checkUser(q.Get("username")); err != nil {
+	user, err := checkUser(q.Get("username"))
+	if err != nil {
 		s.fail(w, err)
 		return
 	}
@@ -166,7 +162,7 @@ func (s *Server) writeFiles(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, err)
 		return
 	}
-	ws, done, err := s.workspace(t)
+	ws, done, err := s.files(t, user)
 	if err != nil {
 		s.fail(w, err)
 		return
@@ -179,12 +175,12 @@ func (s *Server) writeFiles(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	write := func(name string, body io.Reader) (writeInfo, error) {
-		rel, err := toWorkspace(name)
+		rel, err := toRoot(name)
 		if err != nil {
 			return writeInfo{}, err
 		}
-		if rel == "." {
-			return writeInfo{}, fmt.Errorf("%w: %s is a directory", sandbox.ErrBadPath, homeDir)
+		if rel == "." || isHome(rel) {
+			return writeInfo{}, fmt.Errorf("%w: %s is a directory", sandbox.ErrBadPath, toSandbox(rel))
 		}
 		if err := ws.WriteFile(rel, body, limit); err != nil {
 			return writeInfo{}, err
@@ -289,14 +285,15 @@ type entryResponse struct {
 
 // rpcWorkspace checks the user and maps a path, for a filesystem RPC.
 func (s *Server) rpcWorkspace(r *http.Request, t target, p string) (sandbox.Workspace, string, func(), error) {
-	if err := rpcUser(r); err != nil {
-		return nil, "", nil, err
-	}
-	rel, err := toWorkspace(p)
+	user, err := rpcUser(r)
 	if err != nil {
 		return nil, "", nil, err
 	}
-	ws, done, err := s.workspace(t)
+	rel, err := toRoot(p)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	ws, done, err := s.files(t, user)
 	if err != nil {
 		return nil, "", nil, err
 	}
@@ -346,8 +343,8 @@ func (s *Server) makeDir(r *http.Request, t target, msg []byte) (any, error) {
 		return nil, err
 	}
 	defer done()
-	if rel == "." {
-		return nil, newConnectError(codeAlreadyExists, homeDir+" already exists")
+	if rel == "." || isHome(rel) {
+		return nil, newConnectError(codeAlreadyExists, toSandbox(rel)+" already exists")
 	}
 	ed, err := editor(ws)
 	if err != nil {
@@ -381,11 +378,11 @@ func (s *Server) move(r *http.Request, t target, msg []byte) (any, error) {
 		return nil, err
 	}
 	defer done()
-	dst, err := toWorkspace(req.Destination)
+	dst, err := toRoot(req.Destination)
 	if err != nil {
 		return nil, err
 	}
-	if src == "." || dst == "." {
+	if src == "." || dst == "." || isHome(src) || isHome(dst) {
 		return nil, fmt.Errorf("%w: the home directory itself cannot be moved or replaced", sandbox.ErrBadPath)
 	}
 	ed, err := editor(ws)
@@ -449,8 +446,8 @@ func (s *Server) remove(r *http.Request, t target, msg []byte) (any, error) {
 		return nil, err
 	}
 	defer done()
-	if rel == "." {
-		return nil, fmt.Errorf("%w: the home directory itself cannot be removed", sandbox.ErrBadPath)
+	if rel == "." || isHome(rel) {
+		return nil, fmt.Errorf("%w: %s itself cannot be removed", sandbox.ErrBadPath, toSandbox(rel))
 	}
 	// Removing what is not there succeeds, as envd's Remove does.
 	if err := ws.Remove(rel); err != nil && !errors.Is(err, fs.ErrNotExist) {

@@ -18,13 +18,13 @@ const (
 // maxPathLen bounds paths; the workspace layer refuses longer ones too.
 const maxPathLen = 4096
 
-// toWorkspace maps a path of E2B's API onto the workspace: "." for the
-// home itself, or a clean relative path without "..". Absolute paths must
-// lie under /home/user or /workspace (the same directory); relative ones
-// are relative to the home. Everything else is refused, with a message
-// that says where files may go. Links are the workspace layer's business:
-// it resolves every path without following any.
-func toWorkspace(p string) (string, error) {
+// toRoot maps a path of E2B's API onto the sandbox's file system, as a
+// clean path relative to its "/" ("." for "/" itself), without "..": the
+// home, /home/user, is the workspace, "workspace" (the same directory, and
+// the name by which the whole file system reaches it); relative paths are
+// relative to the home. Links are the file layer's business: it resolves
+// every path without following any.
+func toRoot(p string) (string, error) {
 	bad := func(why string) (string, error) {
 		return "", fmt.Errorf("%w: %q %s", sandbox.ErrBadPath, p, why)
 	}
@@ -39,23 +39,38 @@ func toWorkspace(p string) (string, error) {
 		abs = homeDir + "/" + p
 	}
 	abs = path.Clean(abs)
-	for _, root := range []string{homeDir, workspaceDir} {
-		if abs == root {
-			return ".", nil
+	for _, home := range []string{homeDir, workspaceDir} {
+		if abs == home {
+			return homeRel, nil
 		}
-		if rel, ok := strings.CutPrefix(abs, root+"/"); ok {
-			return rel, nil
+		if rest, ok := strings.CutPrefix(abs, home+"/"); ok {
+			return homeRel + "/" + rest, nil
 		}
 	}
-	return bad("is outside the sandbox's home: files live under " + homeDir + " (the workspace, also /workspace)")
+	if abs == "/" {
+		return ".", nil
+	}
+	return abs[1:], nil
 }
 
-// toSandbox is the absolute path, under the home, of a workspace path.
+// homeRel is the home directory as toRoot names it.
+const homeRel = "workspace"
+
+// isHome reports whether rel (toRoot's) is the home directory itself.
+func isHome(rel string) bool { return rel == homeRel }
+
+// toSandbox is the absolute path in the sandbox of a path toRoot made,
+// the home by E2B's name for it.
 func toSandbox(rel string) string {
-	if rel == "." || rel == "" {
+	switch {
+	case rel == "." || rel == "":
+		return "/"
+	case rel == homeRel:
 		return homeDir
+	case strings.HasPrefix(rel, homeRel+"/"):
+		return homeDir + rel[len(homeRel):]
 	}
-	return homeDir + "/" + rel
+	return "/" + rel
 }
 
 // sandboxDir maps a working directory given to a command or a context: a

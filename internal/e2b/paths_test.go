@@ -9,53 +9,57 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
 
-func TestToWorkspace(t *testing.T) {
+func TestToRoot(t *testing.T) {
 	for _, c := range []struct {
 		in, want string // want "" means refused
 	}{
-		{"/home/user", "."},
-		{"/home/user/", "."},
-		{"/home/user/a.txt", "a.txt"},
-		{"/home/user/d/e/f.csv", "d/e/f.csv"},
-		{"/home/user//d/./e", "d/e"},
-		{"/home/user/d/../e", "e"},
-		{"/workspace", "."},
-		{"/workspace/out.png", "out.png"},
-		{"a.txt", "a.txt"}, // relative to the home
-		{"d/e", "d/e"},
-		{"", "."},
-		{".", "."},
-		{"./x", "x"},
-		{"x/../y", "y"},
-		{"..", ""},
-		{"../user/x", "x"}, // /home/user/../user/x is the home again
-		{"../../etc/passwd", ""},
-		{"/home/user/../../etc/passwd", ""},
-		{"/home/userx/a", ""},
-		{"/home", ""},
-		{"/", ""},
-		{"/etc/passwd", ""},
-		{"/tmp/x", ""},
-		{"/workspacex", ""},
+		{"/home/user", "workspace"},
+		{"/home/user/", "workspace"},
+		{"/home/user/a.txt", "workspace/a.txt"},
+		{"/home/user/d/e/f.csv", "workspace/d/e/f.csv"},
+		{"/home/user//d/./e", "workspace/d/e"},
+		{"/home/user/d/../e", "workspace/e"},
+		{"/workspace", "workspace"},
+		{"/workspace/out.png", "workspace/out.png"},
+		{"a.txt", "workspace/a.txt"}, // relative to the home
+		{"d/e", "workspace/d/e"},
+		{"", "workspace"},
+		{".", "workspace"},
+		{"./x", "workspace/x"},
+		{"x/../y", "workspace/y"},
+		{"..", "home"},
+		{"../user/x", "workspace/x"}, // /home/user/../user/x is the home again
+		{"../../etc/passwd", "etc/passwd"},
+		{"/home/user/../../etc/passwd", "etc/passwd"},
+		{"/home/userx/a", "home/userx/a"},
+		{"/home", "home"},
+		{"/", "."},
+		{"/../..", "."},
+		{"/etc/passwd", "etc/passwd"},
+		{"/tmp/x", "tmp/x"},
+		{"/workspacex", "workspacex"},
 		{"/home/user/a\x00b", ""},
 		{"/home/user/" + strings.Repeat("a", maxPathLen), ""},
 	} {
-		got, err := toWorkspace(c.in)
+		got, err := toRoot(c.in)
 		if c.want == "" {
 			if err == nil || !errors.Is(err, sandbox.ErrBadPath) {
-				t.Errorf("toWorkspace(%q) = %q, %v; want ErrBadPath", c.in, got, err)
+				t.Errorf("toRoot(%q) = %q, %v; want ErrBadPath", c.in, got, err)
 			}
 			continue
 		}
 		if err != nil || got != c.want {
-			t.Errorf("toWorkspace(%q) = %q, %v; want %q", c.in, got, err, c.want)
+			t.Errorf("toRoot(%q) = %q, %v; want %q", c.in, got, err, c.want)
 		}
 	}
 }
 
 func TestToSandboxAndDirs(t *testing.T) {
-	if toSandbox(".") != "/home/user" || toSandbox("a/b") != "/home/user/a/b" {
-		t.Fatal(toSandbox("."), toSandbox("a/b"))
+	for rel, want := range map[string]string{".": "/", "workspace": "/home/user", "workspace/a/b": "/home/user/a/b",
+		"tmp/x": "/tmp/x", "workspacex": "/workspacex"} {
+		if got := toSandbox(rel); got != want {
+			t.Errorf("toSandbox(%q) = %q, want %q", rel, got, want)
+		}
 	}
 	for in, want := range map[string]string{"": "/home/user", "sub": "/home/user/sub", "/tmp/": "/tmp", "/home/user/../x": "/home/x"} {
 		if got, err := sandboxDir(in); err != nil || got != want {
@@ -67,40 +71,40 @@ func TestToSandboxAndDirs(t *testing.T) {
 	}
 }
 
-// FuzzToWorkspace checks that whatever a client sends, an accepted path is
-// a clean relative path that cannot name anything above the workspace, and
-// that it maps back to the same place.
-func FuzzToWorkspace(f *testing.F) {
+// FuzzToRoot checks that whatever a client sends, an accepted path is a
+// clean relative path that cannot name anything above the sandbox's root,
+// and that it maps back to the same place.
+func FuzzToRoot(f *testing.F) {
 	for _, s := range []string{"/home/user/a", "a/../../b", "/workspace/../home/user", "..", "/home/user/..", "./././x",
 		"/home/user/\x00", "//home//user//x", "/home/user/.../x", "a/b/../../..", "/workspace//.."} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, in string) {
-		rel, err := toWorkspace(in)
+		rel, err := toRoot(in)
 		if err != nil {
 			if !errors.Is(err, sandbox.ErrBadPath) {
-				t.Fatalf("toWorkspace(%q): %v is not ErrBadPath", in, err)
+				t.Fatalf("toRoot(%q): %v is not ErrBadPath", in, err)
 			}
 			return
 		}
 		switch {
 		case rel == "":
-			t.Fatalf("toWorkspace(%q) accepted an empty path", in)
+			t.Fatalf("toRoot(%q) accepted an empty path", in)
 		case strings.HasPrefix(rel, "/"):
-			t.Fatalf("toWorkspace(%q) = %q is absolute", in, rel)
+			t.Fatalf("toRoot(%q) = %q is absolute", in, rel)
 		case strings.ContainsRune(rel, 0):
-			t.Fatalf("toWorkspace(%q) = %q holds a NUL byte", in, rel)
+			t.Fatalf("toRoot(%q) = %q holds a NUL byte", in, rel)
 		case path.Clean(rel) != rel:
-			t.Fatalf("toWorkspace(%q) = %q is not clean", in, rel)
+			t.Fatalf("toRoot(%q) = %q is not clean", in, rel)
 		}
 		for _, part := range strings.Split(rel, "/") {
 			if part == ".." {
-				t.Fatalf("toWorkspace(%q) = %q goes up", in, rel)
+				t.Fatalf("toRoot(%q) = %q goes up", in, rel)
 			}
 		}
 		// It names what the caller named: mapping back and forth agrees.
-		if again, err := toWorkspace(toSandbox(rel)); err != nil || again != rel {
-			t.Fatalf("toWorkspace(toSandbox(%q)) = %q, %v", rel, again, err)
+		if again, err := toRoot(toSandbox(rel)); err != nil || again != rel {
+			t.Fatalf("toRoot(toSandbox(%q)) = %q, %v", rel, again, err)
 		}
 		abs := in
 		if !strings.HasPrefix(in, "/") {
@@ -108,7 +112,7 @@ func FuzzToWorkspace(f *testing.F) {
 		}
 		abs = path.Clean(abs)
 		if abs != toSandbox(rel) && abs != strings.Replace(toSandbox(rel), homeDir, workspaceDir, 1) {
-			t.Fatalf("toWorkspace(%q) = %q, which is %s, not %s", in, rel, toSandbox(rel), abs)
+			t.Fatalf("toRoot(%q) = %q, which is %s, not %s", in, rel, toSandbox(rel), abs)
 		}
 	})
 }

@@ -79,7 +79,8 @@ type (
 )
 
 func (s *Server) startProcess(r *http.Request, t target, msg []byte, st *rpcStream) error {
-	if err := rpcUser(r); err != nil {
+	user, err := rpcUser(r)
+	if err != nil {
 		return err
 	}
 	var req startRequest
@@ -110,7 +111,7 @@ func (s *Server) startProcess(r *http.Request, t target, msg []byte, st *rpcStre
 		env["PWD"] = dir
 	}
 	pr := service.ProcessRequest{
-		Argv: append([]string{req.Process.Cmd}, req.Process.Args...), Env: env, Cwd: dir,
+		Argv: append([]string{req.Process.Cmd}, req.Process.Args...), Env: env, Cwd: dir, User: user,
 		Timeout: st.Timeout,
 		// Older SDKs leave stdin unset and expect it open.
 		Stdin: req.Stdin == nil || *req.Stdin,

@@ -104,6 +104,7 @@ var Routes = []Route{
 	{"POST", "/v1/sandboxes/{id}/restart", "restart", "Restart the Python process; files are kept", false},
 	{"POST", "/v1/sandboxes/{id}/commands", "command", "Run a shell command in the sandbox", false},
 	{"POST", "/v1/sandboxes/{id}/packages", "installPackage", "Install one of the server's allowed packages into the sandbox", false},
+	{"PUT", "/v1/sandboxes/{id}/network", "setNetwork", "Replace what a running sandbox may reach, within the server's allowlist", false},
 	{"GET", "/v1/sandboxes/{id}/files", "listFiles", "List a directory of the workspace", false},
 	{"PUT", "/v1/sandboxes/{id}/files/{path...}", "putFile", "Upload a file (raw body)", false},
 	{"GET", "/v1/sandboxes/{id}/files/{path...}", "getFile", "Download a file", false},
@@ -192,6 +193,8 @@ func (s *Server) handler(name string) http.HandlerFunc {
 		return s.command
 	case "installPackage":
 		return s.installPackage
+	case "setNetwork":
+		return s.setNetwork
 	case "listFiles":
 		return s.listFiles
 	case "putFile":
@@ -662,6 +665,8 @@ func classify(err error) (int, string) {
 		return http.StatusBadRequest, "invalid_request"
 	case errors.Is(err, netpolicy.ErrNotAllowed), errors.Is(err, pkgindex.ErrNotAllowed):
 		return http.StatusForbidden, "not_allowed"
+	case errors.Is(err, sandbox.ErrPermission):
+		return http.StatusForbidden, "permission_denied"
 	case errors.Is(err, service.ErrQuota):
 		return http.StatusTooManyRequests, "quota"
 	case errors.Is(err, service.ErrShuttingDown):

@@ -481,6 +481,9 @@ func conforms(schema any, v any, at string) error {
 	if s == nil {
 		return nil
 	}
+	if _, typed := s["type"]; !typed && s["properties"] == nil && s["items"] == nil {
+		return nil // any JSON value (json.RawMessage: a chart, a DataFrame's data)
+	}
 	types := []string{}
 	switch t := s["type"].(type) {
 	case string:

@@ -3,6 +3,7 @@ package httpapi
 import (
 	"net/http"
 
+	"github.com/vivarium-sandbox/vivarium/internal/netpolicy"
 	"github.com/vivarium-sandbox/vivarium/internal/service"
 )
 
@@ -25,4 +26,17 @@ func (s *Server) installPackage(w http.ResponseWriter, r *http.Request) {
 	}
 	res, err := s.svc.InstallPackage(r.Context(), owner(r), r.PathValue("id"), service.PackageRequest{Name: req.Name, Version: req.Version})
 	s.respond(w, res, err)
+}
+
+// setNetwork replaces what a running sandbox may reach: the body is the
+// create request's "network" (allow, all, deny, except), granted anew
+// within the server's allowlist and applied to the sandbox's connections
+// at once (service.UpdateNetwork).
+func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request) {
+	var req netpolicy.Request
+	if !decode(w, r, &req) {
+		return
+	}
+	info, err := s.svc.UpdateNetwork(owner(r), r.PathValue("id"), req)
+	s.respond(w, info, err)
 }

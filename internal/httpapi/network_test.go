@@ -112,7 +112,7 @@ func newNetWorld(t *testing.T, zygote bool) *netWorld {
 			w.mu.Unlock()
 		},
 	})
-	srv := httptest.NewServer(httpapi.New(svc, keys{"alice-key": "alice"}, nil))
+	srv := httptest.NewServer(httpapi.New(svc, keys{"alice-key": "alice", "bob-key": "bob"}, nil))
 	t.Cleanup(func() {
 		srv.Close()
 		svc.Close()

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vivarium-sandbox/vivarium/internal/netpolicy"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/service"
 )
@@ -39,6 +40,7 @@ var operations = map[string]operation{
 	"restart":        {status: 200, response: restartResponse{}},
 	"command":        {request: commandRequest{}, status: 200, response: service.CommandResult{}, stream: true},
 	"installPackage": {request: packageRequest{}, status: 200, response: service.PackageResult{}},
+	"setNetwork":     {request: netpolicy.Request{}, status: 200, response: service.Info{}},
 	"listFiles":      {status: 200, response: fileList{}},
 	"putFile":        {status: 201, response: fileWritten{}},
 	"getFile":        {status: 200, raw: "application/octet-stream"},

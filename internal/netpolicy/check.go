@@ -56,6 +56,9 @@ func (c *Checker) Check(ctx context.Context, t Target, port uint16) ([]netip.Add
 		if !c.Policy.allowsAddr(t.Addr, port) {
 			return refuse("%s is not in this sandbox's network allowlist", dest)
 		}
+		if c.Policy.deniesAddr(t.Addr, port) {
+			return refuse("%s is in this sandbox's deny list", dest)
+		}
 		return []netip.Addr{t.Addr}, nil
 	}
 	if why := refusedName(t.Name); why != "" {
@@ -65,6 +68,10 @@ func (c *Checker) Check(ctx context.Context, t Target, port uint16) ([]netip.Add
 	// carry whatever it spells to the name's DNS server.
 	if !c.Policy.allowsName(t.Name, port) {
 		return refuse("%s is not in this sandbox's network allowlist", dest)
+	}
+	exempt := c.Policy.exemptName(t.Name, port)
+	if !exempt && c.Policy.deniesName(t.Name, port) {
+		return refuse("%s is in this sandbox's deny list", dest)
 	}
 	r := c.Resolver
 	if r == nil {
@@ -80,11 +87,7 @@ func (c *Checker) Check(ctx context.Context, t Target, port uint16) ([]netip.Add
 	var first string
 	for _, a := range addrs {
 		a = a.Unmap()
-		why := c.refusedAddr(a, port)
-		if why == "" && isNonPublic(a) && !c.Policy.allowsAddr(a, port) {
-			why = "a private address that no address rule of this sandbox lists"
-		}
-		if why != "" {
+		if why := c.nameAddrRefused(a, port, exempt); why != "" {
 			if first == "" {
 				first = fmt.Sprintf("%s resolves to %s, %s", t.Name, a, why)
 			}
@@ -154,4 +157,52 @@ func hostAddrs() []netip.Addr {
 	}
 	hostList, hostRead = list, time.Now()
 	return hostList
+}
+
+// Recheck decides again a connection already made to addr, on port, for
+// target (as the sandbox named it), under the checker's policy now: nil
+// if it may go on, else a *Refusal. Nothing is resolved: the address is
+// the one Check returned then, and is judged as Check would judge it
+// among a name's addresses.
+func (c *Checker) Recheck(t Target, port uint16, addr netip.Addr) error {
+	if !t.Addr.IsValid() {
+		return c.recheckName(t, port, addr)
+	}
+	_, err := c.Check(context.Background(), t, port) // an IP literal: no lookup
+	return err
+}
+
+func (c *Checker) recheckName(t Target, port uint16, a netip.Addr) error {
+	refuse := func(format string, args ...any) error { return &Refusal{Reason: fmt.Sprintf(format, args...)} }
+	dest := fmt.Sprintf("%s port %d", t, port)
+	switch {
+	case c == nil || c.Policy.None():
+		return refuse("this sandbox has no network access")
+	case refusedName(t.Name) != "":
+		return refuse("%s is always refused: %s", dest, refusedName(t.Name))
+	case !c.Policy.allowsName(t.Name, port):
+		return refuse("%s is not in this sandbox's network allowlist", dest)
+	}
+	exempt := c.Policy.exemptName(t.Name, port)
+	if !exempt && c.Policy.deniesName(t.Name, port) {
+		return refuse("%s is in this sandbox's deny list", dest)
+	}
+	if why := c.nameAddrRefused(a.Unmap(), port, exempt); why != "" {
+		return refuse("%s is refused: it was reached at %s, %s", dest, a.Unmap(), why)
+	}
+	return nil
+}
+
+// nameAddrRefused says why an address an allowed name resolves to is
+// refused, or "": always refused, private without an address rule, or
+// in the deny list (unless exempt: an exception lists the name).
+func (c *Checker) nameAddrRefused(a netip.Addr, port uint16, exempt bool) string {
+	why := c.refusedAddr(a, port)
+	if why == "" && isNonPublic(a) && !c.Policy.allowsAddr(a, port) {
+		why = "a private address that no address rule of this sandbox lists"
+	}
+	if why == "" && !exempt && c.Policy.deniesAddr(a, port) {
+		why = "an address in this sandbox's deny list"
+	}
+	return why
 }

@@ -3,7 +3,7 @@
 // (always a subset of it), and the addresses refused whatever either
 // says (cloud metadata, loopback, link-local, the host itself).
 //
-// A reader must know three things:
+// A reader must know four things:
 //   - No policy (nil, or None) means no network at all; that is every
 //     sandbox's default.
 //   - Host names are resolved by the supervisor, never by the sandbox,
@@ -16,6 +16,11 @@
 //     unless an address range rule lists the private one too: a
 //     wildcard such as *.example.com must not become a way into the
 //     operator's internal network.
+//   - A sandbox's own deny list and its exceptions (Policy.Deny,
+//     Policy.Except: E2B's denyOut and allowOut) narrow its rules and
+//     never widen them; nothing lifts what is always refused. A policy may
+//     be replaced while its sandbox runs: Checker.Recheck then decides an
+//     open connection again by the address it was made to.
 package netpolicy
 
 import (
@@ -84,9 +89,19 @@ type Limits struct {
 	MaxConns int `json:"max_connections,omitempty"`
 }
 
-// Policy is what one sandbox may reach.
+// Policy is what one sandbox may reach: what Rules allow, less what
+// Deny refuses, except what Except lists (see Check).
 type Policy struct {
 	Rules []Rule
+	// Deny refuses what Rules allow: a host rule matches names as the
+	// sandbox gives them, an address rule IP literals and every address a
+	// name resolves to. A sandbox narrows its own access with it, and may
+	// change it while it runs.
+	Deny []Rule
+	// Except lifts Deny for the destinations it lists (E2B's allowOut
+	// beside its denyOut: "allow takes precedence over deny"). It never
+	// adds to Rules.
+	Except []Rule
 	// Packages: the sandbox may reach the server's package index (see
 	// package pkgindex), and nothing more by that permission.
 	Packages bool
@@ -119,7 +134,16 @@ const (
 // one in brackets ("[2001:db8::/32]", "[2001:db8::1]"), and PORTS is a
 // comma-separated list of ports and ranges ("443", "80,443",
 // "8000-8100", "*" for all). Without PORTS: 80 and 443.
-func ParseRule(s string) (Rule, error) {
+func ParseRule(s string) (Rule, error) { return parseRule(s, DefaultPorts) }
+
+// ParseRuleAnyPort reads a rule as ParseRule does, but a rule without
+// ports means every port: a deny list's "8.8.8.8" refuses 8.8.8.8
+// whatever the port.
+func ParseRuleAnyPort(s string) (Rule, error) { return parseRule(s, allPorts) }
+
+var allPorts = []PortRange{{1, 65535}}
+
+func parseRule(s string, defaultPorts []PortRange) (Rule, error) {
 	s = strings.TrimSpace(s)
 	bad := func(why string) (Rule, error) {
 		return Rule{}, fmt.Errorf("%w: rule %q: %s", ErrInvalid, truncate(s, 80), why)
@@ -177,7 +201,7 @@ func ParseRule(s string) (Rule, error) {
 		r.Host = n
 	}
 	if ports == "" {
-		r.Ports = slices.Clone(DefaultPorts)
+		r.Ports = slices.Clone(defaultPorts)
 		return r, nil
 	}
 	pr, err := parsePorts(ports)
@@ -189,13 +213,18 @@ func ParseRule(s string) (Rule, error) {
 }
 
 // ParseRules reads a list of rules.
-func ParseRules(list []string) ([]Rule, error) {
+func ParseRules(list []string) ([]Rule, error) { return parseRules(list, DefaultPorts) }
+
+// ParseRulesAnyPort reads a list of rules with ParseRuleAnyPort.
+func ParseRulesAnyPort(list []string) ([]Rule, error) { return parseRules(list, allPorts) }
+
+func parseRules(list []string, defaultPorts []PortRange) ([]Rule, error) {
 	if len(list) > MaxRules {
 		return nil, fmt.Errorf("%w: at most %d rules, got %d", ErrInvalid, MaxRules, len(list))
 	}
 	out := make([]Rule, 0, len(list))
 	for _, s := range list {
-		r, err := ParseRule(s)
+		r, err := parseRule(s, defaultPorts)
 		if err != nil {
 			return nil, err
 		}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 )
 
@@ -34,13 +35,24 @@ type Server struct {
 type Request struct {
 	// Allow lists rules in ParseRule's syntax.
 	Allow []string `json:"allow,omitempty" doc:"hosts and address ranges the sandbox may reach through its proxy: \"api.example.com\", \"*.example.com:443\", \"10.0.0.0/8:5432\", \"[2001:db8::/32]:80,443\"; without ports, 80 and 443. Each must be within the server's allowlist"`
+	// All asks for everything the server's allowlist allows, as it is
+	// (Allow adds nothing to it then). On a server that allows nothing it
+	// grants nothing, without an error: E2B's default, internet access,
+	// is this.
+	All bool `json:"all,omitempty" doc:"the sandbox may reach all the server's allowlist allows (nothing, on a server that allows nothing); deny narrows it"`
+	// Deny and Except narrow what the sandbox may reach (Policy.Deny,
+	// Policy.Except); a rule without ports means every port.
+	Deny   []string `json:"deny,omitempty" doc:"hosts and address ranges refused even where allow allows them (without ports: every port); an address range applies to the addresses names resolve to too"`
+	Except []string `json:"except,omitempty" doc:"exceptions to deny (E2B's allowOut); each must be within the server's allowlist, and it never adds to allow"`
 	// Packages asks for the package index.
 	Packages bool `json:"packages,omitempty" doc:"the sandbox may install the server's allowed packages (POST /v1/sandboxes/{id}/packages)"`
 	Limits
 }
 
 // Empty reports whether the request asks for no network.
-func (r Request) Empty() bool { return len(r.Allow) == 0 && !r.Packages }
+func (r Request) Empty() bool {
+	return len(r.Allow) == 0 && !r.Packages && !r.All && len(r.Deny) == 0 && len(r.Except) == 0
+}
 
 // Validate checks the server's policy.
 func (s *Server) Validate() error {
@@ -83,7 +95,18 @@ func (s *Server) Grant(req Request) (*Policy, error) {
 		}
 		return nil, nil
 	}
-	if s == nil {
+	deny, err := ParseRulesAnyPort(req.Deny)
+	if err != nil {
+		return nil, err
+	}
+	except, err := ParseRulesAnyPort(req.Except)
+	if err != nil {
+		return nil, err
+	}
+	if s == nil || len(s.Rules) == 0 && !s.Packages {
+		if len(req.Allow) == 0 && !req.Packages && len(except) == 0 {
+			return nil, nil // all of nothing, less what deny refuses
+		}
 		return nil, fmt.Errorf("%w: this server gives sandboxes no network access", ErrNotAllowed)
 	}
 	rules, err := ParseRules(req.Allow)
@@ -93,6 +116,13 @@ func (s *Server) Grant(req Request) (*Policy, error) {
 	var refused []string
 	for _, r := range rules {
 		if !s.covers(r) {
+			refused = append(refused, r.String())
+		}
+	}
+	// An exception outside the server's allowlist would never be reached:
+	// say so, rather than let the sandbox believe it may reach it.
+	for _, r := range except {
+		if !slices.ContainsFunc(s.Rules, func(sr Rule) bool { return overlaps(sr, r) }) {
 			refused = append(refused, r.String())
 		}
 	}
@@ -133,7 +163,10 @@ func (s *Server) Grant(req Request) (*Policy, error) {
 	if err := errors.Join(errs[:]...); err != nil {
 		return nil, err
 	}
-	return &Policy{Rules: rules, Packages: req.Packages, Limits: l}, nil
+	if req.All {
+		rules = slices.Clone(s.Rules)
+	}
+	return &Policy{Rules: rules, Deny: deny, Except: except, Packages: req.Packages, Limits: l}, nil
 }
 
 // covers reports whether one server rule allows every host and port of r.

@@ -89,6 +89,9 @@ func (p *Proxy) handle(c net.Conn) {
 	ev.Outcome = Allowed
 	defer func() {
 		ev.BytesIn, ev.BytesOut = up.in.Load(), up.out.Load()
+		if why := p.unwatch(up); why != "" {
+			ev.Reason = why
+		}
 		p.release(up)
 	}()
 	c.SetReadDeadline(time.Time{})
@@ -150,18 +153,22 @@ func (p *Proxy) connect(t netpolicy.Target, port uint16, ev *Event) (*meteredCon
 	type dialer struct {
 		addr string
 		dial func(context.Context) (net.Conn, error)
+		ip   netip.Addr // invalid for a service
 	}
 	var dials []dialer
-	if svc, ok := p.cfg.Services[t.Name]; ok && t.Name != "" {
-		dials = append(dials, dialer{"(served by vivarium)", svc})
+	checker := p.checker.Load() // the policy this connection is decided by
+	svc, isService := p.cfg.Services[t.Name]
+	isService = isService && t.Name != ""
+	if isService {
+		dials = append(dials, dialer{"(served by vivarium)", svc, netip.Addr{}})
 	} else {
-		addrs, err := p.cfg.Checker.Check(ctx, t, port)
+		addrs, err := checker.Check(ctx, t, port)
 		if err != nil {
 			return fail(Refused, "%s", err.Error())
 		}
 		for _, a := range addrs {
 			ap := netip.AddrPortFrom(a, port)
-			dials = append(dials, dialer{ap.String(), func(ctx context.Context) (net.Conn, error) { return p.dial(ctx, ap) }})
+			dials = append(dials, dialer{ap.String(), func(ctx context.Context) (net.Conn, error) { return p.dial(ctx, ap) }, a})
 		}
 	}
 	if p.budget.exhausted() {
@@ -177,7 +184,11 @@ func (p *Proxy) connect(t netpolicy.Target, port uint16, ev *Event) (*meteredCon
 				return fail(Failed, "the sandbox is closing")
 			}
 			ev.Addr = d.addr
-			return &meteredConn{Conn: c, ctx: p.ctx, b: p.budget, idle: p.cfg.IdleTimeout}, nil
+			m := &meteredConn{Conn: c, ctx: p.ctx, b: p.budget, idle: p.cfg.IdleTimeout}
+			if !isService {
+				p.watch(m, checker, dest{target: t, port: port, addr: d.ip})
+			}
+			return m, nil
 		}
 		last = err
 		if p.ctx.Err() != nil {

@@ -23,6 +23,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/netpolicy"
@@ -91,19 +92,21 @@ const (
 
 // Proxy is one sandbox's proxy. It implements sandbox.Egress.
 type Proxy struct {
-	cfg    Config
-	limits netpolicy.Limits
-	budget *budget
-	conns  *budget // connection starts, paced like bytes
-	log    *slog.Logger
-	ctx    context.Context
-	cancel context.CancelFunc
+	cfg     Config
+	checker atomic.Pointer[netpolicy.Checker] // cfg.Checker, then SetPolicy's
+	limits  netpolicy.Limits
+	budget  *budget
+	conns   *budget // connection starts, paced like bytes
+	log     *slog.Logger
+	ctx     context.Context
+	cancel  context.CancelFunc
 
 	mu        sync.Mutex
 	closed    bool
 	open      map[net.Conn]struct{} // both sides of every connection
 	listeners map[net.Listener]struct{}
-	active    int // connections being served
+	active    int                    // connections being served
+	live      map[*meteredConn]*dest // upstream connections SetPolicy decides again
 	wg        sync.WaitGroup
 }
 
@@ -145,12 +148,78 @@ func New(cfg Config) (*Proxy, error) {
 		conns:     &budget{rate: cfg.ConnRate, tokens: 2 * cfg.ConnRate, last: time.Now()},
 		open:      map[net.Conn]struct{}{},
 		listeners: map[net.Listener]struct{}{},
+		live:      map[*meteredConn]*dest{},
 	}
+	p.checker.Store(cfg.Checker)
 	return p, nil
 }
 
 // Policy is the policy the proxy enforces.
-func (p *Proxy) Policy() *netpolicy.Policy { return p.cfg.Checker.Policy }
+func (p *Proxy) Policy() *netpolicy.Policy { return p.checker.Load().Policy }
+
+// SetPolicy replaces the policy that decides the sandbox's connections;
+// nil, or a policy that allows nothing, refuses every one. Every
+// connection the sandbox asks for once SetPolicy returns is decided by the
+// new policy, and every connection already made (a CONNECT tunnel, a
+// plain request being relayed) is decided again, without resolving its
+// name anew: those the new policy refuses are closed before SetPolicy
+// returns, and their audit events say why. The limits stay those the
+// proxy was made with, and so do its Services (whose connections are not
+// the policy's).
+func (p *Proxy) SetPolicy(policy *netpolicy.Policy) {
+	if policy == nil {
+		policy = &netpolicy.Policy{}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	c := *p.checker.Load()
+	c.Policy = policy
+	p.checker.Store(&c)
+	for m, d := range p.live {
+		if err := c.Recheck(d.target, d.port, d.addr); err != nil {
+			d.closed = "closed when the sandbox's network policy changed: " + err.Error()
+			m.Close()
+		}
+	}
+}
+
+// dest is where a live upstream connection goes.
+type dest struct {
+	target netpolicy.Target
+	port   uint16
+	addr   netip.Addr
+	closed string // why SetPolicy closed it; guarded by Proxy.mu
+}
+
+// watch registers a live upstream connection for SetPolicy. One that
+// checker allowed, but SetPolicy has replaced checker since, is decided
+// again here: none outlives a policy change unchecked.
+func (p *Proxy) watch(m *meteredConn, checker *netpolicy.Checker, d dest) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.live[m] = &d
+	now := p.checker.Load()
+	if now == checker {
+		return
+	}
+	if err := now.Recheck(d.target, d.port, d.addr); err != nil {
+		p.live[m].closed = "closed when the sandbox's network policy changed: " + err.Error()
+		m.Close()
+	}
+}
+
+// unwatch forgets a connection, and says why SetPolicy closed it ("" if
+// it did not).
+func (p *Proxy) unwatch(m *meteredConn) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	d := p.live[m]
+	delete(p.live, m)
+	if d == nil {
+		return ""
+	}
+	return d.closed
+}
 
 // Serve accepts connections on l until l or the proxy is closed. The
 // proxy closes l when it closes.

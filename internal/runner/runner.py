@@ -1083,6 +1083,11 @@ def _display_on_save(image_module):
 
     def save_and_display(self, fp, *args, **kwargs):
         result = save(self, fp, *args, **kwargs)
+        # A library's own save (matplotlib writes its PNGs through PIL) is
+        # not the code saving an image: its figure is shown on its own.
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        if caller.startswith(("matplotlib", "PIL")):
+            return result
         if isinstance(fp, (str, bytes, os.PathLike)):
             runtime = sys.modules.get("_vivarium_runtime")
             if runtime is not None:

@@ -24,4 +24,7 @@ var (
 	ErrNoContext = errors.New("no such code context")
 	// ErrExists: a file or directory is already there.
 	ErrExists = errors.New("already exists")
+	// ErrPermission: the sandbox's user (or root) may not do that to a
+	// file of the sandbox's (its permissions say no).
+	ErrPermission = errors.New("permission denied")
 )

@@ -32,6 +32,8 @@ type NetworkConfig struct {
 // NetworkInfo is what owners see of a sandbox's network access.
 type NetworkInfo struct {
 	Allow    []string         `json:"allow" doc:"hosts and ranges the sandbox may reach through its proxy"`
+	Deny     []string         `json:"deny,omitempty" doc:"hosts and ranges refused even where allow allows them"`
+	Except   []string         `json:"except,omitempty" doc:"exceptions to deny"`
 	Packages bool             `json:"packages" doc:"the sandbox may install the server's allowed packages"`
 	Limits   netpolicy.Limits `json:"limits"`
 	Proxy    string           `json:"proxy" doc:"the proxy's address inside the sandbox (HTTP_PROXY and HTTPS_PROXY point there)"`
@@ -41,7 +43,8 @@ func networkInfo(p *netpolicy.Policy) *NetworkInfo {
 	if p.None() {
 		return nil
 	}
-	return &NetworkInfo{Allow: p.Allow(), Packages: p.Packages, Limits: p.Limits, Proxy: sandbox.EgressAddr}
+	return &NetworkInfo{Allow: p.Allow(), Deny: p.Denied(), Except: p.Excepted(), Packages: p.Packages, Limits: p.Limits,
+		Proxy: sandbox.EgressAddr}
 }
 
 // startNetwork sets up what the service needs for network access: the
@@ -68,12 +71,15 @@ func (s *Service) stopNetwork() {
 
 // grantNetwork turns an owner's request for a sandbox of a backend ("":
 // the default) into the sandbox's policy: nil for no network. A backend
-// that cannot carry the proxy is refused here, before anything starts.
+// that cannot carry the proxy is refused here, before anything starts,
+// when the request names anything to reach; a request for "all" the
+// server allows grants nothing there (the sandbox's info says so).
 func (s *Service) grantNetwork(req netpolicy.Request, backend string) (*netpolicy.Policy, error) {
 	if req.Empty() && req.Limits == (netpolicy.Limits{}) {
 		return nil, nil
 	}
-	if s.cfg.Network.Policy == nil {
+	explicit := len(req.Allow) > 0 || req.Packages || len(req.Except) > 0
+	if s.cfg.Network.Policy == nil && explicit {
 		return nil, fmt.Errorf("%w: this server gives sandboxes no network access (an operator allows hosts with --allow-net)",
 			netpolicy.ErrNotAllowed)
 	}
@@ -82,6 +88,9 @@ func (s *Service) grantNetwork(req netpolicy.Request, backend string) (*netpolic
 		return p, err
 	}
 	if err := sandbox.EgressSupportedBy(s.cfg.Backend, backend); err != nil {
+		if !explicit {
+			return nil, nil
+		}
 		return nil, err
 	}
 	return p, nil
@@ -89,7 +98,7 @@ func (s *Service) grantNetwork(req netpolicy.Request, backend string) (*netpolic
 
 // newEgress makes the proxy of one sandbox, which records each of its
 // connections in the audit log under the sandbox and its owner.
-func (s *Service) newEgress(owner, id string, p *netpolicy.Policy) (sandbox.Egress, error) {
+func (s *Service) newEgress(owner, id string, p *netpolicy.Policy) (*netproxy.Proxy, error) {
 	if p.None() {
 		return nil, nil
 	}
@@ -114,7 +123,7 @@ func (s *Service) newEgress(owner, id string, p *netpolicy.Policy) (sandbox.Egre
 // withNetwork gives spec the network access of policy: its proxy (nil
 // for none; the caller closes it if the sandbox is not made), and the
 // environment that lets its Python import what it installs.
-func (s *Service) withNetwork(owner, id string, spec sandbox.Spec, policy *netpolicy.Policy) (sandbox.Spec, sandbox.Egress, error) {
+func (s *Service) withNetwork(owner, id string, spec sandbox.Spec, policy *netpolicy.Policy) (sandbox.Spec, *netproxy.Proxy, error) {
 	e, err := s.newEgress(owner, id, policy)
 	if err != nil {
 		return spec, nil, err
@@ -133,20 +142,21 @@ func (s *Service) withNetwork(owner, id string, spec sandbox.Spec, policy *netpo
 	return spec, e, nil
 }
 
-// makeSandbox creates a sandbox with the network access of policy.
-func (s *Service) makeSandbox(ctx context.Context, owner, id string, spec sandbox.Spec, policy *netpolicy.Policy) (sandbox.Sandbox, error) {
+// makeSandbox creates a sandbox with the network access of policy, and
+// returns its proxy too (nil without network), which the sandbox owns.
+func (s *Service) makeSandbox(ctx context.Context, owner, id string, spec sandbox.Spec, policy *netpolicy.Policy) (sandbox.Sandbox, *netproxy.Proxy, error) {
 	spec, e, err := s.withNetwork(owner, id, spec, policy)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	sb, err := s.cfg.Backend.Create(ctx, spec)
 	if err != nil {
 		if e != nil {
 			e.Close()
 		}
-		return nil, err
+		return nil, nil, err
 	}
-	return sb, nil
+	return sb, e, nil
 }
 
 // netRecord is the audit log's record of one connection.
@@ -204,7 +214,7 @@ func (s *Service) InstallPackage(ctx context.Context, owner, id string, req Pack
 		return nil, fmt.Errorf("%w: this server offers no packages (an operator sets them with --package and --package-dir or --package-index)",
 			netpolicy.ErrNotAllowed)
 	}
-	if b.network == nil || !b.network.Packages {
+	if p := b.networkPolicy(); p == nil || !p.Packages {
 		return nil, fmt.Errorf("%w: this sandbox was created without package installs; create it with \"network\": {\"packages\": true}",
 			netpolicy.ErrNotAllowed)
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/netpolicy"
+	"github.com/vivarium-sandbox/vivarium/internal/netproxy"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/store"
 )
@@ -127,7 +128,7 @@ func (s *Service) RunOnceWithNetwork(ctx context.Context, owner string, job sand
 	}
 	defer release()
 	id := ""
-	var egress sandbox.Egress
+	var egress *netproxy.Proxy
 	if policy != nil {
 		id = "run_" + randomHex(12)
 		if job.Spec, egress, err = s.withNetwork(owner, id, job.Spec, policy); err != nil {

@@ -234,8 +234,10 @@ type Box struct {
 	env         map[string]string
 	metadata    map[string]string
 	backend     string
-	network     *netpolicy.Policy // nil: no network
+	egress      *netproxy.Proxy   // the sandbox's proxy; nil: made without network
+	netMu       sync.Mutex        // serialises UpdateNetwork
 	mu          sync.Mutex        // guards the fields below
+	network     *netpolicy.Policy // nil: no network (UpdateNetwork changes it)
 	expiresAt   time.Time
 	executions  int
 	running     int  // executions and commands in progress
@@ -368,7 +370,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	}
 
 	start := time.Now()
-	sb, err := s.makeSandbox(ctx, req.Owner, id, sandbox.Spec{Limits: limits, Env: req.Env, Backend: req.Backend,
+	sb, egress, err := s.makeSandbox(ctx, req.Owner, id, sandbox.Spec{Limits: limits, Env: req.Env, Backend: req.Backend,
 		Tenant: s.tenantOf(req.Owner), Home: req.Home}, policy)
 	if err != nil {
 		s.mu.Lock()
@@ -382,7 +384,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	b := &Box{
 		id: id, owner: req.Owner, sb: sb, createdAt: now, deadline: now.Add(life), idle: idle,
 		limits: limits, env: req.Env, metadata: maps.Clone(req.Metadata), expiresAt: minTime(now.Add(idle), now.Add(life)),
-		backend: cmp.Or(req.Backend, s.cfg.Backend.Name()), network: policy,
+		backend: cmp.Or(req.Backend, s.cfg.Backend.Name()), network: policy, egress: egress,
 	}
 	s.mu.Lock()
 	unreserve()

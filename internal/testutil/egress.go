@@ -19,6 +19,9 @@ type EgressConfig struct {
 	// Names answers lookups; a name not in it does not resolve. Nil: the
 	// system's resolver.
 	Names map[string][]netip.Addr
+	// Deny and Except are the sandbox's own deny list and its exceptions
+	// (netpolicy.Request's).
+	Deny, Except []string
 	// DenyAddrs are refused like the server's API listener.
 	DenyAddrs []netip.AddrPort
 	Limits    netpolicy.Limits
@@ -46,7 +49,7 @@ func Egress(cfg EgressConfig) (sandbox.Egress, error) {
 		return nil, err
 	}
 	srv := &netpolicy.Server{Rules: rules, DenyAddrs: cfg.DenyAddrs}
-	p, err := srv.Grant(netpolicy.Request{Allow: cfg.Allow, Limits: cfg.Limits})
+	p, err := srv.Grant(netpolicy.Request{Allow: cfg.Allow, Deny: cfg.Deny, Except: cfg.Except, Limits: cfg.Limits})
 	if err != nil {
 		return nil, err
 	}

@@ -18,7 +18,8 @@ import (
 const metadataPrefix = "user.e2b."
 
 // Readlink returns the target of the symbolic link name, as written.
-func (d *Dir) Readlink(name string) (string, error) {
+func (d *Dir) Readlink(name string) (_ string, err error) {
+	defer permission(&err)
 	rel, err := Clean(name)
 	if err != nil {
 		return "", err
@@ -68,9 +69,10 @@ func (d *Dir) withInode(name string, fn func(p string) error) (ok bool, err erro
 // FileMetadata reads name's metadata: at most MaxMetadataEntries entries,
 // by key order; keys and values over their bounds (the sandbox may set
 // anything) are left out.
-func (d *Dir) FileMetadata(name string) (map[string]string, error) {
+func (d *Dir) FileMetadata(name string) (_ map[string]string, err error) {
+	defer permission(&err)
 	out := map[string]string{}
-	_, err := d.withInode(name, func(p string) error {
+	_, err = d.withInode(name, func(p string) error {
 		buf := make([]byte, 64<<10)
 		n, err := unix.Listxattr(p, buf)
 		if err == unix.ERANGE || err == unix.ENOTSUP {
@@ -104,7 +106,8 @@ func (d *Dir) FileMetadata(name string) (map[string]string, error) {
 
 // SetFileMetadata sets md on name (a regular file or a directory), with
 // the sandbox user's rights.
-func (d *Dir) SetFileMetadata(name string, md map[string]string) error {
+func (d *Dir) SetFileMetadata(name string, md map[string]string) (err error) {
+	defer permission(&err)
 	if err := sandbox.CheckMetadata(md); err != nil {
 		return err
 	}

@@ -66,6 +66,16 @@ var (
 	_ sandbox.WorkspaceEditor = (*Dir)(nil)
 )
 
+// permission marks what the file's permissions refused (EACCES, EPERM:
+// the sandbox's user, or its root, may not) as sandbox.ErrPermission, a
+// caller's error rather than the server's.
+func permission(err *error) {
+	if *err != nil && !errors.Is(*err, sandbox.ErrPermission) &&
+		(errors.Is(*err, unix.EACCES) || errors.Is(*err, unix.EPERM)) {
+		*err = fmt.Errorf("%w: %w", sandbox.ErrPermission, *err)
+	}
+}
+
 // Clean checks a workspace-relative path and returns it cleaned. Absolute
 // paths, ".." anywhere, NUL bytes, names over 255 bytes and the empty path
 // are refused.
@@ -173,7 +183,8 @@ func (d *Dir) asOwner(fn func() error) error {
 
 // WriteFile writes r to name atomically: into a temporary file beside it,
 // renamed over name once complete. A failure leaves nothing behind.
-func (d *Dir) WriteFile(name string, r io.Reader, limit int64) error {
+func (d *Dir) WriteFile(name string, r io.Reader, limit int64) (err error) {
+	defer permission(&err)
 	return d.asOwner(func() error { return d.writeFile(name, r, limit) })
 }
 
@@ -222,7 +233,8 @@ func (d *Dir) writeFile(name string, r io.Reader, limit int64) error {
 }
 
 // OpenFile opens a regular file for reading.
-func (d *Dir) OpenFile(name string) (io.ReadCloser, sandbox.FileInfo, error) {
+func (d *Dir) OpenFile(name string) (_ io.ReadCloser, _ sandbox.FileInfo, err error) {
+	defer permission(&err)
 	rel, err := Clean(name)
 	if err != nil {
 		return nil, sandbox.FileInfo{}, err
@@ -288,7 +300,8 @@ func cleanOrRoot(name string) (string, error) {
 
 // ReadDir lists the entries of directory name (links are listed, not
 // followed), recursing depth-1 levels below it, sorted by path.
-func (d *Dir) ReadDir(name string, depth int) ([]sandbox.FileInfo, error) {
+func (d *Dir) ReadDir(name string, depth int) (_ []sandbox.FileInfo, err error) {
+	defer permission(&err)
 	rel, err := cleanOrRoot(name)
 	if err != nil {
 		return nil, err
@@ -311,7 +324,8 @@ func (d *Dir) ReadDir(name string, depth int) ([]sandbox.FileInfo, error) {
 }
 
 // Stat describes name without following a final link.
-func (d *Dir) Stat(name string) (sandbox.FileInfo, error) {
+func (d *Dir) Stat(name string) (_ sandbox.FileInfo, err error) {
+	defer permission(&err)
 	rel, err := cleanOrRoot(name)
 	if err != nil {
 		return sandbox.FileInfo{}, err
@@ -338,7 +352,8 @@ func (d *Dir) Stat(name string) (sandbox.FileInfo, error) {
 
 // Remove deletes name: a file, a link (not its target) or a directory with
 // everything in it.
-func (d *Dir) Remove(name string) error {
+func (d *Dir) Remove(name string) (err error) {
+	defer permission(&err)
 	rel, err := Clean(name)
 	if err != nil {
 		return err
@@ -382,7 +397,8 @@ func removeAt(dirfd int, name string, depth int) error {
 
 // Mkdir creates directory name and its missing parents, as the
 // workspace's owner. An entry already at name is ErrExists.
-func (d *Dir) Mkdir(name string) error {
+func (d *Dir) Mkdir(name string) (err error) {
+	defer permission(&err)
 	rel, err := Clean(name)
 	if err != nil {
 		return err
@@ -409,7 +425,8 @@ func (d *Dir) Mkdir(name string) error {
 // parents of to. Only the parent directories are resolved (confined, no
 // links); rename(2) itself never follows the last component, so a link is
 // moved, not its target.
-func (d *Dir) Rename(from, to string) error {
+func (d *Dir) Rename(from, to string) (err error) {
+	defer permission(&err)
 	src, err := Clean(from)
 	if err != nil {
 		return err

@@ -146,8 +146,7 @@ describe('control plane', () => {
       await assert.rejects(sbx.updateNetwork({ allowOut: ['1.1.1.1'] }), /no network/)
       await assert.rejects(sbx.fork(), /forking sandboxes is not supported/)
       await assert.rejects(sbx.pty.create({ cols: 80, rows: 24, onData: () => {} }), /PTY/)
-      await assert.rejects(sbx.commands.run('id', { user: 'root' }), /no root/)
-      await assert.rejects(sbx.files.read('/home/user/x', { user: 'root' }), /no root/)
+      await assert.rejects(sbx.commands.run('id', { user: 'admin' }), /unknown user/)
       // Services on other ports: the sandbox has no network.
       const res = await fetch(`${process.env.E2B_SANDBOX_URL}/`, {
         headers: { 'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': '3000', 'X-Access-Token': sbx.envdAccessToken },
@@ -292,7 +291,7 @@ pd.DataFrame({"a": [1, 2], "b": ["x", "y"]})`)
 
       const ctx = await sbx.createCodeContext({ language: 'bash' })
       assert.equal(ctx.language, 'bash')
-      assert.deepEqual((await sbx.runCode('echo "[${COUNT-}]" $(pwd)', { context: ctx })).logs.stdout, ['[] /workspace\n'])
+      assert.deepEqual((await sbx.runCode('echo "[${COUNT-}]" $(pwd)', { context: ctx })).logs.stdout, ['[] /home/user\n'])
 
       await assert.rejects(sbx.runCode('DISPLAY 1', { language: 'cobol' }), /cobol.*not available/)
       await assert.rejects(sbx.createCodeContext({ language: 'deno' }), /not available/)
@@ -357,12 +356,20 @@ describe('filesystem', () => {
     })
   })
 
-  test('paths stay in the workspace: outside, through links and up are refused', async () => {
+  test('paths reach the sandbox\'s own disk as its user or its root, never through links or other mounts', async () => {
     await withSandbox(async (sbx) => {
-      await assert.rejects(sbx.files.read('/etc/passwd'), (e) => e instanceof InvalidArgumentError && /outside the sandbox's home/.test(e.message))
-      await assert.rejects(sbx.files.write('/home/user/../../etc/evil', 'x'), InvalidArgumentError)
-      await assert.rejects(sbx.files.write('/tmp/x', 'x'), InvalidArgumentError)
-      await assert.rejects(sbx.files.list('/'), InvalidArgumentError)
+      // The sandbox's /etc is its own: its user reads it, writes only as root.
+      assert.match(await sbx.files.read('/etc/passwd'), /^user:x:1000:1000:user:\/home\/user:/m)
+      await assert.rejects(sbx.files.write('/home/user/../../etc/evil', 'x'), SandboxError)
+      await sbx.files.write('/etc/app.conf', 'conf', { user: 'root' })
+      assert.equal((await sbx.commands.run('cat /etc/app.conf; echo; stat -c %U /etc/app.conf')).stdout, 'conf\nroot\n')
+      await sbx.files.write('/tmp/x', 'x')
+      assert.equal((await sbx.commands.run('cat /tmp/x; echo; stat -c %U /tmp/x')).stdout, 'x\nuser\n')
+      assert.ok((await sbx.files.list('/')).some((e) => e.name === 'tmp' && e.type === 'dir'))
+      // The host's /usr, /proc and /dev are other mounts: out of reach.
+      await assert.rejects(sbx.files.read('/proc/self/environ'), SandboxError)
+      await assert.rejects(sbx.files.read('/usr/bin/python3'), SandboxError)
+      await assert.rejects(sbx.files.write('/usr/local/evil', 'x', { user: 'root' }), SandboxError)
       await assert.rejects(sbx.files.rename('/home/user', '/home/user/inside'), InvalidArgumentError)
       // Links the code makes are never followed.
       await sbx.runCode('import os\nos.symlink("/etc/passwd", "/home/user/link")\nos.symlink("/etc", "/home/user/dirlink")')
@@ -419,7 +426,10 @@ describe('commands', () => {
       assert.equal((await sbx.commands.run('pwd')).stdout, '/home/user\n')
       await sbx.files.makeDir('/home/user/sub')
       assert.equal((await sbx.commands.run('pwd', { cwd: 'sub' })).stdout, '/home/user/sub\n')
-      assert.equal((await sbx.commands.run('id -un')).stdout, 'sandbox\n')
+      assert.equal((await sbx.commands.run('id -un')).stdout, 'user\n')
+      // Root of the sandbox's own user namespace, with no capability.
+      const root = await sbx.commands.run('id -un; echo $HOME; grep CapEff /proc/self/status', { user: 'root' })
+      assert.equal(root.stdout, 'root\n/root\nCapEff:\t0000000000000000\n')
       await assert.rejects(sbx.commands.run('true', { cwd: '/nonexistent' }), SandboxError)
 
       const t0 = Date.now()
@@ -472,7 +482,9 @@ describe('commands', () => {
 describe('limits and lifetime', () => {
   test('every limit of the sandbox applies', async () => {
     // allowInternetAccess is accepted (the Python SDK sends true by
-    // default) and changes nothing: there is no network.
+    // default): it is all the operator allows, and this server allows no
+    // host, so there is no network (network.test.mjs has a server that
+    // does).
     await withSandbox({ allowInternetAccess: true }, async (sbx) => {
       assert.equal((await sbx.getInfo()).allowInternetAccess, false)
       const oom = await sbx.runCode('x = bytearray(2 * 1024**3)')

@@ -69,9 +69,9 @@ func newEgressWorld(t *testing.T) *egressWorld {
 // tells its code where the world's hosts are. A backend that cannot carry
 // the proxy must refuse the job; the case checks that, and is skipped
 // there.
-func (w *egressWorld) attach(t *testing.T, h *harness, j *job) {
+func (w *egressWorld) attach(t *testing.T, h *harness, j *job, narrow ...netpolicy.Request) {
 	t.Helper()
-	proxy := w.proxy(t)
+	proxy := w.proxy(t, narrow...)
 	api := w.api.addr.(*net.TCPAddr).AddrPort()
 	if err := sandbox.EgressSupported(h.be.B); err != nil {
 		res, _ := sandbox.RunOnce(context.Background(), h.be.B, sandbox.OneShot{
@@ -96,16 +96,22 @@ func (w *egressWorld) attach(t *testing.T, h *harness, j *job) {
 
 // proxy is a sandbox's proxy under the world's allowlist, as a server
 // would give it: under the operator's policy, with the API listener
-// refused; its events are kept under the test's name.
-func (w *egressWorld) proxy(t *testing.T) sandbox.Egress {
+// refused, narrowed by the sandbox's own deny list and exceptions if
+// given; its events are kept under the test's name.
+func (w *egressWorld) proxy(t *testing.T, narrow ...netpolicy.Request) sandbox.Egress {
 	t.Helper()
 	if w.missing != "" {
 		t.Skip(w.missing)
 	}
 	name := t.Name()
+	var n netpolicy.Request
+	for _, r := range narrow {
+		n.Deny, n.Except = append(n.Deny, r.Deny...), append(n.Except, r.Except...)
+	}
 	return testutil.NewEgress(t, testutil.EgressConfig{
-		Allow: w.rules, Names: w.names, DenyAddrs: []netip.AddrPort{w.api.addr.(*net.TCPAddr).AddrPort()},
-		Limits: netpolicy.Limits{MaxConns: 8},
+		Allow: w.rules, Deny: n.Deny, Except: n.Except, Names: w.names,
+		DenyAddrs: []netip.AddrPort{w.api.addr.(*net.TCPAddr).AddrPort()},
+		Limits:    netpolicy.Limits{MaxConns: 8},
 		Audit: func(e netproxy.Event) {
 			w.mu.Lock()
 			w.events[name] = append(w.events[name], e)

@@ -280,6 +280,26 @@ class ClientTest(unittest.TestCase):
         with self.assertRaises(NotAllowedError):
             plain.install(pkg)
 
+    @unittest.skipUnless(os.environ.get("VIVARIUM_TEST_PACKAGE"), "the server offers no test package")
+    def test_set_network(self):
+        # The server allows packages and no host: a sandbox may narrow
+        # its access, never widen it.
+        sb = self.sandbox(network={"packages": True})
+        info = sb.set_network({"deny": ["0.0.0.0/0", "[::/0]"]})
+        self.assertEqual(info["network"]["deny"], ["0.0.0.0/0:*", "[::/0]:*"])
+        self.assertTrue(info["network"]["packages"])
+        with self.assertRaises(NotAllowedError) as cm:
+            sb.set_network({"allow": ["evil.test"]})
+        self.assertIn("not within the server's allowlist", str(cm.exception))
+        self.assertEqual(sb.refresh()["network"]["deny"], ["0.0.0.0/0:*", "[::/0]:*"])
+        self.assertEqual(sb.set_network({})["network"]["allow"], [])
+        with self.assertRaises(NotAllowedError) as cm:
+            self.sandbox().set_network({"allow": ["evil.test"]})
+        # Another key's request is answered as for no such sandbox.
+        theirs = vivarium.Sandbox(Client(api_key=os.environ["VIVARIUM_API_KEY_2"]), {"id": sb.id})
+        with self.assertRaises(NotFoundError):
+            theirs.set_network({"all": True})
+
 
 class StandardLibraryOnlyTest(unittest.TestCase):
 

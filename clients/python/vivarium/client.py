@@ -212,10 +212,13 @@ class Client:
         ``limits`` a dict of memory, cpu_time_s, timeout_s, pids, disk,
         max_output, cpus; ``backend`` one the server offers (native,
         gvisor, wasm; default: the server's); ``network`` a dict of allow
-        (hosts, within the server's allowlist), packages (True: may install
-        the server's allowed packages), max_bytes, rate, max_connections
-        (default: no network); ``home`` the user's home and working
-        directory: "/workspace" (default) or "/home/user" (E2B's layout)."""
+        (hosts, within the server's allowlist), all (True: all the server
+        allows), deny (hosts and ranges refused all the same), except
+        (exceptions to deny), packages (True: may install the server's
+        allowed packages), max_bytes, rate, max_connections (default: no
+        network; see Sandbox.set_network to change it later); ``home`` the
+        user's home and working directory: "/workspace" (default) or
+        "/home/user" (E2B's layout)."""
         body = {}
         for k, v in (("timeout_s", timeout_s), ("max_lifetime_s", max_lifetime_s), ("limits", limits),
                      ("env", env), ("metadata", metadata), ("backend", backend), ("network", network),
@@ -299,6 +302,16 @@ class Sandbox:
     def set_timeout(self, timeout_s):
         """Sets the idle timeout to timeout_s seconds from now."""
         self.info = self.client._call("POST", self._path("/timeout"), {"timeout_s": timeout_s})
+        return self.info
+
+    def set_network(self, network):
+        """Replaces what this running sandbox may reach: ``network`` is a
+        dict as create_sandbox takes (allow, all, deny, except), granted
+        anew within the server's allowlist (replaced, not merged: {} takes
+        everything away) and applied to its connections at once. Packages
+        and limits stay as created. Raises NotAllowedError for more than
+        the server allows, or for a sandbox created without network."""
+        self.info = self.client._call("PUT", self._path("/network"), network or {})
         return self.info
 
     def execute(self, code, timeout_s=None, cpu_time_s=None, env=None,
