@@ -279,9 +279,6 @@ function stripTypes(code) {
           return i;
         }
       }
-      if (depth === 0 && t.v === '>' && !stops.includes('>')) {
-        // a comparison cannot follow a type at depth 0
-      }
       if ('([{<'.includes(t.v)) {
         if (depth === 0 && t.v === '(' && (first || (prevTypeTok && ['|', '&', ':', '=>'].includes(prevTypeTok.v)))) sawArrowGroup = true;
         depth++;
@@ -297,8 +294,8 @@ function stripTypes(code) {
     return i;
   };
   let prevTypeTok = null;
-  // skipStatement skips a declaration to its end: ';' or a newline at
-  // depth 0 not continued by an operator.
+  // skipDecl skips a declaration to its end: ';', an interface's closing
+  // brace, or a newline at depth 0 not continued by an operator.
   const skipDecl = (i) => {
     let depth = 0;
     let last = null;
@@ -334,11 +331,13 @@ function stripTypes(code) {
     const p = prevSig();
     return !p || [';', '{', '}'].includes(p.v) || (p.kind === 'id' && p.v === 'export') || lastWasNewline();
   };
+  // lastWasNewline: a newline follows the last significant token, which
+  // could end a statement (not an operator).
   const lastWasNewline = () => {
     for (let k = out.length - 1; k >= 0; k--) {
       if (out[k].kind !== 'ws') {
         const p = out[k];
-        return !['op'].includes(p.kind) || [')', ']', '}'].includes(p.v) ? sawNl(k) : false;
+        return p.kind !== 'op' || [')', ']', '}'].includes(p.v) ? sawNl(k) : false;
       }
     }
     return true;
@@ -422,8 +421,7 @@ function stripTypes(code) {
       if (v === ')') {
         const j = nextSig(i + 1);
         const cur = stack[stack.length - 1];
-        if (toks[j] && toks[j].v === ':' && !(cur && cur.q > 0) && !(stack.length === 0 && topQ > 0) &&
-            !(cur && cur.ch === '{' && !cur.cls && false)) {
+        if (toks[j] && toks[j].v === ':' && !(cur && cur.q > 0) && !(stack.length === 0 && topQ > 0)) {
           prevTypeTok = null;
           i = skipType(nextSig(j + 1), ['{', '=>', ';', ',', ')', '=']) - 1;
         }
