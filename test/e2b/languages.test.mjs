@@ -7,6 +7,7 @@ import assert from 'node:assert/strict'
 import { execFileSync } from 'node:child_process'
 
 import { Sandbox } from '@e2b/code-interpreter'
+import { TimeoutError } from 'e2b'
 
 function missing(tool, what) {
   try {
@@ -79,6 +80,16 @@ describe('languages', () => {
         { language: 'js' })
       assert.equal(ex.results[0].html, '<h1>Hello world!</h1>')
       assert.equal(ex.results[0].text, 'Hello world!')
+    })
+  })
+
+  test("javascript: the SDK's timeoutMs interrupts a busy loop and the state survives", async () => {
+    await withSandbox(async (sbx) => {
+      await sbx.runCode('var n = 0', { language: 'js' })
+      await assert.rejects(sbx.runCode('for (;;) { n++ }', { language: 'js', timeoutMs: 1_000 }), TimeoutError)
+      // The next cell waits its turn: the interrupt ended the loop, and n
+      // counted.
+      assert.equal((await sbx.runCode('n > 0', { language: 'js' })).results[0].text, 'true')
     })
   })
 
