@@ -14,6 +14,10 @@ extra="$extra docker.io"
 extra="$extra iproute2"
 # The MCP and E2B tests drive the server with their official JavaScript SDKs.
 command -v npm >/dev/null 2>&1 || extra="$extra nodejs npm"
+# R code contexts: 4 packages, 26 MB to download, 42 MB installed, 13 s.
+# Java's (default-jdk-headless: about 265 MB installed) are tested where a
+# JDK is present; VIVARIUM_DEPS_EXTRA=default-jdk-headless installs one.
+extra="$extra r-base-core"
 VIVARIUM_DEPS_EXTRA="$extra ${VIVARIUM_DEPS_EXTRA:-}" scripts/deps.sh
 # The SDK's exact version is pinned in test/mcp/package-lock.json.
 [ -d test/mcp/node_modules/@modelcontextprotocol/sdk ] || (cd test/mcp && npm ci --no-audit --no-fund --loglevel=error)

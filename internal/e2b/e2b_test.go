@@ -545,10 +545,10 @@ func TestInterpreter(t *testing.T) {
 		status             int
 		want               string
 	}{
-		{"POST", "/e2b/sandbox/execute", `{"code":"1","language":"javascript"}`, 404, `language "javascript" is not available`},
+		{"POST", "/e2b/sandbox/execute", `{"code":"1","language":"cobol"}`, 404, `language "cobol" is not available`},
 		{"POST", "/e2b/sandbox/execute", `{"code":"1","context_id":"nope"}`, 404, `context "nope" not found`},
 		{"POST", "/e2b/sandbox/execute", `{"code":`, 400, `invalid execution request`},
-		{"POST", "/e2b/sandbox/contexts", `{"language":"r"}`, 404, `not available`},
+		{"POST", "/e2b/sandbox/contexts", `{"language":"cobol"}`, 404, `not available`},
 		{"GET", "/e2b/sandbox/contexts", ``, 501, `no code contexts`},
 		{"GET", "/e2b/sandbox/nothing", ``, 404, `not part of the code interpreter's API`},
 	} {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/jsonerr"
+	"github.com/vivarium-sandbox/vivarium/internal/runner"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/service"
 )
@@ -43,15 +44,14 @@ type executeRequest struct {
 	EnvVars   map[string]string `json:"env_vars"`
 }
 
-// languageContext is the default context of a language.
+// languageContext is the default context of a language: its canonical
+// name (runner.Languages), made on first use.
 func languageContext(language string) (string, error) {
-	switch strings.ToLower(strings.TrimSpace(language)) {
-	case "", "python", "python3":
-		return sandbox.DefaultContext, nil
-	case "bash", "sh", "shell":
-		return sandbox.BashContext, nil
+	l, err := runner.CanonicalLanguage(language)
+	if err != nil {
+		return "", fmt.Errorf("language %q is not available: vivarium runs %s", language, strings.Join(runner.Languages, ", "))
 	}
-	return "", fmt.Errorf("language %q is not available: vivarium runs python and bash", language)
+	return l, nil
 }
 
 // The SDKs raise only the body of a 404 (as NotFoundError) or 502 (as

@@ -110,7 +110,7 @@ var Routes = []Route{
 	{"GET", "/v1/sandboxes/{id}/files/{path...}", "getFile", "Download a file", false},
 	{"DELETE", "/v1/sandboxes/{id}/files/{path...}", "deleteFile", "Delete a file or directory", false},
 	{"GET", "/v1/sandboxes/{id}/contexts", "listContexts", "List the code contexts", false},
-	{"POST", "/v1/sandboxes/{id}/contexts", "createContext", "Create a code context (python or bash) with state of its own", false},
+	{"POST", "/v1/sandboxes/{id}/contexts", "createContext", "Create a code context (python, bash, javascript, typescript, r or java) with state of its own", false},
 	{"DELETE", "/v1/sandboxes/{id}/contexts/{ctx}", "deleteContext", "Remove a code context", false},
 	{"POST", "/v1/sandboxes/{id}/contexts/{ctx}/restart", "restartContext", "Forget a code context's state", false},
 	{"GET", "/v1/sandboxes/{id}/processes", "listProcesses", "List the sandbox's running tracked processes", false},

@@ -423,7 +423,7 @@ func TestContextsAndProcesses(t *testing.T) {
 	if code, body := c.do("POST", sb+"/execute", map[string]any{"code": "1", "context": id}); code != 404 || !strings.Contains(string(body), "context_not_found") {
 		t.Fatalf("removed context: %d %s", code, body)
 	}
-	c.json("POST", sb+"/contexts", map[string]any{"language": "javascript"}, 400)
+	c.json("POST", sb+"/contexts", map[string]any{"language": "cobol"}, 400)
 
 	p := c.json("POST", sb+"/processes", map[string]any{"cmd": "read line; echo got $line; sleep 30", "stdin": true}, 201)
 	pid := fmt.Sprint(p["pid"])

@@ -18,7 +18,7 @@ type (
 		Contexts []sandbox.CodeContext `json:"contexts"`
 	}
 	contextRequest struct {
-		Language string `json:"language" doc:"python (default) or bash"`
+		Language string `json:"language" doc:"python (default), bash, javascript (js), typescript (ts), r or java"`
 		Cwd      string `json:"cwd" doc:"absolute working directory inside the sandbox (default /workspace)"`
 	}
 	processList struct {

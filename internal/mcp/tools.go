@@ -115,6 +115,7 @@ The sandbox closes after idle_timeout_s seconds without use, when this conversat
 		Description: `Write a file into a sandbox's working directory, for code run with run_python or run_shell to use (for example a CSV to analyse). Creates missing directories and replaces an existing file. Use encoding base64 for binary content.`,
 		Annotations: &sdk.ToolAnnotations{Title: "Write a file", OpenWorldHint: ptr(false), DestructiveHint: ptr(true), IdempotentHint: true},
 	}, s.writeFile)
+	s.addLanguageTools()
 	s.addPortTools()
 }
 

@@ -31,12 +31,16 @@ type Contexts struct {
 }
 
 // NewContexts returns the registry of a new sandbox, holding the default
-// contexts, whose code starts in workspace.
+// contexts, whose code starts in workspace: Python, bash and JavaScript
+// (the two E2B lists and bash). The default context of another language
+// is made when it is first used (see Lookup), as E2B's code interpreter
+// makes it.
 func NewContexts(workspace string) *Contexts {
 	return &Contexts{
 		list: []sandbox.CodeContext{
 			{ID: sandbox.DefaultContext, Language: "python", Cwd: workspace},
 			{ID: sandbox.BashContext, Language: "bash", Cwd: workspace},
+			{ID: "javascript", Language: "javascript", Cwd: workspace},
 		},
 		reset: map[string]bool{},
 	}
@@ -51,10 +55,15 @@ func ContextKey(id string) string {
 	return id
 }
 
-// Lookup resolves an execution's context ("" is the default one).
+// Lookup resolves an execution's context ("" is the default one). A
+// language's name (or another name it goes by: "js") is its default
+// context, made here on first use.
 func (c *Contexts) Lookup(id string) (sandbox.CodeContext, error) {
 	if id == "" {
 		id = sandbox.DefaultContext
+	}
+	if l, ok := languageAliases[id]; ok {
+		id = l
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -62,6 +71,11 @@ func (c *Contexts) Lookup(id string) (sandbox.CodeContext, error) {
 		if cc.ID == id {
 			return cc, nil
 		}
+	}
+	if slices.Contains(Languages, id) {
+		cc := sandbox.CodeContext{ID: id, Language: id, Cwd: c.list[0].Cwd}
+		c.list = append(c.list, cc)
+		return cc, nil
 	}
 	return sandbox.CodeContext{}, fmt.Errorf("%w: %q", sandbox.ErrNoContext, id)
 }
@@ -86,17 +100,39 @@ func (c *Contexts) Message() (Request, bool) {
 	return req, true
 }
 
-// checkLanguage accepts the languages the runner has contexts for.
-func checkLanguage(language string) (string, error) {
-	switch l := strings.ToLower(strings.TrimSpace(language)); l {
-	case "", "python", "python3":
-		return "python", nil
-	case "bash", "sh", "shell":
-		return "bash", nil
-	default:
-		return "", fmt.Errorf("%w: code contexts run python or bash, not %q", sandbox.ErrInvalidSpec, language)
-	}
+// Languages are those the runner has contexts for, by their canonical
+// names; each name is also the ID of the language's default context.
+// Python runs in the runner itself, the others in a process of their own
+// in the sandbox (kernels.py): bash, Node for JavaScript and TypeScript
+// (types stripped), R, and Java through JShell. Whether the host has Node,
+// R or a JDK is found when code first runs in the context.
+var Languages = []string{"python", "bash", "javascript", "typescript", "r", "java"}
+
+// languageAliases are other names the languages go by (E2B's "js" among
+// them).
+var languageAliases = map[string]string{
+	"": "python", "python3": "python", "py": "python",
+	"sh": "bash", "shell": "bash",
+	"js": "javascript", "node": "javascript", "nodejs": "javascript",
+	"ts": "typescript",
 }
+
+// CanonicalLanguage returns a language's canonical name, or an
+// ErrInvalidSpec error naming those there are.
+func CanonicalLanguage(language string) (string, error) {
+	l := strings.ToLower(strings.TrimSpace(language))
+	if a, ok := languageAliases[l]; ok {
+		l = a
+	}
+	if !slices.Contains(Languages, l) {
+		return "", fmt.Errorf("%w: code contexts run %s, not %q", sandbox.ErrInvalidSpec,
+			strings.Join(Languages, ", "), language)
+	}
+	return l, nil
+}
+
+// checkLanguage accepts the languages the runner has contexts for.
+func checkLanguage(language string) (string, error) { return CanonicalLanguage(language) }
 
 // checkCwd accepts an absolute, clean path inside the sandbox.
 func (c *Contexts) checkCwd(cwd string) (string, error) {
@@ -151,7 +187,9 @@ func (c *Contexts) Restart(id string) error {
 	return nil
 }
 
-// Remove deletes a context that Create made.
+// Remove deletes a context. The default Python and bash contexts stay; a
+// language's other default context (javascript, r ...) comes back, fresh,
+// when code next runs in it.
 func (c *Contexts) Remove(id string) error {
 	if id == sandbox.DefaultContext || id == sandbox.BashContext {
 		return fmt.Errorf("%w: the default contexts cannot be removed (restart them instead)", sandbox.ErrInvalidSpec)

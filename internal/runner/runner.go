@@ -1,5 +1,7 @@
 // Package runner holds the Python program that runs inside every sandbox
-// and the framed protocol the supervisor speaks with it.
+// and the framed protocol the supervisor speaks with it, and the kernels
+// of the other languages' code contexts, which the runner starts inside the
+// sandbox (kernels.py: Node, R, JShell).
 //
 // A frame is a 4-byte big-endian length followed by that many bytes of JSON.
 // Requests go to the runner on one pipe, events come back on another; the
@@ -20,7 +22,7 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
 
-//go:embed runner.py vivarium_mpl_backend.py zygote.py
+//go:embed runner.py vivarium_mpl_backend.py zygote.py kernels.py kernel_node.js kernel_r.R kernel_java.java
 var files embed.FS
 
 // ScriptName is the runner's entry point among Files; ZygoteName is the
@@ -52,7 +54,7 @@ type Request struct {
 	Filename string            `json:"filename,omitempty"`
 	Env      map[string]string `json:"env,omitempty"`
 	// Context is the code context an "execute" runs in ("" is the default
-	// Python one); Language ("python" or "bash") and Cwd (the working
+	// Python one); Language (one of Languages) and Cwd (the working
 	// directory it starts in) make it when the runner has not yet.
 	Context  string `json:"context,omitempty"`
 	Language string `json:"language,omitempty"`

@@ -492,7 +492,12 @@ class Runtime:
         if ctx is None or ctx.language != (language or "python"):
             if ctx is not None:
                 ctx.close()
-            ctx = BashContext(cwd) if language == "bash" else PythonContext(cwd or os.getcwd())
+            if language == "bash":
+                ctx = BashContext(cwd)
+            elif language in ("javascript", "typescript", "r", "java"):
+                ctx = _kernels().KernelContext(language, cwd, self.emit_result)
+            else:
+                ctx = PythonContext(cwd or os.getcwd())
             self.contexts[key] = ctx
         return ctx
 
@@ -501,7 +506,7 @@ class Runtime:
         None)."""
         self.execution_count += 1
         ctx = self.context(key, language, cwd)
-        if ctx.language == "bash":
+        if ctx.language != "python":
             try:
                 return ctx.run(code, env)
             finally:
@@ -583,6 +588,18 @@ class Runtime:
             return 1, _error_event(e)
 
 
+def _kernels():
+    """kernels.py, loaded by its path: a kernels.py of the user's, first on
+    sys.path, must not stand in for it."""
+    mod = sys.modules.get("_vivarium_kernels")
+    if mod is None:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("_vivarium_kernels", os.path.join(_RUNNER_DIR, "kernels.py"))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        sys.modules["_vivarium_kernels"] = mod
+    return mod
 # IPython's cell syntax. A cell is Python, plus what IPython adds: the
 # code may be indented as a whole (a template string in the caller's
 # program), and a line may be a shell escape (!cmd, x = !cmd), a line

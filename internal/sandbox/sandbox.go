@@ -54,12 +54,13 @@ type MemoryUser interface {
 
 // ContextKeeper is a Sandbox that runs code in separate code contexts, as a
 // notebook server runs separate kernels: each has its own variables (or,
-// for bash, its own shell) and working directory. Every sandbox has the
+// for bash and the other languages, its own process) and working directory. Every sandbox has the
 // default contexts DefaultContext and BashContext; more are created with
 // CreateContext. Contexts separate state, not privileges: they share the
 // sandbox's user, files and limits.
 type ContextKeeper interface {
-	// CreateContext makes a context for language ("python" or "bash")
+	// CreateContext makes a context for language (runner.Languages:
+	// python, bash, javascript, typescript, r, java)
 	// whose code starts in cwd, an absolute path inside the sandbox
 	// (empty: the workspace).
 	CreateContext(language, cwd string) (CodeContext, error)

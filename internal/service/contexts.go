@@ -21,8 +21,8 @@ func (s *Service) keeper(owner, id string) (sandbox.ContextKeeper, error) {
 }
 
 // CreateContext makes a code context in an owner's sandbox: a namespace
-// (language "python") or a shell ("bash") of its own, whose code starts in
-// cwd. Executions select it with ExecRequest.Context.
+// (language "python"), or a shell ("bash") or other language's process
+// (runner.Languages) of its own, whose code starts in cwd. Executions select it with ExecRequest.Context.
 func (s *Service) CreateContext(owner, id, language, cwd string) (sandbox.CodeContext, error) {
 	k, err := s.keeper(owner, id)
 	if err != nil {

@@ -247,7 +247,7 @@ func allCases() []hostileCase {
 	for _, group := range [][]hostileCase{
 		secretCases, filesystemCases, procCases, privilegeCases, seccompCases, allowlistCases,
 		networkCases, resourceCases, lifetimeCases, outputCases, protocolCases,
-		outDirCases, persistenceCases, egressCases, budgetCases, observeCases, noisyCases,
+		outDirCases, persistenceCases, egressCases, budgetCases, observeCases, noisyCases, languageCases,
 	} {
 		all = append(all, group...)
 	}

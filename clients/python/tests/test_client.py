@@ -47,6 +47,21 @@ class ClientTest(unittest.TestCase):
             self.client.sandbox(sb.id)
         sb.close()  # closing twice is fine
 
+    def test_contexts_in_other_languages(self):
+        sb = self.sandbox()
+        self.assertIn("javascript", [c["id"] for c in sb.contexts()])
+        sb.execute("const z = 41", context="js")
+        self.assertEqual(sb.execute("z + 1", context="javascript").text, "42")
+        ctx = sb.create_context("typescript", cwd="/tmp")
+        self.assertEqual(ctx["language"], "typescript")
+        ex = sb.execute("const n: number = 2\nprocess.cwd() + ' ' + n", context=ctx["id"])
+        self.assertEqual(ex.text, "/tmp 2", ex)
+        sb.restart_context(ctx["id"])
+        sb.remove_context(ctx["id"])
+        self.assertNotIn(ctx["id"], [c["id"] for c in sb.contexts()])
+        with self.assertRaises(InvalidRequestError):
+            sb.create_context("cobol")
+
     def test_a_port_of_the_sandbox(self):
         sb = self.sandbox()
         sb.files.write("index.html", b"hello from the sandbox")

@@ -315,11 +315,15 @@ class Sandbox:
         return self.info
 
     def execute(self, code, timeout_s=None, cpu_time_s=None, env=None,
-                on_stdout=None, on_stderr=None, on_result=None, on_error=None):
+                on_stdout=None, on_stderr=None, on_result=None, on_error=None, context=None):
         """Runs code, keeping state. With any callback the output streams:
         each is called as events arrive (on_stdout(text), on_stderr(text),
-        on_result(Result), on_error(ExecutionError)). Returns the Execution."""
+        on_result(Result), on_error(ExecutionError)). context is a code
+        context's ID, or a language ("javascript", "r" ...) for its default
+        context; by default the code is Python. Returns the Execution."""
         body = {"code": code}
+        if context:
+            body["context"] = context
         if timeout_s:
             body["timeout_s"] = timeout_s
         if cpu_time_s:
@@ -331,6 +335,27 @@ class Sandbox:
         if any(callbacks):
             return Execution(self.client._stream(self._path("/execute"), body, callbacks, limit + _GRACE))
         return Execution(self.client._call("POST", self._path("/execute"), body, timeout=limit + _GRACE))
+
+    def create_context(self, language="python", cwd=None):
+        """Creates a code context with state of its own: language is
+        python, bash, javascript, typescript, r or java; cwd the directory
+        its code starts in. Returns its description (id, language, cwd)."""
+        body = {"language": language}
+        if cwd:
+            body["cwd"] = cwd
+        return self.client._call("POST", self._path("/contexts"), body)
+
+    def contexts(self):
+        """Lists the code contexts, the default ones first."""
+        return self.client._call("GET", self._path("/contexts"))["contexts"]
+
+    def restart_context(self, context_id):
+        """Forgets a context's state (its variables, its process)."""
+        self.client._call("POST", self._path("/contexts/" + _seg(context_id) + "/restart"))
+
+    def remove_context(self, context_id):
+        """Removes a code context."""
+        self.client._call("DELETE", self._path("/contexts/" + _seg(context_id)))
 
     def install(self, name, version=None):
         """Installs one of the server's allowed packages into this sandbox

@@ -71,6 +71,8 @@ var etcFromHost = []string{
 	"localtime",      // a link into /usr/share/zoneinfo
 	"ssl/openssl.cnf",
 	"ssl/certs/ca-certificates.crt",
+	"R",               // R's Renviron and ldpaths (/usr/lib/R/etc links here): R code contexts
+	"java-*-openjdk*", // the JDK's jvm.cfg and security files, linked from /usr/lib/jvm: Java code contexts
 }
 
 // Bounds on what is copied, so a strange host cannot bloat every sandbox.
