@@ -34,7 +34,9 @@ func TestCodeContexts(t *testing.T) {
 		return res.Results[0].Text
 	}
 
-	if got := keeper.Contexts(); len(got) != 2 || got[0].ID != sandbox.DefaultContext || got[1].ID != sandbox.BashContext {
+	// The default contexts, as E2B lists them: python, bash, javascript.
+	if got := keeper.Contexts(); len(got) != 3 || got[0].ID != sandbox.DefaultContext || got[1].ID != sandbox.BashContext ||
+		got[2].ID != "javascript" {
 		t.Fatalf("default contexts: %+v", got)
 	}
 	a, err := keeper.CreateContext("python", "/home/user")
@@ -92,14 +94,14 @@ func TestCodeContexts(t *testing.T) {
 			t.Errorf("removing %s: %v", id, err)
 		}
 	}
-	if _, err := keeper.CreateContext("javascript", ""); !errors.Is(err, sandbox.ErrInvalidSpec) {
-		t.Errorf("javascript: %v", err)
+	if _, err := keeper.CreateContext("cobol", ""); !errors.Is(err, sandbox.ErrInvalidSpec) {
+		t.Errorf("cobol: %v", err)
 	}
 	if _, err := keeper.CreateContext("python", "relative"); !errors.Is(err, sandbox.ErrInvalidSpec) {
 		t.Errorf("relative cwd: %v", err)
 	}
-	if got := len(keeper.Contexts()); got != 3 {
-		t.Errorf("%d contexts left, want 3", got)
+	if got := len(keeper.Contexts()); got != 4 {
+		t.Errorf("%d contexts left, want 4 (3 default, 1 made)", got)
 	}
 }
 

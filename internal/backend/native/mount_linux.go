@@ -22,6 +22,10 @@ const (
 
 var devices = []string{"null", "zero", "full", "random", "urandom"}
 
+// rootInodes are the inodes a sandbox's root has beyond its disk's share,
+// for the root's own files.
+const rootInodes = 1024
+
 // hostDirs is where a zygote keeps the host's directories for its forked
 // sandboxes to overlay (see buildRoot).
 const hostDirs = ".host"
@@ -72,7 +76,10 @@ func buildRoot(cfg *initConfig) error {
 	}
 	rootOpts := "size=16m,nr_inodes=8192,mode=755"
 	if cfg.Role != roleZygote {
-		rootOpts = fmt.Sprintf("size=%d,nr_inodes=%d,mode=755", cfg.DiskBytes, cfg.DiskInodes)
+		// The root's own files (/etc, the links and mount points: some
+		// 600 inodes and a megabyte) are on it too: the inodes come on
+		// top of the disk's, so that its user keeps all of its share.
+		rootOpts = fmt.Sprintf("size=%d,nr_inodes=%d,mode=755", cfg.DiskBytes, cfg.DiskInodes+rootInodes)
 	}
 	if err := unix.Mount("tmpfs", newRoot, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, rootOpts); err != nil {
 		return step("mount root tmpfs", err)
