@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"fmt"
+	"syscall"
 	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/runner"
@@ -163,6 +164,12 @@ func (c *Core) Execute(ctx context.Context, req sandbox.ExecRequest, sink sandbo
 		res.Results = append(res.Results, sandbox.Output{
 			Text: fmt.Sprintf("[vivarium: %d more results dropped: over the limit of %d results or %d MiB]",
 				x.dropped, maxResults, maxResultsBytes>>20)})
+	}
+	if o.Why == "" && o.Dead && (!o.Exited || o.Signal == int(syscall.SIGKILL)) && u.OOMKills == u0.OOMKills {
+		// Killed, and no OOM kill counted when the end was seen: the
+		// kernel counts one only after it has sent its SIGKILL, and a
+		// victim may be reaped before that. Counted by now, if it was.
+		u.OOMKills = c.d.Usage().OOMKills
 	}
 	o.OOM = u.OOMKills > u0.OOMKills
 	o.Classify(res)
