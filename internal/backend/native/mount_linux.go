@@ -127,10 +127,12 @@ func buildRoot(cfg *initConfig) error {
 	}
 	if cfg.Role == roleForked {
 		// The zygote's /etc is the host's root's, whose ids the
-		// sandbox's user namespace does not map: a copy is the
-		// sandbox's own, writable by its root.
-		if err := copyTree("/etc", r("etc")); err != nil {
-			return step("copy /etc", err)
+		// sandbox's user namespace does not map: /etc and its files are
+		// the sandbox's own copies, writable by its root; its
+		// directories (fonts, alternatives, ssl, a JDK's ...) read-only
+		// overlays of the zygote's, whose pages every sandbox shares.
+		if err := etcOfZygote("/etc", r("etc"), empty); err != nil {
+			return step("/etc", err)
 		}
 		if err := mountOverlay(runnerDir, empty, r(runnerDir)); err != nil {
 			return step("overlay "+runnerDir, err)

@@ -250,6 +250,33 @@ func writeUsers(etc, name, home string) error {
 	return nil
 }
 
+// etcOfZygote makes a forked sandbox's /etc at dst from the zygote's, src:
+// a directory of the sandbox's own, with copies of src's files and links,
+// and read-only overlays of its directories (empty is the overlays' empty
+// layer).
+func etcOfZygote(src, dst, empty string) error {
+	if err := os.Mkdir(dst, 0o755); err != nil && !os.IsExist(err) {
+		return err
+	}
+	entries, err := os.ReadDir(src)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		from, to := filepath.Join(src, e.Name()), filepath.Join(dst, e.Name())
+		if e.IsDir() {
+			if err := mountOverlay(from, empty, to); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := copyTree(from, to); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // copyTree copies the directory src to dst: directories, regular files and
 // symbolic links, with their permission bits, owned by the caller. src is
 // trusted (the zygote's /etc, which it wrote itself); other kinds of file
