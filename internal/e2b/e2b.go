@@ -96,6 +96,8 @@ type Server struct {
 	// their turn), by sandbox ID, so that a client cannot pile them up.
 	waiting  map[string]int
 	watchers map[string]*watcher // by ID
+	// signScans lets one signature check run at a time (signed.go).
+	signScans chan struct{}
 }
 
 // Bounds on what one sandbox's requests may hold on the server.
@@ -134,7 +136,8 @@ func New(cfg Config) *Server {
 	cfg.Prefix = strings.TrimSuffix(cfg.Prefix, "/")
 	s := &Server{cfg: cfg, svc: cfg.Service, log: cfg.Logger, secret: make([]byte, 32),
 		control: http.NewServeMux(), envd: http.NewServeMux(), interp: http.NewServeMux(),
-		templates: map[string]templateOf{}, waiting: map[string]int{}, watchers: map[string]*watcher{}}
+		templates: map[string]templateOf{}, waiting: map[string]int{}, watchers: map[string]*watcher{},
+		signScans: make(chan struct{}, 1)}
 	rand.Read(s.secret)
 	s.routeControl()
 	s.routeEnvd()

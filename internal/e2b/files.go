@@ -80,7 +80,7 @@ func detailedEntry(ws sandbox.Workspace, fi sandbox.FileInfo) entryInfo {
 			}
 		}
 	}
-	if m, ok := ws.(sandbox.WorkspaceMetadata); ok && (fi.Type == "file" || fi.Type == "dir") {
+	if m, ok := metadataOf(ws); ok && (fi.Type == "file" || fi.Type == "dir") {
 		if md, err := m.FileMetadata(fi.Path); err == nil && len(md) > 0 {
 			e.Metadata = md
 		}
@@ -169,7 +169,7 @@ func (s *Server) writeFiles(w http.ResponseWriter, r *http.Request) {
 	}
 	defer done()
 	limit := b.Limits().Disk
-	meta, ok := ws.(sandbox.WorkspaceMetadata)
+	meta, ok := metadataOf(ws)
 	if len(md) > 0 && !ok {
 		s.fail(w, fmt.Errorf("%w: file metadata on this backend's files", errUnsupported))
 		return

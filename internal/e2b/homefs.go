@@ -42,6 +42,20 @@ var (
 	_ sandbox.WorkspaceMetadata = homeOnly{}
 )
 
+// metadataOf returns what keeps ws's files' metadata, if anything does: a
+// homeOnly view keeps it only where its workspace does, and is asked
+// before a file is written, not after.
+func metadataOf(ws sandbox.Workspace) (sandbox.WorkspaceMetadata, bool) {
+	if h, ok := ws.(homeOnly); ok {
+		if _, inner := h.ws.(sandbox.WorkspaceMetadata); !inner {
+			return nil, false
+		}
+		return h, true
+	}
+	m, ok := ws.(sandbox.WorkspaceMetadata)
+	return m, ok
+}
+
 // inside maps a name onto the workspace.
 func (h homeOnly) inside(name string) (string, error) {
 	if name == homeRel {

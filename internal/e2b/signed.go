@@ -93,8 +93,13 @@ func (s *Server) serveSigned(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// signedTarget finds the live sandbox whose access token made sig.
+// signedTarget finds the live sandbox whose access token made sig. One
+// check runs at a time: a check hashes once per live sandbox, and anyone
+// may ask for one without a key, so a flood of forged URLs must not take
+// more than a core.
 func (s *Server) signedTarget(path, op, user, exp, sig string) (target, bool) {
+	s.signScans <- struct{}{}
+	defer func() { <-s.signScans }()
 	for _, sb := range s.svc.All() {
 		want := fileSignature(path, op, user, s.accessToken(sb.Owner, sb.ID), exp)
 		if subtle.ConstantTimeCompare([]byte(want), []byte(sig)) == 1 {

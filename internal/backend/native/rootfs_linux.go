@@ -277,8 +277,9 @@ func etcOfZygote(src, dst, empty string) error {
 	return nil
 }
 
-// copyTree copies the directory src to dst: directories, regular files and
-// symbolic links, with their permission bits, owned by the caller. src is
+// copyTree copies src, a directory, file or link, to dst: directories,
+// regular files and symbolic links, with their permission bits, owned by
+// the caller. src is
 // trusted (the zygote's /etc, which it wrote itself); other kinds of file
 // are skipped.
 func copyTree(src, dst string) error {
