@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net/http"
 	"runtime"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/jsonerr"
@@ -205,18 +207,47 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, owner string) {
 		idle = durationOf(*req.Timeout)
 	}
 	// E2B's layout: the user is "user", at home (and working) in /home/user.
-	info, err := s.svc.Create(r.Context(), service.CreateRequest{Owner: owner, Idle: idle, Env: req.EnvVars, Metadata: req.Metadata,
-		Network: networkRequest(req.AllowInternetAccess, req.Network), Home: sandbox.HomeUser})
+	env := maps.Clone(req.EnvVars)
+	if env == nil {
+		env = map[string]string{}
+	}
+	env["E2B_SANDBOX"] = "true"
+	info, err := s.svc.Create(r.Context(), service.CreateRequest{Owner: owner, Idle: idle, Env: env, Metadata: req.Metadata,
+		Network: networkRequest(req.AllowInternetAccess, req.Network), Home: sandbox.HomeUser,
+		IDEnv: []string{"E2B_SANDBOX_ID"}})
 	if err != nil {
 		s.fail(w, err)
 		return
 	}
+	s.writeRunFiles(owner, info.ID)
 	tpl := req.TemplateID
 	if tpl == "" {
 		tpl = "base"
 	}
 	s.rememberTemplate(owner, info.ID, tpl)
 	writeJSON(w, http.StatusCreated, s.created(owner, info.ID))
+}
+
+// writeRunFiles writes what envd leaves in /run/e2b for programs that
+// read it rather than their environment: .E2B_SANDBOX and .E2B_SANDBOX_ID.
+// A backend whose root cannot be reached from the host keeps only the
+// environment variables.
+func (s *Server) writeRunFiles(owner, id string) {
+	root, done, err := s.svc.FileSystem(owner, id, sandbox.UserRoot)
+	if errors.Is(err, sandbox.ErrUnsupported) {
+		return
+	}
+	if err == nil {
+		defer done()
+		for name, value := range map[string]string{".E2B_SANDBOX": "true", ".E2B_SANDBOX_ID": id} {
+			if err = root.WriteFile("run/e2b/"+name, strings.NewReader(value), 256); err != nil {
+				break
+			}
+		}
+	}
+	if err != nil {
+		s.log.Warn("e2b: /run/e2b not written", "id", id, "err", err)
+	}
 }
 
 // listedSandbox is E2B's ListedSandbox and, with the detail fields,

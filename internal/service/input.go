@@ -3,6 +3,7 @@ package service
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"path"
 	"strings"
 
@@ -127,4 +128,19 @@ func startError(err error, cmd sandbox.Command) error {
 		return fmt.Errorf("%w: %s (working directory %s)", ErrCannotStart, reason, cmd.Dir)
 	}
 	return fmt.Errorf("%w: %s", ErrCannotStart, reason)
+}
+
+// withID is env with each of names set to the sandbox's id.
+func withID(env map[string]string, names []string, id string) (map[string]string, error) {
+	if len(names) == 0 {
+		return env, nil
+	}
+	env = maps.Clone(env)
+	if env == nil {
+		env = make(map[string]string, len(names))
+	}
+	for _, k := range names {
+		env[k] = id
+	}
+	return env, sandbox.ValidateEnv(env)
 }

@@ -221,6 +221,9 @@ type CreateRequest struct {
 	// Home is the sandbox user's home and where code starts
 	// (sandbox.Spec.Home): "" or /workspace, or /home/user.
 	Home string
+	// IDEnv names environment variables that hold the sandbox's id, for
+	// programs that look for it there (E2B's E2B_SANDBOX_ID).
+	IDEnv []string
 }
 
 // Box is a managed sandbox.
@@ -342,6 +345,10 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	// Reserve a slot first, so that concurrent creations cannot exceed
 	// the quotas while sandboxes start.
 	id := "sb_" + randomHex(12)
+	env, err := withID(req.Env, req.IDEnv, id)
+	if err != nil {
+		return Info{}, err
+	}
 	s.mu.Lock()
 	if s.closed || s.draining {
 		s.mu.Unlock()
@@ -370,7 +377,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	}
 
 	start := time.Now()
-	sb, egress, err := s.makeSandbox(ctx, req.Owner, id, sandbox.Spec{Limits: limits, Env: req.Env, Backend: req.Backend,
+	sb, egress, err := s.makeSandbox(ctx, req.Owner, id, sandbox.Spec{Limits: limits, Env: env, Backend: req.Backend,
 		Tenant: s.tenantOf(req.Owner), Home: req.Home}, policy)
 	if err != nil {
 		s.mu.Lock()
@@ -383,7 +390,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	now := s.cfg.Now()
 	b := &Box{
 		id: id, owner: req.Owner, sb: sb, createdAt: now, deadline: now.Add(life), idle: idle,
-		limits: limits, env: req.Env, metadata: maps.Clone(req.Metadata), expiresAt: minTime(now.Add(idle), now.Add(life)),
+		limits: limits, env: env, metadata: maps.Clone(req.Metadata), expiresAt: minTime(now.Add(idle), now.Add(life)),
 		backend: cmp.Or(req.Backend, s.cfg.Backend.Name()), network: policy, egress: egress,
 	}
 	s.mu.Lock()

@@ -51,6 +51,12 @@ describe('control plane', () => {
     // The sandbox's environment reaches code and commands.
     assert.equal((await sbx.runCode('import os; os.environ["GREETING"]')).text, 'hi')
     assert.equal((await sbx.commands.run('echo $GREETING')).stdout, 'hi\n')
+    // As envd does: E2B_SANDBOX and E2B_SANDBOX_ID, in the environment
+    // and in /run/e2b.
+    const id = sbx.sandboxId.split('-')[0]
+    assert.equal((await sbx.commands.run('echo "$E2B_SANDBOX $E2B_SANDBOX_ID"')).stdout, `true ${id}\n`)
+    assert.equal((await sbx.commands.run('cat /run/e2b/.E2B_SANDBOX /run/e2b/.E2B_SANDBOX_ID')).stdout, `true${id}`)
+    assert.equal((await sbx.runCode('os.environ["E2B_SANDBOX_ID"]')).text, id)
 
     assert.equal(await sbx.kill(), true)
     assert.equal(await sbx.isRunning(), false)
