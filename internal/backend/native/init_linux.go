@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -138,6 +139,15 @@ func RunInit() {
 	// Keep init small: one P means fewer runtime threads, each of which
 	// counts against the sandbox's pids limit.
 	runtime.GOMAXPROCS(1)
+	// The sandbox's root is uid 0 of init's own user namespace, so it may
+	// signal init, and Go's default for most signals is to exit (or dump
+	// and exit): one kill(1, SIGHUP) would end the sandbox. Signals init
+	// handles and nobody reads are dropped. The kernel keeps SIGKILL and
+	// SIGSTOP sent from inside away from a PID namespace's init, and the
+	// host stops init with SIGKILL from outside. Notify, not Ignore: an
+	// ignored signal stays ignored across exec, in the runner and in
+	// commands, which need SIGINT and SIGPIPE as they are.
+	signal.Notify(make(chan os.Signal, 1), droppedSignals...)
 	status := os.NewFile(fdStatus, "status")
 	report := func(s initStatus) {
 		b, _ := json.Marshal(s)
@@ -154,6 +164,14 @@ func RunInit() {
 	}
 	os.Exit(code)
 }
+
+// droppedSignals are every signal that can be caught but SIGCHLD, which
+// init reaps on, and SIGURG, the Go runtime's own.
+var droppedSignals = []os.Signal{syscall.SIGHUP, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGILL, syscall.SIGTRAP,
+	syscall.SIGABRT, syscall.SIGBUS, syscall.SIGFPE, syscall.SIGUSR1, syscall.SIGSEGV, syscall.SIGUSR2, syscall.SIGPIPE,
+	syscall.SIGALRM, syscall.SIGTERM, syscall.SIGSTKFLT, syscall.SIGCONT, syscall.SIGTSTP, syscall.SIGTTIN,
+	syscall.SIGTTOU, syscall.SIGXCPU, syscall.SIGXFSZ, syscall.SIGVTALRM, syscall.SIGPROF, syscall.SIGWINCH,
+	syscall.SIGIO, syscall.SIGPWR, syscall.SIGSYS}
 
 // stepError names the setup step that failed, so that "setup_failed" tells
 // the user (and us) exactly what the host refused.
