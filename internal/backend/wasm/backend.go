@@ -37,7 +37,6 @@ import (
 
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/experimental"
-	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
 
 	"github.com/vivarium-sandbox/vivarium/internal/runner"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
@@ -209,7 +208,7 @@ func (b *Backend) runtimeFor(ctx context.Context, memory int64) (*moduleRuntime,
 		return mr, nil
 	}
 	rt := wazero.NewRuntimeWithConfig(context.Background(), b.runtimeConfig(pages))
-	if _, err := wasi_snapshot_preview1.Instantiate(ctx, rt); err != nil {
+	if err := instantiateWASI(ctx, rt); err != nil {
 		rt.Close(context.Background())
 		return nil, fmt.Errorf("wasi: %w", err)
 	}

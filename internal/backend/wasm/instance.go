@@ -120,6 +120,7 @@ func (i *instance) sampleMemory() {
 func newInstance(ch *channel) *instance {
 	inst := &instance{ch: ch, ready: make(chan struct{}), done: make(chan struct{})}
 	inst.ctx, inst.cancel = context.WithCancel(context.Background())
+	inst.ctx = withInstance(inst.ctx, inst)
 	return inst
 }
 

@@ -671,3 +671,27 @@ func TestLocateNamesMakeWasm(t *testing.T) {
 		t.Fatalf("New: %v", err)
 	}
 }
+
+// The CPU-time clocks count the guest's running time: a busy loop
+// advances them, a sleep does not, and they never pass the wall clock.
+func TestProcessTime(t *testing.T) {
+	res := run(t, `import time
+w0, c0 = time.perf_counter(), time.process_time()
+time.sleep(0.3)
+w1, c1 = time.perf_counter(), time.process_time()
+s = 0
+for i in range(300000):
+    s += i
+w2, c2 = time.perf_counter(), time.process_time()
+print("sleep counted", c1 - c0 > 0.2)
+print("loop counted", c2 - c1 > 0)
+print("within the wall clock", 0 <= c2 - c0 <= w2 - w0)
+print(time.get_clock_info("process_time").implementation)
+`)
+	wantStatus(t, res, sandbox.StatusOK, 0)
+	want := "sleep counted False\nloop counted True\nwithin the wall clock True\n" +
+		"clock_gettime(CLOCK_PROCESS_CPUTIME_ID)\n"
+	if res.Stdout != want {
+		t.Fatalf("stdout %q, want %q (stderr %q)", res.Stdout, want, res.Stderr)
+	}
+}
