@@ -214,7 +214,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, owner string) {
 	env["E2B_SANDBOX"] = "true"
 	info, err := s.svc.Create(r.Context(), service.CreateRequest{Owner: owner, Idle: idle, Env: env, Metadata: req.Metadata,
 		Network: networkRequest(req.AllowInternetAccess, req.Network), Home: sandbox.HomeUser,
-		IDEnv: []string{"E2B_SANDBOX_ID"}})
+		IDEnv: []string{"E2B_SANDBOX_ID"}, Ports: req.Network.portOptions()})
 	if err != nil {
 		s.fail(w, err)
 		return
@@ -297,7 +297,7 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request, owner string) {
 	d := s.listed(info)
 	d.EnvdAccessToken = s.accessToken(owner, info.ID)
 	d.Domain = s.domain()
-	internet, network := networkOf(info.Network)
+	internet, network := networkOf(info.Network, info.Ports)
 	d.AllowInternetAccess, d.Network = &internet, network
 	d.Lifecycle = &lifecycle{OnTimeout: "kill"}
 	writeJSON(w, http.StatusOK, d)

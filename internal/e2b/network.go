@@ -77,8 +77,10 @@ func networkRequest(internet *bool, nw *networkConfig) netpolicy.Request {
 
 // sandboxNetwork is E2B's SandboxNetworkConfig, as sandbox info reports it.
 type sandboxNetwork struct {
-	AllowOut []string `json:"allowOut,omitempty"`
-	DenyOut  []string `json:"denyOut,omitempty"`
+	AllowOut        []string `json:"allowOut,omitempty"`
+	DenyOut         []string `json:"denyOut,omitempty"`
+	MaskRequestHost string   `json:"maskRequestHost,omitempty"`
+	HTTPSPorts      []int    `json:"httpsPorts,omitempty"`
 }
 
 // e2bEntry turns a rule as Vivarium lists it ("1.1.1.1/32:*",
@@ -97,11 +99,14 @@ func e2bEntry(rule string) string {
 // allowInternetAccess is false when it reaches nothing (no network, or
 // every address denied with no exception), and network lists its
 // allowOut and denyOut.
-func networkOf(n *service.NetworkInfo) (bool, *sandboxNetwork) {
+func networkOf(n *service.NetworkInfo, ports service.PortOptions) (bool, *sandboxNetwork) {
+	out := &sandboxNetwork{MaskRequestHost: ports.Host, HTTPSPorts: ports.TLS}
 	if n == nil {
-		return false, nil
+		if len(out.HTTPSPorts) == 0 && out.MaskRequestHost == "" {
+			out = nil
+		}
+		return false, out
 	}
-	out := &sandboxNetwork{}
 	for _, r := range n.Except {
 		out.AllowOut = append(out.AllowOut, e2bEntry(r))
 	}
@@ -111,7 +116,7 @@ func networkOf(n *service.NetworkInfo) (bool, *sandboxNetwork) {
 		}
 	}
 	denyAll := slices.Contains(out.DenyOut, allTraffic)
-	if len(out.AllowOut) == 0 && len(out.DenyOut) == 0 {
+	if len(out.AllowOut) == 0 && len(out.DenyOut) == 0 && len(out.HTTPSPorts) == 0 && out.MaskRequestHost == "" {
 		out = nil
 	}
 	return !denyAll || len(n.Except) > 0, out
@@ -123,7 +128,7 @@ func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request, owner str
 	if !decodeBody(w, r, &body) {
 		return
 	}
-	if err := body.networkConfig.check(); err != nil {
+	if err := body.networkConfig.checkUpdate(); err != nil {
 		s.fail(w, err)
 		return
 	}
@@ -152,15 +157,27 @@ func (nw *networkConfig) check() error {
 	if len(nw.EgressProxy) > 0 && string(nw.EgressProxy) != "null" {
 		what = append(what, "an egress proxy (sandboxes go out through vivarium's own)")
 	}
-	if nw.MaskRequestHost != "" {
-		what = append(what, "maskRequestHost")
-	}
-	if len(nw.HTTPSPorts) > 0 {
-		what = append(what, "httpsPorts")
-	}
 	if len(what) > 0 {
 		return fmt.Errorf("%w: network settings: %s (allowOut, denyOut and allowInternetAccess are)", errUnsupported,
 			strings.Join(what, ", "))
 	}
 	return nil
+}
+
+// checkUpdate is check for a running sandbox's new settings: how its ports
+// are reached is set when it is created.
+func (nw *networkConfig) checkUpdate() error {
+	if nw.MaskRequestHost != "" || len(nw.HTTPSPorts) > 0 {
+		return fmt.Errorf("%w: maskRequestHost and httpsPorts are set when a sandbox is created", errUnsupported)
+	}
+	return nw.check()
+}
+
+// portOptions is how the server reaches the sandbox's ports: E2B's
+// httpsPorts and maskRequestHost.
+func (nw *networkConfig) portOptions() service.PortOptions {
+	if nw == nil {
+		return service.PortOptions{}
+	}
+	return service.PortOptions{TLS: nw.HTTPSPorts, Host: nw.MaskRequestHost}
 }

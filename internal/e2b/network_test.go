@@ -54,10 +54,13 @@ func TestNetworkOf(t *testing.T) {
 		{&service.NetworkInfo{Allow: []string{"*:*"}, Deny: []string{"8.8.8.8/32:*", "[2001:db8::/32]:*", "[::/0]:*", "evil.test:443"}},
 			`true &{[] [8.8.8.8 2001:db8::/32 ::/0 evil.test:443]}`},
 	} {
-		internet, nw := networkOf(tc.info)
-		got := fmt.Sprint(internet, " ", nw)
-		if nw == nil {
-			got = fmt.Sprint(internet, " <nil>")
+		internet, nw := networkOf(tc.info, service.PortOptions{})
+		if nw != nil && (nw.MaskRequestHost != "" || nw.HTTPSPorts != nil) {
+			t.Errorf("%+v: port options %+v from none", tc.info, nw)
+		}
+		got := fmt.Sprint(internet, " <nil>")
+		if nw != nil {
+			got = fmt.Sprintf("%v &{%v %v}", internet, nw.AllowOut, nw.DenyOut)
 		}
 		if got != tc.want {
 			t.Errorf("%+v: %s, want %s", tc.info, got, tc.want)
@@ -90,7 +93,10 @@ func TestNetworkRoutes(t *testing.T) {
 		{"update: another key", "PUT", path, `{}`, other, 404, `not found`},
 		{"update: no such sandbox", "PUT", "/e2b/sandboxes/sb_nothere/network", `{}`, auth, 404, `not found`},
 		{"create: allowOut", "POST", "/e2b/v2/sandboxes", `{"network":{"denyOut":["0.0.0.0/0"],"allowOut":["1.1.1.1"]}}`, auth, 403, `no network access`},
-		{"create: httpsPorts", "POST", "/e2b/v2/sandboxes", `{"network":{"httpsPorts":[8443]}}`, auth, 501, `httpsPorts`},
+		{"create: httpsPorts", "POST", "/e2b/v2/sandboxes", `{"network":{"httpsPorts":[8443],"maskRequestHost":"app-${PORT}.internal"}}`, auth, 201, `sandboxID`},
+		{"create: bad httpsPorts", "POST", "/e2b/v2/sandboxes", `{"network":{"httpsPorts":[0]}}`, auth, 400, `not a TCP port`},
+		{"create: bad maskRequestHost", "POST", "/e2b/v2/sandboxes", `{"network":{"maskRequestHost":"a/b"}}`, auth, 400, `want a host name`},
+		{"update: httpsPorts", "PUT", path, `{"httpsPorts":[8443]}`, auth, 501, `set when a sandbox is created`},
 		{"info", "GET", "/e2b/sandboxes/" + a.SandboxID, ``, auth, 200, `"allowInternetAccess":false`},
 	} {
 		resp, b := c.do(tc.method, tc.path, strings.NewReader(tc.body), tc.header)

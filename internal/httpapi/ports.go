@@ -104,5 +104,6 @@ func (s *Server) servePort(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	dial := func(ctx context.Context) (net.Conn, error) { return s.svc.DialPort(ctx, who, id, port) }
-	s.ports.proxy.Serve(w, r, dial, "/"+r.PathValue("path"), true)
+	s.ports.proxy.Serve(w, r, dial, portproxy.Target{Path: "/" + r.PathValue("path"), Host: s.svc.PortHost(who, id, port),
+		Isolate: true})
 }

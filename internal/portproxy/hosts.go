@@ -22,6 +22,9 @@ type Hosts struct {
 	Authorize func(c Credential, id string, port int) (owner string, ok bool)
 	// Dial connects to port of an owner's sandbox (service.DialPort).
 	Dial func(ctx context.Context, owner, id string, port int) (net.Conn, error)
+	// Host, when set, is the Host header that port of an owner's sandbox
+	// gets ("": the client's; service.PortHost).
+	Host func(owner, id string, port int) string
 	Next http.Handler
 }
 
@@ -59,5 +62,9 @@ func (h *Hosts) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	dial := func(ctx context.Context) (net.Conn, error) { return h.Dial(ctx, owner, id, port) }
-	h.Proxy.Serve(w, r, dial, r.URL.Path, false)
+	t := Target{Path: r.URL.Path}
+	if h.Host != nil {
+		t.Host = h.Host(owner, id, port)
+	}
+	h.Proxy.Serve(w, r, dial, t)
 }

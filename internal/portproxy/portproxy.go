@@ -142,18 +142,23 @@ func New(log *slog.Logger) *Proxy {
 
 type targetKey struct{}
 
-// target is what one request is proxied to.
-type target struct {
-	path    string
-	isolate bool
+// Target is what one request is proxied to, beyond its connection.
+type Target struct {
+	// Path is what the sandbox's server is asked for (with the request's
+	// query, its token taken out).
+	Path string
+	// Host, when not empty, is the Host header the server gets instead
+	// of the client's (service.PortOptions.Host).
+	Host string
+	// Isolate marks a response served on the server's own origin (the
+	// path form): it is sandboxed.
+	Isolate bool
 }
 
-// Serve proxies r to the sandbox's port that dial connects to, asking it
-// for path (with r's query, its token taken out). isolate marks a response
-// served on the server's own origin (the path form): it is sandboxed.
-func (p *Proxy) Serve(w http.ResponseWriter, r *http.Request, dial DialFunc, path string, isolate bool) {
+// Serve proxies r to the sandbox's port that dial connects to, as t says.
+func (p *Proxy) Serve(w http.ResponseWriter, r *http.Request, dial DialFunc, t Target) {
 	ctx := context.WithValue(r.Context(), dialKey{}, dial)
-	ctx = context.WithValue(ctx, targetKey{}, target{path: path, isolate: isolate})
+	ctx = context.WithValue(ctx, targetKey{}, t)
 	if !isUpgrade(r) {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, RequestTimeout)
@@ -178,11 +183,11 @@ func isUpgrade(r *http.Request) bool {
 }
 
 func rewrite(pr *httputil.ProxyRequest) {
-	t := pr.In.Context().Value(targetKey{}).(target)
+	t := pr.In.Context().Value(targetKey{}).(Target)
 	out := pr.Out
 	out.URL.Scheme = "http"
 	out.URL.Host = "sandbox" // never dialled: the request's DialFunc is
-	out.URL.Path, out.URL.RawPath = t.path, ""
+	out.URL.Path, out.URL.RawPath = t.Path, ""
 	if !strings.HasPrefix(out.URL.Path, "/") {
 		out.URL.Path = "/" + out.URL.Path
 	}
@@ -192,6 +197,9 @@ func rewrite(pr *httputil.ProxyRequest) {
 		out.URL.RawQuery = q.Encode()
 	}
 	out.Host = pr.In.Host
+	if t.Host != "" {
+		out.Host = t.Host
+	}
 	// The tokens, and the server's own credentials, are not the
 	// sandbox's to see.
 	for _, h := range []string{TokenHeader, TrafficHeader, "X-Access-Token", "X-API-Key"} {
@@ -212,7 +220,7 @@ func rewrite(pr *httputil.ProxyRequest) {
 }
 
 func (p *Proxy) modifyResponse(resp *http.Response) error {
-	t := resp.Request.Context().Value(targetKey{}).(target)
+	t := resp.Request.Context().Value(targetKey{}).(Target)
 	// The sandbox may not set the server's cookie, for its host or (as a
 	// Domain cookie) for other sandboxes' hosts.
 	if sc := resp.Header.Values("Set-Cookie"); len(sc) > 0 {
@@ -224,7 +232,7 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 			}
 		}
 	}
-	if t.isolate {
+	if t.Isolate {
 		// A page served on the server's own origin: its scripts run in
 		// an opaque origin, and its requests to the API are cross-origin
 		// ones (refused: see httpapi.RefuseBrowsers).
@@ -289,6 +297,8 @@ func classify(err error) (int, string, string) {
 		return http.StatusNotFound, "not_found", "no such sandbox: it was closed, timed out, or is not yours"
 	case errors.Is(err, sandbox.ErrPortClosed):
 		return http.StatusBadGateway, "port_closed", err.Error() + ": start a server on it (on 0.0.0.0 or 127.0.0.1) first"
+	case errors.Is(err, service.ErrPortTLS):
+		return http.StatusBadGateway, "tls_failed", strings.TrimPrefix(err.Error(), service.ErrPortTLS.Error()+": ")
 	case errors.Is(err, sandbox.ErrInvalidSpec):
 		return http.StatusBadRequest, "invalid_request", err.Error()
 	case errors.Is(err, service.ErrQuota):

@@ -212,6 +212,22 @@ func TestHostFormLinkSetsACookie(t *testing.T) {
 	}
 }
 
+// A target's Host replaces the client's (E2B's maskRequestHost).
+func TestTargetHost(t *testing.T) {
+	w := newWorld(t, echo)
+	dial := func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", w.backend.Listener.Addr().String())
+	}
+	for _, c := range []struct{ mask, want string }{{"", "3000-sb_a.preview.test"}, {"app.internal:3000", "app.internal:3000"}} {
+		rec := httptest.NewRecorder()
+		w.proxy.Serve(rec, httptest.NewRequest("GET", "http://3000-sb_a.preview.test/", nil), dial, Target{Path: "/", Host: c.mask})
+		if e := decode(t, rec); e.Host != c.want {
+			t.Errorf("mask %q: the server got Host %q, want %q", c.mask, e.Host, c.want)
+		}
+	}
+}
+
 // The path form's pages are sandboxed (the server's own origin).
 func TestIsolatedResponse(t *testing.T) {
 	w := newWorld(t, echo)
@@ -220,7 +236,8 @@ func TestIsolatedResponse(t *testing.T) {
 		var d net.Dialer
 		return d.DialContext(ctx, "tcp", w.backend.Listener.Addr().String())
 	}
-	w.proxy.Serve(rec, httptest.NewRequest("GET", "http://127.0.0.1/v1/sandboxes/x/ports/3000/y", nil), dial, "/y", true)
+	w.proxy.Serve(rec, httptest.NewRequest("GET", "http://127.0.0.1/v1/sandboxes/x/ports/3000/y", nil), dial,
+		Target{Path: "/y", Isolate: true})
 	if csp := rec.Header().Get("Content-Security-Policy"); !strings.HasPrefix(csp, "sandbox") {
 		t.Errorf("CSP %q", csp)
 	}

@@ -5,10 +5,12 @@ import (
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/base64"
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -61,6 +63,49 @@ func checkPort(port int) error {
 		return fmt.Errorf("%w: port %d is not a TCP port (1-65535)", sandbox.ErrInvalidSpec, port)
 	}
 	return nil
+}
+
+// PortOptions say how the server reaches a sandbox's ports for its
+// clients (E2B's network.httpsPorts and maskRequestHost).
+type PortOptions struct {
+	// TLS lists ports whose servers speak HTTPS themselves: the server
+	// connects to them with TLS, without checking their certificate (the
+	// sandbox's own, self-signed as a rule: the connection never leaves
+	// the host), and its clients reach them as they reach any port.
+	TLS []int `json:"tls,omitempty"`
+	// Host is the Host header that the sandbox's servers get instead of
+	// the client's; "${PORT}" in it becomes the port's number. Empty:
+	// the client's.
+	Host string `json:"host,omitempty"`
+}
+
+// maxTLSPorts bounds PortOptions.TLS.
+const maxTLSPorts = 64
+
+func (o PortOptions) check() error {
+	if len(o.TLS) > maxTLSPorts {
+		return fmt.Errorf("%w: at most %d TLS ports", sandbox.ErrInvalidSpec, maxTLSPorts)
+	}
+	for _, p := range o.TLS {
+		if err := checkPort(p); err != nil {
+			return err
+		}
+	}
+	h := strings.ReplaceAll(o.Host, "${PORT}", "65535")
+	if len(h) > 253 || strings.ContainsFunc(h, func(r rune) bool { return r <= ' ' || r >= 0x7f || strings.ContainsRune("/\\?#@", r) }) {
+		return fmt.Errorf("%w: port host %.80q: want a host name, [host]:port or ${PORT} in one", sandbox.ErrInvalidSpec, o.Host)
+	}
+	return nil
+}
+
+// PortHost is the Host header the server's servers on port of an owner's
+// sandbox get: PortOptions.Host, or "" for the client's own.
+func (s *Service) PortHost(owner, id string, port int) string {
+	b, err := s.Get(owner, id)
+	if err != nil || b.ports.Host == "" {
+		return ""
+	}
+	return strings.ReplaceAll(b.ports.Host, "${PORT}", strconv.Itoa(port))
 }
 
 // portDialer returns an owner's sandbox and its PortDialer.
@@ -137,6 +182,9 @@ func (s *Service) DialPort(ctx context.Context, owner, id string, port int) (net
 	s.ports.mu.Unlock()
 	start := time.Now()
 	c, err := d.DialPort(ctx, port)
+	if err == nil && slices.Contains(b.ports.TLS, port) {
+		c, err = dialTLS(ctx, c, port)
+	}
 	if err != nil {
 		pc.release()
 		status := "failed"
@@ -160,6 +208,19 @@ func (s *Service) DialPort(ctx context.Context, owner, id string, port int) (net
 	}
 	s.touch(b)
 	return pc, nil
+}
+
+// dialTLS speaks TLS over c, to a port of PortOptions.TLS. The
+// certificate is not checked: it is the sandbox's, which anyone in it can
+// make, and the connection runs from the server into the sandbox's own
+// network namespace, never over a network.
+func dialTLS(ctx context.Context, c net.Conn, port int) (net.Conn, error) {
+	tc := tls.Client(c, &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}) //nolint:gosec // see above
+	if err := tc.HandshakeContext(ctx); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("%w: port %d was set to speak TLS, and its server did not: %v", ErrPortTLS, port, err)
+	}
+	return tc, nil
 }
 
 // closePorts closes the connections to a sandbox's ports; the sandbox is

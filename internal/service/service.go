@@ -35,6 +35,8 @@ var (
 	ErrNotFound     = errors.New("sandbox not found")
 	ErrQuota        = errors.New("quota reached")
 	ErrShuttingDown = errors.New("the server is shutting down")
+	// ErrPortTLS: a port set to speak TLS (PortOptions.TLS) did not.
+	ErrPortTLS = errors.New("no TLS")
 )
 
 // Config bounds what owners may ask for.
@@ -224,6 +226,8 @@ type CreateRequest struct {
 	// IDEnv names environment variables that hold the sandbox's id, for
 	// programs that look for it there (E2B's E2B_SANDBOX_ID).
 	IDEnv []string
+	// Ports say how the server reaches the sandbox's ports.
+	Ports PortOptions
 }
 
 // Box is a managed sandbox.
@@ -237,7 +241,8 @@ type Box struct {
 	env         map[string]string
 	metadata    map[string]string
 	backend     string
-	egress      *netproxy.Proxy   // the sandbox's proxy; nil: made without network
+	egress      *netproxy.Proxy // the sandbox's proxy; nil: made without network
+	ports       PortOptions
 	netMu       sync.Mutex        // serialises UpdateNetwork
 	mu          sync.Mutex        // guards the fields below
 	network     *netpolicy.Policy // nil: no network (UpdateNetwork changes it)
@@ -260,6 +265,7 @@ type Info struct {
 	Metadata       map[string]string `json:"metadata"`
 	Backend        string            `json:"backend"`
 	Network        *NetworkInfo      `json:"network" doc:"the sandbox's network access; null: none"`
+	Ports          PortOptions       `json:"ports" doc:"how the server reaches the sandbox's ports"`
 	State          string            `json:"state"` // "idle" or "running"
 	ExecutionCount int               `json:"execution_count"`
 }
@@ -299,7 +305,7 @@ func (b *Box) info() Info {
 	return Info{
 		ID: b.id, CreatedAt: b.createdAt, ExpiresAt: b.expiresAt, Deadline: b.deadline,
 		IdleTimeoutS: b.idle.Seconds(), Limits: limitsInfo(b.limits), Metadata: md, Backend: b.backend,
-		Network: networkInfo(b.network), State: state, ExecutionCount: b.executions,
+		Network: networkInfo(b.network), Ports: b.ports, State: state, ExecutionCount: b.executions,
 	}
 }
 
@@ -336,6 +342,9 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		if len(k) > 256 || len(v) > 4096 {
 			return Info{}, fmt.Errorf("%w: metadata entry %.40q too long", sandbox.ErrInvalidSpec, k)
 		}
+	}
+	if err := req.Ports.check(); err != nil {
+		return Info{}, err
 	}
 	policy, err := s.grantNetwork(req.Network, req.Backend)
 	if err != nil {
@@ -392,6 +401,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		id: id, owner: req.Owner, sb: sb, createdAt: now, deadline: now.Add(life), idle: idle,
 		limits: limits, env: env, metadata: maps.Clone(req.Metadata), expiresAt: minTime(now.Add(idle), now.Add(life)),
 		backend: cmp.Or(req.Backend, s.cfg.Backend.Name()), network: policy, egress: egress,
+		ports: req.Ports,
 	}
 	s.mu.Lock()
 	unreserve()

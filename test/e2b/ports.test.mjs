@@ -166,4 +166,49 @@ describe('ports (getHost)', { skip }, () => {
     assert.equal(r.status, 404)
     await r.arrayBuffer()
   })
+
+  test('httpsPorts: the server reaches an HTTPS server in the sandbox; maskRequestHost sets the Host it sees', async () => {
+    const sbx = await Sandbox.create({ network: { httpsPorts: [8443, 8000], maskRequestHost: 'app-${PORT}.internal' } })
+    try {
+      const info = await sbx.getInfo()
+      assert.deepEqual(info.network?.httpsPorts, [8443, 8000])
+      assert.equal(info.network?.maskRequestHost, 'app-${PORT}.internal')
+      // A self-signed certificate, and a server that answers with the
+      // Host it was sent.
+      const made = await sbx.commands.run('openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=sandbox ' +
+        '-keyout key.pem -out cert.pem', { cwd: '/home/user' })
+      assert.equal(made.exitCode, 0)
+      await sbx.files.write('/home/user/tls.py', `
+import http.server, ssl
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = ("tls host=" + self.headers["Host"]).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+s = http.server.HTTPServer(("0.0.0.0", 8443), H)
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain("cert.pem", "key.pem")
+s.socket = ctx.wrap_socket(s.socket, server_side=True)
+s.serve_forever()
+`)
+      await sbx.commands.run('python3 tls.py', { background: true, cwd: '/home/user' })
+      const res = await waitFor(`http://${sbx.getHost(8443)}/`, sbx.trafficAccessToken)
+      assert.equal(res.status, 200)
+      assert.equal(await res.text(), 'tls host=app-8443.internal')
+      // A plain HTTP server on a port set to TLS: a clear 502, no hang.
+      await sbx.commands.run('python3 -m http.server 8000', { background: true, cwd: '/home/user' })
+      let body = ''
+      for (let i = 0; i < 100 && !body.includes('speak TLS'); i++) {
+        const r = await get(`http://${sbx.getHost(8000)}/`, { 'e2b-traffic-access-token': sbx.trafficAccessToken })
+        assert.equal(r.status, 502)
+        body = await r.text()
+        if (!body.includes('speak TLS')) await sleep(100)
+      }
+      assert.match(body, /port 8000 was set to speak TLS, and its server did not/)
+    } finally {
+      await sbx.kill().catch(() => {})
+    }
+  })
 })
