@@ -147,6 +147,7 @@ type rpcStream struct {
 	w        http.ResponseWriter
 	rc       *http.ResponseController
 	lastSent time.Time
+	dropped  bool // Drop was called: nothing more is written
 	// Timeout is the call's Connect-Timeout-Ms (zero: none).
 	Timeout time.Duration
 	// keepalive is the interval the client asked for (zero: none).
@@ -165,6 +166,9 @@ func (st *rpcStream) Send(v any) error {
 func (st *rpcStream) write(flags byte, body []byte) error {
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	if st.dropped {
+		return http.ErrAbortHandler
+	}
 	var head [5]byte
 	head[0] = flags
 	binary.BigEndian.PutUint32(head[1:], uint32(len(body)))
@@ -173,6 +177,16 @@ func (st *rpcStream) write(flags byte, body []byte) error {
 	}
 	st.lastSent = time.Now()
 	return st.rc.Flush()
+}
+
+// Drop drops the connection, as envd's does when its sandbox dies: the
+// SDKs then ask whether the sandbox still runs and report it killed. It
+// waits for a write in progress (a keepalive's), and does not return.
+func (st *rpcStream) Drop() {
+	st.mu.Lock()
+	st.dropped = true
+	st.mu.Unlock()
+	panic(http.ErrAbortHandler)
 }
 
 // KeepAlive sends msg whenever the stream has been quiet for the interval

@@ -97,7 +97,7 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, err)
 		return
 	}
-	rel, err := toRoot(q.Get("path"))
+	rel, err := toRoot(q.Get("path"), user)
 	if err != nil {
 		s.fail(w, err)
 		return
@@ -175,7 +175,7 @@ func (s *Server) writeFiles(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	write := func(name string, body io.Reader) (writeInfo, error) {
-		rel, err := toRoot(name)
+		rel, err := toRoot(name, user)
 		if err != nil {
 			return writeInfo{}, err
 		}
@@ -289,7 +289,7 @@ func (s *Server) rpcWorkspace(r *http.Request, t target, p string) (sandbox.Work
 	if err != nil {
 		return nil, "", nil, err
 	}
-	rel, err := toRoot(p)
+	rel, err := toRoot(p, user)
 	if err != nil {
 		return nil, "", nil, err
 	}
@@ -378,7 +378,11 @@ func (s *Server) move(r *http.Request, t target, msg []byte) (any, error) {
 		return nil, err
 	}
 	defer done()
-	dst, err := toRoot(req.Destination)
+	user, err := rpcUser(r)
+	if err != nil {
+		return nil, err
+	}
+	dst, err := toRoot(req.Destination, user)
 	if err != nil {
 		return nil, err
 	}

@@ -316,7 +316,7 @@ func (s *Server) createContext(w http.ResponseWriter, r *http.Request) {
 		writeText(w, http.StatusNotFound, err.Error())
 		return
 	}
-	dir, err := sandboxDir(req.Cwd)
+	dir, err := sandboxDir(req.Cwd, sandbox.UserSandbox) // code contexts run as the user
 	if err != nil {
 		s.failContext(w, err)
 		return

@@ -13,7 +13,18 @@ import (
 const (
 	homeDir      = "/home/user"
 	workspaceDir = "/workspace"
+	// rootHome is root's home: where its relative paths and commands
+	// start, as in E2B's sandboxes.
+	rootHome = "/root"
 )
+
+// homeOf is the home directory of user (checkUser's).
+func homeOf(user string) string {
+	if user == sandbox.UserRoot {
+		return rootHome
+	}
+	return homeDir
+}
 
 // maxPathLen bounds paths; the workspace layer refuses longer ones too.
 const maxPathLen = 4096
@@ -22,9 +33,9 @@ const maxPathLen = 4096
 // clean path relative to its "/" ("." for "/" itself), without "..": the
 // home, /home/user, is the workspace, "workspace" (the same directory, and
 // the name by which the whole file system reaches it); relative paths are
-// relative to the home. Links are the file layer's business: it resolves
-// every path without following any.
-func toRoot(p string) (string, error) {
+// relative to user's home (homeOf). Links are the file layer's business:
+// it resolves every path without following any.
+func toRoot(p, user string) (string, error) {
 	bad := func(why string) (string, error) {
 		return "", fmt.Errorf("%w: %q %s", sandbox.ErrBadPath, p, why)
 	}
@@ -36,7 +47,7 @@ func toRoot(p string) (string, error) {
 	}
 	abs := p
 	if !strings.HasPrefix(p, "/") {
-		abs = homeDir + "/" + p
+		abs = homeOf(user) + "/" + p
 	}
 	abs = path.Clean(abs)
 	for _, home := range []string{homeDir, workspaceDir} {
@@ -74,17 +85,18 @@ func toSandbox(rel string) string {
 }
 
 // sandboxDir maps a working directory given to a command or a context: a
-// relative one is relative to the home; an absolute one is taken as it is
-// (any directory of the sandbox may be a working directory, /tmp
-// included: the sandbox itself confines the process).
-func sandboxDir(dir string) (string, error) {
+// relative one (or none) is relative to user's home; an absolute one is
+// taken as it is (any directory of the sandbox may be a working directory,
+// /tmp included: the sandbox itself confines the process).
+func sandboxDir(dir, user string) (string, error) {
+	home := homeOf(user)
 	switch {
 	case dir == "":
-		return homeDir, nil
+		return home, nil
 	case strings.ContainsRune(dir, 0) || len(dir) > maxPathLen:
 		return "", fmt.Errorf("%w: invalid working directory %q", sandbox.ErrInvalidSpec, dir)
 	case strings.HasPrefix(dir, "/"):
 		return path.Clean(dir), nil
 	}
-	return path.Clean(homeDir + "/" + dir), nil
+	return path.Clean(home + "/" + dir), nil
 }

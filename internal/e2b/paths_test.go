@@ -41,7 +41,7 @@ func TestToRoot(t *testing.T) {
 		{"/home/user/a\x00b", ""},
 		{"/home/user/" + strings.Repeat("a", maxPathLen), ""},
 	} {
-		got, err := toRoot(c.in)
+		got, err := toRoot(c.in, sandbox.UserSandbox)
 		if c.want == "" {
 			if err == nil || !errors.Is(err, sandbox.ErrBadPath) {
 				t.Errorf("toRoot(%q) = %q, %v; want ErrBadPath", c.in, got, err)
@@ -50,6 +50,13 @@ func TestToRoot(t *testing.T) {
 		}
 		if err != nil || got != c.want {
 			t.Errorf("toRoot(%q) = %q, %v; want %q", c.in, got, err, c.want)
+		}
+	}
+	// Root's relative paths are relative to its home, /root.
+	for in, want := range map[string]string{"hello.txt": "root/hello.txt", "": "root", "..": ".",
+		"/home/user/a": "workspace/a", "../home/user": "workspace"} {
+		if got, err := toRoot(in, sandbox.UserRoot); err != nil || got != want {
+			t.Errorf("toRoot(%q, root) = %q, %v; want %q", in, got, err, want)
 		}
 	}
 }
@@ -62,11 +69,16 @@ func TestToSandboxAndDirs(t *testing.T) {
 		}
 	}
 	for in, want := range map[string]string{"": "/home/user", "sub": "/home/user/sub", "/tmp/": "/tmp", "/home/user/../x": "/home/x"} {
-		if got, err := sandboxDir(in); err != nil || got != want {
+		if got, err := sandboxDir(in, sandbox.UserSandbox); err != nil || got != want {
 			t.Errorf("sandboxDir(%q) = %q, %v; want %q", in, got, err, want)
 		}
 	}
-	if _, err := sandboxDir("a\x00"); err == nil {
+	for in, want := range map[string]string{"": "/root", "sub": "/root/sub", "/tmp": "/tmp"} {
+		if got, err := sandboxDir(in, sandbox.UserRoot); err != nil || got != want {
+			t.Errorf("sandboxDir(%q, root) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	if _, err := sandboxDir("a\x00", sandbox.UserSandbox); err == nil {
 		t.Error("a NUL byte in a directory was accepted")
 	}
 }
@@ -80,7 +92,7 @@ func FuzzToRoot(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, in string) {
-		rel, err := toRoot(in)
+		rel, err := toRoot(in, sandbox.UserSandbox)
 		if err != nil {
 			if !errors.Is(err, sandbox.ErrBadPath) {
 				t.Fatalf("toRoot(%q): %v is not ErrBadPath", in, err)
@@ -103,7 +115,7 @@ func FuzzToRoot(f *testing.F) {
 			}
 		}
 		// It names what the caller named: mapping back and forth agrees.
-		if again, err := toRoot(toSandbox(rel)); err != nil || again != rel {
+		if again, err := toRoot(toSandbox(rel), sandbox.UserSandbox); err != nil || again != rel {
 			t.Fatalf("toRoot(toSandbox(%q)) = %q, %v", rel, again, err)
 		}
 		abs := in

@@ -97,7 +97,7 @@ func (s *Server) startProcess(r *http.Request, t target, msg []byte, st *rpcStre
 	if req.Process.Cwd != nil {
 		cwd = *req.Process.Cwd
 	}
-	dir, err := sandboxDir(cwd)
+	dir, err := sandboxDir(cwd, user)
 	if err != nil {
 		return err
 	}
@@ -123,12 +123,12 @@ func (s *Server) startProcess(r *http.Request, t target, msg []byte, st *rpcStre
 	if err != nil {
 		return err
 	}
-	return s.follow(r.Context(), p, sub, st)
+	return s.follow(r.Context(), t, p, sub, st)
 }
 
 // follow streams a process's events until its end, or until the client
 // leaves (the process goes on: it is reconnected to with Connect).
-func (s *Server) follow(ctx context.Context, p *service.Process, sub *service.Subscription, st *rpcStream) error {
+func (s *Server) follow(ctx context.Context, t target, p *service.Process, sub *service.Subscription, st *rpcStream) error {
 	defer sub.Close()
 	var start startEvent
 	start.Start.PID = p.Info().PID
@@ -148,6 +148,11 @@ func (s *Server) follow(ctx context.Context, p *service.Process, sub *service.Su
 			}
 			switch {
 			case ev.End != nil:
+				if ev.End.ExitCode > 128 && s.killedDuring(t) {
+					// A signal ended it and the sandbox is gone (killed,
+					// or at the end of its life): not the command alone.
+					st.Drop()
+				}
 				if ev.End.Status == sandbox.StatusTimeout {
 					return newConnectError(codeDeadlineExceeded, ev.End.Error+" and was killed")
 				}
@@ -200,7 +205,7 @@ func (s *Server) connectProcess(r *http.Request, t target, msg []byte, st *rpcSt
 	if err != nil {
 		return err
 	}
-	return s.follow(r.Context(), p, sub, st)
+	return s.follow(r.Context(), t, p, sub, st)
 }
 
 type processInfo struct {

@@ -434,8 +434,12 @@ describe('commands', () => {
       assert.equal((await sbx.commands.run('pwd', { cwd: 'sub' })).stdout, '/home/user/sub\n')
       assert.equal((await sbx.commands.run('id -un')).stdout, 'user\n')
       // Root of the sandbox's own user namespace, with no capability.
-      const root = await sbx.commands.run('id -un; echo $HOME; grep CapEff /proc/self/status', { user: 'root' })
-      assert.equal(root.stdout, 'root\n/root\nCapEff:\t0000000000000000\n')
+      const root = await sbx.commands.run('id -un; echo $HOME; pwd; grep CapEff /proc/self/status', { user: 'root' })
+      assert.equal(root.stdout, 'root\n/root\n/root\nCapEff:\t0000000000000000\n')
+      // Root's relative paths are relative to its home, as in E2B.
+      await sbx.files.write('hello.txt', 'from root', { user: 'root' })
+      assert.equal(await sbx.files.read('/root/hello.txt', { user: 'root' }), 'from root')
+      assert.equal((await sbx.commands.run('cat hello.txt', { user: 'root' })).stdout, 'from root')
       await assert.rejects(sbx.commands.run('true', { cwd: '/nonexistent' }), SandboxError)
 
       const t0 = Date.now()
@@ -482,6 +486,16 @@ describe('commands', () => {
       assert.equal(await h.kill(), true)
       await assert.rejects(h.wait(), CommandExitError)
     })
+  })
+
+  test('a command whose sandbox is killed: its stream drops, as envd\'s does with its machine', async () => {
+    const sbx = await Sandbox.create()
+    const h = await sbx.commands.run('sleep 60', { background: true })
+    const waited = h.wait().then(() => null, (e) => e)
+    await sleep(200)
+    await sbx.kill()
+    const e = await waited
+    assert.ok(e && !(e instanceof CommandExitError) && /killed|not running/.test(e.message), String(e))
   })
 })
 
