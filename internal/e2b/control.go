@@ -63,12 +63,41 @@ func (s *Server) routeControl() {
 		"GET /sandboxes/{id}/logs":       "sandbox logs",
 		"GET /v2/sandboxes/{id}/logs":    "sandbox logs",
 	} {
-		handle(pattern, func(w http.ResponseWriter, r *http.Request, _ string) { s.unsupported(w, what) })
+		handle(pattern, func(w http.ResponseWriter, r *http.Request, owner string) {
+			// What is asked of a sandbox is checked first, as E2B does:
+			// a fork of nothing is a bad request, a sandbox that is gone
+			// (or another key's) is not found.
+			if strings.HasSuffix(pattern, "/fork") && !checkFork(w, r) {
+				return
+			}
+			if id := r.PathValue("id"); id != "" {
+				if _, err := s.svc.Get(owner, id); err != nil {
+					s.notFound(w, r, err)
+					return
+				}
+			}
+			s.unsupported(w, what)
+		})
 	}
 	handle("/", func(w http.ResponseWriter, r *http.Request, _ string) {
 		s.unsupported(w, fmt.Sprintf("%s %s (templates, volumes, secrets and teams are E2B's cloud, not part of vivarium)",
 			r.Method, r.URL.Path))
 	})
+}
+
+// checkFork refuses a fork request E2B would refuse: fewer than one copy.
+func checkFork(w http.ResponseWriter, r *http.Request) bool {
+	var req struct {
+		Count *int `json:"count"`
+	}
+	if !decodeBody(w, r, &req) {
+		return false
+	}
+	if req.Count != nil && *req.Count < 1 {
+		writeEnvdError(w, http.StatusBadRequest, fmt.Sprintf("count must be at least 1, got %d", *req.Count))
+		return false
+	}
+	return true
 }
 
 func (s *Server) unsupported(w http.ResponseWriter, what string) {

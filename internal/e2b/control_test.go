@@ -128,3 +128,31 @@ func TestMetrics(t *testing.T) {
 		t.Fatalf("latest metrics: %d %s", resp.StatusCode, b)
 	}
 }
+
+// What Vivarium does not do yet is still checked as E2B checks it: a fork
+// of fewer than one copy is a bad request, a sandbox that is gone or
+// another key's is not found, and only then is the answer 501.
+func TestUnsupportedChecksFirst(t *testing.T) {
+	ts, _ := newTestServer(t)
+	c := client{t, ts.URL}
+	sb := c.create("key-a", `{}`)
+	auth := map[string]string{"X-API-Key": "key-a", "Content-Type": "application/json"}
+	other := map[string]string{"X-API-Key": "key-b", "Content-Type": "application/json"}
+	for _, tc := range []struct {
+		path, body string
+		header     map[string]string
+		status     int
+	}{
+		{"/e2b/sandboxes/sb_nothere/fork", `{"count":0}`, auth, http.StatusBadRequest},
+		{"/e2b/sandboxes/" + sb.SandboxID + "/fork", `{"count":-1}`, auth, http.StatusBadRequest},
+		{"/e2b/sandboxes/sb_nothere/fork", `{"count":1}`, auth, http.StatusNotFound},
+		{"/e2b/sandboxes/" + sb.SandboxID + "/fork", `{"count":2}`, other, http.StatusNotFound},
+		{"/e2b/sandboxes/" + sb.SandboxID + "/fork", `{"count":2}`, auth, http.StatusNotImplemented},
+		{"/e2b/sandboxes/sb_nothere/pause", ``, auth, http.StatusNotFound},
+		{"/e2b/sandboxes/" + sb.SandboxID + "/pause", ``, auth, http.StatusNotImplemented},
+	} {
+		if resp, b := c.do("POST", tc.path, strings.NewReader(tc.body), tc.header); resp.StatusCode != tc.status {
+			t.Errorf("POST %s %s: %d %s, want %d", tc.path, tc.body, resp.StatusCode, b, tc.status)
+		}
+	}
+}
