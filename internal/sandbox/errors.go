@@ -27,4 +27,7 @@ var (
 	// ErrPermission: the sandbox's user (or root) may not do that to a
 	// file of the sandbox's (its permissions say no).
 	ErrPermission = errors.New("permission denied")
+	// ErrNoTerminal: a process started without a terminal was asked to
+	// do what only a terminal does (resize).
+	ErrNoTerminal = errors.New("the process has no terminal")
 )
