@@ -32,6 +32,10 @@ func (s *Sandbox) Start(ctx context.Context, c sandbox.Command) (sandbox.Process
 		return nil, fmt.Errorf("%w: the %s backend runs commands as the sandbox user only", sandbox.ErrUnsupported,
 			s.b.Name())
 	}
+	if c.Terminal != nil {
+		return nil, fmt.Errorf("%w: the %s backend has no terminals (pseudo-terminals) yet: run the command without one, "+
+			"or use the native backend", sandbox.ErrUnsupported, s.b.Name())
+	}
 	return s.StartCommand(ctx, c, s.spec.Env, func(id uint64, env map[string]string) error {
 		// Its streams exist before the agent can answer, so that no
 		// output of the command arrives before them.

@@ -302,6 +302,7 @@ func TestTerminalDiesWithSandbox(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer sb.Close()
 	marker := fmt.Sprintf("vivarium-pty-leftover-%d", os.Getpid())
 	p, err := sb.Start(context.Background(), sandbox.Command{Argv: []string{"bash", "--norc", "-i"},
 		Env: map[string]string{"PS1": "READY$ "}, Terminal: &sandbox.TerminalSize{Rows: 24, Cols: 80}})
@@ -310,7 +311,7 @@ func TestTerminalDiesWithSandbox(t *testing.T) {
 	}
 	s := watch(p.Stdout())
 	s.expect(t, `READY\$ `)
-	typeIn(t, p, fmt.Sprintf("(setsid bash -c 'exec -a %s sleep 1000' &) ; nohup bash -c 'exec -a %s sleep 1000' & echo started\n",
+	typeIn(t, p, fmt.Sprintf("(setsid bash -c 'exec -a %s sleep 1000' &) ; nohup bash -c 'exec -a %s sleep 1000' >/dev/null 2>&1 & echo started\n",
 		marker, marker))
 	s.expect(t, `\nstarted\r\n`)
 	testutil.WaitFor(t, 30*time.Second, "the sandbox's sleeps", func() bool { return len(testutil.ProcessesMatching(marker)) == 2 })
