@@ -308,15 +308,50 @@ func (p *Process) WriteStdin(ctx context.Context, data []byte) error {
 			deadline = time.Now().Add(30 * time.Second)
 		}
 		f.SetWriteDeadline(deadline)
-		defer f.SetWriteDeadline(time.Time{})
+		// A write waiting for a process that does not read ends when the
+		// caller leaves or the process ends, not only at the deadline: a
+		// terminal's input is not closed when its program exits, and
+		// the end of the process waits for this lock (CloseStdin).
+		wctx, cancel := context.WithCancel(ctx)
+		stopped := make(chan struct{})
+		go func() {
+			defer close(stopped)
+			select {
+			case <-p.p.Done():
+			case <-wctx.Done():
+				if ctx.Err() == nil {
+					return // the write is over
+				}
+			}
+			f.SetWriteDeadline(time.Unix(1, 0))
+		}()
+		defer func() {
+			cancel()
+			<-stopped
+			f.SetWriteDeadline(time.Time{})
+		}()
 	}
 	if _, err := w.Write(data); err != nil {
-		if errors.Is(err, os.ErrDeadlineExceeded) {
+		switch {
+		case isClosed(p.p.Done()):
+			return fmt.Errorf("%w: pid %d has ended", ErrNoProcess, p.info.PID)
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case errors.Is(err, os.ErrDeadlineExceeded):
 			return fmt.Errorf("%w: pid %d does not read its input", context.DeadlineExceeded, p.info.PID)
 		}
 		return fmt.Errorf("%w: pid %d: stdin: %v", ErrNoProcess, p.info.PID, err)
 	}
 	return nil
+}
+
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
 }
 
 // CloseStdin closes the process's standard input: it reads end-of-file.

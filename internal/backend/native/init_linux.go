@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -179,6 +180,12 @@ func initMain(report func(initStatus)) (int, error) {
 		return 0, step("close-on-exec inherited descriptors (close_range, Linux 5.11)", err)
 	}
 	stdoutFile, stderrFile = os.NewFile(fdStdout, "stdout"), os.NewFile(fdStderr, "stderr")
+	// A server started with SIGHUP or SIGINT ignored (from a
+	// non-interactive shell's "&", nohup) passes that on, and the Go
+	// runtime keeps those two ignored: so would every process init
+	// starts, and a terminal's Ctrl-C and hangup would do nothing. Caught
+	// (and dropped) here, they are reset to their defaults by each exec.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGHUP, syscall.SIGINT)
 	var cfg initConfig
 	ctrl := os.NewFile(fdCtrl, "ctrl")
 	if err := json.NewDecoder(ctrl).Decode(&cfg); err != nil {
