@@ -371,8 +371,13 @@ func (a *agent) handle(f Frame) {
 		case OpSignal:
 			a.mu.Lock()
 			pid := a.pgids[c.ID]
+			_, terminal := a.terms[c.ID]
 			a.mu.Unlock()
-			if pid > 0 && c.Signal > 0 {
+			switch {
+			case pid <= 0 || c.Signal <= 0:
+			case terminal:
+				signalSession(pid, unix.Signal(c.Signal))
+			default:
 				unix.Kill(-pid, unix.Signal(c.Signal))
 			}
 		case OpInterrupt:

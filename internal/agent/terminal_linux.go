@@ -1,10 +1,13 @@
 package agent
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
 	"runtime"
+	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -68,6 +71,46 @@ func (a *agent) spawnTerminal(c Ctl, path string) error {
 	a.mu.Unlock()
 	a.out.Ctl(Ctl{Op: OpSpawned, ID: c.ID, PID: pid})
 	return nil
+}
+
+// signalSession signals every process of a terminal's session: a
+// shell's jobs are process groups of their own, which a signal to the
+// command's group alone would leave running on the terminal. Processes
+// forked while it looks are caught by a second look.
+func signalSession(sid int, sig unix.Signal) {
+	unix.Kill(-sid, sig)
+	for pass := 0; pass < 2; pass++ {
+		dirs, _ := os.ReadDir("/proc")
+		for _, d := range dirs {
+			pid, err := strconv.Atoi(d.Name())
+			if err != nil || pid == 1 {
+				continue
+			}
+			if s, ok := sessionOf(pid); ok && s == sid {
+				unix.Kill(pid, sig)
+			}
+		}
+	}
+}
+
+// sessionOf reads a process's session id: the fourth field after the
+// command name in /proc/PID/stat (whose name may hold spaces and
+// parentheses: the last ")" ends it).
+func sessionOf(pid int) (int, bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, false
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 4 {
+		return 0, false
+	}
+	sid, err := strconv.Atoi(f[3])
+	return sid, err == nil
 }
 
 // resize sets the size of a command's terminal, if it has one and runs.

@@ -187,7 +187,9 @@ type Process interface {
 	Stdin() io.WriteCloser
 	Stdout() io.ReadCloser
 	Stderr() io.ReadCloser
-	// Signal sends sig to the command's process group.
+	// Signal sends sig to the command's process group; for a command in a
+	// terminal, to every process of its session (a shell's jobs are
+	// process groups of their own).
 	Signal(sig syscall.Signal) error
 	// Done is closed when the command has exited; ExitCode is then valid
 	// (128+n for a signal n).

@@ -61,6 +61,50 @@ func terminalCase(t *testing.T, be *backend, ctrlC bool) {
 	wantStdout(t, res, "True True\n")
 }
 
+// runTerminalJobs: signalling a command in a terminal reaches every
+// process of its session, the jobs of a shell in it too (process groups
+// of their own), and the sandbox lives on.
+func runTerminalJobs(t *testing.T, be *backend) {
+	sb := be.create(t, sandbox.Spec{})
+	p, err := sb.Start(context.Background(), sandbox.Command{Argv: []string{"bash", "--norc", "--noprofile", "-i"},
+		Terminal: &sandbox.TerminalSize{Rows: 24, Cols: 80}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := watchTerminal(p.Stdout())
+	io.WriteString(p.Stdin(), "sleep 1234 & sleep 1235 & echo started-$((2*3))\n")
+	s.expect(t, "started-6\r\n")
+	count := `
+import os, time
+def sleeps():
+    n = 0
+    for pid in os.listdir("/proc"):
+        try:
+            if pid.isdigit() and open("/proc/%s/cmdline" % pid, "rb").read().startswith(b"sleep\x00123"):
+                n += 1
+        except OSError:
+            pass
+    return n
+`
+	wantStdout(t, exec(t, sb, code(count+"print(sleeps())")), "2\n")
+	if err := p.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal("SIGKILL did not end the command")
+	}
+	// The bound is for a failing test only.
+	res := exec(t, sb, code(count+`
+for _ in range(300):
+    if sleeps() == 0:
+        break
+    time.sleep(0.05)
+print(sleeps())`))
+	wantStdout(t, res, "0\n")
+}
+
 // terminalScreen collects what a terminal shows.
 type terminalScreen struct {
 	mu   sync.Mutex

@@ -96,6 +96,7 @@ except OSError as e:
 			t.Fatalf("start: %v", err)
 		}
 	}},
+	"terminal_jobs": {why: "no processes, no terminals"},
 	"commands": {why: "no processes: starting a command is refused", run: func(t *testing.T, be *backend) {
 		sb := be.create(t, sandbox.Spec{})
 		if _, err := sb.Start(context.Background(), sandbox.Command{Argv: []string{"sh"}}); !errors.Is(err, sandbox.ErrUnsupported) {

@@ -140,6 +140,7 @@ func supervise(cfg *initConfig, report func(initStatus)) int {
 	sendCtl(fdControl, ctlMsg{Op: opRunner, PID: runner}, pipes...)
 	closeAll(pipes)
 	commands := map[int]uint64{} // pid → command ID
+	terminals := map[int]bool{}  // the commands started in a terminal
 
 	for {
 		select {
@@ -155,6 +156,11 @@ func supervise(cfg *initConfig, report func(initStatus)) int {
 					reply.Error = err.Error()
 				} else {
 					commands[pid] = m.ID
+					if m.Term != nil {
+						terminals[pid] = true
+					} else {
+						delete(terminals, pid) // a pid a terminal had before
+					}
 				}
 				sendCtl(fdControl, reply, files...)
 				closeAll(files)
@@ -162,7 +168,11 @@ func supervise(cfg *initConfig, report func(initStatus)) int {
 				// Only commands' process groups: never init, never a pid
 				// the supervisor did not get from a spawn.
 				if _, ok := commands[m.PID]; ok && m.Signal > 0 {
-					unix.Kill(-m.PID, unix.Signal(m.Signal))
+					if terminals[m.PID] {
+						signalSession(m.PID, unix.Signal(m.Signal))
+					} else {
+						unix.Kill(-m.PID, unix.Signal(m.Signal))
+					}
 				}
 			case opInterrupt:
 				if runner > 0 {

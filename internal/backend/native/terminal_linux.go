@@ -1,11 +1,14 @@
 package native
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -89,6 +92,55 @@ func openTerminal(size sandbox.TerminalSize, uid, gid int) (master, slave *os.Fi
 		return nil, nil, fmt.Errorf("give the terminal to its user: %w", err)
 	}
 	return os.NewFile(uintptr(m), "ptmx"), os.NewFile(uintptr(s), "pts"), nil
+}
+
+// signalSession signals every process of a terminal's session (in init):
+// a shell's jobs are process groups of their own, which a signal to the
+// command's group alone would leave running on the terminal. Processes
+// forked while it looks are caught by a second look.
+func signalSession(sid int, sig unix.Signal) {
+	unix.Kill(-sid, sig)
+	for pass := 0; pass < 2; pass++ {
+		for _, pid := range sessionMembers(sid) {
+			unix.Kill(pid, sig)
+		}
+	}
+}
+
+// sessionMembers lists the processes of session sid, from /proc.
+func sessionMembers(sid int) []int {
+	dirs, _ := os.ReadDir("/proc")
+	var out []int
+	for _, d := range dirs {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil || pid == 1 {
+			continue
+		}
+		if s, ok := sessionOf(pid); ok && s == sid {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// sessionOf reads a process's session id: the fourth field after the
+// command name in /proc/PID/stat (whose name may hold spaces and
+// parentheses: the last ")" ends it).
+func sessionOf(pid int) (int, bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, false
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 4 {
+		return 0, false
+	}
+	sid, err := strconv.Atoi(f[3])
+	return sid, err == nil
 }
 
 func setSize(fd int, size sandbox.TerminalSize) error {
