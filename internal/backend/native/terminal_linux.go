@@ -166,7 +166,9 @@ func terminalFiles(fd int) (in, out *os.File, resize func(sandbox.TerminalSize) 
 	out = os.NewFile(uintptr(fd), "terminal")
 	in = os.NewFile(uintptr(dup), "terminal")
 	resize = func(size sandbox.TerminalSize) error {
-		rc, err := in.SyscallConn()
+		// Through the output's descriptor: the input may be closed
+		// (CloseStdin) while the terminal lives on.
+		rc, err := out.SyscallConn()
 		if err != nil {
 			return err
 		}

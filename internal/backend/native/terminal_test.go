@@ -201,6 +201,21 @@ print(out.split(b"\r\n")[0].decode())
 	if res.Status != sandbox.StatusOK || res.Stdout != "True True\nchild-has-tty\n" {
 		t.Fatalf("%s: stdout %q stderr %q", res.Status, res.Stdout, res.Stderr)
 	}
+	// A terminal whose input is closed is still resized (SIGWINCH).
+	w, err := sb.Start(context.Background(), sandbox.Command{Argv: []string{"sh", "-c",
+		`trap 'stty size; exit 0' WINCH; echo ready; while :; do sleep 0.05; done`}, Terminal: &sandbox.TerminalSize{Rows: 5, Cols: 5}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws := watch(w.Stdout())
+	ws.expect(t, "ready\r\n")
+	w.Stdin().Close()
+	if err := w.(sandbox.Resizer).Resize(sandbox.TerminalSize{Rows: 7, Cols: 9}); err != nil {
+		t.Fatal(err)
+	}
+	ws.expect(t, "7 9\r\n")
+	<-w.Done()
+
 	// A command without a terminal has none to resize.
 	q, err := sb.Start(context.Background(), sandbox.Command{Argv: []string{"true"}})
 	if err != nil {
