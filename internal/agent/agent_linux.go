@@ -51,6 +51,7 @@ type agent struct {
 	commands map[int]uint32     // pid → command id
 	pgids    map[uint32]int     // command id → pid (its process group)
 	waiting  map[uint32][]*pump // command id → its output pumps, flushed before its exit is told
+	terms    map[uint32]int     // command id → its terminal's master, to resize it
 }
 
 // Run is the agent: it returns the exit code of the container.
@@ -66,7 +67,7 @@ func Run(in io.Reader, outw io.Writer) int {
 		return fail("read config", fmt.Errorf("no configuration frame: %v", err))
 	}
 	a := &agent{out: out, requests: map[uint32]*queue{}, commands: map[int]uint32{}, pgids: map[uint32]int{},
-		waiting: map[uint32][]*pump{}}
+		waiting: map[uint32][]*pump{}, terms: map[uint32]int{}}
 	if err := json.Unmarshal(f.Data, &a.cfg); err != nil {
 		return fail("read config", err)
 	}
@@ -370,8 +371,13 @@ func (a *agent) handle(f Frame) {
 		case OpSignal:
 			a.mu.Lock()
 			pid := a.pgids[c.ID]
+			_, terminal := a.terms[c.ID]
 			a.mu.Unlock()
-			if pid > 0 && c.Signal > 0 {
+			switch {
+			case pid <= 0 || c.Signal <= 0:
+			case terminal:
+				signalSession(pid, unix.Signal(c.Signal))
+			default:
 				unix.Kill(-pid, unix.Signal(c.Signal))
 			}
 		case OpInterrupt:
@@ -383,6 +389,8 @@ func (a *agent) handle(f Frame) {
 			}
 		case OpRestart:
 			a.restart()
+		case OpResize:
+			a.resize(c)
 		}
 	}
 }
@@ -421,6 +429,12 @@ func (a *agent) spawn(c Ctl) {
 	path, err := lookPath(c.Argv[0], c.Env)
 	if err != nil {
 		fail(err)
+		return
+	}
+	if c.Rows > 0 {
+		if err := a.spawnTerminal(c, path); err != nil {
+			fail(err)
+		}
 		return
 	}
 	inR, inW, err := os.Pipe()
@@ -521,6 +535,10 @@ func (a *agent) exited(pid int, ws unix.WaitStatus) {
 		}
 		pumps = a.waiting[id]
 		delete(a.waiting, id)
+		if fd, ok := a.terms[id]; ok {
+			unix.Close(fd)
+			delete(a.terms, id)
+		}
 	}
 	a.mu.Unlock()
 	if !isRunner && !isCommand {

@@ -75,18 +75,19 @@ type Config struct {
 }
 
 // Control operations. Supervisor → agent: OpSpawn, OpSignal, OpInterrupt,
-// OpRestart. Agent → supervisor: OpReady, OpRunner, OpSpawned, OpExited,
+// OpRestart, OpResize. Agent → supervisor: OpReady, OpRunner, OpSpawned, OpExited,
 // OpError.
 const (
 	OpReady     = "ready"     // the agent is set up
 	OpError     = "error"     // setup failed: Error (Step: what)
 	OpRunner    = "runner"    // a runner started: Gen, PID
-	OpSpawn     = "spawn"     // start a command: ID, Argv, Env, Dir
+	OpSpawn     = "spawn"     // start a command: ID, Argv, Env, Dir; Rows and Cols: in a terminal of that size
 	OpSpawned   = "spawned"   // the command started (PID) or not (Error)
 	OpSignal    = "signal"    // signal a command's process group: ID, Signal
 	OpInterrupt = "interrupt" // SIGINT to the runner
 	OpRestart   = "restart"   // kill every process but the agent, start a new runner
 	OpExited    = "exited"    // a command (ID) or a runner (ID 0, Gen) ended: Code, Signal
+	OpResize    = "resize"    // resize a command's terminal: ID, Rows, Cols
 )
 
 // Ctl is a control message.
@@ -102,6 +103,9 @@ type Ctl struct {
 	Code   int      `json:"code"`
 	Step   string   `json:"step,omitempty"`
 	Error  string   `json:"error,omitempty"`
+	// Rows and Cols are a terminal's size (OpSpawn, OpResize).
+	Rows uint16 `json:"rows,omitempty"`
+	Cols uint16 `json:"cols,omitempty"`
 }
 
 // Frame is one unit on the wire.

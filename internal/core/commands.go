@@ -21,6 +21,7 @@ type Process struct {
 	stdout io.ReadCloser
 	stderr io.ReadCloser
 	signal func(syscall.Signal) error
+	resize func(sandbox.TerminalSize) error // nil: no terminal
 	done   chan struct{}
 	once   sync.Once
 	code   int
@@ -44,6 +45,21 @@ func (p *Process) Signal(sig syscall.Signal) error {
 	return p.signal(sig)
 }
 
+// Resize implements sandbox.Resizer. A process that has exited is not
+// resized.
+func (p *Process) Resize(size sandbox.TerminalSize) error {
+	if p.resize == nil {
+		return fmt.Errorf("%w: pid %d", sandbox.ErrNoTerminal, p.pid)
+	}
+	if err := size.Validate(); err != nil {
+		return err
+	}
+	if isClosed(p.done) {
+		return nil
+	}
+	return p.resize(size)
+}
+
 // finish records the exit, once.
 func (p *Process) finish(code int) {
 	p.once.Do(func() {
@@ -60,14 +76,21 @@ func (p *Process) closePipes() {
 }
 
 // Spawned is a backend's answer to a start request: the process's pid and
-// pipes, or why it could not start.
+// pipes, or why it could not start. A command started with a terminal has
+// Resize, its Stdin and Stdout are the terminal's, and its Stderr reads
+// end-of-file.
 type Spawned struct {
 	PID            int
 	Stdin          io.WriteCloser
 	Stdout, Stderr io.ReadCloser
 	Signal         func(syscall.Signal) error
+	Resize         func(sandbox.TerminalSize) error
 	Err            string // non-empty: it did not start
 }
+
+// DefaultTerm is TERM in a terminal's environment unless the command sets
+// it: what xterm.js, E2B's and most terminals in a browser emulate.
+const DefaultTerm = "xterm-256color"
 
 type started struct {
 	p   *Process
@@ -99,6 +122,11 @@ func (c *Core) StartCommand(ctx context.Context, cmd sandbox.Command, base map[s
 		return nil, fmt.Errorf("%w: user must be %q or %q, got %q", sandbox.ErrInvalidSpec, sandbox.UserSandbox,
 			sandbox.UserRoot, cmd.User)
 	}
+	if cmd.Terminal != nil {
+		if err := cmd.Terminal.Validate(); err != nil {
+			return nil, err
+		}
+	}
 	if c.d.Closed() || isClosed(c.d.Dead()) {
 		return nil, sandbox.ErrClosed
 	}
@@ -107,6 +135,9 @@ func (c *Core) StartCommand(ctx context.Context, cmd sandbox.Command, base map[s
 		env = map[string]string{}
 	}
 	maps.Copy(env, cmd.Env)
+	if _, ok := cmd.Env["TERM"]; cmd.Terminal != nil && !ok {
+		env["TERM"] = DefaultTerm
+	}
 	cs := &c.cmds
 	ch := make(chan started, 1)
 	cs.mu.Lock()
@@ -152,7 +183,7 @@ func (c *Core) Started(id uint64, s Spawned) {
 	var p *Process
 	if s.Err == "" {
 		p = &Process{id: id, pid: s.PID, stdin: s.Stdin, stdout: s.Stdout, stderr: s.Stderr, signal: s.Signal,
-			done: make(chan struct{})}
+			resize: s.Resize, done: make(chan struct{})}
 	}
 	cs.mu.Lock()
 	ch := cs.starting[id]

@@ -379,7 +379,9 @@ func TestEnvd(t *testing.T) {
 		{"process.Process/List", `{}`, nil, 200, `"processes":[]`},
 		{"process.Process/SendSignal", `{"process":{"pid":7},"signal":"SIGNAL_SIGKILL"}`, nil, 404, `not_found`},
 		{"process.Process/SendSignal", `{"process":{"pid":7},"signal":"SIGNAL_SIGHUP"}`, nil, 400, `SIGKILL or SIGTERM`},
-		{"process.Process/Update", `{}`, nil, 501, `PTY`},
+		{"process.Process/Update", `{"process":{"pid":7},"pty":{"size":{"cols":80,"rows":24}}}`, nil, 404, `not_found`},
+		{"process.Process/Update", `{"process":{"pid":7},"pty":{"size":{"cols":0,"rows":24}}}`, nil, 400, `1 to 4096 rows`},
+		{"process.Process/SendInput", `{"process":{"pid":7},"input":{"pty":"aGk="}}`, nil, 404, `not_found`},
 	} {
 		status, out := c.rpc(sb, tc.method, tc.body, tc.header)
 		b, _ := json.Marshal(out)
@@ -450,8 +452,13 @@ func TestEnvd(t *testing.T) {
 		t.Fatalf("start in a missing directory: %v", end)
 	}
 	_, end = c.stream(sb, "process.Process/Start", `{"process":{"cmd":"bash"},"pty":{"size":{"cols":80,"rows":24}}}`, nil)
-	if e := end["error"].(map[string]any); e["code"] != codeUnimplemented {
+	// The size reaches the backend (the fake has no terminals).
+	if e := end["error"].(map[string]any); e["code"] != codeUnimplemented || !strings.Contains(e["message"].(string), "24x80") {
 		t.Fatalf("pty: %v", end)
+	}
+	_, end = c.stream(sb, "process.Process/Start", `{"process":{"cmd":"bash"},"pty":{"size":{"cols":80,"rows":70000}}}`, nil)
+	if e := end["error"].(map[string]any); e["code"] != codeInvalidArgument {
+		t.Fatalf("pty too tall: %v", end)
 	}
 	_, end = c.stream(sb, "process.Process/Connect", `{"process":{"pid":4242}}`, nil)
 	if e := end["error"].(map[string]any); e["code"] != codeNotFound {

@@ -119,6 +119,10 @@ func (s *fakeSandbox) Start(ctx context.Context, c sandbox.Command) (sandbox.Pro
 	if c.Dir == "/missing" {
 		return nil, fmt.Errorf("start %s: chdir %s: no such file or directory", c.Argv[0], c.Dir)
 	}
+	if c.Terminal != nil {
+		return nil, fmt.Errorf("%w: the fake backend has no terminals (asked for %dx%d)", sandbox.ErrUnsupported,
+			c.Terminal.Rows, c.Terminal.Cols)
+	}
 	p := newFakeProcess()
 	go func() {
 		foo := s.env["FOO"] // the sandbox's environment, then the command's

@@ -23,10 +23,34 @@ type processConfig struct {
 }
 
 type startRequest struct {
-	Process processConfig   `json:"process"`
-	PTY     json.RawMessage `json:"pty"`
-	Tag     *string         `json:"tag"`
-	Stdin   *bool           `json:"stdin"`
+	Process processConfig `json:"process"`
+	PTY     *ptyConfig    `json:"pty"`
+	Tag     *string       `json:"tag"`
+	Stdin   *bool         `json:"stdin"`
+}
+
+// ptyConfig is process.PTY: a terminal of that size.
+type ptyConfig struct {
+	Size *ptySize `json:"size"`
+}
+
+// ptySize is process.PTY.Size.
+type ptySize struct {
+	Cols pbUint32 `json:"cols"`
+	Rows pbUint32 `json:"rows"`
+}
+
+// terminalSize checks a size from the wire: a terminal's sides are 16
+// bits, and not 0.
+func (p *ptyConfig) terminalSize() (*sandbox.TerminalSize, error) {
+	if p.Size == nil {
+		return nil, newConnectError(codeInvalidArgument, "pty.size is required: {cols, rows}")
+	}
+	if p.Size.Rows == 0 || p.Size.Cols == 0 || p.Size.Rows > sandbox.MaxTerminalSide || p.Size.Cols > sandbox.MaxTerminalSide {
+		return nil, newConnectError(codeInvalidArgument, fmt.Sprintf("pty.size: a terminal has 1 to %d rows and columns, not %dx%d",
+			sandbox.MaxTerminalSide, p.Size.Rows, p.Size.Cols))
+	}
+	return &sandbox.TerminalSize{Rows: uint16(p.Size.Rows), Cols: uint16(p.Size.Cols)}, nil
 }
 
 // processSelector is a oneof: pid or tag.
@@ -63,6 +87,7 @@ type (
 	dataOutput struct {
 		Stdout pbBytes `json:"stdout,omitempty"`
 		Stderr pbBytes `json:"stderr,omitempty"`
+		PTY    pbBytes `json:"pty,omitempty"`
 	}
 	endEvent struct {
 		End endInfo `json:"end"`
@@ -86,9 +111,6 @@ func (s *Server) startProcess(r *http.Request, t target, msg []byte, st *rpcStre
 	var req startRequest
 	if err := decodeMessage(msg, &req); err != nil {
 		return err
-	}
-	if len(req.PTY) > 0 && string(req.PTY) != "null" {
-		return fmt.Errorf("%w: pseudo-terminals (PTY); run commands without one", errUnsupported)
 	}
 	if req.Process.Cmd == "" {
 		return newConnectError(codeInvalidArgument, "process.cmd is empty")
@@ -118,6 +140,11 @@ func (s *Server) startProcess(r *http.Request, t target, msg []byte, st *rpcStre
 	}
 	if req.Tag != nil {
 		pr.Tag = *req.Tag
+	}
+	if req.PTY != nil {
+		if pr.Terminal, err = req.PTY.terminalSize(); err != nil {
+			return err
+		}
 	}
 	p, sub, err := s.svc.StartProcess(r.Context(), t.owner, t.id, pr)
 	if err != nil {
@@ -159,6 +186,10 @@ func (s *Server) follow(ctx context.Context, t target, p *service.Process, sub *
 				return st.Send(processEvent{Event: endEvent{End: endInfo{
 					ExitCode: ev.End.ExitCode, Exited: true, Status: fmt.Sprintf("exit status %d", ev.End.ExitCode), Error: ev.End.Error,
 				}}})
+			case len(ev.Stdout) > 0 && p.Terminal():
+				if err := st.Send(processEvent{Event: dataEvent{Data: dataOutput{PTY: ev.Stdout}}}); err != nil {
+					return err
+				}
 			case len(ev.Stdout) > 0:
 				if err := st.Send(processEvent{Event: dataEvent{Data: dataOutput{Stdout: ev.Stdout}}}); err != nil {
 					return err
@@ -247,15 +278,17 @@ func (s *Server) sendInput(r *http.Request, t target, msg []byte) (any, error) {
 	if err := decodeMessage(msg, &req); err != nil {
 		return nil, err
 	}
-	if req.Input.PTY != nil {
-		return nil, fmt.Errorf("%w: pseudo-terminals (PTY)", errUnsupported)
-	}
 	p, err := s.find(t, req.Process)
 	if err != nil {
 		return nil, err
 	}
-	if req.Input.Stdin != nil {
-		if err := p.WriteStdin(r.Context(), *req.Input.Stdin); err != nil {
+	// envd takes either for either: a terminal's input is its stdin.
+	input := req.Input.Stdin
+	if req.Input.PTY != nil {
+		input = req.Input.PTY
+	}
+	if input != nil {
+		if err := p.WriteStdin(r.Context(), *input); err != nil {
 			return nil, err
 		}
 	}
@@ -320,6 +353,33 @@ func (s *Server) closeStdin(r *http.Request, t target, msg []byte) (any, error) 
 	return struct{}{}, nil
 }
 
+type updateRequest struct {
+	Process processSelector `json:"process"`
+	PTY     *ptyConfig      `json:"pty"`
+}
+
+// updateProcess resizes a process's terminal, the one thing
+// process.Process/Update changes.
 func (s *Server) updateProcess(r *http.Request, t target, msg []byte) (any, error) {
-	return nil, fmt.Errorf("%w: resizing pseudo-terminals (PTY)", errUnsupported)
+	var req updateRequest
+	err := decodeMessage(msg, &req)
+	if err != nil {
+		return nil, err
+	}
+	var size *sandbox.TerminalSize
+	if req.PTY != nil {
+		if size, err = req.PTY.terminalSize(); err != nil {
+			return nil, err
+		}
+	}
+	p, err := s.find(t, req.Process)
+	if err != nil {
+		return nil, err
+	}
+	if size != nil {
+		if err := p.Resize(*size); err != nil {
+			return nil, err
+		}
+	}
+	return struct{}{}, nil
 }

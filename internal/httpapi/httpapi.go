@@ -118,6 +118,7 @@ var Routes = []Route{
 	{"GET", "/v1/sandboxes/{id}/processes/{pid}/output", "processOutput", "Follow a process's output from now until it ends (NDJSON)", false},
 	{"POST", "/v1/sandboxes/{id}/processes/{pid}/stdin", "processStdin", "Write the raw body to a process's stdin; ?close=1 closes it after", false},
 	{"POST", "/v1/sandboxes/{id}/processes/{pid}/signal", "signalProcess", "Send SIGTERM or SIGKILL to a process's group", false},
+	{"POST", "/v1/sandboxes/{id}/processes/{pid}/resize", "resizeProcess", "Resize the terminal of a process started with one", false},
 	{"POST", "/v1/sandboxes/{id}/ports/{port}", "portToken", "A token and URLs that open one port of the sandbox (a server its code started) from outside", false},
 	{"POST", "/v1/execute", "runOnce", "Run code in a fresh sandbox destroyed afterwards", false},
 }
@@ -211,7 +212,7 @@ func (s *Server) handler(name string) http.HandlerFunc {
 		return s.usage
 	case "listContexts", "createContext", "deleteContext", "restartContext":
 		return s.contextHandler(name)
-	case "listProcesses", "startProcess", "processOutput", "processStdin", "signalProcess":
+	case "listProcesses", "startProcess", "processOutput", "processStdin", "signalProcess", "resizeProcess":
 		return s.processHandler(name)
 	}
 	panic("httpapi: no handler for " + name)

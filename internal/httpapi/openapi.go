@@ -56,6 +56,7 @@ var operations = map[string]operation{
 	"processOutput":  {status: 200, stream: true},
 	"processStdin":   {status: 200, response: okResponse{}},
 	"signalProcess":  {request: signalRequest{}, status: 200, response: okResponse{}},
+	"resizeProcess":  {request: sandbox.TerminalSize{}, status: 200, response: okResponse{}},
 	"portToken":      {status: 200, response: portAccess{}},
 }
 

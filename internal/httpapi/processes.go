@@ -25,13 +25,14 @@ type (
 		Processes []service.ProcessInfo `json:"processes"`
 	}
 	processRequest struct {
-		Cmd      string            `json:"cmd" doc:"shell command, run with /bin/sh -c"`
-		Cwd      string            `json:"cwd" doc:"working directory inside the sandbox, absolute or relative to /workspace (default /workspace); one that is not there is a 400"`
-		Env      map[string]string `json:"env"`
-		TimeoutS float64           `json:"timeout_s" doc:"ends the process after this many seconds (default: no limit but the sandbox's life)"`
-		Stdin    bool              `json:"stdin" doc:"keep stdin open for .../stdin (default: closed)"`
-		Tag      string            `json:"tag" doc:"a name of the caller's choosing"`
-		User     string            `json:"user" doc:"who runs it: user (default) or root, uid 0 of the sandbox's own user namespace, with no capability (native backend)"`
+		Cmd      string                `json:"cmd" doc:"shell command, run with /bin/sh -c"`
+		Cwd      string                `json:"cwd" doc:"working directory inside the sandbox, absolute or relative to /workspace (default /workspace); one that is not there is a 400"`
+		Env      map[string]string     `json:"env"`
+		TimeoutS float64               `json:"timeout_s" doc:"ends the process after this many seconds (default: no limit but the sandbox's life)"`
+		Stdin    bool                  `json:"stdin" doc:"keep stdin open for .../stdin (default: closed)"`
+		Tag      string                `json:"tag" doc:"a name of the caller's choosing"`
+		User     string                `json:"user" doc:"who runs it: user (default) or root, uid 0 of the sandbox's own user namespace, with no capability (native backend)"`
+		Terminal *sandbox.TerminalSize `json:"terminal" doc:"run it in a pseudo-terminal of {rows, cols} (native backend): its output comes as terminal events, stdin stays open for typing, .../resize resizes it"`
 	}
 	signalRequest struct {
 		Signal string `json:"signal" doc:"SIGTERM or SIGKILL"`
@@ -86,7 +87,7 @@ func (s *Server) processHandler(name string) http.HandlerFunc {
 			}
 			p, sub, err := s.svc.StartProcess(r.Context(), o, id, service.ProcessRequest{
 				Argv: []string{"/bin/sh", "-c", req.Cmd}, Env: req.Env, Cwd: req.Cwd, Timeout: seconds(req.TimeoutS),
-				Stdin: req.Stdin, Tag: req.Tag, User: req.User})
+				Stdin: req.Stdin, Tag: req.Tag, User: req.User, Terminal: req.Terminal})
 			if err != nil {
 				s.fail(w, err)
 				return
@@ -117,6 +118,10 @@ func (s *Server) processHandler(name string) http.HandlerFunc {
 						return
 					case ev.End != nil:
 						st.event(map[string]any{"type": "end", "summary": ev.End})
+					case len(ev.Stdout) > 0 && p.Terminal():
+						// A terminal's bytes, exactly: escape sequences and
+						// all, valid UTF-8 or not.
+						st.event(map[string]any{"type": "terminal", "data": ev.Stdout})
 					case len(ev.Stdout) > 0:
 						st.Stdout(ev.Stdout)
 					case len(ev.Stderr) > 0:
@@ -169,6 +174,17 @@ func (s *Server) processHandler(name string) http.HandlerFunc {
 				return
 			}
 			s.respond(w, okResponse{OK: true}, p.Signal(sig))
+		case "resizeProcess":
+			var size sandbox.TerminalSize
+			if !decode(w, r, &size) {
+				return
+			}
+			p, err := s.process(r)
+			if err != nil {
+				s.fail(w, err)
+				return
+			}
+			s.respond(w, okResponse{OK: true}, p.Resize(size))
 		}
 	}
 }

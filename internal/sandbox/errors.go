@@ -1,6 +1,9 @@
 package sandbox
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+)
 
 var (
 	// ErrInvalidSpec: the request asked for something impossible.
@@ -27,4 +30,7 @@ var (
 	// ErrPermission: the sandbox's user (or root) may not do that to a
 	// file of the sandbox's (its permissions say no).
 	ErrPermission = errors.New("permission denied")
+	// ErrNoTerminal: a process started without a terminal was asked to
+	// do what only a terminal does (resize). It is an ErrInvalidSpec.
+	ErrNoTerminal = fmt.Errorf("%w: the process has no terminal", ErrInvalidSpec)
 )

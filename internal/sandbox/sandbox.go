@@ -10,6 +10,7 @@ package sandbox
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"io/fs"
 	"syscall"
@@ -137,6 +138,40 @@ type Command struct {
 	// sandbox's system directories and has no capability: never the
 	// host's root, never more of the kernel than the sandbox user.
 	User string
+	// Terminal, if set, runs the command in a pseudo-terminal of this
+	// size, as its controlling terminal: the Process's Stdout carries what
+	// the terminal shows (output and echo, escape sequences as bytes),
+	// Stdin is what is typed (Ctrl-C is "\x03"), Stderr is empty, and the
+	// Process is a Resizer. TERM is xterm-256color unless Env sets it. A
+	// backend that has no terminals fails with an error wrapping
+	// ErrUnsupported that names it.
+	Terminal *TerminalSize
+}
+
+// TerminalSize is a terminal's size in character cells.
+type TerminalSize struct {
+	Rows uint16 `json:"rows"`
+	Cols uint16 `json:"cols"`
+}
+
+// MaxTerminalSide bounds a terminal's rows and columns.
+const MaxTerminalSide = 4096
+
+// Validate checks that the size is one a terminal can have.
+func (t TerminalSize) Validate() error {
+	if t.Rows == 0 || t.Cols == 0 || t.Rows > MaxTerminalSide || t.Cols > MaxTerminalSide {
+		return fmt.Errorf("%w: a terminal has 1 to %d rows and columns, not %dx%d", ErrInvalidSpec, MaxTerminalSide,
+			t.Rows, t.Cols)
+	}
+	return nil
+}
+
+// Resizer is a Process that can be resized: one started with a terminal.
+// The program in it is told with SIGWINCH, as by any terminal.
+type Resizer interface {
+	// Resize sets the terminal's size; it fails with ErrNoTerminal for a
+	// process started without one.
+	Resize(size TerminalSize) error
 }
 
 // Who a command runs as (Command.User).
@@ -152,7 +187,9 @@ type Process interface {
 	Stdin() io.WriteCloser
 	Stdout() io.ReadCloser
 	Stderr() io.ReadCloser
-	// Signal sends sig to the command's process group.
+	// Signal sends sig to the command's process group; for a command in a
+	// terminal, to every process of its session (a shell's jobs are
+	// process groups of their own).
 	Signal(sig syscall.Signal) error
 	// Done is closed when the command has exited; ExitCode is then valid
 	// (128+n for a signal n).

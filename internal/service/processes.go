@@ -37,6 +37,10 @@ type ProcessRequest struct {
 	Stdin bool
 	// Tag is a name of the caller's choosing, reported by Processes.
 	Tag string
+	// Terminal runs it in a pseudo-terminal of this size (see
+	// sandbox.Command): its output is the terminal's, as Stdout events,
+	// its input is kept open, and Resize changes its size.
+	Terminal *sandbox.TerminalSize
 }
 
 // ProcessInfo describes a process of a sandbox.
@@ -47,6 +51,9 @@ type ProcessInfo struct {
 	Env       map[string]string `json:"env"`
 	Cwd       string            `json:"cwd"`
 	StartedAt time.Time         `json:"started_at"`
+	// Terminal is the size the process's terminal started with; nil: it
+	// has none.
+	Terminal *sandbox.TerminalSize `json:"terminal,omitempty"`
 }
 
 // ProcessEnd is how a process ended.
@@ -140,7 +147,7 @@ func (s *Service) StartProcess(ctx context.Context, owner, id string, req Proces
 		return nil, nil, err
 	}
 	done := s.use(b)
-	cmd := sandbox.Command{Argv: req.Argv, Env: req.Env, Dir: req.Cwd, User: req.User}
+	cmd := sandbox.Command{Argv: req.Argv, Env: req.Env, Dir: req.Cwd, User: req.User, Terminal: req.Terminal}
 	sp, err := b.sb.Start(ctx, cmd)
 	if err != nil {
 		err = startError(err, cmd)
@@ -150,14 +157,14 @@ func (s *Service) StartProcess(ctx context.Context, owner, id string, req Proces
 	}
 	p := &Process{
 		info: ProcessInfo{PID: sp.PID(), Tag: req.Tag, Argv: slices.Clone(req.Argv), Env: req.Env, Cwd: req.Cwd,
-			StartedAt: s.cfg.Now()},
+			StartedAt: s.cfg.Now(), Terminal: req.Terminal},
 		p: sp, ended: make(chan struct{}), subs: map[*Subscription]struct{}{},
 	}
 	if p.info.Env == nil {
 		p.info.Env = map[string]string{}
 	}
 	sub := p.subscribe()
-	if !req.Stdin {
+	if !req.Stdin && req.Terminal == nil {
 		p.CloseStdin()
 	}
 	b.mu.Lock()
@@ -269,6 +276,23 @@ func (p *Process) Signal(sig syscall.Signal) error {
 	return p.p.Signal(sig)
 }
 
+// Resize sets the size of the process's terminal; sandbox.ErrNoTerminal
+// for a process started without one.
+func (p *Process) Resize(size sandbox.TerminalSize) error {
+	if p.hasEnded() {
+		return fmt.Errorf("%w: pid %d has ended", ErrNoProcess, p.info.PID)
+	}
+	r, ok := p.p.(sandbox.Resizer)
+	if !ok || p.info.Terminal == nil {
+		return fmt.Errorf("%w: pid %d was started without one", sandbox.ErrNoTerminal, p.info.PID)
+	}
+	return r.Resize(size)
+}
+
+// Terminal reports whether the process runs in a terminal: its output
+// is the terminal's, in Stdout events.
+func (p *Process) Terminal() bool { return p.info.Terminal != nil }
+
 // WriteStdin writes data to the process's standard input, waiting (until
 // ctx is done) while the pipe is full.
 func (p *Process) WriteStdin(ctx context.Context, data []byte) error {
@@ -284,15 +308,50 @@ func (p *Process) WriteStdin(ctx context.Context, data []byte) error {
 			deadline = time.Now().Add(30 * time.Second)
 		}
 		f.SetWriteDeadline(deadline)
-		defer f.SetWriteDeadline(time.Time{})
+		// A write waiting for a process that does not read ends when the
+		// caller leaves or the process ends, not only at the deadline: a
+		// terminal's input is not closed when its program exits, and
+		// the end of the process waits for this lock (CloseStdin).
+		wctx, cancel := context.WithCancel(ctx)
+		stopped := make(chan struct{})
+		go func() {
+			defer close(stopped)
+			select {
+			case <-p.p.Done():
+			case <-wctx.Done():
+				if ctx.Err() == nil {
+					return // the write is over
+				}
+			}
+			f.SetWriteDeadline(time.Unix(1, 0))
+		}()
+		defer func() {
+			cancel()
+			<-stopped
+			f.SetWriteDeadline(time.Time{})
+		}()
 	}
 	if _, err := w.Write(data); err != nil {
-		if errors.Is(err, os.ErrDeadlineExceeded) {
+		switch {
+		case isClosed(p.p.Done()):
+			return fmt.Errorf("%w: pid %d has ended", ErrNoProcess, p.info.PID)
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case errors.Is(err, os.ErrDeadlineExceeded):
 			return fmt.Errorf("%w: pid %d does not read its input", context.DeadlineExceeded, p.info.PID)
 		}
 		return fmt.Errorf("%w: pid %d: stdin: %v", ErrNoProcess, p.info.PID, err)
 	}
 	return nil
+}
+
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
 }
 
 // CloseStdin closes the process's standard input: it reads end-of-file.

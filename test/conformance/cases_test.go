@@ -386,6 +386,8 @@ except ProcessLookupError:
 			t.Fatal("starting a missing program succeeded")
 		}
 	}},
+	{name: "terminal", run: runTerminal},
+	{name: "terminal_jobs", run: runTerminalJobs},
 	{name: "streaming_sink", run: func(t *testing.T, be *backend) {
 		// The code waits for a file the host writes only once it has seen
 		// the first line: output reaches the sink while the code runs.

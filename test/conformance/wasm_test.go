@@ -89,6 +89,14 @@ except OSError as e:
 			}
 		}
 	}},
+	"terminal": {why: "no processes: starting one in a terminal is refused", run: func(t *testing.T, be *backend) {
+		sb := be.create(t, sandbox.Spec{})
+		_, err := sb.Start(context.Background(), sandbox.Command{Argv: []string{"sh"}, Terminal: &sandbox.TerminalSize{Rows: 2, Cols: 2}})
+		if !errors.Is(err, sandbox.ErrUnsupported) {
+			t.Fatalf("start: %v", err)
+		}
+	}},
+	"terminal_jobs": {why: "no processes, no terminals"},
 	"commands": {why: "no processes: starting a command is refused", run: func(t *testing.T, be *backend) {
 		sb := be.create(t, sandbox.Spec{})
 		if _, err := sb.Start(context.Background(), sandbox.Command{Argv: []string{"sh"}}); !errors.Is(err, sandbox.ErrUnsupported) {

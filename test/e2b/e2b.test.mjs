@@ -151,7 +151,6 @@ describe('control plane', () => {
       await assert.rejects(sbx.createSnapshot(), /snapshots is not supported/)
       await assert.rejects(sbx.updateNetwork({ allowOut: ['1.1.1.1'] }), /no network/)
       await assert.rejects(sbx.fork(), /forking sandboxes is not supported/)
-      await assert.rejects(sbx.pty.create({ cols: 80, rows: 24, onData: () => {} }), /PTY/)
       await assert.rejects(sbx.commands.run('id', { user: 'admin' }), /unknown user/)
       // Services on other ports: the sandbox has no network.
       const res = await fetch(`${process.env.E2B_SANDBOX_URL}/`, {

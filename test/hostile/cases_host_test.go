@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/vivarium-sandbox/vivarium/internal/testutil"
+	"golang.org/x/sys/unix"
 )
 
 // Host secrets, the host's environment and the host's file system.
@@ -109,13 +110,48 @@ attempt("mknod block device", os.mknod, "/workspace/sda", stat.S_IFBLK | 0o600, 
 attempt("create in /dev", write, "/dev/evil")
 `),
 		check: func(t *testing.T, h *harness, o *outcome) {
-			want := []string{"['fd', 'full', 'mqueue', 'null', 'random', 'shm', 'stderr', 'stdin', 'stdout', 'urandom', 'zero']"}
-			for _, d := range []string{"mem", "kmem", "port", "kmsg", "sda", "vda", "nvme0n1", "ptmx", "tty",
-				"console", "net/tun", "fuse", "kvm", "loop0", "dri/card0"} {
+			// ptmx and pts are the sandbox's own devpts instance; tty,
+			// without a controlling terminal, is nothing (ENXIO).
+			want := []string{"['fd', 'full', 'mqueue', 'null', 'ptmx', 'pts', 'random', 'shm', 'stderr', 'stdin', " +
+				"'stdout', 'tty', 'urandom', 'zero']"}
+			for _, d := range []string{"mem", "kmem", "port", "kmsg", "sda", "vda", "nvme0n1"} {
+				want = append(want, "/dev/"+d+" ENOENT")
+			}
+			want = append(want, "/dev/ptmx ok", "/dev/tty ENXIO", "/dev/console ENOENT")
+			for _, d := range []string{"net/tun", "fuse", "kvm", "loop0", "dri/card0"} {
 				want = append(want, "/dev/"+d+" ENOENT")
 			}
 			want = append(want, "mknod char device EPERM", "mknod block device EPERM", "create in /dev EROFS")
 			wantOK(t, o, lines(want...))
+		},
+	},
+	{
+		// kernel.pty.max is one pool for the host: a sandbox holds at
+		// most 16 ptys of it (its devpts instance's max), sees only its
+		// own, and cannot push input into a terminal (TIOCSTI).
+		name: "host_ptys_bounded",
+		code: withProbes(`
+import errno
+held = []
+while len(held) < 64:
+    try:
+        held.append(os.openpty())
+    except OSError as e:
+        print(len(held), errno.errorcode[e.errno])
+        break
+else:
+    print("unbounded")
+print("listed", len([n for n in os.listdir("/dev/pts") if n.isdigit()]))
+m, s = held.pop()
+os.close(m)
+os.close(s)
+m, s = os.openpty()
+print("after closing one", os.ttyname(s).startswith("/dev/pts/"))
+c = _ctypes.create_string_buffer(b"x")
+syscall("TIOCSTI on a pty", "ioctl", s, ` + fmt.Sprint(unix.TIOCSTI) + `, c)
+`),
+		check: func(t *testing.T, h *harness, o *outcome) {
+			wantOK(t, o, lines("16 ENOSPC", "listed 16", "after closing one True", "TIOCSTI on a pty EPERM"))
 		},
 	},
 	{

@@ -118,6 +118,9 @@ var gvisorDifferences = withReadOnlyRoot(map[string]difference{
 			want = append(want, "mknod char device EPERM", "mknod block device EPERM", "create in /dev EACCES")
 			wantOK(t, o, lines(want...))
 		}},
+	"host_ptys_bounded": {why: "gVisor's ptys are the Sentry's, not the host kernel's: none of the host's pool " +
+		"(kernel.pty.max) is spent, and they are bounded by the sandbox's memory",
+		check: want("unbounded", "listed 64", "after closing one True", "TIOCSTI on a pty EPERM")},
 	"seccomp_tiocsti": {why: "/dev/tty is the Sentry's: without a controlling terminal it says EIO",
 		check: want("TIOCSTI fd 0 EPERM", "TIOCSTI fd 1 EPERM", "TIOCSTI fd 2 EPERM", "TIOCLINUX EPERM",
 			"TIOCGWINSZ ENOTTY", "open /dev/tty EIO")},

@@ -161,6 +161,7 @@ var wasmDifferences = withReadOnlyRoot(map[string]difference{
 				t.Fatalf("stdout %q", o.Stdout)
 			}
 		}},
+	"host_ptys_bounded": {why: "WASI has no terminals", check: refused("AttributeError", "openpty")},
 	"host_devices": {why: "/dev holds null, zero and the runner's channel; WASI has no mknod",
 		check: func(t *testing.T, h *harness, o *outcome) {
 			refused("AttributeError", "mknod")(t, h, o)

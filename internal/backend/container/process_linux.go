@@ -18,6 +18,7 @@ type cmdStreams struct {
 	id             uint32
 	stdin          *stdinWriter
 	stdout, stderr *buffer
+	terminal       bool // started in a terminal: stdout is the terminal's
 	// Under Sandbox.mu: it exited, and how many of its two output
 	// streams have ended.
 	exited bool
@@ -38,11 +39,17 @@ func (s *Sandbox) Start(ctx context.Context, c sandbox.Command) (sandbox.Process
 		cid := uint32(id)
 		sin, _, _ := agent.CommandStreams(cid)
 		cs := &cmdStreams{id: cid, stdin: &stdinWriter{out: s.session().out, stream: sin}, stdout: newBuffer(),
-			stderr: newBuffer()}
+			stderr: newBuffer(), terminal: c.Terminal != nil}
 		s.mu.Lock()
 		s.cmds[cid] = cs
 		s.mu.Unlock()
-		err := s.ctl(agent.Ctl{Op: agent.OpSpawn, ID: cid, Argv: c.Argv, Env: sandbox.Environ(env), Dir: c.Dir})
+		spawn := agent.Ctl{Op: agent.OpSpawn, ID: cid, Argv: c.Argv, Env: sandbox.Environ(env), Dir: c.Dir}
+		if c.Terminal != nil {
+			// In a terminal of the container's devpts (the agent's
+			// terminal_linux.go).
+			spawn.Rows, spawn.Cols = c.Terminal.Rows, c.Terminal.Cols
+		}
+		err := s.ctl(spawn)
 		if err != nil {
 			s.forgetCmd(cid)
 		}
@@ -64,10 +71,17 @@ func (s *Sandbox) spawned(c agent.Ctl) core.Spawned {
 		return core.Spawned{Err: msg}
 	}
 	id := c.ID
-	return core.Spawned{PID: c.PID, Stdin: cs.stdin, Stdout: cs.stdout, Stderr: cs.stderr,
+	sp := core.Spawned{PID: c.PID, Stdin: cs.stdin, Stdout: cs.stdout, Stderr: cs.stderr,
 		Signal: func(sig syscall.Signal) error {
 			return s.ctl(agent.Ctl{Op: agent.OpSignal, ID: id, Signal: int(sig)})
 		}}
+	if cs.terminal {
+		// No round trip: the agent resizes it when the frame comes.
+		sp.Resize = func(size sandbox.TerminalSize) error {
+			return s.ctl(agent.Ctl{Op: agent.OpResize, ID: id, Rows: size.Rows, Cols: size.Cols})
+		}
+	}
+	return sp
 }
 
 func (s *Sandbox) forgetCmd(id uint32) {

@@ -30,11 +30,11 @@ const maxControlMsg = 256 << 10
 // Control operations. Supervisor → init: opSpawn, opSignal, opInterrupt,
 // opRestart. Init → supervisor: opSpawned, opExited, opRunner.
 const (
-	opSpawn     = "spawn"     // start a command: ID, Argv, Env, Dir
+	opSpawn     = "spawn"     // start a command: ID, Argv, Env, Dir, User, Term
 	opSignal    = "signal"    // signal a command's process group: PID, Signal
 	opInterrupt = "interrupt" // SIGINT to the runner
 	opRestart   = "restart"   // kill every process but init, start a new runner
-	opSpawned   = "spawned"   // a command started (PID, with its stdin, stdout and stderr) or not (Error)
+	opSpawned   = "spawned"   // a command started (PID, with its stdin, stdout and stderr, or its terminal's master) or not (Error)
 	opExited    = "exited"    // a command (ID) or the runner (ID 0) ended: Code, Signal
 	opRunner    = "runner"    // a runner started
 )
@@ -52,6 +52,8 @@ type ctlMsg struct {
 	Error  string   `json:"error,omitempty"`
 	// Owner is the host user of a forked sandbox (opSpawnInit).
 	Owner uint32 `json:"owner,omitempty"`
+	// Term starts a command in a terminal of this size (opSpawn).
+	Term *sandbox.TerminalSize `json:"term,omitempty"`
 }
 
 func sendCtl(fd int, m ctlMsg, files ...int) error {
@@ -138,6 +140,7 @@ func supervise(cfg *initConfig, report func(initStatus)) int {
 	sendCtl(fdControl, ctlMsg{Op: opRunner, PID: runner}, pipes...)
 	closeAll(pipes)
 	commands := map[int]uint64{} // pid → command ID
+	terminals := map[int]bool{}  // the commands started in a terminal
 
 	for {
 		select {
@@ -153,6 +156,11 @@ func supervise(cfg *initConfig, report func(initStatus)) int {
 					reply.Error = err.Error()
 				} else {
 					commands[pid] = m.ID
+					if m.Term != nil {
+						terminals[pid] = true
+					} else {
+						delete(terminals, pid) // a pid a terminal had before
+					}
 				}
 				sendCtl(fdControl, reply, files...)
 				closeAll(files)
@@ -160,7 +168,11 @@ func supervise(cfg *initConfig, report func(initStatus)) int {
 				// Only commands' process groups: never init, never a pid
 				// the supervisor did not get from a spawn.
 				if _, ok := commands[m.PID]; ok && m.Signal > 0 {
-					unix.Kill(-m.PID, unix.Signal(m.Signal))
+					if terminals[m.PID] {
+						signalSession(m.PID, unix.Signal(m.Signal))
+					} else {
+						unix.Kill(-m.PID, unix.Signal(m.Signal))
+					}
 				}
 			case opInterrupt:
 				if runner > 0 {
@@ -274,7 +286,9 @@ func reapAll(all bool) map[int]unix.WaitStatus {
 }
 
 // spawn starts a command as the sandbox user in a session of its own and
-// returns its pid and the parent ends of its stdin, stdout and stderr.
+// returns its pid and the parent ends of its stdin, stdout and stderr, or,
+// for a command with a terminal, the terminal's master, the slave being
+// the command's controlling terminal and standard streams.
 func spawn(cfg *initConfig, m ctlMsg) (int, []int, error) {
 	if len(m.Argv) == 0 {
 		return 0, nil, errors.New("empty command")
@@ -282,26 +296,6 @@ func spawn(cfg *initConfig, m ctlMsg) (int, []int, error) {
 	path, err := lookPath(m.Argv[0], m.Env)
 	if err != nil {
 		return 0, nil, err
-	}
-	var parent, child []*os.File
-	defer func() {
-		for _, f := range child {
-			f.Close()
-		}
-	}()
-	for i := 0; i < 3; i++ {
-		r, w, err := os.Pipe()
-		if err != nil {
-			for _, f := range parent {
-				f.Close()
-			}
-			return 0, nil, err
-		}
-		if i == 0 { // stdin: the child reads
-			parent, child = append(parent, w), append(child, r)
-		} else {
-			parent, child = append(parent, r), append(child, w)
-		}
 	}
 	dir := m.Dir
 	if dir == "" {
@@ -314,15 +308,47 @@ func spawn(cfg *initConfig, m ctlMsg) (int, []int, error) {
 		// empty and the securebits locked: dropCapabilities).
 		attr.Credential.Uid, attr.Credential.Gid = 0, 0
 	}
+	var parent, child []*os.File
+	defer func() {
+		for _, f := range child {
+			f.Close()
+		}
+	}()
+	closeParent := func() {
+		for _, f := range parent {
+			f.Close()
+		}
+	}
+	if m.Term != nil {
+		master, slave, err := openTerminal(*m.Term, int(attr.Credential.Uid), int(attr.Credential.Gid))
+		if err != nil {
+			return 0, nil, err
+		}
+		parent, child = []*os.File{master}, []*os.File{slave, slave, slave}
+		// The child's descriptor 0 becomes its controlling terminal,
+		// after setsid.
+		attr.Setctty, attr.Ctty = true, 0
+	} else {
+		for i := 0; i < 3; i++ {
+			r, w, err := os.Pipe()
+			if err != nil {
+				closeParent()
+				return 0, nil, err
+			}
+			if i == 0 { // stdin: the child reads
+				parent, child = append(parent, w), append(child, r)
+			} else {
+				parent, child = append(parent, r), append(child, w)
+			}
+		}
+	}
 	cmd := &exec.Cmd{
 		Path: path, Args: m.Argv, Env: m.Env, Dir: dir,
 		Stdin: child[0], Stdout: child[1], Stderr: child[2],
 		SysProcAttr: attr,
 	}
 	if err := cmd.Start(); err != nil {
-		for _, f := range parent {
-			f.Close()
-		}
+		closeParent()
 		return 0, nil, err
 	}
 	pid := cmd.Process.Pid

@@ -146,7 +146,10 @@ func RunInit() {
 	// SIGSTOP sent from inside away from a PID namespace's init, and the
 	// host stops init with SIGKILL from outside. Notify, not Ignore: an
 	// ignored signal stays ignored across exec, in the runner and in
-	// commands, which need SIGINT and SIGPIPE as they are.
+	// commands, which need SIGINT and SIGPIPE as they are. (A server
+	// started with SIGHUP or SIGINT ignored, by nohup or a shell's "&",
+	// passes that on; caught here, both are back to their defaults at
+	// each exec, and a terminal's Ctrl-C and hangup work.)
 	signal.Notify(make(chan os.Signal, 1), droppedSignals...)
 	status := os.NewFile(fdStatus, "status")
 	report := func(s initStatus) {

@@ -20,7 +20,10 @@ const (
 	newRoot    = "/tmp/root"
 )
 
-var devices = []string{"null", "zero", "full", "random", "urandom"}
+// devices are the nodes of every sandbox's /dev. tty is the opener's
+// controlling terminal: in a sandbox, one of its own ptys (terminal_linux.go)
+// or, without one, nothing (ENXIO).
+var devices = []string{"null", "zero", "full", "random", "urandom", "tty"}
 
 // rootInodes are the inodes a sandbox's root has beyond its disk's share,
 // for the root's own files.
@@ -51,7 +54,7 @@ const hostDirs = ".host"
 //  4. write the synthetic /etc (a forked sandbox copies the zygote's) and
 //     the runner (read-only; a forked sandbox overlays the zygote's);
 //  5. build /dev from bind-mounted host device nodes (a user namespace
-//     cannot mknod);
+//     cannot mknod), and a sandbox's own devpts instance at /dev/pts;
 //  6. make the sandbox's directories (mountDisk: /workspace and the same
 //     directory at /home/user, /tmp, /root, /dev/shm; a zygote: a /tmp of
 //     its own), then make /dev read-only;
@@ -174,6 +177,9 @@ func buildRoot(cfg *initConfig) error {
 		}
 		if err := unix.Mount("mqueue", r("dev/mqueue"), "mqueue", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 			return step("mount /dev/mqueue", err)
+		}
+		if err := mountPTS(r("dev")); err != nil {
+			return err
 		}
 	}
 	if cfg.Role == roleZygote {

@@ -15,12 +15,17 @@ import (
 // back its pipes (readControl hands them to the core).
 func (s *Sandbox) Start(ctx context.Context, c sandbox.Command) (sandbox.Process, error) {
 	return s.StartCommand(ctx, c, s.spec.UserEnv(c.User), func(id uint64, env map[string]string) error {
-		return s.send(ctlMsg{Op: opSpawn, ID: id, Argv: c.Argv, Env: sandboxEnv(env), Dir: c.Dir, User: c.User})
+		return s.send(ctlMsg{Op: opSpawn, ID: id, Argv: c.Argv, Env: sandboxEnv(env), Dir: c.Dir, User: c.User,
+			Term: c.Terminal})
 	})
 }
 
-// spawned turns init's answer to a start into the core's.
+// spawned turns init's answer to a start into the core's: three pipes,
+// or a terminal's master.
 func (s *Sandbox) spawned(m ctlMsg, fds []int) core.Spawned {
+	if m.Error == "" && len(fds) == 1 {
+		return s.spawnedTerminal(m.PID, fds[0])
+	}
 	if m.Error != "" || len(fds) != 3 {
 		closeAll(fds)
 		msg := m.Error
@@ -40,9 +45,25 @@ func (s *Sandbox) spawned(m ctlMsg, fds []int) core.Spawned {
 		Stdin:  os.NewFile(uintptr(fds[0]), "stdin"),
 		Stdout: os.NewFile(uintptr(fds[1]), "stdout"),
 		Stderr: os.NewFile(uintptr(fds[2]), "stderr"),
-		// init signals only the process groups of commands it started.
-		Signal: func(sig syscall.Signal) error {
-			return s.send(ctlMsg{Op: opSignal, PID: pid, Signal: int(sig)})
-		},
+		Signal: s.signaller(pid),
+	}
+}
+
+// spawnedTerminal is a command started in a terminal: its master is its
+// Stdin and Stdout, and resizes it.
+func (s *Sandbox) spawnedTerminal(pid, master int) core.Spawned {
+	in, out, resize, err := terminalFiles(master)
+	if err != nil {
+		return core.Spawned{Err: "terminal: " + err.Error()}
+	}
+	return core.Spawned{PID: pid, Stdin: in, Stdout: terminalReader{out}, Stderr: noOutput{},
+		Signal: s.signaller(pid), Resize: resize}
+}
+
+// signaller signals a command: init signals only the process groups of
+// commands it started.
+func (s *Sandbox) signaller(pid int) func(syscall.Signal) error {
+	return func(sig syscall.Signal) error {
+		return s.send(ctlMsg{Op: opSignal, PID: pid, Signal: int(sig)})
 	}
 }

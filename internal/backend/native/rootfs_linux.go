@@ -17,7 +17,8 @@ import (
 //	/etc                  synthetic: only the files listed in etcPlan
 //	/opt/vivarium         the runner
 //	/proc                 a new proc of the sandbox's PID namespace, with masks
-//	/dev                  null zero full random urandom, fd links, /dev/shm
+//	/dev                  null zero full random urandom tty, fd links, /dev/shm,
+//	                      pts (devpts of its own) and ptmx
 //	/                     the sandbox's disk: one size-limited tmpfs, whose
 //	                      system directories (/etc, /root, /var ...) its
 //	                      root owns; /workspace (also at /home/user), /tmp

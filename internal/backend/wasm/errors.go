@@ -21,6 +21,10 @@ var errInstanceEnded = errors.New("the interpreter has ended")
 var errNoInterrupt = fmt.Errorf("%w: the wasm backend cannot interrupt running code; "+
 	"its time limit ends it (and restarts the interpreter)", sandbox.ErrUnsupported)
 
+// errNoTerminals is what Start answers for a command with a terminal.
+var errNoTerminals = fmt.Errorf("%w: the wasm backend has no terminals (pseudo-terminals): "+
+	"a wasm sandbox is one Python interpreter, with no shell or processes", sandbox.ErrUnsupported)
+
 // errNoCommands is what Start answers: a wasm sandbox has no processes.
 var errNoCommands = fmt.Errorf("%w: the wasm backend cannot run commands: "+
 	"a wasm sandbox is one Python interpreter, with no shell or processes", sandbox.ErrUnsupported)

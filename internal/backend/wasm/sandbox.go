@@ -190,8 +190,12 @@ func (s *Sandbox) Interrupt() error { return s.core.Interrupt() }
 // Restart implements sandbox.Sandbox: a fresh interpreter, the same files.
 func (s *Sandbox) Restart(ctx context.Context) error { return s.core.Restart(ctx) }
 
-// Start implements sandbox.Sandbox: there are no processes to start.
-func (s *Sandbox) Start(context.Context, sandbox.Command) (sandbox.Process, error) {
+// Start implements sandbox.Sandbox: there are no processes to start, nor
+// terminals to start them in.
+func (s *Sandbox) Start(_ context.Context, c sandbox.Command) (sandbox.Process, error) {
+	if c.Terminal != nil {
+		return nil, errNoTerminals
+	}
 	return nil, errNoCommands
 }
 

@@ -563,6 +563,10 @@ func TestCommandsUnsupported(t *testing.T) {
 	if _, err := sb.Start(context.Background(), sandbox.Command{Argv: []string{"sh", "-c", "true"}}); !errors.Is(err, sandbox.ErrUnsupported) {
 		t.Fatalf("Start: %v", err)
 	}
+	_, err = sb.Start(context.Background(), sandbox.Command{Argv: []string{"sh"}, Terminal: &sandbox.TerminalSize{Rows: 24, Cols: 80}})
+	if !errors.Is(err, sandbox.ErrUnsupported) || !strings.Contains(err.Error(), "the wasm backend has no terminals") {
+		t.Fatalf("Start with a terminal: %v", err)
+	}
 }
 
 // Output reaches the sink while the code runs: the code waits for a file
