@@ -173,6 +173,10 @@ func Open(cfg Config) (*Store, error) {
 	return s, nil
 }
 
+// errUnavailable is what clients are told where the probe failed; the
+// reason, which names the host's paths and devices, is the server's log's.
+var errUnavailable = fmt.Errorf("%w: this host cannot keep volumes (the server's log says why)", ErrUnavailable)
+
 // Unavailable returns nil if volumes can be kept and mounted here, or why
 // not.
 func (s *Store) Unavailable() error { return s.unavailable }
@@ -192,7 +196,7 @@ func (s *Store) Create(owner, name string, size int64) (Volume, error) {
 			ErrInvalid, MinSize>>20, s.cfg.MaxSize>>20)
 	}
 	if s.unavailable != nil {
-		return Volume{}, fmt.Errorf("%w: %v", ErrUnavailable, s.unavailable)
+		return Volume{}, errUnavailable
 	}
 	id := "vol_" + randomHex(12)
 	s.mu.Lock()
@@ -342,7 +346,7 @@ type Lease struct {
 // the lease) or a content request.
 func (s *Store) Acquire(owner, idOrName string, forSandbox bool) (*Lease, error) {
 	if s.unavailable != nil {
-		return nil, fmt.Errorf("%w: %v", ErrUnavailable, s.unavailable)
+		return nil, errUnavailable
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
