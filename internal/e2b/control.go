@@ -52,6 +52,7 @@ func (s *Server) routeControl() {
 	handle("GET /sandboxes/{id}/metrics", s.metrics)
 	handle("GET /sandboxes/metrics", s.latestMetrics)
 	handle("PUT /sandboxes/{id}/network", s.updateNetwork)
+	s.routeVolumes()
 	for pattern, what := range map[string]string{
 		"POST /sandboxes/{id}/pause":     "pausing sandboxes",
 		"POST /sandboxes/{id}/resume":    "resuming paused sandboxes (a vivarium sandbox is never paused)",
@@ -64,7 +65,7 @@ func (s *Server) routeControl() {
 		handle(pattern, func(w http.ResponseWriter, r *http.Request, _ string) { s.unsupported(w, what) })
 	}
 	handle("/", func(w http.ResponseWriter, r *http.Request, _ string) {
-		s.unsupported(w, fmt.Sprintf("%s %s (templates, volumes, secrets and teams are E2B's cloud, not part of vivarium)",
+		s.unsupported(w, fmt.Sprintf("%s %s (templates, secrets and teams are E2B's cloud, not part of vivarium)",
 			r.Method, r.URL.Path))
 	})
 }
@@ -111,7 +112,7 @@ type newSandbox struct {
 	AllowInternetAccess *bool           `json:"allow_internet_access"`
 	Network             *networkConfig  `json:"network"`
 	MCP                 json.RawMessage `json:"mcp"`
-	VolumeMounts        []any           `json:"volumeMounts"`
+	VolumeMounts        []volumeMount   `json:"volumeMounts"`
 	IAM                 *struct {
 		Tokens map[string]any `json:"tokens"`
 	} `json:"iam"`
@@ -140,8 +141,6 @@ func (n *newSandbox) check() error {
 		return unsupported("pausing sandboxes (lifecycle onTimeout \"pause\", autoResume)")
 	case len(n.MCP) > 0 && string(n.MCP) != "null":
 		return unsupported("the MCP gateway")
-	case len(n.VolumeMounts) > 0:
-		return unsupported("volumes")
 	case n.IAM != nil && len(n.IAM.Tokens) > 0:
 		return unsupported("workload identity (iam)")
 	}
@@ -206,7 +205,8 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, owner string) {
 	}
 	// E2B's layout: the user is "user", at home (and working) in /home/user.
 	info, err := s.svc.Create(r.Context(), service.CreateRequest{Owner: owner, Idle: idle, Env: req.EnvVars, Metadata: req.Metadata,
-		Network: networkRequest(req.AllowInternetAccess, req.Network), Home: sandbox.HomeUser})
+		Network: networkRequest(req.AllowInternetAccess, req.Network), Home: sandbox.HomeUser,
+		Volumes: volumeMounts(req.VolumeMounts)})
 	if err != nil {
 		s.fail(w, err)
 		return
@@ -253,7 +253,7 @@ func (s *Server) listed(info service.Info) listedSandbox {
 		SandboxID: info.ID, TemplateID: tpl, Alias: tpl, ClientID: clientID,
 		StartedAt: info.CreatedAt.UTC(), EndAt: info.ExpiresAt.UTC(),
 		CPUCount: runtime.NumCPU(), MemoryMB: info.Limits.Memory >> 20, DiskSizeMB: info.Limits.Disk >> 20,
-		EnvdVersion: envdVersion, Metadata: info.Metadata, State: "running", VolumeMounts: []any{},
+		EnvdVersion: envdVersion, Metadata: info.Metadata, State: "running", VolumeMounts: mountsOf(info),
 	}
 }
 

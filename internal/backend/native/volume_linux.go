@@ -91,19 +91,59 @@ func attachVolumes(cfg *initConfig, root string) error {
 		return step("receive volumes", fmt.Errorf("expected %d volumes, got %q with %d", len(cfg.Volumes), m.Op, len(fds)))
 	}
 	for i, p := range cfg.Volumes {
-		dir, err := mkdirNoFollow(root, p)
+		at, also := volumeTargets(p)
+		dir, err := mkdirNoFollow(root, at)
 		if err != nil {
-			return step("volume mount point "+p, err)
+			return step("volume mount point "+at, err)
 		}
 		err = unix.MoveMount(fds[i], "", dir, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH)
 		unix.Close(dir)
 		if err != nil {
 			return step("attach volume at "+p+" (move_mount)", err)
 		}
+		if also != "" {
+			if err := bindAlso(root, at, also); err != nil {
+				return step("volume at "+also, err)
+			}
+		}
 	}
 	return nil
 }
 
+// volumeTargets says where a volume asked for at p is attached: the
+// workspace's own directory for a path under the home (/home/user and
+// /workspace are the same directory), with the same mount at the path
+// under the other name too, so that both show it.
+func volumeTargets(p string) (at, also string) {
+	if rest, ok := strings.CutPrefix(p, "/home/user/"); ok {
+		return workspacePath + "/" + rest, p
+	}
+	if rest, ok := strings.CutPrefix(p, workspacePath+"/"); ok {
+		return p, "/home/user/" + rest
+	}
+	return p, ""
+}
+
+// bindAlso mounts a copy of the volume attached at "at" at p, both
+// under root. The copy keeps the idmapping and flags of the original.
+func bindAlso(root, at, p string) error {
+	vol, err := mkdirNoFollow(root, at) // the lookup crosses into the volume
+	if err != nil {
+		return err
+	}
+	src, err := unix.OpenTree(vol, "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_EMPTY_PATH)
+	unix.Close(vol)
+	if err != nil {
+		return fmt.Errorf("clone (open_tree): %w", err)
+	}
+	defer unix.Close(src)
+	dst, err := mkdirNoFollow(root, p)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dst)
+	return unix.MoveMount(src, "", dst, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH)
+}
 // mkdirNoFollow makes the directories of p (absolute, clean) below root,
 // as init (the sandbox's root), and returns a descriptor of the last: no
 // component may be a link, so the mount lands where p says.
