@@ -144,6 +144,7 @@ func bindAlso(root, at, p string) error {
 	defer unix.Close(dst)
 	return unix.MoveMount(src, "", dst, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH)
 }
+
 // mkdirNoFollow makes the directories of p (absolute, clean) below root,
 // as init (the sandbox's root), and returns a descriptor of the last: no
 // component may be a link, so the mount lands where p says.
