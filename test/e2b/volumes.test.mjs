@@ -78,7 +78,7 @@ describe('volumes', () => {
       assert.deepEqual(info.volumeMounts, [{ name, path: '/home/user/data' }])
       assert.equal(await a.files.read('/home/user/data/from-api.txt'), 'written before any sandbox')
       await a.files.write('/home/user/data/from-a.txt', 'hello from a')
-      const r = await b.commands.run('cat /mnt/shared/from-a.txt; stat -c %U /mnt/shared/from-a.txt')
+      const r = await b.commands.run('cat /mnt/shared/from-a.txt; echo; stat -c %U /mnt/shared/from-a.txt')
       assert.equal(r.stdout, 'hello from a\nuser\n')
       await b.commands.run('echo from-b > /mnt/shared/from-b.txt')
       assert.equal(await a.files.read('/home/user/data/from-b.txt'), 'from-b\n')
