@@ -131,6 +131,21 @@ os.symlink("../../../../../../etc/passwd", "/home/user/data/in/up")`}, 200)
 	if res["stdout"] != "from the API\n" {
 		t.Fatalf("%v", res)
 	}
+	// The sandbox's file API reaches into the volume, as its user, and
+	// follows none of its links either.
+	alice.json("PUT", "/v1/sandboxes/"+sbID+"/files/data/via-sandbox-api.txt", []byte("through the sandbox"), 201)
+	if code, body := alice.do("GET", "/v1/volumes/data/files/via-sandbox-api.txt", nil); code != 200 || string(body) != "through the sandbox" {
+		t.Fatalf("file written through the sandbox's API: %d %q", code, body)
+	}
+	if code, body := alice.do("GET", "/v1/sandboxes/"+sbID+"/files/data/out.txt", nil); code != 200 || string(body) != "from the sandbox" {
+		t.Fatalf("read through the sandbox's API: %d %q", code, body)
+	}
+	if code, body := alice.do("GET", "/v1/sandboxes/"+sbID+"/files/data/shadow", nil); code != 400 {
+		t.Fatalf("read through a link with the sandbox's API: %d %s", code, body)
+	}
+	if code, _ := alice.do("DELETE", "/v1/sandboxes/"+sbID+"/files/data", nil); code != 400 {
+		t.Fatalf("removed the mount point: %d", code)
+	}
 	// In use: not deleted.
 	if code, body := alice.do("DELETE", "/v1/volumes/data", nil); code != 409 || !strings.Contains(string(body), "in_use") {
 		t.Fatalf("delete in use: %d %s", code, body)
