@@ -72,6 +72,13 @@ const mountFlags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC | unix.MS_NOA
 // outlives its volume's mounts. noinit_itable: the kernel does not zero
 // inode tables in the background, which would fill the sparse image.
 func mountImage(image, dir string) error {
+	if dev := loopOf(image); dev != "" {
+		// Its file system is still mounted somewhere (a sandbox of a
+		// server that did not stop cleanly, not yet gone): a second
+		// device would make a second file system writing the same
+		// blocks.
+		return fmt.Errorf("%w: the volume is still attached (%s) by an ending sandbox; try again shortly", ErrInUse, dev)
+	}
 	img, err := os.OpenFile(image, os.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("open image: %w", err)
@@ -112,6 +119,22 @@ func mountImage(image, dir string) error {
 		}
 		return nil
 	}
+}
+
+// loopOf returns the loop device image is attached to, if any.
+func loopOf(image string) string {
+	abs, err := filepath.Abs(image)
+	if err != nil {
+		return ""
+	}
+	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err == nil && strings.TrimSpace(string(b)) == abs {
+			return "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(f)))
+		}
+	}
+	return ""
 }
 
 // unmount unmounts dir; a busy file system stays mounted (EBUSY).

@@ -42,6 +42,7 @@ const (
 	MinSize            = 16 << 20 // below this ext4 keeps little room for files
 	DefaultMaxSize     = 10 << 30 // the operator's cap when Config names none
 	DefaultMaxPerOwner = 20
+	DefaultMaxMounted  = 256
 	// MaxNameLen bounds a volume's name.
 	MaxNameLen = 63
 )
@@ -64,6 +65,9 @@ type Config struct {
 	// MaxPerOwner bounds the volumes one owner keeps; zero:
 	// DefaultMaxPerOwner.
 	MaxPerOwner int
+	// MaxMounted bounds the volumes mounted at once, each a loop device
+	// of the host's; zero: DefaultMaxMounted.
+	MaxMounted int
 	Logger      *slog.Logger
 }
 
@@ -95,6 +99,7 @@ type Store struct {
 	unavailable error // why volumes cannot be kept here; nil: they can
 	mu          sync.Mutex
 	vols        map[string]*entry // by ID
+	mounted     int               // of them, mounted on the host
 	closed      bool
 }
 
@@ -133,6 +138,9 @@ func Open(cfg Config) (*Store, error) {
 	}
 	if cfg.MaxPerOwner <= 0 {
 		cfg.MaxPerOwner = DefaultMaxPerOwner
+	}
+	if cfg.MaxMounted <= 0 {
+		cfg.MaxMounted = DefaultMaxMounted
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -359,12 +367,17 @@ func (s *Store) Acquire(owner, idOrName string, forSandbox bool) (*Lease, error)
 	}
 	mnt := filepath.Join(s.dir(e.ID), "mnt")
 	if !e.mounted {
+		if s.mounted >= s.cfg.MaxMounted {
+			return nil, fmt.Errorf("%w: the server has %d volumes mounted, its maximum; try again when sandboxes have ended",
+				ErrQuota, s.cfg.MaxMounted)
+		}
 		// Under the lock: two mounts of one image at once would be two
 		// file systems writing one disk.
 		if err := mountImage(filepath.Join(s.dir(e.ID), "image"), mnt); err != nil {
 			return nil, fmt.Errorf("mount volume %q: %w", e.Name, err)
 		}
 		e.mounted = true
+		s.mounted++
 	}
 	e.users++
 	if forSandbox {
@@ -398,6 +411,7 @@ func (s *Store) unmountLocked(e *entry) {
 		return
 	}
 	e.mounted = false
+	s.mounted--
 }
 
 // Close refuses new leases and unmounts every volume no lease holds (the

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -232,4 +233,70 @@ func mustStat(t *testing.T, p string) int64 {
 		t.Fatal(err)
 	}
 	return st.bytes
+}
+
+// An image still attached elsewhere (a sandbox of a crashed server, not
+// yet gone) is never attached a second time: two file systems would write
+// one disk.
+func TestNeverAttachedTwice(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir)
+	defer s.Close()
+	v, err := s.Create("alice", "v", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("losetup", "--find", "--show", filepath.Join(dir, v.ID, "image")).CombinedOutput()
+	if err != nil {
+		t.Skipf("losetup: %v %s", err, out)
+	}
+	dev := strings.TrimSpace(string(out))
+	defer exec.Command("losetup", "--detach", dev).Run()
+	if _, err := s.Acquire("alice", "v", true); !errors.Is(err, ErrInUse) {
+		t.Fatalf("attached while %s holds it: %v", dev, err)
+	}
+	exec.Command("losetup", "--detach", dev).Run()
+	l, err := s.Acquire("alice", "v", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Release()
+}
+
+// The server's mounts are bounded: each is a loop device of the host's.
+func TestMountedBound(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	s, err := Open(Config{Dir: t.TempDir(), MaxSize: 64 << 20, MaxMounted: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if s.Unavailable() != nil {
+		t.Skip(s.Unavailable())
+	}
+	for _, n := range []string{"a", "b"} {
+		if _, err := s.Create("alice", n, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l, err := s.Acquire("alice", "a", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Acquire("alice", "b", true); !errors.Is(err, ErrQuota) {
+		t.Fatalf("a second mount past the bound: %v", err)
+	}
+	again, err := s.Acquire("alice", "a", true) // the same mount
+	if err != nil {
+		t.Fatal(err)
+	}
+	again.Release()
+	l.Release()
+	l, err = s.Acquire("alice", "b", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Release()
 }
