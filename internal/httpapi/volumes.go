@@ -86,14 +86,23 @@ func (s *Server) volumeHandler(name string) http.HandlerFunc {
 		case "putVolumeFile":
 			p := r.PathValue("path")
 			err := st.Content(who, id, func(v volume.Volume, d *workspace.Dir) error {
+				md, err := s.fileMetadata(d, r.Header)
+				if err != nil {
+					return err
+				}
 				if err := d.WriteFile(p, r.Body, v.Size); err != nil {
 					return err
+				}
+				if len(md) > 0 {
+					if err := d.SetFileMetadata(p, md); err != nil {
+						return err
+					}
 				}
 				fi, err := d.Stat(p)
 				if err != nil {
 					return err
 				}
-				writeJSON(w, http.StatusCreated, fileWritten{Path: fi.Path, Size: fi.Size})
+				writeJSON(w, http.StatusCreated, fileWritten{Path: fi.Path, Size: fi.Size, Metadata: md})
 				return nil
 			})
 			if err != nil {
@@ -108,6 +117,7 @@ func (s *Server) volumeHandler(name string) http.HandlerFunc {
 				defer f.Close()
 				w.Header().Set("Content-Type", "application/octet-stream")
 				w.Header().Set("Content-Length", strconv.FormatInt(fi.Size, 10))
+				setMetadataHeaders(w.Header(), d, r.PathValue("path"))
 				io.Copy(w, io.LimitReader(f, fi.Size))
 				return nil
 			})
