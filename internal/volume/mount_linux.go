@@ -41,21 +41,16 @@ func makeImage(path string, size int64) error {
 		return fmt.Errorf("mkfs.ext4: %v: %s", err, strings.TrimSpace(string(out)))
 	}
 	// lost+found would be the first thing every listing shows, and
-	// root's; e2fsck makes it again if it needs one.
-	mnt, err := os.MkdirTemp(filepath.Dir(path), ".mkfs-")
+	// root's; e2fsck makes it again if it needs one. Removed in the image,
+	// without a mount.
+	debugfs, err := exec.LookPath("debugfs")
 	if err != nil {
-		return err
+		return fmt.Errorf("%w: debugfs is not installed (Debian: apt-get install e2fsprogs)", ErrUnavailable)
 	}
-	defer os.Remove(mnt)
-	if err := mountImage(path, mnt); err != nil {
-		return err
-	}
-	rmErr := os.Remove(filepath.Join(mnt, "lost+found"))
-	if err := unmount(mnt); err != nil {
-		return err
-	}
-	if rmErr != nil && !errors.Is(rmErr, os.ErrNotExist) {
-		return fmt.Errorf("volume image: %w", rmErr)
+	cmd = exec.Command(debugfs, "-w", "-R", "rmdir lost+found", path)
+	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("debugfs: %v: %s", err, strings.TrimSpace(string(out)))
 	}
 	return nil
 }
@@ -197,10 +192,18 @@ func unescapeMountinfo(s string) string {
 
 // probe makes, mounts and writes a small volume in dir, and removes it:
 // volumes are available when that worked.
-func probe(dir string) error {
+func probe(dir string) (err error) {
 	if os.Geteuid() != 0 {
 		return errors.New("the server does not run as root: loop devices and mounts need it")
 	}
+	if err := privateDir(dir); err != nil {
+		return err
+	}
+	defer func() {
+		if uerr := unmount(dir); uerr != nil && err == nil {
+			err = fmt.Errorf("unmount %s: %w", dir, uerr)
+		}
+	}()
 	p, err := os.MkdirTemp(dir, ".probe-")
 	if err != nil {
 		return err
@@ -223,3 +226,35 @@ func probe(dir string) error {
 	}
 	return werr
 }
+
+// privateDir makes dir a mount point of its own with private propagation,
+// so that the volumes mounted below it never appear in other mount
+// namespaces: on hosts whose / is shared (systemd's), a container or
+// service started meanwhile would get a copy of each, which would keep a
+// volume's file system, and its loop device, alive after its sandboxes.
+func privateDir(dir string) error {
+	if !isMountPoint(dir) {
+		if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind %s onto itself: %w", dir, err)
+		}
+	}
+	if err := unix.Mount("", dir, "", unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make %s private: %w", dir, err)
+	}
+	return nil
+}
+
+// isMountPoint reports whether a mount is at dir (absolute, clean).
+func isMountPoint(dir string) bool {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return false
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) > 4 && unescapeMountinfo(f[4]) == dir {
+			return true
+		}
+	}
+	return false
+}
+

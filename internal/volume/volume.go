@@ -100,6 +100,7 @@ type Store struct {
 	mu          sync.Mutex
 	vols        map[string]*entry // by ID
 	mounted     int               // of them, mounted on the host
+	private     bool              // Dir is a private mount of its own (privateDir), while volumes are mounted
 	closed      bool
 }
 
@@ -150,6 +151,9 @@ func Open(cfg Config) (*Store, error) {
 	}
 	if err := os.Chmod(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("volumes directory: %w", err)
+	}
+	if abs, err := filepath.Abs(cfg.Dir); err == nil {
+		cfg.Dir = abs
 	}
 	s := &Store{cfg: cfg, vols: map[string]*entry{}}
 	sweepMounts(cfg.Dir, cfg.Logger)
@@ -371,9 +375,16 @@ func (s *Store) Acquire(owner, idOrName string, forSandbox bool) (*Lease, error)
 			return nil, fmt.Errorf("%w: the server has %d volumes mounted, its maximum; try again when sandboxes have ended",
 				ErrQuota, s.cfg.MaxMounted)
 		}
+		if !s.private {
+			if err := privateDir(s.cfg.Dir); err != nil {
+				return nil, fmt.Errorf("volumes directory: %w", err)
+			}
+			s.private = true
+		}
 		// Under the lock: two mounts of one image at once would be two
 		// file systems writing one disk.
 		if err := mountImage(filepath.Join(s.dir(e.ID), "image"), mnt); err != nil {
+			s.unbindLocked()
 			return nil, fmt.Errorf("mount volume %q: %w", e.Name, err)
 		}
 		e.mounted = true
@@ -412,6 +423,21 @@ func (s *Store) unmountLocked(e *entry) {
 	}
 	e.mounted = false
 	s.mounted--
+	s.unbindLocked()
+}
+
+// unbindLocked undoes privateDir once no volume is mounted, so that a
+// server whose volumes are not in use leaves no mount behind, even if it
+// is killed.
+func (s *Store) unbindLocked() {
+	if !s.private || s.mounted > 0 {
+		return
+	}
+	if err := unmount(s.cfg.Dir); err != nil {
+		s.cfg.Logger.Warn("unmount the volumes directory", "err", err)
+		return
+	}
+	s.private = false
 }
 
 // Close refuses new leases and unmounts every volume no lease holds (the
@@ -428,6 +454,10 @@ func (s *Store) Close() error {
 			}
 			s.unmountLocked(e)
 		}
+	}
+	s.unbindLocked()
+	if s.private {
+		errs = append(errs, errors.New("the volumes directory is still mounted"))
 	}
 	return errors.Join(errs...)
 }

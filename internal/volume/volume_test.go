@@ -27,6 +27,7 @@ func open(t *testing.T, dir string) *Store {
 	if err := s.Unavailable(); err != nil {
 		t.Skipf("volumes unavailable here: %v", err)
 	}
+	t.Cleanup(func() { s.Close() })
 	return s
 }
 
@@ -52,7 +53,7 @@ func mountsUnder(t *testing.T, dir string) []string {
 	}
 	var out []string
 	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) > 4 && strings.HasPrefix(f[4], dir) {
+		if f := strings.Fields(l); len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
 			out = append(out, f[4])
 		}
 	}
@@ -175,6 +176,9 @@ func TestLifecycleOwnersAndLimit(t *testing.T) {
 	}
 	if l := loopsOf(t, dir); len(l) != 0 {
 		t.Fatalf("loop devices left: %v", l)
+	}
+	if isMountPoint(dir) {
+		t.Fatal("the volumes directory is still mounted after Close")
 	}
 }
 
