@@ -257,4 +257,3 @@ func isMountPoint(dir string) bool {
 	}
 	return false
 }
-

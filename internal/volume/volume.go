@@ -68,7 +68,7 @@ type Config struct {
 	// MaxMounted bounds the volumes mounted at once, each a loop device
 	// of the host's; zero: DefaultMaxMounted.
 	MaxMounted int
-	Logger      *slog.Logger
+	Logger     *slog.Logger
 }
 
 // Volume is what an owner sees of a volume.
