@@ -215,6 +215,7 @@ func (s *Server) volumeContent(w http.ResponseWriter, r *http.Request) {
 		case "GET dir":
 			depth := 1
 			if s := q.Get("depth"); s != "" {
+				var err error
 				if depth, err = strconv.Atoi(s); err != nil || depth < 1 || depth > 64 {
 					return fmt.Errorf("%w: depth must be an integer from 1 to 64", sandbox.ErrBadPath)
 				}

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/workspace"
 )
@@ -230,13 +232,14 @@ func (zeros) Read(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// mustStat returns the bytes of the host's disk a file takes.
 func mustStat(t *testing.T, p string) int64 {
 	t.Helper()
-	var st unixStat
-	if err := statBlocks(p, &st); err != nil {
+	var st unix.Stat_t
+	if err := unix.Stat(p, &st); err != nil {
 		t.Fatal(err)
 	}
-	return st.bytes
+	return st.Blocks * 512
 }
 
 // An image still attached elsewhere (a sandbox of a crashed server, not
