@@ -109,10 +109,20 @@ func validVolumes(vs []VolumeMount) error {
 			return fmt.Errorf("%w: volume %q has no host directory", ErrInvalidSpec, v.Name)
 		}
 		for _, w := range vs[:i] {
-			if v.Path == w.Path || strings.HasPrefix(v.Path, w.Path+"/") || strings.HasPrefix(w.Path, v.Path+"/") {
+			a, b := homeCanonical(v.Path), homeCanonical(w.Path)
+			if a == b || strings.HasPrefix(a, b+"/") || strings.HasPrefix(b, a+"/") {
 				return fmt.Errorf("%w: volume mounts %s and %s overlap", ErrInvalidSpec, w.Path, v.Path)
 			}
 		}
 	}
 	return nil
+}
+
+// homeCanonical names a path under the home by one of its two names:
+// /home/user and /workspace are one directory.
+func homeCanonical(p string) string {
+	if rest, ok := strings.CutPrefix(p, HomeUser+"/"); ok {
+		return HomeWorkspace + "/" + rest
+	}
+	return p
 }

@@ -28,7 +28,8 @@ func TestOverlappingVolumes(t *testing.T) {
 	if err := validVolumes([]VolumeMount{v("/mnt/a"), v("/mnt/ab")}); err != nil {
 		t.Fatal(err)
 	}
-	for _, vs := range [][]VolumeMount{{v("/mnt/a"), v("/mnt/a")}, {v("/mnt"), v("/mnt/a")}, {v("/mnt/a/b"), v("/mnt/a")}} {
+	for _, vs := range [][]VolumeMount{{v("/mnt/a"), v("/mnt/a")}, {v("/mnt"), v("/mnt/a")}, {v("/mnt/a/b"), v("/mnt/a")},
+		{v("/home/user/a"), v("/workspace/a")}, {v("/workspace/a"), v("/home/user/a/b")}} {
 		if err := validVolumes(vs); err == nil {
 			t.Errorf("%v accepted", vs)
 		}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"path"
+	"slices"
 	"strings"
 
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
@@ -88,7 +89,7 @@ func volumeNames(p string, inWorkspace bool) []string {
 // route finds the volume name is in, and its name there.
 func (v volumeFS) route(name string) (*fsMount, string, error) {
 	c := path.Clean(name)
-	if strings.Contains(name, "..") || c == "." {
+	if c == "." || slices.Contains(strings.Split(name, "/"), "..") {
 		return nil, name, nil // the base refuses or answers it
 	}
 	for i := range v.mounts {
