@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
 
 // volumeLeftovers lists what of the volumes under dir is still mounted or
@@ -68,9 +70,8 @@ func TestServeVolumes(t *testing.T) {
 	case <-time.After(60 * time.Second):
 		t.Fatal("the server did not stop")
 	}
-	if l := volumeLeftovers(dataDir); len(l) != 0 {
-		t.Fatalf("after the server stopped: %v", l)
-	}
+	testutil.WaitFor(t, 10*time.Second, "nothing of the volume left after the server stopped",
+		func() bool { return len(volumeLeftovers(dataDir)) == 0 })
 
 	srv = startServer(t, dataDir, flags...)
 	id = strings.TrimSpace(must(srv.cliAs(t, key, "", "sandbox", "create", "--volume", volID+":/mnt/v"), "create again").stdout)

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
 	"github.com/vivarium-sandbox/vivarium/internal/httpapi"
@@ -163,9 +164,8 @@ os.symlink("../../../../../../etc/passwd", "/home/user/data/in/up")`}, 200)
 
 	// A server restart: the volume and its files are there.
 	vs.stop()
-	if l := leftovers(t, dir); len(l) != 0 {
-		t.Fatalf("left after the server stopped: %v", l)
-	}
+	testutil.WaitFor(t, 10*time.Second, "nothing of the volume left after the server stopped",
+		func() bool { return len(leftovers(t, dir)) == 0 })
 	vs = newVolumeServer(t, b, dir)
 	alice = client{t, vs.srv.URL, "alice-key"}
 	if code, body := alice.do("GET", "/v1/volumes/data/files/out.txt", nil); code != 200 || string(body) != "from the sandbox" {
@@ -177,9 +177,9 @@ os.symlink("../../../../../../etc/passwd", "/home/user/data/in/up")`}, 200)
 		t.Fatalf("%v", res)
 	}
 	alice.json("DELETE", "/v1/sandboxes/"+sb["id"].(string), nil, 204)
-	if l := leftovers(t, dir); len(l) != 0 {
-		t.Fatalf("left after the last sandbox ended: %v", l)
-	}
+	// The kernel lets go of a dead sandbox's mounts a moment after it.
+	testutil.WaitFor(t, 10*time.Second, "nothing of the volume left after the last sandbox ended",
+		func() bool { return len(leftovers(t, dir)) == 0 })
 	alice.json("DELETE", "/v1/volumes/data", nil, 204)
 	alice.json("GET", "/v1/volumes/data", nil, 404)
 }

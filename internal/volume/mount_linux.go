@@ -67,12 +67,20 @@ const mountFlags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC | unix.MS_NOA
 // outlives its volume's mounts. noinit_itable: the kernel does not zero
 // inode tables in the background, which would fill the sparse image.
 func mountImage(image, dir string) error {
-	if dev := loopOf(image); dev != "" {
-		// Its file system is still mounted somewhere (a sandbox of a
-		// server that did not stop cleanly, not yet gone): a second
-		// device would make a second file system writing the same
-		// blocks.
-		return fmt.Errorf("%w: the volume is still attached (%s) by an ending sandbox; try again shortly", ErrInUse, dev)
+	// Its file system may still be mounted somewhere: in a sandbox that
+	// has just ended (the kernel releases a dead mount namespace's
+	// mounts asynchronously), or of a server that did not stop cleanly.
+	// A second device would make a second file system writing the same
+	// blocks: wait a little for the first to go, never attach twice.
+	for deadline := time.Now().Add(attachedWait); ; {
+		dev := loopOf(image)
+		if dev == "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w: the volume is still attached (%s) by an ending sandbox; try again shortly", ErrInUse, dev)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	img, err := os.OpenFile(image, os.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -115,6 +123,10 @@ func mountImage(image, dir string) error {
 		return nil
 	}
 }
+
+// attachedWait is how long a mount waits for an image's earlier loop
+// device to detach.
+const attachedWait = 3 * time.Second
 
 // loopOf returns the loop device image is attached to, if any.
 func loopOf(image string) string {

@@ -6,10 +6,12 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 	"github.com/vivarium-sandbox/vivarium/internal/volume"
 	"github.com/vivarium-sandbox/vivarium/internal/workspace"
 )
@@ -135,10 +137,11 @@ print(bool(st.f_flag & os.ST_NOSUID), bool(st.f_flag & os.ST_NODEV))`); got != "
 		}
 		c.l.Release()
 	}
+	// The kernel lets go of a dead sandbox's mounts, and so of the
+	// device, a moment after its last process.
 	dir := filepath.Dir(filepath.Dir(la.HostDir))
-	if n := loopsBacking(dir); n != 0 {
-		t.Fatalf("%d loop devices still attached after the sandboxes ended", n)
-	}
+	testutil.WaitFor(t, 10*time.Second, "the volume's loop device to detach after its sandboxes",
+		func() bool { return loopsBacking(dir) == 0 })
 	// The files outlived both sandboxes, owned by the sandbox user on disk.
 	err = st.Content("alice", "data", func(_ volume.Volume, d *workspace.Dir) error {
 		fi, err := d.Stat("dir/from_b")
