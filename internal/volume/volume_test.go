@@ -2,11 +2,13 @@ package volume
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -306,4 +308,47 @@ func TestMountedBound(t *testing.T) {
 		t.Fatal(err)
 	}
 	l.Release()
+}
+
+// Leases taken and given back at once, content requests and deletions
+// racing them: one mount at most, none at the end, and a deletion only
+// when nothing held the volume.
+func TestConcurrentLeases(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir)
+	if _, err := s.Create("alice", "v", 0); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for i := 0; i < 8; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			for j := 0; j < 20; j++ {
+				if i%2 == 0 {
+					l, err := s.Acquire("alice", "v", true)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					l.Release()
+					continue
+				}
+				err := s.Content("alice", "v", func(_ Volume, d *workspace.Dir) error {
+					return d.WriteFile(fmt.Sprintf("f%d", i), strings.NewReader("x"), 10)
+				})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}(i)
+	}
+	wg.Wait()
+	if m := mountsUnder(t, dir); len(m) != 0 {
+		t.Fatalf("mounted after every lease ended: %v", m)
+	}
+	if err := s.Delete("alice", "v"); err != nil {
+		t.Fatal(err)
+	}
 }
