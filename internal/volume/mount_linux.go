@@ -64,7 +64,11 @@ const mountFlags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC | unix.MS_NOA
 // file system at dir. The device is configured with autoclear: once the
 // descriptor opened here is closed, it detaches when the file system is
 // unmounted (including a sandbox's last idmapped copy of it), so no device
-// outlives its volume's mounts. noinit_itable: the kernel does not zero
+// outlives its volume's mounts. It does direct I/O on the image: no second
+// copy of a volume's pages in the host's page cache, and the loop device
+// writes on behalf of the writer's cgroup, so that the sandbox's disk I/O
+// limits throttle what it makes durable (O_DIRECT, fsync; measured 2.1
+// MB/s under a 2 MiB/s limit). noinit_itable: the kernel does not zero
 // inode tables in the background, which would fill the sparse image.
 func mountImage(image, dir string) error {
 	// Its file system may still be mounted somewhere: in a sandbox that
@@ -103,7 +107,7 @@ func mountImage(image, dir string) error {
 			return fmt.Errorf("%w: open %s: %v", ErrUnavailable, dev, err)
 		}
 		cfg := unix.LoopConfig{Fd: uint32(img.Fd())}
-		cfg.Info.Flags = unix.LO_FLAGS_AUTOCLEAR
+		cfg.Info.Flags = unix.LO_FLAGS_AUTOCLEAR | unix.LO_FLAGS_DIRECT_IO
 		copy(cfg.Info.File_name[:], filepath.Base(image))
 		err = unix.IoctlLoopConfigure(lfd, &cfg)
 		if err == unix.EBUSY && try < 16 {
