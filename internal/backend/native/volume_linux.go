@@ -28,10 +28,13 @@ import (
 //     init's config;
 //  4. init, while it builds the root and before any code of the sandbox's
 //     runs, makes each mount point in the root (no link is followed) and
-//     attaches the clone there (move_mount), before pivot_root.
+//     attaches the clone there (move_mount), before pivot_root; a volume
+//     under the home is attached in /workspace and a copy of it bound at
+//     the same place under /home/user (volumeTargets).
 //
-// A sandbox's root may unmount its copy in its own mount namespace; it
-// cannot change the mapping (an idmapped mount's is fixed once attached).
+// The sandbox cannot unmount, move or remount its copy (its root has no
+// capability once init has confined itself), nor change the mapping (an
+// idmapped mount's is fixed once attached).
 // The kernel needs Linux 5.12 and ext4's idmapped mount support; where it
 // refuses, the sandbox fails to start, naming the step.
 const opVolumes = "volumes"
