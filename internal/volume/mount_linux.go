@@ -273,3 +273,13 @@ func isMountPoint(dir string) bool {
 	}
 	return false
 }
+
+// isMounted reports whether dir is the root of a file system of its own
+// (not the directory of its parent's file system it covers).
+func isMounted(dir string) bool {
+	var st, parent unix.Stat_t
+	if unix.Lstat(dir, &st) != nil || unix.Lstat(filepath.Dir(dir), &parent) != nil {
+		return false
+	}
+	return st.Dev != parent.Dev
+}

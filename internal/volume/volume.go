@@ -33,6 +33,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/vivarium-sandbox/vivarium/internal/workspace"
 )
 
@@ -101,6 +103,7 @@ type Store struct {
 	vols        map[string]*entry // by ID
 	mounted     int               // of them, mounted on the host
 	private     bool              // Dir is a private mount of its own (privateDir), while volumes are mounted
+	lock        *os.File          // held while the store is open: one per directory
 	closed      bool
 }
 
@@ -156,6 +159,19 @@ func Open(cfg Config) (*Store, error) {
 		cfg.Dir = abs
 	}
 	s := &Store{cfg: cfg, vols: map[string]*entry{}}
+	// One store per directory: another's sweep would unmount this one's
+	// volumes under it.
+	lock, err := os.OpenFile(filepath.Join(cfg.Dir, ".lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("volumes directory: %w", err)
+	}
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		lock.Close()
+		s.unavailable = fmt.Errorf("another server keeps the volumes in %s (its lock is held): one server per data directory", cfg.Dir)
+		cfg.Logger.Warn("volumes unavailable", "err", s.unavailable)
+		return s, nil
+	}
+	s.lock = lock
 	sweepMounts(cfg.Dir, cfg.Logger)
 	ents, err := os.ReadDir(cfg.Dir)
 	if err != nil {
@@ -390,6 +406,12 @@ func (s *Store) Acquire(owner, idOrName string, forSandbox bool) (*Lease, error)
 		e.mounted = true
 		s.mounted++
 	}
+	if !isMounted(mnt) {
+		// Unmounted behind the store's back (by hand, or by another
+		// server's sweep): never hand out the bare directory beneath,
+		// which is the host's disk, not the volume.
+		return nil, fmt.Errorf("volume %q is no longer mounted at %s", e.Name, mnt)
+	}
 	e.users++
 	if forSandbox {
 		e.sandboxes++
@@ -458,6 +480,10 @@ func (s *Store) Close() error {
 	s.unbindLocked()
 	if s.private {
 		errs = append(errs, errors.New("the volumes directory is still mounted"))
+	}
+	if s.lock != nil {
+		s.lock.Close()
+		s.lock = nil
 	}
 	return errors.Join(errs...)
 }

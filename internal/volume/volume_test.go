@@ -352,3 +352,40 @@ func TestConcurrentLeases(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// One store per directory; a volume unmounted behind the store's back is
+// never handed out as the bare directory beneath.
+func TestOneStoreAndNoBareDirectory(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir)
+	second, err := Open(Config{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if second.Unavailable() == nil {
+		t.Fatal("a second store opened the same directory")
+	}
+	if _, err := second.Create("alice", "x", 0); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("the second store created a volume: %v", err)
+	}
+	second.Close()
+
+	if _, err := s.Create("alice", "v", 0); err != nil {
+		t.Fatal(err)
+	}
+	l, err := s.Acquire("alice", "v", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release()
+	if err := unix.Unmount(l.HostDir, unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	err = s.Content("alice", "v", func(Volume, *workspace.Dir) error {
+		t.Error("the content request ran on the bare directory")
+		return nil
+	})
+	if err == nil || !strings.Contains(err.Error(), "no longer mounted") {
+		t.Fatalf("content of an unmounted volume: %v", err)
+	}
+}
