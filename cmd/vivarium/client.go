@@ -29,6 +29,7 @@ an API key (VIVARIUM_API_KEY).
   create [--idle-timeout D] [--memory SIZE] [--pids N] [--disk SIZE] [--env K=V]   print the new sandbox's id
          [--allow-net RULE] [--packages]  with network access, within the server's allowlist
          [--all-net] [--deny-net RULE] [--except-net RULE]  all of it, less what --deny-net refuses
+         [--volume NAME:PATH]           with the key's volume mounted at PATH (repeatable)
   list                                  the key's sandboxes
   info ID                               one sandbox
   exec ID [-c CODE | FILE | -]          run Python, keeping state; output streams
@@ -152,6 +153,8 @@ func cmdSandbox(args []string) int {
 	fs.Var(&env, "env", "`K=V` environment variable (repeatable)")
 	var allowNet ruleList
 	fs.Var(&allowNet, "allow-net", "`RULE` the sandbox may reach through its proxy, within the server's allowlist (create, run; repeatable)")
+	var volumes listFlag
+	fs.Var(&volumes, "volume", "`NAME:PATH`: mount the key's volume NAME at PATH (create; repeatable)")
 	packages := fs.Bool("packages", false, "the sandbox may install the server's allowed packages (create)")
 	allNet := fs.Bool("all-net", false, "the sandbox may reach all the server's allowlist allows (create, run, network)")
 	var denyNet, exceptNet ruleList
@@ -219,6 +222,18 @@ func cmdSandbox(args []string) int {
 	switch sub {
 	case "create":
 		req := map[string]any{"limits": limits, "env": envMap, "network": network}
+		var mounts []map[string]string
+		for _, v := range volumes {
+			name, p, ok := strings.Cut(v, ":")
+			if !ok || name == "" || p == "" {
+				fmt.Fprintf(os.Stderr, "vivarium sandbox create: --volume %q: want NAME:PATH\n", v)
+				return 2
+			}
+			mounts = append(mounts, map[string]string{"name": name, "path": p})
+		}
+		if len(mounts) > 0 {
+			req["volumes"] = mounts
+		}
 		if *idle > 0 {
 			req["timeout_s"] = idle.Seconds()
 		}

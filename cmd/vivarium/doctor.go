@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"time"
@@ -20,6 +21,8 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/seccomp"
+	"github.com/vivarium-sandbox/vivarium/internal/volume"
+	"github.com/vivarium-sandbox/vivarium/internal/workspace"
 )
 
 // check is one line of the doctor's report.
@@ -241,7 +244,61 @@ print("python " + sys.version.split()[0] + "; " + ", ".join(mods))
 	pattern, _ := os.ReadFile("/proc/sys/kernel/core_pattern")
 	add("core dumps", nil, fmt.Sprintf("sandboxes run with RLIMIT_CORE 1, which the kernel reads as \"no dump\", to a file or to the host's handler (core_pattern %q)",
 		strings.TrimSpace(string(pattern))))
+	out = append(out, volumeCheck(b))
 	return out
+}
+
+// volumeCheck reports whether persistent volumes work here, end to end: a
+// small volume is made, mounted into a real sandbox that writes to it,
+// and read back without it. Optional: a server runs without volumes.
+func volumeCheck(b sandbox.Backend) check {
+	const name = "volumes"
+	fail := func(err error) check { return check{Name: name, Detail: err.Error(), Optional: true} }
+	dir, err := os.MkdirTemp("", "vivarium-doctor-")
+	if err != nil {
+		return fail(err)
+	}
+	defer os.RemoveAll(dir)
+	st, err := volume.Open(volume.Config{Dir: filepath.Join(dir, "volumes"), MaxSize: volume.MinSize})
+	if err != nil {
+		return fail(err)
+	}
+	defer st.Close()
+	if err := st.Unavailable(); err != nil {
+		return fail(err)
+	}
+	if _, err := st.Create("doctor", "v", 0); err != nil {
+		return fail(err)
+	}
+	l, err := st.Acquire("doctor", "v", true)
+	if err != nil {
+		return fail(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	res, _ := sandbox.RunOnce(ctx, b, sandbox.OneShot{
+		Spec:    sandbox.Spec{Volumes: []sandbox.VolumeMount{{Path: "/mnt/v", HostDir: l.HostDir, Name: "v"}}},
+		Request: sandbox.ExecRequest{Code: `open("/mnt/v/probe", "w").write("ok")`}})
+	l.Release()
+	if res.Status != sandbox.StatusOK {
+		msg := string(res.Status)
+		if res.Error != nil {
+			msg += ": " + res.Error.Value
+		}
+		return fail(errors.New(msg))
+	}
+	err = st.Content("doctor", "v", func(_ volume.Volume, d *workspace.Dir) error {
+		fi, err := d.Stat("probe")
+		if err == nil && fi.UID != volume.OwnerUID {
+			err = fmt.Errorf("a sandbox's file is uid %d on disk, not %d", fi.UID, volume.OwnerUID)
+		}
+		return err
+	})
+	if err != nil {
+		return fail(err)
+	}
+	return check{Name: name, OK: true, Optional: true,
+		Detail: "ext4 images on loop devices, mounted idmapped into sandboxes (vivarium serve --volume-max-size)"}
 }
 
 // ioLimitCheck: sandboxes get a disk I/O limit by default; a host that

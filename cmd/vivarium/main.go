@@ -6,6 +6,7 @@
 //	vivarium keys create|list|revoke          API keys of a server
 //	vivarium audit                            what ran, by whom, at what cost
 //	vivarium sandbox create|list|exec|...     use a running server by hand
+//	vivarium volume ls|create|info|rm         a key's persistent volumes
 //	vivarium doctor                           what this host supports
 //	vivarium bench                            start-up against python3 and peers
 //	vivarium image build                      the docker backend's image
@@ -32,6 +33,7 @@ Usage:
   vivarium keys create NAME       create an API key (also: keys list, keys revoke ID)
   vivarium audit [flags]          show the audit log of executions
   vivarium sandbox SUBCOMMAND     use a running server: create, list, exec, files, kill
+  vivarium volume SUBCOMMAND      a key's persistent volumes: ls, create, info, rm
   vivarium doctor                 show what this host supports
   vivarium bench [flags]          compare sandbox start-up with python3 and peers
   vivarium image build            build the docker backend's image in the local daemon
@@ -70,6 +72,8 @@ func run(args []string) int {
 		return cmdAudit(args[1:])
 	case "sandbox", "sb":
 		return cmdSandbox(args[1:])
+	case "volume", "volumes":
+		return cmdVolume(args[1:])
 	case "bench":
 		return cmdBench(args[1:])
 	case "image":

@@ -180,7 +180,7 @@ func TestRunBadInput(t *testing.T) {
 func TestDoctor(t *testing.T) {
 	needSandbox(t)
 	got := vivarium(t, "", "doctor")
-	for _, want := range []string{"user namespaces", "seccomp", "overlayfs", "cgroup", "sandbox"} {
+	for _, want := range []string{"user namespaces", "seccomp", "overlayfs", "cgroup", "sandbox", "volumes"} {
 		if !strings.Contains(strings.ToLower(got.stdout), want) {
 			t.Errorf("doctor output lacks %q:\n%s", want, got.stdout)
 		}

@@ -28,6 +28,7 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/service"
 	"github.com/vivarium-sandbox/vivarium/internal/store"
+	"github.com/vivarium-sandbox/vivarium/internal/volume"
 )
 
 // serveConfig is every setting of `vivarium serve`. Each flag can also be
@@ -73,6 +74,10 @@ type serveConfig struct {
 	io                 ioFlags
 	tenants            bool
 	domain             string
+	volumeSize         sizeFlag
+	volumeMaxSize      sizeFlag
+	volumesPerKey      int
+	volumesMounted     int
 }
 
 func serveFlags(c *serveConfig) *flag.FlagSet {
@@ -138,6 +143,12 @@ Flags:
 	fs.IntVar(&c.pool, "pool", 4, "most fresh sandboxes kept ready per configuration (0: none)")
 	fs.DurationVar(&c.poolIdle, "pool-idle", 10*time.Minute, "a configuration unused this long is no longer kept ready")
 	c.net.register(fs)
+	c.volumeSize, c.volumeMaxSize = volume.DefaultSize, volume.DefaultMaxSize
+	fs.Var(&c.volumeSize, "volume-size", "size of a persistent volume whose creator names none (the default is 1GiB)")
+	fs.Var(&c.volumeMaxSize, "volume-max-size", "largest persistent volume a client may create (the default is 10GiB); each is an ext4 image of its size under --data-dir")
+	fs.IntVar(&c.volumesPerKey, "volumes-per-key", volume.DefaultMaxPerOwner, "persistent volumes an API key may keep")
+	fs.IntVar(&c.volumesMounted, "max-mounted-volumes", volume.DefaultMaxMounted,
+		"persistent volumes mounted at once on this server (each is a loop device of the host's while a sandbox uses it)")
 	fs.StringVar(&c.domain, "domain", "",
 		"`DOMAIN` whose subdomains <port>-<sandbox>.DOMAIN serve sandboxes' ports (E2B's getHost; wildcard DNS to this server; add :PORT if not 80 or 443)")
 	return fs
@@ -195,6 +206,9 @@ func (c *serveConfig) validate() error {
 	check(c.lifetime <= 0 || c.maxLifetime < c.lifetime, "--lifetime must be positive and at most --max-lifetime")
 	check(c.grace < 0, "--shutdown-grace must not be negative")
 	check(c.dataDir == "", "--data-dir must not be empty")
+	check(c.volumeMaxSize < volume.MinSize || c.volumeSize < volume.MinSize || c.volumeSize > c.volumeMaxSize,
+		"--volume-size and --volume-max-size must be at least 16MiB, --volume-size at most --volume-max-size")
+	check(c.volumesPerKey < 1 || c.volumesMounted < 1, "--volumes-per-key and --max-mounted-volumes must be at least 1")
 	check(c.uidBase < 100000 || c.uidRanges < 1 || uint64(c.uidBase)+uint64(c.uidRanges)<<16 >= 1<<32-1,
 		"--uid-base must be at least 100000, --uid-ranges at least 1, and the ranges must end below 4294967295")
 	check(c.zygoteMaxSandboxes == 0 || c.zygoteMaxAge == 0, "--zygote-max-sandboxes and --zygote-max-age must not be 0 (-1: never)")
@@ -393,6 +407,17 @@ func serve(c *serveConfig, log *slog.Logger) error {
 		return err
 	}
 	defer st.Close()
+	// Closed last: every sandbox, and with it every lease, is gone by then.
+	vols, err := volume.Open(volume.Config{Dir: filepath.Join(c.dataDir, "volumes"), MaxSize: int64(c.volumeMaxSize),
+		DefaultSize: int64(c.volumeSize), MaxPerOwner: c.volumesPerKey, MaxMounted: c.volumesMounted, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := vols.Close(); err != nil {
+			log.Warn("volumes at shutdown", "err", err)
+		}
+	}()
 
 	b, err := c.newBackend(log)
 	if err != nil {
@@ -467,6 +492,7 @@ func serve(c *serveConfig, log *slog.Logger) error {
 		Logger:                log,
 		Network:               network,
 		Tenants:               c.tenants,
+		Volumes:               vols,
 	}
 	if keyring != nil {
 		svcCfg.Quota = keyring.Quota

@@ -54,6 +54,7 @@ func (s *Server) routeControl() {
 	handle("GET /sandboxes/{id}/metrics", s.metrics)
 	handle("GET /sandboxes/metrics", s.latestMetrics)
 	handle("PUT /sandboxes/{id}/network", s.updateNetwork)
+	s.routeVolumes()
 	for pattern, what := range map[string]string{
 		"POST /sandboxes/{id}/pause":     "pausing sandboxes",
 		"POST /sandboxes/{id}/resume":    "resuming paused sandboxes (a vivarium sandbox is never paused)",
@@ -80,7 +81,7 @@ func (s *Server) routeControl() {
 		})
 	}
 	handle("/", func(w http.ResponseWriter, r *http.Request, _ string) {
-		s.unsupported(w, fmt.Sprintf("%s %s (templates, volumes, secrets and teams are E2B's cloud, not part of vivarium)",
+		s.unsupported(w, fmt.Sprintf("%s %s (templates, secrets and teams are E2B's cloud, not part of vivarium)",
 			r.Method, r.URL.Path))
 	})
 }
@@ -142,7 +143,7 @@ type newSandbox struct {
 	AllowInternetAccess *bool           `json:"allow_internet_access"`
 	Network             *networkConfig  `json:"network"`
 	MCP                 json.RawMessage `json:"mcp"`
-	VolumeMounts        []any           `json:"volumeMounts"`
+	VolumeMounts        []volumeMount   `json:"volumeMounts"`
 	IAM                 *struct {
 		Tokens map[string]any `json:"tokens"`
 	} `json:"iam"`
@@ -171,8 +172,6 @@ func (n *newSandbox) check() error {
 		return unsupported("pausing sandboxes (lifecycle onTimeout \"pause\", autoResume)")
 	case len(n.MCP) > 0 && string(n.MCP) != "null":
 		return unsupported("the MCP gateway")
-	case len(n.VolumeMounts) > 0:
-		return unsupported("volumes")
 	case n.IAM != nil && len(n.IAM.Tokens) > 0:
 		return unsupported("workload identity (iam)")
 	}
@@ -243,7 +242,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, owner string) {
 	env["E2B_SANDBOX"] = "true"
 	info, err := s.svc.Create(r.Context(), service.CreateRequest{Owner: owner, Idle: idle, Env: env, Metadata: req.Metadata,
 		Network: networkRequest(req.AllowInternetAccess, req.Network), Home: sandbox.HomeUser,
-		IDEnv: []string{"E2B_SANDBOX_ID"}, Ports: req.Network.portOptions()})
+		IDEnv: []string{"E2B_SANDBOX_ID"}, Ports: req.Network.portOptions(), Volumes: volumeMounts(req.VolumeMounts)})
 	if err != nil {
 		s.fail(w, err)
 		return
@@ -313,7 +312,7 @@ func (s *Server) listed(info service.Info) listedSandbox {
 		SandboxID: info.ID, TemplateID: tpl, Alias: tpl, ClientID: clientID,
 		StartedAt: info.CreatedAt.UTC(), EndAt: info.ExpiresAt.UTC(),
 		CPUCount: runtime.NumCPU(), MemoryMB: info.Limits.Memory >> 20, DiskSizeMB: info.Limits.Disk >> 20,
-		EnvdVersion: envdVersion, Metadata: info.Metadata, State: "running", VolumeMounts: []any{},
+		EnvdVersion: envdVersion, Metadata: info.Metadata, State: "running", VolumeMounts: mountsOf(info),
 	}
 }
 

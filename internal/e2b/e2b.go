@@ -29,8 +29,11 @@
 // user namespace, which has no capability; it follows no link and crosses
 // no mount. Backends without that reach the home alone.
 //
+// Volumes (volumes.go) are the service's: an owner's, persistent, mounted
+// by name.
+//
 // What E2B offers and Vivarium does not (pause and resume, snapshots,
-// forks, templates, volumes, PTYs, MCP) is answered with an error that
+// forks, templates, PTYs, MCP) is answered with an error that
 // says so, which the SDKs raise.
 package e2b
 

@@ -11,6 +11,7 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/netpolicy"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/service"
+	"github.com/vivarium-sandbox/vivarium/internal/volume"
 )
 
 // Errors of the adapter itself.
@@ -48,8 +49,16 @@ func writeEnvdError(w http.ResponseWriter, status int, msg string) {
 func httpStatus(log *slog.Logger, err error) (int, string) {
 	code := http.StatusInternalServerError
 	switch {
-	case errors.Is(err, service.ErrNotFound):
+	case errors.Is(err, service.ErrNotFound), errors.Is(err, volume.ErrNotFound):
 		code = http.StatusNotFound
+	case errors.Is(err, volume.ErrExists), errors.Is(err, volume.ErrInUse):
+		code = http.StatusConflict
+	case errors.Is(err, volume.ErrInvalid):
+		code = http.StatusBadRequest
+	case errors.Is(err, volume.ErrQuota):
+		code = http.StatusTooManyRequests
+	case errors.Is(err, volume.ErrUnavailable):
+		code = http.StatusNotImplemented
 	case errors.Is(err, fs.ErrNotExist), errors.Is(err, sandbox.ErrNoContext), errors.Is(err, service.ErrNoProcess):
 		code = http.StatusNotFound
 	case errors.Is(err, sandbox.ErrTooLarge):

@@ -128,3 +128,23 @@ func FuzzToRoot(f *testing.F) {
 		}
 	})
 }
+
+// A volume's path is the volume's root or a clean path below it: never
+// absolute, never "..".
+func FuzzVolumeRel(f *testing.F) {
+	for _, s := range []string{"/", "", "a/b", "/../../etc/shadow", "..", "a/../../b", "/a//b/./c/"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, p string) {
+		rel, err := volumeRel(p)
+		if err != nil {
+			return
+		}
+		if rel == "." {
+			return
+		}
+		if strings.HasPrefix(rel, "/") || path.Clean(rel) != rel || rel == ".." || strings.HasPrefix(rel, "../") {
+			t.Fatalf("%q gave %q", p, rel)
+		}
+	})
+}

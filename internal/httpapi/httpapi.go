@@ -24,6 +24,7 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/pkgindex"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/service"
+	"github.com/vivarium-sandbox/vivarium/internal/volume"
 )
 
 // Authenticator maps a bearer token to its owner.
@@ -121,6 +122,14 @@ var Routes = []Route{
 	{"POST", "/v1/sandboxes/{id}/processes/{pid}/resize", "resizeProcess", "Resize the terminal of a process started with one", false},
 	{"POST", "/v1/sandboxes/{id}/ports/{port}", "portToken", "A token and URLs that open one port of the sandbox (a server its code started) from outside", false},
 	{"POST", "/v1/execute", "runOnce", "Run code in a fresh sandbox destroyed afterwards", false},
+	{"POST", "/v1/volumes", "createVolume", "Create a persistent volume (an ext4 file system of its own size)", false},
+	{"GET", "/v1/volumes", "listVolumes", "List the key's volumes", false},
+	{"GET", "/v1/volumes/{id}", "getVolume", "A volume, by ID or name", false},
+	{"DELETE", "/v1/volumes/{id}", "deleteVolume", "Delete a volume and its files; refused while a live sandbox mounts it", false},
+	{"GET", "/v1/volumes/{id}/files", "listVolumeFiles", "List a directory of a volume, without a sandbox", false},
+	{"PUT", "/v1/volumes/{id}/files/{path...}", "putVolumeFile", "Upload a file into a volume (raw body)", false},
+	{"GET", "/v1/volumes/{id}/files/{path...}", "getVolumeFile", "Download a file of a volume", false},
+	{"DELETE", "/v1/volumes/{id}/files/{path...}", "deleteVolumeFile", "Delete a file or directory of a volume", false},
 }
 
 type ctxKey struct{}
@@ -214,6 +223,9 @@ func (s *Server) handler(name string) http.HandlerFunc {
 		return s.contextHandler(name)
 	case "listProcesses", "startProcess", "processOutput", "processStdin", "signalProcess", "resizeProcess":
 		return s.processHandler(name)
+	case "createVolume", "listVolumes", "getVolume", "deleteVolume", "listVolumeFiles", "putVolumeFile",
+		"getVolumeFile", "deleteVolumeFile":
+		return s.volumeHandler(name)
 	}
 	panic("httpapi: no handler for " + name)
 }
@@ -289,14 +301,15 @@ func seconds(f float64) time.Duration {
 }
 
 type createRequest struct {
-	TimeoutS     float64           `json:"timeout_s" doc:"idle timeout in seconds"`
-	MaxLifetimeS float64           `json:"max_lifetime_s" doc:"maximum lifetime in seconds"`
-	Limits       LimitsRequest     `json:"limits"`
-	Env          map[string]string `json:"env" doc:"environment variables of every execution"`
-	Metadata     map[string]string `json:"metadata" doc:"free-form labels"`
-	Backend      string            `json:"backend" doc:"isolation backend, one the server offers (native, gvisor, docker, wasm); default: the server's"`
-	Network      netpolicy.Request `json:"network" doc:"network access through the sandbox's proxy, within the server's allowlist; default: none"`
-	Home         string            `json:"home" doc:"the sandbox user's home, where code starts: /workspace (default; the user is \"sandbox\") or /home/user (E2B's layout; the user is \"user\"), the same directory"`
+	TimeoutS     float64                 `json:"timeout_s" doc:"idle timeout in seconds"`
+	MaxLifetimeS float64                 `json:"max_lifetime_s" doc:"maximum lifetime in seconds"`
+	Limits       LimitsRequest           `json:"limits"`
+	Env          map[string]string       `json:"env" doc:"environment variables of every execution"`
+	Metadata     map[string]string       `json:"metadata" doc:"free-form labels"`
+	Backend      string                  `json:"backend" doc:"isolation backend, one the server offers (native, gvisor, docker, wasm); default: the server's"`
+	Network      netpolicy.Request       `json:"network" doc:"network access through the sandbox's proxy, within the server's allowlist; default: none"`
+	Home         string                  `json:"home" doc:"the sandbox user's home, where code starts: /workspace (default; the user is \"sandbox\") or /home/user (E2B's layout; the user is \"user\"), the same directory"`
+	Volumes      []service.VolumeRequest `json:"volumes" doc:"the key's volumes to mount (native backend only)"`
 }
 
 func (s *Server) create(w http.ResponseWriter, r *http.Request) {
@@ -307,7 +320,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	info, err := s.svc.Create(r.Context(), service.CreateRequest{
 		Owner: owner(r), Idle: seconds(req.TimeoutS), MaxLifetime: seconds(req.MaxLifetimeS),
 		Limits: req.Limits.limits(), Env: req.Env, Metadata: req.Metadata, Backend: req.Backend,
-		Network: req.Network, Home: req.Home,
+		Network: req.Network, Home: req.Home, Volumes: req.Volumes,
 	})
 	if err != nil {
 		s.fail(w, err)
@@ -649,6 +662,18 @@ func classify(err error) (int, string) {
 	switch {
 	case errors.Is(err, service.ErrNotFound):
 		return http.StatusNotFound, "not_found"
+	case errors.Is(err, volume.ErrNotFound):
+		return http.StatusNotFound, "volume_not_found"
+	case errors.Is(err, volume.ErrExists):
+		return http.StatusConflict, "exists"
+	case errors.Is(err, volume.ErrInUse):
+		return http.StatusConflict, "in_use"
+	case errors.Is(err, volume.ErrInvalid):
+		return http.StatusBadRequest, "invalid_request"
+	case errors.Is(err, volume.ErrQuota):
+		return http.StatusTooManyRequests, "quota"
+	case errors.Is(err, volume.ErrUnavailable):
+		return http.StatusNotImplemented, "unsupported"
 	case errors.Is(err, fs.ErrNotExist):
 		return http.StatusNotFound, "file_not_found"
 	case errors.Is(err, sandbox.ErrNoContext):

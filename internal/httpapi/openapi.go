@@ -10,6 +10,7 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/netpolicy"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/service"
+	"github.com/vivarium-sandbox/vivarium/internal/volume"
 )
 
 var pathParam = regexp.MustCompile(`\{([a-z]+)(\.\.\.)?\}`)
@@ -58,6 +59,15 @@ var operations = map[string]operation{
 	"signalProcess":  {request: signalRequest{}, status: 200, response: okResponse{}},
 	"resizeProcess":  {request: sandbox.TerminalSize{}, status: 200, response: okResponse{}},
 	"portToken":      {status: 200, response: portAccess{}},
+
+	"createVolume":     {request: volumeRequest{}, status: 201, response: volume.Volume{}},
+	"listVolumes":      {status: 200, response: volumeList{}},
+	"getVolume":        {status: 200, response: volume.Volume{}},
+	"deleteVolume":     {status: 204},
+	"listVolumeFiles":  {status: 200, response: fileList{}},
+	"putVolumeFile":    {status: 201, response: fileWritten{}},
+	"getVolumeFile":    {status: 200, raw: "application/octet-stream"},
+	"deleteVolumeFile": {status: 204},
 }
 
 // streamEvent documents the NDJSON events of a streamed execution.
@@ -115,7 +125,7 @@ func OpenAPI() map[string]any {
 		for _, m := range pathParam.FindAllStringSubmatch(r.Pattern, -1) {
 			params = append(params, map[string]any{"name": m[1], "in": "path", "required": true, "schema": map[string]any{"type": "string"}})
 		}
-		if r.Name == "listFiles" {
+		if r.Name == "listFiles" || r.Name == "listVolumeFiles" {
 			params = append(params,
 				map[string]any{"name": "path", "in": "query", "schema": map[string]any{"type": "string", "description": "directory, relative to the workspace"}},
 				map[string]any{"name": "depth", "in": "query", "schema": map[string]any{"type": "integer", "minimum": 1, "maximum": 64}})
@@ -126,7 +136,7 @@ func OpenAPI() map[string]any {
 		if o.request != nil {
 			op["requestBody"] = map[string]any{"content": map[string]any{"application/json": map[string]any{"schema": schemaOf(reflect.TypeOf(o.request))}}}
 		}
-		if r.Name == "putFile" || r.Name == "processStdin" {
+		if r.Name == "putFile" || r.Name == "putVolumeFile" || r.Name == "processStdin" {
 			op["requestBody"] = map[string]any{"content": map[string]any{"application/octet-stream": map[string]any{}}}
 		}
 		if r.Name == "processStdin" {

@@ -16,6 +16,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"sync"
@@ -53,7 +54,17 @@ var (
 	_ sandbox.Backend       = (*Pool)(nil)
 	_ sandbox.EgressBackend = (*Pool)(nil)
 	_ sandbox.EgressChooser = (*Pool)(nil)
+	_ sandbox.VolumeBackend = (*Pool)(nil)
 )
+
+// VolumesSupported implements sandbox.VolumeBackend for the backend the
+// pool keeps sandboxes of.
+func (p *Pool) VolumesSupported() error {
+	if vb, ok := p.cfg.Backend.(sandbox.VolumeBackend); ok {
+		return vb.VolumesSupported()
+	}
+	return fmt.Errorf("the %s backend cannot mount volumes", p.cfg.Backend.Name())
+}
 
 // EgressSupported implements sandbox.EgressBackend for the backend the
 // pool wraps.
@@ -113,10 +124,14 @@ func key(spec sandbox.Spec) string {
 // Create implements sandbox.Backend: a ready sandbox for this exact
 // configuration if there is one, a new one otherwise.
 func (p *Pool) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
-	if p.cfg.Max <= 0 || spec.Egress != nil {
-		// A sandbox with network access is made for its caller: its
-		// proxy is the caller's, and cannot wait in a pool.
+	if p.cfg.Max <= 0 || spec.Egress != nil || len(spec.Volumes) > 0 {
+		// A sandbox with network access or volumes is made for its
+		// caller: its proxy and volumes are the caller's, and cannot
+		// wait in a pool.
 		if err := sandbox.CheckEgress(p.cfg.Backend, spec); err != nil {
+			return nil, err
+		}
+		if err := sandbox.CheckVolumes(p.cfg.Backend, spec); err != nil {
 			return nil, err
 		}
 		return p.cfg.Backend.Create(ctx, spec)

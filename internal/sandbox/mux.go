@@ -61,12 +61,19 @@ func (m *Mux) Create(ctx context.Context, spec Spec) (Sandbox, error) {
 	if err := CheckEgress(b, spec); err != nil {
 		return nil, err
 	}
+	if err := CheckVolumes(b, spec); err != nil {
+		return nil, err
+	}
 	return b.Create(ctx, spec)
 }
 
 // EgressSupported implements EgressBackend: Create checks the backend a
 // spec chooses.
 func (m *Mux) EgressSupported() error { return nil }
+
+// VolumesSupported implements sandbox.VolumeBackend: Create checks the
+// backend a spec names.
+func (m *Mux) VolumesSupported() error { return nil }
 
 // EgressSupportedBy implements EgressChooser.
 func (m *Mux) EgressSupportedBy(name string) error {

@@ -64,3 +64,22 @@ func TestMuxEgressSupportedBy(t *testing.T) {
 		t.Errorf("a backend without egress: %v", err)
 	}
 }
+
+type volumeBackend struct{ namedBackend }
+
+func (*volumeBackend) VolumesSupported() error { return nil }
+
+// A spec with volumes reaches only a backend that mounts them; the others
+// are never asked to make the sandbox (it would start without them).
+func TestMuxVolumes(t *testing.T) {
+	native, wasm := &volumeBackend{namedBackend{name: "native"}}, &namedBackend{name: "wasm"}
+	m := NewMux(native, wasm)
+	vols := []VolumeMount{{Path: "/mnt/v", HostDir: "/h", Name: "v"}}
+	if _, err := m.Create(context.Background(), Spec{Volumes: vols}); err != nil || len(native.specs) != 1 {
+		t.Fatalf("native: %v, %d made", err, len(native.specs))
+	}
+	_, err := m.Create(context.Background(), Spec{Backend: "wasm", Volumes: vols})
+	if !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "the wasm backend cannot mount volumes") || len(wasm.specs) != 0 {
+		t.Fatalf("wasm: %v, %d made", err, len(wasm.specs))
+	}
+}

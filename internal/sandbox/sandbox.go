@@ -265,4 +265,8 @@ type FileInfo struct {
 	Type    string      `json:"-"` // "file", "dir", "symlink" or "other"
 	Mode    fs.FileMode `json:"-"`
 	ModTime time.Time   `json:"-"`
+	// Owner and the other times, where the workspace knows them (a
+	// volume's content API reports them).
+	UID, GID               uint32    `json:"-"`
+	AccessTime, ChangeTime time.Time `json:"-"`
 }

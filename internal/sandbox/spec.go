@@ -159,6 +159,10 @@ type Spec struct {
 	// E2B's sandboxes, where the user is named "user". Both paths show the
 	// one workspace. Part of a pool's key.
 	Home string `json:",omitempty"`
+	// Volumes are persistent volumes to mount (see VolumeMount). Backends
+	// that cannot refuse the spec (CheckVolumes). Never part of a pool's
+	// key: a sandbox with volumes is made for its caller.
+	Volumes []VolumeMount `json:"-"`
 }
 
 // The homes a sandbox user may have (Spec.Home).
@@ -236,7 +240,7 @@ func (s Spec) Validate() error {
 	if s.Python != "" && !strings.HasPrefix(s.Python, "/") {
 		return fmt.Errorf("%w: python must be an absolute path, got %q", ErrInvalidSpec, s.Python)
 	}
-	return nil
+	return validVolumes(s.Volumes)
 }
 
 func validEnv(k, v string) error {

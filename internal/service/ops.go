@@ -338,7 +338,12 @@ func (s *Service) Workspace(owner, id string) (sandbox.Workspace, func(), error)
 	if err != nil {
 		return nil, nil, err
 	}
-	return b.sb.Workspace(), s.use(b), nil
+	ws, closeVolumes, err := b.withVolumes(b.sb.Workspace(), true, sandbox.UserSandbox)
+	if err != nil {
+		return nil, nil, err
+	}
+	done := s.use(b)
+	return ws, func() { closeVolumes(); done() }, nil
 }
 
 // FileSystem returns an owner's sandbox's whole file system as user writes
@@ -358,7 +363,12 @@ func (s *Service) FileSystem(owner, id, user string) (sandbox.Workspace, func(),
 	if err != nil {
 		return nil, nil, err
 	}
-	return root, s.use(b), nil
+	ws, closeVolumes, err := b.withVolumes(root, false, user)
+	if err != nil {
+		return nil, nil, err
+	}
+	done := s.use(b)
+	return ws, func() { closeVolumes(); done() }, nil
 }
 
 // Limits returns a sandbox's limits.

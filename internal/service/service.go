@@ -28,6 +28,7 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/pool"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/store"
+	"github.com/vivarium-sandbox/vivarium/internal/volume"
 )
 
 // Errors of the service; transports map them to status codes.
@@ -75,6 +76,9 @@ type Config struct {
 	// keeps a record of every answer sent. Nil: nothing is recorded.
 	Audit  func(store.Record)
 	Logger *slog.Logger
+	// Volumes keeps the owners' persistent volumes; nil: sandboxes
+	// cannot mount any.
+	Volumes *volume.Store
 	// Now is the clock; tests replace it.
 	Now func() time.Time
 	// UsageInterval is how often every sandbox's use is sampled (see
@@ -228,6 +232,8 @@ type CreateRequest struct {
 	IDEnv []string
 	// Ports say how the server reaches the sandbox's ports.
 	Ports PortOptions
+	// Volumes are the owner's volumes to mount.
+	Volumes []VolumeRequest
 }
 
 // Box is a managed sandbox.
@@ -252,6 +258,8 @@ type Box struct {
 	executing   bool // an execution is in progress
 	closeReason string
 	procs       map[int]*Process // by pid, while they run
+	volumes     []VolumeMountInfo
+	leases      []*volume.Lease // released once sb is closed
 }
 
 // Info is what owners see of a sandbox.
@@ -268,6 +276,7 @@ type Info struct {
 	Ports          PortOptions       `json:"ports" doc:"how the server reaches the sandbox's ports"`
 	State          string            `json:"state"` // "idle" or "running"
 	ExecutionCount int               `json:"execution_count"`
+	Volumes        []VolumeMountInfo `json:"volumes"`
 }
 
 // LimitsInfo is Limits in API units.
@@ -305,7 +314,7 @@ func (b *Box) info() Info {
 	return Info{
 		ID: b.id, CreatedAt: b.createdAt, ExpiresAt: b.expiresAt, Deadline: b.deadline,
 		IdleTimeoutS: b.idle.Seconds(), Limits: limitsInfo(b.limits), Metadata: md, Backend: b.backend,
-		Network: networkInfo(b.network), Ports: b.ports, State: state, ExecutionCount: b.executions,
+		Network: networkInfo(b.network), Ports: b.ports, State: state, ExecutionCount: b.executions, Volumes: b.volumes,
 	}
 }
 
@@ -386,8 +395,16 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	}
 
 	start := time.Now()
-	sb, egress, err := s.makeSandbox(ctx, req.Owner, id, sandbox.Spec{Limits: limits, Env: env, Backend: req.Backend,
-		Tenant: s.tenantOf(req.Owner), Home: req.Home}, policy)
+	mounts, leases, err := s.leaseVolumes(req.Owner, req.Volumes)
+	var sb sandbox.Sandbox
+	var egress *netproxy.Proxy
+	if err == nil {
+		sb, egress, err = s.makeSandbox(ctx, req.Owner, id, sandbox.Spec{Limits: limits, Env: env, Backend: req.Backend,
+			Tenant: s.tenantOf(req.Owner), Home: req.Home, Volumes: mounts}, policy)
+		if err != nil {
+			releaseVolumes(leases)
+		}
+	}
 	if err != nil {
 		s.mu.Lock()
 		delete(s.boxes, id)
@@ -401,7 +418,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		id: id, owner: req.Owner, sb: sb, createdAt: now, deadline: now.Add(life), idle: idle,
 		limits: limits, env: env, metadata: maps.Clone(req.Metadata), expiresAt: minTime(now.Add(idle), now.Add(life)),
 		backend: cmp.Or(req.Backend, s.cfg.Backend.Name()), network: policy, egress: egress,
-		ports: req.Ports,
+		ports: req.Ports, volumes: volumeInfos(mounts, leases), leases: leases,
 	}
 	s.mu.Lock()
 	unreserve()
@@ -409,6 +426,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		delete(s.boxes, id)
 		s.mu.Unlock()
 		sb.Close()
+		releaseVolumes(leases)
 		return Info{}, ErrShuttingDown
 	}
 	s.boxes[id] = b
@@ -575,6 +593,7 @@ func (s *Service) remove(b *Box, why string) {
 	if err := b.sb.Close(); err != nil {
 		s.cfg.Logger.Warn("sandbox clean-up", "id", b.id, "err", err)
 	}
+	releaseVolumes(b.leases) // every process that could reach them is gone
 	s.closePorts(b.id)
 	s.cfg.Logger.Info("sandbox closed", "id", b.id, "why", why)
 }

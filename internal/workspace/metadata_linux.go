@@ -152,3 +152,22 @@ func (d *Dir) DiskUsed() (int64, error) {
 	}
 	return int64(st.Blocks-st.Bfree) * st.Bsize, nil
 }
+
+// Chmod sets the permission bits of name (a regular file or directory,
+// never a link's target) as the workspace's owner: only what the owner
+// owns can be changed.
+func (d *Dir) Chmod(name string, mode uint32) (err error) {
+	defer permission(&err)
+	if mode&^0o777 != 0 {
+		// No set-id or sticky bits: they mean nothing in a volume
+		// (nosuid), and a host file should never carry them.
+		return fmt.Errorf("%w: mode %o: only the permission bits 0-777 may be set", sandbox.ErrBadPath, mode)
+	}
+	ok, err := d.withInode(name, func(p string) error {
+		return d.asOwner(func() error { return unix.Chmod(p, mode) })
+	})
+	if err == nil && !ok {
+		return fmt.Errorf("%w: %q is not a regular file or directory", sandbox.ErrBadPath, name)
+	}
+	return err
+}

@@ -282,11 +282,15 @@ func fileInfo(rel string, st *unix.Stat_t) sandbox.FileInfo {
 		typ = "symlink"
 	}
 	return sandbox.FileInfo{
-		Path:    rel,
-		Size:    st.Size,
-		Type:    typ,
-		Mode:    fs.FileMode(st.Mode & 0o777),
-		ModTime: time.Unix(st.Mtim.Unix()),
+		Path:       rel,
+		Size:       st.Size,
+		Type:       typ,
+		Mode:       fs.FileMode(st.Mode & 0o777),
+		ModTime:    time.Unix(st.Mtim.Unix()),
+		UID:        st.Uid,
+		GID:        st.Gid,
+		AccessTime: time.Unix(st.Atim.Unix()),
+		ChangeTime: time.Unix(st.Ctim.Unix()),
 	}
 }
 

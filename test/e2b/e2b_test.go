@@ -52,13 +52,15 @@ func TestE2BSDKs(t *testing.T) {
 	requireNode(t)
 	bin := testserver.Build(t)
 	srv := testserver.Start(t, bin, testserver.Options{CgroupParent: cgroupParent, UIDBase: uidBase,
-		Keys: []string{"e2b-sdk", "e2b-other"}, Args: []string{"--domain", previewDomain}})
+		Keys: []string{"e2b-sdk", "e2b-other"}, Args: []string{"--domain", previewDomain, "--volume-size", "32MiB"}})
 
 	// Every *.test.mjs here (node_modules excluded): one file per surface.
 	cmd := exec.Command("node", "--test", "--test-reporter=tap")
 	cmd.Env = append(os.Environ(),
 		"E2B_API_URL="+srv.URL+"/e2b",
 		"E2B_SANDBOX_URL="+srv.URL+"/e2b/sandbox",
+		// The volume content API, E2B's api.DOMAIN: the same prefix.
+		"E2B_VOLUME_API_URL="+srv.URL+"/e2b",
 		"E2B_API_KEY="+srv.Keys[0],
 		"VIVARIUM_OTHER_KEY="+srv.Keys[1],
 		// ports.test.mjs: the preview hosts <port>-<id>.vivarium.test,

@@ -252,7 +252,7 @@ func allCases() []hostileCase {
 	for _, group := range [][]hostileCase{
 		secretCases, filesystemCases, procCases, privilegeCases, seccompCases, allowlistCases,
 		networkCases, resourceCases, lifetimeCases, outputCases, protocolCases,
-		outDirCases, persistenceCases, egressCases, budgetCases, observeCases, noisyCases, languageCases,
+		outDirCases, persistenceCases, egressCases, budgetCases, observeCases, noisyCases, languageCases, volumeCases,
 	} {
 		all = append(all, group...)
 	}

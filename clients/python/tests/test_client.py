@@ -300,6 +300,35 @@ class ClientTest(unittest.TestCase):
         with self.assertRaises(NotFoundError):
             theirs.set_network({"all": True})
 
+    def test_volumes(self):
+        name = "vol-%d" % os.getpid()
+        vol = self.client.create_volume(name, size=32 << 20)
+        self.assertTrue(vol.id.startswith("vol_"))
+        self.assertEqual(vol.info["size"], 32 << 20)
+        self.assertIn(name, [v["name"] for v in self.client.list_volumes()])
+        vol.files.write("in/hello.txt", "from the client", metadata={"Kind": "greeting"})
+        self.assertEqual(vol.files.metadata("in/hello.txt"), {"kind": "greeting"})
+        sb = self.sandbox(volumes={"/home/user/data": vol})
+        self.assertEqual(sb.info["volumes"][0]["path"], "/home/user/data")
+        res = sb.execute("print(open('/home/user/data/in/hello.txt').read())\n"
+                         "open('/workspace/data/out.txt', 'w').write('from the sandbox')")
+        self.assertTrue(res.ok, res)
+        self.assertEqual(res.stdout, "from the client\n")
+        self.assertEqual(sb.files.read_text("data/out.txt"), "from the sandbox")
+        with self.assertRaises(vivarium.VolumeInUseError):
+            vol.delete()
+        sb.close()
+        self.assertEqual(self.client.volume(name).files.read_text("out.txt"), "from the sandbox")
+        # Another key: not found, cannot be mounted.
+        other = Client(api_key=os.environ["VIVARIUM_API_KEY_2"])
+        with self.assertRaises(NotFoundError):
+            other.volume(vol.id)
+        with self.assertRaises(NotFoundError):
+            other.create_sandbox(volumes={"/mnt/x": name})
+        vol.delete()
+        with self.assertRaises(NotFoundError):
+            self.client.volume(name)
+
 
 class StandardLibraryOnlyTest(unittest.TestCase):
 

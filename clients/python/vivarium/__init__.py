@@ -11,16 +11,16 @@ server (``vivarium serve``), standard library only.
 ``vivarium.langchain`` has a LangChain tool (it needs langchain-core).
 """
 
-from .client import Client, CommandResult, Execution, ExecutionError, Result, Sandbox
+from .client import Client, CommandResult, Execution, ExecutionError, Result, Sandbox, Volume
 from .errors import (AuthenticationError, ConnectionFailed, InvalidRequestError, NotAllowedError, NotFoundError,
                      QuotaExceededError, SandboxBusyError, SandboxClosedError, ServerError,
-                     ServerUnavailableError, TooLargeError, VivariumError)
+                     ServerUnavailableError, TooLargeError, VivariumError, VolumeInUseError)
 
 __all__ = [
-    "Client", "Sandbox", "Execution", "ExecutionError", "Result", "CommandResult",
+    "Client", "Sandbox", "Volume", "Execution", "ExecutionError", "Result", "CommandResult",
     "VivariumError", "ConnectionFailed", "InvalidRequestError", "AuthenticationError", "NotAllowedError", "NotFoundError",
     "SandboxBusyError", "SandboxClosedError", "TooLargeError", "QuotaExceededError",
-    "ServerUnavailableError", "ServerError",
+    "ServerUnavailableError", "ServerError", "VolumeInUseError",
 ]
 
 __version__ = "0.1.0"

@@ -207,7 +207,7 @@ class Client:
         return bool((self._call("GET", "/healthz") or {}).get("ok"))
 
     def create_sandbox(self, timeout_s=None, max_lifetime_s=None, limits=None, env=None, metadata=None,
-                       backend=None, network=None, home=None):
+                       backend=None, network=None, home=None, volumes=None):
         """Creates a stateful sandbox. ``timeout_s`` is its idle timeout;
         ``limits`` a dict of memory, cpu_time_s, timeout_s, pids, disk,
         max_output, cpus; ``backend`` one the server offers (native,
@@ -218,13 +218,16 @@ class Client:
         allowed packages), max_bytes, rate, max_connections (default: no
         network; see Sandbox.set_network to change it later); ``home`` the
         user's home and working directory: "/workspace" (default) or
-        "/home/user" (E2B's layout)."""
+        "/home/user" (E2B's layout); ``volumes`` the key's volumes to
+        mount, a dict {path in the sandbox: volume name, ID or Volume}."""
         body = {}
         for k, v in (("timeout_s", timeout_s), ("max_lifetime_s", max_lifetime_s), ("limits", limits),
                      ("env", env), ("metadata", metadata), ("backend", backend), ("network", network),
                      ("home", home)):
             if v is not None:
                 body[k] = v
+        if volumes:
+            body["volumes"] = [{"path": p, "name": v.id if isinstance(v, Volume) else v} for p, v in volumes.items()]
         info = self._call("POST", "/v1/sandboxes", body)
         return Sandbox(self, info)
 
@@ -235,6 +238,22 @@ class Client:
     def list_sandboxes(self):
         """This key's sandboxes, as the server describes them (dicts)."""
         return self._call("GET", "/v1/sandboxes")["sandboxes"]
+
+    def create_volume(self, name, size=None):
+        """Creates a persistent volume of ``size`` bytes (default: the
+        server's); sandboxes mount it with create_sandbox(volumes=...)."""
+        body = {"name": name}
+        if size is not None:
+            body["size"] = size
+        return Volume(self, self._call("POST", "/v1/volumes", body))
+
+    def volume(self, id_or_name):
+        """An existing volume of this key, by ID or name."""
+        return Volume(self, self._call("GET", "/v1/volumes/" + _seg(id_or_name)))
+
+    def list_volumes(self):
+        """This key's volumes, as the server describes them (dicts)."""
+        return self._call("GET", "/v1/volumes")["volumes"]
 
     def run(self, code, files=None, limits=None, timeout_s=None, env=None,
             on_stdout=None, on_stderr=None, on_result=None, on_error=None, backend=None, network=None):
@@ -447,9 +466,33 @@ class Commands:
         return CommandResult(self._sb.client._call("POST", path, body, timeout=wait))
 
 
+class Volume:
+    """A persistent volume: files kept across sandboxes and server restarts,
+    mounted by any number of this key's sandboxes at once. ``files`` reads
+    and writes them without a sandbox."""
+
+    def __init__(self, client, info):
+        self.client = client
+        self.info = info
+        self.id = info["id"]
+        self.name = info["name"]
+        self.files = Files(self)
+
+    def _path(self, suffix=""):
+        return "/v1/volumes/" + _seg(self.id) + suffix
+
+    def __repr__(self):
+        return "Volume(%r, %r)" % (self.id, self.name)
+
+    def delete(self):
+        """Deletes the volume and its files (VolumeInUseError while a live
+        sandbox mounts it)."""
+        self.client._call("DELETE", self._path())
+
+
 class Files:
-    """The sandbox's workspace. Paths are relative to it; the server refuses
-    anything that would leave it."""
+    """The sandbox's workspace (or a volume's files). Paths are relative to
+    it; the server refuses anything that would leave it."""
 
     def __init__(self, sandbox):
         self._sb = sandbox

@@ -71,6 +71,10 @@ class ServerError(VivariumError):
     """500 and anything unexpected."""
 
 
+class VolumeInUseError(VivariumError):
+    """409: a live sandbox mounts the volume; close it first."""
+
+
 _BY_CODE = {
     "invalid_request": InvalidRequestError,
     "unauthorized": AuthenticationError,
@@ -78,6 +82,7 @@ _BY_CODE = {
     "not_found": NotFoundError,
     "file_not_found": NotFoundError,
     "busy": SandboxBusyError,
+    "in_use": VolumeInUseError,
     "closed": SandboxClosedError,
     "too_large": TooLargeError,
     "quota": QuotaExceededError,

@@ -542,6 +542,7 @@ func (b *Backend) initConfig(spec sandbox.Spec, etc []etcEntry, top []topLink) *
 		MemTotal:   l.Memory,
 		Home:       spec.HomeDir(),
 		UserName:   spec.UserName(),
+		Volumes:    volumePaths(spec.Volumes),
 	}
 	if spec.OneShot && l.CPUTime > 0 {
 		// Per-process backstop; the cgroup's CPU accounting is the limit.

@@ -76,6 +76,9 @@ type initConfig struct {
 	Devices string `json:"devices,omitempty"`
 	// ZygoteUID is the host user the Python zygote runs as (roleZygote).
 	ZygoteUID uint32 `json:"zygote_uid,omitempty"`
+	// Volumes are where the sandbox's volumes go, in the order their
+	// mounts come on the control socket (volume_linux.go).
+	Volumes []string `json:"volumes,omitempty"`
 }
 
 // Roles of init.

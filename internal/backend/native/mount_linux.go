@@ -57,7 +57,8 @@ const hostDirs = ".host"
 //     cannot mknod), and a sandbox's own devpts instance at /dev/pts;
 //  6. make the sandbox's directories (mountDisk: /workspace and the same
 //     directory at /home/user, /tmp, /root, /dev/shm; a zygote: a /tmp of
-//     its own), then make /dev read-only;
+//     its own), attach a sandbox's volumes (attachVolumes), then make /dev
+//     read-only;
 //  7. mount a fresh /proc and hide what reveals the host (mountProc);
 //  8. pivot_root into the new root and detach the old one, and with it
 //     the scratch tmpfs;
@@ -187,6 +188,8 @@ func buildRoot(cfg *initConfig) error {
 			return err
 		}
 	} else if err := mountDisk(cfg, r); err != nil {
+		return err
+	} else if err := attachVolumes(cfg, newRoot); err != nil {
 		return err
 	}
 	// Only the tmpfs of /dev itself becomes read-only, not /dev/shm on it.

@@ -183,6 +183,15 @@ func start(ctx context.Context, b *Backend, spec sandbox.Spec, cfg *initConfig, 
 		p.closeParent()
 		return nil, err
 	}
+	// Also before the wait: the volumes' mounts are mapped by the user
+	// namespace of this pid.
+	if err := s.sendVolumes(); err != nil {
+		s.init.kill()
+		s.init.wait()
+		close(s.initDone)
+		p.closeParent()
+		return nil, err
+	}
 	go func() {
 		s.initErr = s.init.wait()
 		close(s.initDone)

@@ -253,6 +253,10 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 		// No network policy is ever dropped: this backend has no way out.
 		return nil, sandbox.CheckEgress(b, spec)
 	}
+	if len(spec.Volumes) > 0 {
+		// Never mounted silently elsewhere: the spec is refused.
+		return nil, sandbox.CheckVolumes(b, spec)
+	}
 	if spec.Python != "" && spec.Python != sandbox.DefaultPython {
 		return nil, fmt.Errorf("%w: the wasm backend runs its own interpreter (CPython %s for wasm32-wasi); "+
 			"it cannot run %s", sandbox.ErrInvalidSpec, "3.11", spec.Python)

@@ -1,0 +1,86 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
+)
+
+// volumeLeftovers lists what of the volumes under dir is still mounted or
+// attached to a loop device.
+func volumeLeftovers(dir string) []string {
+	var out []string
+	mi, _ := os.ReadFile("/proc/self/mountinfo")
+	for _, l := range strings.Split(string(mi), "\n") {
+		if strings.Contains(l, dir) {
+			out = append(out, "mount: "+l)
+		}
+	}
+	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, f := range files {
+		if b, err := os.ReadFile(f); err == nil && strings.HasPrefix(string(b), dir) {
+			out = append(out, "loop: "+f)
+		}
+	}
+	return out
+}
+
+// A volume made with the CLI outlives its sandbox and the server; a
+// stopped server leaves nothing of it mounted or attached.
+func TestServeVolumes(t *testing.T) {
+	needSandbox(t)
+	dataDir := t.TempDir()
+	key, _ := createKey(t, dataDir, "alice")
+	flags := []string{"--volume-size", "32MiB", "--preload", "json", "--pool", "0"}
+	srv := startServer(t, dataDir, flags...)
+	must := func(r cli, what string) cli {
+		t.Helper()
+		if r.code != 0 {
+			t.Fatalf("%s: exit %d\nstdout: %s\nstderr: %s", what, r.code, r.stdout, r.stderr)
+		}
+		return r
+	}
+	volID := strings.TrimSpace(must(srv.cliAs(t, key, "", "volume", "create", "data"), "volume create").stdout)
+	if !strings.HasPrefix(volID, "vol_") {
+		t.Fatalf("volume id %q", volID)
+	}
+	if r := srv.cliAs(t, key, "", "volume", "create", "../x"); r.code == 0 || !strings.Contains(r.stderr, "volume name") {
+		t.Fatalf("bad name: %+v", r)
+	}
+	if ls := must(srv.cliAs(t, key, "", "volume", "ls"), "volume ls").stdout; !strings.Contains(ls, "data") ||
+		!strings.Contains(ls, "32MiB") {
+		t.Fatalf("ls: %s", ls)
+	}
+	id := strings.TrimSpace(must(srv.cliAs(t, key, "", "sandbox", "create", "--volume", "data:/home/user/data"), "create").stdout)
+	must(srv.cliAs(t, key, "", "sandbox", "exec", id, "-c", `open("/home/user/data/kept.txt", "w").write("kept")`), "exec")
+	if r := srv.cliAs(t, key, "", "volume", "rm", "data"); r.code == 0 || !strings.Contains(r.stderr, "mounted") {
+		t.Fatalf("rm in use: %+v", r)
+	}
+	must(srv.cliAs(t, key, "", "sandbox", "kill", id), "kill")
+
+	// Stop as an operator does; nothing of the volume is left mounted.
+	srv.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-srv.exited:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the server did not stop")
+	}
+	testutil.WaitFor(t, 10*time.Second, "nothing of the volume left after the server stopped",
+		func() bool { return len(volumeLeftovers(dataDir)) == 0 })
+
+	srv = startServer(t, dataDir, flags...)
+	id = strings.TrimSpace(must(srv.cliAs(t, key, "", "sandbox", "create", "--volume", volID+":/mnt/v"), "create again").stdout)
+	if out := must(srv.cliAs(t, key, "", "sandbox", "exec", id, "-c", `print(open("/mnt/v/kept.txt").read())`), "read").stdout; out != "kept\n" {
+		t.Fatalf("after a restart: %q", out)
+	}
+	must(srv.cliAs(t, key, "", "sandbox", "kill", id), "kill")
+	must(srv.cliAs(t, key, "", "volume", "rm", "data"), "volume rm")
+	if ls := must(srv.cliAs(t, key, "", "volume", "ls"), "volume ls").stdout; strings.Contains(ls, "data") {
+		t.Fatalf("ls after rm: %s", ls)
+	}
+}

@@ -1,0 +1,208 @@
+package native_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
+	"github.com/vivarium-sandbox/vivarium/internal/volume"
+	"github.com/vivarium-sandbox/vivarium/internal/workspace"
+)
+
+// openVolumes opens a volume store in a temporary directory, skipping
+// where the host cannot keep volumes.
+func openVolumes(t *testing.T) *volume.Store {
+	t.Helper()
+	st, err := volume.Open(volume.Config{Dir: filepath.Join(t.TempDir(), "volumes"), MaxSize: 64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Unavailable(); err != nil {
+		t.Skipf("volumes unavailable: %v", err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
+}
+
+func execOK(t *testing.T, sb sandbox.Sandbox, code string) string {
+	t.Helper()
+	res, err := sb.Execute(context.Background(), sandbox.ExecRequest{Code: code}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Status != sandbox.StatusOK {
+		t.Fatalf("%s: %+v", code, res)
+	}
+	return res.Stdout
+}
+
+// loopsBacking counts the loop devices whose image is under dir.
+func loopsBacking(dir string) int {
+	n := 0
+	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, f := range files {
+		if b, err := os.ReadFile(f); err == nil && strings.HasPrefix(string(b), dir) {
+			n++
+		}
+	}
+	return n
+}
+
+// Two sandboxes (each its own host user) mount one volume at once and see
+// each other's writes, owned by their own user; the volume outlives them,
+// its size is the kernel's limit, and nothing of it is left mounted or
+// attached once they end.
+func TestVolumesSharedOwnedAndBounded(t *testing.T) {
+	b := newBackend(t)
+	st := openVolumes(t)
+	v, err := st.Create("alice", "data", 32<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mount := func(path string) (sandbox.Sandbox, *volume.Lease) {
+		t.Helper()
+		l, err := st.Acquire("alice", "data", true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sb, err := b.Create(context.Background(), sandbox.Spec{Home: sandbox.HomeUser,
+			Volumes: []sandbox.VolumeMount{{Path: path, HostDir: l.HostDir, Name: v.Name}}})
+		if err != nil {
+			l.Release()
+			t.Fatal(err)
+		}
+		return sb, l
+	}
+	a, la := mount("/home/user/data")
+	bb, lb := mount("/mnt/shared")
+	execOK(t, a, `open("/home/user/data/from_a.txt", "w").write("hello from a")`)
+	if got := execOK(t, bb, `import os
+print(open("/mnt/shared/from_a.txt").read(), os.stat("/mnt/shared/from_a.txt").st_uid, os.getuid())`); got != "hello from a 1000 1000\n" {
+		t.Fatalf("b read %q", got)
+	}
+	// On disk, the sandbox user's own id, whatever host user it was.
+	var hst unix.Stat_t
+	if err := unix.Lstat(filepath.Join(la.HostDir, "from_a.txt"), &hst); err != nil || hst.Uid != 1000 || hst.Gid != 1000 {
+		t.Fatalf("on disk: %v uid %d gid %d", err, hst.Uid, hst.Gid)
+	}
+	execOK(t, bb, `import os; os.mkdir("/mnt/shared/dir"); open("/mnt/shared/dir/from_b", "w").write("b")`)
+	if got := execOK(t, a, `print(open("/home/user/data/dir/from_b").read())`); got != "b\n" {
+		t.Fatalf("a read %q", got)
+	}
+	// Past its size: ENOSPC in the sandbox, and the image keeps its size.
+	res, err := a.Execute(context.Background(), sandbox.ExecRequest{Code: `import errno
+try:
+    with open("/home/user/data/big", "wb") as f:
+        for _ in range(64):
+            f.write(b"x" * (1 << 20))
+            f.flush()
+    print("wrote it all")
+except OSError as e:
+    print("errno", errno.errorcode[e.errno])`}, nil)
+	if err != nil || strings.TrimSpace(res.Stdout) != "errno ENOSPC" {
+		t.Fatalf("64 MiB into a 32 MiB volume: %v %+v", err, res)
+	}
+	image := filepath.Join(filepath.Dir(la.HostDir), "image")
+	if fi, err := os.Stat(image); err != nil || fi.Size() != 32<<20 {
+		t.Fatalf("image: %v %v", fi.Size(), err)
+	}
+	// Set-id bits are not honoured in the volume, device nodes cannot be
+	// made; the host's mount of it is noexec, nosuid, nodev.
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(la.HostDir, &sfs); err != nil {
+		t.Fatal(err)
+	}
+	if want := int64(unix.ST_NOSUID | unix.ST_NODEV | unix.ST_NOEXEC); sfs.Flags&want != want {
+		t.Fatalf("host mount flags %#x", sfs.Flags)
+	}
+	if got := execOK(t, a, `import os
+st = os.statvfs("/home/user/data")
+print(bool(st.f_flag & os.ST_NOSUID), bool(st.f_flag & os.ST_NODEV))`); got != "True True\n" {
+		t.Fatalf("sandbox mount flags: %q", got)
+	}
+
+	for _, c := range []struct {
+		sb sandbox.Sandbox
+		l  *volume.Lease
+	}{{a, la}, {bb, lb}} {
+		if err := c.sb.Close(); err != nil {
+			t.Fatal(err)
+		}
+		c.l.Release()
+	}
+	// The kernel lets go of a dead sandbox's mounts, and so of the
+	// device, a moment after its last process.
+	dir := filepath.Dir(filepath.Dir(la.HostDir))
+	testutil.WaitFor(t, 10*time.Second, "the volume's loop device to detach after its sandboxes",
+		func() bool { return loopsBacking(dir) == 0 })
+	// The files outlived both sandboxes, owned by the sandbox user on disk.
+	err = st.Content("alice", "data", func(_ volume.Volume, d *workspace.Dir) error {
+		fi, err := d.Stat("dir/from_b")
+		if err != nil {
+			return err
+		}
+		if fi.Size != 1 {
+			t.Errorf("from_b: %+v", fi)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A volume's mount path is checked before anything starts; a link
+// planted in a volume leads nowhere outside it when mounted.
+func TestVolumePathsAndLinks(t *testing.T) {
+	b := newBackend(t)
+	st := openVolumes(t)
+	if _, err := st.Create("alice", "v", 0); err != nil {
+		t.Fatal(err)
+	}
+	l, err := st.Acquire("alice", "v", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release()
+	for _, p := range []string{"/", "/etc", "/usr/lib", "/proc/x", "/opt/vivarium", "/home/user/../../etc", "data", "/home/user"} {
+		_, err := b.Create(context.Background(), sandbox.Spec{Volumes: []sandbox.VolumeMount{{Path: p, HostDir: l.HostDir, Name: "v"}}})
+		if err == nil {
+			t.Fatalf("mounted at %q", p)
+		}
+	}
+	// A host file the sandbox must never read, named by absolute path.
+	canary := filepath.Join(t.TempDir(), "canary")
+	token := "canary-" + filepath.Base(filepath.Dir(canary))
+	if err := os.WriteFile(canary, []byte(token), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for name, target := range map[string]string{"canary": canary, "up": "../../../../.." + canary,
+		"host": "/proc/1/root" + canary, "shadow": "/etc/shadow"} {
+		if err := os.Symlink(target, filepath.Join(l.HostDir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sb, err := b.Create(context.Background(), sandbox.Spec{Volumes: []sandbox.VolumeMount{{Path: "/data", HostDir: l.HostDir, Name: "v"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	// Links resolve inside the sandbox, to the sandbox's own files.
+	got := execOK(t, sb, `out = []
+for p in ["/data/canary", "/data/up", "/data/host", "/data/shadow"]:
+    try:
+        out.append(open(p).read())
+    except OSError as e:
+        out.append(type(e).__name__)
+print(out)`)
+	if strings.Contains(got, token) || strings.Contains(got, "root:") || !strings.Contains(got, "FileNotFoundError") {
+		t.Fatalf("read the host's files through a volume's links: %s", got)
+	}
+}

@@ -1,0 +1,80 @@
+package service
+
+import (
+	"fmt"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/volume"
+)
+
+// VolumeRequest asks for one of the owner's volumes (by name or ID) to be
+// mounted at Path in a new sandbox.
+type VolumeRequest struct {
+	Name string `json:"name" doc:"the volume's name or ID"`
+	Path string `json:"path" doc:"absolute path in the sandbox, e.g. /home/user/data"`
+}
+
+// ErrNoVolumes: this server keeps no volumes.
+var ErrNoVolumes = fmt.Errorf("%w: this server keeps no volumes", volume.ErrUnavailable)
+
+// Volumes returns the server's volume store; nil: it keeps none.
+func (s *Service) Volumes() *volume.Store { return s.cfg.Volumes }
+
+// leaseVolumes mounts the owner's volumes a new sandbox asks for. The
+// leases are the sandbox's until it is closed (Box.release).
+func (s *Service) leaseVolumes(owner string, reqs []VolumeRequest) (_ []sandbox.VolumeMount, _ []*volume.Lease, err error) {
+	if len(reqs) == 0 {
+		return nil, nil, nil
+	}
+	if s.cfg.Volumes == nil {
+		return nil, nil, ErrNoVolumes
+	}
+	if len(reqs) > sandbox.MaxVolumes {
+		return nil, nil, fmt.Errorf("%w: at most %d volumes per sandbox", sandbox.ErrInvalidSpec, sandbox.MaxVolumes)
+	}
+	// Paths first: nothing is mounted for a request that cannot start.
+	for _, r := range reqs {
+		if err := sandbox.ValidVolumePath(r.Path); err != nil {
+			return nil, nil, err
+		}
+	}
+	var mounts []sandbox.VolumeMount
+	var leases []*volume.Lease
+	defer func() {
+		if err != nil {
+			releaseVolumes(leases)
+		}
+	}()
+	for _, r := range reqs {
+		l, err := s.cfg.Volumes.Acquire(owner, r.Name, true)
+		if err != nil {
+			return nil, nil, err
+		}
+		leases = append(leases, l)
+		mounts = append(mounts, sandbox.VolumeMount{Path: r.Path, HostDir: l.HostDir, Name: l.Volume.Name})
+	}
+	return mounts, leases, nil
+}
+
+// releaseVolumes ends a closed sandbox's leases: a volume no sandbox
+// uses any longer is unmounted.
+func releaseVolumes(leases []*volume.Lease) {
+	for _, l := range leases {
+		l.Release()
+	}
+}
+
+// VolumeMountInfo is a volume a sandbox mounts.
+type VolumeMountInfo struct {
+	Name string `json:"name"`
+	ID   string `json:"id"`
+	Path string `json:"path"`
+}
+
+func volumeInfos(mounts []sandbox.VolumeMount, leases []*volume.Lease) []VolumeMountInfo {
+	out := []VolumeMountInfo{}
+	for i, m := range mounts {
+		out = append(out, VolumeMountInfo{Name: m.Name, ID: leases[i].Volume.ID, Path: m.Path})
+	}
+	return out
+}

@@ -1,0 +1,513 @@
+// Package volume keeps named persistent volumes, owned by an API key (a
+// tenant) and mounted into sandboxes, under the server's data directory.
+//
+// Each volume is an ext4 file system in a sparse image file of its own,
+// made by mkfs.ext4: its size limit is the file system's, enforced by the
+// kernel (a write past it fails with ENOSPC in the sandbox), and the host
+// disk holds at most that many bytes of it. While a sandbox or a content
+// request uses a volume, its image is attached to a loop device (with
+// autoclear: the device detaches when its file system is unmounted) and
+// mounted, nosuid, nodev and noexec, in a directory only root can reach;
+// when the last user is gone it is unmounted. A sandbox never sees the
+// image itself, only the file system the kernel keeps in it.
+//
+// Ownership in a volume is canonical: what a sandbox's user (uid 1000 in
+// every sandbox) writes is owned by 1000 on disk, whichever host uids the
+// sandbox's user namespace maps (backends translate, see the native
+// backend's idmapped mounts); the content API writes as 1000 too.
+//
+// Layout of Config.Dir (mode 0700): <id>/meta.json, <id>/image, <id>/mnt.
+package volume
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vivarium-sandbox/vivarium/internal/workspace"
+)
+
+// Sizes and counts.
+const (
+	DefaultSize        = 1 << 30  // a volume's size when its creator names none
+	MinSize            = 16 << 20 // below this ext4 keeps little room for files
+	DefaultMaxSize     = 10 << 30 // the operator's cap when Config names none
+	DefaultMaxPerOwner = 20
+	DefaultMaxMounted  = 256
+	// MaxNameLen bounds a volume's name.
+	MaxNameLen = 63
+)
+
+// OwnerUID and OwnerGID own a new volume's root and what the content API
+// writes: the sandbox user of every backend.
+const (
+	OwnerUID = 1000
+	OwnerGID = 1000
+)
+
+// Config is where volumes live and how large and many they may be.
+type Config struct {
+	Dir string // e.g. <data dir>/volumes; created with mode 0700
+	// MaxSize caps a volume's size; zero: DefaultMaxSize.
+	MaxSize int64
+	// DefaultSize is a new volume's size when none is asked; zero:
+	// DefaultSize, or MaxSize if that is smaller.
+	DefaultSize int64
+	// MaxPerOwner bounds the volumes one owner keeps; zero:
+	// DefaultMaxPerOwner.
+	MaxPerOwner int
+	// MaxMounted bounds the volumes mounted at once, each a loop device
+	// of the host's; zero: DefaultMaxMounted.
+	MaxMounted int
+	Logger     *slog.Logger
+}
+
+// Volume is what an owner sees of a volume.
+type Volume struct {
+	ID        string    `json:"id"`
+	Name      string    `json:"name"`
+	Size      int64     `json:"size" doc:"bytes the volume's file system holds at most"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// meta is a volume's record on disk.
+type meta struct {
+	Volume
+	Owner string `json:"owner"`
+}
+
+type entry struct {
+	meta
+	users     int // leases held by sandboxes and content requests
+	sandboxes int // of them, sandboxes'
+	mounted   bool
+	deleting  bool
+}
+
+// Store keeps the volumes of every owner.
+type Store struct {
+	cfg         Config
+	unavailable error // why volumes cannot be kept here; nil: they can
+	mu          sync.Mutex
+	vols        map[string]*entry // by ID
+	mounted     int               // of them, mounted on the host
+	private     bool              // Dir is a private mount of its own (privateDir), while volumes are mounted
+	lock        *os.File          // held while the store is open: one per directory
+	closed      bool
+}
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]*$`)
+
+// ValidName checks a volume's name: 1 to 63 letters, digits, '_', '.' and
+// '-', starting with a letter or digit (so never "." or "..", never a
+// path).
+func ValidName(name string) error {
+	if len(name) == 0 || len(name) > MaxNameLen || !nameRE.MatchString(name) {
+		return fmt.Errorf("%w: a volume name is 1 to %d letters, digits, '_', '.' and '-', starting with a letter or digit",
+			ErrInvalid, MaxNameLen)
+	}
+	return nil
+}
+
+var idRE = regexp.MustCompile(`^vol_[0-9a-f]{24}$`)
+
+// Open opens the store in cfg.Dir, creating it, and probes that this host
+// can keep volumes: a small image is made, attached to a loop device,
+// mounted and written. Where it cannot, Open still succeeds and every
+// creation and mount answers ErrUnavailable with the reason (Unavailable).
+// Mounts left by a server that did not stop cleanly are removed.
+func Open(cfg Config) (*Store, error) {
+	if cfg.MaxSize <= 0 {
+		cfg.MaxSize = DefaultMaxSize
+	}
+	if cfg.MaxSize < MinSize {
+		return nil, fmt.Errorf("%w: the largest volume must be at least %d MiB", ErrInvalid, MinSize>>20)
+	}
+	if cfg.DefaultSize <= 0 {
+		cfg.DefaultSize = min(DefaultSize, cfg.MaxSize)
+	}
+	if cfg.DefaultSize < MinSize || cfg.DefaultSize > cfg.MaxSize {
+		return nil, fmt.Errorf("%w: the default volume size must be between %d MiB and the largest", ErrInvalid, MinSize>>20)
+	}
+	if cfg.MaxPerOwner <= 0 {
+		cfg.MaxPerOwner = DefaultMaxPerOwner
+	}
+	if cfg.MaxMounted <= 0 {
+		cfg.MaxMounted = DefaultMaxMounted
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("volumes directory: %w", err)
+	}
+	if err := os.Chmod(cfg.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("volumes directory: %w", err)
+	}
+	if abs, err := filepath.Abs(cfg.Dir); err == nil {
+		cfg.Dir = abs
+	}
+	s := &Store{cfg: cfg, vols: map[string]*entry{}}
+	// One store per directory: another's sweep would unmount this one's
+	// volumes under it.
+	lock, err := os.OpenFile(filepath.Join(cfg.Dir, ".lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("volumes directory: %w", err)
+	}
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		lock.Close()
+		s.unavailable = fmt.Errorf("another server keeps the volumes in %s (its lock is held): one server per data directory", cfg.Dir)
+		cfg.Logger.Warn("volumes unavailable", "err", s.unavailable)
+		return s, nil
+	}
+	s.lock = lock
+	sweepMounts(cfg.Dir, cfg.Logger)
+	ents, err := os.ReadDir(cfg.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("volumes directory: %w", err)
+	}
+	for _, de := range ents {
+		if !idRE.MatchString(de.Name()) {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(cfg.Dir, de.Name(), "meta.json"))
+		if err != nil {
+			// A creation that did not finish: nothing was promised.
+			cfg.Logger.Warn("volume without a record removed", "id", de.Name())
+			os.RemoveAll(filepath.Join(cfg.Dir, de.Name()))
+			continue
+		}
+		var m meta
+		if err := json.Unmarshal(b, &m); err != nil || m.ID != de.Name() {
+			return nil, fmt.Errorf("volume %s: unreadable record", de.Name())
+		}
+		s.vols[m.ID] = &entry{meta: m}
+	}
+	s.unavailable = probe(cfg.Dir)
+	if s.unavailable != nil {
+		cfg.Logger.Warn("volumes unavailable", "err", s.unavailable)
+	}
+	return s, nil
+}
+
+// errUnavailable is what clients are told where the probe failed; the
+// reason, which names the host's paths and devices, is the server's log's.
+var errUnavailable = fmt.Errorf("%w: this host cannot keep volumes (the server's log says why)", ErrUnavailable)
+
+// Unavailable returns nil if volumes can be kept and mounted here, or why
+// not.
+func (s *Store) Unavailable() error { return s.unavailable }
+
+func (s *Store) dir(id string) string { return filepath.Join(s.cfg.Dir, id) }
+
+// Create makes a volume of the owner's, of size bytes (0: the default).
+func (s *Store) Create(owner, name string, size int64) (Volume, error) {
+	if err := ValidName(name); err != nil {
+		return Volume{}, err
+	}
+	if size == 0 {
+		size = s.cfg.DefaultSize
+	}
+	if size < MinSize || size > s.cfg.MaxSize {
+		return Volume{}, fmt.Errorf("%w: a volume's size must be between %d MiB and %d MiB on this server",
+			ErrInvalid, MinSize>>20, s.cfg.MaxSize>>20)
+	}
+	if s.unavailable != nil {
+		return Volume{}, errUnavailable
+	}
+	id := "vol_" + randomHex(12)
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return Volume{}, fmt.Errorf("%w: the server is shutting down", ErrUnavailable)
+	}
+	n := 0
+	for _, e := range s.vols {
+		if e.Owner == owner {
+			if e.Name == name {
+				s.mu.Unlock()
+				return Volume{}, fmt.Errorf("%w: this key already has a volume named %q", ErrExists, name)
+			}
+			n++
+		}
+	}
+	if n >= s.cfg.MaxPerOwner {
+		s.mu.Unlock()
+		return Volume{}, fmt.Errorf("%w: this key may keep %d volumes; delete one first", ErrQuota, s.cfg.MaxPerOwner)
+	}
+	// Reserved under the lock (name and count), made outside it.
+	e := &entry{meta: meta{Volume: Volume{ID: id, Name: name, Size: size, CreatedAt: time.Now().UTC()}, Owner: owner},
+		deleting: true}
+	s.vols[id] = e
+	s.mu.Unlock()
+
+	err := s.make(e.meta)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		delete(s.vols, id)
+		os.RemoveAll(s.dir(id))
+		return Volume{}, err
+	}
+	e.deleting = false
+	return e.Volume, nil
+}
+
+// make creates the volume's directory, image, file system and record.
+func (s *Store) make(m meta) error {
+	dir := s.dir(m.ID)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return fmt.Errorf("volume directory: %w", err)
+	}
+	if err := os.Mkdir(filepath.Join(dir, "mnt"), 0o700); err != nil {
+		return fmt.Errorf("volume directory: %w", err)
+	}
+	if err := makeImage(filepath.Join(dir, "image"), m.Size); err != nil {
+		return err
+	}
+	b, _ := json.Marshal(m)
+	tmp := filepath.Join(dir, "meta.json.tmp")
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("volume record: %w", err)
+	}
+	return os.Rename(tmp, filepath.Join(dir, "meta.json"))
+}
+
+// lookup finds an owner's volume by ID or, failing that, by name; the
+// caller holds s.mu.
+func (s *Store) lookup(owner, idOrName string) (*entry, error) {
+	if e, ok := s.vols[idOrName]; ok && e.Owner == owner && !e.deleting {
+		return e, nil
+	}
+	for _, e := range s.vols {
+		if e.Owner == owner && e.Name == idOrName && !e.deleting {
+			return e, nil
+		}
+	}
+	return nil, fmt.Errorf("%w: this key has no volume %q", ErrNotFound, idOrName)
+}
+
+// Get returns an owner's volume by ID or name. Another owner's is
+// ErrNotFound, as one that does not exist.
+func (s *Store) Get(owner, idOrName string) (Volume, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, err := s.lookup(owner, idOrName)
+	if err != nil {
+		return Volume{}, err
+	}
+	return e.Volume, nil
+}
+
+// List returns an owner's volumes, by name.
+func (s *Store) List(owner string) []Volume {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := []Volume{}
+	for _, e := range s.vols {
+		if e.Owner == owner && !e.deleting {
+			out = append(out, e.Volume)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// Delete removes an owner's volume and everything in it. A volume that a
+// live sandbox mounts is ErrInUse: close the sandbox first.
+func (s *Store) Delete(owner, idOrName string) error {
+	s.mu.Lock()
+	e, err := s.lookup(owner, idOrName)
+	if err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	if e.sandboxes > 0 {
+		s.mu.Unlock()
+		return fmt.Errorf("%w: volume %q is mounted by %d live sandbox(es); close them first", ErrInUse, e.Name, e.sandboxes)
+	}
+	if e.users > 0 {
+		s.mu.Unlock()
+		return fmt.Errorf("%w: volume %q is being read or written; try again", ErrInUse, e.Name)
+	}
+	e.deleting = true
+	s.mu.Unlock()
+	err = os.RemoveAll(s.dir(e.ID))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		e.deleting = false
+		return fmt.Errorf("delete volume %q: %w", e.Name, err)
+	}
+	delete(s.vols, e.ID)
+	return nil
+}
+
+// Lease is one use of a mounted volume. Release it once: the last
+// release unmounts the volume.
+type Lease struct {
+	s       *Store
+	e       *entry
+	sandbox bool
+	once    sync.Once
+	// HostDir is the volume's file system, mounted on the host: backends
+	// mount it into a sandbox (sandbox.VolumeMount); the content API
+	// opens it confined (workspace.Open).
+	HostDir string
+	// Volume is the volume leased.
+	Volume Volume
+}
+
+// Acquire mounts an owner's volume (by ID or name) on the host, if it is
+// not already, for a sandbox (forSandbox: Delete refuses while it holds
+// the lease) or a content request.
+func (s *Store) Acquire(owner, idOrName string, forSandbox bool) (*Lease, error) {
+	if s.unavailable != nil {
+		return nil, errUnavailable
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, fmt.Errorf("%w: the server is shutting down", ErrUnavailable)
+	}
+	e, err := s.lookup(owner, idOrName)
+	if err != nil {
+		return nil, err
+	}
+	mnt := filepath.Join(s.dir(e.ID), "mnt")
+	if !e.mounted {
+		if s.mounted >= s.cfg.MaxMounted {
+			return nil, fmt.Errorf("%w: the server has %d volumes mounted, its maximum; try again when sandboxes have ended",
+				ErrQuota, s.cfg.MaxMounted)
+		}
+		if !s.private {
+			if err := privateDir(s.cfg.Dir); err != nil {
+				return nil, fmt.Errorf("volumes directory: %w", err)
+			}
+			s.private = true
+		}
+		// Under the lock: two mounts of one image at once would be two
+		// file systems writing one disk.
+		if err := mountImage(filepath.Join(s.dir(e.ID), "image"), mnt); err != nil {
+			s.unbindLocked()
+			return nil, fmt.Errorf("mount volume %q: %w", e.Name, err)
+		}
+		e.mounted = true
+		s.mounted++
+	}
+	if !isMounted(mnt) {
+		// Unmounted behind the store's back (by hand, or by another
+		// server's sweep): never hand out the bare directory beneath,
+		// which is the host's disk, not the volume.
+		return nil, fmt.Errorf("volume %q is no longer mounted at %s", e.Name, mnt)
+	}
+	e.users++
+	if forSandbox {
+		e.sandboxes++
+	}
+	return &Lease{s: s, e: e, sandbox: forSandbox, HostDir: mnt, Volume: e.Volume}, nil
+}
+
+// Release ends the lease; the volume is unmounted when it was the last.
+// It must be called only once its user can no longer reach the volume
+// (a sandbox's processes are gone).
+func (l *Lease) Release() {
+	l.once.Do(func() {
+		s := l.s
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		l.e.users--
+		if l.sandbox {
+			l.e.sandboxes--
+		}
+		if l.e.users == 0 && l.e.mounted {
+			s.unmountLocked(l.e)
+		}
+	})
+}
+
+func (s *Store) unmountLocked(e *entry) {
+	if err := unmount(filepath.Join(s.dir(e.ID), "mnt")); err != nil {
+		// Still mounted: it stays so, and is reused by the next lease.
+		s.cfg.Logger.Warn("volume unmount", "id", e.ID, "err", err)
+		return
+	}
+	e.mounted = false
+	s.mounted--
+	s.unbindLocked()
+}
+
+// unbindLocked undoes privateDir once no volume is mounted, so that a
+// server whose volumes are not in use leaves no mount behind, even if it
+// is killed.
+func (s *Store) unbindLocked() {
+	if !s.private || s.mounted > 0 {
+		return
+	}
+	if err := unmount(s.cfg.Dir); err != nil {
+		s.cfg.Logger.Warn("unmount the volumes directory", "err", err)
+		return
+	}
+	s.private = false
+}
+
+// Close refuses new leases and unmounts every volume no lease holds (the
+// service releases its sandboxes' leases as it closes them, before this).
+func (s *Store) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	var errs []error
+	for _, e := range s.vols {
+		if e.mounted {
+			if e.users > 0 {
+				errs = append(errs, fmt.Errorf("volume %s still has %d user(s)", e.ID, e.users))
+			}
+			s.unmountLocked(e)
+		}
+	}
+	s.unbindLocked()
+	if s.private {
+		errs = append(errs, errors.New("the volumes directory is still mounted"))
+	}
+	if s.lock != nil {
+		s.lock.Close()
+		s.lock = nil
+	}
+	return errors.Join(errs...)
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// Content runs fn with the owner's volume (by ID or name) mounted and
+// opened confined (workspace.Dir: no link is followed, nothing resolves
+// outside the volume), as the sandbox user: the content API has no more
+// rights in a volume than a sandbox's user has.
+func (s *Store) Content(owner, idOrName string, fn func(Volume, *workspace.Dir) error) error {
+	l, err := s.Acquire(owner, idOrName, false)
+	if err != nil {
+		return err
+	}
+	defer l.Release()
+	d, err := workspace.Open(l.HostDir, OwnerUID, OwnerGID)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return fn(l.Volume, d)
+}

@@ -1,0 +1,391 @@
+package volume
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/workspace"
+)
+
+// open opens a store in a temporary directory, skipping where the host
+// cannot keep volumes.
+func open(t *testing.T, dir string) *Store {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: loop devices and mounts")
+	}
+	s, err := Open(Config{Dir: dir, MaxSize: 64 << 20, MaxPerOwner: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Unavailable(); err != nil {
+		t.Skipf("volumes unavailable here: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// loopsOf lists the loop devices whose backing file is under dir.
+func loopsOf(t *testing.T, dir string) []string {
+	t.Helper()
+	var out []string
+	ents, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, p := range ents {
+		b, err := os.ReadFile(p)
+		if err == nil && strings.HasPrefix(strings.TrimSpace(string(b)), dir) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func mountsUnder(t *testing.T, dir string) []string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
+			out = append(out, f[4])
+		}
+	}
+	return out
+}
+
+func TestNames(t *testing.T) {
+	for _, n := range []string{"data", "my-vol_1.x", "A", strings.Repeat("a", MaxNameLen)} {
+		if err := ValidName(n); err != nil {
+			t.Errorf("%q refused: %v", n, err)
+		}
+	}
+	for _, n := range []string{"", ".", "..", "../x", "/", "a/b", "/etc", ".hidden", "-x", "a b", "a\x00b",
+		strings.Repeat("a", MaxNameLen+1), "é"} {
+		if err := ValidName(n); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%q accepted", n)
+		}
+	}
+}
+
+func TestLifecycleOwnersAndLimit(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir)
+	v, err := s.Create("alice", "data", 32<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Create("alice", "data", 0); !errors.Is(err, ErrExists) {
+		t.Fatalf("second volume of one name: %v", err)
+	}
+	if _, err := s.Create("alice", "big", 65<<20); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("volume over the operator's cap: %v", err)
+	}
+	// Another key sees nothing of alice's, by ID or by name.
+	for _, ref := range []string{v.ID, "data"} {
+		if _, err := s.Get("bob", ref); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("bob got alice's %s: %v", ref, err)
+		}
+		if _, err := s.Acquire("bob", ref, true); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("bob mounted alice's %s: %v", ref, err)
+		}
+		if err := s.Delete("bob", ref); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("bob deleted alice's %s: %v", ref, err)
+		}
+	}
+	if l := s.List("bob"); len(l) != 0 {
+		t.Fatalf("bob lists %v", l)
+	}
+	// The host's disk holds a few MiB of a 32 MiB volume.
+	var st = mustStat(t, filepath.Join(dir, v.ID, "image"))
+	if st > 8<<20 {
+		t.Fatalf("a new 32 MiB volume takes %d bytes of the host's disk", st)
+	}
+
+	// Past the size: the kernel says no space, the image stays its size.
+	err = s.Content("alice", "data", func(_ Volume, d *workspace.Dir) error {
+		if err := d.WriteFile("small.txt", strings.NewReader("hello"), 1<<30); err != nil {
+			return err
+		}
+		return d.WriteFile("huge.bin", zeros{}, 1<<30)
+	})
+	if !errors.Is(err, sandbox.ErrTooLarge) {
+		t.Fatalf("writing 1 GiB into a 32 MiB volume: %v", err)
+	}
+	if fi, _ := os.Stat(filepath.Join(dir, v.ID, "image")); fi.Size() != 32<<20 {
+		t.Fatalf("image grew to %d", fi.Size())
+	}
+	if m := mountsUnder(t, dir); len(m) != 0 {
+		t.Fatalf("mounted after the content request: %v", m)
+	}
+	if l := loopsOf(t, dir); len(l) != 0 {
+		t.Fatalf("loop devices left: %v", l)
+	}
+
+	// In use by a sandbox: no deletion.
+	l, err := s.Acquire("alice", v.ID, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete("alice", "data"); !errors.Is(err, ErrInUse) {
+		t.Fatalf("delete in use: %v", err)
+	}
+	l.Release()
+	l.Release() // once only
+
+	// Persisted: a new store over the same directory has it, with its file.
+	s.Close()
+	s = open(t, dir)
+	err = s.Content("alice", "data", func(_ Volume, d *workspace.Dir) error {
+		r, _, err := d.OpenFile("small.txt")
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		b, _ := io.ReadAll(r)
+		if string(b) != "hello" {
+			t.Errorf("read back %q", b)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete("alice", "data"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, v.ID)); !os.IsNotExist(err) {
+		t.Fatalf("volume directory left: %v", err)
+	}
+	for _, n := range []string{"a", "b", "c"} {
+		if _, err := s.Create("alice", n, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.Create("alice", "d", 0); !errors.Is(err, ErrQuota) {
+		t.Fatalf("fourth volume: %v", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if l := loopsOf(t, dir); len(l) != 0 {
+		t.Fatalf("loop devices left: %v", l)
+	}
+	if isMountPoint(dir) {
+		t.Fatal("the volumes directory is still mounted after Close")
+	}
+}
+
+// A link planted in a volume does not lead the content API out of it.
+func TestContentLinksStayInside(t *testing.T) {
+	s := open(t, t.TempDir())
+	defer s.Close()
+	if _, err := s.Create("alice", "v", 0); err != nil {
+		t.Fatal(err)
+	}
+	l, err := s.Acquire("alice", "v", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What a sandbox could make in its volume.
+	for name, target := range map[string]string{"shadow": "/etc/shadow", "up": "../../..", "etc": "/etc"} {
+		if err := os.Symlink(target, filepath.Join(l.HostDir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err = s.Content("alice", "v", func(_ Volume, d *workspace.Dir) error {
+		for _, p := range []string{"shadow", "up/etc/shadow", "etc/shadow", "etc/passwd"} {
+			if r, _, err := d.OpenFile(p); err == nil {
+				r.Close()
+				t.Errorf("%s opened through a link", p)
+			}
+		}
+		if err := d.WriteFile("etc/evil", strings.NewReader("x"), 10); err == nil {
+			t.Error("wrote through a link to /etc")
+		}
+		if _, err := d.ReadDir("up", 1); err == nil {
+			t.Error("listed through a link")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat("/etc/evil"); err == nil {
+		t.Fatal("/etc/evil exists")
+	}
+	l.Release()
+}
+
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
+}
+
+// mustStat returns the bytes of the host's disk a file takes.
+func mustStat(t *testing.T, p string) int64 {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Stat(p, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Blocks * 512
+}
+
+// An image still attached elsewhere (a sandbox of a crashed server, not
+// yet gone) is never attached a second time: two file systems would write
+// one disk.
+func TestNeverAttachedTwice(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir)
+	defer s.Close()
+	v, err := s.Create("alice", "v", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("losetup", "--find", "--show", filepath.Join(dir, v.ID, "image")).CombinedOutput()
+	if err != nil {
+		t.Skipf("losetup: %v %s", err, out)
+	}
+	dev := strings.TrimSpace(string(out))
+	defer exec.Command("losetup", "--detach", dev).Run()
+	if _, err := s.Acquire("alice", "v", true); !errors.Is(err, ErrInUse) {
+		t.Fatalf("attached while %s holds it: %v", dev, err)
+	}
+	exec.Command("losetup", "--detach", dev).Run()
+	l, err := s.Acquire("alice", "v", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Release()
+}
+
+// The server's mounts are bounded: each is a loop device of the host's.
+func TestMountedBound(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	s, err := Open(Config{Dir: t.TempDir(), MaxSize: 64 << 20, MaxMounted: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if s.Unavailable() != nil {
+		t.Skip(s.Unavailable())
+	}
+	for _, n := range []string{"a", "b"} {
+		if _, err := s.Create("alice", n, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l, err := s.Acquire("alice", "a", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Acquire("alice", "b", true); !errors.Is(err, ErrQuota) {
+		t.Fatalf("a second mount past the bound: %v", err)
+	}
+	again, err := s.Acquire("alice", "a", true) // the same mount
+	if err != nil {
+		t.Fatal(err)
+	}
+	again.Release()
+	l.Release()
+	l, err = s.Acquire("alice", "b", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Release()
+}
+
+// Leases taken and given back at once, content requests and deletions
+// racing them: one mount at most, none at the end, and a deletion only
+// when nothing held the volume.
+func TestConcurrentLeases(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir)
+	if _, err := s.Create("alice", "v", 0); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for i := 0; i < 8; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			for j := 0; j < 20; j++ {
+				if i%2 == 0 {
+					l, err := s.Acquire("alice", "v", true)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					l.Release()
+					continue
+				}
+				err := s.Content("alice", "v", func(_ Volume, d *workspace.Dir) error {
+					return d.WriteFile(fmt.Sprintf("f%d", i), strings.NewReader("x"), 10)
+				})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}(i)
+	}
+	wg.Wait()
+	if m := mountsUnder(t, dir); len(m) != 0 {
+		t.Fatalf("mounted after every lease ended: %v", m)
+	}
+	if err := s.Delete("alice", "v"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// One store per directory; a volume unmounted behind the store's back is
+// never handed out as the bare directory beneath.
+func TestOneStoreAndNoBareDirectory(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir)
+	second, err := Open(Config{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if second.Unavailable() == nil {
+		t.Fatal("a second store opened the same directory")
+	}
+	if _, err := second.Create("alice", "x", 0); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("the second store created a volume: %v", err)
+	}
+	second.Close()
+
+	if _, err := s.Create("alice", "v", 0); err != nil {
+		t.Fatal(err)
+	}
+	l, err := s.Acquire("alice", "v", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release()
+	if err := unix.Unmount(l.HostDir, unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	err = s.Content("alice", "v", func(Volume, *workspace.Dir) error {
+		t.Error("the content request ran on the bare directory")
+		return nil
+	})
+	if err == nil || !strings.Contains(err.Error(), "no longer mounted") {
+		t.Fatalf("content of an unmounted volume: %v", err)
+	}
+}

@@ -1,0 +1,112 @@
+//go:build linux
+
+package hostile
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/volume"
+)
+
+// noVolumes: the backends other than native mount no volume; a sandbox
+// that asks for one is refused before it starts (sandbox.CheckVolumes,
+// TestMuxVolumes), never made without it.
+const noVolumes = "this backend mounts no volumes: a sandbox asking for one is refused before it starts"
+
+// A persistent volume, mounted at /mnt/vol: what a sandbox can do to it
+// and, through it, to the host. Its links (planted on the host, as another
+// sandbox of the key could) resolve inside the sandbox; its mount cannot
+// be undone, moved or made to honour set-id bits; no device is made in it
+// and nothing outside it is linked in.
+var volumeCases = []hostileCase{
+	{
+		name: "volume_escape",
+		code: `
+import ctypes, errno, os
+out = []
+def name(e):
+    return errno.errorcode.get(e, str(e))
+def attempt(what, fn):
+    try:
+        fn()
+        out.append(what + " ok")
+    except OSError as e:
+        out.append(what + " " + name(e.errno))
+secret = os.environ["SECRET_PATH"]
+attempt("read link to the secret", lambda: open("/mnt/vol/secret").read())
+attempt("read up and out", lambda: open("/mnt/vol/up" + secret).read())
+attempt("read through /proc/1/root", lambda: open("/mnt/vol/hostroot" + secret).read())
+libc = ctypes.CDLL(None, use_errno=True)
+def call(what, rc):
+    out.append(what + (" ok" if rc == 0 else " refused"))
+MS_REMOUNT, MS_BIND, MNT_DETACH = 32, 4096, 2
+call("umount", libc.umount2(b"/mnt/vol", MNT_DETACH))
+call("remount with set-id bits", libc.mount(None, b"/mnt/vol", None, MS_REMOUNT | MS_BIND, None))
+call("bind elsewhere", libc.mount(b"/mnt/vol", b"/tmp", None, MS_BIND, None))
+attempt("mknod", lambda: os.mknod("/mnt/vol/null", 0o20666, os.makedev(1, 3)))
+attempt("hard link from outside", lambda: os.link("/etc/passwd", "/mnt/vol/passwd"))
+open("/mnt/vol/suid", "w").write("x")
+os.chmod("/mnt/vol/suid", 0o4755)
+st = os.statvfs("/mnt/vol")
+out.append("nosuid %s nodev %s" % (bool(st.f_flag & os.ST_NOSUID), bool(st.f_flag & os.ST_NODEV)))
+print("\n".join(out))
+`,
+		prepare: func(t *testing.T, h *harness, j *job) {
+			st, err := volume.Open(volume.Config{Dir: filepath.Join(t.TempDir(), "volumes"), MaxSize: 16 << 20})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { st.Close() })
+			if err := st.Unavailable(); err != nil {
+				t.Skipf("volumes unavailable on this host: %v", err)
+			}
+			if _, err := st.Create("hostile", "v", 0); err != nil {
+				t.Fatal(err)
+			}
+			l, err := st.Acquire("hostile", "v", true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(l.Release) // the one-shot sandbox has ended by then
+			for name, target := range map[string]string{"secret": h.canaries.SecretPath, "up": "../../../../../..",
+				"hostroot": "/proc/1/root"} {
+				if err := os.Symlink(target, filepath.Join(l.HostDir, name)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			j.vars["SECRET_PATH"] = h.canaries.SecretPath
+			j.vars["HOST_DIR"] = l.HostDir
+			j.Spec.Volumes = []sandbox.VolumeMount{{Path: "/mnt/vol", HostDir: l.HostDir, Name: "v"}}
+		},
+		check: func(t *testing.T, h *harness, o *outcome) {
+			wantStatus(t, o, sandbox.StatusOK, 0)
+			if h.canaries.LeakedIn(o.Stdout + o.Stderr) {
+				t.Fatalf("the secret leaked through the volume: %s", describe(o))
+			}
+			t.Logf("in the sandbox:\n%s", o.Stdout)
+			got := strings.Split(strings.TrimSpace(o.Stdout), "\n")
+			for _, l := range got {
+				if strings.HasSuffix(l, " ok") {
+					t.Errorf("allowed: %s", l)
+				}
+			}
+			if len(got) != 9 || got[8] != "nosuid True nodev True" {
+				t.Fatalf("unexpected outcome: %s", describe(o))
+			}
+			// The host's mount of the volume is as it was.
+			var sfs unix.Statfs_t
+			if err := unix.Statfs(o.vars["HOST_DIR"], &sfs); err != nil {
+				t.Fatal(err)
+			}
+			if want := int64(unix.ST_NOSUID | unix.ST_NODEV | unix.ST_NOEXEC); sfs.Flags&want != want {
+				t.Fatalf("the host's mount of the volume now has flags %#x", sfs.Flags)
+			}
+		},
+	},
+}
