@@ -16,6 +16,7 @@
 package cgroups
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -144,6 +145,7 @@ func validName(name string) error {
 }
 
 type mount struct {
+	dev     string // the hierarchy's device (major:minor): one per hierarchy
 	root    string // the directory of the hierarchy mounted there
 	point   string
 	fstype  string
@@ -171,9 +173,28 @@ func parseMountinfo(s string) []mount {
 		if len(f) < 5 || len(g) < 3 || (g[0] != "cgroup" && g[0] != "cgroup2") {
 			continue
 		}
-		out = append(out, mount{root: unescapeMount(f[3]), point: unescapeMount(f[4]), fstype: g[0], options: strings.Split(g[2], ",")})
+		out = append(out, mount{dev: f[2], root: unescapeMount(f[3]), point: unescapeMount(f[4]), fstype: g[0], options: strings.Split(g[2], ",")})
 	}
-	return out
+	// Each hierarchy once, where the system mounts it: a tool may mount
+	// one again elsewhere for a while (CRIU's cgroup yard while it
+	// dumps), and a sandbox must not be placed through that copy.
+	slices.SortStableFunc(out, func(a, b mount) int {
+		return cmp.Compare(systemRank(a.point), systemRank(b.point))
+	})
+	seen := map[string]bool{}
+	return slices.DeleteFunc(out, func(m mount) bool {
+		dup := seen[m.dev]
+		seen[m.dev] = true
+		return dup
+	})
+}
+
+// systemRank is 0 for a mount point under /sys/fs/cgroup, 1 elsewhere.
+func systemRank(point string) int {
+	if point == "/sys/fs/cgroup" || strings.HasPrefix(point, "/sys/fs/cgroup/") {
+		return 0
+	}
+	return 1
 }
 
 // unescapeMount undoes mountinfo's octal escapes of space, tab, newline and backslash.

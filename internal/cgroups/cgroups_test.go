@@ -40,6 +40,27 @@ func TestParseMountinfo(t *testing.T) {
 	}
 }
 
+// A hierarchy mounted again elsewhere (CRIU's cgroup yard while it dumps,
+// mounted before the system's in mountinfo's order) is not the one used.
+func TestSystemHierarchiesFirst(t *testing.T) {
+	yard := "90 22 0:31 / /tmp/dump/.criu.cgyard.x/memory rw - cgroup cgroup rw,memory\n" +
+		"91 22 0:35 / /tmp/dump/.criu.cgyard.x/pids rw - cgroup cgroup rw,pids\n" +
+		"92 22 0:28 / /tmp/dump/.criu.cgyard.x/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct\n"
+	ms := parseMountinfo(yard + hybridMountinfo)
+	for _, m := range ms[:5] {
+		if !strings.HasPrefix(m.point, "/sys/fs/cgroup/") {
+			t.Errorf("a yard mount sorted before the system's: %+v", ms)
+		}
+	}
+	mgr, err := detect(ms, "vivarium-test")
+	if err != nil {
+		t.Skipf("no v1 hierarchy description to check: %v", err)
+	}
+	if s := fmt.Sprint(mgr); strings.Contains(s, "cgyard") {
+		t.Errorf("the manager uses the yard: %s", s)
+	}
+}
+
 func TestDetectNamesWhatIsMissing(t *testing.T) {
 	ms := parseMountinfo("34 30 0:31 / /x/memory rw - cgroup cgroup rw,memory\n")
 	_, err := detect(ms, "vivarium-test")
