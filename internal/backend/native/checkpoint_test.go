@@ -1,0 +1,241 @@
+package native
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/criu"
+	"github.com/vivarium-sandbox/vivarium/internal/runner"
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
+)
+
+// requireCRIU returns a criu binary that passes `criu check`, or skips.
+func requireCRIU(t *testing.T) string {
+	t.Helper()
+	testutil.RequireRoot(t)
+	bin, err := criu.Find()
+	if err != nil {
+		t.Skipf("checkpoint/restore cannot be tested here: %v", err)
+	}
+	if _, err := criu.Check(context.Background(), bin); err != nil {
+		t.Skipf("checkpoint/restore cannot be tested here: %v", err)
+	}
+	return bin
+}
+
+// checkpointSandbox starts a classic persistent sandbox holding x = 41,
+// on a backend of the test's own, closed when the test ends.
+func checkpointSandbox(t *testing.T) *Sandbox {
+	t.Helper()
+	testutil.RequirePython(t)
+	if testutil.ZygoteMode() {
+		t.Skip("checkpoint is of classic sandboxes only, tested in the classic run")
+	}
+	b, err := New(Config{CgroupParent: "vivarium-native-criu-test", UIDBase: DefaultUIDBase + 27<<24, UIDRanges: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	ctx := context.Background()
+	sbx, err := b.Create(ctx, sandbox.Spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := sbx.(*Sandbox)
+	t.Cleanup(func() { s.Close() })
+	if res, err := s.Execute(ctx, sandbox.ExecRequest{Code: "x = 41"}, nil); err != nil || res.Status != sandbox.StatusOK {
+		t.Fatalf("x = 41: %+v %v", res, err)
+	}
+	return s
+}
+
+// TestCheckpointExternals checks what a dump tells CRIU about a real
+// sandbox's ties to the host: the /proc masks copied as the sandbox sees
+// them, the /dev nodes mapped to the host's, init's executable as an
+// external file, the runner's request and event pipes and init's control
+// socket as external ends.
+func TestCheckpointExternals(t *testing.T) {
+	testutil.RequireRoot(t)
+	s := checkpointSandbox(t)
+	ctx := context.Background()
+	res, err := s.Execute(ctx, sandbox.ExecRequest{Code: "print(open('/proc/sys/kernel/random/boot_id').read().strip())"}, nil)
+	if err != nil || res.Status != sandbox.StatusOK {
+		t.Fatalf("%+v %v", res, err)
+	}
+	bootID := strings.TrimSpace(res.Stdout)
+	dir := filepath.Join(t.TempDir(), "images")
+	cp, err := prepareDump(s.init.pid, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{dir, filepath.Join(dir, "ext")} {
+		if st, err := os.Stat(d); err != nil || st.Mode().Perm() != 0o700 {
+			t.Fatalf("%s: %v %v", d, st.Mode(), err)
+		}
+	}
+	mounts := map[string]extMount{}
+	for _, m := range cp.mounts {
+		mounts[m.mountpoint] = m
+	}
+	for node := range devNodes {
+		if m, ok := mounts[node]; !ok || m.source != node {
+			t.Errorf("%s: %+v", node, m)
+		}
+	}
+	if m, ok := mounts["/proc/sys/kernel/random/boot_id"]; !ok {
+		t.Error("the boot_id mask is not an external mount")
+	} else if b, err := os.ReadFile(m.source); err != nil || strings.TrimSpace(string(b)) != bootID {
+		t.Errorf("boot_id copied as %q (%v), the sandbox reads %q", b, err, bootID)
+	}
+	if m, ok := mounts["/proc/keys"]; !ok {
+		t.Error("the /proc/keys mask is not an external mount")
+	} else if b, err := os.ReadFile(m.source); err != nil || len(b) != 0 {
+		t.Errorf("/proc/keys copied as %q (%v)", b, err)
+	}
+	exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", s.init.pid))
+	found := false
+	for _, f := range cp.files {
+		found = found || f.path == exe
+	}
+	if !found {
+		t.Errorf("init's executable %s is not an external file: %+v", exe, cp.files)
+	}
+	var runnerR, runnerW int
+	for _, p := range cp.pipes {
+		if !p.init && p.reader {
+			runnerR++
+		}
+		if !p.init && !p.reader && p.fd > 2 {
+			runnerW++
+		}
+	}
+	if runnerR != 1 || runnerW != 1 {
+		t.Errorf("the runner's pipes: %d read, %d written, want one each: %+v", runnerR, runnerW, cp.pipes)
+	}
+	if len(cp.socks) != 1 || cp.socks[0].fd != fdControl {
+		t.Errorf("init's control socket: %+v", cp.socks)
+	}
+}
+
+// errControlSocket is what CRIU says of init's control socket, which
+// lives in the host's network namespace (docs/snapshots.md).
+const errControlSocket = "Unix socket"
+
+// TestCheckpointRestorePython dumps a classic persistent sandbox that
+// holds x = 41 (its processes end, their memory is freed), restores its
+// tree, and asks the restored runner for x + 1 over the new pipes. The
+// restored tree is not yet the Sandbox's again (docs/snapshots.md): the
+// test speaks the runner's protocol itself.
+func TestCheckpointRestorePython(t *testing.T) {
+	bin := requireCRIU(t)
+	s := checkpointSandbox(t)
+	ctx := context.Background()
+	tree, err := processTree(s.init.pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rss := treeRSS(tree)
+
+	dir := filepath.Join(t.TempDir(), "images")
+	cp, err := s.dump(ctx, bin, dir)
+	if err != nil && strings.Contains(err.Error(), errControlSocket) && strings.Contains(err.Error(), "not found") {
+		t.Skipf("blocked on init's control socket, which CRIU cannot find in the sandbox's network namespace (docs/snapshots.md): %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Stopped: init exited (its wait returned), and no process of the
+	// tree is left.
+	select {
+	case <-s.initDone:
+	case <-time.After(10 * time.Second):
+		t.Fatal("init still running after the dump")
+	}
+	for _, pid := range tree {
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err == nil {
+			if st, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); !strings.Contains(string(st), ") Z") {
+				t.Errorf("process %d of the dumped tree still runs", pid)
+			}
+		}
+	}
+	if st, err := os.Stat(dir); err != nil || st.Mode().Perm() != 0o700 {
+		t.Fatalf("images directory: %v %v", st.Mode(), err)
+	}
+	t.Logf("dump: %v, %d processes, %d KiB resident before, images %d KiB; external: %d mounts, %d files, %d pipes, %d sockets",
+		cp.took.Round(time.Millisecond), len(tree), rss>>10, dirSize(dir)>>10, len(cp.mounts), len(cp.files), len(cp.pipes), len(cp.socks))
+
+	r, err := restoreTree(ctx, bin, cp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.kill()
+	t.Logf("restore: %v, init is host pid %d", r.took.Round(time.Millisecond), r.pid)
+
+	// The runner's request pipe is the one it reads; its event pipe the
+	// one it writes that is not its stdout or stderr.
+	var req, events *os.File
+	for _, p := range cp.pipes {
+		switch {
+		case p.init:
+		case p.reader:
+			req = r.pipes[p.ino]
+		case p.fd > 2:
+			events = r.pipes[p.ino]
+		}
+	}
+	if req == nil || events == nil {
+		t.Fatalf("the runner's pipes were not among the external ones: %+v", cp.pipes)
+	}
+	start := time.Now()
+	if err := runner.WriteFrame(req, runner.Request{Type: "execute", Code: "x + 1"}); err != nil {
+		t.Fatal(err)
+	}
+	events.SetReadDeadline(time.Now().Add(30 * time.Second))
+	fr := runner.NewFrameReader(events, 1<<20)
+	var got string
+	for {
+		ev, err := fr.Next()
+		if err != nil {
+			t.Fatalf("reading the restored runner's events: %v", err)
+		}
+		if ev.Type == "result" {
+			got = strings.Trim(string(ev.Data["text/plain"]), `"`)
+		}
+		if ev.ExitCode != nil || ev.Type == "done" {
+			break
+		}
+	}
+	if got != "42" {
+		t.Fatalf("x + 1 after restore: %q", got)
+	}
+	t.Logf("x + 1 = %s, %v after the restore", got, time.Since(start).Round(time.Millisecond))
+}
+
+// treeRSS adds up the resident memory of pids.
+func treeRSS(pids []int) int64 {
+	var total int64
+	for _, pid := range pids {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/statm", pid))
+		var size, res int64
+		fmt.Sscan(string(b), &size, &res)
+		total += res * int64(os.Getpagesize())
+	}
+	return total
+}
+
+func dirSize(dir string) int64 {
+	var n int64
+	filepath.Walk(dir, func(_ string, fi os.FileInfo, err error) error {
+		if err == nil && fi.Mode().IsRegular() {
+			n += fi.Size()
+		}
+		return nil
+	})
+	return n
+}
