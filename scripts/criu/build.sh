@@ -13,7 +13,9 @@
 #   BUILD-INFO  what it was built from
 #
 # Steps: fetch and unpack the source package (Debian's patches applied),
-# `make criu`, copy the binary out, run `criu --version`. The work tree
+# apply scripts/criu/*.patch (rlimits-from-proc.patch: a dump reads a
+# task's limits from /proc/PID/limits where prlimit() is refused, as it is
+# to a root without CAP_SYS_RESOURCE, like this project's machines), `make criu`, copy the binary out, run `criu --version`. The work tree
 # stays in $VIVARIUM_CRIU_DIR/work, so a second run only redoes what
 # changed, and a run with the binary in place does nothing.
 set -eu
@@ -63,6 +65,13 @@ if [ ! -d "$src" ]; then
 		tar xJf "dl/$tarball" -C "$src.tmp" --strip-components=1
 		echo "criu $version (upstream tarball of Debian's criu $v, SHA-256 $got, without Debian's patches)" > "$src.tmp/.vivarium-version"
 	fi
+	# Vivarium's patches (scripts/criu/*.patch), each named in BUILD-INFO.
+	for pf in "$root"/scripts/criu/*.patch; do
+		[ -f "$pf" ] || continue
+		step "applying $(basename "$pf")"
+		patch -s -p1 -d "$src.tmp" < "$pf"
+		echo "patched: $(basename "$pf")" >> "$src.tmp/.vivarium-version"
+	done
 	mv "$src.tmp" "$src"
 fi
 

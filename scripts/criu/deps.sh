@@ -35,7 +35,7 @@ SRC
 fi
 
 need=""
-for p in build-essential pkg-config dpkg-dev python3 \
+for p in build-essential pkg-config dpkg-dev patch python3 \
 	libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler \
 	libnl-3-dev libnet1-dev libcap-dev libbsd-dev libgnutls28-dev \
 	libnftables-dev uuid-dev; do

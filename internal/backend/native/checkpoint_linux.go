@@ -32,6 +32,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -99,6 +100,13 @@ func (s *Sandbox) dump(ctx context.Context, bin, dir string) (*checkpoint, error
 		return nil, errors.New("checkpoint: the sandbox is not running")
 	}
 	pid := s.init.pid
+	// The control socket was made in the supervisor's network namespace,
+	// where CRIU does not look for it: init takes one made in its own.
+	hostEnd, err := s.rebindControl()
+	if err != nil {
+		return nil, err
+	}
+	defer hostEnd.Close()
 	cp, err := prepareDump(pid, dir)
 	if err != nil {
 		return nil, err
@@ -144,6 +152,72 @@ func prepareDump(pid int, dir string) (*checkpoint, error) {
 		return nil, err
 	}
 	return cp, nil
+}
+
+// rebindControl gives init a new control socket, made in the sandbox's
+// network namespace (opRebind), and returns the supervisor's end. It
+// returns once init holds the new socket as its control socket. Messages
+// init sends after that go to the new socket, which the Sandbox does not
+// read: for the prototype, the dump follows at once.
+func (s *Sandbox) rebindControl() (*os.File, error) {
+	type result struct {
+		pair [2]int
+		err  error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		home, err := os.Open("/proc/thread-self/ns/net")
+		if err != nil {
+			runtime.UnlockOSThread()
+			ch <- result{err: err}
+			return
+		}
+		defer home.Close()
+		var r result
+		if r.err = unix.Setns(int(s.netns.f.Fd()), unix.CLONE_NEWNET); r.err == nil {
+			r.pair, r.err = unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+		}
+		if serr := unix.Setns(int(home.Fd()), unix.CLONE_NEWNET); serr != nil {
+			if r.err == nil {
+				unix.Close(r.pair[0])
+				unix.Close(r.pair[1])
+			}
+			ch <- result{err: fmt.Errorf("return to the supervisor's network namespace: %w", serr)}
+			select {} // never run anything else on this thread
+		}
+		runtime.UnlockOSThread()
+		ch <- r
+	}()
+	r := <-ch
+	if r.err != nil {
+		return nil, fmt.Errorf("checkpoint: a control socket in the sandbox: %w", r.err)
+	}
+	host := os.NewFile(uintptr(r.pair[0]), "control")
+	var st unix.Stat_t
+	err := unix.Fstat(r.pair[1], &st)
+	if err == nil {
+		s.sendMu.Lock()
+		err = sendCtl(s.ctl, ctlMsg{Op: opRebind}, r.pair[1])
+		s.sendMu.Unlock()
+	}
+	unix.Close(r.pair[1])
+	if err != nil {
+		host.Close()
+		return nil, fmt.Errorf("checkpoint: rebind init's control socket: %w", err)
+	}
+	want := fmt.Sprintf("socket:[%d]", st.Ino)
+	for delay, waited := 100*time.Microsecond, time.Duration(0); ; delay = min(2*delay, 10*time.Millisecond) {
+		if l, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%d", s.init.pid, fdControl)); l == want {
+			return host, nil
+		}
+		if waited > 5*time.Second {
+			host.Close()
+			return nil, errors.New("checkpoint: init did not take its new control socket")
+		}
+		time.Sleep(delay)
+		waited += delay
+	}
 }
 
 // mountEntry is one line of /proc/PID/mountinfo.
