@@ -31,6 +31,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -111,6 +112,15 @@ func (s *Sandbox) dump(ctx context.Context, bin, dir string) (*checkpoint, error
 	if err != nil {
 		return nil, err
 	}
+	// CRIU dumps a tmpfs's files from a helper mount namespace that it
+	// makes in the sandbox's user namespace, whose max_mnt_namespaces is
+	// 0 (budgets_linux.go): a few for the dump, 0 again after it (a dump
+	// that fails leaves the sandbox running). Seccomp refuses the
+	// sandbox's own processes a new namespace all the same.
+	if err := userNSSysctls(pid, []sysctl{{"user/max_mnt_namespaces", strconv.Itoa(dumpMntNamespaces)}}); err != nil {
+		return nil, err
+	}
+	defer userNSSysctls(pid, []sysctl{{"user/max_mnt_namespaces", "0"}})
 	args := []string{"dump", "--tree", strconv.Itoa(pid), "--images-dir", dir, "--log-file", "dump.log", "-v4",
 		"--ext-unix-sk", "--shell-job"}
 	for _, m := range cp.mounts {
@@ -118,6 +128,10 @@ func (s *Sandbox) dump(ctx context.Context, bin, dir string) (*checkpoint, error
 	}
 	for _, f := range cp.files {
 		args = append(args, "--external", f.key)
+	}
+	for _, k := range cp.socks {
+		// A stream socket with its peer outside the tree.
+		args = append(args, "--external", fmt.Sprintf("unix[%d]", k.ino))
 	}
 	start := time.Now()
 	if err := criu.Run(ctx, bin, args, nil, dir, "dump.log"); err != nil {
@@ -219,6 +233,59 @@ func (s *Sandbox) rebindControl() (*os.File, error) {
 		waited += delay
 	}
 }
+
+// dumpMntNamespaces is how many mount namespaces CRIU may make in the
+// sandbox's user namespace while it dumps: one at a time, per tmpfs.
+const dumpMntNamespaces = 4
+
+// userNSSysctls writes values (paths under /proc/sys/user) in the user
+// namespace of pid: the per-user-namespace budgets, which only a process
+// with CAP_SYS_RESOURCE in that namespace can set. A Go process cannot
+// enter a user namespace (it has threads), and a program that nsenter
+// starts loses its capabilities at exec (host root is not root of the
+// sandbox's namespace), so a single-threaded python3 does it itself:
+// setns, then writes, without an exec in between. It keeps its host
+// credentials and makes itself undumpable first, so that no process of
+// the sandbox may trace it (nor can one see it: it is in the host's PID
+// namespace).
+func userNSSysctls(pid int, values []sysctl) error {
+	var args []string
+	for _, v := range values {
+		if !strings.HasPrefix(v.Path, "user/") || strings.Contains(v.Path, "..") {
+			return fmt.Errorf("checkpoint: %s is not a user namespace sysctl", v.Path)
+		}
+		if _, err := strconv.ParseInt(v.Value, 10, 64); err != nil {
+			return fmt.Errorf("checkpoint: sysctl %s: %q is not a number", v.Path, v.Value)
+		}
+		args = append(args, v.Path, v.Value)
+	}
+	ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", pid))
+	if err != nil {
+		return fmt.Errorf("checkpoint: the sandbox's user namespace: %w", err)
+	}
+	defer ns.Close()
+	cmd := exec.Command("/usr/bin/python3", append([]string{"-I", "-S", "-c", userNSSysctlScript}, args...)...)
+	cmd.ExtraFiles = []*os.File{ns} // fd 3
+	cmd.Env = []string{}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("checkpoint: set %v in the sandbox's user namespace: %w: %s", values, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// userNSSysctlScript: argv is path, value, path, value ...; fd 3 is the
+// user namespace.
+const userNSSysctlScript = `
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+PR_SET_DUMPABLE, CLONE_NEWUSER = 4, 0x10000000
+if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0 or libc.setns(3, CLONE_NEWUSER) != 0:
+    sys.exit("setns: errno %d" % ctypes.get_errno())
+a = sys.argv[1:]
+for path, value in zip(a[::2], a[1::2]):
+    with open("/proc/sys/" + path, "w") as f:
+        f.write(value)
+`
 
 // mountEntry is one line of /proc/PID/mountinfo.
 type mountEntry struct {
