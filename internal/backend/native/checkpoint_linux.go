@@ -31,9 +31,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -51,13 +49,61 @@ type checkpoint struct {
 	files  []extFile
 	pipes  []extPipe
 	socks  []extSock
+	// mntns holds the sandbox's mount namespace after its processes are
+	// gone, and with it the root tmpfs (the sandbox's files), which CRIU
+	// does not save: a restore mounts it again (restore_linux.go).
+	mntns *os.File
+	// userSysctls are the budgets of the sandbox's user namespace
+	// (budgets_linux.go), which CRIU does not save: a restore sets them
+	// again before any restored process runs.
+	userSysctls []sysctl
 	// Took is how long criu dump ran.
 	took time.Duration
 }
 
-// extMount is a mount CRIU restores from a host path.
+// close lets go of the sandbox's mount namespace, and so of its files.
+func (cp *checkpoint) close() {
+	if cp.mntns != nil {
+		cp.mntns.Close()
+		cp.mntns = nil
+	}
+}
+
+// handOver makes the checkpoint's directory readable by the restored
+// tasks and by nobody else: owned by root and by the sandbox's host root
+// group (gid), directories 0750, files 0640. The tasks open images and
+// mount sources first as the host's root (still their credentials just
+// after they entered the new user namespace, where their capabilities do
+// not reach host files), then as the sandbox's root, whose group this is.
+// The sandbox's own host user may read its own memory; nobody else on
+// the host can, and no process of the sandbox exists while it is paused.
+func (cp *checkpoint) handOver(gid int) error {
+	return filepath.Walk(cp.dir, func(p string, fi os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		if fi.Mode()&os.ModeSymlink != 0 {
+			return fmt.Errorf("checkpoint: unexpected symbolic link %s", p)
+		}
+		if err := os.Lchown(p, 0, gid); err != nil {
+			return err
+		}
+		if fi.IsDir() {
+			return os.Chmod(p, 0o750)
+		}
+		return os.Chmod(p, 0o640)
+	})
+}
+
+// images is the directory of CRIU's images.
+func (cp *checkpoint) images() string { return filepath.Join(cp.dir, "images") }
+
+// extMount is a mount CRIU restores from a host path: source, or a new
+// read-only overlay of the host directory lower (/usr) that a restore
+// mounts.
 type extMount struct {
 	key, mountpoint, source string
+	lower                   string
 }
 
 // extFile is a host file that init held, restored by opening it again.
@@ -121,7 +167,15 @@ func (s *Sandbox) dump(ctx context.Context, bin, dir string) (*checkpoint, error
 		return nil, err
 	}
 	defer userNSSysctls(pid, []sysctl{{"user/max_mnt_namespaces", "0"}})
-	args := []string{"dump", "--tree", strconv.Itoa(pid), "--images-dir", dir, "--log-file", "dump.log", "-v4",
+	for _, v := range s.cfg.Sysctls {
+		if strings.HasPrefix(v.Path, "user/") {
+			cp.userSysctls = append(cp.userSysctls, v)
+		}
+	}
+	if cp.mntns, err = os.Open(fmt.Sprintf("/proc/%d/ns/mnt", pid)); err != nil {
+		return nil, fmt.Errorf("checkpoint: the sandbox's mount namespace: %w", err)
+	}
+	args := []string{"dump", "--tree", strconv.Itoa(pid), "--images-dir", cp.images(), "--log-file", "dump.log", "-v4",
 		"--ext-unix-sk", "--shell-job"}
 	for _, m := range cp.mounts {
 		args = append(args, "--external", "mnt["+m.mountpoint+"]:"+m.key)
@@ -134,23 +188,35 @@ func (s *Sandbox) dump(ctx context.Context, bin, dir string) (*checkpoint, error
 		args = append(args, "--external", fmt.Sprintf("unix[%d]", k.ino))
 	}
 	start := time.Now()
-	if err := criu.Run(ctx, bin, args, nil, dir, "dump.log"); err != nil {
+	if err := criu.Run(ctx, bin, args, nil, cp.images(), "dump.log"); err != nil {
+		cp.close()
 		return nil, err
 	}
 	cp.took = time.Since(start)
+	if err := cp.handOver(int(s.owner.ID(0))); err != nil {
+		cp.close()
+		return nil, err
+	}
 	return cp, nil
 }
 
-// prepareDump makes the images directory dir (mode 0700, must not
+// prepareDump makes the checkpoint directory dir (mode 0700, must not
 // exist) and finds what the tree of init (pid) holds of the host.
+//
+// dir holds images/, CRIU's images, and ext/, the copies of the /proc
+// masks. Its parent must let the sandbox's host root group through (mode
+// 0711): see handOver.
 func prepareDump(pid int, dir string) (*checkpoint, error) {
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, err
 	}
+	cp := &checkpoint{dir: dir}
 	if err := os.Mkdir(filepath.Join(dir, "ext"), 0o700); err != nil {
 		return nil, err
 	}
-	cp := &checkpoint{dir: dir}
+	if err := os.Mkdir(cp.images(), 0o700); err != nil {
+		return nil, err
+	}
 	mnts, err := readMountinfo(pid)
 	if err != nil {
 		return nil, err
@@ -168,128 +234,10 @@ func prepareDump(pid int, dir string) (*checkpoint, error) {
 	return cp, nil
 }
 
-// rebindControl gives init a new control socket, made in the sandbox's
-// network namespace (opRebind), and returns the supervisor's end. It
-// returns once init holds the new socket as its control socket. Messages
-// init sends after that go to the new socket, which the Sandbox does not
-// read: for the prototype, the dump follows at once.
-func (s *Sandbox) rebindControl() (*os.File, error) {
-	type result struct {
-		pair [2]int
-		err  error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		home, err := os.Open("/proc/thread-self/ns/net")
-		if err != nil {
-			runtime.UnlockOSThread()
-			ch <- result{err: err}
-			return
-		}
-		defer home.Close()
-		var r result
-		if r.err = unix.Setns(int(s.netns.f.Fd()), unix.CLONE_NEWNET); r.err == nil {
-			r.pair, r.err = unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
-		}
-		if serr := unix.Setns(int(home.Fd()), unix.CLONE_NEWNET); serr != nil {
-			if r.err == nil {
-				unix.Close(r.pair[0])
-				unix.Close(r.pair[1])
-			}
-			ch <- result{err: fmt.Errorf("return to the supervisor's network namespace: %w", serr)}
-			select {} // never run anything else on this thread
-		}
-		runtime.UnlockOSThread()
-		ch <- r
-	}()
-	r := <-ch
-	if r.err != nil {
-		return nil, fmt.Errorf("checkpoint: a control socket in the sandbox: %w", r.err)
-	}
-	host := os.NewFile(uintptr(r.pair[0]), "control")
-	var st unix.Stat_t
-	err := unix.Fstat(r.pair[1], &st)
-	if err == nil {
-		s.sendMu.Lock()
-		err = sendCtl(s.ctl, ctlMsg{Op: opRebind}, r.pair[1])
-		s.sendMu.Unlock()
-	}
-	unix.Close(r.pair[1])
-	if err != nil {
-		host.Close()
-		return nil, fmt.Errorf("checkpoint: rebind init's control socket: %w", err)
-	}
-	want := fmt.Sprintf("socket:[%d]", st.Ino)
-	for delay, waited := 100*time.Microsecond, time.Duration(0); ; delay = min(2*delay, 10*time.Millisecond) {
-		if l, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%d", s.init.pid, fdControl)); l == want {
-			return host, nil
-		}
-		if waited > 5*time.Second {
-			host.Close()
-			return nil, errors.New("checkpoint: init did not take its new control socket")
-		}
-		time.Sleep(delay)
-		waited += delay
-	}
-}
-
-// dumpMntNamespaces is how many mount namespaces CRIU may make in the
-// sandbox's user namespace while it dumps: one at a time, per tmpfs.
-const dumpMntNamespaces = 4
-
-// userNSSysctls writes values (paths under /proc/sys/user) in the user
-// namespace of pid: the per-user-namespace budgets, which only a process
-// with CAP_SYS_RESOURCE in that namespace can set. A Go process cannot
-// enter a user namespace (it has threads), and a program that nsenter
-// starts loses its capabilities at exec (host root is not root of the
-// sandbox's namespace), so a single-threaded python3 does it itself:
-// setns, then writes, without an exec in between. It keeps its host
-// credentials and makes itself undumpable first, so that no process of
-// the sandbox may trace it (nor can one see it: it is in the host's PID
-// namespace).
-func userNSSysctls(pid int, values []sysctl) error {
-	var args []string
-	for _, v := range values {
-		if !strings.HasPrefix(v.Path, "user/") || strings.Contains(v.Path, "..") {
-			return fmt.Errorf("checkpoint: %s is not a user namespace sysctl", v.Path)
-		}
-		if _, err := strconv.ParseInt(v.Value, 10, 64); err != nil {
-			return fmt.Errorf("checkpoint: sysctl %s: %q is not a number", v.Path, v.Value)
-		}
-		args = append(args, v.Path, v.Value)
-	}
-	ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", pid))
-	if err != nil {
-		return fmt.Errorf("checkpoint: the sandbox's user namespace: %w", err)
-	}
-	defer ns.Close()
-	cmd := exec.Command("/usr/bin/python3", append([]string{"-I", "-S", "-c", userNSSysctlScript}, args...)...)
-	cmd.ExtraFiles = []*os.File{ns} // fd 3
-	cmd.Env = []string{}
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("checkpoint: set %v in the sandbox's user namespace: %w: %s", values, err, strings.TrimSpace(string(out)))
-	}
-	return nil
-}
-
-// userNSSysctlScript: argv is path, value, path, value ...; fd 3 is the
-// user namespace.
-const userNSSysctlScript = `
-import ctypes, sys
-libc = ctypes.CDLL(None, use_errno=True)
-PR_SET_DUMPABLE, CLONE_NEWUSER = 4, 0x10000000
-if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0 or libc.setns(3, CLONE_NEWUSER) != 0:
-    sys.exit("setns: errno %d" % ctypes.get_errno())
-a = sys.argv[1:]
-for path, value in zip(a[::2], a[1::2]):
-    with open("/proc/sys/" + path, "w") as f:
-        f.write(value)
-`
-
 // mountEntry is one line of /proc/PID/mountinfo.
 type mountEntry struct {
 	id, dev, root, point string
+	fstype, options      string // after the separator: the file system's
 }
 
 func readMountinfo(pid int) ([]mountEntry, error) {
@@ -305,7 +253,14 @@ func readMountinfo(pid int) ([]mountEntry, error) {
 		if len(fl) < 5 {
 			continue
 		}
-		out = append(out, mountEntry{id: fl[0], dev: fl[2], root: unescapeMount(fl[3]), point: unescapeMount(fl[4])})
+		e := mountEntry{id: fl[0], dev: fl[2], root: unescapeMount(fl[3]), point: unescapeMount(fl[4])}
+		for i, f := range fl {
+			if f == "-" && i+3 < len(fl) {
+				e.fstype, e.options = fl[i+1], fl[i+3]
+				break
+			}
+		}
+		out = append(out, e)
 	}
 	return out, sc.Err()
 }
@@ -346,10 +301,20 @@ func (cp *checkpoint) collectMounts(pid int, mnts []mountEntry) error {
 	}
 	defer root.Close()
 	for _, m := range mnts {
+		key := "m" + m.id
+		if m.fstype == "overlay" {
+			// Its second layer is an empty directory of init's scratch
+			// tmpfs, gone once init set up.
+			lower, err := overlayLower(m.options)
+			if err != nil {
+				return fmt.Errorf("checkpoint: the overlay at %s: %w", m.point, err)
+			}
+			cp.mounts = append(cp.mounts, extMount{key: key, mountpoint: m.point, lower: lower})
+			continue
+		}
 		if rooted[m.dev] {
 			continue
 		}
-		key := "m" + m.id
 		switch {
 		case devNodes[m.point]:
 			cp.mounts = append(cp.mounts, extMount{key: key, mountpoint: m.point, source: m.point})
@@ -364,6 +329,26 @@ func (cp *checkpoint) collectMounts(pid int, mnts []mountEntry) error {
 		}
 	}
 	return nil
+}
+
+// overlayLower returns the host directory a sandbox's read-only overlay
+// shows (its first lower layer), from the overlay's mount options: one
+// directory of the host's root, as mount_linux.go makes them for a classic
+// sandbox, and nothing else.
+func overlayLower(options string) (string, error) {
+	for _, o := range strings.Split(options, ",") {
+		v, ok := strings.CutPrefix(o, "lowerdir=")
+		if !ok {
+			continue
+		}
+		first, _, _ := strings.Cut(v, ":")
+		name := strings.TrimPrefix(first, "/")
+		if !strings.HasPrefix(first, "/") || name == "" || strings.ContainsAny(name, "/\\") || name == ".." || name == "." {
+			return "", fmt.Errorf("lower layer %q is not a directory of the host's root", first)
+		}
+		return first, nil
+	}
+	return "", errors.New("no lower layer")
 }
 
 // copyMask copies what the sandbox sees at point (a mask: an empty
@@ -431,8 +416,15 @@ func processTree(pid int) ([]int, error) {
 // would open host files on its say.
 func (cp *checkpoint) collectFiles(initPID int, tree []int, mnts []mountEntry) error {
 	inNS := map[string]bool{}
+	// The /dev nodes bound from a directory since removed: CRIU takes
+	// their files for deleted ones, which it would re-create beside
+	// them. They are external files instead, the host's node reopened.
+	devNode := map[string]string{}
 	for _, m := range mnts {
 		inNS[m.id] = true
+		if devNodes[m.point] && strings.HasSuffix(m.root, "//deleted") {
+			devNode[m.id] = m.point
+		}
 	}
 	type pipeEnds struct {
 		readers, writers int
@@ -442,10 +434,11 @@ func (cp *checkpoint) collectFiles(initPID int, tree []int, mnts []mountEntry) e
 	var order []uint64
 	seenFile := map[string]bool{}
 	addFile := func(pid int, mntID string, ino uint64, path string) error {
-		if inNS[mntID] {
+		if node := devNode[mntID]; node != "" {
+			path = node // the host's node of that name, not what the sandbox says
+		} else if inNS[mntID] {
 			return nil
-		}
-		if pid != initPID {
+		} else if pid != initPID {
 			return fmt.Errorf("checkpoint: process %d of the sandbox holds %s, a file outside it", pid, path)
 		}
 		id, _ := strconv.Atoi(mntID)
@@ -566,105 +559,4 @@ func readFdinfo(pid, fd int) (fdinfo, error) {
 		}
 	}
 	return fi, nil
-}
-
-// restoredTree is a sandbox's tree brought back by restore, with the
-// supervisor's ends of its pipes and of its control socket.
-type restoredTree struct {
-	pid   int // init's, on the host: a child of the supervisor
-	proc  *os.Process
-	pipes map[uint64]*os.File // by the dumped pipe's inode
-	ctl   *os.File
-	took  time.Duration
-}
-
-// kill ends the restored tree (init is PID 1 of its namespace) and reaps
-// it.
-func (r *restoredTree) kill() {
-	r.proc.Kill()
-	r.proc.Wait()
-	for _, f := range r.pipes {
-		f.Close()
-	}
-	if r.ctl != nil {
-		r.ctl.Close()
-	}
-}
-
-// restoreTree brings back the tree of cp as a child of this process
-// (criu --restore-sibling): its namespaces anew, its processes with their
-// memory, its external mounts bound from cp's sources, init's host files
-// opened again, and new pipes and a new control socket in place of those
-// to the host.
-func restoreTree(ctx context.Context, bin string, cp *checkpoint) (_ *restoredTree, err error) {
-	r := &restoredTree{pipes: map[uint64]*os.File{}}
-	var give []*os.File // criu's descriptors 3, 4, ...
-	defer func() {
-		for _, f := range give {
-			f.Close()
-		}
-		if err != nil {
-			for _, f := range r.pipes {
-				f.Close()
-			}
-			if r.ctl != nil {
-				r.ctl.Close()
-			}
-		}
-	}()
-	pidfile := filepath.Join(cp.dir, "restored.pid")
-	os.Remove(pidfile)
-	args := []string{"restore", "--images-dir", cp.dir, "--log-file", "restore.log", "-v4",
-		"--restore-detached", "--restore-sibling", "--shell-job", "--pidfile", pidfile}
-	for _, m := range cp.mounts {
-		args = append(args, "--external", "mnt["+m.key+"]:"+m.source)
-	}
-	inherit := func(f *os.File, id string) {
-		args = append(args, "--inherit-fd", fmt.Sprintf("fd[%d]:%s", 3+len(give), id))
-		give = append(give, f)
-	}
-	for _, f := range cp.files {
-		h, err := os.OpenFile(f.path, os.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return nil, fmt.Errorf("restore: reopen %s: %w", f.path, err)
-		}
-		inherit(h, f.key)
-	}
-	for _, p := range cp.pipes {
-		rd, wr, err := os.Pipe()
-		if err != nil {
-			return nil, err
-		}
-		if p.reader {
-			r.pipes[p.ino] = wr
-			inherit(rd, fmt.Sprintf("pipe:[%d]", p.ino))
-		} else {
-			r.pipes[p.ino] = rd
-			inherit(wr, fmt.Sprintf("pipe:[%d]", p.ino))
-		}
-	}
-	for _, s := range cp.socks {
-		pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
-		if err != nil {
-			return nil, err
-		}
-		r.ctl = os.NewFile(uintptr(pair[0]), "control")
-		inherit(os.NewFile(uintptr(pair[1]), "control (sandbox)"), fmt.Sprintf("socket:[%d]", s.ino))
-	}
-	start := time.Now()
-	if err := criu.Run(ctx, bin, args, give, cp.dir, "restore.log"); err != nil {
-		return nil, err
-	}
-	r.took = time.Since(start)
-	b, err := os.ReadFile(pidfile)
-	if err != nil {
-		return nil, fmt.Errorf("restore: no pid file: %w", err)
-	}
-	if r.pid, err = strconv.Atoi(strings.TrimSpace(string(b))); err != nil {
-		return nil, fmt.Errorf("restore: pid file: %w", err)
-	}
-	if r.proc, err = os.FindProcess(r.pid); err != nil {
-		return nil, err
-	}
-	return r, nil
 }

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -123,10 +125,6 @@ func TestCheckpointExternals(t *testing.T) {
 	}
 }
 
-// errControlSocket is what CRIU says of init's control socket, which
-// lives in the host's network namespace (docs/snapshots.md).
-const errControlSocket = "Unix socket"
-
 // TestCheckpointRestorePython dumps a classic persistent sandbox that
 // holds x = 41 (its processes end, their memory is freed), restores its
 // tree, and asks the restored runner for x + 1 over the new pipes. The
@@ -141,15 +139,35 @@ func TestCheckpointRestorePython(t *testing.T) {
 		t.Fatal(err)
 	}
 	rss := treeRSS(tree)
-
-	dir := filepath.Join(t.TempDir(), "images")
-	cp, err := s.dump(ctx, bin, dir)
-	if err != nil && strings.Contains(err.Error(), errControlSocket) && strings.Contains(err.Error(), "not found") {
-		t.Skipf("blocked on init's control socket, which CRIU cannot find in the sandbox's network namespace (docs/snapshots.md): %v", err)
+	budget := map[string]string{}
+	for _, name := range budgetFiles {
+		res, err := s.Execute(ctx, sandbox.ExecRequest{Code: fmt.Sprintf("print(' '.join(open('%s').read().split()))", name)}, nil)
+		if err != nil || res.Status != sandbox.StatusOK {
+			t.Fatalf("%+v %v", res, err)
+		}
+		budget[name] = strings.TrimSpace(res.Stdout)
 	}
+
+	// The parent lets the sandbox's host root through, as a data
+	// directory's checkpoints directory will (handOver).
+	parent, err := os.MkdirTemp("", "vivarium-checkpoint-")
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer os.RemoveAll(parent)
+	if err := os.Chmod(parent, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(parent, "checkpoint")
+	if d := os.Getenv("VIVARIUM_CHECKPOINT_KEEP"); d != "" {
+		os.RemoveAll(d)
+		dir = d
+	}
+	cp, err := s.dump(ctx, bin, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cp.close()
 	// Stopped: init exited (its wait returned), and no process of the
 	// tree is left.
 	select {
@@ -164,9 +182,20 @@ func TestCheckpointRestorePython(t *testing.T) {
 			}
 		}
 	}
-	if st, err := os.Stat(dir); err != nil || st.Mode().Perm() != 0o700 {
-		t.Fatalf("images directory: %v %v", st.Mode(), err)
-	}
+	// Images hold the sandbox's memory: root's, readable by the
+	// sandbox's host root group, by nobody else.
+	gid := s.owner.ID(0)
+	filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
+		if err != nil {
+			t.Error(err)
+			return err
+		}
+		st := fi.Sys().(*syscall.Stat_t)
+		if fi.Mode().Perm()&0o007 != 0 || fi.Mode().Perm()&0o020 != 0 || st.Uid != 0 || st.Gid != gid {
+			t.Errorf("%s: %v, owner %d:%d", p, fi.Mode(), st.Uid, st.Gid)
+		}
+		return nil
+	})
 	t.Logf("dump: %v, %d processes, %d KiB resident before, images %d KiB; external: %d mounts, %d files, %d pipes, %d sockets",
 		cp.took.Round(time.Millisecond), len(tree), rss>>10, dirSize(dir)>>10, len(cp.mounts), len(cp.files), len(cp.pipes), len(cp.socks))
 
@@ -193,7 +222,39 @@ func TestCheckpointRestorePython(t *testing.T) {
 		t.Fatalf("the runner's pipes were not among the external ones: %+v", cp.pipes)
 	}
 	start := time.Now()
-	if err := runner.WriteFrame(req, runner.Request{Type: "execute", Code: "x + 1"}); err != nil {
+	if got := execRestored(t, req, events, "x + 1"); got != "42" {
+		t.Fatalf("x + 1 after restore: %q", got)
+	}
+	t.Logf("x + 1 = 42, %v after the restore", time.Since(start).Round(time.Millisecond))
+
+	// Restored, it is still the same sandbox: in its cgroup, its host
+	// user, with the budgets of its user namespace.
+	pids, err := s.cg.Procs()
+	if err != nil || !slices.Contains(pids, r.pid) {
+		t.Errorf("restored init %d is not in the sandbox's cgroup: %v %v", r.pid, pids, err)
+	}
+	if got := execRestored(t, req, events, "import os; os.getuid(), os.getgid()"); got != "(1000, 1000)" {
+		t.Errorf("the runner's user after restore: %s", got)
+	}
+	for _, name := range budgetFiles {
+		code := fmt.Sprintf("' '.join(open('%s').read().split())", name)
+		if got := execRestored(t, req, events, code); got != budget[name] {
+			t.Errorf("%s after restore: %s, before: %s", name, got, budget[name])
+		}
+	}
+}
+
+// budgetFiles are what a sandbox reads of its kernel budgets (the user
+// and IPC namespaces' sysctls, its rlimits): the same after a restore.
+var budgetFiles = []string{"/proc/sys/user/max_mnt_namespaces", "/proc/sys/user/max_user_namespaces",
+	"/proc/sys/user/max_inotify_instances", "/proc/sys/user/max_inotify_watches", "/proc/sys/kernel/shmmni",
+	"/proc/sys/fs/mqueue/queues_max", "/proc/self/limits"}
+
+// execRestored runs code in a restored runner, speaking its protocol on
+// its request and event pipes, and returns the text of its result.
+func execRestored(t *testing.T, req, events *os.File, code string) string {
+	t.Helper()
+	if err := runner.WriteFrame(req, runner.Request{Type: "execute", Code: code}); err != nil {
 		t.Fatal(err)
 	}
 	events.SetReadDeadline(time.Now().Add(30 * time.Second))
@@ -204,17 +265,20 @@ func TestCheckpointRestorePython(t *testing.T) {
 		if err != nil {
 			t.Fatalf("reading the restored runner's events: %v", err)
 		}
-		if ev.Type == "result" {
-			got = strings.Trim(string(ev.Data["text/plain"]), `"`)
+		switch ev.Type {
+		case "result":
+			got = strings.Trim(string(ev.Data["text/plain"]), `"'`)
+			// The runner waits for the supervisor's ack of a result.
+			if err := runner.WriteFrame(req, runner.Request{Type: "ack"}); err != nil {
+				t.Fatal(err)
+			}
+		case "error":
+			t.Fatalf("%s: %s: %s", code, ev.Name, ev.Value)
 		}
 		if ev.ExitCode != nil || ev.Type == "done" {
-			break
+			return got
 		}
 	}
-	if got != "42" {
-		t.Fatalf("x + 1 after restore: %q", got)
-	}
-	t.Logf("x + 1 = %s, %v after the restore", got, time.Since(start).Round(time.Millisecond))
 }
 
 // treeRSS adds up the resident memory of pids.
