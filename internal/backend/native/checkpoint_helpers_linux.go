@@ -85,7 +85,7 @@ func (s *Sandbox) rebindControl() (*os.File, error) {
 const dumpMntNamespaces = 4
 
 // userNSSysctls writes values (paths under /proc/sys/user) in the user
-// namespace of pid: the per-user-namespace budgets, which only a process
+// namespace ns: the per-user-namespace budgets, which only a process
 // with CAP_SYS_RESOURCE in that namespace can set. A Go process cannot
 // enter a user namespace (it has threads), and a program that nsenter
 // starts loses its capabilities at exec (host root is not root of the
@@ -94,16 +94,11 @@ const dumpMntNamespaces = 4
 // credentials and makes itself undumpable first, so that no process of
 // the sandbox may trace it (nor can one see it: it is in the host's PID
 // namespace).
-func userNSSysctls(pid int, values []sysctl) error {
+func userNSSysctls(ns *os.File, values []sysctl) error {
 	args, err := userSysctlArgs(values)
 	if err != nil {
 		return err
 	}
-	ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", pid))
-	if err != nil {
-		return fmt.Errorf("checkpoint: the sandbox's user namespace: %w", err)
-	}
-	defer ns.Close()
 	cmd := exec.Command("/usr/bin/python3", append([]string{"-I", "-S", "-c", userNSSysctlScript}, args...)...)
 	cmd.ExtraFiles = []*os.File{ns} // fd 3
 	cmd.Env = []string{}

@@ -32,6 +32,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -137,8 +138,10 @@ var devNodes = map[string]bool{"/dev/null": true, "/dev/zero": true, "/dev/full"
 
 // dump saves the sandbox's process tree to dir (created, mode 0700, must
 // not exist) with CRIU at bin and ends the tree: its processes are
-// stopped and their memory freed. Only classic sandboxes: a zygote's
-// sandboxes share the zygote's memory and are not supported yet.
+// stopped and their memory freed. A dump that fails ends the sandbox
+// too (for now: its control socket is replaced first). Only classic
+// sandboxes: a zygote's sandboxes share the zygote's memory and are not
+// supported yet.
 func (s *Sandbox) dump(ctx context.Context, bin, dir string) (*checkpoint, error) {
 	if s.z != nil {
 		return nil, errors.New("checkpoint: sandboxes forked from a zygote are not supported yet")
@@ -147,6 +150,13 @@ func (s *Sandbox) dump(ctx context.Context, bin, dir string) (*checkpoint, error
 		return nil, errors.New("checkpoint: the sandbox is not running")
 	}
 	pid := s.init.pid
+	// The sandbox's user namespace, held from now on: the budgets below
+	// are written through it, never through a pid that could be reused.
+	userns, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", pid))
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: the sandbox's user namespace: %w", err)
+	}
+	defer userns.Close()
 	// The control socket was made in the supervisor's network namespace,
 	// where CRIU does not look for it: init takes one made in its own.
 	hostEnd, err := s.rebindControl()
@@ -154,19 +164,27 @@ func (s *Sandbox) dump(ctx context.Context, bin, dir string) (*checkpoint, error
 		return nil, err
 	}
 	defer hostEnd.Close()
+	// From here the Sandbox no longer hears init (it reads the old
+	// socket), and init ends when hostEnd closes: a dump that fails ends
+	// the sandbox, as one that succeeds does (its processes are gone).
+	dumped := false
+	defer func() {
+		if !dumped {
+			s.kill()
+		}
+	}()
 	cp, err := prepareDump(pid, dir)
 	if err != nil {
 		return nil, err
 	}
 	// CRIU dumps a tmpfs's files from a helper mount namespace that it
 	// makes in the sandbox's user namespace, whose max_mnt_namespaces is
-	// 0 (budgets_linux.go): a few for the dump, 0 again after it (a dump
-	// that fails leaves the sandbox running). Seccomp refuses the
-	// sandbox's own processes a new namespace all the same.
-	if err := userNSSysctls(pid, []sysctl{{"user/max_mnt_namespaces", strconv.Itoa(dumpMntNamespaces)}}); err != nil {
+	// 0 (budgets_linux.go): a few for the dump, which ends the namespace
+	// (a restore sets 0 again). Seccomp refuses the sandbox's own
+	// processes a new namespace all the same.
+	if err := userNSSysctls(userns, []sysctl{{"user/max_mnt_namespaces", strconv.Itoa(dumpMntNamespaces)}}); err != nil {
 		return nil, err
 	}
-	defer userNSSysctls(pid, []sysctl{{"user/max_mnt_namespaces", "0"}})
 	for _, v := range s.cfg.Sysctls {
 		if strings.HasPrefix(v.Path, "user/") {
 			cp.userSysctls = append(cp.userSysctls, v)
@@ -176,7 +194,7 @@ func (s *Sandbox) dump(ctx context.Context, bin, dir string) (*checkpoint, error
 		return nil, fmt.Errorf("checkpoint: the sandbox's mount namespace: %w", err)
 	}
 	args := []string{"dump", "--tree", strconv.Itoa(pid), "--images-dir", cp.images(), "--log-file", "dump.log", "-v4",
-		"--ext-unix-sk", "--shell-job"}
+		"--ext-unix-sk"}
 	for _, m := range cp.mounts {
 		args = append(args, "--external", "mnt["+m.mountpoint+"]:"+m.key)
 	}
@@ -187,11 +205,28 @@ func (s *Sandbox) dump(ctx context.Context, bin, dir string) (*checkpoint, error
 		// A stream socket with its peer outside the tree.
 		args = append(args, "--external", fmt.Sprintf("unix[%d]", k.ino))
 	}
+	// Only the sandbox's own tree: init is this process's child, so its
+	// pid is its own until it is reaped, and while it lives it is in
+	// the sandbox's cgroup. (Were init to die and be reaped between this
+	// check and CRIU's seizing it, CRIU would be given a pid that another
+	// process may take: a window of a few milliseconds, for a process
+	// of the host to be forked with that very pid.)
+	if isClosed(s.initDone) {
+		cp.close()
+		return nil, errors.New("checkpoint: the sandbox's init exited")
+	}
+	if s.cg != nil {
+		if pids, err := s.cg.Procs(); err != nil || !slices.Contains(pids, pid) {
+			cp.close()
+			return nil, fmt.Errorf("checkpoint: init %d is not in the sandbox's cgroup (%v)", pid, err)
+		}
+	}
 	start := time.Now()
 	if err := criu.Run(ctx, bin, args, nil, cp.images(), "dump.log"); err != nil {
 		cp.close()
 		return nil, err
 	}
+	dumped = true
 	cp.took = time.Since(start)
 	if err := cp.handOver(int(s.owner.ID(0))); err != nil {
 		cp.close()

@@ -244,6 +244,35 @@ func TestCheckpointRestorePython(t *testing.T) {
 	}
 }
 
+// A dump that fails (here criu itself) ends the sandbox rather than
+// leave it half given to a checkpoint, and leaves no process behind.
+func TestCheckpointFailedDump(t *testing.T) {
+	testutil.RequireRoot(t)
+	s := checkpointSandbox(t)
+	fake := filepath.Join(t.TempDir(), "criu")
+	if err := os.WriteFile(fake, []byte("#!/bin/sh\necho 'Error (criu/cr-dump.c:1): refused' >&2\nexit 1\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	tree, err := processTree(s.init.pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.dump(context.Background(), fake, filepath.Join(t.TempDir(), "checkpoint"))
+	if err == nil || !strings.Contains(err.Error(), "refused") {
+		t.Fatalf("dump with a failing criu: %v", err)
+	}
+	select {
+	case <-s.initDone:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the sandbox still runs after a failed dump")
+	}
+	for _, pid := range tree {
+		if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil && !strings.Contains(string(st), ") Z") {
+			t.Errorf("process %d of the sandbox still runs", pid)
+		}
+	}
+}
+
 // budgetFiles are what a sandbox reads of its kernel budgets (the user
 // and IPC namespaces' sysctls, its rlimits): the same after a restore.
 var budgetFiles = []string{"/proc/sys/user/max_mnt_namespaces", "/proc/sys/user/max_user_namespaces",

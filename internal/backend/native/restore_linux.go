@@ -89,6 +89,7 @@ func restoreTree(ctx context.Context, bin string, cp *checkpoint) (_ *restoredTr
 			if src, err = mountOverlayFor(cp, m); err != nil {
 				return nil, err
 			}
+			defer os.Remove(src)
 			defer unix.Unmount(src, unix.MNT_DETACH)
 		}
 		args = append(args, "--external", "mnt["+m.key+"]:"+src)
