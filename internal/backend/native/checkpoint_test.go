@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -139,6 +140,7 @@ func TestCheckpointRestorePython(t *testing.T) {
 		t.Fatal(err)
 	}
 	rss := treeRSS(tree)
+	memBefore := cgroupMemory(s)
 	budget := map[string]string{}
 	for _, name := range budgetFiles {
 		res, err := s.Execute(ctx, sandbox.ExecRequest{Code: fmt.Sprintf("print(' '.join(open('%s').read().split()))", name)}, nil)
@@ -198,6 +200,8 @@ func TestCheckpointRestorePython(t *testing.T) {
 	})
 	t.Logf("dump: %v, %d processes, %d KiB resident before, images %d KiB; external: %d mounts, %d files, %d pipes, %d sockets",
 		cp.took.Round(time.Millisecond), len(tree), rss>>10, dirSize(dir)>>10, len(cp.mounts), len(cp.files), len(cp.pipes), len(cp.socks))
+	t.Logf("the sandbox's cgroup holds %d KiB before the dump, %d KiB after (its files, in its root tmpfs, stay)",
+		memBefore>>10, cgroupMemory(s)>>10)
 
 	r, err := restoreTree(ctx, bin, cp)
 	if err != nil {
@@ -308,6 +312,21 @@ func execRestored(t *testing.T, req, events *os.File, code string) string {
 			return got
 		}
 	}
+}
+
+// cgroupMemory reads the memory charged to the sandbox's cgroup (v1 or
+// v2), or -1.
+func cgroupMemory(s *Sandbox) int64 {
+	if s.cg == nil {
+		return -1
+	}
+	for _, p := range []string{"/sys/fs/cgroup/memory" + s.cg.Path() + "/memory.usage_in_bytes", "/sys/fs/cgroup" + s.cg.Path() + "/memory.current"} {
+		if b, err := os.ReadFile(p); err == nil {
+			n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+			return n
+		}
+	}
+	return -1
 }
 
 // treeRSS adds up the resident memory of pids.
