@@ -125,36 +125,69 @@ func userSysctlArgs(values []sysctl) ([]string, error) {
 	return args, nil
 }
 
-// budgetScript writes, in dir, an action script for criu restore that
-// sets values in the restored user namespace once CRIU has made it
-// (post-setup-namespaces), before any restored process runs, and
-// returns its path.
-func budgetScript(dir string, values []sysctl) (string, error) {
+// actionScript writes, in dir, an action script for criu restore, and
+// returns its path. Once CRIU has made the namespaces
+// (post-setup-namespaces), it sets values in the restored user namespace;
+// once the tree is restored and before it runs (pre-resume), it remounts
+// each of mounts with the flags it had (CRIU restores binds of one source
+// as binds of the first, without their own flags: most /proc masks came
+// back read-write, without nosuid, nodev or noexec). Flags are only
+// added: ro, nosuid, nodev, noexec.
+func actionScript(dir string, values []sysctl, mounts []extMount) (string, error) {
 	args, err := userSysctlArgs(values)
 	if err != nil {
 		return "", err
 	}
-	helper := filepath.Join(dir, "budgets.py")
-	if err := os.WriteFile(helper, []byte(userNSSysctlScript), 0o600); err != nil {
+	budgets := filepath.Join(dir, "budgets.py")
+	if err := os.WriteFile(budgets, []byte(userNSSysctlScript), 0o600); err != nil {
 		return "", err
 	}
-	// Every argument is a checked sysctl name or number, and helper a
-	// path of the supervisor's; quoted all the same.
+	remount := filepath.Join(dir, "remount.py")
+	if err := os.WriteFile(remount, []byte(remountScript), 0o600); err != nil {
+		return "", err
+	}
+	// Every argument is a checked sysctl name or number, a mount point
+	// read from the sandbox's mountinfo at dump time, or a path of the
+	// supervisor's; each is quoted.
 	quote := func(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 	script := "#!/bin/sh\n" +
-		"# Vivarium: the sandbox's user namespace budgets, which CRIU does not restore.\n" +
-		"[ \"$CRTOOLS_SCRIPT_ACTION\" = post-setup-namespaces ] || exit 0\n" +
-		"exec /usr/bin/python3 -I -S " + quote(helper)
+		"# Vivarium: what CRIU does not restore of a sandbox.\n" +
+		"case \"$CRTOOLS_SCRIPT_ACTION\" in\n" +
+		"post-setup-namespaces)\n\texec /usr/bin/python3 -I -S " + quote(budgets)
 	for _, a := range args {
 		script += " " + quote(a)
 	}
-	script += " 3</proc/\"$CRTOOLS_INIT_PID\"/ns/user\n"
-	p := filepath.Join(dir, "budgets.sh")
+	script += " 3</proc/\"$CRTOOLS_INIT_PID\"/ns/user ;;\n" +
+		"pre-resume)\n\texec /usr/bin/python3 -I -S " + quote(remount)
+	for _, m := range mounts {
+		script += " " + quote(m.mountpoint) + " " + quote(m.flags)
+	}
+	script += " 3</proc/\"$CRTOOLS_INIT_PID\"/ns/mnt ;;\nesac\n"
+	p := filepath.Join(dir, "actions.sh")
 	if err := os.WriteFile(p, []byte(script), 0o700); err != nil {
 		return "", err
 	}
 	return p, nil
 }
+
+// remountScript: argv is mount point, flags (mountinfo's per-mount
+// options), ...; fd 3 is the restored mount namespace, whose processes
+// have not run yet.
+const remountScript = `
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWNS, MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND = 0x20000, 1, 2, 4, 8, 32, 4096
+known = {"ro": MS_RDONLY, "nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC}
+if libc.prctl(4, 0, 0, 0, 0) != 0 or libc.setns(3, CLONE_NEWNS) != 0:
+    sys.exit("setns: " + os.strerror(ctypes.get_errno()))
+a = sys.argv[1:]
+for point, opts in zip(a[::2], a[1::2]):
+    flags = 0
+    for o in opts.split(","):
+        flags |= known.get(o, 0)
+    if flags and libc.mount(None, point.encode(), None, MS_BIND | MS_REMOUNT | flags, None) != 0:
+        sys.exit("remount %s %s: %s" % (point, opts, os.strerror(ctypes.get_errno())))
+`
 
 // userNSSysctlScript: argv is path, value, path, value ...; fd 3 is the
 // user namespace.

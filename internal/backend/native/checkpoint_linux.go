@@ -78,6 +78,7 @@ func (cp *checkpoint) close() {
 // not reach host files), then as the sandbox's root, whose group this is.
 // The sandbox's own host user may read its own memory; nobody else on
 // the host can, and no process of the sandbox exists while it is paused.
+// The /proc masks' copies keep their modes (0444, 0555).
 func (cp *checkpoint) handOver(gid int) error {
 	return filepath.Walk(cp.dir, func(p string, fi os.FileInfo, err error) error {
 		if err != nil {
@@ -88,6 +89,11 @@ func (cp *checkpoint) handOver(gid int) error {
 		}
 		if err := os.Lchown(p, 0, gid); err != nil {
 			return err
+		}
+		if filepath.Dir(p) == filepath.Join(cp.dir, "ext") {
+			// The /proc masks, bound into the sandbox as they were:
+			// readable by all there (copyMask), behind cp.dir here.
+			return nil
 		}
 		if fi.IsDir() {
 			return os.Chmod(p, 0o750)
@@ -105,6 +111,7 @@ func (cp *checkpoint) images() string { return filepath.Join(cp.dir, "images") }
 type extMount struct {
 	key, mountpoint, source string
 	lower                   string
+	flags                   string // its per-mount options at dump time
 }
 
 // extFile is a host file that init held, restored by opening it again.
@@ -272,6 +279,7 @@ func prepareDump(pid int, dir string) (*checkpoint, error) {
 // mountEntry is one line of /proc/PID/mountinfo.
 type mountEntry struct {
 	id, dev, root, point string
+	flags                string // the mount's own options (ro,nosuid,...)
 	fstype, options      string // after the separator: the file system's
 }
 
@@ -288,7 +296,7 @@ func readMountinfo(pid int) ([]mountEntry, error) {
 		if len(fl) < 5 {
 			continue
 		}
-		e := mountEntry{id: fl[0], dev: fl[2], root: unescapeMount(fl[3]), point: unescapeMount(fl[4])}
+		e := mountEntry{id: fl[0], dev: fl[2], root: unescapeMount(fl[3]), point: unescapeMount(fl[4]), flags: fl[5]}
 		for i, f := range fl {
 			if f == "-" && i+3 < len(fl) {
 				e.fstype, e.options = fl[i+1], fl[i+3]
@@ -344,7 +352,7 @@ func (cp *checkpoint) collectMounts(pid int, mnts []mountEntry) error {
 			if err != nil {
 				return fmt.Errorf("checkpoint: the overlay at %s: %w", m.point, err)
 			}
-			cp.mounts = append(cp.mounts, extMount{key: key, mountpoint: m.point, lower: lower})
+			cp.mounts = append(cp.mounts, extMount{key: key, mountpoint: m.point, lower: lower, flags: m.flags})
 			continue
 		}
 		if rooted[m.dev] {
@@ -352,13 +360,13 @@ func (cp *checkpoint) collectMounts(pid int, mnts []mountEntry) error {
 		}
 		switch {
 		case devNodes[m.point]:
-			cp.mounts = append(cp.mounts, extMount{key: key, mountpoint: m.point, source: m.point})
+			cp.mounts = append(cp.mounts, extMount{key: key, mountpoint: m.point, source: m.point, flags: m.flags})
 		case strings.HasPrefix(m.point, "/proc/"):
 			src := filepath.Join(cp.dir, "ext", key)
 			if err := copyMask(int(root.Fd()), m.point, src); err != nil {
 				return fmt.Errorf("checkpoint: copy the mask over %s: %w", m.point, err)
 			}
-			cp.mounts = append(cp.mounts, extMount{key: key, mountpoint: m.point, source: src})
+			cp.mounts = append(cp.mounts, extMount{key: key, mountpoint: m.point, source: src, flags: m.flags})
 		default:
 			return fmt.Errorf("checkpoint: the mount at %s (root %s) has no source CRIU can reach", m.point, m.root)
 		}

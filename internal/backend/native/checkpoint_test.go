@@ -2,6 +2,7 @@ package native
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -141,6 +142,10 @@ func TestCheckpointRestorePython(t *testing.T) {
 	}
 	rss := treeRSS(tree)
 	memBefore := cgroupMemory(s)
+	mountsBefore, err := s.Execute(ctx, sandbox.ExecRequest{Code: "print(" + mountsCode + ")"}, nil)
+	if err != nil || mountsBefore.Status != sandbox.StatusOK {
+		t.Fatalf("%+v %v", mountsBefore, err)
+	}
 	budget := map[string]string{}
 	for _, name := range budgetFiles {
 		res, err := s.Execute(ctx, sandbox.ExecRequest{Code: fmt.Sprintf("print(' '.join(open('%s').read().split()))", name)}, nil)
@@ -193,7 +198,8 @@ func TestCheckpointRestorePython(t *testing.T) {
 			return err
 		}
 		st := fi.Sys().(*syscall.Stat_t)
-		if fi.Mode().Perm()&0o007 != 0 || fi.Mode().Perm()&0o020 != 0 || st.Uid != 0 || st.Gid != gid {
+		mask := filepath.Dir(p) == filepath.Join(dir, "ext") // the /proc masks: readable by all, behind dir
+		if (!mask && fi.Mode().Perm()&0o007 != 0) || fi.Mode().Perm()&0o022 != 0 || st.Uid != 0 || st.Gid != gid {
 			t.Errorf("%s: %v, owner %d:%d", p, fi.Mode(), st.Uid, st.Gid)
 		}
 		return nil
@@ -240,9 +246,17 @@ func TestCheckpointRestorePython(t *testing.T) {
 	if got := execRestored(t, req, events, "import os; os.getuid(), os.getgid()"); got != "(1000, 1000)" {
 		t.Errorf("the runner's user after restore: %s", got)
 	}
+	// The same mounts, with the same flags: the /proc masks, read-only
+	// /usr and /dev, nosuid and noexec where they were.
+	if got := execRestored(t, req, events, mountsCode); got != strings.TrimSpace(mountsBefore.Stdout) {
+		t.Errorf("mounts after restore:\n%s\nbefore:\n%s", got, mountsBefore.Stdout)
+	}
+	if got := execRestored(t, req, events, "len(open('/proc/keys').read())"); got != "0" {
+		t.Errorf("/proc/keys after restore: %q", got)
+	}
 	for _, name := range budgetFiles {
 		code := fmt.Sprintf("' '.join(open('%s').read().split())", name)
-		if got := execRestored(t, req, events, code); got != budget[name] {
+		if got := execRestored(t, req, events, code); got != strings.TrimSpace(budget[name]) {
 			t.Errorf("%s after restore: %s, before: %s", name, got, budget[name])
 		}
 	}
@@ -277,6 +291,11 @@ func TestCheckpointFailedDump(t *testing.T) {
 	}
 }
 
+// mountsCode lists the sandbox's mounts as it sees them: mount point and
+// its flags, in order. (The file systems differ: the restored /proc masks
+// are files of the checkpoint, the /dev nodes the host's own.)
+const mountsCode = `' '.join(sorted(f[4] + ':' + f[5] for f in (l.split() for l in open('/proc/self/mountinfo'))))`
+
 // budgetFiles are what a sandbox reads of its kernel budgets (the user
 // and IPC namespaces' sysctls, its rlimits): the same after a restore.
 var budgetFiles = []string{"/proc/sys/user/max_mnt_namespaces", "/proc/sys/user/max_user_namespaces",
@@ -300,7 +319,13 @@ func execRestored(t *testing.T, req, events *os.File, code string) string {
 		}
 		switch ev.Type {
 		case "result":
-			got = strings.Trim(string(ev.Data["text/plain"]), `"'`)
+			// text/plain is the result's repr, as a JSON string.
+			if err := json.Unmarshal(ev.Data["text/plain"], &got); err != nil {
+				t.Fatalf("%s: result %s: %v", code, ev.Data["text/plain"], err)
+			}
+			if len(got) >= 2 && (got[0] == '\'' || got[0] == '"') && got[len(got)-1] == got[0] {
+				got = got[1 : len(got)-1]
+			}
 			// The runner waits for the supervisor's ack of a result.
 			if err := runner.WriteFrame(req, runner.Request{Type: "ack"}); err != nil {
 				t.Fatal(err)

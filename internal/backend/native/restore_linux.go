@@ -74,15 +74,14 @@ func restoreTree(ctx context.Context, bin string, cp *checkpoint) (_ *restoredTr
 	os.Remove(pidfile)
 	args := []string{"restore", "--images-dir", cp.images(), "--log-file", "restore.log", "-v4",
 		"--root", root, "--restore-detached", "--restore-sibling", "--pidfile", pidfile}
-	if len(cp.userSysctls) > 0 {
-		script, err := budgetScript(cp.dir, cp.userSysctls)
-		if err != nil {
-			return nil, err
-		}
-		defer os.Remove(script)
-		defer os.Remove(filepath.Join(cp.dir, "budgets.py"))
-		args = append(args, "--action-script", script)
+	script, err := actionScript(cp.dir, cp.userSysctls, cp.mounts)
+	if err != nil {
+		return nil, err
 	}
+	defer os.Remove(script)
+	defer os.Remove(filepath.Join(cp.dir, "budgets.py"))
+	defer os.Remove(filepath.Join(cp.dir, "remount.py"))
+	args = append(args, "--action-script", script)
 	for _, m := range cp.mounts {
 		src := m.source
 		if m.lower != "" {
