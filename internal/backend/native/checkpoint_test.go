@@ -148,11 +148,14 @@ func TestCheckpointRestorePython(t *testing.T) {
 	}
 	budget := map[string]string{}
 	for _, name := range budgetFiles {
-		res, err := s.Execute(ctx, sandbox.ExecRequest{Code: fmt.Sprintf("print(' '.join(open('%s').read().split()))", name)}, nil)
+		res, err := s.Execute(ctx, sandbox.ExecRequest{Code: "print(" + readCode(name) + ")"}, nil)
 		if err != nil || res.Status != sandbox.StatusOK {
 			t.Fatalf("%+v %v", res, err)
 		}
 		budget[name] = strings.TrimSpace(res.Stdout)
+	}
+	if !strings.HasPrefix(budget["unshare"], "(-1, ") {
+		t.Fatalf("unshare(CLONE_NEWUSER) in the sandbox: %s", budget["unshare"])
 	}
 
 	// The parent lets the sandbox's host root through, as a data
@@ -255,7 +258,7 @@ func TestCheckpointRestorePython(t *testing.T) {
 		t.Errorf("/proc/keys after restore: %q", got)
 	}
 	for _, name := range budgetFiles {
-		code := fmt.Sprintf("' '.join(open('%s').read().split())", name)
+		code := readCode(name)
 		if got := execRestored(t, req, events, code); got != strings.TrimSpace(budget[name]) {
 			t.Errorf("%s after restore: %s, before: %s", name, got, budget[name])
 		}
@@ -296,11 +299,27 @@ func TestCheckpointFailedDump(t *testing.T) {
 // are files of the checkpoint, the /dev nodes the host's own.)
 const mountsCode = `' '.join(sorted(f[4] + ':' + f[5] for f in (l.split() for l in open('/proc/self/mountinfo'))))`
 
-// budgetFiles are what a sandbox reads of its kernel budgets (the user
-// and IPC namespaces' sysctls, its rlimits): the same after a restore.
-var budgetFiles = []string{"/proc/sys/user/max_mnt_namespaces", "/proc/sys/user/max_user_namespaces",
+// budgetFiles are what a sandbox reads of its confinement (its
+// capabilities, no_new_privs and seccomp mode in /proc/self/status) and
+// of its kernel budgets (the user and IPC namespaces' sysctls, its
+// rlimits), and what an unshare(CLONE_NEWUSER) gets: the same after a
+// restore. /proc/self/status is read from the
+// runner both times (pid, memory and counters filtered out).
+var budgetFiles = []string{"/proc/self/status", "unshare", "/proc/sys/user/max_mnt_namespaces", "/proc/sys/user/max_user_namespaces",
 	"/proc/sys/user/max_inotify_instances", "/proc/sys/user/max_inotify_watches", "/proc/sys/kernel/shmmni",
 	"/proc/sys/fs/mqueue/queues_max", "/proc/self/limits"}
+
+// readCode is an expression of what the sandbox reads in name: its
+// words, or for /proc/self/status its lines about confinement.
+func readCode(name string) string {
+	if name == "unshare" { // refused by seccomp: the same error both times
+		return "(lambda c: (c.CDLL(None, use_errno=True).unshare(0x10000000), c.get_errno()))(__import__('ctypes'))"
+	}
+	if name == "/proc/self/status" {
+		return "' '.join(' '.join(l.split()) for l in open('/proc/self/status') if l.startswith(('Cap', 'NoNewPrivs', 'Seccomp', 'Uid', 'Gid', 'Groups')))"
+	}
+	return fmt.Sprintf("' '.join(open('%s').read().split())", name)
+}
 
 // execRestored runs code in a restored runner, speaking its protocol on
 // its request and event pipes, and returns the text of its result.
