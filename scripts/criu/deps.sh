@@ -1,11 +1,13 @@
 #!/bin/sh
-# Installs what scripts/criu/build.sh needs: CRIU's build dependencies from
-# the machine's own Debian release (bookworm), dpkg-dev to unpack source
-# packages, and a deb-src line for Debian trixie, whose criu source package
-# (4.1.1) is the one built: bookworm's criu 3.17 fails `criu check` on
-# current kernels (the vDSO layout). Only a deb-src line is added for
-# trixie, never a deb line: no trixie binary package is installed and
-# nothing is upgraded.
+# Installs what scripts/criu/build.sh needs, and what criu runs: CRIU's
+# build dependencies from the machine's own Debian release (bookworm),
+# dpkg-dev to unpack source packages, and a deb-src line for Debian
+# trixie, whose criu source package (4.1.1) is the one built: bookworm's
+# criu 3.17 fails `criu check` on current kernels (the vDSO layout). Only a
+# deb-src line is added for trixie, never a deb line: no trixie binary
+# package is installed and nothing is upgraded. At run time criu calls ip
+# (iproute2) and iptables-save/-restore (iptables) to save and restore a
+# sandbox's network namespace.
 set -eu
 sudo=""
 [ "$(id -u)" -ne 0 ] && sudo="sudo"
@@ -38,7 +40,7 @@ need=""
 for p in build-essential pkg-config dpkg-dev patch python3 \
 	libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler \
 	libnl-3-dev libnet1-dev libcap-dev libbsd-dev libgnutls28-dev \
-	libnftables-dev uuid-dev; do
+	libnftables-dev uuid-dev iproute2 iptables; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need="$need $p"
 done
 if [ -n "$need" ]; then
