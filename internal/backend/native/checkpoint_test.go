@@ -53,8 +53,12 @@ func checkpointSandbox(t *testing.T) *Sandbox {
 	}
 	s := sbx.(*Sandbox)
 	t.Cleanup(func() { s.Close() })
-	if res, err := s.Execute(ctx, sandbox.ExecRequest{Code: "x = 41"}, nil); err != nil || res.Status != sandbox.StatusOK {
-		t.Fatalf("x = 41: %+v %v", res, err)
+	// Python state, a file in the workspace, an open file and a child
+	// process.
+	code := "x = 41\nopen('kept.txt', 'w').write('kept')\nf = open('open.txt', 'w+')\nf.write('abc')\n" +
+		"import subprocess\nchild = subprocess.Popen(['sleep', '600'])"
+	if res, err := s.Execute(ctx, sandbox.ExecRequest{Code: code}, nil); err != nil || res.Status != sandbox.StatusOK {
+		t.Fatalf("%s: %+v %v", code, res, err)
 	}
 	return s
 }
@@ -239,6 +243,21 @@ func TestCheckpointRestorePython(t *testing.T) {
 		t.Fatalf("x + 1 after restore: %q", got)
 	}
 	t.Logf("x + 1 = 42, %v after the restore", time.Since(start).Round(time.Millisecond))
+
+	for code, want := range map[string]string{
+		"open('kept.txt').read()":            "kept",
+		"f.seek(0); f.read()":                "abc",
+		"child.poll() is None and child.pid": "",
+		// The same directory; CRIU gives its path through the root
+		// mount (/workspace) rather than the bind at /home/user
+		// (docs/snapshots.md).
+		"import os; os.path.samefile(os.getcwd(), '/home/user')": "True",
+	} {
+		got := execRestored(t, req, events, code)
+		if want == "" && (got == "False" || got == "") || want != "" && got != want {
+			t.Errorf("%s after restore: %q", code, got)
+		}
+	}
 
 	// Restored, it is still the same sandbox: in its cgroup, its host
 	// user, with the budgets of its user namespace.
