@@ -2,27 +2,34 @@ package native
 
 // A prototype of checkpoint and restore (issue 15, docs/snapshots.md):
 // CRIU saves a classic sandbox's process tree (init, its runner and
-// everything they started, with their namespaces) to an images directory
-// and brings it back. What the tree holds of the host is external to it,
+// everything they started, with their namespaces) and brings it back
+// (restore_linux.go). What the tree holds of the host is external to it,
 // and CRIU must be told about each:
 //
-//   - mounts whose source is not visible in the sandbox: the /dev nodes
-//     bound from a host directory that is gone once they are bound, and
-//     the masks over /proc, bound from a tmpfs that init unmounts once
-//     bound (procmask_linux.go). Dumped as external mounts; restored
-//     from the host's own /dev nodes and from copies of the masks made
-//     at dump time in the images directory.
+//   - mounts whose source is not visible in the sandbox: the /dev nodes,
+//     bound from a host directory removed once they are bound, restored
+//     from the host's own nodes; the masks over /proc, bound from a tmpfs
+//     that init unmounts (procmask_linux.go), copied at dump time into
+//     the checkpoint and restored from there; the /usr overlay, whose
+//     second layer was in init's scratch tmpfs, restored as a new
+//     overlay. A restore gives every one its flags again.
+//   - the root tmpfs (the sandbox's files), which CRIU does not save: the
+//     supervisor keeps the sandbox's mount namespace, and a restore
+//     mounts its root for CRIU (--root).
 //   - files that init holds of the host: its own executable (init is the
 //     vivarium binary re-executed) and the cgroup files that the Go
-//     runtime keeps open to follow its CPU limit. Dumped as external
-//     files; restored from the same host files, opened by the supervisor.
+//     runtime keeps open to follow its CPU limit, reopened by the
+//     supervisor; files open on the /dev nodes, reopened from the host's.
 //   - pipes and the control socket to the supervisor: their other end is
 //     the host's. Restored onto new pipes and a new socket pair whose
 //     other ends the supervisor holds.
+//   - the user namespace's budgets (budgets_linux.go), which a restore
+//     sets again before any restored process runs.
 //
 // Only the sandbox's own tree is ever dumped: the pid is the sandbox's
-// init, whose pidfd or child handle the supervisor holds. Images hold the
-// sandbox's memory: the directory is the supervisor's, mode 0700.
+// init, the supervisor's child, checked in the sandbox's cgroup. Images
+// hold the sandbox's memory: root's, readable by the sandbox's host root
+// group and nobody else (handOver).
 
 import (
 	"bufio"
@@ -143,8 +150,8 @@ const maxMaskFile = 64 << 10
 // (devices_linux.go); a restore binds the host's own.
 var devNodes = map[string]bool{"/dev/null": true, "/dev/zero": true, "/dev/full": true, "/dev/random": true, "/dev/urandom": true}
 
-// dump saves the sandbox's process tree to dir (created, mode 0700, must
-// not exist) with CRIU at bin and ends the tree: its processes are
+// dump saves the sandbox's process tree to dir (created, must not
+// exist; see prepareDump) with CRIU at bin and ends the tree: its processes are
 // stopped and their memory freed. A dump that fails ends the sandbox
 // too (for now: its control socket is replaced first). Only classic
 // sandboxes: a zygote's sandboxes share the zygote's memory and are not
@@ -452,8 +459,10 @@ func processTree(pid int) ([]int, error) {
 }
 
 // collectFiles finds what the tree holds of the host: pipes with one end
-// outside, init's control socket, and files of init on mounts the
-// sandbox does not have (its executable, the Go runtime's cgroup files).
+// outside, init's control socket, files of init on mounts the sandbox
+// does not have (its executable, the Go runtime's cgroup files), and
+// files open on the /dev nodes (reopened from the host's node of that
+// name, whatever the sandbox did to the path).
 // A process other than init holding a file of a host mount is refused:
 // only init is trusted to, and reopening what a sandboxed process names
 // would open host files on its say.
