@@ -228,21 +228,7 @@ func TestCheckpointRestorePython(t *testing.T) {
 	defer r.kill()
 	t.Logf("restore: %v, init is host pid %d", r.took.Round(time.Millisecond), r.pid)
 
-	// The runner's request pipe is the one it reads; its event pipe the
-	// one it writes that is not its stdout or stderr.
-	var req, events *os.File
-	for _, p := range cp.pipes {
-		switch {
-		case p.init:
-		case p.reader:
-			req = r.pipes[p.ino]
-		case p.fd > 2:
-			events = r.pipes[p.ino]
-		}
-	}
-	if req == nil || events == nil {
-		t.Fatalf("the runner's pipes were not among the external ones: %+v", cp.pipes)
-	}
+	req, events := restoredRunnerPipes(t, cp, r)
 	start := time.Now()
 	if got := execRestored(t, req, events, "x + 1"); got != "42" {
 		t.Fatalf("x + 1 after restore: %q", got)
@@ -284,6 +270,26 @@ func TestCheckpointRestorePython(t *testing.T) {
 			t.Errorf("%s after restore: %s, before: %s", name, got, budget[name])
 		}
 	}
+}
+
+// restoredRunnerPipes returns the supervisor's ends of a restored runner's
+// request pipe (the one it reads) and event pipe (the one it writes that
+// is not its stdout or stderr).
+func restoredRunnerPipes(t *testing.T, cp *checkpoint, r *restoredTree) (req, events *os.File) {
+	t.Helper()
+	for _, p := range cp.pipes {
+		switch {
+		case p.init:
+		case p.reader:
+			req = r.pipes[p.ino]
+		case p.fd > 2:
+			events = r.pipes[p.ino]
+		}
+	}
+	if req == nil || events == nil {
+		t.Fatalf("the runner's pipes were not among the external ones: %+v", cp.pipes)
+	}
+	return req, events
 }
 
 // A dump that fails (here criu itself) ends the sandbox rather than
