@@ -19,6 +19,7 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
 	"github.com/vivarium-sandbox/vivarium/internal/backend/wasm"
 	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
+	"github.com/vivarium-sandbox/vivarium/internal/criu"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/seccomp"
 	"github.com/vivarium-sandbox/vivarium/internal/volume"
@@ -41,7 +42,7 @@ func cmdDoctor(args []string) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	checks := append(doctorChecks(), gvisorCheck(), dockerCheck(), wasmCheck())
+	checks := append(doctorChecks(), gvisorCheck(), dockerCheck(), wasmCheck(), checkpointCheck())
 	if *asJSON {
 		json.NewEncoder(os.Stdout).Encode(checks)
 	} else {
@@ -89,6 +90,26 @@ func gvisorCheck() check {
 		}
 		return b, "runsc platform " + b.Platform().String(), nil
 	})
+}
+
+// checkpointCheck reports whether checkpoint/restore (pause, resume,
+// snapshots: issue 15, docs/snapshots.md) can work on this host: a criu
+// binary of 4.x is found and `criu check` passes. Optional: nothing else
+// needs it, and it is a prototype yet.
+func checkpointCheck() check {
+	const name = "checkpoint/restore"
+	bin, err := criu.Find()
+	if err != nil {
+		return check{Name: name, Optional: true, Detail: err.Error()}
+	}
+	v, _ := criu.Version(bin)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	said, err := criu.Check(ctx, bin)
+	if err != nil {
+		return check{Name: name, Optional: true, Detail: fmt.Sprintf("%s (criu %s) fails: %v", bin, v, err)}
+	}
+	return check{Name: name, OK: true, Optional: true, Detail: fmt.Sprintf("criu %s at %s: criu check says %q", v, bin, said)}
 }
 
 // closingBackend is a backend that frees what it keeps when closed.

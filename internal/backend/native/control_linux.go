@@ -28,7 +28,7 @@ const fdControl = 7
 const maxControlMsg = 256 << 10
 
 // Control operations. Supervisor → init: opSpawn, opSignal, opInterrupt,
-// opRestart. Init → supervisor: opSpawned, opExited, opRunner.
+// opRestart, opRebind. Init → supervisor: opSpawned, opExited, opRunner.
 const (
 	opSpawn     = "spawn"     // start a command: ID, Argv, Env, Dir, User, Term
 	opSignal    = "signal"    // signal a command's process group: PID, Signal
@@ -37,6 +37,9 @@ const (
 	opSpawned   = "spawned"   // a command started (PID, with its stdin, stdout and stderr, or its terminal's master) or not (Error)
 	opExited    = "exited"    // a command (ID) or the runner (ID 0) ended: Code, Signal
 	opRunner    = "runner"    // a runner started
+	// opRebind carries a socket that becomes init's control socket: one
+	// made in the sandbox's network namespace, which CRIU can dump.
+	opRebind = "rebind"
 )
 
 type ctlMsg struct {
@@ -123,9 +126,19 @@ func supervise(cfg *initConfig, report func(initStatus)) int {
 		buf, oob := make([]byte, maxControlMsg), make([]byte, 256)
 		for {
 			m, fds, err := recvCtl(fdControl, buf, oob)
-			closeAll(fds) // the supervisor sends none
 			if err != nil {
+				closeAll(fds)
 				return
+			}
+			if m.Op == opRebind && len(fds) == 1 {
+				// Before a checkpoint (checkpoint_linux.go): the new
+				// socket takes the place of the old, here, between two
+				// reads.
+				unix.Dup3(fds[0], fdControl, unix.O_CLOEXEC)
+			}
+			closeAll(fds) // the supervisor sends none but opRebind's
+			if m.Op == opRebind {
+				continue
 			}
 			reqs <- m
 		}

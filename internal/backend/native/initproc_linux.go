@@ -148,7 +148,10 @@ func (p *initProc) awaitReaped() {
 // sandbox's host user (spawn_linux.go).
 func (b *Backend) execInit(child []*os.File, cgroupFD int, owner uint32) (*initProc, error) {
 	cmd := initCommand(b.cfg.Exe, child)
-	cmd.SysProcAttr = &syscall.SysProcAttr{}
+	// A session of its own: the sandbox shares no session or process
+	// group with the supervisor, and CRIU can dump its tree (a session
+	// leader outside the sandbox's PID namespace stops a dump).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	p := &initProc{cmd: cmd, pidfd: -1}
 	if cgroupFD >= 0 {
 		// cgroup v2: born inside its group (clone3 CLONE_INTO_CGROUP).

@@ -1,0 +1,614 @@
+package native
+
+// A prototype of checkpoint and restore (issue 15, docs/snapshots.md):
+// CRIU saves a classic sandbox's process tree (init, its runner and
+// everything they started, with their namespaces) and brings it back
+// (restore_linux.go). What the tree holds of the host is external to it,
+// and CRIU must be told about each:
+//
+//   - mounts whose source is not visible in the sandbox: the /dev nodes,
+//     bound from a host directory removed once they are bound, restored
+//     from the host's own nodes; the masks over /proc, bound from a tmpfs
+//     that init unmounts (procmask_linux.go), copied at dump time into
+//     the checkpoint and restored from there; the /usr overlay, whose
+//     second layer was in init's scratch tmpfs, restored as a new
+//     overlay. A restore gives every one its flags again.
+//   - the root tmpfs (the sandbox's files), which CRIU does not save: the
+//     supervisor keeps the sandbox's mount namespace, and a restore
+//     mounts its root for CRIU (--root).
+//   - files that init holds of the host: its own executable (init is the
+//     vivarium binary re-executed) and the cgroup files that the Go
+//     runtime keeps open to follow its CPU limit, reopened by the
+//     supervisor; files open on the /dev nodes, reopened from the host's.
+//   - pipes and the control socket to the supervisor: their other end is
+//     the host's. Restored onto new pipes and a new socket pair whose
+//     other ends the supervisor holds.
+//   - the user namespace's budgets (budgets_linux.go), which a restore
+//     sets again before any restored process runs.
+//
+// Only the sandbox's own tree is ever dumped: the pid is the sandbox's
+// init, the supervisor's child, checked in the sandbox's cgroup. Images
+// hold the sandbox's memory: root's, readable by the sandbox's host root
+// group and nobody else (handOver).
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vivarium-sandbox/vivarium/internal/criu"
+)
+
+// checkpoint is a dumped sandbox: its images and what its tree held of
+// the host.
+type checkpoint struct {
+	dir    string
+	mounts []extMount
+	files  []extFile
+	pipes  []extPipe
+	socks  []extSock
+	// mntns holds the sandbox's mount namespace after its processes are
+	// gone, and with it the root tmpfs (the sandbox's files), which CRIU
+	// does not save: a restore mounts it again (restore_linux.go).
+	mntns *os.File
+	// userSysctls are the budgets of the sandbox's user namespace
+	// (budgets_linux.go), which CRIU does not save: a restore sets them
+	// again before any restored process runs.
+	userSysctls []sysctl
+	// Took is how long criu dump ran.
+	took time.Duration
+}
+
+// close lets go of the sandbox's mount namespace, and so of its files.
+func (cp *checkpoint) close() {
+	if cp.mntns != nil {
+		cp.mntns.Close()
+		cp.mntns = nil
+	}
+}
+
+// handOver makes the checkpoint's directory readable by the restored
+// tasks and by nobody else: owned by root and by the sandbox's host root
+// group (gid), directories 0750, files 0640. The tasks open images and
+// mount sources first as the host's root (still their credentials just
+// after they entered the new user namespace, where their capabilities do
+// not reach host files), then as the sandbox's root, whose group this is.
+// The sandbox's own host user may read its own memory; nobody else on
+// the host can, and no process of the sandbox exists while it is paused.
+// The /proc masks' copies keep their modes (0444, 0555).
+func (cp *checkpoint) handOver(gid int) error {
+	return filepath.Walk(cp.dir, func(p string, fi os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		if fi.Mode()&os.ModeSymlink != 0 {
+			return fmt.Errorf("checkpoint: unexpected symbolic link %s", p)
+		}
+		if err := os.Lchown(p, 0, gid); err != nil {
+			return err
+		}
+		if filepath.Dir(p) == filepath.Join(cp.dir, "ext") {
+			// The /proc masks, bound into the sandbox as they were:
+			// readable by all there (copyMask), behind cp.dir here.
+			return nil
+		}
+		if fi.IsDir() {
+			return os.Chmod(p, 0o750)
+		}
+		return os.Chmod(p, 0o640)
+	})
+}
+
+// images is the directory of CRIU's images.
+func (cp *checkpoint) images() string { return filepath.Join(cp.dir, "images") }
+
+// extMount is a mount CRIU restores from a host path: source, or a new
+// read-only overlay of the host directory lower (/usr) that a restore
+// mounts.
+type extMount struct {
+	key, mountpoint, source string
+	lower                   string
+	flags                   string // its per-mount options at dump time
+}
+
+// extFile is a host file that init held, restored by opening it again.
+type extFile struct {
+	key, path string
+}
+
+// extPipe is a pipe whose other end is the host's.
+type extPipe struct {
+	ino    uint64
+	reader bool // the sandbox holds its read end
+	pid    int  // the first holder, on the host, and its descriptor
+	fd     int
+	init   bool // held by init
+}
+
+// extSock is a socket of init whose peer is the host's (the control
+// socket).
+type extSock struct {
+	ino uint64
+	fd  int
+}
+
+// maxMaskFile bounds a /proc mask's contents copied at dump time: they
+// are a few hundred bytes of synthesised text.
+const maxMaskFile = 64 << 10
+
+// devNodes are the /dev nodes a sandbox gets bound from the host
+// (devices_linux.go); a restore binds the host's own.
+var devNodes = map[string]bool{"/dev/null": true, "/dev/zero": true, "/dev/full": true, "/dev/random": true, "/dev/urandom": true}
+
+// dump saves the sandbox's process tree to dir (created, must not
+// exist; see prepareDump) with CRIU at bin and ends the tree: its processes are
+// stopped and their memory freed. A dump that fails ends the sandbox
+// too (for now: its control socket is replaced first). Only classic
+// sandboxes: a zygote's sandboxes share the zygote's memory and are not
+// supported yet.
+func (s *Sandbox) dump(ctx context.Context, bin, dir string) (*checkpoint, error) {
+	if s.z != nil {
+		return nil, errors.New("checkpoint: sandboxes forked from a zygote are not supported yet")
+	}
+	if s.init == nil || isClosed(s.initDone) {
+		return nil, errors.New("checkpoint: the sandbox is not running")
+	}
+	pid := s.init.pid
+	// The sandbox's user namespace, held from now on: the budgets below
+	// are written through it, never through a pid that could be reused.
+	userns, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", pid))
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: the sandbox's user namespace: %w", err)
+	}
+	defer userns.Close()
+	// The control socket was made in the supervisor's network namespace,
+	// where CRIU does not look for it: init takes one made in its own.
+	hostEnd, err := s.rebindControl()
+	if err != nil {
+		return nil, err
+	}
+	defer hostEnd.Close()
+	// From here the Sandbox no longer hears init (it reads the old
+	// socket), and init ends when hostEnd closes: a dump that fails ends
+	// the sandbox, as one that succeeds does (its processes are gone).
+	dumped := false
+	defer func() {
+		if !dumped {
+			s.kill()
+		}
+	}()
+	cp, err := prepareDump(pid, dir)
+	if err != nil {
+		return nil, err
+	}
+	// CRIU dumps a tmpfs's files from a helper mount namespace that it
+	// makes in the sandbox's user namespace, whose max_mnt_namespaces is
+	// 0 (budgets_linux.go): a few for the dump, which ends the namespace
+	// (a restore sets 0 again). Seccomp refuses the sandbox's own
+	// processes a new namespace all the same.
+	if err := userNSSysctls(userns, []sysctl{{"user/max_mnt_namespaces", strconv.Itoa(dumpMntNamespaces)}}); err != nil {
+		return nil, err
+	}
+	for _, v := range s.cfg.Sysctls {
+		if strings.HasPrefix(v.Path, "user/") {
+			cp.userSysctls = append(cp.userSysctls, v)
+		}
+	}
+	if cp.mntns, err = os.Open(fmt.Sprintf("/proc/%d/ns/mnt", pid)); err != nil {
+		return nil, fmt.Errorf("checkpoint: the sandbox's mount namespace: %w", err)
+	}
+	args := []string{"dump", "--tree", strconv.Itoa(pid), "--images-dir", cp.images(), "--log-file", "dump.log", "-v4",
+		"--ext-unix-sk"}
+	for _, m := range cp.mounts {
+		args = append(args, "--external", "mnt["+m.mountpoint+"]:"+m.key)
+	}
+	for _, f := range cp.files {
+		args = append(args, "--external", f.key)
+	}
+	for _, k := range cp.socks {
+		// A stream socket with its peer outside the tree.
+		args = append(args, "--external", fmt.Sprintf("unix[%d]", k.ino))
+	}
+	// Only the sandbox's own tree: init is this process's child, so its
+	// pid is its own until it is reaped, and while it lives it is in
+	// the sandbox's cgroup. (Were init to die and be reaped between this
+	// check and CRIU's seizing it, CRIU would be given a pid that another
+	// process may take: a window of a few milliseconds, for a process
+	// of the host to be forked with that very pid.)
+	if isClosed(s.initDone) {
+		cp.close()
+		return nil, errors.New("checkpoint: the sandbox's init exited")
+	}
+	if s.cg != nil {
+		if pids, err := s.cg.Procs(); err != nil || !slices.Contains(pids, pid) {
+			cp.close()
+			return nil, fmt.Errorf("checkpoint: init %d is not in the sandbox's cgroup (%v)", pid, err)
+		}
+	}
+	start := time.Now()
+	if err := criu.Run(ctx, bin, args, nil, cp.images(), "dump.log"); err != nil {
+		cp.close()
+		return nil, err
+	}
+	dumped = true
+	cp.took = time.Since(start)
+	if err := cp.handOver(int(s.owner.ID(0))); err != nil {
+		cp.close()
+		return nil, err
+	}
+	return cp, nil
+}
+
+// prepareDump makes the checkpoint directory dir (mode 0700, must not
+// exist) and finds what the tree of init (pid) holds of the host.
+//
+// dir holds images/, CRIU's images, and ext/, the copies of the /proc
+// masks. Its parent must let the sandbox's host root group through (mode
+// 0711): see handOver.
+func prepareDump(pid int, dir string) (*checkpoint, error) {
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return nil, err
+	}
+	cp := &checkpoint{dir: dir}
+	if err := os.Mkdir(filepath.Join(dir, "ext"), 0o700); err != nil {
+		return nil, err
+	}
+	if err := os.Mkdir(cp.images(), 0o700); err != nil {
+		return nil, err
+	}
+	mnts, err := readMountinfo(pid)
+	if err != nil {
+		return nil, err
+	}
+	if err := cp.collectMounts(pid, mnts); err != nil {
+		return nil, err
+	}
+	tree, err := processTree(pid)
+	if err != nil {
+		return nil, err
+	}
+	if err := cp.collectFiles(pid, tree, mnts); err != nil {
+		return nil, err
+	}
+	return cp, nil
+}
+
+// mountEntry is one line of /proc/PID/mountinfo.
+type mountEntry struct {
+	id, dev, root, point string
+	flags                string // the mount's own options (ro,nosuid,...)
+	fstype, options      string // after the separator: the file system's
+}
+
+func readMountinfo(pid int) ([]mountEntry, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/mountinfo", pid))
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []mountEntry
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fl := strings.Fields(sc.Text())
+		if len(fl) < 5 {
+			continue
+		}
+		e := mountEntry{id: fl[0], dev: fl[2], root: unescapeMount(fl[3]), point: unescapeMount(fl[4]), flags: fl[5]}
+		for i, f := range fl {
+			if f == "-" && i+3 < len(fl) {
+				e.fstype, e.options = fl[i+1], fl[i+3]
+				break
+			}
+		}
+		out = append(out, e)
+	}
+	return out, sc.Err()
+}
+
+// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// collectMounts finds the mounts CRIU cannot dump on its own: binds whose
+// source has no mount of its file system's root in the sandbox. /dev
+// nodes are restored from the host's; every other one is a /proc mask,
+// copied into dir/ext.
+func (cp *checkpoint) collectMounts(pid int, mnts []mountEntry) error {
+	rooted := map[string]bool{}
+	for _, m := range mnts {
+		if m.root == "/" {
+			rooted[m.dev] = true
+		}
+	}
+	root, err := os.Open(fmt.Sprintf("/proc/%d/root", pid))
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	for _, m := range mnts {
+		key := "m" + m.id
+		if m.fstype == "overlay" {
+			// Its second layer is an empty directory of init's scratch
+			// tmpfs, gone once init set up.
+			lower, err := overlayLower(m.options)
+			if err != nil {
+				return fmt.Errorf("checkpoint: the overlay at %s: %w", m.point, err)
+			}
+			cp.mounts = append(cp.mounts, extMount{key: key, mountpoint: m.point, lower: lower, flags: m.flags})
+			continue
+		}
+		if rooted[m.dev] {
+			continue
+		}
+		switch {
+		case devNodes[m.point]:
+			cp.mounts = append(cp.mounts, extMount{key: key, mountpoint: m.point, source: m.point, flags: m.flags})
+		case strings.HasPrefix(m.point, "/proc/"):
+			src := filepath.Join(cp.dir, "ext", key)
+			if err := copyMask(int(root.Fd()), m.point, src); err != nil {
+				return fmt.Errorf("checkpoint: copy the mask over %s: %w", m.point, err)
+			}
+			cp.mounts = append(cp.mounts, extMount{key: key, mountpoint: m.point, source: src, flags: m.flags})
+		default:
+			return fmt.Errorf("checkpoint: the mount at %s (root %s) has no source CRIU can reach", m.point, m.root)
+		}
+	}
+	return nil
+}
+
+// overlayLower returns the host directory a sandbox's read-only overlay
+// shows (its first lower layer), from the overlay's mount options: one
+// directory of the host's root, as mount_linux.go makes them for a classic
+// sandbox, and nothing else.
+func overlayLower(options string) (string, error) {
+	for _, o := range strings.Split(options, ",") {
+		v, ok := strings.CutPrefix(o, "lowerdir=")
+		if !ok {
+			continue
+		}
+		first, _, _ := strings.Cut(v, ":")
+		name := strings.TrimPrefix(first, "/")
+		if !strings.HasPrefix(first, "/") || name == "" || strings.ContainsAny(name, "/\\") || name == ".." || name == "." {
+			return "", fmt.Errorf("lower layer %q is not a directory of the host's root", first)
+		}
+		return first, nil
+	}
+	return "", errors.New("no lower layer")
+}
+
+// copyMask copies what the sandbox sees at point (a mask: an empty
+// directory or a small file) to dst. The path is resolved inside the
+// sandbox's root without following symbolic links, and only a directory
+// or a regular file of at most maxMaskFile bytes is taken.
+func copyMask(rootFD int, point, dst string) error {
+	fd, err := unix.Openat2(rootFD, strings.TrimPrefix(point, "/"), &unix.OpenHow{
+		Flags:   unix.O_RDONLY | unix.O_CLOEXEC | unix.O_NOFOLLOW,
+		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+	})
+	if err != nil {
+		return err
+	}
+	f := os.NewFile(uintptr(fd), point)
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if st.IsDir() {
+		return os.Mkdir(dst, 0o555)
+	}
+	if !st.Mode().IsRegular() {
+		return fmt.Errorf("not a file nor a directory (%v)", st.Mode())
+	}
+	b, err := io.ReadAll(io.LimitReader(f, maxMaskFile+1))
+	if err != nil {
+		return err
+	}
+	if len(b) > maxMaskFile {
+		return fmt.Errorf("over %d bytes", maxMaskFile)
+	}
+	return os.WriteFile(dst, b, 0o444)
+}
+
+// processTree lists pid and its descendants.
+func processTree(pid int) ([]int, error) {
+	out := []int{pid}
+	for i := 0; i < len(out); i++ {
+		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", out[i]))
+		if err != nil {
+			return nil, err
+		}
+		for _, t := range tasks {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", out[i], t.Name()))
+			if err != nil {
+				continue
+			}
+			for _, c := range strings.Fields(string(b)) {
+				if n, err := strconv.Atoi(c); err == nil {
+					out = append(out, n)
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+// collectFiles finds what the tree holds of the host: pipes with one end
+// outside, init's control socket, files of init on mounts the sandbox
+// does not have (its executable, the Go runtime's cgroup files), and
+// files open on the /dev nodes (reopened from the host's node of that
+// name, whatever the sandbox did to the path).
+// A process other than init holding a file of a host mount is refused:
+// only init is trusted to, and reopening what a sandboxed process names
+// would open host files on its say.
+func (cp *checkpoint) collectFiles(initPID int, tree []int, mnts []mountEntry) error {
+	inNS := map[string]bool{}
+	// The /dev nodes bound from a directory since removed: CRIU takes
+	// their files for deleted ones, which it would re-create beside
+	// them. They are external files instead, the host's node reopened.
+	devNode := map[string]string{}
+	for _, m := range mnts {
+		inNS[m.id] = true
+		if devNodes[m.point] && strings.HasSuffix(m.root, "//deleted") {
+			devNode[m.id] = m.point
+		}
+	}
+	type pipeEnds struct {
+		readers, writers int
+		first            extPipe
+	}
+	pipes := map[uint64]*pipeEnds{}
+	var order []uint64
+	seenFile := map[string]bool{}
+	addFile := func(pid int, mntID string, ino uint64, path string) error {
+		if node := devNode[mntID]; node != "" {
+			path = node // the host's node of that name, not what the sandbox says
+		} else if inNS[mntID] {
+			return nil
+		} else if pid != initPID {
+			return fmt.Errorf("checkpoint: process %d of the sandbox holds %s, a file outside it", pid, path)
+		}
+		id, _ := strconv.Atoi(mntID)
+		key := fmt.Sprintf("file[%x:%x]", id, ino)
+		if !seenFile[key] {
+			seenFile[key] = true
+			cp.files = append(cp.files, extFile{key: key, path: path})
+		}
+		return nil
+	}
+	for _, pid := range tree {
+		fdDir := fmt.Sprintf("/proc/%d/fd", pid)
+		ents, err := os.ReadDir(fdDir)
+		if err != nil {
+			return err
+		}
+		for _, e := range ents {
+			fd, _ := strconv.Atoi(e.Name())
+			link, err := os.Readlink(filepath.Join(fdDir, e.Name()))
+			if err != nil {
+				continue
+			}
+			info, err := readFdinfo(pid, fd)
+			if err != nil {
+				continue
+			}
+			switch {
+			case strings.HasPrefix(link, "pipe:["):
+				ino, _ := strconv.ParseUint(strings.TrimSuffix(strings.TrimPrefix(link, "pipe:["), "]"), 10, 64)
+				p := pipes[ino]
+				if p == nil {
+					p = &pipeEnds{first: extPipe{ino: ino, pid: pid, fd: fd, init: pid == initPID}}
+					pipes[ino] = p
+					order = append(order, ino)
+				}
+				if info.flags&unix.O_ACCMODE == unix.O_WRONLY {
+					p.writers++
+				} else {
+					p.readers++
+				}
+			case strings.HasPrefix(link, "socket:[") && pid == initPID && fd == fdControl:
+				ino, _ := strconv.ParseUint(strings.TrimSuffix(strings.TrimPrefix(link, "socket:["), "]"), 10, 64)
+				cp.socks = append(cp.socks, extSock{ino: ino, fd: fd})
+			case strings.HasPrefix(link, "/"):
+				var st unix.Stat_t
+				if err := unix.Stat(filepath.Join(fdDir, e.Name()), &st); err != nil {
+					return err
+				}
+				if err := addFile(pid, info.mntID, st.Ino, link); err != nil {
+					return err
+				}
+			}
+		}
+		// The executable and other mapped files.
+		maps, err := os.ReadDir(fmt.Sprintf("/proc/%d/map_files", pid))
+		if err != nil {
+			return err
+		}
+		seen := map[string]bool{}
+		for _, e := range maps {
+			p := fmt.Sprintf("/proc/%d/map_files/%s", pid, e.Name())
+			link, err := os.Readlink(p)
+			if err != nil || seen[link] || !strings.HasPrefix(link, "/") {
+				continue
+			}
+			seen[link] = true
+			f, err := os.Open(p)
+			if err != nil {
+				continue
+			}
+			var st unix.Stat_t
+			err = unix.Fstat(int(f.Fd()), &st)
+			info, ierr := readFdinfo(os.Getpid(), int(f.Fd()))
+			f.Close()
+			if err != nil || ierr != nil {
+				return fmt.Errorf("checkpoint: inspect %s of process %d: %w", link, pid, errors.Join(err, ierr))
+			}
+			if err := addFile(pid, info.mntID, st.Ino, link); err != nil {
+				return err
+			}
+		}
+	}
+	for _, ino := range order {
+		p := pipes[ino]
+		if p.readers > 0 && p.writers > 0 {
+			continue // both ends in the sandbox: CRIU restores it whole
+		}
+		e := p.first
+		e.reader = p.readers > 0
+		cp.pipes = append(cp.pipes, e)
+	}
+	return nil
+}
+
+type fdinfo struct {
+	flags int
+	mntID string
+}
+
+func readFdinfo(pid, fd int) (fdinfo, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/fdinfo/%d", pid, fd))
+	if err != nil {
+		return fdinfo{}, err
+	}
+	var fi fdinfo
+	for _, l := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(l, ":")
+		if !ok {
+			continue
+		}
+		v = strings.TrimSpace(v)
+		switch k {
+		case "flags":
+			n, _ := strconv.ParseInt(v, 8, 64)
+			fi.flags = int(n)
+		case "mnt_id":
+			fi.mntID = v
+		}
+	}
+	return fi, nil
+}

@@ -1,0 +1,161 @@
+package native
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vivarium-sandbox/vivarium/internal/criu"
+)
+
+// restoredTree is a sandbox's tree brought back by restore, with the
+// supervisor's ends of its pipes and of its control socket.
+type restoredTree struct {
+	pid   int // init's, on the host: a child of the supervisor
+	proc  *os.Process
+	pipes map[uint64]*os.File // by the dumped pipe's inode
+	ctl   *os.File
+	took  time.Duration
+}
+
+// kill ends the restored tree (init is PID 1 of its namespace) and reaps
+// it.
+func (r *restoredTree) kill() {
+	r.proc.Kill()
+	r.proc.Wait()
+	for _, f := range r.pipes {
+		f.Close()
+	}
+	if r.ctl != nil {
+		r.ctl.Close()
+	}
+}
+
+// restoreTree brings back the tree of cp as a child of this process
+// (criu --restore-sibling): its namespaces anew, its processes with their
+// memory, its external mounts bound from cp's sources, init's host files
+// opened again, and new pipes and a new control socket in place of those
+// to the host.
+func restoreTree(ctx context.Context, bin string, cp *checkpoint) (_ *restoredTree, err error) {
+	r := &restoredTree{pipes: map[uint64]*os.File{}}
+	var give []*os.File // criu's descriptors 3, 4, ...
+	defer func() {
+		for _, f := range give {
+			f.Close()
+		}
+		if err != nil {
+			for _, f := range r.pipes {
+				f.Close()
+			}
+			if r.ctl != nil {
+				r.ctl.Close()
+			}
+		}
+	}()
+	// The sandbox's root tmpfs, mounted where CRIU finds it (--root).
+	root := filepath.Join(cp.dir, "root")
+	if err := os.Mkdir(root, 0o700); err != nil {
+		return nil, err
+	}
+	defer os.Remove(root)
+	if err := mountRootOf(cp.mntns, root); err != nil {
+		return nil, err
+	}
+	// CRIU has bound it into the restored namespace by the time it
+	// returns.
+	defer unix.Unmount(root, unix.MNT_DETACH)
+	pidfile := filepath.Join(cp.dir, "restored.pid")
+	os.Remove(pidfile)
+	args := []string{"restore", "--images-dir", cp.images(), "--log-file", "restore.log", "-v4",
+		"--root", root, "--restore-detached", "--restore-sibling", "--pidfile", pidfile}
+	script, err := actionScript(cp.dir, cp.userSysctls, cp.mounts)
+	if err != nil {
+		return nil, err
+	}
+	defer os.Remove(script)
+	defer os.Remove(filepath.Join(cp.dir, "budgets.py"))
+	defer os.Remove(filepath.Join(cp.dir, "remount.py"))
+	args = append(args, "--action-script", script)
+	for _, m := range cp.mounts {
+		src := m.source
+		if m.lower != "" {
+			if src, err = mountOverlayFor(cp, m); err != nil {
+				return nil, err
+			}
+			defer os.Remove(src)
+			defer unix.Unmount(src, unix.MNT_DETACH)
+		}
+		args = append(args, "--external", "mnt["+m.key+"]:"+src)
+	}
+	inherit := func(f *os.File, id string) {
+		args = append(args, "--inherit-fd", fmt.Sprintf("fd[%d]:%s", 3+len(give), id))
+		give = append(give, f)
+	}
+	for _, f := range cp.files {
+		h, err := os.OpenFile(f.path, os.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, fmt.Errorf("restore: reopen %s: %w", f.path, err)
+		}
+		inherit(h, f.key)
+	}
+	for _, p := range cp.pipes {
+		rd, wr, err := os.Pipe()
+		if err != nil {
+			return nil, err
+		}
+		if p.reader {
+			r.pipes[p.ino] = wr
+			inherit(rd, fmt.Sprintf("pipe:[%d]", p.ino))
+		} else {
+			r.pipes[p.ino] = rd
+			inherit(wr, fmt.Sprintf("pipe:[%d]", p.ino))
+		}
+	}
+	for _, s := range cp.socks {
+		pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return nil, err
+		}
+		r.ctl = os.NewFile(uintptr(pair[0]), "control")
+		inherit(os.NewFile(uintptr(pair[1]), "control (sandbox)"), fmt.Sprintf("socket:[%d]", s.ino))
+	}
+	start := time.Now()
+	if err := criu.Run(ctx, bin, args, give, cp.images(), "restore.log"); err != nil {
+		return nil, err
+	}
+	r.took = time.Since(start)
+	b, err := os.ReadFile(pidfile)
+	if err != nil {
+		return nil, fmt.Errorf("restore: no pid file: %w", err)
+	}
+	if r.pid, err = strconv.Atoi(strings.TrimSpace(string(b))); err != nil {
+		return nil, fmt.Errorf("restore: pid file: %w", err)
+	}
+	if r.proc, err = os.FindProcess(r.pid); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// mountOverlayFor mounts on the host, under the checkpoint's directory, a
+// new read-only overlay of m.lower for CRIU to bind where the sandbox had
+// its own: the same files through inodes of the overlay's own
+// (overlay_linux.go), mounted by the supervisor rather than by the
+// sandbox's init, so locked in the restored namespace.
+func mountOverlayFor(cp *checkpoint, m extMount) (string, error) {
+	empty := filepath.Join(cp.dir, "empty")
+	if err := os.Mkdir(empty, 0o755); err != nil && !os.IsExist(err) {
+		return "", err
+	}
+	dst := filepath.Join(cp.dir, "overlay-"+m.key)
+	if err := mountOverlay(m.lower, empty, dst); err != nil {
+		return "", fmt.Errorf("restore: %s: %w", m.mountpoint, err)
+	}
+	return dst, nil
+}

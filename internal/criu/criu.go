@@ -1,0 +1,171 @@
+// Package criu finds and runs CRIU (checkpoint/restore in userspace), the
+// program that saves a process tree to disk and brings it back, which the
+// native backend uses to pause and resume sandboxes.
+//
+// The binary is built by scripts/criu/build.sh (make criu) from Debian
+// trixie's CRIU 4.1.1: Debian 12's CRIU 3.17 fails `criu check` on current
+// kernels. Find looks for it where that script puts it.
+package criu
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// ErrNotFound: no usable criu binary on this machine.
+var ErrNotFound = errors.New("criu not found: build it with `make criu` (scripts/criu/build.sh), or set VIVARIUM_CRIU to its path")
+
+// MinMajor is the oldest CRIU release that works here: 3.x fails `criu
+// check` on current kernels (the vDSO layout).
+const MinMajor = 4
+
+// Find returns the path of a criu binary of MinMajor or newer, looked for
+// in order: $VIVARIUM_CRIU (the binary), $VIVARIUM_CRIU_DIR/criu, the
+// newest ~/.cache/vivarium/criu-*/criu that scripts/criu/build.sh made,
+// then criu on $PATH. A candidate that is there but too old is skipped,
+// and named in the error when nothing fits.
+func Find() (string, error) {
+	var cands []string
+	if p := os.Getenv("VIVARIUM_CRIU"); p != "" {
+		cands = append(cands, p)
+	}
+	if d := os.Getenv("VIVARIUM_CRIU_DIR"); d != "" {
+		cands = append(cands, filepath.Join(d, "criu"))
+	}
+	cands = append(cands, cached()...)
+	if p, err := exec.LookPath("criu"); err == nil {
+		cands = append(cands, p)
+	}
+	var skipped []string
+	for _, p := range cands {
+		st, err := os.Stat(p)
+		if err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
+			continue
+		}
+		v, err := Version(p)
+		if err != nil {
+			skipped = append(skipped, fmt.Sprintf("%s (%v)", p, err))
+			continue
+		}
+		if major(v) < MinMajor {
+			skipped = append(skipped, fmt.Sprintf("%s (version %s, need %d.x)", p, v, MinMajor))
+			continue
+		}
+		return p, nil
+	}
+	if len(skipped) > 0 {
+		return "", fmt.Errorf("%w; skipped: %s", ErrNotFound, strings.Join(skipped, ", "))
+	}
+	return "", ErrNotFound
+}
+
+// cached lists the binaries scripts/criu/build.sh left in its default
+// cache directory, the most recently built first.
+func cached() []string {
+	base := os.Getenv("XDG_CACHE_HOME")
+	if base == "" {
+		home, err := os.UserHomeDir()
+		if err != nil {
+			return nil
+		}
+		base = filepath.Join(home, ".cache")
+	}
+	paths, _ := filepath.Glob(filepath.Join(base, "vivarium", "criu-*", "criu"))
+	mtime := func(p string) int64 {
+		st, err := os.Stat(p)
+		if err != nil {
+			return 0
+		}
+		return st.ModTime().UnixNano()
+	}
+	sort.Slice(paths, func(i, j int) bool { return mtime(paths[i]) > mtime(paths[j]) })
+	return paths
+}
+
+var versionRe = regexp.MustCompile(`(?m)^Version:\s*(\S+)`)
+
+// Version returns what `criu --version` says its version is ("4.1.1").
+func Version(bin string) (string, error) {
+	out, err := exec.Command(bin, "--version").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("criu --version: %w", err)
+	}
+	m := versionRe.FindSubmatch(out)
+	if m == nil {
+		return "", fmt.Errorf("criu --version: no version in %q", strings.TrimSpace(string(out)))
+	}
+	return string(m[1]), nil
+}
+
+func major(v string) int {
+	n, _ := strconv.Atoi(strings.SplitN(v, ".", 2)[0])
+	return n
+}
+
+// Check runs `criu check`, which probes the kernel features that dump and
+// restore need, and returns its last line ("Looks good."). An error
+// carries what criu printed.
+func Check(ctx context.Context, bin string) (string, error) {
+	var out bytes.Buffer
+	cmd := exec.CommandContext(ctx, bin, "check")
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	text := strings.TrimSpace(out.String())
+	if err != nil {
+		return "", fmt.Errorf("criu check: %w: %s", err, lastLines(text, 5))
+	}
+	return lastLines(text, 1), nil
+}
+
+// Run runs criu with args, the files in extra as its descriptors 3, 4,
+// ... (for --inherit-fd), and its log written to logFile (a path relative
+// to the images directory, as criu's -o takes it). An error carries the
+// log's error lines.
+func Run(ctx context.Context, bin string, args []string, extra []*os.File, imagesDir, logFile string) error {
+	var out bytes.Buffer
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.ExtraFiles = extra
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("criu %s: %w: %s%s", args[0], err, strings.TrimSpace(out.String()), logErrors(filepath.Join(imagesDir, logFile)))
+	}
+	return nil
+}
+
+// logErrors returns the Error lines of a criu log, for an error message.
+func logErrors(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	var errs []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, "Error (") && !strings.Contains(l, "RLIMIT_NOFILE") {
+			errs = append(errs, strings.TrimSpace(l))
+		}
+	}
+	if len(errs) == 0 {
+		return ""
+	}
+	if len(errs) > 8 {
+		errs = errs[len(errs)-8:]
+	}
+	return "\n" + strings.Join(errs, "\n")
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}

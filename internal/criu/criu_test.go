@@ -1,0 +1,90 @@
+package criu
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// fake writes an executable script that stands in for criu.
+func fake(t *testing.T, dir, body string) string {
+	t.Helper()
+	p := filepath.Join(dir, "criu")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte("#!/bin/sh\n"+body+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// isolate leaves Find only the candidates a test makes.
+func isolate(t *testing.T) string {
+	dir := t.TempDir()
+	t.Setenv("VIVARIUM_CRIU", "")
+	t.Setenv("VIVARIUM_CRIU_DIR", "")
+	t.Setenv("XDG_CACHE_HOME", filepath.Join(dir, "cache"))
+	t.Setenv("PATH", filepath.Join(dir, "bin"))
+	return dir
+}
+
+func TestFindOrder(t *testing.T) {
+	dir := isolate(t)
+	if _, err := Find(); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("nothing there: %v", err)
+	}
+	// On $PATH, but too old: skipped, and named.
+	fake(t, filepath.Join(dir, "bin"), "echo 'Version: 3.17.1'")
+	if _, err := Find(); !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), "version 3.17.1, need 4.x") {
+		t.Fatalf("only 3.17: %v", err)
+	}
+	// What scripts/criu/build.sh leaves in the cache comes before $PATH.
+	cached := fake(t, filepath.Join(dir, "cache", "vivarium", "criu-0123456789ab"), "echo 'Version: 4.1.1'")
+	if got, err := Find(); err != nil || got != cached {
+		t.Fatalf("cached: %q %v", got, err)
+	}
+	// $VIVARIUM_CRIU_DIR, then $VIVARIUM_CRIU, come first.
+	inDir := fake(t, filepath.Join(dir, "built"), "echo 'Version: 4.2'")
+	t.Setenv("VIVARIUM_CRIU_DIR", filepath.Dir(inDir))
+	if got, err := Find(); err != nil || got != inDir {
+		t.Fatalf("VIVARIUM_CRIU_DIR: %q %v", got, err)
+	}
+	named := fake(t, filepath.Join(dir, "named"), "echo 'Version: 4.1'")
+	t.Setenv("VIVARIUM_CRIU", named)
+	if got, err := Find(); err != nil || got != named {
+		t.Fatalf("VIVARIUM_CRIU: %q %v", got, err)
+	}
+}
+
+func TestCheckReportsFailure(t *testing.T) {
+	dir := t.TempDir()
+	bad := fake(t, dir, "echo 'Error (criu/cr-check.c:1): vdso'; echo 'Looks bad'; exit 1")
+	if _, err := Check(context.Background(), bad); err == nil || !strings.Contains(err.Error(), "vdso") {
+		t.Fatalf("a failing check: %v", err)
+	}
+	good := fake(t, filepath.Join(dir, "g"), "echo 'Warn (x): y'; echo 'Looks good.'")
+	if said, err := Check(context.Background(), good); err != nil || said != "Looks good." {
+		t.Fatalf("%q %v", said, err)
+	}
+}
+
+// The real binary, where it is built: `criu check` passes on this kernel.
+func TestCheckRealBinary(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("criu check needs root")
+	}
+	bin, err := Find()
+	if err != nil {
+		t.Skipf("criu is not built here (make criu): %v", err)
+	}
+	said, err := Check(context.Background(), bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, _ := Version(bin)
+	t.Logf("%s (criu %s): %s", bin, v, said)
+}
