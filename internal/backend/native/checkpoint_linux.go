@@ -147,8 +147,15 @@ type extSock struct {
 const maxMaskFile = 64 << 10
 
 // devNodes are the /dev nodes a sandbox gets bound from the host
-// (devices_linux.go); a restore binds the host's own.
-var devNodes = map[string]bool{"/dev/null": true, "/dev/zero": true, "/dev/full": true, "/dev/random": true, "/dev/urandom": true}
+// (devices_linux.go, mount_linux.go's devices); a restore binds the host's
+// own.
+var devNodes = func() map[string]bool {
+	m := map[string]bool{}
+	for _, d := range devices {
+		m["/dev/"+d] = true
+	}
+	return m
+}()
 
 // dump saves the sandbox's process tree to dir (created, must not
 // exist; see prepareDump) with CRIU at bin and ends the tree: its processes are
