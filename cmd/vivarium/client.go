@@ -35,6 +35,8 @@ an API key (VIVARIUM_API_KEY).
   exec ID [-c CODE | FILE | -]          run Python, keeping state; output streams
   run [-c CODE | FILE | -]              run Python in a fresh sandbox destroyed afterwards
   sh ID COMMAND                         run a shell command
+  term ID ['COMMAND']                   a terminal in the sandbox (default: a login shell), attached
+                                        to this one as ssh does; exits with its status
   install ID NAME[==VERSION]            install one of the server's allowed packages
   network ID [--allow-net RULE] [--all-net] [--deny-net RULE] [--except-net RULE]
                                         replace what the sandbox may reach (none of them: nothing)
@@ -309,6 +311,15 @@ func cmdSandbox(args []string) int {
 			return printed(c.call("POST", sb(pos[0])+"/commands", req, nil))
 		}
 		return c.stream(sb(pos[0])+"/commands", req)
+	case "term":
+		if !need(1, "sandbox ID") {
+			return 2
+		}
+		command := "command -v bash >/dev/null && exec bash -l; exec sh -l"
+		if len(pos) > 1 {
+			command = strings.Join(pos[1:], " ")
+		}
+		return c.terminal(sb(pos[0]), command)
 	case "install":
 		if !need(2, "sandbox ID and package NAME[==VERSION]") {
 			return 2

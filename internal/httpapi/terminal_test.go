@@ -100,3 +100,47 @@ func waitUntil(t *testing.T, cond func() bool, msg func() string) {
 		}
 	}
 }
+
+// A terminal is a session: its output is not capped at the sandbox's
+// max_output, which caps a background process's.
+func TestTerminalOutputIsNotCapped(t *testing.T) {
+	srv, _ := newServer(t)
+	c := client{t, srv.URL, "alice-key"}
+	sb := "/v1/sandboxes/" + c.json("POST", "/v1/sandboxes", map[string]any{"limits": map[string]any{"max_output": 4096}}, 201)["id"].(string)
+	// It waits for a line, sent once the output is followed.
+	const cmd = "read go; head -c 100000 /dev/zero | tr '\\0' x; echo; echo end-$((1+1))"
+	follow := func(body map[string]any) string {
+		p := c.json("POST", sb+"/processes", body, 201)
+		path := sb + "/processes/" + fmt.Sprint(p["pid"])
+		req, _ := http.NewRequest("GET", srv.URL+path+"/output", nil)
+		req.Header.Set("Authorization", "Bearer alice-key")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var shown []byte
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(nil, 1<<20)
+		for sc.Scan() {
+			var ev struct {
+				Type string `json:"type"`
+				Text string `json:"text"`
+				Data []byte `json:"data"`
+			}
+			json.Unmarshal(sc.Bytes(), &ev)
+			if ev.Type == "start" {
+				c.json("POST", path+"/stdin", []byte("go\n"), 200)
+			}
+			shown = append(append(shown, ev.Text...), ev.Data...)
+		}
+		return string(shown)
+	}
+	if out := follow(map[string]any{"cmd": cmd, "terminal": map[string]any{"rows": 24, "cols": 80}}); !strings.Contains(out, "end-2\r\n") ||
+		strings.Count(out, "x") != 100000 {
+		t.Fatalf("terminal: %d bytes, %d x, ends %q", len(out), strings.Count(out, "x"), out[max(0, len(out)-40):])
+	}
+	if out := follow(map[string]any{"cmd": cmd, "stdin": true}); strings.Contains(out, "end-2") || !strings.Contains(out, "the rest is dropped") {
+		t.Fatalf("without a terminal: %d bytes, ends %q", len(out), out[max(0, len(out)-80):])
+	}
+}

@@ -76,7 +76,7 @@ type ProcessEvent struct {
 // listens: a process never blocks for want of a reader, only, like a
 // program writing to a pipe, while a subscriber is slow. Each stream is
 // capped at the sandbox's output limit; past it output is dropped and a
-// note says so.
+// note says so. A terminal's output is not capped.
 type Process struct {
 	info  ProcessInfo
 	p     sandbox.Process
@@ -173,9 +173,17 @@ func (s *Service) StartProcess(ctx context.Context, owner, id string, req Proces
 	}
 	b.procs[p.info.PID] = p
 	b.mu.Unlock()
+	maxOutput := b.limits.MaxOutput
+	if req.Terminal != nil {
+		// A terminal is a session, not a result: its output is not capped
+		// in total (a shell would go silent after a megabyte). Nothing of
+		// it is kept: it reaches subscribers as fast as they take it, or
+		// is dropped when nobody listens.
+		maxOutput = -1
+	}
 	go func() {
 		// The end is recorded before anyone is told of it.
-		p.run(b.limits.MaxOutput, req.Timeout, func(end ProcessEnd) {
+		p.run(maxOutput, req.Timeout, func(end ProcessEnd) {
 			s.metrics.observeCommand(end.Status)
 			s.cfg.Audit(store.Record{Kind: "command", KeyID: owner, SandboxID: id, CodeSHA256: store.CodeHash(fmt.Sprint(req.Argv)),
 				Status: string(end.Status), ExitCode: end.ExitCode,
@@ -383,7 +391,8 @@ func (p *Process) publish(ev ProcessEvent) {
 }
 
 // run follows the process to its end and returns how it ended; record is
-// given the end before the subscribers are.
+// given the end before the subscribers are. Each output stream is capped
+// at maxOutput bytes; a negative maxOutput caps nothing.
 func (p *Process) run(maxOutput int64, timeout time.Duration, record func(ProcessEnd)) ProcessEnd {
 	var wg sync.WaitGroup
 	pump := func(r io.Reader, name string, event func([]byte) ProcessEvent) {
@@ -392,7 +401,9 @@ func (p *Process) run(maxOutput int64, timeout time.Duration, record func(Proces
 		left := maxOutput
 		for {
 			n, err := r.Read(buf)
-			if n > 0 && left > 0 {
+			if n > 0 && maxOutput < 0 {
+				p.publish(event(slices.Clone(buf[:n])))
+			} else if n > 0 && left > 0 {
 				keep := min(int64(n), left)
 				left -= keep
 				p.publish(event(slices.Clone(buf[:keep])))
