@@ -30,6 +30,8 @@ var (
 	// ErrPermission: the sandbox's user (or root) may not do that to a
 	// file of the sandbox's (its permissions say no).
 	ErrPermission = errors.New("permission denied")
+	// ErrPaused: the sandbox is paused (Pauser); resume it first.
+	ErrPaused = errors.New("sandbox paused")
 	// ErrNoTerminal: a process started without a terminal was asked to
 	// do what only a terminal does (resize). It is an ErrInvalidSpec.
 	ErrNoTerminal = fmt.Errorf("%w: the process has no terminal", ErrInvalidSpec)

@@ -53,6 +53,18 @@ type MemoryUser interface {
 	MemoryPSS() (int64, error)
 }
 
+// Pauser is a Sandbox that can be paused: the state of its processes
+// (memory, open files, working directories, background processes) is
+// saved to disk and its processes end, so that it holds no memory; Resume
+// brings them back where they were. Between the two every other call
+// fails with ErrPaused, and Close discards the saved state. A backend that
+// cannot pause a given sandbox answers ErrUnsupported, naming why.
+type Pauser interface {
+	Pause(ctx context.Context) error
+	Resume(ctx context.Context) error
+	Paused() bool
+}
+
 // ContextKeeper is a Sandbox that runs code in separate code contexts, as a
 // notebook server runs separate kernels: each has its own variables (or,
 // for bash and the other languages, its own process) and working directory. Every sandbox has the
