@@ -20,6 +20,8 @@ type Metrics struct {
 	execDur    histogram
 	createDur  histogram
 	expired    atomic.Int64
+	pauses     atomic.Int64
+	resumes    atomic.Int64
 }
 
 func newMetrics() *Metrics {
@@ -56,6 +58,8 @@ func (m *Metrics) Write(w io.Writer, live int) {
 	defer m.mu.Unlock()
 	fmt.Fprintf(w, "# HELP vivarium_sandboxes_live Sandboxes alive now.\n# TYPE vivarium_sandboxes_live gauge\nvivarium_sandboxes_live %d\n", live)
 	fmt.Fprintf(w, "# HELP vivarium_sandboxes_expired_total Sandboxes closed by their timeout.\n# TYPE vivarium_sandboxes_expired_total counter\nvivarium_sandboxes_expired_total %d\n", m.expired.Load())
+	fmt.Fprintf(w, "# HELP vivarium_sandboxes_paused_total Sandboxes paused.\n# TYPE vivarium_sandboxes_paused_total counter\nvivarium_sandboxes_paused_total %d\n", m.pauses.Load())
+	fmt.Fprintf(w, "# HELP vivarium_sandboxes_resumed_total Sandboxes resumed.\n# TYPE vivarium_sandboxes_resumed_total counter\nvivarium_sandboxes_resumed_total %d\n", m.resumes.Load())
 	counter := func(name, help string, by map[sandbox.Status]int64) {
 		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s counter\n", name, help, name)
 		keys := make([]string, 0, len(by))

@@ -81,6 +81,8 @@ type Config struct {
 	Volumes *volume.Store
 	// Now is the clock; tests replace it.
 	Now func() time.Time
+	// MaxPaused is how long a paused sandbox is kept; zero: MaxLifetime.
+	MaxPaused time.Duration
 	// UsageInterval is how often every sandbox's use is sampled (see
 	// Usage); zero: every 5 s.
 	UsageInterval time.Duration
@@ -97,6 +99,7 @@ func (c *Config) setDefaults() {
 	def(&c.DefaultLifetime, time.Hour)
 	def(&c.MaxLifetime, 24*time.Hour)
 	def(&c.UsageInterval, defaultUsageInterval)
+	def(&c.MaxPaused, c.MaxLifetime)
 	if c.MaxPerOwner <= 0 {
 		c.MaxPerOwner = 50
 	}
@@ -234,6 +237,12 @@ type CreateRequest struct {
 	Ports PortOptions
 	// Volumes are the owner's volumes to mount.
 	Volumes []VolumeRequest
+	// OnTimeout is what the idle timeout does: OnTimeoutKill ("" too)
+	// closes the sandbox, OnTimeoutPause pauses it (see Pause).
+	OnTimeout string
+	// AutoResume: an operation on the paused sandbox resumes it first,
+	// instead of failing with sandbox.ErrPaused.
+	AutoResume bool
 }
 
 // Box is a managed sandbox.
@@ -260,6 +269,11 @@ type Box struct {
 	procs       map[int]*Process // by pid, while they run
 	volumes     []VolumeMountInfo
 	leases      []*volume.Lease // released once sb is closed
+	onTimeout   string
+	autoResume  bool
+	paused      bool
+	pausedAt    time.Time
+	pauseMu     sync.Mutex // serialises Pause and Resume
 }
 
 // Info is what owners see of a sandbox.
@@ -274,7 +288,10 @@ type Info struct {
 	Backend        string            `json:"backend"`
 	Network        *NetworkInfo      `json:"network" doc:"the sandbox's network access; null: none"`
 	Ports          PortOptions       `json:"ports" doc:"how the server reaches the sandbox's ports"`
-	State          string            `json:"state"` // "idle" or "running"
+	State          string            `json:"state" doc:"idle, running or paused"`
+	OnTimeout      string            `json:"on_timeout" doc:"what the idle timeout does: kill or pause"`
+	AutoResume     bool              `json:"auto_resume" doc:"an operation on the paused sandbox resumes it"`
+	PausedAt       *time.Time        `json:"paused_at,omitempty"`
 	ExecutionCount int               `json:"execution_count"`
 	Volumes        []VolumeMountInfo `json:"volumes"`
 }
@@ -304,7 +321,11 @@ func (b *Box) info() Info {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	state := "idle"
-	if b.running > 0 {
+	var pausedAt *time.Time
+	switch {
+	case b.paused:
+		state, pausedAt = "paused", &b.pausedAt
+	case b.running > 0:
 		state = "running"
 	}
 	md := b.metadata
@@ -315,6 +336,7 @@ func (b *Box) info() Info {
 		ID: b.id, CreatedAt: b.createdAt, ExpiresAt: b.expiresAt, Deadline: b.deadline,
 		IdleTimeoutS: b.idle.Seconds(), Limits: limitsInfo(b.limits), Metadata: md, Backend: b.backend,
 		Network: networkInfo(b.network), Ports: b.ports, State: state, ExecutionCount: b.executions, Volumes: b.volumes,
+		OnTimeout: cmp.Or(b.onTimeout, OnTimeoutKill), AutoResume: b.autoResume, PausedAt: pausedAt,
 	}
 }
 
@@ -354,6 +376,15 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	}
 	if err := req.Ports.check(); err != nil {
 		return Info{}, err
+	}
+	switch req.OnTimeout {
+	case "", OnTimeoutKill, OnTimeoutPause:
+	default:
+		return Info{}, fmt.Errorf("%w: on_timeout is %q or %q, not %q", sandbox.ErrInvalidSpec, OnTimeoutKill,
+			OnTimeoutPause, req.OnTimeout)
+	}
+	if req.AutoResume && req.OnTimeout != OnTimeoutPause {
+		return Info{}, fmt.Errorf("%w: auto_resume needs on_timeout %q", sandbox.ErrInvalidSpec, OnTimeoutPause)
 	}
 	policy, err := s.grantNetwork(req.Network, req.Backend)
 	if err != nil {
@@ -419,6 +450,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		limits: limits, env: env, metadata: maps.Clone(req.Metadata), expiresAt: minTime(now.Add(idle), now.Add(life)),
 		backend: cmp.Or(req.Backend, s.cfg.Backend.Name()), network: policy, egress: egress,
 		ports: req.Ports, volumes: volumeInfos(mounts, leases), leases: leases,
+		onTimeout: req.OnTimeout, autoResume: req.AutoResume,
 	}
 	s.mu.Lock()
 	unreserve()
@@ -526,8 +558,12 @@ func bounded(name string, d, def, cap time.Duration) (time.Duration, error) {
 	return d, nil
 }
 
-// Get returns an owner's sandbox.
-func (s *Service) Get(owner, id string) (*Box, error) {
+// Get returns an owner's sandbox for an operation on it: a paused sandbox
+// made with AutoResume is resumed first.
+func (s *Service) Get(owner, id string) (*Box, error) { return s.live(owner, id) }
+
+// lookup returns an owner's sandbox as it is.
+func (s *Service) lookup(owner, id string) (*Box, error) {
 	s.mu.Lock()
 	b := s.boxes[id]
 	s.mu.Unlock()
@@ -539,7 +575,7 @@ func (s *Service) Get(owner, id string) (*Box, error) {
 
 // Info describes an owner's sandbox.
 func (s *Service) Info(owner, id string) (Info, error) {
-	b, err := s.Get(owner, id)
+	b, err := s.lookup(owner, id)
 	if err != nil {
 		return Info{}, err
 	}
@@ -573,7 +609,7 @@ func (s *Service) Live() int {
 
 // Delete closes an owner's sandbox.
 func (s *Service) Delete(owner, id string) error {
-	b, err := s.Get(owner, id)
+	b, err := s.lookup(owner, id)
 	if err != nil {
 		return err
 	}
@@ -601,7 +637,7 @@ func (s *Service) remove(b *Box, why string) {
 // SetTimeout sets a sandbox's idle timeout to d from now, within its
 // maximum lifetime.
 func (s *Service) SetTimeout(owner, id string, d time.Duration) (Info, error) {
-	b, err := s.Get(owner, id)
+	b, err := s.lookup(owner, id)
 	if err != nil {
 		return Info{}, err
 	}
@@ -675,21 +711,35 @@ func (s *Service) reap() {
 		}
 		now := s.cfg.Now()
 		s.mu.Lock()
-		var expired []*Box
+		var ended, idle []*Box
 		for _, b := range s.boxes {
 			if b == nil {
 				continue
 			}
 			b.mu.Lock()
-			if now.After(b.deadline) || (b.running == 0 && now.After(b.expiresAt)) {
-				expired = append(expired, b)
+			switch {
+			case b.paused:
+				if now.After(b.pausedAt.Add(s.cfg.MaxPaused)) {
+					ended = append(ended, b)
+				}
+			case now.After(b.deadline):
+				ended = append(ended, b)
+			case b.running == 0 && now.After(b.expiresAt):
+				idle = append(idle, b)
 			}
 			b.mu.Unlock()
 		}
 		s.mu.Unlock()
-		for _, b := range expired {
+		for _, b := range ended {
 			s.remove(b, "expired")
 			s.metrics.expired.Add(1)
+		}
+		for _, b := range idle {
+			s.wg.Add(1)
+			go func() { // a pause takes a while: the others are not kept waiting
+				defer s.wg.Done()
+				s.timedOut(b)
+			}()
 		}
 	}
 }

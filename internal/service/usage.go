@@ -187,7 +187,7 @@ func (s *Service) sampleUsage() {
 // oldest first, and one taken now when end is zero or later: the figures
 // of a sandbox that has just started are there at once.
 func (s *Service) Usage(owner, id string, start, end time.Time) ([]Sample, error) {
-	b, err := s.Get(owner, id)
+	b, err := s.lookup(owner, id)
 	if err != nil {
 		return nil, err
 	}
