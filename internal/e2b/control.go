@@ -54,10 +54,10 @@ func (s *Server) routeControl() {
 	handle("GET /sandboxes/{id}/metrics", s.metrics)
 	handle("GET /sandboxes/metrics", s.latestMetrics)
 	handle("PUT /sandboxes/{id}/network", s.updateNetwork)
+	handle("POST /sandboxes/{id}/pause", s.pause)
+	handle("POST /sandboxes/{id}/resume", s.resume)
 	s.routeVolumes()
 	for pattern, what := range map[string]string{
-		"POST /sandboxes/{id}/pause":     "pausing sandboxes",
-		"POST /sandboxes/{id}/resume":    "resuming paused sandboxes (a vivarium sandbox is never paused)",
 		"POST /sandboxes/{id}/snapshots": "snapshots",
 		"GET /snapshots":                 "snapshots",
 		"POST /sandboxes/{id}/fork":      "forking sandboxes",
@@ -168,8 +168,8 @@ func (n *newSandbox) check() error {
 			"Python with its packages (create with the default template)", sandbox.ErrInvalidSpec, n.TemplateID)
 	case n.Timeout != nil && *n.Timeout < 0:
 		return fmt.Errorf("%w: negative timeout", sandbox.ErrInvalidSpec)
-	case n.AutoPause != nil && *n.AutoPause, n.AutoResume != nil && n.AutoResume.Enabled:
-		return unsupported("pausing sandboxes (lifecycle onTimeout \"pause\", autoResume)")
+	case n.AutoResume != nil && n.AutoResume.Enabled && (n.AutoPause == nil || !*n.AutoPause):
+		return fmt.Errorf("%w: autoResume needs lifecycle onTimeout \"pause\"", sandbox.ErrInvalidSpec)
 	case len(n.MCP) > 0 && string(n.MCP) != "null":
 		return unsupported("the MCP gateway")
 	case n.IAM != nil && len(n.IAM.Tokens) > 0:
@@ -242,7 +242,8 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, owner string) {
 	env["E2B_SANDBOX"] = "true"
 	info, err := s.svc.Create(r.Context(), service.CreateRequest{Owner: owner, Idle: idle, Env: env, Metadata: req.Metadata,
 		Network: networkRequest(req.AllowInternetAccess, req.Network), Home: sandbox.HomeUser,
-		IDEnv: []string{"E2B_SANDBOX_ID"}, Ports: req.Network.portOptions(), Volumes: volumeMounts(req.VolumeMounts)})
+		IDEnv: []string{"E2B_SANDBOX_ID"}, Ports: req.Network.portOptions(), Volumes: volumeMounts(req.VolumeMounts),
+		OnTimeout: req.onTimeout(), AutoResume: req.AutoResume != nil && req.AutoResume.Enabled})
 	if err != nil {
 		s.fail(w, err)
 		return
@@ -312,7 +313,7 @@ func (s *Server) listed(info service.Info) listedSandbox {
 		SandboxID: info.ID, TemplateID: tpl, Alias: tpl, ClientID: clientID,
 		StartedAt: info.CreatedAt.UTC(), EndAt: info.ExpiresAt.UTC(),
 		CPUCount: runtime.NumCPU(), MemoryMB: info.Limits.Memory >> 20, DiskSizeMB: info.Limits.Disk >> 20,
-		EnvdVersion: envdVersion, Metadata: info.Metadata, State: "running", VolumeMounts: mountsOf(info),
+		EnvdVersion: envdVersion, Metadata: info.Metadata, State: e2bState(info), VolumeMounts: mountsOf(info),
 	}
 }
 
@@ -327,7 +328,7 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request, owner string) {
 	d.Domain = s.domain()
 	internet, network := networkOf(info.Network, info.Ports)
 	d.AllowInternetAccess, d.Network = &internet, network
-	d.Lifecycle = &lifecycle{OnTimeout: "kill"}
+	d.Lifecycle = &lifecycle{OnTimeout: info.OnTimeout, AutoResume: info.AutoResume}
 	writeJSON(w, http.StatusOK, d)
 }
 
@@ -423,7 +424,12 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request, owner string) {
 	// timeout than it has leaves it as it is (SetTimeout is the way to
 	// shorten it).
 	id := r.PathValue("id")
-	var err error
+	// A paused sandbox is resumed: that is what connecting to one means.
+	_, err := s.svc.Resume(r.Context(), owner, id)
+	if err != nil && !errors.Is(err, service.ErrNotPaused) {
+		s.notFound(w, r, err)
+		return
+	}
 	switch {
 	case req.Timeout == nil:
 		_, err = s.svc.Info(owner, id)
@@ -437,4 +443,61 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request, owner string) {
 		return
 	}
 	writeJSON(w, http.StatusOK, s.created(owner, id))
+}
+
+// onTimeout is what the sandbox's timeout does, from E2B's autoPause
+// (what the SDKs send for lifecycle onTimeout).
+func (n *newSandbox) onTimeout() string {
+	if n.AutoPause != nil && *n.AutoPause {
+		return service.OnTimeoutPause
+	}
+	return service.OnTimeoutKill
+}
+
+// pause serves POST /sandboxes/{id}/pause: 204 once paused, 409 when it
+// was already (the SDKs' pause() then answers false), 404 for no such
+// sandbox, 501 where the backend cannot pause.
+func (s *Server) pause(w http.ResponseWriter, r *http.Request, owner string) {
+	var req struct {
+		Memory *bool `json:"memory"`
+	}
+	if !decodeBody(w, r, &req) {
+		return
+	}
+	if req.Memory != nil && !*req.Memory {
+		s.unsupported(w, "pausing without memory (keepMemory: false)")
+		return
+	}
+	_, err := s.svc.Pause(r.Context(), owner, r.PathValue("id"))
+	switch {
+	case errors.Is(err, service.ErrAlreadyPaused):
+		writeEnvdError(w, http.StatusConflict, fmt.Sprintf("sandbox %q is already paused", r.PathValue("id")))
+	case err != nil:
+		s.notFound(w, r, err)
+	default:
+		w.WriteHeader(http.StatusNoContent)
+	}
+}
+
+// resume serves the deprecated POST /sandboxes/{id}/resume: 201 with the
+// sandbox, 409 when it is not paused.
+func (s *Server) resume(w http.ResponseWriter, r *http.Request, owner string) {
+	var req timeoutBody
+	if !decodeBody(w, r, &req) {
+		return
+	}
+	id := r.PathValue("id")
+	_, err := s.svc.Resume(r.Context(), owner, id)
+	if errors.Is(err, service.ErrNotPaused) {
+		writeEnvdError(w, http.StatusConflict, fmt.Sprintf("sandbox %q is not paused", id))
+		return
+	}
+	if err == nil && req.Timeout != nil {
+		err = s.extend(owner, id, req.Timeout)
+	}
+	if err != nil {
+		s.notFound(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, s.created(owner, id))
 }

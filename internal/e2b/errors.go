@@ -65,7 +65,7 @@ func httpStatus(log *slog.Logger, err error) (int, string) {
 		code = http.StatusInsufficientStorage // the SDKs' NotEnoughSpaceError
 	case errors.Is(err, sandbox.ErrBadPath), errors.Is(err, sandbox.ErrInvalidSpec), errors.Is(err, service.ErrCannotStart):
 		code = http.StatusBadRequest
-	case errors.Is(err, sandbox.ErrExists), errors.Is(err, sandbox.ErrBusy):
+	case errors.Is(err, sandbox.ErrExists), errors.Is(err, sandbox.ErrBusy), errors.Is(err, sandbox.ErrPaused):
 		code = http.StatusConflict
 	case errors.Is(err, errUser), errors.Is(err, sandbox.ErrPermission):
 		code = http.StatusForbidden
@@ -164,6 +164,8 @@ func connectCode(log *slog.Logger, err error) (string, string) {
 		code = codeCanceled
 	case errors.Is(err, service.ErrShuttingDown), errors.Is(err, sandbox.ErrSetup), errors.Is(err, sandbox.ErrBusy):
 		code = codeUnavailable
+	case errors.Is(err, sandbox.ErrPaused):
+		code = codeFailedPrecondition
 	}
 	if code == codeInternal {
 		log.Error("internal error", "err", err)

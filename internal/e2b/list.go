@@ -105,10 +105,7 @@ func cursorOf(info service.Info) cursor { return cursor{started: info.CreatedAt,
 func (s *Server) list(w http.ResponseWriter, r *http.Request, owner string) {
 	q := r.URL.Query()
 	out := []listedSandbox{}
-	if states := q["state"]; len(states) > 0 && !wantsRunning(states) {
-		writeJSON(w, http.StatusOK, out) // nothing is ever paused
-		return
-	}
+	wanted := wantedStates(q["state"])
 	lq, err := parseListQuery(q)
 	if err != nil {
 		writeEnvdError(w, http.StatusBadRequest, err.Error())
@@ -116,7 +113,7 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request, owner string) {
 	}
 	var all []service.Info
 	for _, info := range s.svc.List(owner) {
-		if lq.matches(info, s.template(info.ID)) {
+		if wanted[e2bState(info)] && lq.matches(info, s.template(info.ID)) {
 			all = append(all, info)
 		}
 	}
@@ -162,15 +159,27 @@ func (lq listQuery) matches(info service.Info, template string) bool {
 	return true
 }
 
-func wantsRunning(states []string) bool {
+// wantedStates is the list's state filter: running and paused when
+// none is given, as E2B lists.
+func wantedStates(states []string) map[string]bool {
+	if len(states) == 0 {
+		return map[string]bool{"running": true, "paused": true}
+	}
+	want := map[string]bool{}
 	for _, st := range states {
 		for one := range strings.SplitSeq(st, ",") {
-			if one == "running" {
-				return true
-			}
+			want[strings.TrimSpace(one)] = true
 		}
 	}
-	return false
+	return want
+}
+
+// e2bState is E2B's name for a sandbox's state: running or paused.
+func e2bState(info service.Info) string {
+	if info.State == "paused" {
+		return "paused"
+	}
+	return "running"
 }
 
 // metadataFilter parses the list's metadata query: "k=v&k2=v2", whose keys

@@ -99,6 +99,8 @@ var Routes = []Route{
 	{"GET", "/v1/sandboxes/{id}", "get", "Describe a sandbox", false},
 	{"DELETE", "/v1/sandboxes/{id}", "delete", "Close a sandbox", false},
 	{"POST", "/v1/sandboxes/{id}/timeout", "timeout", "Set a sandbox's idle timeout from now", false},
+	{"POST", "/v1/sandboxes/{id}/pause", "pause", "Pause a sandbox: its processes' state saved to disk, their memory freed (native backend, with CRIU)", false},
+	{"POST", "/v1/sandboxes/{id}/resume", "resume", "Resume a paused sandbox where it was paused", false},
 	{"GET", "/v1/sandboxes/{id}/metrics", "usage", "A sandbox's CPU, memory and disk over time (sampled every 5 s)", false},
 	{"POST", "/v1/sandboxes/{id}/execute", "execute", "Run Python code, keeping state", false},
 	{"POST", "/v1/sandboxes/{id}/interrupt", "interrupt", "Raise KeyboardInterrupt in the running execution", false},
@@ -189,6 +191,16 @@ func (s *Server) handler(name string) http.HandlerFunc {
 		}
 	case "timeout":
 		return s.setTimeout
+	case "pause":
+		return func(w http.ResponseWriter, r *http.Request) {
+			info, err := s.svc.Pause(r.Context(), owner(r), r.PathValue("id"))
+			s.respond(w, info, err)
+		}
+	case "resume":
+		return func(w http.ResponseWriter, r *http.Request) {
+			info, err := s.svc.Resume(r.Context(), owner(r), r.PathValue("id"))
+			s.respond(w, info, err)
+		}
 	case "execute":
 		return s.execute
 	case "interrupt":
@@ -310,6 +322,8 @@ type createRequest struct {
 	Network      netpolicy.Request       `json:"network" doc:"network access through the sandbox's proxy, within the server's allowlist; default: none"`
 	Home         string                  `json:"home" doc:"the sandbox user's home, where code starts: /workspace (default; the user is \"sandbox\") or /home/user (E2B's layout; the user is \"user\"), the same directory"`
 	Volumes      []service.VolumeRequest `json:"volumes" doc:"the key's volumes to mount (native backend only)"`
+	OnTimeout    string                  `json:"on_timeout" doc:"what the idle timeout does: kill (default) or pause (where the backend can pause; else kill)"`
+	AutoResume   bool                    `json:"auto_resume" doc:"with on_timeout pause: a call on the paused sandbox resumes it first, instead of answering 409 paused"`
 }
 
 func (s *Server) create(w http.ResponseWriter, r *http.Request) {
@@ -320,7 +334,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	info, err := s.svc.Create(r.Context(), service.CreateRequest{
 		Owner: owner(r), Idle: seconds(req.TimeoutS), MaxLifetime: seconds(req.MaxLifetimeS),
 		Limits: req.Limits.limits(), Env: req.Env, Metadata: req.Metadata, Backend: req.Backend,
-		Network: req.Network, Home: req.Home, Volumes: req.Volumes,
+		Network: req.Network, Home: req.Home, Volumes: req.Volumes, OnTimeout: req.OnTimeout, AutoResume: req.AutoResume,
 	})
 	if err != nil {
 		s.fail(w, err)
@@ -699,6 +713,10 @@ func classify(err error) (int, string) {
 		return http.StatusServiceUnavailable, "shutting_down"
 	case errors.Is(err, sandbox.ErrBusy):
 		return http.StatusConflict, "busy"
+	case errors.Is(err, sandbox.ErrPaused):
+		return http.StatusConflict, "paused"
+	case errors.Is(err, service.ErrNotPaused):
+		return http.StatusConflict, "not_paused"
 	case errors.Is(err, sandbox.ErrClosed):
 		return http.StatusGone, "closed"
 	case errors.Is(err, sandbox.ErrUnsupported):

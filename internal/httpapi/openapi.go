@@ -35,6 +35,8 @@ var operations = map[string]operation{
 	"get":            {status: 200, response: service.Info{}},
 	"delete":         {status: 204},
 	"timeout":        {request: timeoutRequest{}, status: 200, response: service.Info{}},
+	"pause":          {status: 200, response: service.Info{}},
+	"resume":         {status: 200, response: service.Info{}},
 	"usage":          {status: 200, response: usageList{}},
 	"execute":        {request: executeRequest{}, status: 200, response: service.ExecResult{}, stream: true},
 	"interrupt":      {status: 200, response: okResponse{}},

@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -199,22 +200,32 @@ func TestPauseRefused(t *testing.T) {
 			t.Errorf("%+v: %v", req, err)
 		}
 	}
-	// An idle timeout that should pause a sandbox that cannot be paused
-	// closes it, as a timeout does.
+	// A backend that cannot pause refuses on_timeout "pause" at once.
+	if _, err := svc.Create(ctx, CreateRequest{Owner: "o", OnTimeout: OnTimeoutPause}); !errors.Is(err, sandbox.ErrUnsupported) {
+		t.Fatalf("on_timeout pause on a backend without pausing: %v", err)
+	}
+	// A sandbox whose pause fails when its timeout comes (this one cannot
+	// be paused, as a native sandbox forked from a zygote) is closed, as
+	// a timeout does.
+	be := pausingBackend{made: make(chan *pausingSandbox, 1)}
 	c := newClock()
-	svc2 := New(Config{Backend: newFakeBackend(), Now: c.now})
+	svc2 := New(Config{Backend: be, Now: c.now})
 	defer svc2.Close()
 	info, err = svc2.Create(ctx, CreateRequest{Owner: "o", Idle: time.Minute, OnTimeout: OnTimeoutPause})
 	if err != nil {
 		t.Fatal(err)
 	}
+	sb := <-be.made
+	sb.mu.Lock()
+	sb.failNext = fmt.Errorf("%w: a zygote's sandbox", sandbox.ErrUnsupported)
+	sb.mu.Unlock()
 	c.advance(2 * time.Minute)
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if _, err := svc2.Info("o", info.ID); errors.Is(err, ErrNotFound) {
+		if _, err := svc2.Info("o", info.ID); errors.Is(err, ErrNotFound) && sb.closed.Load() {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("a sandbox that cannot pause outlived its timeout")
+			t.Fatal("a sandbox that could not pause outlived its timeout")
 		}
 	}
 }
