@@ -163,6 +163,10 @@ type Spec struct {
 	// that cannot refuse the spec (CheckVolumes). Never part of a pool's
 	// key: a sandbox with volumes is made for its caller.
 	Volumes []VolumeMount `json:"-"`
+	// Named: the spec holds what names one sandbox (its id in Env, as
+	// E2B_SANDBOX_ID): no other sandbox is ever made from it, so a pool
+	// makes it on demand and keeps none ready.
+	Named bool `json:"-"`
 }
 
 // The homes a sandbox user may have (Spec.Home).

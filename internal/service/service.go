@@ -431,7 +431,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	var egress *netproxy.Proxy
 	if err == nil {
 		sb, egress, err = s.makeSandbox(ctx, req.Owner, id, sandbox.Spec{Limits: limits, Env: env, Backend: req.Backend,
-			Tenant: s.tenantOf(req.Owner), Home: req.Home, Volumes: mounts}, policy)
+			Tenant: s.tenantOf(req.Owner), Home: req.Home, Volumes: mounts, Named: len(req.IDEnv) > 0}, policy)
 		if _, ok := sb.(sandbox.Pauser); err == nil && !ok && req.OnTimeout == OnTimeoutPause {
 			sb.Close()
 			err = fmt.Errorf("%w: on_timeout %q: the %s backend cannot pause a sandbox (only native can, with CRIU)",
