@@ -132,6 +132,25 @@ func mountImage(image, dir string) error {
 // device to detach.
 const attachedWait = 3 * time.Second
 
+// waitDetached waits, at most d, until no loop device has an image under
+// dir as its backing file.
+func waitDetached(dir string, d time.Duration) {
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+		attached := false
+		for _, f := range files {
+			b, err := os.ReadFile(f)
+			if err == nil && strings.HasPrefix(strings.TrimSpace(string(b)), dir+"/") {
+				attached = true
+				break
+			}
+		}
+		if !attached {
+			return
+		}
+	}
+}
+
 // loopOf returns the loop device image is attached to, if any.
 func loopOf(image string) string {
 	abs, err := filepath.Abs(image)

@@ -103,6 +103,8 @@ type Store struct {
 	vols        map[string]*entry // by ID
 	mounted     int               // of them, mounted on the host
 	private     bool              // Dir is a private mount of its own (privateDir), while volumes are mounted
+	unbinding   bool              // unbind is waiting to undo privateDir
+	unbound     sync.WaitGroup    // the unbind goroutine
 	lock        *os.File          // held while the store is open: one per directory
 	closed      bool
 }
@@ -450,23 +452,42 @@ func (s *Store) unmountLocked(e *entry) {
 
 // unbindLocked undoes privateDir once no volume is mounted, so that a
 // server whose volumes are not in use leaves no mount behind, even if it
-// is killed.
+// is killed. It does so from a goroutine of its own: the loop device of a
+// volume just unmounted keeps its image open, through this mount, until
+// the kernel has released the volume's last mount (a sandbox's mount
+// namespace goes asynchronously once its processes are dead), and an
+// unmount before that would find it busy.
 func (s *Store) unbindLocked() {
-	if !s.private || s.mounted > 0 {
+	if !s.private || s.mounted > 0 || s.unbinding {
 		return
 	}
-	if err := unmount(s.cfg.Dir); err != nil {
-		s.cfg.Logger.Warn("unmount the volumes directory", "err", err)
-		return
-	}
-	s.private = false
+	s.unbinding = true
+	s.unbound.Add(1)
+	go func() {
+		defer s.unbound.Done()
+		waitDetached(s.cfg.Dir, unbindWait)
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.unbinding = false
+		if !s.private || s.mounted > 0 {
+			return // a volume was mounted meanwhile
+		}
+		if err := unmount(s.cfg.Dir); err != nil {
+			s.cfg.Logger.Warn("unmount the volumes directory", "err", err)
+			return
+		}
+		s.private = false
+	}()
 }
+
+// unbindWait bounds how long unbindLocked waits for the loop devices of
+// unmounted volumes to go.
+const unbindWait = 10 * time.Second
 
 // Close refuses new leases and unmounts every volume no lease holds (the
 // service releases its sandboxes' leases as it closes them, before this).
 func (s *Store) Close() error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.closed = true
 	var errs []error
 	for _, e := range s.vols {
@@ -478,6 +499,10 @@ func (s *Store) Close() error {
 		}
 	}
 	s.unbindLocked()
+	s.mu.Unlock()
+	s.unbound.Wait()
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.private {
 		errs = append(errs, errors.New("the volumes directory is still mounted"))
 	}

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -51,17 +52,23 @@ func loopsOf(t *testing.T, dir string) []string {
 
 func mountsUnder(t *testing.T, dir string) []string {
 	t.Helper()
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
-			out = append(out, f[4])
+	// The volumes directory's own mount goes once the kernel has let go
+	// of the last volume's loop device (Store.unbindLocked): asynchronously.
+	for deadline := time.Now().Add(unbindWait + 2*time.Second); ; time.Sleep(20 * time.Millisecond) {
+		b, err := os.ReadFile("/proc/self/mountinfo")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, l := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(l); len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
+				out = append(out, f[4])
+			}
+		}
+		if len(out) == 0 || time.Now().After(deadline) {
+			return out
 		}
 	}
-	return out
 }
 
 func TestNames(t *testing.T) {

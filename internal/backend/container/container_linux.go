@@ -92,6 +92,15 @@ type Container interface {
 	Remove() error
 }
 
+// CgroupCleaner is a Container whose runtime makes cgroup directories of
+// its own beside the sandbox's group (runsc: the group's path in every
+// hierarchy, not only those Vivarium limits with). RemoveCgroups removes
+// them; it is called once the group is destroyed, when nothing can be
+// left in them.
+type CgroupCleaner interface {
+	RemoveCgroups()
+}
+
 // Config configures a Backend.
 type Config struct {
 	Runtime Runtime

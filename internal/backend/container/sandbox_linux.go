@@ -321,6 +321,11 @@ func (s *Sandbox) Close() error {
 				gone = false
 			}
 		}
+		if ss := s.session(); ss != nil && gone {
+			if c, ok := ss.c.(CgroupCleaner); ok {
+				c.RemoveCgroups()
+			}
+		}
 		if s.users != nil {
 			if gone && !s.leftBehind.Load() {
 				s.b.cfg.Users.Release(*s.users)

@@ -360,6 +360,16 @@ func (c *sandboxContainer) Kill() error {
 	return err
 }
 
+// RemoveCgroups implements container.CgroupCleaner: runsc makes the
+// container's cgroup path in every hierarchy mounted (cpuset, devices and
+// systemd's too on cgroup v1), and a delete that ran while gVisor's last
+// processes were going leaves them behind.
+func (c *sandboxContainer) RemoveCgroups() {
+	if c.cg != nil {
+		removeCgroupDirs(c.cg.Path())
+	}
+}
+
 // Remove deletes runsc's state of the container.
 func (c *sandboxContainer) Remove() error {
 	out, err := exec.Command(c.r.cfg.Runsc, append(c.r.globalArgs(), "delete", "--force", c.id)...).CombinedOutput()
