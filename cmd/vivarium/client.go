@@ -30,6 +30,8 @@ an API key (VIVARIUM_API_KEY).
          [--allow-net RULE] [--packages]  with network access, within the server's allowlist
          [--all-net] [--deny-net RULE] [--except-net RULE]  all of it, less what --deny-net refuses
          [--volume NAME:PATH]           with the key's volume mounted at PATH (repeatable)
+         [--on-timeout pause [--auto-resume]]  its idle timeout pauses it instead of closing it;
+                                        with --auto-resume the next call resumes it
   list                                  the key's sandboxes
   info ID                               one sandbox
   exec ID [-c CODE | FILE | -]          run Python, keeping state; output streams
@@ -46,6 +48,9 @@ an API key (VIVARIUM_API_KEY).
   rm ID PATH                            delete a file or directory
   interrupt ID                          interrupt the running execution
   restart ID                            fresh Python state, files kept
+  pause ID                              save its processes' state to disk and free their memory
+                                        (native backend, with CRIU)
+  resume ID                             bring a paused sandbox back where it was
   kill ID                               close the sandbox
 
 Every subcommand takes --json to print the server's answer as it is.
@@ -147,6 +152,8 @@ func cmdSandbox(args []string) int {
 	code := fs.String("c", "", "`CODE` to run (exec, run)")
 	timeout := fs.Duration("timeout", 0, "execution timeout (exec, run, sh)")
 	idle := fs.Duration("idle-timeout", 0, "idle timeout (create)")
+	onTimeout := fs.String("on-timeout", "", "what the idle timeout does: kill or pause (create)")
+	autoResume := fs.Bool("auto-resume", false, "a call on the paused sandbox resumes it (create, with --on-timeout pause)")
 	var memory, disk sizeFlag
 	fs.Var(&memory, "memory", "memory limit (create, run)")
 	fs.Var(&disk, "disk", "disk limit (create, run)")
@@ -238,6 +245,12 @@ func cmdSandbox(args []string) int {
 		}
 		if *idle > 0 {
 			req["timeout_s"] = idle.Seconds()
+		}
+		if *onTimeout != "" {
+			req["on_timeout"] = *onTimeout
+		}
+		if *autoResume {
+			req["auto_resume"] = true
 		}
 		var info struct{ ID string }
 		raw, err := c.call("POST", "/v1/sandboxes", req, &info)
@@ -428,7 +441,7 @@ func cmdSandbox(args []string) int {
 		if err != nil {
 			return clientFail(sub, err)
 		}
-	case "interrupt", "restart":
+	case "interrupt", "restart", "pause", "resume":
 		if !need(1, "sandbox ID") {
 			return 2
 		}

@@ -323,7 +323,7 @@ type createRequest struct {
 	Home         string                  `json:"home" doc:"the sandbox user's home, where code starts: /workspace (default; the user is \"sandbox\") or /home/user (E2B's layout; the user is \"user\"), the same directory"`
 	Volumes      []service.VolumeRequest `json:"volumes" doc:"the key's volumes to mount (native backend only)"`
 	OnTimeout    string                  `json:"on_timeout" doc:"what the idle timeout does: kill (default) or pause (where the backend can pause; else kill)"`
-	AutoResume   bool                    `json:"auto_resume" doc:"with on_timeout pause: a call on the paused sandbox resumes it first, instead of answering 409 paused"`
+	AutoResume   bool                    `json:"auto_resume" doc:"a call on the paused sandbox (by its timeout or /pause) resumes it first, instead of answering 409 paused"`
 }
 
 func (s *Server) create(w http.ResponseWriter, r *http.Request) {

@@ -52,7 +52,7 @@ func (s *fakeSandbox) Start(_ context.Context, c sandbox.Command) (sandbox.Proce
 func (s *fakeSandbox) Workspace() sandbox.Workspace { return s.ws }
 func (s *fakeSandbox) Close() error                 { return s.ws.Close() }
 
-var fuzzTools = []string{"run_python", "run_shell", "run_code", "create_sandbox", "close_sandbox", "list_files", "read_file", "write_file"}
+var fuzzTools = []string{"run_python", "run_shell", "run_code", "create_sandbox", "close_sandbox", "pause_sandbox", "resume_sandbox", "list_files", "read_file", "write_file"}
 
 // FuzzTools calls every tool with arbitrary arguments: the server never
 // panics, a bad argument is the model's error (never "internal error"),

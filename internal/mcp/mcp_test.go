@@ -132,7 +132,8 @@ func TestToolsAreDescribedForAModel(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[string]bool{"run_python": true, "run_shell": true, "create_sandbox": true, "close_sandbox": true,
-		"list_files": true, "read_file": true, "write_file": true, "fetch_port": true, "run_code": true}
+		"list_files": true, "read_file": true, "write_file": true, "fetch_port": true, "run_code": true,
+		"pause_sandbox": true, "resume_sandbox": true}
 	for _, tool := range res.Tools {
 		if !want[tool.Name] {
 			t.Errorf("unexpected tool %s", tool.Name)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -97,6 +98,18 @@ The sandbox closes after idle_timeout_s seconds without use, when this conversat
 		Description: `Close a sandbox created with create_sandbox: its processes end and its variables and files are deleted. Call it when the work in that sandbox is done.`,
 		Annotations: &sdk.ToolAnnotations{Title: "Close a sandbox", OpenWorldHint: ptr(false), DestructiveHint: ptr(true), IdempotentHint: true},
 	}, s.closeSandbox)
+	addTool(s, &sdk.Tool{
+		Name:        "pause_sandbox",
+		Title:       "Pause a sandbox",
+		Description: `Pause a sandbox created with create_sandbox while it is not needed for a while: its variables, imports, files and background processes are saved on the server and its memory freed. Any later call with its sandbox_id (or resume_sandbox) resumes it exactly where it was. Servers whose backend cannot pause answer so.`,
+		Annotations: &sdk.ToolAnnotations{Title: "Pause a sandbox", OpenWorldHint: ptr(false), DestructiveHint: ptr(false), IdempotentHint: true},
+	}, s.pauseSandbox)
+	addTool(s, &sdk.Tool{
+		Name:        "resume_sandbox",
+		Title:       "Resume a sandbox",
+		Description: `Resume a sandbox paused with pause_sandbox: its variables, imports, open files and background processes come back exactly as they were when it was paused. Calling run_python or another tool with its sandbox_id resumes it too.`,
+		Annotations: &sdk.ToolAnnotations{Title: "Resume a sandbox", OpenWorldHint: ptr(false), DestructiveHint: ptr(false), IdempotentHint: true},
+	}, s.resumeSandbox)
 	addTool(s, &sdk.Tool{
 		Name:        "list_files",
 		Title:       "List files",
@@ -231,8 +244,10 @@ func (s *server) createSandbox(ctx context.Context, req *sdk.CallToolRequest, in
 	if err != nil {
 		return nil, createSandboxOutput{}, toolError(s.log, err)
 	}
+	// AutoResume: a model that paused a sandbox goes on with it by
+	// using it (pause_sandbox says so).
 	info, err := s.svc.Create(ctx, service.CreateRequest{Owner: owner, Idle: idle, Limits: s.cfg.Limits,
-		Metadata: map[string]string{"created_by": "mcp"}})
+		Metadata: map[string]string{"created_by": "mcp"}, AutoResume: true})
 	if err != nil {
 		return nil, createSandboxOutput{}, toolError(s.log, err)
 	}
@@ -253,6 +268,28 @@ func (s *server) closeSandbox(ctx context.Context, req *sdk.CallToolRequest, in 
 	}
 	s.untrack(req.Session, in.SandboxID)
 	return &sdk.CallToolResult{Content: []sdk.Content{text("closed " + in.SandboxID)}}, nil, nil
+}
+
+func (s *server) pauseSandbox(ctx context.Context, req *sdk.CallToolRequest, in sandboxInput) (*sdk.CallToolResult, any, error) {
+	owner, err := s.owner(req)
+	if err != nil {
+		return nil, nil, toolError(s.log, err)
+	}
+	if _, err := s.svc.Pause(ctx, owner, in.SandboxID); err != nil && !errors.Is(err, service.ErrAlreadyPaused) {
+		return nil, nil, toolError(s.log, err)
+	}
+	return &sdk.CallToolResult{Content: []sdk.Content{text("paused " + in.SandboxID)}}, nil, nil
+}
+
+func (s *server) resumeSandbox(ctx context.Context, req *sdk.CallToolRequest, in sandboxInput) (*sdk.CallToolResult, any, error) {
+	owner, err := s.owner(req)
+	if err != nil {
+		return nil, nil, toolError(s.log, err)
+	}
+	if _, err := s.svc.Resume(ctx, owner, in.SandboxID); err != nil && !errors.Is(err, service.ErrNotPaused) {
+		return nil, nil, toolError(s.log, err)
+	}
+	return &sdk.CallToolResult{Content: []sdk.Content{text("resumed " + in.SandboxID)}}, nil, nil
 }
 
 func (s *server) listFiles(ctx context.Context, req *sdk.CallToolRequest, in listFilesInput) (*sdk.CallToolResult, any, error) {

@@ -195,7 +195,7 @@ func TestPauseRefused(t *testing.T) {
 	if _, err := svc.Pause(ctx, "o", info.ID); !errors.Is(err, sandbox.ErrUnsupported) {
 		t.Fatalf("pause on a backend without it: %v", err)
 	}
-	for _, req := range []CreateRequest{{Owner: "o", OnTimeout: "sleep"}, {Owner: "o", AutoResume: true}} {
+	for _, req := range []CreateRequest{{Owner: "o", OnTimeout: "sleep"}, {Owner: "o", OnTimeout: "Pause"}} {
 		if _, err := svc.Create(ctx, req); !errors.Is(err, sandbox.ErrInvalidSpec) {
 			t.Errorf("%+v: %v", req, err)
 		}

@@ -240,8 +240,9 @@ type CreateRequest struct {
 	// OnTimeout is what the idle timeout does: OnTimeoutKill ("" too)
 	// closes the sandbox, OnTimeoutPause pauses it (see Pause).
 	OnTimeout string
-	// AutoResume: an operation on the paused sandbox resumes it first,
-	// instead of failing with sandbox.ErrPaused.
+	// AutoResume: an operation on the paused sandbox (paused by its
+	// timeout or by Pause) resumes it first, instead of failing with
+	// sandbox.ErrPaused.
 	AutoResume bool
 }
 
@@ -382,9 +383,6 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	default:
 		return Info{}, fmt.Errorf("%w: on_timeout is %q or %q, not %q", sandbox.ErrInvalidSpec, OnTimeoutKill,
 			OnTimeoutPause, req.OnTimeout)
-	}
-	if req.AutoResume && req.OnTimeout != OnTimeoutPause {
-		return Info{}, fmt.Errorf("%w: auto_resume needs on_timeout %q", sandbox.ErrInvalidSpec, OnTimeoutPause)
 	}
 	policy, err := s.grantNetwork(req.Network, req.Backend)
 	if err != nil {

@@ -13,13 +13,13 @@ server (``vivarium serve``), standard library only.
 
 from .client import Client, CommandResult, Execution, ExecutionError, Result, Sandbox, Volume
 from .errors import (AuthenticationError, ConnectionFailed, InvalidRequestError, NotAllowedError, NotFoundError,
-                     QuotaExceededError, SandboxBusyError, SandboxClosedError, ServerError,
+                     QuotaExceededError, SandboxBusyError, SandboxClosedError, SandboxPausedError, ServerError,
                      ServerUnavailableError, TooLargeError, VivariumError, VolumeInUseError)
 
 __all__ = [
     "Client", "Sandbox", "Volume", "Execution", "ExecutionError", "Result", "CommandResult",
     "VivariumError", "ConnectionFailed", "InvalidRequestError", "AuthenticationError", "NotAllowedError", "NotFoundError",
-    "SandboxBusyError", "SandboxClosedError", "TooLargeError", "QuotaExceededError",
+    "SandboxBusyError", "SandboxClosedError", "SandboxPausedError", "TooLargeError", "QuotaExceededError",
     "ServerUnavailableError", "ServerError", "VolumeInUseError",
 ]
 

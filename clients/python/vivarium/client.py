@@ -207,7 +207,7 @@ class Client:
         return bool((self._call("GET", "/healthz") or {}).get("ok"))
 
     def create_sandbox(self, timeout_s=None, max_lifetime_s=None, limits=None, env=None, metadata=None,
-                       backend=None, network=None, home=None, volumes=None):
+                       backend=None, network=None, home=None, volumes=None, on_timeout=None, auto_resume=None):
         """Creates a stateful sandbox. ``timeout_s`` is its idle timeout;
         ``limits`` a dict of memory, cpu_time_s, timeout_s, pids, disk,
         max_output, cpus; ``backend`` one the server offers (native,
@@ -219,11 +219,14 @@ class Client:
         network; see Sandbox.set_network to change it later); ``home`` the
         user's home and working directory: "/workspace" (default) or
         "/home/user" (E2B's layout); ``volumes`` the key's volumes to
-        mount, a dict {path in the sandbox: volume name, ID or Volume}."""
+        mount, a dict {path in the sandbox: volume name, ID or Volume};
+        ``on_timeout`` what the idle timeout does: "kill" (default) or
+        "pause" (see Sandbox.pause), and with it ``auto_resume`` True: a
+        call on the paused sandbox resumes it first."""
         body = {}
         for k, v in (("timeout_s", timeout_s), ("max_lifetime_s", max_lifetime_s), ("limits", limits),
                      ("env", env), ("metadata", metadata), ("backend", backend), ("network", network),
-                     ("home", home)):
+                     ("home", home), ("on_timeout", on_timeout), ("auto_resume", auto_resume)):
             if v is not None:
                 body[k] = v
         if volumes:
@@ -317,6 +320,20 @@ class Sandbox:
         disk_total. start and end, in Unix seconds, bound it."""
         query = {k: int(v) for k, v in (("start", start), ("end", end)) if v is not None}
         return self.client._call("GET", self._path("/metrics"), query=query or None)["samples"]
+
+    def pause(self):
+        """Pauses the sandbox: its processes' state (variables, imports,
+        open files, background processes) is saved to disk on the server
+        and their memory freed; calls on it then raise SandboxPausedError
+        until resume(). The native backend with CRIU can; others raise
+        ServerUnavailableError. Returns the sandbox's description."""
+        self.info = self.client._call("POST", self._path("/pause"))
+        return self.info
+
+    def resume(self):
+        """Resumes a paused sandbox where it was paused."""
+        self.info = self.client._call("POST", self._path("/resume"))
+        return self.info
 
     def set_timeout(self, timeout_s):
         """Sets the idle timeout to timeout_s seconds from now."""

@@ -51,6 +51,12 @@ class SandboxBusyError(VivariumError):
     """409: the sandbox is running another execution."""
 
 
+class SandboxPausedError(SandboxBusyError):
+    """409: the sandbox is paused (Sandbox.pause); resume it first. Also
+    raised by pause() on a paused sandbox, and, as "not_paused", by
+    resume() on one that is not."""
+
+
 class SandboxClosedError(VivariumError):
     """410: the sandbox was closed."""
 
@@ -82,6 +88,8 @@ _BY_CODE = {
     "not_found": NotFoundError,
     "file_not_found": NotFoundError,
     "busy": SandboxBusyError,
+    "paused": SandboxPausedError,
+    "not_paused": SandboxPausedError,
     "in_use": VolumeInUseError,
     "closed": SandboxClosedError,
     "too_large": TooLargeError,
