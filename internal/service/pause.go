@@ -30,7 +30,7 @@ func (b *Box) pauser() (sandbox.Pauser, error) {
 	if p, ok := b.sb.(sandbox.Pauser); ok {
 		return p, nil
 	}
-	return nil, fmt.Errorf("%w: the %s backend cannot pause a sandbox (only native can, with CRIU)",
+	return nil, fmt.Errorf("%w: sandboxes of the %s backend cannot be paused (the native backend's can, with CRIU)",
 		sandbox.ErrUnsupported, b.backend)
 }
 

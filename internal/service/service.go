@@ -432,7 +432,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 			Tenant: s.tenantOf(req.Owner), Home: req.Home, Volumes: mounts, Named: len(req.IDEnv) > 0}, policy)
 		if _, ok := sb.(sandbox.Pauser); err == nil && !ok && req.OnTimeout == OnTimeoutPause {
 			sb.Close()
-			err = fmt.Errorf("%w: on_timeout %q: the %s backend cannot pause a sandbox (only native can, with CRIU)",
+			err = fmt.Errorf("%w: on_timeout %q: sandboxes of the %s backend cannot be paused (the native backend's can, with CRIU)",
 				sandbox.ErrUnsupported, OnTimeoutPause, cmp.Or(req.Backend, s.cfg.Backend.Name()))
 		}
 		if err != nil {
