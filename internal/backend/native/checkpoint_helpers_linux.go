@@ -15,11 +15,12 @@ import (
 )
 
 // rebindControl gives init a new control socket, made in the sandbox's
-// network namespace (opRebind), and returns the supervisor's end. It
-// returns once init holds the new socket as its control socket. Messages
-// init sends after that go to the new socket, which the Sandbox does not
-// read: for the prototype, the dump follows at once.
-func (s *Sandbox) rebindControl() (*os.File, error) {
+// network namespace (opRebind), where CRIU finds it. The Sandbox sends
+// and reads on the new socket from then on (the old one's reader ends
+// quietly once init let it go), whether the dump that follows succeeds
+// or not. It returns once init holds the new socket as its control
+// socket.
+func (s *Sandbox) rebindControl() error {
 	type result struct {
 		pair [2]int
 		err  error
@@ -51,29 +52,33 @@ func (s *Sandbox) rebindControl() (*os.File, error) {
 	}()
 	r := <-ch
 	if r.err != nil {
-		return nil, fmt.Errorf("checkpoint: a control socket in the sandbox: %w", r.err)
+		return fmt.Errorf("checkpoint: a control socket in the sandbox: %w", r.err)
 	}
-	host := os.NewFile(uintptr(r.pair[0]), "control")
 	var st unix.Stat_t
 	err := unix.Fstat(r.pair[1], &st)
 	if err == nil {
+		// Under sendMu: the old socket's reader, which sees its end once
+		// init has swapped, finds it replaced; nothing is sent between.
 		s.sendMu.Lock()
-		err = sendCtl(s.ctl, ctlMsg{Op: opRebind}, r.pair[1])
+		if err = sendCtl(s.ctl, ctlMsg{Op: opRebind}, r.pair[1]); err == nil {
+			s.ctl = r.pair[0]
+			s.ctlDone = make(chan struct{})
+			go s.readControl(s.ctl, s.ctlDone)
+		}
 		s.sendMu.Unlock()
 	}
 	unix.Close(r.pair[1])
 	if err != nil {
-		host.Close()
-		return nil, fmt.Errorf("checkpoint: rebind init's control socket: %w", err)
+		unix.Close(r.pair[0])
+		return fmt.Errorf("checkpoint: rebind init's control socket: %w", err)
 	}
 	want := fmt.Sprintf("socket:[%d]", st.Ino)
 	for delay, waited := 100*time.Microsecond, time.Duration(0); ; delay = min(2*delay, 10*time.Millisecond) {
 		if l, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%d", s.init.pid, fdControl)); l == want {
-			return host, nil
+			return nil
 		}
 		if waited > 5*time.Second {
-			host.Close()
-			return nil, errors.New("checkpoint: init did not take its new control socket")
+			return errors.New("checkpoint: init did not take its new control socket")
 		}
 		time.Sleep(delay)
 		waited += delay
