@@ -21,7 +21,7 @@ import (
 )
 
 // requireCRIU returns a criu binary that passes `criu check`, or skips.
-func requireCRIU(t *testing.T) string {
+func requireCRIU(t testing.TB) string {
 	t.Helper()
 	testutil.RequireRoot(t)
 	bin, err := criu.Find()

@@ -312,3 +312,57 @@ func TestPauseUnsupported(t *testing.T) {
 		t.Errorf("the sandbox after a refused pause: %+v %v", res, err)
 	}
 }
+
+// BenchmarkPauseResume pauses and resumes one sandbox over and over:
+// idle (x = 41), and holding pandas and a DataFrame. It reports each
+// step's mean time ("pause-ms", "resume-ms"), the images' size and what
+// the cgroup keeps while paused (its files). Run with:
+// VIVARIUM_TEST_ONE_MODE=1 go test -run '^$' -bench PauseResume ./internal/backend/native/
+func BenchmarkPauseResume(b *testing.B) {
+	for _, bc := range []struct{ name, code string }{
+		{"idle", "x = 41"},
+		{"pandas", "import pandas as pd\ndf = pd.DataFrame({'a': range(1000)})\nx = 41"},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			bin := requireCRIU(b)
+			bk := pauseBackend(b, benchCgroupParent, benchUIDBase)
+			bk.criuBin = bin
+			ctx := context.Background()
+			sbx, err := bk.Create(ctx, sandbox.Spec{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			s := sbx.(*Sandbox)
+			defer s.Close()
+			if res, err := s.Execute(ctx, sandbox.ExecRequest{Code: bc.code}, nil); err != nil || res.Status != sandbox.StatusOK {
+				b.Skipf("%s: %+v %v", bc.code, res, err)
+			}
+			var pause, resume time.Duration
+			var images, kept int64
+			n := 0
+			for b.Loop() {
+				start := time.Now()
+				if err := s.Pause(ctx); err != nil {
+					b.Fatal(err)
+				}
+				pause += time.Since(start)
+				images += dirSize(s.cp.images())
+				kept += cgroupMemory(s)
+				start = time.Now()
+				if err := s.Resume(ctx); err != nil {
+					b.Fatal(err)
+				}
+				resume += time.Since(start)
+				n++
+			}
+			b.StopTimer()
+			if res, err := s.Execute(ctx, sandbox.ExecRequest{Code: "x + 1"}, nil); err != nil || len(res.Results) == 0 || res.Results[0].Text != "42" {
+				b.Fatalf("x + 1 after %d pauses: %+v %v", n, res, err)
+			}
+			b.ReportMetric(float64(pause.Microseconds())/1000/float64(n), "pause-ms")
+			b.ReportMetric(float64(resume.Microseconds())/1000/float64(n), "resume-ms")
+			b.ReportMetric(float64(images)/float64(n)/(1<<20), "images-MiB")
+			b.ReportMetric(float64(kept)/float64(n)/(1<<20), "paused-cgroup-MiB")
+		})
+	}
+}
