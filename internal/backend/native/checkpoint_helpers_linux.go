@@ -144,7 +144,7 @@ func actionScript(dir string, values []sysctl, mounts []extMount) (string, error
 		return "", err
 	}
 	budgets := filepath.Join(dir, "budgets.py")
-	if err := os.WriteFile(budgets, []byte(userNSSysctlScript), 0o600); err != nil {
+	if err := os.WriteFile(budgets, []byte(restoredNSScript), 0o600); err != nil {
 		return "", err
 	}
 	remount := filepath.Join(dir, "remount.py")
@@ -162,7 +162,7 @@ func actionScript(dir string, values []sysctl, mounts []extMount) (string, error
 	for _, a := range args {
 		script += " " + quote(a)
 	}
-	script += " 3</proc/\"$CRTOOLS_INIT_PID\"/ns/user ;;\n" +
+	script += " 3</proc/\"$CRTOOLS_INIT_PID\"/ns/user 4</proc/\"$CRTOOLS_INIT_PID\"/ns/net ;;\n" +
 		"pre-resume)\n\texec /usr/bin/python3 -I -S " + quote(remount)
 	for _, m := range mounts {
 		script += " " + quote(m.mountpoint) + " " + quote(m.flags)
@@ -192,6 +192,29 @@ for point, opts in zip(a[::2], a[1::2]):
         flags |= known.get(o, 0)
     if flags and libc.mount(None, point.encode(), None, MS_BIND | MS_REMOUNT | flags, None) != 0:
         sys.exit("remount %s %s: %s" % (point, opts, os.strerror(ctypes.get_errno())))
+`
+
+// restoredNSScript: as userNSSysctlScript, and first brings the loopback
+// of the network namespace at fd 4 up: the namespace is made empty
+// (criu --empty-ns net), as a sandbox's was before init brought its
+// loopback up (a loopback and nothing else), before any socket of the
+// sandbox is restored in it.
+const restoredNSScript = `
+import ctypes, fcntl, socket, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+PR_SET_DUMPABLE, CLONE_NEWUSER, CLONE_NEWNET = 4, 0x10000000, 0x40000000
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 1
+if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0 or libc.setns(4, CLONE_NEWNET) != 0:
+    sys.exit("setns net: errno %d" % ctypes.get_errno())
+with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+    flags = struct.unpack("16sh", fcntl.ioctl(s, SIOCGIFFLAGS, struct.pack("16sh", b"lo", 0)))[1]
+    fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sh", b"lo", flags | IFF_UP))
+if libc.setns(3, CLONE_NEWUSER) != 0:
+    sys.exit("setns user: errno %d" % ctypes.get_errno())
+a = sys.argv[1:]
+for path, value in zip(a[::2], a[1::2]):
+    with open("/proc/sys/" + path, "w") as f:
+        f.write(value)
 `
 
 // userNSSysctlScript: argv is path, value, path, value ...; fd 3 is the

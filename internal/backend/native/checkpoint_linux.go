@@ -236,8 +236,8 @@ func (s *Sandbox) dump(ctx context.Context, bin, dir string) (_ *checkpoint, err
 	if cp.mntns, err = os.Open(fmt.Sprintf("/proc/%d/ns/mnt", pid)); err != nil {
 		return nil, fmt.Errorf("checkpoint: the sandbox's mount namespace: %w", err)
 	}
-	args := []string{"dump", "--tree", strconv.Itoa(pid), "--images-dir", cp.images(), "--log-file", "dump.log", "-v4",
-		"--ext-unix-sk"}
+	args := []string{"dump", "--tree", strconv.Itoa(pid), "--images-dir", cp.images(), "--log-file", "dump.log", "-v2",
+		"--ext-unix-sk", "--empty-ns", "net"}
 	for _, m := range cp.mounts {
 		args = append(args, "--external", "mnt["+m.mountpoint+"]:"+m.key)
 	}
