@@ -85,7 +85,10 @@ func (s *Sandbox) Pause(ctx context.Context) error {
 			s.paused.Store(false)
 			return fmt.Errorf("pause: %w", err)
 		}
-		cp, err := s.dump(ctx, bin, dir)
+		// CRIU is not stopped half-way (its parasite code is in the
+		// sandbox's processes while it dumps): a caller that gives up
+		// does not end it.
+		cp, err := s.dump(context.WithoutCancel(ctx), bin, dir)
 		if err != nil {
 			s.paused.Store(false)
 			os.RemoveAll(dir)
@@ -166,7 +169,7 @@ func (s *Sandbox) Resume(ctx context.Context) error {
 		return err
 	}
 	return s.Exclusive(func() error {
-		r, err := restoreTree(ctx, bin, s.cp)
+		r, err := restoreTree(context.WithoutCancel(ctx), bin, s.cp)
 		if err != nil {
 			return fmt.Errorf("resume: %w", err)
 		}
@@ -184,6 +187,11 @@ func (s *Sandbox) Resume(ctx context.Context) error {
 		if err := os.RemoveAll(cp.images()); err != nil {
 			s.b.log.Warn("remove a resumed sandbox's images", "sandbox", s.id, "err", err)
 		}
+		// The previous checkpoint's masks are bound nowhere any more.
+		if s.lastCheckpoint != "" {
+			os.RemoveAll(s.lastCheckpoint)
+		}
+		s.lastCheckpoint = cp.dir
 		return nil
 	})
 }

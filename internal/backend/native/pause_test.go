@@ -222,8 +222,12 @@ func TestPauseResume(t *testing.T) {
 	}
 
 	dir := filepath.Join(b.cfg.CheckpointDir, s.id)
-	if _, err := os.Stat(dir); err != nil {
-		t.Errorf("the sandbox's checkpoint directory: %v", err)
+	// What is left of two pauses: the last checkpoint, without its
+	// images (the /proc masks' copies, bound in the sandbox).
+	if entries, err := os.ReadDir(dir); err != nil || len(entries) != 1 {
+		t.Errorf("the sandbox's checkpoint directory holds %v (%v), want the last checkpoint", entries, err)
+	} else if _, err := os.Stat(filepath.Join(dir, entries[0].Name(), "images")); !os.IsNotExist(err) {
+		t.Errorf("the images of a resumed sandbox: %v", err)
 	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
@@ -364,5 +368,52 @@ func BenchmarkPauseResume(b *testing.B) {
 			b.ReportMetric(float64(images)/float64(n)/(1<<20), "images-MiB")
 			b.ReportMetric(float64(kept)/float64(n)/(1<<20), "paused-cgroup-MiB")
 		})
+	}
+}
+
+// TestPauseBusy: a sandbox running an execution or a command is not
+// paused (ErrBusy), and goes on.
+func TestPauseBusy(t *testing.T) {
+	bin := requireCRIU(t)
+	b := pauseBackend(t, pauseCgroupParent, pauseUIDBase)
+	b.criuBin = bin
+	ctx := context.Background()
+	sbx, err := b.Create(ctx, sandbox.Spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := sbx.(*Sandbox)
+	defer s.Close()
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Execute(ctx, sandbox.ExecRequest{Code: "import time; time.sleep(1.5); x = 41"}, nil)
+		done <- err
+	}()
+	for !s.Busy() {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := s.Pause(ctx); !errors.Is(err, sandbox.ErrBusy) {
+		t.Errorf("pause during an execution: %v", err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	p, err := s.Start(ctx, sandbox.Command{Argv: []string{"sleep", "600"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Pause(ctx); !errors.Is(err, sandbox.ErrBusy) || s.Paused() {
+		t.Errorf("pause while a command runs: %v", err)
+	}
+	p.Signal(9)
+	<-p.Done()
+	if err := s.Pause(ctx); err != nil {
+		t.Fatalf("pause once the command ended: %v", err)
+	}
+	if err := s.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := execText(t, s, "x + 1"); got != "42" {
+		t.Errorf("x + 1 after resume: %q", got)
 	}
 }

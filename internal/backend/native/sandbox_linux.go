@@ -64,7 +64,11 @@ type Sandbox struct {
 	// checkpointed: a pause made the sandbox's checkpoint directory, which
 	// Close removes. Under pauseMu.
 	checkpointed bool
-	startGate    sync.RWMutex // Start holds it read, Pause write: no command starts as the sandbox pauses
+	// lastCheckpoint is the directory of the checkpoint the sandbox was
+	// last resumed from: its /proc masks' copies are bound in the
+	// sandbox. Under pauseMu.
+	lastCheckpoint string
+	startGate      sync.RWMutex // Start holds it read, Pause write: no command starts as the sandbox pauses
 
 	// From init's status pipe.
 	statusMu   sync.Mutex
