@@ -237,7 +237,7 @@ func (s *Sandbox) dump(ctx context.Context, bin, dir string) (_ *checkpoint, err
 		return nil, fmt.Errorf("checkpoint: the sandbox's mount namespace: %w", err)
 	}
 	args := []string{"dump", "--tree", strconv.Itoa(pid), "--images-dir", cp.images(), "--log-file", "dump.log", "-v2",
-		"--ext-unix-sk", "--empty-ns", "net"}
+		"--ext-unix-sk", "--empty-ns", "net", "--network-lock", "skip"}
 	for _, m := range cp.mounts {
 		args = append(args, "--external", "mnt["+m.mountpoint+"]:"+m.key)
 	}
