@@ -399,6 +399,18 @@ func (c *Core) Restart(ctx context.Context) error {
 	return nil
 }
 
+// Exclusive runs f while no execution or restart runs, and keeps any
+// from starting until it returns: for a backend that takes the sandbox's
+// processes away and brings them back under the core (a pause, a
+// resume). It fails with sandbox.ErrBusy while one runs, without waiting.
+func (c *Core) Exclusive(f func() error) error {
+	if !c.execMu.TryLock() {
+		return sandbox.ErrBusy
+	}
+	defer c.execMu.Unlock()
+	return f()
+}
+
 // restart replaces the runner and waits until the new one is ready. When
 // it returns, every process that could write output is dead. Callers hold
 // execMu.

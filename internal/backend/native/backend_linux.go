@@ -77,7 +77,12 @@ type Config struct {
 	// never.
 	ZygoteMaxSandboxes int
 	ZygoteMaxAge       time.Duration
-	Logger             *slog.Logger
+	// CheckpointDir is where paused sandboxes keep their checkpoints (the
+	// images of their processes' memory, on disk), a directory each,
+	// removed when the sandbox resumes or closes. Default:
+	// DefaultCheckpointRoot/<cgroup parent>.
+	CheckpointDir string
+	Logger        *slog.Logger
 }
 
 // Defaults of the pool and of zygote replacement.
@@ -86,6 +91,10 @@ const (
 	DefaultZygoteMaxSandboxes = 256
 	DefaultZygoteMaxAge       = 15 * time.Minute
 )
+
+// DefaultCheckpointRoot holds the default CheckpointDir of each cgroup
+// parent.
+const DefaultCheckpointRoot = "/var/lib/vivarium/checkpoints"
 
 // DefaultUIDBase is far above the ranges distributions hand out to users and
 // to rootless containers (subuid ranges start at 100000).
@@ -111,6 +120,8 @@ type Backend struct {
 	zreplaceFailed map[string]time.Time     // when a replacement last failed
 	retired        []*zygote                // replaced, serving their last sandboxes
 	closed         bool
+
+	pauseState
 }
 
 var (
@@ -140,6 +151,10 @@ func New(cfg Config) (*Backend, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.CheckpointDir == "" {
+		cfg.CheckpointDir = filepath.Join(DefaultCheckpointRoot,
+			strings.ReplaceAll(cmp.Or(cfg.CgroupParent, "native"), "/", "_"))
 	}
 	b := &Backend{cfg: cfg, log: cfg.Logger, zygotes: map[string]*zygote{}, zstarting: map[string]chan struct{}{},
 		zreplacing: map[string]bool{}, zreplaceFailed: map[string]time.Time{}}

@@ -15,11 +15,12 @@ import (
 )
 
 // rebindControl gives init a new control socket, made in the sandbox's
-// network namespace (opRebind), and returns the supervisor's end. It
-// returns once init holds the new socket as its control socket. Messages
-// init sends after that go to the new socket, which the Sandbox does not
-// read: for the prototype, the dump follows at once.
-func (s *Sandbox) rebindControl() (*os.File, error) {
+// network namespace (opRebind), where CRIU finds it. The Sandbox sends
+// and reads on the new socket from then on (the old one's reader ends
+// quietly once init let it go), whether the dump that follows succeeds
+// or not. It returns once init holds the new socket as its control
+// socket.
+func (s *Sandbox) rebindControl() error {
 	type result struct {
 		pair [2]int
 		err  error
@@ -51,29 +52,33 @@ func (s *Sandbox) rebindControl() (*os.File, error) {
 	}()
 	r := <-ch
 	if r.err != nil {
-		return nil, fmt.Errorf("checkpoint: a control socket in the sandbox: %w", r.err)
+		return fmt.Errorf("checkpoint: a control socket in the sandbox: %w", r.err)
 	}
-	host := os.NewFile(uintptr(r.pair[0]), "control")
 	var st unix.Stat_t
 	err := unix.Fstat(r.pair[1], &st)
 	if err == nil {
+		// Under sendMu: the old socket's reader, which sees its end once
+		// init has swapped, finds it replaced; nothing is sent between.
 		s.sendMu.Lock()
-		err = sendCtl(s.ctl, ctlMsg{Op: opRebind}, r.pair[1])
+		if err = sendCtl(s.ctl, ctlMsg{Op: opRebind}, r.pair[1]); err == nil {
+			s.ctl = r.pair[0]
+			s.ctlDone = make(chan struct{})
+			go s.readControl(s.ctl, s.ctlDone)
+		}
 		s.sendMu.Unlock()
 	}
 	unix.Close(r.pair[1])
 	if err != nil {
-		host.Close()
-		return nil, fmt.Errorf("checkpoint: rebind init's control socket: %w", err)
+		unix.Close(r.pair[0])
+		return fmt.Errorf("checkpoint: rebind init's control socket: %w", err)
 	}
 	want := fmt.Sprintf("socket:[%d]", st.Ino)
 	for delay, waited := 100*time.Microsecond, time.Duration(0); ; delay = min(2*delay, 10*time.Millisecond) {
 		if l, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%d", s.init.pid, fdControl)); l == want {
-			return host, nil
+			return nil
 		}
 		if waited > 5*time.Second {
-			host.Close()
-			return nil, errors.New("checkpoint: init did not take its new control socket")
+			return errors.New("checkpoint: init did not take its new control socket")
 		}
 		time.Sleep(delay)
 		waited += delay
@@ -139,7 +144,7 @@ func actionScript(dir string, values []sysctl, mounts []extMount) (string, error
 		return "", err
 	}
 	budgets := filepath.Join(dir, "budgets.py")
-	if err := os.WriteFile(budgets, []byte(userNSSysctlScript), 0o600); err != nil {
+	if err := os.WriteFile(budgets, []byte(restoredNSScript), 0o600); err != nil {
 		return "", err
 	}
 	remount := filepath.Join(dir, "remount.py")
@@ -157,7 +162,7 @@ func actionScript(dir string, values []sysctl, mounts []extMount) (string, error
 	for _, a := range args {
 		script += " " + quote(a)
 	}
-	script += " 3</proc/\"$CRTOOLS_INIT_PID\"/ns/user ;;\n" +
+	script += " 3</proc/\"$CRTOOLS_INIT_PID\"/ns/user 4</proc/\"$CRTOOLS_INIT_PID\"/ns/net ;;\n" +
 		"pre-resume)\n\texec /usr/bin/python3 -I -S " + quote(remount)
 	for _, m := range mounts {
 		script += " " + quote(m.mountpoint) + " " + quote(m.flags)
@@ -187,6 +192,29 @@ for point, opts in zip(a[::2], a[1::2]):
         flags |= known.get(o, 0)
     if flags and libc.mount(None, point.encode(), None, MS_BIND | MS_REMOUNT | flags, None) != 0:
         sys.exit("remount %s %s: %s" % (point, opts, os.strerror(ctypes.get_errno())))
+`
+
+// restoredNSScript: as userNSSysctlScript, and first brings the loopback
+// of the network namespace at fd 4 up: the namespace is made empty
+// (criu --empty-ns net), as a sandbox's was before init brought its
+// loopback up (a loopback and nothing else), before any socket of the
+// sandbox is restored in it.
+const restoredNSScript = `
+import ctypes, fcntl, socket, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+PR_SET_DUMPABLE, CLONE_NEWUSER, CLONE_NEWNET = 4, 0x10000000, 0x40000000
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 1
+if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0 or libc.setns(4, CLONE_NEWNET) != 0:
+    sys.exit("setns net: errno %d" % ctypes.get_errno())
+with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+    flags = struct.unpack("16sh", fcntl.ioctl(s, SIOCGIFFLAGS, struct.pack("16sh", b"lo", 0)))[1]
+    fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sh", b"lo", flags | IFF_UP))
+if libc.setns(3, CLONE_NEWUSER) != 0:
+    sys.exit("setns user: errno %d" % ctypes.get_errno())
+a = sys.argv[1:]
+for path, value in zip(a[::2], a[1::2]):
+    with open("/proc/sys/" + path, "w") as f:
+        f.write(value)
 `
 
 // userNSSysctlScript: argv is path, value, path, value ...; fd 3 is the

@@ -65,6 +65,9 @@ type checkpoint struct {
 	// (budgets_linux.go), which CRIU does not save: a restore sets them
 	// again before any restored process runs.
 	userSysctls []sysctl
+	// runnerPID is the runner's host pid at dump time: the first holder
+	// of its request and event pipes (extPipe.pid).
+	runnerPID int
 	// Took is how long criu dump ran.
 	took time.Duration
 }
@@ -159,15 +162,15 @@ var devNodes = func() map[string]bool {
 
 // dump saves the sandbox's process tree to dir (created, must not
 // exist; see prepareDump) with CRIU at bin and ends the tree: its processes are
-// stopped and their memory freed. A dump that fails ends the sandbox
-// too (for now: its control socket is replaced first). Only classic
-// sandboxes: a zygote's sandboxes share the zygote's memory and are not
-// supported yet.
-func (s *Sandbox) dump(ctx context.Context, bin, dir string) (*checkpoint, error) {
+// stopped and their memory freed. A dump that fails leaves the sandbox
+// running as it was (with a new control socket, which the Sandbox reads,
+// and its budgets as before). Only classic sandboxes: a zygote's
+// sandboxes share the zygote's memory and are not supported yet.
+func (s *Sandbox) dump(ctx context.Context, bin, dir string) (_ *checkpoint, err error) {
 	if s.z != nil {
 		return nil, errors.New("checkpoint: sandboxes forked from a zygote are not supported yet")
 	}
-	if s.init == nil || isClosed(s.initDone) {
+	if s.init == nil || isClosed(s.dead()) {
 		return nil, errors.New("checkpoint: the sandbox is not running")
 	}
 	pid := s.init.pid
@@ -180,42 +183,61 @@ func (s *Sandbox) dump(ctx context.Context, bin, dir string) (*checkpoint, error
 	defer userns.Close()
 	// The control socket was made in the supervisor's network namespace,
 	// where CRIU does not look for it: init takes one made in its own.
-	hostEnd, err := s.rebindControl()
-	if err != nil {
+	if err := s.rebindControl(); err != nil {
 		return nil, err
 	}
-	defer hostEnd.Close()
-	// From here the Sandbox no longer hears init (it reads the old
-	// socket), and init ends when hostEnd closes: a dump that fails ends
-	// the sandbox, as one that succeeds does (its processes are gone).
-	dumped := false
-	defer func() {
-		if !dumped {
-			s.kill()
-		}
-	}()
 	cp, err := prepareDump(pid, dir)
 	if err != nil {
 		return nil, err
+	}
+	// The runner, whose pipes a resume gives the core again.
+	s.mu.Lock()
+	rp := s.rp
+	s.mu.Unlock()
+	if rp == nil {
+		return nil, errors.New("checkpoint: the sandbox has no runner")
+	}
+	tree, err := processTree(pid)
+	if err != nil {
+		return nil, err
+	}
+	if cp.runnerPID, err = runnerHostPID(tree, rp.pid); err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
 	}
 	// CRIU dumps a tmpfs's files from a helper mount namespace that it
 	// makes in the sandbox's user namespace, whose max_mnt_namespaces is
 	// 0 (budgets_linux.go): a few for the dump, which ends the namespace
 	// (a restore sets 0 again). Seccomp refuses the sandbox's own
 	// processes a new namespace all the same.
-	if err := userNSSysctls(userns, []sysctl{{"user/max_mnt_namespaces", strconv.Itoa(dumpMntNamespaces)}}); err != nil {
-		return nil, err
-	}
+	mntBudget := sysctl{"user/max_mnt_namespaces", "0"}
 	for _, v := range s.cfg.Sysctls {
 		if strings.HasPrefix(v.Path, "user/") {
 			cp.userSysctls = append(cp.userSysctls, v)
 		}
+		if v.Path == mntBudget.Path {
+			mntBudget = v
+		}
 	}
+	if err := userNSSysctls(userns, []sysctl{{mntBudget.Path, strconv.Itoa(dumpMntNamespaces)}}); err != nil {
+		return nil, err
+	}
+	dumped := false
+	defer func() {
+		if !dumped {
+			// The sandbox goes on: its budget as it was.
+			if rerr := userNSSysctls(userns, []sysctl{mntBudget}); rerr != nil {
+				// Seccomp still refuses its processes a namespace, but
+				// a sandbox is not left with a weaker confinement.
+				s.kill()
+				err = errors.Join(err, rerr)
+			}
+		}
+	}()
 	if cp.mntns, err = os.Open(fmt.Sprintf("/proc/%d/ns/mnt", pid)); err != nil {
 		return nil, fmt.Errorf("checkpoint: the sandbox's mount namespace: %w", err)
 	}
-	args := []string{"dump", "--tree", strconv.Itoa(pid), "--images-dir", cp.images(), "--log-file", "dump.log", "-v4",
-		"--ext-unix-sk"}
+	args := []string{"dump", "--tree", strconv.Itoa(pid), "--images-dir", cp.images(), "--log-file", "dump.log", "-v2",
+		"--ext-unix-sk", "--empty-ns", "net", "--network-lock", "skip"}
 	for _, m := range cp.mounts {
 		args = append(args, "--external", "mnt["+m.mountpoint+"]:"+m.key)
 	}
@@ -232,7 +254,7 @@ func (s *Sandbox) dump(ctx context.Context, bin, dir string) (*checkpoint, error
 	// check and CRIU's seizing it, CRIU would be given a pid that another
 	// process may take: a window of a few milliseconds, for a process
 	// of the host to be forked with that very pid.)
-	if isClosed(s.initDone) {
+	if isClosed(s.dead()) {
 		cp.close()
 		return nil, errors.New("checkpoint: the sandbox's init exited")
 	}
@@ -492,9 +514,13 @@ func (cp *checkpoint) collectFiles(initPID int, tree []int, mnts []mountEntry) e
 	pipes := map[uint64]*pipeEnds{}
 	var order []uint64
 	seenFile := map[string]bool{}
-	addFile := func(pid int, mntID string, ino uint64, path string) error {
+	addFile := func(pid int, mntID string, st *unix.Stat_t, path string) error {
+		ino := st.Ino
 		if node := devNode[mntID]; node != "" {
 			path = node // the host's node of that name, not what the sandbox says
+		} else if !inNS[mntID] && isHostNode(path, st) {
+			// A /dev node a restore reopened from the host's (a second
+			// pause): the same again.
 		} else if inNS[mntID] {
 			return nil
 		} else if pid != initPID {
@@ -546,7 +572,7 @@ func (cp *checkpoint) collectFiles(initPID int, tree []int, mnts []mountEntry) e
 				if err := unix.Stat(filepath.Join(fdDir, e.Name()), &st); err != nil {
 					return err
 				}
-				if err := addFile(pid, info.mntID, st.Ino, link); err != nil {
+				if err := addFile(pid, info.mntID, &st, link); err != nil {
 					return err
 				}
 			}
@@ -575,7 +601,7 @@ func (cp *checkpoint) collectFiles(initPID int, tree []int, mnts []mountEntry) e
 			if err != nil || ierr != nil {
 				return fmt.Errorf("checkpoint: inspect %s of process %d: %w", link, pid, errors.Join(err, ierr))
 			}
-			if err := addFile(pid, info.mntID, st.Ino, link); err != nil {
+			if err := addFile(pid, info.mntID, &st, link); err != nil {
 				return err
 			}
 		}
@@ -590,6 +616,17 @@ func (cp *checkpoint) collectFiles(initPID int, tree []int, mnts []mountEntry) e
 		cp.pipes = append(cp.pipes, e)
 	}
 	return nil
+}
+
+// isHostNode reports whether st, a file a process holds at path, is the
+// host's node of that name among the sandbox's /dev nodes: a character
+// device of the same numbers.
+func isHostNode(path string, st *unix.Stat_t) bool {
+	if !devNodes[path] || st.Mode&unix.S_IFMT != unix.S_IFCHR {
+		return false
+	}
+	var host unix.Stat_t
+	return unix.Stat(path, &host) == nil && host.Mode&unix.S_IFMT == unix.S_IFCHR && host.Rdev == st.Rdev
 }
 
 type fdinfo struct {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -20,7 +21,7 @@ import (
 )
 
 // requireCRIU returns a criu binary that passes `criu check`, or skips.
-func requireCRIU(t *testing.T) string {
+func requireCRIU(t testing.TB) string {
 	t.Helper()
 	testutil.RequireRoot(t)
 	bin, err := criu.Find()
@@ -292,33 +293,86 @@ func restoredRunnerPipes(t *testing.T, cp *checkpoint, r *restoredTree) (req, ev
 	return req, events
 }
 
-// A dump that fails (here criu itself) ends the sandbox rather than
-// leave it half given to a checkpoint, and leaves no process behind.
+// A pause whose dump fails (here criu itself) leaves the sandbox running
+// as it was, unpaused: init on its new control socket, which the Sandbox
+// reads, the runner with its state, its user namespace's budget of mount
+// namespaces as before the dump raised it.
 func TestCheckpointFailedDump(t *testing.T) {
 	testutil.RequireRoot(t)
 	s := checkpointSandbox(t)
+	ctx := context.Background()
 	fake := filepath.Join(t.TempDir(), "criu")
 	if err := os.WriteFile(fake, []byte("#!/bin/sh\necho 'Error (criu/cr-dump.c:1): refused' >&2\nexit 1\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	tree, err := processTree(s.init.pid)
+	s.b.criuBin = fake
+	s.b.cfg.CheckpointDir = checkpointRoot(t)
+	err := s.Pause(ctx)
+	if err == nil || !strings.Contains(err.Error(), "refused") {
+		t.Fatalf("pause with a failing criu: %v", err)
+	}
+	if s.Paused() {
+		t.Fatal("paused after a failed dump")
+	}
+	for code, want := range map[string]string{
+		"x + 1":                "42",
+		"f.seek(0); f.read()":  "abc",
+		"child.poll() is None": "True",
+		readCode("/proc/sys/user/max_mnt_namespaces"): "0",
+	} {
+		if got := execText(t, s, code); got != want {
+			t.Errorf("%s after a failed dump: %q, want %q", code, got, want)
+		}
+	}
+	// Init hears the Sandbox on the new socket: a command starts.
+	p, err := s.Start(ctx, sandbox.Command{Argv: []string{"echo", "started"}})
+	if err != nil {
+		t.Fatalf("start a command after a failed dump: %v", err)
+	}
+	if out, _ := io.ReadAll(p.Stdout()); strings.TrimSpace(string(out)) != "started" || p.ExitCode() != 0 {
+		t.Errorf("command after a failed dump: %q, exit %d", out, p.ExitCode())
+	}
+	if entries, _ := os.ReadDir(filepath.Join(s.b.cfg.CheckpointDir, s.id)); len(entries) != 0 {
+		t.Errorf("a failed dump left %v", entries)
+	}
+}
+
+// execText runs code in s and returns the text of its result (a string's
+// quotes taken off), failing the test on any error.
+func execText(t *testing.T, s *Sandbox, code string) string {
+	t.Helper()
+	res, err := s.Execute(context.Background(), sandbox.ExecRequest{Code: code}, nil)
+	if err != nil || res.Status != sandbox.StatusOK {
+		t.Fatalf("%s: %+v %v", code, res, err)
+	}
+	var got string
+	for _, r := range res.Results {
+		if r.IsMainResult {
+			got = r.Text
+		}
+	}
+	if got == "" {
+		got = strings.TrimSpace(res.Stdout)
+	}
+	if len(got) >= 2 && (got[0] == '\'' || got[0] == '"') && got[len(got)-1] == got[0] {
+		got = got[1 : len(got)-1]
+	}
+	return got
+}
+
+// checkpointRoot is a directory for a backend's checkpoints that lets the
+// sandboxes' host roots through (0711), removed when the test ends.
+func checkpointRoot(t testing.TB) string {
+	t.Helper()
+	parent, err := os.MkdirTemp("", "vivarium-pause-")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = s.dump(context.Background(), fake, filepath.Join(t.TempDir(), "checkpoint"))
-	if err == nil || !strings.Contains(err.Error(), "refused") {
-		t.Fatalf("dump with a failing criu: %v", err)
+	t.Cleanup(func() { os.RemoveAll(parent) })
+	if err := os.Chmod(parent, 0o711); err != nil {
+		t.Fatal(err)
 	}
-	select {
-	case <-s.initDone:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the sandbox still runs after a failed dump")
-	}
-	for _, pid := range tree {
-		if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil && !strings.Contains(string(st), ") Z") {
-			t.Errorf("process %d of the sandbox still runs", pid)
-		}
-	}
+	return filepath.Join(parent, "checkpoints")
 }
 
 // mountsCode lists the sandbox's mounts as it sees them: mount point and

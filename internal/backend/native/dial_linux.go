@@ -56,7 +56,10 @@ func (s *Sandbox) DialPort(ctx context.Context, port int) (net.Conn, error) {
 		// would be a way out through the sandbox's network policy.
 		return nil, fmt.Errorf("%w: port %d is the sandbox's network proxy, not one of its servers", sandbox.ErrPortClosed, port)
 	}
-	if isClosed(s.initDone) {
+	if s.paused.Load() {
+		return nil, sandbox.ErrPaused
+	}
+	if isClosed(s.dead()) {
 		return nil, sandbox.ErrClosed
 	}
 	if _, ok := ctx.Deadline(); !ok {

@@ -19,21 +19,32 @@ var _ core.Driver = (*driver)(nil)
 
 func (d *driver) s() *Sandbox { return (*Sandbox)(d) }
 
-// Prepare: a native sandbox whose init died is over.
+// Prepare: a native sandbox whose init died is over; a paused one runs
+// no code until it is resumed.
 func (d *driver) Prepare(context.Context) error {
-	if isClosed(d.initDone) {
+	if d.paused.Load() {
+		return sandbox.ErrPaused
+	}
+	if isClosed(d.s().dead()) {
 		return sandbox.ErrClosed
 	}
 	return nil
 }
 
-func (d *driver) Closed() bool { return isClosed(d.initDone) }
+// Closed: init died, and not because the sandbox was paused (its init
+// ends then, and a resume gives it another).
+func (d *driver) Closed() bool { return !d.paused.Load() && isClosed(d.s().dead()) }
 
-func (d *driver) Dead() <-chan struct{} { return d.initDone }
+func (d *driver) Dead() <-chan struct{} { return d.s().dead() }
 
 // Restart has init kill every process of the sandbox but itself and start
 // a runner (readControl hands it over).
-func (d *driver) Restart(context.Context) error { return d.s().send(ctlMsg{Op: opRestart}) }
+func (d *driver) Restart(context.Context) error {
+	if d.paused.Load() {
+		return sandbox.ErrPaused
+	}
+	return d.s().send(ctlMsg{Op: opRestart})
+}
 
 // Interrupt sends SIGINT to the runner, which Python turns into
 // KeyboardInterrupt.

@@ -78,11 +78,13 @@ func (p *initPipes) closeParent() {
 	}
 }
 
-// initProc is a running init, started by the supervisor (cmd) or by a
-// zygote's init (a pidfd).
+// initProc is a running init, started by the supervisor (cmd), by a
+// zygote's init (a pidfd), or restored by CRIU as the supervisor's child
+// (proc, pause_linux.go).
 type initProc struct {
 	pid      int // on the host
 	cmd      *exec.Cmd
+	proc     *os.Process
 	pidfd    int
 	inCgroup bool // born in its cgroup (clone3 CLONE_INTO_CGROUP)
 }
@@ -91,6 +93,10 @@ type initProc struct {
 func (p *initProc) wait() error {
 	if p.cmd != nil {
 		return p.cmd.Wait()
+	}
+	if p.proc != nil {
+		_, err := p.proc.Wait()
+		return err
 	}
 	return waitPidfd(p.pidfd)
 }
@@ -126,6 +132,10 @@ func (p *initProc) namespaces() ([]int, error) {
 func (p *initProc) kill() {
 	if p.cmd != nil {
 		p.cmd.Process.Signal(syscall.SIGKILL)
+		return
+	}
+	if p.proc != nil {
+		p.proc.Signal(syscall.SIGKILL)
 		return
 	}
 	unix.PidfdSendSignal(p.pidfd, unix.SIGKILL, nil, 0)

@@ -14,6 +14,13 @@ import (
 // Start implements sandbox.Sandbox: init starts the command and passes
 // back its pipes (readControl hands them to the core).
 func (s *Sandbox) Start(ctx context.Context, c sandbox.Command) (sandbox.Process, error) {
+	// Held until the command has started (or not): a pause waits, and
+	// finds it running.
+	s.startGate.RLock()
+	defer s.startGate.RUnlock()
+	if s.paused.Load() {
+		return nil, sandbox.ErrPaused
+	}
 	return s.StartCommand(ctx, c, s.spec.UserEnv(c.User), func(id uint64, env map[string]string) error {
 		return s.send(ctlMsg{Op: opSpawn, ID: id, Argv: c.Argv, Env: sandboxEnv(env), Dir: c.Dir, User: c.User,
 			Term: c.Terminal})

@@ -72,8 +72,8 @@ func restoreTree(ctx context.Context, bin string, cp *checkpoint) (_ *restoredTr
 	defer unix.Unmount(root, unix.MNT_DETACH)
 	pidfile := filepath.Join(cp.dir, "restored.pid")
 	os.Remove(pidfile)
-	args := []string{"restore", "--images-dir", cp.images(), "--log-file", "restore.log", "-v4",
-		"--root", root, "--restore-detached", "--restore-sibling", "--pidfile", pidfile}
+	args := []string{"restore", "--images-dir", cp.images(), "--log-file", "restore.log", "-v2",
+		"--root", root, "--restore-detached", "--restore-sibling", "--pidfile", pidfile, "--empty-ns", "net"}
 	script, err := actionScript(cp.dir, cp.userSysctls, cp.mounts)
 	if err != nil {
 		return nil, err

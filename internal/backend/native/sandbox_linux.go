@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -45,11 +46,29 @@ type Sandbox struct {
 	// The sandbox's root, as its user and as its root write it
 	// (sandbox.FileSystem).
 	rootAsUser, rootAsRoot *workspace.Dir
-	ctl                    int // control socket to init
+	ctl                    int // control socket to init, under sendMu
 	stdout                 *pipeReader
 	stderr                 *pipeReader
 	initErr                error         // how init exited; valid once initDone is closed
 	initDone               chan struct{} // closed when init has exited and been reaped
+
+	// A pause (pause_linux.go) ends init and a resume gives the Sandbox
+	// another: init and initDone change then, under lifeMu, and so do
+	// the pipe readers, statusDone, ctl and ctlDone (while no execution
+	// runs, see Core.Exclusive). pauseMu orders Pause, Resume and Close.
+	lifeMu  sync.Mutex
+	pauseMu sync.Mutex
+	paused  atomic.Bool
+	cp      *checkpoint // the paused sandbox's checkpoint, under pauseMu
+	closing bool        // Close has begun, under pauseMu
+	// checkpointed: a pause made the sandbox's checkpoint directory, which
+	// Close removes. Under pauseMu.
+	checkpointed bool
+	// lastCheckpoint is the directory of the checkpoint the sandbox was
+	// last resumed from: its /proc masks' copies are bound in the
+	// sandbox. Under pauseMu.
+	lastCheckpoint string
+	startGate      sync.RWMutex // Start holds it read, Pause write: no command starts as the sandbox pauses
 
 	// From init's status pipe.
 	statusMu   sync.Mutex
@@ -192,10 +211,7 @@ func start(ctx context.Context, b *Backend, spec sandbox.Spec, cfg *initConfig, 
 		p.closeParent()
 		return nil, err
 	}
-	go func() {
-		s.initErr = s.init.wait()
-		close(s.initDone)
-	}()
+	s.waitInit(s.init, s.initDone)
 	p.closeChild()
 	if s.cg != nil && !s.init.inCgroup {
 		// Moved in before it receives its config, so before it does
@@ -211,9 +227,9 @@ func start(ctx context.Context, b *Backend, spec sandbox.Spec, cfg *initConfig, 
 	if s.stderr, err = newPipeReader(p.stderrR, s.Core.Stderr); err != nil {
 		return nil, err
 	}
-	go s.readStatus(p.statusR)
+	go s.readStatus(p.statusR, s.statusDone)
 	s.ctlRead = true
-	go s.readControl()
+	go s.readControl(s.ctl, s.ctlDone)
 
 	if err := json.NewEncoder(p.ctrlW).Encode(cfg); err != nil {
 		return nil, fmt.Errorf("send config to init: %w", err)
@@ -298,8 +314,8 @@ func (s *Sandbox) setupFailure() error {
 
 // readStatus follows init's status pipe. Init is trusted code, but it runs
 
-func (s *Sandbox) readStatus(r *os.File) {
-	defer close(s.statusDone)
+func (s *Sandbox) readStatus(r *os.File, done chan struct{}) {
+	defer close(done)
 	defer r.Close()
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 4096), 64<<10)
@@ -338,13 +354,23 @@ func (s *Sandbox) setRunnerExit(st *initStatus) {
 	}
 }
 
-// readControl follows init's control socket for the sandbox's life.
-func (s *Sandbox) readControl() {
-	defer close(s.ctlDone)
+// readControl follows init's control socket ctl until it ends, then
+// closes done. It is the sandbox's for its life, or until a new socket
+// takes its place (rebindControl), and then ends quietly, closing ctl.
+func (s *Sandbox) readControl(ctl int, done chan struct{}) {
+	defer close(done)
 	buf, oob := make([]byte, 64<<10), make([]byte, unix.CmsgSpace(8*4))
 	for {
-		m, fds, err := recvCtl(s.ctl, buf, oob)
+		m, fds, err := recvCtl(ctl, buf, oob)
 		if err != nil {
+			s.sendMu.Lock()
+			replaced := s.ctl != ctl
+			s.sendMu.Unlock()
+			if replaced {
+				// Init took another socket: this one is nobody's.
+				unix.Close(ctl)
+				return
+			}
 			// Init is gone, and every process of the sandbox with it.
 			s.CommandsGone()
 			s.mu.Lock()
@@ -505,9 +531,27 @@ func (s *Sandbox) Workspace() sandbox.Workspace { return s.ws }
 // PID namespace, and when it dies the kernel kills all the rest, however
 // they forked, setsid or ignored signals. The cgroup is the second net.
 func (s *Sandbox) kill() {
-	if s.init != nil {
-		s.init.kill()
+	s.lifeMu.Lock()
+	p := s.init
+	s.lifeMu.Unlock()
+	if p != nil {
+		p.kill()
 	}
+}
+
+// waitInit reaps init p and closes done when it has exited.
+func (s *Sandbox) waitInit(p *initProc, done chan struct{}) {
+	go func() {
+		s.initErr = p.wait()
+		close(done)
+	}()
+}
+
+// dead returns the current init's initDone (a resume replaces it).
+func (s *Sandbox) dead() chan struct{} {
+	s.lifeMu.Lock()
+	defer s.lifeMu.Unlock()
+	return s.initDone
 }
 
 // Quiesce implements sandbox.Quiescer: it kills every process of the
@@ -515,7 +559,7 @@ func (s *Sandbox) kill() {
 func (s *Sandbox) Quiesce() {
 	s.kill()
 	if s.init != nil {
-		<-s.initDone
+		<-s.dead()
 	}
 }
 
@@ -523,9 +567,15 @@ func (s *Sandbox) Quiesce() {
 func (s *Sandbox) Close() error {
 	s.closeOnce.Do(func() {
 		var errs []error
+		// After a Pause or Resume under way; none starts from here.
+		s.pauseMu.Lock()
+		s.closing = true
+		cp := s.cp
+		s.cp = nil
+		s.pauseMu.Unlock()
 		s.kill()
 		if s.init != nil {
-			<-s.initDone
+			<-s.dead()
 			if s.init.pidfd >= 0 {
 				s.init.awaitReaped()
 				unix.Close(s.init.pidfd)
@@ -564,6 +614,17 @@ func (s *Sandbox) Close() error {
 			s.spec.Egress.Close()
 			if s.egressDone != nil {
 				<-s.egressDone
+			}
+		}
+		if cp != nil {
+			// A paused sandbox's files, held by its mount namespace.
+			cp.close()
+		}
+		if s.checkpointed {
+			// Its checkpoints: a paused one's memory, the /proc masks'
+			// copies a resumed one had bound.
+			if err := s.b.removeCheckpoints(s.id); err != nil {
+				errs = append(errs, err)
 			}
 		}
 		if s.cg != nil {

@@ -1,0 +1,422 @@
+package native
+
+// Pause and resume (sandbox.Pauser, issue 15, docs/snapshots.md). Pause
+// dumps the sandbox's process tree with CRIU (checkpoint_linux.go) into a
+// directory of the backend's and the tree ends: init's exit is then not
+// the sandbox's end (driver.Closed). Resume restores the tree
+// (restore_linux.go) and gives the same Sandbox the restored processes:
+// init as the supervisor's child, its status and output pipes, its
+// control socket, the runner's request and event pipes as a new
+// core.Runner, ready and holding the old state. The sandbox keeps its id,
+// cgroup, host user and files throughout.
+//
+// While paused the sandbox's files stay where they were, in its root
+// tmpfs, held in memory through its mount namespace (checkpoint.mntns):
+// the workspace can still be read and written, but a file the paused code
+// holds open must keep its size, or CRIU refuses the resume.
+//
+// Order of a pause, under pauseMu and the core's Exclusive (no execution
+// runs or starts):
+//  1. no command may be starting or running (startGate), then paused;
+//  2. dump: init takes a control socket CRIU can dump, which the Sandbox
+//     reads from then on (so a dump that fails leaves it running);
+//  3. the dumped tree's end is seen by every reader, the runner is
+//     forgotten without its state being taken for lost (settle).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vivarium-sandbox/vivarium/internal/core"
+	"github.com/vivarium-sandbox/vivarium/internal/criu"
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+)
+
+var _ sandbox.Pauser = (*Sandbox)(nil)
+
+// Paused implements sandbox.Pauser.
+func (s *Sandbox) Paused() bool { return s.paused.Load() }
+
+// Pause implements sandbox.Pauser. It fails with sandbox.ErrBusy while an
+// execution or a command runs, and with sandbox.ErrUnsupported, naming
+// why, for a sandbox that cannot be paused. A pause that fails leaves the
+// sandbox running, unpaused. Pausing a paused sandbox does nothing.
+func (s *Sandbox) Pause(ctx context.Context) error {
+	if err := s.pausable(); err != nil {
+		return err
+	}
+	bin, err := s.b.criu()
+	if err != nil {
+		return err
+	}
+	s.pauseMu.Lock()
+	defer s.pauseMu.Unlock()
+	if s.closing {
+		return sandbox.ErrClosed
+	}
+	if s.paused.Load() {
+		return nil
+	}
+	return s.Exclusive(func() error {
+		if (*driver)(s).Closed() {
+			return sandbox.ErrClosed
+		}
+		s.startGate.Lock()
+		if n := s.Commands(); n > 0 {
+			s.startGate.Unlock()
+			return fmt.Errorf("%w: %d command(s) started in the sandbox still run; wait for them or kill them before pausing",
+				sandbox.ErrBusy, n)
+		}
+		s.paused.Store(true)
+		s.startGate.Unlock()
+		dir, err := s.b.checkpointDir(s.id)
+		s.checkpointed = true
+		if err != nil {
+			s.paused.Store(false)
+			return fmt.Errorf("pause: %w", err)
+		}
+		// CRIU is not stopped half-way (its parasite code is in the
+		// sandbox's processes while it dumps): a caller that gives up
+		// does not end it.
+		cp, err := s.dump(context.WithoutCancel(ctx), bin, dir)
+		if err != nil {
+			s.paused.Store(false)
+			os.RemoveAll(dir)
+			return fmt.Errorf("pause: %w", err)
+		}
+		s.cp = cp
+		s.settle()
+		return nil
+	})
+}
+
+// pausable says why the sandbox cannot be paused, if it cannot.
+func (s *Sandbox) pausable() error {
+	var why string
+	switch {
+	case s.spec.OneShot:
+		why = "a one-shot sandbox cannot be paused"
+	case s.z != nil:
+		why = "a sandbox forked from a zygote cannot be paused yet (vivarium serve --zygote=false makes sandboxes that can)"
+	case s.spec.Egress != nil:
+		why = "a sandbox with network access (its proxy listens in the sandbox) cannot be paused yet"
+	case len(s.spec.Volumes) > 0:
+		why = "a sandbox with volumes cannot be paused yet"
+	}
+	if why != "" {
+		return fmt.Errorf("%w: %s", sandbox.ErrUnsupported, why)
+	}
+	return nil
+}
+
+// settle waits until the dumped tree's end has been seen by every reader
+// of it (init's wait, its status, control and output pipes, the runner's
+// events), bounded by drainTimeout, and lets go of the supervisor's ends.
+// The runner is forgotten, its state not lost: a resume brings it back.
+func (s *Sandbox) settle() {
+	timeout := time.After(drainTimeout)
+	wait := func(ch <-chan struct{}) {
+		select {
+		case <-ch:
+		case <-timeout:
+		}
+	}
+	wait(s.dead())
+	wait(s.statusDone)
+	wait(s.ctlDone)
+	for _, c := range []*pipeReader{s.stdout, s.stderr} {
+		wait(c.done)
+		c.close()
+	}
+	s.mu.Lock()
+	rp := s.rp
+	s.mu.Unlock()
+	if rp != nil {
+		wait(rp.r.EventsDone())
+		rp.hangUp()
+	}
+	s.sendMu.Lock()
+	unix.Close(s.ctl)
+	s.ctl = -1
+	s.sendMu.Unlock()
+	s.ResetRunner(false)
+}
+
+// Resume implements sandbox.Pauser: the sandbox's processes are restored
+// where they were. A resume that fails leaves the sandbox paused.
+// Resuming a sandbox that is not paused does nothing.
+func (s *Sandbox) Resume(ctx context.Context) error {
+	s.pauseMu.Lock()
+	defer s.pauseMu.Unlock()
+	if s.closing {
+		return sandbox.ErrClosed
+	}
+	if !s.paused.Load() {
+		return nil
+	}
+	bin, err := s.b.criu()
+	if err != nil {
+		return err
+	}
+	return s.Exclusive(func() error {
+		r, err := restoreTree(context.WithoutCancel(ctx), bin, s.cp)
+		if err != nil {
+			return fmt.Errorf("resume: %w", err)
+		}
+		if err := s.adopt(r, s.cp); err != nil {
+			r.kill()
+			return fmt.Errorf("resume: %w", err)
+		}
+		cp := s.cp
+		s.cp = nil
+		s.paused.Store(false)
+		// The images: the restored tree's memory is its own again. The
+		// directory keeps the /proc masks' copies, bound in the sandbox,
+		// until it closes.
+		cp.close()
+		if err := os.RemoveAll(cp.images()); err != nil {
+			s.b.log.Warn("remove a resumed sandbox's images", "sandbox", s.id, "err", err)
+		}
+		// The previous checkpoint's masks are bound nowhere any more.
+		if s.lastCheckpoint != "" {
+			os.RemoveAll(s.lastCheckpoint)
+		}
+		s.lastCheckpoint = cp.dir
+		return nil
+	})
+}
+
+// adopt makes the restored tree r the sandbox's: init, the supervisor's
+// ends of its pipes and control socket, the runner.
+func (s *Sandbox) adopt(r *restoredTree, cp *checkpoint) error {
+	var status, stdout, stderr, req, events *os.File
+	for _, p := range cp.pipes {
+		f := r.pipes[p.ino]
+		switch {
+		case p.init && p.fd == fdStatus:
+			status = f
+		case p.init && p.fd == fdStdout:
+			stdout = f
+		case p.init && p.fd == fdStderr:
+			stderr = f
+		case p.pid == cp.runnerPID && p.reader:
+			req = f
+		case p.pid == cp.runnerPID && p.fd > 2:
+			events = f
+		default:
+			// A pipe of a process of the sandbox to one the supervisor
+			// no longer reads (a finished command's): it ends as it
+			// would have (EOF, EPIPE).
+			f.Close()
+			delete(r.pipes, p.ino)
+		}
+	}
+	if status == nil || stdout == nil || stderr == nil || req == nil || events == nil || r.ctl == nil {
+		return fmt.Errorf("the restored tree lacks init's or the runner's pipes (%+v)", cp.pipes)
+	}
+	if s.cg != nil {
+		pids, err := s.cg.Procs()
+		if err != nil || !slices.Contains(pids, r.pid) {
+			return fmt.Errorf("restored init %d is not in the sandbox's cgroup (%v)", r.pid, err)
+		}
+	}
+	// r.pid is this process's child, not reaped: its own.
+	netns, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", r.pid))
+	if err != nil {
+		return fmt.Errorf("the restored network namespace: %w", err)
+	}
+	ctl, err := unix.FcntlInt(r.ctl.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		netns.Close()
+		return fmt.Errorf("the restored control socket: %w", err)
+	}
+	outR, err := newPipeReader(stdout, s.Core.Stdout)
+	var errR *pipeReader
+	if err == nil {
+		errR, err = newPipeReader(stderr, s.Core.Stderr)
+	}
+	if err != nil {
+		if outR != nil {
+			outR.close()
+		}
+		netns.Close()
+		unix.Close(ctl)
+		return err
+	}
+	// Nothing fails from here: r is the sandbox's.
+	r.ctl.Close()
+	r.ctl = nil
+	ip := &initProc{pid: r.pid, proc: r.proc, pidfd: -1, inCgroup: true}
+	done := make(chan struct{})
+	s.lifeMu.Lock()
+	s.init, s.initDone = ip, done
+	s.lifeMu.Unlock()
+	s.waitInit(ip, done)
+	s.statusDone = make(chan struct{})
+	go s.readStatus(status, s.statusDone)
+	s.stdout, s.stderr = outR, errR
+	s.netns.mu.Lock()
+	if s.netns.f != nil {
+		s.netns.f.Close()
+	}
+	s.netns.f = netns
+	s.netns.mu.Unlock()
+
+	s.mu.Lock()
+	old := s.rp
+	s.mu.Unlock()
+	rp := &runnerProc{pidfd: -1, reqW: req, events: &eventsReader{f: events, fd: rawFD(events)}}
+	if old != nil {
+		rp.pid = old.pid // CRIU restores pids in the sandbox's PID namespace
+	}
+	rp.r = core.NewRunner(rp)
+	rp.r.MarkReady() // it said so before the pause
+	go s.ReadEvents(rp.r, rp.events)
+	s.mu.Lock()
+	s.rp = rp
+	s.mu.Unlock()
+	s.SetRunner(rp.r)
+
+	s.sendMu.Lock()
+	s.ctl = ctl
+	s.ctlDone = make(chan struct{})
+	go s.readControl(s.ctl, s.ctlDone)
+	s.sendMu.Unlock()
+	return nil
+}
+
+// rawFD is f's descriptor, without making it blocking (as Fd does).
+func rawFD(f *os.File) int {
+	fd := -1
+	if rc, err := f.SyscallConn(); err == nil {
+		rc.Control(func(u uintptr) { fd = int(u) })
+	}
+	return fd
+}
+
+// runnerHostPID finds, in the tree of init (host pid initPID), the host
+// pid of the process whose pid in the sandbox is nsPID.
+func runnerHostPID(tree []int, nsPID int) (int, error) {
+	want := strconv.Itoa(nsPID)
+	for _, pid := range tree[1:] {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "NSpid:"); ok {
+				if f := strings.Fields(v); len(f) > 0 && f[len(f)-1] == want {
+					return pid, nil
+				}
+			}
+		}
+	}
+	return 0, fmt.Errorf("the runner (pid %d in the sandbox) is not in init's tree", nsPID)
+}
+
+// Interrupt implements sandbox.Sandbox: a paused sandbox runs nothing.
+func (s *Sandbox) Interrupt() error {
+	if s.paused.Load() {
+		return sandbox.ErrPaused
+	}
+	return s.Core.Interrupt()
+}
+
+// CreateContext implements sandbox.ContextKeeper; not while paused.
+func (s *Sandbox) CreateContext(language, cwd string) (sandbox.CodeContext, error) {
+	if s.paused.Load() {
+		return sandbox.CodeContext{}, sandbox.ErrPaused
+	}
+	return s.Core.CreateContext(language, cwd)
+}
+
+// RestartContext implements sandbox.ContextKeeper; not while paused (the
+// runner, which frees a context's state, is not there).
+func (s *Sandbox) RestartContext(id string) error {
+	if s.paused.Load() {
+		return sandbox.ErrPaused
+	}
+	return s.Core.RestartContext(id)
+}
+
+// RemoveContext implements sandbox.ContextKeeper; not while paused.
+func (s *Sandbox) RemoveContext(id string) error {
+	if s.paused.Load() {
+		return sandbox.ErrPaused
+	}
+	return s.Core.RemoveContext(id)
+}
+
+// criu returns the CRIU binary the backend pauses with, found once it is
+// there (internal/criu.Find), or an ErrUnsupported that says how to get
+// one.
+func (b *Backend) criu() (string, error) {
+	b.criuMu.Lock()
+	defer b.criuMu.Unlock()
+	if b.criuBin != "" {
+		return b.criuBin, nil
+	}
+	bin, err := criu.Find()
+	if err != nil {
+		return "", fmt.Errorf("%w: pausing a sandbox needs CRIU 4: %v", sandbox.ErrUnsupported, err)
+	}
+	b.criuBin = bin
+	return bin, nil
+}
+
+// checkpointDir returns a new directory's path for a checkpoint of
+// sandbox id (prepareDump makes it): CheckpointDir/id/N. CheckpointDir and
+// CheckpointDir/id let the sandbox's host root through (0711, handOver);
+// CheckpointDir/id goes with the sandbox.
+func (b *Backend) checkpointDir(id string) (string, error) {
+	root := b.cfg.CheckpointDir
+	if err := os.MkdirAll(root, 0o711); err != nil {
+		return "", err
+	}
+	for d := root; d != "/"; d = filepath.Dir(d) {
+		st, err := os.Stat(d)
+		if err != nil {
+			return "", err
+		}
+		if st.Mode().Perm()&0o001 == 0 {
+			if d != root {
+				return "", fmt.Errorf("checkpoints: %s must let others through (o+x) for a restore to read its checkpoints", d)
+			}
+			if err := os.Chmod(d, st.Mode().Perm()|0o011); err != nil {
+				return "", err
+			}
+		}
+	}
+	dir := filepath.Join(root, id)
+	if err := os.Mkdir(dir, 0o711); err != nil && !errors.Is(err, os.ErrExist) {
+		return "", err
+	}
+	b.criuMu.Lock()
+	b.checkpoints++
+	n := b.checkpoints
+	b.criuMu.Unlock()
+	return filepath.Join(dir, strconv.FormatUint(n, 10)), nil
+}
+
+// removeCheckpoints removes what the pauses of sandbox id left.
+func (b *Backend) removeCheckpoints(id string) error {
+	return os.RemoveAll(filepath.Join(b.cfg.CheckpointDir, id))
+}
+
+// pauseState is the Backend's part of pausing: the CRIU binary and a
+// counter naming checkpoints.
+type pauseState struct {
+	criuMu      sync.Mutex
+	criuBin     string
+	checkpoints uint64
+}

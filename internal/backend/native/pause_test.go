@@ -1,0 +1,419 @@
+package native
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
+)
+
+// Cgroup parents and host users of the pause tests' own, apart from the
+// other tests' (and from the checkpoint tests').
+const (
+	pauseCgroupParent = "vivarium-native-pause-test"
+	pauseUIDBase      = DefaultUIDBase + 28<<24
+	benchCgroupParent = "vivarium-native-pause-bench"
+	benchUIDBase      = DefaultUIDBase + 29<<24
+)
+
+// pauseBackend is a classic backend whose checkpoints go to a directory
+// of the test's, closed when the test ends.
+func pauseBackend(t testing.TB, parent string, uidBase uint32) *Backend {
+	t.Helper()
+	testutil.RequireRoot(t)
+	testutil.RequirePython(t)
+	if testutil.ZygoteMode() {
+		t.Skip("pause is of classic sandboxes only, tested in the classic run")
+	}
+	b, err := New(Config{CgroupParent: parent, UIDBase: uidBase, UIDRanges: 4, CheckpointDir: checkpointRoot(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+// TestPauseResume pauses a sandbox that holds Python state, an imported
+// module, an open file, a child process, a listening socket and a second
+// code context: its processes end and its cgroup's memory drops, every
+// call but file access answers ErrPaused; resumed, all of it is there,
+// confined as before, and new commands start. Twice; then Close leaves
+// nothing behind.
+func TestPauseResume(t *testing.T) {
+	bin := requireCRIU(t)
+	b := pauseBackend(t, pauseCgroupParent, pauseUIDBase)
+	b.criuBin = bin
+	ctx := context.Background()
+	sbx, err := b.Create(ctx, sandbox.Spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := sbx.(*Sandbox)
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			s.Close()
+		}
+	})
+	code := "x = 41\nimport decimal, sys, os, socket\nopen('kept.txt', 'w').write('kept')\n" +
+		"f = open('open.txt', 'w+')\nf.write('abc')\nf.flush()\n" +
+		"import subprocess\nchild = subprocess.Popen(['sleep', '600'])\n" +
+		"os.makedirs('sub', exist_ok=True)\nos.chdir('sub')\n" +
+		"srv = socket.socket()\nsrv.bind(('127.0.0.1', 8765))\nsrv.listen()"
+	if res, err := s.Execute(ctx, sandbox.ExecRequest{Code: code}, nil); err != nil || res.Status != sandbox.StatusOK {
+		t.Fatalf("%s: %+v %v", code, res, err)
+	}
+	cc, err := s.CreateContext("python", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := s.Execute(ctx, sandbox.ExecRequest{Code: "y = 7", Context: cc.ID}, nil); err != nil || res.Status != sandbox.StatusOK {
+		t.Fatalf("y = 7 in a context: %+v %v", res, err)
+	}
+	// What confines it, as its processes see it, before.
+	confinement := func() map[string]string {
+		m := map[string]string{
+			"mounts":  execText(t, s, mountsCode),
+			"uid_map": execText(t, s, "' '.join(open('/proc/self/uid_map').read().split())"),
+			"gid_map": execText(t, s, "' '.join(open('/proc/self/gid_map').read().split())"),
+			"cgroup":  execText(t, s, "open('/proc/self/cgroup').read().strip()"),
+			"keys":    execText(t, s, "len(open('/proc/keys').read())"),
+		}
+		for _, name := range budgetFiles {
+			m[name] = execText(t, s, readCode(name))
+		}
+		return m
+	}
+	before := confinement()
+	if !strings.HasPrefix(before["unshare"], "(-1, ") {
+		t.Fatalf("unshare(CLONE_NEWUSER) in the sandbox: %s", before["unshare"])
+	}
+	if !strings.Contains(before["/proc/self/status"], "NoNewPrivs: 1") || !strings.Contains(before["/proc/self/status"], "Seccomp: 2") {
+		t.Fatalf("the runner's confinement: %s", before["/proc/self/status"])
+	}
+	hostCgroup := s.cg.Path()
+
+	for round := 1; round <= 2; round++ {
+		t.Run(fmt.Sprintf("round%d", round), func(t *testing.T) {
+			tree, err := processTree(s.init.pid)
+			if err != nil {
+				t.Fatal(err)
+			}
+			memBefore := cgroupMemory(s)
+			start := time.Now()
+			if err := s.Pause(ctx); err != nil {
+				t.Fatal(err)
+			}
+			pauseTook := time.Since(start)
+			if !s.Paused() {
+				t.Fatal("Paused() is false after Pause")
+			}
+			memAfter := cgroupMemory(s)
+			t.Logf("pause: %v; the cgroup holds %d KiB before, %d KiB after", pauseTook.Round(time.Millisecond), memBefore>>10, memAfter>>10)
+			// Its processes are gone and their memory with them; what the
+			// cgroup keeps is the root tmpfs (its files).
+			if memAfter < 0 || memAfter > memBefore/2 {
+				t.Errorf("the cgroup's memory went from %d KiB to %d KiB: no real drop", memBefore>>10, memAfter>>10)
+			}
+			if pids, err := s.cg.Procs(); err != nil || len(pids) != 0 {
+				t.Errorf("processes left in the paused sandbox's cgroup: %v %v", pids, err)
+			}
+			for _, pid := range tree {
+				if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil && !strings.Contains(string(st), ") Z") {
+					t.Errorf("process %d of the paused sandbox still runs", pid)
+				}
+			}
+			// Every call that needs its processes says it is paused.
+			if _, err := s.Execute(ctx, sandbox.ExecRequest{Code: "x"}, nil); !errors.Is(err, sandbox.ErrPaused) {
+				t.Errorf("Execute while paused: %v", err)
+			}
+			if _, err := s.Start(ctx, sandbox.Command{Argv: []string{"true"}}); !errors.Is(err, sandbox.ErrPaused) {
+				t.Errorf("Start while paused: %v", err)
+			}
+			if err := s.Interrupt(); !errors.Is(err, sandbox.ErrPaused) {
+				t.Errorf("Interrupt while paused: %v", err)
+			}
+			if err := s.Restart(ctx); !errors.Is(err, sandbox.ErrPaused) {
+				t.Errorf("Restart while paused: %v", err)
+			}
+			if _, err := s.CreateContext("python", ""); !errors.Is(err, sandbox.ErrPaused) {
+				t.Errorf("CreateContext while paused: %v", err)
+			}
+			if _, err := s.DialPort(ctx, 8765); !errors.Is(err, sandbox.ErrPaused) {
+				t.Errorf("DialPort while paused: %v", err)
+			}
+			if err := s.Pause(ctx); err != nil {
+				t.Errorf("Pause of a paused sandbox: %v", err)
+			}
+			// Its files are still there.
+			if r, _, err := s.Workspace().OpenFile("kept.txt"); err != nil {
+				t.Errorf("a workspace file while paused: %v", err)
+			} else {
+				b, _ := io.ReadAll(r)
+				r.Close()
+				if string(b) != "kept" {
+					t.Errorf("kept.txt while paused: %q", b)
+				}
+			}
+
+			start = time.Now()
+			if err := s.Resume(ctx); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("resume: %v", time.Since(start).Round(time.Millisecond))
+			if s.Paused() {
+				t.Fatal("Paused() is true after Resume")
+			}
+			for code, want := range map[string]string{
+				"x + 1":                      "42",
+				"'decimal' in sys.modules":   "True",
+				"f.seek(0); f.read()":        "abc",
+				"child.poll() is None":       "True",
+				"open('../kept.txt').read()": "kept",
+				"os.getcwd()":                "/workspace/sub",
+			} {
+				if got := execText(t, s, code); got != want {
+					t.Errorf("%s after resume: %q, want %q", code, got, want)
+				}
+			}
+			res, err := s.Execute(ctx, sandbox.ExecRequest{Code: "y", Context: cc.ID}, nil)
+			if err != nil || res.Status != sandbox.StatusOK || len(res.Results) == 0 || res.Results[0].Text != "7" {
+				t.Errorf("y in its context after resume: %+v %v", res, err)
+			}
+			// Confined as before: mounts and their flags, uid and gid
+			// maps, cgroup, seccomp (an unshare refused the same way),
+			// no_new_privs, capabilities, budgets, rlimits.
+			after := confinement()
+			for k, v := range before {
+				if after[k] != v {
+					t.Errorf("%s after resume:\n%s\nbefore:\n%s", k, after[k], v)
+				}
+			}
+			if s.cg.Path() != hostCgroup {
+				t.Errorf("cgroup %s after resume, %s before", s.cg.Path(), hostCgroup)
+			}
+			// New commands start, and the listening socket is reached in
+			// the restored network namespace.
+			p, err := s.Start(ctx, sandbox.Command{Argv: []string{"sh", "-c", "echo started; pwd"}})
+			if err != nil {
+				t.Fatalf("start a command after resume: %v", err)
+			}
+			if out, _ := io.ReadAll(p.Stdout()); !strings.HasPrefix(string(out), "started\n") || p.ExitCode() != 0 {
+				t.Errorf("command after resume: %q, exit %d", out, p.ExitCode())
+			}
+			conn, err := s.DialPort(ctx, 8765)
+			if err != nil {
+				t.Errorf("DialPort to the listening socket after resume: %v", err)
+			} else {
+				conn.Close()
+			}
+			if got := execText(t, s, "c, _ = srv.accept(); c.close(); 'accepted'"); got != "accepted" {
+				t.Errorf("accept after resume: %q", got)
+			}
+		})
+	}
+
+	dir := filepath.Join(b.cfg.CheckpointDir, s.id)
+	// What is left of two pauses: the last checkpoint, without its
+	// images (the /proc masks' copies, bound in the sandbox).
+	if entries, err := os.ReadDir(dir); err != nil || len(entries) != 1 {
+		t.Errorf("the sandbox's checkpoint directory holds %v (%v), want the last checkpoint", entries, err)
+	} else if _, err := os.Stat(filepath.Join(dir, entries[0].Name(), "images")); !os.IsNotExist(err) {
+		t.Errorf("the images of a resumed sandbox: %v", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	closed = true
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("the checkpoint directory after Close: %v", err)
+	}
+	if left := testutil.CgroupsUnder(pauseCgroupParent); len(left) != 0 {
+		t.Errorf("cgroups left: %v", left)
+	}
+	if left := testutil.ProcessesOwnedBy(int(pauseUIDBase), int(pauseUIDBase)+4<<16); len(left) != 0 {
+		t.Errorf("processes left: %v", left)
+	}
+	for _, m := range testutil.Mounts() {
+		if strings.Contains(m, filepath.Dir(b.cfg.CheckpointDir)) {
+			t.Errorf("mount left: %s", m)
+		}
+	}
+}
+
+// TestPauseClosePaused closes a paused sandbox: its checkpoint, files and
+// cgroup go, and nothing of it is left.
+func TestPauseClosePaused(t *testing.T) {
+	bin := requireCRIU(t)
+	b := pauseBackend(t, pauseCgroupParent, pauseUIDBase)
+	b.criuBin = bin
+	ctx := context.Background()
+	sbx, err := b.Create(ctx, sandbox.Spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := sbx.(*Sandbox)
+	if res, err := s.Execute(ctx, sandbox.ExecRequest{Code: "import subprocess; p = subprocess.Popen(['sleep', '600'])"}, nil); err != nil || res.Status != sandbox.StatusOK {
+		t.Fatalf("%+v %v", res, err)
+	}
+	if err := s.Pause(ctx); err != nil {
+		s.Close()
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Resume(ctx); !errors.Is(err, sandbox.ErrClosed) {
+		t.Errorf("Resume after Close: %v", err)
+	}
+	if entries, _ := os.ReadDir(b.cfg.CheckpointDir); len(entries) != 0 {
+		t.Errorf("checkpoints left: %v", entries)
+	}
+	if left := testutil.CgroupsUnder(pauseCgroupParent); len(left) != 0 {
+		t.Errorf("cgroups left: %v", left)
+	}
+	if left := testutil.ProcessesOwnedBy(int(pauseUIDBase), int(pauseUIDBase)+4<<16); len(left) != 0 {
+		t.Errorf("processes left: %v", left)
+	}
+}
+
+// TestPauseUnsupported: sandboxes that cannot be paused say why, as
+// ErrUnsupported, and go on.
+func TestPauseUnsupported(t *testing.T) {
+	b := pauseBackend(t, pauseCgroupParent, pauseUIDBase)
+	ctx := context.Background()
+	sbx, err := b.Create(ctx, sandbox.Spec{OneShot: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sbx.Close()
+	if err := sbx.(sandbox.Pauser).Pause(ctx); !errors.Is(err, sandbox.ErrUnsupported) || !strings.Contains(err.Error(), "one-shot") {
+		t.Errorf("pause a one-shot sandbox: %v", err)
+	}
+	// Without CRIU: named, with how to get it.
+	sbx2, err := b.Create(ctx, sandbox.Spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sbx2.Close()
+	t.Setenv("VIVARIUM_CRIU", "/nonexistent/criu")
+	t.Setenv("VIVARIUM_CRIU_DIR", "/nonexistent")
+	t.Setenv("PATH", "/nonexistent")
+	t.Setenv("HOME", t.TempDir())
+	err = sbx2.(sandbox.Pauser).Pause(ctx)
+	if !errors.Is(err, sandbox.ErrUnsupported) || !strings.Contains(err.Error(), "make criu") {
+		t.Errorf("pause without CRIU: %v", err)
+	}
+	if res, err := sbx2.Execute(ctx, sandbox.ExecRequest{Code: "1 + 1"}, nil); err != nil || res.Status != sandbox.StatusOK {
+		t.Errorf("the sandbox after a refused pause: %+v %v", res, err)
+	}
+}
+
+// BenchmarkPauseResume pauses and resumes one sandbox over and over:
+// idle (x = 41), and holding pandas and a DataFrame. It reports each
+// step's mean time ("pause-ms", "resume-ms"), the images' size and what
+// the cgroup keeps while paused (its files). Run with:
+// VIVARIUM_TEST_ONE_MODE=1 go test -run '^$' -bench PauseResume ./internal/backend/native/
+func BenchmarkPauseResume(b *testing.B) {
+	for _, bc := range []struct{ name, code string }{
+		{"idle", "x = 41"},
+		{"pandas", "import pandas as pd\ndf = pd.DataFrame({'a': range(1000)})\nx = 41"},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			bin := requireCRIU(b)
+			bk := pauseBackend(b, benchCgroupParent, benchUIDBase)
+			bk.criuBin = bin
+			ctx := context.Background()
+			sbx, err := bk.Create(ctx, sandbox.Spec{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			s := sbx.(*Sandbox)
+			defer s.Close()
+			if res, err := s.Execute(ctx, sandbox.ExecRequest{Code: bc.code}, nil); err != nil || res.Status != sandbox.StatusOK {
+				b.Skipf("%s: %+v %v", bc.code, res, err)
+			}
+			var pause, resume time.Duration
+			var images, kept int64
+			n := 0
+			for b.Loop() {
+				start := time.Now()
+				if err := s.Pause(ctx); err != nil {
+					b.Fatal(err)
+				}
+				pause += time.Since(start)
+				images += dirSize(s.cp.images())
+				kept += cgroupMemory(s)
+				start = time.Now()
+				if err := s.Resume(ctx); err != nil {
+					b.Fatal(err)
+				}
+				resume += time.Since(start)
+				n++
+			}
+			b.StopTimer()
+			if res, err := s.Execute(ctx, sandbox.ExecRequest{Code: "x + 1"}, nil); err != nil || len(res.Results) == 0 || res.Results[0].Text != "42" {
+				b.Fatalf("x + 1 after %d pauses: %+v %v", n, res, err)
+			}
+			b.ReportMetric(float64(pause.Microseconds())/1000/float64(n), "pause-ms")
+			b.ReportMetric(float64(resume.Microseconds())/1000/float64(n), "resume-ms")
+			b.ReportMetric(float64(images)/float64(n)/(1<<20), "images-MiB")
+			b.ReportMetric(float64(kept)/float64(n)/(1<<20), "paused-cgroup-MiB")
+		})
+	}
+}
+
+// TestPauseBusy: a sandbox running an execution or a command is not
+// paused (ErrBusy), and goes on.
+func TestPauseBusy(t *testing.T) {
+	bin := requireCRIU(t)
+	b := pauseBackend(t, pauseCgroupParent, pauseUIDBase)
+	b.criuBin = bin
+	ctx := context.Background()
+	sbx, err := b.Create(ctx, sandbox.Spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := sbx.(*Sandbox)
+	defer s.Close()
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Execute(ctx, sandbox.ExecRequest{Code: "import time; time.sleep(1.5); x = 41"}, nil)
+		done <- err
+	}()
+	for !s.Busy() {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := s.Pause(ctx); !errors.Is(err, sandbox.ErrBusy) {
+		t.Errorf("pause during an execution: %v", err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	p, err := s.Start(ctx, sandbox.Command{Argv: []string{"sleep", "600"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Pause(ctx); !errors.Is(err, sandbox.ErrBusy) || s.Paused() {
+		t.Errorf("pause while a command runs: %v", err)
+	}
+	p.Signal(9)
+	<-p.Done()
+	if err := s.Pause(ctx); err != nil {
+		t.Fatalf("pause once the command ended: %v", err)
+	}
+	if err := s.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := execText(t, s, "x + 1"); got != "42" {
+		t.Errorf("x + 1 after resume: %q", got)
+	}
+}
