@@ -185,6 +185,15 @@ func envDefaults(fs *flag.FlagSet) error {
 	return errors.Join(errs...)
 }
 
+// flagGiven reports whether a flag was set, on the command line or from
+// its environment variable.
+func flagGiven(fs *flag.FlagSet, name string) bool {
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == name })
+	_, inEnv := os.LookupEnv("VIVARIUM_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_")))
+	return given || inEnv
+}
+
 // validate lists everything wrong with the configuration at once.
 func (c *serveConfig) validate() error {
 	var errs []error
@@ -380,6 +389,11 @@ func cmdServe(args []string) int {
 	if fs.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "vivarium serve: unexpected arguments: %s\n", strings.Join(fs.Args(), " "))
 		return 2
+	}
+	// --zygote=false alone drops the default preload (there is nothing to
+	// preload into); a --preload given too is refused by validate.
+	if !c.zygote && !flagGiven(fs, "preload") {
+		c.preload = ""
 	}
 	if err := c.validate(); err != nil {
 		fmt.Fprintf(os.Stderr, "vivarium serve: %v\n", err)
