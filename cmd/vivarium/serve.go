@@ -50,6 +50,7 @@ type serveConfig struct {
 	maxSandboxes, maxSandboxesPerKey     int
 	maxExecutions, maxExecutionsPerKey   int
 	idle, maxIdle, lifetime, maxLifetime time.Duration
+	maxPaused                            time.Duration
 	memory, disk, maxOutput              sizeFlag
 	pids                                 int
 	timeout                              time.Duration
@@ -114,6 +115,7 @@ Flags:
 	fs.DurationVar(&c.maxIdle, "max-idle-timeout", 24*time.Hour, "largest idle timeout a client may ask for")
 	fs.DurationVar(&c.lifetime, "lifetime", time.Hour, "default maximum lifetime of a sandbox")
 	fs.DurationVar(&c.maxLifetime, "max-lifetime", 24*time.Hour, "largest maximum lifetime a client may ask for")
+	fs.DurationVar(&c.maxPaused, "max-paused", 0, "how long a paused sandbox is kept (0: --max-lifetime)")
 	fs.Var(&c.memory, "max-memory", "largest memory limit a client may ask for (the default is 512MiB)")
 	fs.Var(&c.disk, "max-disk", "largest disk limit a client may ask for (the default is 256MiB)")
 	fs.Var(&c.maxOutput, "max-output", "largest output limit per stream a client may ask for (the default is 1MiB)")
@@ -213,6 +215,7 @@ func (c *serveConfig) validate() error {
 	check(c.maxExecutions < 1 || c.maxExecutionsPerKey < 1, "--max-executions and --max-executions-per-key must be at least 1")
 	check(c.idle <= 0 || c.maxIdle < c.idle, "--idle-timeout must be positive and at most --max-idle-timeout")
 	check(c.lifetime <= 0 || c.maxLifetime < c.lifetime, "--lifetime must be positive and at most --max-lifetime")
+	check(c.maxPaused < 0, "--max-paused must not be negative")
 	check(c.grace < 0, "--shutdown-grace must not be negative")
 	check(c.dataDir == "", "--data-dir must not be empty")
 	check(c.volumeMaxSize < volume.MinSize || c.volumeSize < volume.MinSize || c.volumeSize > c.volumeMaxSize,
@@ -498,6 +501,7 @@ func serve(c *serveConfig, log *slog.Logger) error {
 		MaxIdle:               c.maxIdle,
 		DefaultLifetime:       c.lifetime,
 		MaxLifetime:           c.maxLifetime,
+		MaxPaused:             c.maxPaused,
 		MaxPerOwner:           c.maxSandboxesPerKey,
 		MaxTotal:              c.maxSandboxes,
 		MaxExecutionsPerOwner: c.maxExecutionsPerKey,

@@ -472,6 +472,10 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request, owner string) {
 	switch {
 	case errors.Is(err, service.ErrAlreadyPaused):
 		writeEnvdError(w, http.StatusConflict, fmt.Sprintf("sandbox %q is already paused", r.PathValue("id")))
+	case errors.Is(err, sandbox.ErrBusy):
+		// Not 409, which the SDKs read as "already paused".
+		writeEnvdError(w, http.StatusNotImplemented, "pausing a sandbox while a code execution or a command started "+
+			"through the API is running is not supported yet: "+err.Error())
 	case err != nil:
 		s.notFound(w, r, err)
 	default:

@@ -63,6 +63,10 @@ type Pauser interface {
 	Pause(ctx context.Context) error
 	Resume(ctx context.Context) error
 	Paused() bool
+	// PauseSupported returns nil if this sandbox can be paused, or an
+	// ErrUnsupported that says why not (what it was made with, what the
+	// host lacks), so that a caller can refuse early what would fail.
+	PauseSupported() error
 }
 
 // ContextKeeper is a Sandbox that runs code in separate code contexts, as a

@@ -30,8 +30,17 @@ func (b *Box) pauser() (sandbox.Pauser, error) {
 	if p, ok := b.sb.(sandbox.Pauser); ok {
 		return p, nil
 	}
-	return nil, fmt.Errorf("%w: sandboxes of the %s backend cannot be paused (the native backend's can, with CRIU)",
-		sandbox.ErrUnsupported, b.backend)
+	return nil, pauseSupported(b.sb, b.backend)
+}
+
+// pauseSupported returns nil if sb can be paused, or why not.
+func pauseSupported(sb sandbox.Sandbox, backend string) error {
+	p, ok := sb.(sandbox.Pauser)
+	if !ok {
+		return fmt.Errorf("%w: sandboxes of the %s backend cannot be paused (the native backend's can, with CRIU)",
+			sandbox.ErrUnsupported, backend)
+	}
+	return p.PauseSupported()
 }
 
 // Pause saves the state of a sandbox's processes to disk and ends them
@@ -65,7 +74,8 @@ func (s *Service) pause(ctx context.Context, b *Box) error {
 		return ErrAlreadyPaused
 	case b.running > 0:
 		b.mu.Unlock()
-		return fmt.Errorf("%w: an execution or command is running; pause it once they end", sandbox.ErrBusy)
+		return fmt.Errorf("%w: an execution or a command started through the API is running; pause the sandbox once they end",
+			sandbox.ErrBusy)
 	}
 	b.running++ // nothing expires it, nothing else starts a pause
 	b.mu.Unlock()

@@ -54,6 +54,8 @@ func (s *pausingSandbox) Resume(context.Context) error {
 	return nil
 }
 
+func (s *pausingSandbox) PauseSupported() error { return nil }
+
 func (s *pausingSandbox) Paused() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -430,10 +430,12 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	if err == nil {
 		sb, egress, err = s.makeSandbox(ctx, req.Owner, id, sandbox.Spec{Limits: limits, Env: env, Backend: req.Backend,
 			Tenant: s.tenantOf(req.Owner), Home: req.Home, Volumes: mounts, Named: len(req.IDEnv) > 0}, policy)
-		if _, ok := sb.(sandbox.Pauser); err == nil && !ok && req.OnTimeout == OnTimeoutPause {
-			sb.Close()
-			err = fmt.Errorf("%w: on_timeout %q: sandboxes of the %s backend cannot be paused (the native backend's can, with CRIU)",
-				sandbox.ErrUnsupported, OnTimeoutPause, cmp.Or(req.Backend, s.cfg.Backend.Name()))
+		if err == nil && req.OnTimeout == OnTimeoutPause {
+			// Refused now rather than closed when its timeout comes.
+			if err = pauseSupported(sb, cmp.Or(req.Backend, s.cfg.Backend.Name())); err != nil {
+				sb.Close()
+				err = fmt.Errorf("on_timeout %q: %w", OnTimeoutPause, err)
+			}
 		}
 		if err != nil {
 			releaseVolumes(leases)

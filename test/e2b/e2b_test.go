@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
+	"github.com/vivarium-sandbox/vivarium/internal/criu"
 	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 	"github.com/vivarium-sandbox/vivarium/test/testserver"
 )
@@ -76,6 +77,33 @@ func TestE2BSDKs(t *testing.T) {
 	pass := regexp.MustCompile(`\n# pass (\d+)`).FindSubmatch(out)
 	if !strings.Contains(string(out), "\n# fail 0") || pass == nil || string(pass[1]) == "0" {
 		t.Fatal("the Node suite did not run cleanly")
+	}
+	if strings.Contains(srv.Log(), "level=ERROR") {
+		t.Errorf("the server logged errors:\n%s", srv.Log())
+	}
+}
+
+// E2B's pause, connect and lifecycle onTimeout "pause", on a server whose
+// sandboxes can be paused: the native backend without a zygote, with CRIU.
+func TestE2BPause(t *testing.T) {
+	testutil.RequireRoot(t)
+	requireNode(t)
+	if _, err := criu.Find(); err != nil {
+		t.Skipf("pausing needs CRIU, not built here (make criu): %v", err)
+	}
+	bin := testserver.Build(t)
+	srv := testserver.Start(t, bin, testserver.Options{CgroupParent: cgroupParent + "-pause", UIDBase: uidBase + testutil.UIDSpan,
+		Keys: []string{"e2b-pause"}, Args: []string{"--zygote=false"}})
+	cmd := exec.Command("node", "--test", "--test-reporter=tap", "pause.e2e.mjs")
+	cmd.Env = append(os.Environ(), "E2B_API_URL="+srv.URL+"/e2b", "E2B_SANDBOX_URL="+srv.URL+"/e2b/sandbox",
+		"E2B_API_KEY="+srv.Keys[0], "E2B_DOMAIN=", "E2B_DEBUG=", "E2B_ACCESS_TOKEN=")
+	out, err := cmd.CombinedOutput()
+	t.Logf("node --test:\n%s", out)
+	if err != nil || !strings.Contains(string(out), "\n# fail 0") || strings.Contains(string(out), "\n# pass 0") {
+		t.Fatalf("node --test pause.e2e.mjs: %v", err)
+	}
+	if n := strings.Count(srv.Log(), "sandbox paused"); n < 2 {
+		t.Errorf("the server paused %d sandboxes, want 2:\n%s", n, srv.Log())
 	}
 	if strings.Contains(srv.Log(), "level=ERROR") {
 		t.Errorf("the server logged errors:\n%s", srv.Log())

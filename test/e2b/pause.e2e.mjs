@@ -1,0 +1,69 @@
+// Pause, resume and auto-resume as E2B's SDKs drive them, against a
+// server whose sandboxes can be paused (vivarium serve --zygote=false, with
+// CRIU). Run by TestE2BPause in e2b_test.go, not with the *.test.mjs.
+import { test, describe } from 'node:test'
+import assert from 'node:assert/strict'
+
+import { Sandbox } from '@e2b/code-interpreter'
+
+for (const v of ['E2B_API_URL', 'E2B_SANDBOX_URL', 'E2B_API_KEY']) {
+  if (!process.env[v]) throw new Error(`${v} is not set: run this suite with go test ./test/e2b/ -run TestE2BPause`)
+}
+
+describe('pause', () => {
+  test('pause keeps the kernel, files and processes; connect resumes it', async () => {
+    const sbx = await Sandbox.create()
+    try {
+      await sbx.runCode('import json\nx = 41')
+      await sbx.files.write('/home/user/note.txt', 'kept')
+      // A process the code started is paused and resumed with it. One a
+      // command started through the API is not yet: while it runs, a
+      // pause is refused, and says why (never the SDK's "already paused").
+      await sbx.runCode("import subprocess\nsubprocess.Popen(['sleep', '600'], start_new_session=True)")
+      const cmd = await sbx.commands.run('sleep 600', { background: true })
+      await assert.rejects(sbx.pause(), /command started through the API is running/)
+      await cmd.kill()
+      await cmd.wait().catch(() => {})
+      assert.equal(await sbx.pause(), true)
+      // A second pause changes nothing: the SDK answers false.
+      assert.equal(await sbx.pause(), false)
+      const info = await Sandbox.getInfo(sbx.sandboxId)
+      assert.equal(info.state, 'paused')
+      const paused = await Sandbox.list({ query: { state: ['paused'] } }).nextItems()
+      assert.ok(paused.some((s) => s.sandboxId === sbx.sandboxId))
+      const running = await Sandbox.list({ query: { state: ['running'] } }).nextItems()
+      assert.ok(!running.some((s) => s.sandboxId === sbx.sandboxId))
+
+      const back = await Sandbox.connect(sbx.sandboxId)
+      assert.equal((await Sandbox.getInfo(sbx.sandboxId)).state, 'running')
+      const ex = await back.runCode('x + 1')
+      assert.equal(ex.error, undefined)
+      assert.equal(ex.text, '42')
+      assert.equal(await back.files.read('/home/user/note.txt'), 'kept')
+      const ps = await back.commands.run('pgrep -x sleep')
+      assert.equal(ps.exitCode, 0)
+    } finally {
+      await sbx.kill()
+    }
+  })
+
+  test('lifecycle onTimeout pause: the timeout pauses it, autoResume brings it back on use', async () => {
+    const sbx = await Sandbox.create({ timeoutMs: 2000, lifecycle: { onTimeout: 'pause', autoResume: true } })
+    try {
+      const info = await Sandbox.getInfo(sbx.sandboxId)
+      assert.deepEqual(info.lifecycle, { onTimeout: 'pause', autoResume: true })
+      await sbx.runCode('y = "still here"')
+      let state = 'running'
+      for (let i = 0; i < 50 && state !== 'paused'; i++) {
+        await new Promise((r) => setTimeout(r, 200))
+        state = (await Sandbox.getInfo(sbx.sandboxId)).state
+      }
+      assert.equal(state, 'paused', 'the timeout did not pause the sandbox')
+      // Any call resumes it.
+      const ex = await sbx.runCode('y')
+      assert.equal(ex.text, 'still here') // E2B's server drops a str's quotes
+    } finally {
+      await sbx.kill()
+    }
+  })
+})
