@@ -13,6 +13,7 @@ import (
 
 	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
 	"github.com/vivarium-sandbox/vivarium/internal/bench"
+	"github.com/vivarium-sandbox/vivarium/internal/criu"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
 
@@ -108,6 +109,17 @@ Flags:
 		cfg.BackendErr = err
 	} else {
 		cfg.Backend = b
+		defer b.Close()
+	}
+	// W7 pauses sandboxes, which only a native backend without a zygote
+	// can do, with CRIU.
+	if _, err := criu.Find(); err != nil {
+		cfg.ClassicErr = fmt.Errorf("pausing needs CRIU (make criu): %v", err)
+	} else if b, err := native.New(native.Config{CgroupParent: "vivarium-bench-classic",
+		UIDBase: native.DefaultUIDBase + 12<<24, UIDRanges: 16}); err != nil {
+		cfg.ClassicErr = err
+	} else {
+		cfg.Classic = b
 		defer b.Close()
 	}
 	// Read before the bench loads the machine: the load average then is

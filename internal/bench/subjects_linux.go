@@ -44,6 +44,10 @@ type Config struct {
 	// Docker daemon answers ($DOCKER_HOST, else the usual socket), and the
 	// rows are skipped without one. The bench never starts a daemon.
 	Docker sandbox.Backend
+	// Classic is a native backend without a zygote, whose sandboxes can
+	// be paused (W7); when nil, ClassicErr says why and W7 is skipped.
+	Classic    sandbox.Backend
+	ClassicErr error
 }
 
 // DefaultDockerImage is the image the docker row runs, made by `docker
@@ -273,6 +277,15 @@ func Subjects(ctx context.Context, cfg Config) ([]Subject, func()) {
 		Subject{Workload: w.Label(), Name: "python3 with pandas imported (nothing shared)", Peer: true,
 			Unit: "MiB", Skip: pandasSkip, Measure: pythonPandasPSS(py)},
 	)
+
+	pauseSkip := vivSkip
+	if pauseSkip == "" && cfg.Classic == nil {
+		pauseSkip = "no native backend without a zygote"
+		if cfg.ClassicErr != nil {
+			pauseSkip = cfg.ClassicErr.Error()
+		}
+	}
+	out = append(out, pauseSubjects(cfg.Classic, pauseSkip)...)
 
 	fair, stopFair := fairnessSubjects(cfg.Vivarium, cliSkip)
 	out = append(out, fair...)

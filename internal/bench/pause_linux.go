@@ -1,0 +1,171 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+)
+
+// W7 is pausing and resuming a live sandbox (issue 15), against the cold
+// start a user without pause would pay: a new sandbox that imports pandas
+// again.
+var W7 = Workload{ID: "W7", Title: "pause, and resume, an idle sandbox that imported pandas (native, CRIU)",
+	Code: "import pandas as pd\ndf = pd.DataFrame({'a': range(1000)})\nprint(int(df.a.sum()))", Want: "499500"}
+
+// pausing is the one sandbox W7's rows pause and resume in turn.
+type pausing struct {
+	b  sandbox.Backend
+	mu sync.Mutex
+	sb sandbox.Sandbox
+	p  sandbox.Pauser
+}
+
+func (ps *pausing) setup(ctx context.Context) error {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if ps.sb != nil {
+		return nil
+	}
+	sb, err := ps.b.Create(ctx, sandbox.Spec{})
+	if err != nil {
+		return err
+	}
+	p, ok := sb.(sandbox.Pauser)
+	if !ok {
+		sb.Close()
+		return errors.New("the backend's sandboxes cannot be paused")
+	}
+	if err := p.PauseSupported(); err != nil {
+		sb.Close()
+		return err
+	}
+	if err := checkRun(ctx, sb, W7.Code, W7.Want); err != nil {
+		sb.Close()
+		return err
+	}
+	ps.sb, ps.p = sb, p
+	return nil
+}
+
+func (ps *pausing) teardown() error {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if ps.sb != nil {
+		ps.sb.Close()
+		ps.sb = nil
+	}
+	return nil
+}
+
+// pause times a pause of the running sandbox.
+func (ps *pausing) pause(ctx context.Context) (float64, error) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if ps.p.Paused() {
+		if err := ps.p.Resume(ctx); err != nil {
+			return 0, err
+		}
+	}
+	start := time.Now()
+	if err := ps.p.Pause(ctx); err != nil {
+		return 0, err
+	}
+	return ms(time.Since(start)), nil
+}
+
+// resume times a resume of the paused sandbox, then checks that its
+// DataFrame is still there (not timed).
+func (ps *pausing) resume(ctx context.Context) (float64, error) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if !ps.p.Paused() {
+		if err := ps.p.Pause(ctx); err != nil {
+			return 0, err
+		}
+	}
+	start := time.Now()
+	if err := ps.p.Resume(ctx); err != nil {
+		return 0, err
+	}
+	d := time.Since(start)
+	if err := checkRun(ctx, ps.sb, "print(int(df.a.sum()))", W7.Want); err != nil {
+		return 0, fmt.Errorf("after the resume: %w", err)
+	}
+	return ms(d), nil
+}
+
+// pausedMemory is what the paused sandbox's cgroup still holds: its files
+// (the root's tmpfs), no process.
+func (ps *pausing) pausedMemory(ctx context.Context) (float64, error) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if !ps.p.Paused() {
+		if err := ps.p.Pause(ctx); err != nil {
+			return 0, err
+		}
+	}
+	u, ok := ps.sb.(sandbox.UsageReporter)
+	if !ok {
+		return 0, errors.New("the sandbox reports no usage")
+	}
+	st, err := u.Usage()
+	if err != nil {
+		return 0, err
+	}
+	return float64(st.Memory) / (1 << 20), nil
+}
+
+// coldStart is what a resume replaces: a new sandbox that runs the code
+// again.
+func coldStart(b sandbox.Backend) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
+		sb, err := b.Create(ctx, sandbox.Spec{})
+		if err != nil {
+			return err
+		}
+		defer func() { go sb.Close() }()
+		return checkRun(ctx, sb, W7.Code, W7.Want)
+	}
+}
+
+func checkRun(ctx context.Context, sb sandbox.Sandbox, code, want string) error {
+	res, err := sb.Execute(ctx, sandbox.ExecRequest{Code: code}, nil)
+	if err != nil {
+		return err
+	}
+	if res.Status != sandbox.StatusOK || !strings.Contains(res.Stdout, want) {
+		return fmt.Errorf("%s: stdout %q, stderr %q", res.Status, res.Stdout, res.Stderr)
+	}
+	return nil
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// pauseSubjects are W7's rows, run on classic, a native backend without a
+// zygote (whose sandboxes can be paused).
+func pauseSubjects(classic sandbox.Backend, skip string) []Subject {
+	if classic == nil && skip == "" {
+		skip = "no native backend without a zygote"
+	}
+	ps := &pausing{b: classic}
+	w := W7.Label()
+	return []Subject{
+		{Workload: w, Name: "vivarium resume (in-process)", Reference: true, Unit: "ms", Skip: skip,
+			Setup: ps.setup, Measure: ps.resume, Teardown: ps.teardown},
+		{Workload: w, Name: "vivarium pause (in-process)", Unit: "ms", Skip: skip, Setup: ps.setup, Measure: ps.pause,
+			Teardown: ps.teardown},
+		{Workload: w, Name: "cold start instead: a new sandbox runs the code again (in-process, no pool)", Unit: "ms",
+			Skip: skip, Measure: func(ctx context.Context) (float64, error) {
+				start := time.Now()
+				err := coldStart(classic)(ctx)
+				return ms(time.Since(start)), err
+			}},
+		{Workload: w, Name: "memory the paused sandbox keeps (its files' tmpfs)", Unit: "MiB", Skip: skip,
+			Setup: ps.setup, Measure: ps.pausedMemory, Teardown: ps.teardown},
+	}
+}
