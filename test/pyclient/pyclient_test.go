@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
+	"github.com/vivarium-sandbox/vivarium/internal/criu"
 	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 	"github.com/vivarium-sandbox/vivarium/test/testserver"
 )
@@ -46,6 +47,30 @@ func TestPythonClient(t *testing.T) {
 	// never for the server-backed tests.
 	if strings.Contains(string(out), "needs a server") {
 		t.Fatal("server-backed tests were skipped")
+	}
+}
+
+// The client pauses and resumes a sandbox on a server whose sandboxes can
+// be paused (no zygote, CRIU): test_pause's round trip.
+func TestPythonClientPause(t *testing.T) {
+	testutil.RequireRoot(t)
+	if _, err := criu.Find(); err != nil {
+		t.Skipf("pausing needs CRIU, not built here (make criu): %v", err)
+	}
+	srv := testserver.Start(t, testserver.Build(t), testserver.Options{
+		CgroupParent: cgroupParent + "-pause", UIDBase: uidBase + testutil.UIDSpan, Keys: []string{"py-pause"},
+		Args: []string{"--zygote=false"}})
+	cmd := exec.Command(python, "-m", "unittest", "-v", "-k", "test_pause", "tests.test_client")
+	cmd.Dir = clientDir
+	cmd.Env = append(os.Environ(), "PYTHONPATH=.", "PYTHONDONTWRITEBYTECODE=1",
+		"VIVARIUM_URL="+srv.URL, "VIVARIUM_API_KEY="+srv.Keys[0], "VIVARIUM_PAUSE=1")
+	out, err := cmd.CombinedOutput()
+	t.Logf("python3 -m unittest:\n%s", out)
+	if err != nil || !strings.Contains(string(out), "Ran 1 test") {
+		t.Fatalf("unittest: %v", err)
+	}
+	if n := strings.Count(srv.Log(), "sandbox paused"); n != 2 {
+		t.Errorf("the server paused %d sandboxes, want 2", n)
 	}
 }
 

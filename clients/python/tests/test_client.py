@@ -329,6 +329,31 @@ class ClientTest(unittest.TestCase):
         with self.assertRaises(NotFoundError):
             self.client.volume(name)
 
+    def test_pause(self):
+        sb = self.sandbox()
+        sb.execute("x = 41")
+        if os.environ.get("VIVARIUM_PAUSE") != "1":
+            # This server forks sandboxes from a zygote: they cannot be
+            # paused yet, and it says so (test/pyclient's second server
+            # runs the round trip).
+            with self.assertRaisesRegex(vivarium.ServerUnavailableError, "zygote"):
+                sb.pause()
+            with self.assertRaisesRegex(vivarium.ServerUnavailableError, "zygote"):
+                self.client.create_sandbox(on_timeout="pause")
+            return
+        info = sb.pause()
+        self.assertEqual(info["state"], "paused")
+        with self.assertRaises(vivarium.SandboxPausedError):
+            sb.execute("x")
+        with self.assertRaises(vivarium.SandboxPausedError):
+            sb.pause()
+        self.assertEqual(sb.resume()["state"], "idle")
+        self.assertEqual(sb.execute("x + 1").text, "42")
+        auto = self.sandbox(auto_resume=True)
+        auto.execute("y = 'kept'")
+        auto.pause()
+        self.assertEqual(auto.execute("print(y)").stdout, "kept\n")
+
 
 class StandardLibraryOnlyTest(unittest.TestCase):
 
