@@ -30,8 +30,8 @@ an API key (VIVARIUM_API_KEY).
          [--allow-net RULE] [--packages]  with network access, within the server's allowlist
          [--all-net] [--deny-net RULE] [--except-net RULE]  all of it, less what --deny-net refuses
          [--volume NAME:PATH]           with the key's volume mounted at PATH (repeatable)
-         [--on-timeout pause [--auto-resume]]  its idle timeout pauses it instead of closing it;
-                                        with --auto-resume the next call resumes it
+         [--pausable] [--on-timeout pause] [--auto-resume]  a sandbox that can be paused; its idle
+                                        timeout pauses it instead of closing it; the next call resumes it
   list                                  the key's sandboxes
   info ID                               one sandbox
   exec ID [-c CODE | FILE | -]          run Python, keeping state; output streams
@@ -153,7 +153,8 @@ func cmdSandbox(args []string) int {
 	timeout := fs.Duration("timeout", 0, "execution timeout (exec, run, sh)")
 	idle := fs.Duration("idle-timeout", 0, "idle timeout (create)")
 	onTimeout := fs.String("on-timeout", "", "what the idle timeout does: kill or pause (create)")
-	autoResume := fs.Bool("auto-resume", false, "a call on the paused sandbox resumes it (create, with --on-timeout pause)")
+	autoResume := fs.Bool("auto-resume", false, "a call on the paused sandbox resumes it (create)")
+	pausable := fs.Bool("pausable", false, "a sandbox that can be paused: native makes it without the zygote (create)")
 	var memory, disk sizeFlag
 	fs.Var(&memory, "memory", "memory limit (create, run)")
 	fs.Var(&disk, "disk", "disk limit (create, run)")
@@ -251,6 +252,9 @@ func cmdSandbox(args []string) int {
 		}
 		if *autoResume {
 			req["auto_resume"] = true
+		}
+		if *pausable {
+			req["pausable"] = true
 		}
 		var info struct{ ID string }
 		raw, err := c.call("POST", "/v1/sandboxes", req, &info)

@@ -322,6 +322,7 @@ type createRequest struct {
 	Network      netpolicy.Request       `json:"network" doc:"network access through the sandbox's proxy, within the server's allowlist; default: none"`
 	Home         string                  `json:"home" doc:"the sandbox user's home, where code starts: /workspace (default; the user is \"sandbox\") or /home/user (E2B's layout; the user is \"user\"), the same directory"`
 	Volumes      []service.VolumeRequest `json:"volumes" doc:"the key's volumes to mount (native backend only)"`
+	Pausable     bool                    `json:"pausable" doc:"a sandbox that can be paused: on the native backend, one of its own Python rather than a fork of the zygote (slower to create); on_timeout pause implies it"`
 	OnTimeout    string                  `json:"on_timeout" doc:"what the idle timeout does: kill (default) or pause (where the backend can pause; else kill)"`
 	AutoResume   bool                    `json:"auto_resume" doc:"a call on the paused sandbox (by its timeout or /pause) resumes it first, instead of answering 409 paused"`
 }
@@ -334,7 +335,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	info, err := s.svc.Create(r.Context(), service.CreateRequest{
 		Owner: owner(r), Idle: seconds(req.TimeoutS), MaxLifetime: seconds(req.MaxLifetimeS),
 		Limits: req.Limits.limits(), Env: req.Env, Metadata: req.Metadata, Backend: req.Backend,
-		Network: req.Network, Home: req.Home, Volumes: req.Volumes, OnTimeout: req.OnTimeout, AutoResume: req.AutoResume,
+		Network: req.Network, Home: req.Home, Volumes: req.Volumes, OnTimeout: req.OnTimeout, AutoResume: req.AutoResume, Pausable: req.Pausable,
 	})
 	if err != nil {
 		s.fail(w, err)

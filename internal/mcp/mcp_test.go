@@ -15,6 +15,7 @@ import (
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
+	"github.com/vivarium-sandbox/vivarium/internal/criu"
 	"github.com/vivarium-sandbox/vivarium/internal/mcp"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/service"
@@ -448,4 +449,31 @@ func TestStreamableHTTPWithKeys(t *testing.T) {
 		return len(svc.List("alice")) == 0 && len(testutil.CgroupsUnder(cgroupParent)) == 0
 	})
 	bob.Close()
+}
+
+// A model pauses a sandbox it will not need for a while and goes on with
+// it later: resume_sandbox, or any tool given its id, resumes it.
+func TestPauseSandboxTool(t *testing.T) {
+	if _, err := criu.Find(); err != nil {
+		t.Skipf("pausing needs CRIU, not built here (make criu): %v", err)
+	}
+	svc := newService(t)
+	cs := connect(t, mcp.Config{Service: svc})
+	res := call(t, cs, "create_sandbox", map[string]any{})
+	id := res.StructuredContent.(map[string]any)["sandbox_id"].(string)
+	mustOK(t, call(t, cs, "run_python", map[string]any{"code": "x = 41", "sandbox_id": id}))
+	mustOK(t, call(t, cs, "pause_sandbox", map[string]any{"sandbox_id": id}))
+	if info, _ := svc.Info("owner", id); info.State != "paused" {
+		t.Fatalf("after pause_sandbox: %+v", info)
+	}
+	mustOK(t, call(t, cs, "pause_sandbox", map[string]any{"sandbox_id": id})) // idempotent
+	if out := mustOK(t, call(t, cs, "run_python", map[string]any{"code": "x + 1", "sandbox_id": id})); !strings.Contains(out, "42") {
+		t.Fatalf("run_python on the paused sandbox: %q", out)
+	}
+	mustOK(t, call(t, cs, "pause_sandbox", map[string]any{"sandbox_id": id}))
+	mustOK(t, call(t, cs, "resume_sandbox", map[string]any{"sandbox_id": id}))
+	if info, _ := svc.Info("owner", id); info.State != "idle" {
+		t.Fatalf("after resume_sandbox: %+v", info)
+	}
+	mustOK(t, call(t, cs, "close_sandbox", map[string]any{"sandbox_id": id}))
 }

@@ -245,9 +245,11 @@ func (s *server) createSandbox(ctx context.Context, req *sdk.CallToolRequest, in
 		return nil, createSandboxOutput{}, toolError(s.log, err)
 	}
 	// AutoResume: a model that paused a sandbox goes on with it by
-	// using it (pause_sandbox says so).
+	// using it (pause_sandbox says so). Pausable: made so that it can be
+	// (a classic sandbox on the native backend: slower to create, once a
+	// conversation).
 	info, err := s.svc.Create(ctx, service.CreateRequest{Owner: owner, Idle: idle, Limits: s.cfg.Limits,
-		Metadata: map[string]string{"created_by": "mcp"}, AutoResume: true})
+		Metadata: map[string]string{"created_by": "mcp"}, AutoResume: true, Pausable: true})
 	if err != nil {
 		return nil, createSandboxOutput{}, toolError(s.log, err)
 	}

@@ -167,6 +167,10 @@ type Spec struct {
 	// E2B_SANDBOX_ID): no other sandbox is ever made from it, so a pool
 	// makes it on demand and keeps none ready.
 	Named bool `json:"-"`
+	// Pausable asks for a sandbox that can be paused (Pauser): a backend
+	// whose faster sandboxes cannot be (native's, forked from a zygote)
+	// makes this one the way that can. Part of a pool's key.
+	Pausable bool `json:",omitempty"`
 }
 
 // The homes a sandbox user may have (Spec.Home).

@@ -240,6 +240,9 @@ type CreateRequest struct {
 	// OnTimeout is what the idle timeout does: OnTimeoutKill ("" too)
 	// closes the sandbox, OnTimeoutPause pauses it (see Pause).
 	OnTimeout string
+	// Pausable asks for a sandbox that can be paused (sandbox.Spec.Pausable);
+	// OnTimeoutPause implies it.
+	Pausable bool
 	// AutoResume: an operation on the paused sandbox (paused by its
 	// timeout or by Pause) resumes it first, instead of failing with
 	// sandbox.ErrPaused.
@@ -275,6 +278,7 @@ type Box struct {
 	paused      bool
 	pausedAt    time.Time
 	pauseMu     sync.Mutex // serialises Pause and Resume
+	pausable    bool       // the sandbox can be paused (PauseSupported)
 }
 
 // Info is what owners see of a sandbox.
@@ -293,6 +297,7 @@ type Info struct {
 	OnTimeout      string            `json:"on_timeout" doc:"what the idle timeout does: kill or pause"`
 	AutoResume     bool              `json:"auto_resume" doc:"an operation on the paused sandbox resumes it"`
 	PausedAt       *time.Time        `json:"paused_at,omitempty"`
+	Pausable       bool              `json:"pausable" doc:"the sandbox can be paused (POST .../pause)"`
 	ExecutionCount int               `json:"execution_count"`
 	Volumes        []VolumeMountInfo `json:"volumes"`
 }
@@ -337,7 +342,7 @@ func (b *Box) info() Info {
 		ID: b.id, CreatedAt: b.createdAt, ExpiresAt: b.expiresAt, Deadline: b.deadline,
 		IdleTimeoutS: b.idle.Seconds(), Limits: limitsInfo(b.limits), Metadata: md, Backend: b.backend,
 		Network: networkInfo(b.network), Ports: b.ports, State: state, ExecutionCount: b.executions, Volumes: b.volumes,
-		OnTimeout: cmp.Or(b.onTimeout, OnTimeoutKill), AutoResume: b.autoResume, PausedAt: pausedAt,
+		OnTimeout: cmp.Or(b.onTimeout, OnTimeoutKill), AutoResume: b.autoResume, PausedAt: pausedAt, Pausable: b.pausable,
 	}
 }
 
@@ -429,7 +434,8 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	var egress *netproxy.Proxy
 	if err == nil {
 		sb, egress, err = s.makeSandbox(ctx, req.Owner, id, sandbox.Spec{Limits: limits, Env: env, Backend: req.Backend,
-			Tenant: s.tenantOf(req.Owner), Home: req.Home, Volumes: mounts, Named: len(req.IDEnv) > 0}, policy)
+			Tenant: s.tenantOf(req.Owner), Home: req.Home, Volumes: mounts, Named: len(req.IDEnv) > 0,
+			Pausable: req.Pausable || req.OnTimeout == OnTimeoutPause}, policy)
 		if err == nil && req.OnTimeout == OnTimeoutPause {
 			// Refused now rather than closed when its timeout comes.
 			if err = pauseSupported(sb, cmp.Or(req.Backend, s.cfg.Backend.Name())); err != nil {
@@ -456,6 +462,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		backend: cmp.Or(req.Backend, s.cfg.Backend.Name()), network: policy, egress: egress,
 		ports: req.Ports, volumes: volumeInfos(mounts, leases), leases: leases,
 		onTimeout: req.OnTimeout, autoResume: req.AutoResume,
+		pausable: pauseSupported(sb, cmp.Or(req.Backend, s.cfg.Backend.Name())) == nil,
 	}
 	s.mu.Lock()
 	unreserve()

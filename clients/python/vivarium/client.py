@@ -207,7 +207,8 @@ class Client:
         return bool((self._call("GET", "/healthz") or {}).get("ok"))
 
     def create_sandbox(self, timeout_s=None, max_lifetime_s=None, limits=None, env=None, metadata=None,
-                       backend=None, network=None, home=None, volumes=None, on_timeout=None, auto_resume=None):
+                       backend=None, network=None, home=None, volumes=None, on_timeout=None, auto_resume=None,
+                       pausable=None):
         """Creates a stateful sandbox. ``timeout_s`` is its idle timeout;
         ``limits`` a dict of memory, cpu_time_s, timeout_s, pids, disk,
         max_output, cpus; ``backend`` one the server offers (native,
@@ -221,12 +222,15 @@ class Client:
         "/home/user" (E2B's layout); ``volumes`` the key's volumes to
         mount, a dict {path in the sandbox: volume name, ID or Volume};
         ``on_timeout`` what the idle timeout does: "kill" (default) or
-        "pause" (see Sandbox.pause), and with it ``auto_resume`` True: a
-        call on the paused sandbox resumes it first."""
+        "pause" (see Sandbox.pause); ``auto_resume`` True: a call on the
+        paused sandbox resumes it first; ``pausable`` True: a sandbox that
+        can be paused (native: its own Python, not a fork of the zygote,
+        slower to create; on_timeout "pause" implies it)."""
         body = {}
         for k, v in (("timeout_s", timeout_s), ("max_lifetime_s", max_lifetime_s), ("limits", limits),
                      ("env", env), ("metadata", metadata), ("backend", backend), ("network", network),
-                     ("home", home), ("on_timeout", on_timeout), ("auto_resume", auto_resume)):
+                     ("home", home), ("on_timeout", on_timeout), ("auto_resume", auto_resume),
+                     ("pausable", pausable)):
             if v is not None:
                 body[k] = v
         if volumes:

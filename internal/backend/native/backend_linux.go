@@ -265,7 +265,8 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 	if spec.Egress != nil {
 		spec.Env = sandbox.WithEgressEnv(spec.Env)
 	}
-	if b.cfg.Zygote {
+	// A pausable sandbox is a classic one: a zygote's cannot be paused yet.
+	if b.cfg.Zygote && !spec.Pausable {
 		z, err := b.zygoteFor(ctx, spec.Python, true)
 		if err != nil {
 			return nil, err

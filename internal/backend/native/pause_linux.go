@@ -107,7 +107,8 @@ func (s *Sandbox) pausable() error {
 	case s.spec.OneShot:
 		why = "a one-shot sandbox cannot be paused"
 	case s.z != nil:
-		why = "a sandbox forked from a zygote cannot be paused yet (vivarium serve --zygote=false makes sandboxes that can)"
+		why = "a sandbox forked from a zygote cannot be paused yet: create it pausable (\"pausable\": true; E2B: lifecycle " +
+			"onTimeout \"pause\"), or run vivarium serve --zygote=false"
 	case s.spec.Egress != nil:
 		why = "a sandbox with network access (its proxy listens in the sandbox) cannot be paused yet"
 	case len(s.spec.Volumes) > 0:
