@@ -285,6 +285,50 @@ func TestPauseClosePaused(t *testing.T) {
 	}
 }
 
+// TestPauseFailedResume: a resume that fails (here criu itself) leaves
+// the sandbox paused, and a second one resumes it.
+func TestPauseFailedResume(t *testing.T) {
+	bin := requireCRIU(t)
+	b := pauseBackend(t, pauseCgroupParent, pauseUIDBase)
+	b.criuBin = bin
+	ctx := context.Background()
+	sbx, err := b.Create(ctx, sandbox.Spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := sbx.(*Sandbox)
+	defer s.Close()
+	execText(t, s, "x = 41")
+	if err := s.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	fake := filepath.Join(t.TempDir(), "criu")
+	if err := os.WriteFile(fake, []byte("#!/bin/sh\necho 'Error (criu/cr-restore.c:1): refused' >&2\nexit 1\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b.criuMu.Lock()
+	b.criuBin = fake
+	b.criuMu.Unlock()
+	if err := s.Resume(ctx); err == nil || !strings.Contains(err.Error(), "refused") {
+		t.Fatalf("resume with a failing criu: %v", err)
+	}
+	if !s.Paused() {
+		t.Fatal("not paused after a failed resume")
+	}
+	if _, err := s.Execute(ctx, sandbox.ExecRequest{Code: "x"}, nil); !errors.Is(err, sandbox.ErrPaused) {
+		t.Errorf("Execute after a failed resume: %v", err)
+	}
+	b.criuMu.Lock()
+	b.criuBin = bin
+	b.criuMu.Unlock()
+	if err := s.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := execText(t, s, "x + 1"); got != "42" {
+		t.Errorf("x + 1 after resume: %q", got)
+	}
+}
+
 // TestPauseUnsupported: sandboxes that cannot be paused say why, as
 // ErrUnsupported, and go on.
 func TestPauseUnsupported(t *testing.T) {
