@@ -413,6 +413,23 @@ func (b *Backend) removeCheckpoints(id string) error {
 	return os.RemoveAll(filepath.Join(b.cfg.CheckpointDir, id))
 }
 
+// sweepCheckpoints removes every sandbox's directory under CheckpointDir
+// (see Sweep).
+func (b *Backend) sweepCheckpoints() error {
+	entries, err := os.ReadDir(b.cfg.CheckpointDir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range entries {
+		errs = append(errs, os.RemoveAll(filepath.Join(b.cfg.CheckpointDir, e.Name())))
+	}
+	return errors.Join(errs...)
+}
+
 // pauseState is the Backend's part of pausing: the CRIU binary and a
 // counter naming checkpoints.
 type pauseState struct {

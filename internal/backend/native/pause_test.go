@@ -490,3 +490,19 @@ func TestPauseBusy(t *testing.T) {
 		t.Errorf("x + 1 after resume: %q", got)
 	}
 }
+
+// TestPauseSweep: a killed supervisor's checkpoints are removed by the
+// next one's Sweep (their files died with it).
+func TestPauseSweep(t *testing.T) {
+	b := pauseBackend(t, pauseCgroupParent, pauseUIDBase)
+	left := filepath.Join(b.cfg.CheckpointDir, "0123456789abcdef", "1", "images")
+	if err := os.MkdirAll(left, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Sweep(); err != nil {
+		t.Fatal(err)
+	}
+	if entries, err := os.ReadDir(b.cfg.CheckpointDir); err != nil || len(entries) != 0 {
+		t.Errorf("after Sweep: %v %v", entries, err)
+	}
+}
