@@ -27,12 +27,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -71,10 +73,15 @@ func (s *Sandbox) Pause(ctx context.Context) error {
 		if (*driver)(s).Closed() {
 			return sandbox.ErrClosed
 		}
+		// No command starts from here. Those running go on after a
+		// resume, but not one in a terminal.
 		s.startGate.Lock()
-		if n := s.Commands(); n > 0 {
+		s.mu.Lock()
+		n := len(s.terminals)
+		s.mu.Unlock()
+		if n > 0 {
 			s.startGate.Unlock()
-			return fmt.Errorf("%w: %d command(s) started in the sandbox still run; wait for them or kill them before pausing",
+			return fmt.Errorf("%w: %d command(s) started in a terminal still run; end them before pausing",
 				sandbox.ErrBusy, n)
 		}
 		s.paused.Store(true)
@@ -92,6 +99,11 @@ func (s *Sandbox) Pause(ctx context.Context) error {
 		if err != nil {
 			s.paused.Store(false)
 			os.RemoveAll(dir)
+			if isClosed(s.dead()) {
+				// The tree ended all the same: as readControl would
+				// have said, had the sandbox not been pausing.
+				s.treeGone()
+			}
 			return fmt.Errorf("pause: %w", err)
 		}
 		s.cp = cp
@@ -213,6 +225,10 @@ func (s *Sandbox) adopt(r *restoredTree, cp *checkpoint) error {
 			req = f
 		case p.pid == cp.runnerPID && p.fd > 2:
 			events = f
+		case cp.held[p.ino] != nil:
+			joinPipe(cp.held[p.ino], f, p.reader)
+			delete(cp.held, p.ino)
+			delete(r.pipes, p.ino)
 		default:
 			// A pipe of a process of the sandbox to one the supervisor
 			// no longer reads (a finished command's): it ends as it
@@ -295,6 +311,23 @@ func (s *Sandbox) adopt(r *restoredTree, cp *checkpoint) error {
 	return nil
 }
 
+// joinPipe joins a restored pipe to the sandbox's end of the one it
+// replaces, which the supervisor held while the sandbox was paused
+// (holdPipes): what the sandbox writes on the new pipe goes on to the old
+// one's reader on the host, what the host writes on the old one to the
+// sandbox. Each copy ends at its source's end, closing its destination.
+func joinPipe(old, restored *os.File, sandboxReads bool) {
+	src, dst := restored, old
+	if sandboxReads {
+		src, dst = old, restored
+	}
+	go func() {
+		io.Copy(dst, src)
+		dst.Close()
+		src.Close()
+	}()
+}
+
 // rawFD is f's descriptor, without making it blocking (as Fd does).
 func rawFD(f *os.File) int {
 	fd := -1
@@ -322,6 +355,19 @@ func runnerHostPID(tree []int, nsPID int) (int, error) {
 		}
 	}
 	return 0, fmt.Errorf("the runner (pid %d in the sandbox) is not in init's tree", nsPID)
+}
+
+// treeGone tells the core that the sandbox's processes are all gone:
+// every command has ended, and the runner.
+func (s *Sandbox) treeGone() {
+	s.CommandsGone()
+	s.mu.Lock()
+	rp := s.rp
+	s.terminals = map[uint64]bool{}
+	s.mu.Unlock()
+	if rp != nil {
+		s.RunnerExited(rp.r, core.Exit{Exited: true, Code: 128 + int(syscall.SIGKILL), Signal: int(syscall.SIGKILL)})
+	}
 }
 
 // Interrupt implements sandbox.Sandbox: a paused sandbox runs nothing.

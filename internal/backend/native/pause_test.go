@@ -1,6 +1,7 @@
 package native
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -444,8 +446,8 @@ func BenchmarkPauseResume(b *testing.B) {
 	}
 }
 
-// TestPauseBusy: a sandbox running an execution or a command is not
-// paused (ErrBusy), and goes on.
+// TestPauseBusy: a sandbox running an execution or a command in a
+// terminal is not paused (ErrBusy), and goes on.
 func TestPauseBusy(t *testing.T) {
 	bin := requireCRIU(t)
 	b := pauseBackend(t, pauseCgroupParent, pauseUIDBase)
@@ -471,17 +473,17 @@ func TestPauseBusy(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	p, err := s.Start(ctx, sandbox.Command{Argv: []string{"sleep", "600"}})
+	p, err := s.Start(ctx, sandbox.Command{Argv: []string{"sleep", "600"}, Terminal: &sandbox.TerminalSize{Rows: 24, Cols: 80}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Pause(ctx); !errors.Is(err, sandbox.ErrBusy) || s.Paused() {
-		t.Errorf("pause while a command runs: %v", err)
+		t.Errorf("pause while a command runs in a terminal: %v", err)
 	}
 	p.Signal(9)
 	<-p.Done()
 	if err := s.Pause(ctx); err != nil {
-		t.Fatalf("pause once the command ended: %v", err)
+		t.Fatalf("pause once the terminal's command ended: %v", err)
 	}
 	if err := s.Resume(ctx); err != nil {
 		t.Fatal(err)
@@ -504,5 +506,77 @@ func TestPauseSweep(t *testing.T) {
 	}
 	if entries, err := os.ReadDir(b.cfg.CheckpointDir); err != nil || len(entries) != 0 {
 		t.Errorf("after Sweep: %v %v", entries, err)
+	}
+}
+
+// TestPauseKeepsCommands: a command started before the pause goes on
+// after the resume, on the same Process: its output before and after, its
+// input written while paused, its exit status. It cannot be signalled
+// while paused (ErrPaused), and Close of a paused sandbox ends it.
+func TestPauseKeepsCommands(t *testing.T) {
+	bin := requireCRIU(t)
+	b := pauseBackend(t, pauseCgroupParent, pauseUIDBase)
+	b.criuBin = bin
+	ctx := context.Background()
+	sbx, err := b.Create(ctx, sandbox.Spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := sbx.(*Sandbox)
+	defer s.Close()
+	p, err := s.Start(ctx, sandbox.Command{Argv: []string{"sh", "-c", "echo one; read x; echo got $x; echo err >&2; exit 3"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := bufio.NewReader(p.Stdout())
+	if l, err := out.ReadString('\n'); l != "one\n" || err != nil {
+		t.Fatalf("before the pause: %q %v", l, err)
+	}
+	for round := 1; round <= 2; round++ {
+		if err := s.Pause(ctx); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-p.Done():
+			t.Fatalf("the command ended when the sandbox paused (round %d): %d", round, p.ExitCode())
+		case <-time.After(100 * time.Millisecond):
+		}
+		if err := p.Signal(syscall.SIGTERM); !errors.Is(err, sandbox.ErrPaused) {
+			t.Errorf("signal a command while paused: %v", err)
+		}
+		if round == 2 {
+			// Written while paused: the command reads it once resumed.
+			if _, err := io.WriteString(p.Stdin(), "hello\n"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := s.Resume(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rest, _ := io.ReadAll(out)
+	errOut, _ := io.ReadAll(p.Stderr())
+	if string(rest) != "got hello\n" || string(errOut) != "err\n" || p.ExitCode() != 3 {
+		t.Errorf("after two pauses: stdout %q, stderr %q, exit %d", rest, errOut, p.ExitCode())
+	}
+
+	// A command running when a paused sandbox closes ends with it.
+	p2, err := s.Start(ctx, sandbox.Command{Argv: []string{"sleep", "600"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p2.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("a command of a paused sandbox did not end with its Close")
+	}
+	if left := testutil.ProcessesOwnedBy(int(pauseUIDBase), int(pauseUIDBase)+4<<16); len(left) != 0 {
+		t.Errorf("processes left: %v", left)
 	}
 }
