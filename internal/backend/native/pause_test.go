@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -580,3 +581,90 @@ func TestPauseKeepsCommands(t *testing.T) {
 		t.Errorf("processes left: %v", left)
 	}
 }
+
+// TestPauseResumedSandboxWorks: after a resume the sandbox is a sandbox
+// like any: output streams, an interrupt stops a loop and keeps the state,
+// Restart gives a fresh runner, a runner that exits (os._exit) or runs out
+// its time is replaced (the state reported lost), and it pauses again. With pandas, when the host has it, a DataFrame made
+// before the pause is read back.
+func TestPauseResumedSandboxWorks(t *testing.T) {
+	bin := requireCRIU(t)
+	b := pauseBackend(t, pauseCgroupParent, pauseUIDBase)
+	b.criuBin = bin
+	ctx := context.Background()
+	sbx, err := b.Create(ctx, sandbox.Spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := sbx.(*Sandbox)
+	defer s.Close()
+	pandas := execText(t, s, "import importlib.util; importlib.util.find_spec('pandas') is not None") == "True"
+	code := "n = 0"
+	if pandas {
+		code = "import pandas as pd\ndf = pd.DataFrame({'a': [1, 2, 3]})\nn = 0"
+	}
+	execText(t, s, code)
+	if err := s.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if pandas {
+		if got := execText(t, s, "int(df['a'].sum())"); got != "6" {
+			t.Errorf("the DataFrame after resume: %q", got)
+		}
+	}
+	// Streaming and an interrupt.
+	started := make(chan struct{})
+	var once sync.Once
+	go func() {
+		<-started
+		s.Interrupt()
+	}()
+	res, err := s.Execute(ctx, sandbox.ExecRequest{Code: "while True:\n    n += 1\n    if n == 1000: print('looping', flush=True)"},
+		sinkFunc(func([]byte) { once.Do(func() { close(started) }) }))
+	if err != nil || res.Status != sandbox.StatusError || res.Error == nil || res.Error.Name != "KeyboardInterrupt" || res.StateLost {
+		t.Fatalf("interrupt after resume: %+v %v", res, err)
+	}
+	if got := execText(t, s, "n > 0"); got != "True" {
+		t.Errorf("state after the interrupt: %q", got)
+	}
+	// Restart: a fresh runner, from the restored init.
+	if err := s.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := execText(t, s, "'n' in dir()"); got != "False" {
+		t.Errorf("state after Restart: %q", got)
+	}
+	// A runner that exits reports it (state lost); the next execution
+	// gets a new one. So does a timeout.
+	execText(t, s, "y = 5")
+	res, err = s.Execute(ctx, sandbox.ExecRequest{Code: "import os; os._exit(9)"}, nil)
+	if err != nil || res.ExitCode != 9 || !res.StateLost {
+		t.Errorf("os._exit after resume: %+v %v", res, err)
+	}
+	if got := execText(t, s, "'y' in globals()"); got != "False" {
+		t.Errorf("state after the runner exited: %q", got)
+	}
+	res, err = s.Execute(ctx, sandbox.ExecRequest{Code: "while True: pass", Timeout: 500 * time.Millisecond}, nil)
+	if err != nil || res.Status != sandbox.StatusTimeout || !res.StateLost {
+		t.Errorf("timeout after resume: %+v %v", res, err)
+	}
+	// And it pauses again.
+	execText(t, s, "m = 5")
+	if err := s.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := execText(t, s, "m * 2"); got != "10" {
+		t.Errorf("m * 2 after a restart and a second pause: %q", got)
+	}
+}
+
+type sinkFunc func([]byte)
+
+func (f sinkFunc) Stdout(p []byte) { f(p) }
+func (f sinkFunc) Stderr(p []byte) { f(p) }
