@@ -120,8 +120,6 @@ func (s *Sandbox) pausable() error {
 		why = "a one-shot sandbox cannot be paused"
 	case s.z != nil:
 		why = "a sandbox forked from a zygote cannot be paused yet (vivarium serve --zygote=false makes sandboxes that can)"
-	case s.spec.Egress != nil:
-		why = "a sandbox with network access (its proxy listens in the sandbox) cannot be paused yet"
 	case len(s.spec.Volumes) > 0:
 		why = "a sandbox with volumes cannot be paused yet"
 	}
@@ -162,6 +160,13 @@ func (s *Sandbox) settle() {
 	s.ctl = -1
 	s.sendMu.Unlock()
 	s.ResetRunner(false)
+	if s.egressL != nil {
+		// The proxy's listener, in a network namespace no process is
+		// left in: a resume opens another in the restored one.
+		s.egressL.Close()
+		wait(s.egressDone)
+		s.egressL = nil
+	}
 }
 
 // Resume implements sandbox.Pauser: the sandbox's processes are restored
@@ -188,6 +193,17 @@ func (s *Sandbox) Resume(ctx context.Context) error {
 		if err := s.adopt(r, s.cp); err != nil {
 			r.kill()
 			return fmt.Errorf("resume: %w", err)
+		}
+		if s.spec.Egress != nil {
+			// The proxy, at its address in the restored namespace. Its
+			// processes run already: one may have taken the port (only
+			// its own sandbox's network is then broken). The sandbox
+			// ends rather than go on without its proxy.
+			if err := s.startEgress(s.spec.Egress); err != nil {
+				s.paused.Store(false)
+				s.kill()
+				return fmt.Errorf("resume: the network proxy in the restored sandbox: %w", err)
+			}
 		}
 		cp := s.cp
 		s.cp = nil

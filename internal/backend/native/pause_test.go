@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -668,3 +669,49 @@ type sinkFunc func([]byte)
 
 func (f sinkFunc) Stdout(p []byte) { f(p) }
 func (f sinkFunc) Stderr(p []byte) { f(p) }
+
+// TestPauseEgress: a sandbox with network access (its proxy listening in
+// its network namespace) is paused and resumed, and finds its proxy again
+// at the same address; the proxy's old listener is closed, and nothing
+// of it is left after Close.
+func TestPauseEgress(t *testing.T) {
+	bin := requireCRIU(t)
+	b := pauseBackend(t, pauseCgroupParent, pauseUIDBase)
+	b.criuBin = bin
+	ctx := context.Background()
+	e := testutil.NewEgress(t, testutil.EgressConfig{Allow: []string{"example.com"}, Names: map[string][]netip.Addr{}})
+	sbx, err := b.Create(ctx, sandbox.Spec{Egress: e})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := sbx.(*Sandbox)
+	defer s.Close()
+	// The proxy answers a CONNECT (here refused: the name does not
+	// resolve) with an HTTP status.
+	const ask = "import socket\nc = socket.create_connection(('127.0.0.1', 3128), timeout=10)\n" +
+		"c.sendall(b'CONNECT example.com:443 HTTP/1.1\\r\\nHost: example.com:443\\r\\n\\r\\n')\n" +
+		"r = c.recv(64).split(b' ')[0].decode()\nc.close()\nr"
+	if got := execText(t, s, ask); !strings.HasPrefix(got, "HTTP/1.") {
+		t.Fatalf("the proxy before the pause: %q", got)
+	}
+	for round := 1; round <= 2; round++ {
+		if err := s.Pause(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Resume(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got := execText(t, s, ask); !strings.HasPrefix(got, "HTTP/1.") {
+			t.Errorf("the proxy after resume %d: %q", round, got)
+		}
+	}
+	// An open connection to the proxy (an established TCP connection) is
+	// not dumped: the pause fails, the sandbox goes on.
+	execText(t, s, "held = socket.create_connection(('127.0.0.1', 3128), timeout=10)")
+	if err := s.Pause(ctx); err == nil || s.Paused() {
+		t.Errorf("pause with a connection to the proxy open: %v", err)
+	}
+	if got := execText(t, s, "held.close(); 1 + 1"); got != "2" {
+		t.Errorf("after the refused pause: %q", got)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -92,8 +93,10 @@ type Sandbox struct {
 	sendMu    sync.Mutex
 
 	// Closed when the proxy (Spec.Egress), serving on its listener in the
-	// sandbox, has returned; nil without one.
+	// sandbox, has returned; nil without one. A pause closes the listener,
+	// a resume opens another in the restored network namespace.
 	egressDone chan struct{}
+	egressL    net.Listener
 	// The sandbox's network namespace, for DialPort (dial_linux.go).
 	netns netnsRef
 
@@ -290,9 +293,10 @@ func (s *Sandbox) startEgress(e sandbox.Egress) error {
 	if err != nil {
 		return err
 	}
-	s.egressDone = make(chan struct{})
+	done := make(chan struct{})
+	s.egressL, s.egressDone = l, done
 	go func() {
-		defer close(s.egressDone)
+		defer close(done)
 		e.Serve(l)
 	}()
 	return nil
