@@ -432,8 +432,35 @@ func (b *Backend) criu() (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("%w: pausing a sandbox needs CRIU 4: %v", sandbox.ErrUnsupported, err)
 	}
+	if missing := missingPatches(bin); len(missing) > 0 {
+		return "", fmt.Errorf("%w: the CRIU at %s was built without %s (scripts/criu): build it again with `make criu`",
+			sandbox.ErrUnsupported, bin, strings.Join(missing, ", "))
+	}
 	b.criuBin = bin
 	return bin, nil
+}
+
+// criuPatches are the patches of scripts/criu that pausing needs (see
+// docs/snapshots.md): a CRIU that make criu built names those it has in
+// its BUILD-INFO.
+var criuPatches = []string{"rlimits-from-proc.patch", "external-deleted-mount.patch", "socket-pass-opts.patch",
+	"userns-check-fds.patch"}
+
+// missingPatches lists the patches a CRIU built by make criu lacks. A
+// CRIU without a BUILD-INFO beside it, built some other way, is taken as
+// it is.
+func missingPatches(bin string) []string {
+	info, err := os.ReadFile(filepath.Join(filepath.Dir(bin), "BUILD-INFO"))
+	if err != nil {
+		return nil
+	}
+	var missing []string
+	for _, p := range criuPatches {
+		if !strings.Contains(string(info), "patched: "+p+"\n") {
+			missing = append(missing, p)
+		}
+	}
+	return missing
 }
 
 // checkpointDir returns a new directory's path for a checkpoint of

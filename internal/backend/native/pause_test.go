@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -362,6 +363,28 @@ func TestPauseUnsupported(t *testing.T) {
 	}
 	if res, err := sbx2.Execute(ctx, sandbox.ExecRequest{Code: "1 + 1"}, nil); err != nil || res.Status != sandbox.StatusOK {
 		t.Errorf("the sandbox after a refused pause: %+v %v", res, err)
+	}
+}
+
+// TestPauseOldCRIU: a CRIU that make criu built before the patches pausing
+// needs is refused, naming them and make criu.
+func TestPauseOldCRIU(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "BUILD-INFO"), []byte("criu 4.1.1\npatched: external-deleted-mount.patch\n"+
+		"patched: rlimits-from-proc.patch\nVersion: 4.1.1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got := missingPatches(filepath.Join(dir, "criu"))
+	if want := []string{"socket-pass-opts.patch", "userns-check-fds.patch"}; !slices.Equal(got, want) {
+		t.Errorf("missing patches: %v, want %v", got, want)
+	}
+	if got := missingPatches(filepath.Join(t.TempDir(), "criu")); got != nil {
+		t.Errorf("a CRIU without BUILD-INFO: %v", got)
+	}
+	for _, p := range criuPatches {
+		if _, err := os.Stat(filepath.Join("..", "..", "..", "scripts", "criu", p)); err != nil {
+			t.Errorf("criuPatches names %s: %v", p, err)
+		}
 	}
 }
 
