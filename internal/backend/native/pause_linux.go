@@ -17,11 +17,19 @@ package native
 //
 // Order of a pause, under pauseMu and the core's Exclusive (no execution
 // runs or starts):
-//  1. no command may be starting or running (startGate), then paused;
+//  1. no command starts (startGate) and none runs in a terminal; paused;
 //  2. dump: init takes a control socket CRIU can dump, which the Sandbox
-//     reads from then on (so a dump that fails leaves it running);
+//     reads from then on (so a dump that fails leaves it running); the
+//     supervisor holds the sandbox's ends of the commands' pipes
+//     (holdPipes), then CRIU dumps the tree and it ends;
 //  3. the dumped tree's end is seen by every reader, the runner is
-//     forgotten without its state being taken for lost (settle).
+//     forgotten without its state being taken for lost, the network
+//     proxy's listener is closed (settle).
+//
+// A resume, under the same locks: CRIU restores the tree; adopt gives
+// the Sandbox its init, pipes, control socket, network namespace and
+// runner, and joins the commands' pipes (joinPipe); the proxy listens
+// again; the images are removed.
 
 import (
 	"context"
@@ -50,8 +58,8 @@ var _ sandbox.Pauser = (*Sandbox)(nil)
 func (s *Sandbox) Paused() bool { return s.paused.Load() }
 
 // Pause implements sandbox.Pauser. It fails with sandbox.ErrBusy while an
-// execution or a command runs, and with sandbox.ErrUnsupported, naming
-// why, for a sandbox that cannot be paused. A pause that fails leaves the
+// execution, or a command in a terminal, runs, and with
+// sandbox.ErrUnsupported, naming why, for a sandbox that cannot be paused. A pause that fails leaves the
 // sandbox running, unpaused. Pausing a paused sandbox does nothing.
 func (s *Sandbox) Pause(ctx context.Context) error {
 	if err := s.pausable(); err != nil {
