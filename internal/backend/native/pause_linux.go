@@ -236,6 +236,7 @@ func (s *Sandbox) Resume(ctx context.Context) error {
 // ends of its pipes and control socket, the runner.
 func (s *Sandbox) adopt(r *restoredTree, cp *checkpoint) error {
 	var status, stdout, stderr, req, events *os.File
+	var others []extPipe // the commands' pipes, and any other
 	for _, p := range cp.pipes {
 		f := r.pipes[p.ino]
 		switch {
@@ -249,16 +250,8 @@ func (s *Sandbox) adopt(r *restoredTree, cp *checkpoint) error {
 			req = f
 		case p.pid == cp.runnerPID && p.fd > 2:
 			events = f
-		case cp.held[p.ino] != nil:
-			joinPipe(cp.held[p.ino], f, p.reader)
-			delete(cp.held, p.ino)
-			delete(r.pipes, p.ino)
 		default:
-			// A pipe of a process of the sandbox to one the supervisor
-			// no longer reads (a finished command's): it ends as it
-			// would have (EOF, EPIPE).
-			f.Close()
-			delete(r.pipes, p.ino)
+			others = append(others, p)
 		}
 	}
 	if status == nil || stdout == nil || stderr == nil || req == nil || events == nil || r.ctl == nil {
@@ -296,6 +289,18 @@ func (s *Sandbox) adopt(r *restoredTree, cp *checkpoint) error {
 	// Nothing fails from here: r is the sandbox's.
 	r.ctl.Close()
 	r.ctl = nil
+	for _, p := range others {
+		f := r.pipes[p.ino]
+		delete(r.pipes, p.ino)
+		if held := cp.held[p.ino]; held != nil {
+			joinPipe(held, f, p.reader)
+			delete(cp.held, p.ino)
+			continue
+		}
+		// Not held (the dump found it, but its process let it go
+		// before holdPipes): it ends as it would have (EOF, EPIPE).
+		f.Close()
+	}
 	ip := &initProc{pid: r.pid, proc: r.proc, pidfd: -1, inCgroup: true}
 	done := make(chan struct{})
 	s.lifeMu.Lock()
