@@ -216,14 +216,6 @@ func (c *Core) CommandExited(id uint64, code int) {
 	}
 }
 
-// Commands counts the background processes starting or running.
-func (c *Core) Commands() int {
-	cs := &c.cmds
-	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	return len(cs.starting) + len(cs.live)
-}
-
 // CommandsGone records that the sandbox's processes are all gone (its
 // isolation ended): every command has exited, killed as far as anyone can
 // tell, and every start waiting for an answer fails.

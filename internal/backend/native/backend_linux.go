@@ -231,7 +231,14 @@ func (b *Backend) CPUShares() bool { return b.cgroups != nil && b.cgroups.CPUCon
 // their supervisor (PR_SET_PDEATHSIG), but a supervisor killed with
 // SIGKILL leaves their cgroups behind. Only one supervisor may use a
 // cgroup parent at a time.
+//
+// It also removes the checkpoints of sandboxes a killed supervisor left
+// paused: their files were in memory, held by that supervisor (a mount
+// namespace), so they cannot be resumed.
 func (b *Backend) Sweep() ([]string, error) {
+	if err := b.sweepCheckpoints(); err != nil {
+		return nil, err
+	}
 	if b.cgroups == nil {
 		return nil, nil
 	}

@@ -68,16 +68,75 @@ type checkpoint struct {
 	// runnerPID is the runner's host pid at dump time: the first holder
 	// of its request and event pipes (extPipe.pid).
 	runnerPID int
+	// held are the sandbox's ends of the other pipes to the host (the
+	// commands'), by inode, which the supervisor keeps while the sandbox
+	// is paused (holdPipes).
+	held map[uint64]*os.File
 	// Took is how long criu dump ran.
 	took time.Duration
 }
 
-// close lets go of the sandbox's mount namespace, and so of its files.
+// close lets go of the sandbox's mount namespace, and so of its files,
+// and of the commands' pipes it held.
 func (cp *checkpoint) close() {
 	if cp.mntns != nil {
 		cp.mntns.Close()
 		cp.mntns = nil
 	}
+	for ino, f := range cp.held {
+		f.Close()
+		delete(cp.held, ino)
+	}
+}
+
+// ownPipe reports whether p is one of init's pipes or the runner's, which
+// a resume gives the Sandbox anew.
+func (cp *checkpoint) ownPipe(p extPipe) bool {
+	if p.init && (p.fd == fdStatus || p.fd == fdStdout || p.fd == fdStderr) {
+		return true
+	}
+	return p.pid == cp.runnerPID && (p.reader || p.fd > 2)
+}
+
+// holdPipes takes, for every other pipe to the host (a command's stdin,
+// stdout or stderr, whose other end the core gave its caller), a
+// descriptor of the sandbox's end (pidfd_getfd): while the sandbox is
+// paused, the host's reader of its output sees no end and the host's
+// writer of its input no broken pipe; a resume joins the restored pipes
+// to them (joinPipe). Each descriptor is checked to be that pipe.
+func (cp *checkpoint) holdPipes() error {
+	cp.held = map[uint64]*os.File{}
+	for _, p := range cp.pipes {
+		if cp.ownPipe(p) {
+			continue
+		}
+		f, err := grabPipe(p.pid, p.fd, p.ino)
+		if err != nil {
+			return fmt.Errorf("checkpoint: the pipe %d of process %d: %w", p.fd, p.pid, err)
+		}
+		cp.held[p.ino] = f
+	}
+	return nil
+}
+
+// grabPipe returns a descriptor of the file process pid holds at fd,
+// which must be the pipe ino.
+func grabPipe(pid, fd int, ino uint64) (*os.File, error) {
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(pidfd)
+	nfd, err := unix.PidfdGetfd(pidfd, fd, 0)
+	if err != nil {
+		return nil, err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(nfd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFIFO || st.Ino != ino {
+		unix.Close(nfd)
+		return nil, errors.New("not the pipe it was (the process changed its descriptors)")
+	}
+	return os.NewFile(uintptr(nfd), "pipe"), nil
 }
 
 // handOver makes the checkpoint's directory readable by the restored
@@ -203,6 +262,10 @@ func (s *Sandbox) dump(ctx context.Context, bin, dir string) (_ *checkpoint, err
 	}
 	if cp.runnerPID, err = runnerHostPID(tree, rp.pid); err != nil {
 		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	if err := cp.holdPipes(); err != nil {
+		cp.close()
+		return nil, err
 	}
 	// CRIU dumps a tmpfs's files from a helper mount namespace that it
 	// makes in the sandbox's user namespace, whose max_mnt_namespaces is

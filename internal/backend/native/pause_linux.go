@@ -17,22 +17,32 @@ package native
 //
 // Order of a pause, under pauseMu and the core's Exclusive (no execution
 // runs or starts):
-//  1. no command may be starting or running (startGate), then paused;
+//  1. no command starts (startGate) and none runs in a terminal; paused;
 //  2. dump: init takes a control socket CRIU can dump, which the Sandbox
-//     reads from then on (so a dump that fails leaves it running);
+//     reads from then on (so a dump that fails leaves it running); the
+//     supervisor holds the sandbox's ends of the commands' pipes
+//     (holdPipes), then CRIU dumps the tree and it ends;
 //  3. the dumped tree's end is seen by every reader, the runner is
-//     forgotten without its state being taken for lost (settle).
+//     forgotten without its state being taken for lost, the network
+//     proxy's listener is closed (settle).
+//
+// A resume, under the same locks: CRIU restores the tree; adopt gives
+// the Sandbox its init, pipes, control socket, network namespace and
+// runner, and joins the commands' pipes (joinPipe); the proxy listens
+// again; the images are removed.
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -48,8 +58,8 @@ var _ sandbox.Pauser = (*Sandbox)(nil)
 func (s *Sandbox) Paused() bool { return s.paused.Load() }
 
 // Pause implements sandbox.Pauser. It fails with sandbox.ErrBusy while an
-// execution or a command runs, and with sandbox.ErrUnsupported, naming
-// why, for a sandbox that cannot be paused. A pause that fails leaves the
+// execution, or a command in a terminal, runs, and with
+// sandbox.ErrUnsupported, naming why, for a sandbox that cannot be paused. A pause that fails leaves the
 // sandbox running, unpaused. Pausing a paused sandbox does nothing.
 func (s *Sandbox) Pause(ctx context.Context) error {
 	if err := s.pausable(); err != nil {
@@ -71,10 +81,15 @@ func (s *Sandbox) Pause(ctx context.Context) error {
 		if (*driver)(s).Closed() {
 			return sandbox.ErrClosed
 		}
+		// No command starts from here. Those running go on after a
+		// resume, but not one in a terminal.
 		s.startGate.Lock()
-		if n := s.Commands(); n > 0 {
+		s.mu.Lock()
+		n := len(s.terminals)
+		s.mu.Unlock()
+		if n > 0 {
 			s.startGate.Unlock()
-			return fmt.Errorf("%w: %d command(s) started in the sandbox still run; wait for them or kill them before pausing",
+			return fmt.Errorf("%w: %d command(s) started in a terminal still run; end them before pausing",
 				sandbox.ErrBusy, n)
 		}
 		s.paused.Store(true)
@@ -92,6 +107,11 @@ func (s *Sandbox) Pause(ctx context.Context) error {
 		if err != nil {
 			s.paused.Store(false)
 			os.RemoveAll(dir)
+			if isClosed(s.dead()) {
+				// The tree ended all the same: as readControl would
+				// have said, had the sandbox not been pausing.
+				s.treeGone()
+			}
 			return fmt.Errorf("pause: %w", err)
 		}
 		s.cp = cp
@@ -109,8 +129,6 @@ func (s *Sandbox) pausable() error {
 	case s.z != nil:
 		why = "a sandbox forked from a zygote cannot be paused yet: create it pausable (\"pausable\": true; E2B: lifecycle " +
 			"onTimeout \"pause\"), or run vivarium serve --zygote=false"
-	case s.spec.Egress != nil:
-		why = "a sandbox with network access (its proxy listens in the sandbox) cannot be paused yet"
 	case len(s.spec.Volumes) > 0:
 		why = "a sandbox with volumes cannot be paused yet"
 	}
@@ -151,6 +169,13 @@ func (s *Sandbox) settle() {
 	s.ctl = -1
 	s.sendMu.Unlock()
 	s.ResetRunner(false)
+	if s.egressL != nil {
+		// The proxy's listener, in a network namespace no process is
+		// left in: a resume opens another in the restored one.
+		s.egressL.Close()
+		wait(s.egressDone)
+		s.egressL = nil
+	}
 }
 
 // Resume implements sandbox.Pauser: the sandbox's processes are restored
@@ -178,6 +203,17 @@ func (s *Sandbox) Resume(ctx context.Context) error {
 			r.kill()
 			return fmt.Errorf("resume: %w", err)
 		}
+		if s.spec.Egress != nil {
+			// The proxy, at its address in the restored namespace. Its
+			// processes run already: one may have taken the port (only
+			// its own sandbox's network is then broken). The sandbox
+			// ends rather than go on without its proxy.
+			if err := s.startEgress(s.spec.Egress); err != nil {
+				s.paused.Store(false)
+				s.kill()
+				return fmt.Errorf("resume: the network proxy in the restored sandbox: %w", err)
+			}
+		}
 		cp := s.cp
 		s.cp = nil
 		s.paused.Store(false)
@@ -201,6 +237,7 @@ func (s *Sandbox) Resume(ctx context.Context) error {
 // ends of its pipes and control socket, the runner.
 func (s *Sandbox) adopt(r *restoredTree, cp *checkpoint) error {
 	var status, stdout, stderr, req, events *os.File
+	var others []extPipe // the commands' pipes, and any other
 	for _, p := range cp.pipes {
 		f := r.pipes[p.ino]
 		switch {
@@ -215,11 +252,7 @@ func (s *Sandbox) adopt(r *restoredTree, cp *checkpoint) error {
 		case p.pid == cp.runnerPID && p.fd > 2:
 			events = f
 		default:
-			// A pipe of a process of the sandbox to one the supervisor
-			// no longer reads (a finished command's): it ends as it
-			// would have (EOF, EPIPE).
-			f.Close()
-			delete(r.pipes, p.ino)
+			others = append(others, p)
 		}
 	}
 	if status == nil || stdout == nil || stderr == nil || req == nil || events == nil || r.ctl == nil {
@@ -257,6 +290,18 @@ func (s *Sandbox) adopt(r *restoredTree, cp *checkpoint) error {
 	// Nothing fails from here: r is the sandbox's.
 	r.ctl.Close()
 	r.ctl = nil
+	for _, p := range others {
+		f := r.pipes[p.ino]
+		delete(r.pipes, p.ino)
+		if held := cp.held[p.ino]; held != nil {
+			joinPipe(held, f, p.reader)
+			delete(cp.held, p.ino)
+			continue
+		}
+		// Not held (the dump found it, but its process let it go
+		// before holdPipes): it ends as it would have (EOF, EPIPE).
+		f.Close()
+	}
 	ip := &initProc{pid: r.pid, proc: r.proc, pidfd: -1, inCgroup: true}
 	done := make(chan struct{})
 	s.lifeMu.Lock()
@@ -296,6 +341,23 @@ func (s *Sandbox) adopt(r *restoredTree, cp *checkpoint) error {
 	return nil
 }
 
+// joinPipe joins a restored pipe to the sandbox's end of the one it
+// replaces, which the supervisor held while the sandbox was paused
+// (holdPipes): what the sandbox writes on the new pipe goes on to the old
+// one's reader on the host, what the host writes on the old one to the
+// sandbox. Each copy ends at its source's end, closing its destination.
+func joinPipe(old, restored *os.File, sandboxReads bool) {
+	src, dst := restored, old
+	if sandboxReads {
+		src, dst = old, restored
+	}
+	go func() {
+		io.Copy(dst, src)
+		dst.Close()
+		src.Close()
+	}()
+}
+
 // rawFD is f's descriptor, without making it blocking (as Fd does).
 func rawFD(f *os.File) int {
 	fd := -1
@@ -323,6 +385,19 @@ func runnerHostPID(tree []int, nsPID int) (int, error) {
 		}
 	}
 	return 0, fmt.Errorf("the runner (pid %d in the sandbox) is not in init's tree", nsPID)
+}
+
+// treeGone tells the core that the sandbox's processes are all gone:
+// every command has ended, and the runner.
+func (s *Sandbox) treeGone() {
+	s.CommandsGone()
+	s.mu.Lock()
+	rp := s.rp
+	s.terminals = map[uint64]bool{}
+	s.mu.Unlock()
+	if rp != nil {
+		s.RunnerExited(rp.r, core.Exit{Exited: true, Code: 128 + int(syscall.SIGKILL), Signal: int(syscall.SIGKILL)})
+	}
 }
 
 // Interrupt implements sandbox.Sandbox: a paused sandbox runs nothing.
@@ -371,8 +446,35 @@ func (b *Backend) criu() (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("%w: pausing a sandbox needs CRIU 4: %v", sandbox.ErrUnsupported, err)
 	}
+	if missing := missingPatches(bin); len(missing) > 0 {
+		return "", fmt.Errorf("%w: the CRIU at %s was built without %s (scripts/criu): build it again with `make criu`",
+			sandbox.ErrUnsupported, bin, strings.Join(missing, ", "))
+	}
 	b.criuBin = bin
 	return bin, nil
+}
+
+// criuPatches are the patches of scripts/criu that pausing needs (see
+// docs/snapshots.md): a CRIU that make criu built names those it has in
+// its BUILD-INFO.
+var criuPatches = []string{"rlimits-from-proc.patch", "external-deleted-mount.patch", "socket-pass-opts.patch",
+	"userns-check-fds.patch"}
+
+// missingPatches lists the patches a CRIU built by make criu lacks. A
+// CRIU without a BUILD-INFO beside it, built some other way, is taken as
+// it is.
+func missingPatches(bin string) []string {
+	info, err := os.ReadFile(filepath.Join(filepath.Dir(bin), "BUILD-INFO"))
+	if err != nil {
+		return nil
+	}
+	var missing []string
+	for _, p := range criuPatches {
+		if !strings.Contains(string(info), "patched: "+p+"\n") {
+			missing = append(missing, p)
+		}
+	}
+	return missing
 }
 
 // checkpointDir returns a new directory's path for a checkpoint of
@@ -412,6 +514,23 @@ func (b *Backend) checkpointDir(id string) (string, error) {
 // removeCheckpoints removes what the pauses of sandbox id left.
 func (b *Backend) removeCheckpoints(id string) error {
 	return os.RemoveAll(filepath.Join(b.cfg.CheckpointDir, id))
+}
+
+// sweepCheckpoints removes every sandbox's directory under CheckpointDir
+// (see Sweep).
+func (b *Backend) sweepCheckpoints() error {
+	entries, err := os.ReadDir(b.cfg.CheckpointDir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range entries {
+		errs = append(errs, os.RemoveAll(filepath.Join(b.cfg.CheckpointDir, e.Name())))
+	}
+	return errors.Join(errs...)
 }
 
 // pauseState is the Backend's part of pausing: the CRIU binary and a

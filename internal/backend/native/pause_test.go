@@ -1,13 +1,18 @@
 package native
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -285,6 +290,50 @@ func TestPauseClosePaused(t *testing.T) {
 	}
 }
 
+// TestPauseFailedResume: a resume that fails (here criu itself) leaves
+// the sandbox paused, and a second one resumes it.
+func TestPauseFailedResume(t *testing.T) {
+	bin := requireCRIU(t)
+	b := pauseBackend(t, pauseCgroupParent, pauseUIDBase)
+	b.criuBin = bin
+	ctx := context.Background()
+	sbx, err := b.Create(ctx, sandbox.Spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := sbx.(*Sandbox)
+	defer s.Close()
+	execText(t, s, "x = 41")
+	if err := s.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	fake := filepath.Join(t.TempDir(), "criu")
+	if err := os.WriteFile(fake, []byte("#!/bin/sh\necho 'Error (criu/cr-restore.c:1): refused' >&2\nexit 1\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b.criuMu.Lock()
+	b.criuBin = fake
+	b.criuMu.Unlock()
+	if err := s.Resume(ctx); err == nil || !strings.Contains(err.Error(), "refused") {
+		t.Fatalf("resume with a failing criu: %v", err)
+	}
+	if !s.Paused() {
+		t.Fatal("not paused after a failed resume")
+	}
+	if _, err := s.Execute(ctx, sandbox.ExecRequest{Code: "x"}, nil); !errors.Is(err, sandbox.ErrPaused) {
+		t.Errorf("Execute after a failed resume: %v", err)
+	}
+	b.criuMu.Lock()
+	b.criuBin = bin
+	b.criuMu.Unlock()
+	if err := s.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := execText(t, s, "x + 1"); got != "42" {
+		t.Errorf("x + 1 after resume: %q", got)
+	}
+}
+
 // TestPauseUnsupported: sandboxes that cannot be paused say why, as
 // ErrUnsupported, and go on.
 func TestPauseUnsupported(t *testing.T) {
@@ -313,6 +362,57 @@ func TestPauseUnsupported(t *testing.T) {
 		t.Errorf("pause without CRIU: %v", err)
 	}
 	if res, err := sbx2.Execute(ctx, sandbox.ExecRequest{Code: "1 + 1"}, nil); err != nil || res.Status != sandbox.StatusOK {
+		t.Errorf("the sandbox after a refused pause: %+v %v", res, err)
+	}
+}
+
+// TestPauseOldCRIU: a CRIU that make criu built before the patches pausing
+// needs is refused, naming them and make criu.
+func TestPauseOldCRIU(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "BUILD-INFO"), []byte("criu 4.1.1\npatched: external-deleted-mount.patch\n"+
+		"patched: rlimits-from-proc.patch\nVersion: 4.1.1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got := missingPatches(filepath.Join(dir, "criu"))
+	if want := []string{"socket-pass-opts.patch", "userns-check-fds.patch"}; !slices.Equal(got, want) {
+		t.Errorf("missing patches: %v, want %v", got, want)
+	}
+	if got := missingPatches(filepath.Join(t.TempDir(), "criu")); got != nil {
+		t.Errorf("a CRIU without BUILD-INFO: %v", got)
+	}
+	for _, p := range criuPatches {
+		if _, err := os.Stat(filepath.Join("..", "..", "..", "scripts", "criu", p)); err != nil {
+			t.Errorf("criuPatches names %s: %v", p, err)
+		}
+	}
+}
+
+// TestPauseZygoteUnsupported: a sandbox forked from a zygote (the default
+// in vivarium serve) is refused, saying so, and goes on.
+func TestPauseZygoteUnsupported(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequirePython(t)
+	if testutil.ZygoteMode() {
+		t.Skip("run once, in the classic run")
+	}
+	b, err := New(Config{CgroupParent: pauseCgroupParent, UIDBase: pauseUIDBase, UIDRanges: 4, Zygote: true,
+		CheckpointDir: checkpointRoot(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ctx := context.Background()
+	sbx, err := b.Create(ctx, sandbox.Spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sbx.Close()
+	err = sbx.(sandbox.Pauser).Pause(ctx)
+	if !errors.Is(err, sandbox.ErrUnsupported) || !strings.Contains(err.Error(), "zygote") {
+		t.Errorf("pause a zygote's sandbox: %v", err)
+	}
+	if res, err := sbx.Execute(ctx, sandbox.ExecRequest{Code: "1 + 1"}, nil); err != nil || res.Status != sandbox.StatusOK {
 		t.Errorf("the sandbox after a refused pause: %+v %v", res, err)
 	}
 }
@@ -371,8 +471,8 @@ func BenchmarkPauseResume(b *testing.B) {
 	}
 }
 
-// TestPauseBusy: a sandbox running an execution or a command is not
-// paused (ErrBusy), and goes on.
+// TestPauseBusy: a sandbox running an execution or a command in a
+// terminal is not paused (ErrBusy), and goes on.
 func TestPauseBusy(t *testing.T) {
 	bin := requireCRIU(t)
 	b := pauseBackend(t, pauseCgroupParent, pauseUIDBase)
@@ -398,22 +498,243 @@ func TestPauseBusy(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	p, err := s.Start(ctx, sandbox.Command{Argv: []string{"sleep", "600"}})
+	p, err := s.Start(ctx, sandbox.Command{Argv: []string{"sleep", "600"}, Terminal: &sandbox.TerminalSize{Rows: 24, Cols: 80}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Pause(ctx); !errors.Is(err, sandbox.ErrBusy) || s.Paused() {
-		t.Errorf("pause while a command runs: %v", err)
+		t.Errorf("pause while a command runs in a terminal: %v", err)
 	}
 	p.Signal(9)
 	<-p.Done()
 	if err := s.Pause(ctx); err != nil {
-		t.Fatalf("pause once the command ended: %v", err)
+		t.Fatalf("pause once the terminal's command ended: %v", err)
 	}
 	if err := s.Resume(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if got := execText(t, s, "x + 1"); got != "42" {
 		t.Errorf("x + 1 after resume: %q", got)
+	}
+}
+
+// TestPauseSweep: a killed supervisor's checkpoints are removed by the
+// next one's Sweep (their files died with it).
+func TestPauseSweep(t *testing.T) {
+	b := pauseBackend(t, pauseCgroupParent, pauseUIDBase)
+	left := filepath.Join(b.cfg.CheckpointDir, "0123456789abcdef", "1", "images")
+	if err := os.MkdirAll(left, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Sweep(); err != nil {
+		t.Fatal(err)
+	}
+	if entries, err := os.ReadDir(b.cfg.CheckpointDir); err != nil || len(entries) != 0 {
+		t.Errorf("after Sweep: %v %v", entries, err)
+	}
+}
+
+// TestPauseKeepsCommands: a command started before the pause goes on
+// after the resume, on the same Process: its output before and after, its
+// input written while paused, its exit status. It cannot be signalled
+// while paused (ErrPaused), and Close of a paused sandbox ends it.
+func TestPauseKeepsCommands(t *testing.T) {
+	bin := requireCRIU(t)
+	b := pauseBackend(t, pauseCgroupParent, pauseUIDBase)
+	b.criuBin = bin
+	ctx := context.Background()
+	sbx, err := b.Create(ctx, sandbox.Spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := sbx.(*Sandbox)
+	defer s.Close()
+	p, err := s.Start(ctx, sandbox.Command{Argv: []string{"sh", "-c", "echo one; read x; echo got $x; echo err >&2; exit 3"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := bufio.NewReader(p.Stdout())
+	if l, err := out.ReadString('\n'); l != "one\n" || err != nil {
+		t.Fatalf("before the pause: %q %v", l, err)
+	}
+	for round := 1; round <= 2; round++ {
+		if err := s.Pause(ctx); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-p.Done():
+			t.Fatalf("the command ended when the sandbox paused (round %d): %d", round, p.ExitCode())
+		case <-time.After(100 * time.Millisecond):
+		}
+		if err := p.Signal(syscall.SIGTERM); !errors.Is(err, sandbox.ErrPaused) {
+			t.Errorf("signal a command while paused: %v", err)
+		}
+		if round == 2 {
+			// Written while paused: the command reads it once resumed.
+			if _, err := io.WriteString(p.Stdin(), "hello\n"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := s.Resume(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rest, _ := io.ReadAll(out)
+	errOut, _ := io.ReadAll(p.Stderr())
+	if string(rest) != "got hello\n" || string(errOut) != "err\n" || p.ExitCode() != 3 {
+		t.Errorf("after two pauses: stdout %q, stderr %q, exit %d", rest, errOut, p.ExitCode())
+	}
+
+	// A command running when a paused sandbox closes ends with it.
+	p2, err := s.Start(ctx, sandbox.Command{Argv: []string{"sleep", "600"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p2.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("a command of a paused sandbox did not end with its Close")
+	}
+	if left := testutil.ProcessesOwnedBy(int(pauseUIDBase), int(pauseUIDBase)+4<<16); len(left) != 0 {
+		t.Errorf("processes left: %v", left)
+	}
+}
+
+// TestPauseResumedSandboxWorks: after a resume the sandbox is a sandbox
+// like any: output streams, an interrupt stops a loop and keeps the state,
+// Restart gives a fresh runner, a runner that exits (os._exit) or runs out
+// its time is replaced (the state reported lost), and it pauses again. With pandas, when the host has it, a DataFrame made
+// before the pause is read back.
+func TestPauseResumedSandboxWorks(t *testing.T) {
+	bin := requireCRIU(t)
+	b := pauseBackend(t, pauseCgroupParent, pauseUIDBase)
+	b.criuBin = bin
+	ctx := context.Background()
+	sbx, err := b.Create(ctx, sandbox.Spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := sbx.(*Sandbox)
+	defer s.Close()
+	pandas := execText(t, s, "import importlib.util; importlib.util.find_spec('pandas') is not None") == "True"
+	code := "n = 0"
+	if pandas {
+		code = "import pandas as pd\ndf = pd.DataFrame({'a': [1, 2, 3]})\nn = 0"
+	}
+	execText(t, s, code)
+	if err := s.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if pandas {
+		if got := execText(t, s, "int(df['a'].sum())"); got != "6" {
+			t.Errorf("the DataFrame after resume: %q", got)
+		}
+	}
+	// Streaming and an interrupt.
+	started := make(chan struct{})
+	var once sync.Once
+	go func() {
+		<-started
+		s.Interrupt()
+	}()
+	res, err := s.Execute(ctx, sandbox.ExecRequest{Code: "while True:\n    n += 1\n    if n == 1000: print('looping', flush=True)"},
+		sinkFunc(func([]byte) { once.Do(func() { close(started) }) }))
+	if err != nil || res.Status != sandbox.StatusError || res.Error == nil || res.Error.Name != "KeyboardInterrupt" || res.StateLost {
+		t.Fatalf("interrupt after resume: %+v %v", res, err)
+	}
+	if got := execText(t, s, "n > 0"); got != "True" {
+		t.Errorf("state after the interrupt: %q", got)
+	}
+	// Restart: a fresh runner, from the restored init.
+	if err := s.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := execText(t, s, "'n' in dir()"); got != "False" {
+		t.Errorf("state after Restart: %q", got)
+	}
+	// A runner that exits reports it (state lost); the next execution
+	// gets a new one. So does a timeout.
+	execText(t, s, "y = 5")
+	res, err = s.Execute(ctx, sandbox.ExecRequest{Code: "import os; os._exit(9)"}, nil)
+	if err != nil || res.ExitCode != 9 || !res.StateLost {
+		t.Errorf("os._exit after resume: %+v %v", res, err)
+	}
+	if got := execText(t, s, "'y' in globals()"); got != "False" {
+		t.Errorf("state after the runner exited: %q", got)
+	}
+	res, err = s.Execute(ctx, sandbox.ExecRequest{Code: "while True: pass", Timeout: 500 * time.Millisecond}, nil)
+	if err != nil || res.Status != sandbox.StatusTimeout || !res.StateLost {
+		t.Errorf("timeout after resume: %+v %v", res, err)
+	}
+	// And it pauses again.
+	execText(t, s, "m = 5")
+	if err := s.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := execText(t, s, "m * 2"); got != "10" {
+		t.Errorf("m * 2 after a restart and a second pause: %q", got)
+	}
+}
+
+type sinkFunc func([]byte)
+
+func (f sinkFunc) Stdout(p []byte) { f(p) }
+func (f sinkFunc) Stderr(p []byte) { f(p) }
+
+// TestPauseEgress: a sandbox with network access (its proxy listening in
+// its network namespace) is paused and resumed, and finds its proxy again
+// at the same address; the proxy's old listener is closed, and nothing
+// of it is left after Close.
+func TestPauseEgress(t *testing.T) {
+	bin := requireCRIU(t)
+	b := pauseBackend(t, pauseCgroupParent, pauseUIDBase)
+	b.criuBin = bin
+	ctx := context.Background()
+	e := testutil.NewEgress(t, testutil.EgressConfig{Allow: []string{"example.com"}, Names: map[string][]netip.Addr{}})
+	sbx, err := b.Create(ctx, sandbox.Spec{Egress: e})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := sbx.(*Sandbox)
+	defer s.Close()
+	// The proxy answers a CONNECT (here refused: the name does not
+	// resolve) with an HTTP status.
+	const ask = "import socket\nc = socket.create_connection(('127.0.0.1', 3128), timeout=10)\n" +
+		"c.sendall(b'CONNECT example.com:443 HTTP/1.1\\r\\nHost: example.com:443\\r\\n\\r\\n')\n" +
+		"r = c.recv(64).split(b' ')[0].decode()\nc.close()\nr"
+	if got := execText(t, s, ask); !strings.HasPrefix(got, "HTTP/1.") {
+		t.Fatalf("the proxy before the pause: %q", got)
+	}
+	for round := 1; round <= 2; round++ {
+		if err := s.Pause(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Resume(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got := execText(t, s, ask); !strings.HasPrefix(got, "HTTP/1.") {
+			t.Errorf("the proxy after resume %d: %q", round, got)
+		}
+	}
+	// An open connection to the proxy (an established TCP connection) is
+	// not dumped: the pause fails, the sandbox goes on.
+	execText(t, s, "held = socket.create_connection(('127.0.0.1', 3128), timeout=10)")
+	if err := s.Pause(ctx); err == nil || s.Paused() {
+		t.Errorf("pause with a connection to the proxy open: %v", err)
+	}
+	if got := execText(t, s, "held.close(); 1 + 1"); got != "2" {
+		t.Errorf("after the refused pause: %q", got)
 	}
 }

@@ -7,11 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -84,13 +84,19 @@ type Sandbox struct {
 	failed  chan struct{} // closed when a zygote could not give a runner
 	failErr error         // why; valid once failed is closed
 	rp      *runnerProc   // the current runner's process; nil before the first
-	ctlDone chan struct{}
-	ctlRead bool // readControl was started: ctlDone will be closed
-	sendMu  sync.Mutex
+	// terminals are the commands started in a terminal and not known to
+	// have exited, by ID: a pause refuses them (a terminal's master is
+	// the supervisor's, and CRIU cannot take its slave without it).
+	terminals map[uint64]bool
+	ctlDone   chan struct{}
+	ctlRead   bool // readControl was started: ctlDone will be closed
+	sendMu    sync.Mutex
 
 	// Closed when the proxy (Spec.Egress), serving on its listener in the
-	// sandbox, has returned; nil without one.
+	// sandbox, has returned; nil without one. A pause closes the listener,
+	// a resume opens another in the restored network namespace.
 	egressDone chan struct{}
+	egressL    net.Listener
 	// The sandbox's network namespace, for DialPort (dial_linux.go).
 	netns netnsRef
 
@@ -144,7 +150,7 @@ func start(ctx context.Context, b *Backend, spec sandbox.Spec, cfg *initConfig, 
 	s := &Sandbox{
 		id: newID(), b: b, spec: spec, ctl: -1, z: z, cfg: cfg, failed: make(chan struct{}),
 		initDone: make(chan struct{}), statusDone: make(chan struct{}), runnerGone: make(chan struct{}),
-		ctlDone: make(chan struct{}),
+		ctlDone: make(chan struct{}), terminals: map[uint64]bool{},
 	}
 	s.Core = core.New((*driver)(s), core.Config{Spec: spec, Contexts: runner.NewContexts(spec.HomeDir())})
 	defer func() {
@@ -287,9 +293,10 @@ func (s *Sandbox) startEgress(e sandbox.Egress) error {
 	if err != nil {
 		return err
 	}
-	s.egressDone = make(chan struct{})
+	done := make(chan struct{})
+	s.egressL, s.egressDone = l, done
 	go func() {
-		defer close(s.egressDone)
+		defer close(done)
 		e.Serve(l)
 	}()
 	return nil
@@ -371,14 +378,14 @@ func (s *Sandbox) readControl(ctl int, done chan struct{}) {
 				unix.Close(ctl)
 				return
 			}
-			// Init is gone, and every process of the sandbox with it.
-			s.CommandsGone()
-			s.mu.Lock()
-			rp := s.rp
-			s.mu.Unlock()
-			if rp != nil {
-				s.RunnerExited(rp.r, core.Exit{Exited: true, Code: 128 + int(syscall.SIGKILL), Signal: int(syscall.SIGKILL)})
+			if s.paused.Load() {
+				// Dumped: the runner and the commands come back with
+				// a resume (or end with the sandbox's Close, or with a
+				// dump that failed: Pause tells the core then).
+				return
 			}
+			// Init is gone, and every process of the sandbox with it.
+			s.treeGone()
 			return
 		}
 		switch m.Op {
@@ -408,6 +415,9 @@ func (s *Sandbox) readControl(ctl int, done chan struct{}) {
 		case opExited:
 			closeAll(fds)
 			if m.ID != 0 {
+				s.mu.Lock()
+				delete(s.terminals, m.ID)
+				s.mu.Unlock()
 				s.CommandExited(m.ID, m.Code)
 				continue
 			}
@@ -418,6 +428,11 @@ func (s *Sandbox) readControl(ctl int, done chan struct{}) {
 				s.RunnerExited(rp.r, core.Exit{Exited: true, Code: m.Code, Signal: m.Signal})
 			}
 		case opSpawned:
+			if m.Error == "" && len(fds) == 1 {
+				s.mu.Lock()
+				s.terminals[m.ID] = true
+				s.mu.Unlock()
+			}
 			s.Started(m.ID, s.spawned(m, fds))
 		default:
 			closeAll(fds)
@@ -513,6 +528,9 @@ func (s *Sandbox) runnerSetupFailed(r *runnerProc, err error) {
 }
 
 func (s *Sandbox) send(m ctlMsg) error {
+	if s.paused.Load() {
+		return sandbox.ErrPaused // init is gone until a resume
+	}
 	s.sendMu.Lock()
 	defer s.sendMu.Unlock()
 	if err := sendCtl(s.ctl, m); err != nil {
@@ -617,8 +635,10 @@ func (s *Sandbox) Close() error {
 			}
 		}
 		if cp != nil {
-			// A paused sandbox's files, held by its mount namespace.
+			// A paused sandbox's files, held by its mount namespace,
+			// and its commands, which end now.
 			cp.close()
+			s.CommandsGone()
 		}
 		if s.checkpointed {
 			// Its checkpoints: a paused one's memory, the /proc masks'
