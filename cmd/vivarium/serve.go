@@ -51,6 +51,7 @@ type serveConfig struct {
 	maxExecutions, maxExecutionsPerKey   int
 	idle, maxIdle, lifetime, maxLifetime time.Duration
 	maxPaused                            time.Duration
+	checkpointDir                        string
 	memory, disk, maxOutput              sizeFlag
 	pids                                 int
 	timeout                              time.Duration
@@ -116,6 +117,8 @@ Flags:
 	fs.DurationVar(&c.lifetime, "lifetime", time.Hour, "default maximum lifetime of a sandbox")
 	fs.DurationVar(&c.maxLifetime, "max-lifetime", 24*time.Hour, "largest maximum lifetime a client may ask for")
 	fs.DurationVar(&c.maxPaused, "max-paused", 0, "how long a paused sandbox is kept (0: --max-lifetime)")
+	fs.StringVar(&c.checkpointDir, "checkpoint-dir", "", "`DIR` where paused native sandboxes keep their images "+
+		"(default /var/lib/vivarium/checkpoints/<cgroup parent>); its parents must let others through (0711)")
 	fs.Var(&c.memory, "max-memory", "largest memory limit a client may ask for (the default is 512MiB)")
 	fs.Var(&c.disk, "max-disk", "largest disk limit a client may ask for (the default is 256MiB)")
 	fs.Var(&c.maxOutput, "max-output", "largest output limit per stream a client may ask for (the default is 1MiB)")
@@ -318,7 +321,7 @@ func (c *serveConfig) openBackend(name string, log *slog.Logger) (sandbox.Backen
 	}
 	return native.New(native.Config{CgroupParent: c.cgroupParent, UIDBase: uint32(c.uidBase), UIDRanges: c.uidRanges,
 		KernelLimits: c.kernelLimits, InsecureNoCgroups: c.noCgroups, Zygote: c.zygote, Preload: c.preloads(),
-		ZygoteMaxSandboxes: c.zygoteMaxSandboxes, ZygoteMaxAge: c.zygoteMaxAge, Logger: log})
+		ZygoteMaxSandboxes: c.zygoteMaxSandboxes, ZygoteMaxAge: c.zygoteMaxAge, CheckpointDir: c.checkpointDir, Logger: log})
 }
 
 // reportPoolAtRest logs what the pool holds once it has filled (or after a

@@ -474,8 +474,8 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request, owner string) {
 		writeEnvdError(w, http.StatusConflict, fmt.Sprintf("sandbox %q is already paused", r.PathValue("id")))
 	case errors.Is(err, sandbox.ErrBusy):
 		// Not 409, which the SDKs read as "already paused".
-		writeEnvdError(w, http.StatusNotImplemented, "pausing a sandbox while a code execution or a command started "+
-			"through the API is running is not supported yet: "+err.Error())
+		writeEnvdError(w, http.StatusNotImplemented, "pausing a sandbox while code runs in it, or a terminal is "+
+			"open, is not supported yet: "+err.Error())
 	case err != nil:
 		s.notFound(w, r, err)
 	default:

@@ -47,8 +47,9 @@ func pauseSupported(sb sandbox.Sandbox, backend string) error {
 // (sandbox.Pauser): it then holds no memory of theirs and no execution
 // slot, is listed as "paused", does not expire on its idle timeout, and
 // its maximum lifetime stops running until it is resumed. It fails with
-// sandbox.ErrBusy while anything runs in it, ErrAlreadyPaused when it is
-// paused, and sandbox.ErrUnsupported where its backend cannot pause.
+// sandbox.ErrBusy while code runs in it (and where the backend cannot
+// pause a command that runs), ErrAlreadyPaused when it is paused, and
+// sandbox.ErrUnsupported where its backend cannot pause.
 func (s *Service) Pause(ctx context.Context, owner, id string) (Info, error) {
 	b, err := s.lookup(owner, id)
 	if err != nil {
@@ -72,12 +73,13 @@ func (s *Service) pause(ctx context.Context, b *Box) error {
 	case b.paused:
 		b.mu.Unlock()
 		return ErrAlreadyPaused
-	case b.running > 0:
+	case b.executing:
 		b.mu.Unlock()
-		return fmt.Errorf("%w: an execution or a command started through the API is running; pause the sandbox once they end",
-			sandbox.ErrBusy)
+		return fmt.Errorf("%w: code is running; pause the sandbox once it ends (or interrupt it)", sandbox.ErrBusy)
 	}
-	b.running++ // nothing expires it, nothing else starts a pause
+	// Commands may run: the backend pauses them with the sandbox, or
+	// refuses (sandbox.ErrBusy) what it cannot.
+	b.running++ // nothing expires it meanwhile
 	b.mu.Unlock()
 	start := time.Now()
 	err = p.Pause(ctx)
