@@ -61,7 +61,7 @@ func httpStatus(log *slog.Logger, err error) (int, string) {
 		code = http.StatusNotImplemented
 	case errors.Is(err, fs.ErrNotExist), errors.Is(err, sandbox.ErrNoContext), errors.Is(err, service.ErrNoProcess):
 		code = http.StatusNotFound
-	case errors.Is(err, sandbox.ErrTooLarge):
+	case errors.Is(err, sandbox.ErrTooLarge), errors.Is(err, sandbox.ErrNoRoom):
 		code = http.StatusInsufficientStorage // the SDKs' NotEnoughSpaceError
 	case errors.Is(err, sandbox.ErrBadPath), errors.Is(err, sandbox.ErrInvalidSpec), errors.Is(err, service.ErrCannotStart):
 		code = http.StatusBadRequest

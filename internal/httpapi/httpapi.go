@@ -716,6 +716,8 @@ func classify(err error) (int, string) {
 		return http.StatusConflict, "busy"
 	case errors.Is(err, sandbox.ErrPaused):
 		return http.StatusConflict, "paused"
+	case errors.Is(err, sandbox.ErrNoRoom):
+		return http.StatusInsufficientStorage, "no_room"
 	case errors.Is(err, service.ErrNotPaused):
 		return http.StatusConflict, "not_paused"
 	case errors.Is(err, sandbox.ErrClosed):

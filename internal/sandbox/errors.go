@@ -30,6 +30,9 @@ var (
 	// ErrPermission: the sandbox's user (or root) may not do that to a
 	// file of the sandbox's (its permissions say no).
 	ErrPermission = errors.New("permission denied")
+	// ErrNoRoom: the host has no room left for what was asked (the
+	// disk a paused sandbox's images go to); nothing was changed.
+	ErrNoRoom = errors.New("no room on the host")
 	// ErrPaused: the sandbox is paused (Pauser); resume it first.
 	ErrPaused = errors.New("sandbox paused")
 	// ErrNoTerminal: a process started without a terminal was asked to

@@ -70,7 +70,9 @@ class QuotaExceededError(VivariumError):
 
 
 class ServerUnavailableError(VivariumError):
-    """503 (and 501): the server is shutting down, or cannot create sandboxes."""
+    """503 (and 501, 507): the server is shutting down, cannot create
+    sandboxes or do what was asked here, or has no room left (507: the disk
+    paused sandboxes go to)."""
 
 
 class ServerError(VivariumError):
@@ -97,6 +99,7 @@ _BY_CODE = {
     "shutting_down": ServerUnavailableError,
     "setup_failed": ServerUnavailableError,
     "unsupported": ServerUnavailableError,
+    "no_room": ServerUnavailableError,
 }
 
 _BY_STATUS = {
@@ -109,6 +112,7 @@ _BY_STATUS = {
     413: TooLargeError,
     429: QuotaExceededError,
     501: ServerUnavailableError,
+    507: ServerUnavailableError,
     503: ServerUnavailableError,
 }
 

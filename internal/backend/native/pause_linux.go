@@ -69,6 +69,11 @@ func (s *Sandbox) Pause(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if u, err := s.Usage(); err == nil {
+		if err := checkpointRoom(s.b.cfg.CheckpointDir, u.Memory); err != nil {
+			return err
+		}
+	}
 	s.pauseMu.Lock()
 	defer s.pauseMu.Unlock()
 	if s.closing {

@@ -1,0 +1,57 @@
+package native
+
+import (
+	"fmt"
+	"os"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+)
+
+// A pause writes the sandbox's memory to the checkpoint directory's disk:
+// up to its memory limit per sandbox, and every tenant may pause as many
+// sandboxes as it may keep. Without a bound, paused sandboxes would fill
+// the host's disk, which the host and every other tenant draw on. A pause
+// is refused while the disk would keep less than checkpointReserve (or
+// checkpointReserveShare of its size, whichever is larger) free once the
+// images are written, their size taken as the sandbox's memory now.
+const (
+	checkpointReserve      = 1 << 30
+	checkpointReserveShare = 0.05
+)
+
+// checkpointRoom returns nil if the checkpoint directory's file system has
+// room for the images of a sandbox holding memory bytes, or an
+// ErrNoRoom that says how much is missing.
+func checkpointRoom(dir string, memory int64) error {
+	// The directory is made by the first pause; its parent tells as well.
+	for d := dir; ; {
+		var st unix.Statfs_t
+		err := unix.Statfs(d, &st)
+		if err == nil {
+			size := int64(st.Blocks) * st.Bsize
+			free := int64(st.Bavail) * st.Bsize
+			reserve := max(int64(checkpointReserve), int64(float64(size)*checkpointReserveShare))
+			if free-memory < reserve {
+				return fmt.Errorf("%w: pausing needs about %d MiB for the sandbox's images, and the host's disk for "+
+					"checkpoints keeps at least %d MiB free; %d MiB are free", sandbox.ErrNoRoom, memory>>20,
+					reserve>>20, free>>20)
+			}
+			return nil
+		}
+		if !os.IsNotExist(err) || d == "/" {
+			return fmt.Errorf("checkpoint directory %s: %w", dir, err)
+		}
+		d = parentDir(d)
+	}
+}
+
+func parentDir(p string) string {
+	for i := len(p) - 1; i > 0; i-- {
+		if p[i] == '/' {
+			return p[:i]
+		}
+	}
+	return "/"
+}
