@@ -178,6 +178,14 @@ func (s *Service) timedOut(b *Box) {
 		if errors.Is(err, sandbox.ErrBusy) {
 			return // something started meanwhile: it is not idle
 		}
+		if errors.Is(err, sandbox.ErrNoRoom) {
+			// No disk for its images now: it stays running, not lost,
+			// and the pause is tried again in a minute.
+			b.mu.Lock()
+			b.expiresAt = minTime(s.cfg.Now().Add(time.Minute), b.deadline)
+			b.mu.Unlock()
+			return
+		}
 	}
 	s.remove(b, "expired")
 	s.metrics.expired.Add(1)
