@@ -1,0 +1,288 @@
+package native
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
+)
+
+// The fork tests' cgroup parent and host users, apart from the others'.
+const (
+	forkCgroupParent = "vivarium-native-fork-test"
+	forkUIDBase      = DefaultUIDBase + 31<<24
+)
+
+func forkBackend(t *testing.T) (*Backend, string) {
+	t.Helper()
+	bin := requireCRIU(t)
+	testutil.RequireRoot(t)
+	testutil.RequirePython(t)
+	if testutil.ZygoteMode() {
+		t.Skip("fork is of classic sandboxes only, tested in the classic run")
+	}
+	b, err := New(Config{CgroupParent: forkCgroupParent, UIDBase: forkUIDBase, UIDRanges: 16,
+		CheckpointDir: checkpointRoot(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	b.criuBin = bin
+	return b, b.cfg.CheckpointDir
+}
+
+// forkSource is a running sandbox with x = 41, random imported, a file in
+// its workspace and another in its root, and its working directory
+// changed.
+func forkSource(t *testing.T, b *Backend) *Sandbox {
+	t.Helper()
+	sbx, err := b.Create(context.Background(), sandbox.Spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := sbx.(*Sandbox)
+	t.Cleanup(func() { s.Close() })
+	execText(t, s, "x = 41\nimport random, os\nopen('source.txt', 'w').write('from the source')\n"+
+		"os.makedirs('sub', exist_ok=True)\nopen('/tmp/root-file', 'w').write('in the root')\nos.chdir('sub')")
+	return s
+}
+
+// nsOf reads the namespaces, uid and gid maps and cgroup of host pid.
+func nsOf(t *testing.T, pid int) map[string]string {
+	t.Helper()
+	m := map[string]string{}
+	for _, ns := range []string{"user", "mnt", "pid", "net", "ipc", "uts", "cgroup"} {
+		l, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/%s", pid, ns))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m[ns] = l
+	}
+	for _, f := range []string{"uid_map", "gid_map", "cgroup"} {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/%s", pid, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m[f] = strings.Join(strings.Fields(string(b)), " ")
+	}
+	return m
+}
+
+// TestFork forks a sandbox into three: each copy has the source's
+// variables, files and working directory, writes its own files unseen by
+// the others, is its own host user, cgroup and namespaces, and draws its
+// own random numbers; the source goes on. Closing them all leaves nothing.
+func TestFork(t *testing.T) {
+	b, cpRoot := forkBackend(t)
+	ctx := context.Background()
+	s := forkSource(t, b)
+	srcNS := nsOf(t, s.init.pid)
+
+	start := time.Now()
+	sbxs, err := s.Fork(ctx, 3, sandbox.ForkOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("Fork(3): %v", time.Since(start))
+	copies := make([]*Sandbox, len(sbxs))
+	for i, c := range sbxs {
+		copies[i] = c.(*Sandbox)
+	}
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			for _, c := range copies {
+				c.Close()
+			}
+		}
+	})
+	seen := map[string]string{"source": strings.Join([]string{srcNS["uid_map"], srcNS["cgroup"]}, "|")}
+	for k, v := range srcNS {
+		seen["source "+k] = v
+	}
+	draws := map[string]bool{}
+	for i, c := range copies {
+		if got := execText(t, c, "x + 1"); got != "42" {
+			t.Fatalf("copy %d: x + 1 = %q", i, got)
+		}
+		if got := execText(t, c, "open('../source.txt').read()"); got != "from the source" {
+			t.Fatalf("copy %d: source.txt: %q", i, got)
+		}
+		if got := execText(t, c, "open('/tmp/root-file').read()"); got != "in the root" {
+			t.Fatalf("copy %d: /tmp/root-file: %q", i, got)
+		}
+		if got := execText(t, c, "os.getcwd()"); got != "/workspace/sub" {
+			t.Fatalf("copy %d: cwd %q", i, got)
+		}
+		execText(t, c, fmt.Sprintf("open('/workspace/copy%d.txt', 'w').write('copy %d')", i, i))
+		// Through the host's view of its workspace too.
+		if _, _, err := c.Workspace().OpenFile(fmt.Sprintf("copy%d.txt", i)); err != nil {
+			t.Fatalf("copy %d: its workspace from the host: %v", i, err)
+		}
+		draws[execText(t, c, "random.random()")] = true
+
+		ns := nsOf(t, c.init.pid)
+		if want := fmt.Sprintf("0 %d 65536", c.owner.First); ns["uid_map"] != want || ns["gid_map"] != want {
+			t.Fatalf("copy %d: uid_map %q gid_map %q, want %q", i, ns["uid_map"], ns["gid_map"], want)
+		}
+		if c.owner.First == s.owner.First {
+			t.Fatalf("copy %d has the source's host user", i)
+		}
+		if !strings.Contains(ns["cgroup"], c.cg.Path()) {
+			t.Fatalf("copy %d: cgroup %q, want %s", i, ns["cgroup"], c.cg.Path())
+		}
+		for k, v := range ns {
+			key := k + " " + v
+			if prev, ok := seen[key]; ok {
+				t.Fatalf("copy %d shares its %s (%s) with %s", i, k, v, prev)
+			}
+			seen[key] = fmt.Sprintf("copy %d", i)
+		}
+		// The files the restored processes see are the copy's host user's.
+		if got := execText(t, c, "os.stat('/workspace/copy%d.txt'.replace('%d', '"+fmt.Sprint(i)+"')).st_uid"); got != "1000" {
+			t.Fatalf("copy %d: its file's owner inside: %s", i, got)
+		}
+	}
+	if len(draws) != len(copies) {
+		t.Fatalf("the copies drew the same random numbers: %v", draws)
+	}
+	// Each copy's file is its own.
+	for i, c := range copies {
+		for j := range copies {
+			want := "False"
+			if i == j {
+				want = "True"
+			}
+			if got := execText(t, c, fmt.Sprintf("os.path.exists('/workspace/copy%d.txt')", j)); got != want {
+				t.Fatalf("copy %d sees copy%d.txt: %s", i, j, got)
+			}
+		}
+	}
+	if got := execText(t, s, "[os.path.exists('/workspace/copy%d.txt' % i) for i in range(3)], x, os.getcwd()"); got != "([False, False, False], 41, '/workspace/sub')" {
+		t.Fatalf("the source after the fork: %s", got)
+	}
+
+	// Close leaves nothing: processes, cgroups, mounts, directories.
+	var pids []int
+	var cgs []string
+	for _, c := range copies {
+		tree, err := processTree(c.init.pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pids = append(pids, tree...)
+		cgs = append(cgs, c.cg.Path())
+	}
+	for _, c := range copies {
+		if err := c.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	closed = true
+	for _, pid := range pids {
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err == nil {
+			t.Errorf("process %d of a copy still runs", pid)
+		}
+	}
+	for _, cg := range cgs {
+		for _, h := range []string{"memory", "pids", "cpuacct", "freezer", "cpu", "blkio", "unified"} {
+			if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", h, cg)); err == nil {
+				t.Errorf("cgroup %s still there in %s", cg, h)
+			}
+		}
+	}
+	mi, _ := os.ReadFile("/proc/self/mountinfo")
+	if strings.Contains(string(mi), cpRoot) {
+		t.Errorf("mounts left under %s:\n%s", cpRoot, mi)
+	}
+	ents, _ := os.ReadDir(cpRoot)
+	for _, e := range ents {
+		if e.Name() != s.id {
+			t.Errorf("%s left in the checkpoints", e.Name())
+		}
+	}
+	left, _ := os.ReadDir(filepath.Join(cpRoot, s.id))
+	if len(left) != 0 {
+		t.Errorf("the snapshot left %v", left)
+	}
+	if got := execText(t, s, "x + 1"); got != "42" {
+		t.Fatalf("the source after its copies closed: %s", got)
+	}
+}
+
+// TestForkSameRandomState keeps the random state when asked to.
+func TestForkSameRandomState(t *testing.T) {
+	b, _ := forkBackend(t)
+	s := forkSource(t, b)
+	sbxs, err := s.Fork(context.Background(), 2, sandbox.ForkOptions{SameRandomState: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range sbxs {
+		defer c.Close()
+	}
+	want := execText(t, s, "random.random()")
+	for i, c := range sbxs {
+		if got := execText(t, c.(*Sandbox), "random.random()"); got != want {
+			t.Fatalf("copy %d drew %s, the source %s", i, got, want)
+		}
+	}
+}
+
+// TestForkRefused: a paused sandbox, a bad count.
+func TestForkRefused(t *testing.T) {
+	b, _ := forkBackend(t)
+	s := forkSource(t, b)
+	ctx := context.Background()
+	if _, err := s.Fork(ctx, 0, sandbox.ForkOptions{}); !errors.Is(err, sandbox.ErrInvalidSpec) {
+		t.Fatalf("Fork(0): %v", err)
+	}
+	if err := s.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Fork(ctx, 1, sandbox.ForkOptions{}); !errors.Is(err, sandbox.ErrPaused) {
+		t.Fatalf("Fork of a paused sandbox: %v", err)
+	}
+	if err := s.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sbxs, err := s.Fork(ctx, 1, sandbox.ForkOptions{})
+	if err != nil {
+		t.Fatalf("Fork of a resumed sandbox: %v", err)
+	}
+	defer sbxs[0].Close()
+	if got := execText(t, sbxs[0].(*Sandbox), "x + 1"); got != "42" {
+		t.Fatalf("the copy of a resumed sandbox: x + 1 = %s", got)
+	}
+}
+
+// TestForkTiming measures a fork into 1 and into 10 copies of an idle
+// sandbox (the goal: 10 ready in 1 s).
+func TestForkTiming(t *testing.T) {
+	b, _ := forkBackend(t)
+	s := forkSource(t, b)
+	for _, n := range []int{1, 10} {
+		start := time.Now()
+		sbxs, err := s.Fork(context.Background(), n, sandbox.ForkOptions{})
+		took := time.Since(start)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range sbxs {
+			if got := execText(t, c.(*Sandbox), "x + 1"); got != "42" {
+				t.Fatalf("x + 1 = %s", got)
+			}
+		}
+		t.Logf("Fork(%d): %d ms", n, took.Milliseconds())
+		for _, c := range sbxs {
+			c.Close()
+		}
+	}
+}
