@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -145,9 +147,37 @@ func TestFork(t *testing.T) {
 			}
 			seen[key] = fmt.Sprintf("copy %d", i)
 		}
-		// The files the restored processes see are the copy's host user's.
-		if got := execText(t, c, "os.stat('/workspace/copy%d.txt'.replace('%d', '"+fmt.Sprint(i)+"')).st_uid"); got != "1000" {
-			t.Fatalf("copy %d: its file's owner inside: %s", i, got)
+		// The source's files are the copy's host user's, seen from
+		// inside and from the host.
+		if got := execText(t, c, "os.stat('/workspace/source.txt').st_uid, os.stat('/tmp').st_uid"); got != "(1000, 0)" {
+			t.Fatalf("copy %d: owners inside: %s", i, got)
+		}
+		var st syscall.Stat_t
+		if err := syscall.Lstat(fmt.Sprintf("/proc/%d/root/workspace/source.txt", c.init.pid), &st); err != nil {
+			t.Fatal(err)
+		}
+		if st.Uid != c.owner.ID(SandboxUID) || st.Gid != c.owner.ID(SandboxGID) {
+			t.Fatalf("copy %d: source.txt is %d:%d on the host, want %d", i, st.Uid, st.Gid, c.owner.ID(SandboxUID))
+		}
+		// Its limits are the source's.
+		compared := 0
+		for _, f := range []string{"memory/%s/memory.limit_in_bytes", "pids/%s/pids.max", "memory%s/memory.max", "%s/pids.max"} {
+			src, err1 := os.ReadFile(filepath.Join("/sys/fs/cgroup", fmt.Sprintf(f, s.cg.Path())))
+			cp, err2 := os.ReadFile(filepath.Join("/sys/fs/cgroup", fmt.Sprintf(f, c.cg.Path())))
+			if err1 == nil && (err2 != nil || string(src) != string(cp)) {
+				t.Fatalf("copy %d: %s is %q, the source's %q (%v)", i, f, cp, src, err2)
+			}
+			if err1 == nil {
+				compared++
+			}
+		}
+		if compared != 2 {
+			t.Fatalf("copy %d: %d of the cgroup's limits compared", i, compared)
+		}
+		for _, name := range budgetFiles[1:] {
+			if got, want := execText(t, c, readCode(name)), execText(t, s, readCode(name)); got != want {
+				t.Fatalf("copy %d: %s is %s, the source's %s", i, name, got, want)
+			}
 		}
 	}
 	if len(draws) != len(copies) {
@@ -284,5 +314,63 @@ func TestForkTiming(t *testing.T) {
 		for _, c := range sbxs {
 			c.Close()
 		}
+	}
+}
+
+// TestForkNumpyAndCommands: numpy's global generator is reseeded in each
+// copy; a command running in the source goes on there, and the copies
+// work, paused and resumed, and forked again.
+func TestForkNumpyAndCommands(t *testing.T) {
+	b, _ := forkBackend(t)
+	s := forkSource(t, b)
+	ctx := context.Background()
+	if res, err := s.Execute(ctx, sandbox.ExecRequest{Code: "import numpy as np\nnp.random.seed(1)"}, nil); err != nil || res.Status != sandbox.StatusOK {
+		t.Skipf("numpy: %+v %v", res, err)
+	}
+	p, err := s.Start(ctx, sandbox.Command{Argv: []string{"sh", "-c", "read x; echo got $x"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sbxs, err := s.Fork(ctx, 2, sandbox.ForkOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range sbxs {
+		defer c.Close()
+	}
+	c0, c1 := sbxs[0].(*Sandbox), sbxs[1].(*Sandbox)
+	a, b1 := execText(t, c0, "np.random.random()"), execText(t, c1, "np.random.random()")
+	if a == b1 || a == execText(t, s, "np.random.random()") {
+		t.Fatalf("numpy draws: copies %s %s", a, b1)
+	}
+	// The source's command still reads its input.
+	if _, err := io.WriteString(p.Stdin(), "it\n"); err != nil {
+		t.Fatal(err)
+	}
+	out, _ := io.ReadAll(p.Stdout())
+	if string(out) != "got it\n" {
+		t.Fatalf("the source's command printed %q", out)
+	}
+	// A copy pauses and resumes, and forks.
+	if err := c0.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c0.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := execText(t, c0, "x + 1"); got != "42" {
+		t.Fatalf("the resumed copy: %s", got)
+	}
+	grand, err := c0.Fork(ctx, 1, sandbox.ForkOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer grand[0].Close()
+	g := grand[0].(*Sandbox)
+	if got := execText(t, g, "x + 1, open('/workspace/source.txt').read()"); got != "(42, 'from the source')" {
+		t.Fatalf("the copy's copy: %s", got)
+	}
+	if want := fmt.Sprintf("0 %d 65536", g.owner.First); nsOf(t, g.init.pid)["uid_map"] != want {
+		t.Fatalf("the copy's copy's uid_map: %s", nsOf(t, g.init.pid)["uid_map"])
 	}
 }
