@@ -79,6 +79,10 @@ type checkpoint struct {
 	// its restore tells CRIU (its cgroup).
 	root        string
 	restoreArgs []string
+	// cgroups are the hierarchies the sandbox has a group of its own
+	// in, as /proc/PID/cgroup names them ("memory", "cpu,cpuacct"; ""
+	// for cgroup v2): the only ones dumped.
+	cgroups []string
 }
 
 // close lets go of the sandbox's mount namespace, and so of its files,
@@ -335,6 +339,22 @@ func (s *Sandbox) dumpTree(ctx context.Context, bin, dir string, opts dumpOption
 	for _, k := range cp.socks {
 		// A stream socket with its peer outside the tree.
 		args = append(args, "--external", fmt.Sprintf("unix[%d]", k.ino))
+	}
+	if s.cg != nil {
+		// Only the hierarchies the sandbox has a group of its own in:
+		// in the others (cgroup v1's devices, cpuset ...) its group is
+		// the host's root, and CRIU would save the host's whole tree
+		// of groups there, and a restore create again any of them
+		// removed since (or fail, racing with its removal).
+		if cp.cgroups, err = cgroupControllers(pid, s.cg.Path()); err != nil {
+			cp.close()
+			return nil, fmt.Errorf("checkpoint: %w", err)
+		}
+		for _, c := range cp.cgroups {
+			if c != "" {
+				args = append(args, "--cgroup-dump-controller", c)
+			}
+		}
 	}
 	if opts.leaveRunning {
 		args = append(args, "--leave-running")

@@ -109,6 +109,7 @@ func (s *Sandbox) Fork(ctx context.Context, n int, opts sandbox.ForkOptions) ([]
 	defer os.RemoveAll(snap.dir)
 
 	copies := make([]*Sandbox, n)
+	times := make([]copyTimes, n)
 	errs := make([]error, n)
 	sem := make(chan struct{}, forkParallel)
 	var wg sync.WaitGroup
@@ -118,10 +119,12 @@ func (s *Sandbox) Fork(ctx context.Context, n int, opts sandbox.ForkOptions) ([]
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			copies[i], errs[i] = s.restoreCopy(context.WithoutCancel(ctx), bin, snap)
+			start := time.Now()
+			copies[i], times[i], errs[i] = s.restoreCopy(context.WithoutCancel(ctx), bin, snap)
 			if errs[i] == nil && !opts.SameRandomState {
 				errs[i] = copies[i].reseed(ctx)
 			}
+			times[i].total = time.Since(start)
 		}()
 	}
 	wg.Wait()
@@ -133,6 +136,15 @@ func (s *Sandbox) Fork(ctx context.Context, n int, opts sandbox.ForkOptions) ([]
 		}
 		return nil, fmt.Errorf("fork: %w", err)
 	}
+	var slowest copyTimes
+	for _, t := range times {
+		if t.total > slowest.total {
+			slowest = t
+		}
+	}
+	s.b.log.Debug("fork", "sandbox", s.id, "copies", n, "images_bytes", snap.imageSize,
+		"dump_ms", snap.dumpTook.Milliseconds(), "slowest_copy_ms", slowest.total.Milliseconds(),
+		"its_files_ms", slowest.files.Milliseconds(), "its_criu_restore_ms", slowest.restore.Milliseconds())
 	out := make([]sandbox.Sandbox, n)
 	for i, c := range copies {
 		out[i] = c
@@ -150,12 +162,6 @@ type forkSnapshot struct {
 	rootOpts  string        // the root tmpfs's size and inodes
 	dumpTook  time.Duration // criu dump, with the files' copy
 	imageSize int64
-	// cgroups are CRIU's --cgroup-root prefixes for the hierarchies the
-	// source's cgroup is in ("memory:", ...; "" for cgroup v2): a
-	// copy's tree is restored into its own group there, and where the
-	// source is in no group of its own (v1 hierarchies the backend does
-	// not use), where the source is.
-	cgroups []string
 }
 
 // snapshot dumps the running sandbox, which goes on running, with its
@@ -193,13 +199,6 @@ func (s *Sandbox) snapshot(ctx context.Context, bin string) (*forkSnapshot, erro
 			return fmt.Errorf("fork: %w", err)
 		}
 		files := filepath.Join(dir, "files")
-		var cgs []string
-		if s.cg != nil {
-			if cgs, err = cgroupControllers(s.init.pid, s.cg.Path()); err != nil {
-				os.RemoveAll(dir)
-				return fmt.Errorf("fork: %w", err)
-			}
-		}
 		start := time.Now()
 		cp, err := s.dumpTree(context.WithoutCancel(ctx), bin, dir, dumpOptions{leaveRunning: true, files: files})
 		if err != nil {
@@ -207,7 +206,7 @@ func (s *Sandbox) snapshot(ctx context.Context, bin string) (*forkSnapshot, erro
 			return fmt.Errorf("fork: %w", err)
 		}
 		cp.close() // its mount namespace is the running sandbox's
-		snap = &forkSnapshot{checkpoint: cp, rootFiles: files, owner: s.owner, runnerNS: rp.pid, cgroups: cgs,
+		snap = &forkSnapshot{checkpoint: cp, rootFiles: files, owner: s.owner, runnerNS: rp.pid,
 			rootOpts: fmt.Sprintf("size=%d,nr_inodes=%d,mode=755", s.cfg.DiskBytes, s.cfg.DiskInodes+rootInodes),
 			dumpTook: time.Since(start)}
 		return nil
@@ -244,8 +243,11 @@ func (s *Sandbox) snapshot(ctx context.Context, bin string) (*forkSnapshot, erro
 }
 
 // cgroupControllers reads the hierarchies process pid is in group path
-// in, as CRIU's --cgroup-root prefixes: "ctrl:" for each controller of
-// a v1 hierarchy, "" for the v2 one.
+// in, as /proc/PID/cgroup names them: "memory", "cpu,cpuacct" (v1), ""
+// (v2). A copy's tree is restored into its own group in each (the
+// others, where the source is in the host's root group, are not dumped:
+// the copy is in CRIU's groups there, the supervisor's, as a new
+// sandbox's init is).
 func cgroupControllers(pid int, path string) ([]string, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
 	if err != nil {
@@ -257,13 +259,7 @@ func cgroupControllers(pid int, path string) ([]string, error) {
 		if len(f) != 3 || f[2] != path {
 			continue
 		}
-		if f[1] == "" {
-			out = append(out, "")
-			continue
-		}
-		for _, ctrl := range strings.Split(f[1], ",") {
-			out = append(out, ctrl+":")
-		}
+		out = append(out, f[1])
 	}
 	if len(out) == 0 {
 		return nil, fmt.Errorf("process %d is not in its sandbox's cgroup %s", pid, path)
@@ -304,7 +300,7 @@ func (cp *checkpoint) copyFilesScript(files string) (script string, cleanup func
 // restoreCopy makes a new sandbox of snap: its own host user, cgroup,
 // checkpoint directory and root tmpfs, and the snapshot's tree restored
 // into them.
-func (s *Sandbox) restoreCopy(ctx context.Context, bin string, snap *forkSnapshot) (_ *Sandbox, err error) {
+func (s *Sandbox) restoreCopy(ctx context.Context, bin string, snap *forkSnapshot) (_ *Sandbox, times copyTimes, err error) {
 	b := s.b
 	c := &Sandbox{
 		id: newID(), b: b, spec: s.spec, ctl: -1, cfg: s.cfg, failed: make(chan struct{}),
@@ -318,34 +314,40 @@ func (s *Sandbox) restoreCopy(ctx context.Context, bin string, snap *forkSnapsho
 		}
 	}()
 	if c.owner, err = b.uids.Acquire(); err != nil {
-		return nil, err
+		return nil, times, err
 	}
 	c.hasOwner = true
 	var restoreArgs []string
 	if b.cgroups != nil {
 		if c.cg, err = b.cgroups.New(c.id, cgroups.Of(s.spec)); err != nil {
-			return nil, err
+			return nil, times, err
 		}
-		for _, ctrl := range snap.cgroups {
-			restoreArgs = append(restoreArgs, "--cgroup-root", ctrl+c.cg.Path())
+		for _, field := range snap.cgroups {
+			if field == "" { // cgroup v2
+				restoreArgs = append(restoreArgs, "--cgroup-root", c.cg.Path())
+				continue
+			}
+			for _, ctrl := range strings.Split(field, ",") {
+				restoreArgs = append(restoreArgs, "--cgroup-root", ctrl+":"+c.cg.Path())
+			}
 		}
 	}
 	dir, err := b.checkpointDir(c.id)
 	c.checkpointed = true
 	if err != nil {
-		return nil, err
+		return nil, times, err
 	}
 	cp, err := snap.copyFor(dir, c.owner)
 	if err != nil {
-		return nil, err
+		return nil, times, err
 	}
 	cp.restoreArgs = restoreArgs
 	cp.root = filepath.Join(dir, "root")
 	if err := os.Mkdir(cp.root, 0o700); err != nil {
-		return nil, err
+		return nil, times, err
 	}
 	if err := unix.Mount("tmpfs", cp.root, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, snap.rootOpts); err != nil {
-		return nil, fmt.Errorf("fork: the copy's root tmpfs: %w", err)
+		return nil, times, fmt.Errorf("fork: the copy's root tmpfs: %w", err)
 	}
 	// Mounted here until the copy holds it (its namespace, its
 	// workspace's descriptors).
@@ -353,23 +355,26 @@ func (s *Sandbox) restoreCopy(ctx context.Context, bin string, snap *forkSnapsho
 		unix.Unmount(cp.root, unix.MNT_DETACH)
 		os.Remove(cp.root)
 	}()
+	filesStart := time.Now()
 	if err := copyFilesInto(snap.rootFiles, cp.root, c.cg); err != nil {
-		return nil, err
+		return nil, times, err
 	}
 	if err := shiftOwners(cp.root, snap.owner.First, c.owner.First); err != nil {
-		return nil, err
+		return nil, times, err
 	}
+	times.files = time.Since(filesStart)
 	if err := handOverCopy(dir, int(c.owner.ID(0))); err != nil {
-		return nil, err
+		return nil, times, err
 	}
 	r, err := restoreTree(ctx, bin, cp)
 	if err != nil {
-		return nil, err
+		return nil, times, err
 	}
+	times.restore = r.took
 	c.rp = &runnerProc{pid: snap.runnerNS, pidfd: -1} // adopt takes its pid in the sandbox
 	if err := c.adopt(r, cp); err != nil {
 		r.kill()
-		return nil, err
+		return nil, times, err
 	}
 	c.ctlRead = true
 	cp.close()
@@ -379,10 +384,14 @@ func (s *Sandbox) restoreCopy(ctx context.Context, bin string, snap *forkSnapsho
 	// The /proc masks' copies stay bound in the copy until it closes.
 	c.lastCheckpoint = dir
 	if err := c.openFiles(cp.root); err != nil {
-		return nil, err
+		return nil, times, err
 	}
-	return c, nil
+	return c, times, nil
 }
+
+// copyTimes are where a copy's time went: its files' copy, CRIU's
+// restore, all of it (with the reseed).
+type copyTimes struct{ files, restore, total time.Duration }
 
 // copyFor makes dir, a copy's checkpoint directory: the snapshot's images
 // as hard links, but the user namespace's rewritten for owner, and the
@@ -390,7 +399,7 @@ func (s *Sandbox) restoreCopy(ctx context.Context, bin string, snap *forkSnapsho
 // dir's paths.
 func (snap *forkSnapshot) copyFor(dir string, owner hostuid.Range) (*checkpoint, error) {
 	cp := &checkpoint{dir: dir, files: snap.checkpoint.files, pipes: snap.pipes, socks: snap.socks,
-		userSysctls: snap.userSysctls, runnerPID: snap.runnerPID}
+		userSysctls: snap.userSysctls, runnerPID: snap.runnerPID, cgroups: snap.cgroups}
 	for _, d := range []string{dir, cp.images(), filepath.Join(dir, "ext")} {
 		if err := os.Mkdir(d, 0o700); err != nil {
 			return nil, err
