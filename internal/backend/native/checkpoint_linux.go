@@ -244,11 +244,11 @@ type dumpOptions struct {
 	// --leave-running); the commands' pipes are not held, and the
 	// user namespace's budget is set back whatever the outcome.
 	leaveRunning bool
-	// files, with leaveRunning, is a new directory the root tmpfs's
-	// files are copied into (cp -a) while the dumped tree is still
-	// frozen (CRIU's post-dump action), so that they are those the
-	// images' memory saw.
-	files string
+	// files, with leaveRunning, is a new tmpfs (mounted with
+	// filesOpts) the root tmpfs's files are copied into (cp -a) while
+	// the dumped tree is still frozen (CRIU's post-dump action), so
+	// that they are those the images' memory saw.
+	files, filesOpts string
 }
 
 // dumpTree is dump, with opts.
@@ -360,7 +360,7 @@ func (s *Sandbox) dumpTree(ctx context.Context, bin, dir string, opts dumpOption
 		args = append(args, "--leave-running")
 	}
 	if opts.files != "" {
-		script, cleanup, err := cp.copyFilesScript(opts.files)
+		script, cleanup, err := cp.copyFilesScript(opts.files, opts.filesOpts)
 		if err != nil {
 			cp.close()
 			return nil, err

@@ -106,7 +106,7 @@ func (s *Sandbox) Fork(ctx context.Context, n int, opts sandbox.ForkOptions) ([]
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(snap.dir)
+	defer removeSnapshot(snap.dir)
 
 	copies := make([]*Sandbox, n)
 	times := make([]copyTimes, n)
@@ -199,16 +199,17 @@ func (s *Sandbox) snapshot(ctx context.Context, bin string) (*forkSnapshot, erro
 			return fmt.Errorf("fork: %w", err)
 		}
 		files := filepath.Join(dir, "files")
+		rootOpts := fmt.Sprintf("size=%d,nr_inodes=%d,mode=755", s.cfg.DiskBytes, s.cfg.DiskInodes+rootInodes)
 		start := time.Now()
-		cp, err := s.dumpTree(context.WithoutCancel(ctx), bin, dir, dumpOptions{leaveRunning: true, files: files})
+		cp, err := s.dumpTree(context.WithoutCancel(ctx), bin, dir,
+			dumpOptions{leaveRunning: true, files: files, filesOpts: rootOpts})
 		if err != nil {
-			os.RemoveAll(dir)
+			removeSnapshot(dir)
 			return fmt.Errorf("fork: %w", err)
 		}
 		cp.close() // its mount namespace is the running sandbox's
 		snap = &forkSnapshot{checkpoint: cp, rootFiles: files, owner: s.owner, runnerNS: rp.pid,
-			rootOpts: fmt.Sprintf("size=%d,nr_inodes=%d,mode=755", s.cfg.DiskBytes, s.cfg.DiskInodes+rootInodes),
-			dumpTook: time.Since(start)}
+			rootOpts: rootOpts, dumpTook: time.Since(start)}
 		return nil
 	})
 	if err != nil {
@@ -218,7 +219,7 @@ func (s *Sandbox) snapshot(ctx context.Context, bin string) (*forkSnapshot, erro
 	// directory's hard links: readable by all, reachable by nobody else
 	// (the snapshot's directory is root's, 0700).
 	if err := os.Chmod(snap.dir, 0o700); err != nil {
-		os.RemoveAll(snap.dir)
+		removeSnapshot(snap.dir)
 		return nil, err
 	}
 	err = filepath.WalkDir(snap.images(), func(p string, d fs.DirEntry, err error) error {
@@ -236,10 +237,17 @@ func (s *Sandbox) snapshot(ctx context.Context, bin string) (*forkSnapshot, erro
 		return err
 	})
 	if err != nil {
-		os.RemoveAll(snap.dir)
+		removeSnapshot(snap.dir)
 		return nil, err
 	}
 	return snap, nil
+}
+
+// removeSnapshot removes a snapshot's directory, and the tmpfs of its
+// files first.
+func removeSnapshot(dir string) {
+	unix.Unmount(filepath.Join(dir, "files"), unix.MNT_DETACH)
+	os.RemoveAll(dir)
 }
 
 // cgroupControllers reads the hierarchies process pid is in group path
@@ -267,11 +275,21 @@ func cgroupControllers(pid int, path string) ([]string, error) {
 	return out, nil
 }
 
-// copyFilesScript mounts the sandbox's root tmpfs (its files, alone) on
-// the host at cp.dir/live and writes a CRIU action script that, at
+// copyFilesScript mounts a tmpfs at files (removeSnapshot unmounts it),
+// and the sandbox's root tmpfs (its files, alone) on the host at
+// cp.dir/live, and writes a CRIU action script that, at
 // post-dump (the tree dumped and still frozen), copies them to files.
 // cleanup unmounts it.
-func (cp *checkpoint) copyFilesScript(files string) (script string, cleanup func(), err error) {
+func (cp *checkpoint) copyFilesScript(files, filesOpts string) (script string, cleanup func(), err error) {
+	// On a tmpfs: cp -a of a sandbox's root (some 600 inodes, most of
+	// them directories) took 170 ms to ext4 here, 7 ms to a tmpfs. Its
+	// memory is the supervisor's until the fork ends.
+	if err := os.Mkdir(files, 0o700); err != nil {
+		return "", nil, err
+	}
+	if err := unix.Mount("tmpfs", files, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, filesOpts); err != nil {
+		return "", nil, fmt.Errorf("fork: the snapshot's tmpfs: %w", err)
+	}
 	live := filepath.Join(cp.dir, "live")
 	if err := os.Mkdir(live, 0o700); err != nil {
 		return "", nil, err
