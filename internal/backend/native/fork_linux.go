@@ -62,7 +62,7 @@ import (
 var _ sandbox.Forker = (*Sandbox)(nil)
 
 // forkParallel is how many copies are restored at once.
-const forkParallel = 4
+const forkParallel = 8
 
 // ForkSupported implements sandbox.Forker.
 func (s *Sandbox) ForkSupported() error {
@@ -542,21 +542,25 @@ func copyFilesInto(files, root string, cg cgroups.Group) error {
 
 // shiftOwners moves the owner and group of every file under root from the
 // host range starting at from to the one starting at to, keeping their
-// modes (chown clears set-user-ID and set-group-ID bits). A file owned by
-// an id outside from's range fails it: the copy would map no such id.
-// root is a tmpfs of the supervisor's, not yet any sandbox's: nothing
-// changes it meanwhile.
+// modes (chown clears set-user-ID and set-group-ID bits), and the ids
+// that extended attributes name: POSIX ACLs' users and groups, a file
+// capability's root (cp -a copied them as the host sees them, in the
+// source's range; chown drops a file capability, set again here). A file
+// or attribute naming an id outside from's range fails it: the copy
+// would map no such id. root is a tmpfs of the supervisor's, not yet any
+// sandbox's: nothing changes it meanwhile.
 func shiftOwners(root string, from, to uint32) error {
-	shift := func(id uint32) (int, bool) {
+	shift := func(id uint32) (uint32, bool) {
 		if id < from || id-from >= hostuid.RangeSize {
 			return 0, false
 		}
-		return int(id - from + to), true
+		return id - from + to, true
 	}
 	return filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
+		rel := "/" + strings.TrimPrefix(strings.TrimPrefix(p, root), "/")
 		var st unix.Stat_t
 		if err := unix.Lstat(p, &st); err != nil {
 			return err
@@ -564,16 +568,93 @@ func shiftOwners(root string, from, to uint32) error {
 		uid, ok1 := shift(st.Uid)
 		gid, ok2 := shift(st.Gid)
 		if !ok1 || !ok2 {
-			return fmt.Errorf("fork: %s is owned by %d:%d, outside the sandbox's host range", strings.TrimPrefix(p, root), st.Uid, st.Gid)
+			return fmt.Errorf("fork: %s is owned by %d:%d, outside the sandbox's host range", rel, st.Uid, st.Gid)
 		}
-		if err := os.Lchown(p, uid, gid); err != nil {
+		link := st.Mode&unix.S_IFMT == unix.S_IFLNK
+		var attrs map[string][]byte
+		if !link {
+			if attrs, err = idAttrs(p, shift); err != nil {
+				return fmt.Errorf("fork: %s: %w", rel, err)
+			}
+		}
+		if err := os.Lchown(p, int(uid), int(gid)); err != nil {
 			return err
 		}
-		if st.Mode&unix.S_IFMT != unix.S_IFLNK && st.Mode&(unix.S_ISUID|unix.S_ISGID) != 0 {
+		for name, v := range attrs {
+			if err := unix.Lsetxattr(p, name, v, 0); err != nil {
+				return fmt.Errorf("fork: %s: set %s: %w", rel, name, err)
+			}
+		}
+		if !link && st.Mode&(unix.S_ISUID|unix.S_ISGID) != 0 {
 			return unix.Fchmodat(unix.AT_FDCWD, p, st.Mode&0o7777, 0)
 		}
 		return nil
 	})
+}
+
+// idAttrs reads the extended attributes of p that name ids (POSIX ACLs,
+// a file capability) and returns them with the ids shifted.
+func idAttrs(p string, shift func(uint32) (uint32, bool)) (map[string][]byte, error) {
+	out := map[string][]byte{}
+	for _, name := range []string{"system.posix_acl_access", "system.posix_acl_default", "security.capability"} {
+		buf := make([]byte, 4096)
+		n, err := unix.Lgetxattr(p, name, buf)
+		if errors.Is(err, unix.ENODATA) || errors.Is(err, unix.EOPNOTSUPP) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+		v := buf[:n]
+		if name == "security.capability" {
+			err = shiftCapability(v, shift)
+		} else {
+			err = shiftACL(v, shift)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+		out[name] = v
+	}
+	return out, nil
+}
+
+// shiftACL shifts the named users and groups of a POSIX ACL in its
+// extended attribute's form: a version (2), then entries of a tag, the
+// permissions (16 bits each) and an id (32), little-endian.
+func shiftACL(v []byte, shift func(uint32) (uint32, bool)) error {
+	const aclUser, aclGroup = 0x02, 0x08
+	if len(v) < 4 || binary.LittleEndian.Uint32(v) != 2 || (len(v)-4)%8 != 0 {
+		return errors.New("not a POSIX ACL of version 2")
+	}
+	for e := v[4:]; len(e) > 0; e = e[8:] {
+		tag := binary.LittleEndian.Uint16(e)
+		if tag != aclUser && tag != aclGroup {
+			continue
+		}
+		id, ok := shift(binary.LittleEndian.Uint32(e[4:]))
+		if !ok {
+			return fmt.Errorf("names id %d, outside the sandbox's host range", binary.LittleEndian.Uint32(e[4:]))
+		}
+		binary.LittleEndian.PutUint32(e[4:], id)
+	}
+	return nil
+}
+
+// shiftCapability shifts the root id of a file capability: a sandbox's
+// are of revision 3 (struct vfs_ns_cap_data, 24 bytes, the root id
+// last), the kernel's form for one set in a user namespace.
+func shiftCapability(v []byte, shift func(uint32) (uint32, bool)) error {
+	const revisionMask, revision3 = 0xFF000000, 0x03000000
+	if len(v) != 24 || binary.LittleEndian.Uint32(v)&revisionMask != revision3 {
+		return errors.New("not a file capability of a user namespace (revision 3)")
+	}
+	id, ok := shift(binary.LittleEndian.Uint32(v[20:]))
+	if !ok {
+		return fmt.Errorf("its root id %d is outside the sandbox's host range", binary.LittleEndian.Uint32(v[20:]))
+	}
+	binary.LittleEndian.PutUint32(v[20:], id)
+	return nil
 }
 
 // openFiles opens the copy's workspace and root (sandbox.FileSystem) from

@@ -81,6 +81,16 @@ func nsOf(t *testing.T, pid int) map[string]string {
 	return m
 }
 
+// aclCode writes acl.txt with an ACL that names user 1234, and defines
+// acl_users, which lists the users a file's ACL names.
+const aclCode = `import os, struct
+open('/workspace/acl.txt', 'w').write('acl')
+ents = [(1, 6, 0xffffffff), (2, 4, 1234), (4, 4, 0xffffffff), (0x10, 4, 0xffffffff), (0x20, 4, 0xffffffff)]
+os.setxattr('/workspace/acl.txt', 'system.posix_acl_access', struct.pack('<I', 2) + b''.join(struct.pack('<HHI', *e) for e in ents))
+def acl_users(p):
+    v = os.getxattr(p, 'system.posix_acl_access')
+    return [struct.unpack_from('<HHI', v, 4 + 8*i)[2] for i in range((len(v) - 4) // 8) if struct.unpack_from('<HHI', v, 4 + 8*i)[0] == 2]`
+
 // TestFork forks a sandbox into three: each copy has the source's
 // variables, files and working directory, writes its own files unseen by
 // the others, is its own host user, cgroup and namespaces, and draws its
@@ -90,6 +100,9 @@ func TestFork(t *testing.T) {
 	ctx := context.Background()
 	s := forkSource(t, b)
 	srcNS := nsOf(t, s.init.pid)
+	// An ACL naming a user (1234), whose id is in the sandbox's host
+	// range, and an extended attribute.
+	execText(t, s, aclCode+"\nimport os\nos.setxattr('/workspace/acl.txt', 'user.note', b'kept')")
 
 	start := time.Now()
 	sbxs, err := s.Fork(ctx, 3, sandbox.ForkOptions{})
@@ -162,6 +175,9 @@ func TestFork(t *testing.T) {
 		}
 		if st.Uid != c.owner.ID(SandboxUID) || st.Gid != c.owner.ID(SandboxGID) {
 			t.Fatalf("copy %d: source.txt is %d:%d on the host, want %d", i, st.Uid, st.Gid, c.owner.ID(SandboxUID))
+		}
+		if got := execText(t, c, "acl_users('/workspace/acl.txt'), os.getxattr('/workspace/acl.txt', 'user.note')"); got != "([1234], b'kept')" {
+			t.Fatalf("copy %d: the ACL's users and the attribute: %s", i, got)
 		}
 		// Its limits are the source's.
 		compared := 0
