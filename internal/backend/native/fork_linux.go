@@ -37,6 +37,7 @@ package native
 // its siblings are read-only files, removed once restored.
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -128,13 +129,24 @@ func (s *Sandbox) Fork(ctx context.Context, n int, opts sandbox.ForkOptions) ([]
 		}()
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	var first error
+	failed := 0
+	for _, err := range errs {
+		if err != nil {
+			first = cmp.Or(first, err)
+			failed++
+		}
+	}
+	if first != nil {
 		for _, c := range copies {
 			if c != nil {
 				c.Close()
 			}
 		}
-		return nil, fmt.Errorf("fork: %w", err)
+		if failed > 1 {
+			return nil, fmt.Errorf("fork: %d of %d copies failed, the first: %w", failed, n, first)
+		}
+		return nil, fmt.Errorf("fork: %w", first)
 	}
 	var slowest copyTimes
 	for _, t := range times {

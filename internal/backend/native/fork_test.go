@@ -412,3 +412,36 @@ func TestForkNumpyAndCommands(t *testing.T) {
 		t.Fatalf("the copy's copy's uid_map: %s", nsOf(t, g.init.pid)["uid_map"])
 	}
 }
+
+// TestForkFailed: a fork that cannot make every copy (the pool of host
+// users runs out) makes none, leaves nothing behind, and the source goes
+// on.
+func TestForkFailed(t *testing.T) {
+	b, cpRoot := forkBackend(t)
+	s := forkSource(t, b)
+	before, _ := os.ReadDir(filepath.Join("/sys/fs/cgroup/memory", forkCgroupParent))
+	if _, err := s.Fork(context.Background(), 16, sandbox.ForkOptions{}); err == nil || !strings.Contains(err.Error(), "host uid range") {
+		t.Fatalf("Fork(16) with 15 host users free: %v", err)
+	}
+	if _, _, _, inUse, err := b.UIDPool(); err != nil || inUse != 1 {
+		t.Fatalf("host users in use after the failed fork: %d %v", inUse, err)
+	}
+	after, _ := os.ReadDir(filepath.Join("/sys/fs/cgroup/memory", forkCgroupParent))
+	if len(after) != len(before) {
+		t.Fatalf("cgroups before the fork %d, after %d", len(before), len(after))
+	}
+	ents, _ := os.ReadDir(cpRoot)
+	if len(ents) != 1 || ents[0].Name() != s.id {
+		t.Fatalf("checkpoints left: %v", ents)
+	}
+	if left, _ := os.ReadDir(filepath.Join(cpRoot, s.id)); len(left) != 0 {
+		t.Fatalf("the snapshot left %v", left)
+	}
+	mi, _ := os.ReadFile("/proc/self/mountinfo")
+	if strings.Contains(string(mi), cpRoot) {
+		t.Fatalf("mounts left under %s", cpRoot)
+	}
+	if got := execText(t, s, "x + 1"); got != "42" {
+		t.Fatalf("the source after a failed fork: %s", got)
+	}
+}
