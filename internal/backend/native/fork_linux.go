@@ -205,8 +205,9 @@ func (s *Sandbox) snapshot(ctx context.Context, bin string) (*forkSnapshot, erro
 		if rp == nil {
 			return errors.New("fork: the sandbox has no runner")
 		}
-		dir, err := s.b.checkpointDir(s.id)
-		s.checkpointed = true
+		// A directory of its own, not the source's: a Close of the
+		// source while the copies are made does not take it away.
+		dir, err := s.b.checkpointDir("fork-" + newID())
 		if err != nil {
 			return fmt.Errorf("fork: %w", err)
 		}
@@ -255,11 +256,11 @@ func (s *Sandbox) snapshot(ctx context.Context, bin string) (*forkSnapshot, erro
 	return snap, nil
 }
 
-// removeSnapshot removes a snapshot's directory, and the tmpfs of its
-// files first.
+// removeSnapshot removes a snapshot's directory (CheckpointDir/fork-ID/N:
+// the two), and the tmpfs of its files first.
 func removeSnapshot(dir string) {
 	unix.Unmount(filepath.Join(dir, "files"), unix.MNT_DETACH)
-	os.RemoveAll(dir)
+	os.RemoveAll(filepath.Dir(dir))
 }
 
 // cgroupControllers reads the hierarchies process pid is in group path
