@@ -69,6 +69,31 @@ type Pauser interface {
 	PauseSupported() error
 }
 
+// Forker is a Sandbox that can be forked: Fork makes n new sandboxes,
+// each an exact copy of this one at that moment (its processes' memory,
+// so variables and imports, its files, working directories), and each a
+// sandbox of its own (namespaces, cgroup, host user, files, limits: the
+// source's). The source goes on running unchanged. A backend that cannot
+// fork a given sandbox answers ErrUnsupported, naming why.
+type Forker interface {
+	Fork(ctx context.Context, n int, opts ForkOptions) ([]Sandbox, error)
+	// ForkSupported returns nil if this sandbox can be forked, or an
+	// ErrUnsupported that says why not.
+	ForkSupported() error
+}
+
+// ForkOptions are a fork's choices.
+type ForkOptions struct {
+	// SameRandomState keeps the copies' random generators as the
+	// source's (Python's random, numpy's global generator), for a
+	// reproducible search. By default each copy reseeds them from the
+	// OS, so that copies do not share a random future.
+	SameRandomState bool
+}
+
+// MaxFork bounds the copies one Fork makes.
+const MaxFork = 64
+
 // ContextKeeper is a Sandbox that runs code in separate code contexts, as a
 // notebook server runs separate kernels: each has its own variables (or,
 // for bash and the other languages, its own process) and working directory. Every sandbox has the

@@ -74,6 +74,15 @@ type checkpoint struct {
 	held map[uint64]*os.File
 	// Took is how long criu dump ran.
 	took time.Duration
+	// root, for a fork's copy, is its root tmpfs, mounted on the host for
+	// the restore (else the root of mntns is), and restoreArgs what else
+	// its restore tells CRIU (its cgroup).
+	root        string
+	restoreArgs []string
+	// cgroups are the hierarchies the sandbox has a group of its own
+	// in, as /proc/PID/cgroup names them ("memory", "cpu,cpuacct"; ""
+	// for cgroup v2): the only ones dumped.
+	cgroups []string
 }
 
 // close lets go of the sandbox's mount namespace, and so of its files,
@@ -225,7 +234,25 @@ var devNodes = func() map[string]bool {
 // running as it was (with a new control socket, which the Sandbox reads,
 // and its budgets as before). Only classic sandboxes: a zygote's
 // sandboxes share the zygote's memory and are not supported yet.
-func (s *Sandbox) dump(ctx context.Context, bin, dir string) (_ *checkpoint, err error) {
+func (s *Sandbox) dump(ctx context.Context, bin, dir string) (*checkpoint, error) {
+	return s.dumpTree(ctx, bin, dir, dumpOptions{})
+}
+
+// dumpOptions are what a snapshot (fork_linux.go) asks of a dump.
+type dumpOptions struct {
+	// leaveRunning: the tree goes on running after the dump (criu
+	// --leave-running); the commands' pipes are not held, and the
+	// user namespace's budget is set back whatever the outcome.
+	leaveRunning bool
+	// files, with leaveRunning, is a new tmpfs (mounted with
+	// filesOpts) the root tmpfs's files are copied into (cp -a) while
+	// the dumped tree is still frozen (CRIU's post-dump action), so
+	// that they are those the images' memory saw.
+	files, filesOpts string
+}
+
+// dumpTree is dump, with opts.
+func (s *Sandbox) dumpTree(ctx context.Context, bin, dir string, opts dumpOptions) (_ *checkpoint, err error) {
 	if s.z != nil {
 		return nil, errors.New("checkpoint: sandboxes forked from a zygote are not supported yet")
 	}
@@ -263,9 +290,11 @@ func (s *Sandbox) dump(ctx context.Context, bin, dir string) (_ *checkpoint, err
 	if cp.runnerPID, err = runnerHostPID(tree, rp.pid); err != nil {
 		return nil, fmt.Errorf("checkpoint: %w", err)
 	}
-	if err := cp.holdPipes(); err != nil {
-		cp.close()
-		return nil, err
+	if !opts.leaveRunning {
+		if err := cp.holdPipes(); err != nil {
+			cp.close()
+			return nil, err
+		}
 	}
 	// CRIU dumps a tmpfs's files from a helper mount namespace that it
 	// makes in the sandbox's user namespace, whose max_mnt_namespaces is
@@ -286,7 +315,7 @@ func (s *Sandbox) dump(ctx context.Context, bin, dir string) (_ *checkpoint, err
 	}
 	dumped := false
 	defer func() {
-		if !dumped {
+		if !dumped || opts.leaveRunning {
 			// The sandbox goes on: its budget as it was.
 			if rerr := userNSSysctls(userns, []sysctl{mntBudget}); rerr != nil {
 				// Seccomp still refuses its processes a namespace, but
@@ -311,6 +340,34 @@ func (s *Sandbox) dump(ctx context.Context, bin, dir string) (_ *checkpoint, err
 		// A stream socket with its peer outside the tree.
 		args = append(args, "--external", fmt.Sprintf("unix[%d]", k.ino))
 	}
+	if s.cg != nil {
+		// Only the hierarchies the sandbox has a group of its own in:
+		// in the others (cgroup v1's devices, cpuset ...) its group is
+		// the host's root, and CRIU would save the host's whole tree
+		// of groups there, and a restore create again any of them
+		// removed since (or fail, racing with its removal).
+		if cp.cgroups, err = cgroupControllers(pid, s.cg.Path()); err != nil {
+			cp.close()
+			return nil, fmt.Errorf("checkpoint: %w", err)
+		}
+		for _, c := range cp.cgroups {
+			if c != "" {
+				args = append(args, "--cgroup-dump-controller", c)
+			}
+		}
+	}
+	if opts.leaveRunning {
+		args = append(args, "--leave-running")
+	}
+	if opts.files != "" {
+		script, cleanup, err := cp.copyFilesScript(opts.files, opts.filesOpts)
+		if err != nil {
+			cp.close()
+			return nil, err
+		}
+		defer cleanup()
+		args = append(args, "--action-script", script)
+	}
 	// Only the sandbox's own tree: init is this process's child, so its
 	// pid is its own until it is reaped, and while it lives it is in
 	// the sandbox's cgroup. (Were init to die and be reaped between this
@@ -334,6 +391,9 @@ func (s *Sandbox) dump(ctx context.Context, bin, dir string) (_ *checkpoint, err
 	}
 	dumped = true
 	cp.took = time.Since(start)
+	if opts.leaveRunning {
+		return cp, nil // its copies are handed over each (fork_linux.go)
+	}
 	if err := cp.handOver(int(s.owner.ID(0))); err != nil {
 		cp.close()
 		return nil, err

@@ -58,18 +58,22 @@ func restoreTree(ctx context.Context, bin string, cp *checkpoint) (_ *restoredTr
 			}
 		}
 	}()
-	// The sandbox's root tmpfs, mounted where CRIU finds it (--root).
-	root := filepath.Join(cp.dir, "root")
-	if err := os.Mkdir(root, 0o700); err != nil {
-		return nil, err
+	// The sandbox's root tmpfs, mounted where CRIU finds it (--root);
+	// a fork's copy has its own, mounted already (cp.root).
+	root := cp.root
+	if root == "" {
+		root = filepath.Join(cp.dir, "root")
+		if err := os.Mkdir(root, 0o700); err != nil {
+			return nil, err
+		}
+		defer os.Remove(root)
+		if err := mountRootOf(cp.mntns, root); err != nil {
+			return nil, err
+		}
+		// CRIU has bound it into the restored namespace by the time it
+		// returns.
+		defer unix.Unmount(root, unix.MNT_DETACH)
 	}
-	defer os.Remove(root)
-	if err := mountRootOf(cp.mntns, root); err != nil {
-		return nil, err
-	}
-	// CRIU has bound it into the restored namespace by the time it
-	// returns.
-	defer unix.Unmount(root, unix.MNT_DETACH)
 	pidfile := filepath.Join(cp.dir, "restored.pid")
 	os.Remove(pidfile)
 	args := []string{"restore", "--images-dir", cp.images(), "--log-file", "restore.log", "-v2",
@@ -82,6 +86,7 @@ func restoreTree(ctx context.Context, bin string, cp *checkpoint) (_ *restoredTr
 	defer os.Remove(filepath.Join(cp.dir, "budgets.py"))
 	defer os.Remove(filepath.Join(cp.dir, "remount.py"))
 	args = append(args, "--action-script", script)
+	args = append(args, cp.restoreArgs...)
 	for _, m := range cp.mounts {
 		src := m.source
 		if m.lower != "" {
