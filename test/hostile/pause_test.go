@@ -75,6 +75,9 @@ type pauseCase struct {
 
 // pauseCases are the processes and kernel objects that make a tree hard
 // to dump. Each check's output is compared, whole, before and after.
+// Processes that fork without end are TestHostilePauseExitingProcesses,
+// and memfd and SysV shm are TestHostilePauseSharedMemory too: both fail
+// today, on bugs of the native backend.
 var pauseCases = []pauseCase{
 	{
 		// Undumpable processes: the runner itself and a child.
@@ -88,30 +91,6 @@ print('ready')`,
 		// An undumpable process's /proc directory belongs to root.
 		check: `print('runner dumpable', libc.prctl(3, 0, 0, 0, 0), 'owner', os.stat('/proc/self').st_uid)
 print('child', undumpable.poll(), 'owner', os.stat('/proc/%d' % undumpable.pid).st_uid)`,
-	},
-	{
-		// A process that forks without end (children exit at once), and
-		// one that hops: forks and exits, so that its pid changes all
-		// the time and it is always an orphan.
-		name:   "fork_storm",
-		limits: sandbox.Limits{Pids: 64},
-		setup: `import os, subprocess, sys
-storm = subprocess.Popen([sys.executable, '-c', 'import os\nwhile True:\n    pid = os.fork()\n    if pid == 0:\n        os._exit(0)\n    os.waitpid(pid, 0)'])
-subprocess.run([sys.executable, '-c', 'import os\nwhile True:\n    if os.fork():\n        os._exit(0)', 'hopper'])
-def _count(tag):
-    n = 0
-    for p in os.listdir('/proc'):
-        if p.isdigit():
-            try:
-                if tag in open('/proc/%s/cmdline' % p, 'rb').read():
-                    n += 1
-            except OSError:
-                pass
-    return n
-print('ready')`,
-		// The hopper's pid changes between a listing of /proc and the
-		// read of its cmdline: the count is tried a few times.
-		check: `print('storm', storm.poll(), 'hopper', any(_count(b'hopper') for _ in range(100)))`,
 	},
 	{
 		// Blocked on FIFOs: one process in open() (no writer ever comes),
@@ -379,6 +358,7 @@ func TestHostilePause(t *testing.T) {
 	// One at a time: they measure the host side.
 	t.Run("images_out_of_reach", w.imagesOutOfReach)
 	t.Run("memory_limit", w.memoryLimit)
+	t.Run("socket_queues", func(t *testing.T) { w.socketQueues(t, 48<<20) })
 	w.checkLeftovers(t, mounts)
 }
 
@@ -805,11 +785,76 @@ print(int(rss) >> 10)`, nil)
 	}
 }
 
+// socketQueues fills the queues of Unix socket pairs with fill bytes
+// (buffers of 64 MiB asked for): kernel memory, which CRIU saves with the
+// sockets. It is charged to the sandbox's memory (a fill to the limit
+// ends in the sandbox's MemoryError), so the checkpoint stays within the
+// limit too. The sandbox's limit is 128 MiB; the resume must bring the
+// queues back.
+func (w *pauseWorld) socketQueues(t *testing.T, fill int) {
+	const limit = 128 << 20
+	s := w.create(t, sandbox.Limits{Memory: limit, OpenFiles: 256, Timeout: 2 * time.Minute})
+	defer w.close(t, s)
+	out := w.exec(t, s, `import os, socket
+fill = int(os.environ['FILL'])
+total, pairs, err = 0, [], None
+chunk = b'q' * 65536
+try:
+    while len(pairs) < 100 and total < fill:
+        a, b = socket.socketpair()
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 << 20)
+        a.setblocking(False)
+        while total < fill:
+            try:
+                total += a.send(chunk)
+            except BlockingIOError:
+                break
+        pairs.append((a, b))
+except OSError as e:
+    err = e.errno
+print(total >> 20, len(pairs), err)`, map[string]string{"FILL": strconv.Itoa(fill)})
+	var queued, pairs int
+	fmt.Sscan(out, &queued, &pairs)
+	usage := w.cgroupMemory(t)
+	t.Logf("queued %d MiB in %d Unix socket pairs (%q); the sandbox's cgroup charges %d MiB of its %d MiB limit",
+		queued, pairs, strings.TrimSpace(out), usage>>20, limit>>20)
+	start := time.Now()
+	if err := w.pause(t, s); err != nil {
+		t.Logf("pause refused: %v", err)
+		return
+	}
+	size := w.imagesSize(t, s)
+	t.Logf("the checkpoint takes %.1f MiB on disk (pause %v)", float64(size)/(1<<20), time.Since(start).Round(time.Millisecond))
+	if size > limit+16<<20 {
+		t.Errorf("the checkpoint takes %d MiB, over the sandbox's %d MiB memory limit: queued socket data is not charged to it", size>>20, limit>>20)
+	}
+	if err := w.resume(t, s); err != nil {
+		t.Fatalf("the resume failed (the sandbox stays paused, its state out of reach): %v", err)
+	}
+	if got := w.exec(t, s, "print(sum(len(b.recv(1 << 20)) > 0 for a, b in pairs))", nil); got != fmt.Sprintf("%d\n", pairs) {
+		t.Errorf("the queues after resume: %q", got)
+	}
+}
+
+// cgroupMemory is what the memory controller charges the one sandbox of
+// the suite's cgroup parent (v1 or v2), or -1.
+func (w *pauseWorld) cgroupMemory(t *testing.T) int64 {
+	for _, g := range testutil.CgroupsUnder(pauseCgroupParent) {
+		for _, f := range []string{"memory.usage_in_bytes", "memory.current"} {
+			if b, err := os.ReadFile(filepath.Join(g, f)); err == nil {
+				n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+				return n
+			}
+		}
+	}
+	return -1
+}
+
 // checkLeftovers: nothing of the suite's sandboxes left on the host.
 func (w *pauseWorld) checkLeftovers(t *testing.T, mounts []string) {
 	t.Helper()
 	if left := testutil.ProcessesOwnedBy(int(pauseUIDBase), int(pauseUIDBase)+pauseUIDRanges<<16); len(left) > 0 {
-		t.Errorf("processes left: %v", left)
+		t.Errorf("processes left: %v", describeProcs(left))
 	}
 	if left := testutil.CgroupsUnder(pauseCgroupParent); len(left) > 0 {
 		t.Errorf("cgroups left: %v", left)
@@ -824,15 +869,25 @@ func (w *pauseWorld) checkLeftovers(t *testing.T, mounts []string) {
 }
 
 // TestHostilePauseExitingProcesses pauses a sandbox whose processes fork
-// and exit without end. CRIU freezes such a tree (it seizes every task,
-// again and again until none is new); before CRIU runs, the supervisor
-// walks the tree in /proc (processTree, collectFiles in
-// internal/backend/native/checkpoint_linux.go), and a process that exits
-// during that walk must not fail the pause: it is no longer part of the
-// tree. Fails today: the walk returns the ENOENT of a vanished
-// /proc/PID/task or /proc/PID/fd ("pause: readdirent /proc/N/task: no
-// such file or directory"), so that any sandbox that forks often cannot
-// be paused.
+// and exit without end: one forks children that exit at once, another
+// hops (forks and exits, so that its pid changes all the time and it is
+// always an orphan). Six rounds: each pause must succeed and its resume
+// too, or the pause fail with the sandbox going on. Fails today, in two
+// ways:
+//   - before CRIU runs, the supervisor walks the tree in /proc
+//     (processTree and collectFiles in
+//     internal/backend/native/checkpoint_linux.go) and fails the pause on
+//     the ENOENT of a process that exited meanwhile ("pause: open
+//     /proc/N/task: no such file or directory", "readdirent
+//     /proc/N/task", "open /proc/N/fd"): a process gone is no longer part
+//     of the tree, and CRIU freezes the rest itself. 2 to 5 pauses of 6
+//     fail so.
+//   - a pause that succeeds may not resume: CRIU's restorer fails to
+//     create a thread of the restored init ("Unable to create a thread:
+//     -11", EAGAIN: the sandbox's pids limit, 64 here, reached during
+//     the restore), in about one run of two; the sandbox then stays
+//     paused, and the failed restore's init a zombie of the supervisor
+//     (TestHostilePauseFailedResume).
 func TestHostilePauseExitingProcesses(t *testing.T) {
 	w := newPauseWorld(t)
 	mounts := testutil.Mounts()
@@ -851,8 +906,6 @@ x = 41`, nil)
 			case err == nil:
 				paused++
 				if err := w.resume(t, s); err != nil {
-					// Seen once in three runs: "Unable to create a
-					// thread: -11" (EAGAIN) in CRIU's restorer.
 					t.Errorf("resume %d failed, the sandbox stays paused: %v", i+1, err)
 					return
 				}
@@ -996,4 +1049,23 @@ func describeProcs(procs []string) []string {
 		out = append(out, p)
 	}
 	return out
+}
+
+// TestHostilePauseQueuesNearLimit pauses a sandbox whose memory is mostly
+// data queued in Unix sockets (96 MiB queued, some 112 MiB of its 128 MiB
+// charged): the pause succeeds and writes 110 MiB, and the resume must
+// succeed too. Fails today: CRIU's restore of the queues is killed by the
+// sandbox's memory limit ("killed by signal 9") whenever the queued data
+// is more than about what the limit leaves free beside it (48 MiB queued
+// resumes, 72 MiB does not: the restore appears to hold each queue twice,
+// read from the image and written into the socket). The sandbox then
+// stays paused for good, every resume failing; nothing in
+// internal/backend/native/pause_linux.go refuses such a pause, nor gives
+// the restore room (the limit could be raised for the restore by what
+// was dumped, and set back before the tree runs).
+func TestHostilePauseQueuesNearLimit(t *testing.T) {
+	w := newPauseWorld(t)
+	mounts := testutil.Mounts()
+	t.Run("socket_queues", func(t *testing.T) { w.socketQueues(t, 96<<20) })
+	w.checkLeftovers(t, mounts)
 }
