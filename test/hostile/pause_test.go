@@ -22,11 +22,13 @@ package hostile
 // zygote-forked ones.
 
 import (
+	"bufio"
 	"context"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -1068,4 +1070,150 @@ func TestHostilePauseQueuesNearLimit(t *testing.T) {
 	mounts := testutil.Mounts()
 	t.Run("socket_queues", func(t *testing.T) { w.socketQueues(t, 96<<20) })
 	w.checkLeftovers(t, mounts)
+}
+
+// orphanEnv, set, makes TestHostilePauseSupervisorKilled the supervisor
+// to kill: its checkpoint directory.
+const orphanEnv = "VIVARIUM_HOSTILE_PAUSE_ORPHAN"
+
+// TestHostilePauseSupervisorKilled kills a supervisor (this test binary,
+// re-executed) with SIGKILL while it runs two sandboxes, one paused and
+// resumed before, one never paused: the processes of both must die with
+// it (PR_SET_PDEATHSIG), the restored tree's as the other's. Each runs a
+// process in a session of its own that ignores SIGTERM and SIGHUP.
+func TestHostilePauseSupervisorKilled(t *testing.T) {
+	if dir := os.Getenv(orphanEnv); dir != "" {
+		killedSupervisor(t, dir)
+		return
+	}
+	testutil.RequireRoot(t)
+	testutil.RequirePython(t)
+	if testutil.ZygoteMode() {
+		t.Skip("pause is of classic sandboxes only: tested in the classic run")
+	}
+	if _, err := criu.Find(); err != nil {
+		t.Skipf("pause and resume need CRIU 4 (internal/criu.Find: %v); make criu builds it", err)
+	}
+	parent, err := os.MkdirTemp("", "vivarium-hostile-pause-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(parent)
+	if err := os.Chmod(parent, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	mounts := testutil.Mounts()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHostilePauseSupervisorKilled$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), orphanEnv+"="+filepath.Join(parent, "checkpoints"), "VIVARIUM_TEST_ONE_MODE=1")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := make(chan string)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	var resumed, control string
+	deadline := time.After(3 * time.Minute)
+	for resumed == "" || control == "" {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				cmd.Wait()
+				t.Fatal("the supervisor ended before its sandboxes were ready")
+			}
+			if v, ok := strings.CutPrefix(l, "RESUMED "); ok {
+				resumed = v
+			}
+			if v, ok := strings.CutPrefix(l, "CONTROL "); ok {
+				control = v
+			}
+		case <-deadline:
+			cmd.Process.Kill()
+			cmd.Wait()
+			t.Fatal("the supervisor's sandboxes were not ready in 3 minutes")
+		}
+	}
+	go func() {
+		for range lines {
+		}
+	}()
+	for _, root := range []string{resumed, control} {
+		if r, err := strconv.Atoi(root); err != nil || len(testutil.ProcessesOwnedBy(r, r+1<<16)) == 0 {
+			cmd.Process.Kill()
+			cmd.Wait()
+			t.Fatalf("no process of host root %q runs before the supervisor is killed: nothing to test", root)
+		}
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	for name, root := range map[string]string{"the resumed sandbox": resumed, "the sandbox never paused": control} {
+		r, err := strconv.Atoi(root)
+		if err != nil {
+			t.Fatalf("%s: host root %q", name, root)
+		}
+		var left []string
+		for end := time.Now().Add(15 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+			if left = testutil.ProcessesOwnedBy(r, r+1<<16); len(left) == 0 {
+				break
+			}
+		}
+		if len(left) > 0 {
+			t.Errorf("%s: processes alive 15 s after its supervisor was killed: %v", name, describeProcs(left))
+			killLeft(left)
+		}
+	}
+	// What a killed supervisor leaves by design (docs/security.md): its
+	// sandboxes' empty cgroups, removed by the next one.
+	testutil.RemoveStaleCgroups(pauseCgroupParent)
+	for _, m := range testutil.MountsAdded(mounts, 5*time.Second, pauseCgroupParent) {
+		t.Errorf("mount left on the host: %s", m)
+	}
+}
+
+// killedSupervisor is the supervisor TestHostilePauseSupervisorKilled
+// kills: it prints the host roots of its two sandboxes once the first is
+// paused and resumed, then waits.
+func killedSupervisor(t *testing.T, dir string) {
+	b, err := native.New(native.Config{CgroupParent: pauseCgroupParent, UIDBase: pauseUIDBase,
+		UIDRanges: pauseUIDRanges, CheckpointDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &pauseWorld{b: b, dir: dir, canaries: &testutil.Canaries{}}
+	const immune = `import subprocess, sys
+immune = subprocess.Popen([sys.executable, '-c', 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); signal.signal(signal.SIGHUP, signal.SIG_IGN); print("set", flush=True); time.sleep(3600)'], start_new_session=True, stdout=subprocess.PIPE)
+immune.stdout.readline()`
+	resumed := w.create(t, sandbox.Limits{})
+	w.exec(t, resumed, immune, nil)
+	if err := w.pause(t, resumed); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.resume(t, resumed); err != nil {
+		t.Fatal(err)
+	}
+	control := w.create(t, sandbox.Limits{})
+	w.exec(t, control, immune, nil)
+	fmt.Printf("RESUMED %d\nCONTROL %d\n", w.hostRoot(t, resumed), w.hostRoot(t, control))
+	time.Sleep(10 * time.Minute)
+}
+
+// killLeft kills what a failed check found left (processes a test made),
+// by pid.
+func killLeft(procs []string) {
+	for _, p := range procs {
+		_, rest, _ := strings.Cut(p, "(pid ")
+		pid, _, _ := strings.Cut(rest, ",")
+		if n, err := strconv.Atoi(pid); err == nil {
+			unix.Kill(n, unix.SIGKILL)
+		}
+	}
 }
