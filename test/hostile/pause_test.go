@@ -307,6 +307,127 @@ _try = 'import fcntl, sys\ntry:\n    fcntl.flock(open("lock", "w"), fcntl.LOCK_E
 print('ready')`,
 		check: `print('waiter', waiter.poll(), 'held', subprocess.run([sys.executable, '-c', _try]).returncode)`,
 	},
+	{
+		// Files open and deleted: CRIU saves their contents (ghost files)
+		// with the images, up to its ghost limit (1 MiB by default). One
+		// of 512 KiB, one of 4 MiB.
+		name: "deleted_open_files",
+		setup: `import os
+small = open('small.bin', 'w+b')
+small.write(b's' * (512 << 10))
+small.flush()
+os.unlink('small.bin')
+big = open('big.bin', 'w+b')
+big.write(b'b' * (4 << 20))
+big.flush()
+os.unlink('big.bin')
+print('ready')`,
+		check: `print('small', os.pread(small.fileno(), 4, 1000), os.fstat(small.fileno()).st_size, 'big', os.pread(big.fileno(), 4, 1000), os.fstat(big.fileno()).st_size)`,
+	},
+	{
+		// A process whose working directory was removed.
+		name: "deleted_cwd",
+		setup: `import os, subprocess, sys, time
+os.makedirs('gone', exist_ok=True)
+homeless = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3600)'], cwd='gone')
+time.sleep(0.2)
+os.rmdir('gone')
+print('ready')`,
+		check: `print('homeless', homeless.poll(), os.readlink('/proc/%d/cwd' % homeless.pid))`,
+	},
+	{
+		// Unix sockets listening, on a path and in the abstract
+		// namespace, one connection accepted with data queued each way.
+		name: "unix_listeners",
+		setup: `import os, socket
+lpath = socket.socket(socket.AF_UNIX)
+lpath.bind(os.path.abspath('listen.sock'))
+lpath.listen()
+labs = socket.socket(socket.AF_UNIX)
+labs.bind('\0hostile-pause')
+labs.listen()
+cli = socket.socket(socket.AF_UNIX)
+cli.connect('\0hostile-pause')
+srv, _ = labs.accept()
+cli.sendall(b'to-server')
+srv.sendall(b'to-client')
+unix_round = 0
+print('ready')`,
+		check: `unix_round += 1
+c1 = socket.socket(socket.AF_UNIX)
+c1.connect(os.path.abspath('listen.sock'))
+a1, _ = lpath.accept()
+c1.sendall(b'round%d' % unix_round)
+got1 = a1.recv(16)
+c2 = socket.socket(socket.AF_UNIX)
+c2.connect('\0hostile-pause')
+a2, _ = labs.accept()
+c2.sendall(b'round%d' % unix_round)
+got2 = a2.recv(16)
+for x in (c1, a1, c2, a2):
+    x.close()
+cli.setblocking(False)
+srv.setblocking(False)
+print('path', got1 == b'round%d' % unix_round, 'abstract', got2 == b'round%d' % unix_round, 'queued', srv.recv(64, socket.MSG_PEEK), cli.recv(64, socket.MSG_PEEK))`,
+	},
+	{
+		// Threads: twenty in the runner, blocked on an event.
+		name: "threads",
+		setup: `import threading
+stop = threading.Event()
+threads = [threading.Thread(target=stop.wait, daemon=True) for _ in range(20)]
+for th in threads:
+    th.start()
+print('ready')`,
+		check: `print('threads alive', sum(th.is_alive() for th in threads), 'tasks', len(os.listdir('/proc/self/task')) >= 21)
+import os`,
+	},
+	{
+		// A process floods stderr, the supervisor's pipe, without pause.
+		name: "stderr_flood",
+		setup: `import subprocess, sys
+flooder = subprocess.Popen([sys.executable, '-c', 'import sys\nwhile True:\n    sys.stderr.write("flood " * 1000 + "\\n")'])
+print('ready')`,
+		check: `print('flooder', flooder.poll())`,
+	},
+	{
+		// A process that stacked a seccomp filter of its own on the
+		// sandbox's: getppid answers EPERM. What it answers keeps coming
+		// to a file; both filters must hold after a resume.
+		name: "own_seccomp_filter",
+		setup: `import os, subprocess, sys, time
+filtered = subprocess.Popen([sys.executable, '-c', """
+import ctypes, os, struct, time
+libc = ctypes.CDLL(None, use_errno=True)
+NR_getppid = 110 if os.uname().machine == 'x86_64' else 173
+# load the syscall number; if getppid, ERRNO(EPERM), else ALLOW
+prog = [(0x20, 0, 0, 0), (0x15, 0, 1, NR_getppid), (0x06, 0, 0, 0x00050001), (0x06, 0, 0, 0x7fff0000)]
+buf = ctypes.create_string_buffer(b''.join(struct.pack('HBBI', *i) for i in prog))
+fprog = struct.pack('HxxxxxxQ', len(prog), ctypes.addressof(buf))
+fp = ctypes.create_string_buffer(fprog)
+if libc.prctl(22, 2, fp, 0, 0) != 0:
+    raise OSError(ctypes.get_errno(), 'seccomp')
+while True:
+    # glibc returns the raw answer: -EPERM is -1
+    r = 'denied' if os.getppid() == -1 else 'allowed'
+    open('/tmp/ppid.tmp', 'w').write(r)
+    os.rename('/tmp/ppid.tmp', '/tmp/ppid')
+    time.sleep(0.05)
+"""])
+for _ in range(100):
+    if os.path.exists('/tmp/ppid'):
+        break
+    time.sleep(0.05)
+def _filters(pid):
+    return [l.split()[1] for l in open('/proc/%d/status' % pid) if l.startswith('Seccomp_filters')]
+print('ready')`,
+		check: `os.remove('/tmp/ppid')
+for _ in range(100):
+    if os.path.exists('/tmp/ppid'):
+        break
+    time.sleep(0.05)
+print('filtered', filtered.poll(), open('/tmp/ppid').read(), 'filters', _filters(filtered.pid))`,
+	},
 }
 
 // viewCode prints what confines the sandbox as its processes see it (the
