@@ -27,11 +27,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -1337,4 +1339,104 @@ func killLeft(procs []string) {
 			unix.Kill(n, unix.SIGKILL)
 		}
 	}
+}
+
+// TestHostilePauseConcurrentCalls calls Pause, Resume, Execute, Start
+// and the workspace at once on one sandbox, as clients racing each other
+// would, then Close while a pause may be under way: every call answers
+// (within its bound), with a result or ErrPaused, ErrBusy or ErrClosed,
+// an execution that runs sees the state as it was, and nothing is left.
+func TestHostilePauseConcurrentCalls(t *testing.T) {
+	w := newPauseWorld(t)
+	mounts := testutil.Mounts()
+	s := w.create(t, sandbox.Limits{})
+	w.exec(t, s, "x = 41\nopen('kept.txt', 'w').write('kept')", nil)
+	expected := func(err error) bool {
+		return err == nil || errors.Is(err, sandbox.ErrPaused) || errors.Is(err, sandbox.ErrBusy) || errors.Is(err, sandbox.ErrClosed)
+	}
+	var mu sync.Mutex
+	counts := map[string]int{}
+	count := func(what string, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case err == nil:
+			counts[what+" ok"]++
+		case errors.Is(err, sandbox.ErrPaused):
+			counts[what+" paused"]++
+		case errors.Is(err, sandbox.ErrBusy):
+			counts[what+" busy"]++
+		case errors.Is(err, sandbox.ErrClosed):
+			counts[what+" closed"]++
+		default:
+			counts[what+" failed"]++
+		}
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	loop := func(what string, f func() error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				err := f()
+				count(what, err)
+				if !expected(err) {
+					t.Errorf("%s: %v", what, err)
+				}
+				time.Sleep(time.Duration(time.Now().UnixNano()%50) * time.Millisecond)
+			}
+		}()
+	}
+	loop("pause", func() error { return w.pause(t, s) })
+	loop("resume", func() error { return w.resume(t, s) })
+	loop("execute", func() error {
+		res, err := bounded(t, "Execute", func(ctx context.Context) (*sandbox.Result, error) {
+			return s.Execute(ctx, sandbox.ExecRequest{Code: "print(x + 1)"}, nil)
+		})
+		if err == nil && (res.Status != sandbox.StatusOK || res.Stdout != "42\n") {
+			return fmt.Errorf("the state after a pause: status %s, stdout %q, stderr %q", res.Status, res.Stdout, res.Stderr)
+		}
+		return err
+	})
+	loop("start", func() error {
+		p, err := bounded(t, "Start", func(ctx context.Context) (sandbox.Process, error) {
+			return s.Start(ctx, sandbox.Command{Argv: []string{"true"}})
+		})
+		if err == nil {
+			select {
+			case <-p.Done():
+			case <-time.After(pauseCallLimit):
+				return errors.New("a command of true did not end")
+			}
+		}
+		return err
+	})
+	loop("read", func() error {
+		r, _, err := s.Workspace().OpenFile("kept.txt")
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		b, err := io.ReadAll(r)
+		if err == nil && string(b) != "kept" {
+			return fmt.Errorf("kept.txt: %q", b)
+		}
+		return err
+	})
+	time.Sleep(8 * time.Second)
+	// Close while the others go on.
+	w.close(t, s)
+	close(stop)
+	wg.Wait()
+	t.Logf("%v", counts)
+	if counts["pause ok"] == 0 || counts["execute ok"] == 0 {
+		t.Errorf("no pause or no execution went through: %v", counts)
+	}
+	w.checkLeftovers(t, mounts)
 }
