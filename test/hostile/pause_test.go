@@ -1440,3 +1440,66 @@ func TestHostilePauseConcurrentCalls(t *testing.T) {
 	}
 	w.checkLeftovers(t, mounts)
 }
+
+// TestHostilePauseRootView works on the sandbox's whole file system from
+// the host (Root, as the files API does) before a pause and after the
+// resume: the same answers, and what the sandbox's root may remove
+// there never takes a mount away from the running sandbox. Fails today:
+// the Root and Workspace descriptors (sandbox_linux.go, workspace.Open
+// of /proc/INIT/root at creation) hold the root mount of the sandbox's
+// first mount namespace; a resume restores the tree in a new one and the
+// old one goes (cp.close), its mounts detached: the descriptors then see
+// the root tmpfs bare, the mount points as the empty directories beneath
+// (usr/bin/python3 "does not exist" where it "leaves the workspace"
+// before). rmdir of such a directory from the host's mount namespace is
+// not refused (it is no mount point there), and the kernel then detaches
+// whatever is mounted on it in every namespace: Root(UserRoot).Remove("usr")
+// or ("proc") takes /usr or /proc away from the running sandbox. Its own
+// sandbox only, and it gains nothing (nothing of the host lies beneath),
+// but a client breaks it through the files API.
+func TestHostilePauseRootView(t *testing.T) {
+	w := newPauseWorld(t)
+	mounts := testutil.Mounts()
+	defer w.checkLeftovers(t, mounts)
+	s := w.create(t, sandbox.Limits{})
+	defer w.close(t, s)
+	user, err := s.Root(sandbox.UserSandbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := s.Root(sandbox.UserRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	view := func() string {
+		var out []string
+		for _, p := range []string{"usr/bin/python3", "workspace", "proc/self", "dev/null"} {
+			_, err := user.Stat(p)
+			out = append(out, fmt.Sprintf("%s: %v", p, err))
+		}
+		return strings.Join(out, "\n")
+	}
+	const mounted = "import os\nprint(os.path.exists('/usr/bin/python3'), os.path.exists('/proc/self/status'), os.path.exists('/dev/null'))"
+	removeMountPoints := func(when string) {
+		for _, p := range []string{"usr", "proc", "dev"} {
+			if err := root.Remove(p); err == nil {
+				t.Errorf("%s: Root(root).Remove(%q) succeeded", when, p)
+			}
+		}
+		if got := w.exec(t, s, mounted, nil); got != "True True True\n" {
+			t.Errorf("%s: the sandbox's /usr, /proc, /dev after Root(root).Remove of them: %q", when, got)
+		}
+	}
+	before := view()
+	removeMountPoints("before a pause")
+	if err := w.pause(t, s); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.resume(t, s); err != nil {
+		t.Fatal(err)
+	}
+	if after := view(); after != before {
+		t.Errorf("the host's view of the sandbox's files after a resume:\n%s\nbefore:\n%s", after, before)
+	}
+	removeMountPoints("after a resume")
+}
