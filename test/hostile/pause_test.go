@@ -762,6 +762,12 @@ for point, _ in masks:
     else:
         attempt('write ' + point, lambda: open(point, 'a').write('x'))
 print('host paths shown', sorted(set(os.path.dirname(os.path.dirname(r)) for _, r in masks)))
+# What of the host's checkpoint directory the sandbox's mountinfo names:
+# the masks' roots, the /usr overlay's lower layers.
+own = os.path.dirname(os.environ['OWN_DIR'])
+named = [l.split() for l in open('/proc/self/mountinfo') if own in l]
+print('mounts naming the checkpoint directory', len(named), 'by their root', sum(own in f[3] for f in named),
+      'by their options', [f[4] for f in named if own in ' '.join(f[5:])])
 `
 
 // imagesOutOfReach pauses a victim holding a secret in memory and lets
