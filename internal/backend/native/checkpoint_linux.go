@@ -37,6 +37,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -593,6 +594,9 @@ func processTree(pid int) ([]int, error) {
 	for i := 0; i < len(out); i++ {
 		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", out[i]))
 		if err != nil {
+			if i > 0 && gone(err) {
+				continue // it exited meanwhile: CRIU finds the tree as it is
+			}
 			return nil, err
 		}
 		for _, t := range tasks {
@@ -661,6 +665,9 @@ func (cp *checkpoint) collectFiles(initPID int, tree []int, mnts []mountEntry) e
 		fdDir := fmt.Sprintf("/proc/%d/fd", pid)
 		ents, err := os.ReadDir(fdDir)
 		if err != nil {
+			if pid != initPID && gone(err) {
+				continue // it exited meanwhile
+			}
 			return err
 		}
 		for _, e := range ents {
@@ -690,9 +697,15 @@ func (cp *checkpoint) collectFiles(initPID int, tree []int, mnts []mountEntry) e
 			case strings.HasPrefix(link, "socket:[") && pid == initPID && fd == fdControl:
 				ino, _ := strconv.ParseUint(strings.TrimSuffix(strings.TrimPrefix(link, "socket:["), "]"), 10, 64)
 				cp.socks = append(cp.socks, extSock{ino: ino, fd: fd})
+			case sandboxMemory(link):
+				// A memfd or a SysV shared memory segment: the sandbox's
+				// own memory, which CRIU saves with it.
 			case strings.HasPrefix(link, "/"):
 				var st unix.Stat_t
 				if err := unix.Stat(filepath.Join(fdDir, e.Name()), &st); err != nil {
+					if gone(err) {
+						continue // closed, or its process exited, meanwhile
+					}
 					return err
 				}
 				if err := addFile(pid, info.mntID, &st, link); err != nil {
@@ -703,13 +716,16 @@ func (cp *checkpoint) collectFiles(initPID int, tree []int, mnts []mountEntry) e
 		// The executable and other mapped files.
 		maps, err := os.ReadDir(fmt.Sprintf("/proc/%d/map_files", pid))
 		if err != nil {
+			if pid != initPID && gone(err) {
+				continue
+			}
 			return err
 		}
 		seen := map[string]bool{}
 		for _, e := range maps {
 			p := fmt.Sprintf("/proc/%d/map_files/%s", pid, e.Name())
 			link, err := os.Readlink(p)
-			if err != nil || seen[link] || !strings.HasPrefix(link, "/") {
+			if err != nil || seen[link] || !strings.HasPrefix(link, "/") || sandboxMemory(link) {
 				continue
 			}
 			seen[link] = true
@@ -739,6 +755,18 @@ func (cp *checkpoint) collectFiles(initPID int, tree []int, mnts []mountEntry) e
 		cp.pipes = append(cp.pipes, e)
 	}
 	return nil
+}
+
+// gone reports whether err says a process, or a descriptor, is no more.
+func gone(err error) bool {
+	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ESRCH)
+}
+
+// sandboxMemory reports whether a descriptor's or mapping's link names
+// memory of the sandbox's own rather than a file: a memfd, or a SysV
+// shared memory segment of its IPC namespace.
+func sandboxMemory(link string) bool {
+	return strings.HasPrefix(link, "/memfd:") || strings.HasPrefix(link, "/SYSV")
 }
 
 // isHostNode reports whether st, a file a process holds at path, is the

@@ -132,6 +132,7 @@ func restoreTree(ctx context.Context, bin string, cp *checkpoint) (_ *restoredTr
 	}
 	start := time.Now()
 	if err := criu.Run(ctx, bin, args, give, cp.images(), "restore.log"); err != nil {
+		reapFailedRestore()
 		return nil, err
 	}
 	r.took = time.Since(start)
@@ -163,4 +164,61 @@ func mountOverlayFor(cp *checkpoint, m extMount) (string, error) {
 		return "", fmt.Errorf("restore: %s: %w", m.mountpoint, err)
 	}
 	return dst, nil
+}
+
+// reapFailedRestore reaps the root task of a restore that failed: with
+// --restore-sibling it is the supervisor's child, which CRIU kills but
+// cannot wait for, and each failed resume (which a client can cause at
+// will) would otherwise leave a zombie holding a host pid. It is told
+// apart from the supervisor's other children by what only it is: still
+// CRIU's process (comm "criu", never having become init), and the first
+// process of a PID namespace of its own (NSpid ends in 1); the criu
+// processes the supervisor runs are in the host's, and sandboxes' inits
+// are not named criu.
+func reapFailedRestore() {
+	self := os.Getpid()
+	for deadline := time.Now().Add(time.Second); ; time.Sleep(20 * time.Millisecond) {
+		found := false
+		tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", self))
+		for _, t := range tasks {
+			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", self, t.Name()))
+			for _, c := range strings.Fields(string(b)) {
+				pid, err := strconv.Atoi(c)
+				if err != nil || !failedRestoreRoot(pid) {
+					continue
+				}
+				found = true
+				var ws unix.WaitStatus
+				unix.Wait4(pid, &ws, unix.WNOHANG, nil)
+			}
+		}
+		if !found || time.Now().After(deadline) {
+			return
+		}
+	}
+}
+
+// failedRestoreRoot reports whether pid is a restore's root task that
+// CRIU gave up on (reapFailedRestore); only a zombie is: one still being
+// killed is looked at again.
+func failedRestoreRoot(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return false
+	}
+	var name, state, nspid string
+	for _, l := range strings.Split(string(b), "\n") {
+		k, v, _ := strings.Cut(l, ":")
+		switch k {
+		case "Name":
+			name = strings.TrimSpace(v)
+		case "State":
+			state = strings.TrimSpace(v)
+		case "NSpid":
+			nspid = strings.TrimSpace(v)
+		}
+	}
+	f := strings.Fields(nspid)
+	return name == "criu" && len(f) >= 2 && f[len(f)-1] == "1" && (strings.HasPrefix(state, "Z") || strings.HasPrefix(state, "R") ||
+		strings.HasPrefix(state, "S") || strings.HasPrefix(state, "D"))
 }
