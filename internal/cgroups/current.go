@@ -1,6 +1,12 @@
 package cgroups
 
-import "errors"
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
 
 // MemoryReader is a Group that tells the memory charged to it now (a
 // sandbox's metrics over time; Stats has the peak only, and is read with
@@ -28,7 +34,62 @@ func (g *group1) MemoryCurrent() (int64, error) {
 	return readInt(g.dir(g.m.memory), "memory.usage_in_bytes")
 }
 
+// KernelMemory is what a group is charged beyond its processes' pages
+// (anonymous, page cache): kernel buffers such as sockets' queues.
+type KernelMemory interface {
+	MemoryKernel() (int64, error)
+}
+
+// MemoryKernel implements KernelMemory: memory.stat's sock, the sockets'
+// buffers.
+func (g *group2) MemoryKernel() (int64, error) {
+	if g.dir == "" {
+		return 0, errDestroyed
+	}
+	st, err := readStat(g.dir, "memory.stat")
+	if err != nil {
+		return 0, err
+	}
+	return st["sock"], nil
+}
+
+// MemoryKernel implements KernelMemory: what memory.usage_in_bytes
+// charges beyond memory.stat's rss and cache.
+func (g *group1) MemoryKernel() (int64, error) {
+	if g.dirs == nil {
+		return 0, errDestroyed
+	}
+	d := g.dir(g.m.memory)
+	usage, err := readInt(d, "memory.usage_in_bytes")
+	if err != nil {
+		return 0, err
+	}
+	st, err := readStat(d, "memory.stat")
+	if err != nil {
+		return 0, err
+	}
+	return max(0, usage-st["rss"]-st["cache"]), nil
+}
+
+// readStat reads a "key value" per line file.
+func readStat(dir, name string) (map[string]int64, error) {
+	b, err := os.ReadFile(filepath.Join(dir, name))
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int64{}
+	for _, l := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(l, " "); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			out[k] = n
+		}
+	}
+	return out, nil
+}
+
 var (
 	_ MemoryReader = (*group1)(nil)
 	_ MemoryReader = (*group2)(nil)
+	_ KernelMemory = (*group1)(nil)
+	_ KernelMemory = (*group2)(nil)
 )

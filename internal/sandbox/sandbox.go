@@ -283,6 +283,9 @@ type Workspace interface {
 // sandbox's "/". The Workspace's confinement holds: no link is followed and
 // no mount crossed, so only the sandbox's own disk is reached (/tmp, /etc,
 // /root, /workspace ...), never /proc, /dev, /usr or another mount.
+//
+// A Workspace Root returns reaches the sandbox's mounts as they are; after
+// a Resume (Pauser) the sandbox has new ones: ask Root again.
 type FileSystem interface {
 	Root(user string) (Workspace, error)
 }

@@ -1480,19 +1480,13 @@ func TestHostilePauseConcurrentCalls(t *testing.T) {
 // TestHostilePauseRootView works on the sandbox's whole file system from
 // the host (Root, as the files API does) before a pause and after the
 // resume: the same answers, and what the sandbox's root may remove
-// there never takes a mount away from the running sandbox. Fails today:
-// the Root and Workspace descriptors (sandbox_linux.go, workspace.Open
-// of /proc/INIT/root at creation) hold the root mount of the sandbox's
-// first mount namespace; a resume restores the tree in a new one and the
-// old one goes (cp.close), its mounts detached: the descriptors then see
-// the root tmpfs bare, the mount points as the empty directories beneath
-// (usr/bin/python3 "does not exist" where it "leaves the workspace"
-// before). rmdir of such a directory from the host's mount namespace is
-// not refused (it is no mount point there), and the kernel then detaches
-// whatever is mounted on it in every namespace: Root(UserRoot).Remove("usr")
-// or ("proc") takes /usr or /proc away from the running sandbox. Its own
-// sandbox only, and it gains nothing (nothing of the host lies beneath),
-// but a client breaks it through the files API.
+// there never takes a mount away from the running sandbox. A resume
+// restores the tree in a new mount namespace and the old one goes: the
+// descriptors Root had opened on the old root would see the root tmpfs
+// bare, the mount points as empty directories, and the rmdir of one from
+// the host is not refused there (it is no mount point in the host's
+// namespace), which detaches what is mounted on it in every namespace.
+// A resume opens the new root for Root (reopenRoot, pause_linux.go).
 func TestHostilePauseRootView(t *testing.T) {
 	w := newPauseWorld(t)
 	mounts := testutil.Mounts()
@@ -1532,6 +1526,14 @@ func TestHostilePauseRootView(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := w.resume(t, s); err != nil {
+		t.Fatal(err)
+	}
+	// As the service does, the root is asked for at each file operation
+	// (a Workspace from Root is the sandbox's until its next resume).
+	if user, err = s.Root(sandbox.UserSandbox); err != nil {
+		t.Fatal(err)
+	}
+	if root, err = s.Root(sandbox.UserRoot); err != nil {
 		t.Fatal(err)
 	}
 	if after := view(); after != before {

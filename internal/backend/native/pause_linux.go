@@ -50,6 +50,7 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/core"
 	"github.com/vivarium-sandbox/vivarium/internal/criu"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/workspace"
 )
 
 var _ sandbox.Pauser = (*Sandbox)(nil)
@@ -71,6 +72,9 @@ func (s *Sandbox) Pause(ctx context.Context) error {
 	}
 	if u, err := s.Usage(); err == nil {
 		if err := checkpointRoom(s.b.cfg.CheckpointDir, u.Memory); err != nil {
+			return err
+		}
+		if err := s.restoreFits(u.Memory); err != nil {
 			return err
 		}
 	}
@@ -206,6 +210,11 @@ func (s *Sandbox) Resume(ctx context.Context) error {
 		}
 		if err := s.adopt(r, s.cp); err != nil {
 			r.kill()
+			return fmt.Errorf("resume: %w", err)
+		}
+		if err := s.reopenRoot(); err != nil {
+			s.paused.Store(false)
+			s.kill()
 			return fmt.Errorf("resume: %w", err)
 		}
 		if s.spec.Egress != nil {
@@ -544,4 +553,29 @@ type pauseState struct {
 	criuMu      sync.Mutex
 	criuBin     string
 	checkpoints uint64
+}
+
+// reopenRoot gives the files API the restored mount namespace's root: the
+// Dirs opened at creation hold the paused namespace's, whose mounts are
+// gone (through them /usr, /proc and /dev are bare directories of the
+// root tmpfs, which a removal would take from the running sandbox).
+// Only init's root itself is opened, no path in it: nothing the sandbox
+// changed is followed. The workspace's Dir is kept: it is the same file
+// system, reached the same way.
+func (s *Sandbox) reopenRoot() error {
+	rootPath := fmt.Sprintf("/proc/%d/root", s.init.pid)
+	asUser, err := workspace.Open(rootPath, int(s.owner.ID(SandboxUID)), int(s.owner.ID(SandboxGID)))
+	if err != nil {
+		return err
+	}
+	asRoot, err := workspace.Open(rootPath, int(s.owner.ID(0)), int(s.owner.ID(0)))
+	if err != nil {
+		asUser.Close()
+		return err
+	}
+	s.dirMu.Lock()
+	defer s.dirMu.Unlock()
+	s.oldDirs = append(s.oldDirs, s.rootAsUser, s.rootAsRoot)
+	s.rootAsUser, s.rootAsRoot = asUser, asRoot
+	return nil
 }

@@ -6,6 +6,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
+
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
 
@@ -54,4 +56,25 @@ func parentDir(p string) string {
 		}
 	}
 	return "/"
+}
+
+// restoreFits refuses a pause whose resume would not fit in the sandbox's
+// memory limit, so that a paused sandbox is never one that cannot come
+// back: a restore holds what the kernel kept for the sandbox (data queued
+// in its sockets, above all) twice while it writes it back, once read
+// from the images and once queued again, and the limit kills it there
+// (seen with 72 of 128 MiB queued in Unix sockets).
+func (s *Sandbox) restoreFits(memory int64) error {
+	km, ok := s.cg.(cgroups.KernelMemory)
+	limit := s.spec.Limits.Memory
+	if s.cg == nil || !ok || limit <= 0 {
+		return nil
+	}
+	kernel, err := km.MemoryKernel()
+	if err != nil || memory+kernel <= limit {
+		return nil
+	}
+	return fmt.Errorf("%w: %d MiB of the sandbox's %d MiB are kernel buffers (data queued in its sockets), which a "+
+		"resume holds twice, over its %d MiB memory limit: read or close them first, or give the sandbox more memory",
+		sandbox.ErrNoRoom, kernel>>20, memory>>20, limit>>20)
 }

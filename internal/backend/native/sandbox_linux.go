@@ -46,11 +46,16 @@ type Sandbox struct {
 	// The sandbox's root, as its user and as its root write it
 	// (sandbox.FileSystem).
 	rootAsUser, rootAsRoot *workspace.Dir
-	ctl                    int // control socket to init, under sendMu
-	stdout                 *pipeReader
-	stderr                 *pipeReader
-	initErr                error         // how init exited; valid once initDone is closed
-	initDone               chan struct{} // closed when init has exited and been reaped
+	// dirMu guards the root's Dirs, which a resume replaces; oldDirs are
+	// those replaced, kept open (a file operation may still use one)
+	// until Close.
+	dirMu    sync.RWMutex
+	oldDirs  []*workspace.Dir
+	ctl      int // control socket to init, under sendMu
+	stdout   *pipeReader
+	stderr   *pipeReader
+	initErr  error         // how init exited; valid once initDone is closed
+	initDone chan struct{} // closed when init has exited and been reaped
 
 	// A pause (pause_linux.go) ends init and a resume gives the Sandbox
 	// another: init and initDone change then, under lifeMu, and so do
@@ -114,6 +119,8 @@ var (
 
 // Root implements sandbox.FileSystem.
 func (s *Sandbox) Root(user string) (sandbox.Workspace, error) {
+	s.dirMu.RLock()
+	defer s.dirMu.RUnlock()
 	switch user {
 	case "", sandbox.UserSandbox:
 		return s.rootAsUser, nil
@@ -653,11 +660,14 @@ func (s *Sandbox) Close() error {
 			}
 		}
 		// The last references to the disk tmpfs: its memory is freed.
-		for _, d := range []*workspace.Dir{s.ws, s.rootAsUser, s.rootAsRoot} {
+		s.dirMu.Lock()
+		for _, d := range append([]*workspace.Dir{s.ws, s.rootAsUser, s.rootAsRoot}, s.oldDirs...) {
 			if d != nil {
 				d.Close()
 			}
 		}
+		s.oldDirs = nil
+		s.dirMu.Unlock()
 		if s.z != nil {
 			s.z.release()
 		}
