@@ -51,6 +51,8 @@ an API key (VIVARIUM_API_KEY).
   pause ID                              save its processes' state to disk and free their memory
                                         (native backend, with CRIU)
   resume ID                             bring a paused sandbox back where it was
+  fork ID [--count N] [--same-random]   copies of the running sandbox, each a sandbox of its own;
+                                        prints their ids
   kill ID                               close the sandbox
 
 Every subcommand takes --json to print the server's answer as it is.
@@ -154,6 +156,8 @@ func cmdSandbox(args []string) int {
 	idle := fs.Duration("idle-timeout", 0, "idle timeout (create)")
 	onTimeout := fs.String("on-timeout", "", "what the idle timeout does: kill or pause (create)")
 	autoResume := fs.Bool("auto-resume", false, "a call on the paused sandbox resumes it (create)")
+	count := fs.Int("count", 1, "how many copies (fork)")
+	sameRandom := fs.Bool("same-random", false, "the copies keep the source's random generators (fork)")
 	pausable := fs.Bool("pausable", false, "a sandbox that can be paused: native makes it without the zygote (create)")
 	var memory, disk sizeFlag
 	fs.Var(&memory, "memory", "memory limit (create, run)")
@@ -452,6 +456,20 @@ func cmdSandbox(args []string) int {
 		raw, err := c.call("POST", sb(pos[0])+"/"+sub, nil, nil)
 		if err != nil || *asJSON {
 			return printed(raw, err)
+		}
+	case "fork":
+		if !need(1, "sandbox ID") {
+			return 2
+		}
+		var out struct {
+			Sandboxes []struct{ ID string }
+		}
+		raw, err := c.call("POST", sb(pos[0])+"/fork", map[string]any{"count": *count, "same_random_state": *sameRandom}, &out)
+		if err != nil || *asJSON {
+			return printed(raw, err)
+		}
+		for _, s := range out.Sandboxes {
+			fmt.Println(s.ID)
 		}
 	case "kill":
 		if !need(1, "sandbox ID") {

@@ -45,6 +45,20 @@ func TestServePauseResume(t *testing.T) {
 		t.Fatalf("a resume of a running sandbox: %s", out)
 	}
 
+	// Two copies of the running sandbox: its state, theirs apart.
+	copies := strings.Fields(run(0, "sandbox", "fork", id, "--count", "2"))
+	if len(copies) != 2 {
+		t.Fatalf("fork printed %q", copies)
+	}
+	run(0, "sandbox", "exec", copies[0], "-c", "x = 0")
+	if out := run(0, "sandbox", "exec", copies[1], "-c", "print(x)"); out != "41" {
+		t.Fatalf("the second copy: %q", out)
+	}
+	if out := run(0, "sandbox", "exec", id, "-c", "print(x)"); out != "41" {
+		t.Fatalf("the source after its copies changed theirs: %q", out)
+	}
+	run(0, append([]string{"sandbox", "kill"}, copies...)...)
+
 	auto := run(0, "sandbox", "create", "--auto-resume")
 	run(0, "sandbox", "exec", auto, "-c", "y = 'kept'")
 	run(0, "sandbox", "pause", auto)

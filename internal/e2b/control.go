@@ -56,11 +56,11 @@ func (s *Server) routeControl() {
 	handle("PUT /sandboxes/{id}/network", s.updateNetwork)
 	handle("POST /sandboxes/{id}/pause", s.pause)
 	handle("POST /sandboxes/{id}/resume", s.resume)
+	handle("POST /sandboxes/{id}/fork", s.fork)
 	s.routeVolumes()
 	for pattern, what := range map[string]string{
 		"POST /sandboxes/{id}/snapshots": "snapshots",
 		"GET /snapshots":                 "snapshots",
-		"POST /sandboxes/{id}/fork":      "forking sandboxes",
 		"GET /sandboxes/{id}/logs":       "sandbox logs",
 		"GET /v2/sandboxes/{id}/logs":    "sandbox logs",
 	} {
@@ -68,9 +68,6 @@ func (s *Server) routeControl() {
 			// What is asked of a sandbox is checked first, as E2B does:
 			// a fork of nothing is a bad request, a sandbox that is gone
 			// (or another key's) is not found.
-			if strings.HasSuffix(pattern, "/fork") && !checkFork(w, r) {
-				return
-			}
 			if id := r.PathValue("id"); id != "" {
 				if _, err := s.svc.Get(owner, id); err != nil {
 					s.notFound(w, r, err)
@@ -84,21 +81,6 @@ func (s *Server) routeControl() {
 		s.unsupported(w, fmt.Sprintf("%s %s (templates, secrets and teams are E2B's cloud, not part of vivarium)",
 			r.Method, r.URL.Path))
 	})
-}
-
-// checkFork refuses a fork request E2B would refuse: fewer than one copy.
-func checkFork(w http.ResponseWriter, r *http.Request) bool {
-	var req struct {
-		Count *int `json:"count"`
-	}
-	if !decodeBody(w, r, &req) {
-		return false
-	}
-	if req.Count != nil && *req.Count < 1 {
-		writeEnvdError(w, http.StatusBadRequest, fmt.Sprintf("count must be at least 1, got %d", *req.Count))
-		return false
-	}
-	return true
 }
 
 func (s *Server) unsupported(w http.ResponseWriter, what string) {
@@ -505,3 +487,53 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request, owner string) {
 	}
 	writeJSON(w, http.StatusCreated, s.created(owner, id))
 }
+
+// fork serves POST /sandboxes/{id}/fork: count copies of the running
+// sandbox (1 by default), each answered as E2B's SDKs read a fork's
+// result, {sandbox} or {error: {code, message}}. Vivarium makes all of
+// them or none: an error is the request's.
+func (s *Server) fork(w http.ResponseWriter, r *http.Request, owner string) {
+	var req struct {
+		Count   *int   `json:"count"`
+		Timeout *int64 `json:"timeout"`
+	}
+	if !decodeBody(w, r, &req) {
+		return
+	}
+	n := 1
+	if req.Count != nil {
+		n = *req.Count
+	}
+	if n < 1 {
+		writeEnvdError(w, http.StatusBadRequest, fmt.Sprintf("count must be at least 1, got %d", n))
+		return
+	}
+	id := r.PathValue("id")
+	copies, err := s.svc.Fork(r.Context(), owner, id, n, sandbox.ForkOptions{})
+	if err != nil {
+		s.notFound(w, r, err)
+		return
+	}
+	type forked struct {
+		Sandbox *sandboxCreated `json:"sandbox,omitempty"`
+		Error   *struct {
+			Code    int    `json:"code"`
+			Message string `json:"message"`
+		} `json:"error,omitempty"`
+	}
+	tpl := s.template(id)
+	out := make([]forked, 0, len(copies))
+	for _, c := range copies {
+		if req.Timeout != nil {
+			if err := s.extend(owner, c.ID, req.Timeout); err != nil {
+				s.log.Warn("e2b: a fork's timeout", "id", c.ID, "err", err)
+			}
+		}
+		s.writeRunFiles(owner, c.ID)
+		s.rememberTemplate(owner, c.ID, tpl)
+		created := s.created(owner, c.ID)
+		out = append(out, forked{Sandbox: &created})
+	}
+	writeJSON(w, http.StatusCreated, out)
+}
+

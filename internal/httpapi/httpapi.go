@@ -101,6 +101,7 @@ var Routes = []Route{
 	{"POST", "/v1/sandboxes/{id}/timeout", "timeout", "Set a sandbox's idle timeout from now", false},
 	{"POST", "/v1/sandboxes/{id}/pause", "pause", "Pause a sandbox: its processes' state saved to disk, their memory freed (native backend, with CRIU)", false},
 	{"POST", "/v1/sandboxes/{id}/resume", "resume", "Resume a paused sandbox where it was paused", false},
+	{"POST", "/v1/sandboxes/{id}/fork", "fork", "Copy a running sandbox into new sandboxes of their own, at this moment (native backend, with CRIU)", false},
 	{"GET", "/v1/sandboxes/{id}/metrics", "usage", "A sandbox's CPU, memory and disk over time (sampled every 5 s)", false},
 	{"POST", "/v1/sandboxes/{id}/execute", "execute", "Run Python code, keeping state", false},
 	{"POST", "/v1/sandboxes/{id}/interrupt", "interrupt", "Raise KeyboardInterrupt in the running execution", false},
@@ -196,6 +197,8 @@ func (s *Server) handler(name string) http.HandlerFunc {
 			info, err := s.svc.Pause(r.Context(), owner(r), r.PathValue("id"))
 			s.respond(w, info, err)
 		}
+	case "fork":
+		return s.fork
 	case "resume":
 		return func(w http.ResponseWriter, r *http.Request) {
 			info, err := s.svc.Resume(r.Context(), owner(r), r.PathValue("id"))
@@ -743,4 +746,27 @@ func (s *Server) fail(w http.ResponseWriter, err error) {
 		msg = "internal error: the server's log has the details"
 	}
 	writeError(w, code, kind, msg)
+}
+
+// forkRequest is the body of POST /v1/sandboxes/{id}/fork.
+type forkRequest struct {
+	Count           int  `json:"count" doc:"how many copies, 1 to 64; default 1"`
+	SameRandomState bool `json:"same_random_state" doc:"the copies keep the source's random generators (Python's random, numpy's); by default each reseeds from the OS"`
+}
+
+func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
+	var req forkRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	if req.Count == 0 {
+		req.Count = 1
+	}
+	copies, err := s.svc.Fork(r.Context(), owner(r), r.PathValue("id"), req.Count,
+		sandbox.ForkOptions{SameRandomState: req.SameRandomState})
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, sandboxList{Sandboxes: copies})
 }

@@ -37,6 +37,7 @@ var operations = map[string]operation{
 	"timeout":        {request: timeoutRequest{}, status: 200, response: service.Info{}},
 	"pause":          {status: 200, response: service.Info{}},
 	"resume":         {status: 200, response: service.Info{}},
+	"fork":           {request: forkRequest{}, status: 201, response: sandboxList{}},
 	"usage":          {status: 200, response: usageList{}},
 	"execute":        {request: executeRequest{}, status: 200, response: service.ExecResult{}, stream: true},
 	"interrupt":      {status: 200, response: okResponse{}},

@@ -231,3 +231,59 @@ func TestPauseRefused(t *testing.T) {
 		}
 	}
 }
+
+func (s *pausingSandbox) ForkSupported() error { return nil }
+
+func (s *pausingSandbox) Fork(_ context.Context, n int, _ sandbox.ForkOptions) ([]sandbox.Sandbox, error) {
+	out := make([]sandbox.Sandbox, n)
+	for i := range out {
+		out[i] = &pausingSandbox{}
+	}
+	return out, nil
+}
+
+// A fork's copies are sandboxes of the owner's: listed, counted against
+// its quota, with the source's settings and a lifetime of their own.
+func TestFork(t *testing.T) {
+	be := pausingBackend{made: make(chan *pausingSandbox, 4)}
+	svc := New(Config{Backend: be, MaxPerOwner: 4})
+	defer svc.Close()
+	ctx := context.Background()
+	src, err := svc.Create(ctx, CreateRequest{Owner: "o", Metadata: map[string]string{"k": "v"}, Idle: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []int{0, sandbox.MaxFork + 1} {
+		if _, err := svc.Fork(ctx, "o", src.ID, n, sandbox.ForkOptions{}); !errors.Is(err, sandbox.ErrInvalidSpec) {
+			t.Errorf("a fork of %d: %v", n, err)
+		}
+	}
+	if _, err := svc.Fork(ctx, "other", src.ID, 1, sandbox.ForkOptions{}); !errors.Is(err, ErrNotFound) {
+		t.Errorf("another owner's fork: %v", err)
+	}
+	if _, err := svc.Fork(ctx, "o", src.ID, 4, sandbox.ForkOptions{}); !errors.Is(err, ErrQuota) {
+		t.Errorf("a fork past the quota: %v", err)
+	}
+	copies, err := svc.Fork(ctx, "o", src.ID, 3, sandbox.ForkOptions{})
+	if err != nil || len(copies) != 3 {
+		t.Fatalf("fork: %v, %d", err, len(copies))
+	}
+	for _, c := range copies {
+		if c.ID == src.ID || c.Metadata["k"] != "v" || c.IdleTimeoutS != 60 {
+			t.Errorf("a copy: %+v", c)
+		}
+	}
+	if got := len(svc.List("o")); got != 4 {
+		t.Errorf("%d sandboxes listed, want 4", got)
+	}
+	if _, err := svc.Pause(ctx, "o", src.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.Fork(ctx, "o", copies[0].ID, 1, sandbox.ForkOptions{}); !errors.Is(err, ErrQuota) {
+		t.Errorf("a fork at the quota: %v", err)
+	}
+	svc.Delete("o", copies[0].ID)
+	if _, err := svc.Fork(ctx, "o", src.ID, 1, sandbox.ForkOptions{}); !errors.Is(err, sandbox.ErrPaused) {
+		t.Errorf("a fork of a paused sandbox: %v", err)
+	}
+}

@@ -45,6 +45,34 @@ describe('pause', () => {
     }
   })
 
+  test('fork: copies of a running sandbox, each a sandbox of its own', async () => {
+    const sbx = await Sandbox.create()
+    const copies = []
+    try {
+      await sbx.runCode('import random\nx = 41')
+      await sbx.files.write('/home/user/shared.txt', 'from the source')
+      copies.push(...(await sbx.fork({ count: 2 })))
+      assert.equal(copies.length, 2)
+      const draws = []
+      for (const [i, c] of copies.entries()) {
+        assert.ok(c instanceof Sandbox, `fork ${i}: ${c}`)
+        assert.notEqual(c.sandboxId, sbx.sandboxId)
+        assert.equal((await c.runCode('x + 1')).text, '42')
+        assert.equal(await c.files.read('/home/user/shared.txt'), 'from the source')
+        await c.files.write('/home/user/mine.txt', `copy ${i}`)
+        draws.push((await c.runCode('random.random()')).text)
+      }
+      assert.notEqual(draws[0], draws[1], 'the copies share a random future')
+      assert.equal(await copies[0].files.read('/home/user/mine.txt'), 'copy 0')
+      assert.equal(await sbx.files.exists('/home/user/mine.txt'), false)
+      assert.equal((await sbx.runCode('x')).text, '41')
+      const listed = (await Sandbox.list().nextItems()).map((s) => s.sandboxId)
+      for (const c of copies) assert.ok(listed.includes(c.sandboxId))
+    } finally {
+      for (const c of [sbx, ...copies]) await c.kill?.().catch(() => {})
+    }
+  })
+
   test('lifecycle onTimeout pause: the timeout pauses it, autoResume brings it back on use', async () => {
     const sbx = await Sandbox.create({ timeoutMs: 2000, lifecycle: { onTimeout: 'pause', autoResume: true } })
     try {

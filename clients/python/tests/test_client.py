@@ -350,6 +350,12 @@ class ClientTest(unittest.TestCase):
             sb.pause()
         self.assertEqual(sb.resume()["state"], "idle")
         self.assertEqual(sb.execute("x + 1").text, "42")
+        copies = sb.fork(count=2)
+        for c in copies:
+            self.addCleanup(c.close)
+        copies[0].execute("x = 0")
+        self.assertEqual(copies[1].execute("print(x)").stdout, "41\n")
+        self.assertEqual(sb.execute("print(x)").stdout, "41\n")
         auto = self.sandbox(auto_resume=True, pausable=True)
         auto.execute("y = 'kept'")
         auto.pause()

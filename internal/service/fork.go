@@ -1,0 +1,133 @@
+package service
+
+import (
+	"context"
+	"fmt"
+	"maps"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+)
+
+// Fork makes n new sandboxes of an owner's running sandbox, each an exact
+// copy of it at this moment (its processes' state and its files) and each
+// a sandbox of its own (sandbox.Forker): listed, limited, timed out and
+// closed apart from the source and from each other. They count against
+// the owner's and the server's quotas, and have the source's limits,
+// environment, metadata and timeouts (their lifetime starts now). The
+// source goes on unchanged. It fails with sandbox.ErrBusy while code runs
+// in the source, sandbox.ErrPaused when it is paused, ErrQuota where n
+// more sandboxes are more than the owner or the server may have, and
+// sandbox.ErrUnsupported where its backend cannot fork it.
+func (s *Service) Fork(ctx context.Context, owner, id string, n int, opts sandbox.ForkOptions) ([]Info, error) {
+	if n < 1 || n > sandbox.MaxFork {
+		return nil, fmt.Errorf("%w: a fork makes 1 to %d copies, not %d", sandbox.ErrInvalidSpec, sandbox.MaxFork, n)
+	}
+	src, err := s.Get(owner, id)
+	if err != nil {
+		return nil, err
+	}
+	f, ok := src.sb.(sandbox.Forker)
+	if !ok {
+		return nil, fmt.Errorf("%w: sandboxes of the %s backend cannot be forked (the native backend's can, with CRIU)",
+			sandbox.ErrUnsupported, src.backend)
+	}
+	if err := f.ForkSupported(); err != nil {
+		return nil, err
+	}
+	if len(src.leases) > 0 || src.egress != nil {
+		return nil, fmt.Errorf("%w: a sandbox with volumes or network access cannot be forked yet", sandbox.ErrUnsupported)
+	}
+	src.mu.Lock()
+	executing, paused := src.executing, src.paused
+	src.mu.Unlock()
+	switch {
+	case paused:
+		return nil, fmt.Errorf("%w: resume it before forking it", sandbox.ErrPaused)
+	case executing:
+		return nil, fmt.Errorf("%w: code is running; fork the sandbox once it ends", sandbox.ErrBusy)
+	}
+
+	// The copies' slots first, as Create reserves one.
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = "sb_" + randomHex(12)
+	}
+	s.mu.Lock()
+	if s.closed || s.draining {
+		s.mu.Unlock()
+		return nil, ErrShuttingDown
+	}
+	if len(s.boxes)+n > s.cfg.MaxTotal {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("%w: %d more sandboxes are over the server's maximum of %d", ErrQuota, n, s.cfg.MaxTotal)
+	}
+	maxOwn, _ := s.cfg.Quota(owner)
+	if maxOwn <= 0 {
+		maxOwn = s.cfg.MaxPerOwner
+	}
+	if have := s.countOwner(owner) + s.pending[owner]; have+n > maxOwn {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("%w: this key may have %d live sandboxes and has %d; %d copies are too many", ErrQuota,
+			maxOwn, have, n)
+	}
+	for _, c := range ids {
+		s.boxes[c] = nil
+	}
+	s.pending[owner] += n
+	s.mu.Unlock()
+	unreserve := func() {
+		s.pending[owner] -= n
+		if s.pending[owner] <= 0 {
+			delete(s.pending, owner)
+		}
+	}
+
+	done := s.use(src)
+	copies, err := f.Fork(ctx, n, opts)
+	done()
+	if err != nil {
+		s.mu.Lock()
+		for _, c := range ids {
+			delete(s.boxes, c)
+		}
+		unreserve()
+		s.mu.Unlock()
+		return nil, err
+	}
+	now := s.cfg.Now()
+	src.mu.Lock()
+	idle, life := src.idle, src.deadline.Sub(src.createdAt)
+	boxes := make([]*Box, n)
+	for i, sb := range copies {
+		boxes[i] = &Box{
+			id: ids[i], owner: owner, sb: sb, createdAt: now, deadline: now.Add(life), idle: idle,
+			limits: src.limits, env: maps.Clone(src.env), metadata: maps.Clone(src.metadata),
+			expiresAt: minTime(now.Add(idle), now.Add(life)), backend: src.backend, ports: src.ports,
+			onTimeout: src.onTimeout, autoResume: src.autoResume,
+			pausable: pauseSupported(sb, src.backend) == nil,
+		}
+	}
+	src.mu.Unlock()
+	s.mu.Lock()
+	unreserve()
+	if s.closed {
+		for _, c := range ids {
+			delete(s.boxes, c)
+		}
+		s.mu.Unlock()
+		for _, sb := range copies {
+			sb.Close()
+		}
+		return nil, ErrShuttingDown
+	}
+	for _, b := range boxes {
+		s.boxes[b.id] = b
+	}
+	s.mu.Unlock()
+	out := make([]Info, n)
+	for i, b := range boxes {
+		out[i] = b.info()
+	}
+	s.cfg.Logger.Info("sandbox forked", "id", id, "copies", n)
+	return out, nil
+}
