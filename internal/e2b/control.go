@@ -536,4 +536,3 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request, owner string) {
 	}
 	writeJSON(w, http.StatusCreated, out)
 }
-
