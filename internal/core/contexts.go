@@ -3,6 +3,7 @@ package core
 import (
 	"fmt"
 
+	"github.com/vivarium-sandbox/vivarium/internal/runner"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
 
@@ -90,4 +91,14 @@ func (c *Core) tellContexts(r *Runner) {
 		return
 	}
 	r.conn.Send(req)
+}
+
+// CloneContexts returns a copy of the sandbox's code contexts, for a copy
+// of the sandbox whose runner is a copy of this one's (a fork); nil
+// where it has none.
+func (c *Core) CloneContexts() *runner.Contexts {
+	if c.contexts == nil {
+		return nil
+	}
+	return c.contexts.Clone()
 }

@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"path"
 	"slices"
 	"strings"
@@ -28,6 +29,18 @@ type Contexts struct {
 	reset map[string]bool       // runner keys whose state must go
 	// pending: the runner has not been told of a removal or restart.
 	pending bool
+}
+
+// Clone returns a registry of its own holding what r holds: a forked
+// sandbox's, whose runner is a copy of r's runner, contexts and all.
+func (r *Contexts) Clone() *Contexts {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	c := &Contexts{list: slices.Clone(r.list), reset: maps.Clone(r.reset), pending: r.pending}
+	if c.reset == nil {
+		c.reset = map[string]bool{}
+	}
+	return c
 }
 
 // NewContexts returns the registry of a new sandbox, holding the default

@@ -55,7 +55,6 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
 	"github.com/vivarium-sandbox/vivarium/internal/core"
 	"github.com/vivarium-sandbox/vivarium/internal/hostuid"
-	"github.com/vivarium-sandbox/vivarium/internal/runner"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/workspace"
 )
@@ -338,7 +337,8 @@ func (s *Sandbox) restoreCopy(ctx context.Context, bin string, snap *forkSnapsho
 		initDone: make(chan struct{}), statusDone: make(chan struct{}), runnerGone: make(chan struct{}),
 		ctlDone: make(chan struct{}), terminals: map[uint64]bool{},
 	}
-	c.Core = core.New((*driver)(c), core.Config{Spec: s.spec, Contexts: runner.NewContexts(s.spec.HomeDir())})
+	// The copy's runner is the source's, with its code contexts.
+	c.Core = core.New((*driver)(c), core.Config{Spec: s.spec, Contexts: s.Core.CloneContexts()})
 	defer func() {
 		if err != nil {
 			c.Close()

@@ -445,3 +445,48 @@ func TestForkFailed(t *testing.T) {
 		t.Fatalf("the source after a failed fork: %s", got)
 	}
 }
+
+// TestForkContexts: a copy has the source's code contexts, with their
+// state, and they are its own from then on.
+func TestForkContexts(t *testing.T) {
+	b, _ := forkBackend(t)
+	s := forkSource(t, b)
+	cc, err := s.CreateContext("python", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(sb *Sandbox, code string) string {
+		t.Helper()
+		res, err := sb.Execute(context.Background(), sandbox.ExecRequest{Code: code, Context: cc.ID}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Status != sandbox.StatusOK {
+			t.Fatalf("%q in context %s: %s %s", code, cc.ID, res.Status, res.Stderr)
+		}
+		return strings.TrimSpace(res.Stdout)
+	}
+	run(s, "y = 'in the context'")
+	sbxs, err := s.Fork(context.Background(), 1, sandbox.ForkOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := sbxs[0].(*Sandbox)
+	defer c.Close()
+	if got := len(c.Contexts()); got != len(s.Contexts()) {
+		t.Fatalf("the copy has %d contexts, the source %d", got, len(s.Contexts()))
+	}
+	if got := run(c, "print(y)"); got != "in the context" {
+		t.Fatalf("the context in the copy: %q", got)
+	}
+	run(c, "y = 'changed in the copy'")
+	if got := run(s, "print(y)"); got != "in the context" {
+		t.Fatalf("the source's context after the copy's changed: %q", got)
+	}
+	if err := c.RemoveContext(cc.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := run(s, "print(y)"); got != "in the context" {
+		t.Fatalf("the source's context after the copy removed its own: %q", got)
+	}
+}
