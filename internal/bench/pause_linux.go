@@ -120,6 +120,37 @@ func (ps *pausing) pausedMemory(ctx context.Context) (float64, error) {
 	return float64(st.Memory) / (1 << 20), nil
 }
 
+// fork10 times a fork of the running sandbox into ten copies, all ready
+// for code (the goal: one second), and closes them, untimed.
+func (ps *pausing) fork10(ctx context.Context) (float64, error) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if ps.p.Paused() {
+		if err := ps.p.Resume(ctx); err != nil {
+			return 0, err
+		}
+	}
+	f, ok := ps.sb.(sandbox.Forker)
+	if !ok {
+		return 0, errors.New("the backend's sandboxes cannot be forked")
+	}
+	start := time.Now()
+	copies, err := f.Fork(ctx, 10, sandbox.ForkOptions{})
+	d := time.Since(start)
+	if err != nil {
+		return 0, err
+	}
+	defer func() {
+		for _, c := range copies {
+			go c.Close()
+		}
+	}()
+	if err := checkRun(ctx, copies[9], "print(int(df.a.sum()))", W7.Want); err != nil {
+		return 0, fmt.Errorf("a copy: %w", err)
+	}
+	return ms(d), nil
+}
+
 // coldStart is what a resume replaces: a new sandbox that runs the code
 // again.
 func coldStart(b sandbox.Backend) func(ctx context.Context) error {
@@ -165,6 +196,8 @@ func pauseSubjects(classic sandbox.Backend, skip string) []Subject {
 				err := coldStart(classic)(ctx)
 				return ms(time.Since(start)), err
 			}},
+		{Workload: w, Name: "vivarium fork into 10 copies, all ready (in-process)", Unit: "ms", Skip: skip,
+			Setup: ps.setup, Measure: ps.fork10, Teardown: ps.teardown},
 		{Workload: w, Name: "memory the paused sandbox keeps (its files' tmpfs)", Unit: "MiB", Skip: skip,
 			Setup: ps.setup, Measure: ps.pausedMemory, Teardown: ps.teardown},
 	}
