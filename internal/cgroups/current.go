@@ -87,7 +87,32 @@ func readStat(dir, name string) (map[string]int64, error) {
 	return out, nil
 }
 
+// PidsSetter is a Group whose pids limit can be changed: a restore
+// (checkpoint and restore) needs more tasks than the tree it restores for
+// a while.
+type PidsSetter interface {
+	SetPidsMax(n int) error
+}
+
+// SetPidsMax implements PidsSetter.
+func (g *group1) SetPidsMax(n int) error {
+	if g.dirs == nil {
+		return errDestroyed
+	}
+	return writeFile(g.dir(g.m.pids), "pids.max", strconv.Itoa(n))
+}
+
+// SetPidsMax implements PidsSetter.
+func (g *group2) SetPidsMax(n int) error {
+	if g.dir == "" {
+		return errDestroyed
+	}
+	return writeFile(g.dir, "pids.max", strconv.Itoa(n))
+}
+
 var (
+	_ PidsSetter   = (*group1)(nil)
+	_ PidsSetter   = (*group2)(nil)
 	_ MemoryReader = (*group1)(nil)
 	_ MemoryReader = (*group2)(nil)
 	_ KernelMemory = (*group1)(nil)

@@ -75,6 +75,9 @@ type checkpoint struct {
 	held map[uint64]*os.File
 	// Took is how long criu dump ran.
 	took time.Duration
+	// group is the cgroup the tree is restored into (its path from the
+	// hierarchies' top): a failed restore's root task is found there.
+	group string
 	// root, for a fork's copy, is its root tmpfs, mounted on the host for
 	// the restore (else the root of mntns is), and restoreArgs what else
 	// its restore tells CRIU (its cgroup).

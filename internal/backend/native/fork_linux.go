@@ -397,7 +397,12 @@ func (s *Sandbox) restoreCopy(ctx context.Context, bin string, snap *forkSnapsho
 	if err := handOverCopy(dir, int(c.owner.ID(0))); err != nil {
 		return nil, times, err
 	}
+	if c.cg != nil {
+		cp.group = c.cg.Path()
+	}
+	undo := restoreRoom(c.cg, s.spec.Limits.Pids)
 	r, err := restoreTree(ctx, bin, cp)
+	undo()
 	if err != nil {
 		return nil, times, err
 	}

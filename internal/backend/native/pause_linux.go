@@ -204,7 +204,12 @@ func (s *Sandbox) Resume(ctx context.Context) error {
 		return err
 	}
 	return s.Exclusive(func() error {
+		if s.cg != nil {
+			s.cp.group = s.cg.Path()
+		}
+		undo := restoreRoom(s.cg, s.spec.Limits.Pids)
 		r, err := restoreTree(context.WithoutCancel(ctx), bin, s.cp)
+		undo()
 		if err != nil {
 			return fmt.Errorf("resume: %w", err)
 		}

@@ -78,3 +78,22 @@ func (s *Sandbox) restoreFits(memory int64) error {
 		"resume holds twice, over its %d MiB memory limit: read or close them first, or give the sandbox more memory",
 		sandbox.ErrNoRoom, kernel>>20, memory>>20, limit>>20)
 }
+
+// restoreRoom lets a restore into group g make more tasks than the
+// sandbox's pids limit while it runs, and undo sets the limit back: CRIU
+// makes helper tasks beside the restored ones (for process groups and
+// sessions whose leaders are gone, and zombies), and a tree near its
+// limit (a fork storm) made the restore fail ("Unable to create a
+// thread: -11"). The limit is raised to twice it and a few, not lifted:
+// the restored processes run for the moment before undo.
+func restoreRoom(g cgroups.Group, pids int) (undo func()) {
+	ps, ok := g.(cgroups.PidsSetter)
+	if !ok || pids <= 0 {
+		return func() {}
+	}
+	if ps.SetPidsMax(2*pids+32) != nil {
+		return func() {}
+	}
+	return func() { ps.SetPidsMax(pids) }
+}
+

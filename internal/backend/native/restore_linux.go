@@ -132,7 +132,7 @@ func restoreTree(ctx context.Context, bin string, cp *checkpoint) (_ *restoredTr
 	}
 	start := time.Now()
 	if err := criu.Run(ctx, bin, args, give, cp.images(), "restore.log"); err != nil {
-		reapFailedRestore()
+		reapFailedRestore(cp.group)
 		return nil, err
 	}
 	r.took = time.Since(start)
@@ -170,41 +170,48 @@ func mountOverlayFor(cp *checkpoint, m extMount) (string, error) {
 // --restore-sibling it is the supervisor's child, which CRIU kills but
 // cannot wait for, and each failed resume (which a client can cause at
 // will) would otherwise leave a zombie holding a host pid. It is told
-// apart from the supervisor's other children by what only it is: still
-// CRIU's process (comm "criu", never having become init), and the first
-// process of a PID namespace of its own (NSpid ends in 1); the criu
-// processes the supervisor runs are in the host's, and sandboxes' inits
-// are not named criu.
-func reapFailedRestore() {
+// apart from the supervisor's other children by what only it is: the
+// first process of a PID namespace of its own (NSpid ends in 1), in the
+// cgroup the tree was restored into (group) or, where it failed before
+// it was moved there, still named criu; dead. The criu processes
+// the supervisor runs are in the host's PID namespace and its own
+// cgroup; other sandboxes' inits are in their own groups.
+func reapFailedRestore(group string) {
+	if group == "" {
+		return
+	}
 	self := os.Getpid()
 	for deadline := time.Now().Add(time.Second); ; time.Sleep(20 * time.Millisecond) {
-		found := false
+		alive := false
 		tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", self))
 		for _, t := range tasks {
 			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", self, t.Name()))
 			for _, c := range strings.Fields(string(b)) {
 				pid, err := strconv.Atoi(c)
-				if err != nil || !failedRestoreRoot(pid) {
+				if err != nil {
 					continue
 				}
-				found = true
-				var ws unix.WaitStatus
-				unix.Wait4(pid, &ws, unix.WNOHANG, nil)
+				switch restoreRoot(pid, group) {
+				case "zombie":
+					var ws unix.WaitStatus
+					unix.Wait4(pid, &ws, unix.WNOHANG, nil)
+				case "alive":
+					alive = true // being killed: looked at again
+				}
 			}
 		}
-		if !found || time.Now().After(deadline) {
+		if !alive || time.Now().After(deadline) {
 			return
 		}
 	}
 }
 
-// failedRestoreRoot reports whether pid is a restore's root task that
-// CRIU gave up on (reapFailedRestore); only a zombie is: one still being
-// killed is looked at again.
-func failedRestoreRoot(pid int) bool {
+// restoreRoot says whether pid is the root task of a restore into group:
+// "zombie", "alive", or "" if it is not.
+func restoreRoot(pid int, group string) string {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		return false
+		return ""
 	}
 	var name, state, nspid string
 	for _, l := range strings.Split(string(b), "\n") {
@@ -219,6 +226,28 @@ func failedRestoreRoot(pid int) bool {
 		}
 	}
 	f := strings.Fields(nspid)
-	return name == "criu" && len(f) >= 2 && f[len(f)-1] == "1" && (strings.HasPrefix(state, "Z") || strings.HasPrefix(state, "R") ||
-		strings.HasPrefix(state, "S") || strings.HasPrefix(state, "D"))
+	if len(f) < 2 || f[len(f)-1] != "1" {
+		return ""
+	}
+	cg, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return ""
+	}
+	in := false
+	for _, l := range strings.Split(string(cg), "\n") {
+		if i := strings.LastIndexByte(l, ':'); i >= 0 && l[i+1:] == group {
+			in = true
+			break
+		}
+	}
+	switch {
+	case !in && name != "criu":
+		// Not moved to the group yet: still CRIU's process, in the
+		// supervisor's group (CRIU's own processes are in the host's
+		// PID namespace, excluded above).
+		return ""
+	case strings.HasPrefix(state, "Z"):
+		return "zombie"
+	}
+	return "alive"
 }
