@@ -96,4 +96,3 @@ func restoreRoom(g cgroups.Group, pids int) (undo func()) {
 	}
 	return func() { ps.SetPidsMax(pids) }
 }
-
