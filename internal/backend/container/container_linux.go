@@ -121,6 +121,12 @@ type Checkpointer interface {
 	// this one (ended and removed). Its Stdin and Stdout are the restored
 	// agent's.
 	Restore(ctx context.Context, dir string) (Container, error)
+	// RestoreOverhead is the memory a restore takes, charged to the
+	// container's cgroup, beyond what the container held when it was
+	// checkpointed: a pause is refused where the restore would not fit
+	// in the sandbox's memory limit, as the sandbox could then never be
+	// resumed.
+	RestoreOverhead() int64
 }
 
 // Explainer is a Container whose runtime says why it ended, in its own

@@ -15,7 +15,8 @@ package container
 // runs or starts):
 //  1. no command may be starting or running (startGate), then paused;
 //  2. the checkpoint must fit on the checkpoint directory's disk (a
-//     runtime may end a container whose checkpoint failed);
+//     runtime may end a container whose checkpoint failed), and its
+//     restore in the sandbox's memory limit;
 //  3. a ping: the agent has read every frame sent before (the bytes
 //     still in the old standard input's pipe would not be in the
 //     checkpoint);
@@ -135,7 +136,7 @@ func (s *Sandbox) checkpointContainer(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := s.checkpointFits(dir); err != nil {
+	if err := s.checkpointFits(cp, dir); err != nil {
 		os.RemoveAll(dir)
 		return err
 	}
@@ -169,6 +170,7 @@ func (s *Sandbox) checkpointContainer(ctx context.Context) error {
 		}
 		return fmt.Errorf("%w; the container ended with it: the sandbox runs again in a new one, with its files but not its Python state", err)
 	}
+	saved := time.Since(start)
 	// Every frame the container sent before its end is handled; then
 	// what the runtime keeps for it is removed (its checkpoint stays).
 	select {
@@ -180,19 +182,27 @@ func (s *Sandbox) checkpointContainer(ctx context.Context) error {
 		s.b.cfg.Logger.Warn("remove a checkpointed container", "id", s.id, "err", err)
 	}
 	s.checkpoint = dir
-	s.b.cfg.Logger.Debug("sandbox checkpointed", "id", s.id, "ms", time.Since(start).Milliseconds())
+	s.b.cfg.Logger.Debug("sandbox checkpointed", "id", s.id, "checkpoint_ms", saved.Milliseconds(),
+		"ms", time.Since(start).Milliseconds())
 	return nil
 }
 
 // checkpointFits refuses a checkpoint that may not fit in dir's file
-// system: a checkpoint holds at most the memory the sandbox's cgroup was
-// ever charged (its peak; else its limit), and runsc ends a sandbox whose
-// checkpoint could not be written.
-func (s *Sandbox) checkpointFits(dir string) error {
+// system (a checkpoint holds at most the memory the sandbox's cgroup was
+// ever charged: its peak; else its limit; and runsc ends a sandbox whose
+// checkpoint could not be written), or whose restore would not fit in the
+// sandbox's memory limit (what it holds now, and the runtime's overhead).
+func (s *Sandbox) checkpointFits(cp Checkpointer, dir string) error {
 	need := s.spec.Limits.Memory
 	if s.cg != nil {
-		if st, err := s.cg.Stats(); err == nil && st.MemoryPeak > 0 && st.MemoryPeak < need {
+		st, err := s.cg.Stats()
+		if err == nil && st.MemoryPeak > 0 && st.MemoryPeak < need {
 			need = st.MemoryPeak
+		}
+		if over := cp.RestoreOverhead(); err == nil && over > 0 && st.Memory+over > s.spec.Limits.Memory {
+			return fmt.Errorf("%w: the sandbox holds %d MiB of its %d MiB memory limit, and resuming it would take "+
+				"about %d MiB more (the %s backend's restore): it could not be resumed; free memory in it first",
+				sandbox.ErrUnsupported, st.Memory>>20, s.spec.Limits.Memory>>20, over>>20, s.b.Name())
 		}
 	}
 	need += checkpointMargin
@@ -264,6 +274,7 @@ func (s *Sandbox) Resume(ctx context.Context) error {
 // generation, ready).
 func (s *Sandbox) restoreContainer(ctx context.Context) error {
 	old := s.session()
+	start := time.Now()
 	c, err := old.c.(Checkpointer).Restore(ctx, s.checkpoint)
 	if err != nil {
 		return err
@@ -283,6 +294,7 @@ func (s *Sandbox) restoreContainer(ctx context.Context) error {
 		}
 		return fmt.Errorf("the restored container's agent did not answer: %v%s", err, why)
 	}
+	s.b.cfg.Logger.Debug("sandbox restored", "id", s.id, "ms", time.Since(start).Milliseconds())
 	s.mu.Lock()
 	prev := s.runner
 	s.mu.Unlock()

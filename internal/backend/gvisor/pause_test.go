@@ -131,7 +131,15 @@ func TestPauseResume(t *testing.T) {
 	if err := p.PauseSupported(); err != nil {
 		t.Fatalf("PauseSupported: %v", err)
 	}
-	execValue(t, sb, "x = 41\nimport json, sys\nopen('kept.txt', 'w').write('kept')\nf = open('open.txt', 'w+')\nf.write('abc')\nf.flush()")
+	execValue(t, sb, "x = 41\nimport json, sys, subprocess\nopen('kept.txt', 'w').write('kept')\n"+
+		"f = open('open.txt', 'w+')\nf.write('abc')\nf.flush()\nchild = subprocess.Popen(['sleep', '600'])")
+	cc, err := sb.(sandbox.ContextKeeper).CreateContext("python", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := sb.Execute(ctx, sandbox.ExecRequest{Code: "y = 7", Context: cc.ID}, nil); err != nil || res.Status != sandbox.StatusOK {
+		t.Fatalf("y = 7 in a context: %+v %v", res, err)
+	}
 
 	for round := 1; round <= 2; round++ {
 		t.Run(fmt.Sprintf("round%d", round), func(t *testing.T) {
@@ -216,10 +224,15 @@ func TestPauseResume(t *testing.T) {
 				"open('kept.txt').read()":     "'kept'",
 				"f.seek(0); f.read()":         "'abc'",
 				"open('" + name + "').read()": "'written while paused'",
+				"child.poll() is None":        "True",
 			} {
 				if got := execValue(t, sb, code); got != want {
 					t.Errorf("%s after resume: %q, want %q", code, got, want)
 				}
+			}
+			res, err := sb.Execute(ctx, sandbox.ExecRequest{Code: "y", Context: cc.ID}, nil)
+			if err != nil || res.Status != sandbox.StatusOK || len(res.Results) == 0 || res.Results[0].Text != "7" {
+				t.Errorf("y in its context after resume: %+v %v", res, err)
 			}
 			if out, code := runCommand(t, sb, "sh", "-c", "echo hello from $(id -u)"); code != 0 || out != "hello from 1000\n" {
 				t.Errorf("a command after resume: %q, exit %d", out, code)
@@ -227,12 +240,22 @@ func TestPauseResume(t *testing.T) {
 		})
 	}
 
+	// Closed while paused: nothing of it is left.
+	if err := p.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
 	if err := sb.Close(); err != nil {
 		t.Fatal(err)
 	}
 	closed = true
-	// Nothing of it is left: runsc's containers, processes, cgroups,
-	// mounts, its directories, its checkpoints.
+	requireNothingLeft(t, dir, cps)
+}
+
+// requireNothingLeft fails if anything of the backend's sandboxes is left:
+// runsc's containers, processes, cgroups, mounts, their directories,
+// their checkpoints.
+func requireNothingLeft(t *testing.T, dir, cps string) {
+	t.Helper()
 	if left := containers(t, dir); len(left) > 0 {
 		t.Errorf("containers left: %v", left)
 	}
@@ -257,7 +280,8 @@ func TestPauseResume(t *testing.T) {
 
 // TestPauseRefused: what cannot be paused is refused, and the sandbox
 // goes on as it was: a one-shot sandbox, a sandbox running a command, a
-// checkpoint that would not fit on the disk.
+// sandbox whose restore would not fit in its memory limit, a checkpoint
+// that would not fit on the disk.
 func TestPauseRefused(t *testing.T) {
 	dir := t.TempDir()
 	small := filepath.Join(t.TempDir(), "small")
@@ -268,8 +292,27 @@ func TestPauseRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { unix.Unmount(small, unix.MNT_DETACH) })
-	b := pauseBackend(t, gvisor.Config{StateDir: dir, CheckpointDir: filepath.Join(small, "checkpoints")})
+	cps := filepath.Join(small, "checkpoints")
+	b := pauseBackend(t, gvisor.Config{StateDir: dir, CheckpointDir: cps})
 	ctx := context.Background()
+
+	// runsc's restore takes more memory than the sandbox held (see
+	// restoreOverhead): one that holds most of its limit could be
+	// paused, never resumed.
+	full, err := b.Create(ctx, sandbox.Spec{Limits: sandbox.Limits{Memory: 128 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	execValue(t, full, "b = bytearray(64 << 20)\nb[::4096] = b'x' * len(b[::4096])")
+	err = full.(sandbox.Pauser).Pause(ctx)
+	t.Logf("refused: %v", err)
+	if !errors.Is(err, sandbox.ErrUnsupported) || !strings.Contains(err.Error(), "could not be resumed") {
+		t.Errorf("Pause of a sandbox near its memory limit: %v", err)
+	}
+	if got := execValue(t, full, "len(b)"); got != strconv.Itoa(64<<20) {
+		t.Errorf("after the refused pause: %q", got)
+	}
+	full.Close()
 
 	one, err := b.Create(ctx, sandbox.Spec{OneShot: true})
 	if err != nil {
@@ -314,11 +357,13 @@ func TestPauseRefused(t *testing.T) {
 	if got := execValue(t, sb, "x + 1"); got != "42" {
 		t.Errorf("x + 1 after the refused pauses: %q", got)
 	}
-	if entries, _ := os.ReadDir(filepath.Join(small, "checkpoints")); len(entries) > 0 {
-		if sub, _ := os.ReadDir(filepath.Join(small, "checkpoints", entries[0].Name())); len(sub) > 0 {
+	if entries, _ := os.ReadDir(cps); len(entries) > 0 {
+		if sub, _ := os.ReadDir(filepath.Join(cps, entries[0].Name())); len(sub) > 0 {
 			t.Errorf("a refused pause left a checkpoint: %v", sub)
 		}
 	}
+	sb.Close()
+	requireNothingLeft(t, dir, cps)
 }
 
 // TestPauseFailedCheckpoint: a checkpoint runsc itself fails (its disk
@@ -351,13 +396,19 @@ func TestPauseFailedCheckpoint(t *testing.T) {
 	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	b := pauseBackend(t, gvisor.Config{Runsc: wrapper, StateDir: dir, CheckpointDir: filepath.Join(t.TempDir(), "cps")})
+	cps := filepath.Join(t.TempDir(), "cps")
+	b := pauseBackend(t, gvisor.Config{Runsc: wrapper, StateDir: dir, CheckpointDir: cps})
 	ctx := context.Background()
 	sb, err := b.Create(ctx, sandbox.Spec{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer sb.Close()
+	closed := false
+	defer func() {
+		if !closed {
+			sb.Close()
+		}
+	}()
 	p := sb.(sandbox.Pauser)
 	execValue(t, sb, "x = 41\nopen('kept.txt', 'w').write('kept')")
 	err = p.Pause(ctx)
@@ -377,5 +428,58 @@ func TestPauseFailedCheckpoint(t *testing.T) {
 	}
 	if got := execValue(t, sb, "'x' in globals()"); got != "False" {
 		t.Errorf("x after a failed pause: %q", got)
+	}
+	sb.Close()
+	closed = true
+	requireNothingLeft(t, dir, cps)
+}
+
+// BenchmarkPauseResume pauses and resumes one sandbox, idle after x = 41
+// and after importing pandas: pause-ms and resume-ms per round (Resume
+// until the restored agent answers), the checkpoint's size (image-MiB),
+// the cgroup's memory before and while paused (MiB).
+func BenchmarkPauseResume(b *testing.B) {
+	for _, c := range []struct{ name, code string }{
+		{"idle", "x = 41"},
+		{"pandas", "import pandas as pd\ndf = pd.DataFrame({'a': range(1000)})"},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			cps := b.TempDir()
+			be := pauseBackend(b, gvisor.Config{StateDir: b.TempDir(), CheckpointDir: cps})
+			ctx := context.Background()
+			sb, err := be.Create(ctx, sandbox.Spec{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer sb.Close()
+			if res, err := sb.Execute(ctx, sandbox.ExecRequest{Code: c.code}, nil); err != nil || res.Status != sandbox.StatusOK {
+				b.Skipf("%s: %+v %v", c.code, res, err)
+			}
+			p := sb.(sandbox.Pauser)
+			var pause, resume time.Duration
+			var image, memRunning, memPaused int64
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				memRunning += sandboxMemory(b)
+				start := time.Now()
+				if err := p.Pause(ctx); err != nil {
+					b.Fatal(err)
+				}
+				pause += time.Since(start)
+				image += dirSize(cps)
+				memPaused += sandboxMemory(b)
+				start = time.Now()
+				if err := p.Resume(ctx); err != nil {
+					b.Fatal(err)
+				}
+				resume += time.Since(start)
+			}
+			n := float64(b.N)
+			b.ReportMetric(float64(pause.Milliseconds())/n, "pause-ms")
+			b.ReportMetric(float64(resume.Milliseconds())/n, "resume-ms")
+			b.ReportMetric(float64(image)/n/(1<<20), "image-MiB")
+			b.ReportMetric(float64(memRunning)/n/(1<<20), "running-MiB")
+			b.ReportMetric(float64(memPaused)/n/(1<<20), "paused-MiB")
+		})
 	}
 }
