@@ -140,6 +140,26 @@ func TestPauseResume(t *testing.T) {
 	if res, err := sb.Execute(ctx, sandbox.ExecRequest{Code: "y = 7", Context: cc.ID}, nil); err != nil || res.Status != sandbox.StatusOK {
 		t.Fatalf("y = 7 in a context: %+v %v", res, err)
 	}
+	// What confines the code, as it sees it: the same after each resume.
+	confinement := func() map[string]string {
+		m := map[string]string{}
+		for name, code := range map[string]string{
+			"mounts":   "''.join(sorted(' '.join(l.split()[4:6]) + '\\n' for l in open('/proc/self/mountinfo')))",
+			"status":   "''.join(l for l in open('/proc/self/status') if l.split(':')[0] in ('Uid', 'Gid', 'Groups', 'NoNewPrivs', 'Seccomp', 'CapInh', 'CapPrm', 'CapEff', 'CapBnd', 'CapAmb'))",
+			"limits":   "__import__('resource') and [__import__('resource').getrlimit(getattr(__import__('resource'), n)) for n in ('RLIMIT_NOFILE', 'RLIMIT_NPROC', 'RLIMIT_FSIZE', 'RLIMIT_CPU')]",
+			"net":      "sorted(l.split(':')[0].strip() for l in open('/proc/net/dev').readlines()[2:])",
+			"hostname": "open('/proc/sys/kernel/hostname').read()",
+			"cgroup":   "open('/proc/self/cgroup').read()",
+		} {
+			m[name] = execValue(t, sb, code)
+		}
+		return m
+	}
+	before := confinement()
+	if !strings.Contains(before["status"], `Seccomp:\t2`) || !strings.Contains(before["status"], `CapEff:\t0000000000000000`) ||
+		before["net"] != "['lo']" {
+		t.Fatalf("the runner's confinement: %s", before["status"])
+	}
 
 	for round := 1; round <= 2; round++ {
 		t.Run(fmt.Sprintf("round%d", round), func(t *testing.T) {
@@ -236,6 +256,11 @@ func TestPauseResume(t *testing.T) {
 			}
 			if out, code := runCommand(t, sb, "sh", "-c", "echo hello from $(id -u)"); code != 0 || out != "hello from 1000\n" {
 				t.Errorf("a command after resume: %q, exit %d", out, code)
+			}
+			for k, v := range confinement() {
+				if v != before[k] {
+					t.Errorf("%s after resume:\n%s\nbefore:\n%s", k, v, before[k])
+				}
 			}
 		})
 	}
