@@ -142,6 +142,9 @@ type Runtime struct {
 	cgroupParent string
 	cgroups      cgroups.Manager
 	root         string // the shared root skeleton
+	// lingering counts the removals of sandboxes' cgroup directories
+	// that are tried again later (RemoveCgroups).
+	lingering sync.WaitGroup
 }
 
 // Name implements container.Runtime.
@@ -209,7 +212,10 @@ func (r *Runtime) Sweep() ([]string, error) {
 }
 
 // Close removes the root skeleton.
-func (r *Runtime) Close() error { return os.RemoveAll(r.root) }
+func (r *Runtime) Close() error {
+	r.lingering.Wait()
+	return os.RemoveAll(r.root)
+}
 
 type mount struct {
 	Destination string   `json:"destination"`
@@ -384,8 +390,28 @@ func (c *sandboxContainer) Kill() error {
 // processes were going leaves them behind.
 func (c *sandboxContainer) RemoveCgroups() {
 	if c.cg != nil {
-		removeCgroupDirs(c.cg.Path())
+		c.r.removeCgroups(c.cg.Path())
 	}
+}
+
+// removeCgroups removes the group rel's directories in every hierarchy
+// now, and again in the background for a few seconds: seen with Debian
+// 12's runsc on cgroup v1 under load (two cores, a load average of 3 to
+// 4), an empty cpuset, devices and systemd directory of the group is made
+// again up to half a second after it was removed, once every process of
+// the sandbox is gone (a never-paused sandbox's too, and a platform
+// probe's); which process makes it was not found. The runtime's Close
+// waits for these.
+func (r *Runtime) removeCgroups(rel string) {
+	removeCgroupDirs(rel)
+	r.lingering.Add(1)
+	go func() {
+		defer r.lingering.Done()
+		for _, d := range []time.Duration{500 * time.Millisecond, time.Second, 2 * time.Second} {
+			time.Sleep(d)
+			removeCgroupDirs(rel)
+		}
+	}()
 }
 
 // Remove deletes runsc's state of the container.

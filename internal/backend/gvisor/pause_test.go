@@ -273,14 +273,17 @@ func TestPauseResume(t *testing.T) {
 		t.Fatal(err)
 	}
 	closed = true
-	requireNothingLeft(t, dir, cps)
+	requireNothingLeft(t, b, dir, cps)
 }
 
-// requireNothingLeft fails if anything of the backend's sandboxes is left:
-// runsc's containers, processes, cgroups, mounts, their directories,
-// their checkpoints.
-func requireNothingLeft(t *testing.T, dir, cps string) {
+// requireNothingLeft closes the backend, whose sandboxes are closed, and
+// fails if anything of them is left: runsc's containers, processes,
+// cgroups, mounts, their directories, their checkpoints.
+func requireNothingLeft(t *testing.T, b *gvisor.Backend, dir, cps string) {
 	t.Helper()
+	if err := b.Close(); err != nil {
+		t.Errorf("the backend's Close: %v", err)
+	}
 	if left := containers(t, dir); len(left) > 0 {
 		t.Errorf("containers left: %v", left)
 	}
@@ -388,7 +391,7 @@ func TestPauseRefused(t *testing.T) {
 		}
 	}
 	sb.Close()
-	requireNothingLeft(t, dir, cps)
+	requireNothingLeft(t, b, dir, cps)
 }
 
 // TestPauseFailedCheckpoint: a checkpoint runsc itself fails (its disk
@@ -456,7 +459,7 @@ func TestPauseFailedCheckpoint(t *testing.T) {
 	}
 	sb.Close()
 	closed = true
-	requireNothingLeft(t, dir, cps)
+	requireNothingLeft(t, b, dir, cps)
 }
 
 // BenchmarkPauseResume pauses and resumes one sandbox, idle after x = 41

@@ -253,7 +253,7 @@ func (r *Runtime) probe(ctx context.Context, platform string) (err error) {
 			// manage (cgroup v1's cpuset, devices, blkio...), which a
 			// runsc that was killed leaves.
 			cg.Destroy()
-			removeCgroupDirs(filepath.Join(r.cgroupParent, id))
+			r.removeCgroups(filepath.Join(r.cgroupParent, id))
 		}()
 	}
 	bundle := filepath.Join(dir, "bundle")
