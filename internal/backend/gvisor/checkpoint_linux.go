@@ -107,13 +107,16 @@ const restoreOverhead = 80 << 20
 // RestoreOverhead implements container.Checkpointer.
 func (c *sandboxContainer) RestoreOverhead() int64 { return restoreOverhead }
 
-// WhyEnded implements container.Explainer: runsc's last words, once the
-// container has ended.
+// WhyEnded implements container.Explainer: runsc's error, once the
+// container has ended. It is the first line runsc wrote ("running
+// container: starting container: restoring container ...: header error:
+// unexpected EOF"); a stack trace of the sentry's panic may follow.
 func (c *sandboxContainer) WhyEnded() string {
 	select {
 	case <-c.done:
 	default:
 		return ""
 	}
-	return strings.TrimSpace(lastLine(c.log.String()))
+	first, _, _ := strings.Cut(strings.TrimSpace(c.log.String()), "\n")
+	return lastLine(first)
 }

@@ -511,3 +511,85 @@ func BenchmarkPauseResume(b *testing.B) {
 		})
 	}
 }
+
+// TestPauseFailedResume: a resume that fails (its checkpoint damaged)
+// leaves the sandbox paused, its checkpoint kept; once the checkpoint is
+// whole again, a resume brings the sandbox back. An execution that runs
+// makes Pause answer ErrBusy.
+func TestPauseFailedResume(t *testing.T) {
+	dir := t.TempDir()
+	cps := filepath.Join(t.TempDir(), "cps")
+	b := pauseBackend(t, gvisor.Config{StateDir: dir, CheckpointDir: cps})
+	ctx := context.Background()
+	sb, err := b.Create(ctx, sandbox.Spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	defer func() {
+		if !closed {
+			sb.Close()
+		}
+	}()
+	p := sb.(sandbox.Pauser)
+	execValue(t, sb, "x = 41")
+
+	running := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		close(running)
+		_, err := sb.Execute(ctx, sandbox.ExecRequest{Code: "import time; time.sleep(2)"}, nil)
+		done <- err
+	}()
+	<-running
+	testutil.WaitFor(t, 10*time.Second, "the execution to start", func() bool {
+		return errors.Is(p.Pause(ctx), sandbox.ErrBusy)
+	})
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if p.Paused() {
+		t.Fatal("paused while an execution ran")
+	}
+
+	if err := p.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	images, _ := filepath.Glob(filepath.Join(cps, "*", "*", "checkpoint.img"))
+	if len(images) != 1 {
+		t.Fatalf("checkpoint images: %v", images)
+	}
+	whole, err := os.ReadFile(images[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(images[0], whole[:len(whole)/2], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err = p.Resume(ctx)
+	t.Logf("resume of a damaged checkpoint: %v", err)
+	if err == nil {
+		t.Fatal("a damaged checkpoint was resumed")
+	}
+	if !p.Paused() {
+		t.Fatal("not paused after a failed resume")
+	}
+	if _, err := sb.Execute(ctx, sandbox.ExecRequest{Code: "x"}, nil); !errors.Is(err, sandbox.ErrPaused) {
+		t.Errorf("Execute after a failed resume: %v", err)
+	}
+	if left := containers(t, dir); len(left) > 0 {
+		t.Errorf("a failed resume left containers: %v", left)
+	}
+	if err := os.WriteFile(images[0], whole, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := execValue(t, sb, "x + 1"); got != "42" {
+		t.Errorf("x + 1 after the second resume: %q", got)
+	}
+	sb.Close()
+	closed = true
+	requireNothingLeft(t, b, dir, cps)
+}
