@@ -115,7 +115,8 @@ type Checkpointer interface {
 	// Checkpoint saves the container into dir, an empty directory of the
 	// backend's (0700), and ends it: Done is closed soon after it
 	// returns nil. A Checkpoint that fails may have ended the container
-	// too (runsc ends a sandbox whose save failed): Done says.
+	// too (runsc ends a sandbox whose save failed): Done says; one whose
+	// error wraps sandbox.ErrUnsupported did nothing to it.
 	Checkpoint(ctx context.Context, dir string) error
 	// Restore starts a container from the checkpoint in dir, in place of
 	// this one (ended and removed). Its Stdin and Stdout are the restored

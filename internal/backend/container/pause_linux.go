@@ -149,6 +149,12 @@ func (s *Sandbox) checkpointContainer(ctx context.Context) error {
 	// Not stopped half-way: a runtime's save is not undone by a caller
 	// that gives up.
 	err = cp.Checkpoint(context.WithoutCancel(ctx), dir)
+	if errors.Is(err, sandbox.ErrUnsupported) {
+		// Refused before anything was done to the container.
+		os.RemoveAll(dir)
+		ss.runnerKept.Store(false)
+		return err
+	}
 	if err != nil {
 		os.RemoveAll(dir)
 		// Did the container survive its failed checkpoint? runsc ends

@@ -24,15 +24,20 @@ package gvisor
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vivarium-sandbox/vivarium/internal/agent"
 	"github.com/vivarium-sandbox/vivarium/internal/backend/container"
+	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
 
 var (
@@ -43,14 +48,32 @@ var (
 // CheckpointSupported implements container.Checkpointer. runsc cannot
 // checkpoint a sandbox with the host's network stack (hostinet), GPU or
 // TPU proxies, or when rootless; Vivarium's sandboxes have none of these
-// (--network=none, root), on every platform runsc starts them with.
-func (c *sandboxContainer) CheckpointSupported() error { return nil }
+// (--network=none, root). gVisor documents checkpoint and restore on every
+// platform; whether they work here is found by the backend's first pause
+// (probeCheckpoint), and a platform where they did not is named here from
+// then on.
+func (c *sandboxContainer) CheckpointSupported() error {
+	r := c.r
+	r.cpMu.Lock()
+	defer r.cpMu.Unlock()
+	return r.cpErr
+}
 
 // Checkpoint implements container.Checkpointer: runsc saves the sandbox
 // into dir and ends it. The image's pages are then dropped from the page
 // cache: they were charged to the sandbox's cgroup (gVisor's kernel wrote
-// them) and would stay there, the memory a pause is meant to free.
-func (c *sandboxContainer) Checkpoint(_ context.Context, dir string) error {
+// them) and would stay there, the memory a pause is meant to free. The
+// backend's first checkpoint is preceded by a probe's (probeCheckpoint):
+// where that fails, nothing is done to this sandbox.
+func (c *sandboxContainer) Checkpoint(ctx context.Context, dir string) error {
+	if err := c.r.checkpointWorks(ctx); err != nil {
+		return err
+	}
+	return c.save(dir)
+}
+
+// save is runsc checkpoint, the image's pages then dropped.
+func (c *sandboxContainer) save(dir string) error {
 	out, err := exec.Command(c.r.cfg.Runsc, append(c.r.globalArgs(), "checkpoint", "--image-path", dir, c.id)...).CombinedOutput()
 	if err != nil {
 		msg := lastLine(string(out))
@@ -93,6 +116,141 @@ func (c *sandboxContainer) Restore(_ context.Context, dir string) (container.Con
 	}
 	return n, nil
 }
+
+// checkpointWorks probes, once per backend, that a sandbox can be
+// checkpointed and restored here, on the backend's platform: a checkpoint
+// that fails ends its sandbox, and a restore that fails leaves it paused,
+// so the first sandbox paused on a host is not the one to find out. A
+// failure is kept for cpRetry (it may have been the host's load), then
+// probed again.
+func (r *Runtime) checkpointWorks(ctx context.Context) error {
+	r.cpMu.Lock()
+	defer r.cpMu.Unlock()
+	if !r.cpProbed.IsZero() && (r.cpErr == nil || time.Since(r.cpProbed) < cpRetry) {
+		return r.cpErr
+	}
+	r.cpErr = nil
+	timeout := r.cfg.ProbeTimeout
+	if timeout <= 0 {
+		timeout = DefaultProbeTimeout
+	}
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*timeout)
+	defer cancel()
+	start := time.Now()
+	if err := r.probeCheckpoint(pctx); err != nil {
+		r.cpErr = fmt.Errorf("%w: runsc could not checkpoint and restore a sandbox on this host with the platform %s: %v",
+			sandbox.ErrUnsupported, r.cfg.Platform, err)
+	}
+	r.cpProbed = time.Now()
+	r.cfg.Logger.Info("gvisor: checkpoint probe", "platform", r.cfg.Platform, "ms", time.Since(start).Milliseconds(),
+		"err", r.cpErr)
+	return r.cpErr
+}
+
+// probeCheckpoint starts a sandbox as every sandbox is started, its agent
+// waiting for its configuration; checkpoints it; restores it; and gives
+// the restored agent a frame that is not a configuration, which it
+// answers with the error that says so (the platform probe's proof):
+// the restored sandbox runs and is reached through the restore's stdio.
+// Whatever happens, what it started is removed before it returns.
+func (r *Runtime) probeCheckpoint(ctx context.Context) error {
+	dir, err := os.MkdirTemp(r.cfg.StateDir, "probe-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	id := filepath.Base(dir)
+	disk := container.Disk{Dir: filepath.Join(dir, "disk")}
+	disk.Workspace, disk.Tmp, disk.Shm = filepath.Join(disk.Dir, "workspace"), filepath.Join(disk.Dir, "tmp"), filepath.Join(disk.Dir, "shm")
+	for _, d := range []string{disk.Workspace, disk.Tmp, disk.Shm} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+	}
+	limits := sandbox.Limits{}.WithDefaults()
+	l := container.Launch{ID: id, Spec: sandbox.Spec{Limits: limits}, Disk: disk}
+	if r.cgroups != nil {
+		cg, err := r.cgroups.New(id, cgroups.Limits{MemoryBytes: limits.Memory, Pids: hostPids(limits.Pids)})
+		if err != nil {
+			return err
+		}
+		l.Cgroup = cg
+		defer func() {
+			cg.Destroy()
+			r.removeCgroups(filepath.Join(r.cgroupParent, id))
+		}()
+	}
+	end := func(c container.Container) {
+		c.Kill()
+		select {
+		case <-c.Done():
+		case <-time.After(5 * time.Second):
+		}
+		c.Stdin().Close()
+		c.Remove()
+	}
+	first, err := r.Launch(ctx, l)
+	if err != nil {
+		return err
+	}
+	defer end(first)
+	c := first.(*sandboxContainer)
+	// runsc run returns at once: its container is there once runsc
+	// says it runs.
+	for {
+		out, _ := exec.CommandContext(ctx, r.cfg.Runsc, append(r.globalArgs(), "state", c.id)...).Output()
+		var st struct{ Status string }
+		if json.Unmarshal(out, &st) == nil && st.Status == "running" {
+			break
+		}
+		select {
+		case <-c.Done():
+			return fmt.Errorf("the sandbox ended: runsc: %s", c.WhyEnded())
+		case <-ctx.Done():
+			return fmt.Errorf("the sandbox did not start: %w", ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	images := filepath.Join(dir, "checkpoint")
+	if err := os.Mkdir(images, 0o700); err != nil {
+		return err
+	}
+	// The agent waits for its configuration as soon as it runs; the
+	// checkpoint may come before: the sandbox is saved wherever it is.
+	if err := c.save(images); err != nil {
+		return err
+	}
+	select {
+	case <-c.Done():
+	case <-ctx.Done():
+		return fmt.Errorf("the checkpointed sandbox did not end: %w", ctx.Err())
+	}
+	c.Remove()
+	restored, err := c.Restore(ctx, images)
+	if err != nil {
+		return err
+	}
+	defer end(restored)
+	answered := make(chan error, 1)
+	go func() { answered <- readProbeAnswer(restored.Stdout()) }()
+	if err := agent.NewWriter(restored.Stdin()).Ctl(agent.Ctl{Op: agent.OpPing}); err != nil {
+		return fmt.Errorf("write to the restored sandbox: %w", err)
+	}
+	select {
+	case err := <-answered:
+		if err != nil {
+			if why := restored.(*sandboxContainer).WhyEnded(); why != "" {
+				return fmt.Errorf("runsc: %s", why)
+			}
+		}
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("the restored sandbox did not answer: %w", ctx.Err())
+	}
+}
+
+// cpRetry is how long a failed checkpoint probe is believed.
+const cpRetry = 5 * time.Minute
 
 // restoreOverhead is what a restore of a sandbox takes beyond what it
 // held at its checkpoint. runsc restores the kernel's memory file

@@ -145,6 +145,11 @@ type Runtime struct {
 	// lingering counts the removals of sandboxes' cgroup directories
 	// that are tried again later (RemoveCgroups).
 	lingering sync.WaitGroup
+	// cpMu guards whether checkpoints were probed (checkpointWorks) and
+	// the probe's failure.
+	cpMu     sync.Mutex
+	cpProbed time.Time
+	cpErr    error
 }
 
 // Name implements container.Runtime.

@@ -417,9 +417,10 @@ func TestPauseFailedCheckpoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { unix.Unmount(small, unix.MNT_DETACH) })
-	// A runsc whose checkpoints go to the small disk.
+	// A runsc whose checkpoints go to the small disk (but for the
+	// backend's probe, which would then refuse every pause).
 	wrapper := filepath.Join(t.TempDir(), "runsc")
-	script := "#!/bin/sh\ncase \" $* \" in *\" checkpoint \"*) exec " + runsc +
+	script := "#!/bin/sh\ncase \" $* \" in *\" vivarium-probe-\"*) exec " + runsc + " \"$@\" ;; *\" checkpoint \"*) exec " + runsc +
 		" $(echo \"$@\" | sed 's|--image-path [^ ]*|--image-path " + small + "/img|') ;; esac\nexec " + runsc + " \"$@\"\n"
 	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
@@ -484,6 +485,14 @@ func BenchmarkPauseResume(b *testing.B) {
 				b.Skipf("%s: %+v %v", c.code, res, err)
 			}
 			p := sb.(sandbox.Pauser)
+			// The backend's first pause probes checkpoints first: not
+			// measured.
+			if err := p.Pause(ctx); err != nil {
+				b.Fatal(err)
+			}
+			if err := p.Resume(ctx); err != nil {
+				b.Fatal(err)
+			}
 			var pause, resume time.Duration
 			var image, memRunning, memPaused int64
 			b.ResetTimer()
@@ -591,5 +600,56 @@ func TestPauseFailedResume(t *testing.T) {
 	}
 	sb.Close()
 	closed = true
+	requireNothingLeft(t, b, dir, cps)
+}
+
+// TestPauseProbeRefuses: where runsc cannot checkpoint (here a runsc
+// whose checkpoints all fail), the backend's first pause finds it out on
+// a probe's sandbox, not on the sandbox being paused: the pause is
+// refused with ErrUnsupported naming the platform, the sandbox runs on
+// with its state, and PauseSupported says why from then on.
+func TestPauseProbeRefuses(t *testing.T) {
+	testutil.RequireRoot(t)
+	if err := gvisor.Check(); err != nil {
+		t.Skip(err)
+	}
+	runsc, err := exec.LookPath("runsc")
+	if err != nil {
+		t.Skip(err)
+	}
+	wrapper := filepath.Join(t.TempDir(), "runsc")
+	script := "#!/bin/sh\ncase \" $* \" in *\" checkpoint \"*) echo 'checkpoint failed: not on this platform' >&2; exit 128 ;; esac\nexec " +
+		runsc + " \"$@\"\n"
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	cps := filepath.Join(t.TempDir(), "cps")
+	b := pauseBackend(t, gvisor.Config{Runsc: wrapper, StateDir: dir, CheckpointDir: cps})
+	ctx := context.Background()
+	sb, err := b.Create(ctx, sandbox.Spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := sb.(sandbox.Pauser)
+	if err := p.PauseSupported(); err != nil {
+		t.Fatalf("PauseSupported before any pause: %v", err)
+	}
+	execValue(t, sb, "x = 41")
+	err = p.Pause(ctx)
+	t.Logf("pause: %v", err)
+	if !errors.Is(err, sandbox.ErrUnsupported) || !strings.Contains(err.Error(), "platform "+b.Platform().Platform) {
+		t.Errorf("Pause where runsc cannot checkpoint: %v", err)
+	}
+	if p.Paused() {
+		t.Fatal("paused")
+	}
+	if got := execValue(t, sb, "x + 1"); got != "42" {
+		t.Errorf("x + 1 after the refused pause: %q", got)
+	}
+	if err := p.PauseSupported(); !errors.Is(err, sandbox.ErrUnsupported) {
+		t.Errorf("PauseSupported after the probe failed: %v", err)
+	}
+	sb.Close()
 	requireNothingLeft(t, b, dir, cps)
 }
