@@ -111,7 +111,7 @@ func (s *Sandbox) Pause(ctx context.Context) error {
 			return err
 		}
 		s.startGate.Lock()
-		if n := s.Commands(); n > 0 {
+		if n := s.commandsRunning(); n > 0 {
 			s.startGate.Unlock()
 			return fmt.Errorf("%w: %d command(s) started in the sandbox still run; wait for them or kill them before pausing",
 				sandbox.ErrBusy, n)
@@ -124,6 +124,24 @@ func (s *Sandbox) Pause(ctx context.Context) error {
 		}
 		return nil
 	})
+}
+
+// commandsRunning counts the commands started with Start that are
+// starting or running: their streams go through the agent's to this
+// Sandbox, and do not follow a checkpoint yet. (One that has exited has
+// had its output flushed before its exit was told; only the ends of its
+// streams may still come, and they do before the checkpointed container's
+// stream ends.)
+func (s *Sandbox) commandsRunning() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, cs := range s.cmds {
+		if !cs.exited {
+			n++
+		}
+	}
+	return n
 }
 
 // checkpointContainer saves the sandbox's container into a new checkpoint

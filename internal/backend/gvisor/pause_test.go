@@ -374,7 +374,12 @@ func TestPauseRefused(t *testing.T) {
 
 	// The checkpoint directory's disk has 1 MiB: the sandbox's memory
 	// would not fit, and runsc would end it with its failed checkpoint.
-	err = p.Pause(ctx)
+	// (The command's exit is told to the core a moment before the
+	// Sandbox counts it gone: ErrBusy until then.)
+	testutil.WaitFor(t, 5*time.Second, "the command to be gone", func() bool {
+		err = p.Pause(ctx)
+		return !errors.Is(err, sandbox.ErrBusy)
+	})
 	if !errors.Is(err, sandbox.ErrUnsupported) || !strings.Contains(err.Error(), "MiB free") {
 		t.Errorf("Pause onto a full disk: %v", err)
 	}
