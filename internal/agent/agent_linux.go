@@ -391,6 +391,8 @@ func (a *agent) handle(f Frame) {
 			a.restart()
 		case OpResize:
 			a.resize(c)
+		case OpPing:
+			a.out.Ctl(Ctl{Op: OpPing, ID: c.ID})
 		}
 	}
 }

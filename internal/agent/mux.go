@@ -75,8 +75,8 @@ type Config struct {
 }
 
 // Control operations. Supervisor → agent: OpSpawn, OpSignal, OpInterrupt,
-// OpRestart, OpResize. Agent → supervisor: OpReady, OpRunner, OpSpawned, OpExited,
-// OpError.
+// OpRestart, OpResize, OpPing. Agent → supervisor: OpReady, OpRunner, OpSpawned, OpExited,
+// OpError, OpPing.
 const (
 	OpReady     = "ready"     // the agent is set up
 	OpError     = "error"     // setup failed: Error (Step: what)
@@ -88,6 +88,10 @@ const (
 	OpRestart   = "restart"   // kill every process but the agent, start a new runner
 	OpExited    = "exited"    // a command (ID) or a runner (ID 0, Gen) ended: Code, Signal
 	OpResize    = "resize"    // resize a command's terminal: ID, Rows, Cols
+	// OpPing is answered with OpPing (same ID), once every frame sent
+	// before it has been read: a round trip through both streams (a
+	// container restored from a checkpoint is reached through new ones).
+	OpPing = "ping"
 )
 
 // Ctl is a control message.

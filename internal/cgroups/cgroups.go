@@ -50,6 +50,7 @@ type Limits struct {
 type Stats struct {
 	CPU        time.Duration // user + system time of every process, living and dead
 	MemoryPeak int64         // high-water mark of memory charged, bytes
+	Memory     int64         // memory charged now, bytes; 0 where unknown
 	OOMKills   int64         // processes the kernel killed for exceeding the memory limit
 }
 

@@ -101,6 +101,42 @@ type CgroupCleaner interface {
 	RemoveCgroups()
 }
 
+// Checkpointer is a Container whose runtime can save it and bring it back
+// (sandbox.Pauser, pause_linux.go): Checkpoint saves the state of every
+// process of the container (memory, open files, the agent waiting for its
+// next frame) into a directory and ends the container; Restore starts a
+// container from that state in its place, on the same mounts and cgroup,
+// whose agent is the one that was saved, reached through new standard
+// input and output.
+type Checkpointer interface {
+	// CheckpointSupported returns nil if the container can be
+	// checkpointed, or why not (an ErrUnsupported).
+	CheckpointSupported() error
+	// Checkpoint saves the container into dir, an empty directory of the
+	// backend's (0700), and ends it: Done is closed soon after it
+	// returns nil. A Checkpoint that fails may have ended the container
+	// too (runsc ends a sandbox whose save failed): Done says; one whose
+	// error wraps sandbox.ErrUnsupported did nothing to it.
+	Checkpoint(ctx context.Context, dir string) error
+	// Restore starts a container from the checkpoint in dir, in place of
+	// this one (ended and removed). Its Stdin and Stdout are the restored
+	// agent's.
+	Restore(ctx context.Context, dir string) (Container, error)
+	// RestoreOverhead is the memory a restore takes, charged to the
+	// container's cgroup, beyond what the container held when it was
+	// checkpointed: a pause is refused where the restore would not fit
+	// in the sandbox's memory limit, as the sandbox could then never be
+	// resumed.
+	RestoreOverhead() int64
+}
+
+// Explainer is a Container whose runtime says why it ended, in its own
+// words (runsc's last line on standard error), for an error that names
+// the cause.
+type Explainer interface {
+	WhyEnded() string
+}
+
 // Config configures a Backend.
 type Config struct {
 	Runtime Runtime
@@ -125,7 +161,12 @@ type Config struct {
 	// own limit is pids: a runtime whose kernel runs on the host as
 	// processes (gVisor's) needs room for its own. Nil: pids.
 	HostPids func(pids int) int64
-	Logger   *slog.Logger
+	// CheckpointDir holds paused sandboxes' checkpoints (their memory, on
+	// disk), a directory per sandbox (0700) removed when it closes; a
+	// checkpoint is removed once resumed. Needed by runtimes whose
+	// containers are Checkpointers.
+	CheckpointDir string
+	Logger        *slog.Logger
 }
 
 // Backend makes container sandboxes.
@@ -189,6 +230,18 @@ func (b *Backend) Sweep() ([]string, error) {
 			continue
 		}
 		out = append(out, e.Name())
+	}
+	// And the checkpoints of the sandboxes it had paused, which cannot
+	// be resumed without it.
+	if b.cfg.CheckpointDir != "" {
+		cps, _ := os.ReadDir(b.cfg.CheckpointDir)
+		for _, e := range cps {
+			if err := os.RemoveAll(filepath.Join(b.cfg.CheckpointDir, e.Name())); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			out = append(out, "checkpoint "+e.Name())
+		}
 	}
 	return out, errors.Join(errs...)
 }
@@ -305,7 +358,7 @@ func (s *Sandbox) launch(ctx context.Context) error {
 		}
 		return err
 	}
-	ss := &session{c: c, out: agent.NewWriter(c.Stdin()), ended: make(chan struct{}), ready: make(chan struct{})}
+	ss := newSession(c)
 	s.sess.Store(ss)
 	go s.read(ss)
 	if s.closing.Load() {

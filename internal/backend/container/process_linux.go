@@ -33,6 +33,13 @@ func (s *Sandbox) Start(ctx context.Context, c sandbox.Command) (sandbox.Process
 		return nil, fmt.Errorf("%w: the %s backend runs commands as the sandbox user only", sandbox.ErrUnsupported,
 			s.b.Name())
 	}
+	// Held until the command has started (or not): a pause waits, and
+	// finds it running.
+	s.startGate.RLock()
+	defer s.startGate.RUnlock()
+	if s.paused.Load() {
+		return nil, sandbox.ErrPaused
+	}
 	return s.StartCommand(ctx, c, s.spec.Env, func(id uint64, env map[string]string) error {
 		// Its streams exist before the agent can answer, so that no
 		// output of the command arrives before them.

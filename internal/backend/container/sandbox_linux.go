@@ -57,6 +57,17 @@ type Sandbox struct {
 	// leftBehind: a container of the sandbox may not be gone.
 	leftBehind atomic.Bool
 
+	// Pause and resume (pause_linux.go). pauseMu orders Pause, Resume
+	// and Close; paused is set while the sandbox's container is
+	// checkpointed; startGate is held (read) while a command starts, so
+	// that a pause finds it. checkpoint is the paused sandbox's
+	// checkpoint directory and checkpoints counts them, under pauseMu.
+	pauseMu     sync.Mutex
+	paused      atomic.Bool
+	startGate   sync.RWMutex
+	checkpoint  string
+	checkpoints int
+
 	// mu comes after the core's lock, and is never held while calling
 	// the core.
 	mu       sync.Mutex
@@ -79,12 +90,23 @@ type session struct {
 	out   *agent.Writer
 	ended chan struct{} // the agent's stream ended: the container is gone
 	ready chan struct{} // the agent is set up
+	// pongs carries the IDs of the agent's answers to pings.
+	pongs chan uint32
+	// runnerKept: the container's end is not its runner's (a checkpoint
+	// ended it, or it is a restore not yet adopted): the sandbox's state
+	// is not lost with it.
+	runnerKept atomic.Bool
 
 	endOnce sync.Once
 	endErr  error
 }
 
 func (s *Sandbox) session() *session { return s.sess.Load() }
+
+func newSession(c Container) *session {
+	return &session{c: c, out: agent.NewWriter(c.Stdin()), ended: make(chan struct{}), ready: make(chan struct{}),
+		pongs: make(chan uint32, 1)}
+}
 
 // agentRunner is a runner of a container, reached through the agent's
 // stream (core.Conn): requests go on its request stream, events come on
@@ -138,7 +160,7 @@ func mustJSON(v any) []byte {
 // read follows the agent's stream for the container's life.
 func (s *Sandbox) read(ss *session) {
 	defer close(ss.ended)
-	defer s.teardownStreams()
+	defer s.teardownStreams(ss)
 	fr := agent.NewReader(ss.c.Stdout())
 	for {
 		f, err := fr.Next()
@@ -158,8 +180,9 @@ func (s *Sandbox) read(ss *session) {
 }
 
 // teardownStreams ends everything that waits on the agent: the container
-// is gone, and every process in it.
-func (s *Sandbox) teardownStreams() {
+// ss is gone, and every process in it (unless it was checkpointed: its
+// runner then comes back with a restore).
+func (s *Sandbox) teardownStreams(ss *session) {
 	s.mu.Lock()
 	r := s.runner
 	cmds := s.cmds
@@ -167,7 +190,9 @@ func (s *Sandbox) teardownStreams() {
 	s.mu.Unlock()
 	if r != nil {
 		r.events.Close()
-		s.RunnerExited(r.r, core.Exit{})
+		if !ss.runnerKept.Load() {
+			s.RunnerExited(r.r, core.Exit{})
+		}
 	}
 	s.CommandsGone()
 	for _, c := range cmds {
@@ -182,6 +207,11 @@ func (s *Sandbox) control(ss *session, c agent.Ctl) {
 	case agent.OpReady:
 		if !isClosed(ss.ready) {
 			close(ss.ready)
+		}
+	case agent.OpPing:
+		select {
+		case ss.pongs <- c.ID:
+		default:
 		}
 	case agent.OpError:
 		s.mu.Lock()
@@ -302,10 +332,15 @@ func isClosed(ch <-chan struct{}) bool {
 
 // Close implements sandbox.Sandbox: every process of the container is
 // killed, the container removed, the workspace unmounted, the cgroup
-// destroyed; then the sandbox's host user goes back to the pool, unless
-// something of the container may be left.
+// destroyed, a paused sandbox's checkpoint removed; then the sandbox's
+// host user goes back to the pool, unless something of the container may
+// be left.
 func (s *Sandbox) Close() error {
+	// A pause or resume under way ends first: what it made is removed
+	// below.
+	s.pauseMu.Lock()
 	s.closing.Store(true)
+	s.pauseMu.Unlock()
 	s.closeOnce.Do(func() {
 		var errs []error
 		gone := true
@@ -350,6 +385,9 @@ func (s *Sandbox) Close() error {
 				errs = append(errs, err)
 			}
 		}
+		if err := s.removeCheckpoints(); err != nil {
+			errs = append(errs, err)
+		}
 		s.closeErr = errors.Join(errs...)
 	})
 	return s.closeErr
@@ -386,6 +424,9 @@ func (d *driver) Prepare(ctx context.Context) error {
 	if s.closing.Load() {
 		return sandbox.ErrClosed
 	}
+	if s.paused.Load() {
+		return sandbox.ErrPaused
+	}
 	if !isClosed(s.session().ended) {
 		return nil
 	}
@@ -400,8 +441,13 @@ func (d *driver) Closed() bool { return d.closing.Load() }
 func (d *driver) Dead() <-chan struct{} { return d.s().session().ended }
 
 // Restart has the agent kill every process of the container but itself and
-// start a runner.
-func (d *driver) Restart(context.Context) error { return d.s().ctl(agent.Ctl{Op: agent.OpRestart}) }
+// start a runner; a paused sandbox has no agent to ask.
+func (d *driver) Restart(context.Context) error {
+	if d.paused.Load() {
+		return sandbox.ErrPaused
+	}
+	return d.s().ctl(agent.Ctl{Op: agent.OpRestart})
+}
 
 func (d *driver) Interrupt(*core.Runner) error { return d.s().ctl(agent.Ctl{Op: agent.OpInterrupt}) }
 

@@ -47,6 +47,12 @@ type Config struct {
 	StateDir string
 	// CgroupParent is the group sandboxes are created under.
 	CgroupParent string
+	// CheckpointDir holds paused sandboxes' checkpoints (runsc's images
+	// of their memory), a directory each, removed when the sandbox
+	// resumes or closes; default: native.DefaultCheckpointRoot/
+	// CGROUP-PARENT, on disk (a checkpoint under /run, often a tmpfs,
+	// would keep the memory a pause frees).
+	CheckpointDir string
 	// Exe is the vivarium binary bound into each sandbox as the agent;
 	// default: this one.
 	Exe    string
@@ -84,6 +90,9 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.StateDir == "" {
 		cfg.StateDir = filepath.Join("/run/vivarium/gvisor", strings.ReplaceAll(cfg.CgroupParent, "/", "_"))
 	}
+	if cfg.CheckpointDir == "" {
+		cfg.CheckpointDir = filepath.Join(native.DefaultCheckpointRoot, strings.ReplaceAll(cfg.CgroupParent, "/", "_"))
+	}
 	if cfg.Exe == "" {
 		exe, err := os.Executable()
 		if err != nil {
@@ -112,7 +121,7 @@ func New(cfg Config) (*Backend, error) {
 	b, err := container.New(container.Config{
 		Runtime: rt, StateDir: filepath.Join(cfg.StateDir, "sandboxes"), Cgroups: cg,
 		UID: container.SandboxUID, GID: container.SandboxGID, Logger: cfg.Logger,
-		HostPids: hostPids,
+		HostPids: hostPids, CheckpointDir: cfg.CheckpointDir,
 	})
 	if err != nil {
 		rt.Close()
@@ -133,6 +142,14 @@ type Runtime struct {
 	cgroupParent string
 	cgroups      cgroups.Manager
 	root         string // the shared root skeleton
+	// lingering counts the removals of sandboxes' cgroup directories
+	// that are tried again later (RemoveCgroups).
+	lingering sync.WaitGroup
+	// cpMu guards whether checkpoints were probed (checkpointWorks) and
+	// the probe's failure.
+	cpMu     sync.Mutex
+	cpProbed time.Time
+	cpErr    error
 }
 
 // Name implements container.Runtime.
@@ -200,7 +217,10 @@ func (r *Runtime) Sweep() ([]string, error) {
 }
 
 // Close removes the root skeleton.
-func (r *Runtime) Close() error { return os.RemoveAll(r.root) }
+func (r *Runtime) Close() error {
+	r.lingering.Wait()
+	return os.RemoveAll(r.root)
+}
 
 type mount struct {
 	Destination string   `json:"destination"`
@@ -283,28 +303,36 @@ func (r *Runtime) Launch(ctx context.Context, l container.Launch) (container.Con
 	if err := os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o600); err != nil {
 		return nil, err
 	}
-	c := &sandboxContainer{r: r, id: "vivarium-" + l.ID, done: make(chan struct{}), cg: l.Cgroup}
-	cmd := exec.Command(r.cfg.Runsc, r.globalArgs()...)
-	cmd.Args = append(cmd.Args, "run", "--bundle", bundle, c.id)
+	c := &sandboxContainer{r: r, id: "vivarium-" + l.ID, bundle: bundle, done: make(chan struct{}), cg: l.Cgroup}
+	if err := c.start("run", "--bundle", bundle, c.id); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// start runs the runsc command that is the container (run, restore): the
+// container's standard input and output are its, its end the container's.
+func (c *sandboxContainer) start(args ...string) error {
+	cmd := exec.Command(c.r.cfg.Runsc, append(c.r.globalArgs(), args...)...)
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	cmd.Stderr = &c.log
 	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("runsc run: %w", err)
+		return fmt.Errorf("runsc %s: %w", args[0], err)
 	}
 	c.cmd, c.stdin, c.stdout = cmd, stdin, stdout
 	go func() {
 		cmd.Wait()
 		close(c.done)
 	}()
-	return c, nil
+	return nil
 }
 
 func (r *Runtime) globalArgs() []string {
@@ -317,10 +345,11 @@ func runscArgs(root, platform string) []string {
 	return []string{"--root", root, "--network=none", "--platform=" + platform}
 }
 
-// sandboxContainer is one `runsc run`.
+// sandboxContainer is one `runsc run` (or `runsc restore`).
 type sandboxContainer struct {
 	r      *Runtime
 	id     string
+	bundle string
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser
 	stdout io.Reader
@@ -366,8 +395,28 @@ func (c *sandboxContainer) Kill() error {
 // processes were going leaves them behind.
 func (c *sandboxContainer) RemoveCgroups() {
 	if c.cg != nil {
-		removeCgroupDirs(c.cg.Path())
+		c.r.removeCgroups(c.cg.Path())
 	}
+}
+
+// removeCgroups removes the group rel's directories in every hierarchy
+// now, and again in the background for a few seconds: seen with Debian
+// 12's runsc on cgroup v1 under load (two cores, a load average of 3 to
+// 4), an empty cpuset, devices and systemd directory of the group is made
+// again up to half a second after it was removed, once every process of
+// the sandbox is gone (a never-paused sandbox's too, and a platform
+// probe's); which process makes it was not found. The runtime's Close
+// waits for these.
+func (r *Runtime) removeCgroups(rel string) {
+	removeCgroupDirs(rel)
+	r.lingering.Add(1)
+	go func() {
+		defer r.lingering.Done()
+		for _, d := range []time.Duration{500 * time.Millisecond, time.Second, 2 * time.Second} {
+			time.Sleep(d)
+			removeCgroupDirs(rel)
+		}
+	}()
 }
 
 // Remove deletes runsc's state of the container.

@@ -14,6 +14,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/vivarium-sandbox/vivarium/internal/agent"
 	"github.com/vivarium-sandbox/vivarium/internal/backend/container"
 	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
@@ -251,7 +253,7 @@ func (r *Runtime) probe(ctx context.Context, platform string) (err error) {
 			// manage (cgroup v1's cpuset, devices, blkio...), which a
 			// runsc that was killed leaves.
 			cg.Destroy()
-			removeCgroupDirs(filepath.Join(r.cgroupParent, id))
+			r.removeCgroups(filepath.Join(r.cgroupParent, id))
 		}()
 	}
 	bundle := filepath.Join(dir, "bundle")
@@ -351,12 +353,16 @@ func lastLine(s string) string {
 }
 
 // removeCgroupDirs removes the (empty) group rel in every cgroup hierarchy
-// mounted here.
+// mounted here. A group whose last processes have been killed but not yet
+// reaped is busy (EBUSY): runsc's gofer and sandbox, orphaned when runsc
+// ends, are reaped by the host's init, which may take tens of
+// milliseconds. It is tried again, for up to cgroupReapTimeout.
 func removeCgroupDirs(rel string) {
 	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		return
 	}
+	var dirs []string
 	for _, line := range strings.Split(string(b), "\n") {
 		// "36 35 0:31 / /sys/fs/cgroup/cpuset rw,... - cgroup cgroup rw,cpuset"
 		pre, post, ok := strings.Cut(line, " - ")
@@ -364,6 +370,26 @@ func removeCgroupDirs(rel string) {
 		if !ok || len(fields) < 5 || len(fstype) < 1 || (fstype[0] != "cgroup" && fstype[0] != "cgroup2") {
 			continue
 		}
-		os.Remove(filepath.Join(fields[4], rel))
+		dirs = append(dirs, filepath.Join(fields[4], rel))
+	}
+	deadline := time.Now().Add(cgroupReapTimeout)
+	delay := time.Millisecond
+	for {
+		var busy []string
+		for _, d := range dirs {
+			if err := os.Remove(d); errors.Is(err, unix.EBUSY) {
+				busy = append(busy, d)
+			}
+		}
+		if len(busy) == 0 || time.Now().After(deadline) {
+			return
+		}
+		dirs = busy
+		time.Sleep(delay)
+		delay = min(2*delay, 50*time.Millisecond)
 	}
 }
+
+// cgroupReapTimeout bounds the wait for a group's killed processes to be
+// reaped.
+const cgroupReapTimeout = 2 * time.Second

@@ -1,0 +1,403 @@
+package container
+
+// Pause and resume (sandbox.Pauser, issue 15, docs/snapshots.md), for
+// runtimes whose containers are Checkpointers (gVisor's runsc). Pause has
+// the runtime save the container (every process's memory and open files,
+// the agent and the runner waiting for their next frame) into a directory
+// of the backend's, and the container ends: its memory is freed. Resume
+// has the runtime start a container from it, on the same disk and cgroup,
+// and gives the same Sandbox its agent, reached through the new
+// container's standard input and output, and its runner, ready and
+// holding the old state. The sandbox keeps its id, cgroup, host user and
+// files throughout; its workspace can be read and written while paused.
+//
+// Order of a pause, under pauseMu and the core's Exclusive (no execution
+// runs or starts):
+//  1. no command may be starting or running (startGate), then paused;
+//  2. the checkpoint must fit on the checkpoint directory's disk (a
+//     runtime may end a container whose checkpoint failed), and its
+//     restore in the sandbox's memory limit;
+//  3. a ping: the agent has read every frame sent before (the bytes
+//     still in the old standard input's pipe would not be in the
+//     checkpoint);
+//  4. the checkpoint; the container's end is seen by the reader of its
+//     stream, and its runner is kept (runnerKept), not taken for lost.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vivarium-sandbox/vivarium/internal/agent"
+	"github.com/vivarium-sandbox/vivarium/internal/core"
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+)
+
+var _ sandbox.Pauser = (*Sandbox)(nil)
+
+// Bounds of the steps of a pause and a resume.
+const (
+	// pingTimeout bounds the agent's answer to a ping before a
+	// checkpoint: it reads its stream all the time, and is idle.
+	pingTimeout = 10 * time.Second
+	// restoreTimeout bounds a restored agent's first answer: the runtime
+	// loads the whole checkpoint first (seconds for a big one on a busy
+	// host).
+	restoreTimeout = time.Minute
+	// drainTimeout bounds the wait for the end of a checkpointed
+	// container's stream.
+	drainTimeout = 30 * time.Second
+	// checkpointMargin is room a checkpoint's directory must have beyond
+	// the sandbox's memory.
+	checkpointMargin = 64 << 20
+)
+
+// Paused implements sandbox.Pauser.
+func (s *Sandbox) Paused() bool { return s.paused.Load() }
+
+// PauseSupported implements sandbox.Pauser.
+func (s *Sandbox) PauseSupported() error {
+	if s.spec.OneShot {
+		return fmt.Errorf("%w: a one-shot sandbox cannot be paused", sandbox.ErrUnsupported)
+	}
+	ss := s.session()
+	if ss == nil {
+		return sandbox.ErrClosed
+	}
+	cp, ok := ss.c.(Checkpointer)
+	if !ok {
+		return fmt.Errorf("%w: sandboxes of the %s backend cannot be paused (its containers cannot be checkpointed yet)",
+			sandbox.ErrUnsupported, s.b.Name())
+	}
+	if s.b.cfg.CheckpointDir == "" {
+		return fmt.Errorf("%w: the %s backend has no checkpoint directory to pause sandboxes to", sandbox.ErrUnsupported,
+			s.b.Name())
+	}
+	return cp.CheckpointSupported()
+}
+
+// Pause implements sandbox.Pauser. It fails with sandbox.ErrBusy while an
+// execution or a command runs, and with sandbox.ErrUnsupported, naming
+// why, for a sandbox that cannot be paused or whose checkpoint would not
+// fit on the disk. A pause that fails leaves the sandbox running: in the
+// same container, or, where the runtime ended the container with its
+// failed checkpoint, in a new one with the same files (its Python state
+// lost, which the error and the next execution say). Pausing a paused
+// sandbox does nothing.
+func (s *Sandbox) Pause(ctx context.Context) error {
+	if err := s.PauseSupported(); err != nil {
+		return err
+	}
+	s.pauseMu.Lock()
+	defer s.pauseMu.Unlock()
+	if s.closing.Load() {
+		return sandbox.ErrClosed
+	}
+	if s.paused.Load() {
+		return nil
+	}
+	return s.Exclusive(func() error {
+		// A container that died while idle (a command over the memory
+		// limit) is replaced first, as an execution would replace it.
+		if err := (*driver)(s).Prepare(ctx); err != nil {
+			return err
+		}
+		s.startGate.Lock()
+		if n := s.commandsRunning(); n > 0 {
+			s.startGate.Unlock()
+			return fmt.Errorf("%w: %d command(s) started in the sandbox still run; wait for them or kill them before pausing",
+				sandbox.ErrBusy, n)
+		}
+		s.paused.Store(true)
+		s.startGate.Unlock()
+		if err := s.checkpointContainer(ctx); err != nil {
+			s.paused.Store(false)
+			return fmt.Errorf("pause: %w", err)
+		}
+		return nil
+	})
+}
+
+// commandsRunning counts the commands started with Start that are
+// starting or running: their streams go through the agent's to this
+// Sandbox, and do not follow a checkpoint yet. (One that has exited has
+// had its output flushed before its exit was told; only the ends of its
+// streams may still come, and they do before the checkpointed container's
+// stream ends.)
+func (s *Sandbox) commandsRunning() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, cs := range s.cmds {
+		if !cs.exited {
+			n++
+		}
+	}
+	return n
+}
+
+// checkpointContainer saves the sandbox's container into a new checkpoint
+// directory and waits for its end. On failure the directory is removed
+// and the sandbox runs (in a new container if the runtime ended the old).
+func (s *Sandbox) checkpointContainer(ctx context.Context) error {
+	ss := s.session()
+	cp := ss.c.(Checkpointer)
+	dir, err := s.newCheckpointDir()
+	if err != nil {
+		return err
+	}
+	if err := s.checkpointFits(cp, dir); err != nil {
+		os.RemoveAll(dir)
+		return err
+	}
+	if err := s.ping(ctx, ss, pingTimeout); err != nil {
+		os.RemoveAll(dir)
+		return fmt.Errorf("the agent did not answer before the checkpoint: %w", err)
+	}
+	ss.runnerKept.Store(true)
+	start := time.Now()
+	// Not stopped half-way: a runtime's save is not undone by a caller
+	// that gives up.
+	err = cp.Checkpoint(context.WithoutCancel(ctx), dir)
+	if errors.Is(err, sandbox.ErrUnsupported) {
+		// Refused before anything was done to the container.
+		os.RemoveAll(dir)
+		ss.runnerKept.Store(false)
+		return err
+	}
+	if err != nil {
+		os.RemoveAll(dir)
+		// Did the container survive its failed checkpoint? runsc ends
+		// the sandbox once a save has begun, whatever its outcome.
+		select {
+		case <-ss.c.Done():
+		case <-time.After(2 * time.Second):
+		}
+		if !isClosed(ss.c.Done()) {
+			ss.runnerKept.Store(false)
+			return err
+		}
+		select {
+		case <-ss.ended:
+		case <-time.After(drainTimeout):
+		}
+		if rerr := s.relaunch(context.WithoutCancel(ctx), true); rerr != nil {
+			return fmt.Errorf("%w; the container ended with it, and a new one did not start: %v", err, rerr)
+		}
+		return fmt.Errorf("%w; the container ended with it: the sandbox runs again in a new one, with its files but not its Python state", err)
+	}
+	saved := time.Since(start)
+	// Every frame the container sent before its end is handled; then
+	// what the runtime keeps for it is removed (its checkpoint stays).
+	select {
+	case <-ss.ended:
+	case <-time.After(drainTimeout):
+		s.b.cfg.Logger.Warn("a checkpointed container's stream did not end", "id", s.id)
+	}
+	if err := ss.end(); err != nil {
+		s.b.cfg.Logger.Warn("remove a checkpointed container", "id", s.id, "err", err)
+	}
+	s.checkpoint = dir
+	s.b.cfg.Logger.Debug("sandbox checkpointed", "id", s.id, "checkpoint_ms", saved.Milliseconds(),
+		"ms", time.Since(start).Milliseconds())
+	return nil
+}
+
+// checkpointFits refuses a checkpoint that may not fit in dir's file
+// system (a checkpoint holds at most the memory the sandbox's cgroup was
+// ever charged: its peak; else its limit; and runsc ends a sandbox whose
+// checkpoint could not be written), or whose restore would not fit in the
+// sandbox's memory limit (what it holds now, and the runtime's overhead).
+func (s *Sandbox) checkpointFits(cp Checkpointer, dir string) error {
+	need := s.spec.Limits.Memory
+	if s.cg != nil {
+		st, err := s.cg.Stats()
+		if err == nil && st.MemoryPeak > 0 && st.MemoryPeak < need {
+			need = st.MemoryPeak
+		}
+		if over := cp.RestoreOverhead(); err == nil && over > 0 && st.Memory+over > s.spec.Limits.Memory {
+			return fmt.Errorf("%w: the sandbox holds %d MiB of its %d MiB memory limit, and resuming it would take "+
+				"about %d MiB more (the %s backend's restore): it could not be resumed; free memory in it first",
+				sandbox.ErrUnsupported, st.Memory>>20, s.spec.Limits.Memory>>20, over>>20, s.b.Name())
+		}
+	}
+	need += checkpointMargin
+	var fs unix.Statfs_t
+	if err := unix.Statfs(dir, &fs); err != nil {
+		return err
+	}
+	if free := int64(fs.Bavail) * fs.Bsize; free < need {
+		return fmt.Errorf("%w: the host's checkpoint disk has %d MiB free, and this sandbox's checkpoint may take up to %d MiB",
+			sandbox.ErrUnsupported, free>>20, need>>20)
+	}
+	return nil
+}
+
+// ping sends the agent of ss a ping and waits for its answer: every frame
+// sent before it has been read, and the agent's stream reaches here.
+func (s *Sandbox) ping(ctx context.Context, ss *session, timeout time.Duration) error {
+	id := pingID.Add(1)
+	if err := ss.out.Ctl(agent.Ctl{Op: agent.OpPing, ID: id}); err != nil {
+		return fmt.Errorf("the agent is gone: %v", err)
+	}
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	for {
+		select {
+		case got := <-ss.pongs:
+			if got == id {
+				return nil
+			}
+		case <-ss.ended:
+			return errors.New("the container ended")
+		case <-t.C:
+			return fmt.Errorf("no answer within %v", timeout)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+var pingID atomic.Uint32
+
+// Resume implements sandbox.Pauser: the sandbox's container is restored
+// where it was. A resume that fails leaves the sandbox paused, its
+// checkpoint kept. Resuming a sandbox that is not paused does nothing.
+func (s *Sandbox) Resume(ctx context.Context) error {
+	s.pauseMu.Lock()
+	defer s.pauseMu.Unlock()
+	if s.closing.Load() {
+		return sandbox.ErrClosed
+	}
+	if !s.paused.Load() {
+		return nil
+	}
+	return s.Exclusive(func() error {
+		if err := s.restoreContainer(ctx); err != nil {
+			return fmt.Errorf("resume: %w", err)
+		}
+		if err := os.RemoveAll(s.checkpoint); err != nil {
+			s.b.cfg.Logger.Warn("remove a resumed sandbox's checkpoint", "id", s.id, "err", err)
+		}
+		s.checkpoint = ""
+		s.paused.Store(false)
+		return nil
+	})
+}
+
+// restoreContainer starts the container from the checkpoint and makes it
+// the sandbox's: its session, and its runner, the one that was saved (same
+// generation, ready).
+func (s *Sandbox) restoreContainer(ctx context.Context) error {
+	old := s.session()
+	start := time.Now()
+	c, err := old.c.(Checkpointer).Restore(ctx, s.checkpoint)
+	if err != nil {
+		return err
+	}
+	ss := newSession(c)
+	close(ss.ready) // it was, before the checkpoint
+	ss.runnerKept.Store(true)
+	go s.read(ss)
+	if err := s.ping(ctx, ss, restoreTimeout); err != nil {
+		ss.end()
+		<-ss.ended
+		why := ""
+		if e, ok := c.(Explainer); ok {
+			if w := e.WhyEnded(); w != "" {
+				why = " (" + w + ")"
+			}
+		}
+		return fmt.Errorf("the restored container's agent did not answer: %v%s", err, why)
+	}
+	s.b.cfg.Logger.Debug("sandbox restored", "id", s.id, "ms", time.Since(start).Milliseconds())
+	s.mu.Lock()
+	prev := s.runner
+	s.mu.Unlock()
+	if prev == nil {
+		ss.end()
+		<-ss.ended
+		return errors.New("the paused sandbox had no runner")
+	}
+	pr, pw := io.Pipe()
+	r := &agentRunner{ss: ss, gen: prev.gen, events: pw}
+	r.r = core.NewRunner(r)
+	r.r.MarkReady()
+	go s.ReadEvents(r.r, pr)
+	s.mu.Lock()
+	s.runner = r
+	s.mu.Unlock()
+	s.sess.Store(ss)
+	ss.runnerKept.Store(false)
+	s.SetRunner(r.r)
+	return nil
+}
+
+// newCheckpointDir makes a new, empty directory for a checkpoint:
+// CheckpointDir/ID/N, root's alone.
+func (s *Sandbox) newCheckpointDir() (string, error) {
+	root := s.b.cfg.CheckpointDir
+	if err := os.MkdirAll(filepath.Dir(root), 0o711); err != nil {
+		return "", err
+	}
+	for _, d := range []string{root, filepath.Join(root, s.id)} {
+		if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+			return "", err
+		}
+	}
+	s.checkpoints++
+	dir := filepath.Join(root, s.id, strconv.Itoa(s.checkpoints))
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return "", err
+	}
+	return dir, nil
+}
+
+// removeCheckpoints removes what the sandbox's pauses left.
+func (s *Sandbox) removeCheckpoints() error {
+	if s.b.cfg.CheckpointDir == "" || s.id == "" {
+		return nil
+	}
+	return os.RemoveAll(filepath.Join(s.b.cfg.CheckpointDir, s.id))
+}
+
+// Interrupt implements sandbox.Sandbox: a paused sandbox runs nothing.
+func (s *Sandbox) Interrupt() error {
+	if s.paused.Load() {
+		return sandbox.ErrPaused
+	}
+	return s.Core.Interrupt()
+}
+
+// CreateContext implements sandbox.ContextKeeper; not while paused.
+func (s *Sandbox) CreateContext(language, cwd string) (sandbox.CodeContext, error) {
+	if s.paused.Load() {
+		return sandbox.CodeContext{}, sandbox.ErrPaused
+	}
+	return s.Core.CreateContext(language, cwd)
+}
+
+// RestartContext implements sandbox.ContextKeeper; not while paused (the
+// runner, which frees a context's state, is not there).
+func (s *Sandbox) RestartContext(id string) error {
+	if s.paused.Load() {
+		return sandbox.ErrPaused
+	}
+	return s.Core.RestartContext(id)
+}
+
+// RemoveContext implements sandbox.ContextKeeper; not while paused.
+func (s *Sandbox) RemoveContext(id string) error {
+	if s.paused.Load() {
+		return sandbox.ErrPaused
+	}
+	return s.Core.RemoveContext(id)
+}
