@@ -37,7 +37,7 @@ func (b *Box) pauser() (sandbox.Pauser, error) {
 func pauseSupported(sb sandbox.Sandbox, backend string) error {
 	p, ok := sb.(sandbox.Pauser)
 	if !ok {
-		return fmt.Errorf("%w: sandboxes of the %s backend cannot be paused (the native backend's can, with CRIU)",
+		return fmt.Errorf("%w: sandboxes of the %s backend cannot be paused (the native backend's can, with CRIU, and gvisor's)",
 			sandbox.ErrUnsupported, backend)
 	}
 	return p.PauseSupported()
