@@ -569,6 +569,9 @@ func shiftOwners(root string, from, to uint32) error {
 		}
 		return id - from + to, true
 	}
+	// A file of several names (hard links, which cp -a kept) is shifted
+	// once: at its second name it is already the copy's.
+	shifted := map[uint64]bool{}
 	return filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -577,6 +580,12 @@ func shiftOwners(root string, from, to uint32) error {
 		var st unix.Stat_t
 		if err := unix.Lstat(p, &st); err != nil {
 			return err
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFDIR && st.Nlink > 1 {
+			if shifted[st.Ino] {
+				return nil
+			}
+			shifted[st.Ino] = true
 		}
 		uid, ok1 := shift(st.Uid)
 		gid, ok2 := shift(st.Gid)
