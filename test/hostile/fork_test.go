@@ -606,55 +606,68 @@ type forkCase struct {
 	during string
 }
 
+// plantDir, before a root case's code, makes /planted: a directory of the
+// sandbox's root, which it may write (not the workspace, the user's).
+const plantDir = `import errno, os
+os.makedirs('/planted', exist_ok=True)
+os.chmod('/planted', 0o755)
+def attempt(label, f, *a):
+    try:
+        f(*a)
+        print(label, 'ok')
+    except OSError as e:
+        print(label, errno.errorcode.get(e.errno, e.errno))
+`
+
 var forkCases = []forkCase{
 	{
 		// A set-user-ID and set-group-ID root binary, a copy of python3
-		// owned by the sandbox's root, and one with a file capability
-		// (all of them, set by the sandbox's root: revision 3, its root
-		// id the sandbox's). The sandbox user must stay itself running
-		// them, in a copy as in the source.
+		// owned by the sandbox's root, one given a file capability (the
+		// sandbox's root has no CAP_SETFCAP: refused) and a set-group-ID
+		// directory. The sandbox user must stay itself running them, in a
+		// copy as in the source.
 		name: "setid_root_binaries",
-		root: `import os, shutil, struct
+		root: plantDir + `import shutil, struct
 for n in ('suid', 'fcap'):
-    shutil.copy('/usr/bin/python3', '/workspace/' + n)
-    os.chown('/workspace/' + n, 0, 0)
-os.chmod('/workspace/suid', 0o6755)
-os.chmod('/workspace/fcap', 0o755)
+    shutil.copy('/usr/bin/python3', '/planted/' + n)
+os.chmod('/planted/suid', 0o6755)
+os.chmod('/planted/fcap', 0o755)
 full = 0xffffffff
-os.setxattr('/workspace/fcap', 'security.capability', struct.pack('<IIIII', 0x02000000 | 1, full, full, 0x3f, 0x3f))
-os.mkdir('/workspace/sgid-dir')
-os.chown('/workspace/sgid-dir', 0, 0)
-os.chmod('/workspace/sgid-dir', 0o2777)
+attempt('file capability', os.setxattr, '/planted/fcap', 'security.capability', struct.pack('<IIIII', 0x02000000 | 1, full, full, 0x3f, 0x3f))
+os.mkdir('/planted/sgid-dir')
+os.chmod('/planted/sgid-dir', 0o2777)
 print('planted')`,
 		check: `import os, subprocess
 for n in ('suid', 'fcap'):
-    st = os.stat('/workspace/' + n)
-    r = subprocess.run(['/workspace/' + n, '-c', 'import os; print(os.getresuid(), os.getresgid(), [l.split()[1] for l in open("/proc/self/status") if l.startswith("CapEff")])'], capture_output=True, text=True)
+    st = os.stat('/planted/' + n)
+    r = subprocess.run(['/planted/' + n, '-c', 'import os; print(os.getresuid(), os.getresgid(), [l.split()[1] for l in open("/proc/self/status") if l.startswith("CapEff")])'], capture_output=True, text=True)
     print(n, oct(st.st_mode), st.st_uid, st.st_gid, r.stdout.strip(), r.returncode)
-print('fcap xattr', os.getxattr('/workspace/fcap', 'security.capability').hex())
-open('/workspace/sgid-dir/f', 'w').close()
-st = os.stat('/workspace/sgid-dir/f')
-print('sgid-dir', oct(os.stat('/workspace/sgid-dir').st_mode), 'new file group', st.st_gid)
-os.remove('/workspace/sgid-dir/f')`,
+print('fcap xattrs', os.listxattr('/planted/fcap'))
+open('/planted/sgid-dir/f', 'w').close()
+st = os.stat('/planted/sgid-dir/f')
+print('sgid-dir', oct(os.stat('/planted/sgid-dir').st_mode), 'new file group', st.st_gid)
+os.remove('/planted/sgid-dir/f')`,
 	},
 	{
-		// ACLs naming other users and groups of the sandbox, a default
-		// ACL, user attributes; and attributes the sandbox may not set
-		// (trusted.*, security.* other than the capability).
+		// ACLs naming other users and groups of the sandbox (1234,
+		// 4321, the overflow id 65534, its root), a default ACL, user
+		// attributes; and what the sandbox's root may not do (chown,
+		// trusted.* and security.* attributes).
 		name: "xattrs_and_acls",
-		root: `import errno, os, struct
+		root: plantDir + `import errno, struct
 def acl(*ents):
     return struct.pack('<I', 2) + b''.join(struct.pack('<HHI', *e) for e in ents)
 U = 0xffffffff
-open('/workspace/acl.txt', 'w').write('acl')
-os.setxattr('/workspace/acl.txt', 'system.posix_acl_access', acl((1, 6, U), (2, 4, 1234), (2, 6, 65534), (4, 4, U), (8, 4, 4321), (0x10, 6, U), (0x20, 4, U)))
-os.mkdir('/workspace/acl-dir')
-os.setxattr('/workspace/acl-dir', 'system.posix_acl_default', acl((1, 7, U), (2, 7, 0), (4, 5, U), (8, 7, 0), (0x10, 7, U), (0x20, 5, U)))
-os.chown('/workspace/acl.txt', 2000, 3000)
-os.setxattr('/workspace/acl.txt', 'user.note', b'x' * 200)
+open('/planted/acl.txt', 'w').write('acl')
+os.setxattr('/planted/acl.txt', 'system.posix_acl_access', acl((1, 6, U), (2, 4, 1234), (2, 6, 65534), (4, 4, U), (8, 4, 4321), (0x10, 6, U), (0x20, 4, U)))
+os.mkdir('/planted/acl-dir')
+os.chmod('/planted/acl-dir', 0o777)
+os.setxattr('/planted/acl-dir', 'system.posix_acl_default', acl((1, 7, U), (2, 7, 0), (4, 5, U), (8, 7, 0), (0x10, 7, U), (0x20, 7, U)))
+attempt('chown to 2000:3000', os.chown, '/planted/acl.txt', 2000, 3000)
+os.setxattr('/planted/acl.txt', 'user.note', b'x' * 200)
 for name in ('trusted.evil', 'security.evil', 'security.selinux'):
     try:
-        os.setxattr('/workspace/acl.txt', name, b'1')
+        os.setxattr('/planted/acl.txt', name, b'1')
         print(name, 'set')
     except OSError as e:
         print(name, errno.errorcode[e.errno])`,
@@ -662,14 +675,14 @@ for name in ('trusted.evil', 'security.evil', 'security.selinux'):
 def _acl(p, a):
     v = os.getxattr(p, a)
     return [struct.unpack_from('<HHI', v, 4 + 8 * i) for i in range((len(v) - 4) // 8)]
-st = os.stat('/workspace/acl.txt')
+st = os.stat('/planted/acl.txt')
 print('owner', st.st_uid, st.st_gid)
-print('access', _acl('/workspace/acl.txt', 'system.posix_acl_access'))
-print('default', _acl('/workspace/acl-dir', 'system.posix_acl_default'))
-print('attrs', sorted(os.listxattr('/workspace/acl.txt')), len(os.getxattr('/workspace/acl.txt', 'user.note')))
-open('/workspace/acl-dir/new', 'w').close()
-print('inherited', _acl('/workspace/acl-dir/new', 'system.posix_acl_access'))
-os.remove('/workspace/acl-dir/new')`,
+print('access', _acl('/planted/acl.txt', 'system.posix_acl_access'))
+print('default', _acl('/planted/acl-dir', 'system.posix_acl_default'))
+print('attrs', sorted(os.listxattr('/planted/acl.txt')), len(os.getxattr('/planted/acl.txt', 'user.note')))
+open('/planted/acl-dir/new', 'w').close()
+print('inherited', _acl('/planted/acl-dir/new', 'system.posix_acl_access'))
+os.remove('/planted/acl-dir/new')`,
 	},
 	{
 		// Hard links: a file with 200 names across the workspace and
@@ -692,31 +705,36 @@ with open('/tmp/l7', 'r+') as f:
     f.write('t')`,
 	},
 	{
-		// Huge sparse files (1 TiB, on a 64 MiB disk) beside one of 40
-		// MiB of data: the copy's tmpfs has the source's size, and a copy
-		// that wrote the holes out would not fit.
+		// Huge sparse files (16 of the largest size the sandbox may
+		// write, its disk: 1 GiB apparent on a 64 MiB disk) beside one of
+		// 40 MiB of data: the copy's tmpfs has the source's size, and a
+		// copy that wrote the holes out would not fit.
 		name:   "sparse_and_full",
 		limits: sandbox.Limits{Disk: 64 << 20},
-		setup: `import os
-with open('/workspace/sparse', 'wb') as f:
-    f.truncate(1 << 40)
-    f.seek(1 << 39)
-    f.write(b'middle')
-with open('/tmp/sparse2', 'wb') as f:
-    f.truncate(64 << 30)
+		setup: `import os, resource
+# The largest file the sandbox may write (RLIMIT_FSIZE: its disk).
+big = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+for i in range(16):
+    with open('/workspace/sparse%d' % i, 'wb') as f:
+        f.truncate(big)
+        f.seek(big // 2)
+        f.write(b'middle')
 with open('/workspace/data', 'wb') as f:
     for i in range(40):
         f.write(bytes([i + 1]) * (1 << 20))
 print('ready')`,
-		check: `import os
-st = os.stat('/workspace/sparse')
-print('sparse', st.st_size, st.st_blocks * 512 <= 1 << 20)
-f = open('/workspace/sparse', 'rb')
-f.seek(1 << 39)
-print('middle', f.read(6))
-print('sparse2', os.stat('/tmp/sparse2').st_size)
-d = open('/workspace/data', 'rb').read()
-print('data', len(d), d[0], d[-1])
+		check: `import os, resource
+big = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+for i in (0, 15):
+    st = os.stat('/workspace/sparse%d' % i)
+    f = open('/workspace/sparse%d' % i, 'rb')
+    f.seek(big // 2)
+    print('sparse', i, st.st_size == big, st.st_blocks * 512 <= 64 << 10, f.read(6))
+print('apparent MiB', sum(os.stat('/workspace/sparse%d' % i).st_size for i in range(16)) >> 20)
+def _data():
+    d = open('/workspace/data', 'rb').read()
+    return len(d), d[0], d[-1]
+print('data', *_data())
 sv = os.statvfs('/workspace')
 print('disk', sv.f_blocks * sv.f_frsize, 'used MiB', (sv.f_blocks - sv.f_bfree) * sv.f_frsize >> 20)`,
 	},
@@ -740,42 +758,46 @@ print('inodes', sv.f_files)`,
 		// tree, at files the supervisor reads, a loop; the copy is made
 		// from them, never through them.
 		name: "symlinks_out",
-		root: `import os
-links = {'/workspace/proc1root': '/proc/1/root', '/workspace/up': '../../../../../../..', '/workspace/shadow': '/etc/shadow',
-         '/tmp/selfroot': '/proc/self/root/..', '/workspace/loop1': 'loop2', '/workspace/loop2': 'loop1',
-         '/workspace/hostsecret': '/root', '/etc/evil': '/proc/1/root/etc', '/workspace/dev': '/dev/sda'}
+		root: plantDir + `links = {'/planted/proc1root': '/proc/1/root', '/planted/up': '../../../../../../..', '/planted/shadow': '/etc/shadow',
+         '/tmp/selfroot': '/proc/self/root/..', '/planted/loop1': 'loop2', '/planted/loop2': 'loop1',
+         '/planted/hostsecret': '/root', '/planted/etc': '/proc/1/root/etc', '/planted/dev': '/dev/sda'}
 for l, target in links.items():
     os.symlink(target, l)
     os.lchown(l, 0, 0)
 print('planted')`,
 		check: `import os
-for l in ('/workspace/proc1root', '/workspace/up', '/workspace/shadow', '/tmp/selfroot', '/workspace/loop1', '/workspace/hostsecret', '/etc/evil', '/workspace/dev'):
+for l in ('/planted/proc1root', '/planted/up', '/planted/shadow', '/tmp/selfroot', '/planted/loop1', '/planted/hostsecret', '/planted/etc', '/planted/dev'):
     st = os.lstat(l)
     print(l, os.readlink(l), st.st_uid)
-print('root through /proc/1/root', sorted(os.listdir('/workspace/proc1root'))[:3])`,
+for l in ('/planted/proc1root', '/planted/hostsecret', '/planted/etc'):
+    try:
+        print(l, 'lists', len(os.listdir(l)))
+    except OSError as e:
+        print(l, e.strerror)`,
 	},
 	{
 		// FIFOs (one with a reader blocked in open), a socket file, a
 		// whiteout (character device 0:0, which anyone may make), and a
 		// device node it may not make.
 		name: "fifos_and_devices",
-		root: `import errno, os, stat
-os.mkfifo('/workspace/fifo')
-os.mknod('/workspace/whiteout', stat.S_IFCHR | 0o600, os.makedev(0, 0))
+		root: plantDir + `import errno, stat
+os.mkfifo('/planted/fifo', 0o666)
+os.chmod('/planted/fifo', 0o666)
+os.mknod('/planted/whiteout', stat.S_IFCHR | 0o600, os.makedev(0, 0))
 try:
-    os.mknod('/workspace/mem', stat.S_IFCHR | 0o666, os.makedev(1, 1))
+    os.mknod('/planted/mem', stat.S_IFCHR | 0o666, os.makedev(1, 1))
     print('mknod mem ok')
 except OSError as e:
     print('mknod mem', errno.errorcode[e.errno])
 print('planted')`,
 		setup: `import os, socket, subprocess, sys, time
-blocked = subprocess.Popen([sys.executable, '-c', "open('/workspace/fifo').read()"])
+blocked = subprocess.Popen([sys.executable, '-c', "open('/planted/fifo').read()"])
 sockf = socket.socket(socket.AF_UNIX)
 sockf.bind('/workspace/sock')
 time.sleep(0.2)
 print('ready')`,
 		check: `import os, stat
-for p in ('/workspace/fifo', '/workspace/whiteout', '/workspace/sock', '/workspace/mem'):
+for p in ('/planted/fifo', '/planted/whiteout', '/workspace/sock', '/planted/mem'):
     try:
         st = os.lstat(p)
         print(p, stat.filemode(st.st_mode), os.major(st.st_rdev), os.minor(st.st_rdev), st.st_uid)
@@ -843,6 +865,9 @@ func (w *forkWorld) hostileSource(t *testing.T, c forkCase) string {
 	want := w.exec(t, s, c.check, nil)
 	t.Logf("source: %s", strings.ReplaceAll(strings.TrimSpace(want), "\n", "; "))
 	before := hostPids(t, s)
+	if c.name == "fork_storm" {
+		time.Sleep(2 * time.Second) // the storm under way
+	}
 	start := time.Now()
 	copies, err := w.fork(t, s, 2)
 	took := time.Since(start).Round(time.Millisecond)
@@ -881,6 +906,7 @@ func (w *forkWorld) hostileSource(t *testing.T, c forkCase) string {
 		}
 	}()
 	t.Logf("Fork(2): %v (source's processes before: %d)", took, len(before))
+	t.Logf("memory charged: the source %s; copy0 %s; copy1 %s", memoryOf(s), memoryOf(copies[0]), memoryOf(copies[1]))
 	ranges := map[int]string{w.hostRoot(t, s): "source"}
 	checkHostIDs(t, "source", s, w.hostRoot(t, s))
 	for i, cp := range copies {
@@ -894,6 +920,27 @@ func (w *forkWorld) hostileSource(t *testing.T, c forkCase) string {
 		t.Errorf("the source after the fork:\n%s\nwant:\n%s", got, want)
 	}
 	return "forked"
+}
+
+// memoryOf is what the memory controller charges s's group (cgroup v1:
+// usage, then the shmem (its files), cache and rss of memory.stat).
+func memoryOf(s *native.Sandbox) string {
+	g := filepath.Join("/sys/fs/cgroup/memory", forkCgroupParent, s.ID())
+	b, err := os.ReadFile(filepath.Join(g, "memory.usage_in_bytes"))
+	if err != nil {
+		return "?"
+	}
+	n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	out := fmt.Sprintf("%d MiB", n>>20)
+	st, _ := os.ReadFile(filepath.Join(g, "memory.stat"))
+	for _, l := range strings.Split(string(st), "\n") {
+		k, v, _ := strings.Cut(l, " ")
+		if k == "total_shmem" || k == "total_cache" || k == "total_rss" {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			out += fmt.Sprintf(" %s %d MiB", strings.TrimPrefix(k, "total_"), n>>20)
+		}
+	}
+	return out
 }
 
 // allOf: every group is the sandbox id's.
