@@ -46,6 +46,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -399,6 +400,7 @@ func (s *Sandbox) restoreCopy(ctx context.Context, bin string, snap *forkSnapsho
 	}
 	r, err := restoreTree(ctx, bin, cp)
 	if err != nil {
+		reapCopyRestore(c.owner)
 		return nil, times, err
 	}
 	times.restore = r.took
@@ -418,6 +420,55 @@ func (s *Sandbox) restoreCopy(ctx context.Context, bin string, snap *forkSnapsho
 		return nil, times, err
 	}
 	return c, times, nil
+}
+
+// reapCopyRestore reaps what a failed restore of a copy left as this
+// process's child: the restored init (criu restore --restore-sibling),
+// which CRIU kills but cannot wait for. reapFailedRestore knows it by
+// its name, criu, but a restore that fails late (the restorer unable to
+// make a thread, EAGAIN, under a fork storm at the pids limit) has
+// given it init's name already. Here it is known by its owner: the
+// copy's host range is the copy's alone, and nothing of the copy runs.
+func reapCopyRestore(owner hostuid.Range) {
+	self := os.Getpid()
+	for deadline := time.Now().Add(time.Second); ; time.Sleep(20 * time.Millisecond) {
+		found := false
+		tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", self))
+		for _, t := range tasks {
+			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", self, t.Name()))
+			for _, f := range strings.Fields(string(b)) {
+				pid, err := strconv.Atoi(f)
+				if err != nil || !ownedBy(pid, owner) {
+					continue
+				}
+				found = true
+				var ws unix.WaitStatus
+				unix.Wait4(pid, &ws, unix.WNOHANG, nil)
+			}
+		}
+		if !found || time.Now().After(deadline) {
+			return
+		}
+	}
+}
+
+// ownedBy reports whether process pid's real uid is in owner's range.
+func ownedBy(pid int, owner hostuid.Range) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return false
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "Uid:"); ok {
+			f := strings.Fields(v)
+			if len(f) == 0 {
+				return false
+			}
+			uid, err := strconv.ParseUint(f[0], 10, 32)
+			return err == nil && uint32(uid) >= owner.First && uint32(uid)-owner.First < hostuid.RangeSize
+		}
+	}
+	return false
 }
 
 // copyTimes are where a copy's time went: its files' copy, CRIU's
