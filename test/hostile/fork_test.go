@@ -625,6 +625,7 @@ func TestHostileForkIsolation(t *testing.T) {
 type forkCase struct {
 	name   string
 	limits sandbox.Limits
+	before string // in the runner, before root
 	root   string
 	setup  string
 	check  string
@@ -802,6 +803,23 @@ for l in ('/planted/proc1root', '/planted/hostsecret', '/planted/etc'):
         print(l, e.strerror)`,
 	},
 	{
+		// The workspace replaced by a link to the host's root through
+		// /proc/1/root (the user opens it to the sandbox's root, which
+		// renames it): the copy's workspace is opened from its tmpfs
+		// without following a link, so the fork fails or the copy's
+		// Workspace is its own.
+		name: "workspace_replaced",
+		before: `import os
+os.chmod('/workspace', 0o777)
+open('/workspace/mine.txt', 'w').write('mine')`,
+		root: `import os
+os.rename('/workspace', '/ws-real')
+os.symlink('/proc/1/root', '/workspace')
+print('replaced')`,
+		check: `import os
+print(os.readlink('/workspace'), os.getcwd(), open('/ws-real/mine.txt').read())`,
+	},
+	{
 		// FIFOs (one with a reader blocked in open), a socket file, a
 		// whiteout (character device 0:0, which anyone may make), and a
 		// device node it may not make.
@@ -896,6 +914,9 @@ func (w *forkWorld) hostileSource(t *testing.T, c forkCase) string {
 	s := w.source(t, override(sandbox.Limits{Disk: 16 << 20}, c.limits))
 	defer w.close(t, s)
 	sourceView := w.view(t, s)
+	if c.before != "" {
+		w.exec(t, s, c.before, nil)
+	}
 	if c.root != "" {
 		t.Logf("planted as root: %s", strings.TrimSpace(w.asRoot(t, s, c.root)))
 	}
@@ -957,11 +978,29 @@ func (w *forkWorld) hostileSource(t *testing.T, c forkCase) string {
 		if got := w.exec(t, cp, c.check, nil); got != want {
 			t.Errorf("%s: the case's check:\n%s\nthe source's:\n%s", name, got, want)
 		}
+		if got, want := workspaceList(cp), workspaceList(s); got != want {
+			t.Errorf("%s: its Workspace lists %s; the source's %s", name, got, want)
+		}
 	}
 	if got := w.exec(t, s, c.check, nil); got != want {
 		t.Errorf("the source after the fork:\n%s\nwant:\n%s", got, want)
 	}
 	return "forked"
+}
+
+// workspaceList is what s's Workspace (the files API's) lists at its
+// top, or its error.
+func workspaceList(s *native.Sandbox) string {
+	ents, err := s.Workspace().ReadDir(".", 1)
+	if err != nil {
+		return "error: " + err.Error()
+	}
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Path)
+	}
+	sort.Strings(names)
+	return strings.Join(names, " ")
 }
 
 // memoryOf is what the memory controller charges s's group (cgroup v1:
