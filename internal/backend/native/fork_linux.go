@@ -46,6 +46,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -404,6 +405,7 @@ func (s *Sandbox) restoreCopy(ctx context.Context, bin string, snap *forkSnapsho
 	r, err := restoreTree(ctx, bin, cp)
 	undo()
 	if err != nil {
+		reapCopyRestore(c.owner)
 		return nil, times, err
 	}
 	times.restore = r.took
@@ -423,6 +425,55 @@ func (s *Sandbox) restoreCopy(ctx context.Context, bin string, snap *forkSnapsho
 		return nil, times, err
 	}
 	return c, times, nil
+}
+
+// reapCopyRestore reaps what a failed restore of a copy left as this
+// process's child: the restored init (criu restore --restore-sibling),
+// which CRIU kills but cannot wait for. reapFailedRestore knows it by
+// its name, criu, but a restore that fails late (the restorer unable to
+// make a thread, EAGAIN, under a fork storm at the pids limit) has
+// given it init's name already. Here it is known by its owner: the
+// copy's host range is the copy's alone, and nothing of the copy runs.
+func reapCopyRestore(owner hostuid.Range) {
+	self := os.Getpid()
+	for deadline := time.Now().Add(time.Second); ; time.Sleep(20 * time.Millisecond) {
+		found := false
+		tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", self))
+		for _, t := range tasks {
+			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", self, t.Name()))
+			for _, f := range strings.Fields(string(b)) {
+				pid, err := strconv.Atoi(f)
+				if err != nil || !ownedBy(pid, owner) {
+					continue
+				}
+				found = true
+				var ws unix.WaitStatus
+				unix.Wait4(pid, &ws, unix.WNOHANG, nil)
+			}
+		}
+		if !found || time.Now().After(deadline) {
+			return
+		}
+	}
+}
+
+// ownedBy reports whether process pid's real uid is in owner's range.
+func ownedBy(pid int, owner hostuid.Range) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return false
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "Uid:"); ok {
+			f := strings.Fields(v)
+			if len(f) == 0 {
+				return false
+			}
+			uid, err := strconv.ParseUint(f[0], 10, 32)
+			return err == nil && uint32(uid) >= owner.First && uint32(uid)-owner.First < hostuid.RangeSize
+		}
+	}
+	return false
 }
 
 // copyTimes are where a copy's time went: its files' copy, CRIU's
@@ -574,6 +625,9 @@ func shiftOwners(root string, from, to uint32) error {
 		}
 		return id - from + to, true
 	}
+	// A file of several names (hard links, which cp -a kept) is shifted
+	// once: at its second name it is already the copy's.
+	shifted := map[uint64]bool{}
 	return filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -582,6 +636,12 @@ func shiftOwners(root string, from, to uint32) error {
 		var st unix.Stat_t
 		if err := unix.Lstat(p, &st); err != nil {
 			return err
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFDIR && st.Nlink > 1 {
+			if shifted[st.Ino] {
+				return nil
+			}
+			shifted[st.Ino] = true
 		}
 		uid, ok1 := shift(st.Uid)
 		gid, ok2 := shift(st.Gid)
