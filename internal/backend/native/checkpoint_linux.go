@@ -743,6 +743,9 @@ func (cp *checkpoint) collectFiles(initPID int, tree []int, mnts []mountEntry) e
 			if err != nil || ierr != nil {
 				return fmt.Errorf("checkpoint: inspect %s of process %d: %w", link, pid, errors.Join(err, ierr))
 			}
+			if sharedAnonymous(link, &st) {
+				continue
+			}
 			if err := addFile(pid, info.mntID, &st, link); err != nil {
 				return err
 			}
@@ -763,6 +766,14 @@ func (cp *checkpoint) collectFiles(initPID int, tree []int, mnts []mountEntry) e
 // gone reports whether err says a process, or a descriptor, is no more.
 func gone(err error) bool {
 	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ESRCH)
+}
+
+// sharedAnonymous reports whether a mapping is shared anonymous memory
+// (mmap MAP_SHARED|MAP_ANONYMOUS): the kernel names it "/dev/zero
+// (deleted)", a regular file of its internal shmem mount, never the
+// /dev/zero character device. CRIU saves it with the process.
+func sharedAnonymous(link string, st *unix.Stat_t) bool {
+	return link == "/dev/zero (deleted)" && st.Mode&unix.S_IFMT == unix.S_IFREG
 }
 
 // sandboxMemory reports whether a descriptor's or mapping's link names

@@ -746,3 +746,26 @@ print(open("/proc/self/uid_map").read().split()[1], os.getuid())`}, nil)
 	d.Close()
 	a.Close()
 }
+
+// The runner and what the code starts go before init when the sandbox
+// reaches its memory limit (a higher OOM score than init's): a sandbox of
+// many small processes had lost its init, the largest, and with it
+// everything.
+func TestRunnerGoesBeforeInit(t *testing.T) {
+	t.Parallel()
+	b := newBackend(t)
+	sb, err := b.Create(context.Background(), sandbox.Spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	res, err := sb.Execute(context.Background(), sandbox.ExecRequest{Code: "import subprocess\n" +
+		"print(open('/proc/self/oom_score_adj').read().strip(), open('/proc/1/oom_score_adj').read().strip(),\n" +
+		"      subprocess.run(['cat', '/proc/self/oom_score_adj'], capture_output=True, text=True).stdout.strip())"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Stdout != "500 0 500\n" {
+		t.Fatalf("oom_score_adj of the runner, init and a child: %q %s", res.Stdout, res.Stderr)
+	}
+}
