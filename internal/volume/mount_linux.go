@@ -130,7 +130,7 @@ func mountImage(image, dir string) error {
 
 // attachedWait is how long a mount waits for an image's earlier loop
 // device to detach.
-const attachedWait = 3 * time.Second
+const attachedWait = 10 * time.Second
 
 // waitDetached waits, at most d, until no loop device has an image under
 // dir as its backing file.

@@ -19,6 +19,8 @@ const metadataPrefix = "user.e2b."
 
 // Readlink returns the target of the symbolic link name, as written.
 func (d *Dir) Readlink(name string) (_ string, err error) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
 	defer permission(&err)
 	rel, err := Clean(name)
 	if err != nil {
@@ -70,6 +72,8 @@ func (d *Dir) withInode(name string, fn func(p string) error) (ok bool, err erro
 // by key order; keys and values over their bounds (the sandbox may set
 // anything) are left out.
 func (d *Dir) FileMetadata(name string) (_ map[string]string, err error) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
 	defer permission(&err)
 	out := map[string]string{}
 	_, err = d.withInode(name, func(p string) error {
@@ -107,6 +111,8 @@ func (d *Dir) FileMetadata(name string) (_ map[string]string, err error) {
 // SetFileMetadata sets md on name (a regular file or a directory), with
 // the sandbox user's rights.
 func (d *Dir) SetFileMetadata(name string, md map[string]string) (err error) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
 	defer permission(&err)
 	if err := sandbox.CheckMetadata(md); err != nil {
 		return err
@@ -142,6 +148,8 @@ var (
 // DiskUsed is the space used on the workspace's file system: a sandbox's
 // disk of its own (see sandbox.DiskUser), on the backends that give it one.
 func (d *Dir) DiskUsed() (int64, error) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
 	var st unix.Statfs_t
 	if err := unix.Fstatfs(d.fd, &st); err != nil {
 		return 0, err
@@ -157,6 +165,8 @@ func (d *Dir) DiskUsed() (int64, error) {
 // never a link's target) as the workspace's owner: only what the owner
 // owns can be changed.
 func (d *Dir) Chmod(name string, mode uint32) (err error) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
 	defer permission(&err)
 	if mode&^0o777 != 0 {
 		// No set-id or sticky bits: they mean nothing in a volume

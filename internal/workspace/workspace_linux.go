@@ -19,6 +19,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -37,6 +38,11 @@ const (
 
 // Dir is a confined directory.
 type Dir struct {
+	// mu is held (read) by every operation while it uses fd, and by
+	// Close (write) while it closes it: a descriptor closed under an
+	// operation in flight, and its number reused by another open, would
+	// point the operation at another file.
+	mu       sync.RWMutex
 	fd       int
 	uid, gid int // owner of what Dir creates; -1 keeps the caller's
 }
@@ -53,6 +59,8 @@ func Open(dirPath string, uid, gid int) (*Dir, error) {
 
 // Close releases the directory descriptor.
 func (d *Dir) Close() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	if d.fd < 0 {
 		return nil
 	}
@@ -109,6 +117,9 @@ func Clean(name string) (string, error) {
 }
 
 func (d *Dir) openat(dirfd int, name string, flags uint64, mode uint32) (int, error) {
+	if dirfd < 0 {
+		return -1, sandbox.ErrClosed // the Dir was closed
+	}
 	for {
 		fd, err := unix.Openat2(dirfd, name, &unix.OpenHow{
 			Flags:   flags | unix.O_CLOEXEC | unix.O_NOFOLLOW,
@@ -129,6 +140,9 @@ func (d *Dir) openat(dirfd int, name string, flags uint64, mode uint32) (int, er
 // mkdirAll creates the directories of rel (a cleaned path) and returns a
 // descriptor of the last one.
 func (d *Dir) mkdirAll(rel string) (int, error) {
+	if d.fd < 0 {
+		return -1, sandbox.ErrClosed
+	}
 	fd, err := unix.Dup(d.fd)
 	if err != nil {
 		return -1, err
@@ -184,6 +198,8 @@ func (d *Dir) asOwner(fn func() error) error {
 // WriteFile writes r to name atomically: into a temporary file beside it,
 // renamed over name once complete. A failure leaves nothing behind.
 func (d *Dir) WriteFile(name string, r io.Reader, limit int64) (err error) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
 	defer permission(&err)
 	return d.asOwner(func() error { return d.writeFile(name, r, limit) })
 }
@@ -234,6 +250,8 @@ func (d *Dir) writeFile(name string, r io.Reader, limit int64) error {
 
 // OpenFile opens a regular file for reading.
 func (d *Dir) OpenFile(name string) (_ io.ReadCloser, _ sandbox.FileInfo, err error) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
 	defer permission(&err)
 	rel, err := Clean(name)
 	if err != nil {
@@ -305,6 +323,8 @@ func cleanOrRoot(name string) (string, error) {
 // ReadDir lists the entries of directory name (links are listed, not
 // followed), recursing depth-1 levels below it, sorted by path.
 func (d *Dir) ReadDir(name string, depth int) (_ []sandbox.FileInfo, err error) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
 	defer permission(&err)
 	rel, err := cleanOrRoot(name)
 	if err != nil {
@@ -329,6 +349,8 @@ func (d *Dir) ReadDir(name string, depth int) (_ []sandbox.FileInfo, err error) 
 
 // Stat describes name without following a final link.
 func (d *Dir) Stat(name string) (_ sandbox.FileInfo, err error) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
 	defer permission(&err)
 	rel, err := cleanOrRoot(name)
 	if err != nil {
@@ -357,6 +379,8 @@ func (d *Dir) Stat(name string) (_ sandbox.FileInfo, err error) {
 // Remove deletes name: a file, a link (not its target) or a directory with
 // everything in it.
 func (d *Dir) Remove(name string) (err error) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
 	defer permission(&err)
 	rel, err := Clean(name)
 	if err != nil {
@@ -402,6 +426,8 @@ func removeAt(dirfd int, name string, depth int) error {
 // Mkdir creates directory name and its missing parents, as the
 // workspace's owner. An entry already at name is ErrExists.
 func (d *Dir) Mkdir(name string) (err error) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
 	defer permission(&err)
 	rel, err := Clean(name)
 	if err != nil {
@@ -430,6 +456,8 @@ func (d *Dir) Mkdir(name string) (err error) {
 // links); rename(2) itself never follows the last component, so a link is
 // moved, not its target.
 func (d *Dir) Rename(from, to string) (err error) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
 	defer permission(&err)
 	src, err := Clean(from)
 	if err != nil {
@@ -483,6 +511,12 @@ func linkOrNotExist(err error) error {
 // List walks the workspace and returns its regular files, sorted by path.
 // Links, FIFOs, sockets and devices are not followed and not listed.
 func (d *Dir) List(max int) ([]sandbox.FileInfo, error) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return d.list(max)
+}
+
+func (d *Dir) list(max int) ([]sandbox.FileInfo, error) {
 	var out []sandbox.FileInfo
 	err := d.walk(func(rel string, st *unix.Stat_t) bool {
 		if st.Mode&unix.S_IFMT == unix.S_IFREG {
@@ -546,6 +580,8 @@ func (d *Dir) walkDepth(maxDepth int, visit func(rel string, st *unix.Stat_t) bo
 // CopyOut copies regular files into the host directory dir (created if
 // needed). Files over maxFile, or past maxTotal altogether, are skipped.
 func (d *Dir) CopyOut(dir string, maxFile, maxTotal int64) ([]sandbox.FileInfo, error) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
 	if err := unix.Mkdir(dir, 0o755); err != nil && err != unix.EEXIST {
 		return nil, fmt.Errorf("workspace: create %s: %w", dir, err)
 	}
@@ -554,7 +590,7 @@ func (d *Dir) CopyOut(dir string, maxFile, maxTotal int64) ([]sandbox.FileInfo, 
 		return nil, err
 	}
 	defer dst.Close()
-	files, err := d.List(maxEntries)
+	files, err := d.list(maxEntries)
 	if err != nil {
 		return nil, err
 	}
