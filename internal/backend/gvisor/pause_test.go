@@ -79,7 +79,11 @@ func dirSize(dir string) int64 {
 
 func execValue(t testing.TB, s sandbox.Sandbox, code string) string {
 	t.Helper()
-	res, err := s.Execute(context.Background(), sandbox.ExecRequest{Code: code}, nil)
+	// Two minutes, not the default 30 s: on the ptrace platform, with the
+	// rest of the suite loading two cores, a restored sandbox's first
+	// executions (its memory coming back) took over 30 s once in CI. A
+	// hang still fails.
+	res, err := s.Execute(context.Background(), sandbox.ExecRequest{Code: code, Timeout: 2 * time.Minute}, nil)
 	if err != nil {
 		t.Fatalf("%s: %v", code, err)
 	}
