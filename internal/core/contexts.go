@@ -15,6 +15,9 @@ var errOneContext = fmt.Errorf("%w: this backend's sandboxes have one Python con
 
 // CreateContext implements sandbox.ContextKeeper.
 func (c *Core) CreateContext(language, cwd string) (sandbox.CodeContext, error) {
+	if c.paused.Load() {
+		return sandbox.CodeContext{}, sandbox.ErrPaused
+	}
 	if c.contexts == nil {
 		return sandbox.CodeContext{}, errOneContext
 	}
@@ -34,6 +37,9 @@ func (c *Core) Contexts() []sandbox.CodeContext {
 
 // RestartContext implements sandbox.ContextKeeper.
 func (c *Core) RestartContext(id string) error {
+	if c.paused.Load() {
+		return sandbox.ErrPaused
+	}
 	if c.contexts == nil {
 		return errOneContext
 	}
@@ -46,6 +52,9 @@ func (c *Core) RestartContext(id string) error {
 
 // RemoveContext implements sandbox.ContextKeeper.
 func (c *Core) RemoveContext(id string) error {
+	if c.paused.Load() {
+		return sandbox.ErrPaused
+	}
 	if c.contexts == nil {
 		return errOneContext
 	}

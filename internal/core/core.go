@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/runner"
@@ -115,6 +116,7 @@ type Core struct {
 	// them.
 	Stdout, Stderr *Output
 	contexts       *runner.Contexts // nil: only the default context
+	paused         atomic.Bool      // the backend paused the sandbox (sandbox.Pauser)
 	cmds           commands
 
 	execMu sync.Mutex // one execution (or restart) at a time
@@ -366,6 +368,9 @@ var errDied = errors.New("the sandbox died")
 
 // Interrupt implements sandbox.Sandbox.
 func (c *Core) Interrupt() error {
+	if c.paused.Load() {
+		return sandbox.ErrPaused
+	}
 	if c.d.Closed() {
 		return sandbox.ErrClosed
 	}
@@ -461,3 +466,12 @@ func isClosed(ch <-chan struct{}) bool {
 		return false
 	}
 }
+
+// Paused implements sandbox.Pauser's Paused for a backend that pauses
+// its sandboxes: what it last told SetPaused.
+func (c *Core) Paused() bool { return c.paused.Load() }
+
+// SetPaused records that the backend has paused (or resumed) the
+// sandbox: meanwhile Interrupt and the code contexts' changes answer
+// sandbox.ErrPaused, as the backend's own calls do.
+func (c *Core) SetPaused(p bool) { c.paused.Store(p) }

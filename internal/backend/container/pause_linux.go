@@ -60,9 +60,6 @@ const (
 	checkpointMargin = 64 << 20
 )
 
-// Paused implements sandbox.Pauser.
-func (s *Sandbox) Paused() bool { return s.paused.Load() }
-
 // PauseSupported implements sandbox.Pauser.
 func (s *Sandbox) PauseSupported() error {
 	if s.spec.OneShot {
@@ -101,7 +98,7 @@ func (s *Sandbox) Pause(ctx context.Context) error {
 	if s.closing.Load() {
 		return sandbox.ErrClosed
 	}
-	if s.paused.Load() {
+	if s.Core.Paused() {
 		return nil
 	}
 	return s.Exclusive(func() error {
@@ -116,10 +113,10 @@ func (s *Sandbox) Pause(ctx context.Context) error {
 			return fmt.Errorf("%w: %d command(s) started in the sandbox still run; wait for them or kill them before pausing",
 				sandbox.ErrBusy, n)
 		}
-		s.paused.Store(true)
+		s.Core.SetPaused(true)
 		s.startGate.Unlock()
 		if err := s.checkpointContainer(ctx); err != nil {
-			s.paused.Store(false)
+			s.Core.SetPaused(false)
 			return fmt.Errorf("pause: %w", err)
 		}
 		return nil
@@ -277,7 +274,7 @@ func (s *Sandbox) Resume(ctx context.Context) error {
 	if s.closing.Load() {
 		return sandbox.ErrClosed
 	}
-	if !s.paused.Load() {
+	if !s.Core.Paused() {
 		return nil
 	}
 	return s.Exclusive(func() error {
@@ -288,7 +285,7 @@ func (s *Sandbox) Resume(ctx context.Context) error {
 			s.b.cfg.Logger.Warn("remove a resumed sandbox's checkpoint", "id", s.id, "err", err)
 		}
 		s.checkpoint = ""
-		s.paused.Store(false)
+		s.Core.SetPaused(false)
 		return nil
 	})
 }
@@ -367,37 +364,4 @@ func (s *Sandbox) removeCheckpoints() error {
 		return nil
 	}
 	return os.RemoveAll(filepath.Join(s.b.cfg.CheckpointDir, s.id))
-}
-
-// Interrupt implements sandbox.Sandbox: a paused sandbox runs nothing.
-func (s *Sandbox) Interrupt() error {
-	if s.paused.Load() {
-		return sandbox.ErrPaused
-	}
-	return s.Core.Interrupt()
-}
-
-// CreateContext implements sandbox.ContextKeeper; not while paused.
-func (s *Sandbox) CreateContext(language, cwd string) (sandbox.CodeContext, error) {
-	if s.paused.Load() {
-		return sandbox.CodeContext{}, sandbox.ErrPaused
-	}
-	return s.Core.CreateContext(language, cwd)
-}
-
-// RestartContext implements sandbox.ContextKeeper; not while paused (the
-// runner, which frees a context's state, is not there).
-func (s *Sandbox) RestartContext(id string) error {
-	if s.paused.Load() {
-		return sandbox.ErrPaused
-	}
-	return s.Core.RestartContext(id)
-}
-
-// RemoveContext implements sandbox.ContextKeeper; not while paused.
-func (s *Sandbox) RemoveContext(id string) error {
-	if s.paused.Load() {
-		return sandbox.ErrPaused
-	}
-	return s.Core.RemoveContext(id)
 }

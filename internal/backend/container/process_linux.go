@@ -37,7 +37,7 @@ func (s *Sandbox) Start(ctx context.Context, c sandbox.Command) (sandbox.Process
 	// finds it running.
 	s.startGate.RLock()
 	defer s.startGate.RUnlock()
-	if s.paused.Load() {
+	if s.Core.Paused() {
 		return nil, sandbox.ErrPaused
 	}
 	return s.StartCommand(ctx, c, s.spec.Env, func(id uint64, env map[string]string) error {

@@ -63,7 +63,6 @@ type Sandbox struct {
 	// that a pause finds it. checkpoint is the paused sandbox's
 	// checkpoint directory and checkpoints counts them, under pauseMu.
 	pauseMu     sync.Mutex
-	paused      atomic.Bool
 	startGate   sync.RWMutex
 	checkpoint  string
 	checkpoints int
@@ -424,7 +423,7 @@ func (d *driver) Prepare(ctx context.Context) error {
 	if s.closing.Load() {
 		return sandbox.ErrClosed
 	}
-	if s.paused.Load() {
+	if s.Core.Paused() {
 		return sandbox.ErrPaused
 	}
 	if !isClosed(s.session().ended) {
@@ -443,7 +442,7 @@ func (d *driver) Dead() <-chan struct{} { return d.s().session().ended }
 // Restart has the agent kill every process of the container but itself and
 // start a runner; a paused sandbox has no agent to ask.
 func (d *driver) Restart(context.Context) error {
-	if d.paused.Load() {
+	if d.Core.Paused() {
 		return sandbox.ErrPaused
 	}
 	return d.s().ctl(agent.Ctl{Op: agent.OpRestart})

@@ -56,7 +56,7 @@ func (s *Sandbox) DialPort(ctx context.Context, port int) (net.Conn, error) {
 		// would be a way out through the sandbox's network policy.
 		return nil, fmt.Errorf("%w: port %d is the sandbox's network proxy, not one of its servers", sandbox.ErrPortClosed, port)
 	}
-	if s.paused.Load() {
+	if s.Core.Paused() {
 		return nil, sandbox.ErrPaused
 	}
 	if isClosed(s.dead()) {

@@ -22,7 +22,7 @@ func (d *driver) s() *Sandbox { return (*Sandbox)(d) }
 // Prepare: a native sandbox whose init died is over; a paused one runs
 // no code until it is resumed.
 func (d *driver) Prepare(context.Context) error {
-	if d.paused.Load() {
+	if d.Core.Paused() {
 		return sandbox.ErrPaused
 	}
 	if isClosed(d.s().dead()) {
@@ -33,14 +33,14 @@ func (d *driver) Prepare(context.Context) error {
 
 // Closed: init died, and not because the sandbox was paused (its init
 // ends then, and a resume gives it another).
-func (d *driver) Closed() bool { return !d.paused.Load() && isClosed(d.s().dead()) }
+func (d *driver) Closed() bool { return !d.Core.Paused() && isClosed(d.s().dead()) }
 
 func (d *driver) Dead() <-chan struct{} { return d.s().dead() }
 
 // Restart has init kill every process of the sandbox but itself and start
 // a runner (readControl hands it over).
 func (d *driver) Restart(context.Context) error {
-	if d.paused.Load() {
+	if d.Core.Paused() {
 		return sandbox.ErrPaused
 	}
 	return d.s().send(ctlMsg{Op: opRestart})

@@ -184,7 +184,7 @@ func (s *Sandbox) snapshot(ctx context.Context, bin string) (*forkSnapshot, erro
 	if s.closing {
 		return nil, sandbox.ErrClosed
 	}
-	if s.paused.Load() {
+	if s.Core.Paused() {
 		return nil, fmt.Errorf("%w: resume it before forking", sandbox.ErrPaused)
 	}
 	var snap *forkSnapshot

@@ -55,9 +55,6 @@ import (
 
 var _ sandbox.Pauser = (*Sandbox)(nil)
 
-// Paused implements sandbox.Pauser.
-func (s *Sandbox) Paused() bool { return s.paused.Load() }
-
 // Pause implements sandbox.Pauser. It fails with sandbox.ErrBusy while an
 // execution, or a command in a terminal, runs, and with
 // sandbox.ErrUnsupported, naming why, for a sandbox that cannot be paused. A pause that fails leaves the
@@ -83,7 +80,7 @@ func (s *Sandbox) Pause(ctx context.Context) error {
 	if s.closing {
 		return sandbox.ErrClosed
 	}
-	if s.paused.Load() {
+	if s.Core.Paused() {
 		return nil
 	}
 	return s.Exclusive(func() error {
@@ -101,12 +98,12 @@ func (s *Sandbox) Pause(ctx context.Context) error {
 			return fmt.Errorf("%w: %d command(s) started in a terminal still run; end them before pausing",
 				sandbox.ErrBusy, n)
 		}
-		s.paused.Store(true)
+		s.Core.SetPaused(true)
 		s.startGate.Unlock()
 		dir, err := s.b.checkpointDir(s.id)
 		s.checkpointed = true
 		if err != nil {
-			s.paused.Store(false)
+			s.Core.SetPaused(false)
 			return fmt.Errorf("pause: %w", err)
 		}
 		// CRIU is not stopped half-way (its parasite code is in the
@@ -114,7 +111,7 @@ func (s *Sandbox) Pause(ctx context.Context) error {
 		// does not end it.
 		cp, err := s.dump(context.WithoutCancel(ctx), bin, dir)
 		if err != nil {
-			s.paused.Store(false)
+			s.Core.SetPaused(false)
 			os.RemoveAll(dir)
 			if isClosed(s.dead()) {
 				// The tree ended all the same: as readControl would
@@ -196,7 +193,7 @@ func (s *Sandbox) Resume(ctx context.Context) error {
 	if s.closing {
 		return sandbox.ErrClosed
 	}
-	if !s.paused.Load() {
+	if !s.Core.Paused() {
 		return nil
 	}
 	bin, err := s.b.criu()
@@ -218,7 +215,7 @@ func (s *Sandbox) Resume(ctx context.Context) error {
 			return fmt.Errorf("resume: %w", err)
 		}
 		if err := s.reopenRoot(); err != nil {
-			s.paused.Store(false)
+			s.Core.SetPaused(false)
 			s.kill()
 			return fmt.Errorf("resume: %w", err)
 		}
@@ -228,14 +225,14 @@ func (s *Sandbox) Resume(ctx context.Context) error {
 			// its own sandbox's network is then broken). The sandbox
 			// ends rather than go on without its proxy.
 			if err := s.startEgress(s.spec.Egress); err != nil {
-				s.paused.Store(false)
+				s.Core.SetPaused(false)
 				s.kill()
 				return fmt.Errorf("resume: the network proxy in the restored sandbox: %w", err)
 			}
 		}
 		cp := s.cp
 		s.cp = nil
-		s.paused.Store(false)
+		s.Core.SetPaused(false)
 		// The images: the restored tree's memory is its own again. The
 		// directory keeps the /proc masks' copies, bound in the sandbox,
 		// until it closes.
@@ -417,39 +414,6 @@ func (s *Sandbox) treeGone() {
 	if rp != nil {
 		s.RunnerExited(rp.r, core.Exit{Exited: true, Code: 128 + int(syscall.SIGKILL), Signal: int(syscall.SIGKILL)})
 	}
-}
-
-// Interrupt implements sandbox.Sandbox: a paused sandbox runs nothing.
-func (s *Sandbox) Interrupt() error {
-	if s.paused.Load() {
-		return sandbox.ErrPaused
-	}
-	return s.Core.Interrupt()
-}
-
-// CreateContext implements sandbox.ContextKeeper; not while paused.
-func (s *Sandbox) CreateContext(language, cwd string) (sandbox.CodeContext, error) {
-	if s.paused.Load() {
-		return sandbox.CodeContext{}, sandbox.ErrPaused
-	}
-	return s.Core.CreateContext(language, cwd)
-}
-
-// RestartContext implements sandbox.ContextKeeper; not while paused (the
-// runner, which frees a context's state, is not there).
-func (s *Sandbox) RestartContext(id string) error {
-	if s.paused.Load() {
-		return sandbox.ErrPaused
-	}
-	return s.Core.RestartContext(id)
-}
-
-// RemoveContext implements sandbox.ContextKeeper; not while paused.
-func (s *Sandbox) RemoveContext(id string) error {
-	if s.paused.Load() {
-		return sandbox.ErrPaused
-	}
-	return s.Core.RemoveContext(id)
 }
 
 // criu returns the CRIU binary the backend pauses with, found once it is

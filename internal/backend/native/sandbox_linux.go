@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -63,7 +62,6 @@ type Sandbox struct {
 	// runs, see Core.Exclusive). pauseMu orders Pause, Resume and Close.
 	lifeMu  sync.Mutex
 	pauseMu sync.Mutex
-	paused  atomic.Bool
 	cp      *checkpoint // the paused sandbox's checkpoint, under pauseMu
 	closing bool        // Close has begun, under pauseMu
 	// checkpointed: a pause made the sandbox's checkpoint directory, which
@@ -385,7 +383,7 @@ func (s *Sandbox) readControl(ctl int, done chan struct{}) {
 				unix.Close(ctl)
 				return
 			}
-			if s.paused.Load() {
+			if s.Core.Paused() {
 				// Dumped: the runner and the commands come back with
 				// a resume (or end with the sandbox's Close, or with a
 				// dump that failed: Pause tells the core then).
@@ -535,7 +533,7 @@ func (s *Sandbox) runnerSetupFailed(r *runnerProc, err error) {
 }
 
 func (s *Sandbox) send(m ctlMsg) error {
-	if s.paused.Load() {
+	if s.Core.Paused() {
 		return sandbox.ErrPaused // init is gone until a resume
 	}
 	s.sendMu.Lock()
