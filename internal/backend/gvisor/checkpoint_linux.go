@@ -36,7 +36,6 @@ import (
 
 	"github.com/vivarium-sandbox/vivarium/internal/agent"
 	"github.com/vivarium-sandbox/vivarium/internal/backend/container"
-	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
 
@@ -154,32 +153,11 @@ func (r *Runtime) checkpointWorks(ctx context.Context) error {
 // the restored sandbox runs and is reached through the restore's stdio.
 // Whatever happens, what it started is removed before it returns.
 func (r *Runtime) probeCheckpoint(ctx context.Context) error {
-	dir, err := os.MkdirTemp(r.cfg.StateDir, "probe-")
+	dir, l, done, err := r.probeLaunch()
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	id := filepath.Base(dir)
-	disk := container.Disk{Dir: filepath.Join(dir, "disk")}
-	disk.Workspace, disk.Tmp, disk.Shm = filepath.Join(disk.Dir, "workspace"), filepath.Join(disk.Dir, "tmp"), filepath.Join(disk.Dir, "shm")
-	for _, d := range []string{disk.Workspace, disk.Tmp, disk.Shm} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return err
-		}
-	}
-	limits := sandbox.Limits{}.WithDefaults()
-	l := container.Launch{ID: id, Spec: sandbox.Spec{Limits: limits}, Disk: disk}
-	if r.cgroups != nil {
-		cg, err := r.cgroups.New(id, cgroups.Limits{MemoryBytes: limits.Memory, Pids: hostPids(limits.Pids)})
-		if err != nil {
-			return err
-		}
-		l.Cgroup = cg
-		defer func() {
-			cg.Destroy()
-			r.removeCgroups(filepath.Join(r.cgroupParent, id))
-		}()
-	}
+	defer done()
 	end := func(c container.Container) {
 		c.Kill()
 		select {

@@ -226,36 +226,12 @@ func (r *Runtime) selectPlatform(ctx context.Context) (Choice, error) {
 // code. Whatever happens, the sandbox is ended and its state, cgroup and
 // directories removed before probe returns.
 func (r *Runtime) probe(ctx context.Context, platform string) (err error) {
-	dir, err := os.MkdirTemp(r.cfg.StateDir, "probe-")
+	dir, l, done, err := r.probeLaunch()
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	id := filepath.Base(dir)
-	disk := container.Disk{Dir: filepath.Join(dir, "disk")}
-	disk.Workspace, disk.Tmp, disk.Shm = filepath.Join(disk.Dir, "workspace"), filepath.Join(disk.Dir, "tmp"), filepath.Join(disk.Dir, "shm")
-	for _, d := range []string{disk.Workspace, disk.Tmp, disk.Shm} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return err
-		}
-	}
-	limits := sandbox.Limits{}.WithDefaults()
-	l := container.Launch{ID: id, Spec: sandbox.Spec{Limits: limits}, Disk: disk}
-	if r.cgroups != nil {
-		cg, err := r.cgroups.New(id, cgroups.Limits{MemoryBytes: limits.Memory, Pids: hostPids(limits.Pids)})
-		if err != nil {
-			return err
-		}
-		l.Cgroup = cg
-		defer func() {
-			// Whatever still runs in the probe's cgroup, then the
-			// groups runsc made in the hierarchies Vivarium does not
-			// manage (cgroup v1's cpuset, devices, blkio...), which a
-			// runsc that was killed leaves.
-			cg.Destroy()
-			r.removeCgroups(filepath.Join(r.cgroupParent, id))
-		}()
-	}
+	defer done()
+	id := l.ID
 	bundle := filepath.Join(dir, "bundle")
 	if err := os.Mkdir(bundle, 0o700); err != nil {
 		return err
@@ -393,3 +369,44 @@ func removeCgroupDirs(rel string) {
 // cgroupReapTimeout bounds the wait for a group's killed processes to be
 // reaped.
 const cgroupReapTimeout = 2 * time.Second
+
+// probeLaunch makes what a probe's sandbox is started from: a directory
+// of its own under the state directory (dir), a disk, default limits and
+// a cgroup. done removes them: whatever still runs in the cgroup, then
+// the groups runsc made in the hierarchies Vivarium does not manage
+// (cgroup v1's cpuset, devices, blkio...), which a runsc that was killed
+// leaves, then the directory.
+func (r *Runtime) probeLaunch() (dir string, l container.Launch, done func(), err error) {
+	dir, err = os.MkdirTemp(r.cfg.StateDir, "probe-")
+	if err != nil {
+		return "", l, nil, err
+	}
+	var cg cgroups.Group
+	done = func() {
+		if cg != nil {
+			cg.Destroy()
+			r.removeCgroups(filepath.Join(r.cgroupParent, filepath.Base(dir)))
+		}
+		os.RemoveAll(dir)
+	}
+	id := filepath.Base(dir)
+	disk := container.Disk{Dir: filepath.Join(dir, "disk")}
+	disk.Workspace, disk.Tmp, disk.Shm = filepath.Join(disk.Dir, "workspace"), filepath.Join(disk.Dir, "tmp"), filepath.Join(disk.Dir, "shm")
+	for _, d := range []string{disk.Workspace, disk.Tmp, disk.Shm} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			done()
+			return "", l, nil, err
+		}
+	}
+	limits := sandbox.Limits{}.WithDefaults()
+	l = container.Launch{ID: id, Spec: sandbox.Spec{Limits: limits}, Disk: disk}
+	if r.cgroups != nil {
+		if cg, err = r.cgroups.New(id, cgroups.Limits{MemoryBytes: limits.Memory, Pids: hostPids(limits.Pids)}); err != nil {
+			cg = nil
+			done()
+			return "", l, nil, err
+		}
+		l.Cgroup = cg
+	}
+	return dir, l, done, nil
+}
