@@ -113,7 +113,7 @@ Flags:
 	}
 	// W7 pauses sandboxes, which only a native backend without a zygote
 	// can do, with CRIU.
-	if _, err := criu.Find(); err != nil {
+	if _, err := criu.Usable(); err != nil {
 		cfg.ClassicErr = fmt.Errorf("pausing needs CRIU (make criu): %v", err)
 	} else if b, err := native.New(native.Config{CgroupParent: "vivarium-bench-classic",
 		UIDBase: native.DefaultUIDBase + 12<<24, UIDRanges: 16}); err != nil {

@@ -12,7 +12,7 @@ import (
 // sandbox made with --auto-resume is resumed by the next call.
 func TestServePauseResume(t *testing.T) {
 	needSandbox(t)
-	if _, err := criu.Find(); err != nil {
+	if _, err := criu.Usable(); err != nil {
 		t.Skipf("pausing needs CRIU, not built here (make criu): %v", err)
 	}
 	// Sandboxes forked from a zygote cannot be paused yet: --zygote=false.

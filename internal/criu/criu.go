@@ -19,6 +19,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 )
 
 // ErrNotFound: no usable criu binary on this machine.
@@ -110,6 +112,39 @@ func major(v string) int {
 	n, _ := strconv.Atoi(strings.SplitN(v, ".", 2)[0])
 	return n
 }
+
+// Usable returns a criu binary (Find) that passes `criu check` on this
+// kernel, or why there is none: a host where CRIU is there but cannot
+// work is told so at once, by what `criu check` printed, rather than at
+// each dump. A binary's check (a tenth of a second) is run once per
+// process.
+func Usable() (string, error) {
+	bin, err := Find()
+	if err != nil {
+		return "", err
+	}
+	checkedMu.Lock()
+	defer checkedMu.Unlock()
+	err, ok := checked[bin]
+	if !ok {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		_, err = Check(ctx, bin)
+		cancel()
+		if err != nil {
+			err = fmt.Errorf("%s cannot work on this host: %w", bin, err)
+		}
+		checked[bin] = err
+	}
+	if err != nil {
+		return "", err
+	}
+	return bin, nil
+}
+
+var (
+	checkedMu sync.Mutex
+	checked   = map[string]error{} // by binary: its `criu check`
+)
 
 // Check runs `criu check`, which probes the kernel features that dump and
 // restore need, and returns its last line ("Looks good."). An error

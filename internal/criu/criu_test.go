@@ -88,3 +88,26 @@ func TestCheckRealBinary(t *testing.T) {
 	v, _ := Version(bin)
 	t.Logf("%s (criu %s): %s", bin, v, said)
 }
+
+// A CRIU that is there but fails `criu check` on this kernel is not
+// usable, and says why with what the check printed; one that passes is.
+func TestUsable(t *testing.T) {
+	dir := t.TempDir()
+	broken := fake(t, filepath.Join(dir, "broken"), `case "$1" in
+--version) echo 'Version: 4.1.1';;
+check) echo 'Error (criu/vdso.c:613): vdso: Failed to fill self vdso symtable' >&2; exit 1;;
+esac`)
+	t.Setenv("VIVARIUM_CRIU", broken)
+	if _, err := Usable(); err == nil || !strings.Contains(err.Error(), "cannot work on this host") ||
+		!strings.Contains(err.Error(), "vdso") {
+		t.Fatalf("a CRIU whose check fails: %v", err)
+	}
+	good := fake(t, filepath.Join(dir, "good"), `case "$1" in
+--version) echo 'Version: 4.1.1';;
+check) echo 'Looks good.';;
+esac`)
+	t.Setenv("VIVARIUM_CRIU", good)
+	if got, err := Usable(); err != nil || got != good {
+		t.Fatalf("a CRIU whose check passes: %q %v", got, err)
+	}
+}

@@ -454,7 +454,7 @@ func TestStreamableHTTPWithKeys(t *testing.T) {
 // A model pauses a sandbox it will not need for a while and goes on with
 // it later: resume_sandbox, or any tool given its id, resumes it.
 func TestPauseSandboxTool(t *testing.T) {
-	if _, err := criu.Find(); err != nil {
+	if _, err := criu.Usable(); err != nil {
 		t.Skipf("pausing needs CRIU, not built here (make criu): %v", err)
 	}
 	svc := newService(t)

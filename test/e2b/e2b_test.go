@@ -88,7 +88,7 @@ func TestE2BSDKs(t *testing.T) {
 func TestE2BPause(t *testing.T) {
 	testutil.RequireRoot(t)
 	requireNode(t)
-	if _, err := criu.Find(); err != nil {
+	if _, err := criu.Usable(); err != nil {
 		t.Skipf("pausing needs CRIU, not built here (make criu): %v", err)
 	}
 	bin := testserver.Build(t)

@@ -75,7 +75,7 @@ func newForkWorld(t *testing.T) *forkWorld {
 	if testutil.ZygoteMode() {
 		t.Skip("fork is of classic sandboxes only: tested in the classic run")
 	}
-	if _, err := criu.Find(); err != nil {
+	if _, err := criu.Usable(); err != nil {
 		t.Skipf("fork needs CRIU 4 (internal/criu.Find: %v); make criu builds it", err)
 	}
 	testutil.RemoveStaleCgroups(forkCgroupParent)

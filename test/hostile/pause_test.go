@@ -498,7 +498,7 @@ func newPauseWorld(t *testing.T) *pauseWorld {
 	if testutil.ZygoteMode() {
 		t.Skip("pause is of classic sandboxes only: tested in the classic run")
 	}
-	if _, err := criu.Find(); err != nil {
+	if _, err := criu.Usable(); err != nil {
 		t.Skipf("pause and resume need CRIU 4 (internal/criu.Find: %v); make criu builds it", err)
 	}
 	testutil.RemoveStaleCgroups(pauseCgroupParent)
@@ -1241,7 +1241,7 @@ func TestHostilePauseSupervisorKilled(t *testing.T) {
 	if testutil.ZygoteMode() {
 		t.Skip("pause is of classic sandboxes only: tested in the classic run")
 	}
-	if _, err := criu.Find(); err != nil {
+	if _, err := criu.Usable(); err != nil {
 		t.Skipf("pause and resume need CRIU 4 (internal/criu.Find: %v); make criu builds it", err)
 	}
 	parent, err := os.MkdirTemp("", "vivarium-hostile-pause-")

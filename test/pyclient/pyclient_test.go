@@ -54,7 +54,7 @@ func TestPythonClient(t *testing.T) {
 // be paused (no zygote, CRIU): test_pause's round trip.
 func TestPythonClientPause(t *testing.T) {
 	testutil.RequireRoot(t)
-	if _, err := criu.Find(); err != nil {
+	if _, err := criu.Usable(); err != nil {
 		t.Skipf("pausing needs CRIU, not built here (make criu): %v", err)
 	}
 	srv := testserver.Start(t, testserver.Build(t), testserver.Options{

@@ -425,7 +425,7 @@ func (b *Backend) criu() (string, error) {
 	if b.criuBin != "" {
 		return b.criuBin, nil
 	}
-	bin, err := criu.Find()
+	bin, err := criu.Usable()
 	if err != nil {
 		return "", fmt.Errorf("%w: pausing a sandbox needs CRIU 4: %v", sandbox.ErrUnsupported, err)
 	}
