@@ -75,7 +75,11 @@ type zygote struct {
 	forks   map[uint64]chan forkResult
 	exits   map[uint64]func(code, signal int)
 	deadErr error
-	closed  bool
+
+	// closeOnce: a retired zygote closes from a goroutine of its own, and
+	// the backend's Close may close it at the same moment; a second
+	// caller returns once the first is done, the zygote's processes gone.
+	closeOnce sync.Once
 }
 
 type spawnResult struct {
@@ -600,14 +604,9 @@ func (z *zygote) fork(ctx context.Context, req forkRequest, fds []int, onExit fu
 }
 
 // close kills the zygote, its init, and with it every sandbox it started.
-func (z *zygote) close() {
-	z.mu.Lock()
-	if z.closed {
-		z.mu.Unlock()
-		return
-	}
-	z.closed = true
-	z.mu.Unlock()
+func (z *zygote) close() { z.closeOnce.Do(z.doClose) }
+
+func (z *zygote) doClose() {
 	if z.init != nil {
 		z.init.kill()
 	}
