@@ -20,7 +20,7 @@ var _ core.Driver = (*driver)(nil)
 func (d *driver) s() *Sandbox { return (*Sandbox)(d) }
 
 // Prepare: a native sandbox whose init died is over; a paused one runs
-// no code until it is resumed.
+// no code until it is resumed. The pids limit follows init's threads.
 func (d *driver) Prepare(context.Context) error {
 	if d.Core.Paused() {
 		return sandbox.ErrPaused
@@ -28,6 +28,7 @@ func (d *driver) Prepare(context.Context) error {
 	if isClosed(d.s().dead()) {
 		return sandbox.ErrClosed
 	}
+	d.s().fitPids()
 	return nil
 }
 

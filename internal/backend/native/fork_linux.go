@@ -351,7 +351,7 @@ func (s *Sandbox) restoreCopy(ctx context.Context, bin string, snap *forkSnapsho
 	c.hasOwner = true
 	var restoreArgs []string
 	if b.cgroups != nil {
-		if c.cg, err = b.cgroups.New(c.id, cgroups.Of(s.spec)); err != nil {
+		if c.cg, err = b.cgroups.New(c.id, groupLimits(s.spec)); err != nil {
 			return nil, times, err
 		}
 		for _, field := range snap.cgroups {
@@ -401,7 +401,7 @@ func (s *Sandbox) restoreCopy(ctx context.Context, bin string, snap *forkSnapsho
 	if c.cg != nil {
 		cp.group = c.cg.Path()
 	}
-	undo := restoreRoom(c.cg, s.spec.Limits.Pids)
+	undo := restoreRoom(c.cg, groupLimits(s.spec).Pids)
 	r, err := restoreTree(ctx, bin, cp)
 	undo()
 	if err != nil {
@@ -414,6 +414,7 @@ func (s *Sandbox) restoreCopy(ctx context.Context, bin string, snap *forkSnapsho
 		r.kill()
 		return nil, times, err
 	}
+	c.fitPids()
 	c.ctlRead = true
 	cp.close()
 	if err := os.RemoveAll(cp.images()); err != nil {

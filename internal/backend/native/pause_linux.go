@@ -204,7 +204,7 @@ func (s *Sandbox) Resume(ctx context.Context) error {
 		if s.cg != nil {
 			s.cp.group = s.cg.Path()
 		}
-		undo := restoreRoom(s.cg, s.spec.Limits.Pids)
+		undo := restoreRoom(s.cg, groupLimits(s.spec).Pids)
 		r, err := restoreTree(context.WithoutCancel(ctx), bin, s.cp)
 		undo()
 		if err != nil {
@@ -214,6 +214,8 @@ func (s *Sandbox) Resume(ctx context.Context) error {
 			r.kill()
 			return fmt.Errorf("resume: %w", err)
 		}
+		s.pidsMax.Store(0) // undo set the group's
+		s.fitPids()
 		if err := s.reopenRoot(); err != nil {
 			s.Core.SetPaused(false)
 			s.kill()

@@ -86,13 +86,13 @@ func (s *Sandbox) restoreFits(memory int64) error {
 // limit (a fork storm) made the restore fail ("Unable to create a
 // thread: -11"). The limit is raised to twice it and a few, not lifted:
 // the restored processes run for the moment before undo.
-func restoreRoom(g cgroups.Group, pids int) (undo func()) {
+func restoreRoom(g cgroups.Group, pids int64) (undo func()) {
 	ps, ok := g.(cgroups.PidsSetter)
 	if !ok || pids <= 0 {
 		return func() {}
 	}
-	if ps.SetPidsMax(2*pids+32) != nil {
+	if ps.SetPidsMax(int(2*pids+32)) != nil {
 		return func() {}
 	}
-	return func() { ps.SetPidsMax(pids) }
+	return func() { ps.SetPidsMax(int(pids)) }
 }

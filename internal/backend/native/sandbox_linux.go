@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -37,6 +38,7 @@ type Sandbox struct {
 	b        *Backend
 	spec     sandbox.Spec
 	init     *initProc
+	pidsMax  atomic.Int64  // the cgroup's pids limit fitPids set last
 	z        *zygote       // the zygote that forks runners; nil: init starts them
 	cg       cgroups.Group // nil without cgroups
 	owner    hostuid.Range // the host user the sandbox is
@@ -169,7 +171,7 @@ func start(ctx context.Context, b *Backend, spec sandbox.Spec, cfg *initConfig, 
 	}
 	s.hasOwner = true
 	if b.cgroups != nil {
-		s.cg, err = b.cgroups.New(s.id, cgroups.Of(spec))
+		s.cg, err = b.cgroups.New(s.id, groupLimits(spec))
 		if err != nil {
 			return nil, err
 		}
@@ -273,6 +275,7 @@ func start(ctx context.Context, b *Backend, spec sandbox.Spec, cfg *initConfig, 
 	if s.rootAsRoot, err = workspace.Open(rootPath, int(s.owner.ID(0)), int(s.owner.ID(0))); err != nil {
 		return nil, err
 	}
+	s.fitPids()
 	return s, nil
 }
 
