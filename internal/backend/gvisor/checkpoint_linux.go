@@ -198,8 +198,22 @@ func (r *Runtime) probeCheckpoint(ctx context.Context) error {
 	if err := c.save(images); err != nil {
 		return err
 	}
+	// runsc ends a sandbox it has saved. Seen once on a loaded CI
+	// machine: the saved sandbox's `runsc run` had not ended 30 s later.
+	// The image is whole once `runsc checkpoint` returns, so the probe
+	// then ends the sandbox itself, as a pause does (container.session's
+	// end), rather than fail the host for a slow exit.
 	select {
 	case <-c.Done():
+	case <-time.After(savedEndWait):
+		r.cfg.Logger.Warn("gvisor: checkpoint probe: the saved sandbox did not end; killing it",
+			"after", savedEndWait, "runsc", lastLine(c.log.String()))
+		c.Kill()
+		select {
+		case <-c.Done():
+		case <-ctx.Done():
+			return fmt.Errorf("the checkpointed sandbox did not end, even killed: %w", ctx.Err())
+		}
 	case <-ctx.Done():
 		return fmt.Errorf("the checkpointed sandbox did not end: %w", ctx.Err())
 	}
@@ -226,6 +240,10 @@ func (r *Runtime) probeCheckpoint(ctx context.Context) error {
 		return fmt.Errorf("the restored sandbox did not answer: %w", ctx.Err())
 	}
 }
+
+// savedEndWait is how long the checkpoint probe waits for a saved sandbox
+// to end by itself before it kills it.
+const savedEndWait = 5 * time.Second
 
 // cpRetry is how long a failed checkpoint probe is believed.
 const cpRetry = 5 * time.Minute
