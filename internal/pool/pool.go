@@ -341,3 +341,7 @@ func (p *Pool) Close() error {
 	}
 	return errors.Join(errs...)
 }
+
+// Unwrap implements sandbox.Unwrapper: the backend the pool makes
+// sandboxes with.
+func (p *Pool) Unwrap() sandbox.Backend { return p.cfg.Backend }

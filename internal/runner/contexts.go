@@ -43,6 +43,42 @@ func (r *Contexts) Clone() *Contexts {
 	return c
 }
 
+// ContextsState is what a Contexts holds, as a snapshot saved on disk
+// keeps it (State, ContextsFrom).
+type ContextsState struct {
+	List    []sandbox.CodeContext `json:"list"`
+	Reset   []string              `json:"reset,omitempty"`
+	Pending bool                  `json:"pending,omitempty"`
+}
+
+// State returns what r holds.
+func (r *Contexts) State() ContextsState {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return ContextsState{List: slices.Clone(r.list), Reset: slices.Sorted(maps.Keys(r.reset)), Pending: r.pending}
+}
+
+// ContextsFrom returns a registry holding st, which a snapshot saved: the
+// registry of a sandbox made from it. A state that names more contexts
+// than a sandbox may have, or one twice, is refused.
+func ContextsFrom(st ContextsState) (*Contexts, error) {
+	if len(st.List) == 0 || len(st.List) > maxContexts+3 {
+		return nil, fmt.Errorf("a snapshot's code contexts: %d of them", len(st.List))
+	}
+	seen := map[string]bool{}
+	for _, c := range st.List {
+		if c.ID == "" || seen[c.ID] {
+			return nil, fmt.Errorf("a snapshot's code contexts: %q twice or empty", c.ID)
+		}
+		seen[c.ID] = true
+	}
+	c := &Contexts{list: slices.Clone(st.List), reset: map[string]bool{}, pending: st.Pending}
+	for _, k := range st.Reset {
+		c.reset[k] = true
+	}
+	return c, nil
+}
+
 // NewContexts returns the registry of a new sandbox, holding the default
 // contexts, whose code starts in workspace: Python, bash and JavaScript
 // (the two E2B lists and bash). The default context of another language

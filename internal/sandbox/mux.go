@@ -108,3 +108,30 @@ func (m *Mux) Close() error {
 	}
 	return errors.Join(errs...)
 }
+
+// Unwrapper is a Backend that makes its sandboxes with another (a pool).
+type Unwrapper interface {
+	Unwrap() Backend
+}
+
+// RestorerOf finds in b the backend name ("": the default) as a
+// SnapshotRestorer, through a Mux and any Unwrapper; ok is false where
+// that backend cannot make sandboxes from snapshots or is not offered.
+func RestorerOf(b Backend, name string) (SnapshotRestorer, bool) {
+	for {
+		switch x := b.(type) {
+		case *Mux:
+			nb, ok := x.Backend(name)
+			if !ok {
+				return nil, false
+			}
+			b = nb
+			continue
+		case Unwrapper:
+			b = x.Unwrap()
+			continue
+		}
+		r, ok := b.(SnapshotRestorer)
+		return r, ok
+	}
+}

@@ -94,6 +94,36 @@ type ForkOptions struct {
 // MaxFork bounds the copies one Fork makes.
 const MaxFork = 64
 
+// Snapshotter is a Sandbox that can be saved while it runs: SaveSnapshot
+// writes into dir (made by it; it must not exist) what a new sandbox is
+// made from (SnapshotRestorer): its processes' memory, its files, its
+// code contexts. The sandbox goes on running unchanged. It returns the
+// snapshot's size on disk. A backend that cannot save a given sandbox
+// answers ErrUnsupported, naming why.
+type Snapshotter interface {
+	SaveSnapshot(ctx context.Context, dir string) (int64, error)
+	// SnapshotSupported returns nil if this sandbox can be saved, or an
+	// ErrUnsupported that says why not.
+	SnapshotSupported() error
+}
+
+// SnapshotRestorer is a Backend that makes sandboxes from the snapshots
+// its sandboxes saved (Snapshotter). The directory is trusted: the
+// caller has checked it is one of its own, unchanged (internal/snapshot).
+type SnapshotRestorer interface {
+	CreateFromSnapshot(ctx context.Context, dir string, opts FromSnapshot) (Sandbox, error)
+}
+
+// FromSnapshot are the choices of a sandbox made from a snapshot; its
+// spec (limits, environment) is the snapshot's.
+type FromSnapshot struct {
+	// Tenant is whom the new sandbox works for (Spec.Tenant).
+	Tenant string
+	// SameRandomState keeps the random generators as they were saved
+	// (see ForkOptions).
+	SameRandomState bool
+}
+
 // ContextKeeper is a Sandbox that runs code in separate code contexts, as a
 // notebook server runs separate kernels: each has its own variables (or,
 // for bash and the other languages, its own process) and working directory. Every sandbox has the

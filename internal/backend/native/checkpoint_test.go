@@ -465,14 +465,3 @@ func treeRSS(pids []int) int64 {
 	}
 	return total
 }
-
-func dirSize(dir string) int64 {
-	var n int64
-	filepath.Walk(dir, func(_ string, fi os.FileInfo, err error) error {
-		if err == nil && fi.Mode().IsRegular() {
-			n += fi.Size()
-		}
-		return nil
-	})
-	return n
-}

@@ -46,6 +46,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -56,6 +57,7 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
 	"github.com/vivarium-sandbox/vivarium/internal/core"
 	"github.com/vivarium-sandbox/vivarium/internal/hostuid"
+	"github.com/vivarium-sandbox/vivarium/internal/runner"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/workspace"
 )
@@ -121,7 +123,7 @@ func (s *Sandbox) Fork(ctx context.Context, n int, opts sandbox.ForkOptions) ([]
 			sem <- struct{}{}
 			defer func() { <-sem }()
 			start := time.Now()
-			copies[i], times[i], errs[i] = s.restoreCopy(context.WithoutCancel(ctx), bin, snap)
+			copies[i], times[i], errs[i] = s.b.restoreCopy(context.WithoutCancel(ctx), bin, snap, newID())
 			if errs[i] == nil && !opts.SameRandomState {
 				errs[i] = copies[i].reseed(ctx)
 			}
@@ -168,7 +170,13 @@ func (s *Sandbox) Fork(ctx context.Context, n int, opts sandbox.ForkOptions) ([]
 // be restored from.
 type forkSnapshot struct {
 	*checkpoint
+	// The source's spec, init's configuration and code contexts: each
+	// copy's.
+	spec      sandbox.Spec
+	cfg       *initConfig
+	contexts  runner.ContextsState
 	rootFiles string        // the root tmpfs's files, owned by owner's ids
+	group     string        // the source's cgroup (its path), "" without
 	owner     hostuid.Range // the source's host user
 	runnerNS  int           // the runner's pid in the sandbox
 	rootOpts  string        // the root tmpfs's size and inodes
@@ -221,8 +229,14 @@ func (s *Sandbox) snapshot(ctx context.Context, bin string) (*forkSnapshot, erro
 			return fmt.Errorf("fork: %w", err)
 		}
 		cp.close() // its mount namespace is the running sandbox's
-		snap = &forkSnapshot{checkpoint: cp, rootFiles: files, owner: s.owner, runnerNS: rp.pid,
-			rootOpts: rootOpts, dumpTook: time.Since(start)}
+		snap = &forkSnapshot{checkpoint: cp, spec: s.spec, cfg: s.cfg, rootFiles: files, owner: s.owner,
+			runnerNS: rp.pid, rootOpts: rootOpts, dumpTook: time.Since(start)}
+		if s.cg != nil {
+			snap.group = s.cg.Path()
+		}
+		if cc := s.Core.CloneContexts(); cc != nil {
+			snap.contexts = cc.State()
+		}
 		return nil
 	})
 	if err != nil {
@@ -328,18 +342,23 @@ func (cp *checkpoint) copyFilesScript(files, filesOpts string) (script string, c
 	return script, cleanup, nil
 }
 
-// restoreCopy makes a new sandbox of snap: its own host user, cgroup,
-// checkpoint directory and root tmpfs, and the snapshot's tree restored
-// into them.
-func (s *Sandbox) restoreCopy(ctx context.Context, bin string, snap *forkSnapshot) (_ *Sandbox, times copyTimes, err error) {
-	b := s.b
+// restoreCopy makes a new sandbox, id, of snap: its own host user,
+// cgroup, checkpoint directory and root tmpfs, and the snapshot's tree
+// restored into them.
+func (b *Backend) restoreCopy(ctx context.Context, bin string, snap *forkSnapshot, id string) (_ *Sandbox, times copyTimes, err error) {
 	c := &Sandbox{
-		id: newID(), b: b, spec: s.spec, ctl: -1, cfg: s.cfg, failed: make(chan struct{}),
+		id: id, b: b, spec: snap.spec, ctl: -1, cfg: snap.cfg, failed: make(chan struct{}),
 		initDone: make(chan struct{}), statusDone: make(chan struct{}), runnerGone: make(chan struct{}),
 		ctlDone: make(chan struct{}), terminals: map[uint64]bool{},
 	}
 	// The copy's runner is the source's, with its code contexts.
-	c.Core = core.New((*driver)(c), core.Config{Spec: s.spec, Contexts: s.Core.CloneContexts()})
+	var contexts *runner.Contexts
+	if snap.contexts.List != nil {
+		if contexts, err = runner.ContextsFrom(snap.contexts); err != nil {
+			return nil, times, err
+		}
+	}
+	c.Core = core.New((*driver)(c), core.Config{Spec: snap.spec, Contexts: contexts})
 	defer func() {
 		if err != nil {
 			c.Close()
@@ -351,7 +370,7 @@ func (s *Sandbox) restoreCopy(ctx context.Context, bin string, snap *forkSnapsho
 	c.hasOwner = true
 	var restoreArgs []string
 	if b.cgroups != nil {
-		if c.cg, err = b.cgroups.New(c.id, groupLimits(s.spec)); err != nil {
+		if c.cg, err = b.cgroups.New(c.id, groupLimits(snap.spec)); err != nil {
 			return nil, times, err
 		}
 		for _, field := range snap.cgroups {
@@ -374,6 +393,15 @@ func (s *Sandbox) restoreCopy(ctx context.Context, bin string, snap *forkSnapsho
 		return nil, times, err
 	}
 	cp.restoreArgs = restoreArgs
+	// The cgroup files init held (the Go runtime's CPU limit): the
+	// copy's own group's, not the source's, which may be gone (a
+	// snapshot's source).
+	cp.files = slices.Clone(cp.files)
+	for i, f := range cp.files {
+		if c.cg != nil && snap.group != "" {
+			cp.files[i].path = strings.Replace(f.path, "/"+snap.group+"/", "/"+c.cg.Path()+"/", 1)
+		}
+	}
 	cp.root = filepath.Join(dir, "root")
 	if err := os.Mkdir(cp.root, 0o700); err != nil {
 		return nil, times, err
@@ -401,7 +429,7 @@ func (s *Sandbox) restoreCopy(ctx context.Context, bin string, snap *forkSnapsho
 	if c.cg != nil {
 		cp.group = c.cg.Path()
 	}
-	undo := restoreRoom(c.cg, groupLimits(s.spec).Pids)
+	undo := restoreRoom(c.cg, groupLimits(snap.spec).Pids)
 	r, err := restoreTree(ctx, bin, cp)
 	undo()
 	if err != nil {
@@ -501,7 +529,13 @@ func (snap *forkSnapshot) copyFor(dir string, owner hostuid.Range) (*checkpoint,
 	for _, e := range ents {
 		src, dst := filepath.Join(snap.images(), e.Name()), filepath.Join(cp.images(), e.Name())
 		if !strings.HasPrefix(e.Name(), "userns-") {
-			if err := os.Link(src, dst); err != nil {
+			// A snapshot kept on another file system (SaveSnapshot)
+			// is copied.
+			err := os.Link(src, dst)
+			if errors.Is(err, unix.EXDEV) {
+				err = copyRegular(src, dst, 0o644)
+			}
+			if err != nil {
 				return nil, err
 			}
 			continue

@@ -1,0 +1,335 @@
+package native
+
+// Snapshots (sandbox.Snapshotter and SnapshotRestorer, issue 15,
+// docs/snapshots.md): a fork's snapshot (fork_linux.go), kept on disk.
+// SaveSnapshot dumps the running sandbox as a fork does, then writes into
+// its directory:
+//
+//	manifest.json  what a restore needs besides the images: the dump's
+//	               external mounts, files, pipes and sockets, the
+//	               source's spec, init's configuration, code contexts,
+//	               host range, the root's size; and the host it was made
+//	               on (kernel, CPU flags), checked before a restore
+//	images/        CRIU's images
+//	ext/           the /proc masks' copies
+//	files/         the root tmpfs's files (cp -a, owners kept: the
+//	               source's host range, shifted to each new sandbox's)
+//
+// CreateFromSnapshot restores it as a fork restores a copy: a sandbox of
+// its own (host user, cgroup, namespaces, root tmpfs). The directory is
+// root's (0700). This package trusts it: the service signs what it keeps
+// and checks the signature before a restore (internal/snapshot), as CRIU,
+// which runs as root, must only ever read images Vivarium wrote.
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vivarium-sandbox/vivarium/internal/hostuid"
+	"github.com/vivarium-sandbox/vivarium/internal/runner"
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+)
+
+var (
+	_ sandbox.Snapshotter      = (*Sandbox)(nil)
+	_ sandbox.SnapshotRestorer = (*Backend)(nil)
+)
+
+// snapshotVersion is the manifest's format.
+const snapshotVersion = 1
+
+// manifest is a snapshot's manifest.json.
+type manifest struct {
+	Version int `json:"version"`
+	// The host it was made on: a restore needs the same kernel and CPU
+	// features (CRIU's images hold the tasks' registers and what the
+	// kernel gave them).
+	Kernel string `json:"kernel"`
+	CPU    string `json:"cpu"` // hash of the CPU's flags
+	Arch   string `json:"arch"`
+
+	Spec      sandbox.Spec         `json:"spec"`
+	Init      *initConfig          `json:"init"`
+	Contexts  runner.ContextsState `json:"contexts"`
+	Owner     uint32               `json:"owner"` // the source's host range's first id
+	RunnerNS  int                  `json:"runner_ns"`
+	RootOpts  string               `json:"root_opts"`
+	RunnerPID int                  `json:"runner_pid"`
+	Group     string               `json:"group"`
+	Cgroups   []string             `json:"cgroups"`
+	Sysctls   []sysctl             `json:"sysctls"`
+	Mounts    []manifestMount      `json:"mounts"`
+	Files     []manifestFile       `json:"files"`
+	Pipes     []manifestPipe       `json:"pipes"`
+	Socks     []manifestSock       `json:"socks"`
+}
+
+type manifestMount struct {
+	Key, Mountpoint string
+	Source          string // a host path, or ext/NAME: the snapshot's
+	Lower, Flags    string
+}
+
+type manifestFile struct{ Key, Path string }
+
+type manifestPipe struct {
+	Ino     uint64
+	Reader  bool
+	PID, FD int
+	Init    bool
+}
+
+type manifestSock struct {
+	Ino uint64
+	FD  int
+}
+
+// SnapshotSupported implements sandbox.Snapshotter: what can be forked
+// can be saved.
+func (s *Sandbox) SnapshotSupported() error {
+	if err := s.forkable(); err != nil {
+		return err
+	}
+	_, err := s.b.criu()
+	return err
+}
+
+// SaveSnapshot implements sandbox.Snapshotter. It fails as Fork does
+// (ErrBusy while an execution runs, ErrPaused for a paused sandbox); the
+// sandbox goes on unchanged whatever the outcome, and dir is made only
+// if it succeeds.
+func (s *Sandbox) SaveSnapshot(ctx context.Context, dir string) (int64, error) {
+	if err := s.forkable(); err != nil {
+		return 0, err
+	}
+	bin, err := s.b.criu()
+	if err != nil {
+		return 0, err
+	}
+	if _, err := os.Lstat(dir); err == nil {
+		return 0, fmt.Errorf("snapshot: %s exists", dir)
+	}
+	snap, err := s.snapshot(ctx, bin)
+	if err != nil {
+		return 0, err
+	}
+	defer removeSnapshot(snap.dir)
+	tmp := dir + ".partial"
+	os.RemoveAll(tmp)
+	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
+		return 0, err
+	}
+	if err := writeSnapshot(snap, tmp); err != nil {
+		os.RemoveAll(tmp)
+		return 0, fmt.Errorf("snapshot: %w", err)
+	}
+	if err := os.Rename(tmp, dir); err != nil {
+		os.RemoveAll(tmp)
+		return 0, err
+	}
+	return dirSize(dir), nil
+}
+
+// writeSnapshot writes snap into dir (made here, root's, 0700).
+func writeSnapshot(snap *forkSnapshot, dir string) error {
+	for _, d := range []string{dir, filepath.Join(dir, "images"), filepath.Join(dir, "ext")} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			return err
+		}
+	}
+	ents, err := os.ReadDir(snap.images())
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if err := copyRegular(filepath.Join(snap.images(), e.Name()), filepath.Join(dir, "images", e.Name()), 0o644); err != nil {
+			return err
+		}
+	}
+	m := manifest{Version: snapshotVersion, Arch: runtime.GOARCH, Spec: snap.spec, Init: snap.cfg,
+		Contexts: snap.contexts, Owner: snap.owner.First, RunnerNS: snap.runnerNS, RootOpts: snap.rootOpts,
+		RunnerPID: snap.runnerPID, Group: snap.group, Cgroups: snap.cgroups, Sysctls: snap.userSysctls}
+	if m.Kernel, m.CPU, err = hostKind(); err != nil {
+		return err
+	}
+	ext := filepath.Join(snap.dir, "ext")
+	for _, x := range snap.mounts {
+		src := x.source
+		if filepath.Dir(x.source) == ext {
+			src = filepath.Join("ext", filepath.Base(x.source))
+			if err := copyMaskFile(x.source, filepath.Join(dir, src)); err != nil {
+				return err
+			}
+		}
+		m.Mounts = append(m.Mounts, manifestMount{Key: x.key, Mountpoint: x.mountpoint, Source: src,
+			Lower: x.lower, Flags: x.flags})
+	}
+	for _, f := range snap.checkpoint.files {
+		m.Files = append(m.Files, manifestFile{Key: f.key, Path: f.path})
+	}
+	for _, p := range snap.pipes {
+		m.Pipes = append(m.Pipes, manifestPipe{Ino: p.ino, Reader: p.reader, PID: p.pid, FD: p.fd, Init: p.init})
+	}
+	for _, k := range snap.socks {
+		m.Socks = append(m.Socks, manifestSock{Ino: k.ino, FD: k.fd})
+	}
+	// The root's files, from the snapshot's tmpfs to the disk.
+	out, err := exec.Command("/bin/cp", "-a", "--no-target-directory", "--", snap.rootFiles,
+		filepath.Join(dir, "files")).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("the root's files: %w: %s", err, strings.TrimSpace(string(out)))
+	}
+	b, err := json.MarshalIndent(m, "", "\t")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "manifest.json"), b, 0o600)
+}
+
+// CreateFromSnapshot implements sandbox.SnapshotRestorer: a new sandbox,
+// a copy of the one saved in dir.
+func (b *Backend) CreateFromSnapshot(ctx context.Context, dir string, opts sandbox.FromSnapshot) (sandbox.Sandbox, error) {
+	bin, err := b.criu()
+	if err != nil {
+		return nil, err
+	}
+	snap, err := loadSnapshot(dir)
+	if err != nil {
+		return nil, err
+	}
+	snap.spec.Tenant = opts.Tenant
+	if err := snap.spec.Validate(); err != nil {
+		return nil, fmt.Errorf("snapshot: %w", err)
+	}
+	c, _, err := b.restoreCopy(ctx, bin, snap, newID())
+	if err != nil {
+		return nil, fmt.Errorf("from snapshot: %w", err)
+	}
+	if !opts.SameRandomState {
+		if err := c.reseed(ctx); err != nil {
+			c.Close()
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// loadSnapshot reads the snapshot in dir, refusing one made on a host of
+// another kind (ErrUnsupported, saying what differs).
+func loadSnapshot(dir string) (*forkSnapshot, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "manifest.json"))
+	if err != nil {
+		return nil, fmt.Errorf("snapshot: %w", err)
+	}
+	var m manifest
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("snapshot: its manifest: %w", err)
+	}
+	if m.Version != snapshotVersion {
+		return nil, fmt.Errorf("%w: a snapshot of format %d (this Vivarium reads %d)", sandbox.ErrUnsupported, m.Version, snapshotVersion)
+	}
+	kernel, cpu, err := hostKind()
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case m.Arch != runtime.GOARCH:
+		return nil, fmt.Errorf("%w: the snapshot was made on %s, this host is %s", sandbox.ErrUnsupported, m.Arch, runtime.GOARCH)
+	case m.Kernel != kernel:
+		return nil, fmt.Errorf("%w: the snapshot was made on kernel %s, this host runs %s: a snapshot is restored on the kernel it was made on",
+			sandbox.ErrUnsupported, m.Kernel, kernel)
+	case m.CPU != cpu:
+		return nil, fmt.Errorf("%w: the snapshot was made on a CPU with other features than this host's", sandbox.ErrUnsupported)
+	case m.Init == nil || m.Owner == 0 || m.RunnerNS <= 0 || m.RootOpts == "":
+		return nil, errors.New("snapshot: its manifest is incomplete")
+	}
+	cp := &checkpoint{dir: dir, userSysctls: m.Sysctls, runnerPID: m.RunnerPID, cgroups: m.Cgroups}
+	for _, x := range m.Mounts {
+		src := x.Source
+		if src != "" && !filepath.IsAbs(src) {
+			if filepath.Dir(src) != "ext" {
+				return nil, fmt.Errorf("snapshot: a mount's source %q", src)
+			}
+			src = filepath.Join(dir, src)
+		}
+		cp.mounts = append(cp.mounts, extMount{key: x.Key, mountpoint: x.Mountpoint, source: src, lower: x.Lower, flags: x.Flags})
+	}
+	for _, f := range m.Files {
+		cp.files = append(cp.files, extFile{key: f.Key, path: f.Path})
+	}
+	for _, p := range m.Pipes {
+		cp.pipes = append(cp.pipes, extPipe{ino: p.Ino, reader: p.Reader, pid: p.PID, fd: p.FD, init: p.Init})
+	}
+	for _, k := range m.Socks {
+		cp.socks = append(cp.socks, extSock{ino: k.Ino, fd: k.FD})
+	}
+	return &forkSnapshot{checkpoint: cp, spec: m.Spec, cfg: m.Init, contexts: m.Contexts,
+		rootFiles: filepath.Join(dir, "files"), group: m.Group, owner: hostuid.Range{First: m.Owner},
+		runnerNS: m.RunnerNS, rootOpts: m.RootOpts}, nil
+}
+
+// hostKind names what a snapshot's restore depends on of the host: its
+// kernel's release and a hash of its CPU's flags.
+func hostKind() (kernel, cpu string, err error) {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return "", "", err
+	}
+	kernel = unix.ByteSliceToString(u.Release[:])
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return "", "", err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "flags" {
+			sum := sha256.Sum256([]byte(strings.TrimSpace(v)))
+			return kernel, hex.EncodeToString(sum[:8]), nil
+		}
+	}
+	return kernel, "", nil
+}
+
+// copyRegular copies the regular file src to dst (new, with mode).
+func copyRegular(src, dst string, mode os.FileMode) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	if fi, err := in.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return fmt.Errorf("%s is not a regular file", src)
+	}
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// dirSize adds up the sizes of the files under dir.
+func dirSize(dir string) int64 {
+	var n int64
+	filepath.Walk(dir, func(_ string, fi os.FileInfo, err error) error {
+		if err == nil && fi.Mode().IsRegular() {
+			n += fi.Size()
+		}
+		return nil
+	})
+	return n
+}

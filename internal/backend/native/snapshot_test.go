@@ -1,0 +1,131 @@
+package native
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
+)
+
+// Cgroup parents and host users of the snapshot tests' own.
+const (
+	snapCgroupParent = "vivarium-native-snapshot-test"
+	snapUIDBase      = DefaultUIDBase + 30<<24
+)
+
+// TestSnapshot saves a running sandbox holding Python state, a module, a
+// file, a second code context and a random generator's state; the source
+// goes on. A second backend (a restarted server) makes two sandboxes of
+// the snapshot: each has the state as it was saved, its own host user,
+// and the source's later changes are in none of them; by default their
+// random futures differ. A snapshot made on another kernel is refused,
+// saying so.
+func TestSnapshot(t *testing.T) {
+	bin := requireCRIU(t)
+	b := pauseBackend(t, snapCgroupParent, snapUIDBase)
+	b.criuBin = bin
+	ctx := context.Background()
+	sbx, err := b.Create(ctx, sandbox.Spec{Limits: sandbox.Limits{Memory: 256 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := sbx.(*Sandbox)
+	defer s.Close()
+	execText(t, s, "import decimal, random, os\nx = 41\nopen('kept.txt', 'w').write('kept')\nos.makedirs('sub', exist_ok=True)\nos.chdir('sub')\nrandom.seed(7)\n1")
+	cc, err := s.CreateContext("python", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := s.Execute(ctx, sandbox.ExecRequest{Code: "y = 'other'", Context: cc.ID}, nil); err != nil || res.Status != sandbox.StatusOK {
+		t.Fatalf("%+v %v", res, err)
+	}
+	if err := s.SnapshotSupported(); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "snap")
+	size, err := s.SaveSnapshot(ctx, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("snapshot: %d KiB", size>>10)
+	if _, err := s.SaveSnapshot(ctx, dir); err == nil {
+		t.Fatal("a snapshot over an existing one")
+	}
+	// The source goes on, and what it does after is not in the snapshot.
+	execText(t, s, "x += 1\nopen('/workspace/later.txt', 'w').write('later')\nx")
+	s.Close()
+
+	b2 := pauseBackend(t, snapCgroupParent+"-2", snapUIDBase+8<<16)
+	b2.criuBin = bin
+	var owners []uint32
+	var randoms []string
+	for i := range 2 {
+		got, err := b2.CreateFromSnapshot(ctx, dir, sandbox.FromSnapshot{Tenant: ""})
+		if err != nil {
+			t.Fatalf("copy %d: %v", i, err)
+		}
+		c := got.(*Sandbox)
+		defer c.Close()
+		if v := execText(t, c, "x, decimal.Decimal('1.5'), open('/workspace/kept.txt').read(), os.getcwd(), os.path.exists('/workspace/later.txt')"); v != "(41, Decimal('1.5'), 'kept', '/workspace/sub', False)" {
+			t.Fatalf("copy %d: %s", i, v)
+		}
+		res, err := c.Execute(ctx, sandbox.ExecRequest{Code: "y", Context: cc.ID}, nil)
+		if err != nil || res.Status != sandbox.StatusOK || len(res.Results) == 0 || res.Results[0].Text != "'other'" {
+			t.Fatalf("copy %d: the second context: %+v %v", i, res, err)
+		}
+		owners = append(owners, c.owner.First)
+		randoms = append(randoms, execText(t, c, "random.random()"))
+	}
+	if owners[0] == owners[1] || owners[0] == s.owner.First {
+		t.Fatalf("host users: source %d, copies %v", s.owner.First, owners)
+	}
+	if randoms[0] == randoms[1] {
+		t.Fatalf("the copies share a random future: %v", randoms)
+	}
+
+	// A snapshot of another kernel.
+	m, err := os.ReadFile(filepath.Join(dir, "manifest.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]any
+	json.Unmarshal(m, &doc)
+	doc["kernel"] = "2.6.32-other"
+	m, _ = json.Marshal(doc)
+	os.WriteFile(filepath.Join(dir, "manifest.json"), m, 0o600)
+	if _, err := b2.CreateFromSnapshot(ctx, dir, sandbox.FromSnapshot{}); !errors.Is(err, sandbox.ErrUnsupported) {
+		t.Fatalf("a snapshot of another kernel: %v", err)
+	}
+}
+
+// TestSnapshotRefused: a zygote's sandbox cannot be saved, and says so.
+func TestSnapshotRefused(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequirePython(t)
+	if !testutil.ZygoteMode() {
+		t.Skip("of a zygote's sandboxes")
+	}
+	requireCRIU(t)
+	b, err := New(Config{CgroupParent: snapCgroupParent + "-z", UIDBase: snapUIDBase + 16<<16, UIDRanges: 4, Zygote: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	sbx, err := b.Create(context.Background(), sandbox.Spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sbx.Close()
+	s := sbx.(*Sandbox)
+	if err := s.SnapshotSupported(); !errors.Is(err, sandbox.ErrUnsupported) {
+		t.Fatalf("SnapshotSupported: %v", err)
+	}
+	if _, err := s.SaveSnapshot(context.Background(), filepath.Join(t.TempDir(), "s")); !errors.Is(err, sandbox.ErrUnsupported) {
+		t.Fatalf("SaveSnapshot: %v", err)
+	}
+}

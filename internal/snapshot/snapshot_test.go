@@ -1,0 +1,157 @@
+package snapshot
+
+import (
+	"archive/tar"
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// tree makes a small snapshot-like directory in a new temporary one.
+func tree(t *testing.T) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "s")
+	for _, d := range []string{"images", "files/sub"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.WriteFile(filepath.Join(dir, "manifest.json"), []byte(`{"version":1}`), 0o600)
+	os.WriteFile(filepath.Join(dir, "images", "pages-1.img"), bytes.Repeat([]byte("p"), 100000), 0o644)
+	os.WriteFile(filepath.Join(dir, "files", "sub", "a.txt"), []byte("a"), 0o640)
+	os.Symlink("/etc/passwd", filepath.Join(dir, "files", "link"))
+	syscall.Mkfifo(filepath.Join(dir, "files", "fifo"), 0o600)
+	return dir
+}
+
+func key(b byte) []byte { return bytes.Repeat([]byte{b}, KeySize) }
+
+// TestSignVerify: a signed directory verifies; any change to a file's
+// contents, mode, owner, a link's target, an added or removed file, or
+// another key, does not.
+func TestSignVerify(t *testing.T) {
+	changes := map[string]func(dir string){
+		"contents": func(d string) { os.WriteFile(filepath.Join(d, "images", "pages-1.img"), []byte("x"), 0o644) },
+		"mode":     func(d string) { os.Chmod(filepath.Join(d, "files", "sub", "a.txt"), 0o644) },
+		"owner":    func(d string) { os.Lchown(filepath.Join(d, "files", "sub", "a.txt"), 1234, 1234) },
+		"link": func(d string) {
+			os.Remove(filepath.Join(d, "files", "link"))
+			os.Symlink("/etc/shadow", filepath.Join(d, "files", "link"))
+		},
+		"added":        func(d string) { os.WriteFile(filepath.Join(d, "images", "extra.img"), nil, 0o644) },
+		"removed":      func(d string) { os.Remove(filepath.Join(d, "manifest.json")) },
+		"no signature": func(d string) { os.Remove(filepath.Join(d, SignatureFile)) },
+	}
+	for name, change := range changes {
+		t.Run(name, func(t *testing.T) {
+			dir := tree(t)
+			if err := Sign(dir, key(1)); err != nil {
+				t.Fatal(err)
+			}
+			if err := Verify(dir, key(1)); err != nil {
+				t.Fatalf("unchanged: %v", err)
+			}
+			if err := Verify(dir, key(2)); !errors.Is(err, ErrTampered) {
+				t.Fatalf("another key: %v", err)
+			}
+			change(dir)
+			if err := Verify(dir, key(1)); !errors.Is(err, ErrTampered) {
+				t.Fatalf("changed: %v", err)
+			}
+		})
+	}
+}
+
+// TestExportImport: a directory exported and imported elsewhere verifies
+// under the same key, with its owners, modes and link.
+func TestExportImport(t *testing.T) {
+	dir := tree(t)
+	os.Lchown(filepath.Join(dir, "files", "sub", "a.txt"), 4321, 4322)
+	if err := Sign(dir, key(1)); err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if err := Export(&buf, dir); err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(t.TempDir(), "imported")
+	n, err := Import(bytes.NewReader(buf.Bytes()), dst, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n < 100000 {
+		t.Fatalf("imported %d bytes", n)
+	}
+	if err := Verify(dst, key(1)); err != nil {
+		t.Fatalf("the imported copy: %v", err)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Lstat(filepath.Join(dst, "files", "sub", "a.txt"), &st); err != nil || st.Uid != 4321 || st.Gid != 4322 || st.Mode&0o7777 != 0o640 {
+		t.Fatalf("a.txt: %+v %v", st, err)
+	}
+	// Too large.
+	if _, err := Import(bytes.NewReader(buf.Bytes()), filepath.Join(t.TempDir(), "small"), 1000); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("over the limit: %v", err)
+	}
+}
+
+// TestImportRefuses: paths out of the directory, a path through a link,
+// devices, and what is not a tar stream are refused, and nothing is left.
+func TestImportRefuses(t *testing.T) {
+	outside := t.TempDir()
+	cases := map[string][]*tar.Header{
+		"dotdot":   {{Name: "../escape", Typeflag: tar.TypeReg}},
+		"absolute": {{Name: "/tmp/escape", Typeflag: tar.TypeReg}},
+		"through a link": {
+			{Name: "l", Typeflag: tar.TypeSymlink, Linkname: outside},
+			{Name: "l/escape", Typeflag: tar.TypeReg},
+		},
+		"device": {{Name: "null", Typeflag: tar.TypeChar, Devmajor: 1, Devminor: 3}},
+		"twice":  {{Name: "a", Typeflag: tar.TypeReg}, {Name: "a", Typeflag: tar.TypeReg}},
+	}
+	for name, hs := range cases {
+		t.Run(name, func(t *testing.T) {
+			var buf bytes.Buffer
+			tw := tar.NewWriter(&buf)
+			for _, h := range hs {
+				h.Mode = 0o644
+				tw.WriteHeader(h)
+			}
+			tw.Close()
+			dst := filepath.Join(t.TempDir(), "d")
+			if _, err := Import(&buf, dst, 1<<20); err == nil {
+				t.Fatal("imported")
+			}
+			if _, err := os.Stat(dst); !os.IsNotExist(err) {
+				t.Fatalf("left %s: %v", dst, err)
+			}
+			if ents, _ := os.ReadDir(outside); len(ents) != 0 {
+				t.Fatalf("wrote outside: %v", ents)
+			}
+		})
+	}
+	if _, err := Import(strings.NewReader("not a tar stream at all, but long enough to be read as one's header......"),
+		filepath.Join(t.TempDir(), "d"), 1<<20); err == nil {
+		t.Fatal("imported garbage")
+	}
+}
+
+// TestLoadKey makes a key once and reads the same back.
+func TestLoadKey(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "k", "snapshot.key")
+	a, err := LoadKey(p)
+	if err != nil || len(a) != KeySize {
+		t.Fatal(a, err)
+	}
+	b, err := LoadKey(p)
+	if err != nil || !bytes.Equal(a, b) {
+		t.Fatal(b, err)
+	}
+	if fi, _ := os.Stat(p); fi.Mode().Perm() != 0o600 {
+		t.Fatalf("mode %v", fi.Mode())
+	}
+}

@@ -1,0 +1,216 @@
+package snapshot
+
+import (
+	"archive/tar"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// xattrPrefix is how a tar stream's PAX records carry extended
+// attributes (GNU tar's and Go's SCHILY form).
+const xattrPrefix = "SCHILY.xattr."
+
+// Export writes dir (its signature too) to w as a tar stream: owners as
+// numbers, modes, extended attributes. Sockets are left out, as Sign
+// leaves them out.
+func Export(w io.Writer, dir string) error {
+	tw := tar.NewWriter(w)
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		if rel == "." {
+			return nil
+		}
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil {
+			return err
+		}
+		h := &tar.Header{Name: filepath.ToSlash(rel), Mode: int64(st.Mode & 0o7777), Uid: int(st.Uid), Gid: int(st.Gid),
+			Format: tar.FormatPAX}
+		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFDIR:
+			h.Typeflag, h.Name = tar.TypeDir, h.Name+"/"
+		case unix.S_IFREG:
+			h.Typeflag, h.Size = tar.TypeReg, st.Size
+		case unix.S_IFLNK:
+			h.Typeflag = tar.TypeSymlink
+			if h.Linkname, err = os.Readlink(p); err != nil {
+				return err
+			}
+		case unix.S_IFIFO:
+			h.Typeflag = tar.TypeFifo
+		case unix.S_IFSOCK:
+			return nil
+		default:
+			return fmt.Errorf("%s: a device", rel)
+		}
+		attrs, err := xattrs(p)
+		if err != nil {
+			return err
+		}
+		for k, v := range attrs {
+			if h.PAXRecords == nil {
+				h.PAXRecords = map[string]string{}
+			}
+			h.PAXRecords[xattrPrefix+k] = string(v)
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			return err
+		}
+		if h.Typeflag != tar.TypeReg {
+			return nil
+		}
+		f, err := os.Open(p)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if _, err := io.CopyN(tw, f, h.Size); err != nil {
+			return fmt.Errorf("%s: %w", rel, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return tw.Close()
+}
+
+// ErrTooLarge: an imported stream holds more than its limit.
+var ErrTooLarge = errors.New("the snapshot is larger than allowed")
+
+// maxEntries bounds the entries of an imported stream.
+const maxEntries = 1 << 20
+
+// Import reads a tar stream that Export wrote into dir, which must not
+// exist (it is made 0700), and returns the bytes of file contents read.
+// Only directories, regular files, symbolic links and FIFOs are made,
+// each beneath dir and through no symbolic link (openat2 RESOLVE_BENEATH
+// and RESOLVE_NO_SYMLINKS); contents over limit bytes fail it with
+// ErrTooLarge. On failure dir is removed. The caller then checks the
+// signature (Verify) before trusting anything in it.
+func Import(r io.Reader, dir string, limit int64) (n int64, err error) {
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return 0, err
+	}
+	defer func() {
+		if err != nil {
+			os.RemoveAll(dir)
+		}
+	}()
+	root, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(root)
+	tr := tar.NewReader(r)
+	for entries := 0; ; entries++ {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return n, nil
+		}
+		if err != nil {
+			return n, fmt.Errorf("not a snapshot's archive: %w", err)
+		}
+		if entries >= maxEntries {
+			return n, fmt.Errorf("%w: more than %d entries", ErrTooLarge, maxEntries)
+		}
+		name := strings.TrimSuffix(h.Name, "/")
+		if name == "" || name == "." || path.IsAbs(name) || path.Clean(name) != name || strings.HasPrefix(name, "../") || name == ".." {
+			return n, fmt.Errorf("not a snapshot's archive: the path %q", h.Name)
+		}
+		parent, base := path.Split(name)
+		pfd := root
+		if parent != "" {
+			pfd, err = unix.Openat2(root, strings.TrimSuffix(parent, "/"), &unix.OpenHow{
+				Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
+				Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+			})
+			if err != nil {
+				return n, fmt.Errorf("not a snapshot's archive: %s: %w", h.Name, err)
+			}
+		}
+		err = makeEntry(tr, h, pfd, base, limit-n)
+		if h.Typeflag == tar.TypeReg {
+			n += h.Size
+		}
+		if pfd != root {
+			unix.Close(pfd)
+		}
+		if err != nil {
+			return n, fmt.Errorf("%s: %w", h.Name, err)
+		}
+	}
+}
+
+// makeEntry makes one entry, base, in the directory pfd.
+func makeEntry(tr *tar.Reader, h *tar.Header, pfd int, base string, room int64) error {
+	mode := uint32(h.Mode & 0o7777)
+	switch h.Typeflag {
+	case tar.TypeDir:
+		if err := unix.Mkdirat(pfd, base, 0o700); err != nil {
+			return err
+		}
+	case tar.TypeReg:
+		if h.Size > room {
+			return ErrTooLarge
+		}
+		fd, err := unix.Openat(pfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		if err != nil {
+			return err
+		}
+		f := os.NewFile(uintptr(fd), base)
+		_, err = io.CopyN(f, tr, h.Size)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return err
+		}
+	case tar.TypeSymlink:
+		if err := unix.Symlinkat(h.Linkname, pfd, base); err != nil {
+			return err
+		}
+	case tar.TypeFifo:
+		if err := unix.Mkfifoat(pfd, base, 0o600); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("not a snapshot's archive: entry type %q", h.Typeflag)
+	}
+	// Owner, mode and attributes, on the entry itself (never through a
+	// link): through a descriptor of it, opened beneath pfd.
+	fd, err := unix.Openat(pfd, base, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	self := fmt.Sprintf("/proc/self/fd/%d", fd)
+	if err := unix.Fchownat(fd, "", h.Uid, h.Gid, unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return err
+	}
+	if h.Typeflag == tar.TypeSymlink {
+		return nil // a link's mode and attributes are not its own to set
+	}
+	if err := unix.Chmod(self, mode); err != nil {
+		return err
+	}
+	for k, v := range h.PAXRecords {
+		if name, ok := strings.CutPrefix(k, xattrPrefix); ok {
+			if err := unix.Setxattr(self, name, []byte(v), 0); err != nil {
+				return fmt.Errorf("set %s: %w", name, err)
+			}
+		}
+	}
+	return nil
+}
