@@ -27,6 +27,7 @@ Uses a running server (VIVARIUM_URL, default http://127.0.0.1:8080) with
 an API key (VIVARIUM_API_KEY).
 
   create [--idle-timeout D] [--memory SIZE] [--pids N] [--disk SIZE] [--env K=V]   print the new sandbox's id
+         [--from-snapshot SNAP]         made from a snapshot: its memory, files, limits and environment
          [--allow-net RULE] [--packages]  with network access, within the server's allowlist
          [--all-net] [--deny-net RULE] [--except-net RULE]  all of it, less what --deny-net refuses
          [--volume NAME:PATH]           with the key's volume mounted at PATH (repeatable)
@@ -53,6 +54,13 @@ an API key (VIVARIUM_API_KEY).
   resume ID                             bring a paused sandbox back where it was
   fork ID [--count N] [--same-random]   copies of the running sandbox, each a sandbox of its own;
                                         prints their ids
+  snapshot ID                           save the running sandbox as a snapshot (it goes on); prints
+                                        the snapshot's id; create --from-snapshot SNAP makes sandboxes of it
+  snapshots                             the key's snapshots
+  snapshot-rm SNAP                      delete a snapshot
+  snapshot-export SNAP FILE             download a snapshot (a tar file; FILE "-": standard output)
+  snapshot-import FILE                  upload a snapshot a server sharing this one's snapshot key
+                                        exported; prints its new id
   kill ID                               close the sandbox
 
 Every subcommand takes --json to print the server's answer as it is.
@@ -158,6 +166,7 @@ func cmdSandbox(args []string) int {
 	autoResume := fs.Bool("auto-resume", false, "a call on the paused sandbox resumes it (create)")
 	count := fs.Int("count", 1, "how many copies (fork)")
 	sameRandom := fs.Bool("same-random", false, "the copies keep the source's random generators (fork)")
+	fromSnapshot := fs.String("from-snapshot", "", "`SNAP`: make the sandbox from this snapshot (create)")
 	pausable := fs.Bool("pausable", false, "a sandbox that can be paused: native makes it without the zygote (create)")
 	var memory, disk sizeFlag
 	fs.Var(&memory, "memory", "memory limit (create, run)")
@@ -253,6 +262,12 @@ func cmdSandbox(args []string) int {
 		}
 		if *onTimeout != "" {
 			req["on_timeout"] = *onTimeout
+		}
+		if *fromSnapshot != "" {
+			req["from_snapshot"] = *fromSnapshot
+			delete(req, "limits")
+			delete(req, "env")
+			delete(req, "network")
 		}
 		if *autoResume {
 			req["auto_resume"] = true
@@ -471,6 +486,84 @@ func cmdSandbox(args []string) int {
 		for _, s := range out.Sandboxes {
 			fmt.Println(s.ID)
 		}
+	case "snapshot":
+		if !need(1, "sandbox ID") {
+			return 2
+		}
+		var out struct{ ID string }
+		raw, err := c.call("POST", sb(pos[0])+"/snapshots", nil, &out)
+		if err != nil || *asJSON {
+			return printed(raw, err)
+		}
+		fmt.Println(out.ID)
+	case "snapshots":
+		var out struct {
+			Snapshots []struct {
+				ID        string    `json:"id"`
+				SandboxID string    `json:"sandbox_id"`
+				CreatedAt time.Time `json:"created_at"`
+				SizeBytes int64     `json:"size_bytes"`
+			}
+		}
+		raw, err := c.call("GET", "/v1/snapshots", nil, &out)
+		if err != nil || *asJSON {
+			return printed(raw, err)
+		}
+		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "SNAPSHOT\tFROM\tCREATED\tSIZE")
+		for _, x := range out.Snapshots {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d MiB\n", x.ID, x.SandboxID, x.CreatedAt.Local().Format(time.DateTime), x.SizeBytes>>20)
+		}
+		tw.Flush()
+	case "snapshot-rm":
+		if !need(1, "snapshot ID") {
+			return 2
+		}
+		if _, err := c.call("DELETE", "/v1/snapshots/"+url.PathEscape(pos[0]), nil, nil); err != nil {
+			return clientFail(sub, err)
+		}
+	case "snapshot-export":
+		if !need(2, "snapshot ID and FILE") {
+			return 2
+		}
+		resp, err := c.do("GET", "/v1/snapshots/"+url.PathEscape(pos[0])+"/export", nil, "", "")
+		if err != nil {
+			return clientFail(sub, err)
+		}
+		defer resp.Body.Close()
+		var w io.Writer = os.Stdout
+		if pos[1] != "-" {
+			f, err := os.OpenFile(pos[1], os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+			if err != nil {
+				return clientFail(sub, fmt.Errorf("%w (not overwriting an existing file)", err))
+			}
+			defer f.Close()
+			w = f
+		}
+		if _, err := io.Copy(w, resp.Body); err != nil {
+			return clientFail(sub, fmt.Errorf("the export ended short: %w", err))
+		}
+	case "snapshot-import":
+		if !need(1, "FILE") {
+			return 2
+		}
+		f, err := os.Open(pos[0])
+		if err != nil {
+			return clientFail(sub, err)
+		}
+		defer f.Close()
+		resp, err := c.do("POST", "/v1/snapshots/import", f, "application/x-tar", "")
+		if err != nil {
+			return clientFail(sub, err)
+		}
+		defer resp.Body.Close()
+		raw, _ := io.ReadAll(resp.Body)
+		var out struct{ ID string }
+		if *asJSON || json.Unmarshal(raw, &out) != nil {
+			os.Stdout.Write(raw)
+			return 0
+		}
+		fmt.Println(out.ID)
 	case "kill":
 		if !need(1, "sandbox ID") {
 			return 2

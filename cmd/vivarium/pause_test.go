@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -71,4 +73,85 @@ func TestServePauseResume(t *testing.T) {
 		t.Fatalf("the server's log tells of other pauses and resumes:\n%s", log)
 	}
 	t.Logf("server log:\n%s", log)
+}
+
+// A user saves a sandbox as a snapshot, the server is killed (SIGKILL)
+// and started again, and a new sandbox made from the snapshot has every
+// variable and file; the snapshot exported and imported again is a
+// snapshot of its own; a server with another snapshot key, and a changed
+// archive, are refused; a deleted snapshot is gone.
+func TestServeSnapshots(t *testing.T) {
+	needSandbox(t)
+	if _, err := criu.Usable(); err != nil {
+		t.Skipf("snapshots need CRIU, not built here (make criu): %v", err)
+	}
+	dataDir := t.TempDir()
+	srv := startServer(t, dataDir, "--dev", "--pool", "0")
+	run := func(srv *server, want int, args ...string) string {
+		t.Helper()
+		r := srv.cliAs(t, "", "", args...)
+		if r.code != want {
+			t.Fatalf("vivarium %s: exit %d, want %d\n%s%s", strings.Join(args, " "), r.code, want, r.stdout, r.stderr)
+		}
+		return strings.TrimSpace(r.stdout + r.stderr)
+	}
+	// A sandbox of the zygote cannot be saved yet, and says why.
+	plain := run(srv, 0, "sandbox", "create")
+	if out := run(srv, 1, "sandbox", "snapshot", plain); !strings.Contains(out, "zygote") {
+		t.Fatalf("a snapshot of a zygote's sandbox: %s", out)
+	}
+	id := run(srv, 0, "sandbox", "create", "--pausable")
+	run(srv, 0, "sandbox", "exec", id, "-c", "import json\nx = 41\nopen('f.txt', 'w').write('kept')")
+	snap := run(srv, 0, "sandbox", "snapshot", id)
+	if !strings.HasPrefix(snap, "snap_") {
+		t.Fatalf("snapshot printed %q", snap)
+	}
+	// The source goes on.
+	if out := run(srv, 0, "sandbox", "exec", id, "-c", "x += 1\nprint(x)"); out != "42" {
+		t.Fatalf("the source after its snapshot: %q", out)
+	}
+	archive := filepath.Join(t.TempDir(), "snap.tar")
+	run(srv, 0, "sandbox", "snapshot-export", snap, archive)
+
+	srv.cmd.Process.Kill()
+	<-srv.exited
+	srv = startServer(t, dataDir, "--dev", "--pool", "0")
+	if out := run(srv, 0, "sandbox", "snapshots"); !strings.Contains(out, snap) {
+		t.Fatalf("the snapshots after a restart:\n%s", out)
+	}
+	fresh := run(srv, 0, "sandbox", "create", "--from-snapshot", snap)
+	if out := run(srv, 0, "sandbox", "exec", fresh, "-c", "print(x + 1, json.dumps(open('f.txt').read()))"); out != `42 "kept"` {
+		t.Fatalf("a sandbox made from the snapshot after a restart: %q", out)
+	}
+
+	imported := run(srv, 0, "sandbox", "snapshot-import", archive)
+	if imported == snap || !strings.HasPrefix(imported, "snap_") {
+		t.Fatalf("import printed %q", imported)
+	}
+	again := run(srv, 0, "sandbox", "create", "--from-snapshot", imported)
+	if out := run(srv, 0, "sandbox", "exec", again, "-c", "print(x)"); out != "41" {
+		t.Fatalf("a sandbox of the imported snapshot: %q", out)
+	}
+	// A changed archive: one byte of its contents.
+	b, err := os.ReadFile(archive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)/2] ^= 0x55
+	changed := filepath.Join(t.TempDir(), "changed.tar")
+	os.WriteFile(changed, b, 0o600)
+	if out := run(srv, 1, "sandbox", "snapshot-import", changed); !strings.Contains(out, "changed") && !strings.Contains(out, "archive") {
+		t.Fatalf("a changed archive: %s", out)
+	}
+	// Another server: another key.
+	other := startServer(t, t.TempDir(), "--dev", "--pool", "0", "--cgroup-parent", serveParent+"-other")
+	if out := run(other, 1, "sandbox", "snapshot-import", archive); !strings.Contains(out, "not made by this server") {
+		t.Fatalf("an archive of another server's: %s", out)
+	}
+	run(srv, 0, "sandbox", "snapshot-rm", imported)
+	if out := run(srv, 0, "sandbox", "snapshots"); strings.Contains(out, imported) || !strings.Contains(out, snap) {
+		t.Fatalf("the snapshots after a delete:\n%s", out)
+	}
+	run(srv, 3, "sandbox", "create", "--from-snapshot", imported)
+	run(srv, 0, "sandbox", "kill", fresh, again)
 }

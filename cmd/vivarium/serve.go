@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -27,6 +28,7 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/pool"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/service"
+	"github.com/vivarium-sandbox/vivarium/internal/snapshot"
 	"github.com/vivarium-sandbox/vivarium/internal/store"
 	"github.com/vivarium-sandbox/vivarium/internal/volume"
 )
@@ -52,6 +54,9 @@ type serveConfig struct {
 	idle, maxIdle, lifetime, maxLifetime time.Duration
 	maxPaused                            time.Duration
 	checkpointDir                        string
+	snapshotKeyFile                      string
+	maxSnapshots                         int
+	maxSnapshotBytes                     sizeFlag
 	memory, disk, maxOutput              sizeFlag
 	pids                                 int
 	timeout                              time.Duration
@@ -119,6 +124,11 @@ Flags:
 	fs.DurationVar(&c.maxPaused, "max-paused", 0, "how long a paused sandbox is kept (0: --max-lifetime)")
 	fs.StringVar(&c.checkpointDir, "checkpoint-dir", "", "`DIR` where paused native sandboxes keep their images "+
 		"(default /var/lib/vivarium/checkpoints/<cgroup parent>); its parents must let others through (0711)")
+	fs.StringVar(&c.snapshotKeyFile, "snapshot-key-file", "", "`FILE` of the key snapshots are signed with (made if missing; "+
+		"default <data dir>/snapshot.key): servers that share it take each other's exported snapshots")
+	fs.IntVar(&c.maxSnapshots, "max-snapshots-per-key", 16, "snapshots an API key may keep")
+	c.maxSnapshotBytes = 8 << 30
+	fs.Var(&c.maxSnapshotBytes, "max-snapshot-bytes-per-key", "disk an API key's snapshots may take (default 8GiB)")
 	fs.Var(&c.memory, "max-memory", "largest memory limit a client may ask for (the default is 512MiB)")
 	fs.Var(&c.disk, "max-disk", "largest disk limit a client may ask for (the default is 256MiB)")
 	fs.Var(&c.maxOutput, "max-output", "largest output limit per stream a client may ask for (the default is 1MiB)")
@@ -517,6 +527,11 @@ func serve(c *serveConfig, log *slog.Logger) error {
 	}
 	if keyring != nil {
 		svcCfg.Quota = keyring.Quota
+	}
+	svcCfg.SnapshotDir = filepath.Join(c.dataDir, "snapshots")
+	svcCfg.MaxSnapshots, svcCfg.MaxSnapshotBytes = c.maxSnapshots, int64(c.maxSnapshotBytes)
+	if svcCfg.SnapshotKey, err = snapshot.LoadKey(cmp.Or(c.snapshotKeyFile, filepath.Join(c.dataDir, "snapshot.key"))); err != nil {
+		return fmt.Errorf("the snapshot key: %w", err)
 	}
 	svc := service.New(svcCfg)
 	api := httpapi.New(svc, auth, log)

@@ -102,6 +102,12 @@ var Routes = []Route{
 	{"POST", "/v1/sandboxes/{id}/pause", "pause", "Pause a sandbox: its processes' state saved to disk, their memory freed (native backend, with CRIU)", false},
 	{"POST", "/v1/sandboxes/{id}/resume", "resume", "Resume a paused sandbox where it was paused", false},
 	{"POST", "/v1/sandboxes/{id}/fork", "fork", "Copy a running sandbox into new sandboxes of their own, at this moment (native backend, with CRIU)", false},
+	{"POST", "/v1/sandboxes/{id}/snapshots", "createSnapshot", "Save a running sandbox as a snapshot, which new sandboxes are made from (native backend, with CRIU); the sandbox goes on", false},
+	{"GET", "/v1/snapshots", "listSnapshots", "List the key's snapshots", false},
+	{"GET", "/v1/snapshots/{id}", "getSnapshot", "Describe a snapshot", false},
+	{"DELETE", "/v1/snapshots/{id}", "deleteSnapshot", "Delete a snapshot", false},
+	{"GET", "/v1/snapshots/{id}/export", "exportSnapshot", "Download a snapshot as a tar stream, for a server that shares this one's snapshot key", false},
+	{"POST", "/v1/snapshots/import", "importSnapshot", "Upload a snapshot another server (sharing this one's snapshot key) exported; a changed or foreign one is refused", false},
 	{"GET", "/v1/sandboxes/{id}/metrics", "usage", "A sandbox's CPU, memory and disk over time (sampled every 5 s)", false},
 	{"POST", "/v1/sandboxes/{id}/execute", "execute", "Run Python code, keeping state", false},
 	{"POST", "/v1/sandboxes/{id}/interrupt", "interrupt", "Raise KeyboardInterrupt in the running execution", false},
@@ -234,6 +240,8 @@ func (s *Server) handler(name string) http.HandlerFunc {
 		return s.portToken
 	case "usage":
 		return s.usage
+	case "createSnapshot", "listSnapshots", "getSnapshot", "deleteSnapshot", "exportSnapshot", "importSnapshot":
+		return s.snapshotHandler(name)
 	case "listContexts", "createContext", "deleteContext", "restartContext":
 		return s.contextHandler(name)
 	case "listProcesses", "startProcess", "processOutput", "processStdin", "signalProcess", "resizeProcess":
@@ -328,6 +336,7 @@ type createRequest struct {
 	Pausable     bool                    `json:"pausable" doc:"a sandbox that can be paused: on the native backend, one of its own Python rather than a fork of the zygote (slower to create); on_timeout pause implies it"`
 	OnTimeout    string                  `json:"on_timeout" doc:"what the idle timeout does: kill (default) or pause (where the backend can pause; else kill)"`
 	AutoResume   bool                    `json:"auto_resume" doc:"a call on the paused sandbox (by its timeout or /pause) resumes it first, instead of answering 409 paused"`
+	FromSnapshot string                  `json:"from_snapshot" doc:"make the sandbox from one of the key's snapshots: its memory, files, limits, environment and backend (limits, env, backend, home, network and volumes are then not given)"`
 }
 
 func (s *Server) create(w http.ResponseWriter, r *http.Request) {
@@ -339,6 +348,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		Owner: owner(r), Idle: seconds(req.TimeoutS), MaxLifetime: seconds(req.MaxLifetimeS),
 		Limits: req.Limits.limits(), Env: req.Env, Metadata: req.Metadata, Backend: req.Backend,
 		Network: req.Network, Home: req.Home, Volumes: req.Volumes, OnTimeout: req.OnTimeout, AutoResume: req.AutoResume, Pausable: req.Pausable,
+		FromSnapshot: req.FromSnapshot,
 	})
 	if err != nil {
 		s.fail(w, err)
@@ -680,6 +690,8 @@ func classify(err error) (int, string) {
 	switch {
 	case errors.Is(err, service.ErrNotFound):
 		return http.StatusNotFound, "not_found"
+	case errors.Is(err, service.ErrSnapshotNotFound):
+		return http.StatusNotFound, "snapshot_not_found"
 	case errors.Is(err, volume.ErrNotFound):
 		return http.StatusNotFound, "volume_not_found"
 	case errors.Is(err, volume.ErrExists):

@@ -86,6 +86,14 @@ type Config struct {
 	// UsageInterval is how often every sandbox's use is sampled (see
 	// Usage); zero: every 5 s.
 	UsageInterval time.Duration
+	// SnapshotDir keeps the owners' snapshots (snapshots.go), signed
+	// with SnapshotKey (snapshot.LoadKey); empty: none are kept.
+	SnapshotDir string
+	SnapshotKey []byte
+	// MaxSnapshots and MaxSnapshotBytes bound what one owner keeps;
+	// zero: 16 snapshots, 8 GiB.
+	MaxSnapshots     int
+	MaxSnapshotBytes int64
 }
 
 func (c *Config) setDefaults() {
@@ -102,6 +110,12 @@ func (c *Config) setDefaults() {
 	def(&c.MaxPaused, c.MaxLifetime)
 	if c.MaxPerOwner <= 0 {
 		c.MaxPerOwner = 50
+	}
+	if c.MaxSnapshots <= 0 {
+		c.MaxSnapshots = 16
+	}
+	if c.MaxSnapshotBytes <= 0 {
+		c.MaxSnapshotBytes = 8 << 30
 	}
 	if c.MaxTotal <= 0 {
 		c.MaxTotal = 1000
@@ -132,6 +146,8 @@ type Service struct {
 	cfg     Config
 	metrics *Metrics
 
+	snapMu sync.Mutex // serialises saving, importing and deleting snapshots
+
 	mu      sync.Mutex
 	boxes   map[string]*Box
 	pending map[string]int // owner → sandboxes being created
@@ -157,6 +173,9 @@ func New(cfg Config) *Service {
 	s := &Service{cfg: cfg, boxes: map[string]*Box{}, pending: map[string]int{}, running: map[string]int{},
 		stop: make(chan struct{}), metrics: newMetrics()}
 	s.idle = sync.NewCond(&s.mu)
+	if s.snapshotsOn() == nil {
+		s.sweepSnapshotLeftovers()
+	}
 	s.startNetwork()
 	s.wg.Add(2)
 	go s.reap()
@@ -247,6 +266,11 @@ type CreateRequest struct {
 	// timeout or by Pause) resumes it first, instead of failing with
 	// sandbox.ErrPaused.
 	AutoResume bool
+	// FromSnapshot makes the sandbox from one of the owner's snapshots
+	// (snapshots.go): its processes, files, limits, environment and
+	// backend are the snapshot's. Limits, Env, Backend and Home are then
+	// not to be given; network access and volumes are not given yet.
+	FromSnapshot string
 }
 
 // Box is a managed sandbox.
@@ -354,6 +378,23 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	if req.Owner == "" {
 		return Info{}, fmt.Errorf("%w: no owner", sandbox.ErrInvalidSpec)
 	}
+	var snap snapshotMeta
+	var snapDir string
+	if req.FromSnapshot != "" {
+		if req.Limits != (sandbox.Limits{}) || len(req.Env) > 0 || req.Backend != "" || req.Home != "" ||
+			len(req.Volumes) > 0 || !req.Network.Empty() {
+			return Info{}, fmt.Errorf("%w: a sandbox made from a snapshot has the snapshot's limits, environment, "+
+				"backend and home, and no network or volumes yet", sandbox.ErrInvalidSpec)
+		}
+		var err error
+		if snap, snapDir, err = s.fromSnapshot(req.Owner, req.FromSnapshot); err != nil {
+			return Info{}, err
+		}
+		req.Limits, req.Env, req.Backend = snap.Limits, snap.Env, snap.Backend
+		if req.Metadata == nil {
+			req.Metadata = snap.Metadata
+		}
+	}
 	limits, err := s.bound(req.Limits)
 	if err != nil {
 		return Info{}, err
@@ -432,20 +473,23 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	mounts, leases, err := s.leaseVolumes(req.Owner, req.Volumes)
 	var sb sandbox.Sandbox
 	var egress *netproxy.Proxy
-	if err == nil {
+	switch {
+	case err == nil && snapDir != "":
+		sb, err = s.restoreSnapshot(ctx, req.Owner, snap, snapDir)
+	case err == nil:
 		sb, egress, err = s.makeSandbox(ctx, req.Owner, id, sandbox.Spec{Limits: limits, Env: env, Backend: req.Backend,
 			Tenant: s.tenantOf(req.Owner), Home: req.Home, Volumes: mounts, Named: len(req.IDEnv) > 0,
 			Pausable: req.Pausable || req.OnTimeout == OnTimeoutPause}, policy)
-		if err == nil && req.OnTimeout == OnTimeoutPause {
-			// Refused now rather than closed when its timeout comes.
-			if err = pauseSupported(sb, cmp.Or(req.Backend, s.cfg.Backend.Name())); err != nil {
-				sb.Close()
-				err = fmt.Errorf("on_timeout %q: %w", OnTimeoutPause, err)
-			}
+	}
+	if err == nil && req.OnTimeout == OnTimeoutPause {
+		// Refused now rather than closed when its timeout comes.
+		if err = pauseSupported(sb, cmp.Or(req.Backend, s.cfg.Backend.Name())); err != nil {
+			sb.Close()
+			err = fmt.Errorf("on_timeout %q: %w", OnTimeoutPause, err)
 		}
-		if err != nil {
-			releaseVolumes(leases)
-		}
+	}
+	if err != nil {
+		releaseVolumes(leases)
 	}
 	if err != nil {
 		s.mu.Lock()

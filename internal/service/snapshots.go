@@ -1,0 +1,353 @@
+package service
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/snapshot"
+)
+
+// Snapshots (issue 15, docs/snapshots.md): a running sandbox saved to
+// disk (sandbox.Snapshotter), which new sandboxes are made from
+// (CreateRequest.FromSnapshot), listed, deleted, exported as a tar stream
+// and imported on another server. Each is a directory of SnapshotDir:
+//
+//	meta.json   the service's record: its id, owner, source, size, and
+//	            the spec sandboxes made from it get
+//	data/       the backend's (its processes' memory and files)
+//	signature   HMAC-SHA-256 of all of it under the server's snapshot
+//	            key (internal/snapshot), checked before every restore
+//	            and import: CRIU runs as root, and reads only what this
+//	            server (or one sharing its key) wrote.
+//
+// A snapshot is its owner's alone (another key's is not found), counts
+// against the owner's MaxSnapshots and MaxSnapshotBytes, and is kept
+// until deleted: it outlives its sandbox and the server.
+
+// ErrSnapshotNotFound: no snapshot of that id is the caller's.
+var ErrSnapshotNotFound = errors.New("snapshot not found")
+
+// SnapshotInfo is what owners see of a snapshot.
+type SnapshotInfo struct {
+	ID        string     `json:"id"`
+	SandboxID string     `json:"sandbox_id" doc:"the sandbox it was saved from"`
+	CreatedAt time.Time  `json:"created_at"`
+	SizeBytes int64      `json:"size_bytes" doc:"its size on the server's disk"`
+	Backend   string     `json:"backend"`
+	Limits    LimitsInfo `json:"limits" doc:"the limits of sandboxes made from it"`
+}
+
+// snapshotMeta is a snapshot's meta.json.
+type snapshotMeta struct {
+	ID        string            `json:"id"`
+	Owner     string            `json:"owner"`
+	SandboxID string            `json:"sandbox_id"`
+	CreatedAt time.Time         `json:"created_at"`
+	SizeBytes int64             `json:"size_bytes"`
+	Backend   string            `json:"backend"`
+	Limits    sandbox.Limits    `json:"limits"`
+	Env       map[string]string `json:"env,omitempty"`
+	Metadata  map[string]string `json:"metadata,omitempty"`
+}
+
+func (m snapshotMeta) info() SnapshotInfo {
+	return SnapshotInfo{ID: m.ID, SandboxID: m.SandboxID, CreatedAt: m.CreatedAt, SizeBytes: m.SizeBytes,
+		Backend: m.Backend, Limits: limitsInfo(m.Limits)}
+}
+
+var snapshotID = regexp.MustCompile(`^snap_[0-9a-f]{24}$`)
+
+// snapshotsOn says why snapshots cannot be kept, if they cannot.
+func (s *Service) snapshotsOn() error {
+	if s.cfg.SnapshotDir == "" || len(s.cfg.SnapshotKey) < snapshot.KeySize {
+		return fmt.Errorf("%w: this server keeps no snapshots (it has no data directory)", sandbox.ErrUnsupported)
+	}
+	return nil
+}
+
+// Snapshot saves an owner's running sandbox as a new snapshot; the
+// sandbox goes on unchanged. It fails as Fork does (busy, paused, a
+// backend that cannot), and with ErrQuota where the owner keeps its
+// maximum of snapshots or bytes of them.
+func (s *Service) Snapshot(ctx context.Context, owner, id string) (SnapshotInfo, error) {
+	if err := s.snapshotsOn(); err != nil {
+		return SnapshotInfo{}, err
+	}
+	b, err := s.Get(owner, id)
+	if err != nil {
+		return SnapshotInfo{}, err
+	}
+	sn, ok := b.sb.(sandbox.Snapshotter)
+	if !ok {
+		return SnapshotInfo{}, fmt.Errorf("%w: sandboxes of the %s backend cannot be saved as snapshots (the native backend's can, with CRIU)",
+			sandbox.ErrUnsupported, b.backend)
+	}
+	if err := sn.SnapshotSupported(); err != nil {
+		return SnapshotInfo{}, err
+	}
+	if len(b.leases) > 0 || b.egress != nil {
+		return SnapshotInfo{}, fmt.Errorf("%w: a sandbox with volumes or network access cannot be saved yet", sandbox.ErrUnsupported)
+	}
+	b.mu.Lock()
+	executing, paused := b.executing, b.paused
+	b.mu.Unlock()
+	switch {
+	case paused:
+		return SnapshotInfo{}, fmt.Errorf("%w: resume it before saving it", sandbox.ErrPaused)
+	case executing:
+		return SnapshotInfo{}, fmt.Errorf("%w: code is running; save the sandbox once it ends", sandbox.ErrBusy)
+	}
+	s.snapMu.Lock()
+	defer s.snapMu.Unlock()
+	if err := s.snapshotRoom(owner, false); err != nil {
+		return SnapshotInfo{}, err
+	}
+	meta := snapshotMeta{ID: "snap_" + randomHex(12), Owner: owner, SandboxID: id, CreatedAt: s.cfg.Now().UTC(),
+		Backend: b.backend, Limits: b.limits, Env: maps.Clone(b.env), Metadata: maps.Clone(b.metadata)}
+	dir := filepath.Join(s.cfg.SnapshotDir, meta.ID)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return SnapshotInfo{}, err
+	}
+	start := time.Now()
+	done := s.use(b)
+	size, err := sn.SaveSnapshot(ctx, filepath.Join(dir, "data"))
+	done()
+	if err == nil {
+		meta.SizeBytes = size
+		err = s.writeSnapshotMeta(dir, meta)
+	}
+	if err == nil {
+		err = s.snapshotRoom(owner, true) // over now, with this one: not kept
+	}
+	if err != nil {
+		os.RemoveAll(dir)
+		return SnapshotInfo{}, err
+	}
+	s.cfg.Logger.Info("sandbox saved", "id", id, "snapshot", meta.ID, "bytes", size, "ms", time.Since(start).Milliseconds())
+	return meta.info(), nil
+}
+
+// writeSnapshotMeta writes meta.json into dir and signs the directory.
+func (s *Service) writeSnapshotMeta(dir string, meta snapshotMeta) error {
+	buf, err := json.MarshalIndent(meta, "", "\t")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "meta.json"), buf, 0o600); err != nil {
+		return err
+	}
+	return snapshot.Sign(dir, s.cfg.SnapshotKey)
+}
+
+// snapshotRoom fails with ErrQuota if owner keeps its maximum of
+// snapshots or of bytes of them; with saved, if it keeps more than that
+// (the snapshot just saved counted). Callers hold snapMu.
+func (s *Service) snapshotRoom(owner string, saved bool) error {
+	metas := s.snapshotMetas(owner)
+	var bytes int64
+	for _, m := range metas {
+		bytes += m.SizeBytes
+	}
+	n, maxN, maxB := int64(len(metas)), int64(s.cfg.MaxSnapshots), s.cfg.MaxSnapshotBytes
+	if !saved {
+		n, bytes = n+1, bytes+1
+	}
+	switch {
+	case n > maxN:
+		return fmt.Errorf("%w: this key may keep %d snapshots; delete one (DELETE /v1/snapshots/{id}) first", ErrQuota, maxN)
+	case bytes > maxB:
+		return fmt.Errorf("%w: this key's snapshots would take over its %d MiB; delete one first", ErrQuota, maxB>>20)
+	}
+	return nil
+}
+
+// snapshotMetas reads the records of owner's snapshots, newest first.
+// A directory without a readable record (one being written) is skipped.
+func (s *Service) snapshotMetas(owner string) []snapshotMeta {
+	ents, _ := os.ReadDir(s.cfg.SnapshotDir)
+	var out []snapshotMeta
+	for _, e := range ents {
+		if !e.IsDir() || !snapshotID.MatchString(e.Name()) {
+			continue
+		}
+		m, err := readSnapshotMeta(filepath.Join(s.cfg.SnapshotDir, e.Name()))
+		if err == nil && m.Owner == owner && m.ID == e.Name() {
+			out = append(out, m)
+		}
+	}
+	slices.SortFunc(out, func(a, b snapshotMeta) int { return b.CreatedAt.Compare(a.CreatedAt) })
+	return out
+}
+
+func readSnapshotMeta(dir string) (snapshotMeta, error) {
+	var m snapshotMeta
+	buf, err := os.ReadFile(filepath.Join(dir, "meta.json"))
+	if err == nil {
+		err = json.Unmarshal(buf, &m)
+	}
+	return m, err
+}
+
+// Snapshots lists an owner's snapshots, newest first.
+func (s *Service) Snapshots(owner string) []SnapshotInfo {
+	if s.snapshotsOn() != nil {
+		return []SnapshotInfo{}
+	}
+	out := []SnapshotInfo{}
+	for _, m := range s.snapshotMetas(owner) {
+		out = append(out, m.info())
+	}
+	return out
+}
+
+// snapshotOf finds an owner's snapshot.
+func (s *Service) snapshotOf(owner, id string) (snapshotMeta, string, error) {
+	if err := s.snapshotsOn(); err != nil {
+		return snapshotMeta{}, "", err
+	}
+	if !snapshotID.MatchString(id) {
+		return snapshotMeta{}, "", ErrSnapshotNotFound
+	}
+	dir := filepath.Join(s.cfg.SnapshotDir, id)
+	m, err := readSnapshotMeta(dir)
+	if err != nil || m.Owner != owner || m.ID != id {
+		return snapshotMeta{}, "", ErrSnapshotNotFound
+	}
+	return m, dir, nil
+}
+
+// SnapshotInfo describes one of an owner's snapshots.
+func (s *Service) SnapshotInfo(owner, id string) (SnapshotInfo, error) {
+	m, _, err := s.snapshotOf(owner, id)
+	return m.info(), err
+}
+
+// DeleteSnapshot removes one of an owner's snapshots. Sandboxes made from
+// it are not affected.
+func (s *Service) DeleteSnapshot(owner, id string) error {
+	_, dir, err := s.snapshotOf(owner, id)
+	if err != nil {
+		return err
+	}
+	s.snapMu.Lock()
+	defer s.snapMu.Unlock()
+	// Renamed away first: a listing never sees half of it.
+	gone := filepath.Join(s.cfg.SnapshotDir, ".deleted-"+id)
+	if err := os.Rename(dir, gone); err != nil {
+		return err
+	}
+	return os.RemoveAll(gone)
+}
+
+// ExportSnapshot writes one of an owner's snapshots to w as a tar stream
+// (internal/snapshot), signature included: ImportSnapshot on a server that
+// shares this one's snapshot key takes it.
+func (s *Service) ExportSnapshot(owner, id string, w io.Writer) error {
+	_, dir, err := s.snapshotOf(owner, id)
+	if err != nil {
+		return err
+	}
+	return snapshot.Export(w, dir)
+}
+
+// ImportSnapshot reads a snapshot that ExportSnapshot wrote (here, or on
+// a server sharing this one's snapshot key) and keeps it as a new
+// snapshot of owner's. A stream whose signature does not hold, or that
+// is larger than the owner may keep, is refused and nothing is kept.
+// Whether this host can restore it (the same kernel and CPU) is told
+// when a sandbox is made from it.
+func (s *Service) ImportSnapshot(owner string, r io.Reader) (SnapshotInfo, error) {
+	if err := s.snapshotsOn(); err != nil {
+		return SnapshotInfo{}, err
+	}
+	s.snapMu.Lock()
+	defer s.snapMu.Unlock()
+	if err := s.snapshotRoom(owner, false); err != nil {
+		return SnapshotInfo{}, err
+	}
+	var have int64
+	for _, m := range s.snapshotMetas(owner) {
+		have += m.SizeBytes
+	}
+	if err := os.MkdirAll(s.cfg.SnapshotDir, 0o700); err != nil {
+		return SnapshotInfo{}, err
+	}
+	staging := filepath.Join(s.cfg.SnapshotDir, ".import-"+randomHex(8))
+	n, err := snapshot.Import(r, staging, s.cfg.MaxSnapshotBytes-have)
+	if errors.Is(err, snapshot.ErrTooLarge) {
+		return SnapshotInfo{}, fmt.Errorf("%w: the snapshot is larger than this key's room for snapshots (%d MiB)", ErrQuota,
+			(s.cfg.MaxSnapshotBytes-have)>>20)
+	}
+	if err != nil {
+		return SnapshotInfo{}, fmt.Errorf("%w: %v", sandbox.ErrInvalidSpec, err)
+	}
+	defer os.RemoveAll(staging)
+	if err := snapshot.Verify(staging, s.cfg.SnapshotKey); err != nil {
+		return SnapshotInfo{}, fmt.Errorf("%w: %v", sandbox.ErrInvalidSpec, err)
+	}
+	m, err := readSnapshotMeta(staging)
+	if err != nil {
+		return SnapshotInfo{}, fmt.Errorf("%w: the snapshot's record: %v", sandbox.ErrInvalidSpec, err)
+	}
+	// Now the importer's, under a new id.
+	m.ID, m.Owner, m.SizeBytes = "snap_"+randomHex(12), owner, n
+	if err := s.writeSnapshotMeta(staging, m); err != nil {
+		return SnapshotInfo{}, err
+	}
+	if err := os.Rename(staging, filepath.Join(s.cfg.SnapshotDir, m.ID)); err != nil {
+		return SnapshotInfo{}, err
+	}
+	s.cfg.Logger.Info("snapshot imported", "snapshot", m.ID, "bytes", n)
+	return m.info(), nil
+}
+
+// fromSnapshot checks an owner's snapshot for a new sandbox: its record
+// and, against its signature, everything the restore will read.
+func (s *Service) fromSnapshot(owner, id string) (snapshotMeta, string, error) {
+	m, dir, err := s.snapshotOf(owner, id)
+	if err != nil {
+		return m, "", err
+	}
+	if err := snapshot.Verify(dir, s.cfg.SnapshotKey); err != nil {
+		return m, "", fmt.Errorf("%w: snapshot %s: %v", sandbox.ErrInvalidSpec, id, err)
+	}
+	return m, dir, nil
+}
+
+// restoreSnapshot makes a sandbox of the checked snapshot in dir.
+func (s *Service) restoreSnapshot(ctx context.Context, owner string, m snapshotMeta, dir string) (sandbox.Sandbox, error) {
+	r, ok := sandbox.RestorerOf(s.cfg.Backend, m.Backend)
+	if !ok {
+		return nil, fmt.Errorf("%w: the %s backend (of the snapshot) cannot make sandboxes from snapshots here",
+			sandbox.ErrUnsupported, m.Backend)
+	}
+	return r.CreateFromSnapshot(ctx, filepath.Join(dir, "data"), sandbox.FromSnapshot{Tenant: s.tenantOf(owner)})
+}
+
+// sweepSnapshotLeftovers removes what an import or a delete cut short
+// left in SnapshotDir, and snapshots whose record was never written.
+func (s *Service) sweepSnapshotLeftovers() {
+	ents, _ := os.ReadDir(s.cfg.SnapshotDir)
+	for _, e := range ents {
+		p := filepath.Join(s.cfg.SnapshotDir, e.Name())
+		switch {
+		case strings.HasPrefix(e.Name(), ".import-"), strings.HasPrefix(e.Name(), ".deleted-"):
+			os.RemoveAll(p)
+		case snapshotID.MatchString(e.Name()):
+			if _, err := os.Stat(filepath.Join(p, snapshot.SignatureFile)); os.IsNotExist(err) {
+				os.RemoveAll(p)
+			}
+		}
+	}
+}

@@ -1,0 +1,139 @@
+package service
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/snapshot"
+)
+
+// savingBackend's sandboxes save a file as their snapshot, and it makes
+// sandboxes of one: what the service keeps of snapshots (owners, quotas,
+// signatures, import and export) is tested here, the saving itself in
+// the backends (native: TestSnapshot).
+type savingBackend struct{ restored chan string }
+
+func (savingBackend) Name() string { return "saving" }
+
+func (savingBackend) Create(context.Context, sandbox.Spec) (sandbox.Sandbox, error) {
+	return &savingSandbox{}, nil
+}
+
+func (b savingBackend) CreateFromSnapshot(_ context.Context, dir string, _ sandbox.FromSnapshot) (sandbox.Sandbox, error) {
+	state, err := os.ReadFile(filepath.Join(dir, "state"))
+	if err != nil {
+		return nil, err
+	}
+	b.restored <- string(state)
+	return &savingSandbox{}, nil
+}
+
+type savingSandbox struct{ idleSandbox }
+
+func (*savingSandbox) SnapshotSupported() error { return nil }
+
+func (*savingSandbox) SaveSnapshot(_ context.Context, dir string) (int64, error) {
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return 0, err
+	}
+	return 5, os.WriteFile(filepath.Join(dir, "state"), []byte("saved"), 0o600)
+}
+
+func snapshotService(t *testing.T, dir string, key byte) *Service {
+	t.Helper()
+	svc := New(Config{Backend: savingBackend{restored: make(chan string, 8)}, SnapshotDir: dir,
+		SnapshotKey: bytes.Repeat([]byte{key}, snapshot.KeySize), MaxSnapshots: 2})
+	t.Cleanup(func() { svc.Close() })
+	return svc
+}
+
+// TestSnapshots: an owner's snapshots are its own, bounded, survive the
+// service, make sandboxes, are refused once changed, and move between
+// services that share a key (and not others).
+func TestSnapshots(t *testing.T) {
+	dir := t.TempDir()
+	svc := snapshotService(t, dir, 1)
+	ctx := context.Background()
+	src, err := svc.Create(ctx, CreateRequest{Owner: "o", Metadata: map[string]string{"k": "v"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.Snapshot(ctx, "other", src.ID); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("another owner's sandbox: %v", err)
+	}
+	a, err := svc.Snapshot(ctx, "o", src.ID)
+	if err != nil || a.SandboxID != src.ID || a.Backend != "saving" {
+		t.Fatalf("%+v %v", a, err)
+	}
+	if _, err := svc.Snapshot(ctx, "o", src.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.Snapshot(ctx, "o", src.ID); !errors.Is(err, ErrQuota) {
+		t.Fatalf("a third snapshot of two allowed: %v", err)
+	}
+	if got := len(svc.Snapshots("o")); got != 2 {
+		t.Fatalf("%d snapshots listed", got)
+	}
+	if got := svc.Snapshots("other"); len(got) != 0 {
+		t.Fatalf("another owner lists %v", got)
+	}
+	if _, err := svc.SnapshotInfo("other", a.ID); !errors.Is(err, ErrSnapshotNotFound) {
+		t.Fatalf("another owner's snapshot: %v", err)
+	}
+	if _, err := svc.Create(ctx, CreateRequest{Owner: "other", FromSnapshot: a.ID}); !errors.Is(err, ErrSnapshotNotFound) {
+		t.Fatalf("another owner makes a sandbox of it: %v", err)
+	}
+	if _, err := svc.Create(ctx, CreateRequest{Owner: "o", FromSnapshot: a.ID, Env: map[string]string{"A": "b"}}); !errors.Is(err, sandbox.ErrInvalidSpec) {
+		t.Fatalf("a snapshot and an environment: %v", err)
+	}
+
+	// A new service over the same directory: a restarted server.
+	svc.Close()
+	svc = snapshotService(t, dir, 1)
+	made, err := svc.Create(ctx, CreateRequest{Owner: "o", FromSnapshot: a.ID})
+	if err != nil || made.Metadata["k"] != "v" {
+		t.Fatalf("a sandbox of the snapshot: %+v %v", made, err)
+	}
+	if got := <-svc.cfg.Backend.(savingBackend).restored; got != "saved" {
+		t.Fatalf("restored %q", got)
+	}
+
+	var archive bytes.Buffer
+	if err := svc.ExportSnapshot("o", a.ID, &archive); err != nil {
+		t.Fatal(err)
+	}
+	// Changed on disk: refused.
+	os.WriteFile(filepath.Join(dir, a.ID, "data", "state"), []byte("forged"), 0o600)
+	if _, err := svc.Create(ctx, CreateRequest{Owner: "o", FromSnapshot: a.ID}); !errors.Is(err, sandbox.ErrInvalidSpec) {
+		t.Fatalf("a changed snapshot: %v", err)
+	}
+	if err := svc.DeleteSnapshot("o", a.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, a.ID)); !os.IsNotExist(err) {
+		t.Fatalf("a deleted snapshot's directory: %v", err)
+	}
+
+	// Another service with the same key takes the export; one with
+	// another key does not.
+	same := snapshotService(t, t.TempDir(), 1)
+	imp, err := same.ImportSnapshot("p", bytes.NewReader(archive.Bytes()))
+	if err != nil || imp.ID == a.ID {
+		t.Fatalf("import: %+v %v", imp, err)
+	}
+	if _, err := same.Create(ctx, CreateRequest{Owner: "p", FromSnapshot: imp.ID}); err != nil {
+		t.Fatalf("a sandbox of the imported snapshot: %v", err)
+	}
+	foreign := snapshotService(t, t.TempDir(), 2)
+	if _, err := foreign.ImportSnapshot("p", bytes.NewReader(archive.Bytes())); !errors.Is(err, sandbox.ErrInvalidSpec) {
+		t.Fatalf("an import signed with another key: %v", err)
+	}
+	if got := foreign.Snapshots("p"); len(got) != 0 {
+		t.Fatalf("a refused import left %v", got)
+	}
+}
