@@ -58,11 +58,12 @@ func (s *Server) routeControl() {
 	handle("POST /sandboxes/{id}/resume", s.resume)
 	handle("POST /sandboxes/{id}/fork", s.fork)
 	s.routeVolumes()
+	handle("POST /sandboxes/{id}/snapshots", s.createSnapshot)
+	handle("GET /snapshots", s.listSnapshots)
+	handle("DELETE /templates/{id}", s.deleteSnapshot)
 	for pattern, what := range map[string]string{
-		"POST /sandboxes/{id}/snapshots": "snapshots",
-		"GET /snapshots":                 "snapshots",
-		"GET /sandboxes/{id}/logs":       "sandbox logs",
-		"GET /v2/sandboxes/{id}/logs":    "sandbox logs",
+		"GET /sandboxes/{id}/logs":    "sandbox logs",
+		"GET /v2/sandboxes/{id}/logs": "sandbox logs",
 	} {
 		handle(pattern, func(w http.ResponseWriter, r *http.Request, owner string) {
 			// What is asked of a sandbox is checked first, as E2B does:
@@ -145,7 +146,7 @@ type networkConfig struct {
 func (n *newSandbox) check() error {
 	unsupported := func(what string) error { return fmt.Errorf("%w: %s", errUnsupported, what) }
 	switch {
-	case n.TemplateID != "" && !slices.Contains(knownTemplates, n.TemplateID):
+	case n.TemplateID != "" && !slices.Contains(knownTemplates, n.TemplateID) && !isSnapshot(n.TemplateID):
 		return fmt.Errorf("%w: template %q: custom templates are not supported; vivarium sandboxes run the server's "+
 			"Python with its packages (create with the default template)", sandbox.ErrInvalidSpec, n.TemplateID)
 	case n.Timeout != nil && *n.Timeout < 0:
@@ -222,10 +223,26 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, owner string) {
 		env = map[string]string{}
 	}
 	env["E2B_SANDBOX"] = "true"
-	info, err := s.svc.Create(r.Context(), service.CreateRequest{Owner: owner, Idle: idle, Env: env, Metadata: req.Metadata,
+	create := service.CreateRequest{Owner: owner, Idle: idle, Env: env, Metadata: req.Metadata,
 		Network: networkRequest(req.AllowInternetAccess, req.Network), Home: sandbox.HomeUser,
 		IDEnv: []string{"E2B_SANDBOX_ID"}, Ports: req.Network.portOptions(), Volumes: volumeMounts(req.VolumeMounts),
-		OnTimeout: req.onTimeout(), AutoResume: req.AutoResume != nil && req.AutoResume.Enabled})
+		OnTimeout: req.onTimeout(), AutoResume: req.AutoResume != nil && req.AutoResume.Enabled}
+	if isSnapshot(req.TemplateID) {
+		// Sandbox.create(snapshotId): the snapshot's environment and
+		// home, E2B's among them.
+		create = service.CreateRequest{Owner: owner, Idle: idle, Metadata: req.Metadata, FromSnapshot: req.TemplateID,
+			OnTimeout: create.OnTimeout, AutoResume: create.AutoResume}
+		if len(req.EnvVars) > 0 || len(req.VolumeMounts) > 0 || !create.Network.Empty() {
+			s.fail(w, fmt.Errorf("%w: a sandbox made from a snapshot has the snapshot's environment, and no volumes or network yet",
+				sandbox.ErrInvalidSpec))
+			return
+		}
+	}
+	info, err := s.svc.Create(r.Context(), create)
+	if errors.Is(err, service.ErrSnapshotNotFound) {
+		writeEnvdError(w, http.StatusNotFound, fmt.Sprintf("template %q not found", req.TemplateID))
+		return
+	}
 	if err != nil {
 		s.fail(w, err)
 		return
@@ -535,4 +552,63 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request, owner string) {
 		out = append(out, forked{Sandbox: &created})
 	}
 	writeJSON(w, http.StatusCreated, out)
+}
+
+// isSnapshot says whether a template id names a snapshot (E2B's
+// Sandbox.create(snapshotId)).
+func isSnapshot(id string) bool { return strings.HasPrefix(id, "snap_") }
+
+// snapshotInfo is E2B's SnapshotInfo.
+type snapshotInfo struct {
+	SnapshotID string   `json:"snapshotID"`
+	Names      []string `json:"names"`
+}
+
+// createSnapshot saves a sandbox as a snapshot (sandbox.createSnapshot):
+// the snapshot's id is a template id Sandbox.create takes. Names are not
+// kept.
+func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request, owner string) {
+	var req struct {
+		Name string `json:"name"`
+	}
+	if !decodeBody(w, r, &req) {
+		return
+	}
+	info, err := s.svc.Snapshot(r.Context(), owner, r.PathValue("id"))
+	if err != nil {
+		s.notFound(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, snapshotInfo{SnapshotID: info.ID, Names: []string{}})
+}
+
+// listSnapshots lists the key's snapshots, of one sandbox with sandboxID.
+func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request, owner string) {
+	from := r.URL.Query().Get("sandboxID")
+	out := []snapshotInfo{}
+	for _, x := range s.svc.Snapshots(owner) {
+		if from == "" || x.SandboxID == from {
+			out = append(out, snapshotInfo{SnapshotID: x.ID, Names: []string{}})
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// deleteSnapshot deletes a snapshot by its template id (E2B's
+// Sandbox.deleteSnapshot); other templates are E2B's cloud.
+func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request, owner string) {
+	id := r.PathValue("id")
+	if !isSnapshot(id) {
+		s.unsupported(w, "DELETE /templates (templates are E2B's cloud, not part of vivarium)")
+		return
+	}
+	if err := s.svc.DeleteSnapshot(owner, id); err != nil {
+		if errors.Is(err, service.ErrSnapshotNotFound) {
+			writeEnvdError(w, http.StatusNotFound, fmt.Sprintf("template %q not found", id))
+			return
+		}
+		s.fail(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
 }

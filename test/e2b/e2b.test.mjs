@@ -164,7 +164,7 @@ describe('control plane', () => {
     await withSandbox(async (sbx) => {
       await assert.rejects(sbx.pause(), (e) => e instanceof SandboxError &&
         /zygote cannot be paused yet: create it pausable .*lifecycle onTimeout "pause"/.test(e.message))
-      await assert.rejects(sbx.createSnapshot(), /snapshots is not supported/)
+      await assert.rejects(sbx.createSnapshot(), /zygote cannot be paused yet.*\(nor saved as a snapshot\)/)
       await assert.rejects(sbx.updateNetwork({ allowOut: ['1.1.1.1'] }), /no network/)
       await assert.rejects(sbx.fork(), /zygote cannot be paused yet.*\(nor forked\)/)
       await assert.rejects(sbx.commands.run('id', { user: 'admin' }), /unknown user/)

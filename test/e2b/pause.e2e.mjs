@@ -73,6 +73,29 @@ describe('pause', () => {
     }
   })
 
+  test('createSnapshot: a snapshot outlives its sandbox, and Sandbox.create(snapshotId) starts from it', async () => {
+    const sbx = await Sandbox.create()
+    let made
+    try {
+      await sbx.runCode('x = 41')
+      await sbx.files.write('/home/user/saved.txt', 'saved')
+      const snap = await sbx.createSnapshot()
+      assert.match(snap.snapshotId, /^snap_/)
+      const listed = await sbx.listSnapshots().nextItems()
+      assert.deepEqual(listed.map((x) => x.snapshotId), [snap.snapshotId])
+      await sbx.kill()
+      made = await Sandbox.create(snap.snapshotId)
+      assert.equal((await made.runCode('x + 1')).text, '42')
+      assert.equal(await made.files.read('/home/user/saved.txt'), 'saved')
+      assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), true)
+      assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), false)
+      await assert.rejects(Sandbox.create(snap.snapshotId))
+    } finally {
+      await sbx.kill().catch(() => {})
+      await made?.kill().catch(() => {})
+    }
+  })
+
   test('lifecycle onTimeout pause: the timeout pauses it, autoResume brings it back on use', async () => {
     const sbx = await Sandbox.create({ timeoutMs: 2000, lifecycle: { onTimeout: 'pause', autoResume: true } })
     try {

@@ -208,7 +208,7 @@ class Client:
 
     def create_sandbox(self, timeout_s=None, max_lifetime_s=None, limits=None, env=None, metadata=None,
                        backend=None, network=None, home=None, volumes=None, on_timeout=None, auto_resume=None,
-                       pausable=None):
+                       pausable=None, from_snapshot=None):
         """Creates a stateful sandbox. ``timeout_s`` is its idle timeout;
         ``limits`` a dict of memory, cpu_time_s, timeout_s, pids, disk,
         max_output, cpus; ``backend`` one the server offers (native,
@@ -225,12 +225,15 @@ class Client:
         "pause" (see Sandbox.pause); ``auto_resume`` True: a call on the
         paused sandbox resumes it first; ``pausable`` True: a sandbox that
         can be paused (native: its own Python, not a fork of the zygote,
-        slower to create; on_timeout "pause" implies it)."""
+        slower to create; on_timeout "pause" implies it); ``from_snapshot``
+        a snapshot's id (Sandbox.snapshot): the new sandbox has its
+        variables, files, limits and environment (limits, env, backend,
+        home, network and volumes are then not given)."""
         body = {}
         for k, v in (("timeout_s", timeout_s), ("max_lifetime_s", max_lifetime_s), ("limits", limits),
                      ("env", env), ("metadata", metadata), ("backend", backend), ("network", network),
                      ("home", home), ("on_timeout", on_timeout), ("auto_resume", auto_resume),
-                     ("pausable", pausable)):
+                     ("pausable", pausable), ("from_snapshot", from_snapshot)):
             if v is not None:
                 body[k] = v
         if volumes:
@@ -257,6 +260,14 @@ class Client:
     def volume(self, id_or_name):
         """An existing volume of this key, by ID or name."""
         return Volume(self, self._call("GET", "/v1/volumes/" + _seg(id_or_name)))
+
+    def list_snapshots(self):
+        """This key's snapshots (Sandbox.snapshot), newest first (dicts)."""
+        return self._call("GET", "/v1/snapshots")["snapshots"]
+
+    def delete_snapshot(self, snapshot_id):
+        """Deletes one of this key's snapshots."""
+        self._call("DELETE", "/v1/snapshots/" + _seg(snapshot_id))
 
     def list_volumes(self):
         """This key's volumes, as the server describes them (dicts)."""
@@ -342,6 +353,15 @@ class Sandbox:
         for sandboxes that can be paused."""
         out = self.client._call("POST", self._path("/fork"), {"count": count, "same_random_state": same_random_state})
         return [Sandbox(self.client, info) for info in out["sandboxes"]]
+
+    def snapshot(self):
+        """Saves this running sandbox as a snapshot on the server (its
+        variables, files and processes), which outlives the sandbox and a
+        restart of the server; the sandbox goes on. Returns the
+        snapshot's description (a dict: id, size_bytes ...), for
+        create_sandbox(from_snapshot=id). Native backend, with CRIU, for
+        sandboxes that can be paused."""
+        return self.client._call("POST", self._path("/snapshots"))
 
     def resume(self):
         """Resumes a paused sandbox where it was paused."""

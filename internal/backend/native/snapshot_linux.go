@@ -99,11 +99,22 @@ type manifestSock struct {
 // SnapshotSupported implements sandbox.Snapshotter: what can be forked
 // can be saved.
 func (s *Sandbox) SnapshotSupported() error {
-	if err := s.forkable(); err != nil {
+	if err := s.snapshotable(); err != nil {
 		return err
 	}
 	_, err := s.b.criu()
 	return err
+}
+
+// snapshotable says why the sandbox cannot be saved, if it cannot.
+func (s *Sandbox) snapshotable() error {
+	if err := s.pausable(); err != nil {
+		return fmt.Errorf("%w (nor saved as a snapshot)", err)
+	}
+	if s.spec.Egress != nil {
+		return fmt.Errorf("%w: a sandbox with network access cannot be saved as a snapshot yet", sandbox.ErrUnsupported)
+	}
+	return nil
 }
 
 // SaveSnapshot implements sandbox.Snapshotter. It fails as Fork does
@@ -111,7 +122,7 @@ func (s *Sandbox) SnapshotSupported() error {
 // sandbox goes on unchanged whatever the outcome, and dir is made only
 // if it succeeds.
 func (s *Sandbox) SaveSnapshot(ctx context.Context, dir string) (int64, error) {
-	if err := s.forkable(); err != nil {
+	if err := s.snapshotable(); err != nil {
 		return 0, err
 	}
 	bin, err := s.b.criu()
