@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/testutil"
@@ -48,11 +49,12 @@ func TestSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := filepath.Join(t.TempDir(), "snap")
+	start := time.Now()
 	size, err := s.SaveSnapshot(ctx, dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("snapshot: %d KiB", size>>10)
+	t.Logf("snapshot: %d KiB, saved in %v", size>>10, time.Since(start).Round(time.Millisecond))
 	if _, err := s.SaveSnapshot(ctx, dir); err == nil {
 		t.Fatal("a snapshot over an existing one")
 	}
@@ -65,10 +67,12 @@ func TestSnapshot(t *testing.T) {
 	var owners []uint32
 	var randoms []string
 	for i := range 2 {
+		start := time.Now()
 		got, err := b2.CreateFromSnapshot(ctx, dir, sandbox.FromSnapshot{Tenant: ""})
 		if err != nil {
 			t.Fatalf("copy %d: %v", i, err)
 		}
+		t.Logf("sandbox %d of the snapshot in %v", i, time.Since(start).Round(time.Millisecond))
 		c := got.(*Sandbox)
 		defer c.Close()
 		if v := execText(t, c, "x, decimal.Decimal('1.5'), open('/workspace/kept.txt').read(), os.getcwd(), os.path.exists('/workspace/later.txt')"); v != "(41, Decimal('1.5'), 'kept', '/workspace/sub', False)" {
