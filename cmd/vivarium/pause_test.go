@@ -5,8 +5,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/criu"
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
 
 // A user pauses a sandbox and resumes it, by hand, through the CLI and
@@ -154,4 +156,56 @@ func TestServeSnapshots(t *testing.T) {
 	}
 	run(srv, 3, "sandbox", "create", "--from-snapshot", imported)
 	run(srv, 0, "sandbox", "kill", fresh, again)
+}
+
+// The issue's promise: a user pauses a sandbox holding state, the server
+// is killed (SIGKILL) and started again, and the sandbox is listed,
+// paused, under its id; resumed, every variable and file is there.
+func TestServePausedSurvivesRestart(t *testing.T) {
+	needSandbox(t)
+	if _, err := criu.Usable(); err != nil {
+		t.Skipf("pausing needs CRIU, not built here (make criu): %v", err)
+	}
+	dataDir := t.TempDir()
+	srv := startServer(t, dataDir, "--dev", "--pool", "0")
+	run := func(srv *server, want int, args ...string) string {
+		t.Helper()
+		r := srv.cliAs(t, "", "", args...)
+		if r.code != want {
+			t.Fatalf("vivarium %s: exit %d, want %d\n%s%s", strings.Join(args, " "), r.code, want, r.stdout, r.stderr)
+		}
+		return strings.TrimSpace(r.stdout + r.stderr)
+	}
+	id := run(srv, 0, "sandbox", "create", "--pausable")
+	run(srv, 0, "sandbox", "exec", id, "-c", "import json, pandas as pd\nx = 41\ndf = pd.DataFrame({'a': [1, 2]})\nopen('f.txt', 'w').write('kept')")
+	run(srv, 0, "sandbox", "pause", id)
+	testutil.WaitFor(t, 30*time.Second, "the paused sandbox to be kept on disk", func() bool {
+		return strings.Contains(srv.log.String(), "paused sandbox kept on disk")
+	})
+	srv.cmd.Process.Kill()
+	<-srv.exited
+
+	srv = startServer(t, dataDir, "--dev", "--pool", "0")
+	if out := run(srv, 0, "sandbox", "list"); !strings.Contains(out, id) || !strings.Contains(out, "paused") {
+		t.Fatalf("after a restart the sandbox is listed as:\n%s", out)
+	}
+	if out := run(srv, 1, "sandbox", "exec", id, "-c", "x"); !strings.Contains(out, "paused") {
+		t.Fatalf("an execution in the paused sandbox after a restart: %s", out)
+	}
+	run(srv, 0, "sandbox", "resume", id)
+	if out := run(srv, 0, "sandbox", "exec", id, "-c", "print(x + 1, int(df.a.sum()), json.dumps(open('f.txt').read()))"); out != `42 3 "kept"` {
+		t.Fatalf("resumed after a restart: %q", out)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(dataDir, "paused")); len(ents) != 0 {
+		t.Fatalf("a resumed sandbox is still kept on disk: %v", ents)
+	}
+	// Paused again, then deleted: nothing is kept.
+	run(srv, 0, "sandbox", "pause", id)
+	testutil.WaitFor(t, 30*time.Second, "the paused sandbox to be kept on disk again", func() bool {
+		return strings.Count(srv.log.String(), "paused sandbox kept on disk") == 1
+	})
+	run(srv, 0, "sandbox", "kill", id)
+	if ents, _ := os.ReadDir(filepath.Join(dataDir, "paused")); len(ents) != 0 {
+		t.Fatalf("a deleted sandbox is still kept on disk: %v", ents)
+	}
 }

@@ -529,6 +529,7 @@ func serve(c *serveConfig, log *slog.Logger) error {
 		svcCfg.Quota = keyring.Quota
 	}
 	svcCfg.SnapshotDir = filepath.Join(c.dataDir, "snapshots")
+	svcCfg.PausedDir = filepath.Join(c.dataDir, "paused")
 	svcCfg.MaxSnapshots, svcCfg.MaxSnapshotBytes = c.maxSnapshots, int64(c.maxSnapshotBytes)
 	if svcCfg.SnapshotKey, err = snapshot.LoadKey(cmp.Or(c.snapshotKeyFile, filepath.Join(c.dataDir, "snapshot.key"))); err != nil {
 		return fmt.Errorf("the snapshot key: %w", err)

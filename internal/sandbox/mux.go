@@ -114,10 +114,9 @@ type Unwrapper interface {
 	Unwrap() Backend
 }
 
-// RestorerOf finds in b the backend name ("": the default) as a
-// SnapshotRestorer, through a Mux and any Unwrapper; ok is false where
-// that backend cannot make sandboxes from snapshots or is not offered.
-func RestorerOf(b Backend, name string) (SnapshotRestorer, bool) {
+// Underlying finds in b the backend name ("": the default), through a
+// Mux and any Unwrapper; ok is false where it is not offered.
+func Underlying(b Backend, name string) (Backend, bool) {
 	for {
 		switch x := b.(type) {
 		case *Mux:
@@ -126,12 +125,22 @@ func RestorerOf(b Backend, name string) (SnapshotRestorer, bool) {
 				return nil, false
 			}
 			b = nb
-			continue
 		case Unwrapper:
 			b = x.Unwrap()
-			continue
+		default:
+			return b, true
 		}
-		r, ok := b.(SnapshotRestorer)
-		return r, ok
 	}
+}
+
+// RestorerOf finds in b the backend name as a SnapshotRestorer (see
+// Underlying); ok is false where that backend cannot make sandboxes from
+// snapshots or is not offered.
+func RestorerOf(b Backend, name string) (SnapshotRestorer, bool) {
+	u, ok := Underlying(b, name)
+	if !ok {
+		return nil, false
+	}
+	r, ok := u.(SnapshotRestorer)
+	return r, ok
 }

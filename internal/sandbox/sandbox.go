@@ -114,6 +114,22 @@ type SnapshotRestorer interface {
 	CreateFromSnapshot(ctx context.Context, dir string, opts FromSnapshot) (Sandbox, error)
 }
 
+// PausePersister is a paused Sandbox (Pauser) that can be written down
+// so that a later server brings it back (PausedOpener): PersistPaused
+// writes into dir (made by it; it must not exist) what its resume needs
+// and returns the bytes written. The sandbox stays paused as it was.
+type PausePersister interface {
+	PersistPaused(ctx context.Context, dir string) (int64, error)
+}
+
+// PausedOpener is a Backend that makes, of what a PausePersister wrote, a
+// sandbox that is paused (Pauser) and holds nothing until it is resumed.
+// The directory is trusted, as for SnapshotRestorer, and read again by
+// the resume.
+type PausedOpener interface {
+	OpenPaused(ctx context.Context, dir string, opts FromSnapshot) (Sandbox, error)
+}
+
 // FromSnapshot are the choices of a sandbox made from a snapshot; its
 // spec (limits, environment) is the snapshot's.
 type FromSnapshot struct {

@@ -95,6 +95,17 @@ func (s *Service) pause(ctx context.Context, b *Box) error {
 	}
 	s.metrics.pauses.Add(1)
 	s.cfg.Logger.Info("sandbox paused", "id", b.id, "ms", time.Since(start).Milliseconds())
+	if s.keepsPaused() {
+		s.mu.Lock()
+		closed := s.closed
+		if !closed {
+			s.persisting.Add(1) // before Close waits for it
+		}
+		s.mu.Unlock()
+		if !closed {
+			go s.persistPaused(b)
+		}
+	}
 	return nil
 }
 
@@ -136,6 +147,7 @@ func (s *Service) resume(ctx context.Context, b *Box) error {
 	b.deadline = b.deadline.Add(now.Sub(b.pausedAt))
 	b.expiresAt = minTime(now.Add(b.idle), b.deadline)
 	b.mu.Unlock()
+	s.forgetPaused(b)
 	s.metrics.resumes.Add(1)
 	s.cfg.Logger.Info("sandbox resumed", "id", b.id, "ms", time.Since(start).Milliseconds())
 	return nil

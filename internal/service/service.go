@@ -86,6 +86,10 @@ type Config struct {
 	// UsageInterval is how often every sandbox's use is sampled (see
 	// Usage); zero: every 5 s.
 	UsageInterval time.Duration
+	// PausedDir keeps paused sandboxes across restarts (persist.go),
+	// signed with SnapshotKey; empty: a paused sandbox ends with the
+	// server.
+	PausedDir string
 	// SnapshotDir keeps the owners' snapshots (snapshots.go), signed
 	// with SnapshotKey (snapshot.LoadKey); empty: none are kept.
 	SnapshotDir string
@@ -146,7 +150,8 @@ type Service struct {
 	cfg     Config
 	metrics *Metrics
 
-	snapMu sync.Mutex // serialises saving, importing and deleting snapshots
+	snapMu     sync.Mutex     // serialises saving, importing and deleting snapshots
+	persisting sync.WaitGroup // paused sandboxes being written down (persist.go)
 
 	mu      sync.Mutex
 	boxes   map[string]*Box
@@ -175,6 +180,9 @@ func New(cfg Config) *Service {
 	s.idle = sync.NewCond(&s.mu)
 	if s.snapshotsOn() == nil {
 		s.sweepSnapshotLeftovers()
+	}
+	if s.keepsPaused() {
+		s.openPaused()
 	}
 	s.startNetwork()
 	s.wg.Add(2)
@@ -303,6 +311,7 @@ type Box struct {
 	pausedAt    time.Time
 	pauseMu     sync.Mutex // serialises Pause and Resume
 	pausable    bool       // the sandbox can be paused (PauseSupported)
+	persisted   bool       // paused, and kept on disk across a restart (persist.go)
 }
 
 // Info is what owners see of a sandbox.
@@ -686,6 +695,9 @@ func (s *Service) remove(b *Box, why string) {
 		s.cfg.Logger.Warn("sandbox clean-up", "id", b.id, "err", err)
 	}
 	releaseVolumes(b.leases) // every process that could reach them is gone
+	if why != whyShutdown {
+		s.forgetPaused(b) // a shutdown keeps it for the next server
+	}
 	s.closePorts(b.id)
 	s.cfg.Logger.Info("sandbox closed", "id", b.id, "why", why)
 }
@@ -858,18 +870,22 @@ func (s *Service) Close() error {
 	close(s.stop)
 	s.wg.Wait()
 	s.closing.Wait()
+	s.persisting.Wait()
 	defer s.stopNetwork()
 	var wg sync.WaitGroup
 	for _, b := range boxes {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s.remove(b, "server shutting down")
+			s.remove(b, whyShutdown)
 		}()
 	}
 	wg.Wait()
 	return nil
 }
+
+// whyShutdown is why a server's Close closes its sandboxes.
+const whyShutdown = "server shutting down"
 
 func minTime(a, b time.Time) time.Time {
 	if a.Before(b) {

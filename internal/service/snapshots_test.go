@@ -137,3 +137,103 @@ func TestSnapshots(t *testing.T) {
 		t.Fatalf("a refused import left %v", got)
 	}
 }
+
+// keepingBackend's sandboxes pause and write a file down when persisted;
+// it opens them paused again.
+type keepingBackend struct {
+	pausingBackend
+	opened chan string
+}
+
+func (b keepingBackend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
+	sb, _ := b.pausingBackend.Create(ctx, spec)
+	return &keepingSandbox{pausingSandbox: sb.(*pausingSandbox)}, nil
+}
+
+func (b keepingBackend) OpenPaused(_ context.Context, dir string, _ sandbox.FromSnapshot) (sandbox.Sandbox, error) {
+	state, err := os.ReadFile(filepath.Join(dir, "state"))
+	if err != nil {
+		return nil, err
+	}
+	b.opened <- string(state)
+	return &keepingSandbox{pausingSandbox: &pausingSandbox{paused: true}}, nil
+}
+
+type keepingSandbox struct{ *pausingSandbox }
+
+func (*keepingSandbox) PersistPaused(_ context.Context, dir string) (int64, error) {
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return 0, err
+	}
+	return 6, os.WriteFile(filepath.Join(dir, "state"), []byte("paused"), 0o600)
+}
+
+// TestPausedKept: a paused sandbox is written down; a new service over
+// the same directory (a restarted server) lists it, paused, under its id,
+// with its metadata, and resumes it; a resume or a delete forgets it, a
+// shutdown keeps it, a changed one is refused.
+func TestPausedKept(t *testing.T) {
+	dir := t.TempDir()
+	be := keepingBackend{pausingBackend: pausingBackend{made: make(chan *pausingSandbox, 8)}, opened: make(chan string, 8)}
+	start := func() *Service {
+		return New(Config{Backend: be, PausedDir: dir, SnapshotKey: bytes.Repeat([]byte{1}, snapshot.KeySize)})
+	}
+	svc := start()
+	ctx := context.Background()
+	info, err := svc.Create(ctx, CreateRequest{Owner: "o", Metadata: map[string]string{"k": "v"}, AutoResume: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.Pause(ctx, "o", info.ID); err != nil {
+		t.Fatal(err)
+	}
+	svc.persisting.Wait()
+	if _, err := os.Stat(filepath.Join(dir, info.ID, snapshot.SignatureFile)); err != nil {
+		t.Fatalf("not kept: %v", err)
+	}
+	svc.Close() // a shutdown keeps it
+
+	svc = start()
+	if got := <-be.opened; got != "paused" {
+		t.Fatalf("opened %q", got)
+	}
+	again, err := svc.Info("o", info.ID)
+	if err != nil || again.State != "paused" || again.Metadata["k"] != "v" || !again.AutoResume {
+		t.Fatalf("after a restart: %+v %v", again, err)
+	}
+	if _, err := svc.Info("other", info.ID); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("another owner sees it: %v", err)
+	}
+	if _, err := svc.Resume(ctx, "o", info.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, info.ID)); !os.IsNotExist(err) {
+		t.Fatalf("a resumed sandbox is still kept: %v", err)
+	}
+	// Paused again and deleted: forgotten.
+	if _, err := svc.Pause(ctx, "o", info.ID); err != nil {
+		t.Fatal(err)
+	}
+	svc.persisting.Wait()
+	if err := svc.Delete("o", info.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, info.ID)); !os.IsNotExist(err) {
+		t.Fatalf("a deleted sandbox is still kept: %v", err)
+	}
+
+	// A changed record is refused and removed.
+	info, _ = svc.Create(ctx, CreateRequest{Owner: "o"})
+	svc.Pause(ctx, "o", info.ID)
+	svc.persisting.Wait()
+	svc.Close()
+	os.WriteFile(filepath.Join(dir, info.ID, "data", "state"), []byte("forged"), 0o600)
+	svc = start()
+	defer svc.Close()
+	if _, err := svc.Info("o", info.ID); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("a changed kept sandbox: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, info.ID)); !os.IsNotExist(err) {
+		t.Fatalf("a changed kept sandbox is not removed: %v", err)
+	}
+}

@@ -1639,3 +1639,52 @@ func TestHostilePauseForeignCgroups(t *testing.T) {
 	}()
 	w.checkLeftovers(t, mounts)
 }
+
+// TestHostilePausePersisted runs the pause cases through a paused
+// sandbox written down and opened again from disk (what a restarted
+// server does: PersistPaused, OpenPaused): the sandbox it resumes as has
+// the attack's state, and its view of its confinement is the original's
+// but for its host range; nothing is left behind. A case whose pause, or
+// writing down, is refused says so.
+func TestHostilePausePersisted(t *testing.T) {
+	w := newPauseWorld(t)
+	mounts := testutil.Mounts()
+	for _, c := range pauseCases {
+		t.Run(c.name, func(t *testing.T) {
+			s := w.create(t, c.limits)
+			defer s.Close()
+			before := w.view(t, s)
+			if out := w.exec(t, s, c.setup, nil); !strings.HasSuffix(out, "ready\n") {
+				t.Fatalf("the attack was not set up: %q", out)
+			}
+			want := w.exec(t, s, c.check, nil)
+			if err := w.pause(t, s); err != nil {
+				t.Logf("pause refused: %v", err)
+				return
+			}
+			dir := filepath.Join(t.TempDir(), "kept")
+			if _, err := bounded(t, "PersistPaused", func(ctx context.Context) (int64, error) { return s.PersistPaused(ctx, dir) }); err != nil {
+				t.Logf("not written down: %v", err)
+				return
+			}
+			w.close(t, s) // the server that paused it is gone
+			sbx, err := w.b.OpenPaused(context.Background(), dir, sandbox.FromSnapshot{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			o := sbx.(*native.Sandbox)
+			defer o.Close()
+			if err := w.resume(t, o); err != nil {
+				t.Fatalf("the resume from disk failed: %v", err)
+			}
+			if got := w.exec(t, o, c.check, nil); got != want {
+				t.Errorf("the attack's state changed:\n%s\nwant:\n%s", got, want)
+			}
+			if got := w.view(t, o); normView(got) != normView(before) {
+				t.Errorf("the sandbox's view of its confinement changed:\n%s\nbefore:\n%s", got, before)
+			}
+			w.close(t, o)
+		})
+	}
+	w.checkLeftovers(t, mounts)
+}

@@ -345,7 +345,22 @@ func (cp *checkpoint) copyFilesScript(files, filesOpts string) (script string, c
 // restoreCopy makes a new sandbox, id, of snap: its own host user,
 // cgroup, checkpoint directory and root tmpfs, and the snapshot's tree
 // restored into them.
-func (b *Backend) restoreCopy(ctx context.Context, bin string, snap *forkSnapshot, id string) (_ *Sandbox, times copyTimes, err error) {
+func (b *Backend) restoreCopy(ctx context.Context, bin string, snap *forkSnapshot, id string) (*Sandbox, copyTimes, error) {
+	c, err := b.newCopy(snap, id)
+	if err != nil {
+		return nil, copyTimes{}, err
+	}
+	times, err := c.restoreFrom(ctx, bin, snap)
+	if err != nil {
+		c.Close()
+		return nil, times, err
+	}
+	return c, times, nil
+}
+
+// newCopy is a sandbox, id, of snap that is not restored yet (restoreFrom
+// does): the snapshot's spec, init's configuration and code contexts.
+func (b *Backend) newCopy(snap *forkSnapshot, id string) (*Sandbox, error) {
 	c := &Sandbox{
 		id: id, b: b, spec: snap.spec, ctl: -1, cfg: snap.cfg, failed: make(chan struct{}),
 		initDone: make(chan struct{}), statusDone: make(chan struct{}), runnerGone: make(chan struct{}),
@@ -354,25 +369,50 @@ func (b *Backend) restoreCopy(ctx context.Context, bin string, snap *forkSnapsho
 	// The copy's runner is the source's, with its code contexts.
 	var contexts *runner.Contexts
 	if snap.contexts.List != nil {
+		var err error
 		if contexts, err = runner.ContextsFrom(snap.contexts); err != nil {
-			return nil, times, err
+			return nil, err
 		}
 	}
 	c.Core = core.New((*driver)(c), core.Config{Spec: snap.spec, Contexts: contexts})
+	return c, nil
+}
+
+// restoreFrom gives c, made by newCopy, a host user, cgroup, checkpoint
+// directory and root tmpfs, and restores snap's tree into them. On a
+// failure before the tree runs, what it took is given back (c can try
+// again); after (c's files could not be opened), c is to be closed.
+func (c *Sandbox) restoreFrom(ctx context.Context, bin string, snap *forkSnapshot) (times copyTimes, err error) {
+	b := c.b
+	adopted := false
 	defer func() {
-		if err != nil {
-			c.Close()
+		if err == nil || adopted {
+			return
+		}
+		if c.cg != nil {
+			c.cg.Destroy()
+			c.setGroup(nil)
+		}
+		if c.checkpointed {
+			b.removeCheckpoints(c.id)
+			c.checkpointed = false
+		}
+		if c.hasOwner {
+			b.releaseOwner(c.owner)
+			c.hasOwner = false
 		}
 	}()
 	if c.owner, err = b.uids.Acquire(); err != nil {
-		return nil, times, err
+		return times, err
 	}
 	c.hasOwner = true
 	var restoreArgs []string
 	if b.cgroups != nil {
-		if c.cg, err = b.cgroups.New(c.id, groupLimits(snap.spec)); err != nil {
-			return nil, times, err
+		g, err := b.cgroups.New(c.id, groupLimits(snap.spec))
+		if err != nil {
+			return times, err
 		}
+		c.setGroup(g)
 		for _, field := range snap.cgroups {
 			if field == "" { // cgroup v2
 				restoreArgs = append(restoreArgs, "--cgroup-root", c.cg.Path())
@@ -386,28 +426,30 @@ func (b *Backend) restoreCopy(ctx context.Context, bin string, snap *forkSnapsho
 	dir, err := b.checkpointDir(c.id)
 	c.checkpointed = true
 	if err != nil {
-		return nil, times, err
+		return times, err
 	}
 	cp, err := snap.copyFor(dir, c.owner)
 	if err != nil {
-		return nil, times, err
+		return times, err
 	}
 	cp.restoreArgs = restoreArgs
 	// The cgroup files init held (the Go runtime's CPU limit): the
 	// copy's own group's, not the source's, which may be gone (a
 	// snapshot's source).
 	cp.files = slices.Clone(cp.files)
-	for i, f := range cp.files {
-		if c.cg != nil && snap.group != "" {
-			cp.files[i].path = strings.Replace(f.path, "/"+snap.group+"/", "/"+c.cg.Path()+"/", 1)
+	if c.cg != nil && snap.group != "" {
+		from := "/" + strings.Trim(snap.group, "/") + "/"
+		to := "/" + strings.Trim(c.cg.Path(), "/") + "/"
+		for i, f := range cp.files {
+			cp.files[i].path = strings.Replace(f.path, from, to, 1)
 		}
 	}
 	cp.root = filepath.Join(dir, "root")
 	if err := os.Mkdir(cp.root, 0o700); err != nil {
-		return nil, times, err
+		return times, err
 	}
 	if err := unix.Mount("tmpfs", cp.root, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, snap.rootOpts); err != nil {
-		return nil, times, fmt.Errorf("fork: the copy's root tmpfs: %w", err)
+		return times, fmt.Errorf("fork: the copy's root tmpfs: %w", err)
 	}
 	// Mounted here until the copy holds it (its namespace, its
 	// workspace's descriptors).
@@ -417,14 +459,14 @@ func (b *Backend) restoreCopy(ctx context.Context, bin string, snap *forkSnapsho
 	}()
 	filesStart := time.Now()
 	if err := copyFilesInto(snap.rootFiles, cp.root, c.cg); err != nil {
-		return nil, times, err
+		return times, err
 	}
 	if err := shiftOwners(cp.root, snap.owner.First, c.owner.First); err != nil {
-		return nil, times, err
+		return times, err
 	}
 	times.files = time.Since(filesStart)
 	if err := handOverCopy(dir, int(c.owner.ID(0))); err != nil {
-		return nil, times, err
+		return times, err
 	}
 	if c.cg != nil {
 		cp.group = c.cg.Path()
@@ -434,15 +476,19 @@ func (b *Backend) restoreCopy(ctx context.Context, bin string, snap *forkSnapsho
 	undo()
 	if err != nil {
 		reapCopyRestore(c.owner)
-		return nil, times, err
+		return times, err
 	}
 	times.restore = r.took
 	c.rp = &runnerProc{pid: snap.runnerNS, pidfd: -1} // adopt takes its pid in the sandbox
 	if err := c.adopt(r, cp); err != nil {
 		r.kill()
-		return nil, times, err
+		c.rp = nil
+		return times, err
 	}
+	adopted = true
+	c.pidsMax.Store(0)
 	c.fitPids()
+	settleStops(c.cg)
 	c.ctlRead = true
 	cp.close()
 	if err := os.RemoveAll(cp.images()); err != nil {
@@ -451,9 +497,9 @@ func (b *Backend) restoreCopy(ctx context.Context, bin string, snap *forkSnapsho
 	// The /proc masks' copies stay bound in the copy until it closes.
 	c.lastCheckpoint = dir
 	if err := c.openFiles(cp.root); err != nil {
-		return nil, times, err
+		return times, err
 	}
-	return c, times, nil
+	return times, nil
 }
 
 // reapCopyRestore reaps what a failed restore of a copy left as this
@@ -791,14 +837,27 @@ func (c *Sandbox) openFiles(root string) error {
 	// the sandbox could change is looked up.
 	byFD := func(fd int) string { return fmt.Sprintf("/proc/self/fd/%d", fd) }
 	user, root0 := int(c.owner.ID(SandboxUID)), int(c.owner.ID(0))
-	if c.ws, err = workspace.Open(byFD(wfd), user, int(c.owner.ID(SandboxGID))); err != nil {
+	ws, err := workspace.Open(byFD(wfd), user, int(c.owner.ID(SandboxGID)))
+	if err != nil {
 		return err
 	}
-	if c.rootAsUser, err = workspace.Open(byFD(rfd), user, int(c.owner.ID(SandboxGID))); err != nil {
+	asUser, err := workspace.Open(byFD(rfd), user, int(c.owner.ID(SandboxGID)))
+	if err != nil {
+		ws.Close()
 		return err
 	}
-	c.rootAsRoot, err = workspace.Open(byFD(rfd), root0, root0)
-	return err
+	asRoot, err := workspace.Open(byFD(rfd), root0, root0)
+	if err != nil {
+		ws.Close()
+		asUser.Close()
+		return err
+	}
+	// Under dirMu: a sandbox opened from disk is asked for its files
+	// (Workspace, Root) while it resumes.
+	c.dirMu.Lock()
+	c.ws, c.rootAsUser, c.rootAsRoot = ws, asUser, asRoot
+	c.dirMu.Unlock()
+	return nil
 }
 
 // reseedCode reseeds, in a copy, what a copy would otherwise share with

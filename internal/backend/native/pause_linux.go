@@ -200,6 +200,9 @@ func (s *Sandbox) Resume(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if s.persisted != nil {
+		return s.resumePersisted(ctx, bin)
+	}
 	return s.Exclusive(func() error {
 		if s.cg != nil {
 			s.cp.group = s.cg.Path()
@@ -216,6 +219,7 @@ func (s *Sandbox) Resume(ctx context.Context) error {
 		}
 		s.pidsMax.Store(0) // undo set the group's
 		s.fitPids()
+		settleStops(s.cg)
 		if err := s.reopenRoot(); err != nil {
 			s.Core.SetPaused(false)
 			s.kill()

@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
 	"github.com/vivarium-sandbox/vivarium/internal/criu"
 )
 
@@ -250,4 +251,50 @@ func restoreRoot(pid int, group string) string {
 		return "zombie"
 	}
 	return "alive"
+}
+
+// settleStops waits, up to a bound, until no process of group g has a
+// SIGSTOP pending: CRIU stops again the tasks that were stopped at the
+// dump by sending them SIGSTOP as the restore ends, and a caller that
+// looked at once (a resumed sandbox's next execution) could find one
+// still running. Seen under load on CI: a stopped `sleep` was R right
+// after its resume, T a moment later.
+func settleStops(g cgroups.Group) {
+	if g == nil {
+		return
+	}
+	const sigstop = 1 << (19 - 1)
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		pids, err := g.Procs()
+		if err != nil {
+			return
+		}
+		pending := false
+		for _, pid := range pids {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+			if err != nil {
+				continue
+			}
+			var state string
+			var mask uint64
+			for _, l := range strings.Split(string(b), "\n") {
+				k, v, _ := strings.Cut(l, ":")
+				v = strings.TrimSpace(v)
+				switch k {
+				case "State":
+					state = v
+				case "SigPnd", "ShdPnd":
+					m, _ := strconv.ParseUint(v, 16, 64)
+					mask |= m
+				}
+			}
+			if mask&sigstop != 0 && !strings.HasPrefix(state, "T") {
+				pending = true
+				break
+			}
+		}
+		if !pending {
+			return
+		}
+	}
 }

@@ -65,7 +65,10 @@ type Sandbox struct {
 	lifeMu  sync.Mutex
 	pauseMu sync.Mutex
 	cp      *checkpoint // the paused sandbox's checkpoint, under pauseMu
-	closing bool        // Close has begun, under pauseMu
+	// persisted, for a sandbox a later server opened paused from disk
+	// (OpenPaused), is what its resume restores; under pauseMu.
+	persisted *forkSnapshot
+	closing   bool // Close has begun, under pauseMu
 	// checkpointed: a pause made the sandbox's checkpoint directory, which
 	// Close removes. Under pauseMu.
 	checkpointed bool
@@ -121,6 +124,9 @@ var (
 func (s *Sandbox) Root(user string) (sandbox.Workspace, error) {
 	s.dirMu.RLock()
 	defer s.dirMu.RUnlock()
+	if s.rootAsUser == nil {
+		return diskOnly{}, nil // opened from disk, paused
+	}
 	switch user {
 	case "", sandbox.UserSandbox:
 		return s.rootAsUser, nil
@@ -139,10 +145,11 @@ func (s *Sandbox) Alive() bool {
 // MemoryPSS implements sandbox.MemoryUser from the smaps_rollup of every
 // process in the sandbox's cgroup.
 func (s *Sandbox) MemoryPSS() (int64, error) {
-	if s.cg == nil {
+	cg := s.group()
+	if cg == nil {
 		return 0, errors.New("no cgroup: the sandbox's processes are not known")
 	}
-	pids, err := s.cg.Procs()
+	pids, err := cg.Procs()
 	if err != nil {
 		return 0, err
 	}
@@ -551,7 +558,14 @@ func (s *Sandbox) send(m ctlMsg) error {
 func (s *Sandbox) ID() string { return s.id }
 
 // Workspace implements sandbox.Sandbox.
-func (s *Sandbox) Workspace() sandbox.Workspace { return s.ws }
+func (s *Sandbox) Workspace() sandbox.Workspace {
+	s.dirMu.RLock()
+	defer s.dirMu.RUnlock()
+	if s.ws == nil {
+		return diskOnly{} // opened from disk, paused
+	}
+	return s.ws
+}
 
 // kill ends every process of the sandbox: init is PID 1 of the sandbox's
 // PID namespace, and when it dies the kernel kills all the rest, however

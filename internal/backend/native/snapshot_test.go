@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -58,6 +60,7 @@ func TestSnapshot(t *testing.T) {
 	if _, err := s.SaveSnapshot(ctx, dir); err == nil {
 		t.Fatal("a snapshot over an existing one")
 	}
+	srcGroup := s.cg.Path() + "/"
 	// The source goes on, and what it does after is not in the snapshot.
 	execText(t, s, "x += 1\nopen('/workspace/later.txt', 'w').write('later')\nx")
 	s.Close()
@@ -81,6 +84,14 @@ func TestSnapshot(t *testing.T) {
 		res, err := c.Execute(ctx, sandbox.ExecRequest{Code: "y", Context: cc.ID}, nil)
 		if err != nil || res.Status != sandbox.StatusOK || len(res.Results) == 0 || res.Results[0].Text != "'other'" {
 			t.Fatalf("copy %d: the second context: %+v %v", i, res, err)
+		}
+		// init holds no file of the source's cgroup (gone), only its own.
+		fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", c.init.pid))
+		for _, fd := range fds {
+			l, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", c.init.pid, fd.Name()))
+			if strings.Contains(l, srcGroup) {
+				t.Fatalf("copy %d: init holds %s, of the source's cgroup", i, l)
+			}
 		}
 		owners = append(owners, c.owner.First)
 		randoms = append(randoms, execText(t, c, "random.random()"))
@@ -131,5 +142,87 @@ func TestSnapshotRefused(t *testing.T) {
 	}
 	if _, err := s.SaveSnapshot(context.Background(), filepath.Join(t.TempDir(), "s")); !errors.Is(err, sandbox.ErrUnsupported) {
 		t.Fatalf("SaveSnapshot: %v", err)
+	}
+}
+
+// TestPersistPaused writes a paused sandbox down; a second backend (a
+// restarted server) opens it paused, holding nothing: calls and files say
+// it is paused; its resume brings back its variables, module, files,
+// working directory and random generator's state.
+func TestPersistPaused(t *testing.T) {
+	bin := requireCRIU(t)
+	b := pauseBackend(t, snapCgroupParent+"-p", snapUIDBase+24<<16)
+	b.criuBin = bin
+	ctx := context.Background()
+	sbx, err := b.Create(ctx, sandbox.Spec{Limits: sandbox.Limits{Memory: 256 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := sbx.(*Sandbox)
+	defer s.Close()
+	execText(t, s, "import decimal, random, os\nx = 41\nopen('kept.txt', 'w').write('kept')\nos.makedirs('sub', exist_ok=True)\nos.chdir('sub')\nrandom.seed(7)\n1")
+	if _, err := s.PersistPaused(ctx, filepath.Join(t.TempDir(), "early")); err == nil {
+		t.Fatal("a running sandbox persisted")
+	}
+	if err := s.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "paused")
+	start := time.Now()
+	size, err := s.PersistPaused(ctx, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("persisted: %d KiB in %v", size>>10, time.Since(start).Round(time.Millisecond))
+	// The sandbox's own resume does not need it.
+	if err := s.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	want := execText(t, s, "x, open('/workspace/kept.txt').read(), os.getcwd(), random.random()")
+	s.Close()
+
+	b2 := pauseBackend(t, snapCgroupParent+"-p2", snapUIDBase+32<<16)
+	b2.criuBin = bin
+	got, err := b2.OpenPaused(ctx, dir, sandbox.FromSnapshot{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := got.(*Sandbox)
+	defer o.Close()
+	if !o.Paused() || o.PauseSupported() != nil {
+		t.Fatalf("opened: paused %v, %v", o.Paused(), o.PauseSupported())
+	}
+	if _, err := o.Execute(ctx, sandbox.ExecRequest{Code: "x"}, nil); !errors.Is(err, sandbox.ErrPaused) {
+		t.Fatalf("an execution in an opened sandbox: %v", err)
+	}
+	if _, err := o.Workspace().List(10); !errors.Is(err, sandbox.ErrPaused) {
+		t.Fatalf("the files of an opened sandbox: %v", err)
+	}
+	if _, err := o.Usage(); err == nil {
+		t.Fatal("an opened sandbox has a cgroup")
+	}
+	start = time.Now()
+	if err := o.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("resumed from disk in %v", time.Since(start).Round(time.Millisecond))
+	if o.Paused() {
+		t.Fatal("paused after its resume")
+	}
+	if v := execText(t, o, "x, open('/workspace/kept.txt').read(), os.getcwd(), random.random()"); v != want {
+		t.Fatalf("resumed from disk: %s, want %s", v, want)
+	}
+	if ws, err := o.Workspace().List(10); err != nil || len(ws) == 0 {
+		t.Fatalf("the files after the resume: %v %v", ws, err)
+	}
+	// It pauses and resumes as any sandbox.
+	if err := o.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if v := execText(t, o, "x + 1"); v != "42" {
+		t.Fatalf("after a second pause: %s", v)
 	}
 }

@@ -1,0 +1,157 @@
+package native
+
+// Paused sandboxes that outlive their server (sandbox.PausePersister and
+// PausedOpener, issue 15, docs/snapshots.md). A pause keeps the
+// sandbox's root files in memory, held by its mount namespace, which ends
+// with the server. PersistPaused writes a paused sandbox down as a
+// snapshot is written (snapshot_linux.go): its images, /proc masks, root
+// files (copied out of the held namespace) and a manifest. A later
+// server's OpenPaused makes a Sandbox of that directory that is paused
+// and holds nothing (no host user, cgroup, process or memory); its Resume
+// restores it as a fork's copy is restored (restoreFrom): a host user,
+// cgroup and root tmpfs of its own, its Python state, files, code
+// contexts and random generators as they were paused.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+)
+
+var (
+	_ sandbox.PausePersister = (*Sandbox)(nil)
+	_ sandbox.PausedOpener   = (*Backend)(nil)
+)
+
+// PersistPaused implements sandbox.PausePersister: what a resume of the
+// paused sandbox needs is written into dir (made here; it must not
+// exist), for OpenPaused. The sandbox stays paused as it was, and its
+// own resume does not need dir.
+func (s *Sandbox) PersistPaused(ctx context.Context, dir string) (int64, error) {
+	s.pauseMu.Lock()
+	defer s.pauseMu.Unlock()
+	switch {
+	case s.closing:
+		return 0, sandbox.ErrClosed
+	case s.persisted != nil:
+		return 0, fmt.Errorf("%w: it was opened from disk paused, and is kept there", sandbox.ErrUnsupported)
+	case s.cp == nil || !s.Core.Paused():
+		return 0, errors.New("persist: the sandbox is not paused")
+	case s.spec.Egress != nil:
+		return 0, fmt.Errorf("%w: a paused sandbox with network access is not kept across a restart yet", sandbox.ErrUnsupported)
+	}
+	s.mu.Lock()
+	rp := s.rp
+	s.mu.Unlock()
+	if rp == nil || rp.pid <= 0 {
+		return 0, errors.New("persist: the paused sandbox's runner is not known")
+	}
+	if _, err := os.Lstat(dir); err == nil {
+		return 0, fmt.Errorf("persist: %s exists", dir)
+	}
+	snap := &forkSnapshot{checkpoint: s.cp, spec: s.spec, cfg: s.cfg, owner: s.owner, runnerNS: rp.pid,
+		rootOpts: fmt.Sprintf("size=%d,nr_inodes=%d,mode=755", s.cfg.DiskBytes, s.cfg.DiskInodes+rootInodes)}
+	if cc := s.Core.CloneContexts(); cc != nil {
+		snap.contexts = cc.State()
+	}
+	if s.cg != nil {
+		snap.group = s.cg.Path()
+	}
+	// The root's files, through the held mount namespace.
+	live := filepath.Join(s.cp.dir, "persist-root")
+	if err := os.Mkdir(live, 0o700); err != nil {
+		return 0, err
+	}
+	defer os.Remove(live)
+	if err := mountRootOf(s.cp.mntns, live); err != nil {
+		return 0, fmt.Errorf("persist: %w", err)
+	}
+	defer unix.Unmount(live, unix.MNT_DETACH)
+	snap.rootFiles = live
+	tmp := dir + ".partial"
+	os.RemoveAll(tmp)
+	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
+		return 0, err
+	}
+	if err := writeSnapshot(snap, tmp); err != nil {
+		os.RemoveAll(tmp)
+		return 0, fmt.Errorf("persist: %w", err)
+	}
+	if err := os.Rename(tmp, dir); err != nil {
+		os.RemoveAll(tmp)
+		return 0, err
+	}
+	return dirSize(dir), nil
+}
+
+// OpenPaused implements sandbox.PausedOpener: a paused sandbox of the
+// directory PersistPaused wrote (which stays the caller's, and is read
+// again by the Resume). It holds nothing until then; its files answer
+// sandbox.ErrPaused.
+func (b *Backend) OpenPaused(ctx context.Context, dir string, opts sandbox.FromSnapshot) (sandbox.Sandbox, error) {
+	if _, err := b.criu(); err != nil {
+		return nil, err
+	}
+	snap, err := loadSnapshot(dir)
+	if err != nil {
+		return nil, err
+	}
+	snap.spec.Tenant = opts.Tenant
+	if err := snap.spec.Validate(); err != nil {
+		return nil, fmt.Errorf("a paused sandbox on disk: %w", err)
+	}
+	s, err := b.newCopy(snap, newID())
+	if err != nil {
+		return nil, err
+	}
+	s.persisted = snap
+	s.Core.SetPaused(true)
+	return s, nil
+}
+
+// resumePersisted is Resume for a sandbox OpenPaused made; callers hold
+// pauseMu. A failure before the restored tree runs leaves it paused, as
+// it was; after, it is closed.
+func (s *Sandbox) resumePersisted(ctx context.Context, bin string) error {
+	snap := s.persisted
+	return s.Exclusive(func() error {
+		if _, err := s.restoreFrom(context.WithoutCancel(ctx), bin, snap); err != nil {
+			if s.init != nil {
+				// The tree ran: what it holds goes with a Close.
+				s.Core.SetPaused(false)
+				s.persisted = nil
+				go s.Close()
+				return fmt.Errorf("resume: %w; the sandbox is closed", err)
+			}
+			return fmt.Errorf("resume: %w", err)
+		}
+		s.persisted = nil
+		s.Core.SetPaused(false)
+		return nil
+	})
+}
+
+// diskOnly is the files of a sandbox opened paused from disk: there are
+// none to reach until it resumes.
+type diskOnly struct{}
+
+var errDiskOnly = fmt.Errorf("%w: its files are on disk until it is resumed", sandbox.ErrPaused)
+
+func (diskOnly) WriteFile(string, io.Reader, int64) error { return errDiskOnly }
+func (diskOnly) List(int) ([]sandbox.FileInfo, error)     { return nil, errDiskOnly }
+func (diskOnly) CopyOut(string, int64, int64) ([]sandbox.FileInfo, error) {
+	return nil, errDiskOnly
+}
+func (diskOnly) OpenFile(string) (io.ReadCloser, sandbox.FileInfo, error) {
+	return nil, sandbox.FileInfo{}, errDiskOnly
+}
+func (diskOnly) ReadDir(string, int) ([]sandbox.FileInfo, error) { return nil, errDiskOnly }
+func (diskOnly) Stat(string) (sandbox.FileInfo, error)           { return sandbox.FileInfo{}, errDiskOnly }
+func (diskOnly) Remove(string) error                             { return errDiskOnly }

@@ -1,0 +1,181 @@
+package service
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"regexp"
+	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/snapshot"
+)
+
+// Paused sandboxes outlive the server (issue 15, docs/snapshots.md). Once
+// a sandbox is paused, what its resume needs is written down in the
+// background (sandbox.PausePersister) under PausedDir/<id>, as a snapshot
+// is kept: data/ (the backend's), meta.json (the service's record of it:
+// owner, timeouts, limits, environment, metadata) and a signature under
+// the snapshot key. A resume or a close removes it; a shutdown keeps it.
+// A new service opens every one it finds (sandbox.PausedOpener): the
+// sandbox is listed again, paused, under its id, and resumes where it was.
+
+// pausedMeta is a kept paused sandbox's meta.json.
+type pausedMeta struct {
+	ID         string            `json:"id"`
+	Owner      string            `json:"owner"`
+	CreatedAt  time.Time         `json:"created_at"`
+	Deadline   time.Time         `json:"deadline"`
+	ExpiresAt  time.Time         `json:"expires_at"`
+	Idle       time.Duration     `json:"idle"`
+	Limits     sandbox.Limits    `json:"limits"`
+	Env        map[string]string `json:"env,omitempty"`
+	Metadata   map[string]string `json:"metadata,omitempty"`
+	Backend    string            `json:"backend"`
+	Ports      PortOptions       `json:"ports"`
+	OnTimeout  string            `json:"on_timeout,omitempty"`
+	AutoResume bool              `json:"auto_resume,omitempty"`
+	PausedAt   time.Time         `json:"paused_at"`
+	Executions int               `json:"executions"`
+}
+
+var sandboxID = regexp.MustCompile(`^sb_[0-9a-f]{24}$`)
+
+var errNoOpener = errors.New("its backend is not offered here, or cannot open paused sandboxes")
+
+// backendOf finds in b the backend name as a T.
+func backendOf[T any](b sandbox.Backend, name string) (T, bool) {
+	var zero T
+	u, ok := sandbox.Underlying(b, name)
+	if !ok {
+		return zero, false
+	}
+	t, ok := u.(T)
+	return t, ok
+}
+
+// keepsPaused says whether paused sandboxes are written down.
+func (s *Service) keepsPaused() bool {
+	return s.cfg.PausedDir != "" && len(s.cfg.SnapshotKey) >= snapshot.KeySize
+}
+
+// persistPaused writes b down, if it is still paused and its backend can.
+// Run in the background after a pause: the pause's answer does not wait
+// for the disk.
+func (s *Service) persistPaused(b *Box) {
+	defer s.persisting.Done()
+	pp, ok := b.sb.(sandbox.PausePersister)
+	if !ok || !s.keepsPaused() {
+		return
+	}
+	b.pauseMu.Lock()
+	defer b.pauseMu.Unlock()
+	b.mu.Lock()
+	paused := b.paused
+	meta := pausedMeta{ID: b.id, Owner: b.owner, CreatedAt: b.createdAt, Deadline: b.deadline, ExpiresAt: b.expiresAt,
+		Idle: b.idle, Limits: b.limits, Env: b.env, Metadata: b.metadata, Backend: b.backend, Ports: b.ports,
+		OnTimeout: b.onTimeout, AutoResume: b.autoResume, PausedAt: b.pausedAt, Executions: b.executions}
+	b.mu.Unlock()
+	if !paused {
+		return
+	}
+	dir := filepath.Join(s.cfg.PausedDir, b.id)
+	os.RemoveAll(dir)
+	start := time.Now()
+	err := os.MkdirAll(dir, 0o700)
+	var size int64
+	if err == nil {
+		size, err = pp.PersistPaused(context.Background(), filepath.Join(dir, "data"))
+	}
+	if err == nil {
+		var buf []byte
+		if buf, err = json.MarshalIndent(meta, "", "\t"); err == nil {
+			err = os.WriteFile(filepath.Join(dir, "meta.json"), buf, 0o600)
+		}
+	}
+	if err == nil {
+		err = snapshot.Sign(dir, s.cfg.SnapshotKey)
+	}
+	s.mu.Lock()
+	gone := s.boxes[b.id] != b
+	s.mu.Unlock()
+	if err != nil || gone {
+		os.RemoveAll(dir)
+		if err != nil {
+			s.cfg.Logger.Warn("a paused sandbox is not kept across a restart", "id", b.id, "err", err)
+		}
+		return
+	}
+	b.mu.Lock()
+	b.persisted = true
+	b.mu.Unlock()
+	s.cfg.Logger.Info("paused sandbox kept on disk", "id", b.id, "bytes", size, "ms", time.Since(start).Milliseconds())
+}
+
+// forgetPaused removes what persistPaused kept of b.
+func (s *Service) forgetPaused(b *Box) {
+	if !s.keepsPaused() {
+		return
+	}
+	b.mu.Lock()
+	b.persisted = false
+	b.mu.Unlock()
+	os.RemoveAll(filepath.Join(s.cfg.PausedDir, b.id))
+}
+
+// openPaused lists again the paused sandboxes an earlier server kept. One
+// whose signature does not hold, or whose time paused is over, is
+// removed; one the backend cannot open now is kept on disk for a later
+// start, and said so.
+func (s *Service) openPaused() {
+	ents, _ := os.ReadDir(s.cfg.PausedDir)
+	for _, e := range ents {
+		dir := filepath.Join(s.cfg.PausedDir, e.Name())
+		if !sandboxID.MatchString(e.Name()) {
+			os.RemoveAll(dir) // a write cut short (.partial)
+			continue
+		}
+		if err := snapshot.Verify(dir, s.cfg.SnapshotKey); err != nil {
+			s.cfg.Logger.Warn("a kept paused sandbox is refused and removed", "id", e.Name(), "err", err)
+			os.RemoveAll(dir)
+			continue
+		}
+		var m pausedMeta
+		buf, err := os.ReadFile(filepath.Join(dir, "meta.json"))
+		if err == nil {
+			err = json.Unmarshal(buf, &m)
+		}
+		if err != nil || m.ID != e.Name() || m.Owner == "" {
+			s.cfg.Logger.Warn("a kept paused sandbox has no record and is removed", "id", e.Name(), "err", err)
+			os.RemoveAll(dir)
+			continue
+		}
+		if s.cfg.Now().After(m.PausedAt.Add(s.cfg.MaxPaused)) {
+			s.cfg.Logger.Info("sandbox closed", "id", m.ID, "why", "paused longer than the server keeps one")
+			os.RemoveAll(dir)
+			continue
+		}
+		opener, ok := backendOf[sandbox.PausedOpener](s.cfg.Backend, m.Backend)
+		var sb sandbox.Sandbox
+		if !ok {
+			err = errNoOpener
+		} else {
+			sb, err = opener.OpenPaused(context.Background(), filepath.Join(dir, "data"),
+				sandbox.FromSnapshot{Tenant: s.tenantOf(m.Owner)})
+		}
+		if err != nil {
+			s.cfg.Logger.Warn("a kept paused sandbox could not be opened; it stays on disk", "id", m.ID, "err", err)
+			continue
+		}
+		b := &Box{
+			id: m.ID, owner: m.Owner, sb: sb, createdAt: m.CreatedAt, deadline: m.Deadline, idle: m.Idle,
+			limits: m.Limits, env: m.Env, metadata: m.Metadata, expiresAt: m.ExpiresAt, backend: m.Backend,
+			ports: m.Ports, onTimeout: m.OnTimeout, autoResume: m.AutoResume, paused: true, pausedAt: m.PausedAt,
+			executions: m.Executions, pausable: true, persisted: true,
+		}
+		s.boxes[b.id] = b
+		s.cfg.Logger.Info("paused sandbox opened from disk", "id", b.id, "owner", b.owner)
+	}
+}
