@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/mcp"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/service"
+	"github.com/vivarium-sandbox/vivarium/internal/snapshot"
 )
 
 // mcpOwner owns the sandboxes of `vivarium mcp`: one local agent, no keys.
@@ -123,10 +125,18 @@ func cmdMCP(args []string) int {
 	// execution may be asked for, up to --max-exec-timeout.
 	each := limits
 	each.Timeout = c.execTimeout
-	svc := service.New(service.Config{
+	svcCfg := service.Config{
 		Backend: b, MaxLimits: limits, DefaultIdle: c.idle, MaxIdle: c.lifetime, DefaultLifetime: c.lifetime,
 		MaxLifetime: c.lifetime, MaxPerOwner: c.maxSandboxes, MaxTotal: c.maxSandboxes, Logger: log,
-	})
+	}
+	// snapshot_sandbox keeps its snapshots where vivarium serve keeps
+	// its own (another owner's: neither sees the other's).
+	if key, err := snapshot.LoadKey(filepath.Join(defaultDataDir(), "snapshot.key")); err == nil {
+		svcCfg.SnapshotDir, svcCfg.SnapshotKey = filepath.Join(defaultDataDir(), "snapshots"), key
+	} else {
+		log.Warn("snapshots cannot be kept: snapshot_sandbox will say so", "err", err)
+	}
+	svc := service.New(svcCfg)
 	defer svc.Close()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

@@ -1,6 +1,7 @@
 package mcp_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"errors"
@@ -19,6 +20,7 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/mcp"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/service"
+	"github.com/vivarium-sandbox/vivarium/internal/snapshot"
 	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
 
@@ -134,7 +136,7 @@ func TestToolsAreDescribedForAModel(t *testing.T) {
 	}
 	want := map[string]bool{"run_python": true, "run_shell": true, "create_sandbox": true, "close_sandbox": true,
 		"list_files": true, "read_file": true, "write_file": true, "fetch_port": true, "run_code": true,
-		"pause_sandbox": true, "resume_sandbox": true}
+		"pause_sandbox": true, "resume_sandbox": true, "fork_sandbox": true, "snapshot_sandbox": true}
 	for _, tool := range res.Tools {
 		if !want[tool.Name] {
 			t.Errorf("unexpected tool %s", tool.Name)
@@ -476,4 +478,49 @@ func TestPauseSandboxTool(t *testing.T) {
 		t.Fatalf("after resume_sandbox: %+v", info)
 	}
 	mustOK(t, call(t, cs, "close_sandbox", map[string]any{"sandbox_id": id}))
+}
+
+// fork_sandbox copies a sandbox into new ones of the session's, each with
+// its state; snapshot_sandbox saves one, and create_sandbox starts from
+// the snapshot.
+func TestForkAndSnapshotTools(t *testing.T) {
+	if _, err := criu.Usable(); err != nil {
+		t.Skipf("forks and snapshots need CRIU, not built here (make criu): %v", err)
+	}
+	newService(t) // the backend
+	svc := service.New(service.Config{Backend: backend, SnapshotDir: t.TempDir(),
+		SnapshotKey: bytes.Repeat([]byte{7}, snapshot.KeySize)})
+	t.Cleanup(func() { svc.Close() })
+	cs := connect(t, mcp.Config{Service: svc})
+	res := call(t, cs, "create_sandbox", map[string]any{})
+	id := res.StructuredContent.(map[string]any)["sandbox_id"].(string)
+	mustOK(t, call(t, cs, "run_python", map[string]any{"code": "x = 41", "sandbox_id": id}))
+
+	res = call(t, cs, "fork_sandbox", map[string]any{"sandbox_id": id, "count": 2})
+	mustOK(t, res)
+	ids, _ := res.StructuredContent.(map[string]any)["sandbox_ids"].([]any)
+	if len(ids) != 2 {
+		t.Fatalf("fork_sandbox: %+v", res.StructuredContent)
+	}
+	mustOK(t, call(t, cs, "run_python", map[string]any{"code": "x = 0", "sandbox_id": ids[0]}))
+	if out := mustOK(t, call(t, cs, "run_python", map[string]any{"code": "x + 1", "sandbox_id": ids[1]})); !strings.Contains(out, "42") {
+		t.Fatalf("the second copy: %q", out)
+	}
+	if res := call(t, cs, "fork_sandbox", map[string]any{"sandbox_id": id, "count": 9}); !res.IsError {
+		t.Fatal("nine copies")
+	}
+
+	res = call(t, cs, "snapshot_sandbox", map[string]any{"sandbox_id": id})
+	mustOK(t, res)
+	snap := res.StructuredContent.(map[string]any)["snapshot_id"].(string)
+	mustOK(t, call(t, cs, "run_python", map[string]any{"code": "x = 7", "sandbox_id": id}))
+	res = call(t, cs, "create_sandbox", map[string]any{"from_snapshot": snap})
+	mustOK(t, res)
+	from := res.StructuredContent.(map[string]any)["sandbox_id"].(string)
+	if out := mustOK(t, call(t, cs, "run_python", map[string]any{"code": "x", "sandbox_id": from})); !strings.Contains(out, "41") {
+		t.Fatalf("a sandbox of the snapshot: %q", out)
+	}
+	for _, x := range []any{id, ids[0], ids[1], from} {
+		mustOK(t, call(t, cs, "close_sandbox", map[string]any{"sandbox_id": x}))
+	}
 }

@@ -34,6 +34,11 @@ type (
 	}
 	createSandboxInput struct {
 		IdleTimeoutS float64 `json:"idle_timeout_s,omitempty" jsonschema:"Close the sandbox after this many seconds without use. Without it, the server's default applies (the answer gives it)."`
+		FromSnapshot string  `json:"from_snapshot,omitempty" jsonschema:"Start the sandbox from a snapshot_id (from snapshot_sandbox): its variables, imports and files as they were saved."`
+	}
+	forkSandboxInput struct {
+		SandboxID string `json:"sandbox_id" jsonschema:"The sandbox to copy, from create_sandbox."`
+		Count     int    `json:"count,omitempty" jsonschema:"How many copies, 1 to 8. The default is 1."`
 	}
 	sandboxInput struct {
 		SandboxID string `json:"sandbox_id" jsonschema:"The sandbox, from create_sandbox."`
@@ -110,6 +115,18 @@ The sandbox closes after idle_timeout_s seconds without use, when this conversat
 		Description: `Resume a sandbox paused with pause_sandbox: its variables, imports, open files and background processes come back exactly as they were when it was paused. Calling run_python or another tool with its sandbox_id resumes it too.`,
 		Annotations: &sdk.ToolAnnotations{Title: "Resume a sandbox", OpenWorldHint: ptr(false), DestructiveHint: ptr(false), IdempotentHint: true},
 	}, s.resumeSandbox)
+	addTool(s, &sdk.Tool{
+		Name:        "fork_sandbox",
+		Title:       "Copy a sandbox",
+		Description: `Copy a sandbox created with create_sandbox, as it is now, into count new sandboxes: each starts with the same variables, imports and files and then goes its own way (to try several approaches from one point). Returns their sandbox_ids; the original is unchanged. Servers whose backend cannot copy sandboxes answer so.`,
+		Annotations: &sdk.ToolAnnotations{Title: "Copy a sandbox", OpenWorldHint: ptr(false), DestructiveHint: ptr(false)},
+	}, s.forkSandbox)
+	addTool(s, &sdk.Tool{
+		Name:        "snapshot_sandbox",
+		Title:       "Save a sandbox",
+		Description: `Save a sandbox created with create_sandbox, as it is now, on the server: its variables, imports and files. Returns a snapshot_id that create_sandbox's from_snapshot starts new sandboxes from, in this conversation or a later one. The sandbox goes on unchanged.`,
+		Annotations: &sdk.ToolAnnotations{Title: "Save a sandbox", OpenWorldHint: ptr(false), DestructiveHint: ptr(false)},
+	}, s.snapshotSandbox)
 	addTool(s, &sdk.Tool{
 		Name:        "list_files",
 		Title:       "List files",
@@ -248,8 +265,13 @@ func (s *server) createSandbox(ctx context.Context, req *sdk.CallToolRequest, in
 	// using it (pause_sandbox says so). Pausable: made so that it can be
 	// (a classic sandbox on the native backend: slower to create, once a
 	// conversation).
-	info, err := s.svc.Create(ctx, service.CreateRequest{Owner: owner, Idle: idle, Limits: s.cfg.Limits,
-		Metadata: map[string]string{"created_by": "mcp"}, AutoResume: true, Pausable: true})
+	create := service.CreateRequest{Owner: owner, Idle: idle, Limits: s.cfg.Limits,
+		Metadata: map[string]string{"created_by": "mcp"}, AutoResume: true, Pausable: true}
+	if in.FromSnapshot != "" {
+		// The snapshot's limits and environment.
+		create.Limits, create.FromSnapshot = sandbox.Limits{}, in.FromSnapshot
+	}
+	info, err := s.svc.Create(ctx, create)
 	if err != nil {
 		return nil, createSandboxOutput{}, toolError(s.log, err)
 	}
@@ -281,6 +303,45 @@ func (s *server) pauseSandbox(ctx context.Context, req *sdk.CallToolRequest, in 
 		return nil, nil, toolError(s.log, err)
 	}
 	return &sdk.CallToolResult{Content: []sdk.Content{text("paused " + in.SandboxID)}}, nil, nil
+}
+
+func (s *server) forkSandbox(ctx context.Context, req *sdk.CallToolRequest, in forkSandboxInput) (*sdk.CallToolResult, any, error) {
+	owner, err := s.owner(req)
+	if err != nil {
+		return nil, nil, toolError(s.log, err)
+	}
+	n := in.Count
+	if n == 0 {
+		n = 1
+	}
+	if n < 1 || n > 8 {
+		return nil, nil, toolError(s.log, fmt.Errorf("%w: count is 1 to 8, not %d", sandbox.ErrInvalidSpec, in.Count))
+	}
+	copies, err := s.svc.Fork(ctx, owner, in.SandboxID, n, sandbox.ForkOptions{})
+	if err != nil {
+		return nil, nil, toolError(s.log, err)
+	}
+	ids := make([]string, len(copies))
+	for i, c := range copies {
+		s.track(req.Session, owner, c.ID)
+		ids[i] = c.ID
+	}
+	msg := fmt.Sprintf("copies of %s (sandbox_ids): %s\nEach has its variables, imports and files as they are now.",
+		in.SandboxID, strings.Join(ids, ", "))
+	return &sdk.CallToolResult{Content: []sdk.Content{text(msg)}}, map[string]any{"sandbox_ids": ids}, nil
+}
+
+func (s *server) snapshotSandbox(ctx context.Context, req *sdk.CallToolRequest, in sandboxInput) (*sdk.CallToolResult, any, error) {
+	owner, err := s.owner(req)
+	if err != nil {
+		return nil, nil, toolError(s.log, err)
+	}
+	snap, err := s.svc.Snapshot(ctx, owner, in.SandboxID)
+	if err != nil {
+		return nil, nil, toolError(s.log, err)
+	}
+	msg := fmt.Sprintf("snapshot_id: %s\nPass it as from_snapshot to create_sandbox to start a sandbox from this point.", snap.ID)
+	return &sdk.CallToolResult{Content: []sdk.Content{text(msg)}}, map[string]any{"snapshot_id": snap.ID}, nil
 }
 
 func (s *server) resumeSandbox(ctx context.Context, req *sdk.CallToolRequest, in sandboxInput) (*sdk.CallToolResult, any, error) {

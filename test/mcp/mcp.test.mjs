@@ -19,7 +19,7 @@ const env = (name) => {
   return v;
 };
 
-const TOOLS = ['close_sandbox', 'create_sandbox', 'fetch_port', 'list_files', 'pause_sandbox', 'read_file', 'resume_sandbox', 'run_code', 'run_python', 'run_shell', 'write_file'];
+const TOOLS = ['close_sandbox', 'create_sandbox', 'fetch_port', 'fork_sandbox', 'list_files', 'pause_sandbox', 'read_file', 'resume_sandbox', 'run_code', 'run_python', 'run_shell', 'snapshot_sandbox', 'write_file'];
 
 const texts = (res) => res.content.filter((c) => c.type === 'text').map((c) => c.text).join('\n');
 
