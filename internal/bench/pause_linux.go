@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -19,10 +21,11 @@ var W7 = Workload{ID: "W7", Title: "pause, and resume, an idle sandbox that impo
 
 // pausing is the one sandbox W7's rows pause and resume in turn.
 type pausing struct {
-	b  sandbox.Backend
-	mu sync.Mutex
-	sb sandbox.Sandbox
-	p  sandbox.Pauser
+	b    sandbox.Backend
+	mu   sync.Mutex
+	sb   sandbox.Sandbox
+	p    sandbox.Pauser
+	snap string // a snapshot of sb, made once for fromSnapshot
 }
 
 func (ps *pausing) setup(ctx context.Context) error {
@@ -58,6 +61,10 @@ func (ps *pausing) teardown() error {
 	if ps.sb != nil {
 		ps.sb.Close()
 		ps.sb = nil
+	}
+	if ps.snap != "" {
+		os.RemoveAll(filepath.Dir(ps.snap))
+		ps.snap = ""
 	}
 	return nil
 }
@@ -151,6 +158,84 @@ func (ps *pausing) fork10(ctx context.Context) (float64, error) {
 	return ms(d), nil
 }
 
+// running resumes the sandbox if it is paused. Callers hold mu.
+func (ps *pausing) running(ctx context.Context) error {
+	if ps.p.Paused() {
+		return ps.p.Resume(ctx)
+	}
+	return nil
+}
+
+// saveSnapshot saves the running sandbox as a snapshot in a new
+// temporary directory, and returns the snapshot's path.
+func (ps *pausing) saveSnapshot(ctx context.Context) (string, time.Duration, error) {
+	sn, ok := ps.sb.(sandbox.Snapshotter)
+	if !ok {
+		return "", 0, errors.New("the backend's sandboxes cannot be saved as snapshots")
+	}
+	dir, err := os.MkdirTemp("", "vivarium-bench-snapshot-")
+	if err != nil {
+		return "", 0, err
+	}
+	start := time.Now()
+	_, err = sn.SaveSnapshot(ctx, filepath.Join(dir, "s"))
+	d := time.Since(start)
+	if err != nil {
+		os.RemoveAll(dir)
+		return "", 0, err
+	}
+	return filepath.Join(dir, "s"), d, nil
+}
+
+// snapshotSave times saving the running sandbox as a snapshot on disk,
+// then removes it (untimed).
+func (ps *pausing) snapshotSave(ctx context.Context) (float64, error) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if err := ps.running(ctx); err != nil {
+		return 0, err
+	}
+	p, d, err := ps.saveSnapshot(ctx)
+	if err != nil {
+		return 0, err
+	}
+	os.RemoveAll(filepath.Dir(p))
+	return ms(d), nil
+}
+
+// fromSnapshot times a new sandbox made of a snapshot of the running
+// sandbox (saved once), ready for code: its DataFrame is checked and it
+// is closed, untimed.
+func (ps *pausing) fromSnapshot(ctx context.Context) (float64, error) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if ps.snap == "" {
+		if err := ps.running(ctx); err != nil {
+			return 0, err
+		}
+		p, _, err := ps.saveSnapshot(ctx)
+		if err != nil {
+			return 0, err
+		}
+		ps.snap = p
+	}
+	r, ok := sandbox.RestorerOf(ps.b, "")
+	if !ok {
+		return 0, errors.New("the backend cannot make sandboxes from snapshots")
+	}
+	start := time.Now()
+	sb, err := r.CreateFromSnapshot(ctx, ps.snap, sandbox.FromSnapshot{})
+	d := time.Since(start)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { go sb.Close() }()
+	if err := checkRun(ctx, sb, "print(int(df.a.sum()))", W7.Want); err != nil {
+		return 0, fmt.Errorf("a sandbox of the snapshot: %w", err)
+	}
+	return ms(d), nil
+}
+
 // coldStart is what a resume replaces: a new sandbox that runs the code
 // again.
 func coldStart(b sandbox.Backend) func(ctx context.Context) error {
@@ -198,6 +283,10 @@ func pauseSubjects(classic sandbox.Backend, skip string) []Subject {
 			}},
 		{Workload: w, Name: "vivarium fork into 10 copies, all ready (in-process)", Unit: "ms", Skip: skip,
 			Setup: ps.setup, Measure: ps.fork10, Teardown: ps.teardown},
+		{Workload: w, Name: "vivarium snapshot saved to disk, the sandbox going on (in-process)", Unit: "ms", Skip: skip,
+			Setup: ps.setup, Measure: ps.snapshotSave, Teardown: ps.teardown},
+		{Workload: w, Name: "a new sandbox of that snapshot, ready (in-process, no signature check)", Unit: "ms", Skip: skip,
+			Setup: ps.setup, Measure: ps.fromSnapshot, Teardown: ps.teardown},
 		{Workload: w, Name: "memory the paused sandbox keeps (its files' tmpfs)", Unit: "MiB", Skip: skip,
 			Setup: ps.setup, Measure: ps.pausedMemory, Teardown: ps.teardown},
 	}
