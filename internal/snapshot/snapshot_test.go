@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -133,6 +134,16 @@ func TestImportRefuses(t *testing.T) {
 				t.Fatalf("wrote outside: %v", ents)
 			}
 		})
+	}
+	// Many empty files: each counts.
+	var flood bytes.Buffer
+	tw := tar.NewWriter(&flood)
+	for i := range 3000 {
+		tw.WriteHeader(&tar.Header{Name: fmt.Sprintf("f%d", i), Typeflag: tar.TypeReg, Mode: 0o644})
+	}
+	tw.Close()
+	if _, err := Import(&flood, filepath.Join(t.TempDir(), "d"), 1<<20); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("3,000 empty files in 1 MiB: %v", err)
 	}
 	if _, err := Import(strings.NewReader("not a tar stream at all, but long enough to be read as one's header......"),
 		filepath.Join(t.TempDir(), "d"), 1<<20); err == nil {

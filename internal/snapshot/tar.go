@@ -93,10 +93,11 @@ var ErrTooLarge = errors.New("the snapshot is larger than allowed")
 const maxEntries = 1 << 20
 
 // Import reads a tar stream that Export wrote into dir, which must not
-// exist (it is made 0700), and returns the bytes of file contents read.
+// exist (it is made 0700), and returns the bytes it counted: the files'
+// contents, and 512 for each entry.
 // Only directories, regular files, symbolic links and FIFOs are made,
 // each beneath dir and through no symbolic link (openat2 RESOLVE_BENEATH
-// and RESOLVE_NO_SYMLINKS); contents over limit bytes fail it with
+// and RESOLVE_NO_SYMLINKS); more than limit bytes counted fail it with
 // ErrTooLarge. On failure dir is removed. The caller then checks the
 // signature (Verify) before trusting anything in it.
 func Import(r io.Reader, dir string, limit int64) (n int64, err error) {
@@ -139,6 +140,16 @@ func Import(r io.Reader, dir string, limit int64) (n int64, err error) {
 			if err != nil {
 				return n, fmt.Errorf("not a snapshot's archive: %s: %w", h.Name, err)
 			}
+		}
+		// Every entry counts a header's 512 bytes against the limit, an
+		// inode on the host's disk: many empty files cannot pass where
+		// their bytes would not.
+		n += 512
+		if n > limit {
+			if pfd != root {
+				unix.Close(pfd)
+			}
+			return n, fmt.Errorf("%w: more entries than its room", ErrTooLarge)
 		}
 		err = makeEntry(tr, h, pfd, base, limit-n)
 		if h.Typeflag == tar.TypeReg {

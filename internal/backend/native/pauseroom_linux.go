@@ -36,9 +36,9 @@ func checkpointRoom(dir string, memory int64) error {
 			free := int64(st.Bavail) * st.Bsize
 			reserve := max(int64(checkpointReserve), int64(float64(size)*checkpointReserveShare))
 			if free-memory < reserve {
-				return fmt.Errorf("%w: pausing needs about %d MiB for the sandbox's images, and the host's disk for "+
-					"checkpoints keeps at least %d MiB free; %d MiB are free", sandbox.ErrNoRoom, memory>>20,
-					reserve>>20, free>>20)
+				return fmt.Errorf("%w: saving the sandbox needs about %d MiB of disk for its images, and the host's "+
+					"disk for them (%s) keeps at least %d MiB free; %d MiB are free", sandbox.ErrNoRoom, memory>>20,
+					d, reserve>>20, free>>20)
 			}
 			return nil
 		}

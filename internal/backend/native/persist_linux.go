@@ -56,6 +56,10 @@ func (s *Sandbox) PersistPaused(ctx context.Context, dir string) (int64, error) 
 	if _, err := os.Lstat(dir); err == nil {
 		return 0, fmt.Errorf("persist: %s exists", dir)
 	}
+	// Room on the host's disk: the images' size again, and the files.
+	if err := checkpointRoom(filepath.Dir(dir), dirSize(s.cp.images())); err != nil {
+		return 0, err
+	}
 	snap := &forkSnapshot{checkpoint: s.cp, spec: s.spec, cfg: s.cfg, owner: s.owner, runnerNS: rp.pid,
 		rootOpts: fmt.Sprintf("size=%d,nr_inodes=%d,mode=755", s.cfg.DiskBytes, s.cfg.DiskInodes+rootInodes)}
 	if cc := s.Core.CloneContexts(); cc != nil {

@@ -132,6 +132,16 @@ func (s *Sandbox) SaveSnapshot(ctx context.Context, dir string) (int64, error) {
 	if _, err := os.Lstat(dir); err == nil {
 		return 0, fmt.Errorf("snapshot: %s exists", dir)
 	}
+	// Room on the host's disks, which the host and every other tenant
+	// draw on: the dump's, and the snapshot's (its images, its files).
+	if u, err := s.Usage(); err == nil {
+		if err := checkpointRoom(s.b.cfg.CheckpointDir, u.Memory); err != nil {
+			return 0, err
+		}
+		if err := checkpointRoom(filepath.Dir(dir), u.Memory); err != nil {
+			return 0, err
+		}
+	}
 	snap, err := s.snapshot(ctx, bin)
 	if err != nil {
 		return 0, err
