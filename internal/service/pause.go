@@ -96,6 +96,10 @@ func (s *Service) pause(ctx context.Context, b *Box) error {
 	s.metrics.pauses.Add(1)
 	s.cfg.Logger.Info("sandbox paused", "id", b.id, "ms", time.Since(start).Milliseconds())
 	if s.keepsPaused() {
+		b.mu.Lock()
+		b.pauseGen++
+		gen := b.pauseGen
+		b.mu.Unlock()
 		s.mu.Lock()
 		closed := s.closed
 		if !closed {
@@ -103,7 +107,7 @@ func (s *Service) pause(ctx context.Context, b *Box) error {
 		}
 		s.mu.Unlock()
 		if !closed {
-			go s.persistPaused(b)
+			go s.persistPaused(b, gen)
 		}
 	}
 	return nil

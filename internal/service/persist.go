@@ -61,19 +61,28 @@ func (s *Service) keepsPaused() bool {
 	return s.cfg.PausedDir != "" && len(s.cfg.SnapshotKey) >= snapshot.KeySize
 }
 
-// persistPaused writes b down, if it is still paused and its backend can.
-// Run in the background after a pause: the pause's answer does not wait
-// for the disk.
-func (s *Service) persistPaused(b *Box) {
+// persistPaused writes b down, if it is still paused by the pause gen
+// and its backend can. Run in the background after a pause, once the
+// sandbox has stayed paused PersistDelay (at once when the server shuts
+// down): the pause's answer does not wait for the disk, and a client
+// pausing and resuming in a loop does not make the host write the
+// sandbox's memory and files each time.
+func (s *Service) persistPaused(b *Box, gen int) {
 	defer s.persisting.Done()
 	pp, ok := b.sb.(sandbox.PausePersister)
 	if !ok || !s.keepsPaused() {
 		return
 	}
+	t := time.NewTimer(s.cfg.PersistDelay)
+	select {
+	case <-t.C:
+	case <-s.stop:
+		t.Stop()
+	}
 	b.pauseMu.Lock()
 	defer b.pauseMu.Unlock()
 	b.mu.Lock()
-	paused := b.paused
+	paused := b.paused && b.pauseGen == gen && !b.persisted
 	meta := pausedMeta{ID: b.id, Owner: b.owner, CreatedAt: b.createdAt, Deadline: b.deadline, ExpiresAt: b.expiresAt,
 		Idle: b.idle, Limits: b.limits, Env: b.env, Metadata: b.metadata, Backend: b.backend, Ports: b.ports,
 		OnTimeout: b.onTimeout, AutoResume: b.autoResume, PausedAt: b.pausedAt, Executions: b.executions}

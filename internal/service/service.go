@@ -88,8 +88,10 @@ type Config struct {
 	UsageInterval time.Duration
 	// PausedDir keeps paused sandboxes across restarts (persist.go),
 	// signed with SnapshotKey; empty: a paused sandbox ends with the
-	// server.
-	PausedDir string
+	// server. One is written down once it has stayed paused
+	// PersistDelay (zero: 5 s), or when the server shuts down.
+	PausedDir    string
+	PersistDelay time.Duration
 	// SnapshotDir keeps the owners' snapshots (snapshots.go), signed
 	// with SnapshotKey (snapshot.LoadKey); empty: none are kept.
 	SnapshotDir string
@@ -112,6 +114,7 @@ func (c *Config) setDefaults() {
 	def(&c.MaxLifetime, 24*time.Hour)
 	def(&c.UsageInterval, defaultUsageInterval)
 	def(&c.MaxPaused, c.MaxLifetime)
+	def(&c.PersistDelay, 5*time.Second)
 	if c.MaxPerOwner <= 0 {
 		c.MaxPerOwner = 50
 	}
@@ -312,6 +315,7 @@ type Box struct {
 	pauseMu     sync.Mutex // serialises Pause and Resume
 	pausable    bool       // the sandbox can be paused (PauseSupported)
 	persisted   bool       // paused, and kept on disk across a restart (persist.go)
+	pauseGen    int        // pauses so far: a write-down is of one (persist.go)
 }
 
 // Info is what owners see of a sandbox.

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/snapshot"
@@ -176,13 +177,25 @@ func TestPausedKept(t *testing.T) {
 	dir := t.TempDir()
 	be := keepingBackend{pausingBackend: pausingBackend{made: make(chan *pausingSandbox, 8)}, opened: make(chan string, 8)}
 	start := func() *Service {
-		return New(Config{Backend: be, PausedDir: dir, SnapshotKey: bytes.Repeat([]byte{1}, snapshot.KeySize)})
+		return New(Config{Backend: be, PausedDir: dir, SnapshotKey: bytes.Repeat([]byte{1}, snapshot.KeySize),
+			PersistDelay: 50 * time.Millisecond})
 	}
 	svc := start()
 	ctx := context.Background()
 	info, err := svc.Create(ctx, CreateRequest{Owner: "o", Metadata: map[string]string{"k": "v"}, AutoResume: true})
 	if err != nil {
 		t.Fatal(err)
+	}
+	// Paused and resumed at once: nothing is written.
+	if _, err := svc.Pause(ctx, "o", info.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.Resume(ctx, "o", info.ID); err != nil {
+		t.Fatal(err)
+	}
+	svc.persisting.Wait()
+	if _, err := os.Stat(filepath.Join(dir, info.ID)); !os.IsNotExist(err) {
+		t.Fatalf("a sandbox paused for a moment was written down: %v", err)
 	}
 	if _, err := svc.Pause(ctx, "o", info.ID); err != nil {
 		t.Fatal(err)
