@@ -691,7 +691,7 @@ func (w *pauseWorld) runCase(t *testing.T, c pauseCase) {
 			t.Logf("round %d: pause %v (checkpoint %d KiB), resume %v", round, took.Round(time.Millisecond),
 				size>>10, time.Since(start).Round(time.Millisecond))
 		}
-		if got := w.exec(t, s, c.check, nil); got != want {
+		if got := settled(func() string { return w.exec(t, s, c.check, nil) }, want); got != want {
 			t.Errorf("round %d: the attack's state changed:\n%s\nwant:\n%s", round, got, want)
 		}
 		if got := w.view(t, s); got != before {
@@ -1119,7 +1119,7 @@ func TestHostilePauseSharedMemory(t *testing.T) {
 			default:
 				t.Errorf("the pause failed, taking the sandbox's own memory for a host file: %v", err)
 			}
-			if got := w.exec(t, s, c.check, nil); got != want {
+			if got := settled(func() string { return w.exec(t, s, c.check, nil) }, want); got != want {
 				t.Errorf("after the pause: %s, want %s", got, want)
 			}
 		})
@@ -1677,7 +1677,7 @@ func TestHostilePausePersisted(t *testing.T) {
 			if err := w.resume(t, o); err != nil {
 				t.Fatalf("the resume from disk failed: %v", err)
 			}
-			if got := w.exec(t, o, c.check, nil); got != want {
+			if got := settled(func() string { return w.exec(t, o, c.check, nil) }, want); got != want {
 				t.Errorf("the attack's state changed:\n%s\nwant:\n%s", got, want)
 			}
 			if got := w.view(t, o); normView(got) != normView(before) {
@@ -1687,4 +1687,21 @@ func TestHostilePausePersisted(t *testing.T) {
 		})
 	}
 	w.checkLeftovers(t, mounts)
+}
+
+// settleWait bounds settled.
+const settleWait = 3 * time.Second
+
+// settled runs check until it prints want, or settleWait has passed, and
+// returns what it printed last: a restored process goes back into the
+// system call it was blocked in, and is R for that moment (seen on CI: a
+// FIFO's blocked opener and reader were R right after a resume, S a
+// moment later).
+func settled(check func() string, want string) string {
+	got := check()
+	for deadline := time.Now().Add(settleWait); got != want && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+		got = check()
+	}
+	return got
 }
