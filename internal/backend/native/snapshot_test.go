@@ -18,7 +18,7 @@ import (
 // Cgroup parents and host users of the snapshot tests' own.
 const (
 	snapCgroupParent = "vivarium-native-snapshot-test"
-	snapUIDBase      = DefaultUIDBase + 30<<24
+	snapUIDBase      = DefaultUIDBase + 34<<24
 )
 
 // TestSnapshot saves a running sandbox holding Python state, a module, a
