@@ -31,8 +31,10 @@ import (
 
 // DefaultProbeTimeout bounds one platform's try: a sandbox with a working
 // platform answers in well under a second on an idle machine, a few on a
-// busy one.
-const DefaultProbeTimeout = 10 * time.Second
+// busy one; seen on a loaded CI machine (two cores, the whole suite
+// running), neither ptrace nor kvm started one within 10 s, and the
+// backend refused the host. A platform that hangs costs this, once.
+const DefaultProbeTimeout = 30 * time.Second
 
 // PlatformOrder is the order platforms are tried in where none is asked
 // for, following gVisor's platform guide: on bare metal kvm is the fastest
