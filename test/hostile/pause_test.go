@@ -1044,7 +1044,12 @@ func TestHostilePauseExitingProcesses(t *testing.T) {
 	w := newPauseWorld(t)
 	mounts := testutil.Mounts()
 	func() {
-		s := w.create(t, sandbox.Limits{Pids: 64})
+		// Two minutes an execution: the storm and the hopper fork without
+		// pause, which on cgroup v1 under a loaded machine (the whole
+		// suite on two cores) once kept the runner from answering a
+		// print within 30 s after a resume (docs/security.md: a fork bomb
+		// can stall a cgroup v1 host). Slow is not hung.
+		s := w.create(t, sandbox.Limits{Pids: 64, Timeout: 2 * time.Minute})
 		defer w.close(t, s)
 		w.exec(t, s, `import subprocess, sys
 storm = subprocess.Popen([sys.executable, '-c', 'import os\nwhile True:\n    pid = os.fork()\n    if pid == 0:\n        os._exit(0)\n    os.waitpid(pid, 0)'])
