@@ -21,14 +21,7 @@ func TestServePauseResume(t *testing.T) {
 	}
 	// Sandboxes forked from a zygote cannot be paused yet: --zygote=false.
 	srv := startServer(t, t.TempDir(), "--dev", "--pool", "0", "--zygote=false")
-	run := func(want int, args ...string) string {
-		t.Helper()
-		r := srv.cliAs(t, "", "", args...)
-		if r.code != want {
-			t.Fatalf("vivarium %s: exit %d, want %d\n%s%s", strings.Join(args, " "), r.code, want, r.stdout, r.stderr)
-		}
-		return strings.TrimSpace(r.stdout + r.stderr)
-	}
+	run := func(want int, args ...string) string { t.Helper(); return srv.run(t, want, args...) }
 	id := run(0, "sandbox", "create")
 	run(0, "sandbox", "exec", id, "-c", "import json\nx = 41")
 	run(0, "sandbox", "pause", id)
@@ -89,49 +82,41 @@ func TestServeSnapshots(t *testing.T) {
 	}
 	dataDir := t.TempDir()
 	srv := startServer(t, dataDir, "--dev", "--pool", "0")
-	run := func(srv *server, want int, args ...string) string {
-		t.Helper()
-		r := srv.cliAs(t, "", "", args...)
-		if r.code != want {
-			t.Fatalf("vivarium %s: exit %d, want %d\n%s%s", strings.Join(args, " "), r.code, want, r.stdout, r.stderr)
-		}
-		return strings.TrimSpace(r.stdout + r.stderr)
-	}
 	// A sandbox of the zygote cannot be saved yet, and says why.
-	plain := run(srv, 0, "sandbox", "create")
-	if out := run(srv, 1, "sandbox", "snapshot", plain); !strings.Contains(out, "zygote") {
+	plain := srv.run(t, 0, "sandbox", "create")
+	if out := srv.run(t, 1, "sandbox", "snapshot", plain); !strings.Contains(out, "zygote") {
 		t.Fatalf("a snapshot of a zygote's sandbox: %s", out)
 	}
-	id := run(srv, 0, "sandbox", "create", "--pausable")
-	run(srv, 0, "sandbox", "exec", id, "-c", "import json\nx = 41\nopen('f.txt', 'w').write('kept')")
-	snap := run(srv, 0, "sandbox", "snapshot", id)
+	id := srv.run(t, 0, "sandbox", "create", "--pausable")
+	srv.run(t, 0, "sandbox", "exec", id, "-c", "import json\nx = 41\nopen('f.txt', 'w').write('kept')")
+	snap := srv.run(t, 0, "sandbox", "snapshot", id)
 	if !strings.HasPrefix(snap, "snap_") {
 		t.Fatalf("snapshot printed %q", snap)
 	}
 	// The source goes on.
-	if out := run(srv, 0, "sandbox", "exec", id, "-c", "x += 1\nprint(x)"); out != "42" {
+	if out := srv.run(t, 0, "sandbox", "exec", id, "-c", "x += 1\nprint(x)"); out != "42" {
 		t.Fatalf("the source after its snapshot: %q", out)
 	}
 	archive := filepath.Join(t.TempDir(), "snap.tar")
-	run(srv, 0, "sandbox", "snapshot-export", snap, archive)
+	srv.run(t, 0, "sandbox", "snapshot-export", snap, archive)
 
 	srv.cmd.Process.Kill()
 	<-srv.exited
 	srv = startServer(t, dataDir, "--dev", "--pool", "0")
-	if out := run(srv, 0, "sandbox", "snapshots"); !strings.Contains(out, snap) {
+	if out := srv.run(t, 0, "sandbox", "snapshots"); !strings.Contains(out, snap) {
 		t.Fatalf("the snapshots after a restart:\n%s", out)
 	}
-	fresh := run(srv, 0, "sandbox", "create", "--from-snapshot", snap)
-	if out := run(srv, 0, "sandbox", "exec", fresh, "-c", "print(x + 1, json.dumps(open('f.txt').read()))"); out != `42 "kept"` {
+	fresh := srv.run(t, 0, "sandbox", "create", "--from-snapshot", snap)
+	if out := srv.run(t, 0, "sandbox", "exec", fresh, "-c", "print(x + 1, json.dumps(open('f.txt').read()))"); out != `42 "kept"` {
 		t.Fatalf("a sandbox made from the snapshot after a restart: %q", out)
 	}
 
-	imported := run(srv, 0, "sandbox", "snapshot-import", archive)
+	imported := srv.run(t, 0, "sandbox", "snapshot-import", archive)
 	if imported == snap || !strings.HasPrefix(imported, "snap_") {
 		t.Fatalf("import printed %q", imported)
 	}
-	again := run(srv, 0, "sandbox", "create", "--from-snapshot", imported)
-	if out := run(srv, 0, "sandbox", "exec", again, "-c", "print(x)"); out != "41" {
+	again := srv.run(t, 0, "sandbox", "create", "--from-snapshot", imported)
+	if out := srv.run(t, 0, "sandbox", "exec", again, "-c", "print(x)"); out != "41" {
 		t.Fatalf("a sandbox of the imported snapshot: %q", out)
 	}
 	// A changed archive: one byte of its contents.
@@ -142,20 +127,20 @@ func TestServeSnapshots(t *testing.T) {
 	b[len(b)/2] ^= 0x55
 	changed := filepath.Join(t.TempDir(), "changed.tar")
 	os.WriteFile(changed, b, 0o600)
-	if out := run(srv, 1, "sandbox", "snapshot-import", changed); !strings.Contains(out, "changed") && !strings.Contains(out, "archive") {
+	if out := srv.run(t, 1, "sandbox", "snapshot-import", changed); !strings.Contains(out, "changed") && !strings.Contains(out, "archive") {
 		t.Fatalf("a changed archive: %s", out)
 	}
 	// Another server: another key.
 	other := startServer(t, t.TempDir(), "--dev", "--pool", "0", "--cgroup-parent", serveParent+"-other")
-	if out := run(other, 1, "sandbox", "snapshot-import", archive); !strings.Contains(out, "not made by this server") {
+	if out := other.run(t, 1, "sandbox", "snapshot-import", archive); !strings.Contains(out, "not made by this server") {
 		t.Fatalf("an archive of another server's: %s", out)
 	}
-	run(srv, 0, "sandbox", "snapshot-rm", imported)
-	if out := run(srv, 0, "sandbox", "snapshots"); strings.Contains(out, imported) || !strings.Contains(out, snap) {
+	srv.run(t, 0, "sandbox", "snapshot-rm", imported)
+	if out := srv.run(t, 0, "sandbox", "snapshots"); strings.Contains(out, imported) || !strings.Contains(out, snap) {
 		t.Fatalf("the snapshots after a delete:\n%s", out)
 	}
-	run(srv, 3, "sandbox", "create", "--from-snapshot", imported)
-	run(srv, 0, "sandbox", "kill", fresh, again)
+	srv.run(t, 3, "sandbox", "create", "--from-snapshot", imported)
+	srv.run(t, 0, "sandbox", "kill", fresh, again)
 }
 
 // The issue's promise: a user pauses a sandbox holding state, the server
@@ -168,17 +153,9 @@ func TestServePausedSurvivesRestart(t *testing.T) {
 	}
 	dataDir := t.TempDir()
 	srv := startServer(t, dataDir, "--dev", "--pool", "0")
-	run := func(srv *server, want int, args ...string) string {
-		t.Helper()
-		r := srv.cliAs(t, "", "", args...)
-		if r.code != want {
-			t.Fatalf("vivarium %s: exit %d, want %d\n%s%s", strings.Join(args, " "), r.code, want, r.stdout, r.stderr)
-		}
-		return strings.TrimSpace(r.stdout + r.stderr)
-	}
-	id := run(srv, 0, "sandbox", "create", "--pausable")
-	run(srv, 0, "sandbox", "exec", id, "-c", "import json, pandas as pd\nx = 41\ndf = pd.DataFrame({'a': [1, 2]})\nopen('f.txt', 'w').write('kept')")
-	run(srv, 0, "sandbox", "pause", id)
+	id := srv.run(t, 0, "sandbox", "create", "--pausable")
+	srv.run(t, 0, "sandbox", "exec", id, "-c", "import json, pandas as pd\nx = 41\ndf = pd.DataFrame({'a': [1, 2]})\nopen('f.txt', 'w').write('kept')")
+	srv.run(t, 0, "sandbox", "pause", id)
 	testutil.WaitFor(t, 30*time.Second, "the paused sandbox to be kept on disk", func() bool {
 		return strings.Contains(srv.log.String(), "paused sandbox kept on disk")
 	})
@@ -186,26 +163,38 @@ func TestServePausedSurvivesRestart(t *testing.T) {
 	<-srv.exited
 
 	srv = startServer(t, dataDir, "--dev", "--pool", "0")
-	if out := run(srv, 0, "sandbox", "list"); !strings.Contains(out, id) || !strings.Contains(out, "paused") {
+	if out := srv.run(t, 0, "sandbox", "list"); !strings.Contains(out, id) || !strings.Contains(out, "paused") {
 		t.Fatalf("after a restart the sandbox is listed as:\n%s", out)
 	}
-	if out := run(srv, 1, "sandbox", "exec", id, "-c", "x"); !strings.Contains(out, "paused") {
+	if out := srv.run(t, 1, "sandbox", "exec", id, "-c", "x"); !strings.Contains(out, "paused") {
 		t.Fatalf("an execution in the paused sandbox after a restart: %s", out)
 	}
-	run(srv, 0, "sandbox", "resume", id)
-	if out := run(srv, 0, "sandbox", "exec", id, "-c", "print(x + 1, int(df.a.sum()), json.dumps(open('f.txt').read()))"); out != `42 3 "kept"` {
+	srv.run(t, 0, "sandbox", "resume", id)
+	if out := srv.run(t, 0, "sandbox", "exec", id, "-c", "print(x + 1, int(df.a.sum()), json.dumps(open('f.txt').read()))"); out != `42 3 "kept"` {
 		t.Fatalf("resumed after a restart: %q", out)
 	}
 	if ents, _ := os.ReadDir(filepath.Join(dataDir, "paused")); len(ents) != 0 {
 		t.Fatalf("a resumed sandbox is still kept on disk: %v", ents)
 	}
 	// Paused again, then deleted: nothing is kept.
-	run(srv, 0, "sandbox", "pause", id)
+	srv.run(t, 0, "sandbox", "pause", id)
 	testutil.WaitFor(t, 30*time.Second, "the paused sandbox to be kept on disk again", func() bool {
 		return strings.Count(srv.log.String(), "paused sandbox kept on disk") == 1
 	})
-	run(srv, 0, "sandbox", "kill", id)
+	srv.run(t, 0, "sandbox", "kill", id)
 	if ents, _ := os.ReadDir(filepath.Join(dataDir, "paused")); len(ents) != 0 {
 		t.Fatalf("a deleted sandbox is still kept on disk: %v", ents)
 	}
+}
+
+// run runs a vivarium subcommand as a client of s without a key (a --dev
+// server), fails the test unless it exits with want, and returns its
+// output, stdout then stderr, trimmed.
+func (s *server) run(t *testing.T, want int, args ...string) string {
+	t.Helper()
+	r := s.cliAs(t, "", "", args...)
+	if r.code != want {
+		t.Fatalf("vivarium %s: exit %d, want %d\n%s%s", strings.Join(args, " "), r.code, want, r.stdout, r.stderr)
+	}
+	return strings.TrimSpace(r.stdout + r.stderr)
 }

@@ -219,7 +219,7 @@ func (ps *pausing) fromSnapshot(ctx context.Context) (float64, error) {
 		}
 		ps.snap = p
 	}
-	r, ok := sandbox.RestorerOf(ps.b, "")
+	r, ok := sandbox.BackendAs[sandbox.SnapshotRestorer](ps.b, "")
 	if !ok {
 		return 0, errors.New("the backend cannot make sandboxes from snapshots")
 	}

@@ -133,14 +133,15 @@ func Underlying(b Backend, name string) (Backend, bool) {
 	}
 }
 
-// RestorerOf finds in b the backend name as a SnapshotRestorer (see
-// Underlying); ok is false where that backend cannot make sandboxes from
-// snapshots or is not offered.
-func RestorerOf(b Backend, name string) (SnapshotRestorer, bool) {
+// BackendAs finds in b the backend name (see Underlying) as a T: an
+// optional interface of backends (SnapshotRestorer, PausedOpener). ok is
+// false where that backend has none or is not offered.
+func BackendAs[T any](b Backend, name string) (T, bool) {
+	var zero T
 	u, ok := Underlying(b, name)
 	if !ok {
-		return nil, false
+		return zero, false
 	}
-	r, ok := u.(SnapshotRestorer)
-	return r, ok
+	t, ok := u.(T)
+	return t, ok
 }

@@ -34,17 +34,8 @@ func (s *Service) Fork(ctx context.Context, owner, id string, n int, opts sandbo
 	if err := f.ForkSupported(); err != nil {
 		return nil, err
 	}
-	if len(src.leases) > 0 || src.egress != nil {
-		return nil, fmt.Errorf("%w: a sandbox with volumes or network access cannot be forked yet", sandbox.ErrUnsupported)
-	}
-	src.mu.Lock()
-	executing, paused := src.executing, src.paused
-	src.mu.Unlock()
-	switch {
-	case paused:
-		return nil, fmt.Errorf("%w: resume it before forking it", sandbox.ErrPaused)
-	case executing:
-		return nil, fmt.Errorf("%w: code is running; fork the sandbox once it ends", sandbox.ErrBusy)
+	if err := src.quietFor("fork"); err != nil {
+		return nil, err
 	}
 
 	// The copies' slots first, as Create reserves one.
@@ -130,4 +121,20 @@ func (s *Service) Fork(ctx context.Context, owner, id string, n int, opts sandbo
 	}
 	s.cfg.Logger.Info("sandbox forked", "id", id, "copies", n)
 	return out, nil
+}
+
+// quietFor refuses to copy b (verb: fork it, save it as a snapshot) while
+// it is paused or code runs in it. What else a copy cannot take (volumes,
+// network access) its backend refuses (ForkSupported, SnapshotSupported).
+func (b *Box) quietFor(verb string) error {
+	b.mu.Lock()
+	executing, paused := b.executing, b.paused
+	b.mu.Unlock()
+	switch {
+	case paused:
+		return fmt.Errorf("%w: resume it before you %s it", sandbox.ErrPaused, verb)
+	case executing:
+		return fmt.Errorf("%w: code is running; %s the sandbox once it ends", sandbox.ErrBusy, verb)
+	}
+	return nil
 }

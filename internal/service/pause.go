@@ -140,6 +140,10 @@ func (s *Service) resume(ctx context.Context, b *Box) error {
 	if !paused {
 		return ErrNotPaused
 	}
+	if err := s.verifyOpened(b); err != nil {
+		s.cfg.Logger.Warn("sandbox resume", "id", b.id, "err", err)
+		return err
+	}
 	start := time.Now()
 	if err := p.Resume(ctx); err != nil {
 		s.cfg.Logger.Warn("sandbox resume", "id", b.id, "err", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -44,17 +45,6 @@ type pausedMeta struct {
 var sandboxID = regexp.MustCompile(`^sb_[0-9a-f]{24}$`)
 
 var errNoOpener = errors.New("its backend is not offered here, or cannot open paused sandboxes")
-
-// backendOf finds in b the backend name as a T.
-func backendOf[T any](b sandbox.Backend, name string) (T, bool) {
-	var zero T
-	u, ok := sandbox.Underlying(b, name)
-	if !ok {
-		return zero, false
-	}
-	t, ok := u.(T)
-	return t, ok
-}
 
 // keepsPaused says whether paused sandboxes are written down.
 func (s *Service) keepsPaused() bool {
@@ -103,6 +93,11 @@ func (s *Service) persistPaused(b *Box, gen int) {
 		if buf, err = json.MarshalIndent(meta, "", "\t"); err == nil {
 			err = os.WriteFile(filepath.Join(dir, "meta.json"), buf, 0o600)
 		}
+		if err == nil {
+			// The record alone, checked at a start (openPaused); the
+			// whole directory's signature at the resume.
+			err = os.WriteFile(filepath.Join(dir, "meta.mac"), []byte(snapshot.MAC(buf, s.cfg.SnapshotKey)), 0o600)
+		}
 	}
 	if err == nil {
 		err = snapshot.Sign(dir, s.cfg.SnapshotKey)
@@ -146,13 +141,22 @@ func (s *Service) openPaused() {
 			os.RemoveAll(dir) // a write cut short (.partial)
 			continue
 		}
-		if err := snapshot.Verify(dir, s.cfg.SnapshotKey); err != nil {
-			s.cfg.Logger.Warn("a kept paused sandbox is refused and removed", "id", e.Name(), "err", err)
-			os.RemoveAll(dir)
-			continue
-		}
+		// Its record only, checked here: reading every kept sandbox
+		// whole (Verify) would hold the start for as long; the resume
+		// verifies it whole before the backend reads it.
 		var m pausedMeta
 		buf, err := os.ReadFile(filepath.Join(dir, "meta.json"))
+		if err == nil {
+			var mac []byte
+			if mac, err = os.ReadFile(filepath.Join(dir, "meta.mac")); err == nil {
+				err = snapshot.CheckMAC(buf, s.cfg.SnapshotKey, string(mac))
+			}
+			if errors.Is(err, snapshot.ErrTampered) {
+				s.cfg.Logger.Warn("a kept paused sandbox is refused and removed", "id", e.Name(), "err", err)
+				os.RemoveAll(dir)
+				continue
+			}
+		}
 		if err == nil {
 			err = json.Unmarshal(buf, &m)
 		}
@@ -166,7 +170,7 @@ func (s *Service) openPaused() {
 			os.RemoveAll(dir)
 			continue
 		}
-		opener, ok := backendOf[sandbox.PausedOpener](s.cfg.Backend, m.Backend)
+		opener, ok := sandbox.BackendAs[sandbox.PausedOpener](s.cfg.Backend, m.Backend)
 		var sb sandbox.Sandbox
 		if !ok {
 			err = errNoOpener
@@ -182,9 +186,28 @@ func (s *Service) openPaused() {
 			id: m.ID, owner: m.Owner, sb: sb, createdAt: m.CreatedAt, deadline: m.Deadline, idle: m.Idle,
 			limits: m.Limits, env: m.Env, metadata: m.Metadata, expiresAt: m.ExpiresAt, backend: m.Backend,
 			ports: m.Ports, onTimeout: m.OnTimeout, autoResume: m.AutoResume, paused: true, pausedAt: m.PausedAt,
-			executions: m.Executions, pausable: true, persisted: true,
+			executions: m.Executions, pausable: true, persisted: true, unverified: true,
 		}
 		s.boxes[b.id] = b
 		s.cfg.Logger.Info("paused sandbox opened from disk", "id", b.id, "owner", b.owner)
 	}
+}
+
+// verifyOpened checks, before the first resume of a sandbox openPaused
+// made, its whole directory against its signature: the backend (CRIU, as
+// root) reads it then. Callers hold b.pauseMu.
+func (s *Service) verifyOpened(b *Box) error {
+	b.mu.Lock()
+	unverified := b.unverified
+	b.mu.Unlock()
+	if !unverified {
+		return nil
+	}
+	if err := snapshot.Verify(filepath.Join(s.cfg.PausedDir, b.id), s.cfg.SnapshotKey); err != nil {
+		return fmt.Errorf("%w: the paused sandbox kept on disk: %v", sandbox.ErrInvalidSpec, err)
+	}
+	b.mu.Lock()
+	b.unverified = false
+	b.mu.Unlock()
+	return nil
 }

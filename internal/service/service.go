@@ -315,6 +315,7 @@ type Box struct {
 	pauseMu     sync.Mutex // serialises Pause and Resume
 	pausable    bool       // the sandbox can be paused (PauseSupported)
 	persisted   bool       // paused, and kept on disk across a restart (persist.go)
+	unverified  bool       // opened from disk; its signature not checked whole yet
 	pauseGen    int        // pauses so far: a write-down is of one (persist.go)
 }
 

@@ -96,17 +96,8 @@ func (s *Service) Snapshot(ctx context.Context, owner, id string) (SnapshotInfo,
 	if err := sn.SnapshotSupported(); err != nil {
 		return SnapshotInfo{}, err
 	}
-	if len(b.leases) > 0 || b.egress != nil {
-		return SnapshotInfo{}, fmt.Errorf("%w: a sandbox with volumes or network access cannot be saved yet", sandbox.ErrUnsupported)
-	}
-	b.mu.Lock()
-	executing, paused := b.executing, b.paused
-	b.mu.Unlock()
-	switch {
-	case paused:
-		return SnapshotInfo{}, fmt.Errorf("%w: resume it before saving it", sandbox.ErrPaused)
-	case executing:
-		return SnapshotInfo{}, fmt.Errorf("%w: code is running; save the sandbox once it ends", sandbox.ErrBusy)
+	if err := b.quietFor("save"); err != nil {
+		return SnapshotInfo{}, err
 	}
 	s.snapMu.Lock()
 	defer s.snapMu.Unlock()
@@ -327,7 +318,7 @@ func (s *Service) fromSnapshot(owner, id string) (snapshotMeta, string, error) {
 
 // restoreSnapshot makes a sandbox of the checked snapshot in dir.
 func (s *Service) restoreSnapshot(ctx context.Context, owner string, m snapshotMeta, dir string) (sandbox.Sandbox, error) {
-	r, ok := sandbox.RestorerOf(s.cfg.Backend, m.Backend)
+	r, ok := sandbox.BackendAs[sandbox.SnapshotRestorer](s.cfg.Backend, m.Backend)
 	if !ok {
 		return nil, fmt.Errorf("%w: the %s backend (of the snapshot) cannot make sandboxes from snapshots here",
 			sandbox.ErrUnsupported, m.Backend)

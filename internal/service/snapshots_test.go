@@ -235,18 +235,34 @@ func TestPausedKept(t *testing.T) {
 		t.Fatalf("a deleted sandbox is still kept: %v", err)
 	}
 
-	// A changed record is refused and removed.
+	// Changed data: listed, but its resume is refused (the whole
+	// directory is checked then, not at the start).
 	info, _ = svc.Create(ctx, CreateRequest{Owner: "o"})
 	svc.Pause(ctx, "o", info.ID)
+	svc.persisting.Wait()
+	other, _ := svc.Create(ctx, CreateRequest{Owner: "o"})
+	svc.Pause(ctx, "o", other.ID)
 	svc.persisting.Wait()
 	svc.Close()
 	os.WriteFile(filepath.Join(dir, info.ID, "data", "state"), []byte("forged"), 0o600)
 	svc = start()
 	defer svc.Close()
-	if _, err := svc.Info("o", info.ID); !errors.Is(err, ErrNotFound) {
-		t.Fatalf("a changed kept sandbox: %v", err)
+	<-be.opened
+	<-be.opened
+	if _, err := svc.Resume(ctx, "o", info.ID); !errors.Is(err, sandbox.ErrInvalidSpec) {
+		t.Fatalf("the resume of a changed kept sandbox: %v", err)
 	}
-	if _, err := os.Stat(filepath.Join(dir, info.ID)); !os.IsNotExist(err) {
-		t.Fatalf("a changed kept sandbox is not removed: %v", err)
+	svc.Close()
+	// A changed record: refused and removed at the start.
+	meta := filepath.Join(dir, other.ID, "meta.json")
+	b, _ := os.ReadFile(meta)
+	os.WriteFile(meta, bytes.Replace(b, []byte(`"o"`), []byte(`"p"`), 1), 0o600)
+	svc = start()
+	defer svc.Close()
+	if _, err := svc.Info("p", other.ID); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("a kept sandbox whose record changed owner: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, other.ID)); !os.IsNotExist(err) {
+		t.Fatalf("a changed record is not removed: %v", err)
 	}
 }

@@ -103,56 +103,52 @@ func Verify(dir string, key []byte) error {
 	return nil
 }
 
-// digest is the HMAC of dir's listing: one line per entry but the
-// signature and sockets (which a snapshot's files may hold, and which
-// nothing restores), in lexical order.
+// MAC is the HMAC-SHA-256 of data under key, in hex: for a small record
+// that must be trusted before its directory is verified whole (Verify
+// reads every byte).
+func MAC(data, key []byte) string {
+	m := hmac.New(sha256.New, key)
+	m.Write(data)
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// CheckMAC checks a MAC of data under key (ErrTampered).
+func CheckMAC(data, key []byte, mac string) error {
+	if !hmac.Equal([]byte(MAC(data, key)), []byte(strings.TrimSpace(mac))) {
+		return ErrTampered
+	}
+	return nil
+}
+
+// digest is the HMAC of dir's listing (walk): one line per entry but the
+// signature, in lexical order.
 func digest(dir string, key []byte) ([]byte, error) {
 	mac := hmac.New(sha256.New, key)
 	w := bufio.NewWriter(mac)
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(dir, p)
-		if rel == SignatureFile {
+	err := walk(dir, func(e *entry) error {
+		if e.rel == SignatureFile {
 			return nil
 		}
-		var st unix.Stat_t
-		if err := unix.Lstat(p, &st); err != nil {
-			return err
-		}
 		kind, extra := "", ""
-		switch st.Mode & unix.S_IFMT {
+		switch e.st.Mode & unix.S_IFMT {
 		case unix.S_IFDIR:
 			kind = "d"
 		case unix.S_IFREG:
 			kind = "f"
-			h, err := fileHash(p)
+			h, err := fileHash(e.path)
 			if err != nil {
 				return err
 			}
-			extra = fmt.Sprintf("%d %s", st.Size, h)
+			extra = fmt.Sprintf("%d %s", e.st.Size, h)
 		case unix.S_IFLNK:
-			kind = "l"
-			t, err := os.Readlink(p)
-			if err != nil {
-				return err
-			}
-			extra = hex.EncodeToString([]byte(t))
+			kind, extra = "l", hex.EncodeToString([]byte(e.link))
 		case unix.S_IFIFO:
 			kind = "p"
-		case unix.S_IFSOCK:
-			return nil
-		default:
-			return fmt.Errorf("%s: a device", rel)
 		}
-		attrs, err := xattrs(p)
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(w, "%s\x00%s %o %d %d %s", hex.EncodeToString([]byte(rel)), kind, st.Mode&0o7777, st.Uid, st.Gid, extra)
-		for _, k := range slices.Sorted(maps.Keys(attrs)) {
-			fmt.Fprintf(w, " %s=%s", hex.EncodeToString([]byte(k)), hex.EncodeToString(attrs[k]))
+		fmt.Fprintf(w, "%s\x00%s %o %d %d %s", hex.EncodeToString([]byte(e.rel)), kind, e.st.Mode&0o7777, e.st.Uid,
+			e.st.Gid, extra)
+		for _, k := range slices.Sorted(maps.Keys(e.attrs)) {
+			fmt.Fprintf(w, " %s=%s", hex.EncodeToString([]byte(k)), hex.EncodeToString(e.attrs[k]))
 		}
 		w.WriteByte('\n')
 		return nil
@@ -164,6 +160,47 @@ func digest(dir string, key []byte) ([]byte, error) {
 		return nil, err
 	}
 	return mac.Sum(nil), nil
+}
+
+// entry is one thing in a snapshot's directory, as Sign and Export see
+// it.
+type entry struct {
+	path, rel string // rel: "." for the directory itself
+	st        unix.Stat_t
+	link      string // a symbolic link's target
+	attrs     map[string][]byte
+}
+
+// walk calls fn for dir and everything in it, in lexical order, never
+// following a link. Sockets (a snapshot's files may hold them; nothing
+// restores them) are left out, and a device fails it: Sign and Export
+// see the same entries, so that an export verifies once imported.
+func walk(dir string, fn func(*entry) error) error {
+	return filepath.WalkDir(dir, func(p string, _ fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		e := &entry{path: p}
+		e.rel, _ = filepath.Rel(dir, p)
+		if err := unix.Lstat(p, &e.st); err != nil {
+			return err
+		}
+		switch e.st.Mode & unix.S_IFMT {
+		case unix.S_IFDIR, unix.S_IFREG, unix.S_IFIFO:
+		case unix.S_IFLNK:
+			if e.link, err = os.Readlink(p); err != nil {
+				return err
+			}
+		case unix.S_IFSOCK:
+			return nil
+		default:
+			return fmt.Errorf("%s: a device", e.rel)
+		}
+		if e.attrs, err = xattrs(p); err != nil {
+			return err
+		}
+		return fn(e)
+	})
 }
 
 func fileHash(p string) (string, error) {

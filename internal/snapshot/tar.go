@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
@@ -23,42 +22,23 @@ const xattrPrefix = "SCHILY.xattr."
 // leaves them out.
 func Export(w io.Writer, dir string) error {
 	tw := tar.NewWriter(w)
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(dir, p)
-		if rel == "." {
+	err := walk(dir, func(e *entry) error {
+		if e.rel == "." {
 			return nil
 		}
-		var st unix.Stat_t
-		if err := unix.Lstat(p, &st); err != nil {
-			return err
-		}
-		h := &tar.Header{Name: filepath.ToSlash(rel), Mode: int64(st.Mode & 0o7777), Uid: int(st.Uid), Gid: int(st.Gid),
-			Format: tar.FormatPAX}
-		switch st.Mode & unix.S_IFMT {
+		h := &tar.Header{Name: filepath.ToSlash(e.rel), Mode: int64(e.st.Mode & 0o7777), Uid: int(e.st.Uid),
+			Gid: int(e.st.Gid), Format: tar.FormatPAX}
+		switch e.st.Mode & unix.S_IFMT {
 		case unix.S_IFDIR:
 			h.Typeflag, h.Name = tar.TypeDir, h.Name+"/"
 		case unix.S_IFREG:
-			h.Typeflag, h.Size = tar.TypeReg, st.Size
+			h.Typeflag, h.Size = tar.TypeReg, e.st.Size
 		case unix.S_IFLNK:
-			h.Typeflag = tar.TypeSymlink
-			if h.Linkname, err = os.Readlink(p); err != nil {
-				return err
-			}
+			h.Typeflag, h.Linkname = tar.TypeSymlink, e.link
 		case unix.S_IFIFO:
 			h.Typeflag = tar.TypeFifo
-		case unix.S_IFSOCK:
-			return nil
-		default:
-			return fmt.Errorf("%s: a device", rel)
 		}
-		attrs, err := xattrs(p)
-		if err != nil {
-			return err
-		}
-		for k, v := range attrs {
+		for k, v := range e.attrs {
 			if h.PAXRecords == nil {
 				h.PAXRecords = map[string]string{}
 			}
@@ -70,13 +50,13 @@ func Export(w io.Writer, dir string) error {
 		if h.Typeflag != tar.TypeReg {
 			return nil
 		}
-		f, err := os.Open(p)
+		f, err := os.Open(e.path)
 		if err != nil {
 			return err
 		}
 		defer f.Close()
 		if _, err := io.CopyN(tw, f, h.Size); err != nil {
-			return fmt.Errorf("%s: %w", rel, err)
+			return fmt.Errorf("%s: %w", e.rel, err)
 		}
 		return nil
 	})

@@ -220,23 +220,16 @@ func (s *Sandbox) snapshot(ctx context.Context, bin string) (*forkSnapshot, erro
 			return fmt.Errorf("fork: %w", err)
 		}
 		files := filepath.Join(dir, "files")
-		rootOpts := fmt.Sprintf("size=%d,nr_inodes=%d,mode=755", s.cfg.DiskBytes, s.cfg.DiskInodes+rootInodes)
 		start := time.Now()
 		cp, err := s.dumpTree(context.WithoutCancel(ctx), bin, dir,
-			dumpOptions{leaveRunning: true, files: files, filesOpts: rootOpts})
+			dumpOptions{leaveRunning: true, files: files, filesOpts: s.rootOpts()})
 		if err != nil {
 			removeSnapshot(dir)
 			return fmt.Errorf("fork: %w", err)
 		}
 		cp.close() // its mount namespace is the running sandbox's
-		snap = &forkSnapshot{checkpoint: cp, spec: s.spec, cfg: s.cfg, rootFiles: files, owner: s.owner,
-			runnerNS: rp.pid, rootOpts: rootOpts, dumpTook: time.Since(start)}
-		if s.cg != nil {
-			snap.group = s.cg.Path()
-		}
-		if cc := s.Core.CloneContexts(); cc != nil {
-			snap.contexts = cc.State()
-		}
+		snap = s.snapshotOf(cp, files, rp.pid)
+		snap.dumpTook = time.Since(start)
 		return nil
 	})
 	if err != nil {
@@ -268,6 +261,28 @@ func (s *Sandbox) snapshot(ctx context.Context, bin string) (*forkSnapshot, erro
 		return nil, err
 	}
 	return snap, nil
+}
+
+// snapshotOf is the sandbox's dumped tree cp as a snapshot: the root's
+// files at rootFiles, the runner's pid in the sandbox runnerNS, and what
+// a copy takes of the sandbox (spec, init's configuration, code
+// contexts, host range, cgroup).
+func (s *Sandbox) snapshotOf(cp *checkpoint, rootFiles string, runnerNS int) *forkSnapshot {
+	snap := &forkSnapshot{checkpoint: cp, spec: s.spec, cfg: s.cfg, rootFiles: rootFiles, owner: s.owner,
+		runnerNS: runnerNS, rootOpts: s.rootOpts()}
+	if s.cg != nil {
+		snap.group = s.cg.Path()
+	}
+	if cc := s.Core.CloneContexts(); cc != nil {
+		snap.contexts = cc.State()
+	}
+	return snap
+}
+
+// rootOpts are the mount options of the sandbox's root tmpfs: its disk's
+// size and inodes, and the root's own.
+func (s *Sandbox) rootOpts() string {
+	return fmt.Sprintf("size=%d,nr_inodes=%d,mode=755", s.cfg.DiskBytes, s.cfg.DiskInodes+rootInodes)
 }
 
 // removeSnapshot removes a snapshot's directory (CheckpointDir/fork-ID/N:

@@ -60,14 +60,6 @@ func (s *Sandbox) PersistPaused(ctx context.Context, dir string) (int64, error) 
 	if err := checkpointRoom(filepath.Dir(dir), dirSize(s.cp.images())); err != nil {
 		return 0, err
 	}
-	snap := &forkSnapshot{checkpoint: s.cp, spec: s.spec, cfg: s.cfg, owner: s.owner, runnerNS: rp.pid,
-		rootOpts: fmt.Sprintf("size=%d,nr_inodes=%d,mode=755", s.cfg.DiskBytes, s.cfg.DiskInodes+rootInodes)}
-	if cc := s.Core.CloneContexts(); cc != nil {
-		snap.contexts = cc.State()
-	}
-	if s.cg != nil {
-		snap.group = s.cg.Path()
-	}
 	// The root's files, through the held mount namespace.
 	live := filepath.Join(s.cp.dir, "persist-root")
 	if err := os.Mkdir(live, 0o700); err != nil {
@@ -78,21 +70,11 @@ func (s *Sandbox) PersistPaused(ctx context.Context, dir string) (int64, error) 
 		return 0, fmt.Errorf("persist: %w", err)
 	}
 	defer unix.Unmount(live, unix.MNT_DETACH)
-	snap.rootFiles = live
-	tmp := dir + ".partial"
-	os.RemoveAll(tmp)
-	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
-		return 0, err
-	}
-	if err := writeSnapshot(snap, tmp); err != nil {
-		os.RemoveAll(tmp)
+	size, err := writeSnapshot(s.snapshotOf(s.cp, live, rp.pid), dir)
+	if err != nil {
 		return 0, fmt.Errorf("persist: %w", err)
 	}
-	if err := os.Rename(tmp, dir); err != nil {
-		os.RemoveAll(tmp)
-		return 0, err
-	}
-	return dirSize(dir), nil
+	return size, nil
 }
 
 // OpenPaused implements sandbox.PausedOpener: a paused sandbox of the

@@ -147,14 +147,25 @@ func (s *Sandbox) SaveSnapshot(ctx context.Context, dir string) (int64, error) {
 		return 0, err
 	}
 	defer removeSnapshot(snap.dir)
+	size, err := writeSnapshot(snap, dir)
+	if err != nil {
+		return 0, fmt.Errorf("snapshot: %w", err)
+	}
+	return size, nil
+}
+
+// writeSnapshot writes snap into dir (root's, 0700), whole or not at
+// all: into dir.partial, renamed once complete. It returns the size
+// written.
+func writeSnapshot(snap *forkSnapshot, dir string) (int64, error) {
 	tmp := dir + ".partial"
 	os.RemoveAll(tmp)
 	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
 		return 0, err
 	}
-	if err := writeSnapshot(snap, tmp); err != nil {
+	if err := writeSnapshotFiles(snap, tmp); err != nil {
 		os.RemoveAll(tmp)
-		return 0, fmt.Errorf("snapshot: %w", err)
+		return 0, err
 	}
 	if err := os.Rename(tmp, dir); err != nil {
 		os.RemoveAll(tmp)
@@ -163,8 +174,8 @@ func (s *Sandbox) SaveSnapshot(ctx context.Context, dir string) (int64, error) {
 	return dirSize(dir), nil
 }
 
-// writeSnapshot writes snap into dir (made here, root's, 0700).
-func writeSnapshot(snap *forkSnapshot, dir string) error {
+// writeSnapshotFiles writes snap into dir, which it makes.
+func writeSnapshotFiles(snap *forkSnapshot, dir string) error {
 	for _, d := range []string{dir, filepath.Join(dir, "images"), filepath.Join(dir, "ext")} {
 		if err := os.Mkdir(d, 0o700); err != nil {
 			return err

@@ -21,6 +21,23 @@ const (
 	snapUIDBase      = DefaultUIDBase + 34<<24
 )
 
+// stateSource is a sandbox of a new pause backend (parent, uidBase, CRIU
+// at bin) holding Python state: x, a module, a file, a working directory
+// and a seeded random generator. It closes when the test ends.
+func stateSource(t *testing.T, bin, parent string, uidBase uint32) *Sandbox {
+	t.Helper()
+	b := pauseBackend(t, parent, uidBase)
+	b.criuBin = bin
+	sbx, err := b.Create(context.Background(), sandbox.Spec{Limits: sandbox.Limits{Memory: 256 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := sbx.(*Sandbox)
+	t.Cleanup(func() { s.Close() })
+	execText(t, s, "import decimal, random, os\nx = 41\nopen('kept.txt', 'w').write('kept')\nos.makedirs('sub', exist_ok=True)\nos.chdir('sub')\nrandom.seed(7)\n1")
+	return s
+}
+
 // TestSnapshot saves a running sandbox holding Python state, a module, a
 // file, a second code context and a random generator's state; the source
 // goes on. A second backend (a restarted server) makes two sandboxes of
@@ -30,16 +47,8 @@ const (
 // saying so.
 func TestSnapshot(t *testing.T) {
 	bin := requireCRIU(t)
-	b := pauseBackend(t, snapCgroupParent, snapUIDBase)
-	b.criuBin = bin
+	s := stateSource(t, bin, snapCgroupParent, snapUIDBase)
 	ctx := context.Background()
-	sbx, err := b.Create(ctx, sandbox.Spec{Limits: sandbox.Limits{Memory: 256 << 20}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := sbx.(*Sandbox)
-	defer s.Close()
-	execText(t, s, "import decimal, random, os\nx = 41\nopen('kept.txt', 'w').write('kept')\nos.makedirs('sub', exist_ok=True)\nos.chdir('sub')\nrandom.seed(7)\n1")
 	cc, err := s.CreateContext("python", "")
 	if err != nil {
 		t.Fatal(err)
@@ -151,16 +160,8 @@ func TestSnapshotRefused(t *testing.T) {
 // working directory and random generator's state.
 func TestPersistPaused(t *testing.T) {
 	bin := requireCRIU(t)
-	b := pauseBackend(t, snapCgroupParent+"-p", snapUIDBase+24<<16)
-	b.criuBin = bin
+	s := stateSource(t, bin, snapCgroupParent+"-p", snapUIDBase+24<<16)
 	ctx := context.Background()
-	sbx, err := b.Create(ctx, sandbox.Spec{Limits: sandbox.Limits{Memory: 256 << 20}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := sbx.(*Sandbox)
-	defer s.Close()
-	execText(t, s, "import decimal, random, os\nx = 41\nopen('kept.txt', 'w').write('kept')\nos.makedirs('sub', exist_ok=True)\nos.chdir('sub')\nrandom.seed(7)\n1")
 	if _, err := s.PersistPaused(ctx, filepath.Join(t.TempDir(), "early")); err == nil {
 		t.Fatal("a running sandbox persisted")
 	}
