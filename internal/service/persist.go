@@ -10,6 +10,8 @@ import (
 	"regexp"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/snapshot"
 )
@@ -46,8 +48,36 @@ var sandboxID = regexp.MustCompile(`^sb_[0-9a-f]{24}$`)
 
 var errNoOpener = errors.New("its backend is not offered here, or cannot open paused sandboxes")
 
-// keepsPaused says whether paused sandboxes are written down.
+// pausedLockFile, in PausedDir, is locked (flock) by the one service that
+// keeps paused sandboxes there: two servers given one data directory
+// would otherwise both open, resume and remove the same sandboxes.
+const pausedLockFile = ".lock"
+
+// lockPaused takes PausedDir's lock, or says that another server holds
+// it; paused sandboxes are then not kept by this one.
+func (s *Service) lockPaused() error {
+	if err := os.MkdirAll(s.cfg.PausedDir, 0o700); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(filepath.Join(s.cfg.PausedDir, pausedLockFile), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		return fmt.Errorf("another server keeps its paused sandboxes in %s (its lock is held): one server per data directory", s.cfg.PausedDir)
+	}
+	s.pausedLock = f
+	return nil
+}
+
+// keepsPaused says whether paused sandboxes are written down: configured
+// to, and PausedDir's lock held.
 func (s *Service) keepsPaused() bool {
+	return s.pausedConfigured() && s.pausedLock != nil
+}
+
+func (s *Service) pausedConfigured() bool {
 	return s.cfg.PausedDir != "" && len(s.cfg.SnapshotKey) >= snapshot.KeySize
 }
 
@@ -80,10 +110,14 @@ func (s *Service) persistPaused(b *Box, gen int) {
 	if !paused {
 		return
 	}
-	dir := filepath.Join(s.cfg.PausedDir, b.id)
+	// Written under a staging name, renamed once signed: a crash leaves
+	// no half-written sandbox for the next start to list.
+	final := filepath.Join(s.cfg.PausedDir, b.id)
+	dir := filepath.Join(s.cfg.PausedDir, ".partial-"+b.id)
+	os.RemoveAll(final)
 	os.RemoveAll(dir)
 	start := time.Now()
-	err := os.MkdirAll(dir, 0o700)
+	err := os.Mkdir(dir, 0o700)
 	var size int64
 	if err == nil {
 		size, err = pp.PersistPaused(context.Background(), filepath.Join(dir, "data"))
@@ -102,11 +136,15 @@ func (s *Service) persistPaused(b *Box, gen int) {
 	if err == nil {
 		err = snapshot.Sign(dir, s.cfg.SnapshotKey)
 	}
+	if err == nil {
+		err = os.Rename(dir, final)
+	}
 	s.mu.Lock()
 	gone := s.boxes[b.id] != b
 	s.mu.Unlock()
 	if err != nil || gone {
 		os.RemoveAll(dir)
+		os.RemoveAll(final)
 		if err != nil {
 			s.cfg.Logger.Warn("a paused sandbox is not kept across a restart", "id", b.id, "err", err)
 		}
@@ -137,8 +175,11 @@ func (s *Service) openPaused() {
 	ents, _ := os.ReadDir(s.cfg.PausedDir)
 	for _, e := range ents {
 		dir := filepath.Join(s.cfg.PausedDir, e.Name())
+		if e.Name() == pausedLockFile {
+			continue
+		}
 		if !sandboxID.MatchString(e.Name()) {
-			os.RemoveAll(dir) // a write cut short (.partial)
+			os.RemoveAll(dir) // a write cut short (.partial-<id>)
 			continue
 		}
 		// Its record only, checked here: reading every kept sandbox

@@ -173,6 +173,7 @@ type Service struct {
 	pkgService *netproxy.InProcess // the package index, to sandboxes' proxies
 	ports      ports               // port tokens and connections (ports.go)
 	usage      usageLogs           // samples of every sandbox's use (usage.go)
+	pausedLock io.Closer           // PausedDir's lock, held while paused sandboxes are kept (persist.go)
 }
 
 // New starts a service; Close ends it and every sandbox.
@@ -184,8 +185,12 @@ func New(cfg Config) *Service {
 	if s.snapshotsOn() == nil {
 		s.sweepSnapshotLeftovers()
 	}
-	if s.keepsPaused() {
-		s.openPaused()
+	if s.pausedConfigured() {
+		if err := s.lockPaused(); err != nil {
+			s.cfg.Logger.Warn("paused sandboxes are not kept across a restart by this server", "err", err)
+		} else {
+			s.openPaused()
+		}
 	}
 	s.startNetwork()
 	s.wg.Add(2)
@@ -886,6 +891,9 @@ func (s *Service) Close() error {
 		}()
 	}
 	wg.Wait()
+	if s.pausedLock != nil {
+		s.pausedLock.Close() // and its lock with it
+	}
 	return nil
 }
 

@@ -106,8 +106,14 @@ func (s *Service) Snapshot(ctx context.Context, owner, id string) (SnapshotInfo,
 	}
 	meta := snapshotMeta{ID: "snap_" + randomHex(12), Owner: owner, SandboxID: id, CreatedAt: s.cfg.Now().UTC(),
 		Backend: b.backend, Limits: b.limits, Env: maps.Clone(b.env), Metadata: maps.Clone(b.metadata)}
-	dir := filepath.Join(s.cfg.SnapshotDir, meta.ID)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	// Written under a staging name and renamed once signed: a listing,
+	// and a sweep by another server sharing the directory, never see
+	// half of it.
+	if err := os.MkdirAll(s.cfg.SnapshotDir, 0o700); err != nil {
+		return SnapshotInfo{}, err
+	}
+	dir := filepath.Join(s.cfg.SnapshotDir, ".new-"+meta.ID)
+	if err := os.Mkdir(dir, 0o700); err != nil {
 		return SnapshotInfo{}, err
 	}
 	start := time.Now()
@@ -120,6 +126,9 @@ func (s *Service) Snapshot(ctx context.Context, owner, id string) (SnapshotInfo,
 	}
 	if err == nil {
 		err = s.snapshotRoom(owner, true) // over now, with this one: not kept
+	}
+	if err == nil {
+		err = os.Rename(dir, filepath.Join(s.cfg.SnapshotDir, meta.ID))
 	}
 	if err != nil {
 		os.RemoveAll(dir)
@@ -326,16 +335,28 @@ func (s *Service) restoreSnapshot(ctx context.Context, owner string, m snapshotM
 	return r.CreateFromSnapshot(ctx, filepath.Join(dir, "data"), sandbox.FromSnapshot{Tenant: s.tenantOf(owner)})
 }
 
-// sweepSnapshotLeftovers removes what an import or a delete cut short
-// left in SnapshotDir, and snapshots whose record was never written.
+// leftoverAge is how old a staging directory in SnapshotDir must be for
+// a start to take it for one that a crash left: several servers (each
+// `vivarium mcp` of a user) may share the directory, and another's
+// snapshot or import may be under way.
+const leftoverAge = time.Hour
+
+// sweepSnapshotLeftovers removes what a save, an import or a delete that
+// a crash cut short left in SnapshotDir an hour ago or more.
 func (s *Service) sweepSnapshotLeftovers() {
 	ents, _ := os.ReadDir(s.cfg.SnapshotDir)
 	for _, e := range ents {
 		p := filepath.Join(s.cfg.SnapshotDir, e.Name())
+		st, err := os.Lstat(p)
+		if err != nil || time.Since(st.ModTime()) < leftoverAge {
+			continue
+		}
 		switch {
-		case strings.HasPrefix(e.Name(), ".import-"), strings.HasPrefix(e.Name(), ".deleted-"):
+		case strings.HasPrefix(e.Name(), ".new-"), strings.HasPrefix(e.Name(), ".import-"),
+			strings.HasPrefix(e.Name(), ".deleted-"):
 			os.RemoveAll(p)
 		case snapshotID.MatchString(e.Name()):
+			// Unsigned: written by a release that did not stage.
 			if _, err := os.Stat(filepath.Join(p, snapshot.SignatureFile)); os.IsNotExist(err) {
 				os.RemoveAll(p)
 			}

@@ -169,6 +169,56 @@ func (*keepingSandbox) PersistPaused(_ context.Context, dir string) (int64, erro
 	return 6, os.WriteFile(filepath.Join(dir, "state"), []byte("paused"), 0o600)
 }
 
+// TestSnapshotSweep: a start removes what a crash left in the snapshot
+// directory an hour ago, and nothing that another server sharing the
+// directory may be writing now.
+func TestSnapshotSweep(t *testing.T) {
+	dir := t.TempDir()
+	old := time.Now().Add(-2 * leftoverAge)
+	mk := func(name string, aged bool) string {
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Join(p, "data"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if aged {
+			if err := os.Chtimes(p, old, old); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return p
+	}
+	gone := []string{mk(".new-snap_aaaaaaaaaaaaaaaaaaaaaaaa", true), mk(".import-00112233", true),
+		mk(".deleted-snap_bbbbbbbbbbbbbbbbbbbbbbbb", true), mk("snap_cccccccccccccccccccccccc", true)}
+	kept := []string{mk(".new-snap_dddddddddddddddddddddddd", false), mk(".import-44556677", false),
+		mk("snap_eeeeeeeeeeeeeeeeeeeeeeee", false)}
+	svc := snapshotService(t, dir, 1)
+	for _, p := range gone {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("a crash's leftover %s is still there (%v)", filepath.Base(p), err)
+		}
+	}
+	for _, p := range kept {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("%s, maybe another server's work under way, was removed: %v", filepath.Base(p), err)
+		}
+	}
+	// A snapshot is listed only once whole, under its own name.
+	info, err := svc.Create(context.Background(), CreateRequest{Owner: "o"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := svc.Snapshot(context.Background(), "o", info.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, snap.ID, snapshot.SignatureFile)); err != nil {
+		t.Fatalf("the saved snapshot: %v", err)
+	}
+	if m, _ := filepath.Glob(filepath.Join(dir, ".new-*")); len(m) != 1 {
+		t.Fatalf("staging directories after a save: %v (want only the fresh one made above)", m)
+	}
+}
+
 // TestPausedKept: a paused sandbox is written down; a new service over
 // the same directory (a restarted server) lists it, paused, under its id,
 // with its metadata, and resumes it; a resume or a delete forgets it, a
@@ -216,6 +266,20 @@ func TestPausedKept(t *testing.T) {
 	}
 	if _, err := svc.Info("other", info.ID); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("another owner sees it: %v", err)
+	}
+	// A second server given the same directory keeps out of it.
+	second := start()
+	if _, err := second.Info("o", info.ID); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("a second server on the directory lists the first's paused sandbox: %v", err)
+	}
+	select {
+	case got := <-be.opened:
+		t.Fatalf("a second server on the directory opened a %q sandbox", got)
+	default:
+	}
+	second.Close()
+	if _, err := os.Stat(filepath.Join(dir, info.ID, snapshot.SignatureFile)); err != nil {
+		t.Fatalf("the second server's close removed it: %v", err)
 	}
 	if _, err := svc.Resume(ctx, "o", info.ID); err != nil {
 		t.Fatal(err)
