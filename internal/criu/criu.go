@@ -21,6 +21,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // ErrNotFound: no usable criu binary on this machine.
@@ -161,6 +163,39 @@ func Check(ctx context.Context, bin string) (string, error) {
 	return lastLines(text, 1), nil
 }
 
+// kdatDir returns the directory where criu keeps what it learnt of the
+// kernel (its "kdat" cache, some 25 ms of probes at every dump and restore
+// when it is not kept), or "" when there is none that is safe to use.
+// criu keeps it only on a tmpfs, so that a reboot, maybe into another
+// kernel, forgets it: criu's own place, /run, is not a tmpfs everywhere
+// (it is not on this project's machines). The directory is
+// /dev/shm/vivarium-criu-<uid>: made mode 0700 by this process, or
+// found so, owned by its user and on a tmpfs; anything else there (made
+// by another user of /dev/shm, a symlink) is not used, and criu then
+// probes at every run. A criu without scripts/criu/kdat-dir.patch
+// ignores the variable.
+var kdatDir = sync.OnceValue(func() string {
+	return privateTmpfsDir(fmt.Sprintf("/dev/shm/vivarium-criu-%d", os.Geteuid()))
+})
+
+// privateTmpfsDir makes dir (mode 0700) and returns it, or returns "" when
+// what is at dir is not a directory on a tmpfs, this user's, mode 0700.
+func privateTmpfsDir(dir string) string {
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return ""
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(dir, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR ||
+		st.Uid != uint32(os.Geteuid()) || st.Mode&0o777 != 0o700 {
+		return ""
+	}
+	var fs unix.Statfs_t
+	if err := unix.Statfs(dir, &fs); err != nil || fs.Type != unix.TMPFS_MAGIC {
+		return ""
+	}
+	return dir
+}
+
 // Run runs criu with args, the files in extra as its descriptors 3, 4,
 // ... (for --inherit-fd), and its log written to logFile (a path relative
 // to the images directory, as criu's -o takes it). An error carries the
@@ -170,6 +205,9 @@ func Run(ctx context.Context, bin string, args []string, extra []*os.File, image
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Stdout, cmd.Stderr = &out, &out
 	cmd.ExtraFiles = extra
+	if dir := kdatDir(); dir != "" {
+		cmd.Env = append(os.Environ(), "CRIU_KDAT_DIR="+dir)
+	}
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("criu %s: %w: %s%s", args[0], err, strings.TrimSpace(out.String()), logErrors(filepath.Join(imagesDir, logFile)))
 	}

@@ -111,3 +111,89 @@ esac`)
 		t.Fatalf("a CRIU whose check passes: %q %v", got, err)
 	}
 }
+
+// criu's kernel probes are kept in a directory of this user's on a tmpfs,
+// and never in one that another user made, a symlink, or one on a disk
+// (which a reboot into another kernel would not clear).
+func TestPrivateTmpfsDir(t *testing.T) {
+	if st, err := os.Stat("/dev/shm"); err != nil || !st.IsDir() {
+		t.Skip("no /dev/shm here")
+	}
+	base, err := os.MkdirTemp("/dev/shm", "vivarium-criu-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	own := filepath.Join(base, "own")
+	if got := privateTmpfsDir(own); got != own {
+		t.Fatalf("a new directory on a tmpfs: %q", got)
+	}
+	if st, err := os.Stat(own); err != nil || st.Mode().Perm() != 0o700 {
+		t.Fatalf("its mode: %v %v", st.Mode(), err)
+	}
+	if got := privateTmpfsDir(own); got != own {
+		t.Fatalf("found again: %q", got)
+	}
+	open := filepath.Join(base, "open")
+	if err := os.Mkdir(open, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(open, 0o777)
+	link := filepath.Join(base, "link")
+	if err := os.Symlink(own, link); err != nil {
+		t.Fatal(err)
+	}
+	for _, dir := range []string{open, link, filepath.Join(t.TempDir(), "disk")} {
+		if got := privateTmpfsDir(dir); got != "" {
+			t.Errorf("%s: used (%q)", dir, got)
+		}
+	}
+	if os.Geteuid() == 0 {
+		theirs := filepath.Join(base, "theirs")
+		if err := os.Mkdir(theirs, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(theirs, 65534, 65534); err != nil {
+			t.Fatal(err)
+		}
+		if got := privateTmpfsDir(theirs); got != "" {
+			t.Errorf("another user's directory: used (%q)", got)
+		}
+	}
+}
+
+// A criu built with scripts/criu/kdat-dir.patch probes the kernel once:
+// its second run loads what the first kept.
+func TestKdatKept(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("criu check needs root")
+	}
+	bin, err := Find()
+	if err != nil {
+		t.Skipf("criu is not built here (make criu): %v", err)
+	}
+	info, _ := os.ReadFile(filepath.Join(filepath.Dir(bin), "BUILD-INFO"))
+	if !strings.Contains(string(info), "kdat-dir.patch") {
+		t.Skipf("%s is built without kdat-dir.patch", bin)
+	}
+	if kdatDir() == "" {
+		t.Skip("no private directory on a tmpfs for the cache here")
+	}
+	for i := 0; i < 2; i++ {
+		dir := t.TempDir()
+		if err := Run(context.Background(), bin, []string{"check", "--images-dir", dir, "--log-file", "check.log", "-v4"},
+			nil, dir, "check.log"); err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			continue
+		}
+		log, err := os.ReadFile(filepath.Join(dir, "check.log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := "Loaded kdat cache from " + kdatDir() + "/criu.kdat"; !strings.Contains(string(log), want) {
+			t.Fatalf("the second run did not load the kept probes (%q):\n%s", want, lastLines(string(log), 20))
+		}
+	}
+}
