@@ -1,14 +1,17 @@
 package native
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -92,19 +95,21 @@ const dumpMntNamespaces = 4
 // userNSSysctls writes values (paths under /proc/sys/user) in the user
 // namespace ns: the per-user-namespace budgets, which only a process
 // with CAP_SYS_RESOURCE in that namespace can set. A Go process cannot
-// enter a user namespace (it has threads), and a program that nsenter
-// starts loses its capabilities at exec (host root is not root of the
-// sandbox's namespace), so a single-threaded python3 does it itself:
-// setns, then writes, without an exec in between. It keeps its host
-// credentials and makes itself undumpable first, so that no process of
-// the sandbox may trace it (nor can one see it: it is in the host's PID
-// namespace).
+// enter a user namespace (it has threads): nsenter (util-linux) enters
+// it, becomes root there (uid 0 of the sandbox's namespace, which maps
+// it), and runs a shell that writes them. The shell is in the host's PID
+// namespace, where no process of the sandbox can see it, and only runs
+// setSysctlsScript.
 func userNSSysctls(ns *os.File, values []sysctl) error {
 	args, err := userSysctlArgs(values)
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command("/usr/bin/python3", append([]string{"-I", "-S", "-c", userNSSysctlScript}, args...)...)
+	bin, err := nsenter()
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(bin, append([]string{"--user=/proc/self/fd/3", "--", "/bin/sh", "-c", setSysctlsScript, "sh"}, args...)...)
 	cmd.ExtraFiles = []*os.File{ns} // fd 3
 	cmd.Env = []string{}
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -113,8 +118,95 @@ func userNSSysctls(ns *os.File, values []sysctl) error {
 	return nil
 }
 
+// setSysctlsScript: its arguments are path, value, path, value ...
+// (userSysctlArgs checked them).
+const setSysctlsScript = `while [ $# -gt 1 ]; do printf '%s' "$2" > "/proc/sys/$1" || exit 1; shift 2; done`
+
+// nsenter is util-linux's nsenter, found once.
+var nsenter = sync.OnceValues(func() (string, error) {
+	for _, p := range []string{"/usr/bin/nsenter", "/bin/nsenter", "/usr/sbin/nsenter"} {
+		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", errors.New("checkpoint: nsenter (util-linux) is not installed: pausing a sandbox needs it to set the budgets of its user namespace")
+})
+
+// inNamespace runs fn on the namespace worker, a thread that has entered
+// the namespace ns of the given kind (unix.CLONE_NEWNS or CLONE_NEWNET)
+// for fn and leaves it after. Entering a mount namespace takes a thread
+// whose root and working directory are its own (unshare CLONE_FS), which
+// a thread of a Go program can have, unlike a user namespace, which takes
+// a process without threads.
+//
+// The worker is one thread, locked to its goroutine for good, that never
+// ends: a thread that ends sends its children their parent-death signal,
+// and a restored tree's init is a child of the thread that started CRIU
+// (--restore-sibling), with the SIGKILL its supervisor set restored. A
+// thread locked for one job and let go would be such a thread now and
+// then, and kill a sandbox that was just restored.
+func inNamespace(ns *os.File, kind int, fn func() error) error {
+	nsWorkerOnce.Do(func() { go nsWorker() })
+	j := nsJob{ns: ns, kind: kind, fn: fn, done: make(chan error, 1)}
+	nsJobs <- j
+	return <-j.done
+}
+
+type nsJob struct {
+	ns   *os.File
+	kind int
+	fn   func() error
+	done chan error
+}
+
+var (
+	nsJobs       = make(chan nsJob)
+	nsWorkerOnce sync.Once
+)
+
+// nsWorker takes inNamespace's jobs, one at a time, on its own thread.
+func nsWorker() {
+	runtime.LockOSThread() // for good: see inNamespace
+	var home map[int]*os.File
+	err := unix.Unshare(unix.CLONE_FS)
+	if err == nil {
+		home = map[int]*os.File{}
+		for kind, name := range map[int]string{unix.CLONE_NEWNS: "mnt", unix.CLONE_NEWNET: "net"} {
+			if home[kind], err = os.Open("/proc/thread-self/ns/" + name); err != nil {
+				break
+			}
+		}
+	}
+	if err != nil {
+		err = fmt.Errorf("the namespace worker: %w", err)
+		for j := range nsJobs {
+			j.done <- err
+		}
+	}
+	for j := range nsJobs {
+		back, ok := home[j.kind]
+		if !ok {
+			j.done <- fmt.Errorf("the namespace worker: namespace kind %#x", j.kind)
+			continue
+		}
+		if err := unix.Setns(int(j.ns.Fd()), j.kind); err != nil {
+			j.done <- fmt.Errorf("setns: %w", err)
+			continue
+		}
+		err := j.fn()
+		if berr := unix.Setns(int(back.Fd()), j.kind); berr != nil {
+			// Left in a sandbox's namespace: this thread takes no
+			// other job, and is kept (it must not end).
+			j.done <- errors.Join(err, fmt.Errorf("the namespace worker could not return to the supervisor's namespace: %w", berr))
+			go nsWorker()
+			select {}
+		}
+		j.done <- err
+	}
+}
+
 // userSysctlArgs checks values (user namespace sysctls, numbers) and
-// returns them as userNSSysctlScript's arguments.
+// returns them as setSysctlsScript's arguments.
 func userSysctlArgs(values []sysctl) ([]string, error) {
 	var args []string
 	for _, v := range values {
@@ -130,147 +222,212 @@ func userSysctlArgs(values []sysctl) ([]string, error) {
 	return args, nil
 }
 
-// actionScript writes, in dir, an action script for criu restore, and
-// returns its path. Once CRIU has made the namespaces
-// (post-setup-namespaces), it sets values in the restored user namespace;
-// once the tree is restored and before it runs (pre-resume), it remounts
-// each of mounts with the flags it had (CRIU restores binds of one source
-// as binds of the first, without their own flags: most /proc masks came
-// back read-write, without nosuid, nodev or noexec). Flags are only
-// added: ro, nosuid, nodev, noexec.
-func actionScript(dir string, values []sysctl, mounts []extMount) (string, error) {
-	args, err := userSysctlArgs(values)
+// restoreHooks does, while CRIU restores a tree, what CRIU does not
+// restore of a sandbox. CRIU runs an action script at each step; the
+// script (hooks.script) passes two of them to this process through FIFOs
+// in the checkpoint's directory, and waits for the answer:
+//
+//   - post-setup-namespaces, once CRIU has made the namespaces and before
+//     any socket is restored in them: bring the loopback of the restored
+//     network namespace up (it is made empty, criu --empty-ns net, as a
+//     sandbox's was before init brought its loopback up), and set the
+//     user namespace's budgets (userNSSysctls);
+//   - pre-resume, once the tree is restored and before it runs: remount
+//     each of mounts with the flags it had (CRIU restores binds of one
+//     source as binds of the first, without their own flags: most /proc
+//     masks came back read-write, without nosuid, nodev or noexec). Flags
+//     are only added: ro, nosuid, nodev, noexec.
+//
+// Both are done here, on threads that enter the restored namespaces
+// (inNamespace), rather than by a helper program that CRIU would start
+// at each step: a python3 helper cost a resume some 30 ms.
+type restoreHooks struct {
+	dir      string
+	req, ans *os.File // the FIFOs, held open read-write: the script never waits for this side to open them
+	sysctls  []sysctl
+	mounts   []extMount
+	done     chan struct{}
+	err      error // the first hook that failed, once done is closed
+}
+
+// startRestoreHooks makes the FIFOs and the action script in a directory
+// of their own under dir (the copies of a fork are restored at once from
+// one checkpoint directory) and starts serving them. Callers close the
+// hooks once CRIU has returned.
+func startRestoreHooks(dir string, sysctls []sysctl, mounts []extMount) (*restoreHooks, error) {
+	if _, err := userSysctlArgs(sysctls); err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp(dir, "hooks-")
 	if err != nil {
-		return "", err
+		return nil, err
 	}
-	budgets := filepath.Join(dir, "budgets.py")
-	if err := os.WriteFile(budgets, []byte(restoredNSScript), 0o600); err != nil {
-		return "", err
+	h := &restoreHooks{dir: dir, sysctls: sysctls, mounts: mounts, done: make(chan struct{})}
+	for _, f := range []struct {
+		name string
+		to   **os.File
+	}{{"hook.req", &h.req}, {"hook.ans", &h.ans}} {
+		p := filepath.Join(dir, f.name)
+		os.Remove(p)
+		if err = unix.Mkfifo(p, 0o600); err != nil {
+			break
+		}
+		if *f.to, err = os.OpenFile(p, os.O_RDWR, 0); err != nil {
+			break
+		}
 	}
-	remount := filepath.Join(dir, "remount.py")
-	if err := os.WriteFile(remount, []byte(remountScript), 0o600); err != nil {
-		return "", err
+	if err != nil {
+		h.closeFiles()
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("restore: the action script's FIFOs: %w", err)
 	}
-	// Every argument is a checked sysctl name or number, a mount point
-	// read from the sandbox's mountinfo at dump time, or a path of the
-	// supervisor's; each is quoted.
+	go h.serve()
+	return h, nil
+}
+
+// script writes the action script and returns its path. Its FIFOs'
+// paths are the supervisor's own; the action names are CRIU's.
+func (h *restoreHooks) script() (string, error) {
 	quote := func(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 	script := "#!/bin/sh\n" +
-		"# Vivarium: what CRIU does not restore of a sandbox.\n" +
+		"# Vivarium: what CRIU does not restore of a sandbox is done by its supervisor (restoreHooks).\n" +
 		"case \"$CRTOOLS_SCRIPT_ACTION\" in\n" +
-		"post-setup-namespaces)\n\texec /usr/bin/python3 -I -S " + quote(budgets)
-	for _, a := range args {
-		script += " " + quote(a)
-	}
-	script += " 3</proc/\"$CRTOOLS_INIT_PID\"/ns/user 4</proc/\"$CRTOOLS_INIT_PID\"/ns/net ;;\n" +
-		"pre-resume)\n\texec /usr/bin/python3 -I -S " + quote(remount)
-	for _, m := range mounts {
-		script += " " + quote(m.mountpoint) + " " + quote(m.flags)
-	}
-	script += " 3</proc/\"$CRTOOLS_INIT_PID\"/ns/mnt ;;\nesac\n"
-	p := filepath.Join(dir, "actions.sh")
+		"post-setup-namespaces|pre-resume)\n" +
+		"\texec 3>" + quote(h.req.Name()) + " 4<" + quote(h.ans.Name()) + " || exit 1\n" +
+		"\techo \"$CRTOOLS_SCRIPT_ACTION $CRTOOLS_INIT_PID\" >&3\n" +
+		"\tread -r answer <&4 || exit 1\n" +
+		"\t[ \"$answer\" = ok ] || { echo \"$answer\" >&2; exit 1; } ;;\n" +
+		"esac\n"
+	p := filepath.Join(h.dir, "actions.sh")
 	if err := os.WriteFile(p, []byte(script), 0o700); err != nil {
 		return "", err
 	}
 	return p, nil
 }
 
-// remountScript: argv is mount point, flags (mountinfo's per-mount
-// options), ...; fd 3 is the restored mount namespace, whose processes
-// have not run yet.
-const remountScript = `
-import ctypes, os, sys
-libc = ctypes.CDLL(None, use_errno=True)
-CLONE_NEWNS, MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND = 0x20000, 1, 2, 4, 8, 32, 4096
-known = {"ro": MS_RDONLY, "nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC}
-if libc.prctl(4, 0, 0, 0, 0) != 0 or libc.setns(3, CLONE_NEWNS) != 0:
-    sys.exit("setns: " + os.strerror(ctypes.get_errno()))
-a = sys.argv[1:]
-for point, opts in zip(a[::2], a[1::2]):
-    flags = 0
-    for o in opts.split(","):
-        flags |= known.get(o, 0)
-    if flags and libc.mount(None, point.encode(), None, MS_BIND | MS_REMOUNT | flags, None) != 0:
-        sys.exit("remount %s %s: %s" % (point, opts, os.strerror(ctypes.get_errno())))
-`
-
-// restoredNSScript: as userNSSysctlScript, and first brings the loopback
-// of the network namespace at fd 4 up: the namespace is made empty
-// (criu --empty-ns net), as a sandbox's was before init brought its
-// loopback up (a loopback and nothing else), before any socket of the
-// sandbox is restored in it.
-const restoredNSScript = `
-import ctypes, fcntl, socket, struct, sys
-libc = ctypes.CDLL(None, use_errno=True)
-PR_SET_DUMPABLE, CLONE_NEWUSER, CLONE_NEWNET = 4, 0x10000000, 0x40000000
-SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 1
-if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0 or libc.setns(4, CLONE_NEWNET) != 0:
-    sys.exit("setns net: errno %d" % ctypes.get_errno())
-with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-    flags = struct.unpack("16sh", fcntl.ioctl(s, SIOCGIFFLAGS, struct.pack("16sh", b"lo", 0)))[1]
-    fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sh", b"lo", flags | IFF_UP))
-if libc.setns(3, CLONE_NEWUSER) != 0:
-    sys.exit("setns user: errno %d" % ctypes.get_errno())
-a = sys.argv[1:]
-for path, value in zip(a[::2], a[1::2]):
-    with open("/proc/sys/" + path, "w") as f:
-        f.write(value)
-`
-
-// userNSSysctlScript: argv is path, value, path, value ...; fd 3 is the
-// user namespace.
-const userNSSysctlScript = `
-import ctypes, sys
-libc = ctypes.CDLL(None, use_errno=True)
-PR_SET_DUMPABLE, CLONE_NEWUSER = 4, 0x10000000
-if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0 or libc.setns(3, CLONE_NEWUSER) != 0:
-    sys.exit("setns: errno %d" % ctypes.get_errno())
-a = sys.argv[1:]
-for path, value in zip(a[::2], a[1::2]):
-    with open("/proc/sys/" + path, "w") as f:
-        f.write(value)
-`
-
-// mountRootOf mounts the root of the mount namespace ns (the sandbox's
-// root tmpfs, alone, without what is mounted on it) at target, on the
-// host. Entering a mount namespace takes a process without threads: a
-// python3 helper clones the mount there (open_tree), comes back, and
-// mounts the clone (move_mount). The namespace has no process left in it
-// by then: the sandbox's tree is dumped and gone.
-func mountRootOf(ns *os.File, target string) error {
-	home, err := os.Open("/proc/self/ns/mnt")
-	if err != nil {
-		return err
+// serve answers the script's requests, one line each ("ACTION PID"),
+// until the FIFOs are closed.
+func (h *restoreHooks) serve() {
+	defer close(h.done)
+	rd := bufio.NewReader(h.req)
+	for {
+		line, err := rd.ReadString('\n')
+		if err != nil {
+			return
+		}
+		herr := h.run(strings.TrimSpace(line))
+		answer := "ok"
+		if herr != nil {
+			if h.err == nil {
+				h.err = herr
+			}
+			answer = "vivarium: " + strings.ReplaceAll(herr.Error(), "\n", " ")
+		}
+		if _, err := io.WriteString(h.ans, answer+"\n"); err != nil {
+			return
+		}
 	}
-	defer home.Close()
-	cmd := exec.Command("/usr/bin/python3", "-I", "-S", "-c", mountRootScript, target)
-	cmd.ExtraFiles = []*os.File{ns, home} // fds 3 and 4
-	cmd.Env = []string{}
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("restore: mount the sandbox's root: %w: %s", err, strings.TrimSpace(string(out)))
+}
+
+// run does one hook. pid is the restored tree's root, CRIU's child: its
+// processes do not run until pre-resume has been answered.
+func (h *restoreHooks) run(line string) error {
+	action, p, _ := strings.Cut(line, " ")
+	pid, err := strconv.Atoi(p)
+	if err != nil || pid <= 0 {
+		return fmt.Errorf("restore hook: bad request %q", line)
+	}
+	ns := func(kind string) (*os.File, error) {
+		return os.Open(fmt.Sprintf("/proc/%d/ns/%s", pid, kind))
+	}
+	switch action {
+	case "post-setup-namespaces":
+		net, err := ns("net")
+		if err != nil {
+			return err
+		}
+		defer net.Close()
+		if err := inNamespace(net, unix.CLONE_NEWNET, loopbackUp); err != nil {
+			return fmt.Errorf("restore: the restored network namespace: %w", err)
+		}
+		if len(h.sysctls) == 0 {
+			return nil
+		}
+		user, err := ns("user")
+		if err != nil {
+			return err
+		}
+		defer user.Close()
+		return userNSSysctls(user, h.sysctls)
+	case "pre-resume":
+		mnt, err := ns("mnt")
+		if err != nil {
+			return err
+		}
+		defer mnt.Close()
+		return inNamespace(mnt, unix.CLONE_NEWNS, func() error {
+			for _, m := range h.mounts {
+				if err := remountFlags(m.mountpoint, m.flags); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	return fmt.Errorf("restore hook: unknown action %q", action)
+}
+
+// remountFlags adds to the bind mount at point the flags among ro,
+// nosuid, nodev and noexec that opts (mountinfo's per-mount options)
+// name.
+func remountFlags(point, opts string) error {
+	known := map[string]uintptr{"ro": unix.MS_RDONLY, "nosuid": unix.MS_NOSUID, "nodev": unix.MS_NODEV, "noexec": unix.MS_NOEXEC}
+	var flags uintptr
+	for _, o := range strings.Split(opts, ",") {
+		flags |= known[o]
+	}
+	if flags == 0 {
+		return nil
+	}
+	if err := remount(point, flags); err != nil {
+		return fmt.Errorf("restore: remount %s %s: %w", point, opts, err)
 	}
 	return nil
 }
 
-// mountRootScript: fd 3 is the sandbox's mount namespace, fd 4 the
-// supervisor's, argv[1] the target. x86_64 and arm64 share the syscall
-// numbers of open_tree (428) and move_mount (429).
-const mountRootScript = `
-import ctypes, os, sys
-libc = ctypes.CDLL(None, use_errno=True)
-CLONE_NEWNS, OPEN_TREE_CLONE, O_CLOEXEC, MOVE_MOUNT_F_EMPTY_PATH = 0x20000, 1, 0o2000000, 4
-AT_FDCWD = -100
-def fail(what):
-    sys.exit("%s: %s" % (what, os.strerror(ctypes.get_errno())))
-if libc.prctl(4, 0, 0, 0, 0) != 0:
-    fail("prctl")
-if libc.setns(3, CLONE_NEWNS) != 0:
-    fail("setns into the sandbox")
-t = libc.syscall(428, AT_FDCWD, b"/", OPEN_TREE_CLONE | O_CLOEXEC)
-if t < 0:
-    fail("open_tree")
-if libc.setns(4, CLONE_NEWNS) != 0:
-    fail("setns back")
-if libc.syscall(429, t, b"", AT_FDCWD, sys.argv[1].encode(), MOVE_MOUNT_F_EMPTY_PATH) != 0:
-    fail("move_mount")
-`
+// close stops serving, once CRIU has returned, and says which hook
+// failed, if one did.
+func (h *restoreHooks) close() error {
+	h.closeFiles()
+	<-h.done
+	os.RemoveAll(h.dir)
+	return h.err
+}
+
+func (h *restoreHooks) closeFiles() {
+	for _, f := range []*os.File{h.req, h.ans} {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
+// mountRootOf mounts the root of the mount namespace ns (the sandbox's
+// root tmpfs, alone, without what is mounted on it) at target, on the
+// host: a thread that entered ns clones the mount (open_tree), and the
+// clone is mounted from the supervisor's namespace (move_mount).
+func mountRootOf(ns *os.File, target string) error {
+	tree := -1
+	err := inNamespace(ns, unix.CLONE_NEWNS, func() (err error) {
+		tree, err = unix.OpenTree(unix.AT_FDCWD, "/", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("restore: clone the sandbox's root: %w", err)
+	}
+	defer unix.Close(tree)
+	if err := unix.MoveMount(tree, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("restore: mount the sandbox's root at %s: %w", target, err)
+	}
+	return nil
+}

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -79,13 +80,16 @@ func restoreTree(ctx context.Context, bin string, cp *checkpoint) (_ *restoredTr
 	os.Remove(pidfile)
 	args := []string{"restore", "--images-dir", cp.images(), "--log-file", "restore.log", "-v2",
 		"--root", root, "--restore-detached", "--restore-sibling", "--pidfile", pidfile, "--empty-ns", "net"}
-	script, err := actionScript(cp.dir, cp.userSysctls, cp.mounts)
+	hooks, err := startRestoreHooks(cp.dir, cp.userSysctls, cp.mounts)
 	if err != nil {
 		return nil, err
 	}
-	defer os.Remove(script)
-	defer os.Remove(filepath.Join(cp.dir, "budgets.py"))
-	defer os.Remove(filepath.Join(cp.dir, "remount.py"))
+	closeHooks := sync.OnceValue(hooks.close)
+	defer closeHooks()
+	script, err := hooks.script()
+	if err != nil {
+		return nil, err
+	}
 	args = append(args, "--action-script", script)
 	args = append(args, cp.restoreArgs...)
 	for _, m := range cp.mounts {
@@ -132,7 +136,11 @@ func restoreTree(ctx context.Context, bin string, cp *checkpoint) (_ *restoredTr
 		inherit(os.NewFile(uintptr(pair[1]), "control (sandbox)"), fmt.Sprintf("socket:[%d]", s.ino))
 	}
 	start := time.Now()
-	if err := criu.Run(ctx, bin, args, give, cp.images(), "restore.log"); err != nil {
+	err = criu.Run(ctx, bin, args, give, cp.images(), "restore.log")
+	if herr := closeHooks(); herr != nil && err != nil {
+		err = fmt.Errorf("%w (%v)", err, herr)
+	}
+	if err != nil {
 		reapFailedRestore(cp.group)
 		return nil, err
 	}
