@@ -200,13 +200,22 @@ func privateTmpfsDir(dir string) string {
 // ... (for --inherit-fd), and its log written to logFile (a path relative
 // to the images directory, as criu's -o takes it). An error carries the
 // log's error lines.
-func Run(ctx context.Context, bin string, args []string, extra []*os.File, imagesDir, logFile string) error {
+//
+// actions, when given, are the only steps at which criu runs an
+// --action-script (a criu built with scripts/criu/script-actions.patch;
+// another runs it at every step, and the script must do nothing at the
+// others).
+func Run(ctx context.Context, bin string, args []string, extra []*os.File, imagesDir, logFile string, actions ...string) error {
 	var out bytes.Buffer
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Stdout, cmd.Stderr = &out, &out
 	cmd.ExtraFiles = extra
+	cmd.Env = os.Environ()
 	if dir := kdatDir(); dir != "" {
-		cmd.Env = append(os.Environ(), "CRIU_KDAT_DIR="+dir)
+		cmd.Env = append(cmd.Env, "CRIU_KDAT_DIR="+dir)
+	}
+	if len(actions) > 0 {
+		cmd.Env = append(cmd.Env, "CRIU_SCRIPT_ACTIONS="+strings.Join(actions, ","))
 	}
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("criu %s: %w: %s%s", args[0], err, strings.TrimSpace(out.String()), logErrors(filepath.Join(imagesDir, logFile)))

@@ -102,11 +102,12 @@ const DefaultUIDBase = 1_000_000_000
 
 // Backend creates native sandboxes.
 type Backend struct {
-	cfg     Config
-	cgroups cgroups.Manager // nil with InsecureNoCgroups
-	uids    *hostuid.Pool
-	devices string // where sandboxes' device nodes are made (devices_linux.go)
-	log     *slog.Logger
+	cfg      Config
+	removing sync.WaitGroup  // removeLater's
+	cgroups  cgroups.Manager // nil with InsecureNoCgroups
+	uids     *hostuid.Pool
+	devices  string // where sandboxes' device nodes are made (devices_linux.go)
+	log      *slog.Logger
 
 	etcOnce sync.Once
 	etc     []etcEntry
@@ -479,7 +480,29 @@ func (b *Backend) Close() error {
 		z.close()
 	}
 	b.maybeClosePool()
+	b.removing.Wait()
 	return nil
+}
+
+// removeLater removes the directory dir in the background (a resumed
+// tree's images: tens of megabytes whose removal a resume need not wait
+// for). It is renamed first, so that its name is free at once; Close
+// waits for every removal.
+func (b *Backend) removeLater(dir string) {
+	gone := dir + ".gone"
+	if err := os.Rename(dir, gone); err != nil {
+		if !os.IsNotExist(err) {
+			b.log.Warn("remove a directory", "dir", dir, "err", err)
+		}
+		return
+	}
+	b.removing.Add(1)
+	go func() {
+		defer b.removing.Done()
+		if err := os.RemoveAll(gone); err != nil {
+			b.log.Warn("remove a directory", "dir", gone, "err", err)
+		}
+	}()
 }
 
 // releaseOwner returns a sandbox's (or a zygote's) host user to the pool.

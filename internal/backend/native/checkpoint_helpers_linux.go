@@ -250,6 +250,10 @@ type restoreHooks struct {
 	err      error // the first hook that failed, once done is closed
 }
 
+// hookActions are the steps of a restore at which the action script has
+// something to do.
+var hookActions = []string{"post-setup-namespaces", "pre-resume"}
+
 // startRestoreHooks makes the FIFOs and the action script in a directory
 // of their own under dir (the copies of a fork are restored at once from
 // one checkpoint directory) and starts serving them. Callers close the
@@ -292,7 +296,7 @@ func (h *restoreHooks) script() (string, error) {
 	script := "#!/bin/sh\n" +
 		"# Vivarium: what CRIU does not restore of a sandbox is done by its supervisor (restoreHooks).\n" +
 		"case \"$CRTOOLS_SCRIPT_ACTION\" in\n" +
-		"post-setup-namespaces|pre-resume)\n" +
+		strings.Join(hookActions, "|") + ")\n" +
 		"\texec 3>" + quote(h.req.Name()) + " 4<" + quote(h.ans.Name()) + " || exit 1\n" +
 		"\techo \"$CRTOOLS_SCRIPT_ACTION $CRTOOLS_INIT_PID\" >&3\n" +
 		"\tread -r answer <&4 || exit 1\n" +

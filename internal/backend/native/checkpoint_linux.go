@@ -389,7 +389,7 @@ func (s *Sandbox) dumpTree(ctx context.Context, bin, dir string, opts dumpOption
 		}
 	}
 	start := time.Now()
-	if err := criu.Run(ctx, bin, args, nil, cp.images(), "dump.log"); err != nil {
+	if err := criu.Run(ctx, bin, args, nil, cp.images(), "dump.log", "post-dump"); err != nil {
 		cp.close()
 		return nil, err
 	}

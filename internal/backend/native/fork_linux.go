@@ -506,9 +506,7 @@ func (c *Sandbox) restoreFrom(ctx context.Context, bin string, snap *forkSnapsho
 	settleStops(c.cg)
 	c.ctlRead = true
 	cp.close()
-	if err := os.RemoveAll(cp.images()); err != nil {
-		b.log.Warn("remove a fork's images", "sandbox", c.id, "err", err)
-	}
+	b.removeLater(cp.images())
 	// The /proc masks' copies stay bound in the copy until it closes.
 	c.lastCheckpoint = dir
 	if err := c.openFiles(cp.root); err != nil {

@@ -243,9 +243,7 @@ func (s *Sandbox) Resume(ctx context.Context) error {
 		// directory keeps the /proc masks' copies, bound in the sandbox,
 		// until it closes.
 		cp.close()
-		if err := os.RemoveAll(cp.images()); err != nil {
-			s.b.log.Warn("remove a resumed sandbox's images", "sandbox", s.id, "err", err)
-		}
+		s.b.removeLater(cp.images())
 		// The previous checkpoint's masks are bound nowhere any more.
 		if s.lastCheckpoint != "" {
 			os.RemoveAll(s.lastCheckpoint)

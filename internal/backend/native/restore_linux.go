@@ -136,7 +136,7 @@ func restoreTree(ctx context.Context, bin string, cp *checkpoint) (_ *restoredTr
 		inherit(os.NewFile(uintptr(pair[1]), "control (sandbox)"), fmt.Sprintf("socket:[%d]", s.ino))
 	}
 	start := time.Now()
-	err = criu.Run(ctx, bin, args, give, cp.images(), "restore.log")
+	err = criu.Run(ctx, bin, args, give, cp.images(), "restore.log", hookActions...)
 	if herr := closeHooks(); herr != nil && err != nil {
 		err = fmt.Errorf("%w (%v)", err, herr)
 	}
