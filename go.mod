@@ -3,6 +3,7 @@ module github.com/vivarium-sandbox/vivarium
 go 1.26.8
 
 require (
+	github.com/klauspost/compress v1.20.4
 	github.com/modelcontextprotocol/go-sdk v1.8.0
 	github.com/tetratelabs/wazero v1.12.0
 	golang.org/x/sys v0.49.0

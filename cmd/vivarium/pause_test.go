@@ -173,17 +173,30 @@ func TestServePausedSurvivesRestart(t *testing.T) {
 	if out := srv.run(t, 0, "sandbox", "exec", id, "-c", "print(x + 1, int(df.a.sum()), json.dumps(open('f.txt').read()))"); out != `42 3 "kept"` {
 		t.Fatalf("resumed after a restart: %q", out)
 	}
-	if ents, _ := os.ReadDir(filepath.Join(dataDir, "paused")); len(ents) != 0 {
-		t.Fatalf("a resumed sandbox is still kept on disk: %v", ents)
+	if kept, _ := filepath.Glob(filepath.Join(dataDir, "paused", "sb_*")); len(kept) != 0 {
+		t.Fatalf("a resumed sandbox is still kept on disk: %v", kept)
 	}
-	// Paused again, then deleted: nothing is kept.
+	// Paused again, kept, resumed, paused and deleted: nothing is kept.
 	srv.run(t, 0, "sandbox", "pause", id)
 	testutil.WaitFor(t, 30*time.Second, "the paused sandbox to be kept on disk again", func() bool {
 		return strings.Count(srv.log.String(), "paused sandbox kept on disk") == 1
 	})
+	// Kept on disk, it held nothing else any more (released): its resume
+	// reads the kept copy.
+	if !strings.Contains(srv.log.String(), "released=true") {
+		t.Fatalf("the sandbox kept on disk was not released:\n%s", srv.log.String())
+	}
+	srv.run(t, 0, "sandbox", "resume", id)
+	if out := srv.run(t, 0, "sandbox", "exec", id, "-c", "print(x + 1, int(df.a.sum()))"); out != "42 3" {
+		t.Fatalf("resumed after its release: %q", out)
+	}
+	srv.run(t, 0, "sandbox", "pause", id)
+	testutil.WaitFor(t, 30*time.Second, "the paused sandbox to be kept on disk a third time", func() bool {
+		return strings.Count(srv.log.String(), "paused sandbox kept on disk") == 2
+	})
 	srv.run(t, 0, "sandbox", "kill", id)
-	if ents, _ := os.ReadDir(filepath.Join(dataDir, "paused")); len(ents) != 0 {
-		t.Fatalf("a deleted sandbox is still kept on disk: %v", ents)
+	if kept, _ := filepath.Glob(filepath.Join(dataDir, "paused", "sb_*")); len(kept) != 0 {
+		t.Fatalf("a deleted sandbox is still kept on disk: %v", kept)
 	}
 }
 

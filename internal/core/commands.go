@@ -216,6 +216,15 @@ func (c *Core) CommandExited(id uint64, code int) {
 	}
 }
 
+// LiveCommands is how many commands started and not known to have
+// exited.
+func (c *Core) LiveCommands() int {
+	cs := &c.cmds
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	return len(cs.live) + len(cs.starting)
+}
+
 // CommandsGone records that the sandbox's processes are all gone (its
 // isolation ended): every command has exited, killed as far as anyone can
 // tell, and every start waiting for an answer fails.

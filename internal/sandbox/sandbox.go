@@ -122,6 +122,17 @@ type PausePersister interface {
 	PersistPaused(ctx context.Context, dir string) (int64, error)
 }
 
+// PausedReleaser is a PausePersister that, once what it wrote is where
+// it will stay (dir), lets go of everything else it holds while paused
+// (its images, the memory of its files, its host user and cgroup), as a
+// sandbox PausedOpener made holds nothing: its resume reads dir, which
+// the caller keeps until then, and checks as it checks what it gives
+// PausedOpener. It fails, and the sandbox stays as it was, where it
+// cannot (ErrUnsupported, saying why).
+type PausedReleaser interface {
+	ReleasePaused(dir string) error
+}
+
 // PausedOpener is a Backend that makes, of what a PausePersister wrote, a
 // sandbox that is paused (Pauser) and holds nothing until it is resumed.
 // The directory is trusted, as for SnapshotRestorer, and read again by

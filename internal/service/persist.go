@@ -150,10 +150,25 @@ func (s *Service) persistPaused(b *Box, gen int) {
 		}
 		return
 	}
+	// Kept on disk only from now on: the backend lets go of the rest
+	// (its images, memory, host user, cgroup), and the resume reads the
+	// kept copy, checked whole first, as after a restart.
+	released := false
+	if r, ok := b.sb.(sandbox.PausedReleaser); ok {
+		if err := r.ReleasePaused(filepath.Join(final, "data")); err != nil {
+			s.cfg.Logger.Info("a paused sandbox kept on disk stays in memory as well", "id", b.id, "err", err)
+		} else {
+			released = true
+		}
+	}
 	b.mu.Lock()
 	b.persisted = true
+	if released {
+		b.unverified = true
+	}
 	b.mu.Unlock()
-	s.cfg.Logger.Info("paused sandbox kept on disk", "id", b.id, "bytes", size, "ms", time.Since(start).Milliseconds())
+	s.cfg.Logger.Info("paused sandbox kept on disk", "id", b.id, "bytes", size, "ms", time.Since(start).Milliseconds(),
+		"released", released)
 }
 
 // forgetPaused removes what persistPaused kept of b.

@@ -166,3 +166,47 @@ func TestLoadKey(t *testing.T) {
 		t.Fatalf("mode %v", fi.Mode())
 	}
 }
+
+// A packed file comes back as it was, smaller on disk; one that does not
+// unpack to its recorded size, or is not a packed file, is refused and
+// leaves nothing behind.
+func TestPackUnpack(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(dir, "pages-1.img")
+	data := bytes.Repeat([]byte("a page of a Python heap, more or less repetitive\x00\x00\x00"), 1<<15)
+	if err := os.WriteFile(src, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	packed := src + PackedSuffix
+	n, err := Pack(packed, src)
+	if err != nil || n != int64(len(data)) {
+		t.Fatalf("Pack: %d %v", n, err)
+	}
+	if st, _ := os.Stat(packed); st == nil || st.Size() >= int64(len(data))/4 {
+		t.Fatalf("packed size %v of %d", st, len(data))
+	}
+	back := filepath.Join(dir, "back")
+	if err := Unpack(back, packed, n, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(back); !bytes.Equal(got, data) {
+		t.Fatal("unpacked data differs")
+	}
+	if st, _ := os.Stat(back); st.Mode().Perm() != 0o644 {
+		t.Fatalf("mode %v", st.Mode())
+	}
+	for name, c := range map[string]struct {
+		src  string
+		size int64
+	}{
+		"short": {packed, n - 1}, "long": {packed, n + 1}, "not packed": {src, n},
+	} {
+		dst := filepath.Join(dir, "bad-"+strings.ReplaceAll(name, " ", "-"))
+		if err := Unpack(dst, c.src, c.size, 0o644); err == nil {
+			t.Errorf("%s: unpacked", name)
+		}
+		if _, err := os.Stat(dst); !os.IsNotExist(err) {
+			t.Errorf("%s: left %s behind (%v)", name, dst, err)
+		}
+	}
+}

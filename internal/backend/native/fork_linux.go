@@ -59,6 +59,7 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/hostuid"
 	"github.com/vivarium-sandbox/vivarium/internal/runner"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/snapshot"
 	"github.com/vivarium-sandbox/vivarium/internal/workspace"
 )
 
@@ -182,6 +183,7 @@ type forkSnapshot struct {
 	rootOpts  string        // the root tmpfs's size and inodes
 	dumpTook  time.Duration // criu dump, with the files' copy
 	imageSize int64
+	packed    map[string]int64 // a snapshot on disk: its packed images (manifest.Packed)
 }
 
 // snapshot dumps the running sandbox, which goes on running, with its
@@ -584,9 +586,27 @@ func (snap *forkSnapshot) copyFor(dir string, owner hostuid.Range) (*checkpoint,
 	if err != nil {
 		return nil, err
 	}
+	// Room on the host's disk for the images unpacked.
+	var unpacked int64
+	for _, n := range snap.packed {
+		unpacked += n
+	}
+	if err := checkpointRoom(dir, unpacked); err != nil {
+		return nil, err
+	}
 	rewritten := 0
 	for _, e := range ents {
 		src, dst := filepath.Join(snap.images(), e.Name()), filepath.Join(cp.images(), e.Name())
+		if name, ok := strings.CutSuffix(e.Name(), snapshot.PackedSuffix); ok {
+			size, known := snap.packed[name]
+			if !known || !packs(name) {
+				return nil, fmt.Errorf("fork: the snapshot's %s is not in its manifest", e.Name())
+			}
+			if err := snapshot.Unpack(filepath.Join(cp.images(), name), src, size, 0o644); err != nil {
+				return nil, fmt.Errorf("fork: %w", err)
+			}
+			continue
+		}
 		if !strings.HasPrefix(e.Name(), "userns-") {
 			// A snapshot kept on another file system (SaveSnapshot)
 			// is copied.

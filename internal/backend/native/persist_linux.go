@@ -23,10 +23,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/workspace"
 )
 
 var (
 	_ sandbox.PausePersister = (*Sandbox)(nil)
+	_ sandbox.PausedReleaser = (*Sandbox)(nil)
 	_ sandbox.PausedOpener   = (*Backend)(nil)
 )
 
@@ -70,11 +72,85 @@ func (s *Sandbox) PersistPaused(ctx context.Context, dir string) (int64, error) 
 		return 0, fmt.Errorf("persist: %w", err)
 	}
 	defer unix.Unmount(live, unix.MNT_DETACH)
-	size, err := writeSnapshot(s.snapshotOf(s.cp, live, rp.pid), dir)
+	size, err := writeSnapshot(s.snapshotOf(s.cp, live, rp.pid), dir, true)
 	if err != nil {
 		return 0, fmt.Errorf("persist: %w", err)
 	}
 	return size, nil
+}
+
+// ReleasePaused implements sandbox.PausedReleaser: the paused sandbox,
+// written into dir by PersistPaused, becomes what OpenPaused would make of
+// dir. Its images, the /proc masks' copies, its root tmpfs (held by its
+// mount namespace and its workspace's descriptors), network namespace,
+// cgroup and host user are let go; its resume restores dir as a restart's
+// would (resumePersisted). A sandbox whose commands still run is not
+// released.
+func (s *Sandbox) ReleasePaused(dir string) error {
+	s.pauseMu.Lock()
+	defer s.pauseMu.Unlock()
+	switch {
+	case s.closing:
+		return sandbox.ErrClosed
+	case s.persisted != nil:
+		return nil
+	case s.cp == nil || !s.Core.Paused():
+		return errors.New("release: the sandbox is not paused")
+	case s.Core.LiveCommands() > 0:
+		// Their pipes are held until the resume joins them again.
+		return fmt.Errorf("%w: commands it started still run; it stays paused in memory", sandbox.ErrUnsupported)
+	}
+	snap, err := loadSnapshot(dir)
+	if err != nil {
+		return fmt.Errorf("release: %w", err)
+	}
+	snap.spec.Tenant = s.spec.Tenant
+	cp := s.cp
+	s.cp = nil
+	cp.close()
+	s.dirMu.Lock()
+	for _, d := range append([]*workspace.Dir{s.ws, s.rootAsUser, s.rootAsRoot}, s.oldDirs...) {
+		if d != nil {
+			d.Close()
+		}
+	}
+	s.ws, s.rootAsUser, s.rootAsRoot, s.oldDirs = nil, nil, nil, nil
+	s.dirMu.Unlock()
+	if s.init != nil {
+		<-s.dead()
+		if s.init.pidfd >= 0 {
+			s.init.awaitReaped()
+			unix.Close(s.init.pidfd)
+		}
+		s.lifeMu.Lock()
+		s.init = nil
+		s.lifeMu.Unlock()
+	}
+	s.mu.Lock()
+	if r := s.rp; r != nil {
+		r.closePidfd()
+		s.rp = nil
+	}
+	s.mu.Unlock()
+	s.netns.close()
+	var errs []error
+	if s.checkpointed {
+		errs = append(errs, s.b.removeCheckpoints(s.id))
+		s.checkpointed, s.lastCheckpoint = false, ""
+	}
+	if g := s.group(); g != nil {
+		errs = append(errs, g.Destroy())
+		s.setGroup(nil)
+	}
+	if s.hasOwner {
+		s.b.releaseOwner(s.owner)
+		s.hasOwner = false
+	}
+	s.persisted = snap
+	if err := errors.Join(errs...); err != nil {
+		s.b.log.Warn("release a paused sandbox", "sandbox", s.id, "err", err)
+	}
+	return nil
 }
 
 // OpenPaused implements sandbox.PausedOpener: a paused sandbox of the

@@ -40,6 +40,7 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/hostuid"
 	"github.com/vivarium-sandbox/vivarium/internal/runner"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/snapshot"
 )
 
 var (
@@ -47,8 +48,9 @@ var (
 	_ sandbox.SnapshotRestorer = (*Backend)(nil)
 )
 
-// snapshotVersion is the manifest's format.
-const snapshotVersion = 1
+// snapshotVersion is the manifest's format: 2 packs the page images
+// (manifest.Packed); 1, which did not, is still read.
+const snapshotVersion = 2
 
 // manifest is a snapshot's manifest.json.
 type manifest struct {
@@ -74,6 +76,9 @@ type manifest struct {
 	Files     []manifestFile       `json:"files"`
 	Pipes     []manifestPipe       `json:"pipes"`
 	Socks     []manifestSock       `json:"socks"`
+	// Packed: the images stored compressed, as images/NAME.zst
+	// (snapshot.Pack), each with its size unpacked.
+	Packed map[string]int64 `json:"packed,omitempty"`
 }
 
 type manifestMount struct {
@@ -147,7 +152,7 @@ func (s *Sandbox) SaveSnapshot(ctx context.Context, dir string) (int64, error) {
 		return 0, err
 	}
 	defer removeSnapshot(snap.dir)
-	size, err := writeSnapshot(snap, dir)
+	size, err := writeSnapshot(snap, dir, false)
 	if err != nil {
 		return 0, fmt.Errorf("snapshot: %w", err)
 	}
@@ -156,14 +161,17 @@ func (s *Sandbox) SaveSnapshot(ctx context.Context, dir string) (int64, error) {
 
 // writeSnapshot writes snap into dir (root's, 0700), whole or not at
 // all: into dir.partial, renamed once complete. It returns the size
-// written.
-func writeSnapshot(snap *forkSnapshot, dir string) (int64, error) {
+// written. With pack, the page images are stored packed (about a
+// quarter of their size, and 40 ms more for a restore of a sandbox that
+// imported pandas): for a paused sandbox kept on disk, not for a
+// snapshot, which is made to start sandboxes fast.
+func writeSnapshot(snap *forkSnapshot, dir string, pack bool) (int64, error) {
 	tmp := dir + ".partial"
 	os.RemoveAll(tmp)
 	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
 		return 0, err
 	}
-	if err := writeSnapshotFiles(snap, tmp); err != nil {
+	if err := writeSnapshotFiles(snap, tmp, pack); err != nil {
 		os.RemoveAll(tmp)
 		return 0, err
 	}
@@ -175,7 +183,7 @@ func writeSnapshot(snap *forkSnapshot, dir string) (int64, error) {
 }
 
 // writeSnapshotFiles writes snap into dir, which it makes.
-func writeSnapshotFiles(snap *forkSnapshot, dir string) error {
+func writeSnapshotFiles(snap *forkSnapshot, dir string, pack bool) error {
 	for _, d := range []string{dir, filepath.Join(dir, "images"), filepath.Join(dir, "ext")} {
 		if err := os.Mkdir(d, 0o700); err != nil {
 			return err
@@ -185,14 +193,22 @@ func writeSnapshotFiles(snap *forkSnapshot, dir string) error {
 	if err != nil {
 		return err
 	}
+	packed := map[string]int64{}
 	for _, e := range ents {
-		if err := copyRegular(filepath.Join(snap.images(), e.Name()), filepath.Join(dir, "images", e.Name()), 0o644); err != nil {
+		src, dst := filepath.Join(snap.images(), e.Name()), filepath.Join(dir, "images", e.Name())
+		if !pack || !packs(e.Name()) {
+			if err := copyRegular(src, dst, 0o644); err != nil {
+				return err
+			}
+			continue
+		}
+		if packed[e.Name()], err = snapshot.Pack(dst+snapshot.PackedSuffix, src); err != nil {
 			return err
 		}
 	}
 	m := manifest{Version: snapshotVersion, Arch: runtime.GOARCH, Spec: snap.spec, Init: snap.cfg,
 		Contexts: snap.contexts, Owner: snap.owner.First, RunnerNS: snap.runnerNS, RootOpts: snap.rootOpts,
-		RunnerPID: snap.runnerPID, Group: snap.group, Cgroups: snap.cgroups, Sysctls: snap.userSysctls}
+		RunnerPID: snap.runnerPID, Group: snap.group, Cgroups: snap.cgroups, Sysctls: snap.userSysctls, Packed: packed}
 	if m.Kernel, m.CPU, err = hostKind(); err != nil {
 		return err
 	}
@@ -228,6 +244,12 @@ func writeSnapshotFiles(snap *forkSnapshot, dir string) error {
 		return err
 	}
 	return os.WriteFile(filepath.Join(dir, "manifest.json"), b, 0o600)
+}
+
+// packs says whether the image named name is stored packed: the pages,
+// nearly all of a snapshot's size.
+func packs(name string) bool {
+	return strings.HasPrefix(name, "pages-") && strings.HasSuffix(name, ".img")
 }
 
 // CreateFromSnapshot implements sandbox.SnapshotRestorer: a new sandbox,
@@ -269,8 +291,8 @@ func loadSnapshot(dir string) (*forkSnapshot, error) {
 	if err := json.Unmarshal(b, &m); err != nil {
 		return nil, fmt.Errorf("snapshot: its manifest: %w", err)
 	}
-	if m.Version != snapshotVersion {
-		return nil, fmt.Errorf("%w: a snapshot of format %d (this Vivarium reads %d)", sandbox.ErrUnsupported, m.Version, snapshotVersion)
+	if m.Version < 1 || m.Version > snapshotVersion {
+		return nil, fmt.Errorf("%w: a snapshot of format %d (this Vivarium reads 1 to %d)", sandbox.ErrUnsupported, m.Version, snapshotVersion)
 	}
 	kernel, cpu, err := hostKind()
 	if err != nil {
@@ -309,7 +331,7 @@ func loadSnapshot(dir string) (*forkSnapshot, error) {
 	}
 	return &forkSnapshot{checkpoint: cp, spec: m.Spec, cfg: m.Init, contexts: m.Contexts,
 		rootFiles: filepath.Join(dir, "files"), group: m.Group, owner: hostuid.Range{First: m.Owner},
-		runnerNS: m.RunnerNS, rootOpts: m.RootOpts}, nil
+		runnerNS: m.RunnerNS, rootOpts: m.RootOpts, packed: m.Packed}, nil
 }
 
 // hostKind names what a snapshot's restore depends on of the host: its

@@ -66,6 +66,11 @@ func TestSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("snapshot: %d KiB, saved in %v", size>>10, time.Since(start).Round(time.Millisecond))
+	// Its pages are not packed: a snapshot is made to start sandboxes
+	// fast (a paused sandbox kept on disk is packed: TestReleasePaused).
+	if packed, _ := filepath.Glob(filepath.Join(dir, "images", "pages-*.img.zst")); len(packed) != 0 {
+		t.Fatalf("a snapshot's pages are packed: %v", packed)
+	}
 	if _, err := s.SaveSnapshot(ctx, dir); err == nil {
 		t.Fatal("a snapshot over an existing one")
 	}
@@ -225,5 +230,90 @@ func TestPersistPaused(t *testing.T) {
 	}
 	if v := execText(t, o, "x + 1"); v != "42" {
 		t.Fatalf("after a second pause: %s", v)
+	}
+}
+
+// TestReleasePaused: a paused sandbox written down (PersistPaused) and
+// released holds nothing of the host any more (host user, cgroup,
+// checkpoint, files' memory), its pages are packed on disk, and its
+// resume brings it back from that directory as it was, in a host user
+// and cgroup of its own; it then pauses and resumes again. A sandbox
+// whose commands run is not released.
+func TestReleasePaused(t *testing.T) {
+	bin := requireCRIU(t)
+	s := stateSource(t, bin, snapCgroupParent+"-r", snapUIDBase+40<<16)
+	ctx := context.Background()
+	want := execText(t, s, "x, open('/workspace/kept.txt').read(), os.getcwd(), random.random()")
+	execText(t, s, "random.seed(7)\n1")
+	if err := s.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "paused")
+	if _, err := s.PersistPaused(ctx, dir); err != nil {
+		t.Fatal(err)
+	}
+	if packed, _ := filepath.Glob(filepath.Join(dir, "images", "pages-*.img.zst")); len(packed) == 0 {
+		t.Fatal("a kept paused sandbox's pages are not packed")
+	}
+	group := filepath.Join("/sys/fs/cgroup/memory", s.cg.Path())
+	if _, err := os.Stat(group); err != nil {
+		t.Skipf("no memory cgroup at %s: %v", group, err)
+	}
+	checkpoints := filepath.Join(s.b.cfg.CheckpointDir, s.id)
+	_, _, _, inUse, _ := s.b.UIDPool()
+	if err := s.ReleasePaused(dir); err != nil {
+		t.Fatal(err)
+	}
+	_, _, _, released, _ := s.b.UIDPool()
+	if released != inUse-1 {
+		t.Errorf("host users in use: %d before the release, %d after", inUse, released)
+	}
+	if _, err := os.Stat(group); !os.IsNotExist(err) {
+		t.Errorf("the released sandbox's cgroup %s: %v", group, err)
+	}
+	if _, err := os.Stat(checkpoints); !os.IsNotExist(err) {
+		t.Errorf("the released sandbox's checkpoints %s: %v", checkpoints, err)
+	}
+	if _, err := s.Workspace().List(10); !errors.Is(err, sandbox.ErrPaused) {
+		t.Errorf("the files of a released sandbox: %v", err)
+	}
+	if !s.Paused() {
+		t.Fatal("a released sandbox is not paused")
+	}
+	if err := s.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := execText(t, s, "x, open('/workspace/kept.txt').read(), os.getcwd(), random.random()"); got != want {
+		t.Fatalf("resumed after its release: %s, want %s", got, want)
+	}
+	if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/memory", s.cg.Path())); err != nil {
+		t.Fatalf("the resumed sandbox's cgroup: %v", err)
+	}
+	if err := s.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if v := execText(t, s, "x + 1"); v != "42" {
+		t.Fatalf("after a second pause: %s", v)
+	}
+
+	// A command that runs across the pause keeps the sandbox in memory.
+	if _, err := s.Start(ctx, sandbox.Command{Argv: []string{"sleep", "30"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	dir2 := filepath.Join(t.TempDir(), "paused2")
+	if _, err := s.PersistPaused(ctx, dir2); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ReleasePaused(dir2); !errors.Is(err, sandbox.ErrUnsupported) {
+		t.Fatalf("the release of a sandbox whose command runs: %v", err)
+	}
+	if err := s.Resume(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
