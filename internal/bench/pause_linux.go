@@ -236,6 +236,74 @@ func (ps *pausing) fromSnapshot(ctx context.Context) (float64, error) {
 	return ms(d), nil
 }
 
+// keepOnDisk pauses the running sandbox, writes it down as the service
+// does 5 s after a pause (PausePersister) and releases it
+// (PausedReleaser), and returns the directory it is kept in and the
+// bytes it takes there. Callers hold mu.
+func (ps *pausing) keepOnDisk(ctx context.Context) (string, int64, error) {
+	if ps.p.Paused() {
+		if err := ps.p.Resume(ctx); err != nil {
+			return "", 0, err
+		}
+	}
+	pp, ok := ps.sb.(sandbox.PausePersister)
+	r, ok2 := ps.sb.(sandbox.PausedReleaser)
+	if !ok || !ok2 {
+		return "", 0, errors.New("the backend's paused sandboxes cannot be kept on disk")
+	}
+	if err := ps.p.Pause(ctx); err != nil {
+		return "", 0, err
+	}
+	dir, err := os.MkdirTemp("", "vivarium-bench-paused-")
+	if err != nil {
+		return "", 0, err
+	}
+	size, err := pp.PersistPaused(ctx, filepath.Join(dir, "p"))
+	if err == nil {
+		err = r.ReleasePaused(filepath.Join(dir, "p"))
+	}
+	if err != nil {
+		os.RemoveAll(dir)
+		return "", 0, err
+	}
+	return dir, size, nil
+}
+
+// resumeFromDisk times the resume of a paused sandbox kept on disk and
+// released (keepOnDisk, untimed), then checks that its DataFrame is
+// still there (not timed).
+func (ps *pausing) resumeFromDisk(ctx context.Context) (float64, error) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	dir, _, err := ps.keepOnDisk(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer os.RemoveAll(dir)
+	start := time.Now()
+	if err := ps.p.Resume(ctx); err != nil {
+		return 0, err
+	}
+	d := time.Since(start)
+	if err := checkRun(ctx, ps.sb, "print(int(df.a.sum()))", W7.Want); err != nil {
+		return 0, fmt.Errorf("after the resume from disk: %w", err)
+	}
+	return ms(d), nil
+}
+
+// keptSize is the disk a paused sandbox kept on disk takes, once
+// released: all it holds.
+func (ps *pausing) keptSize(ctx context.Context) (float64, error) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	dir, size, err := ps.keepOnDisk(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer os.RemoveAll(dir)
+	return float64(size) / (1 << 20), ps.p.Resume(ctx)
+}
+
 // coldStart is what a resume replaces: a new sandbox that runs the code
 // again.
 func coldStart(b sandbox.Backend) func(ctx context.Context) error {
@@ -289,5 +357,9 @@ func pauseSubjects(classic sandbox.Backend, skip string) []Subject {
 			Setup: ps.setup, Measure: ps.fromSnapshot, Teardown: ps.teardown},
 		{Workload: w, Name: "memory the paused sandbox keeps (its files' tmpfs)", Unit: "MiB", Skip: skip,
 			Setup: ps.setup, Measure: ps.pausedMemory, Teardown: ps.teardown},
+		{Workload: w, Name: "resume of a paused sandbox kept on disk, released (in-process, no signature check)", Unit: "ms",
+			Skip: skip, Setup: ps.setup, Measure: ps.resumeFromDisk, Teardown: ps.teardown},
+		{Workload: w, Name: "disk a paused sandbox kept on disk takes, released: all it holds (no memory)", Unit: "MiB",
+			Skip: skip, Setup: ps.setup, Measure: ps.keptSize, Teardown: ps.teardown},
 	}
 }

@@ -437,6 +437,9 @@ func (b *Backend) criu() (string, error) {
 		return "", fmt.Errorf("%w: the CRIU at %s was built without %s (scripts/criu): build it again with `make criu`",
 			sandbox.ErrUnsupported, bin, strings.Join(missing, ", "))
 	}
+	if _, err := nsenter(); err != nil {
+		return "", fmt.Errorf("%w: %v", sandbox.ErrUnsupported, err)
+	}
 	b.criuBin = bin
 	return bin, nil
 }

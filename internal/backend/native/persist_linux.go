@@ -108,14 +108,19 @@ func (s *Sandbox) ReleasePaused(dir string) error {
 	cp := s.cp
 	s.cp = nil
 	cp.close()
+	// The files answer ErrPaused from now on. A file operation already
+	// under way (an upload begun before the pause) holds its Dir: each
+	// closes once its operations end (Dir.Close waits for them), and the
+	// tmpfs's memory is freed with the last.
 	s.dirMu.Lock()
-	for _, d := range append([]*workspace.Dir{s.ws, s.rootAsUser, s.rootAsRoot}, s.oldDirs...) {
-		if d != nil {
-			d.Close()
-		}
-	}
+	dirs := append([]*workspace.Dir{s.ws, s.rootAsUser, s.rootAsRoot}, s.oldDirs...)
 	s.ws, s.rootAsUser, s.rootAsRoot, s.oldDirs = nil, nil, nil, nil
 	s.dirMu.Unlock()
+	for _, d := range dirs {
+		if d != nil {
+			go d.Close()
+		}
+	}
 	if s.init != nil {
 		<-s.dead()
 		if s.init.pidfd >= 0 {
