@@ -49,7 +49,8 @@ var (
 )
 
 // snapshotVersion is the manifest's format: 2 packs the page images
-// (manifest.Packed); 1, which did not, is still read.
+// (manifest.Packed); 1, which does not, is still written where nothing
+// is packed (snapshots), and read.
 const snapshotVersion = 2
 
 // manifest is a snapshot's manifest.json.
@@ -209,6 +210,9 @@ func writeSnapshotFiles(snap *forkSnapshot, dir string, pack bool) error {
 	m := manifest{Version: snapshotVersion, Arch: runtime.GOARCH, Spec: snap.spec, Init: snap.cfg,
 		Contexts: snap.contexts, Owner: snap.owner.First, RunnerNS: snap.runnerNS, RootOpts: snap.rootOpts,
 		RunnerPID: snap.runnerPID, Group: snap.group, Cgroups: snap.cgroups, Sysctls: snap.userSysctls, Packed: packed}
+	if len(packed) == 0 {
+		m.Version = 1 // nothing packed: readable by a Vivarium that does not unpack
+	}
 	if m.Kernel, m.CPU, err = hostKind(); err != nil {
 		return err
 	}
