@@ -1646,8 +1646,10 @@ func TestHostilePauseForeignCgroups(t *testing.T) {
 }
 
 // TestHostilePausePersisted runs the pause cases through a paused
-// sandbox written down and opened again from disk (what a restarted
-// server does: PersistPaused, OpenPaused): the sandbox it resumes as has
+// sandbox written down and released, then resumed from disk by the same
+// server (PersistPaused, ReleasePaused: what a server does 5 s after a
+// pause), and written down again and opened from disk (what a restarted
+// server does: OpenPaused): each time the sandbox it resumes as has
 // the attack's state, and its view of its confinement is the original's
 // but for its host range; nothing is left behind. A case whose pause, or
 // writing down, is refused says so.
@@ -1671,6 +1673,30 @@ func TestHostilePausePersisted(t *testing.T) {
 			if _, err := bounded(t, "PersistPaused", func(ctx context.Context) (int64, error) { return s.PersistPaused(ctx, dir) }); err != nil {
 				t.Logf("not written down: %v", err)
 				return
+			}
+			// The same server lets go of it (as 5 s after a pause: its
+			// host user, cgroup and memory) and resumes it from disk.
+			if err := s.ReleasePaused(dir); err != nil {
+				t.Logf("not released: %v", err)
+			} else {
+				if err := w.resume(t, s); err != nil {
+					t.Fatalf("the resume of the released sandbox failed: %v", err)
+				}
+				if got := settled(func() string { return w.exec(t, s, c.check, nil) }, want); got != want {
+					t.Errorf("the attack's state changed across the release:\n%s\nwant:\n%s", got, want)
+				}
+				if got := w.view(t, s); normView(got) != normView(before) {
+					t.Errorf("the sandbox's view of its confinement changed across the release:\n%s\nbefore:\n%s", got, before)
+				}
+				if err := w.pause(t, s); err != nil {
+					t.Logf("the second pause refused: %v", err)
+					return
+				}
+				dir = filepath.Join(t.TempDir(), "kept-again")
+				if _, err := bounded(t, "PersistPaused", func(ctx context.Context) (int64, error) { return s.PersistPaused(ctx, dir) }); err != nil {
+					t.Logf("not written down again: %v", err)
+					return
+				}
 			}
 			w.close(t, s) // the server that paused it is gone
 			sbx, err := w.b.OpenPaused(context.Background(), dir, sandbox.FromSnapshot{})
