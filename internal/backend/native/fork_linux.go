@@ -106,6 +106,15 @@ func (s *Sandbox) Fork(ctx context.Context, n int, opts sandbox.ForkOptions) ([]
 	if err != nil {
 		return nil, err
 	}
+	// The copies' memory, from the host's: each holds what the source
+	// does now (a restore shares no page with it). A fork that would not
+	// fit is refused, rather than left to the host's OOM killer among
+	// every tenant's processes.
+	if u, err := s.Usage(); err == nil {
+		if err := hostMemoryFits(int64(n) * u.Memory); err != nil {
+			return nil, fmt.Errorf("fork into %d: %w", n, err)
+		}
+	}
 	snap, err := s.snapshot(ctx, bin)
 	if err != nil {
 		return nil, err

@@ -506,3 +506,59 @@ func codePids(max []byte, s *Sandbox) []byte {
 	}
 	return []byte(strconv.Itoa(n - len(tasks)))
 }
+
+// TestForkUnderMemoryPressure forks a sandbox that holds most of its
+// memory limit (a numpy array of 224 of its 256 MiB): each copy is
+// restored under the same limit, so the fork either makes copies that
+// hold the array, or is refused whole, leaving nothing behind; the source
+// goes on either way. A fork whose copies would not fit in the host's
+// available memory is refused (ErrNoRoom) before anything is dumped.
+func TestForkUnderMemoryPressure(t *testing.T) {
+	b, _ := forkBackend(t)
+	sbx, err := b.Create(context.Background(), sandbox.Spec{Limits: sandbox.Limits{Memory: 256 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := sbx.(*Sandbox)
+	defer s.Close()
+	execText(t, s, "import numpy as np\na = np.ones(224 << 20 >> 3)\nint(a.sum())")
+	before, _ := os.ReadDir(filepath.Join("/sys/fs/cgroup/memory", forkCgroupParent))
+	copies, err := s.Fork(context.Background(), 2, sandbox.ForkOptions{})
+	t.Logf("Fork(2) of a sandbox holding 224 of its 256 MiB: %d copies, %v", len(copies), err)
+	if err == nil {
+		for _, c := range copies {
+			if got := execText(t, c.(*Sandbox), "int(a.sum())"); got != fmt.Sprint(224<<20>>3) {
+				t.Errorf("a copy's array: %s", got)
+			}
+			c.Close()
+		}
+	} else {
+		after, _ := os.ReadDir(filepath.Join("/sys/fs/cgroup/memory", forkCgroupParent))
+		if len(after) != len(before) {
+			t.Errorf("cgroups before the refused fork %d, after %d", len(before), len(after))
+		}
+	}
+	if got := execText(t, s, "int(a.sum())"); got != fmt.Sprint(224<<20>>3) {
+		t.Fatalf("the source after the fork: %s", got)
+	}
+
+	// A host with 1 GiB available (of 4): four copies of 230-odd MiB
+	// would leave it less than its reserve.
+	real := hostMemory
+	hostMemory = func() (int64, int64, error) { return 1 << 30, 4 << 30, nil }
+	defer func() { hostMemory = real }()
+	before, _ = os.ReadDir(filepath.Join("/sys/fs/cgroup/memory", forkCgroupParent))
+	if _, err := s.Fork(context.Background(), 4, sandbox.ForkOptions{}); !errors.Is(err, sandbox.ErrNoRoom) {
+		t.Fatalf("Fork(4) of 230 MiB on a host with 1 GiB available: %v", err)
+	} else {
+		t.Logf("refused: %v", err)
+	}
+	if after, _ := os.ReadDir(filepath.Join("/sys/fs/cgroup/memory", forkCgroupParent)); len(after) != len(before) {
+		t.Errorf("cgroups before the refused fork %d, after %d", len(before), len(after))
+	}
+	if copies, err := s.Fork(context.Background(), 1, sandbox.ForkOptions{}); err != nil {
+		t.Fatalf("Fork(1), which fits: %v", err)
+	} else {
+		copies[0].Close()
+	}
+}
