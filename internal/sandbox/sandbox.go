@@ -149,6 +149,10 @@ type FromSnapshot struct {
 	// SameRandomState keeps the random generators as they were saved
 	// (see ForkOptions).
 	SameRandomState bool
+	// Egress, for a paused sandbox that had network access
+	// (PausedOpener): its proxy from now on, which it owns once opened;
+	// nil, none.
+	Egress Egress
 }
 
 // ContextKeeper is a Sandbox that runs code in separate code contexts, as a

@@ -12,6 +12,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vivarium-sandbox/vivarium/internal/netpolicy"
+	"github.com/vivarium-sandbox/vivarium/internal/netproxy"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/snapshot"
 )
@@ -42,6 +44,10 @@ type pausedMeta struct {
 	AutoResume bool              `json:"auto_resume,omitempty"`
 	PausedAt   time.Time         `json:"paused_at"`
 	Executions int               `json:"executions"`
+	// Network is the access it had (its policy as a request), granted
+	// again by the server that opens it: never more than that server's
+	// allowlist allows then.
+	Network *netpolicy.Request `json:"network,omitempty"`
 }
 
 var sandboxID = regexp.MustCompile(`^sb_[0-9a-f]{24}$`)
@@ -106,6 +112,10 @@ func (s *Service) persistPaused(b *Box, gen int) {
 	meta := pausedMeta{ID: b.id, Owner: b.owner, CreatedAt: b.createdAt, Deadline: b.deadline, ExpiresAt: b.expiresAt,
 		Idle: b.idle, Limits: b.limits, Env: b.env, Metadata: b.metadata, Backend: b.backend, Ports: b.ports,
 		OnTimeout: b.onTimeout, AutoResume: b.autoResume, PausedAt: b.pausedAt, Executions: b.executions}
+	if p := b.network; !p.None() {
+		meta.Network = &netpolicy.Request{Allow: p.Allow(), Deny: p.Denied(), Except: p.Excepted(), Packages: p.Packages,
+			Limits: p.Limits}
+	}
 	b.mu.Unlock()
 	if !paused {
 		return
@@ -226,15 +236,22 @@ func (s *Service) openPaused() {
 			os.RemoveAll(dir)
 			continue
 		}
+		policy, egress := s.reopenNetwork(m)
 		opener, ok := sandbox.BackendAs[sandbox.PausedOpener](s.cfg.Backend, m.Backend)
 		var sb sandbox.Sandbox
 		if !ok {
 			err = errNoOpener
 		} else {
-			sb, err = opener.OpenPaused(context.Background(), filepath.Join(dir, "data"),
-				sandbox.FromSnapshot{Tenant: s.tenantOf(m.Owner)})
+			opts := sandbox.FromSnapshot{Tenant: s.tenantOf(m.Owner)}
+			if egress != nil {
+				opts.Egress = egress
+			}
+			sb, err = opener.OpenPaused(context.Background(), filepath.Join(dir, "data"), opts)
 		}
 		if err != nil {
+			if egress != nil {
+				egress.Close()
+			}
 			s.cfg.Logger.Warn("a kept paused sandbox could not be opened; it stays on disk", "id", m.ID, "err", err)
 			continue
 		}
@@ -242,11 +259,32 @@ func (s *Service) openPaused() {
 			id: m.ID, owner: m.Owner, sb: sb, createdAt: m.CreatedAt, deadline: m.Deadline, idle: m.Idle,
 			limits: m.Limits, env: m.Env, metadata: m.Metadata, expiresAt: m.ExpiresAt, backend: m.Backend,
 			ports: m.Ports, onTimeout: m.OnTimeout, autoResume: m.AutoResume, paused: true, pausedAt: m.PausedAt,
-			executions: m.Executions, pausable: true, persisted: true, unverified: true,
+			executions: m.Executions, pausable: true, persisted: true, unverified: true, network: policy, egress: egress,
 		}
 		s.boxes[b.id] = b
 		s.cfg.Logger.Info("paused sandbox opened from disk", "id", b.id, "owner", b.owner)
 	}
+}
+
+// reopenNetwork grants a kept paused sandbox the network access it had,
+// as this server allows it now, and makes its proxy: nil, nil where it had
+// none, or where this server no longer allows it (the log says so, and
+// the sandbox resumes without network access).
+func (s *Service) reopenNetwork(m pausedMeta) (*netpolicy.Policy, *netproxy.Proxy) {
+	if m.Network == nil {
+		return nil, nil
+	}
+	policy, err := s.grantNetwork(*m.Network, m.Backend)
+	var egress *netproxy.Proxy
+	if err == nil && !policy.None() {
+		egress, err = s.newEgress(m.Owner, m.ID, policy)
+	}
+	if err != nil || egress == nil {
+		s.cfg.Logger.Warn("a kept paused sandbox's network access is not granted again; it resumes without", "id", m.ID,
+			"allow", m.Network.Allow, "err", err)
+		return nil, nil
+	}
+	return policy, egress
 }
 
 // verifyOpened checks, before the first resume of a sandbox openPaused

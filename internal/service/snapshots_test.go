@@ -6,9 +6,11 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/vivarium-sandbox/vivarium/internal/netpolicy"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/snapshot"
 )
@@ -328,5 +330,77 @@ func TestPausedKept(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, other.ID)); !os.IsNotExist(err) {
 		t.Fatalf("a changed record is not removed: %v", err)
+	}
+}
+
+// netKeepingBackend keeps paused sandboxes and carries proxies; it says
+// whether each sandbox it opens was given one.
+type netKeepingBackend struct {
+	keepingBackend
+	proxied chan bool
+}
+
+func (netKeepingBackend) EgressSupported() error { return nil }
+
+func (b netKeepingBackend) OpenPaused(ctx context.Context, dir string, opts sandbox.FromSnapshot) (sandbox.Sandbox, error) {
+	sb, err := b.keepingBackend.OpenPaused(ctx, dir, opts)
+	if err == nil {
+		b.proxied <- opts.Egress != nil
+		if opts.Egress != nil {
+			opts.Egress.Close() // the fake sandbox does not serve it
+		}
+	}
+	return sb, err
+}
+
+// TestPausedKeptNetwork: a paused sandbox with network access is kept with
+// it; the server that opens it grants it again as its own allowlist
+// allows it then, with a proxy of its own, and grants none where its
+// allowlist no longer has it.
+func TestPausedKeptNetwork(t *testing.T) {
+	dir := t.TempDir()
+	be := netKeepingBackend{keepingBackend: keepingBackend{pausingBackend: pausingBackend{made: make(chan *pausingSandbox, 8)},
+		opened: make(chan string, 8)}, proxied: make(chan bool, 8)}
+	start := func(allow ...string) *Service {
+		rules, err := netpolicy.ParseRules(allow)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return New(Config{Backend: be, PausedDir: dir, SnapshotKey: bytes.Repeat([]byte{1}, snapshot.KeySize),
+			PersistDelay: 10 * time.Millisecond, Network: NetworkConfig{Policy: &netpolicy.Server{Rules: rules}}})
+	}
+	svc := start("example.com", "10.0.0.0/8:*")
+	ctx := context.Background()
+	info, err := svc.Create(ctx, CreateRequest{Owner: "o", Network: netpolicy.Request{Allow: []string{"example.com"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Network == nil {
+		t.Fatal("created without network access")
+	}
+	if _, err := svc.Pause(ctx, "o", info.ID); err != nil {
+		t.Fatal(err)
+	}
+	svc.persisting.Wait()
+	svc.Close()
+
+	svc = start("example.com", "10.0.0.0/8:*")
+	<-be.opened
+	if !<-be.proxied {
+		t.Error("reopened without a proxy")
+	}
+	if got, err := svc.Info("o", info.ID); err != nil || got.Network == nil || strings.Join(got.Network.Allow, " ") != "example.com:80,443" {
+		t.Errorf("reopened: %+v %v", got.Network, err)
+	}
+	svc.Close()
+
+	svc = start("10.0.0.0/8:*") // example.com is no longer allowed
+	defer svc.Close()
+	<-be.opened
+	if <-be.proxied {
+		t.Error("reopened with a proxy the server no longer allows")
+	}
+	if got, err := svc.Info("o", info.ID); err != nil || got.Network != nil {
+		t.Errorf("reopened on a server that no longer allows it: %+v %v", got.Network, err)
 	}
 }

@@ -523,6 +523,13 @@ func (c *Sandbox) restoreFrom(ctx context.Context, bin string, snap *forkSnapsho
 	if err := c.openFiles(cp.root); err != nil {
 		return times, err
 	}
+	if c.spec.Egress != nil {
+		// A paused sandbox with network access, resumed from disk: its
+		// proxy, at its address in the restored namespace (as Resume).
+		if err := c.startEgress(c.spec.Egress); err != nil {
+			return times, fmt.Errorf("the network proxy in the restored sandbox: %w", err)
+		}
+	}
 	return times, nil
 }
 

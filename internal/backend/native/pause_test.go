@@ -728,6 +728,46 @@ func TestPauseEgress(t *testing.T) {
 			t.Errorf("the proxy after resume %d: %q", round, got)
 		}
 	}
+	// Kept on disk and released, then resumed from there: its proxy again.
+	if err := s.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	kept := filepath.Join(t.TempDir(), "kept")
+	if _, err := s.PersistPaused(ctx, kept); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ReleasePaused(kept); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := execText(t, s, ask); !strings.HasPrefix(got, "HTTP/1.") {
+		t.Errorf("the proxy after a resume from disk: %q", got)
+	}
+	// Opened by another server, which gives it a proxy of its own.
+	if err := s.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	again := filepath.Join(t.TempDir(), "again")
+	if _, err := s.PersistPaused(ctx, again); err != nil {
+		t.Fatal(err)
+	}
+	e2 := testutil.NewEgress(t, testutil.EgressConfig{Allow: []string{"example.com"}, Names: map[string][]netip.Addr{}})
+	o, err := b.OpenPaused(ctx, again, sandbox.FromSnapshot{Egress: e2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Close()
+	if err := o.(*Sandbox).Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := execText(t, o.(*Sandbox), ask); !strings.HasPrefix(got, "HTTP/1.") {
+		t.Errorf("the proxy of a sandbox opened from disk: %q", got)
+	}
+	if err := s.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
 	// An open connection to the proxy (an established TCP connection) is
 	// not dumped: the pause fails, the sandbox goes on.
 	execText(t, s, "held = socket.create_connection(('127.0.0.1', 3128), timeout=10)")

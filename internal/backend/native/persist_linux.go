@@ -46,8 +46,6 @@ func (s *Sandbox) PersistPaused(ctx context.Context, dir string) (int64, error) 
 		return 0, fmt.Errorf("%w: it was opened from disk paused, and is kept there", sandbox.ErrUnsupported)
 	case s.cp == nil || !s.Core.Paused():
 		return 0, errors.New("persist: the sandbox is not paused")
-	case s.spec.Egress != nil:
-		return 0, fmt.Errorf("%w: a paused sandbox with network access is not kept across a restart yet", sandbox.ErrUnsupported)
 	}
 	s.mu.Lock()
 	rp := s.rp
@@ -105,6 +103,9 @@ func (s *Sandbox) ReleasePaused(dir string) error {
 		return fmt.Errorf("release: %w", err)
 	}
 	snap.spec.Tenant = s.spec.Tenant
+	// Its proxy, whose listener the pause closed: the resume binds
+	// another in the restored network namespace, as a hot resume does.
+	snap.spec.Egress = s.spec.Egress
 	cp := s.cp
 	s.cp = nil
 	cp.close()
@@ -170,7 +171,7 @@ func (b *Backend) OpenPaused(ctx context.Context, dir string, opts sandbox.FromS
 	if err != nil {
 		return nil, err
 	}
-	snap.spec.Tenant = opts.Tenant
+	snap.spec.Tenant, snap.spec.Egress = opts.Tenant, opts.Egress
 	if err := snap.spec.Validate(); err != nil {
 		return nil, fmt.Errorf("a paused sandbox on disk: %w", err)
 	}
