@@ -207,7 +207,12 @@ func writeSnapshotFiles(snap *forkSnapshot, dir string, pack bool) error {
 			return err
 		}
 	}
-	m := manifest{Version: snapshotVersion, Arch: runtime.GOARCH, Spec: snap.spec, Init: snap.cfg,
+	// init's configuration without the runner's files and the /etc it
+	// writes, which init uses only when it starts (1.2 MB, and in the
+	// root's files already).
+	cfg := *snap.cfg
+	cfg.RunnerFiles, cfg.Etc = nil, nil
+	m := manifest{Version: snapshotVersion, Arch: runtime.GOARCH, Spec: snap.spec, Init: &cfg,
 		Contexts: snap.contexts, Owner: snap.owner.First, RunnerNS: snap.runnerNS, RootOpts: snap.rootOpts,
 		RunnerPID: snap.runnerPID, Group: snap.group, Cgroups: snap.cgroups, Sysctls: snap.userSysctls, Packed: packed}
 	if len(packed) == 0 {
