@@ -39,6 +39,11 @@ func TestDoctorCheckpointAvailable(t *testing.T) {
 	if !c.OK || !strings.Contains(c.Detail, bin) || !strings.Contains(c.Detail, "Looks good") {
 		t.Fatalf("%+v", c)
 	}
+	// It says whether criu is built to be fast, and where it keeps what
+	// it probed of the kernel.
+	if len(criu.MissingSpeedPatches(bin)) == 0 && !strings.Contains(c.Detail, "kernel probes") {
+		t.Errorf("the doctor does not say where criu keeps its kernel probes: %s", c.Detail)
+	}
 }
 
 // Where the only criu is too old (Debian 12's 3.17 fails `criu check` on

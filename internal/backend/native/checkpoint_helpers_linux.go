@@ -122,6 +122,10 @@ func userNSSysctls(ns *os.File, values []sysctl) error {
 // (userSysctlArgs checked them).
 const setSysctlsScript = `while [ $# -gt 1 ]; do printf '%s' "$2" > "/proc/sys/$1" || exit 1; shift 2; done`
 
+// Nsenter returns the path of util-linux's nsenter, which pausing a
+// sandbox needs, or an error that says it is missing.
+func Nsenter() (string, error) { return nsenter() }
+
 // nsenter is util-linux's nsenter, found once.
 var nsenter = sync.OnceValues(func() (string, error) {
 	for _, p := range []string{"/usr/bin/nsenter", "/bin/nsenter", "/usr/sbin/nsenter"} {
