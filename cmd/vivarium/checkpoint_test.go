@@ -41,7 +41,7 @@ func TestDoctorCheckpointAvailable(t *testing.T) {
 	}
 	// It says whether criu is built to be fast, and where it keeps what
 	// it probed of the kernel.
-	if len(criu.MissingSpeedPatches(bin)) == 0 && !strings.Contains(c.Detail, "kernel probes") {
+	if len(criu.MissingPatches(bin, criu.SpeedPatches)) == 0 && !strings.Contains(c.Detail, "kernel probes") {
 		t.Errorf("the doctor does not say where criu keeps its kernel probes: %s", c.Detail)
 	}
 }

@@ -113,7 +113,7 @@ func checkpointCheck() check {
 	if _, err := native.Nsenter(); err != nil {
 		return check{Name: name, Optional: true, Detail: detail + "; but " + err.Error()}
 	}
-	switch missing := criu.MissingSpeedPatches(bin); {
+	switch missing := criu.MissingPatches(bin, criu.SpeedPatches); {
 	case len(missing) > 0:
 		detail += fmt.Sprintf("; built without %s, so each pause and resume is about 30 ms slower (`make criu` builds a criu with them)",
 			strings.Join(missing, ", "))

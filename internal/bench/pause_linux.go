@@ -95,6 +95,12 @@ func (ps *pausing) resume(ctx context.Context) (float64, error) {
 			return 0, err
 		}
 	}
+	return ps.timedResume(ctx)
+}
+
+// timedResume times a resume of the paused sandbox, then checks that its
+// DataFrame is still there (not timed). Callers hold mu.
+func (ps *pausing) timedResume(ctx context.Context) (float64, error) {
 	start := time.Now()
 	if err := ps.p.Resume(ctx); err != nil {
 		return 0, err
@@ -280,15 +286,7 @@ func (ps *pausing) resumeFromDisk(ctx context.Context) (float64, error) {
 		return 0, err
 	}
 	defer os.RemoveAll(dir)
-	start := time.Now()
-	if err := ps.p.Resume(ctx); err != nil {
-		return 0, err
-	}
-	d := time.Since(start)
-	if err := checkRun(ctx, ps.sb, "print(int(df.a.sum()))", W7.Want); err != nil {
-		return 0, fmt.Errorf("after the resume from disk: %w", err)
-	}
-	return ms(d), nil
+	return ps.timedResume(ctx)
 }
 
 // keptSize is the disk a paused sandbox kept on disk takes, once

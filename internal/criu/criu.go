@@ -188,16 +188,17 @@ func ProbeCache() string { return kdatDir() }
 // 5 ms (script actions) slower.
 var SpeedPatches = []string{"kdat-dir.patch", "script-actions.patch"}
 
-// MissingSpeedPatches lists the SpeedPatches that the criu at bin was
-// built without, as its BUILD-INFO (scripts/criu/build.sh) tells; none
-// for a criu built some other way.
-func MissingSpeedPatches(bin string) []string {
+// MissingPatches lists those of patches (scripts/criu/*.patch) that the
+// criu at bin was built without, as the BUILD-INFO that
+// scripts/criu/build.sh writes beside it tells; none for a criu without
+// one, built some other way, which is taken as it is.
+func MissingPatches(bin string, patches []string) []string {
 	info, err := os.ReadFile(filepath.Join(filepath.Dir(bin), "BUILD-INFO"))
 	if err != nil {
 		return nil
 	}
 	var missing []string
-	for _, p := range SpeedPatches {
+	for _, p := range patches {
 		if !strings.Contains(string(info), "patched: "+p+"\n") {
 			missing = append(missing, p)
 		}

@@ -73,7 +73,10 @@ func TestCheckReportsFailure(t *testing.T) {
 }
 
 // The real binary, where it is built: `criu check` passes on this kernel.
-func TestCheckRealBinary(t *testing.T) {
+// realCRIU returns the criu built here, skipping where there is none or
+// the test is not root (criu check needs it).
+func realCRIU(t *testing.T) string {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("criu check needs root")
 	}
@@ -81,6 +84,11 @@ func TestCheckRealBinary(t *testing.T) {
 	if err != nil {
 		t.Skipf("criu is not built here (make criu): %v", err)
 	}
+	return bin
+}
+
+func TestCheckRealBinary(t *testing.T) {
+	bin := realCRIU(t)
 	said, err := Check(context.Background(), bin)
 	if err != nil {
 		t.Fatal(err)
@@ -165,15 +173,9 @@ func TestPrivateTmpfsDir(t *testing.T) {
 // A criu built with scripts/criu/kdat-dir.patch probes the kernel once:
 // its second run loads what the first kept.
 func TestKdatKept(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("criu check needs root")
-	}
-	bin, err := Find()
-	if err != nil {
-		t.Skipf("criu is not built here (make criu): %v", err)
-	}
-	info, _ := os.ReadFile(filepath.Join(filepath.Dir(bin), "BUILD-INFO"))
-	if !strings.Contains(string(info), "kdat-dir.patch") {
+	bin := realCRIU(t)
+	if _, err := os.Stat(filepath.Join(filepath.Dir(bin), "BUILD-INFO")); err != nil ||
+		len(MissingPatches(bin, []string{"kdat-dir.patch"})) > 0 {
 		t.Skipf("%s is built without kdat-dir.patch", bin)
 	}
 	if kdatDir() == "" {

@@ -1665,6 +1665,19 @@ func TestHostilePausePersisted(t *testing.T) {
 				t.Fatalf("the attack was not set up: %q", out)
 			}
 			want := w.exec(t, s, c.check, nil)
+			// resumed checks a sandbox resumed from disk (how): the
+			// attack's state and its view of its confinement as before.
+			resumed := func(r *native.Sandbox, how string) {
+				if err := w.resume(t, r); err != nil {
+					t.Fatalf("the resume %s failed: %v", how, err)
+				}
+				if got := settled(func() string { return w.exec(t, r, c.check, nil) }, want); got != want {
+					t.Errorf("the attack's state changed %s:\n%s\nwant:\n%s", how, got, want)
+				}
+				if got := w.view(t, r); normView(got) != normView(before) {
+					t.Errorf("the sandbox's view of its confinement changed %s:\n%s\nbefore:\n%s", how, got, before)
+				}
+			}
 			if err := w.pause(t, s); err != nil {
 				t.Logf("pause refused: %v", err)
 				return
@@ -1679,15 +1692,7 @@ func TestHostilePausePersisted(t *testing.T) {
 			if err := s.ReleasePaused(dir); err != nil {
 				t.Logf("not released: %v", err)
 			} else {
-				if err := w.resume(t, s); err != nil {
-					t.Fatalf("the resume of the released sandbox failed: %v", err)
-				}
-				if got := settled(func() string { return w.exec(t, s, c.check, nil) }, want); got != want {
-					t.Errorf("the attack's state changed across the release:\n%s\nwant:\n%s", got, want)
-				}
-				if got := w.view(t, s); normView(got) != normView(before) {
-					t.Errorf("the sandbox's view of its confinement changed across the release:\n%s\nbefore:\n%s", got, before)
-				}
+				resumed(s, "after its release")
 				if err := w.pause(t, s); err != nil {
 					t.Logf("the second pause refused: %v", err)
 					return
@@ -1705,15 +1710,7 @@ func TestHostilePausePersisted(t *testing.T) {
 			}
 			o := sbx.(*native.Sandbox)
 			defer o.Close()
-			if err := w.resume(t, o); err != nil {
-				t.Fatalf("the resume from disk failed: %v", err)
-			}
-			if got := settled(func() string { return w.exec(t, o, c.check, nil) }, want); got != want {
-				t.Errorf("the attack's state changed:\n%s\nwant:\n%s", got, want)
-			}
-			if got := w.view(t, o); normView(got) != normView(before) {
-				t.Errorf("the sandbox's view of its confinement changed:\n%s\nbefore:\n%s", got, before)
-			}
+			resumed(o, "after a restart")
 			w.close(t, o)
 		})
 	}

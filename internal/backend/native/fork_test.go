@@ -399,12 +399,7 @@ func TestForkNumpyAndCommands(t *testing.T) {
 		t.Fatalf("the source's command printed %q", out)
 	}
 	// A copy pauses and resumes, and forks.
-	if err := c0.Pause(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := c0.Resume(ctx); err != nil {
-		t.Fatal(err)
-	}
+	pauseResume(t, c0)
 	if got := execText(t, c0, "x + 1"); got != "42" {
 		t.Fatalf("the resumed copy: %s", got)
 	}

@@ -433,7 +433,7 @@ func (b *Backend) criu() (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("%w: pausing a sandbox needs CRIU 4: %v", sandbox.ErrUnsupported, err)
 	}
-	if missing := missingPatches(bin); len(missing) > 0 {
+	if missing := criu.MissingPatches(bin, criuPatches); len(missing) > 0 {
 		return "", fmt.Errorf("%w: the CRIU at %s was built without %s (scripts/criu): build it again with `make criu`",
 			sandbox.ErrUnsupported, bin, strings.Join(missing, ", "))
 	}
@@ -449,23 +449,6 @@ func (b *Backend) criu() (string, error) {
 // its BUILD-INFO.
 var criuPatches = []string{"rlimits-from-proc.patch", "external-deleted-mount.patch", "socket-pass-opts.patch",
 	"userns-check-fds.patch"}
-
-// missingPatches lists the patches a CRIU built by make criu lacks. A
-// CRIU without a BUILD-INFO beside it, built some other way, is taken as
-// it is.
-func missingPatches(bin string) []string {
-	info, err := os.ReadFile(filepath.Join(filepath.Dir(bin), "BUILD-INFO"))
-	if err != nil {
-		return nil
-	}
-	var missing []string
-	for _, p := range criuPatches {
-		if !strings.Contains(string(info), "patched: "+p+"\n") {
-			missing = append(missing, p)
-		}
-	}
-	return missing
-}
 
 // checkpointDir returns a new directory's path for a checkpoint of
 // sandbox id (prepareDump makes it): CheckpointDir/id/N. CheckpointDir and

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vivarium-sandbox/vivarium/internal/criu"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
@@ -374,11 +375,11 @@ func TestPauseOldCRIU(t *testing.T) {
 		"patched: rlimits-from-proc.patch\nVersion: 4.1.1\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	got := missingPatches(filepath.Join(dir, "criu"))
+	got := criu.MissingPatches(filepath.Join(dir, "criu"), criuPatches)
 	if want := []string{"socket-pass-opts.patch", "userns-check-fds.patch"}; !slices.Equal(got, want) {
 		t.Errorf("missing patches: %v, want %v", got, want)
 	}
-	if got := missingPatches(filepath.Join(t.TempDir(), "criu")); got != nil {
+	if got := criu.MissingPatches(filepath.Join(t.TempDir(), "criu"), criuPatches); got != nil {
 		t.Errorf("a CRIU without BUILD-INFO: %v", got)
 	}
 	for _, p := range criuPatches {
@@ -677,12 +678,7 @@ func TestPauseResumedSandboxWorks(t *testing.T) {
 	}
 	// And it pauses again.
 	execText(t, s, "m = 5")
-	if err := s.Pause(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Resume(ctx); err != nil {
-		t.Fatal(err)
-	}
+	pauseResume(t, s)
 	if got := execText(t, s, "m * 2"); got != "10" {
 		t.Errorf("m * 2 after a restart and a second pause: %q", got)
 	}
@@ -776,5 +772,16 @@ func TestPauseEgress(t *testing.T) {
 	}
 	if got := execText(t, s, "held.close(); 1 + 1"); got != "2" {
 		t.Errorf("after the refused pause: %q", got)
+	}
+}
+
+// pauseResume pauses s and resumes it, failing the test if either fails.
+func pauseResume(t *testing.T, s *Sandbox) {
+	t.Helper()
+	if err := s.Pause(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Resume(context.Background()); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -139,23 +139,11 @@ func (s *Sandbox) ReleasePaused(dir string) error {
 	}
 	s.mu.Unlock()
 	s.netns.close()
-	var errs []error
-	if s.checkpointed {
-		errs = append(errs, s.b.removeCheckpoints(s.id))
-		s.checkpointed, s.lastCheckpoint = false, ""
-	}
-	if g := s.group(); g != nil {
-		errs = append(errs, g.Destroy())
-		s.setGroup(nil)
-	}
-	if s.hasOwner {
-		s.b.releaseOwner(s.owner)
-		s.hasOwner = false
-	}
-	s.persisted = snap
-	if err := errors.Join(errs...); err != nil {
+	if err := s.giveBack(); err != nil {
 		s.b.log.Warn("release a paused sandbox", "sandbox", s.id, "err", err)
 	}
+	s.setGroup(nil) // a paused sandbox runs nothing that reads it
+	s.persisted = snap
 	return nil
 }
 

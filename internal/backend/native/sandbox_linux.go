@@ -662,18 +662,6 @@ func (s *Sandbox) Close() error {
 			cp.close()
 			s.CommandsGone()
 		}
-		if s.checkpointed {
-			// Its checkpoints: a paused one's memory, the /proc masks'
-			// copies a resumed one had bound.
-			if err := s.b.removeCheckpoints(s.id); err != nil {
-				errs = append(errs, err)
-			}
-		}
-		if s.cg != nil {
-			if err := s.cg.Destroy(); err != nil {
-				errs = append(errs, err)
-			}
-		}
 		// The last references to the disk tmpfs: its memory is freed.
 		s.dirMu.Lock()
 		for _, d := range append([]*workspace.Dir{s.ws, s.rootAsUser, s.rootAsRoot}, s.oldDirs...) {
@@ -686,15 +674,32 @@ func (s *Sandbox) Close() error {
 		if s.z != nil {
 			s.z.release()
 		}
-		if s.hasOwner {
-			// Every process of the sandbox is gone (the cgroup is
-			// empty, or init and its PID namespace have ended): the
-			// host user can be another sandbox.
-			s.b.releaseOwner(s.owner)
-		}
+		errs = append(errs, s.giveBack())
 		s.closeErr = errors.Join(errs...)
 	})
 	return s.closeErr
+}
+
+// giveBack returns to the host what a sandbox none of whose processes is
+// left holds of it: its checkpoints (a paused one's memory, the /proc
+// masks' copies a resumed one had bound), its cgroup (destroyed; s.cg
+// still names it, as code running beside a Close reads it unlocked), and
+// its host user, which can then be another sandbox's. For Close, and for
+// a paused sandbox's release (ReleasePaused).
+func (s *Sandbox) giveBack() error {
+	var errs []error
+	if s.checkpointed {
+		errs = append(errs, s.b.removeCheckpoints(s.id))
+		s.checkpointed, s.lastCheckpoint = false, ""
+	}
+	if g := s.group(); g != nil {
+		errs = append(errs, g.Destroy())
+	}
+	if s.hasOwner {
+		s.b.releaseOwner(s.owner)
+		s.hasOwner = false
+	}
+	return errors.Join(errs...)
 }
 
 func isClosed(ch <-chan struct{}) bool {

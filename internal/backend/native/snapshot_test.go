@@ -222,12 +222,7 @@ func TestPersistPaused(t *testing.T) {
 		t.Fatalf("the files after the resume: %v %v", ws, err)
 	}
 	// It pauses and resumes as any sandbox.
-	if err := o.Pause(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := o.Resume(ctx); err != nil {
-		t.Fatal(err)
-	}
+	pauseResume(t, o)
 	if v := execText(t, o, "x + 1"); v != "42" {
 		t.Fatalf("after a second pause: %s", v)
 	}
@@ -289,12 +284,7 @@ func TestReleasePaused(t *testing.T) {
 	if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/memory", s.cg.Path())); err != nil {
 		t.Fatalf("the resumed sandbox's cgroup: %v", err)
 	}
-	if err := s.Pause(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Resume(ctx); err != nil {
-		t.Fatal(err)
-	}
+	pauseResume(t, s)
 	if v := execText(t, s, "x + 1"); v != "42" {
 		t.Fatalf("after a second pause: %s", v)
 	}
