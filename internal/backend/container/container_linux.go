@@ -281,54 +281,52 @@ func newID() string {
 const setupTimeout = 2 * time.Minute
 
 func (b *Backend) start(ctx context.Context, spec sandbox.Spec) (_ *Sandbox, err error) {
-	s := &Sandbox{id: newID(), b: b, spec: spec, cmds: map[uint32]*cmdStreams{}}
-	s.Core = core.New((*driver)(s), core.Config{Spec: spec, Contexts: runner.NewContexts("/workspace"),
-		SetupTimeout: setupTimeout})
+	s := b.newSandbox(spec, runner.NewContexts("/workspace"))
 	defer func() {
 		if err != nil {
 			s.Close()
 		}
 	}()
+	if err := s.provision(""); err != nil {
+		return nil, err
+	}
+	if err := s.launch(ctx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// newSandbox is a Sandbox of spec with nothing yet (provision, then launch
+// or a restore, give it its container).
+func (b *Backend) newSandbox(spec sandbox.Spec, contexts *runner.Contexts) *Sandbox {
+	s := &Sandbox{id: newID(), b: b, spec: spec, cmds: map[uint32]*cmdStreams{}}
+	s.Core = core.New((*driver)(s), core.Config{Spec: spec, Contexts: contexts, SetupTimeout: setupTimeout})
+	return s
+}
+
+// provision gives s what its container runs on: a host user (with
+// Config.Users), its state directory, a cgroup, and its disk, empty or
+// (files not "") filled with a copy of the disk files holds (a snapshot's,
+// snapshot_linux.go), copied in the sandbox's cgroup so that their memory
+// is charged to it. A sandbox released while paused is provisioned again
+// by its resume (persist_linux.go), with a cgroup of another name: the
+// runtime may still be removing its old group's directories.
+func (s *Sandbox) provision(files string) (err error) {
+	b, spec := s.b, s.spec
 	// The disk: a tmpfs of the disk limit's size, in a directory only
 	// root can enter, so that no host user reaches it by path.
 	s.uid, s.gid = b.cfg.UID, b.cfg.GID
-	if b.cfg.Users != nil {
+	if b.cfg.Users != nil && s.users == nil {
 		r, err := b.cfg.Users.Acquire()
 		if err != nil {
-			return nil, err
+			return err
 		}
 		s.users = &r
 		s.uid, s.gid = int(r.ID(SandboxUID)), int(r.ID(SandboxGID))
 	}
 	s.dir = filepath.Join(b.cfg.StateDir, s.id)
 	if err := os.Mkdir(s.dir, 0o700); err != nil {
-		return nil, err
-	}
-	disk := Disk{Dir: filepath.Join(s.dir, "disk")}
-	if err := os.Mkdir(disk.Dir, 0o700); err != nil {
-		return nil, err
-	}
-	opts := fmt.Sprintf("size=%d,nr_inodes=%d,mode=0755", spec.Limits.Disk, max(spec.Limits.Disk/(8<<10), 1024))
-	if err := unix.Mount("tmpfs", disk.Dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
-		return nil, fmt.Errorf("disk tmpfs: %w", err)
-	}
-	s.mounted = true
-	disk.Workspace, disk.Tmp, disk.Shm = filepath.Join(disk.Dir, "workspace"), filepath.Join(disk.Dir, "tmp"), filepath.Join(disk.Dir, "shm")
-	for _, d := range []string{disk.Workspace, disk.Tmp, disk.Shm} {
-		if err := os.Mkdir(d, 0o755); err != nil {
-			return nil, err
-		}
-	}
-	if err := os.Chown(disk.Workspace, s.uid, s.gid); err != nil {
-		return nil, err
-	}
-	for _, d := range []string{disk.Tmp, disk.Shm} {
-		if err := os.Chmod(d, 0o777|os.ModeSticky); err != nil {
-			return nil, err
-		}
-	}
-	if s.ws, err = workspace.Open(disk.Workspace, s.uid, s.gid); err != nil {
-		return nil, err
+		return err
 	}
 	if b.cfg.Cgroups != nil {
 		pids := int64(spec.Limits.Pids)
@@ -337,21 +335,59 @@ func (b *Backend) start(ctx context.Context, spec sandbox.Spec) (_ *Sandbox, err
 		}
 		l := cgroups.Of(spec)
 		l.Pids = pids
-		if s.cg, err = b.cfg.Cgroups.New(s.id, l); err != nil {
-			return nil, err
+		name := s.id
+		if s.provisions > 0 {
+			name = fmt.Sprintf("%s-%d", s.id, s.provisions)
+		}
+		cg, err := b.cfg.Cgroups.New(name, l)
+		if err != nil {
+			return err
+		}
+		s.setGroup(cg)
+	}
+	s.provisions++
+	disk := Disk{Dir: filepath.Join(s.dir, "disk")}
+	if err := os.Mkdir(disk.Dir, 0o700); err != nil {
+		return err
+	}
+	opts := fmt.Sprintf("size=%d,nr_inodes=%d,mode=0755", spec.Limits.Disk, max(spec.Limits.Disk/(8<<10), 1024))
+	if err := unix.Mount("tmpfs", disk.Dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+		return fmt.Errorf("disk tmpfs: %w", err)
+	}
+	s.mounted = true
+	disk.Workspace, disk.Tmp, disk.Shm = filepath.Join(disk.Dir, "workspace"), filepath.Join(disk.Dir, "tmp"), filepath.Join(disk.Dir, "shm")
+	if files != "" {
+		if err := s.fillDisk(files, disk.Dir); err != nil {
+			return err
+		}
+	} else {
+		for _, d := range []string{disk.Workspace, disk.Tmp, disk.Shm} {
+			if err := os.Mkdir(d, 0o755); err != nil {
+				return err
+			}
+		}
+		if err := os.Chown(disk.Workspace, s.uid, s.gid); err != nil {
+			return err
+		}
+		for _, d := range []string{disk.Tmp, disk.Shm} {
+			if err := os.Chmod(d, 0o777|os.ModeSticky); err != nil {
+				return err
+			}
 		}
 	}
-	s.disk = disk
-	if err := s.launch(ctx); err != nil {
-		return nil, err
+	ws, err := workspace.Open(disk.Workspace, s.uid, s.gid)
+	if err != nil {
+		return err
 	}
-	return s, nil
+	s.setWorkspace(ws)
+	s.disk = disk
+	return nil
 }
 
 // launch starts the sandbox's container and waits for its runner.
 func (s *Sandbox) launch(ctx context.Context) error {
 	b, spec := s.b, s.spec
-	c, err := b.cfg.Runtime.Launch(ctx, Launch{ID: s.id, Spec: spec, Disk: s.disk, Cgroup: s.cg, UID: s.uid, GID: s.gid})
+	c, err := b.cfg.Runtime.Launch(ctx, Launch{ID: s.id, Spec: spec, Disk: s.disk, Cgroup: s.group(), UID: s.uid, GID: s.gid})
 	if err != nil {
 		if errors.Is(err, ErrLeftBehind) {
 			s.leftBehind.Store(true)

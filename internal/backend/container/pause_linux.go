@@ -69,6 +69,9 @@ func (s *Sandbox) PauseSupported() error {
 	if ss == nil {
 		return sandbox.ErrClosed
 	}
+	if _, ok := ss.c.(noContainer); ok {
+		return nil // opened paused from disk (OpenPaused): its resume makes it a container
+	}
 	cp, ok := ss.c.(Checkpointer)
 	if !ok {
 		return fmt.Errorf("%w: sandboxes of the %s backend cannot be paused (its containers cannot be checkpointed yet)",
@@ -145,33 +148,42 @@ func (s *Sandbox) commandsRunning() int {
 // directory and waits for its end. On failure the directory is removed
 // and the sandbox runs (in a new container if the runtime ended the old).
 func (s *Sandbox) checkpointContainer(ctx context.Context) error {
-	ss := s.session()
-	cp := ss.c.(Checkpointer)
 	dir, err := s.newCheckpointDir()
 	if err != nil {
 		return err
 	}
-	if err := s.checkpointFits(cp, dir); err != nil {
+	if err := s.saveContainer(ctx, dir); err != nil {
 		os.RemoveAll(dir)
 		return err
 	}
+	s.checkpoint = dir
+	return nil
+}
+
+// saveContainer saves the sandbox's container into dir, an empty
+// directory, and waits for its end. On failure the sandbox runs (in a new
+// container if the runtime ended the old); what dir holds is the
+// caller's to remove.
+func (s *Sandbox) saveContainer(ctx context.Context, dir string) error {
+	ss := s.session()
+	cp := ss.c.(Checkpointer)
+	if err := s.checkpointFits(cp, dir); err != nil {
+		return err
+	}
 	if err := s.ping(ctx, ss, pingTimeout); err != nil {
-		os.RemoveAll(dir)
 		return fmt.Errorf("the agent did not answer before the checkpoint: %w", err)
 	}
 	ss.runnerKept.Store(true)
 	start := time.Now()
 	// Not stopped half-way: a runtime's save is not undone by a caller
 	// that gives up.
-	err = cp.Checkpoint(context.WithoutCancel(ctx), dir)
+	err := cp.Checkpoint(context.WithoutCancel(ctx), dir)
 	if errors.Is(err, sandbox.ErrUnsupported) {
 		// Refused before anything was done to the container.
-		os.RemoveAll(dir)
 		ss.runnerKept.Store(false)
 		return err
 	}
 	if err != nil {
-		os.RemoveAll(dir)
 		// Did the container survive its failed checkpoint? runsc ends
 		// the sandbox once a save has begun, whatever its outcome.
 		select {
@@ -202,7 +214,6 @@ func (s *Sandbox) checkpointContainer(ctx context.Context) error {
 	if err := ss.end(); err != nil {
 		s.b.cfg.Logger.Warn("remove a checkpointed container", "id", s.id, "err", err)
 	}
-	s.checkpoint = dir
 	s.b.cfg.Logger.Debug("sandbox checkpointed", "id", s.id, "checkpoint_ms", saved.Milliseconds(),
 		"ms", time.Since(start).Milliseconds())
 	return nil
@@ -215,8 +226,8 @@ func (s *Sandbox) checkpointContainer(ctx context.Context) error {
 // sandbox's memory limit (what it holds now, and the runtime's overhead).
 func (s *Sandbox) checkpointFits(cp Checkpointer, dir string) error {
 	need := s.spec.Limits.Memory
-	if s.cg != nil {
-		st, err := s.cg.Stats()
+	if cg := s.group(); cg != nil {
+		st, err := cg.Stats()
 		if err == nil && st.MemoryPeak > 0 && st.MemoryPeak < need {
 			need = st.MemoryPeak
 		}
@@ -277,6 +288,15 @@ func (s *Sandbox) Resume(ctx context.Context) error {
 	if !s.Core.Paused() {
 		return nil
 	}
+	if s.persisted != nil {
+		return s.Exclusive(func() error {
+			if err := s.resumePersisted(ctx); err != nil {
+				return fmt.Errorf("resume: %w", err)
+			}
+			s.Core.SetPaused(false)
+			return nil
+		})
+	}
 	return s.Exclusive(func() error {
 		if err := s.restoreContainer(ctx); err != nil {
 			return fmt.Errorf("resume: %w", err)
@@ -294,12 +314,25 @@ func (s *Sandbox) Resume(ctx context.Context) error {
 // the sandbox's: its session, and its runner, the one that was saved (same
 // generation, ready).
 func (s *Sandbox) restoreContainer(ctx context.Context) error {
-	old := s.session()
-	start := time.Now()
-	c, err := old.c.(Checkpointer).Restore(ctx, s.checkpoint)
+	s.mu.Lock()
+	prev := s.runner
+	s.mu.Unlock()
+	if prev == nil {
+		return errors.New("the paused sandbox had no runner")
+	}
+	c, err := s.session().c.(Checkpointer).Restore(ctx, s.checkpoint)
 	if err != nil {
 		return err
 	}
+	return s.adopt(ctx, c, prev.gen)
+}
+
+// adopt makes c, a container restored from a checkpoint (of this sandbox,
+// or of the one a snapshot was saved from), the sandbox's: its session,
+// and its runner, the saved one of generation gen, ready. Where its agent
+// does not answer, c is ended and removed.
+func (s *Sandbox) adopt(ctx context.Context, c Container, gen uint32) error {
+	start := time.Now()
 	ss := newSession(c)
 	close(ss.ready) // it was, before the checkpoint
 	ss.runnerKept.Store(true)
@@ -307,6 +340,10 @@ func (s *Sandbox) restoreContainer(ctx context.Context) error {
 	if err := s.ping(ctx, ss, restoreTimeout); err != nil {
 		ss.end()
 		<-ss.ended
+		// Kept, ended: what the runtime made for it goes with the
+		// sandbox's Close, and a resume tried again restores in its
+		// place.
+		s.sess.Store(ss)
 		why := ""
 		if e, ok := c.(Explainer); ok {
 			if w := e.WhyEnded(); w != "" {
@@ -316,16 +353,8 @@ func (s *Sandbox) restoreContainer(ctx context.Context) error {
 		return fmt.Errorf("the restored container's agent did not answer: %v%s", err, why)
 	}
 	s.b.cfg.Logger.Debug("sandbox restored", "id", s.id, "ms", time.Since(start).Milliseconds())
-	s.mu.Lock()
-	prev := s.runner
-	s.mu.Unlock()
-	if prev == nil {
-		ss.end()
-		<-ss.ended
-		return errors.New("the paused sandbox had no runner")
-	}
 	pr, pw := io.Pipe()
-	r := &agentRunner{ss: ss, gen: prev.gen, events: pw}
+	r := &agentRunner{ss: ss, gen: gen, events: pw}
 	r.r = core.NewRunner(r)
 	r.r.MarkReady()
 	go s.ReadEvents(r.r, pr)

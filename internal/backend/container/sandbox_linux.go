@@ -41,9 +41,13 @@ type Sandbox struct {
 	spec    sandbox.Spec
 	dir     string // the sandbox's state directory on the host
 	mounted bool   // the disk tmpfs is mounted
-	ws      *workspace.Dir
-	cg      cgroups.Group
 	disk    Disk
+	// ws and cg, under mu: a paused sandbox released (persist_linux.go)
+	// has neither until its resume; provisions counts the cgroups it
+	// was given (provision).
+	ws         *workspace.Dir
+	cg         cgroups.Group
+	provisions int
 	// uid and gid are the sandbox user's (see Launch); users is the host
 	// uid range they come from, nil without Config.Users.
 	uid, gid int
@@ -66,6 +70,10 @@ type Sandbox struct {
 	startGate   sync.RWMutex
 	checkpoint  string
 	checkpoints int
+	// persisted, under pauseMu, is the directory a paused sandbox is
+	// kept in once it holds nothing else (ReleasePaused, OpenPaused):
+	// its resume restores it from there.
+	persisted *persistedDir
 
 	// mu comes after the core's lock, and is never held while calling
 	// the core.
@@ -145,8 +153,35 @@ var ackFrame = func() []byte {
 // ID implements sandbox.Sandbox.
 func (s *Sandbox) ID() string { return s.id }
 
-// Workspace implements sandbox.Sandbox.
-func (s *Sandbox) Workspace() sandbox.Workspace { return s.ws }
+// Workspace implements sandbox.Sandbox. A paused sandbox kept on disk
+// alone has no files to reach until it resumes.
+func (s *Sandbox) Workspace() sandbox.Workspace {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ws == nil {
+		return diskOnly{}
+	}
+	return s.ws
+}
+
+func (s *Sandbox) setWorkspace(ws *workspace.Dir) {
+	s.mu.Lock()
+	s.ws = ws
+	s.mu.Unlock()
+}
+
+// group is the sandbox's cgroup, nil where it has none (now).
+func (s *Sandbox) group() cgroups.Group {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cg
+}
+
+func (s *Sandbox) setGroup(g cgroups.Group) {
+	s.mu.Lock()
+	s.cg = g
+	s.mu.Unlock()
+}
 
 func mustJSON(v any) []byte {
 	b, err := json.Marshal(v)
@@ -349,8 +384,8 @@ func (s *Sandbox) Close() error {
 				gone = false
 			}
 		}
-		if s.cg != nil {
-			if err := s.cg.Destroy(); err != nil {
+		if cg := s.group(); cg != nil {
+			if err := cg.Destroy(); err != nil {
 				errs = append(errs, err)
 				gone = false
 			}
@@ -371,8 +406,10 @@ func (s *Sandbox) Close() error {
 					"id", s.id, "uid", s.uid)
 			}
 		}
-		if s.ws != nil {
-			s.ws.Close()
+		if ws := s.Workspace(); ws != nil {
+			if d, ok := ws.(*workspace.Dir); ok {
+				d.Close()
+			}
 		}
 		if s.mounted {
 			if err := unix.Unmount(s.dir+"/disk", unix.MNT_DETACH); err != nil {
@@ -452,8 +489,8 @@ func (d *driver) Interrupt(*core.Runner) error { return d.s().ctl(agent.Ctl{Op: 
 
 func (d *driver) Usage() core.Usage {
 	var st cgroups.Stats
-	if d.cg != nil {
-		st, _ = d.cg.Stats()
+	if cg := d.s().group(); cg != nil {
+		st, _ = cg.Stats()
 	} else {
 		st, _ = d.s().session().c.Stats()
 	}

@@ -11,10 +11,11 @@ import (
 // Vivarium made it (a runtime that makes its own, such as dockerd's, is
 // not read).
 func (s *Sandbox) Usage() (sandbox.Usage, error) {
-	if s.cg == nil {
+	cg := s.group()
+	if cg == nil {
 		return sandbox.Usage{}, errors.New("the runtime's cgroup is not read")
 	}
-	return cgroups.UsageOf(s.cg)
+	return cgroups.UsageOf(cg)
 }
 
 var _ sandbox.UsageReporter = (*Sandbox)(nil)

@@ -150,6 +150,8 @@ type Runtime struct {
 	cpMu     sync.Mutex
 	cpProbed time.Time
 	cpErr    error
+	// kind is ImageKind's answer, once found (under cpMu).
+	kind string
 }
 
 // Name implements container.Runtime.
@@ -288,19 +290,8 @@ func (r *Runtime) spec(l container.Launch) map[string]any {
 
 // Launch implements container.Runtime.
 func (r *Runtime) Launch(ctx context.Context, l container.Launch) (container.Container, error) {
-	bundle := filepath.Join(filepath.Dir(l.Disk.Dir), "bundle")
-	// A sandbox whose container died gets a new one: a new bundle too.
-	if err := os.RemoveAll(bundle); err != nil {
-		return nil, err
-	}
-	if err := os.Mkdir(bundle, 0o700); err != nil {
-		return nil, err
-	}
-	b, err := json.Marshal(r.spec(l))
+	bundle, err := r.writeBundle(l)
 	if err != nil {
-		return nil, err
-	}
-	if err := os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o600); err != nil {
 		return nil, err
 	}
 	c := &sandboxContainer{r: r, id: "vivarium-" + l.ID, bundle: bundle, done: make(chan struct{}), cg: l.Cgroup}
@@ -308,6 +299,27 @@ func (r *Runtime) Launch(ctx context.Context, l container.Launch) (container.Con
 		return nil, err
 	}
 	return c, nil
+}
+
+// writeBundle writes the sandbox's OCI bundle beside its disk, and
+// returns its directory.
+func (r *Runtime) writeBundle(l container.Launch) (string, error) {
+	bundle := filepath.Join(filepath.Dir(l.Disk.Dir), "bundle")
+	// A sandbox whose container died gets a new one: a new bundle too.
+	if err := os.RemoveAll(bundle); err != nil {
+		return "", err
+	}
+	if err := os.Mkdir(bundle, 0o700); err != nil {
+		return "", err
+	}
+	b, err := json.Marshal(r.spec(l))
+	if err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o600); err != nil {
+		return "", err
+	}
+	return bundle, nil
 }
 
 // start runs the runsc command that is the container (run, restore): the

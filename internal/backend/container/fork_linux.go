@@ -1,0 +1,142 @@
+package container
+
+// Fork (sandbox.Forker, issue 15, docs/snapshots.md): a snapshot of the
+// running sandbox (snapshot_linux.go: a checkpoint, its disk copied, the
+// sandbox restored at once), in a directory of the backend's, made into n
+// new sandboxes as RestoreSnapshot makes one, then removed. Each copy has
+// its own id, state directory, cgroup (the source's limits), disk (its
+// own copy of the files) and container; their random generators are
+// reseeded unless asked not to be.
+
+import (
+	"bufio"
+	"cmp"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+)
+
+var _ sandbox.Forker = (*Sandbox)(nil)
+
+// forkParallel is how many copies are restored at once: each restore is a
+// runsc sandbox loading its image, CPU-bound.
+const forkParallel = 4
+
+// ForkSupported implements sandbox.Forker: what can be saved as a
+// snapshot can be forked.
+func (s *Sandbox) ForkSupported() error { return s.SnapshotSupported() }
+
+// Fork implements sandbox.Forker. It fails as SaveSnapshot does (ErrBusy,
+// ErrPaused), with ErrNoRoom where the copies would not fit in the host's
+// memory; all copies are made, or none. The source goes on where it was,
+// after a stop of about a pause and a resume.
+func (s *Sandbox) Fork(ctx context.Context, n int, opts sandbox.ForkOptions) ([]sandbox.Sandbox, error) {
+	if n < 1 || n > sandbox.MaxFork {
+		return nil, fmt.Errorf("%w: a fork makes 1 to %d copies, not %d", sandbox.ErrInvalidSpec, sandbox.MaxFork, n)
+	}
+	if err := s.ForkSupported(); err != nil {
+		return nil, err
+	}
+	// Each copy holds what the source holds, and its restore more.
+	if u, err := s.Usage(); err == nil {
+		over := s.session().c.(Checkpointer).RestoreOverhead()
+		if err := hostMemoryFits(int64(n) * (u.Memory + over)); err != nil {
+			return nil, fmt.Errorf("fork into %d: %w", n, err)
+		}
+	}
+	root := s.b.cfg.CheckpointDir
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		return nil, err
+	}
+	tmp, err := os.MkdirTemp(root, "fork-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+	start := time.Now()
+	snap := filepath.Join(tmp, "snapshot")
+	if err := s.snapshot(ctx, snap); err != nil {
+		return nil, fmt.Errorf("fork: %w", err)
+	}
+	saved := time.Since(start)
+
+	copies := make([]sandbox.Sandbox, n)
+	errs := make([]error, n)
+	sem := make(chan struct{}, forkParallel)
+	var wg sync.WaitGroup
+	for i := range copies {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			copies[i], errs[i] = s.b.RestoreSnapshot(context.WithoutCancel(ctx), snap,
+				sandbox.FromSnapshot{Tenant: s.spec.Tenant, SameRandomState: opts.SameRandomState})
+		}()
+	}
+	wg.Wait()
+	var first error
+	failed := 0
+	for _, err := range errs {
+		if err != nil {
+			first = cmp.Or(first, err)
+			failed++
+		}
+	}
+	if first != nil {
+		for _, c := range copies {
+			if c != nil {
+				c.Close()
+			}
+		}
+		if failed > 1 {
+			return nil, fmt.Errorf("fork: %d of %d copies failed, the first: %w", failed, n, first)
+		}
+		return nil, fmt.Errorf("fork: %w", first)
+	}
+	s.b.cfg.Logger.Debug("fork", "id", s.id, "copies", n, "snapshot_ms", saved.Milliseconds(),
+		"ms", time.Since(start).Milliseconds())
+	return copies, nil
+}
+
+// hostMemoryFits refuses what would leave the host less than a reserve of
+// its memory (max(256 MiB, 5%)): copies are not left to the host's OOM
+// killer among every tenant's processes.
+func hostMemoryFits(need int64) error {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return nil // nothing known: the sandboxes' own limits still hold
+	}
+	defer f.Close()
+	var available, total int64 = -1, -1
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, _ := strings.Cut(sc.Text(), ":")
+		kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+		if err != nil {
+			continue
+		}
+		switch k {
+		case "MemAvailable":
+			available = kb << 10
+		case "MemTotal":
+			total = kb << 10
+		}
+	}
+	if available < 0 || total < 0 {
+		return nil
+	}
+	reserve := max(256<<20, total/20)
+	if available-need < reserve {
+		return fmt.Errorf("%w: the copies would take about %d MiB of the host's memory, which has %d MiB available "+
+			"and keeps %d MiB free: make fewer", sandbox.ErrNoRoom, need>>20, available>>20, reserve>>20)
+	}
+	return nil
+}

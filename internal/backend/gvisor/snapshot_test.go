@@ -1,0 +1,337 @@
+package gvisor_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/backend/gvisor"
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
+)
+
+// snapshotState is what the snapshot tests' source holds: pandas and a
+// DataFrame, a variable, a file written and one held open, a background
+// process, and a second code context.
+const snapshotState = "import pandas as pd, random, subprocess, sys\n" +
+	"df = pd.DataFrame({'a': range(1000)})\nx = 41\n" +
+	"open('kept.txt', 'w').write('kept')\n" +
+	"f = open('open.txt', 'w+')\nf.write('abc')\nf.flush()\n" +
+	"child = subprocess.Popen(['sleep', '600'])"
+
+// memoryGroups are the sandboxes' groups in the memory hierarchy.
+func memoryGroups() []string {
+	var out []string
+	for _, g := range testutil.CgroupsUnder(pauseCgroupParent) {
+		if strings.HasPrefix(g, "/sys/fs/cgroup/memory/") {
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
+// checkState fails unless s holds what snapshotState made (and y in
+// context cc, when not empty).
+func checkState(t *testing.T, s sandbox.Sandbox, cc string) {
+	t.Helper()
+	for _, c := range []struct{ code, want string }{
+		{"x + 1", "42"},
+		{"int(df.a.sum())", "499500"},
+		{"'pandas' in sys.modules", "True"},
+		{"open('kept.txt').read()", "'kept'"},
+		{"f.seek(0); f.read()", "'abc'"},
+		{"child.poll() is None", "True"},
+		{"import os; os.kill(child.pid, 0) is None", "True"},
+	} {
+		if got := execValue(t, s, c.code); got != c.want {
+			t.Errorf("%s: %s: %q, want %q", s.ID(), c.code, got, c.want)
+		}
+	}
+	if cc != "" {
+		res, err := s.Execute(context.Background(), sandbox.ExecRequest{Code: "y", Context: cc}, nil)
+		if err != nil || res.Status != sandbox.StatusOK || len(res.Results) == 0 || res.Results[0].Text != "7" {
+			t.Errorf("%s: y in its context: %+v %v", s.ID(), res, err)
+		}
+	}
+}
+
+// TestSnapshot saves a running gVisor sandbox (pandas state, files, a
+// background process, a code context) and makes sandboxes of it: each
+// has the state, files and process as saved, an id, container and cgroup
+// of its own and the snapshot's limits; the source goes on unaffected,
+// and what it writes after is not in the copies. Random generators are
+// reseeded unless asked not to be. A damaged or missing image is refused
+// clearly; then nothing is left.
+func TestSnapshot(t *testing.T) {
+	dir := t.TempDir()
+	cps := filepath.Join(t.TempDir(), "checkpoints")
+	b := pauseBackend(t, gvisor.Config{StateDir: dir, CheckpointDir: cps})
+	ctx := context.Background()
+	const memLimit = 400 << 20
+	src, err := b.Create(ctx, sandbox.Spec{Limits: sandbox.Limits{Memory: memLimit}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var closers []sandbox.Sandbox
+	closers = append(closers, src)
+	defer func() {
+		for _, s := range closers {
+			s.Close()
+		}
+	}()
+	sn, ok := src.(sandbox.Snapshotter)
+	if !ok {
+		t.Fatal("a gvisor sandbox is not a sandbox.Snapshotter")
+	}
+	if err := sn.SnapshotSupported(); err != nil {
+		t.Fatal(err)
+	}
+	execValue(t, src, snapshotState)
+	cc, err := src.(sandbox.ContextKeeper).CreateContext("python", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := src.Execute(ctx, sandbox.ExecRequest{Code: "y = 7", Context: cc.ID}, nil); err != nil || res.Status != sandbox.StatusOK {
+		t.Fatalf("y = 7 in a context: %+v %v", res, err)
+	}
+	// The backend's first checkpoint probes runsc first: not measured.
+	if _, err := sn.SaveSnapshot(ctx, filepath.Join(t.TempDir(), "warm")); err != nil {
+		t.Fatal(err)
+	}
+
+	snaps := t.TempDir()
+	snap := filepath.Join(snaps, "snap")
+	start := time.Now()
+	size, err := sn.SaveSnapshot(ctx, snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("snapshot: %v, %.1f MiB", time.Since(start).Round(time.Millisecond), float64(size)/(1<<20))
+	if size <= 0 || size != dirSize(snap) {
+		t.Errorf("SaveSnapshot says %d bytes, the directory holds %d", size, dirSize(snap))
+	}
+	if _, err := sn.SaveSnapshot(ctx, snap); err == nil {
+		t.Error("a snapshot over an existing directory was made")
+	}
+	// The source goes on as it was, its background process too.
+	checkState(t, src, cc.ID)
+	execValue(t, src, "open('after.txt', 'w').write('source only'); x = 100")
+	srcNext := execValue(t, src, "random.random()")
+
+	// A sandbox of it: the state as saved, its own everything.
+	r := sandbox.Backend(b).(sandbox.SnapshotRestorer)
+	start = time.Now()
+	c, err := r.CreateFromSnapshot(ctx, snap, sandbox.FromSnapshot{Tenant: ""})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("restore from the snapshot: %v", time.Since(start).Round(time.Millisecond))
+	closers = append(closers, c)
+	if c.ID() == src.ID() {
+		t.Fatalf("the restored sandbox has the source's id %s", c.ID())
+	}
+	checkState(t, c, cc.ID)
+	if got := execValue(t, c, "import os; os.path.exists('after.txt')"); got != "False" {
+		t.Errorf("a file the source wrote after the snapshot is in the restored sandbox: %s", got)
+	}
+	if got := execValue(t, src, "x"); got != "100" {
+		t.Errorf("the source's x after a restore of its snapshot: %s", got)
+	}
+	if got := execValue(t, c, "random.random()"); got == srcNext {
+		t.Errorf("the restored sandbox's random generator was not reseeded: %s, as the source's", got)
+	}
+	// Files written in it stay its own.
+	execValue(t, c, "open('kept.txt', 'w').write('changed in the copy')")
+	if got := execValue(t, src, "open('kept.txt').read()"); got != "'kept'" {
+		t.Errorf("the source's kept.txt after the copy wrote its own: %s", got)
+	}
+	if out, code := runCommand(t, c, "sh", "-c", "echo hello from $(id -u)"); code != 0 || out != "hello from 1000\n" {
+		t.Errorf("a command in the restored sandbox: %q, exit %d", out, code)
+	}
+	// Kept random state, when asked.
+	same, err := r.CreateFromSnapshot(ctx, snap, sandbox.FromSnapshot{SameRandomState: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closers = append(closers, same)
+	if got := execValue(t, same, "random.random()"); got != srcNext {
+		t.Errorf("SameRandomState: %s, the source's next was %s", got, srcNext)
+	}
+	// Each its own container and cgroup, with the snapshot's limits.
+	if got := containers(t, dir); len(got) != 3 {
+		t.Errorf("runsc's containers: %v, want 3", got)
+	}
+	groups := memoryGroups()
+	if len(groups) != 3 {
+		t.Errorf("memory groups: %v, want 3", groups)
+	}
+	for _, g := range groups {
+		b, _ := os.ReadFile(filepath.Join(g, "memory.limit_in_bytes"))
+		if strings.TrimSpace(string(b)) != "419430400" {
+			t.Errorf("%s: limit %s, want %d", g, b, memLimit)
+		}
+	}
+
+	// A damaged or missing image.
+	broken := func(name string, damage func(image string)) string {
+		t.Helper()
+		d := filepath.Join(snaps, name)
+		if out, err := exec.Command("cp", "-a", snap, d).CombinedOutput(); err != nil {
+			t.Fatalf("cp: %v %s", err, out)
+		}
+		damage(filepath.Join(d, "image", "checkpoint.img"))
+		return d
+	}
+	for _, c := range []struct {
+		name, want string
+		damage     func(image string)
+	}{
+		{"missing", "its image checkpoint.img is missing", func(image string) { os.Remove(image) }},
+		{"truncated", "its image checkpoint.img is damaged", func(image string) { os.Truncate(image, 1000) }},
+		{"changed", "restored container", func(image string) {
+			f, err := os.OpenFile(image, os.O_RDWR, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			fi, _ := f.Stat()
+			junk := make([]byte, 4096)
+			for i := range junk {
+				junk[i] = byte(i * 7)
+			}
+			f.WriteAt(junk, fi.Size()/2)
+		}},
+	} {
+		d := broken(c.name, c.damage)
+		_, err := r.CreateFromSnapshot(ctx, d, sandbox.FromSnapshot{})
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("an image %s: %v, want an error saying %q", c.name, err, c.want)
+		} else {
+			t.Logf("an image %s: %v", c.name, err)
+		}
+	}
+	if got := containers(t, dir); len(got) != 3 {
+		t.Errorf("after the failed restores, runsc's containers: %v, want 3", got)
+	}
+
+	for _, s := range closers {
+		if err := s.Close(); err != nil {
+			t.Errorf("close %s: %v", s.ID(), err)
+		}
+	}
+	closers = nil
+	requireNothingLeft(t, b, dir, cps)
+}
+
+// TestFork forks a gVisor sandbox holding pandas state into 3: each copy
+// has the source's state, files and background process, and is a sandbox
+// of its own (id, container, cgroup); their random generators (Python's,
+// numpy's) differ; what one writes is not seen by a sibling or the
+// source, nor what the source writes by them. The source goes on. Then
+// nothing is left.
+func TestFork(t *testing.T) {
+	dir := t.TempDir()
+	cps := filepath.Join(t.TempDir(), "checkpoints")
+	b := pauseBackend(t, gvisor.Config{StateDir: dir, CheckpointDir: cps})
+	ctx := context.Background()
+	src, err := b.Create(ctx, sandbox.Spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closers := []sandbox.Sandbox{src}
+	defer func() {
+		for _, s := range closers {
+			s.Close()
+		}
+	}()
+	execValue(t, src, snapshotState+"\nimport numpy as np")
+	f, ok := src.(sandbox.Forker)
+	if !ok {
+		t.Fatal("a gvisor sandbox is not a sandbox.Forker")
+	}
+	if err := f.ForkSupported(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Fork(ctx, 0, sandbox.ForkOptions{}); !errors.Is(err, sandbox.ErrInvalidSpec) {
+		t.Errorf("a fork into 0: %v", err)
+	}
+	// The backend's first checkpoint probes runsc: not measured.
+	if err := src.(sandbox.Pauser).Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := src.(sandbox.Pauser).Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	copies, err := f.Fork(ctx, 3, sandbox.ForkOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("fork into 3: %v", time.Since(start).Round(time.Millisecond))
+	closers = append(closers, copies...)
+	if len(copies) != 3 {
+		t.Fatalf("%d copies", len(copies))
+	}
+	if left, _ := filepath.Glob(filepath.Join(cps, "fork-*")); len(left) > 0 {
+		t.Errorf("the fork's snapshot is left in the checkpoint directory: %v", left)
+	}
+	all := append([]sandbox.Sandbox{src}, copies...)
+	ids := map[string]bool{}
+	randoms, nps := map[string]bool{}, map[string]bool{}
+	for _, c := range all {
+		ids[c.ID()] = true
+		checkState(t, c, "")
+		randoms[execValue(t, c, "random.random()")] = true
+		nps[execValue(t, c, "float(np.random.random())")] = true
+		execValue(t, c, "open('mine.txt', 'w').write('"+c.ID()+"')")
+	}
+	if len(ids) != 4 {
+		t.Errorf("ids: %v", ids)
+	}
+	if len(randoms) != 4 || len(nps) != 4 {
+		t.Errorf("random numbers drawn in the source and 3 copies: %v and numpy's %v, want 4 different each", randoms, nps)
+	}
+	for _, c := range all {
+		if got := execValue(t, c, "open('mine.txt').read()"); got != "'"+c.ID()+"'" {
+			t.Errorf("%s reads its mine.txt as %s", c.ID(), got)
+		}
+		// The copies' own workspaces, from the host.
+		r, _, err := c.Workspace().OpenFile("mine.txt")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := io.ReadAll(r)
+		r.Close()
+		if string(got) != c.ID() {
+			t.Errorf("%s's workspace holds %q", c.ID(), got)
+		}
+	}
+	if got := containers(t, dir); len(got) != 4 {
+		t.Errorf("runsc's containers: %v, want 4", got)
+	}
+	groups := memoryGroups()
+	if len(groups) != 4 || len(slices.Compact(slices.Sorted(slices.Values(groups)))) != 4 {
+		t.Errorf("memory groups: %v, want 4", groups)
+	}
+	// Copies close on their own; the source goes on.
+	for _, c := range copies {
+		if err := c.Close(); err != nil {
+			t.Errorf("close a copy: %v", err)
+		}
+	}
+	if got := execValue(t, src, "x + 1"); got != "42" {
+		t.Errorf("the source after its copies closed: %s", got)
+	}
+	for _, s := range closers {
+		s.Close()
+	}
+	closers = nil
+	requireNothingLeft(t, b, dir, cps)
+}
