@@ -335,3 +335,128 @@ func TestFork(t *testing.T) {
 	closers = nil
 	requireNothingLeft(t, b, dir, cps)
 }
+
+// TestPersistPaused writes a paused gVisor sandbox down (PersistPaused),
+// lets go of everything it holds (ReleasePaused: no cgroup, container,
+// disk or checkpoint left; its files answer ErrPaused) and resumes it
+// from disk with its state, files and background process; then, paused
+// and written down again, another backend (a restarted server) opens it
+// (OpenPaused) and resumes it. Then nothing of either is left.
+func TestPersistPaused(t *testing.T) {
+	dir := t.TempDir()
+	cps := filepath.Join(t.TempDir(), "checkpoints")
+	b := pauseBackend(t, gvisor.Config{StateDir: dir, CheckpointDir: cps})
+	ctx := context.Background()
+	sb, err := b.Create(ctx, sandbox.Spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	defer func() {
+		if !closed {
+			sb.Close()
+		}
+	}()
+	execValue(t, sb, snapshotState)
+	p := sb.(sandbox.Pauser)
+	if err := p.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	kept := t.TempDir()
+	data := filepath.Join(kept, "data")
+	start := time.Now()
+	size, err := sb.(sandbox.PausePersister).PersistPaused(ctx, data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("written down: %v, %.1f MiB", time.Since(start).Round(time.Millisecond), float64(size)/(1<<20))
+	if err := sb.(sandbox.PausedReleaser).ReleasePaused(data); err != nil {
+		t.Fatal(err)
+	}
+	if left := testutilGroups(); len(left) > 0 {
+		t.Errorf("cgroups of the released sandbox: %v", left)
+	}
+	if left := containers(t, dir); len(left) > 0 {
+		t.Errorf("containers of the released sandbox: %v", left)
+	}
+	if entries, _ := os.ReadDir(filepath.Join(dir, "sandboxes")); len(entries) > 0 {
+		t.Errorf("the released sandbox's directory: %v", entries)
+	}
+	if image := dirSize(cps); image != 0 {
+		t.Errorf("the released sandbox's checkpoint is still there (%d bytes)", image)
+	}
+	if _, _, err := sb.Workspace().OpenFile("kept.txt"); !errors.Is(err, sandbox.ErrPaused) {
+		t.Errorf("a released sandbox's file: %v", err)
+	}
+	start = time.Now()
+	if err := p.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("resumed from disk: %v", time.Since(start).Round(time.Millisecond))
+	checkState(t, sb, "")
+	execValue(t, sb, "x = 43")
+
+	// Paused and written down again; the server goes (its backend
+	// closes the sandbox: the kept directory stays); another opens it.
+	if err := p.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	data2 := filepath.Join(kept, "data2")
+	if _, err := sb.(sandbox.PausePersister).PersistPaused(ctx, data2); err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.Close(); err != nil {
+		t.Fatal(err)
+	}
+	closed = true
+	requireNothingLeft(t, b, dir, cps)
+
+	dir2 := t.TempDir()
+	cps2 := filepath.Join(t.TempDir(), "checkpoints")
+	b2 := pauseBackend(t, gvisor.Config{StateDir: dir2, CheckpointDir: cps2})
+	o, err := sandbox.Backend(b2).(sandbox.PausedOpener).OpenPaused(ctx, data2, sandbox.FromSnapshot{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Close()
+	op := o.(sandbox.Pauser)
+	if !op.Paused() {
+		t.Fatal("an opened sandbox is not paused")
+	}
+	if err := op.PauseSupported(); err != nil {
+		t.Errorf("PauseSupported of an opened sandbox: %v", err)
+	}
+	if _, err := o.Execute(ctx, sandbox.ExecRequest{Code: "x"}, nil); !errors.Is(err, sandbox.ErrPaused) {
+		t.Errorf("Execute in an opened sandbox: %v", err)
+	}
+	if _, _, err := o.Workspace().OpenFile("kept.txt"); !errors.Is(err, sandbox.ErrPaused) {
+		t.Errorf("an opened sandbox's file: %v", err)
+	}
+	if left := testutilGroups(); len(left) > 0 {
+		t.Errorf("cgroups of the opened sandbox: %v", left)
+	}
+	start = time.Now()
+	if err := op.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("opened and resumed: %v", time.Since(start).Round(time.Millisecond))
+	if got := execValue(t, o, "x"); got != "43" {
+		t.Errorf("x in the reopened sandbox: %s", got)
+	}
+	execValue(t, o, "x = 41")
+	checkState(t, o, "")
+	// It pauses and resumes as any sandbox.
+	if err := op.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := op.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checkState(t, o, "")
+	if err := o.Close(); err != nil {
+		t.Fatal(err)
+	}
+	requireNothingLeft(t, b2, dir2, cps2)
+}
+
+func testutilGroups() []string { return testutil.CgroupsUnder(pauseCgroupParent) }
