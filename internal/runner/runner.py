@@ -13,6 +13,7 @@ import ast
 import base64
 import builtins
 import fcntl
+import gc
 import json
 import linecache
 import os
@@ -706,6 +707,10 @@ def prepare_environment():
     (the zygote calls it before preloading)."""
     if _RUNNER_DIR not in sys.path:
         sys.path.append(_RUNNER_DIR)  # last: for the matplotlib backend only
+    if os.environ.pop("VIVARIUM_FIXED_HASHSEED", None):
+        # The sandbox's fixed seed was for this interpreter only (the
+        # native backend's pausable sandboxes): its programs get random ones.
+        os.environ.pop("PYTHONHASHSEED", None)
     os.environ.setdefault("MPLBACKEND", "module://vivarium_mpl_backend")
     os.environ.setdefault("MPLCONFIGDIR", "/tmp/matplotlib")
     _show_pil_images()
@@ -830,6 +835,30 @@ def _first_to_go():
         pass
 
 
+def _preload():
+    """Imports the modules of VIVARIUM_PRELOAD, as the zygote does, for a
+    native pausable sandbox: every such sandbox then starts with the same
+    objects at the same addresses (its layout and hash seed are fixed),
+    which its kept copies share with a reference image. The collector is
+    kept away from them (gc.freeze), or its bookkeeping would rewrite
+    their pages."""
+    names = [m for m in os.environ.pop("VIVARIUM_PRELOAD", "").split(",") if m]
+    if not names:
+        return
+    for name in names:
+        try:
+            __import__(name)
+        except BaseException:
+            pass
+    if "matplotlib" in sys.modules:
+        try:
+            import matplotlib.pyplot  # noqa: F401
+        except BaseException:
+            pass
+    gc.collect()
+    gc.freeze()
+
+
 def main(mode=None):
     """Serves requests until the supervisor closes the pipe (or, with
     "--oneshot", after one execution); returns the exit code."""
@@ -838,6 +867,7 @@ def main(mode=None):
     _first_to_go()
     channel = Channel(3, 4)
     _prepare_interpreter()
+    _preload()
     rt = Runtime(channel)
     channel.send({"type": "ready"})
     while True:

@@ -30,6 +30,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -82,7 +83,14 @@ type Config struct {
 	// removed when the sandbox resumes or closes. Default:
 	// DefaultCheckpointRoot/<cgroup parent>.
 	CheckpointDir string
-	Logger        *slog.Logger
+	// PauseBaseDir, if set, keeps the base that pausable sandboxes' kept
+	// copies are written against (pausebase_linux.go): they then start
+	// with the Preload modules imported, without address-space
+	// randomization and with the base's hash seed, and a kept copy takes
+	// about half the disk. Empty: kept copies are whole, and pausable
+	// sandboxes start as others do.
+	PauseBaseDir string
+	Logger       *slog.Logger
 }
 
 // Defaults of the pool and of zygote replacement.
@@ -186,6 +194,7 @@ func New(cfg Config) (*Backend, error) {
 		}
 		b.cgroups = m
 	}
+	b.initBases()
 	return b, nil
 }
 
@@ -589,6 +598,13 @@ func (b *Backend) initConfig(spec sandbox.Spec, etc []etcEntry, top []topLink) *
 		Home:       spec.HomeDir(),
 		UserName:   spec.UserName(),
 		Volumes:    volumePaths(spec.Volumes),
+	}
+	// A pausable sandbox of a backend with a pause base starts from the
+	// fixed point (pausebase_linux.go), unless it sets its own seed or
+	// runs another interpreter than the base's.
+	ownSeed := slices.ContainsFunc(cfg.Env, func(kv string) bool { return strings.HasPrefix(kv, "PYTHONHASHSEED=") })
+	if spec.Pausable && !spec.OneShot && b.cfg.PauseBaseDir != "" && !ownSeed && spec.Python == sandbox.DefaultPython {
+		cfg.HashSeed, cfg.Preload = b.hashSeed, b.cfg.Preload
 	}
 	if spec.OneShot && l.CPUTime > 0 {
 		// Per-process backstop; the cgroup's CPU accounting is the limit.

@@ -56,6 +56,7 @@ import (
 
 	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
 	"github.com/vivarium-sandbox/vivarium/internal/core"
+	"github.com/vivarium-sandbox/vivarium/internal/criu"
 	"github.com/vivarium-sandbox/vivarium/internal/hostuid"
 	"github.com/vivarium-sandbox/vivarium/internal/runner"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
@@ -193,6 +194,11 @@ type forkSnapshot struct {
 	dumpTook  time.Duration // criu dump, with the files' copy
 	imageSize int64
 	packed    map[string]int64 // a snapshot on disk: its packed images (manifest.Packed)
+	// A kept copy's pages left to a base: the base, checked, and the
+	// pairing of processes (manifest.Base, what loadSnapshot read).
+	base      *pauseBase
+	basePairs criu.Pairs
+	baseOf    *manifestBase
 }
 
 // snapshot dumps the running sandbox, which goes on running, with its
@@ -642,6 +648,11 @@ func (snap *forkSnapshot) copyFor(dir string, owner hostuid.Range) (*checkpoint,
 	}
 	if rewritten == 0 {
 		return nil, errors.New("fork: the snapshot has no user namespace image")
+	}
+	if snap.base != nil {
+		if err := criu.ParentView(filepath.Join(cp.images(), criu.ParentLink), snap.base.dir, snap.basePairs); err != nil {
+			return nil, fmt.Errorf("its base: %w", err)
+		}
 	}
 	ext := filepath.Join(snap.dir, "ext")
 	for _, m := range snap.mounts {

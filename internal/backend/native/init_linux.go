@@ -8,6 +8,8 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -64,7 +66,14 @@ type initConfig struct {
 	// (zygote_linux.go); roleForked is a sandbox's init started by a
 	// zygote init, whose runners the zygote forks.
 	Role string `json:"role,omitempty"`
-	// Preload lists the modules the zygote imports (roleZygote).
+	// HashSeed, for a pausable sandbox, is the backend's PYTHONHASHSEED
+	// for its runner, and init and its children are started without
+	// address-space randomization (spawnWithLayout): two such sandboxes
+	// that ran the same code hold mostly the same pages at the same
+	// addresses. Empty: a random seed and a random layout.
+	HashSeed string `json:"hash_seed,omitempty"`
+	// Preload lists the modules the zygote imports (roleZygote), or the
+	// runner of a sandbox with a HashSeed before it is ready.
 	Preload []string `json:"preload,omitempty"`
 	// Sysctls are written in the sandbox's own namespaces once its /proc
 	// is mounted; Kernel's budgets become rlimits (budgets_linux.go).
@@ -264,6 +273,11 @@ func initMain(report func(initStatus)) (int, error) {
 	if err := seccomp.Install(prog); err != nil {
 		return 0, step("seccomp", err)
 	}
+	// The runner's files and /etc are written: init, which lives as long
+	// as the sandbox, gives their memory back (1.2 MB of every sandbox's,
+	// and of every paused sandbox's images).
+	cfg.RunnerFiles, cfg.Etc = nil, nil
+	debug.FreeOSMemory()
 	return supervise(&cfg, report), nil
 }
 
@@ -413,7 +427,7 @@ func startRunner(cfg *initConfig) (int, []int, error) {
 	cmd := &exec.Cmd{
 		Path:        cfg.Python,
 		Args:        append([]string{cfg.Python}, cfg.RunnerArgs...),
-		Env:         cfg.Env,
+		Env:         cfg.runnerEnv(),
 		Dir:         cfg.home(),
 		Stdout:      stdoutFile,
 		Stderr:      stderrFile,
@@ -436,6 +450,18 @@ func startRunner(cfg *initConfig) (int, []int, error) {
 		fds = append(fds, fd)
 	}
 	return pid, fds, nil
+}
+
+// runnerEnv is the runner's environment: the sandbox's, and the fixed
+// hash seed and preloads if any. The runner takes them out of os.environ
+// at its start (runner.py), so that the sandbox's own programs get
+// random seeds.
+func (cfg *initConfig) runnerEnv() []string {
+	if cfg.HashSeed == "" {
+		return cfg.Env
+	}
+	return append(slices.Clip(cfg.Env), "PYTHONHASHSEED="+cfg.HashSeed, "VIVARIUM_FIXED_HASHSEED=1",
+		"VIVARIUM_PRELOAD="+strings.Join(cfg.Preload, ","))
 }
 
 func runnerPipes() (int, []int, error) {

@@ -156,7 +156,7 @@ func (p *initProc) awaitReaped() {
 // execInit starts a classic init from the supervisor: in new user, mount,
 // PID, network, IPC and UTS namespaces, the user namespace owned by the
 // sandbox's host user (spawn_linux.go).
-func (b *Backend) execInit(child []*os.File, cgroupFD int, owner uint32) (*initProc, error) {
+func (b *Backend) execInit(child []*os.File, cgroupFD int, owner uint32, fixedLayout bool) (*initProc, error) {
 	cmd := initCommand(b.cfg.Exe, child)
 	// A session of its own: the sandbox shares no session or process
 	// group with the supervisor, and CRIU can dump its tree (a session
@@ -169,7 +169,7 @@ func (b *Backend) execInit(child []*os.File, cgroupFD int, owner uint32) (*initP
 		cmd.SysProcAttr.CgroupFD = cgroupFD
 		p.inCgroup = true
 	}
-	if err := startOwned(cmd, owner); err != nil {
+	if err := startOwned(cmd, owner, fixedLayout); err != nil {
 		return nil, fmt.Errorf("start init (user namespaces: %w)", err)
 	}
 	p.pid = cmd.Process.Pid

@@ -512,6 +512,12 @@ type pauseState struct {
 	criuMu      sync.Mutex
 	criuBin     string
 	checkpoints uint64
+	// hashSeed is the PYTHONHASHSEED of pausable sandboxes' runners
+	// (initConfig.HashSeed), the current base's (pausebase_linux.go).
+	hashSeed   string
+	baseMu     sync.Mutex // bases
+	baseMakeMu sync.Mutex // held while a base is made
+	bases      baseState
 }
 
 // reopenRoot gives the files API the restored mount namespace's root: the

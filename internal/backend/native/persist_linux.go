@@ -22,6 +22,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vivarium-sandbox/vivarium/internal/criu"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/workspace"
 )
@@ -70,7 +71,14 @@ func (s *Sandbox) PersistPaused(ctx context.Context, dir string) (int64, error) 
 		return 0, fmt.Errorf("persist: %w", err)
 	}
 	defer unix.Unmount(live, unix.MNT_DETACH)
-	size, err := writeSnapshot(s.snapshotOf(s.cp, live, rp.pid), dir, true)
+	snap := s.snapshotOf(s.cp, live, rp.pid)
+	switch base, err := s.b.pauseBaseFor(ctx, s); {
+	case err != nil:
+		s.b.log.Warn("persist: kept whole, without a base", "sandbox", s.id, "err", err)
+	case base != nil:
+		snap.base, snap.basePairs = base, criu.Pairs{uint32(rp.pid): uint32(base.info.RunnerNS)}
+	}
+	size, err := writeSnapshot(snap, dir, true)
 	if err != nil {
 		return 0, fmt.Errorf("persist: %w", err)
 	}
@@ -98,7 +106,7 @@ func (s *Sandbox) ReleasePaused(dir string) error {
 		// Their pipes are held until the resume joins them again.
 		return fmt.Errorf("%w: commands it started still run; it stays paused in memory", sandbox.ErrUnsupported)
 	}
-	snap, err := loadSnapshot(dir)
+	snap, err := s.b.loadSnapshot(dir)
 	if err != nil {
 		return fmt.Errorf("release: %w", err)
 	}
@@ -155,7 +163,7 @@ func (b *Backend) OpenPaused(ctx context.Context, dir string, opts sandbox.FromS
 	if _, err := b.criu(); err != nil {
 		return nil, err
 	}
-	snap, err := loadSnapshot(dir)
+	snap, err := b.loadSnapshot(dir)
 	if err != nil {
 		return nil, err
 	}

@@ -205,7 +205,7 @@ func start(ctx context.Context, b *Backend, spec sandbox.Spec, cfg *initConfig, 
 		if s.cg != nil {
 			cgfd = s.cg.IntoFD()
 		}
-		s.init, err = b.execInit(p.child, cgfd, s.owner.First)
+		s.init, err = b.execInit(p.child, cgfd, s.owner.First, cfg.HashSeed != "")
 	} else {
 		s.init, err = z.spawnInit(ctx, p.child, s.owner.First)
 	}

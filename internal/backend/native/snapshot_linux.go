@@ -37,6 +37,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vivarium-sandbox/vivarium/internal/criu"
 	"github.com/vivarium-sandbox/vivarium/internal/hostuid"
 	"github.com/vivarium-sandbox/vivarium/internal/runner"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
@@ -48,10 +49,11 @@ var (
 	_ sandbox.SnapshotRestorer = (*Backend)(nil)
 )
 
-// snapshotVersion is the manifest's format: 2 packs the page images
+// snapshotVersion is the manifest's format: 3 writes pages against a
+// base (Base), 2 packs the page images
 // (manifest.Packed); 1, which does not, is still written where nothing
 // is packed (snapshots), and read.
-const snapshotVersion = 2
+const snapshotVersion = 3
 
 // manifest is a snapshot's manifest.json.
 type manifest struct {
@@ -80,6 +82,15 @@ type manifest struct {
 	// Packed: the images stored compressed, as images/NAME.zst
 	// (snapshot.Pack), each with its size unpacked.
 	Packed map[string]int64 `json:"packed,omitempty"`
+	// Base: pages left to a pause base (pausebase_linux.go).
+	Base *manifestBase `json:"base,omitempty"`
+}
+
+// manifestBase names the base a kept copy's pages refer to, and which of
+// its processes is compared with which of the base's.
+type manifestBase struct {
+	Key   string     `json:"key"`
+	Pairs criu.Pairs `json:"pairs"`
 }
 
 type manifestMount struct {
@@ -195,9 +206,10 @@ func writeSnapshotFiles(snap *forkSnapshot, dir string, pack bool) error {
 		return err
 	}
 	packed := map[string]int64{}
+	delta := pack && snap.base != nil
 	for _, e := range ents {
 		src, dst := filepath.Join(snap.images(), e.Name()), filepath.Join(dir, "images", e.Name())
-		if !pack || !packs(e.Name()) {
+		if !pack || !packs(e.Name()) || delta {
 			if err := copyRegular(src, dst, 0o644); err != nil {
 				return err
 			}
@@ -207,6 +219,24 @@ func writeSnapshotFiles(snap *forkSnapshot, dir string, pack bool) error {
 			return err
 		}
 	}
+	var base *manifestBase
+	if delta {
+		// Pages the base has are left to it, and what is left packed.
+		if _, err := criu.Delta(filepath.Join(dir, "images"), snap.base.dir, snap.basePairs); err != nil {
+			return err
+		}
+		for _, e := range ents {
+			if dst := filepath.Join(dir, "images", e.Name()); packs(e.Name()) {
+				if packed[e.Name()], err = snapshot.Pack(dst+snapshot.PackedSuffix, dst); err != nil {
+					return err
+				}
+				if err := os.Remove(dst); err != nil {
+					return err
+				}
+			}
+		}
+		base = &manifestBase{Key: snap.base.key, Pairs: snap.basePairs}
+	}
 	// init's configuration without the runner's files and the /etc it
 	// writes, which init uses only when it starts (1.2 MB, and in the
 	// root's files already).
@@ -214,9 +244,13 @@ func writeSnapshotFiles(snap *forkSnapshot, dir string, pack bool) error {
 	cfg.RunnerFiles, cfg.Etc = nil, nil
 	m := manifest{Version: snapshotVersion, Arch: runtime.GOARCH, Spec: snap.spec, Init: &cfg,
 		Contexts: snap.contexts, Owner: snap.owner.First, RunnerNS: snap.runnerNS, RootOpts: snap.rootOpts,
-		RunnerPID: snap.runnerPID, Group: snap.group, Cgroups: snap.cgroups, Sysctls: snap.userSysctls, Packed: packed}
-	if len(packed) == 0 {
+		RunnerPID: snap.runnerPID, Group: snap.group, Cgroups: snap.cgroups, Sysctls: snap.userSysctls, Packed: packed,
+		Base: base}
+	switch {
+	case len(packed) == 0:
 		m.Version = 1 // nothing packed: readable by a Vivarium that does not unpack
+	case base == nil:
+		m.Version = 2 // readable by a Vivarium without bases
 	}
 	if m.Kernel, m.CPU, err = hostKind(); err != nil {
 		return err
@@ -268,7 +302,7 @@ func (b *Backend) CreateFromSnapshot(ctx context.Context, dir string, opts sandb
 	if err != nil {
 		return nil, err
 	}
-	snap, err := loadSnapshot(dir)
+	snap, err := b.loadSnapshot(dir)
 	if err != nil {
 		return nil, err
 	}
@@ -340,7 +374,21 @@ func loadSnapshot(dir string) (*forkSnapshot, error) {
 	}
 	return &forkSnapshot{checkpoint: cp, spec: m.Spec, cfg: m.Init, contexts: m.Contexts,
 		rootFiles: filepath.Join(dir, "files"), group: m.Group, owner: hostuid.Range{First: m.Owner},
-		runnerNS: m.RunnerNS, rootOpts: m.RootOpts, packed: m.Packed}, nil
+		runnerNS: m.RunnerNS, rootOpts: m.RootOpts, packed: m.Packed, baseOf: m.Base}, nil
+}
+
+// loadSnapshot is loadSnapshot with the snapshot's base, if any, found and
+// checked.
+func (b *Backend) loadSnapshot(dir string) (*forkSnapshot, error) {
+	snap, err := loadSnapshot(dir)
+	if err != nil || snap.baseOf == nil {
+		return snap, err
+	}
+	if snap.base, err = b.openBase(snap.baseOf.Key); err != nil {
+		return nil, err
+	}
+	snap.basePairs = snap.baseOf.Pairs
+	return snap, nil
 }
 
 // hostKind names what a snapshot's restore depends on of the host: its

@@ -150,7 +150,7 @@ func spawnForkedInit(fds []int, owner uint32) (pid, pidfd int, err error) {
 		}
 	}()
 	cmd := initCommand("/proc/self/exe", files)
-	if err := startOwned(cmd, owner); err != nil {
+	if err := startOwned(cmd, owner, false); err != nil {
 		return 0, -1, err
 	}
 	pid = cmd.Process.Pid

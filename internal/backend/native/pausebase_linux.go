@@ -1,0 +1,302 @@
+package native
+
+// Reference images of paused sandboxes kept on disk (Config.PauseBaseDir,
+// docs/snapshots.md "Kept copies against a base").
+//
+// A pandas sandbox kept on disk is about 40 MB of pages, 11 MB packed:
+// 10,000 of them do not fit on a common disk. Most of those pages are the
+// same in every sandbox (the interpreter, numpy, pandas and matplotlib
+// after their import), but not at the same addresses and not with the
+// same bytes: address-space randomization moves every pointer, and
+// Python's string hashes, which order its dicts, are seeded at random.
+// Two such sandboxes shared 3% of their pages.
+//
+// So, where the backend has a PauseBaseDir, a pausable sandbox starts
+// from a fixed point: its processes get no address-space randomization
+// (spawnWithLayout), its runner the backend's hash seed and the backend's
+// Preload imported before its first cell, the collector kept off them.
+// Two such sandboxes then share 97% of their runner's pages byte for byte
+// at the same address. The base is one such sandbox, paused after a first
+// cell: its runner's pagemap and pages, under PauseBaseDir/<key>, with a
+// base.json naming its seed, what it was made of and each file's sha256;
+// key is the sha256 of base.json. A kept copy (PersistPaused) has every
+// page of its runner identical to the base's at the same address written
+// as a reference to it (criu.Delta), and its manifest names the base's key
+// and the pairing of processes; its resume gives CRIU a view of the base
+// as the dump's parent (criu.ParentView). Measured: a kept pandas sandbox
+// takes about 5 MB instead of 11.
+//
+// The seed and the base are the backend's for as long as what made them
+// (the runner, the Preload list, the interpreter, the kernel) is the
+// same: a restarted server finds its base in PauseBaseDir/current and
+// goes on with its seed. A base is checked against base.json once per
+// process before it is used; a base that does not match is refused.
+// Bases are not removed: one is made per upgrade, about 60 MB.
+//
+// What this costs in isolation is stated in docs/security.md: every
+// pausable sandbox of a host has the same memory layout and hash seed, as
+// the sandboxes forked from one zygote do, for the base's life.
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	mrand "math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/vivarium-sandbox/vivarium/internal/criu"
+	"github.com/vivarium-sandbox/vivarium/internal/runner"
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+)
+
+// baseVersion is the format of base.json.
+const baseVersion = 1
+
+// currentBase, in PauseBaseDir, holds the key of the base new kept copies
+// are written against.
+const currentBase = "current"
+
+// pauseBase is a base, checked.
+type pauseBase struct {
+	key  string
+	dir  string
+	info baseInfo
+}
+
+// baseInfo is a base's base.json.
+type baseInfo struct {
+	Version     int    `json:"version"`
+	Fingerprint string `json:"fingerprint"`
+	HashSeed    string `json:"hash_seed"`
+	// RunnerNS is the runner's pid in the base sandbox: its pagemap is
+	// pagemap-<RunnerNS>.img.
+	RunnerNS int `json:"runner_ns"`
+	// Files are the base's images and their sha256.
+	Files map[string]string `json:"files"`
+}
+
+// baseState is the backend's bases.
+type baseState struct {
+	current *pauseBase            // nil until found or made
+	checked map[string]*pauseBase // by key
+}
+
+// fingerprint names what a sandbox's runner memory at its start depends
+// on: a base made from another is of little use (never wrong: pages are
+// compared byte for byte).
+func (b *Backend) fingerprint() string {
+	h := sha256.New()
+	files := runner.Files()
+	for _, name := range slices.Sorted(maps.Keys(files)) {
+		fmt.Fprintf(h, "%s %d\n", name, len(files[name]))
+		h.Write(files[name])
+	}
+	fmt.Fprintf(h, "preload %s\n", strings.Join(b.cfg.Preload, ","))
+	if real, err := filepath.EvalSymlinks(sandbox.DefaultPython); err == nil {
+		if st, err := os.Stat(real); err == nil {
+			fmt.Fprintf(h, "python %s %d %d\n", real, st.Size(), st.ModTime().UnixNano())
+		}
+	}
+	kernel, _, _ := hostKind()
+	fmt.Fprintf(h, "kernel %s\n", kernel)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// initBases sets the backend's hash seed: the current base's, where
+// PauseBaseDir has one made from what this backend runs; a new one
+// otherwise (its base is made by the first kept copy).
+func (b *Backend) initBases() {
+	b.hashSeed = strconv.FormatUint(uint64(mrand.Uint32()), 10)
+	if b.cfg.PauseBaseDir == "" {
+		return
+	}
+	key, err := os.ReadFile(filepath.Join(b.cfg.PauseBaseDir, currentBase))
+	if errors.Is(err, os.ErrNotExist) {
+		return
+	}
+	if err == nil {
+		var base *pauseBase
+		if base, err = b.openBase(strings.TrimSpace(string(key))); err == nil {
+			if base.info.Fingerprint != b.fingerprint() {
+				b.log.Info("pause base: made from another runner, interpreter or kernel; a new one will be made", "key", base.key)
+				return
+			}
+			b.hashSeed, b.bases.current = base.info.HashSeed, base
+			return
+		}
+	}
+	b.log.Warn("pause base: the current one cannot be used; a new one will be made", "err", err)
+}
+
+// openBase returns the base of key, checked against its base.json (once
+// per process).
+func (b *Backend) openBase(key string) (*pauseBase, error) {
+	b.baseMu.Lock()
+	defer b.baseMu.Unlock()
+	if base := b.bases.checked[key]; base != nil {
+		return base, nil
+	}
+	if b.cfg.PauseBaseDir == "" {
+		return nil, errors.New("a kept copy written against a base, and this backend has no PauseBaseDir")
+	}
+	if len(key) != 64 || strings.Trim(key, "0123456789abcdef") != "" {
+		return nil, fmt.Errorf("pause base %q: not a key", key)
+	}
+	dir := filepath.Join(b.cfg.PauseBaseDir, key)
+	raw, err := os.ReadFile(filepath.Join(dir, "base.json"))
+	if err != nil {
+		return nil, fmt.Errorf("pause base: %w", err)
+	}
+	if sum := sha256.Sum256(raw); hex.EncodeToString(sum[:]) != key {
+		return nil, fmt.Errorf("pause base %s: its base.json was changed", key)
+	}
+	var info baseInfo
+	if err := json.Unmarshal(raw, &info); err != nil || info.Version != baseVersion || info.RunnerNS <= 0 {
+		return nil, fmt.Errorf("pause base %s: base.json of another format", key)
+	}
+	for name, want := range info.Files {
+		if name != filepath.Base(name) || !strings.HasSuffix(name, ".img") {
+			return nil, fmt.Errorf("pause base %s: a file %q", key, name)
+		}
+		got, err := fileSHA256(filepath.Join(dir, name))
+		if err != nil {
+			return nil, fmt.Errorf("pause base %s: %w", key, err)
+		}
+		if got != want {
+			return nil, fmt.Errorf("pause base %s: %s was changed", key, name)
+		}
+	}
+	base := &pauseBase{key: key, dir: dir, info: info}
+	if b.bases.checked == nil {
+		b.bases.checked = map[string]*pauseBase{}
+	}
+	b.bases.checked[key] = base
+	return base, nil
+}
+
+func fileSHA256(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// pauseBaseFor returns the base s's kept copy is written against, made
+// now if there is none: nil (and no error) where s was not started from
+// the fixed point (no PauseBaseDir, not pausable, another interpreter or
+// a seed of its own).
+func (b *Backend) pauseBaseFor(ctx context.Context, s *Sandbox) (*pauseBase, error) {
+	if b.cfg.PauseBaseDir == "" || s.cfg.HashSeed == "" || s.cfg.HashSeed != b.hashSeed ||
+		s.spec.Python != sandbox.DefaultPython {
+		return nil, nil
+	}
+	b.baseMakeMu.Lock()
+	defer b.baseMakeMu.Unlock()
+	b.baseMu.Lock()
+	base := b.bases.current
+	b.baseMu.Unlock()
+	if base != nil {
+		return base, nil
+	}
+	base, err := b.makeBase(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("pause base: %w", err)
+	}
+	b.baseMu.Lock()
+	b.bases.current = base
+	b.baseMu.Unlock()
+	b.log.Info("pause base made", "key", base.key, "dir", base.dir)
+	return base, nil
+}
+
+// baseCell is the base sandbox's first cell: what every sandbox has run
+// once it has run anything (the runner's first compile and execution).
+const baseCell = "None"
+
+// makeBase starts a pausable sandbox, runs a first cell, pauses it and
+// keeps its runner's images as the base.
+func (b *Backend) makeBase(ctx context.Context) (*pauseBase, error) {
+	sbx, err := b.Create(ctx, sandbox.Spec{Pausable: true})
+	if err != nil {
+		return nil, err
+	}
+	s := sbx.(*Sandbox)
+	defer s.Close()
+	if res, err := s.Execute(ctx, sandbox.ExecRequest{Code: baseCell}, nil); err != nil {
+		return nil, err
+	} else if res.Status != sandbox.StatusOK {
+		return nil, fmt.Errorf("its first cell: %s %s", res.Status, res.Error)
+	}
+	if err := s.Pause(ctx); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	rp := s.rp
+	s.mu.Unlock()
+	if rp == nil {
+		return nil, errors.New("the paused base's runner is not known")
+	}
+	runnerNS := rp.pid // in the sandbox
+	if err := os.MkdirAll(b.cfg.PauseBaseDir, 0o700); err != nil {
+		return nil, err
+	}
+	tmp, err := os.MkdirTemp(b.cfg.PauseBaseDir, ".new-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+	info := baseInfo{Version: baseVersion, Fingerprint: b.fingerprint(), HashSeed: s.cfg.HashSeed, RunnerNS: runnerNS,
+		Files: map[string]string{}}
+	pagemap, pages, err := criu.PageFiles(s.cp.images(), uint32(runnerNS))
+	if err != nil {
+		return nil, err
+	}
+	for _, name := range []string{pagemap, pages} {
+		dst := filepath.Join(tmp, name)
+		// 0444: a resume's view hard-links the pages where its restored
+		// tasks read them (criu.ParentView); this directory (0700) keeps
+		// everyone else from them.
+		if err := copyRegular(filepath.Join(s.cp.images(), name), dst, 0o444); err != nil {
+			return nil, err
+		}
+		if info.Files[name], err = fileSHA256(dst); err != nil {
+			return nil, err
+		}
+	}
+	raw, err := json.MarshalIndent(info, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(tmp, "base.json"), raw, 0o400); err != nil {
+		return nil, err
+	}
+	sum := sha256.Sum256(raw)
+	key := hex.EncodeToString(sum[:])
+	dir := filepath.Join(b.cfg.PauseBaseDir, key)
+	if err := os.Rename(tmp, dir); err != nil {
+		return nil, err
+	}
+	cur := filepath.Join(b.cfg.PauseBaseDir, "."+currentBase+".new")
+	if err := os.WriteFile(cur, []byte(key+"\n"), 0o600); err != nil {
+		return nil, err
+	}
+	if err := os.Rename(cur, filepath.Join(b.cfg.PauseBaseDir, currentBase)); err != nil {
+		return nil, err
+	}
+	return b.openBase(key)
+}

@@ -1,0 +1,127 @@
+package native
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
+)
+
+// baseBackend is a classic backend whose pausable sandboxes start from
+// the fixed point (pausebase_linux.go), with its bases in baseDir.
+func baseBackend(t *testing.T, bin, parent string, uidBase uint32, baseDir string) *Backend {
+	t.Helper()
+	testutil.RequirePythonModules(t, "numpy", "pandas", "matplotlib")
+	b := pauseBackend(t, parent, uidBase)
+	b.criuBin = bin
+	b.cfg.PauseBaseDir = baseDir
+	b.cfg.Preload = []string{"numpy", "pandas", "matplotlib"}
+	b.initBases()
+	return b
+}
+
+// TestPersistPausedBase keeps a paused pandas sandbox on disk against a
+// base: its pages mostly refer to the base, and it takes less than half
+// the disk of its pages whole. A second backend on the same base
+// directory (a restarted server) goes on with the same seed and base,
+// and resumes the sandbox with its DataFrame, variables and files. A
+// base changed on disk is refused, and so the kept copy is not restored.
+func TestPersistPausedBase(t *testing.T) {
+	bin := requireCRIU(t)
+	baseDir := t.TempDir()
+	b := baseBackend(t, bin, snapCgroupParent+"-b", snapUIDBase+48<<16, baseDir)
+	ctx := context.Background()
+	sbx, err := b.Create(ctx, sandbox.Spec{Pausable: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := sbx.(*Sandbox)
+	defer s.Close()
+	// Preloaded, and fixed: no randomization, the backend's seed.
+	if got := execText(t, s, "import sys, os\n('pandas' in sys.modules, open('/proc/self/personality').read().strip(), "+
+		"'PYTHONHASHSEED' in os.environ)"); got != "(True, '00040000', False)" {
+		t.Fatalf("a pausable sandbox of a backend with bases: %s", got)
+	}
+	seedHash := execText(t, s, "hash('vivarium')")
+	want := execText(t, s, "import pandas as pd\ndf = pd.DataFrame({'a': range(1000)})\nx = 41\n"+
+		"open('kept.txt', 'w').write('kept')\n(int(df.a.sum()), x)")
+	if err := s.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	whole := dirSize(s.cp.images())
+	dir := filepath.Join(t.TempDir(), "kept")
+	size, err := s.PersistPaused(ctx, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m manifest
+	raw, err := os.ReadFile(filepath.Join(dir, "manifest.json"))
+	if err != nil || json.Unmarshal(raw, &m) != nil {
+		t.Fatal(err)
+	}
+	if m.Base == nil || m.Version != 3 {
+		t.Fatalf("kept without a base: version %d, base %+v", m.Version, m.Base)
+	}
+	var pages int64
+	for _, n := range m.Packed {
+		pages += n
+	}
+	t.Logf("kept: %d KiB on disk; its pages %d KiB unpacked against %d KiB of images whole", size>>10, pages>>10, whole>>10)
+	if pages > whole/2 {
+		t.Fatalf("kept pages %d of %d: the base was of little use", pages, whole)
+	}
+	s.Close()
+
+	b2 := baseBackend(t, bin, snapCgroupParent+"-b2", snapUIDBase+52<<16, baseDir)
+	if b2.hashSeed != b.hashSeed || b2.bases.current == nil || b2.bases.current.key != m.Base.Key {
+		t.Fatalf("a restarted backend: seed %s (was %s), base %+v", b2.hashSeed, b.hashSeed, b2.bases.current)
+	}
+	o, err := b2.OpenPaused(ctx, dir, sandbox.FromSnapshot{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Close()
+	if err := o.(*Sandbox).Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := execText(t, o.(*Sandbox), "(int(df.a.sum()), x)"); got != want {
+		t.Fatalf("resumed: %s, want %s", got, want)
+	}
+	if got := execText(t, o.(*Sandbox), "open('/workspace/kept.txt').read()"); got != "kept" {
+		t.Fatalf("resumed file: %s", got)
+	}
+	// A new sandbox of the restarted backend hashes as the first did.
+	n, err := b2.Create(ctx, sandbox.Spec{Pausable: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	if got := execText(t, n.(*Sandbox), "hash('vivarium')"); got != seedHash {
+		t.Fatalf("seed after a restart: %s, was %s", got, seedHash)
+	}
+
+	// The base changed on disk: refused by a backend that checks it.
+	pagesFile := ""
+	for name := range b2.bases.current.info.Files {
+		if strings.HasPrefix(name, "pages-") {
+			pagesFile = filepath.Join(b2.bases.current.dir, name)
+		}
+	}
+	os.Chmod(pagesFile, 0o600)
+	f, err := os.OpenFile(pagesFile, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteAt([]byte{0xff, 0xee}, 4096)
+	f.Close()
+	b3 := pauseBackend(t, snapCgroupParent+"-b3", snapUIDBase+56<<16)
+	b3.criuBin, b3.cfg.PauseBaseDir = bin, baseDir
+	if _, err := b3.OpenPaused(ctx, dir, sandbox.FromSnapshot{}); err == nil || !strings.Contains(err.Error(), "was changed") {
+		t.Fatalf("a kept copy of a changed base opened: %v", err)
+	}
+}
