@@ -109,7 +109,7 @@ func dropCache(path string) {
 // bundle and container id, is the new container, its standard input and
 // output the restored agent's.
 func (c *sandboxContainer) Restore(_ context.Context, dir string) (container.Container, error) {
-	n := &sandboxContainer{r: c.r, id: c.id, bundle: c.bundle, cg: c.cg, done: make(chan struct{})}
+	n := &sandboxContainer{r: c.r, id: c.id, bundle: c.bundle, cg: c.cg, done: make(chan struct{}), restoredAs: c.restoredAs}
 	if err := n.start("restore", "--image-path", dir, "--bundle", c.bundle, c.id); err != nil {
 		return nil, err
 	}

@@ -368,6 +368,9 @@ type sandboxContainer struct {
 	done   chan struct{}
 	cg     cgroups.Group
 	log    lockedBuffer
+	// restoredAs: started from a checkpoint of another container id
+	// (RestoreAs), or restored in place from such a container (Restore).
+	restoredAs bool
 }
 
 func (c *sandboxContainer) Stdin() io.WriteCloser { return c.stdin }
@@ -388,6 +391,13 @@ func (c *sandboxContainer) Kill() error {
 	}
 	cmd := exec.Command(c.r.cfg.Runsc, append(c.r.globalArgs(), "kill", "--all", c.id, "KILL")...)
 	err := cmd.Run()
+	if c.restoredAs {
+		// Restored under an id of its own (RestoreAs), its processes are
+		// still the saved container's to gVisor's kernel, and kill --all
+		// finds none of them (measured: the sandbox ran on). The end of
+		// its init, the root container's, ends the sandbox.
+		err = errors.Join(err, exec.Command(c.r.cfg.Runsc, append(c.r.globalArgs(), "kill", c.id, "KILL")...).Run())
+	}
 	select {
 	case <-c.done:
 		return nil

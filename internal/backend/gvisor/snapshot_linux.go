@@ -45,7 +45,8 @@ func (r *Runtime) RestoreAs(ctx context.Context, l container.Launch, dir string)
 	if err != nil {
 		return nil, err
 	}
-	c := &sandboxContainer{r: r, id: "vivarium-" + l.ID, bundle: bundle, done: make(chan struct{}), cg: l.Cgroup}
+	c := &sandboxContainer{r: r, id: "vivarium-" + l.ID, bundle: bundle, done: make(chan struct{}), cg: l.Cgroup,
+		restoredAs: true}
 	if err := c.start("restore", "--image-path", dir, "--bundle", bundle, c.id); err != nil {
 		return nil, err
 	}
