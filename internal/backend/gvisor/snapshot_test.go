@@ -20,8 +20,11 @@ import (
 // snapshotState is what the snapshot tests' source holds: pandas and a
 // DataFrame, a variable, a file written and one held open, a background
 // process, and a second code context.
-const snapshotState = "import pandas as pd, random, subprocess, sys\n" +
-	"df = pd.DataFrame({'a': range(1000)})\nx = 41\n" +
+const snapshotState = "import pandas as pd\ndf = pd.DataFrame({'a': range(1000)})\n" + lightState
+
+// lightState is snapshotState without pandas, for the tests about what
+// holds a saved sandbox rather than what it holds.
+const lightState = "import random, subprocess, sys\nx = 41\n" +
 	"open('kept.txt', 'w').write('kept')\n" +
 	"f = open('open.txt', 'w+')\nf.write('abc')\nf.flush()\n" +
 	"child = subprocess.Popen(['sleep', '600'])"
@@ -37,22 +40,17 @@ func memoryGroups() []string {
 	return out
 }
 
-// checkState fails unless s holds what snapshotState made (and y in
-// context cc, when not empty).
+// checkState fails unless s holds what snapshotState (or lightState) made,
+// and y in context cc when not empty: one execution, as each takes a
+// while in gVisor.
 func checkState(t *testing.T, s sandbox.Sandbox, cc string) {
 	t.Helper()
-	for _, c := range []struct{ code, want string }{
-		{"x + 1", "42"},
-		{"int(df.a.sum())", "499500"},
-		{"'pandas' in sys.modules", "True"},
-		{"open('kept.txt').read()", "'kept'"},
-		{"f.seek(0); f.read()", "'abc'"},
-		{"child.poll() is None", "True"},
-		{"import os; os.kill(child.pid, 0) is None", "True"},
-	} {
-		if got := execValue(t, s, c.code); got != c.want {
-			t.Errorf("%s: %s: %q, want %q", s.ID(), c.code, got, c.want)
-		}
+	code := "import os\n[x + 1, open('kept.txt').read(), (f.seek(0), f.read())[1], child.poll(), os.kill(child.pid, 0), " +
+		"'pd' in globals() and (int(df.a.sum()), 'pandas' in sys.modules)]"
+	const light = "[42, 'kept', 'abc', None, None, False]"
+	const heavy = "[42, 'kept', 'abc', None, None, (499500, True)]"
+	if got := execValue(t, s, code); got != light && got != heavy {
+		t.Errorf("%s: x + 1, kept.txt, open.txt, the background process, pandas: %s, want %s or %s", s.ID(), got, light, heavy)
 	}
 	if cc != "" {
 		res, err := s.Execute(context.Background(), sandbox.ExecRequest{Code: "y", Context: cc}, nil)
@@ -68,7 +66,7 @@ func checkState(t *testing.T, s sandbox.Sandbox, cc string) {
 // of its own and the snapshot's limits; the source goes on unaffected,
 // and what it writes after is not in the copies. Random generators are
 // reseeded unless asked not to be. A damaged or missing image is refused
-// clearly; then nothing is left.
+// clearly. Then the source is forked (checkFork), and nothing is left.
 func TestSnapshot(t *testing.T) {
 	dir := t.TempDir()
 	cps := filepath.Join(t.TempDir(), "checkpoints")
@@ -221,37 +219,30 @@ func TestSnapshot(t *testing.T) {
 		t.Errorf("after the failed restores, runsc's containers: %v, want 3", got)
 	}
 
-	for _, s := range closers {
+	for _, s := range closers[1:] {
 		if err := s.Close(); err != nil {
 			t.Errorf("close %s: %v", s.ID(), err)
 		}
+	}
+	closers = closers[:1]
+
+	execValue(t, src, "x = 41; open('kept.txt', 'w').write('kept'); import numpy as np")
+	t.Run("Fork", func(t *testing.T) { checkFork(t, src, dir, cps) })
+	if err := src.Close(); err != nil {
+		t.Errorf("close the source: %v", err)
 	}
 	closers = nil
 	requireNothingLeft(t, b, dir, cps)
 }
 
-// TestFork forks a gVisor sandbox holding pandas state into 3: each copy
-// has the source's state, files and background process, and is a sandbox
-// of its own (id, container, cgroup); their random generators (Python's,
-// numpy's) differ; what one writes is not seen by a sibling or the
-// source, nor what the source writes by them. The source goes on. Then
-// nothing is left.
-func TestFork(t *testing.T) {
-	dir := t.TempDir()
-	cps := filepath.Join(t.TempDir(), "checkpoints")
-	b := pauseBackend(t, gvisor.Config{StateDir: dir, CheckpointDir: cps})
+// checkFork forks src, which holds snapshotState and numpy, into 3: each
+// copy has the source's state, files and background process, and is a
+// sandbox of its own (id, container, cgroup); their random generators
+// (Python's, numpy's) differ; what one writes is not seen by a sibling or
+// the source, nor what the source writes by them. The source goes on
+// once they are closed. src must be the backend's one sandbox.
+func checkFork(t *testing.T, src sandbox.Sandbox, dir, cps string) {
 	ctx := context.Background()
-	src, err := b.Create(ctx, sandbox.Spec{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	closers := []sandbox.Sandbox{src}
-	defer func() {
-		for _, s := range closers {
-			s.Close()
-		}
-	}()
-	execValue(t, src, snapshotState+"\nimport numpy as np")
 	f, ok := src.(sandbox.Forker)
 	if !ok {
 		t.Fatal("a gvisor sandbox is not a sandbox.Forker")
@@ -262,20 +253,17 @@ func TestFork(t *testing.T) {
 	if _, err := f.Fork(ctx, 0, sandbox.ForkOptions{}); !errors.Is(err, sandbox.ErrInvalidSpec) {
 		t.Errorf("a fork into 0: %v", err)
 	}
-	// The backend's first checkpoint probes runsc: not measured.
-	if err := src.(sandbox.Pauser).Pause(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := src.(sandbox.Pauser).Resume(ctx); err != nil {
-		t.Fatal(err)
-	}
 	start := time.Now()
 	copies, err := f.Fork(ctx, 3, sandbox.ForkOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("fork into 3: %v", time.Since(start).Round(time.Millisecond))
-	closers = append(closers, copies...)
+	defer func() {
+		for _, c := range copies {
+			c.Close()
+		}
+	}()
 	if len(copies) != 3 {
 		t.Fatalf("%d copies", len(copies))
 	}
@@ -320,6 +308,27 @@ func TestFork(t *testing.T) {
 	if len(groups) != 4 || len(slices.Compact(slices.Sorted(slices.Values(groups)))) != 4 {
 		t.Errorf("memory groups: %v, want 4", groups)
 	}
+	// An execution over its timeout that ignores SIGINT: the copy's
+	// agent ends its runner and starts another, in the copy's cgroup,
+	// its limits kept.
+	limit := func(s sandbox.Sandbox) string {
+		b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory", pauseCgroupParent, s.ID(), "memory.limit_in_bytes"))
+		if err != nil {
+			t.Errorf("%s's memory group: %v", s.ID(), err)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	res, err := copies[0].Execute(ctx, sandbox.ExecRequest{Code: "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: pass",
+		Timeout: 2 * time.Second}, nil)
+	if err != nil || res.Status != sandbox.StatusTimeout {
+		t.Errorf("an execution over its timeout in a copy: %+v %v", res, err)
+	}
+	if got := execValue(t, copies[0], "1 + 1"); got != "2" {
+		t.Errorf("the copy after a timeout: %s", got)
+	}
+	if a, b := limit(copies[0]), limit(src); a != b || a == "" {
+		t.Errorf("the copy's memory limit after its container was killed: %s, the source's %s", a, b)
+	}
 	// Copies close on their own; the source goes on.
 	for _, c := range copies {
 		if err := c.Close(); err != nil {
@@ -329,11 +338,6 @@ func TestFork(t *testing.T) {
 	if got := execValue(t, src, "x + 1"); got != "42" {
 		t.Errorf("the source after its copies closed: %s", got)
 	}
-	for _, s := range closers {
-		s.Close()
-	}
-	closers = nil
-	requireNothingLeft(t, b, dir, cps)
 }
 
 // TestPersistPaused writes a paused gVisor sandbox down (PersistPaused),
@@ -357,7 +361,7 @@ func TestPersistPaused(t *testing.T) {
 			sb.Close()
 		}
 	}()
-	execValue(t, sb, snapshotState)
+	execValue(t, sb, lightState)
 	p := sb.(sandbox.Pauser)
 	if err := p.Pause(ctx); err != nil {
 		t.Fatal(err)
@@ -409,7 +413,6 @@ func TestPersistPaused(t *testing.T) {
 		t.Fatal(err)
 	}
 	closed = true
-	requireNothingLeft(t, b, dir, cps)
 
 	dir2 := t.TempDir()
 	cps2 := filepath.Join(t.TempDir(), "checkpoints")
@@ -456,6 +459,7 @@ func TestPersistPaused(t *testing.T) {
 	if err := o.Close(); err != nil {
 		t.Fatal(err)
 	}
+	requireNothingLeft(t, b, dir, cps)
 	requireNothingLeft(t, b2, dir2, cps2)
 }
 
