@@ -360,6 +360,13 @@ func (s *Sandbox) provision(files string) (err error) {
 		if err := s.fillDisk(files, disk.Dir); err != nil {
 			return err
 		}
+		// The runtime binds these into the container, and the workspace
+		// is opened by path: directories, never links.
+		for _, d := range []string{disk.Workspace, disk.Tmp, disk.Shm} {
+			if fi, err := os.Lstat(d); err != nil || !fi.IsDir() {
+				return fmt.Errorf("the snapshot's files: %s is not a directory", filepath.Base(d))
+			}
+		}
 	} else {
 		for _, d := range []string{disk.Workspace, disk.Tmp, disk.Shm} {
 			if err := os.Mkdir(d, 0o755); err != nil {

@@ -178,24 +178,35 @@ func TestSnapshot(t *testing.T) {
 		}
 	}
 
-	// A damaged or missing image.
+	// A damaged or missing image, a link for the workspace.
 	broken := func(name string, damage func(image string)) string {
 		t.Helper()
 		d := filepath.Join(snaps, name)
 		if out, err := exec.Command("cp", "-a", snap, d).CombinedOutput(); err != nil {
 			t.Fatalf("cp: %v %s", err, out)
 		}
-		damage(filepath.Join(d, "image", "checkpoint.img"))
+		damage(d)
 		return d
 	}
 	for _, c := range []struct {
 		name, want string
-		damage     func(image string)
+		damage     func(dir string)
 	}{
-		{"missing", "its image checkpoint.img is missing", func(image string) { os.Remove(image) }},
-		{"truncated", "its image checkpoint.img is damaged", func(image string) { os.Truncate(image, 1000) }},
-		{"changed", "restored container", func(image string) {
-			f, err := os.OpenFile(image, os.O_RDWR, 0)
+		{"image missing", "its image checkpoint.img is missing", func(d string) { os.Remove(filepath.Join(d, "image", "checkpoint.img")) }},
+		{"image truncated", "its image checkpoint.img is damaged", func(d string) { os.Truncate(filepath.Join(d, "image", "checkpoint.img"), 1000) }},
+		// Not one a sandbox can make (the disk's top is not reachable
+		// from inside), but a link there would be bound into the copy.
+		{"workspace a link", "workspace is not a directory", func(d string) {
+			ws := filepath.Join(d, "files", "workspace")
+			if err := os.RemoveAll(ws); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink("/etc", ws); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"image changed", "restored container", func(d string) {
+			f, err := os.OpenFile(filepath.Join(d, "image", "checkpoint.img"), os.O_RDWR, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -211,9 +222,9 @@ func TestSnapshot(t *testing.T) {
 		d := broken(c.name, c.damage)
 		_, err := r.CreateFromSnapshot(ctx, d, sandbox.FromSnapshot{})
 		if err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("an image %s: %v, want an error saying %q", c.name, err, c.want)
+			t.Errorf("a snapshot's %s: %v, want an error saying %q", c.name, err, c.want)
 		} else {
-			t.Logf("an image %s: %v", c.name, err)
+			t.Logf("a snapshot's %s: %v", c.name, err)
 		}
 	}
 	if got := containers(t, dir); len(got) != 3 {
