@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -104,6 +105,17 @@ func TestSnapshot(t *testing.T) {
 	if _, err := sn.SaveSnapshot(ctx, filepath.Join(t.TempDir(), "warm")); err != nil {
 		t.Fatal(err)
 	}
+
+	// Not while a command runs; the sandbox goes on.
+	cmd, err := src.Start(ctx, sandbox.Command{Argv: []string{"sleep", "60"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sn.SaveSnapshot(ctx, filepath.Join(t.TempDir(), "busy")); !errors.Is(err, sandbox.ErrBusy) {
+		t.Errorf("SaveSnapshot while a command runs: %v", err)
+	}
+	cmd.Signal(syscall.SIGKILL)
+	<-cmd.Done()
 
 	snaps := t.TempDir()
 	snap := filepath.Join(snaps, "snap")
@@ -377,6 +389,13 @@ func TestPersistPaused(t *testing.T) {
 	p := sb.(sandbox.Pauser)
 	if err := p.Pause(ctx); err != nil {
 		t.Fatal(err)
+	}
+	// A paused sandbox is neither saved nor forked.
+	if _, err := sb.(sandbox.Snapshotter).SaveSnapshot(ctx, filepath.Join(t.TempDir(), "s")); !errors.Is(err, sandbox.ErrPaused) {
+		t.Errorf("SaveSnapshot of a paused sandbox: %v", err)
+	}
+	if _, err := sb.(sandbox.Forker).Fork(ctx, 1, sandbox.ForkOptions{}); !errors.Is(err, sandbox.ErrPaused) {
+		t.Errorf("Fork of a paused sandbox: %v", err)
 	}
 	kept := t.TempDir()
 	data := filepath.Join(kept, "data")
