@@ -159,6 +159,10 @@ func TestServePausedSurvivesRestart(t *testing.T) {
 	testutil.WaitFor(t, 30*time.Second, "the paused sandbox to be kept on disk", func() bool {
 		return strings.Contains(srv.log.String(), "paused sandbox kept on disk")
 	})
+	// Against the server's pause base, made by this first kept copy.
+	if !strings.Contains(srv.log.String(), "pause base made") {
+		t.Fatalf("no pause base was made:\n%s", srv.log.String())
+	}
 	srv.cmd.Process.Kill()
 	<-srv.exited
 

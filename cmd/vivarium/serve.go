@@ -54,6 +54,7 @@ type serveConfig struct {
 	idle, maxIdle, lifetime, maxLifetime time.Duration
 	maxPaused                            time.Duration
 	checkpointDir                        string
+	pauseBase                            bool
 	snapshotKeyFile                      string
 	maxSnapshots                         int
 	maxSnapshotBytes                     sizeFlag
@@ -124,6 +125,9 @@ Flags:
 	fs.DurationVar(&c.maxPaused, "max-paused", 0, "how long a paused sandbox is kept (0: --max-lifetime)")
 	fs.StringVar(&c.checkpointDir, "checkpoint-dir", "", "`DIR` where paused native sandboxes keep their images "+
 		"(default /var/lib/vivarium/checkpoints/<cgroup parent>); its parents must let others through (0711)")
+	fs.BoolVar(&c.pauseBase, "pause-base", true, "native: paused sandboxes kept on disk share the pages of a base (<data dir>/pause-bases) and take "+
+		"about a fifth of the disk; pausable sandboxes then start with --preload imported, the same memory layout and the same "+
+		"string-hash seed (docs/snapshots.md, docs/security.md)")
 	fs.StringVar(&c.snapshotKeyFile, "snapshot-key-file", "", "`FILE` of the key snapshots are signed with (made if missing; "+
 		"default <data dir>/snapshot.key): servers that share it take each other's exported snapshots")
 	fs.IntVar(&c.maxSnapshots, "max-snapshots-per-key", 16, "snapshots an API key may keep")
@@ -331,7 +335,17 @@ func (c *serveConfig) openBackend(name string, log *slog.Logger) (sandbox.Backen
 	}
 	return native.New(native.Config{CgroupParent: c.cgroupParent, UIDBase: uint32(c.uidBase), UIDRanges: c.uidRanges,
 		KernelLimits: c.kernelLimits, InsecureNoCgroups: c.noCgroups, Zygote: c.zygote, Preload: c.preloads(),
-		ZygoteMaxSandboxes: c.zygoteMaxSandboxes, ZygoteMaxAge: c.zygoteMaxAge, CheckpointDir: c.checkpointDir, Logger: log})
+		ZygoteMaxSandboxes: c.zygoteMaxSandboxes, ZygoteMaxAge: c.zygoteMaxAge, CheckpointDir: c.checkpointDir,
+		PauseBaseDir: c.pauseBaseDir(), Logger: log})
+}
+
+// pauseBaseDir is where the native backend keeps its pause bases ("":
+// none, --pause-base=false).
+func (c *serveConfig) pauseBaseDir() string {
+	if !c.pauseBase {
+		return ""
+	}
+	return filepath.Join(c.dataDir, "pause-bases")
 }
 
 // reportPoolAtRest logs what the pool holds once it has filled (or after a

@@ -34,7 +34,7 @@ func (ps *pausing) setup(ctx context.Context) error {
 	if ps.sb != nil {
 		return nil
 	}
-	sb, err := ps.b.Create(ctx, sandbox.Spec{})
+	sb, err := ps.b.Create(ctx, sandbox.Spec{Pausable: true})
 	if err != nil {
 		return err
 	}
@@ -306,7 +306,7 @@ func (ps *pausing) keptSize(ctx context.Context) (float64, error) {
 // again.
 func coldStart(b sandbox.Backend) func(ctx context.Context) error {
 	return func(ctx context.Context) error {
-		sb, err := b.Create(ctx, sandbox.Spec{})
+		sb, err := b.Create(ctx, sandbox.Spec{Pausable: true})
 		if err != nil {
 			return err
 		}

@@ -69,6 +69,10 @@ type pauseWorld struct {
 	// zombies an earlier test's failed resumes left in this process
 	// (TestHostilePauseFailedResume) are not this test's.
 	procs map[string]bool
+	// pausable: sandboxes are made Pausable, and so, with the backend's
+	// pause base (newPauseWorldWithBase), from the fixed point, and kept
+	// against the base.
+	pausable bool
 }
 
 // pauseCase is one attack on pause and resume. setup leaves the attack in
@@ -493,6 +497,17 @@ func TestHostilePause(t *testing.T) {
 }
 
 func newPauseWorld(t *testing.T) *pauseWorld {
+	return newPauseWorldOf(t, false)
+}
+
+// newPauseWorldWithBase is a pause world whose backend keeps paused
+// sandboxes against a pause base, as vivarium serve does, and whose
+// sandboxes are pausable ones, as a server makes them.
+func newPauseWorldWithBase(t *testing.T) *pauseWorld {
+	return newPauseWorldOf(t, true)
+}
+
+func newPauseWorldOf(t *testing.T, withBase bool) *pauseWorld {
 	testutil.RequireRoot(t)
 	testutil.RequirePython(t)
 	if testutil.ZygoteMode() {
@@ -513,8 +528,13 @@ func newPauseWorld(t *testing.T) *pauseWorld {
 		t.Fatal(err)
 	}
 	dir := filepath.Join(parent, "checkpoints")
-	b, err := native.New(native.Config{CgroupParent: pauseCgroupParent, UIDBase: pauseUIDBase,
-		UIDRanges: pauseUIDRanges, CheckpointDir: dir})
+	cfg := native.Config{CgroupParent: pauseCgroupParent, UIDBase: pauseUIDBase,
+		UIDRanges: pauseUIDRanges, CheckpointDir: dir}
+	if withBase {
+		testutil.RequirePythonModules(t, "numpy", "pandas", "matplotlib")
+		cfg.PauseBaseDir, cfg.Preload = filepath.Join(parent, "bases"), []string{"numpy", "pandas", "matplotlib"}
+	}
+	b, err := native.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -523,7 +543,7 @@ func newPauseWorld(t *testing.T) *pauseWorld {
 	for _, p := range testutil.ProcessesOwnedBy(int(pauseUIDBase), int(pauseUIDBase)+pauseUIDRanges<<16) {
 		procs[p] = true
 	}
-	return &pauseWorld{b: b, dir: dir, canaries: testutil.SetupCanaries(t), procs: procs}
+	return &pauseWorld{b: b, dir: dir, canaries: testutil.SetupCanaries(t), procs: procs, pausable: withBase}
 }
 
 // bounded runs f with a context that ends at pauseCallLimit, and fails
@@ -553,7 +573,7 @@ func bounded[T any](t *testing.T, what string, f func(ctx context.Context) (T, e
 func (w *pauseWorld) create(t *testing.T, limits sandbox.Limits) *native.Sandbox {
 	t.Helper()
 	sbx, err := bounded(t, "Create", func(ctx context.Context) (sandbox.Sandbox, error) {
-		return w.b.Create(ctx, sandbox.Spec{Limits: override(baseLimits, limits)})
+		return w.b.Create(ctx, sandbox.Spec{Limits: override(baseLimits, limits), Pausable: w.pausable})
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -1652,9 +1672,11 @@ func TestHostilePauseForeignCgroups(t *testing.T) {
 // server does: OpenPaused): each time the sandbox it resumes as has
 // the attack's state, and its view of its confinement is the original's
 // but for its host range; nothing is left behind. A case whose pause, or
-// writing down, is refused says so.
+// writing down, is refused says so. The sandboxes are pausable ones of a
+// backend with a pause base, as vivarium serve makes them: they start
+// from the fixed point and their kept copies refer to the base.
 func TestHostilePausePersisted(t *testing.T) {
-	w := newPauseWorld(t)
+	w := newPauseWorldWithBase(t)
 	mounts := testutil.Mounts()
 	for _, c := range pauseCases {
 		t.Run(c.name, func(t *testing.T) {
@@ -1686,6 +1708,9 @@ func TestHostilePausePersisted(t *testing.T) {
 			if _, err := bounded(t, "PersistPaused", func(ctx context.Context) (int64, error) { return s.PersistPaused(ctx, dir) }); err != nil {
 				t.Logf("not written down: %v", err)
 				return
+			}
+			if m, err := os.ReadFile(filepath.Join(dir, "manifest.json")); err != nil || !strings.Contains(string(m), `"base": {`) {
+				t.Errorf("kept without the pause base (%v)", err)
 			}
 			// The same server lets go of it (as 5 s after a pause: its
 			// host user, cgroup and memory) and resumes it from disk.
