@@ -311,7 +311,7 @@ func (b *Backend) newSandbox(spec sandbox.Spec, contexts *runner.Contexts) *Sand
 // is charged to it. A sandbox released while paused is provisioned again
 // by its resume (persist_linux.go), with a cgroup of another name: the
 // runtime may still be removing its old group's directories.
-func (s *Sandbox) provision(files string) (err error) {
+func (s *Sandbox) provision(files string) error {
 	b, spec := s.b, s.spec
 	// The disk: a tmpfs of the disk limit's size, in a directory only
 	// root can enter, so that no host user reaches it by path.
