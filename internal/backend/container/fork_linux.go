@@ -46,7 +46,10 @@ func (s *Sandbox) Fork(ctx context.Context, n int, opts sandbox.ForkOptions) ([]
 	}
 	// Each copy holds what the source holds, and its restore more.
 	if u, err := s.Usage(); err == nil {
-		over := s.session().c.(Checkpointer).RestoreOverhead()
+		var over int64
+		if cp, ok := s.session().c.(Checkpointer); ok {
+			over = cp.RestoreOverhead()
+		}
 		if err := hostMemoryFits(int64(n) * (u.Memory + over)); err != nil {
 			return nil, fmt.Errorf("fork into %d: %w", n, err)
 		}
