@@ -226,7 +226,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, owner string) {
 	create := service.CreateRequest{Owner: owner, Idle: idle, Env: env, Metadata: req.Metadata,
 		Network: networkRequest(req.AllowInternetAccess, req.Network), Home: sandbox.HomeUser,
 		IDEnv: []string{"E2B_SANDBOX_ID"}, Ports: req.Network.portOptions(), Volumes: volumeMounts(req.VolumeMounts),
-		OnTimeout: req.onTimeout(), AutoResume: req.AutoResume != nil && req.AutoResume.Enabled}
+		OnTimeout: req.onTimeout(), AutoResume: req.AutoResume != nil && req.AutoResume.Enabled, Pausable: s.cfg.Pausable}
 	if isSnapshot(req.TemplateID) {
 		// Sandbox.create(snapshotId): the snapshot's environment and
 		// home, E2B's among them.
