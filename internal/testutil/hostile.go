@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"time"
@@ -109,11 +110,16 @@ func Mounts() []string {
 	return out
 }
 
+// containerDisk matches the disk mounts of container sandboxes (gVisor,
+// Docker: <state dir>/sandboxes/<id>/disk), wherever their backend keeps
+// its state (tests keep it in their own temporary directories).
+var containerDisk = regexp.MustCompile(`/sandboxes/[0-9a-f]{16}/disk[ /]`)
+
 // foreign reports whether a mount belongs to another test package's
 // container sandboxes or test daemon.
 func foreign(m string, mine []string) bool {
 	if !strings.HasPrefix(m, "/run/vivarium/") && !strings.HasPrefix(m, "/tmp/vd-") &&
-		!strings.HasPrefix(m, "/run/netns ") && !strings.HasPrefix(m, "/run/netns/") {
+		!strings.HasPrefix(m, "/run/netns ") && !strings.HasPrefix(m, "/run/netns/") && !containerDisk.MatchString(m) {
 		return false
 	}
 	for _, s := range mine {
