@@ -6,6 +6,7 @@ import (
 	"maps"
 
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/sandboxid"
 )
 
 // Fork makes n new sandboxes of an owner's running sandbox, each an exact
@@ -41,7 +42,7 @@ func (s *Service) Fork(ctx context.Context, owner, id string, n int, opts sandbo
 	// The copies' slots first, as Create reserves one.
 	ids := make([]string, n)
 	for i := range ids {
-		ids[i] = "sb_" + randomHex(12)
+		ids[i] = sandboxid.New(s.cfg.Node)
 	}
 	s.mu.Lock()
 	if s.closed || s.draining {

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -15,6 +14,7 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/netpolicy"
 	"github.com/vivarium-sandbox/vivarium/internal/netproxy"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/sandboxid"
 	"github.com/vivarium-sandbox/vivarium/internal/snapshot"
 )
 
@@ -49,8 +49,6 @@ type pausedMeta struct {
 	// allowlist allows then.
 	Network *netpolicy.Request `json:"network,omitempty"`
 }
-
-var sandboxID = regexp.MustCompile(`^sb_[0-9a-f]{24}$`)
 
 var errNoOpener = errors.New("its backend is not offered here, or cannot open paused sandboxes")
 
@@ -203,7 +201,7 @@ func (s *Service) openPaused() {
 		if e.Name() == pausedLockFile {
 			continue
 		}
-		if !sandboxID.MatchString(e.Name()) {
+		if !sandboxid.Valid(e.Name()) {
 			os.RemoveAll(dir) // a write cut short (.partial-<id>)
 			continue
 		}

@@ -27,6 +27,7 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/netproxy"
 	"github.com/vivarium-sandbox/vivarium/internal/pool"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/sandboxid"
 	"github.com/vivarium-sandbox/vivarium/internal/store"
 	"github.com/vivarium-sandbox/vivarium/internal/volume"
 )
@@ -48,6 +49,10 @@ type Config struct {
 	Backends []string
 	// Pool, when Backend is one, is reported in the metrics.
 	Pool *pool.Pool
+	// Node is the name of the cluster's node this service is (vivarium
+	// serve --cluster), which its sandboxes' ids carry (sandboxid); "":
+	// a server on its own.
+	Node string
 	// MaxLimits caps every limit an owner asks for; zero fields use the
 	// sandbox package's defaults as the cap.
 	MaxLimits sandbox.Limits
@@ -456,7 +461,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 
 	// Reserve a slot first, so that concurrent creations cannot exceed
 	// the quotas while sandboxes start.
-	id := "sb_" + randomHex(12)
+	id := sandboxid.New(s.cfg.Node)
 	env, err := withID(req.Env, req.IDEnv, id)
 	if err != nil {
 		return Info{}, err

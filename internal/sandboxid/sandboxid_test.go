@@ -1,0 +1,39 @@
+package sandboxid
+
+import "testing"
+
+func TestIDs(t *testing.T) {
+	plain, ofNode := New(""), New("node-1")
+	for _, c := range []struct {
+		id    string
+		valid bool
+		node  string
+	}{
+		{plain, true, ""},
+		{ofNode, true, "node-1"},
+		{"sb_0123456789abcdef01234567", true, ""},
+		{"sb_a_0123456789abcdef01234567", true, "a"},
+		{"sb_Node_0123456789abcdef01234567", false, ""},
+		{"sb_-x_0123456789abcdef01234567", false, ""},
+		{"sb_x__0123456789abcdef01234567", false, ""},
+		{"sb_0123456789abcdef0123456", false, ""},
+		{"sb_n/../x_0123456789abcdef01234567", false, ""},
+		{"xx_0123456789abcdef01234567", false, ""},
+	} {
+		if Valid(c.id) != c.valid {
+			t.Errorf("Valid(%q) = %v", c.id, !c.valid)
+		}
+		n, ok := Node(c.id)
+		if n != c.node || ok != (c.node != "") {
+			t.Errorf("Node(%q) = %q, %v", c.id, n, ok)
+		}
+	}
+	if New("") == plain {
+		t.Fatal("ids repeat")
+	}
+	for name, want := range map[string]bool{"node-1": true, "a": true, "-a": false, "a-": false, "A": false, "a_b": false, "": false} {
+		if ValidNode(name) != want {
+			t.Errorf("ValidNode(%q) = %v", name, !want)
+		}
+	}
+}
