@@ -1,14 +1,14 @@
 package bench
 
 import (
-	"bufio"
 	"fmt"
 	"os"
 	"runtime"
-	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vivarium-sandbox/vivarium/internal/hostmem"
 )
 
 // Host describes the machine a report was measured on: figures from
@@ -61,20 +61,8 @@ func loadAverage() string {
 }
 
 func memTotal() int64 {
-	f, err := os.Open("/proc/meminfo")
-	if err != nil {
-		return 0
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		// MemTotal:       24588536 kB
-		if f := strings.Fields(sc.Text()); len(f) >= 2 && f[0] == "MemTotal:" {
-			kb, _ := strconv.ParseInt(f[1], 10, 64)
-			return kb << 10
-		}
-	}
-	return 0
+	_, total, _ := hostmem.Read()
+	return total
 }
 
 func cgroupMode() string {

@@ -9,17 +9,15 @@ package container
 // reseeded unless asked not to be.
 
 import (
-	"bufio"
 	"cmp"
 	"context"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
+	"github.com/vivarium-sandbox/vivarium/internal/hostmem"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
 
@@ -110,36 +108,12 @@ func (s *Sandbox) Fork(ctx context.Context, n int, opts sandbox.ForkOptions) ([]
 }
 
 // hostMemoryFits refuses what would leave the host less than a reserve of
-// its memory (max(256 MiB, 5%)): copies are not left to the host's OOM
+// its memory (hostmem.Reserve): copies are not left to the host's OOM
 // killer among every tenant's processes.
 func hostMemoryFits(need int64) error {
-	f, err := os.Open("/proc/meminfo")
+	available, total, err := hostmem.Read()
 	if err != nil {
 		return nil // nothing known: the sandboxes' own limits still hold
 	}
-	defer f.Close()
-	var available, total int64 = -1, -1
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		k, v, _ := strings.Cut(sc.Text(), ":")
-		kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-		if err != nil {
-			continue
-		}
-		switch k {
-		case "MemAvailable":
-			available = kb << 10
-		case "MemTotal":
-			total = kb << 10
-		}
-	}
-	if available < 0 || total < 0 {
-		return nil
-	}
-	reserve := max(256<<20, total/20)
-	if available-need < reserve {
-		return fmt.Errorf("%w: the copies would take about %d MiB of the host's memory, which has %d MiB available "+
-			"and keeps %d MiB free: make fewer", sandbox.ErrNoRoom, need>>20, available>>20, reserve>>20)
-	}
-	return nil
+	return hostmem.Fits(need, available, total, "the copies")
 }

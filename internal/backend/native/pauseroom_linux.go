@@ -1,16 +1,13 @@
 package native
 
 import (
-	"errors"
 	"fmt"
 	"os"
-	"strconv"
-	"strings"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
-
+	"github.com/vivarium-sandbox/vivarium/internal/hostmem"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
 
@@ -101,44 +98,8 @@ func restoreRoom(g cgroups.Group, pids int64) (undo func()) {
 }
 
 // hostMemory returns the host's available and total memory
-// (/proc/meminfo's MemAvailable and MemTotal); tests replace it.
-var hostMemory = func() (available, total int64, err error) {
-	b, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
-		return 0, 0, err
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		k, v, ok := strings.Cut(l, ":")
-		if !ok {
-			continue
-		}
-		f := strings.Fields(v)
-		if len(f) == 0 {
-			continue
-		}
-		n, err := strconv.ParseInt(f[0], 10, 64)
-		if err != nil {
-			continue
-		}
-		switch k {
-		case "MemAvailable":
-			available = n << 10
-		case "MemTotal":
-			total = n << 10
-		}
-	}
-	if total == 0 {
-		return 0, 0, errors.New("no MemTotal in /proc/meminfo")
-	}
-	return available, total, nil
-}
-
-// hostMemoryReserve is what a fork leaves of the host's available memory:
-// this share of its total, and at least hostMemoryMinReserve.
-const (
-	hostMemoryReserveShare = 0.05
-	hostMemoryMinReserve   = 256 << 20
-)
+// (hostmem.Read); tests replace it.
+var hostMemory = hostmem.Read
 
 // hostMemoryFits fails with sandbox.ErrNoRoom when need bytes more would
 // leave the host less available memory than its reserve.
@@ -147,10 +108,5 @@ func hostMemoryFits(need int64) error {
 	if err != nil {
 		return nil // nothing known: the sandboxes' own limits still hold
 	}
-	reserve := max(int64(hostMemoryMinReserve), int64(float64(total)*hostMemoryReserveShare))
-	if available-need < reserve {
-		return fmt.Errorf("%w: the copies would take about %d MiB of the host's memory, which has %d MiB available "+
-			"and keeps %d MiB free: make fewer", sandbox.ErrNoRoom, need>>20, available>>20, reserve>>20)
-	}
-	return nil
+	return hostmem.Fits(need, available, total, "the copies")
 }

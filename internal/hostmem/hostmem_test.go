@@ -1,0 +1,24 @@
+package hostmem
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+)
+
+func TestReadAndFits(t *testing.T) {
+	available, total, err := Read()
+	if err != nil || total <= 0 || available <= 0 || available > total {
+		t.Fatalf("Read: %d of %d, %v", available, total, err)
+	}
+	if Reserve(1<<30) != 256<<20 || Reserve(100<<30) != 5<<30 {
+		t.Fatalf("reserve: %d, %d", Reserve(1<<30), Reserve(100<<30))
+	}
+	if err := Fits(1<<30, 8<<30, 16<<30, "the copies"); err != nil {
+		t.Fatal(err)
+	}
+	if err := Fits(7900<<20, 8<<30, 16<<30, "the copies"); !errors.Is(err, sandbox.ErrNoRoom) {
+		t.Fatalf("over the reserve: %v", err)
+	}
+}
