@@ -24,6 +24,7 @@ import (
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/sandboxid"
 	"github.com/vivarium-sandbox/vivarium/internal/service"
 )
 
@@ -43,6 +44,10 @@ type Config struct {
 	// (with their sandboxes): clients that vanish without ending their
 	// session. Zero: 30 minutes.
 	SessionTimeout time.Duration
+	// Node, for a node of a cluster, is named in its HTTP sessions' ids
+	// (sandboxid.NewSession), so that gateways send a session's requests
+	// to it.
+	Node string
 }
 
 func (c *Config) setDefaults() {
@@ -58,6 +63,15 @@ func (c *Config) setDefaults() {
 	if c.Version == "" {
 		c.Version = "dev"
 	}
+}
+
+// sessionIDs makes a node's session ids; nil (the SDK's own) for a server
+// on its own.
+func sessionIDs(node string) func() string {
+	if node == "" {
+		return nil
+	}
+	return func() string { return sandboxid.NewSession(node) }
 }
 
 // Authenticator maps a bearer token to its owner (httpapi's, satisfied by
@@ -102,6 +116,7 @@ func newServer(cfg Config, owner func(*sdk.CallToolRequest) (string, error)) *se
 			Logger: slog.New(quieter{cfg.Logger.Handler()}),
 			// No logging capability: nothing is sent that way.
 			Capabilities: &sdk.ServerCapabilities{},
+			GetSessionID: sessionIDs(cfg.Node),
 		})
 	s.addTools()
 	s.sdk.AddReceivingMiddleware(s.checkArguments)

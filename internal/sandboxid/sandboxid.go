@@ -12,8 +12,9 @@ import (
 )
 
 var (
-	node = regexp.MustCompile(`^[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?$`)
-	id   = regexp.MustCompile(`^sb_(?:([a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?)_)?[0-9a-f]{24}$`)
+	node    = regexp.MustCompile(`^[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?$`)
+	id      = regexp.MustCompile(`^sb_(?:([a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?)_)?[0-9a-f]{24}$`)
+	session = regexp.MustCompile(`^([a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?)\.[0-9a-f]{32}$`)
 )
 
 // ValidNode reports whether name can be a node's name in ids: a DNS label
@@ -38,6 +39,24 @@ func Valid(s string) bool { return id.MatchString(s) }
 func Node(s string) (name string, ok bool) {
 	m := id.FindStringSubmatch(s)
 	if m == nil || m[1] == "" {
+		return "", false
+	}
+	return m[1], true
+}
+
+// NewSession returns a new random id of an MCP session of node
+// (<node>.<32 hex digits>): a gateway sends the session's requests to
+// its node, as it does a sandbox's.
+func NewSession(node string) string {
+	b := make([]byte, 16)
+	rand.Read(b)
+	return node + "." + hex.EncodeToString(b)
+}
+
+// SessionNode returns the node an MCP session's id names.
+func SessionNode(s string) (name string, ok bool) {
+	m := session.FindStringSubmatch(s)
+	if m == nil {
 		return "", false
 	}
 	return m[1], true

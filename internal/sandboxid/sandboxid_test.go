@@ -31,6 +31,14 @@ func TestIDs(t *testing.T) {
 	if New("") == plain {
 		t.Fatal("ids repeat")
 	}
+	if n, ok := SessionNode(NewSession("node-1")); !ok || n != "node-1" {
+		t.Fatalf("a session's node: %q %v", n, ok)
+	}
+	for _, bad := range []string{"node-1", "node-1.abc", "Node.0123456789abcdef0123456789abcdef", ".0123456789abcdef0123456789abcdef"} {
+		if _, ok := SessionNode(bad); ok {
+			t.Errorf("SessionNode(%q) ok", bad)
+		}
+	}
 	for name, want := range map[string]bool{"node-1": true, "a": true, "-a": false, "a-": false, "A": false, "a_b": false, "": false} {
 		if ValidNode(name) != want {
 			t.Errorf("ValidNode(%q) = %v", name, !want)

@@ -57,7 +57,7 @@ func (s *Service) Fork(ctx context.Context, owner, id string, n int, opts sandbo
 	if maxOwn <= 0 {
 		maxOwn = s.cfg.MaxPerOwner
 	}
-	if have := s.countOwner(owner) + s.pending[owner]; have+n > maxOwn {
+	if have := s.owned(owner); have+n > maxOwn {
 		s.mu.Unlock()
 		return nil, fmt.Errorf("%w: this key may have %d live sandboxes and has %d; %d copies are too many", ErrQuota,
 			maxOwn, have, n)

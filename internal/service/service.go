@@ -67,6 +67,10 @@ type Config struct {
 	// Quota returns an owner's own quotas; zero values mean the defaults
 	// above. Nil: every owner has the defaults.
 	Quota func(owner string) (maxSandboxes, maxExecutions int)
+	// Elsewhere, for a node of a cluster, counts an owner's sandboxes on
+	// the other nodes (as their Leases last said), so that a key's
+	// sandbox quota holds across the cluster; nil: none.
+	Elsewhere func(owner string) int
 	// Network is what network access sandboxes may be given; the zero
 	// value gives none.
 	Network NetworkConfig
@@ -479,7 +483,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	if maxOwn <= 0 {
 		maxOwn = s.cfg.MaxPerOwner
 	}
-	if n := s.countOwner(req.Owner) + s.pending[req.Owner]; n >= maxOwn {
+	if n := s.owned(req.Owner); n >= maxOwn {
 		s.mu.Unlock()
 		return Info{}, fmt.Errorf("%w: this key may have %d live sandboxes; close one (DELETE /v1/sandboxes/{id}) first", ErrQuota, maxOwn)
 	}
@@ -545,6 +549,17 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	s.mu.Unlock()
 	s.cfg.Logger.Info("sandbox created", "id", id, "owner", req.Owner, "ms", time.Since(start).Milliseconds())
 	return b.info(), nil
+}
+
+// owned counts what an owner holds against its sandbox quota: its live
+// sandboxes, those being made, and those on the cluster's other nodes.
+// Callers hold mu.
+func (s *Service) owned(owner string) int {
+	n := s.countOwner(owner) + s.pending[owner]
+	if s.cfg.Elsewhere != nil {
+		n += s.cfg.Elsewhere(owner)
+	}
+	return n
 }
 
 func (s *Service) countOwner(owner string) int {
@@ -685,6 +700,19 @@ func (s *Service) Live() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.boxes)
+}
+
+// Owners counts the live sandboxes of each owner.
+func (s *Service) Owners() map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := map[string]int{}
+	for _, b := range s.boxes {
+		if b != nil {
+			m[b.owner]++
+		}
+	}
+	return m
 }
 
 // Delete closes an owner's sandbox.
