@@ -21,6 +21,8 @@ const keysUsage = `Usage:
 Manages the API keys of a server (its --data-dir, or VIVARIUM_DATA_DIR).
 The token is printed once, at creation; only its hash is stored. Works
 while the server runs: a revoked key stops working within seconds.
+With --cluster, the keys of a cluster's nodes (vivarium serve --cluster):
+a Secret each in --namespace, made through --kubeconfig.
 `
 
 func cmdKeys(args []string) int {
@@ -35,6 +37,10 @@ func cmdKeys(args []string) int {
 	asJSON := fs.Bool("json", false, "print JSON")
 	maxSandboxes := fs.Int("max-sandboxes", 0, "live sandboxes this key may hold (0: the server's default)")
 	maxExecutions := fs.Int("max-executions", 0, "executions this key may run at once (0: the server's default)")
+	var cc clusterConfig
+	inCluster := fs.Bool("cluster", false, "the keys of a cluster (Secrets of --namespace), not of --data-dir")
+	fs.StringVar(&cc.kubeconfig, "kubeconfig", "", "`FILE` with the Kubernetes API server's address and credentials (--cluster)")
+	fs.StringVar(&cc.namespace, "namespace", "", "Kubernetes `NAMESPACE` of the cluster (--cluster; default $POD_NAMESPACE, else vivarium)")
 	if err := envDefaults(fs); err != nil {
 		fmt.Fprintf(os.Stderr, "vivarium keys: %v\n", err)
 		return 2
@@ -45,6 +51,9 @@ func cmdKeys(args []string) int {
 			return 0
 		}
 		return 2
+	}
+	if *inCluster {
+		return clusterKeys(&cc, sub, positional, *maxSandboxes, *maxExecutions, *asJSON)
 	}
 	st, err := store.Open(*dataDir)
 	if err != nil {

@@ -29,6 +29,7 @@ Usage:
   vivarium run [flags] -c CODE    run a string
   vivarium run [flags] -          run standard input
   vivarium serve [flags]          serve stateful sandboxes over HTTP (and MCP at /mcp)
+  vivarium gateway [flags]        the one endpoint of a cluster of nodes (serve --cluster)
   vivarium mcp [flags]            serve sandboxes to an AI agent over MCP on stdio
   vivarium keys create NAME       create an API key (also: keys list, keys revoke ID)
   vivarium audit [flags]          show the audit log of executions
@@ -64,6 +65,8 @@ func run(args []string) int {
 		return cmdDoctor(args[1:])
 	case "serve":
 		return cmdServe(args[1:])
+	case "gateway":
+		return cmdGateway(args[1:])
 	case "mcp":
 		return cmdMCP(args[1:])
 	case "keys":

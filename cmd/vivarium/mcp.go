@@ -152,12 +152,12 @@ func cmdMCP(args []string) int {
 // withMCP serves MCP over streamable HTTP at /mcp beside the API, behind
 // the same keys. The returned function ends every MCP session, for the
 // server's shutdown.
-func withMCP(api http.Handler, svc *service.Service, auth httpapi.Authenticator, log *slog.Logger) (http.Handler, func()) {
+func withMCP(api http.Handler, svc *service.Service, auth httpapi.Authenticator, log *slog.Logger, node string) (http.Handler, func()) {
 	var a mcp.Authenticator
 	if auth != nil {
 		a = auth
 	}
-	h := mcp.NewHandler(mcp.Config{Service: svc, Logger: log, Version: version}, a, httpapi.DevOwner)
+	h := mcp.NewHandler(mcp.Config{Service: svc, Logger: log, Version: version, Node: node}, a, httpapi.DevOwner)
 	mux := http.NewServeMux()
 	mux.Handle("/mcp", h)
 	mux.Handle("/", api)

@@ -56,6 +56,8 @@ type serveConfig struct {
 	maxPaused                            time.Duration
 	checkpointDir                        string
 	pauseBase                            bool
+	cluster                              clusterConfig
+	clusterToken                         string
 	e2bPausable                          bool
 	snapshotKeyFile                      string
 	maxSnapshots                         int
@@ -127,6 +129,7 @@ Flags:
 	fs.DurationVar(&c.maxPaused, "max-paused", 0, "how long a paused sandbox is kept (0: --max-lifetime)")
 	fs.StringVar(&c.checkpointDir, "checkpoint-dir", "", "`DIR` where paused native sandboxes keep their images "+
 		"(default /var/lib/vivarium/checkpoints/<cgroup parent>); its parents must let others through (0711)")
+	c.cluster.flags(fs, true)
 	fs.BoolVar(&c.pauseBase, "pause-base", true, "native: paused sandboxes kept on disk share the pages of a base (<data dir>/pause-bases) and take "+
 		"about a fifth of the disk; pausable sandboxes then start with --preload imported, the same memory layout and the same "+
 		"string-hash seed (docs/snapshots.md, docs/security.md)")
@@ -433,6 +436,13 @@ func cmdServe(args []string) int {
 		fmt.Fprintf(os.Stderr, "vivarium serve: %v\n", err)
 		return 2
 	}
+	if c.cluster.enabled {
+		var err error
+		if c.clusterToken, err = c.cluster.resolve(true); err != nil {
+			fmt.Fprintf(os.Stderr, "vivarium serve: %v\n", err)
+			return 2
+		}
+	}
 	log := c.logger()
 	if err := serve(&c, log); err != nil {
 		log.Error("vivarium serve stopped", "err", err)
@@ -496,8 +506,21 @@ func serve(c *serveConfig, log *slog.Logger) error {
 
 	var auth httpapi.Authenticator
 	var keyring *store.Keyring
+	// A node of a cluster: the cluster's view of its nodes (their
+	// sandboxes count against a key's quota) and, without --dev, its keys.
+	clusterCtx, leave := context.WithCancel(context.Background())
+	defer leave()
+	var node *clusterNode
+	if c.cluster.enabled {
+		if node, err = c.cluster.join(clusterCtx, log, !c.dev); err != nil {
+			return err
+		}
+	}
 	if c.dev {
 		log.Warn("DEVELOPMENT MODE: no API keys; anyone who can reach " + c.listen + " can run code. Never expose this port.")
+	} else if node != nil {
+		auth = node.keys
+		log.Info("cluster: API keys are the cluster's (Secrets of its namespace)", "keys", len(node.keys.List()))
 	} else {
 		keyring = store.NewKeyring(st, 2*time.Second)
 		auth = keyring
@@ -546,6 +569,13 @@ func serve(c *serveConfig, log *slog.Logger) error {
 	if keyring != nil {
 		svcCfg.Quota = keyring.Quota
 	}
+	if node != nil {
+		svcCfg.Node = c.cluster.node
+		svcCfg.Elsewhere = node.elsewhere
+		if node.keys != nil {
+			svcCfg.Quota = node.keys.Quota
+		}
+	}
 	svcCfg.SnapshotDir = filepath.Join(c.dataDir, "snapshots")
 	svcCfg.PausedDir = filepath.Join(c.dataDir, "paused")
 	svcCfg.MaxSnapshots, svcCfg.MaxSnapshotBytes = c.maxSnapshots, int64(c.maxSnapshotBytes)
@@ -574,12 +604,16 @@ func serve(c *serveConfig, log *slog.Logger) error {
 		svc.Close()
 		return err
 	}
-	handler, closeMCP := withMCP(api, svc, auth, log)
+	handler, closeMCP := withMCP(api, svc, auth, log, svcCfg.Node)
 	_, criuErr := criu.Usable()
 	handler, e2bServer := withE2B(handler, svc, auth, log, c.domain, c.e2bPausable && criuErr == nil)
+	// Sandboxes' own hosts first: each is an origin of its own.
+	handler = withPorts(httpapi.RefuseBrowsers(handler, c.allowOrigins), svc, e2bServer, c.domain, log)
+	if c.cluster.enabled {
+		handler = requireToken(handler, c.clusterToken)
+	}
 	srv := &http.Server{
-		// Sandboxes' own hosts first: each is an origin of its own.
-		Handler:           withPorts(httpapi.RefuseBrowsers(handler, c.allowOrigins), svc, e2bServer, c.domain, log),
+		Handler:           handler,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,
@@ -594,6 +628,13 @@ func serve(c *serveConfig, log *slog.Logger) error {
 		attrs = append(attrs, "cgroup_version", nb.CgroupVersion())
 	}
 	log.Info("vivarium serving", attrs...)
+	if node != nil {
+		if err := node.announce(clusterCtx, log, ln, svc); err != nil {
+			srv.Close()
+			svc.Close()
+			return err
+		}
+	}
 
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGTERM, os.Interrupt)
@@ -606,6 +647,8 @@ func serve(c *serveConfig, log *slog.Logger) error {
 		log.Info("shutting down", "signal", sig.String(), "grace", c.grace)
 	}
 
+	// A node leaves routing first: its Lease is removed.
+	leave()
 	// Stop accepting; let executions finish within the grace period, then
 	// interrupt them; destroy every sandbox. A second signal cuts the wait.
 	ctx, cancel := context.WithTimeout(context.Background(), c.grace)

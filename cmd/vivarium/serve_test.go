@@ -72,9 +72,19 @@ func startServer(t *testing.T, dataDir string, extra ...string) *server {
 	addr := freePort(t)
 	args := append([]string{"serve", "--listen", addr, "--data-dir", dataDir, "--cgroup-parent", serveParent,
 		"--uid-base", fmt.Sprint(serveUIDBase), "--uid-ranges", fmt.Sprint(testutil.UIDRanges)}, extra...)
+	s := startVivarium(t, "server", "http://"+addr, args...)
+	s.dataDir = dataDir
+	return s
+}
+
+// startVivarium starts this binary with args (a server, or a gateway,
+// what), whose /healthz answers at url once it is up; its log is shown
+// if the test fails, and it is killed when the test ends.
+func startVivarium(t *testing.T, what, url string, args ...string) *server {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(os.Environ(), "VIVARIUM_TEST_MAIN=1")
-	s := &server{cmd: cmd, url: "http://" + addr, dataDir: dataDir, log: &syncBuffer{}, exited: make(chan struct{})}
+	s := &server{cmd: cmd, url: url, log: &syncBuffer{}, exited: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = s.log, s.log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -84,13 +94,13 @@ func startServer(t *testing.T, dataDir string, extra ...string) *server {
 		cmd.Process.Kill()
 		<-s.exited
 		if t.Failed() {
-			t.Logf("server log:\n%s", s.log)
+			t.Logf("%s log:\n%s", what, s.log)
 		}
 	})
-	testutil.WaitFor(t, 20*time.Second, "the server to answer", func() bool {
+	testutil.WaitFor(t, 30*time.Second, "the "+what+" to answer", func() bool {
 		select {
 		case <-s.exited:
-			t.Fatalf("the server exited: %s", s.log)
+			t.Fatalf("the %s exited: %s", what, s.log)
 		default:
 		}
 		resp, err := http.Get(s.url + "/healthz")

@@ -1,0 +1,383 @@
+package main
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
+	"github.com/vivarium-sandbox/vivarium/internal/sandboxid"
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
+	"github.com/vivarium-sandbox/vivarium/internal/testutil/kubetest"
+)
+
+// clusterNS is the namespace of the cluster tests' Leases.
+const clusterNS = "vivarium-test"
+
+// clusterRBAC gives each node its own Lease (get, update, delete by name;
+// create, which RBAC cannot restrict by name), the reading of the other
+// Leases and of the keys' Secrets, and the gateways the reading of Leases.
+func clusterRBAC(t *testing.T, kc *kubetest.Cluster, nodes []string) {
+	t.Helper()
+	admin := func(method, path string, body any) {
+		t.Helper()
+		if code, out := kc.Do(t, kc.AdminToken, method, path, body); code/100 != 2 {
+			t.Fatalf("%s %s: %d %s", method, path, code, out)
+		}
+	}
+	admin("POST", "/api/v1/namespaces", map[string]any{"metadata": map[string]any{"name": clusterNS}})
+	rbac := "/apis/rbac.authorization.k8s.io/v1/namespaces/" + clusterNS
+	role := func(name string, rules ...map[string]any) {
+		admin("POST", rbac+"/roles", map[string]any{"metadata": map[string]any{"name": name}, "rules": rules})
+	}
+	bind := func(role, user string) {
+		admin("POST", rbac+"/rolebindings", map[string]any{
+			"metadata": map[string]any{"name": role + "-" + user},
+			"roleRef":  map[string]any{"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+			"subjects": []map[string]any{{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}},
+		})
+	}
+	leases := func(verbs []string, names ...string) map[string]any {
+		r := map[string]any{"apiGroups": []string{"coordination.k8s.io"}, "resources": []string{"leases"}, "verbs": verbs}
+		if len(names) > 0 {
+			r["resourceNames"] = names
+		}
+		return r
+	}
+	role("vivarium-gateway", leases([]string{"get", "list", "watch"}))
+	bind("vivarium-gateway", "gateway")
+	// Every node: create a Lease, read the others' (a key's sandboxes on
+	// them count against its quota), read the keys' Secrets.
+	role("vivarium-node", leases([]string{"create", "list", "watch"}),
+		map[string]any{"apiGroups": []string{""}, "resources": []string{"secrets"}, "verbs": []string{"get", "list", "watch"}})
+	for _, n := range nodes {
+		role("vivarium-node-"+n, leases([]string{"get", "update", "delete"}, "vivarium-node-"+n))
+		bind("vivarium-node-"+n, "node-"+n)
+		bind("vivarium-node", "node-"+n)
+	}
+}
+
+// startGateway starts `vivarium gateway` on a free port.
+func startGateway(t *testing.T, kc *kubetest.Cluster, tokenFile string) *server {
+	t.Helper()
+	addr := freePort(t)
+	return startVivarium(t, "gateway", "http://"+addr, "gateway", "--listen", addr, "--kubeconfig", kc.Kubeconfig("gateway"),
+		"--namespace", clusterNS, "--cluster-token-file", tokenFile)
+}
+
+// call sends a JSON request with key (none: "") and decodes a JSON answer.
+func call(t *testing.T, key, method, url string, body any, out any) int {
+	t.Helper()
+	var r io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		r = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, url, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if out != nil {
+		if err := json.Unmarshal(b, out); err != nil {
+			t.Fatalf("%s %s: %d %s: %v", method, url, resp.StatusCode, b, err)
+		}
+	}
+	return resp.StatusCode
+}
+
+// clusterSandboxes is how many sandboxes TestCluster spreads.
+const clusterSandboxes = 300
+
+// TestCluster runs three nodes and two gateways as local processes against
+// a real API server and etcd, each with the identity its pod would have,
+// and the API keys of the cluster (Secrets): sandboxes made through
+// either gateway spread over the nodes by load; every request for one
+// reaches its node through either gateway; a key's sandbox quota holds
+// across the nodes; another key reaches none of them; a node refuses
+// requests without the cluster's token; a node killed with SIGKILL leaves
+// routing within its Lease's 3 s and its sandboxes answer state_lost while
+// the others' go on; a restarted gateway loses nothing; a revoked key is
+// refused by every node.
+func TestCluster(t *testing.T) {
+	needSandbox(t)
+	nodes := []string{"n1", "n2", "n3"}
+	users := []kubetest.User{{Name: "gateway"}}
+	for _, n := range nodes {
+		users = append(users, kubetest.User{Name: "node-" + n})
+	}
+	kc := kubetest.Start(t, users...)
+	clusterRBAC(t, kc, nodes)
+	tok := make([]byte, 24)
+	rand.Read(tok)
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte(hex.EncodeToString(tok)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// The cluster's keys, made as an operator makes them.
+	newKey := func(name string, max int) (token, id string) {
+		r := vivarium(t, "", "keys", "create", "--cluster", "--kubeconfig", kc.Kubeconfig(kubetest.AdminUser),
+			"--namespace", clusterNS, "--json", "--max-sandboxes", fmt.Sprint(max), name)
+		var out struct {
+			Token string
+			Key   struct{ ID string }
+		}
+		if r.code != 0 || json.Unmarshal([]byte(r.stdout), &out) != nil {
+			t.Fatalf("keys create --cluster: %d %s %s", r.code, r.stdout, r.stderr)
+		}
+		return out.Token, out.Key.ID
+	}
+	key, keyID := newKey("agents", clusterSandboxes)
+	other, _ := newKey("other", 0)
+
+	servers := map[string]*server{}
+	for i, n := range nodes {
+		// A node killed leaves its sandboxes' groups, emptied as their
+		// processes die, which its next start would remove.
+		t.Cleanup(func() {
+			testutil.WaitFor(t, 10*time.Second, "the killed nodes' groups to empty", func() bool {
+				return removeCgroupTree("vivarium-cluster-test-" + n)
+			})
+		})
+		servers[n] = startServer(t, t.TempDir(), "--pool", "0", "--cluster", "--node-name", n,
+			"--kubeconfig", kc.Kubeconfig("node-"+n), "--namespace", clusterNS, "--cluster-token-file", tokenFile,
+			"--lease-duration", "3s", "--cgroup-parent", "vivarium-cluster-test-"+n,
+			"--uid-base", fmt.Sprint(native.DefaultUIDBase+uint32(40+i)<<24), "--uid-ranges", "200",
+			"--max-sandboxes", "400", "--max-sandboxes-per-key", "400")
+	}
+	gws := []*server{startGateway(t, kc, tokenFile), startGateway(t, kc, tokenFile)}
+	for _, g := range gws {
+		testutil.WaitFor(t, 10*time.Second, "the gateways to see the three nodes", func() bool {
+			return healthz(g) == "ok: 3 nodes"
+		})
+	}
+
+	// A node's API is its gateways': without the token, refused.
+	var e struct{ Error struct{ Code string } }
+	if code := call(t, key, "POST", servers["n1"].url+"/v1/sandboxes", map[string]any{}, &e); code != 403 || e.Error.Code != "forbidden" {
+		t.Fatalf("a node reached without the token: %d %+v", code, e)
+	}
+
+	// Sandboxes through either gateway, spread by load.
+	ids := make([]string, clusterSandboxes)
+	start := time.Now()
+	var wg sync.WaitGroup
+	errs := make(chan error, clusterSandboxes)
+	for i := range ids {
+		wg.Go(func() {
+			var info struct{ ID string }
+			if code := call(t, key, "POST", gws[i%2].url+"/v1/sandboxes", map[string]any{}, &info); code/100 != 2 {
+				errs <- fmt.Errorf("create %d: %d", i, code)
+				return
+			}
+			ids[i] = info.ID
+		})
+		if i%4 == 3 {
+			wg.Wait() // four at a time: two cores
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	t.Logf("%d sandboxes made through two gateways in %v", clusterSandboxes, time.Since(start).Round(time.Millisecond))
+	per := map[string]int{}
+	for _, id := range ids {
+		n, ok := sandboxid.Node(id)
+		if !ok {
+			t.Fatalf("a cluster sandbox's id names no node: %s", id)
+		}
+		per[n]++
+	}
+	t.Logf("per node: %v", per)
+	for _, n := range nodes {
+		if per[n] < clusterSandboxes/6 {
+			t.Fatalf("node %s got %d of %d sandboxes: %v", n, per[n], clusterSandboxes, per)
+		}
+	}
+	// The key's quota (as many as it has now) holds across the nodes,
+	// once their Leases have said what they hold.
+	testutil.WaitFor(t, 5*time.Second, "the key's quota to hold across the nodes", func() bool {
+		var info struct{ ID string }
+		code := call(t, key, "POST", gws[0].url+"/v1/sandboxes", map[string]any{}, &info)
+		if code/100 == 2 { // a Lease not renewed yet: not counted
+			call(t, key, "DELETE", gws[0].url+"/v1/sandboxes/"+info.ID, nil, nil)
+		}
+		return code == 429
+	})
+	// Every sandbox reached through either gateway; another key, none.
+	type result struct {
+		Results []struct {
+			Text         string
+			IsMainResult bool `json:"is_main_result"`
+		}
+	}
+	exec := func(gw *server, id, code string) (int, string) {
+		var res result
+		st := call(t, key, "POST", gw.url+"/v1/sandboxes/"+id+"/execute", map[string]any{"code": code}, &res)
+		for _, r := range res.Results {
+			if r.IsMainResult {
+				return st, r.Text
+			}
+		}
+		return st, ""
+	}
+	for i, id := range ids {
+		if st, _ := exec(gws[i%2], id, fmt.Sprintf("x = %d", i)); st != 200 {
+			t.Fatalf("execute in %s through gateway %d: %d", id, i%2, st)
+		}
+		if st, got := exec(gws[(i+1)%2], id, "x"); st != 200 || got != fmt.Sprint(i) {
+			t.Fatalf("%s through the other gateway: %d %q, want %d", id, st, got, i)
+		}
+	}
+	if st := call(t, other, "POST", gws[0].url+"/v1/sandboxes/"+ids[0]+"/execute", map[string]any{"code": "x"}, nil); st != 404 {
+		t.Fatalf("another key's execution in the sandbox: %d, want 404", st)
+	}
+	if st := call(t, "e2b_0000000000000000000000000000000000000000", "GET", gws[0].url+"/v1/sandboxes", nil, nil); st != 401 {
+		t.Fatalf("a list with an unknown key: %d, want 401", st)
+	}
+	var list struct{ Sandboxes []json.RawMessage }
+	if call(t, key, "GET", gws[1].url+"/v1/sandboxes", nil, &list); len(list.Sandboxes) != clusterSandboxes {
+		t.Fatalf("the gateway lists %d sandboxes, want %d", len(list.Sandboxes), clusterSandboxes)
+	}
+	if call(t, other, "GET", gws[1].url+"/v1/sandboxes", nil, &list); len(list.Sandboxes) != 0 {
+		t.Fatalf("another key lists %d sandboxes", len(list.Sandboxes))
+	}
+
+	// MCP over HTTP: a session started through one gateway goes on
+	// through the other, on the node its id names.
+	mcp := func(gw *server, sid string, body string) (*http.Response, string) {
+		req, _ := http.NewRequest("POST", gw.url+"/mcp", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		if sid != "" {
+			req.Header.Set("Mcp-Session-Id", sid)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp, string(b)
+	}
+	resp, _ := mcp(gws[0], "", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18",`+
+		`"capabilities":{},"clientInfo":{"name":"test","version":"1"}}}`)
+	sid := resp.Header.Get("Mcp-Session-Id")
+	if n, ok := sandboxid.SessionNode(sid); resp.StatusCode != 200 || !ok || per[n] == 0 {
+		t.Fatalf("an MCP session through the gateway: %d, session %q", resp.StatusCode, sid)
+	}
+	mcp(gws[1], sid, `{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	if resp, body := mcp(gws[1], sid, `{"jsonrpc":"2.0","id":2,"method":"tools/list"}`); resp.StatusCode != 200 ||
+		!strings.Contains(body, "run_python") {
+		t.Fatalf("the session through the other gateway: %d %.300s", resp.StatusCode, body)
+	}
+
+	// n2 killed: gone from routing within its Lease, its sandboxes lost,
+	// the others' untouched, new ones on the two left (the key's quota
+	// freed of n2's).
+	var lost, kept string
+	for _, id := range ids {
+		if n, _ := sandboxid.Node(id); n == "n2" {
+			lost = id
+		} else {
+			kept = id
+		}
+	}
+	servers["n2"].cmd.Process.Kill()
+	killed := time.Now()
+	testutil.WaitFor(t, 10*time.Second, "n2's sandbox to answer state_lost", func() bool {
+		var e struct{ Error struct{ Code string } }
+		return call(t, key, "GET", gws[0].url+"/v1/sandboxes/"+lost, nil, &e) == 410 && e.Error.Code == "state_lost"
+	})
+	gone := time.Since(killed)
+	t.Logf("a node killed: out of routing after %v", gone.Round(time.Millisecond))
+	if gone > 5*time.Second {
+		t.Errorf("a killed node left routing after %v, more than 5 s", gone)
+	}
+	if st, got := exec(gws[1], kept, "x"); st != 200 || got == "" {
+		t.Fatalf("a sandbox of a live node after n2 died: %d %q", st, got)
+	}
+	for i := range 4 {
+		var info struct{ ID string }
+		if code := call(t, key, "POST", gws[i%2].url+"/v1/sandboxes", map[string]any{}, &info); code/100 != 2 {
+			t.Fatalf("create after n2 died: %d", code)
+		}
+		if n, _ := sandboxid.Node(info.ID); n == "n2" {
+			t.Fatalf("a sandbox made on the dead node: %s", info.ID)
+		}
+	}
+
+	// A gateway restarted: nothing was its own.
+	gws[0].cmd.Process.Kill()
+	<-gws[0].exited
+	g := startGateway(t, kc, tokenFile)
+	testutil.WaitFor(t, 10*time.Second, "the new gateway to route", func() bool {
+		st, got := exec(g, kept, "x")
+		return st == 200 && got != ""
+	})
+
+	// The key revoked: every node refuses it.
+	if r := vivarium(t, "", "keys", "revoke", "--cluster", "--kubeconfig", kc.Kubeconfig(kubetest.AdminUser),
+		"--namespace", clusterNS, keyID); r.code != 0 {
+		t.Fatalf("keys revoke --cluster: %d %s", r.code, r.stderr)
+	}
+	testutil.WaitFor(t, 5*time.Second, "the revoked key to be refused", func() bool {
+		return call(t, key, "GET", g.url+"/v1/sandboxes/"+kept, nil, nil) == 401
+	})
+}
+
+// removeCgroupTree removes the groups under parent and parent itself in
+// every hierarchy, the deepest first; it reports whether none is left
+// (a group with members stays).
+func removeCgroupTree(parent string) bool {
+	roots, _ := filepath.Glob("/sys/fs/cgroup/*")
+	left := false
+	for _, r := range append(roots, "/sys/fs/cgroup") {
+		var dirs []string
+		filepath.WalkDir(filepath.Join(r, parent), func(p string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				dirs = append(dirs, p)
+			}
+			return nil
+		})
+		for i := len(dirs) - 1; i >= 0; i-- {
+			if os.Remove(dirs[i]) != nil {
+				left = true
+			}
+		}
+	}
+	return !left
+}
+
+// healthz is a gateway's /healthz, trimmed.
+func healthz(g *server) string {
+	resp, err := http.Get(g.url + "/healthz")
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return strings.TrimSpace(string(b))
+}
