@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	osexec "os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -292,6 +293,19 @@ func TestCluster(t *testing.T) {
 	if resp, body := mcp(gws[1], sid, `{"jsonrpc":"2.0","id":2,"method":"tools/list"}`); resp.StatusCode != 200 ||
 		!strings.Contains(body, "run_python") {
 		t.Fatalf("the session through the other gateway: %d %.300s", resp.StatusCode, body)
+	}
+
+	// E2B's SDK through a gateway.
+	if _, err := os.Stat("../../test/e2b/node_modules/@e2b/code-interpreter"); err == nil {
+		cmd := osexec.Command("node", "--test", "--test-reporter=tap", "cluster.e2e.mjs")
+		cmd.Dir = "../../test/e2b"
+		cmd.Env = append(os.Environ(), "E2B_API_URL="+gws[1].url+"/e2b", "E2B_SANDBOX_URL="+gws[1].url+"/e2b/sandbox",
+			"E2B_API_KEY="+other)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("E2B's SDK through the gateway: %v\n%s", err, out)
+		}
+	} else {
+		t.Log("E2B's SDK through the gateway not run: test/e2b's node_modules are not installed (scripts/test.sh installs them)")
 	}
 
 	// n2 killed: gone from routing within its Lease, its sandboxes lost,
