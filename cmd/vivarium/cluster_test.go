@@ -11,12 +11,15 @@ import (
 	"os"
 	osexec "os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
+	"github.com/vivarium-sandbox/vivarium/internal/gateway"
 	"github.com/vivarium-sandbox/vivarium/internal/sandboxid"
 	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 	"github.com/vivarium-sandbox/vivarium/internal/testutil/kubetest"
@@ -28,7 +31,7 @@ const clusterNS = "vivarium-test"
 // clusterRBAC gives each node its own Lease (get, update, delete by name;
 // create, which RBAC cannot restrict by name), the reading of the other
 // Leases and of the keys' Secrets, and the gateways the reading of Leases.
-func clusterRBAC(t *testing.T, kc *kubetest.Cluster, nodes []string) {
+func clusterRBAC(t testing.TB, kc *kubetest.Cluster, nodes []string) {
 	t.Helper()
 	admin := func(method, path string, body any) {
 		t.Helper()
@@ -69,7 +72,7 @@ func clusterRBAC(t *testing.T, kc *kubetest.Cluster, nodes []string) {
 }
 
 // startGateway starts `vivarium gateway` on a free port.
-func startGateway(t *testing.T, kc *kubetest.Cluster, tokenFile string) *server {
+func startGateway(t testing.TB, kc *kubetest.Cluster, tokenFile string) *server {
 	t.Helper()
 	addr := freePort(t)
 	return startVivarium(t, "gateway", "http://"+addr, "gateway", "--listen", addr, "--kubeconfig", kc.Kubeconfig("gateway"),
@@ -77,7 +80,7 @@ func startGateway(t *testing.T, kc *kubetest.Cluster, tokenFile string) *server 
 }
 
 // call sends a JSON request with key (none: "") and decodes a JSON answer.
-func call(t *testing.T, key, method, url string, body any, out any) int {
+func call(t testing.TB, key, method, url string, body any, out any) int {
 	t.Helper()
 	var r io.Reader
 	if body != nil {
@@ -394,4 +397,134 @@ func healthz(g *server) string {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return strings.TrimSpace(string(b))
+}
+
+// BenchmarkCluster measures what a gateway adds (issue 16's speed goals):
+// a warm execution (x += 1) and a sandbox's creation, each directly on a
+// node and through a gateway, in one run; then one-shots' throughput
+// through the gateway with one, two and three nodes. Every node and the
+// gateway share this machine's cores: the throughput says what two cores
+// allow, not what three machines would.
+//
+//	go test ./cmd/vivarium -run '^$' -bench BenchmarkCluster -benchtime 200x
+func BenchmarkCluster(b *testing.B) {
+	needSandbox(b)
+	nodes := []string{"n1", "n2", "n3"}
+	users := []kubetest.User{{Name: "gateway"}}
+	for _, n := range nodes {
+		users = append(users, kubetest.User{Name: "node-" + n})
+	}
+	kc := kubetest.Start(b, users...)
+	clusterRBAC(b, kc, nodes)
+	tokenFile := filepath.Join(b.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte("bench-cluster-token-0123456789"), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	startNode := func(i int) *server {
+		n := nodes[i]
+		b.Cleanup(func() { removeCgroupTree("vivarium-cluster-bench-" + n) })
+		return startServer(b, b.TempDir(), "--dev", "--cluster", "--node-name", n,
+			"--kubeconfig", kc.Kubeconfig("node-"+n), "--namespace", clusterNS, "--cluster-token-file", tokenFile,
+			"--cgroup-parent", "vivarium-cluster-bench-"+n,
+			"--uid-base", fmt.Sprint(native.DefaultUIDBase+uint32(40+i)<<24), "--uid-ranges", "64")
+	}
+	first := startNode(0)
+	gw := startGateway(b, kc, tokenFile)
+	testutil.WaitFor(b, 10*time.Second, "the gateway to see the node", func() bool { return healthz(gw) == "ok: 1 nodes" })
+	direct := func(method, url string, body, out any) int {
+		b.Helper()
+		bb, _ := json.Marshal(body)
+		req, _ := http.NewRequest(method, url, bytes.NewReader(bb))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set(gateway.TokenHeader, "bench-cluster-token-0123456789")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if out != nil {
+			json.NewDecoder(resp.Body).Decode(out)
+		} else {
+			io.Copy(io.Discard, resp.Body)
+		}
+		return resp.StatusCode
+	}
+	via := map[string]func(method, path string, body, out any) int{
+		"direct": func(method, path string, body, out any) int { return direct(method, first.url+path, body, out) },
+		"gateway": func(method, path string, body, out any) int {
+			return call(b, "", method, gw.url+path, body, out)
+		},
+	}
+	p50 := func(d []time.Duration) float64 {
+		slices.Sort(d)
+		return float64(d[len(d)/2].Microseconds()) / 1000
+	}
+	// Each iteration times both routes, one after the other, so that the
+	// machine's drift falls on both alike.
+	var info struct{ ID string }
+	if code := via["gateway"]("POST", "/v1/sandboxes", map[string]any{}, &info); code/100 != 2 {
+		b.Fatalf("create: %d", code)
+	}
+	b.Run("warm-execute", func(b *testing.B) {
+		times := map[string][]time.Duration{}
+		for b.Loop() {
+			for _, route := range []string{"direct", "gateway"} {
+				start := time.Now()
+				if code := via[route]("POST", "/v1/sandboxes/"+info.ID+"/execute", map[string]any{"code": "x = globals().get('x', 0) + 1"}, nil); code != 200 {
+					b.Fatalf("execute %s: %d", route, code)
+				}
+				times[route] = append(times[route], time.Since(start))
+			}
+		}
+		d, g := p50(times["direct"]), p50(times["gateway"])
+		b.ReportMetric(d, "direct-p50-ms")
+		b.ReportMetric(g, "gateway-p50-ms")
+		b.ReportMetric(g-d, "added-p50-ms")
+	})
+	b.Run("create", func(b *testing.B) {
+		times := map[string][]time.Duration{}
+		for b.Loop() {
+			for _, route := range []string{"direct", "gateway"} {
+				var made struct{ ID string }
+				start := time.Now()
+				if code := via[route]("POST", "/v1/sandboxes", map[string]any{}, &made); code/100 != 2 {
+					b.Fatalf("create %s: %d", route, code)
+				}
+				times[route] = append(times[route], time.Since(start))
+				via[route]("DELETE", "/v1/sandboxes/"+made.ID, nil, nil)
+			}
+		}
+		d, g := p50(times["direct"]), p50(times["gateway"])
+		b.ReportMetric(d, "direct-p50-ms")
+		b.ReportMetric(g, "gateway-p50-ms")
+		b.ReportMetric(g/d, "gateway/direct")
+	})
+	via["gateway"]("DELETE", "/v1/sandboxes/"+info.ID, nil, nil)
+	for n := 1; n <= len(nodes); n++ {
+		if n > 1 {
+			startNode(n - 1)
+			testutil.WaitFor(b, 10*time.Second, "the gateway to see the nodes", func() bool {
+				return healthz(gw) == fmt.Sprintf("ok: %d nodes", n)
+			})
+		}
+		b.Run(fmt.Sprintf("one-shots/%d-nodes", n), func(b *testing.B) {
+			const clients = 4
+			var wg sync.WaitGroup
+			var next atomic.Int64
+			start := time.Now()
+			for range clients {
+				wg.Go(func() {
+					for next.Add(1) <= int64(b.N) {
+						var res struct{ Status string }
+						if code := call(b, "", "POST", gw.url+"/v1/execute", map[string]any{"code": "print(1)"}, &res); code != 200 || res.Status != "ok" {
+							b.Errorf("one-shot: %d %s", code, res.Status)
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "one-shots/s")
+		})
+	}
 }

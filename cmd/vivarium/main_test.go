@@ -56,7 +56,7 @@ func vivarium(t *testing.T, stdin string, args ...string) cli {
 	return cli{out.String(), errb.String(), code}
 }
 
-func needSandbox(t *testing.T) {
+func needSandbox(t testing.TB) {
 	t.Helper()
 	testutil.RequireRoot(t)
 	testutil.RequirePython(t)

@@ -55,7 +55,7 @@ type server struct {
 	exited  chan struct{}
 }
 
-func freePort(t *testing.T) string {
+func freePort(t testing.TB) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -67,7 +67,7 @@ func freePort(t *testing.T) string {
 
 // startServer runs `vivarium serve` as its own process and waits until it
 // answers.
-func startServer(t *testing.T, dataDir string, extra ...string) *server {
+func startServer(t testing.TB, dataDir string, extra ...string) *server {
 	t.Helper()
 	addr := freePort(t)
 	args := append([]string{"serve", "--listen", addr, "--data-dir", dataDir, "--cgroup-parent", serveParent,
@@ -80,7 +80,7 @@ func startServer(t *testing.T, dataDir string, extra ...string) *server {
 // startVivarium starts this binary with args (a server, or a gateway,
 // what), whose /healthz answers at url once it is up; its log is shown
 // if the test fails, and it is killed when the test ends.
-func startVivarium(t *testing.T, what, url string, args ...string) *server {
+func startVivarium(t testing.TB, what, url string, args ...string) *server {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(os.Environ(), "VIVARIUM_TEST_MAIN=1")

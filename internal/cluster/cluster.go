@@ -283,7 +283,8 @@ func nodeOf(l *coordinationv1.Lease) Node {
 type View struct {
 	mu      sync.Mutex
 	lister  func() ([]*coordinationv1.Lease, error)
-	pending map[string]int // sandboxes being created, by node, not yet in a Lease
+	get     func(name string) (*coordinationv1.Lease, error) // by the Lease's name
+	pending map[string]int                                   // sandboxes being created, by node, not yet in a Lease
 }
 
 // Watch starts watching the nodes' Leases until ctx ends and returns once
@@ -300,7 +301,15 @@ func (c *Client) Watch(ctx context.Context) (*View, error) {
 	if !cache.WaitForCacheSync(synced.Done(), ctrl.HasSynced) {
 		return nil, fmt.Errorf("cluster: the nodes' leases in %s were not listed: %w", c.cfg.Namespace, context.Cause(synced))
 	}
-	return &View{pending: map[string]int{}, lister: func() ([]*coordinationv1.Lease, error) {
+	get := func(name string) (*coordinationv1.Lease, error) {
+		o, ok, err := store.GetByKey(c.cfg.Namespace + "/" + name)
+		if !ok || err != nil {
+			return nil, err
+		}
+		l, _ := o.(*coordinationv1.Lease)
+		return l, nil
+	}
+	return &View{pending: map[string]int{}, get: get, lister: func() ([]*coordinationv1.Lease, error) {
 		var out []*coordinationv1.Lease
 		for _, o := range store.List() {
 			if l, ok := o.(*coordinationv1.Lease); ok {
@@ -329,12 +338,12 @@ func (v *View) Nodes() []Node {
 
 // Node returns the node called name if its Lease holds now.
 func (v *View) Node(name string) (Node, bool) {
-	for _, n := range v.Nodes() {
-		if n.Name == name {
-			return n, true
-		}
+	l, err := v.get(leaseName(name))
+	if err != nil || l == nil {
+		return Node{}, false
 	}
-	return Node{}, false
+	n := nodeOf(l)
+	return n, n.Name == name && n.Alive(time.Now()) && n.Addr != ""
 }
 
 // Pick chooses the node for a new sandbox: the fewest sandboxes per CPU

@@ -72,9 +72,10 @@ func New(cfg Config) *Gateway {
 			pr.SetXForwarded()
 			pr.Out.Header.Set(TokenHeader, cfg.Token)
 		},
-		// Streams (executions' events, process output) go out as
-		// they come.
-		FlushInterval: -1,
+		// Streams (executions' events, process output: no length)
+		// go out as they come; the proxy flushes those at once.
+		FlushInterval: 0,
+		BufferPool:    bufferPool{},
 		Transport: &http.Transport{
 			DialContext:           (&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 			MaxIdleConnsPerHost:   64,
@@ -90,6 +91,14 @@ func New(cfg Config) *Gateway {
 	}
 	return g
 }
+
+// bufferPool lends the proxy its copy buffers (httputil.BufferPool).
+type bufferPool struct{}
+
+var buffers = sync.Pool{New: func() any { return new([32 << 10]byte) }}
+
+func (bufferPool) Get() []byte  { return buffers.Get().(*[32 << 10]byte)[:] }
+func (bufferPool) Put(b []byte) { buffers.Put((*[32 << 10]byte)(b)) }
 
 type targetKey struct{}
 type nodeKey struct{}
