@@ -10,8 +10,8 @@
 # Debian's archive.
 #
 # Output, in $VIVARIUM_KUBE_DIR (default ~/.cache/vivarium/kube-<hash>,
-# the hash of the version and of scripts/kube/*, so that a change of this
-# script builds anew and an unchanged one reuses the binary):
+# the hash of the version and of this script alone, so that a change of
+# it builds anew and an unchanged one reuses the binary):
 #   kube-apiserver  the binary
 #   BUILD-INFO      what it was built from, and with which Go
 #
@@ -24,7 +24,7 @@ set -eu
 version=${VIVARIUM_KUBE_VERSION:-v1.33.4}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 if [ -z "${VIVARIUM_KUBE_DIR:-}" ]; then
-	key=$( (echo "$version"; cat "$root"/scripts/kube/*) | sha256sum | cut -c1-12)
+	key=$( (echo "$version"; cat "$root/scripts/kube/build.sh") | sha256sum | cut -c1-12)
 	VIVARIUM_KUBE_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/vivarium/kube-$key"
 fi
 out=$VIVARIUM_KUBE_DIR
