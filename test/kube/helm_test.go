@@ -35,6 +35,8 @@ node:
   limits:
     max-sandboxes: 200
     max-sandboxes-per-key: 20
+    max-executions: 10000000
+    cpus: 1.5
 keys:
   - id: key_0123456789ab
     name: ci
@@ -219,7 +221,8 @@ func checkStatefulSet(t *testing.T, objs []object, ns string) {
 		"requiredDuringSchedulingIgnoredDuringExecution", 0, "topologyKey"), "kubernetes.io/hostname")
 	args := strs(container(s)["args"])
 	wantArgs(t, "statefulset node", args, "--backend=gvisor", "--allow-net=pypi.org", "--allow-net=*.pythonhosted.org:443",
-		"--deny-net=10.0.0.0/8", "--domain=sb.example.com", "--max-sandboxes=200", "--max-sandboxes-per-key=20")
+		"--deny-net=10.0.0.0/8", "--domain=sb.example.com", "--max-sandboxes=200", "--max-sandboxes-per-key=20",
+		"--max-executions=10000000", "--cpus=1.5")
 	if slices.Contains(args, "--backend=native") {
 		t.Errorf("statefulset node: both backends in %q", args)
 	}

@@ -40,6 +40,18 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
 
+{{/*
+A value as a flag takes it: numbers from values files are floats to
+Helm, which would print 1000000 as 1e+06; whole ones are printed whole.
+*/}}
+{{- define "vivarium.flagValue" -}}
+{{- if and (kindIs "float64" .) (eq (float64 (int64 .)) .) -}}
+{{- int64 . -}}
+{{- else -}}
+{{- . -}}
+{{- end -}}
+{{- end -}}
+
 {{/* Checks of values that would render a chart that cannot work. */}}
 {{- define "vivarium.validate" -}}
 {{- if not (has .Values.backend (list "native" "gvisor")) -}}
