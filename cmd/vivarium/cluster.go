@@ -28,6 +28,7 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/hostmem"
 	"github.com/vivarium-sandbox/vivarium/internal/sandboxid"
 	"github.com/vivarium-sandbox/vivarium/internal/service"
+	"github.com/vivarium-sandbox/vivarium/internal/store"
 )
 
 // clusterConfig is what a node or a gateway needs of the cluster.
@@ -212,6 +213,26 @@ func clusterKeys(cc *clusterConfig, sub string, args []string, maxSandboxes, max
 		return 2
 	}
 	return 0
+}
+
+// auditToLog also writes every audit record to the log, for a node of a
+// cluster: its database is the node's own, and a cluster collects its
+// pods' logs (JSON lines with --log-format json), so that the audit log
+// outlives the node and is read across the cluster.
+func auditToLog(log *slog.Logger, node string, record func(store.Record)) func(store.Record) {
+	return func(r store.Record) {
+		record(r)
+		attrs := []any{"node", node, "kind", r.Kind, "key_id", r.KeyID, "sandbox_id", r.SandboxID,
+			"code_sha256", r.CodeSHA256, "status", r.Status, "exit_code", r.ExitCode, "duration_ms", r.DurationMS,
+			"cpu_ms", r.CPUMS, "peak_memory_bytes", r.PeakMemoryBytes}
+		if r.Detail != "" {
+			attrs = append(attrs, "detail", r.Detail)
+		}
+		if r.Host != "" {
+			attrs = append(attrs, "host", r.Host, "port", r.Port, "bytes_in", r.BytesIn, "bytes_out", r.BytesOut)
+		}
+		log.Info("audit", attrs...)
+	}
 }
 
 // memAvailable is the host's available memory, in bytes (0 where unknown).

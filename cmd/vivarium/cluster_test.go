@@ -254,6 +254,12 @@ func TestCluster(t *testing.T) {
 			t.Fatalf("%s through the other gateway: %d %q, want %d", id, st, got, i)
 		}
 	}
+	// The executions' audit records are in their nodes' logs too, for
+	// the cluster to collect.
+	n0, _ := sandboxid.Node(ids[0])
+	if l := servers[n0].log.String(); !strings.Contains(l, "msg=audit node="+n0+" kind=execute key_id="+keyID+" sandbox_id="+ids[0]) {
+		t.Fatalf("no audit record of %s in node %s's log", ids[0], n0)
+	}
 	if st := call(t, other, "POST", gws[0].url+"/v1/sandboxes/"+ids[0]+"/execute", map[string]any{"code": "x"}, nil); st != 404 {
 		t.Fatalf("another key's execution in the sandbox: %d, want 404", st)
 	}
