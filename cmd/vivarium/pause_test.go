@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -214,4 +215,35 @@ func (s *server) run(t *testing.T, want int, args ...string) string {
 		t.Fatalf("vivarium %s: exit %d, want %d\n%s%s", strings.Join(args, " "), r.code, want, r.stdout, r.stderr)
 	}
 	return strings.TrimSpace(r.stdout + r.stderr)
+}
+
+// TestServePauseOnShutdown: a server with --pause-on-shutdown, stopped with
+// SIGTERM (a rolling update), pauses its pausable sandbox and keeps it;
+// the next server on the data directory has it, paused, and resumes it
+// with its state. A sandbox that cannot be paused is closed as ever.
+func TestServePauseOnShutdown(t *testing.T) {
+	needSandbox(t)
+	if _, err := criu.Usable(); err != nil {
+		t.Skipf("pausing needs CRIU, not built here (make criu): %v", err)
+	}
+	dataDir := t.TempDir()
+	srv := startServer(t, dataDir, "--dev", "--pool", "0", "--pause-on-shutdown")
+	id := srv.run(t, 0, "sandbox", "create", "--pausable")
+	plain := srv.run(t, 0, "sandbox", "create")
+	srv.run(t, 0, "sandbox", "exec", id, "-c", "import pandas as pd\nx = 41\ndf = pd.DataFrame({'a': [1, 2]})")
+	srv.cmd.Process.Signal(syscall.SIGTERM)
+	<-srv.exited
+	if !strings.Contains(srv.log.String(), "shutdown: sandboxes paused to be kept") {
+		t.Fatalf("the shutdown paused nothing:\n%s", srv.log.String())
+	}
+
+	srv = startServer(t, dataDir, "--dev", "--pool", "0")
+	out := srv.run(t, 0, "sandbox", "list")
+	if !strings.Contains(out, id) || !strings.Contains(out, "paused") || strings.Contains(out, plain) {
+		t.Fatalf("after a restart the sandboxes are listed as:\n%s", out)
+	}
+	srv.run(t, 0, "sandbox", "resume", id)
+	if got := srv.run(t, 0, "sandbox", "exec", id, "-c", "print(x + 1, int(df.a.sum()))"); got != "42 3" {
+		t.Fatalf("resumed after a rolling restart: %q", got)
+	}
 }

@@ -59,6 +59,7 @@ type serveConfig struct {
 	cluster                              clusterConfig
 	clusterToken                         string
 	e2bPausable                          bool
+	pauseOnShutdown                      bool
 	snapshotKeyFile                      string
 	maxSnapshots                         int
 	maxSnapshotBytes                     sizeFlag
@@ -133,6 +134,8 @@ Flags:
 	fs.BoolVar(&c.pauseBase, "pause-base", true, "native: paused sandboxes kept on disk share the pages of a base (<data dir>/pause-bases) and take "+
 		"about a fifth of the disk; pausable sandboxes then start with --preload imported, the same memory layout and the same "+
 		"string-hash seed (docs/snapshots.md, docs/security.md)")
+	fs.BoolVar(&c.pauseOnShutdown, "pause-on-shutdown", false, "on SIGTERM, pause every running sandbox that can be paused "+
+		"and keep it on disk for the next server on --data-dir (a rolling update), instead of closing it")
 	fs.BoolVar(&c.e2bPausable, "e2b-pausable", true, "E2B's API makes every sandbox pausable, as E2B's are (where CRIU is usable): "+
 		"on the native backend a Python of its own, about 70 MiB and 0.5 s to make, rather than a fork of the zygote")
 	fs.StringVar(&c.snapshotKeyFile, "snapshot-key-file", "", "`FILE` of the key snapshots are signed with (made if missing; "+
@@ -577,6 +580,7 @@ func serve(c *serveConfig, log *slog.Logger) error {
 			svcCfg.Quota = node.keys.Quota
 		}
 	}
+	svcCfg.PauseOnShutdown = c.pauseOnShutdown
 	svcCfg.SnapshotDir = filepath.Join(c.dataDir, "snapshots")
 	svcCfg.PausedDir = filepath.Join(c.dataDir, "paused")
 	svcCfg.MaxSnapshots, svcCfg.MaxSnapshotBytes = c.maxSnapshots, int64(c.maxSnapshotBytes)

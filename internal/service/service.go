@@ -67,6 +67,12 @@ type Config struct {
 	// Quota returns an owner's own quotas; zero values mean the defaults
 	// above. Nil: every owner has the defaults.
 	Quota func(owner string) (maxSandboxes, maxExecutions int)
+	// PauseOnShutdown makes a graceful Shutdown pause every running
+	// sandbox that can be paused and keep it on disk (where paused
+	// sandboxes are kept: PausedDir), instead of closing it, so that the
+	// next server on the data directory (the same node after a rolling
+	// update) has them, paused; others are closed as ever.
+	PauseOnShutdown bool
 	// Elsewhere, for a node of a cluster, counts an owner's sandboxes on
 	// the other nodes (as their Leases last said), so that a key's
 	// sandbox quota holds across the cluster; nil: none.
@@ -892,7 +898,50 @@ func (s *Service) Shutdown(ctx context.Context) error {
 		case <-time.After(3 * time.Second):
 		}
 	}
+	if s.cfg.PauseOnShutdown && s.keepsPaused() {
+		s.pauseAll(ctx)
+	}
 	return s.Close()
+}
+
+// pauseAll pauses every live sandbox that can be paused, two at a time
+// (a pause is mostly disk and one CRIU), for a shutdown: Close then keeps
+// them on disk. What cannot be paused (or fails to) is closed by Close.
+func (s *Service) pauseAll(ctx context.Context) {
+	s.mu.Lock()
+	var boxes []*Box
+	for _, b := range s.boxes {
+		if b != nil {
+			boxes = append(boxes, b)
+		}
+	}
+	s.mu.Unlock()
+	ctx = context.WithoutCancel(ctx) // the grace period may be over: the pauses are what is kept
+	sem := make(chan struct{}, 2)
+	var wg sync.WaitGroup
+	paused := 0
+	var mu sync.Mutex
+	for _, b := range boxes {
+		b.mu.Lock()
+		skip := b.paused || !b.pausable
+		b.mu.Unlock()
+		if skip {
+			continue
+		}
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			if err := s.pause(ctx, b); err != nil {
+				s.cfg.Logger.Warn("shutdown: not paused, closed", "id", b.id, "err", err)
+				return
+			}
+			mu.Lock()
+			paused++
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	s.cfg.Logger.Info("shutdown: sandboxes paused to be kept", "paused", paused)
 }
 
 // Close ends every sandbox at once.

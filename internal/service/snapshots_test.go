@@ -404,3 +404,39 @@ func TestPausedKeptNetwork(t *testing.T) {
 		t.Errorf("reopened on a server that no longer allows it: %+v %v", got.Network, err)
 	}
 }
+
+// TestPauseOnShutdown: a server with PauseOnShutdown pauses its running
+// sandboxes as it shuts down and keeps them on disk; the next server on
+// the directory has them, paused. Without it they are closed.
+func TestPauseOnShutdown(t *testing.T) {
+	for _, keep := range []bool{true, false} {
+		dir := t.TempDir()
+		be := keepingBackend{pausingBackend: pausingBackend{made: make(chan *pausingSandbox, 8)}, opened: make(chan string, 8)}
+		start := func() *Service {
+			return New(Config{Backend: be, PausedDir: dir, SnapshotKey: bytes.Repeat([]byte{1}, snapshot.KeySize),
+				PersistDelay: time.Hour, PauseOnShutdown: keep})
+		}
+		svc := start()
+		ctx := context.Background()
+		info, err := svc.Create(ctx, CreateRequest{Owner: "o", Metadata: map[string]string{"k": "v"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := svc.Shutdown(ctx); err != nil {
+			t.Fatal(err)
+		}
+		_, err = os.Stat(filepath.Join(dir, info.ID, snapshot.SignatureFile))
+		if keep != (err == nil) {
+			t.Fatalf("PauseOnShutdown %v: kept on disk: %v", keep, err)
+		}
+		svc = start()
+		again, err := svc.Info("o", info.ID)
+		switch {
+		case keep && (err != nil || again.State != "paused" || again.Metadata["k"] != "v"):
+			t.Fatalf("after a restart: %+v %v", again, err)
+		case !keep && !errors.Is(err, ErrNotFound):
+			t.Fatalf("closed at shutdown, yet after a restart: %+v %v", again, err)
+		}
+		svc.Close()
+	}
+}

@@ -151,7 +151,9 @@ func checkDefaults(t *testing.T, objs []object, ns string) {
 		"--lease-duration=5s", "--backend=native", "--data-dir=/var/lib/vivarium", "--max-sandboxes=1000",
 		"--max-sandboxes-per-key=50")
 	for _, a := range args {
-		if strings.HasPrefix(a, "--allow-net") || strings.HasPrefix(a, "--domain") || a == "--dev" {
+		// A DaemonSet's pod does not come back under its name: nothing
+		// to keep paused sandboxes for.
+		if strings.HasPrefix(a, "--allow-net") || strings.HasPrefix(a, "--domain") || a == "--dev" || a == "--pause-on-shutdown" {
 			t.Errorf("node: %q by default", a)
 		}
 	}
@@ -222,7 +224,7 @@ func checkStatefulSet(t *testing.T, objs []object, ns string) {
 	args := strs(container(s)["args"])
 	wantArgs(t, "statefulset node", args, "--backend=gvisor", "--allow-net=pypi.org", "--allow-net=*.pythonhosted.org:443",
 		"--deny-net=10.0.0.0/8", "--domain=sb.example.com", "--max-sandboxes=200", "--max-sandboxes-per-key=20",
-		"--max-executions=10000000", "--cpus=1.5")
+		"--max-executions=10000000", "--cpus=1.5", "--pause-on-shutdown")
 	if slices.Contains(args, "--backend=native") {
 		t.Errorf("statefulset node: both backends in %q", args)
 	}
