@@ -16,13 +16,14 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vivarium-sandbox/vivarium/internal/fileutil"
 )
 
 // ErrNotFound: no usable criu binary on this machine.
@@ -45,7 +46,8 @@ func Find() (string, error) {
 	if d := os.Getenv("VIVARIUM_CRIU_DIR"); d != "" {
 		cands = append(cands, filepath.Join(d, "criu"))
 	}
-	cands = append(cands, cached()...)
+	built, _ := fileutil.CachedBuilds("criu", "criu")
+	cands = append(cands, built...)
 	if p, err := exec.LookPath("criu"); err == nil {
 		cands = append(cands, p)
 	}
@@ -70,29 +72,6 @@ func Find() (string, error) {
 		return "", fmt.Errorf("%w; skipped: %s", ErrNotFound, strings.Join(skipped, ", "))
 	}
 	return "", ErrNotFound
-}
-
-// cached lists the binaries scripts/criu/build.sh left in its default
-// cache directory, the most recently built first.
-func cached() []string {
-	base := os.Getenv("XDG_CACHE_HOME")
-	if base == "" {
-		home, err := os.UserHomeDir()
-		if err != nil {
-			return nil
-		}
-		base = filepath.Join(home, ".cache")
-	}
-	paths, _ := filepath.Glob(filepath.Join(base, "vivarium", "criu-*", "criu"))
-	mtime := func(p string) int64 {
-		st, err := os.Stat(p)
-		if err != nil {
-			return 0
-		}
-		return st.ModTime().UnixNano()
-	}
-	sort.Slice(paths, func(i, j int) bool { return mtime(paths[i]) > mtime(paths[j]) })
-	return paths
 }
 
 var versionRe = regexp.MustCompile(`(?m)^Version:\s*(\S+)`)

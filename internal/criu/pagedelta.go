@@ -30,6 +30,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/vivarium-sandbox/vivarium/internal/fileutil"
 )
 
 const (
@@ -281,20 +283,7 @@ func linkOrCopy(src, dst string) error {
 	if !errors.Is(err, syscall.EXDEV) {
 		return err
 	}
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
+	return fileutil.CopyNew(src, dst, 0o644)
 }
 
 func (pm *pagemap) pages() int64 {

@@ -18,7 +18,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"maps"
 	"os"
@@ -27,6 +26,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vivarium-sandbox/vivarium/internal/fileutil"
 )
 
 // SignatureFile is the name of a signed directory's signature.
@@ -135,7 +136,7 @@ func digest(dir string, key []byte) ([]byte, error) {
 			kind = "d"
 		case unix.S_IFREG:
 			kind = "f"
-			h, err := fileHash(e.path)
+			h, err := fileutil.SHA256(e.path)
 			if err != nil {
 				return err
 			}
@@ -201,19 +202,6 @@ func walk(dir string, fn func(*entry) error) error {
 		}
 		return fn(e)
 	})
-}
-
-func fileHash(p string) (string, error) {
-	f, err := os.Open(p)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // xattrs reads p's extended attributes (not following a link).

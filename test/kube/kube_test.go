@@ -28,6 +28,7 @@ import (
 
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 
+	"github.com/vivarium-sandbox/vivarium/internal/fileutil"
 	"github.com/vivarium-sandbox/vivarium/internal/testutil/kubetest"
 )
 
@@ -47,22 +48,12 @@ func findHelm() (string, error) {
 		}
 		return "", fmt.Errorf("%w ($VIVARIUM_HELM=%s is not an executable)", errNoHelm, p)
 	}
-	base := os.Getenv("XDG_CACHE_HOME")
-	if base == "" {
-		home, err := os.UserHomeDir()
-		if err != nil {
-			return "", fmt.Errorf("%w (no home directory: %v)", errNoHelm, err)
-		}
-		base = filepath.Join(home, ".cache")
-	}
-	glob := filepath.Join(base, "vivarium", "helm-*", "helm")
-	paths, _ := filepath.Glob(glob)
+	paths, glob := fileutil.CachedBuilds("helm", "helm")
 	var best string
-	var newest time.Time
-	for _, p := range paths {
-		st, err := os.Stat(p)
-		if err == nil && executable(p) && st.ModTime().After(newest) {
-			best, newest = p, st.ModTime()
+	for _, p := range paths { // the newest first
+		if executable(p) {
+			best = p
+			break
 		}
 	}
 	if best == "" {
@@ -77,13 +68,13 @@ func executable(p string) bool {
 }
 
 // requireHelm skips the test without helm, or fails it where
-// VIVARIUM_REQUIRE_KUBE=1 says the Kubernetes tools were built.
+// VIVARIUM_REQUIRE_HELM=1 says scripts/kube/helm.sh built it.
 func requireHelm(t *testing.T) string {
 	t.Helper()
 	helm, err := findHelm()
 	if err != nil {
-		if os.Getenv("VIVARIUM_REQUIRE_KUBE") == "1" {
-			t.Fatalf("%v (VIVARIUM_REQUIRE_KUBE=1)", err)
+		if os.Getenv("VIVARIUM_REQUIRE_HELM") == "1" {
+			t.Fatalf("%v (VIVARIUM_REQUIRE_HELM=1)", err)
 		}
 		t.Skip(err)
 	}

@@ -9,7 +9,6 @@ package container
 // reseeded unless asked not to be.
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -83,24 +82,12 @@ func (s *Sandbox) Fork(ctx context.Context, n int, opts sandbox.ForkOptions) ([]
 		}()
 	}
 	wg.Wait()
-	var first error
-	failed := 0
-	for _, err := range errs {
-		if err != nil {
-			first = cmp.Or(first, err)
-			failed++
+	if err := sandbox.AllOrNone(errs, func(i int) {
+		if copies[i] != nil {
+			copies[i].Close()
 		}
-	}
-	if first != nil {
-		for _, c := range copies {
-			if c != nil {
-				c.Close()
-			}
-		}
-		if failed > 1 {
-			return nil, fmt.Errorf("fork: %d of %d copies failed, the first: %w", failed, n, first)
-		}
-		return nil, fmt.Errorf("fork: %w", first)
+	}); err != nil {
+		return nil, err
 	}
 	s.b.cfg.Logger.Debug("fork", "id", s.id, "copies", n, "snapshot_ms", saved.Milliseconds(),
 		"ms", time.Since(start).Milliseconds())

@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
+	"github.com/vivarium-sandbox/vivarium/internal/fileutil"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
 
@@ -77,7 +78,7 @@ func (s *Sandbox) PersistPaused(ctx context.Context, dir string) (int64, error) 
 	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
 		return 0, err
 	}
-	need := dirSize(s.checkpoint) + dirSize(s.disk.Dir) + checkpointMargin
+	need := fileutil.DirSize(s.checkpoint) + fileutil.DirSize(s.disk.Dir) + checkpointMargin
 	var fs unix.Statfs_t
 	if err := unix.Statfs(filepath.Dir(dir), &fs); err != nil {
 		return 0, err
@@ -99,7 +100,7 @@ func (s *Sandbox) PersistPaused(ctx context.Context, dir string) (int64, error) 
 			}
 		}
 		for name := range images {
-			if err := copyFile(filepath.Join(s.checkpoint, name), filepath.Join(tmp, "image", name)); err != nil {
+			if err := fileutil.CopyNew(filepath.Join(s.checkpoint, name), filepath.Join(tmp, "image", name), 0o600); err != nil {
 				return err
 			}
 		}
@@ -115,7 +116,7 @@ func (s *Sandbox) PersistPaused(ctx context.Context, dir string) (int64, error) 
 		os.RemoveAll(tmp)
 		return 0, fmt.Errorf("persist: %w", err)
 	}
-	return dirSize(dir), nil
+	return fileutil.DirSize(dir), nil
 }
 
 // ReleasePaused implements sandbox.PausedReleaser: the paused sandbox,
@@ -217,53 +218,17 @@ type noContainer struct{}
 
 var ended = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
-func (noContainer) Stdin() io.WriteCloser                 { return nopWriteCloser{} }
-func (noContainer) Stdout() io.Reader                     { return eofReader{} }
-func (noContainer) Kill() error                           { return nil }
-func (noContainer) Done() <-chan struct{}                 { return ended }
-func (noContainer) Stats() (cgroups.Stats, bool)          { return cgroups.Stats{}, false }
-func (noContainer) Remove() error                         { return nil }
-func (nopWriteCloser) Write(p []byte) (int, error)        { return 0, io.ErrClosedPipe }
-func (nopWriteCloser) Close() error                       { return nil }
-func (eofReader) Read([]byte) (int, error)                { return 0, io.EOF }
-func (diskOnly) WriteFile(string, io.Reader, int64) error { return errDiskOnly }
-func (diskOnly) List(int) ([]sandbox.FileInfo, error)     { return nil, errDiskOnly }
-func (diskOnly) CopyOut(string, int64, int64) ([]sandbox.FileInfo, error) {
-	return nil, errDiskOnly
-}
-func (diskOnly) OpenFile(string) (io.ReadCloser, sandbox.FileInfo, error) {
-	return nil, sandbox.FileInfo{}, errDiskOnly
-}
-func (diskOnly) ReadDir(string, int) ([]sandbox.FileInfo, error) { return nil, errDiskOnly }
-func (diskOnly) Stat(string) (sandbox.FileInfo, error)           { return sandbox.FileInfo{}, errDiskOnly }
-func (diskOnly) Remove(string) error                             { return errDiskOnly }
+func (noContainer) Stdin() io.WriteCloser          { return nopWriteCloser{} }
+func (noContainer) Stdout() io.Reader              { return eofReader{} }
+func (noContainer) Kill() error                    { return nil }
+func (noContainer) Done() <-chan struct{}          { return ended }
+func (noContainer) Stats() (cgroups.Stats, bool)   { return cgroups.Stats{}, false }
+func (noContainer) Remove() error                  { return nil }
+func (nopWriteCloser) Write(p []byte) (int, error) { return 0, io.ErrClosedPipe }
+func (nopWriteCloser) Close() error                { return nil }
+func (eofReader) Read([]byte) (int, error)         { return 0, io.EOF }
 
 type (
 	nopWriteCloser struct{}
 	eofReader      struct{}
-	// diskOnly is the workspace of a paused sandbox kept on disk alone:
-	// there are no files to reach until it resumes.
-	diskOnly struct{}
 )
-
-var _ sandbox.Workspace = diskOnly{}
-
-var errDiskOnly = fmt.Errorf("%w: its files are on disk until it is resumed", sandbox.ErrPaused)
-
-// copyFile copies the regular file src to dst (new, 0600).
-func copyFile(src, dst string) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
-}

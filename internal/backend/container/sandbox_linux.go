@@ -159,7 +159,7 @@ func (s *Sandbox) Workspace() sandbox.Workspace {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.ws == nil {
-		return diskOnly{}
+		return sandbox.DiskOnly{}
 	}
 	return s.ws
 }

@@ -41,6 +41,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vivarium-sandbox/vivarium/internal/fileutil"
 	"github.com/vivarium-sandbox/vivarium/internal/runner"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
@@ -137,7 +138,7 @@ func (s *Sandbox) SaveSnapshot(ctx context.Context, dir string) (int64, error) {
 		os.RemoveAll(tmp)
 		return 0, err
 	}
-	return dirSize(dir), nil
+	return fileutil.DirSize(dir), nil
 }
 
 // snapshot saves the running sandbox into dir, which it makes.
@@ -245,7 +246,7 @@ func (b *Backend) RestoreSnapshot(ctx context.Context, dir string, opts sandbox.
 		return nil, fmt.Errorf("from snapshot: %w", err)
 	}
 	if !opts.SameRandomState {
-		if err := s.reseed(ctx); err != nil {
+		if err := sandbox.Reseed(ctx, s); err != nil {
 			s.Close()
 			return nil, err
 		}
@@ -356,27 +357,6 @@ func (s *Sandbox) restoreFrom(ctx context.Context, dir string, m *snapshotMeta) 
 	return nil
 }
 
-// reseedCode reseeds, in a copy, what it would otherwise share with its
-// source and siblings: Python's random (from os.urandom) and numpy's
-// global generator, if numpy is imported. Without a result, and leaving
-// no names behind. (The native backend's fork runs the same.)
-const reseedCode = `import sys as __viv_sys
-__viv_sys.modules.get('random') and __viv_sys.modules['random'].seed()
-'numpy.random' in __viv_sys.modules and __viv_sys.modules['numpy.random'].seed()
-del __viv_sys`
-
-// reseed runs reseedCode in the copy.
-func (s *Sandbox) reseed(ctx context.Context) error {
-	res, err := s.Execute(ctx, sandbox.ExecRequest{Code: reseedCode}, nil)
-	if err != nil {
-		return fmt.Errorf("reseed the copy: %w", err)
-	}
-	if res.Status != sandbox.StatusOK {
-		return fmt.Errorf("reseed the copy: %s %s", res.Status, res.Stderr)
-	}
-	return nil
-}
-
 // copyTree copies the directory src to dst (new) with cp -a: owners,
 // modes, times, links and FIFOs kept.
 func copyTree(src, dst string) error {
@@ -448,16 +428,4 @@ func writeJSON(path string, v any) error {
 		return err
 	}
 	return os.WriteFile(path, b, 0o600)
-}
-
-// dirSize adds up the sizes of the files under dir.
-func dirSize(dir string) int64 {
-	var n int64
-	filepath.Walk(dir, func(_ string, fi os.FileInfo, err error) error {
-		if err == nil && fi.Mode().IsRegular() {
-			n += fi.Size()
-		}
-		return nil
-	})
-	return n
 }

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vivarium-sandbox/vivarium/internal/backend/gvisor"
+	"github.com/vivarium-sandbox/vivarium/internal/fileutil"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
@@ -63,18 +64,6 @@ func sandboxProcs() []string {
 		out = append(out, strings.Fields(string(b))...)
 	}
 	return out
-}
-
-// dirSize is the bytes of the files under dir.
-func dirSize(dir string) int64 {
-	var n int64
-	filepath.Walk(dir, func(_ string, fi os.FileInfo, err error) error {
-		if err == nil && fi.Mode().IsRegular() {
-			n += fi.Size()
-		}
-		return nil
-	})
-	return n
 }
 
 func execValue(t testing.TB, s sandbox.Sandbox, code string) string {
@@ -177,7 +166,7 @@ func TestPauseResume(t *testing.T) {
 				t.Fatal("Paused() is false after Pause")
 			}
 			memAfter := sandboxMemory(t)
-			image := dirSize(cps)
+			image := fileutil.DirSize(cps)
 			t.Logf("pause: %v; the cgroup holds %d KiB before, %d KiB after; checkpoint %.1f MiB",
 				pauseTook.Round(time.Millisecond), memBefore>>10, memAfter>>10, float64(image)/(1<<20))
 			// gVisor's kernel and gofer are gone, and their memory with
@@ -239,7 +228,7 @@ func TestPauseResume(t *testing.T) {
 			if p.Paused() {
 				t.Fatal("Paused() is true after Resume")
 			}
-			if image := dirSize(cps); image != 0 {
+			if image := fileutil.DirSize(cps); image != 0 {
 				t.Errorf("the resumed sandbox's checkpoint is still there (%d bytes)", image)
 			}
 			for code, want := range map[string]string{
@@ -512,7 +501,7 @@ func BenchmarkPauseResume(b *testing.B) {
 					b.Fatal(err)
 				}
 				pause += time.Since(start)
-				image += dirSize(cps)
+				image += fileutil.DirSize(cps)
 				memPaused += sandboxMemory(b)
 				start = time.Now()
 				if err := p.Resume(ctx); err != nil {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/backend/gvisor"
+	"github.com/vivarium-sandbox/vivarium/internal/fileutil"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
@@ -125,8 +126,8 @@ func TestSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("snapshot: %v, %.1f MiB", time.Since(start).Round(time.Millisecond), float64(size)/(1<<20))
-	if size <= 0 || size != dirSize(snap) {
-		t.Errorf("SaveSnapshot says %d bytes, the directory holds %d", size, dirSize(snap))
+	if size <= 0 || size != fileutil.DirSize(snap) {
+		t.Errorf("SaveSnapshot says %d bytes, the directory holds %d", size, fileutil.DirSize(snap))
 	}
 	if _, err := sn.SaveSnapshot(ctx, snap); err == nil {
 		t.Error("a snapshot over an existing directory was made")
@@ -417,7 +418,7 @@ func TestPersistPaused(t *testing.T) {
 	if entries, _ := os.ReadDir(filepath.Join(dir, "sandboxes")); len(entries) > 0 {
 		t.Errorf("the released sandbox's directory: %v", entries)
 	}
-	if image := dirSize(cps); image != 0 {
+	if image := fileutil.DirSize(cps); image != 0 {
 		t.Errorf("the released sandbox's checkpoint is still there (%d bytes)", image)
 	}
 	if _, _, err := sb.Workspace().OpenFile("kept.txt"); !errors.Is(err, sandbox.ErrPaused) {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/criu"
+	"github.com/vivarium-sandbox/vivarium/internal/fileutil"
 	"github.com/vivarium-sandbox/vivarium/internal/runner"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/testutil"
@@ -218,7 +219,7 @@ func TestCheckpointRestorePython(t *testing.T) {
 		return nil
 	})
 	t.Logf("dump: %v, %d processes, %d KiB resident before, images %d KiB; external: %d mounts, %d files, %d pipes, %d sockets",
-		cp.took.Round(time.Millisecond), len(tree), rss>>10, dirSize(dir)>>10, len(cp.mounts), len(cp.files), len(cp.pipes), len(cp.socks))
+		cp.took.Round(time.Millisecond), len(tree), rss>>10, fileutil.DirSize(dir)>>10, len(cp.mounts), len(cp.files), len(cp.pipes), len(cp.socks))
 	t.Logf("the sandbox's cgroup holds %d KiB before the dump, %d KiB after (its files, in its root tmpfs, stay)",
 		memBefore>>10, cgroupMemory(s)>>10)
 

@@ -37,7 +37,6 @@ package native
 // its siblings are read-only files, removed once restored.
 
 import (
-	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -57,6 +56,7 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
 	"github.com/vivarium-sandbox/vivarium/internal/core"
 	"github.com/vivarium-sandbox/vivarium/internal/criu"
+	"github.com/vivarium-sandbox/vivarium/internal/fileutil"
 	"github.com/vivarium-sandbox/vivarium/internal/hostuid"
 	"github.com/vivarium-sandbox/vivarium/internal/runner"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
@@ -136,30 +136,18 @@ func (s *Sandbox) Fork(ctx context.Context, n int, opts sandbox.ForkOptions) ([]
 			start := time.Now()
 			copies[i], times[i], errs[i] = s.b.restoreCopy(context.WithoutCancel(ctx), bin, snap, newID())
 			if errs[i] == nil && !opts.SameRandomState {
-				errs[i] = copies[i].reseed(ctx)
+				errs[i] = sandbox.Reseed(ctx, copies[i])
 			}
 			times[i].total = time.Since(start)
 		}()
 	}
 	wg.Wait()
-	var first error
-	failed := 0
-	for _, err := range errs {
-		if err != nil {
-			first = cmp.Or(first, err)
-			failed++
+	if err := sandbox.AllOrNone(errs, func(i int) {
+		if copies[i] != nil {
+			copies[i].Close()
 		}
-	}
-	if first != nil {
-		for _, c := range copies {
-			if c != nil {
-				c.Close()
-			}
-		}
-		if failed > 1 {
-			return nil, fmt.Errorf("fork: %d of %d copies failed, the first: %w", failed, n, first)
-		}
-		return nil, fmt.Errorf("fork: %w", first)
+	}); err != nil {
+		return nil, err
 	}
 	var slowest copyTimes
 	for _, t := range times {
@@ -634,7 +622,7 @@ func (snap *forkSnapshot) copyFor(dir string, owner hostuid.Range) (*checkpoint,
 			// is copied.
 			err := os.Link(src, dst)
 			if errors.Is(err, unix.EXDEV) {
-				err = copyRegular(src, dst, 0o644)
+				err = fileutil.CopyNew(src, dst, 0o644)
 			}
 			if err != nil {
 				return nil, err
@@ -917,27 +905,6 @@ func (c *Sandbox) openFiles(root string) error {
 	c.dirMu.Lock()
 	c.ws, c.rootAsUser, c.rootAsRoot = ws, asUser, asRoot
 	c.dirMu.Unlock()
-	return nil
-}
-
-// reseedCode reseeds, in a copy, what a copy would otherwise share with
-// its source and siblings: Python's random (from os.urandom) and numpy's
-// global generator, if numpy is imported. Without a result, and leaving
-// no names behind.
-const reseedCode = `import sys as __viv_sys
-__viv_sys.modules.get('random') and __viv_sys.modules['random'].seed()
-'numpy.random' in __viv_sys.modules and __viv_sys.modules['numpy.random'].seed()
-del __viv_sys`
-
-// reseed runs reseedCode in the copy.
-func (c *Sandbox) reseed(ctx context.Context) error {
-	res, err := c.Execute(ctx, sandbox.ExecRequest{Code: reseedCode}, nil)
-	if err != nil {
-		return fmt.Errorf("reseed the copy: %w", err)
-	}
-	if res.Status != sandbox.StatusOK {
-		return fmt.Errorf("reseed the copy: %s %s", res.Status, res.Stderr)
-	}
 	return nil
 }
 

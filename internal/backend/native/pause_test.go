@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/criu"
+	"github.com/vivarium-sandbox/vivarium/internal/fileutil"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
@@ -451,7 +452,7 @@ func BenchmarkPauseResume(b *testing.B) {
 					b.Fatal(err)
 				}
 				pause += time.Since(start)
-				images += dirSize(s.cp.images())
+				images += fileutil.DirSize(s.cp.images())
 				kept += cgroupMemory(s)
 				start = time.Now()
 				if err := s.Resume(ctx); err != nil {

@@ -44,7 +44,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	mrand "math/rand/v2"
 	"os"
@@ -54,6 +53,7 @@ import (
 	"strings"
 
 	"github.com/vivarium-sandbox/vivarium/internal/criu"
+	"github.com/vivarium-sandbox/vivarium/internal/fileutil"
 	"github.com/vivarium-sandbox/vivarium/internal/runner"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
@@ -167,7 +167,7 @@ func (b *Backend) openBase(key string) (*pauseBase, error) {
 		if name != filepath.Base(name) || !strings.HasSuffix(name, ".img") {
 			return nil, fmt.Errorf("pause base %s: a file %q", key, name)
 		}
-		got, err := fileSHA256(filepath.Join(dir, name))
+		got, err := fileutil.SHA256(filepath.Join(dir, name))
 		if err != nil {
 			return nil, fmt.Errorf("pause base %s: %w", key, err)
 		}
@@ -181,19 +181,6 @@ func (b *Backend) openBase(key string) (*pauseBase, error) {
 	}
 	b.bases.checked[key] = base
 	return base, nil
-}
-
-func fileSHA256(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // pauseBaseFor returns the base s's kept copy is written against, made
@@ -271,10 +258,10 @@ func (b *Backend) makeBase(ctx context.Context) (*pauseBase, error) {
 		// 0444: a resume's view hard-links the pages where its restored
 		// tasks read them (criu.ParentView); this directory (0700) keeps
 		// everyone else from them.
-		if err := copyRegular(filepath.Join(s.cp.images(), name), dst, 0o444); err != nil {
+		if err := fileutil.CopyNew(filepath.Join(s.cp.images(), name), dst, 0o444); err != nil {
 			return nil, err
 		}
-		if info.Files[name], err = fileSHA256(dst); err != nil {
+		if info.Files[name], err = fileutil.SHA256(dst); err != nil {
 			return nil, err
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/vivarium-sandbox/vivarium/internal/fileutil"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
@@ -53,7 +54,7 @@ func TestPersistPausedBase(t *testing.T) {
 	if err := s.Pause(ctx); err != nil {
 		t.Fatal(err)
 	}
-	whole := dirSize(s.cp.images())
+	whole := fileutil.DirSize(s.cp.images())
 	dir := filepath.Join(t.TempDir(), "kept")
 	size, err := s.PersistPaused(ctx, dir)
 	if err != nil {

@@ -16,13 +16,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/vivarium-sandbox/vivarium/internal/criu"
+	"github.com/vivarium-sandbox/vivarium/internal/fileutil"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/workspace"
 )
@@ -58,7 +58,7 @@ func (s *Sandbox) PersistPaused(ctx context.Context, dir string) (int64, error) 
 		return 0, fmt.Errorf("persist: %s exists", dir)
 	}
 	// Room on the host's disk: the images' size again, and the files.
-	if err := checkpointRoom(filepath.Dir(dir), dirSize(s.cp.images())); err != nil {
+	if err := checkpointRoom(filepath.Dir(dir), fileutil.DirSize(s.cp.images())); err != nil {
 		return 0, err
 	}
 	// The root's files, through the held mount namespace.
@@ -201,21 +201,3 @@ func (s *Sandbox) resumePersisted(ctx context.Context, bin string) error {
 		return nil
 	})
 }
-
-// diskOnly is the files of a sandbox opened paused from disk: there are
-// none to reach until it resumes.
-type diskOnly struct{}
-
-var errDiskOnly = fmt.Errorf("%w: its files are on disk until it is resumed", sandbox.ErrPaused)
-
-func (diskOnly) WriteFile(string, io.Reader, int64) error { return errDiskOnly }
-func (diskOnly) List(int) ([]sandbox.FileInfo, error)     { return nil, errDiskOnly }
-func (diskOnly) CopyOut(string, int64, int64) ([]sandbox.FileInfo, error) {
-	return nil, errDiskOnly
-}
-func (diskOnly) OpenFile(string) (io.ReadCloser, sandbox.FileInfo, error) {
-	return nil, sandbox.FileInfo{}, errDiskOnly
-}
-func (diskOnly) ReadDir(string, int) ([]sandbox.FileInfo, error) { return nil, errDiskOnly }
-func (diskOnly) Stat(string) (sandbox.FileInfo, error)           { return sandbox.FileInfo{}, errDiskOnly }
-func (diskOnly) Remove(string) error                             { return errDiskOnly }

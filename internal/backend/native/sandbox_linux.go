@@ -125,7 +125,7 @@ func (s *Sandbox) Root(user string) (sandbox.Workspace, error) {
 	s.dirMu.RLock()
 	defer s.dirMu.RUnlock()
 	if s.rootAsUser == nil {
-		return diskOnly{}, nil // opened from disk, paused
+		return sandbox.DiskOnly{}, nil // opened from disk, paused
 	}
 	switch user {
 	case "", sandbox.UserSandbox:
@@ -562,7 +562,7 @@ func (s *Sandbox) Workspace() sandbox.Workspace {
 	s.dirMu.RLock()
 	defer s.dirMu.RUnlock()
 	if s.ws == nil {
-		return diskOnly{} // opened from disk, paused
+		return sandbox.DiskOnly{} // opened from disk, paused
 	}
 	return s.ws
 }

@@ -28,7 +28,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -38,6 +37,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vivarium-sandbox/vivarium/internal/criu"
+	"github.com/vivarium-sandbox/vivarium/internal/fileutil"
 	"github.com/vivarium-sandbox/vivarium/internal/hostuid"
 	"github.com/vivarium-sandbox/vivarium/internal/runner"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
@@ -191,7 +191,7 @@ func writeSnapshot(snap *forkSnapshot, dir string, pack bool) (int64, error) {
 		os.RemoveAll(tmp)
 		return 0, err
 	}
-	return dirSize(dir), nil
+	return fileutil.DirSize(dir), nil
 }
 
 // writeSnapshotFiles writes snap into dir, which it makes.
@@ -210,7 +210,7 @@ func writeSnapshotFiles(snap *forkSnapshot, dir string, pack bool) error {
 	for _, e := range ents {
 		src, dst := filepath.Join(snap.images(), e.Name()), filepath.Join(dir, "images", e.Name())
 		if !pack || !packs(e.Name()) || delta {
-			if err := copyRegular(src, dst, 0o644); err != nil {
+			if err := fileutil.CopyNew(src, dst, 0o644); err != nil {
 				return err
 			}
 			continue
@@ -315,7 +315,7 @@ func (b *Backend) CreateFromSnapshot(ctx context.Context, dir string, opts sandb
 		return nil, fmt.Errorf("from snapshot: %w", err)
 	}
 	if !opts.SameRandomState {
-		if err := c.reseed(ctx); err != nil {
+		if err := sandbox.Reseed(ctx, c); err != nil {
 			c.Close()
 			return nil, err
 		}
@@ -410,37 +410,4 @@ func hostKind() (kernel, cpu string, err error) {
 		}
 	}
 	return kernel, "", nil
-}
-
-// copyRegular copies the regular file src to dst (new, with mode).
-func copyRegular(src, dst string, mode os.FileMode) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	if fi, err := in.Stat(); err != nil || !fi.Mode().IsRegular() {
-		return fmt.Errorf("%s is not a regular file", src)
-	}
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
-}
-
-// dirSize adds up the sizes of the files under dir.
-func dirSize(dir string) int64 {
-	var n int64
-	filepath.Walk(dir, func(_ string, fi os.FileInfo, err error) error {
-		if err == nil && fi.Mode().IsRegular() {
-			n += fi.Size()
-		}
-		return nil
-	})
-	return n
 }

@@ -5,7 +5,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
+
+	"github.com/vivarium-sandbox/vivarium/internal/fileutil"
 )
 
 // Find returns the paths of a kube-apiserver and an etcd binary.
@@ -24,10 +25,11 @@ func Find() (apiserver, etcd string, err error) {
 	if d := os.Getenv("VIVARIUM_KUBE_DIR"); d != "" {
 		cands = append(cands, filepath.Join(d, "kube-apiserver"))
 	}
-	cands = append(cands, cached()...)
+	built, pattern := fileutil.CachedBuilds("kube", "kube-apiserver")
+	cands = append(cands, built...)
 	apiserver = firstExecutable(cands)
 	if apiserver == "" {
-		return "", "", fmt.Errorf("%w (looked in %s)", ErrNotFound, cacheGlob())
+		return "", "", fmt.Errorf("%w (looked in %s)", ErrNotFound, pattern)
 	}
 
 	cands = nil
@@ -53,37 +55,4 @@ func firstExecutable(paths []string) string {
 		}
 	}
 	return ""
-}
-
-// cacheGlob is where scripts/kube/build.sh puts its builds by default:
-// one directory per hash of its version and content.
-func cacheGlob() string {
-	base := os.Getenv("XDG_CACHE_HOME")
-	if base == "" {
-		home, err := os.UserHomeDir()
-		if err != nil {
-			return ""
-		}
-		base = filepath.Join(home, ".cache")
-	}
-	return filepath.Join(base, "vivarium", "kube-*", "kube-apiserver")
-}
-
-// cached lists the binaries in the script's cache, the most recently
-// built first.
-func cached() []string {
-	g := cacheGlob()
-	if g == "" {
-		return nil
-	}
-	paths, _ := filepath.Glob(g)
-	mtime := func(p string) int64 {
-		st, err := os.Stat(p)
-		if err != nil {
-			return 0
-		}
-		return st.ModTime().UnixNano()
-	}
-	sort.Slice(paths, func(i, j int) bool { return mtime(paths[i]) > mtime(paths[j]) })
-	return paths
 }

@@ -1,0 +1,87 @@
+// Package fileutil holds the few file operations several packages need
+// alike: a regular file copied to a new one, a file's sha256, a tree's
+// size, and the builds the project's scripts cache.
+package fileutil
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+)
+
+// CopyNew copies the regular file src to dst, which it creates (it must
+// not exist) with mode.
+func CopyNew(src, dst string, mode os.FileMode) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	if fi, err := in.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return fmt.Errorf("%s is not a regular file", src)
+	}
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// SHA256 is the hex sha256 of the file at path.
+func SHA256(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// DirSize adds up the sizes of the regular files under dir.
+func DirSize(dir string) int64 {
+	var n int64
+	filepath.Walk(dir, func(_ string, fi os.FileInfo, err error) error {
+		if err == nil && fi.Mode().IsRegular() {
+			n += fi.Size()
+		}
+		return nil
+	})
+	return n
+}
+
+// CachedBuilds lists the builds a script of the project left in its
+// cache, ${XDG_CACHE_HOME:-$HOME/.cache}/vivarium/<name>-<key>/<file>,
+// the most recent first, and returns the pattern it looked for.
+func CachedBuilds(name, file string) (paths []string, pattern string) {
+	base := os.Getenv("XDG_CACHE_HOME")
+	if base == "" {
+		home, err := os.UserHomeDir()
+		if err != nil {
+			return nil, ""
+		}
+		base = filepath.Join(home, ".cache")
+	}
+	pattern = filepath.Join(base, "vivarium", name+"-*", file)
+	paths, _ = filepath.Glob(pattern)
+	mtime := func(p string) int64 {
+		st, err := os.Stat(p)
+		if err != nil {
+			return 0
+		}
+		return st.ModTime().UnixNano()
+	}
+	sort.Slice(paths, func(i, j int) bool { return mtime(paths[i]) > mtime(paths[j]) })
+	return paths, pattern
+}
