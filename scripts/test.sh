@@ -46,7 +46,7 @@ export VIVARIUM_CRIU_DIR
 # kube-apiserver (scripts/kube/build.sh: v1.33.4 from the Go module proxy,
 # about 4 minutes) and Debian's etcd, for the Kubernetes tests, cached the
 # same way; once they are built, those tests fail rather than skip.
-scripts/kube/helm.sh || echo "kube: helm could not be built; TestHelmChart will skip, or fail under VIVARIUM_REQUIRE_KUBE=1" >&2
+scripts/kube/helm.sh && export VIVARIUM_REQUIRE_HELM=1 || echo "kube: helm could not be built; TestHelmChart will skip" >&2
 scripts/kube/build.sh && export VIVARIUM_REQUIRE_KUBE=1 || echo "kube: kube-apiserver could not be built; the Kubernetes tests will skip" >&2
 go vet ./...
 unformatted=$(gofmt -l cmd internal test 2>/dev/null || true)
