@@ -350,9 +350,10 @@ func (c *serveConfig) openBackend(name string, log *slog.Logger) (sandbox.Backen
 }
 
 // pauseBaseDir is where the native backend keeps its pause bases ("":
-// none, --pause-base=false).
+// none, with --pause-base=false or where CRIU cannot pause: pausable
+// sandboxes then start as any other, their layout randomized).
 func (c *serveConfig) pauseBaseDir() string {
-	if !c.pauseBase {
+	if _, err := criu.Usable(); !c.pauseBase || err != nil {
 		return ""
 	}
 	return filepath.Join(c.dataDir, "pause-bases")

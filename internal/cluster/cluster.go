@@ -209,10 +209,13 @@ func (e *heldError) Error() string {
 	return fmt.Sprintf("cluster: node %q is alive at %s: two nodes of one name?", e.node, e.addr)
 }
 
-// renew writes node's Lease once. A Lease that holds, renewed from
-// another address, is another process's of the same name: left to it
-// (heldError).
+// renew writes node's Lease once, within a lease duration (a renewal
+// that takes longer is of no use: the Lease has lapsed). A Lease that
+// holds, renewed from another address, is another process's of the same
+// name: left to it (heldError).
 func (c *Client) renew(ctx context.Context, name string, n Node) error {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.LeaseDuration)
+	defer cancel()
 	now := metav1.NewMicroTime(time.Now())
 	secs := int32((c.cfg.LeaseDuration + time.Second - 1) / time.Second)
 	spec := coordinationv1.LeaseSpec{HolderIdentity: &name, LeaseDurationSeconds: &secs, RenewTime: &now}
