@@ -24,8 +24,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Limits are applied when a group is created. Zero means no limit.
@@ -375,20 +376,55 @@ func readProcs(dir string) ([]int, error) {
 
 // killProcs sends SIGKILL to every process listed in dir's cgroup.procs.
 func killProcs(dir string) (int, error) {
-	b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
-	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return 0, nil
+	n, err := killListed(func() ([]int, error) { return readProcs(dir) })
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
+	return n, err
+}
+
+// killListed kills the processes list names, and only those: a pid read
+// from cgroup.procs may belong to a process that has since been reaped,
+// and with pids recycled as fast as a fork bomb turns them over, the
+// number may by now name anyone's process, the server's own included. So
+// each pid is pinned with a pidfd first, then the list is read again: a
+// pid still listed after its pidfd was opened is that pidfd's process (a
+// pid is not reused before its process is reaped, which the pidfd would
+// then see), and the signal goes through the pidfd. A process that
+// entered under a recycled pid in between is left to the next round,
+// which every caller has.
+func killListed(list func() ([]int, error)) (int, error) {
+	pids, err := list()
+	if err != nil || len(pids) == 0 {
+		return 0, err
+	}
+	fds := make(map[int]int, len(pids))
+	defer func() {
+		for _, fd := range fds {
+			unix.Close(fd)
 		}
+	}()
+	for _, pid := range pids {
+		if _, ok := fds[pid]; ok {
+			continue
+		}
+		fd, err := unix.PidfdOpen(pid, 0)
+		if err == nil {
+			fds[pid] = fd
+		} else if err == unix.EMFILE || err == unix.ENFILE {
+			break // the rest are for the next round
+		}
+	}
+	if len(fds) == 0 {
+		return 0, nil
+	}
+	still, err := list()
+	if err != nil {
 		return 0, err
 	}
 	n := 0
-	for _, f := range strings.Fields(string(b)) {
-		pid, err := strconv.Atoi(f)
-		if err != nil || pid <= 0 {
-			continue
-		}
-		if syscall.Kill(pid, syscall.SIGKILL) == nil {
+	for _, pid := range still {
+		if fd, ok := fds[pid]; ok && unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0) == nil {
 			n++
 		}
 	}

@@ -365,3 +365,43 @@ func TestRealGroupCPUCap(t *testing.T) {
 		t.Errorf("used %v of CPU in 1 s under a 0.2-core cap", s.CPU)
 	}
 }
+
+// TestKillListed: a pid listed once, then gone from the list by the time it
+// is pinned, is someone else's now (recycled) and must survive; a pid
+// still listed is killed.
+func TestKillListed(t *testing.T) {
+	start := func() *exec.Cmd {
+		cmd := exec.Command("sleep", "60")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		return cmd
+	}
+	alive := func(cmd *exec.Cmd) bool { return cmd.Process.Signal(syscall.Signal(0)) == nil }
+
+	bystander := start()
+	reads := 0
+	n, err := killListed(func() ([]int, error) {
+		reads++
+		if reads == 1 {
+			return []int{bystander.Process.Pid}, nil
+		}
+		return nil, nil // it left the group (and its pid went to a bystander)
+	})
+	if err != nil || n != 0 {
+		t.Fatalf("killListed = %d, %v; want 0 kills", n, err)
+	}
+	if !alive(bystander) {
+		t.Fatal("a process no longer listed at the second read was killed")
+	}
+
+	member := start()
+	n, err = killListed(func() ([]int, error) { return []int{member.Process.Pid, 1 << 30}, nil })
+	if err != nil || n != 1 {
+		t.Fatalf("killListed = %d, %v; want 1 kill", n, err)
+	}
+	if err := member.Wait(); err == nil || member.ProcessState.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Fatalf("listed process: %v, want killed by SIGKILL", err)
+	}
+}
