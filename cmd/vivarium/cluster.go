@@ -49,12 +49,13 @@ func (cc *clusterConfig) flags(fs *flag.FlagSet, node bool) {
 			"serve only requests that carry the cluster's token (gateways'), and name the node in sandboxes' ids (docs/kubernetes.md)")
 		fs.StringVar(&cc.node, "node-name", "", "`NAME` of this node in the cluster, a DNS label (default: $POD_NAME, else the host's name)")
 		fs.StringVar(&cc.advertise, "advertise-url", "", "`URL` gateways reach this node at (default: http://<--listen's address>)")
+		// A gateway reads each node's duration from its Lease.
+		fs.DurationVar(&cc.lease, "lease-duration", cluster.DefaultLeaseDuration, "how long this node's Lease holds unrenewed: "+
+			"a node that stops renewing it leaves routing after this")
 	}
 	fs.StringVar(&cc.kubeconfig, "kubeconfig", "", "`FILE` with the Kubernetes API server's address and credentials (default: the pod's service account)")
 	fs.StringVar(&cc.namespace, "namespace", "", "Kubernetes `NAMESPACE` of the cluster's Leases (default: $POD_NAMESPACE, else vivarium)")
 	fs.StringVar(&cc.tokenFile, "cluster-token-file", "", "`FILE` holding the token gateways send nodes (a Secret mounted as a file)")
-	fs.DurationVar(&cc.lease, "lease-duration", cluster.DefaultLeaseDuration, "how long a node's Lease holds unrenewed: "+
-		"a node that stops renewing it leaves routing after this")
 }
 
 // resolve fills the defaults and reads the token.
@@ -73,7 +74,7 @@ func (cc *clusterConfig) resolve(node bool) (token string, err error) {
 			return "", fmt.Errorf("--node-name %q is not a DNS label (lower-case letters, digits and '-', at most 63)", cc.node)
 		}
 	}
-	if cc.lease < 2*time.Second {
+	if node && cc.lease < 2*time.Second {
 		return "", errors.New("--lease-duration must be at least 2s")
 	}
 	if cc.tokenFile == "" {

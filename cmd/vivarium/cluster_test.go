@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
+	"github.com/vivarium-sandbox/vivarium/internal/criu"
 	"github.com/vivarium-sandbox/vivarium/internal/gateway"
 	"github.com/vivarium-sandbox/vivarium/internal/sandboxid"
 	"github.com/vivarium-sandbox/vivarium/internal/testutil"
@@ -304,6 +305,8 @@ func TestCluster(t *testing.T) {
 		t.Fatalf("the session through the other gateway: %d %.300s", resp.StatusCode, body)
 	}
 
+	clusterKept(t, gws[0].url, gws[1].url, other)
+
 	// E2B's SDK through a gateway.
 	if _, err := os.Stat("../../test/e2b/node_modules/@e2b/code-interpreter"); err == nil {
 		cmd := osexec.Command("node", "--test", "--test-reporter=tap", "cluster.e2e.mjs")
@@ -369,6 +372,117 @@ func TestCluster(t *testing.T) {
 	testutil.WaitFor(t, 5*time.Second, "the revoked key to be refused", func() bool {
 		return call(t, key, "GET", g.url+"/v1/sandboxes/"+kept, nil, nil) == 401
 	})
+}
+
+// clusterKept drives volumes and snapshots through two gateways: each is
+// kept on the node that made it, which its id names; a sandbox that mounts
+// a volume, or is made from a snapshot, is made on its node whichever
+// gateway it comes through; names are the key's across the cluster.
+func clusterKept(t *testing.T, gw0, gw1, key string) {
+	var vol struct{ ID, Name string }
+	if code := call(t, key, "POST", gw0+"/v1/volumes", map[string]any{"name": "work", "size": 16 << 20}, &vol); code != 201 {
+		t.Fatalf("a volume through the gateway: %d", code)
+	}
+	volNode, ok := sandboxid.Volume.Node(vol.ID)
+	if !ok {
+		t.Fatalf("a cluster volume's id names no node: %s", vol.ID)
+	}
+	var e struct {
+		Error struct{ Code, Message string }
+	}
+	if code := call(t, key, "POST", gw1+"/v1/volumes", map[string]any{"name": "work"}, &e); code != 409 {
+		t.Fatalf("a second volume of the name through the other gateway: %d %+v, want 409", code, e)
+	}
+	var sb struct{ ID string }
+	if code := call(t, key, "POST", gw1+"/v1/sandboxes",
+		map[string]any{"volumes": []map[string]string{{"name": "work", "path": "/home/user/work"}}}, &sb); code != 201 {
+		t.Fatalf("a sandbox with the volume: %d", code)
+	}
+	if n, _ := sandboxid.Node(sb.ID); n != volNode {
+		t.Fatalf("a sandbox mounting a volume of node %s was made on %s", volNode, n)
+	}
+	run := func(gw, id, code string) string {
+		t.Helper()
+		var res struct {
+			Stdout  string
+			Results []struct {
+				Text         string
+				IsMainResult bool `json:"is_main_result"`
+			}
+			Error *struct{ Value string }
+		}
+		if st := call(t, key, "POST", gw+"/v1/sandboxes/"+id+"/execute", map[string]any{"code": code}, &res); st != 200 || res.Error != nil {
+			t.Fatalf("execute %q in %s: %d %+v", code, id, st, res.Error)
+		}
+		for _, r := range res.Results {
+			if r.IsMainResult {
+				return r.Text
+			}
+		}
+		return ""
+	}
+	run(gw0, sb.ID, "open('/home/user/work/f', 'w').write('kept')")
+	resp, err := http.NewRequest("GET", gw0+"/v1/volumes/work/files/f", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Header.Set("Authorization", "Bearer "+key)
+	r, err := http.DefaultClient.Do(resp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(r.Body)
+	r.Body.Close()
+	if r.StatusCode != 200 || string(b) != "kept" {
+		t.Fatalf("the volume's file by its name through the gateway: %d %q", r.StatusCode, b)
+	}
+	var vols struct{ Volumes []struct{ ID string } }
+	if call(t, key, "GET", gw1+"/v1/volumes", nil, &vols); len(vols.Volumes) != 1 || vols.Volumes[0].ID != vol.ID {
+		t.Fatalf("the gateway lists %+v, want %s", vols.Volumes, vol.ID)
+	}
+	call(t, key, "DELETE", gw1+"/v1/sandboxes/"+sb.ID, nil, nil)
+	if code := call(t, key, "DELETE", gw0+"/v1/volumes/"+vol.ID, nil, nil); code/100 != 2 {
+		t.Fatalf("delete the volume through the gateway: %d", code)
+	}
+
+	if _, err := criu.Usable(); err != nil {
+		t.Logf("snapshots through the gateway not tested: no CRIU (%v)", err)
+		return
+	}
+	if code := call(t, key, "POST", gw0+"/v1/sandboxes", map[string]any{"pausable": true}, &sb); code != 201 {
+		t.Fatalf("a pausable sandbox: %d", code)
+	}
+	run(gw1, sb.ID, "import random; v = random.random()")
+	var snap struct{ ID string }
+	if code := call(t, key, "POST", gw1+"/v1/sandboxes/"+sb.ID+"/snapshots", map[string]any{}, &snap); code != 201 {
+		t.Fatalf("a snapshot through the gateway: %d", code)
+	}
+	sbNode, _ := sandboxid.Node(sb.ID)
+	if n, ok := sandboxid.Snapshot.Node(snap.ID); !ok || n != sbNode {
+		t.Fatalf("a snapshot of a sandbox on %s: %s", sbNode, snap.ID)
+	}
+	want := run(gw0, sb.ID, "v")
+	for _, gw := range []string{gw0, gw1} {
+		var c struct{ ID string }
+		if code := call(t, key, "POST", gw+"/v1/sandboxes", map[string]any{"from_snapshot": snap.ID}, &c); code != 201 {
+			t.Fatalf("a sandbox from the snapshot: %d", code)
+		}
+		if n, _ := sandboxid.Node(c.ID); n != sbNode {
+			t.Fatalf("a sandbox from a snapshot of %s was made on %s", sbNode, n)
+		}
+		if got := run(gw, c.ID, "v"); got != want {
+			t.Fatalf("the snapshot's state: %q, want %q", got, want)
+		}
+		call(t, key, "DELETE", gw+"/v1/sandboxes/"+c.ID, nil, nil)
+	}
+	var snaps struct{ Snapshots []struct{ ID string } }
+	if call(t, key, "GET", gw1+"/v1/snapshots", nil, &snaps); len(snaps.Snapshots) != 1 || snaps.Snapshots[0].ID != snap.ID {
+		t.Fatalf("the gateway lists snapshots %+v, want %s", snaps.Snapshots, snap.ID)
+	}
+	if code := call(t, key, "DELETE", gw0+"/v1/snapshots/"+snap.ID, nil, nil); code/100 != 2 {
+		t.Fatalf("delete the snapshot through the gateway: %d", code)
+	}
+	call(t, key, "DELETE", gw0+"/v1/sandboxes/"+sb.ID, nil, nil)
 }
 
 // removeCgroupTree removes the groups under parent and parent itself in

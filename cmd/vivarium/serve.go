@@ -470,8 +470,12 @@ func serve(c *serveConfig, log *slog.Logger) error {
 	}
 	defer st.Close()
 	// Closed last: every sandbox, and with it every lease, is gone by then.
-	vols, err := volume.Open(volume.Config{Dir: filepath.Join(c.dataDir, "volumes"), MaxSize: int64(c.volumeMaxSize),
-		DefaultSize: int64(c.volumeSize), MaxPerOwner: c.volumesPerKey, MaxMounted: c.volumesMounted, Logger: log})
+	volCfg := volume.Config{Dir: filepath.Join(c.dataDir, "volumes"), MaxSize: int64(c.volumeMaxSize),
+		DefaultSize: int64(c.volumeSize), MaxPerOwner: c.volumesPerKey, MaxMounted: c.volumesMounted, Logger: log}
+	if c.cluster.enabled {
+		volCfg.Node = c.cluster.node
+	}
+	vols, err := volume.Open(volCfg)
 	if err != nil {
 		return err
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/vivarium-sandbox/vivarium/internal/jsonerr"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/sandboxid"
 	"github.com/vivarium-sandbox/vivarium/internal/service"
 )
 
@@ -556,7 +557,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request, owner string) {
 
 // isSnapshot says whether a template id names a snapshot (E2B's
 // Sandbox.create(snapshotId)).
-func isSnapshot(id string) bool { return strings.HasPrefix(id, "snap_") }
+func isSnapshot(id string) bool { return sandboxid.Snapshot.Valid(id) }
 
 // snapshotInfo is E2B's SnapshotInfo.
 type snapshotInfo struct {

@@ -123,9 +123,12 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	switch {
-	case p == "/v1/sandboxes" && r.Method == http.MethodPost,
-		p == "/v1/execute" && r.Method == http.MethodPost,
-		(p == "/e2b/sandboxes" || p == "/e2b/v2/sandboxes") && r.Method == http.MethodPost:
+	case p == "/v1/sandboxes" && r.Method == http.MethodPost:
+		g.toCreate(w, r, vivarium)
+	case (p == "/e2b/sandboxes" || p == "/e2b/v2/sandboxes") && r.Method == http.MethodPost:
+		g.toCreate(w, r, e2b)
+	case p == "/v1/execute" && r.Method == http.MethodPost,
+		p == "/v1/snapshots/import" && r.Method == http.MethodPost:
 		g.toPicked(w, r)
 	case p == "/v1/sandboxes" && r.Method == http.MethodGet:
 		g.gather(w, r, "sandboxes")
@@ -137,6 +140,37 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.toSandbox(w, r, segment(p, "/e2b/sandboxes/"))
 	case strings.HasPrefix(p, "/e2b/v2/sandboxes/"):
 		g.toSandbox(w, r, segment(p, "/e2b/v2/sandboxes/"))
+	// Snapshots and volumes live on the node that made them, which their
+	// ids name; lists are every node's.
+	case p == "/v1/snapshots" && r.Method == http.MethodGet:
+		g.gather(w, r, "snapshots")
+	case p == "/e2b/snapshots" && r.Method == http.MethodGet:
+		g.gather(w, r, "")
+	case strings.HasPrefix(p, "/v1/snapshots/"):
+		g.toKept(w, r, sandboxid.Snapshot, segment(p, "/v1/snapshots/"))
+	case strings.HasPrefix(p, "/e2b/templates/"):
+		// Sandbox.deleteSnapshot; other templates are E2B's cloud, which
+		// any node answers with E2B's error.
+		if id := segment(p, "/e2b/templates/"); sandboxid.Snapshot.Valid(id) {
+			g.toKept(w, r, sandboxid.Snapshot, id)
+		} else {
+			g.toPicked(w, r)
+		}
+	case p == "/v1/volumes" && r.Method == http.MethodGet:
+		g.gather(w, r, "volumes")
+	case p == "/e2b/volumes" && r.Method == http.MethodGet:
+		g.gather(w, r, "")
+	case p == "/v1/volumes" && r.Method == http.MethodPost:
+		g.toNewVolume(w, r, vivarium)
+	case p == "/e2b/volumes" && r.Method == http.MethodPost:
+		g.toNewVolume(w, r, e2b)
+	case strings.HasPrefix(p, "/v1/volumes/"):
+		g.toVolume(w, r, vivarium, segment(p, "/v1/volumes/"))
+	case strings.HasPrefix(p, "/e2b/volumes/"):
+		g.toVolume(w, r, e2b, segment(p, "/e2b/volumes/"))
+	case strings.HasPrefix(p, "/e2b/volumecontent/"):
+		// The content API names a volume by id only (with its token).
+		g.toKept(w, r, sandboxid.Volume, segment(p, "/e2b/volumecontent/"))
 	case p == "/mcp":
 		// MCP over HTTP: a new session on the node the load picks, its
 		// later requests to the node its id names.
@@ -242,7 +276,7 @@ func (g *Gateway) gather(w http.ResponseWriter, r *http.Request, key string) {
 	var wg sync.WaitGroup
 	for i, n := range nodes {
 		wg.Go(func() {
-			answers[i].items, answers[i].err = g.list(r, n, key)
+			answers[i].items, answers[i].err = g.list(r, n, r.URL.Path, r.URL.RawQuery, key)
 		})
 	}
 	wg.Wait()
@@ -285,13 +319,13 @@ type statusError struct {
 
 func (e *statusError) Error() string { return fmt.Sprintf("status %d", e.code) }
 
-// list is one node's list.
-func (g *Gateway) list(r *http.Request, n cluster.Node, key string) ([]json.RawMessage, error) {
+// list is one node's list at path, with r's key.
+func (g *Gateway) list(r *http.Request, n cluster.Node, path, query, key string) ([]json.RawMessage, error) {
 	u, err := url.Parse(n.Addr)
 	if err != nil {
 		return nil, err
 	}
-	u.Path, u.RawQuery = r.URL.Path, r.URL.RawQuery
+	u.Path, u.RawQuery = path, query
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)

@@ -70,12 +70,29 @@ func node(t *testing.T, name string) *httptest.Server {
 				return
 			}
 			fmt.Fprintf(w, `[{"sandboxID":"sb_%s_0123456789abcdef01234567"}]`, name)
+		case r.Method == http.MethodGet && r.URL.Path == "/v1/volumes":
+			fmt.Fprintf(w, `{"volumes":[%s]}`, volumesOf(name, "id"))
+		case r.Method == http.MethodGet && r.URL.Path == "/e2b/volumes":
+			fmt.Fprintf(w, `[%s]`, volumesOf(name, "volumeID"))
+		case r.Method == http.MethodGet && r.URL.Path == "/v1/snapshots":
+			fmt.Fprintf(w, `{"snapshots":[{"id":"snap_%s_0123456789abcdef01234567"}]}`, name)
 		default:
-			fmt.Fprintf(w, "%s %s %s token=%v host=%s", name, r.Method, r.URL.Path, tok, r.Host)
+			body, _ := io.ReadAll(r.Body)
+			fmt.Fprintf(w, "%s %s %s token=%v host=%s body=%s", name, r.Method, r.URL.Path, tok, r.Host, body)
 		}
 	}))
 	t.Cleanup(srv.Close)
 	return srv
+}
+
+// volumesOf lists node a's volumes ("data", "shared") or b's ("shared").
+func volumesOf(node, idField string) string {
+	names := map[string][]string{"a": {"data", "shared"}, "b": {"shared"}}[node]
+	var out []string
+	for i, n := range names {
+		out = append(out, fmt.Sprintf(`{%q:"vol_%s_0123456789abcdef0123456%d","name":%q}`, idField, node, i, n))
+	}
+	return strings.Join(out, ",")
 }
 
 func TestRouting(t *testing.T) {
@@ -88,7 +105,11 @@ func TestRouting(t *testing.T) {
 	defer g.Close()
 	do := func(method, path string, header ...string) (int, string) {
 		t.Helper()
-		req, _ := http.NewRequest(method, g.URL+path, nil)
+		var in io.Reader
+		if len(header)%2 == 1 {
+			in = strings.NewReader(header[len(header)-1])
+		}
+		req, _ := http.NewRequest(method, g.URL+path, in)
 		for i := 0; i+1 < len(header); i += 2 {
 			if header[i] == "Host" {
 				req.Host = header[i+1]
@@ -105,6 +126,7 @@ func TestRouting(t *testing.T) {
 		return resp.StatusCode, string(body)
 	}
 	onA, onGone := "sb_a_0123456789abcdef01234567", "sb_c_0123456789abcdef01234567"
+	snapA, host := "snap_a_0123456789abcdef01234567", strings.TrimPrefix(g.URL, "http://")
 	for _, c := range []struct {
 		method, path string
 		header       []string
@@ -133,8 +155,37 @@ func TestRouting(t *testing.T) {
 		{"GET", "/v1/sandboxes/..%2f..%2fetc", nil, 400, `"bad_path"`},
 		{"GET", "/v1/sandboxes/" + onA + "/../../v1/volumes", nil, 400, `"bad_path"`},
 		{"GET", "/v1/sandboxes/" + onA + "//files", nil, 400, `"bad_path"`},
+		// Snapshots and volumes: the node their ids name; a volume's
+		// name, the node that lists it for the key (one only).
+		{"GET", "/v1/snapshots/" + snapA + "/export", nil, 200, "a GET /v1/snapshots/" + snapA + "/export token=true"},
+		{"DELETE", "/e2b/templates/" + snapA, nil, 200, "a DELETE /e2b/templates/" + snapA},
+		{"DELETE", "/e2b/templates/base", nil, 200, "b DELETE /e2b/templates/base"},
+		{"GET", "/v1/snapshots/snap_c_0123456789abcdef01234567", nil, 410, `"state_lost"`},
+		{"GET", "/v1/snapshots/snap_0123456789abcdef01234567", nil, 404, `"not_found"`},
+		{"POST", "/v1/snapshots/import", nil, 200, "b POST /v1/snapshots/import"},
+		{"GET", "/v1/volumes/data", nil, 200, "a GET /v1/volumes/data token=true"},
+		{"PUT", "/v1/volumes/vol_b_0123456789abcdef01234567/files/x", []string{"up"}, 200, "b PUT /v1/volumes/vol_b_0123456789abcdef01234567/files/x token=true host=" + host + " body=up"},
+		{"GET", "/v1/volumes/shared", nil, 409, "several nodes"},
+		{"GET", "/v1/volumes/nope", nil, 404, `"not_found"`},
+		{"GET", "/e2b/volumes/data", nil, 200, "a GET /e2b/volumes/data"},
+		{"GET", "/e2b/volumecontent/vol_a_0123456789abcdef01234567/file", nil, 200, "a GET /e2b/volumecontent/"},
+		{"POST", "/v1/volumes", []string{`{"name":"data"}`}, 409, "already (on node a)"},
+		{"POST", "/e2b/volumes", []string{`{"name":"shared"}`}, 409, "already (on node a, b)"},
+		{"POST", "/v1/volumes", []string{`{"name":"new"}`}, 200, `b POST /v1/volumes token=true host=` + host + ` body={"name":"new"}`},
+		// A new sandbox from a snapshot or with volumes: their node,
+		// whatever the load, the body as it came.
+		{"POST", "/v1/sandboxes", []string{`{"from_snapshot":"` + snapA + `"}`}, 200, `a POST /v1/sandboxes token=true host=` + host + ` body={"from_snapshot":"` + snapA + `"}`},
+		{"POST", "/e2b/v2/sandboxes", []string{`{"templateID":"` + snapA + `"}`}, 200, "a POST /e2b/v2/sandboxes"},
+		{"POST", "/v1/sandboxes", []string{`{"volumes":[{"name":"data","path":"/home/user/d"}]}`}, 200, "a POST /v1/sandboxes"},
+		{"POST", "/e2b/sandboxes", []string{`{"volumeMounts":[{"name":"data","path":"/d"}]}`}, 200, "a POST /e2b/sandboxes"},
+		{"POST", "/v1/sandboxes", []string{`{"volumes":[{"name":"vol_b_0123456789abcdef01234567","path":"/d"}]}`}, 200, "b POST /v1/sandboxes"},
+		{"POST", "/v1/sandboxes", []string{`{"volumes":[{"name":"shared","path":"/d"}]}`}, 409, "several nodes"},
+		{"POST", "/v1/sandboxes", []string{`{"from_snapshot":"snap_b_0123456789abcdef01234567","volumes":[{"name":"data","path":"/d"}]}`}, 400, "on several"},
+		{"POST", "/v1/sandboxes", []string{`{"from_snapshot":"snap_c_0123456789abcdef01234567"}`}, 410, `"state_lost"`},
+		{"POST", "/v1/sandboxes", []string{`{"volumes":[{"name":"nope","path":"/d"}]}`}, 200, "b POST /v1/sandboxes"},
+		{"POST", "/v1/sandboxes", []string{`{not json`}, 200, "b POST /v1/sandboxes token=true host=" + host + " body={not json"},
+		{"POST", "/v1/sandboxes", []string{`{"env":{"X":"` + strings.Repeat("x", maxBody) + `"}}`}, 413, "too_large"},
 		// What the gateway does not serve yet says so.
-		{"GET", "/v1/volumes", nil, 501, `"unsupported"`},
 		{"GET", "/metrics", nil, 501, `"unsupported"`},
 	} {
 		code, body := do(c.method, c.path, c.header...)
@@ -147,6 +198,13 @@ func TestRouting(t *testing.T) {
 	var list struct{ Sandboxes []map[string]string }
 	if err := json.Unmarshal([]byte(body), &list); err != nil || len(list.Sandboxes) != 2 {
 		t.Fatalf("list: %s %v", body, err)
+	}
+	for path, key := range map[string]string{"/v1/volumes": "volumes", "/v1/snapshots": "snapshots"} {
+		_, body = do("GET", path)
+		var m map[string][]any
+		if err := json.Unmarshal([]byte(body), &m); err != nil || len(m[key]) != map[string]int{"volumes": 3, "snapshots": 2}[key] {
+			t.Fatalf("%s: %s %v", path, body, err)
+		}
 	}
 	_, body = do("GET", "/e2b/v2/sandboxes")
 	var e2b []map[string]string

@@ -1,8 +1,9 @@
-// Package sandboxid makes and reads the ids of sandboxes. A sandbox of a
-// cluster's node names the node in its id (sb_<node>_<24 hex digits>), so
-// that a gateway sends every request for it to that node without asking
-// anyone (issue 16, docs/kubernetes.md); a sandbox of a server on its own
-// has none (sb_<24 hex digits>).
+// Package sandboxid makes and reads the ids of what a server keeps:
+// sandboxes (sb_), snapshots (snap_) and volumes (vol_). What a cluster's
+// node keeps names the node in its id (sb_<node>_<24 hex digits>), so that
+// a gateway sends every request for it to that node without asking anyone
+// (issue 16, docs/kubernetes.md); what a server on its own keeps has none
+// (sb_<24 hex digits>).
 package sandboxid
 
 import (
@@ -11,33 +12,61 @@ import (
 	"regexp"
 )
 
-var (
-	node    = regexp.MustCompile(`^[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?$`)
-	id      = regexp.MustCompile(`^sb_(?:([a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?)_)?[0-9a-f]{24}$`)
-	session = regexp.MustCompile(`^([a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?)\.[0-9a-f]{32}$`)
+// A Kind of id: its prefix.
+type Kind string
+
+// The kinds of ids.
+const (
+	Sandbox  Kind = "sb"
+	Snapshot Kind = "snap"
+	Volume   Kind = "vol"
 )
+
+const nodeRE = `[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?`
+
+var (
+	node    = regexp.MustCompile(`^` + nodeRE + `$`)
+	ids     = map[Kind]*regexp.Regexp{}
+	session = regexp.MustCompile(`^(` + nodeRE + `)\.[0-9a-f]{32}$`)
+)
+
+func init() {
+	for _, k := range []Kind{Sandbox, Snapshot, Volume} {
+		ids[k] = regexp.MustCompile(`^` + string(k) + `_(?:(` + nodeRE + `)_)?[0-9a-f]{24}$`)
+	}
+}
 
 // ValidNode reports whether name can be a node's name in ids: a DNS label
 // (what Kubernetes names its nodes and pods with), lower case.
 func ValidNode(name string) bool { return node.MatchString(name) }
 
 // New returns a new random id of a sandbox of node ("": none).
-func New(node string) string {
-	b := make([]byte, 12)
-	rand.Read(b)
-	if node == "" {
-		return "sb_" + hex.EncodeToString(b)
-	}
-	return "sb_" + node + "_" + hex.EncodeToString(b)
-}
+func New(node string) string { return Sandbox.New(node) }
 
 // Valid reports whether s is a sandbox id, of a node or not.
-func Valid(s string) bool { return id.MatchString(s) }
+func Valid(s string) bool { return Sandbox.Valid(s) }
 
 // Node returns the node a sandbox id names; ok is false for an id that
 // names none, or is no id.
-func Node(s string) (name string, ok bool) {
-	m := id.FindStringSubmatch(s)
+func Node(s string) (name string, ok bool) { return Sandbox.Node(s) }
+
+// New returns a new random id of this kind, of node ("": none).
+func (k Kind) New(node string) string {
+	b := make([]byte, 12)
+	rand.Read(b)
+	if node == "" {
+		return string(k) + "_" + hex.EncodeToString(b)
+	}
+	return string(k) + "_" + node + "_" + hex.EncodeToString(b)
+}
+
+// Valid reports whether s is an id of this kind, of a node or not.
+func (k Kind) Valid(s string) bool { return ids[k].MatchString(s) }
+
+// Node returns the node an id of this kind names; ok is false for an id
+// that names none, or is no id of this kind.
+func (k Kind) Node(s string) (name string, ok bool) {
+	m := ids[k].FindStringSubmatch(s)
 	if m == nil || m[1] == "" {
 		return "", false
 	}

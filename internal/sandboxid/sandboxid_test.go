@@ -45,3 +45,23 @@ func TestIDs(t *testing.T) {
 		}
 	}
 }
+
+func TestKinds(t *testing.T) {
+	for _, k := range []Kind{Snapshot, Volume} {
+		id := k.New("node-2")
+		if n, ok := k.Node(id); !ok || n != "node-2" || !k.Valid(id) {
+			t.Errorf("%s: %q: Node = %q, %v", k, id, n, ok)
+		}
+		if plain := k.New(""); !k.Valid(plain) {
+			t.Errorf("%s: %q not valid", k, plain)
+		} else if _, ok := k.Node(plain); ok {
+			t.Errorf("%s: %q names a node", k, plain)
+		}
+		if Sandbox.Valid(id) || Valid(id) {
+			t.Errorf("%q is taken for a sandbox id", id)
+		}
+	}
+	if Snapshot.Valid(Volume.New("a")) || Volume.Valid("vol_a_0123") {
+		t.Error("a volume id is taken for a snapshot id, or a short one is valid")
+	}
+}

@@ -9,12 +9,12 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/sandboxid"
 	"github.com/vivarium-sandbox/vivarium/internal/snapshot"
 )
 
@@ -66,8 +66,6 @@ func (m snapshotMeta) info() SnapshotInfo {
 		Backend: m.Backend, Limits: limitsInfo(m.Limits)}
 }
 
-var snapshotID = regexp.MustCompile(`^snap_[0-9a-f]{24}$`)
-
 // snapshotsOn says why snapshots cannot be kept, if they cannot.
 func (s *Service) snapshotsOn() error {
 	if s.cfg.SnapshotDir == "" || len(s.cfg.SnapshotKey) < snapshot.KeySize {
@@ -104,7 +102,7 @@ func (s *Service) Snapshot(ctx context.Context, owner, id string) (SnapshotInfo,
 	if err := s.snapshotRoom(owner, false); err != nil {
 		return SnapshotInfo{}, err
 	}
-	meta := snapshotMeta{ID: "snap_" + randomHex(12), Owner: owner, SandboxID: id, CreatedAt: s.cfg.Now().UTC(),
+	meta := snapshotMeta{ID: sandboxid.Snapshot.New(s.cfg.Node), Owner: owner, SandboxID: id, CreatedAt: s.cfg.Now().UTC(),
 		Backend: b.backend, Limits: b.limits, Env: maps.Clone(b.env), Metadata: maps.Clone(b.metadata)}
 	// Written under a staging name and renamed once signed: a listing,
 	// and a sweep by another server sharing the directory, never see
@@ -178,7 +176,7 @@ func (s *Service) snapshotMetas(owner string) []snapshotMeta {
 	ents, _ := os.ReadDir(s.cfg.SnapshotDir)
 	var out []snapshotMeta
 	for _, e := range ents {
-		if !e.IsDir() || !snapshotID.MatchString(e.Name()) {
+		if !e.IsDir() || !sandboxid.Snapshot.Valid(e.Name()) {
 			continue
 		}
 		m, err := readSnapshotMeta(filepath.Join(s.cfg.SnapshotDir, e.Name()))
@@ -216,7 +214,7 @@ func (s *Service) snapshotOf(owner, id string) (snapshotMeta, string, error) {
 	if err := s.snapshotsOn(); err != nil {
 		return snapshotMeta{}, "", err
 	}
-	if !snapshotID.MatchString(id) {
+	if !sandboxid.Snapshot.Valid(id) {
 		return snapshotMeta{}, "", ErrSnapshotNotFound
 	}
 	dir := filepath.Join(s.cfg.SnapshotDir, id)
@@ -301,7 +299,7 @@ func (s *Service) ImportSnapshot(owner string, r io.Reader) (SnapshotInfo, error
 		return SnapshotInfo{}, fmt.Errorf("%w: the snapshot's record: %v", sandbox.ErrInvalidSpec, err)
 	}
 	// Now the importer's, under a new id.
-	m.ID, m.Owner, m.SizeBytes = "snap_"+randomHex(12), owner, n
+	m.ID, m.Owner, m.SizeBytes = sandboxid.Snapshot.New(s.cfg.Node), owner, n
 	if err := s.writeSnapshotMeta(staging, m); err != nil {
 		return SnapshotInfo{}, err
 	}
@@ -355,7 +353,7 @@ func (s *Service) sweepSnapshotLeftovers() {
 		case strings.HasPrefix(e.Name(), ".new-"), strings.HasPrefix(e.Name(), ".import-"),
 			strings.HasPrefix(e.Name(), ".deleted-"):
 			os.RemoveAll(p)
-		case snapshotID.MatchString(e.Name()):
+		case sandboxid.Snapshot.Valid(e.Name()):
 			// Unsigned: written by a release that did not stage.
 			if _, err := os.Stat(filepath.Join(p, snapshot.SignatureFile)); os.IsNotExist(err) {
 				os.RemoveAll(p)

@@ -20,8 +20,6 @@
 package volume
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -35,6 +33,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vivarium-sandbox/vivarium/internal/sandboxid"
 	"github.com/vivarium-sandbox/vivarium/internal/workspace"
 )
 
@@ -70,7 +69,10 @@ type Config struct {
 	// MaxMounted bounds the volumes mounted at once, each a loop device
 	// of the host's; zero: DefaultMaxMounted.
 	MaxMounted int
-	Logger     *slog.Logger
+	// Node is the cluster node this server is ("": none), named in the
+	// ids of its volumes (sandboxid) so that a gateway finds them.
+	Node   string
+	Logger *slog.Logger
 }
 
 // Volume is what an owner sees of a volume.
@@ -121,8 +123,6 @@ func ValidName(name string) error {
 	}
 	return nil
 }
-
-var idRE = regexp.MustCompile(`^vol_[0-9a-f]{24}$`)
 
 // Open opens the store in cfg.Dir, creating it, and probes that this host
 // can keep volumes: a small image is made, attached to a loop device,
@@ -180,7 +180,7 @@ func Open(cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("volumes directory: %w", err)
 	}
 	for _, de := range ents {
-		if !idRE.MatchString(de.Name()) {
+		if !sandboxid.Volume.Valid(de.Name()) {
 			continue
 		}
 		b, err := os.ReadFile(filepath.Join(cfg.Dir, de.Name(), "meta.json"))
@@ -228,7 +228,7 @@ func (s *Store) Create(owner, name string, size int64) (Volume, error) {
 	if s.unavailable != nil {
 		return Volume{}, errUnavailable
 	}
-	id := "vol_" + randomHex(12)
+	id := sandboxid.Volume.New(s.cfg.Node)
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -511,12 +511,6 @@ func (s *Store) Close() error {
 		s.lock = nil
 	}
 	return errors.Join(errs...)
-}
-
-func randomHex(n int) string {
-	b := make([]byte, n)
-	rand.Read(b)
-	return hex.EncodeToString(b)
 }
 
 // Content runs fn with the owner's volume (by ID or name) mounted and

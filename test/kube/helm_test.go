@@ -192,7 +192,7 @@ func checkDefaults(t *testing.T, objs []object, ns string) {
 	wantValue(t, "gateway hostNetwork", dig(gpod, "hostNetwork"), nil)
 	gc := container(gw)
 	wantArgs(t, "gateway", strs(gc["args"]), "gateway", "--listen=0.0.0.0:8080", "--namespace=$(POD_NAMESPACE)",
-		"--cluster-token-file=/etc/vivarium/cluster/token", "--lease-duration=5s")
+		"--cluster-token-file=/etc/vivarium/cluster/token")
 	wantValue(t, "gateway readOnlyRootFilesystem", dig(gc, "securityContext", "readOnlyRootFilesystem"), true)
 	wantValue(t, "gateway allowPrivilegeEscalation", dig(gc, "securityContext", "allowPrivilegeEscalation"), false)
 	if d := strs(dig(gc, "securityContext", "capabilities", "drop")); !slices.Equal(d, []string{"ALL"}) {
