@@ -142,6 +142,11 @@ func (cc *clusterConfig) join(ctx context.Context, log *slog.Logger, withKeys bo
 // elsewhere counts an owner's sandboxes on the other nodes.
 func (n *clusterNode) elsewhere(owner string) int { return n.view.Elsewhere(n.cc.node, owner) }
 
+// runningElsewhere counts an owner's executions running on the other nodes.
+func (n *clusterNode) runningElsewhere(owner string) int {
+	return n.view.RunningElsewhere(n.cc.node, owner)
+}
+
 // announce keeps this node's Lease until ctx ends.
 func (n *clusterNode) announce(ctx context.Context, log *slog.Logger, ln net.Listener, svc *service.Service) error {
 	cc := n.cc
@@ -151,7 +156,7 @@ func (n *clusterNode) announce(ctx context.Context, log *slog.Logger, ln net.Lis
 	}
 	status := func() cluster.Node {
 		return cluster.Node{Addr: addr, Sandboxes: svc.Live(), MemoryAvailable: memAvailable(), CPUs: runtime.NumCPU(),
-			Owners: svc.Owners()}
+			Owners: svc.Owners(), Running: svc.Running()}
 	}
 	if err := n.client.Announce(ctx, cc.node, status); err != nil {
 		return fmt.Errorf("cluster: announcing node %s in namespace %s: %w", cc.node, cc.namespace, err)

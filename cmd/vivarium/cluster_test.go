@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	osexec "os/exec"
@@ -139,9 +140,9 @@ func TestCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The cluster's keys, made as an operator makes them.
-	newKey := func(name string, max int) (token, id string) {
-		r := vivarium(t, "", "keys", "create", "--cluster", "--kubeconfig", kc.Kubeconfig(kubetest.AdminUser),
-			"--namespace", clusterNS, "--json", "--max-sandboxes", fmt.Sprint(max), name)
+	newKey := func(name string, max int, more ...string) (token, id string) {
+		r := vivarium(t, "", append([]string{"keys", "create", "--cluster", "--kubeconfig", kc.Kubeconfig(kubetest.AdminUser),
+			"--namespace", clusterNS, "--json", "--max-sandboxes", fmt.Sprint(max)}, append(more, name)...)...)
 		var out struct {
 			Token string
 			Key   struct{ ID string }
@@ -153,6 +154,7 @@ func TestCluster(t *testing.T) {
 	}
 	key, keyID := newKey("agents", clusterSandboxes)
 	other, _ := newKey("other", 0)
+	runner, _ := newKey("runner", 0, "--max-executions", "2")
 
 	servers := map[string]*server{}
 	for i, n := range nodes {
@@ -306,6 +308,7 @@ func TestCluster(t *testing.T) {
 	}
 
 	clusterKept(t, gws[0].url, gws[1].url, other)
+	clusterExecutions(t, gws[0].url, runner)
 
 	// E2B's SDK through a gateway.
 	if _, err := os.Stat("../../test/e2b/node_modules/@e2b/code-interpreter"); err == nil {
@@ -483,6 +486,52 @@ func clusterKept(t *testing.T, gw0, gw1, key string) {
 		t.Fatalf("delete the snapshot through the gateway: %d", code)
 	}
 	call(t, key, "DELETE", gw0+"/v1/sandboxes/"+sb.ID, nil, nil)
+}
+
+// clusterExecutions: a key that may run two executions at once runs two,
+// on two nodes, and a third on a third node is refused once the nodes'
+// Leases have said what runs (a quota of long executions: one shorter
+// than a Lease's renewal may go unseen by the other nodes).
+func clusterExecutions(t *testing.T, gw, key string) {
+	byNode := map[string]string{}
+	for i := 0; len(byNode) < 3; i++ {
+		if i == 12 {
+			t.Fatalf("12 sandboxes made on %d nodes only", len(byNode))
+		}
+		var sb struct{ ID string }
+		if code := call(t, key, "POST", gw+"/v1/sandboxes", map[string]any{}, &sb); code != 201 {
+			t.Fatalf("create: %d", code)
+		}
+		n, _ := sandboxid.Node(sb.ID)
+		if _, ok := byNode[n]; ok {
+			call(t, key, "DELETE", gw+"/v1/sandboxes/"+sb.ID, nil, nil)
+		} else {
+			byNode[n] = sb.ID
+		}
+	}
+	ids := slices.Sorted(maps.Values(byNode))
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for _, id := range ids[:2] {
+		wg.Go(func() {
+			// Interrupted below, once the third has been refused.
+			call(t, key, "POST", gw+"/v1/sandboxes/"+id+"/execute", map[string]any{"code": "import time; time.sleep(60)"}, nil)
+		})
+	}
+	start := time.Now()
+	testutil.WaitFor(t, 15*time.Second, "a third execution on a third node to be refused", func() bool {
+		var e struct{ Error struct{ Code string } }
+		code := call(t, key, "POST", gw+"/v1/sandboxes/"+ids[2]+"/execute", map[string]any{"code": "1"}, &e)
+		return code == 429
+	})
+	t.Logf("a key's execution quota held across nodes after %v", time.Since(start).Round(time.Millisecond))
+	for _, id := range ids[:2] {
+		call(t, key, "POST", gw+"/v1/sandboxes/"+id+"/interrupt", nil, nil)
+	}
+	wg.Wait()
+	for _, id := range ids {
+		call(t, key, "DELETE", gw+"/v1/sandboxes/"+id, nil, nil)
+	}
 }
 
 // removeCgroupTree removes the groups under parent and parent itself in

@@ -580,6 +580,7 @@ func serve(c *serveConfig, log *slog.Logger) error {
 	if node != nil {
 		svcCfg.Node = c.cluster.node
 		svcCfg.Elsewhere = node.elsewhere
+		svcCfg.RunningElsewhere = node.runningElsewhere
 		svcCfg.Audit = auditToLog(log, c.cluster.node, audit.Record)
 		if node.keys != nil {
 			svcCfg.Quota = node.keys.Quota

@@ -63,8 +63,9 @@ type Node struct {
 	Sandboxes       int
 	MemoryAvailable int64 // bytes
 	CPUs            int
-	// Owners counts its sandboxes per key (keys.go).
-	Owners map[string]int
+	// Owners counts its sandboxes per key, Running its executions (and
+	// commands) running now per key (keys.go).
+	Owners, Running map[string]int
 	// Renewed is when the node last renewed its Lease; it holds until
 	// Renewed + Duration.
 	Renewed  time.Time
@@ -222,7 +223,7 @@ func (c *Client) renew(ctx context.Context, name string, n Node) error {
 	annotations := map[string]string{
 		annoAddr: n.Addr, annoSandboxes: strconv.Itoa(n.Sandboxes),
 		annoMemory: strconv.FormatInt(n.MemoryAvailable, 10), annoCPUs: strconv.Itoa(n.CPUs),
-		annoKeys: encodeOwners(n.Owners),
+		annoKeys: encodeOwners(n.Owners), annoRunning: encodeOwners(n.Running),
 	}
 	l := &coordinationv1.Lease{}
 	err := c.leaseReq(c.rest.Get(), name).Do(ctx).Into(l)
@@ -272,6 +273,7 @@ func nodeOf(l *coordinationv1.Lease) Node {
 	n.MemoryAvailable, _ = strconv.ParseInt(l.Annotations[annoMemory], 10, 64)
 	n.CPUs, _ = strconv.Atoi(l.Annotations[annoCPUs])
 	json.Unmarshal([]byte(l.Annotations[annoKeys]), &n.Owners)
+	json.Unmarshal([]byte(l.Annotations[annoRunning]), &n.Running)
 	if l.Spec.RenewTime != nil {
 		n.Renewed = l.Spec.RenewTime.Time
 	}

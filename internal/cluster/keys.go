@@ -40,7 +40,8 @@ const (
 	// (store.TokenPrefix: E2B's SDKs check it).
 	TokenPrefix = "e2b_"
 
-	annoKeys = "vivarium.dev/keys" // a node's sandboxes per key, JSON
+	annoKeys    = "vivarium.dev/keys"    // a node's sandboxes per key, JSON
+	annoRunning = "vivarium.dev/running" // its executions running per key, JSON
 )
 
 // ErrInvalidKey: no live key of the cluster has this token.
@@ -185,6 +186,20 @@ func (v *View) Elsewhere(self, owner string) int {
 	for _, node := range v.Nodes() {
 		if node.Name != self {
 			n += node.Owners[owner]
+		}
+	}
+	return n
+}
+
+// RunningElsewhere counts owner's executions running on the nodes other
+// than self, as their Leases last said (renewed three times per lease
+// duration: an execution shorter than that may go unseen): what a node
+// adds to its own against the key's execution quota.
+func (v *View) RunningElsewhere(self, owner string) int {
+	n := 0
+	for _, node := range v.Nodes() {
+		if node.Name != self {
+			n += node.Running[owner]
 		}
 	}
 	return n

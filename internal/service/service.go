@@ -77,6 +77,9 @@ type Config struct {
 	// the other nodes (as their Leases last said), so that a key's
 	// sandbox quota holds across the cluster; nil: none.
 	Elsewhere func(owner string) int
+	// RunningElsewhere, likewise, counts an owner's executions running
+	// on the other nodes, for its execution quota; nil: none.
+	RunningElsewhere func(owner string) int
 	// Network is what network access sandboxes may be given; the zero
 	// value gives none.
 	Network NetworkConfig
@@ -721,6 +724,13 @@ func (s *Service) Owners() map[string]int {
 	return m
 }
 
+// Running counts the executions (and commands) running now, per owner.
+func (s *Service) Running() map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return maps.Clone(s.running)
+}
+
 // Delete closes an owner's sandbox.
 func (s *Service) Delete(owner, id string) error {
 	b, err := s.lookup(owner, id)
@@ -795,7 +805,11 @@ func (s *Service) acquire(owner string) (release func(), err error) {
 	if maxOwn <= 0 {
 		maxOwn = s.cfg.MaxExecutionsPerOwner
 	}
-	if s.running[owner] >= maxOwn {
+	running := s.running[owner]
+	if s.cfg.RunningElsewhere != nil {
+		running += s.cfg.RunningElsewhere(owner)
+	}
+	if running >= maxOwn {
 		return nil, fmt.Errorf("%w: this key may run %d executions at once; wait for one to finish", ErrQuota, maxOwn)
 	}
 	if s.active >= s.cfg.MaxExecutions {
