@@ -205,6 +205,15 @@ func rewrite(pr *httputil.ProxyRequest) {
 	for _, h := range []string{TokenHeader, TrafficHeader, "X-Access-Token", "X-API-Key"} {
 		out.Header.Del(h)
 	}
+	// An API key sent as the API takes it (a client whose every request
+	// carries Authorization: Bearer <key>); the sandbox's own schemes
+	// (Basic, its tokens) pass.
+	for _, v := range out.Header.Values("Authorization") {
+		if isAPIKey(v) {
+			out.Header.Del("Authorization")
+			break
+		}
+	}
 	if cookies := out.Cookies(); len(cookies) > 0 {
 		out.Header.Del("Cookie")
 		var kept []string
@@ -376,4 +385,16 @@ func stripPort(h string) string {
 		return h[:i]
 	}
 	return h
+}
+
+// isAPIKey reports whether an Authorization value carries one of the
+// server's API keys (store.TokenPrefix, and the legacy viv_), with or
+// without a scheme.
+func isAPIKey(v string) bool {
+	_, cred, ok := strings.Cut(strings.TrimSpace(v), " ")
+	if !ok {
+		cred = v
+	}
+	cred = strings.TrimSpace(cred)
+	return strings.HasPrefix(cred, "e2b_") || strings.HasPrefix(cred, "viv_")
 }

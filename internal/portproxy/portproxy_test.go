@@ -147,13 +147,14 @@ func TestHostFormProxiesWithoutTokens(t *testing.T) {
 	r := httptest.NewRequest("GET", "http://3000-sb_a.preview.test:8080/a/b?x=1", nil)
 	r.Header.Set(TokenHeader, "good")
 	r.Header.Set("X-Access-Token", "envd")
+	r.Header.Set("Authorization", "Bearer e2b_0123456789abcdef0123456789abcdef01234567")
 	r.Header.Add("Cookie", TokenCookie+"=junk; app=1")
 	rec := w.do(r)
 	e := decode(t, rec)
 	if e.Path != "/a/b" || e.Query != "x=1" || e.Host != "3000-sb_a.preview.test:8080" {
 		t.Errorf("%+v", e)
 	}
-	for _, h := range []string{TokenHeader, TrafficHeader, "X-Access-Token"} {
+	for _, h := range []string{TokenHeader, TrafficHeader, "X-Access-Token", "Authorization"} {
 		if e.Headers.Get(h) != "" {
 			t.Errorf("the sandbox was sent %s", h)
 		}
@@ -164,11 +165,13 @@ func TestHostFormProxiesWithoutTokens(t *testing.T) {
 	if sc := rec.Header().Values("Set-Cookie"); len(sc) != 1 || sc[0] != "app=1" {
 		t.Errorf("Set-Cookie passed on: %q", sc)
 	}
-	// E2B's traffic token, in E2B's header.
+	// E2B's traffic token, in E2B's header; the app's own credentials
+	// pass.
 	r = httptest.NewRequest("GET", "http://3000-sb_a.preview.test:8080/", nil)
 	r.Header.Set(TrafficHeader, "e2b")
-	if e := decode(t, w.do(r)); e.Headers.Get(TrafficHeader) != "" {
-		t.Error("the sandbox was sent E2B's token")
+	r.Header.Set("Authorization", "Basic dXNlcjpwYXNz")
+	if e := decode(t, w.do(r)); e.Headers.Get(TrafficHeader) != "" || e.Headers.Get("Authorization") != "Basic dXNlcjpwYXNz" {
+		t.Errorf("the sandbox was sent E2B's token, or not its own credentials: %v", e.Headers)
 	}
 	// Nothing listens on the port.
 	r = httptest.NewRequest("GET", "http://3001-sb_a.preview.test:8080/", nil)
