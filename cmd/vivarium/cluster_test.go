@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"crypto/rand"
 	"encoding/hex"
@@ -8,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net"
 	"net/http"
 	"os"
 	osexec "os/exec"
@@ -309,6 +311,8 @@ func TestCluster(t *testing.T) {
 
 	clusterKept(t, gws[0].url, gws[1].url, other)
 	clusterExecutions(t, gws[0].url, runner)
+	clusterHostile(t, gws[1].url, []string{servers["n1"].url, servers["n2"].url, servers["n3"].url, gws[0].url},
+		other, runner, hex.EncodeToString(tok))
 
 	// E2B's SDK through a gateway.
 	if _, err := os.Stat("../../test/e2b/node_modules/@e2b/code-interpreter"); err == nil {
@@ -531,6 +535,133 @@ func clusterExecutions(t *testing.T, gw, key string) {
 	wg.Wait()
 	for _, id := range ids {
 		call(t, key, "DELETE", gw+"/v1/sandboxes/"+id, nil, nil)
+	}
+}
+
+// clusterHostile: what a client or a sandbox's code may try against a
+// gateway. A sandbox's port is reached through the gateway with its port
+// token only, and the server it runs sees neither the cluster's token nor
+// the client's key; another key reaches nothing of it; the gateway is not
+// a proxy to anything but its nodes' API (no CONNECT, no other routes);
+// and a sandbox's code reaches no node and no gateway (internal).
+func clusterHostile(t *testing.T, gw string, internal []string, key, otherKey, clusterToken string) {
+	var sb struct{ ID string }
+	if code := call(t, key, "POST", gw+"/v1/sandboxes", map[string]any{}, &sb); code != 201 {
+		t.Fatalf("create: %d", code)
+	}
+	defer call(t, key, "DELETE", gw+"/v1/sandboxes/"+sb.ID, nil, nil)
+	var addrs []string
+	for _, u := range internal {
+		addrs = append(addrs, strings.TrimPrefix(u, "http://"))
+	}
+	addrList, _ := json.Marshal(addrs)
+	code := `
+import json, socket, subprocess, sys, time
+reached = []
+for a in json.loads(` + fmt.Sprintf("%q", addrList) + `):
+    host, port = a.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=2).close()
+        reached.append(a)
+    except OSError:
+        pass
+srv = """
+import http.server, json
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        b = json.dumps([[k, v] for k, v in self.headers.items()]).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(b)))
+        self.end_headers()
+        self.wfile.write(b)
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("0.0.0.0", 8000), H).serve_forever()
+"""
+subprocess.Popen([sys.executable, "-c", srv])
+for _ in range(100):
+    try:
+        socket.create_connection(("127.0.0.1", 8000), timeout=1).close()
+        break
+    except OSError:
+        time.sleep(0.05)
+json.dumps(reached)`
+	var res struct {
+		Results []struct {
+			Text         string
+			IsMainResult bool `json:"is_main_result"`
+		}
+		Error *struct{ Value string }
+	}
+	if st := call(t, key, "POST", gw+"/v1/sandboxes/"+sb.ID+"/execute", map[string]any{"code": code}, &res); st != 200 || res.Error != nil {
+		t.Fatalf("the sandbox's probe: %d %+v", st, res.Error)
+	}
+	probed := false
+	for _, r := range res.Results {
+		if r.IsMainResult {
+			probed = true
+			if r.Text != `'[]'` {
+				t.Errorf("a sandbox's code reached the cluster's nodes or gateways: %s", r.Text)
+			}
+		}
+	}
+	if !probed {
+		t.Fatalf("the sandbox's probe said nothing: %+v", res)
+	}
+
+	var port struct{ Token string }
+	if st := call(t, otherKey, "POST", gw+"/v1/sandboxes/"+sb.ID+"/ports/8000", nil, &port); st != 404 {
+		t.Errorf("another key's port token: %d, want 404", st)
+	}
+	if st := call(t, key, "POST", gw+"/v1/sandboxes/"+sb.ID+"/ports/8000", nil, &port); st != 200 || port.Token == "" {
+		t.Fatalf("a port token through the gateway: %d", st)
+	}
+	get := func(header ...string) (int, string) {
+		req, _ := http.NewRequest("GET", gw+"/v1/sandboxes/"+sb.ID+"/ports/8000/x", nil)
+		for i := 0; i+1 < len(header); i += 2 {
+			req.Header.Add(header[i], header[i+1])
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if st, _ := get("Authorization", "Bearer "+key); st/100 != 4 {
+		t.Errorf("a port without its token, with the key: %d, want 4xx", st)
+	}
+	// The client's key with the token, and a Connection header naming
+	// the cluster's token header (hop-by-hop: a proxy that honoured it
+	// after setting the token would drop it on its way to the node).
+	st, seen := get("Vivarium-Port-Token", port.Token, "Authorization", "Bearer "+key,
+		"Connection", gateway.TokenHeader, gateway.TokenHeader, "forged-cluster-token")
+	if st != 200 || !strings.Contains(seen, `"Host"`) {
+		t.Fatalf("the port through the gateway: %d %.300s", st, seen)
+	}
+	for _, secret := range []string{clusterToken, key, port.Token, "forged-cluster-token"} {
+		if strings.Contains(seen, secret) {
+			t.Errorf("the sandbox's server was sent a secret (%.8s...): %s", secret, seen)
+		}
+	}
+
+	// Nothing but the nodes' API: no CONNECT tunnel, no other route.
+	conn, err := net.Dial("tcp", strings.TrimPrefix(gw, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(conn, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", addrs[0], addrs[0])
+	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	line, _ := bufio.NewReader(conn).ReadString('\n')
+	conn.Close()
+	if line == "" || strings.Contains(line, " 200") {
+		t.Errorf("CONNECT through the gateway: %q, want a refusal", line)
+	}
+	for _, p := range []string{"/debug/pprof/", "/metrics", "/v1/keys", "/admin", "/v1/sandboxes/" + sb.ID + "%2f..%2f..%2fv1%2fkeys"} {
+		if st := call(t, key, "GET", gw+p, nil, nil); st != 501 && st != 400 && st != 404 {
+			t.Errorf("GET %s through the gateway: %d, want 501, 400 or 404", p, st)
+		}
 	}
 }
 
