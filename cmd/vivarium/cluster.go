@@ -266,6 +266,8 @@ func cmdGateway(args []string) int {
 	listen := fs.String("listen", "127.0.0.1:8080", "`HOST:PORT` to serve on")
 	domain := fs.String("domain", "", "preview `DOMAIN` of sandboxes' ports (<port>-<id>.DOMAIN), as the nodes'")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	verifyPods := fs.Bool("verify-pods", false, "route to a node only at the IP of its pod (the pod of its name in --namespace, "+
+		"labelled app.kubernetes.io/component=node): a Lease written to point elsewhere is ignored; needs get/list/watch of pods (the chart sets it)")
 	if err := envDefaults(fs); err != nil {
 		fmt.Fprintf(os.Stderr, "vivarium gateway: %v\n", err)
 		return 2
@@ -298,6 +300,12 @@ func cmdGateway(args []string) int {
 	if err != nil {
 		log.Error("vivarium gateway: the nodes cannot be watched", "err", err)
 		return 1
+	}
+	if *verifyPods {
+		if err := cl.WatchPods(ctx, view); err != nil {
+			log.Error("vivarium gateway: --verify-pods: the node pods cannot be watched", "err", err)
+			return 1
+		}
 	}
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {

@@ -62,7 +62,8 @@ func clusterRBAC(t testing.TB, kc *kubetest.Cluster, nodes []string) {
 		}
 		return r
 	}
-	role("vivarium-gateway", leases([]string{"get", "list", "watch"}))
+	role("vivarium-gateway", leases([]string{"get", "list", "watch"}),
+		map[string]any{"apiGroups": []string{""}, "resources": []string{"pods"}, "verbs": []string{"get", "list", "watch"}})
 	bind("vivarium-gateway", "gateway")
 	// Every node: create a Lease, read the others' (a key's sandboxes on
 	// them count against its quota), read the keys' Secrets.
@@ -76,11 +77,36 @@ func clusterRBAC(t testing.TB, kc *kubetest.Cluster, nodes []string) {
 }
 
 // startGateway starts `vivarium gateway` on a free port.
-func startGateway(t testing.TB, kc *kubetest.Cluster, tokenFile string) *server {
+func startGateway(t testing.TB, kc *kubetest.Cluster, tokenFile string, extra ...string) *server {
 	t.Helper()
 	addr := freePort(t)
-	return startVivarium(t, "gateway", "http://"+addr, "gateway", "--listen", addr, "--kubeconfig", kc.Kubeconfig("gateway"),
-		"--namespace", clusterNS, "--cluster-token-file", tokenFile)
+	return startVivarium(t, "gateway", "http://"+addr, append([]string{"gateway", "--listen", addr, "--kubeconfig", kc.Kubeconfig("gateway"),
+		"--namespace", clusterNS, "--cluster-token-file", tokenFile}, extra...)...)
+}
+
+// setPodIP gives node's pod (made if missing, as the chart labels it;
+// no kubelet runs it) the IP ip, as a kubelet reports it.
+func setPodIP(t *testing.T, kc *kubetest.Cluster, node, ip string) {
+	t.Helper()
+	pods := "/api/v1/namespaces/" + clusterNS + "/pods"
+	code, body := kc.Do(t, kc.AdminToken, "GET", pods+"/"+node, nil)
+	if code == 404 {
+		kc.Do(t, kc.AdminToken, "POST", "/api/v1/namespaces/"+clusterNS+"/serviceaccounts",
+			map[string]any{"metadata": map[string]any{"name": "default"}}) // 409 once made
+		code, body = kc.Do(t, kc.AdminToken, "POST", pods, map[string]any{
+			"metadata": map[string]any{"name": node,
+				"labels": map[string]string{"app.kubernetes.io/name": "vivarium", "app.kubernetes.io/component": "node"}},
+			"spec": map[string]any{"automountServiceAccountToken": false,
+				"containers": []map[string]any{{"name": "vivarium", "image": "vivarium:test"}}}})
+	}
+	var pod map[string]any
+	if code/100 != 2 || json.Unmarshal(body, &pod) != nil {
+		t.Fatalf("node %s's pod: %d %s", node, code, body)
+	}
+	pod["status"] = map[string]any{"phase": "Running", "podIP": ip, "podIPs": []map[string]string{{"ip": ip}}}
+	if code, body := kc.Do(t, kc.AdminToken, "PUT", pods+"/"+node+"/status", pod); code != 200 {
+		t.Fatalf("node %s's pod's IP: %d %s", node, code, body)
+	}
 }
 
 // call sends a JSON request with key (none: "") and decodes a JSON answer.
@@ -326,6 +352,37 @@ func TestCluster(t *testing.T) {
 	} else {
 		t.Log("E2B's SDK through the gateway not run: test/e2b's node_modules are not installed (scripts/test.sh installs them)")
 	}
+
+	// --verify-pods: a gateway routes to a node only at its pod's IP; a
+	// Lease that points elsewhere (written by whoever may write Leases)
+	// is ignored.
+	for _, n := range nodes {
+		setPodIP(t, kc, n, "127.0.0.1")
+	}
+	vg := startGateway(t, kc, tokenFile, "--verify-pods")
+	testutil.WaitFor(t, 10*time.Second, "the verifying gateway to see the three nodes", func() bool {
+		return healthz(vg) == "ok: 3 nodes"
+	})
+	var onN3 string
+	for _, id := range ids {
+		if n, _ := sandboxid.Node(id); n == "n3" {
+			onN3 = id
+		}
+	}
+	setPodIP(t, kc, "n3", "10.255.0.3")
+	testutil.WaitFor(t, 10*time.Second, "n3, whose Lease is not at its pod's IP, to leave the verifying gateway's routing", func() bool {
+		return healthz(vg) == "ok: 2 nodes"
+	})
+	if st := call(t, key, "GET", vg.url+"/v1/sandboxes/"+onN3, nil, nil); st != 410 {
+		t.Fatalf("a sandbox of a node whose Lease is not at its pod, through a verifying gateway: %d, want 410", st)
+	}
+	if st := call(t, key, "GET", gws[0].url+"/v1/sandboxes/"+onN3, nil, nil); st != 200 {
+		t.Fatalf("the same through a gateway that does not verify: %d, want 200", st)
+	}
+	setPodIP(t, kc, "n3", "127.0.0.1")
+	testutil.WaitFor(t, 10*time.Second, "n3 back in the verifying gateway's routing", func() bool {
+		return call(t, key, "GET", vg.url+"/v1/sandboxes/"+onN3, nil, nil) == 200
+	})
 
 	// n2 killed: gone from routing within its Lease, its sandboxes lost,
 	// the others' untouched, new ones on the two left (the key's quota

@@ -16,6 +16,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
+	"net/url"
 	"os"
 	"strconv"
 	"sync"
@@ -286,6 +288,9 @@ func nodeOf(l *coordinationv1.Lease) Node {
 // View is a gateway's view of the nodes: the Leases of the namespace,
 // kept up to date by a watch.
 type View struct {
+	// pod, where set (WatchPods), is the node pod of a name: a node is
+	// routed to only at its pod's IP.
+	pod     func(name string) (*corev1.Pod, bool)
 	mu      sync.Mutex
 	lister  func() ([]*coordinationv1.Lease, error)
 	get     func(name string) (*coordinationv1.Lease, error) // by the Lease's name
@@ -334,11 +339,65 @@ func (v *View) Nodes() []Node {
 	now := time.Now()
 	var out []Node
 	for _, l := range ls {
-		if n := nodeOf(l); n.Alive(now) && n.Addr != "" {
+		if n := nodeOf(l); n.Alive(now) && n.Addr != "" && v.atItsPod(n) {
 			out = append(out, n)
 		}
 	}
 	return out
+}
+
+// atItsPod reports whether n's address is its pod's IP, where the view
+// checks pods (WatchPods): a Lease is written by whoever RBAC lets write
+// Leases, and a node that could point another's Lease elsewhere would
+// receive that node's requests; pods' IPs are the cluster's to give.
+func (v *View) atItsPod(n Node) bool {
+	if v.pod == nil {
+		return true
+	}
+	p, ok := v.pod(n.Name)
+	if !ok {
+		return false
+	}
+	u, err := url.Parse(n.Addr)
+	if err != nil {
+		return false
+	}
+	ip, err := netip.ParseAddr(u.Hostname())
+	if err != nil {
+		return false
+	}
+	for _, pip := range append([]corev1.PodIP{{IP: p.Status.PodIP}}, p.Status.PodIPs...) {
+		if a, err := netip.ParseAddr(pip.IP); err == nil && a == ip {
+			return true
+		}
+	}
+	return false
+}
+
+// WatchPods makes v route to a node only at its pod's IP: the pod of the
+// node's name in the namespace, labelled a node of Vivarium (the chart's
+// pods), until ctx ends. It returns once the first list has arrived.
+func (c *Client) WatchPods(ctx context.Context, v *View) error {
+	selector := labels.Set{labelName: appName, labelComponent: componentNode}.String()
+	lw := cache.NewFilteredListWatchFromClient(c.core, "pods", c.cfg.Namespace,
+		func(o *metav1.ListOptions) { o.LabelSelector = selector })
+	store, ctrl := cache.NewInformerWithOptions(cache.InformerOptions{ListerWatcher: lw,
+		ObjectType: &corev1.Pod{}, Handler: cache.ResourceEventHandlerFuncs{}})
+	go ctrl.RunWithContext(ctx)
+	synced, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if !cache.WaitForCacheSync(synced.Done(), ctrl.HasSynced) {
+		return fmt.Errorf("cluster: the node pods in %s were not listed: %w", c.cfg.Namespace, context.Cause(synced))
+	}
+	v.pod = func(name string) (*corev1.Pod, bool) {
+		o, ok, err := store.GetByKey(c.cfg.Namespace + "/" + name)
+		if !ok || err != nil {
+			return nil, false
+		}
+		p, ok := o.(*corev1.Pod)
+		return p, ok
+	}
+	return nil
 }
 
 // Node returns the node called name if its Lease holds now.
@@ -348,7 +407,7 @@ func (v *View) Node(name string) (Node, bool) {
 		return Node{}, false
 	}
 	n := nodeOf(l)
-	return n, n.Name == name && n.Alive(time.Now()) && n.Addr != ""
+	return n, n.Name == name && n.Alive(time.Now()) && n.Addr != "" && v.atItsPod(n)
 }
 
 // Pick chooses the node for a new sandbox: the fewest sandboxes per CPU

@@ -192,7 +192,7 @@ func checkDefaults(t *testing.T, objs []object, ns string) {
 	wantValue(t, "gateway hostNetwork", dig(gpod, "hostNetwork"), nil)
 	gc := container(gw)
 	wantArgs(t, "gateway", strs(gc["args"]), "gateway", "--listen=0.0.0.0:8080", "--namespace=$(POD_NAMESPACE)",
-		"--cluster-token-file=/etc/vivarium/cluster/token")
+		"--cluster-token-file=/etc/vivarium/cluster/token", "--verify-pods")
 	wantValue(t, "gateway readOnlyRootFilesystem", dig(gc, "securityContext", "readOnlyRootFilesystem"), true)
 	wantValue(t, "gateway allowPrivilegeEscalation", dig(gc, "securityContext", "allowPrivilegeEscalation"), false)
 	if d := strs(dig(gc, "securityContext", "capabilities", "drop")); !slices.Equal(d, []string{"ALL"}) {
@@ -293,7 +293,8 @@ func checkRBAC(t *testing.T, a *api, ns, nsSTS string) {
 	}
 	gw, node, stsNode := "vivarium-gateway", "vivarium-node", "v-vivarium-node"
 	cases := []access{
-		// The gateway reads the nodes' Leases, and nothing else.
+		// The gateway reads the nodes' Leases and pods (--verify-pods),
+		// and nothing else.
 		{ns, gw, "get", coord, "leases", ns, "vivarium-node-x", true},
 		{ns, gw, "list", coord, "leases", ns, "", true},
 		{ns, gw, "watch", coord, "leases", ns, "", true},
@@ -303,7 +304,10 @@ func checkRBAC(t *testing.T, a *api, ns, nsSTS string) {
 		{ns, gw, "delete", coord, "leases", ns, "vivarium-node-x", false},
 		{ns, gw, "get", core, "secrets", ns, "vivarium-cluster-token", false},
 		{ns, gw, "list", core, "secrets", ns, "", false},
-		{ns, gw, "list", core, "pods", ns, "", false},
+		{ns, gw, "list", core, "pods", ns, "", true},
+		{ns, gw, "watch", core, "pods", ns, "", true},
+		{ns, gw, "delete", core, "pods", ns, "vivarium-node-abcde", false},
+		{ns, gw, "list", core, "pods", "kube-system", "", false},
 		{ns, gw, "list", core, "endpoints", ns, "", false},
 		{ns, gw, "list", coord, "leases", "kube-system", "", false},
 		// A node: Leases (its own; RBAC cannot tell a DaemonSet's pods'
@@ -376,6 +380,7 @@ func checkTokens(t *testing.T, a *api, ns, nsSTS string) {
 		{"gateway", gw, http.MethodGet, leases + "/vivarium-node-vivarium-node-abcde", nil, http.StatusOK},
 		{"gateway", gw, http.MethodDelete, leases + "/vivarium-node-vivarium-node-abcde", nil, http.StatusForbidden},
 		{"gateway", gw, http.MethodGet, "/api/v1/namespaces/" + ns + "/secrets", nil, http.StatusForbidden},
+		{"gateway", gw, http.MethodGet, "/api/v1/namespaces/" + ns + "/pods?labelSelector=app.kubernetes.io%2Fcomponent%3Dnode", nil, http.StatusOK},
 		{"node", node, http.MethodGet, "/api/v1/namespaces/" + ns + "/secrets?labelSelector=vivarium.dev%2Fkind%3Dapi-key", nil, http.StatusOK},
 		{"node", node, http.MethodGet, "/api/v1/namespaces/" + nsSTS + "/secrets", nil, http.StatusForbidden},
 		{"node", node, http.MethodGet, "/api/v1/namespaces/" + ns + "/pods", nil, http.StatusForbidden},
