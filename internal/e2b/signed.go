@@ -29,6 +29,12 @@ const signatureVersion = "v1_"
 // maxSignature bounds what is hashed for a signature check.
 const maxSignature = 4096
 
+// SignedProbeHeader asks, of a signed file URL, only whether this server
+// holds its sandbox (204), doing nothing else: a cluster's gateway sends
+// it to every node to find the one. It tells no one more than using the
+// URL would.
+const SignedProbeHeader = "Vivarium-Signed-Probe"
+
 // SignedFiles serves signed file URLs: mount it at /files of the
 // server's root.
 func (s *Server) SignedFiles() http.Handler {
@@ -83,6 +89,12 @@ func (s *Server) serveSigned(w http.ResponseWriter, r *http.Request) {
 	// expired says so.
 	if exp != "" && time.Now().Unix() > expires {
 		writeEnvdError(w, http.StatusUnauthorized, "signature is already expired")
+		return
+	}
+	if r.Header.Get(SignedProbeHeader) != "" {
+		// A cluster's gateway asks which node holds the sandbox: this
+		// one, and nothing is read or written.
+		w.WriteHeader(http.StatusNoContent)
 		return
 	}
 	r = r.WithContext(withTarget(r.Context(), t))

@@ -121,6 +121,22 @@ func TestSignedURLs(t *testing.T) {
 	if code, _ := get(signedURL(ts.URL, "hello.txt", "read", "", b.EnvdAccessToken, later)); code != 404 {
 		t.Errorf("b's signature on a's file name: %d, want 404 (b has no such file)", code)
 	}
+	// A gateway's probe: 204 for the URL of a sandbox held here, and
+	// nothing read or written; the answer to a forged one is unchanged.
+	probe := func(method, u, body string) int {
+		resp, _ := c.do(method, strings.TrimPrefix(u, ts.URL), strings.NewReader(body),
+			map[string]string{SignedProbeHeader: "1", "Content-Type": "application/octet-stream"})
+		return resp.StatusCode
+	}
+	if code := probe("POST", signedURL(ts.URL, "probed.txt", "write", "", a.EnvdAccessToken, later), "x"); code != 204 {
+		t.Errorf("a probe of a write URL: %d, want 204", code)
+	}
+	if code, _ := get(signedURL(ts.URL, "probed.txt", "read", "", a.EnvdAccessToken, 0)); code != 404 {
+		t.Errorf("a probe wrote the file: %d, want 404", code)
+	}
+	if code := probe("GET", signedURL(ts.URL, "hello.txt", "read", "", "not-a-token", later), ""); code != 401 {
+		t.Errorf("a probe of a forged URL: %d, want 401", code)
+	}
 	// A killed sandbox's URLs open nothing.
 	c.do("DELETE", "/e2b/sandboxes/"+a.SandboxID, nil, map[string]string{"X-API-Key": "key-a"})
 	if code, _ := get(good); code != 401 {

@@ -171,6 +171,8 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case strings.HasPrefix(p, "/e2b/volumecontent/"):
 		// The content API names a volume by id only (with its token).
 		g.toKept(w, r, sandboxid.Volume, segment(p, "/e2b/volumecontent/"))
+	case p == "/files":
+		g.toSigned(w, r)
 	case p == "/mcp":
 		// MCP over HTTP: a new session on the node the load picks, its
 		// later requests to the node its id names.

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/cluster"
+	e2bsrv "github.com/vivarium-sandbox/vivarium/internal/e2b"
 	"github.com/vivarium-sandbox/vivarium/internal/sandboxid"
 )
 
@@ -74,6 +75,12 @@ func node(t *testing.T, name string) *httptest.Server {
 			fmt.Fprintf(w, `{"volumes":[%s]}`, volumesOf(name, "id"))
 		case r.Method == http.MethodGet && r.URL.Path == "/e2b/volumes":
 			fmt.Fprintf(w, `[%s]`, volumesOf(name, "volumeID"))
+		case r.URL.Path == "/files" && r.Header.Get(signedProbeHeader) != "":
+			if !tok || r.URL.Query().Get("signature") != "v1_"+name {
+				w.WriteHeader(401)
+				return
+			}
+			w.WriteHeader(204)
 		case r.Method == http.MethodGet && r.URL.Path == "/v1/snapshots":
 			fmt.Fprintf(w, `{"snapshots":[{"id":"snap_%s_0123456789abcdef01234567"}]}`, name)
 		default:
@@ -185,6 +192,11 @@ func TestRouting(t *testing.T) {
 		{"POST", "/v1/sandboxes", []string{`{"volumes":[{"name":"nope","path":"/d"}]}`}, 200, "b POST /v1/sandboxes"},
 		{"POST", "/v1/sandboxes", []string{`{not json`}, 200, "b POST /v1/sandboxes token=true host=" + host + " body={not json"},
 		{"POST", "/v1/sandboxes", []string{`{"env":{"X":"` + strings.Repeat("x", maxBody) + `"}}`}, 413, "too_large"},
+		// A signed file URL: the node whose sandbox signed it (each
+		// node is asked), else one that says it is not valid.
+		{"GET", "/files?path=x&signature=v1_a", nil, 200, "a GET /files token=true"},
+		{"POST", "/files?path=x&signature=v1_a", []string{"up"}, 200, "a POST /files token=true host=" + host + " body=up"},
+		{"GET", "/files?path=x&signature=v1_forged", nil, 200, "b GET /files"},
 		// What the gateway does not serve yet says so.
 		{"GET", "/metrics", nil, 501, `"unsupported"`},
 	} {
@@ -237,6 +249,9 @@ func TestRouting(t *testing.T) {
 	nodes.mu.Unlock()
 	if code, body := do("POST", "/v1/sandboxes"); code != 503 || !strings.Contains(body, "no_node") {
 		t.Fatalf("no node: %d %s", code, body)
+	}
+	if signedProbeHeader != e2bsrv.SignedProbeHeader {
+		t.Fatal("the gateway's probe header is not the E2B adapter's")
 	}
 	if !sandboxid.Valid(onA) {
 		t.Fatal("the test's ids are not ids")

@@ -29,3 +29,24 @@ test('a sandbox through the gateway', async () => {
   }
   assert.equal((await Sandbox.list().nextItems()).some((s) => s.sandboxId === sbx.sandboxId), false)
 })
+
+test('signed file URLs through the gateway: the node of their sandbox', async () => {
+  const sbx = await Sandbox.create({ secure: true })
+  try {
+    await sbx.files.write('hello.txt', 'hello world')
+    let res = await fetch(await sbx.downloadUrl('hello.txt', { useSignatureExpiration: 10_000 }))
+    assert.equal(res.status, 200)
+    assert.equal(await res.text(), 'hello world')
+    const form = new FormData()
+    form.append('file', 'file content')
+    res = await fetch(await sbx.uploadUrl('up.txt'), { method: 'POST', body: form })
+    assert.equal(res.status, 200)
+    assert.equal(await sbx.files.read('up.txt'), 'file content')
+    const forged = new URL(await sbx.downloadUrl('hello.txt'))
+    forged.searchParams.set('signature', 'v1_' + 'A'.repeat(43))
+    res = await fetch(forged)
+    assert.equal(res.status, 401)
+  } finally {
+    await sbx.kill()
+  }
+})

@@ -1,0 +1,64 @@
+package gateway
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"sync"
+	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/cluster"
+)
+
+// signedProbeHeader is e2b.SignedProbeHeader: a node answers 204 when it
+// holds the sandbox of a signed file URL, and does nothing else.
+const signedProbeHeader = "Vivarium-Signed-Probe"
+
+// toSigned sends a signed file URL (E2B's uploadUrl and downloadUrl, at
+// /files with no sandbox id: the signature names the sandbox to the node
+// that holds it, and to no one else) to the node that holds its sandbox,
+// found by asking every live node at once. Where none does, a node
+// answers the URL as it answers any it cannot verify.
+func (g *Gateway) toSigned(w http.ResponseWriter, r *http.Request) {
+	nodes := g.cfg.Nodes.Nodes()
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	found := make(chan cluster.Node, len(nodes))
+	var wg sync.WaitGroup
+	for _, n := range nodes {
+		wg.Go(func() {
+			if g.probeSigned(ctx, r, n) {
+				found <- n
+				cancel()
+			}
+		})
+	}
+	wg.Wait()
+	close(found)
+	if n, ok := <-found; ok {
+		g.forward(w, r, n)
+		return
+	}
+	g.toPicked(w, r)
+}
+
+// probeSigned asks n whether it holds the sandbox of r's signed URL.
+func (g *Gateway) probeSigned(ctx context.Context, r *http.Request, n cluster.Node) bool {
+	u, err := url.Parse(n.Addr)
+	if err != nil {
+		return false
+	}
+	u.Path, u.RawQuery = r.URL.Path, r.URL.RawQuery
+	req, err := http.NewRequestWithContext(ctx, r.Method, u.String(), nil)
+	if err != nil {
+		return false
+	}
+	req.Header.Set(signedProbeHeader, "1")
+	req.Header.Set(TokenHeader, g.cfg.Token)
+	resp, err := g.proxy.Transport.RoundTrip(req)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusNoContent
+}
