@@ -141,6 +141,15 @@ type PausedOpener interface {
 	OpenPaused(ctx context.Context, dir string, opts FromSnapshot) (Sandbox, error)
 }
 
+// BasePruner is a backend whose kept paused sandboxes may refer to files
+// of its own (native's pause bases, made once per upgrade): PruneBases
+// removes those that none of keptDirs (the directories PersistPaused
+// wrote that are on disk, opened or not) refers to and that it does not
+// use itself. An unreadable directory among them prunes nothing.
+type BasePruner interface {
+	PruneBases(keptDirs []string) error
+}
+
 // FromSnapshot are the choices of a sandbox made from a snapshot; its
 // spec (limits, environment) is the snapshot's.
 type FromSnapshot struct {

@@ -1,6 +1,7 @@
 package service
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -196,6 +197,8 @@ func (s *Service) forgetPaused(b *Box) {
 // start, and said so.
 func (s *Service) openPaused() {
 	ents, _ := os.ReadDir(s.cfg.PausedDir)
+	kept := map[string][]string{} // by backend: what is left on disk
+	defer s.pruneBases(kept)
 	for _, e := range ents {
 		dir := filepath.Join(s.cfg.PausedDir, e.Name())
 		if e.Name() == pausedLockFile {
@@ -234,6 +237,8 @@ func (s *Service) openPaused() {
 			os.RemoveAll(dir)
 			continue
 		}
+		backend := cmp.Or(m.Backend, s.cfg.Backend.Name())
+		kept[backend] = append(kept[backend], filepath.Join(dir, "data"))
 		policy, egress := s.reopenNetwork(m)
 		opener, ok := sandbox.BackendAs[sandbox.PausedOpener](s.cfg.Backend, m.Backend)
 		var sb sandbox.Sandbox
@@ -261,6 +266,22 @@ func (s *Service) openPaused() {
 		}
 		s.boxes[b.id] = b
 		s.cfg.Logger.Info("paused sandbox opened from disk", "id", b.id, "owner", b.owner)
+	}
+}
+
+// pruneBases lets each backend that keeps files for its kept paused
+// sandboxes (native's pause bases) remove those none of kept refers to.
+func (s *Service) pruneBases(kept map[string][]string) {
+	names := []string{s.cfg.Backend.Name()}
+	if m, ok := s.cfg.Backend.(*sandbox.Mux); ok {
+		names = m.Names()
+	}
+	for _, name := range names {
+		if p, ok := sandbox.BackendAs[sandbox.BasePruner](s.cfg.Backend, name); ok {
+			if err := p.PruneBases(kept[name]); err != nil {
+				s.cfg.Logger.Warn("old pause bases are kept", "backend", name, "err", err)
+			}
+		}
 	}
 }
 

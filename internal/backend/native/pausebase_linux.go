@@ -31,7 +31,8 @@ package native
 // same: a restarted server finds its base in PauseBaseDir/current and
 // goes on with its seed. A base is checked against base.json once per
 // process before it is used; a base that does not match is refused.
-// Bases are not removed: one is made per upgrade, about 60 MB.
+// One is made per upgrade, about 60 MB; a server's start removes those
+// no kept copy refers to (PruneBases).
 //
 // What this costs in isolation is stated in docs/security.md: every
 // pausable sandbox of a host has the same memory layout and hash seed, as
@@ -286,4 +287,62 @@ func (b *Backend) makeBase(ctx context.Context) (*pauseBase, error) {
 		return nil, err
 	}
 	return b.openBase(key)
+}
+
+// PruneBases implements sandbox.BasePruner: the bases of PauseBaseDir
+// other than the current one that no kept copy of keptDirs refers to are
+// removed, with what a base's making left when cut short.
+func (b *Backend) PruneBases(keptDirs []string) error {
+	if b.cfg.PauseBaseDir == "" {
+		return nil
+	}
+	keep := map[string]bool{}
+	for _, d := range keptDirs {
+		// Its base only: a copy this host cannot restore now (another
+		// kernel) still keeps its base, for a host that can.
+		var m struct{ Base *manifestBase }
+		raw, err := os.ReadFile(filepath.Join(d, "manifest.json"))
+		if err == nil {
+			err = json.Unmarshal(raw, &m)
+		}
+		if err != nil {
+			return fmt.Errorf("a kept copy's manifest: %w", err)
+		}
+		if m.Base != nil {
+			keep[m.Base.Key] = true
+		}
+	}
+	b.baseMakeMu.Lock() // no base is being made
+	defer b.baseMakeMu.Unlock()
+	b.baseMu.Lock()
+	if b.bases.current != nil {
+		keep[b.bases.current.key] = true
+	}
+	b.baseMu.Unlock()
+	ents, err := os.ReadDir(b.cfg.PauseBaseDir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range ents {
+		name := e.Name()
+		isKey := len(name) == 64 && strings.Trim(name, "0123456789abcdef") == ""
+		if !e.IsDir() || !isKey && !strings.HasPrefix(name, ".new-") || keep[name] {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(b.cfg.PauseBaseDir, name)); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if isKey {
+			b.baseMu.Lock()
+			delete(b.bases.checked, name)
+			b.baseMu.Unlock()
+			b.log.Info("pause base removed: no kept copy refers to it", "key", name)
+		}
+	}
+	return errors.Join(errs...)
 }

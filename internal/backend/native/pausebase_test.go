@@ -3,8 +3,10 @@ package native
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -124,5 +126,47 @@ func TestPersistPausedBase(t *testing.T) {
 	b3.criuBin, b3.cfg.PauseBaseDir = bin, baseDir
 	if _, err := b3.OpenPaused(ctx, dir, sandbox.FromSnapshot{}); err == nil || !strings.Contains(err.Error(), "was changed") {
 		t.Fatalf("a kept copy of a changed base opened: %v", err)
+	}
+}
+
+// TestPruneBases: a server's start removes the bases no kept copy refers
+// to, and what a base's making left; the current base and those kept
+// copies refer to stay, and an unreadable copy prunes nothing.
+func TestPruneBases(t *testing.T) {
+	dir := t.TempDir()
+	key := func(c byte) string { return strings.Repeat(string(c), 64) }
+	for _, d := range []string{key('a'), key('b'), key('c'), ".new-123", "not-a-base"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(dir, d, "base.json"), []byte("{}"), 0o400)
+	}
+	os.WriteFile(filepath.Join(dir, currentBase), []byte(key('c')+"\n"), 0o600)
+	kept := func(base string) string {
+		d := t.TempDir()
+		m := manifest{Version: 3}
+		if base != "" {
+			m.Base = &manifestBase{Key: base}
+		}
+		raw, _ := json.Marshal(m)
+		os.WriteFile(filepath.Join(d, "manifest.json"), raw, 0o600)
+		return d
+	}
+	b := &Backend{cfg: Config{PauseBaseDir: dir}, log: slog.New(slog.DiscardHandler)}
+	b.bases.current = &pauseBase{key: key('c')}
+
+	if err := b.PruneBases([]string{kept(key('a')), t.TempDir()}); err == nil {
+		t.Fatal("a kept copy without a manifest: pruned anyway")
+	}
+	if err := b.PruneBases([]string{kept(key('a')), kept("")}); err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		left = append(left, e.Name())
+	}
+	if want := []string{key('a'), key('c'), currentBase, "not-a-base"}; !slices.Equal(left, want) {
+		t.Fatalf("left %q, want %q", left, want)
 	}
 }
