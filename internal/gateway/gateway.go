@@ -56,6 +56,8 @@ type Config struct {
 type Gateway struct {
 	cfg   Config
 	proxy *httputil.ReverseProxy
+	// probes bounds the signed file URLs looked up at once (toSigned).
+	probes chan struct{}
 }
 
 // New returns a gateway.
@@ -63,7 +65,7 @@ func New(cfg Config) *Gateway {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	g := &Gateway{cfg: cfg}
+	g := &Gateway{cfg: cfg, probes: make(chan struct{}, 4)}
 	g.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			target := pr.In.Context().Value(targetKey{}).(*url.URL)

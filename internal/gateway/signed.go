@@ -20,6 +20,15 @@ const signedProbeHeader = "Vivarium-Signed-Probe"
 // found by asking every live node at once. Where none does, a node
 // answers the URL as it answers any it cannot verify.
 func (g *Gateway) toSigned(w http.ResponseWriter, r *http.Request) {
+	// Anyone may send one, without a key, and each asks every node: a
+	// few at a time, so that a flood of forged URLs costs the nodes no
+	// more than the same flood sent to one of them.
+	select {
+	case g.probes <- struct{}{}:
+		defer func() { <-g.probes }()
+	case <-r.Context().Done():
+		return
+	}
 	nodes := g.cfg.Nodes.Nodes()
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
