@@ -264,6 +264,13 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, n cluster.Node
 		return
 	}
 	ctx := context.WithValue(context.WithValue(r.Context(), targetKey{}, target), nodeKey{}, n.Name)
+	// A stream (Connect's server streams: process.Start, envd's
+	// watchers) may answer before its request's body has all come: once
+	// the answer's headers are flushed, an HTTP/1 server stops the body's
+	// reads unless told that the handler reads and writes at once, and
+	// the node's connection, still writing the request, was torn down
+	// mid-answer (seen under load: E2B's commands.run cut, "terminated").
+	http.NewResponseController(w).EnableFullDuplex()
 	g.proxy.ServeHTTP(w, r.WithContext(ctx))
 }
 

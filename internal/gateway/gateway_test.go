@@ -257,3 +257,46 @@ func TestRouting(t *testing.T) {
 		t.Fatal("the test's ids are not ids")
 	}
 }
+
+// TestStreamBeforeBody: a node that answers a stream before its request's
+// body has all come (Connect's server streams do) gets the rest of the
+// body, and the client the whole stream, through the gateway.
+func TestStreamBeforeBody(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.NewResponseController(w).EnableFullDuplex()
+		first := make([]byte, 5)
+		if _, err := io.ReadFull(r.Body, first); err != nil {
+			t.Errorf("node: %v", err)
+			return
+		}
+		fmt.Fprintf(w, "got %s\n", first)
+		w.(http.Flusher).Flush()
+		rest, err := io.ReadAll(r.Body)
+		fmt.Fprintf(w, "then %s %v\n", rest, err)
+	}))
+	defer srv.Close()
+	nodes := &fakeNodes{nodes: map[string]cluster.Node{"a": {Name: "a", Addr: srv.URL}}}
+	g := httptest.NewServer(New(Config{Nodes: nodes, Token: "cluster-token-0123456789"}))
+	defer g.Close()
+
+	pr, pw := io.Pipe()
+	req, _ := http.NewRequest("POST", g.URL+"/v1/sandboxes/sb_a_0123456789abcdef01234567/stream", pr)
+	go pw.Write([]byte("first"))
+	client := &http.Client{Timeout: 10 * time.Second} // without full duplex, the stream stalls
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	// The answer has begun; the body's end comes after.
+	line := make([]byte, len("got first\n"))
+	if _, err := io.ReadFull(resp.Body, line); err != nil || string(line) != "got first\n" {
+		t.Fatalf("the stream's start: %q %v", line, err)
+	}
+	pw.Write([]byte("second"))
+	pw.Close()
+	rest, err := io.ReadAll(resp.Body)
+	if err != nil || string(rest) != "then second <nil>\n" {
+		t.Fatalf("the stream's end: %q %v", rest, err)
+	}
+}
