@@ -168,6 +168,9 @@ func (p *Proxy) Serve(w http.ResponseWriter, r *http.Request, dial DialFunc, t T
 	if r.Body != nil {
 		r.Body = http.MaxBytesReader(w, r.Body, MaxRequestBody)
 	}
+	// The sandbox's server may answer before it has read the request's
+	// body (a stream); the body's reads go on as the answer is copied.
+	http.NewResponseController(w).EnableFullDuplex()
 	p.rp.ServeHTTP(w, r)
 }
 
