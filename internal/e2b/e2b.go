@@ -251,6 +251,13 @@ func (s *Server) serveSandbox(w http.ResponseWriter, r *http.Request) {
 		writeEnvdError(w, http.StatusBadGateway, "sandbox "+id+" is not running: it was killed or reached its timeout")
 		return
 	}
+	// Paused, and not to be resumed by traffic (Get resumed it
+	// otherwise): E2B's proxy answers 502, which the SDKs read as not
+	// running (isRunning), until connect or resume.
+	if info, err := s.svc.Info(owner, id); err == nil && info.State == "paused" {
+		writeEnvdError(w, http.StatusBadGateway, "sandbox "+id+" is paused: connect to it (or resume it) first")
+		return
+	}
 	t := target{owner: owner, id: id}
 	r = r.WithContext(withTarget(r.Context(), t))
 	switch port := r.Header.Get("E2b-Sandbox-Port"); port {

@@ -151,6 +151,7 @@ describe('control plane', () => {
         assert.equal((await sbx.runCode("import sys\n'pandas' in sys.modules")).text, 'True')
         assert.equal(await sbx.pause(), true)
         assert.equal((await Sandbox.getInfo(sbx.sandboxId)).state, 'paused')
+        assert.equal(await sbx.isRunning(), false)
         const back = await Sandbox.connect(sbx.sandboxId)
         assert.equal(await back.files.read('/home/user/f'), 'kept\n')
       } finally {

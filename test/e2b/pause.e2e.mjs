@@ -25,6 +25,8 @@ describe('pause', () => {
       assert.equal(await sbx.pause(), false)
       const info = await Sandbox.getInfo(sbx.sandboxId)
       assert.equal(info.state, 'paused')
+      // Not running until connected to, as E2B's proxy says (502).
+      assert.equal(await sbx.isRunning(), false)
       const paused = await Sandbox.list({ query: { state: ['paused'] } }).nextItems()
       assert.ok(paused.some((s) => s.sandboxId === sbx.sandboxId))
       const running = await Sandbox.list({ query: { state: ['running'] } }).nextItems()
@@ -32,6 +34,7 @@ describe('pause', () => {
 
       const back = await Sandbox.connect(sbx.sandboxId)
       assert.equal((await Sandbox.getInfo(sbx.sandboxId)).state, 'running')
+      assert.equal(await back.isRunning(), true)
       const ex = await back.runCode('x + 1')
       assert.equal(ex.error, undefined)
       assert.equal(ex.text, '42')
