@@ -62,6 +62,19 @@ type User struct {
 	Groups []string
 }
 
+// Options change how Start runs the API server. The zero value is what
+// Start does.
+type Options struct {
+	// Address the API server binds and advertises (its self-signed
+	// certificate names it). Default 127.0.0.1, which a pod cannot
+	// reach: a test with a kubelet gives an address of the host that its
+	// pods can (test/kube's TestSingleNodeCluster, its CNI bridge's).
+	Address string
+	// Flags added after the harness's own; a flag given twice takes the
+	// last value.
+	Flags []string
+}
+
 // Cluster is a running etcd and kube-apiserver.
 type Cluster struct {
 	URL        string // https://127.0.0.1:<port>
@@ -83,6 +96,16 @@ type Cluster struct {
 // every authenticated user (discovery, self reviews).
 func Start(t testing.TB, users ...User) *Cluster {
 	t.Helper()
+	return StartWith(t, Options{}, users...)
+}
+
+// StartWith is Start with options.
+func StartWith(t testing.TB, opts Options, users ...User) *Cluster {
+	t.Helper()
+	addr := opts.Address
+	if addr == "" {
+		addr = "127.0.0.1"
+	}
 	apiserver, etcd, err := Find()
 	if err != nil {
 		if os.Getenv("VIVARIUM_REQUIRE_KUBE") == "1" {
@@ -112,7 +135,7 @@ func Start(t testing.TB, users ...User) *Cluster {
 	}
 	etcdURL := "http://127.0.0.1:" + strconv.Itoa(ports[0])
 	peerURL := "http://127.0.0.1:" + strconv.Itoa(ports[1])
-	c.URL = "https://127.0.0.1:" + strconv.Itoa(ports[2])
+	c.URL = "https://" + net.JoinHostPort(addr, strconv.Itoa(ports[2]))
 	c.CAFile = filepath.Join(dir, "certs", "apiserver.crt")
 
 	// Cleanups run last-registered first: the processes are killed
@@ -133,22 +156,22 @@ func Start(t testing.TB, users ...User) *Cluster {
 		t.Fatalf("kubetest: etcd (%s): %v\n%s", etcd, err, tail(c.etcdLog, 30))
 	}
 
-	apiProc := c.spawn(apiserver, c.apiLog,
-		"--etcd-servers="+etcdURL,
-		"--bind-address=127.0.0.1",
-		"--advertise-address=127.0.0.1",
-		"--secure-port="+strconv.Itoa(ports[2]),
+	args := []string{
+		"--etcd-servers=" + etcdURL,
+		"--bind-address=" + addr,
+		"--advertise-address=" + addr,
+		"--secure-port=" + strconv.Itoa(ports[2]),
 		// Without --tls-cert-file the API server makes a self-signed
 		// certificate for the advertise address, and writes it here.
-		"--cert-dir="+filepath.Join(dir, "certs"),
-		"--token-auth-file="+filepath.Join(dir, "tokens.csv"),
+		"--cert-dir=" + filepath.Join(dir, "certs"),
+		"--token-auth-file=" + filepath.Join(dir, "tokens.csv"),
 		"--authorization-mode=Node,RBAC",
 		// Required since 1.20: the issuer, the key that signs service
 		// account tokens, and the key (here the same pair) that checks them.
-		"--service-account-issuer="+Issuer,
-		"--service-account-signing-key-file="+saKey,
-		"--service-account-key-file="+saPub,
-		"--api-audiences="+Issuer,
+		"--service-account-issuer=" + Issuer,
+		"--service-account-signing-key-file=" + saKey,
+		"--service-account-key-file=" + saPub,
+		"--api-audiences=" + Issuer,
 		"--service-cluster-ip-range=10.0.0.0/24",
 		// The default ("lease") writes the API server's address into the
 		// Endpoints of the "kubernetes" Service, which refuse a loopback
@@ -158,7 +181,8 @@ func Start(t testing.TB, users ...User) *Cluster {
 		// server accept it (there is no kubelet to run it anyway).
 		"--allow-privileged=true",
 		"--profiling=false",
-	)
+	}
+	apiProc := c.spawn(apiserver, c.apiLog, append(args, opts.Flags...)...)
 	if err := c.waitReady(apiProc); err != nil {
 		t.Fatalf("kubetest: kube-apiserver (%s): %v\nlast lines of its log:\n%s", apiserver, err, tail(c.apiLog, 40))
 	}
