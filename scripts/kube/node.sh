@@ -1,0 +1,216 @@
+#!/bin/sh
+# Builds what a real single-node Kubernetes cluster needs besides
+# kube-apiserver and etcd (scripts/kube/build.sh), for the opt-in
+# TestSingleNodeCluster (test/kube/node_test.go, VIVARIUM_KUBE_NODE=1):
+#
+#   kubelet, kube-controller-manager, kube-scheduler
+#       from k8s.io/kubernetes at $version through the Go module proxy,
+#       its ./staging replace directives pointed at the published k8s.io/*
+#       modules, as build.sh does for kube-apiserver;
+#   pause.tar
+#       the pod sandbox image, as `docker save` writes one (manifest.json,
+#       a config, one layer): a static C program that waits for a signal,
+#       named localhost/vivarium-test/pause:1 (registry.k8s.io/pause
+#       cannot be pulled here);
+#   base.tar, base.diffid
+#       the Vivarium image's root file system but for the vivarium binary
+#       (the test adds it from the checkout, as a layer of its own):
+#       Debian bookworm by debootstrap, with python3 and the modules
+#       sandboxes preload (numpy, pandas, matplotlib, scipy) and
+#       e2fsprogs, from Debian's archive; 1.3 GB, as Debian's scipy
+#       depends on pythran, which brings g++ and Boost's headers;
+#
+# and installs, with apt, containerd and runc (the container runtime, run
+# by the test with its own config, root, state and socket: the system's
+# containerd is left alone), containernetworking-plugins (bridge,
+# host-local, loopback, portmap) and debootstrap.
+#
+# Output, in $VIVARIUM_KUBE_NODE_DIR (default
+# ~/.cache/vivarium/kubenode-<hash>, the hash of the version and of this
+# script: a change of it builds anew, an unchanged one reuses what it
+# built). Each piece is built once; its file appears last, when complete.
+# BUILD-INFO says what was built, from what, and how long each took.
+# Nothing is downloaded from anywhere but the Go module proxy and
+# Debian's archive.
+#
+# `node.sh binaries` or `node.sh images` builds one half only (they can
+# run side by side: one compiles, the other mostly downloads). Measured
+# here (2 cores, Go's build cache warm from build.sh's kube-apiserver):
+# the three binaries in about 2 minutes, the base in about 3 (debootstrap
+# 182 s).
+set -eu
+what=${1:-all}
+case $what in
+all | binaries | images) ;;
+*) echo "usage: $0 [all|binaries|images]" >&2; exit 2 ;;
+esac
+version=${VIVARIUM_KUBE_VERSION:-v1.33.4}
+suite=bookworm
+root=$(cd "$(dirname "$0")/../.." && pwd)
+if [ -z "${VIVARIUM_KUBE_NODE_DIR:-}" ]; then
+	key=$( (echo "$version"; cat "$root/scripts/kube/node.sh") | sha256sum | cut -c1-12)
+	VIVARIUM_KUBE_NODE_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/vivarium/kubenode-$key"
+fi
+out=$VIVARIUM_KUBE_NODE_DIR
+step() { echo "kube-node: $*" >&2; }
+fail() { echo "kube-node: $*" >&2; exit 1; }
+sudo=""
+[ "$(id -u)" -ne 0 ] && sudo="sudo"
+mkdir -p "$out"
+info() { echo "$*" >> "$out/BUILD-INFO"; }
+
+# 1. Debian's packages. containerd's package may start the system's
+# containerd; the test runs its own and leaves that one as it found it.
+need=""
+command -v containerd >/dev/null 2>&1 || need="$need containerd"
+command -v runc >/dev/null 2>&1 || need="$need runc"
+[ -x /usr/lib/cni/bridge ] || need="$need containernetworking-plugins"
+command -v debootstrap >/dev/null 2>&1 || need="$need debootstrap"
+command -v iptables >/dev/null 2>&1 || need="$need iptables"
+command -v gcc >/dev/null 2>&1 || need="$need gcc libc6-dev"
+if [ -n "$need" ]; then
+	step "installing$need with apt"
+	$sudo apt-get update -qq
+	$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $need >/dev/null ||
+		fail "apt-get install$need failed"
+fi
+
+# 2. The Kubernetes binaries, built as build.sh builds kube-apiserver.
+bins="kubelet kube-controller-manager kube-scheduler"
+missing=""
+[ "$what" = images ] && bins=""
+for b in $bins; do
+	[ -x "$out/$b" ] || missing="$missing $b"
+done
+if [ -n "$missing" ]; then
+	command -v go >/dev/null 2>&1 || fail "go is not on PATH"
+	case $version in
+	v1.*.*) ;;
+	*) fail "VIVARIUM_KUBE_VERSION must look like v1.33.4, not $version" ;;
+	esac
+	staging=v0.${version#v1.}
+	minor=${version#v1.}
+	minor=${minor%%.*}
+	export GOWORK=off GOTOOLCHAIN=local
+	work=$out/work
+	src=$work/src
+	mkdir -p "$work"
+	if [ ! -f "$src/.vivarium-ready" ]; then
+		step "downloading k8s.io/kubernetes@$version from $(go env GOPROXY | cut -d, -f1)"
+		dir=$(cd "$work" && go mod download -json "k8s.io/kubernetes@$version" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')
+		[ -n "$dir" ] && [ -f "$dir/go.mod" ] || fail "go mod download k8s.io/kubernetes@$version gave no module directory"
+		rm -rf "$src"
+		cp -r "$dir" "$src"
+		chmod -R u+w "$src"
+		rm -rf "$src/vendor" "$src/go.work" "$src/go.work.sum"
+		mods=$(sed -n 's|^[[:space:]]*\(k8s.io/[^ ]*\) => ./staging/src/.*|\1|p' "$src/go.mod")
+		[ -n "$mods" ] || fail "no ./staging replace directives in k8s.io/kubernetes@$version's go.mod"
+		edits=""
+		for m in $mods; do
+			edits="$edits -replace=$m=$m@$staging"
+		done
+		(cd "$src" && go mod edit $edits)
+		touch "$src/.vivarium-ready"
+	fi
+	jobs=$(nproc 2>/dev/null || echo 2)
+	ldflags="-s -w"
+	for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+		ldflags="$ldflags -X $p.gitVersion=$version -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
+	done
+	for b in $missing; do
+		step "compiling $b $version with $(go env GOVERSION) ($jobs jobs)"
+		start=$(date +%s)
+		(cd "$src" && GOFLAGS="${GOFLAGS:-} -mod=mod" go build -p "$jobs" -trimpath -ldflags "$ldflags" -o "$work/$b" "./cmd/$b" > "$work/build-$b.log" 2>&1) ||
+			{ tail -40 "$work/build-$b.log" >&2; fail "go build ./cmd/$b failed (log: $work/build-$b.log)"; }
+		took=$(($(date +%s) - start))
+		said=$("$work/$b" --version 2>&1) || fail "the built $b does not run: $said"
+		info "$b: $said, k8s.io/kubernetes $version (staging $staging), $(go env GOVERSION), built in ${took}s on $jobs cores"
+		mv "$work/$b" "$out/$b"
+		step "done: $out/$b (${took}s)"
+	done
+	rm -rf "$src"
+fi
+
+# An image as `docker save` writes it, which `ctr images import` reads:
+# manifest.json names the config and the layers (uncompressed tars), the
+# config lists the layers' sha256 (diff_ids). image NAME CONFIG-JSON OUT
+# LAYER... (CONFIG-JSON: the "config" object, Entrypoint, Env...).
+image() {
+	name=$1 cfg=$2 dest=$3 # sh has no locals: no name of the caller's
+	shift 3
+	img=$(mktemp -d "$out/image.XXXXXX")
+	ids="" layers=""
+	i=0
+	for l in "$@"; do
+		i=$((i + 1))
+		ln "$l" "$img/layer$i.tar" 2>/dev/null || cp "$l" "$img/layer$i.tar"
+		ids="$ids${ids:+,}\"sha256:$(sha256sum < "$l" | cut -d' ' -f1)\""
+		layers="$layers${layers:+,}\"layer$i.tar\""
+	done
+	printf '{"architecture":"amd64","os":"linux","config":%s,"rootfs":{"type":"layers","diff_ids":[%s]}}' "$cfg" "$ids" > "$img/config.json"
+	c=$(sha256sum < "$img/config.json" | cut -d' ' -f1)
+	mv "$img/config.json" "$img/$c.json"
+	printf '[{"Config":"%s.json","RepoTags":["%s"],"Layers":[%s]}]' "$c" "$name" "$layers" > "$img/manifest.json"
+	(cd "$img" && tar --owner=0 --group=0 -cf "$dest.tmp" manifest.json "$c.json" $(echo "$layers" | tr -d '"' | tr ',' ' '))
+	rm -rf "$img"
+	mv "$dest.tmp" "$dest"
+}
+
+# 3. The pause image: a static program that sleeps until SIGTERM or
+# SIGINT (the sandbox's PID 1 holds its namespaces, nothing more).
+if [ "$what" != binaries ] && [ ! -f "$out/pause.tar" ]; then
+	step "building the pause image"
+	d=$(mktemp -d "$out/pause.XXXXXX")
+	cat > "$d/pause.c" <<'C'
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+static void quit(int sig) { _exit(0); }
+static void reap(int sig) { while (waitpid(-1, 0, WNOHANG) > 0) ; }
+int main(void) {
+	signal(SIGINT, quit);
+	signal(SIGTERM, quit);
+	signal(SIGCHLD, reap);
+	for (;;) pause();
+}
+C
+	gcc -static -Os -s -o "$d/pause" "$d/pause.c" || fail "gcc -static pause.c failed (libc6-dev installed?)"
+	mkdir -p "$d/root"
+	cp "$d/pause" "$d/root/pause"
+	tar --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$d/root" -cf "$d/layer.tar" pause
+	image localhost/vivarium-test/pause:1 '{"Entrypoint":["/pause"]}' "$out/pause.tar" "$d/layer.tar"
+	rm -rf "$d"
+	info "pause.tar: localhost/vivarium-test/pause:1, a static C program ($(gcc --version | head -1))"
+fi
+
+# 4. The Vivarium image's base: Debian with what sandboxes run. The
+# chroot's apt gets no daemons started (policy-rc.d) and keeps no
+# package lists or caches.
+if [ "$what" != binaries ] && [ ! -f "$out/base.tar" ]; then
+	mirror=${VIVARIUM_DEBIAN_MIRROR:-$(sed -n 's/^URIs: *\(http[^ ]*debian\/*\)$/\1/p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -1)}
+	[ -n "$mirror" ] || mirror=$(sed -n 's/^deb \(http[^ ]*\) bookworm main.*/\1/p' /etc/apt/sources.list 2>/dev/null | head -1)
+	[ -n "$mirror" ] || mirror=http://deb.debian.org/debian
+	rfs=$out/rootfs
+	rm -rf "$rfs"
+	pkgs=python3,python3-numpy,python3-pandas,python3-matplotlib,python3-scipy,e2fsprogs,ca-certificates
+	step "debootstrap $suite from $mirror with $pkgs (minutes)"
+	start=$(date +%s)
+	if ! $sudo debootstrap --variant=minbase --include="$pkgs" "$suite" "$rfs" "$mirror" > "$out/debootstrap.log" 2>&1; then
+		# debootstrap mounts /proc and /sys in the chroot; a failure may
+		# leave them.
+		for m in $(awk -v r="$rfs/" 'index($5, r) == 1 {print $5}' /proc/self/mountinfo | sort -r); do
+			$sudo umount -l "$m" || true
+		done
+		tail -20 "$out/debootstrap.log" >&2
+		fail "debootstrap failed (log: $out/debootstrap.log)"
+	fi
+	took=$(($(date +%s) - start))
+	$sudo rm -rf "$rfs/var/lib/apt/lists"/* "$rfs/var/cache/apt"/*.bin "$rfs/var/cache/apt/archives"/*.deb "$rfs/var/log"/* "$rfs/dev"/*
+	mkdir -p "$rfs/var/lib/vivarium" "$rfs/etc/vivarium" "$rfs/usr/local/bin"
+	$sudo tar --numeric-owner --xattrs -C "$rfs" -cf "$out/base.tar.tmp" .
+	sha256sum < "$out/base.tar.tmp" | cut -d' ' -f1 > "$out/base.diffid"
+	$sudo rm -rf "$rfs"
+	mv "$out/base.tar.tmp" "$out/base.tar"
+	info "base.tar: debootstrap --variant=minbase $suite from $mirror, $pkgs, in ${took}s; $(du -m "$out/base.tar" | cut -f1) MiB"
+fi
+step "up to date: $out"
