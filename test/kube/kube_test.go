@@ -2,8 +2,10 @@
 // server: the Helm chart (deploy/helm/vivarium) rendered by a real helm
 // (scripts/kube/helm.sh builds it), every object it makes created through
 // the API server's REST API, and its RBAC checked with SubjectAccessReviews
-// and the service accounts' own tokens. No kubelet runs here: the chart's
-// pods are accepted, never started.
+// and the service accounts' own tokens. No kubelet runs in those: the
+// chart's pods are accepted, never started. TestSingleNodeCluster
+// (node_test.go, opt-in: VIVARIUM_KUBE_NODE=1) starts them for real on a
+// kubelet and containerd of its own.
 package kube
 
 import (
