@@ -3,8 +3,10 @@
 package kube
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -373,13 +375,11 @@ func (n *node) gatewayURL() (string, error) {
 func (n *node) execute(gw, key string) error {
 	client := &http.Client{Timeout: 2 * time.Minute}
 	call := func(method, path string, body any, out any) (int, string, error) {
-		var r *strings.Reader
+		var b []byte
 		if body != nil {
-			b, _ := json.Marshal(body)
-			r = strings.NewReader(string(b))
-		} else {
-			r = strings.NewReader("")
+			b, _ = json.Marshal(body)
 		}
+		r := bytes.NewReader(b)
 		req, err := http.NewRequest(method, gw+path, r)
 		if err != nil {
 			return 0, "", err
@@ -391,19 +391,14 @@ func (n *node) execute(gw, key string) error {
 			return 0, "", err
 		}
 		defer resp.Body.Close()
-		var raw strings.Builder
-		buf := make([]byte, 32<<10)
-		for {
-			k, err := resp.Body.Read(buf)
-			raw.Write(buf[:k])
-			if err != nil {
-				break
-			}
+		raw, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return 0, "", err
 		}
 		if out != nil {
-			json.Unmarshal([]byte(raw.String()), out)
+			json.Unmarshal(raw, out)
 		}
-		return resp.StatusCode, raw.String(), nil
+		return resp.StatusCode, string(raw), nil
 	}
 	var info struct{ ID string }
 	start := time.Now()
