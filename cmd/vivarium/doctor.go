@@ -39,8 +39,16 @@ type check struct {
 func cmdDoctor(args []string) int {
 	fs := flag.NewFlagSet("doctor", flag.ContinueOnError)
 	asJSON := fs.Bool("json", false, "print the checks as JSON")
+	var diskOf listFlag
+	fs.Var(&diskOf, "io-disk-of", "check with the disk that holds `DIR` too, as serve --io-disk-of (repeatable)")
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	if len(diskOf) > 0 {
+		if err := cgroups.AddIODisksOf(diskOf...); err != nil {
+			fmt.Fprintf(os.Stderr, "vivarium doctor: --io-disk-of: %v\n", err)
+			return 2
+		}
 	}
 	checks := append(doctorChecks(), gvisorCheck(), dockerCheck(), wasmCheck(), checkpointCheck())
 	if *asJSON {
@@ -355,5 +363,5 @@ func ioLimitDetail() string {
 	for _, d := range devs {
 		names = append(names, fmt.Sprintf("%s (%s)", d.Name, d))
 	}
-	return "throttled on " + strings.Join(names, ", ") + " (the disks behind / and /usr)"
+	return "throttled on " + strings.Join(names, ", ") + " (the disks behind / and /usr, and --io-disk-of)"
 }

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
 
@@ -75,6 +76,8 @@ type ioFlags struct {
 	readBPS, writeBPS   sizeFlag
 	readIOPS, writeIOPS int64
 	none                bool
+	diskOf              listFlag
+	added               bool // diskOf given to cgroups
 }
 
 func (f *ioFlags) register(fs *flag.FlagSet, what string) {
@@ -83,6 +86,8 @@ func (f *ioFlags) register(fs *flag.FlagSet, what string) {
 	fs.Int64Var(&f.readIOPS, "io-read-iops", sandbox.DefaultIOReadIOPS, "disk reads of "+what+", operations a second")
 	fs.Var(&f.writeBPS, "io-write", "disk writes of "+what+", bytes a `RATE` per second")
 	fs.Int64Var(&f.writeIOPS, "io-write-iops", sandbox.DefaultIOWriteIOPS, "disk writes of "+what+", operations a second")
+	fs.Var(&f.diskOf, "io-disk-of", "limit disk I/O on the disk that holds `DIR` too (repeatable): for a container, "+
+		"whose / is an overlay of host paths it cannot see, a directory the host gives it on the node's disk (the chart: the data directory)")
 	fs.BoolVar(&f.none, "insecure-no-io-limit", false,
 		"run sandboxes without a disk I/O limit, on a host without the cgroup blkio (v1) or io (v2) controller: one sandbox can then take the whole disk")
 }
@@ -92,6 +97,12 @@ func (f *ioFlags) register(fs *flag.FlagSet, what string) {
 func (f *ioFlags) apply(l sandbox.Limits) (sandbox.Limits, error) {
 	if f.none {
 		return l.WithoutIOLimit(), nil
+	}
+	if len(f.diskOf) > 0 && !f.added {
+		if err := cgroups.AddIODisksOf(f.diskOf...); err != nil {
+			return l, fmt.Errorf("--io-disk-of: %w", err)
+		}
+		f.added = true
 	}
 	if f.readBPS <= 0 || f.writeBPS <= 0 || f.readIOPS <= 0 || f.writeIOPS <= 0 {
 		return l, errors.New("--io-read, --io-write, --io-read-iops and --io-write-iops must be positive " +

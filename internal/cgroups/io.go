@@ -64,12 +64,70 @@ var ioRoots = []string{"/", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64",
 // are throttled where the file system submits its I/O. It is computed
 // once per process.
 var IODevices = sync.OnceValues(func() ([]Device, error) {
+	extraIO.Lock()
+	extraIO.computed = true
+	extra := extraIO.devs
+	extraIO.Unlock()
 	data, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		return nil, fmt.Errorf("cgroups: %w", err)
 	}
-	return ioDevices(string(data), "/sys", blockRdev)
+	devs, err := ioDevices(string(data), "/sys", blockRdev)
+	if len(extra) == 0 {
+		return devs, err
+	}
+	for _, d := range extra {
+		if !slices.Contains(devs, d) {
+			devs = append(devs, d)
+		}
+	}
+	sortDevices(devs)
+	return devs, nil
 })
+
+// extraIO are the disks AddIODisksOf named.
+var extraIO struct {
+	sync.Mutex
+	devs     []Device
+	computed bool // IODevices has run: too late to add
+}
+
+// AddIODisksOf adds to IODevices the disks that hold paths: for a
+// container, whose / is an overlay of the host's paths that it cannot see
+// (no disk is found behind it), the disk of a directory the host gives it
+// (a data directory on the node's disk). It is called before IODevices
+// first runs; a path on no block device (a tmpfs) is an error.
+func AddIODisksOf(paths ...string) error {
+	extraIO.Lock()
+	defer extraIO.Unlock()
+	if extraIO.computed {
+		return errors.New("cgroups: the disks to limit I/O on are already known")
+	}
+	for _, p := range paths {
+		d, err := diskOf(p, "/sys")
+		if err != nil {
+			return err
+		}
+		if !slices.Contains(extraIO.devs, d) {
+			extraIO.devs = append(extraIO.devs, d)
+		}
+	}
+	return nil
+}
+
+// diskOf is the whole disk that holds path, by the sysfs at sys.
+func diskOf(path, sys string) (Device, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return Device{}, fmt.Errorf("cgroups: the disk of %s: %w", path, err)
+	}
+	d, ok := wholeDisk(sys, unix.Major(st.Dev), unix.Minor(st.Dev))
+	if !ok {
+		return Device{}, fmt.Errorf("cgroups: %s is on no block device (%d:%d): name a directory on a disk",
+			path, unix.Major(st.Dev), unix.Minor(st.Dev))
+	}
+	return d, nil
+}
 
 // blockRdev returns the numbers of a block device node.
 func blockRdev(path string) (major, minor uint32, ok bool) {
@@ -163,16 +221,20 @@ func ioDevices(mountinfo, sys string, rdev func(string) (uint32, uint32, bool)) 
 		}
 	}
 	if len(out) == 0 {
-		return nil, fmt.Errorf("%w: no block device found behind / and /usr to limit disk I/O on; "+
-			"--insecure-no-io-limit runs sandboxes without a disk I/O limit", ErrUnavailable)
+		return nil, fmt.Errorf("%w: no block device found behind / and /usr to limit disk I/O on (in a container: "+
+			"--io-disk-of names a directory on the disk to limit); --insecure-no-io-limit runs sandboxes without a disk I/O limit", ErrUnavailable)
 	}
-	slices.SortFunc(out, func(a, b Device) int {
+	sortDevices(out)
+	return out, nil
+}
+
+func sortDevices(ds []Device) {
+	slices.SortFunc(ds, func(a, b Device) int {
 		if a.Major != b.Major {
 			return int(a.Major) - int(b.Major)
 		}
 		return int(a.Minor) - int(b.Minor)
 	})
-	return out, nil
 }
 
 // mountOf is the mount that holds path: the last of the longest matching

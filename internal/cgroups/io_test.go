@@ -176,3 +176,21 @@ func TestRealIOLimit(t *testing.T) {
 		}
 	}
 }
+
+// TestDiskOf: the disk of a directory on one (the checkout's), named as
+// the whole disk; a directory on none (a tmpfs) is an error.
+func TestDiskOf(t *testing.T) {
+	if _, err := diskOf("/dev/shm", "/sys"); err == nil {
+		t.Error("/dev/shm (a tmpfs) gave a disk")
+	}
+	d, err := diskOf(".", "/sys")
+	if err != nil {
+		t.Skipf("the checkout is on no block device here: %v", err)
+	}
+	if d.Name == "" || d.Major == 0 {
+		t.Fatalf("the checkout's disk: %+v", d)
+	}
+	if _, err := os.Stat(fmt.Sprintf("/sys/dev/block/%d:%d/partition", d.Major, d.Minor)); err == nil {
+		t.Fatalf("%+v is a partition, not its disk", d)
+	}
+}

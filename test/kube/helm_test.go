@@ -148,7 +148,7 @@ func checkDefaults(t *testing.T, objs []object, ns string) {
 	args := strs(c["args"])
 	wantArgs(t, "node", args, "serve", "--cluster", "--node-name=$(POD_NAME)", "--namespace=$(POD_NAMESPACE)",
 		"--listen=0.0.0.0:8080", "--advertise-url=http://$(POD_IP):8080", "--cluster-token-file=/etc/vivarium/cluster/token",
-		"--lease-duration=5s", "--backend=native", "--data-dir=/var/lib/vivarium", "--max-sandboxes=1000",
+		"--lease-duration=5s", "--backend=native", "--data-dir=/var/lib/vivarium", "--io-disk-of=/var/lib/vivarium", "--max-sandboxes=1000",
 		"--max-sandboxes-per-key=50")
 	for _, a := range args {
 		// A DaemonSet's pod does not come back under its name: nothing

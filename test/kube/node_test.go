@@ -111,8 +111,8 @@ type node struct {
 	// VIVARIUM_KUBE_NODE_NO_IO_LIMIT=1: the nodes run with
 	// --insecure-no-io-limit. In a pod the native backend finds no disk
 	// behind its / (an overlay whose layers are paths of the host's,
-	// not visible in the pod), and refuses to start sandboxes without a
-	// disk I/O limit unless told to.
+	// not visible in the pod); the chart names the data directory's
+	// (node.ioDiskOf, --io-disk-of), and this takes the limit away.
 	noIOLimit bool
 	// Whether /var/lib/cni was there before containerd started.
 	cniCacheExisted bool
@@ -322,7 +322,8 @@ func (n *node) doctor() error {
 			continue
 		}
 		id := strings.TrimPrefix(p.Status.ContainerStatuses[0].ContainerID, "containerd://")
-		cmd := exec.Command("ctr", "--address", n.sock, "--namespace", "k8s.io", "tasks", "exec", "--exec-id", "doctor-"+randHex(4), id, "vivarium", "doctor")
+		cmd := exec.Command("ctr", "--address", n.sock, "--namespace", "k8s.io", "tasks", "exec", "--exec-id", "doctor-"+randHex(4), id, "vivarium", "doctor",
+			"--io-disk-of=/var/lib/vivarium") // as the chart's node serves
 		out, err := cmd.CombinedOutput()
 		if len(out) == 0 {
 			return fmt.Errorf("vivarium doctor in %s: %v (no output)", p.Metadata.Name, err)
