@@ -24,6 +24,7 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/backend/gvisor"
 	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
 	"github.com/vivarium-sandbox/vivarium/internal/backend/wasm"
+	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
 	"github.com/vivarium-sandbox/vivarium/internal/criu"
 	"github.com/vivarium-sandbox/vivarium/internal/httpapi"
 	"github.com/vivarium-sandbox/vivarium/internal/pool"
@@ -342,6 +343,14 @@ func (c *serveConfig) openBackend(name string, log *slog.Logger) (sandbox.Backen
 			UIDBase: uint32(c.dockerUIDBase), UIDRanges: c.dockerUIDs, Logger: log})
 	case "wasm":
 		return wasm.New(wasm.Config{Dir: c.wasmDir})
+	}
+	if !c.io.none && !c.noCgroups {
+		// Every sandbox's disk I/O is limited on these disks: where none
+		// is found (a pod's overlay /), every sandbox would be refused
+		// while the server looked healthy. Said at the start instead.
+		if _, err := cgroups.IODevices(); err != nil {
+			return nil, err
+		}
 	}
 	return native.New(native.Config{CgroupParent: c.cgroupParent, UIDBase: uint32(c.uidBase), UIDRanges: c.uidRanges,
 		KernelLimits: c.kernelLimits, InsecureNoCgroups: c.noCgroups, Zygote: c.zygote, Preload: c.preloads(),
