@@ -295,6 +295,9 @@ type View struct {
 	lister  func() ([]*coordinationv1.Lease, error)
 	get     func(name string) (*coordinationv1.Lease, error) // by the Lease's name
 	pending map[string]int                                   // sandboxes being created, by node, not yet in a Lease
+
+	parsedMu sync.Mutex
+	parsed   map[string]parsedLease // by the Lease's name
 }
 
 // Watch starts watching the nodes' Leases until ctx ends and returns once
@@ -339,7 +342,7 @@ func (v *View) Nodes() []Node {
 	now := time.Now()
 	var out []Node
 	for _, l := range ls {
-		if n := nodeOf(l); n.Alive(now) && n.Addr != "" && v.atItsPod(n) {
+		if n := v.nodeOf(l); n.Alive(now) && n.Addr != "" && v.atItsPod(n) {
 			out = append(out, n)
 		}
 	}
@@ -406,8 +409,34 @@ func (v *View) Node(name string) (Node, bool) {
 	if err != nil || l == nil {
 		return Node{}, false
 	}
-	n := nodeOf(l)
+	n := v.nodeOf(l)
 	return n, n.Name == name && n.Alive(time.Now()) && n.Addr != "" && v.atItsPod(n)
+}
+
+// nodeOf is nodeOf(l), read once per version of the Lease: every request
+// a gateway routes asks for its node, and a Lease changes once per
+// renewal. The Node's maps are shared: read only.
+func (v *View) nodeOf(l *coordinationv1.Lease) Node {
+	v.parsedMu.Lock()
+	defer v.parsedMu.Unlock()
+	if p, ok := v.parsed[l.Name]; ok && p.version == l.ResourceVersion && l.ResourceVersion != "" {
+		return p.node
+	}
+	n := nodeOf(l)
+	if v.parsed == nil {
+		v.parsed = map[string]parsedLease{}
+	}
+	if len(v.parsed) > 4096 { // Leases gone: start again
+		clear(v.parsed)
+	}
+	v.parsed[l.Name] = parsedLease{version: l.ResourceVersion, node: n}
+	return n
+}
+
+// parsedLease is a Lease's node, as of one of its versions.
+type parsedLease struct {
+	version string
+	node    Node
 }
 
 // Pick chooses the node for a new sandbox: the fewest sandboxes per CPU

@@ -25,6 +25,7 @@ import (
 	"path"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/cluster"
@@ -58,6 +59,9 @@ type Gateway struct {
 	proxy *httputil.ReverseProxy
 	// probes bounds the signed file URLs looked up at once (toSigned).
 	probes chan struct{}
+	// targets are the nodes' addresses parsed (targetOf).
+	targets     sync.Map
+	targetCount atomic.Int64
 }
 
 // New returns a gateway.
@@ -258,8 +262,8 @@ func (g *Gateway) toPicked(w http.ResponseWriter, r *http.Request) {
 }
 
 func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, n cluster.Node) {
-	target, err := url.Parse(n.Addr)
-	if err != nil || target.Scheme != "http" && target.Scheme != "https" || target.Host == "" {
+	target, ok := g.targetOf(n.Addr)
+	if !ok {
 		writeError(w, http.StatusBadGateway, "node_unreachable", fmt.Sprintf("node %s has no usable address", n.Name))
 		return
 	}
@@ -272,6 +276,23 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, n cluster.Node
 	// mid-answer (seen under load: E2B's commands.run cut, "terminated").
 	http.NewResponseController(w).EnableFullDuplex()
 	g.proxy.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// targetOf parses a node's address, once per address (read only, shared).
+func (g *Gateway) targetOf(addr string) (*url.URL, bool) {
+	if u, ok := g.targets.Load(addr); ok {
+		return u.(*url.URL), true
+	}
+	u, err := url.Parse(addr)
+	if err != nil || u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
+		return nil, false
+	}
+	if g.targetCount.Add(1) > 4096 { // addresses gone: start again
+		g.targets.Clear()
+		g.targetCount.Store(0)
+	}
+	g.targets.Store(addr, u)
+	return u, true
 }
 
 // gather asks every live node for the list and answers them together:
