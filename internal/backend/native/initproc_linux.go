@@ -101,6 +101,19 @@ func (p *initProc) wait() error {
 	return waitPidfd(p.pidfd)
 }
 
+// alive reports whether init has not been reaped: a path opened by its
+// pid before alive said so was init's (a pid is not reused before its
+// process is reaped).
+func (p *initProc) alive() bool {
+	switch {
+	case p.cmd != nil:
+		return p.cmd.Process.Signal(syscall.Signal(0)) == nil
+	case p.proc != nil:
+		return p.proc.Signal(syscall.Signal(0)) == nil
+	}
+	return unix.PidfdSendSignal(p.pidfd, 0, nil, 0) == nil
+}
+
 // nsKinds are the namespaces a zygote's child joins, in the order
 // zygote.py takes them: user first, then the ones it owns.
 var nsKinds = []string{"user", "pid", "mnt", "net", "ipc", "uts", "cgroup"}

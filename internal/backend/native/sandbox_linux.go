@@ -231,16 +231,25 @@ func start(ctx context.Context, b *Backend, spec sandbox.Spec, cfg *initConfig, 
 		p.closeParent()
 		return nil, err
 	}
-	s.waitInit(s.init, s.initDone)
-	p.closeChild()
 	if s.cg != nil && !s.init.inCgroup {
 		// Moved in before it receives its config, so before it does
-		// anything on the sandbox's behalf.
-		if err := s.cg.AddProc(s.init.pid); err != nil {
+		// anything on the sandbox's behalf; and before its wait begins,
+		// while its pid is its own (a zygote's init: checked alive after,
+		// so the pid written was not another process's).
+		err := s.cg.AddProc(s.init.pid)
+		if err == nil && !s.init.alive() {
+			err = errors.New("the sandbox's init exited before it entered its cgroup")
+		}
+		if err != nil {
+			s.init.kill()
+			s.init.wait()
+			close(s.initDone)
 			p.closeParent()
 			return nil, err
 		}
 	}
+	s.waitInit(s.init, s.initDone)
+	p.closeChild()
 	if s.stdout, err = newPipeReader(p.stdoutR, s.Core.Stdout); err != nil {
 		return nil, err
 	}
@@ -281,6 +290,11 @@ func start(ctx context.Context, b *Backend, spec sandbox.Spec, cfg *initConfig, 
 	}
 	if s.rootAsRoot, err = workspace.Open(rootPath, int(s.owner.ID(0)), int(s.owner.ID(0))); err != nil {
 		return nil, err
+	}
+	// Opened by pid, after init's wait began: still running now, so the
+	// pid was init's when they were opened.
+	if !s.init.alive() {
+		return nil, errors.New("the sandbox's init exited while it was being set up")
 	}
 	s.fitPids()
 	return s, nil
