@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -72,6 +73,7 @@ func node(t *testing.T, name string) *httptest.Server {
 			}
 			fmt.Fprintf(w, `[{"sandboxID":"sb_%s_0123456789abcdef01234567"}]`, name)
 		case r.Method == http.MethodGet && r.URL.Path == "/v1/volumes":
+			listCount.Add(1)
 			fmt.Fprintf(w, `{"volumes":[%s]}`, volumesOf(name, "id"))
 		case r.Method == http.MethodGet && r.URL.Path == "/e2b/volumes":
 			fmt.Fprintf(w, `[%s]`, volumesOf(name, "volumeID"))
@@ -91,6 +93,9 @@ func node(t *testing.T, name string) *httptest.Server {
 	t.Cleanup(srv.Close)
 	return srv
 }
+
+// listCount counts the fake nodes' lists of volumes.
+var listCount atomic.Int64
 
 // volumesOf lists node a's volumes ("data", "shared") or b's ("shared").
 func volumesOf(node, idField string) string {
@@ -190,6 +195,8 @@ func TestRouting(t *testing.T) {
 		{"POST", "/v1/sandboxes", []string{`{"from_snapshot":"snap_b_0123456789abcdef01234567","volumes":[{"name":"data","path":"/d"}]}`}, 400, "on several"},
 		{"POST", "/v1/sandboxes", []string{`{"from_snapshot":"snap_c_0123456789abcdef01234567"}`}, 410, `"state_lost"`},
 		{"POST", "/v1/sandboxes", []string{`{"volumes":[{"name":"nope","path":"/d"}]}`}, 200, "b POST /v1/sandboxes"},
+		{"POST", "/v1/sandboxes", []string{`{"volumes":[` + strings.Repeat(`{"name":"data","path":"/d"},`, 8) + `{"name":"data","path":"/e"}]}`},
+			200, "b POST /v1/sandboxes"}, // over sandbox.MaxVolumes: the node says so, with no lookup
 		{"POST", "/v1/sandboxes", []string{`{not json`}, 200, "b POST /v1/sandboxes token=true host=" + host + " body={not json"},
 		{"POST", "/v1/sandboxes", []string{`{"env":{"X":"` + strings.Repeat("x", maxBody) + `"}}`}, 413, "too_large"},
 		// A signed file URL: the node whose sandbox signed it (each
@@ -210,6 +217,12 @@ func TestRouting(t *testing.T) {
 	var list struct{ Sandboxes []map[string]string }
 	if err := json.Unmarshal([]byte(body), &list); err != nil || len(list.Sandboxes) != 2 {
 		t.Fatalf("list: %s %v", body, err)
+	}
+	// Two volumes named: each node's list asked for once.
+	listCount.Store(0)
+	if code, body := do("POST", "/v1/sandboxes", `{"volumes":[{"name":"data","path":"/d"},{"name":"data","path":"/e"}]}`); code != 200 ||
+		!strings.HasPrefix(body, "a POST") || listCount.Load() != 2 {
+		t.Fatalf("two volumes: %d %q after %d lists, want a's and 2", code, body, listCount.Load())
 	}
 	for path, key := range map[string]string{"/v1/volumes": "volumes", "/v1/snapshots": "snapshots"} {
 		_, body = do("GET", path)

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/sandboxid"
 )
 
@@ -87,8 +88,13 @@ func (g *Gateway) toCreate(w http.ResponseWriter, r *http.Request, a api) {
 		Name string `json:"name"`
 	}
 	json.Unmarshal(req[a.mounts], &mounts)
+	if len(mounts) > sandbox.MaxVolumes {
+		g.toPicked(w, r) // the node refuses it, in its API's shape
+		return
+	}
+	vols := &volumeLists{}
 	for _, m := range mounts {
-		n, found, err := g.volumeNode(r, a, m.Name)
+		n, found, err := g.volumeNode(r, a, vols, m.Name)
 		if err != nil {
 			writeVolumeError(w, m.Name, err)
 			return
@@ -150,7 +156,7 @@ func (g *Gateway) toNewVolume(w http.ResponseWriter, r *http.Request, a api) {
 		Name string `json:"name"`
 	}
 	if json.Unmarshal(body, &req) == nil && req.Name != "" {
-		n, found, err := g.volumeNode(r, a, req.Name)
+		n, found, err := g.volumeNode(r, a, &volumeLists{}, req.Name)
 		if err != nil && err != errAmbiguous {
 			writeVolumeError(w, req.Name, err)
 			return
@@ -170,7 +176,7 @@ func (g *Gateway) toVolume(w http.ResponseWriter, r *http.Request, a api, ref st
 		g.toKept(w, r, sandboxid.Volume, ref)
 		return
 	}
-	name, found, err := g.volumeNode(r, a, ref)
+	name, found, err := g.volumeNode(r, a, &volumeLists{}, ref)
 	switch {
 	case err != nil:
 		writeVolumeError(w, ref, err)
@@ -188,33 +194,47 @@ func (g *Gateway) toVolume(w http.ResponseWriter, r *http.Request, a api, ref st
 
 var errAmbiguous = errors.New("ambiguous")
 
+// volumeLists are the nodes' lists of a key's volumes, asked for once per
+// request however many volumes it names.
+type volumeLists struct {
+	done  bool
+	names map[string][]string // volume name: the nodes that have one
+	err   error
+}
+
 // volumeNode finds the node of the key's volume ref (an id, or a name
 // looked up in every live node's list, with r's key).
-func (g *Gateway) volumeNode(r *http.Request, a api, ref string) (node string, found bool, err error) {
+func (g *Gateway) volumeNode(r *http.Request, a api, vols *volumeLists, ref string) (node string, found bool, err error) {
 	if sandboxid.Volume.Valid(ref) {
 		node, found = sandboxid.Volume.Node(ref)
 		return node, found, nil
 	}
-	var on []string
-	for _, n := range g.cfg.Nodes.Nodes() {
-		items, err := g.list(r, n, a.volumes, "", a.volumeKey)
-		if err != nil {
-			var st *statusError
-			if errors.As(err, &st) && st.code < 500 {
-				return "", false, err
+	if !vols.done {
+		vols.done, vols.names = true, map[string][]string{}
+		for _, n := range g.cfg.Nodes.Nodes() {
+			items, err := g.list(r, n, a.volumes, "", a.volumeKey)
+			if err != nil {
+				var st *statusError
+				if !errors.As(err, &st) || st.code >= 500 {
+					// A node that does not answer may hold it: say
+					// so rather than guess.
+					err = fmt.Errorf("node %s did not list its volumes: %w", n.Name, err)
+				}
+				vols.err = err
+				break
 			}
-			// A node that does not answer may hold it: say so rather
-			// than guess.
-			return "", false, fmt.Errorf("node %s did not list its volumes: %w", n.Name, err)
-		}
-		for _, it := range items {
-			var v map[string]any
-			if json.Unmarshal(it, &v) == nil && v["name"] == ref {
-				on = append(on, n.Name)
+			for _, it := range items {
+				var v struct{ Name string }
+				if json.Unmarshal(it, &v) == nil && v.Name != "" {
+					vols.names[v.Name] = append(vols.names[v.Name], n.Name)
+				}
 			}
 		}
 	}
-	slices.Sort(on)
+	if vols.err != nil {
+		return "", false, vols.err
+	}
+	on := slices.Sorted(slices.Values(vols.names[ref]))
 	switch len(on) {
 	case 0:
 		return "", false, nil
