@@ -14,9 +14,9 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/sandboxid"
 )
 
-// What a node keeps besides sandboxes, snapshots and volumes, stays on it:
-// a snapshot's memory and a volume's file system are files of the node's
-// disk. Their ids name the node, as sandboxes' do; a volume is also known
+// Besides sandboxes, a node keeps snapshots and volumes, and they stay on
+// it: a snapshot's memory and a volume's file system are files of the
+// node's disk. Their ids name the node, as sandboxes' do; a volume is also known
 // by its name, which the gateway looks up in every node's list. A sandbox
 // made from a snapshot, or mounting volumes, is made on their node.
 
@@ -24,14 +24,13 @@ import (
 type api struct {
 	volumes   string // the list of a key's volumes
 	volumeKey string // its key ("": a bare array)
-	volumeID  string // a listed volume's id field
 	// create's fields: the snapshot it is made from, the volumes it mounts
 	snapshot, mounts string
 }
 
 var (
-	vivarium = api{volumes: "/v1/volumes", volumeKey: "volumes", volumeID: "id", snapshot: "from_snapshot", mounts: "volumes"}
-	e2b      = api{volumes: "/e2b/volumes", volumeID: "volumeID", snapshot: "templateID", mounts: "volumeMounts"}
+	vivarium = api{volumes: "/v1/volumes", volumeKey: "volumes", snapshot: "from_snapshot", mounts: "volumes"}
+	e2b      = api{volumes: "/e2b/volumes", snapshot: "templateID", mounts: "volumeMounts"}
 )
 
 // maxBody bounds a creation's body, which the gateway reads to route it;
