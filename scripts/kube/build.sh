@@ -10,8 +10,9 @@
 # Debian's archive.
 #
 # Output, in $VIVARIUM_KUBE_DIR (default ~/.cache/vivarium/kube-<hash>,
-# the hash of the version and of this script alone, so that a change of
-# it builds anew and an unchanged one reuses the binary):
+# the hash of the version, of this script and of k8s.sh, which it shares
+# with node.sh, so that a change of them builds anew and an unchanged one
+# reuses the binary):
 #   kube-apiserver  the binary
 #   BUILD-INFO      what it was built from, and with which Go
 #
@@ -24,7 +25,7 @@ set -eu
 version=${VIVARIUM_KUBE_VERSION:-v1.33.4}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 if [ -z "${VIVARIUM_KUBE_DIR:-}" ]; then
-	key=$( (echo "$version"; cat "$root/scripts/kube/build.sh") | sha256sum | cut -c1-12)
+	key=$( (echo "$version"; cat "$root/scripts/kube/build.sh" "$root/scripts/kube/k8s.sh") | sha256sum | cut -c1-12)
 	VIVARIUM_KUBE_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/vivarium/kube-$key"
 fi
 out=$VIVARIUM_KUBE_DIR
@@ -55,59 +56,16 @@ if [ -x "$out/kube-apiserver" ]; then
 	exit 0
 fi
 
-command -v go >/dev/null 2>&1 || fail "go is not on PATH"
-case $version in
-v1.*.*) ;;
-*) fail "VIVARIUM_KUBE_VERSION must look like v1.33.4, not $version" ;;
-esac
-# The staging modules are published as v0.<minor>.<patch> of the release.
-staging=v0.${version#v1.}
-minor=${version#v1.}
-minor=${minor%%.*}
-export GOWORK=off GOTOOLCHAIN=local
+# 2. The source, and 3. the binary (k8s.sh).
+. "$root/scripts/kube/k8s.sh"
 work=$out/work
-mkdir -p "$work"
-
-# 2. The source: the module as the proxy serves it (checked against
-# sum.golang.org by go mod download), copied out of the read-only module
-# cache. Its vendor/ and go.work are for building inside the kubernetes
-# repository, with staging/ present; the proxy's zip has no staging/.
-src=$work/src
-if [ ! -f "$src/.vivarium-ready" ]; then
-	step "downloading k8s.io/kubernetes@$version from $(go env GOPROXY | cut -d, -f1)"
-	dir=$(cd "$work" && go mod download -json "k8s.io/kubernetes@$version" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')
-	[ -n "$dir" ] && [ -f "$dir/go.mod" ] || fail "go mod download k8s.io/kubernetes@$version gave no module directory"
-	rm -rf "$src"
-	cp -r "$dir" "$src"
-	chmod -R u+w "$src"
-	rm -rf "$src/vendor" "$src/go.work" "$src/go.work.sum"
-	# 3. Every "k8s.io/x => ./staging/src/k8s.io/x" becomes
-	# "k8s.io/x => k8s.io/x $staging".
-	mods=$(sed -n 's|^[[:space:]]*\(k8s.io/[^ ]*\) => ./staging/src/.*|\1|p' "$src/go.mod")
-	[ -n "$mods" ] || fail "no ./staging replace directives in k8s.io/kubernetes@$version's go.mod"
-	edits=""
-	for m in $mods; do
-		edits="$edits -replace=$m=$m@$staging"
-	done
-	(cd "$src" && go mod edit $edits)
-	step "replaced $(echo $mods | wc -w) staging modules by their published $staging"
-	touch "$src/.vivarium-ready"
-fi
-
-# 4. The binary, with the version stamped as the release's own build
-# would (hack/lib/version.sh), so that /version says $version.
-jobs=$(nproc 2>/dev/null || echo 2)
+k8s_source "$version" "$work"
 step "compiling kube-apiserver $version with $(go env GOVERSION) ($jobs jobs; about 4 minutes on 2 cores)"
-ldflags="-s -w"
-for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-	ldflags="$ldflags -X $p.gitVersion=$version -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
-done
 start=$(date +%s)
-(cd "$src" && GOFLAGS="${GOFLAGS:-} -mod=mod" go build -p "$jobs" -trimpath -ldflags "$ldflags" -o "$work/kube-apiserver" ./cmd/kube-apiserver > "$work/build.log" 2>&1) ||
-	{ tail -40 "$work/build.log" >&2; fail "go build ./cmd/kube-apiserver failed (log: $work/build.log)"; }
+k8s_build "$version" kube-apiserver "$work/kube-apiserver"
 took=$(($(date +%s) - start))
 
-# 5. Out of the work tree; the binary last: its presence means the build
+# 4. Out of the work tree; the binary last: its presence means the build
 # is complete.
 "$work/kube-apiserver" --version > "$work/version.txt" 2>&1 || fail "the built kube-apiserver does not run: $(cat "$work/version.txt")"
 {

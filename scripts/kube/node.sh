@@ -26,9 +26,9 @@
 # host-local, loopback, portmap) and debootstrap.
 #
 # Output, in $VIVARIUM_KUBE_NODE_DIR (default
-# ~/.cache/vivarium/kubenode-<hash>, the hash of the version and of this
-# script: a change of it builds anew, an unchanged one reuses what it
-# built). Each piece is built once; its file appears last, when complete.
+# ~/.cache/vivarium/kubenode-<hash>, the hash of the version, of this
+# script and of k8s.sh: a change of them builds anew, an unchanged one
+# reuses what it built). Each piece is built once; its file appears last, when complete.
 # BUILD-INFO says what was built, from what, and how long each took.
 # Nothing is downloaded from anywhere but the Go module proxy and
 # Debian's archive.
@@ -48,7 +48,7 @@ version=${VIVARIUM_KUBE_VERSION:-v1.33.4}
 suite=bookworm
 root=$(cd "$(dirname "$0")/../.." && pwd)
 if [ -z "${VIVARIUM_KUBE_NODE_DIR:-}" ]; then
-	key=$( (echo "$version"; cat "$root/scripts/kube/node.sh") | sha256sum | cut -c1-12)
+	key=$( (echo "$version"; cat "$root/scripts/kube/node.sh" "$root/scripts/kube/k8s.sh") | sha256sum | cut -c1-12)
 	VIVARIUM_KUBE_NODE_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/vivarium/kubenode-$key"
 fi
 out=$VIVARIUM_KUBE_NODE_DIR
@@ -83,45 +83,13 @@ for b in $bins; do
 	[ -x "$out/$b" ] || missing="$missing $b"
 done
 if [ -n "$missing" ]; then
-	command -v go >/dev/null 2>&1 || fail "go is not on PATH"
-	case $version in
-	v1.*.*) ;;
-	*) fail "VIVARIUM_KUBE_VERSION must look like v1.33.4, not $version" ;;
-	esac
-	staging=v0.${version#v1.}
-	minor=${version#v1.}
-	minor=${minor%%.*}
-	export GOWORK=off GOTOOLCHAIN=local
+	. "$root/scripts/kube/k8s.sh"
 	work=$out/work
-	src=$work/src
-	mkdir -p "$work"
-	if [ ! -f "$src/.vivarium-ready" ]; then
-		step "downloading k8s.io/kubernetes@$version from $(go env GOPROXY | cut -d, -f1)"
-		dir=$(cd "$work" && go mod download -json "k8s.io/kubernetes@$version" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')
-		[ -n "$dir" ] && [ -f "$dir/go.mod" ] || fail "go mod download k8s.io/kubernetes@$version gave no module directory"
-		rm -rf "$src"
-		cp -r "$dir" "$src"
-		chmod -R u+w "$src"
-		rm -rf "$src/vendor" "$src/go.work" "$src/go.work.sum"
-		mods=$(sed -n 's|^[[:space:]]*\(k8s.io/[^ ]*\) => ./staging/src/.*|\1|p' "$src/go.mod")
-		[ -n "$mods" ] || fail "no ./staging replace directives in k8s.io/kubernetes@$version's go.mod"
-		edits=""
-		for m in $mods; do
-			edits="$edits -replace=$m=$m@$staging"
-		done
-		(cd "$src" && go mod edit $edits)
-		touch "$src/.vivarium-ready"
-	fi
-	jobs=$(nproc 2>/dev/null || echo 2)
-	ldflags="-s -w"
-	for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-		ldflags="$ldflags -X $p.gitVersion=$version -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
-	done
+	k8s_source "$version" "$work"
 	for b in $missing; do
 		step "compiling $b $version with $(go env GOVERSION) ($jobs jobs)"
 		start=$(date +%s)
-		(cd "$src" && GOFLAGS="${GOFLAGS:-} -mod=mod" go build -p "$jobs" -trimpath -ldflags "$ldflags" -o "$work/$b" "./cmd/$b" > "$work/build-$b.log" 2>&1) ||
-			{ tail -40 "$work/build-$b.log" >&2; fail "go build ./cmd/$b failed (log: $work/build-$b.log)"; }
+		k8s_build "$version" "$b" "$work/$b"
 		took=$(($(date +%s) - start))
 		said=$("$work/$b" --version 2>&1) || fail "the built $b does not run: $said"
 		info "$b: $said, k8s.io/kubernetes $version (staging $staging), $(go env GOVERSION), built in ${took}s on $jobs cores"
