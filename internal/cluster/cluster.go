@@ -303,23 +303,13 @@ type View struct {
 // Watch starts watching the nodes' Leases until ctx ends and returns once
 // the first list has arrived (within 30 s).
 func (c *Client) Watch(ctx context.Context) (*View, error) {
-	selector := labels.Set{labelName: appName, labelComponent: componentNode}.String()
-	lw := cache.NewFilteredListWatchFromClient(c.rest, "leases", c.cfg.Namespace,
-		func(o *metav1.ListOptions) { o.LabelSelector = selector })
-	store, ctrl := cache.NewInformerWithOptions(cache.InformerOptions{ListerWatcher: lw,
-		ObjectType: &coordinationv1.Lease{}, Handler: cache.ResourceEventHandlerFuncs{}})
-	go ctrl.RunWithContext(ctx)
-	synced, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if !cache.WaitForCacheSync(synced.Done(), ctrl.HasSynced) {
-		return nil, fmt.Errorf("cluster: the nodes' leases in %s were not listed: %w", c.cfg.Namespace, context.Cause(synced))
+	store, err := c.watch(ctx, c.rest, "leases", labels.Set{labelName: appName, labelComponent: componentNode},
+		&coordinationv1.Lease{}, nil, "the nodes' leases")
+	if err != nil {
+		return nil, err
 	}
 	get := func(name string) (*coordinationv1.Lease, error) {
-		o, ok, err := store.GetByKey(c.cfg.Namespace + "/" + name)
-		if !ok || err != nil {
-			return nil, err
-		}
-		l, _ := o.(*coordinationv1.Lease)
+		l, _ := byName[*coordinationv1.Lease](store, c.cfg.Namespace, name)
 		return l, nil
 	}
 	return &View{pending: map[string]int{}, get: get, lister: func() ([]*coordinationv1.Lease, error) {
@@ -331,6 +321,37 @@ func (c *Client) Watch(ctx context.Context) (*View, error) {
 		}
 		return out, nil
 	}}, nil
+}
+
+// watch keeps a store of the namespace's objects of a resource that carry
+// the labels, until ctx ends; it returns once they are listed (within
+// 30 s). what names them in the error.
+func (c *Client) watch(ctx context.Context, client *rest.RESTClient, resource string, selector labels.Set,
+	obj runtime.Object, indexers cache.Indexers, what string) (cache.Indexer, error) {
+	lw := cache.NewFilteredListWatchFromClient(client, resource, c.cfg.Namespace,
+		func(o *metav1.ListOptions) { o.LabelSelector = selector.String() })
+	if indexers == nil {
+		indexers = cache.Indexers{}
+	}
+	store, ctrl := cache.NewIndexerInformer(lw, obj, 0, cache.ResourceEventHandlerFuncs{}, indexers)
+	go ctrl.RunWithContext(ctx)
+	synced, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if !cache.WaitForCacheSync(synced.Done(), ctrl.HasSynced) {
+		return nil, fmt.Errorf("cluster: %s in %s were not listed: %w", what, c.cfg.Namespace, context.Cause(synced))
+	}
+	return store, nil
+}
+
+// byName is the object of a store (watch) by its namespace and name.
+func byName[T runtime.Object](store cache.Store, namespace, name string) (T, bool) {
+	var zero T
+	o, ok, err := store.GetByKey(namespace + "/" + name)
+	if !ok || err != nil {
+		return zero, false
+	}
+	t, ok := o.(T)
+	return t, ok
 }
 
 // Nodes returns the nodes whose Lease holds now.
@@ -381,25 +402,12 @@ func (v *View) atItsPod(n Node) bool {
 // node's name in the namespace, labelled a node of Vivarium (the chart's
 // pods), until ctx ends. It returns once the first list has arrived.
 func (c *Client) WatchPods(ctx context.Context, v *View) error {
-	selector := labels.Set{labelName: appName, labelComponent: componentNode}.String()
-	lw := cache.NewFilteredListWatchFromClient(c.core, "pods", c.cfg.Namespace,
-		func(o *metav1.ListOptions) { o.LabelSelector = selector })
-	store, ctrl := cache.NewInformerWithOptions(cache.InformerOptions{ListerWatcher: lw,
-		ObjectType: &corev1.Pod{}, Handler: cache.ResourceEventHandlerFuncs{}})
-	go ctrl.RunWithContext(ctx)
-	synced, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if !cache.WaitForCacheSync(synced.Done(), ctrl.HasSynced) {
-		return fmt.Errorf("cluster: the node pods in %s were not listed: %w", c.cfg.Namespace, context.Cause(synced))
+	store, err := c.watch(ctx, c.core, "pods", labels.Set{labelName: appName, labelComponent: componentNode},
+		&corev1.Pod{}, nil, "the node pods")
+	if err != nil {
+		return err
 	}
-	v.pod = func(name string) (*corev1.Pod, bool) {
-		o, ok, err := store.GetByKey(c.cfg.Namespace + "/" + name)
-		if !ok || err != nil {
-			return nil, false
-		}
-		p, ok := o.(*corev1.Pod)
-		return p, ok
-	}
+	v.pod = func(name string) (*corev1.Pod, bool) { return byName[*corev1.Pod](store, c.cfg.Namespace, name) }
 	return nil
 }
 

@@ -104,22 +104,16 @@ type Keys struct {
 // WatchKeys watches the keys' Secrets until ctx ends; it returns once
 // they are listed.
 func (c *Client) WatchKeys(ctx context.Context) (*Keys, error) {
-	selector := labels.Set{labelName: appName, labelKind: kindKey}.String()
-	lw := cache.NewFilteredListWatchFromClient(c.core, "secrets", c.cfg.Namespace,
-		func(o *metav1.ListOptions) { o.LabelSelector = selector })
-	idx, ctrl := cache.NewIndexerInformer(lw, &corev1.Secret{}, 0, cache.ResourceEventHandlerFuncs{},
+	idx, err := c.watch(ctx, c.core, "secrets", labels.Set{labelName: appName, labelKind: kindKey}, &corev1.Secret{},
 		cache.Indexers{dataHash: func(obj any) ([]string, error) {
 			s, ok := obj.(*corev1.Secret)
 			if !ok {
 				return nil, nil
 			}
 			return []string{string(s.Data[dataHash])}, nil
-		}})
-	go ctrl.RunWithContext(ctx)
-	synced, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if !cache.WaitForCacheSync(synced.Done(), ctrl.HasSynced) {
-		return nil, fmt.Errorf("cluster: the keys' Secrets in %s were not listed: %w", c.cfg.Namespace, context.Cause(synced))
+		}}, "the keys' Secrets")
+	if err != nil {
+		return nil, err
 	}
 	return &Keys{idx: idx, ns: c.cfg.Namespace}, nil
 }
@@ -153,11 +147,11 @@ func (k *Keys) Owner(token string) (string, error) {
 
 // Quota returns a key's own quotas (zero: the server's defaults).
 func (k *Keys) Quota(id string) (maxSandboxes, maxExecutions int) {
-	o, ok, err := k.idx.GetByKey(k.ns + "/" + keySecretName(id))
-	if err != nil || !ok {
+	s, ok := byName[*corev1.Secret](k.idx, k.ns, keySecretName(id))
+	if !ok {
 		return 0, 0
 	}
-	key := keyOf(o.(*corev1.Secret))
+	key := keyOf(s)
 	return key.MaxSandboxes, key.MaxExecutions
 }
 
