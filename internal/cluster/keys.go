@@ -176,13 +176,7 @@ func encodeOwners(m map[string]int) string {
 // Elsewhere counts owner's sandboxes on the nodes other than self whose
 // Lease holds: what a node adds to its own count against the key's quota.
 func (v *View) Elsewhere(self, owner string) int {
-	n := 0
-	for _, node := range v.Nodes() {
-		if node.Name != self {
-			n += node.Owners[owner]
-		}
-	}
-	return n
+	return v.elsewhere(self, func(n Node) int { return n.Owners[owner] })
 }
 
 // RunningElsewhere counts owner's executions running on the nodes other
@@ -190,11 +184,16 @@ func (v *View) Elsewhere(self, owner string) int {
 // duration: an execution shorter than that may go unseen): what a node
 // adds to its own against the key's execution quota.
 func (v *View) RunningElsewhere(self, owner string) int {
-	n := 0
-	for _, node := range v.Nodes() {
-		if node.Name != self {
-			n += node.Running[owner]
+	return v.elsewhere(self, func(n Node) int { return n.Running[owner] })
+}
+
+// elsewhere sums count over the live nodes other than self.
+func (v *View) elsewhere(self string, count func(Node) int) int {
+	sum := 0
+	for _, n := range v.Nodes() {
+		if n.Name != self {
+			sum += count(n)
 		}
 	}
-	return n
+	return sum
 }
