@@ -33,8 +33,10 @@ var (
 	e2b      = api{volumes: "/e2b/volumes", snapshot: "templateID", mounts: "volumeMounts"}
 )
 
-// maxBody bounds a creation's body, which the gateway reads to route it;
-// nodes take far less.
+// maxBody bounds a creation's body, which the gateway reads, before any
+// key is checked, to route it: E2B's bound (a node's E2B API takes no
+// more); a node's own API takes up to 32 MiB of JSON (environment,
+// metadata), which through a gateway answers 413.
 const maxBody = 1 << 20
 
 // toKept sends r to the node that keeps id, a snapshot or a volume.
