@@ -245,7 +245,8 @@ func (s *Server) serveSandbox(w http.ResponseWriter, r *http.Request) {
 			"a valid sandbox access token is required (X-Access-Token, as returned when the sandbox was created or connected to)")
 		return
 	}
-	if _, err := s.svc.Get(owner, id); err != nil {
+	b, err := s.svc.Get(owner, id)
+	if err != nil {
 		// What E2B's proxy answers for a sandbox that is gone: the SDKs
 		// report that it was killed or timed out.
 		writeEnvdError(w, http.StatusBadGateway, "sandbox "+id+" is not running: it was killed or reached its timeout")
@@ -254,7 +255,7 @@ func (s *Server) serveSandbox(w http.ResponseWriter, r *http.Request) {
 	// Paused, and not to be resumed by traffic (Get resumed it
 	// otherwise): E2B's proxy answers 502, which the SDKs read as not
 	// running (isRunning), until connect or resume.
-	if info, err := s.svc.Info(owner, id); err == nil && info.State == "paused" {
+	if b.Paused() {
 		writeEnvdError(w, http.StatusBadGateway, "sandbox "+id+" is paused: connect to it (or resume it) first")
 		return
 	}

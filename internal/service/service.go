@@ -410,6 +410,13 @@ func (b *Box) info() Info {
 // Sandbox returns the underlying sandbox (for its workspace).
 func (b *Box) Sandbox() sandbox.Sandbox { return b.sb }
 
+// Paused reports whether the sandbox is paused now.
+func (b *Box) Paused() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.paused
+}
+
 // Create starts a sandbox for an owner.
 func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	if req.Owner == "" {
