@@ -141,7 +141,7 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 		return nil, false
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
-	r.ContentLength = int64(len(body))
+	r.ContentLength, r.TransferEncoding = int64(len(body)), nil // whole now, however it came
 	return body, true
 }
 
