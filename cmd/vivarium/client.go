@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -54,10 +55,11 @@ an API key (VIVARIUM_API_KEY).
   resume ID                             bring a paused sandbox back where it was
   fork ID [--count N] [--same-random]   copies of the running sandbox, each a sandbox of its own;
                                         prints their ids
-  snapshot ID                           save the running sandbox as a snapshot (it goes on); prints
+  snapshot ID [--name NAME]             save the running sandbox as a snapshot (it goes on); prints
                                         the snapshot's id; create --from-snapshot SNAP makes sandboxes of it
+                                        (SNAP: its id, or its name: the newest snapshot of that name)
   snapshots                             the key's snapshots
-  snapshot-rm SNAP                      delete a snapshot
+  snapshot-rm SNAP                      delete a snapshot (SNAP a name: every snapshot of that name)
   snapshot-export SNAP FILE             download a snapshot (a tar file; FILE "-": standard output)
   snapshot-import FILE                  upload a snapshot a server sharing this one's snapshot key
                                         exported; prints its new id
@@ -166,7 +168,8 @@ func cmdSandbox(args []string) int {
 	autoResume := fs.Bool("auto-resume", false, "a call on the paused sandbox resumes it (create)")
 	count := fs.Int("count", 1, "how many copies (fork)")
 	sameRandom := fs.Bool("same-random", false, "the copies keep the source's random generators (fork)")
-	fromSnapshot := fs.String("from-snapshot", "", "`SNAP`: make the sandbox from this snapshot (create)")
+	fromSnapshot := fs.String("from-snapshot", "", "`SNAP`: make the sandbox from this snapshot, an id or a name (create)")
+	snapName := fs.String("name", "", "`NAME` of the snapshot, which finds it as its id does (snapshot)")
 	pausable := fs.Bool("pausable", false, "a sandbox that can be paused: native makes it without the zygote (create)")
 	var memory, disk sizeFlag
 	fs.Var(&memory, "memory", "memory limit (create, run)")
@@ -491,7 +494,11 @@ func cmdSandbox(args []string) int {
 			return 2
 		}
 		var out struct{ ID string }
-		raw, err := c.call("POST", sb(pos[0])+"/snapshots", nil, &out)
+		var body any
+		if *snapName != "" {
+			body = map[string]string{"name": *snapName}
+		}
+		raw, err := c.call("POST", sb(pos[0])+"/snapshots", body, &out)
 		if err != nil || *asJSON {
 			return printed(raw, err)
 		}
@@ -500,6 +507,7 @@ func cmdSandbox(args []string) int {
 		var out struct {
 			Snapshots []struct {
 				ID        string    `json:"id"`
+				Name      string    `json:"name"`
 				SandboxID string    `json:"sandbox_id"`
 				CreatedAt time.Time `json:"created_at"`
 				SizeBytes int64     `json:"size_bytes"`
@@ -510,9 +518,9 @@ func cmdSandbox(args []string) int {
 			return printed(raw, err)
 		}
 		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "SNAPSHOT\tFROM\tCREATED\tSIZE")
+		fmt.Fprintln(tw, "SNAPSHOT\tNAME\tFROM\tCREATED\tSIZE")
 		for _, x := range out.Snapshots {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d MiB\n", x.ID, x.SandboxID, x.CreatedAt.Local().Format(time.DateTime), x.SizeBytes>>20)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d MiB\n", x.ID, cmp.Or(x.Name, "-"), x.SandboxID, x.CreatedAt.Local().Format(time.DateTime), x.SizeBytes>>20)
 		}
 		tw.Flush()
 	case "snapshot-rm":

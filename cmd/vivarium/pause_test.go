@@ -90,7 +90,7 @@ func TestServeSnapshots(t *testing.T) {
 	}
 	id := srv.run(t, 0, "sandbox", "create", "--pausable")
 	srv.run(t, 0, "sandbox", "exec", id, "-c", "import json\nx = 41\nopen('f.txt', 'w').write('kept')")
-	snap := srv.run(t, 0, "sandbox", "snapshot", id)
+	snap := srv.run(t, 0, "sandbox", "snapshot", id, "--name", "counted")
 	if !strings.HasPrefix(snap, "snap_") {
 		t.Fatalf("snapshot printed %q", snap)
 	}
@@ -104,10 +104,10 @@ func TestServeSnapshots(t *testing.T) {
 	srv.cmd.Process.Kill()
 	<-srv.exited
 	srv = startServer(t, dataDir, "--dev", "--pool", "0")
-	if out := srv.run(t, 0, "sandbox", "snapshots"); !strings.Contains(out, snap) {
+	if out := srv.run(t, 0, "sandbox", "snapshots"); !strings.Contains(out, snap) || !strings.Contains(out, "counted") {
 		t.Fatalf("the snapshots after a restart:\n%s", out)
 	}
-	fresh := srv.run(t, 0, "sandbox", "create", "--from-snapshot", snap)
+	fresh := srv.run(t, 0, "sandbox", "create", "--from-snapshot", "counted") // by its name
 	if out := srv.run(t, 0, "sandbox", "exec", fresh, "-c", "print(x + 1, json.dumps(open('f.txt').read()))"); out != `42 "kept"` {
 		t.Fatalf("a sandbox made from the snapshot after a restart: %q", out)
 	}

@@ -19,10 +19,10 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/service"
 )
 
-// templates Vivarium answers to: E2B's base template and its code
+// KnownTemplates are the templates Vivarium answers to: E2B's base template and its code
 // interpreter. A Vivarium sandbox is the host's Python with its packages,
 // whatever it is called.
-var knownTemplates = []string{"base", "code-interpreter-v1", "code-interpreter"}
+var KnownTemplates = []string{"base", "code-interpreter-v1", "code-interpreter"}
 
 // clientID is what E2B's deprecated clientID field says.
 const clientID = "vivarium"
@@ -147,7 +147,7 @@ type networkConfig struct {
 func (n *newSandbox) check() error {
 	unsupported := func(what string) error { return fmt.Errorf("%w: %s", errUnsupported, what) }
 	switch {
-	case n.TemplateID != "" && !slices.Contains(knownTemplates, n.TemplateID) && !isSnapshot(n.TemplateID):
+	case n.TemplateID != "" && !slices.Contains(KnownTemplates, n.TemplateID) && snapshotRef(n.TemplateID) == "":
 		return fmt.Errorf("%w: template %q: custom templates are not supported; vivarium sandboxes run the server's "+
 			"Python with its packages (create with the default template)", sandbox.ErrInvalidSpec, n.TemplateID)
 	case n.Timeout != nil && *n.Timeout < 0:
@@ -228,10 +228,17 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, owner string) {
 		Network: networkRequest(req.AllowInternetAccess, req.Network), Home: sandbox.HomeUser,
 		IDEnv: []string{"E2B_SANDBOX_ID"}, Ports: req.Network.portOptions(), Volumes: volumeMounts(req.VolumeMounts),
 		OnTimeout: req.onTimeout(), AutoResume: req.AutoResume != nil && req.AutoResume.Enabled, Pausable: s.cfg.Pausable}
-	if isSnapshot(req.TemplateID) {
-		// Sandbox.create(snapshotId): the snapshot's environment and
-		// home, E2B's among them.
-		create = service.CreateRequest{Owner: owner, Idle: idle, Metadata: req.Metadata, FromSnapshot: req.TemplateID,
+	if ref := snapshotRef(req.TemplateID); ref != "" {
+		if _, err := s.svc.SnapshotInfo(owner, ref); err != nil && !sandboxid.Snapshot.Valid(ref) {
+			// Not one of the key's snapshots' names: a template of E2B's cloud.
+			s.fail(w, fmt.Errorf("%w: template %q: custom templates are not supported, and no snapshot of this key's "+
+				"has that name; vivarium sandboxes run the server's Python with its packages (create with the default template)",
+				sandbox.ErrInvalidSpec, req.TemplateID))
+			return
+		}
+		// Sandbox.create(snapshotId or name): the snapshot's environment
+		// and home, E2B's among them.
+		create = service.CreateRequest{Owner: owner, Idle: idle, Metadata: req.Metadata, FromSnapshot: ref,
 			OnTimeout: create.OnTimeout, AutoResume: create.AutoResume}
 		if len(req.EnvVars) > 0 || len(req.VolumeMounts) > 0 || !create.Network.Empty() {
 			s.fail(w, fmt.Errorf("%w: a sandbox made from a snapshot has the snapshot's environment, and no volumes or network yet",
@@ -241,7 +248,8 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, owner string) {
 	}
 	info, err := s.svc.Create(r.Context(), create)
 	if errors.Is(err, service.ErrSnapshotNotFound) {
-		writeEnvdError(w, http.StatusNotFound, fmt.Sprintf("template %q not found", req.TemplateID))
+		writeEnvdError(w, http.StatusNotFound, fmt.Sprintf("template %q not found: it is not a snapshot of this key's, "+
+			"and custom templates are not supported (vivarium sandboxes run the server's Python with its packages)", req.TemplateID))
 		return
 	}
 	if err != nil {
@@ -555,9 +563,23 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request, owner string) {
 	writeJSON(w, http.StatusCreated, out)
 }
 
-// isSnapshot says whether a template id names a snapshot (E2B's
-// Sandbox.create(snapshotId)).
-func isSnapshot(id string) bool { return sandboxid.Snapshot.Valid(id) }
+// snapshotRef returns the snapshot a template id names ("": none): a
+// snapshot's id, or its name (E2B's createSnapshot({name}); "name:latest"
+// is the same, the newest of that name). The default templates are never
+// snapshots.
+func snapshotRef(template string) string {
+	switch {
+	case sandboxid.Snapshot.Valid(template):
+		return template
+	case slices.Contains(KnownTemplates, template):
+		return ""
+	}
+	name := strings.TrimSuffix(template, ":latest")
+	if !sandboxid.ValidName(name) {
+		return ""
+	}
+	return name
+}
 
 // snapshotInfo is E2B's SnapshotInfo.
 type snapshotInfo struct {
@@ -565,9 +587,18 @@ type snapshotInfo struct {
 	Names      []string `json:"names"`
 }
 
-// createSnapshot saves a sandbox as a snapshot (sandbox.createSnapshot):
-// the snapshot's id is a template id Sandbox.create takes. Names are not
-// kept.
+func toSnapshotInfo(x service.SnapshotInfo) snapshotInfo {
+	names := []string{}
+	if x.Name != "" {
+		names = append(names, x.Name)
+	}
+	return snapshotInfo{SnapshotID: x.ID, Names: names}
+}
+
+// createSnapshot saves a sandbox as a snapshot (sandbox.createSnapshot),
+// named as asked: its id, and its name, are template ids Sandbox.create
+// takes; a name finds the newest snapshot of that name, as E2B's find a
+// template's newest build.
 func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request, owner string) {
 	var req struct {
 		Name string `json:"name"`
@@ -575,12 +606,12 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request, owner st
 	if !decodeBody(w, r, &req) {
 		return
 	}
-	info, err := s.svc.Snapshot(r.Context(), owner, r.PathValue("id"))
+	info, err := s.svc.Snapshot(r.Context(), owner, r.PathValue("id"), req.Name)
 	if err != nil {
 		s.notFound(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, snapshotInfo{SnapshotID: info.ID, Names: []string{}})
+	writeJSON(w, http.StatusCreated, toSnapshotInfo(info))
 }
 
 // listSnapshots lists the key's snapshots, of one sandbox with sandboxID.
@@ -589,17 +620,17 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request, owner str
 	out := []snapshotInfo{}
 	for _, x := range s.svc.Snapshots(owner) {
 		if from == "" || x.SandboxID == from {
-			out = append(out, snapshotInfo{SnapshotID: x.ID, Names: []string{}})
+			out = append(out, toSnapshotInfo(x))
 		}
 	}
 	writeJSON(w, http.StatusOK, out)
 }
 
-// deleteSnapshot deletes a snapshot by its template id (E2B's
-// Sandbox.deleteSnapshot); other templates are E2B's cloud.
+// deleteSnapshot deletes a snapshot by its template id, or all of a name
+// (E2B's Sandbox.deleteSnapshot); other templates are E2B's cloud.
 func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request, owner string) {
-	id := r.PathValue("id")
-	if !isSnapshot(id) {
+	id := snapshotRef(r.PathValue("id"))
+	if id == "" {
 		s.unsupported(w, "DELETE /templates (templates are E2B's cloud, not part of vivarium)")
 		return
 	}

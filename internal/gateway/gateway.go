@@ -153,12 +153,12 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case p == "/e2b/snapshots" && r.Method == http.MethodGet:
 		g.gather(w, r, "")
 	case strings.HasPrefix(p, "/v1/snapshots/"):
-		g.toKept(w, r, sandboxid.Snapshot, segment(p, "/v1/snapshots/"))
+		g.toKept(w, r, vivarium.snapshots, segment(p, "/v1/snapshots/"))
 	case strings.HasPrefix(p, "/e2b/templates/"):
-		// Sandbox.deleteSnapshot; other templates are E2B's cloud, which
-		// any node answers with E2B's error.
-		if id := segment(p, "/e2b/templates/"); sandboxid.Snapshot.Valid(id) {
-			g.toKept(w, r, sandboxid.Snapshot, id)
+		// Sandbox.deleteSnapshot (an id or a name); other templates are
+		// E2B's cloud, which any node answers with E2B's error.
+		if ref := e2bSnapshot(segment(p, "/e2b/templates/")); sandboxid.Snapshot.Valid(ref) || sandboxid.ValidName(ref) {
+			g.toKept(w, r, e2b.snapshots, ref)
 		} else {
 			g.toPicked(w, r)
 		}
@@ -171,12 +171,16 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case p == "/e2b/volumes" && r.Method == http.MethodPost:
 		g.toNewVolume(w, r, e2b)
 	case strings.HasPrefix(p, "/v1/volumes/"):
-		g.toVolume(w, r, vivarium, segment(p, "/v1/volumes/"))
+		g.toKept(w, r, vivarium.volumes, segment(p, "/v1/volumes/"))
 	case strings.HasPrefix(p, "/e2b/volumes/"):
-		g.toVolume(w, r, e2b, segment(p, "/e2b/volumes/"))
+		g.toKept(w, r, e2b.volumes, segment(p, "/e2b/volumes/"))
 	case strings.HasPrefix(p, "/e2b/volumecontent/"):
 		// The content API names a volume by id only (with its token).
-		g.toKept(w, r, sandboxid.Volume, segment(p, "/e2b/volumecontent/"))
+		if id := segment(p, "/e2b/volumecontent/"); sandboxid.Volume.Valid(id) {
+			g.toKept(w, r, e2b.volumes, id)
+		} else {
+			writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no volume %q in this cluster", id))
+		}
 	case p == "/files":
 		g.toSigned(w, r)
 	case p == "/mcp":

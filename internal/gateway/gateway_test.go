@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/cluster"
+	e2bapi "github.com/vivarium-sandbox/vivarium/internal/e2b"
 	e2bsrv "github.com/vivarium-sandbox/vivarium/internal/e2b"
 	"github.com/vivarium-sandbox/vivarium/internal/sandboxid"
 )
@@ -84,7 +86,11 @@ func node(t *testing.T, name string) *httptest.Server {
 			}
 			w.WriteHeader(204)
 		case r.Method == http.MethodGet && r.URL.Path == "/v1/snapshots":
-			fmt.Fprintf(w, `{"snapshots":[{"id":"snap_%s_0123456789abcdef01234567"}]}`, name)
+			snapListCount.Add(1)
+			fmt.Fprintf(w, `{"snapshots":[%s]}`, snapshotsOf(name, false))
+		case r.Method == http.MethodGet && r.URL.Path == "/e2b/snapshots":
+			snapListCount.Add(1)
+			fmt.Fprintf(w, `[%s]`, snapshotsOf(name, true))
 		default:
 			body, _ := io.ReadAll(r.Body)
 			fmt.Fprintf(w, "%s %s %s token=%v host=%s body=%s", name, r.Method, r.URL.Path, tok, r.Host, body)
@@ -94,8 +100,25 @@ func node(t *testing.T, name string) *httptest.Server {
 	return srv
 }
 
-// listCount counts the fake nodes' lists of volumes.
-var listCount atomic.Int64
+// listCount counts the fake nodes' lists of volumes, snapListCount of
+// snapshots.
+var listCount, snapListCount atomic.Int64
+
+// snapshotsOf lists node a's snapshots (named "model" and "both") or b's
+// ("both"), in Vivarium's shape or E2B's.
+func snapshotsOf(node string, e2b bool) string {
+	names := map[string][]string{"a": {"model", "both"}, "b": {"both"}}[node]
+	var out []string
+	for i, n := range names {
+		id := fmt.Sprintf("snap_%s_0123456789abcdef0123456%d", node, i)
+		if e2b {
+			out = append(out, fmt.Sprintf(`{"snapshotID":%q,"names":[%q]}`, id, n))
+		} else {
+			out = append(out, fmt.Sprintf(`{"id":%q,"name":%q}`, id, n))
+		}
+	}
+	return strings.Join(out, ",")
+}
 
 // volumesOf lists node a's volumes ("data", "shared") or b's ("shared").
 func volumesOf(node, idField string) string {
@@ -175,6 +198,15 @@ func TestRouting(t *testing.T) {
 		{"GET", "/v1/snapshots/snap_c_0123456789abcdef01234567", nil, 410, `"state_lost"`},
 		{"GET", "/v1/snapshots/snap_0123456789abcdef01234567", nil, 404, `"not_found"`},
 		{"POST", "/v1/snapshots/import", nil, 200, "b POST /v1/snapshots/import"},
+		// A snapshot's name: the node that lists it for the key.
+		{"GET", "/v1/snapshots/model", nil, 200, "a GET /v1/snapshots/model token=true"},
+		{"DELETE", "/v1/snapshots/model", nil, 200, "a DELETE /v1/snapshots/model"},
+		{"GET", "/v1/snapshots/both", nil, 409, "several nodes: use an id"},
+		{"GET", "/v1/snapshots/nope", nil, 404, `"not_found"`},
+		{"GET", "/v1/snapshots/Not%20a%20name", nil, 404, `"not_found"`},
+		{"DELETE", "/e2b/templates/model", nil, 200, "a DELETE /e2b/templates/model"},
+		{"DELETE", "/e2b/templates/model:latest", nil, 200, "a DELETE /e2b/templates/model:latest"},
+		{"DELETE", "/e2b/templates/both", nil, 409, "several nodes"},
 		{"GET", "/v1/volumes/data", nil, 200, "a GET /v1/volumes/data token=true"},
 		{"PUT", "/v1/volumes/vol_b_0123456789abcdef01234567/files/x", []string{"up"}, 200, "b PUT /v1/volumes/vol_b_0123456789abcdef01234567/files/x token=true host=" + host + " body=up"},
 		{"GET", "/v1/volumes/shared", nil, 409, "several nodes"},
@@ -188,6 +220,10 @@ func TestRouting(t *testing.T) {
 		// whatever the load, the body as it came.
 		{"POST", "/v1/sandboxes", []string{`{"from_snapshot":"` + snapA + `"}`}, 200, `a POST /v1/sandboxes token=true host=` + host + ` body={"from_snapshot":"` + snapA + `"}`},
 		{"POST", "/e2b/v2/sandboxes", []string{`{"templateID":"` + snapA + `"}`}, 200, "a POST /e2b/v2/sandboxes"},
+		{"POST", "/v1/sandboxes", []string{`{"from_snapshot":"model"}`}, 200, "a POST /v1/sandboxes"},
+		{"POST", "/e2b/v2/sandboxes", []string{`{"templateID":"model:latest"}`}, 200, "a POST /e2b/v2/sandboxes"},
+		{"POST", "/v1/sandboxes", []string{`{"from_snapshot":"both"}`}, 409, "several nodes"},
+		{"POST", "/v1/sandboxes", []string{`{"from_snapshot":"nope"}`}, 200, "b POST /v1/sandboxes"},
 		{"POST", "/v1/sandboxes", []string{`{"volumes":[{"name":"data","path":"/home/user/d"}]}`}, 200, "a POST /v1/sandboxes"},
 		{"POST", "/e2b/sandboxes", []string{`{"volumeMounts":[{"name":"data","path":"/d"}]}`}, 200, "a POST /e2b/sandboxes"},
 		{"POST", "/v1/sandboxes", []string{`{"volumes":[{"name":"vol_b_0123456789abcdef01234567","path":"/d"}]}`}, 200, "b POST /v1/sandboxes"},
@@ -224,10 +260,20 @@ func TestRouting(t *testing.T) {
 		!strings.HasPrefix(body, "a POST") || listCount.Load() != 2 {
 		t.Fatalf("two volumes: %d %q after %d lists, want a's and 2", code, body, listCount.Load())
 	}
+	// E2B's default templates are never looked up as snapshots.
+	snapListCount.Store(0)
+	for _, tpl := range []string{"", "base", "code-interpreter-v1"} {
+		if code, body := do("POST", "/e2b/v2/sandboxes", `{"templateID":"`+tpl+`"}`); code != 200 || !strings.HasPrefix(body, "b POST") {
+			t.Fatalf("template %q: %d %q", tpl, code, body)
+		}
+	}
+	if n := snapListCount.Load(); n != 0 {
+		t.Fatalf("%d snapshot lists for default templates", n)
+	}
 	for path, key := range map[string]string{"/v1/volumes": "volumes", "/v1/snapshots": "snapshots"} {
 		_, body = do("GET", path)
 		var m map[string][]any
-		if err := json.Unmarshal([]byte(body), &m); err != nil || len(m[key]) != map[string]int{"volumes": 3, "snapshots": 2}[key] {
+		if err := json.Unmarshal([]byte(body), &m); err != nil || len(m[key]) != 3 {
 			t.Fatalf("%s: %s %v", path, body, err)
 		}
 	}
@@ -311,5 +357,13 @@ func TestStreamBeforeBody(t *testing.T) {
 	rest, err := io.ReadAll(resp.Body)
 	if err != nil || string(rest) != "then second <nil>\n" {
 		t.Fatalf("the stream's end: %q %v", rest, err)
+	}
+}
+
+// TestE2BTemplates: the gateway knows the templates a node's E2B API
+// answers to, and looks none of them up as a snapshot's name.
+func TestE2BTemplates(t *testing.T) {
+	if !slices.Equal(e2bTemplates, e2bapi.KnownTemplates) {
+		t.Fatalf("gateway %v, e2b %v", e2bTemplates, e2bapi.KnownTemplates)
 	}
 }

@@ -16,22 +16,69 @@ import (
 
 // Besides sandboxes, a node keeps snapshots and volumes, and they stay on
 // it: a snapshot's memory and a volume's file system are files of the
-// node's disk. Their ids name the node, as sandboxes' do; a volume is also known
-// by its name, which the gateway looks up in every node's list. A sandbox
-// made from a snapshot, or mounting volumes, is made on their node.
+// node's disk. Their ids name the node, as sandboxes' do; a volume, and a
+// snapshot, may also be known by a name, which the gateway looks up in
+// every node's list. A sandbox made from a snapshot, or mounting volumes,
+// is made on their node.
 
 // An api is one of the two APIs' shapes of what the gateway reads.
 type api struct {
-	volumes   string // the list of a key's volumes
-	volumeKey string // its key ("": a bare array)
+	volumes, snapshots listing
 	// create's fields: the snapshot it is made from, the volumes it mounts
 	snapshot, mounts string
+	// snapshotRef is the snapshot a create's snapshot field names: an
+	// id, a name, or "" (none).
+	snapshotRef func(string) string
+}
+
+// A listing is where a key's volumes, or snapshots, are listed, and how
+// an item names itself.
+type listing struct {
+	kind  sandboxid.Kind
+	path  string
+	key   string // the list's key in the answer ("": a bare array)
+	names func(json.RawMessage) []string
 }
 
 var (
-	vivarium = api{volumes: "/v1/volumes", volumeKey: "volumes", snapshot: "from_snapshot", mounts: "volumes"}
-	e2b      = api{volumes: "/e2b/volumes", snapshot: "templateID", mounts: "volumeMounts"}
+	vivarium = api{
+		volumes:   listing{sandboxid.Volume, "/v1/volumes", "volumes", nameField},
+		snapshots: listing{sandboxid.Snapshot, "/v1/snapshots", "snapshots", nameField},
+		snapshot:  "from_snapshot", mounts: "volumes",
+		snapshotRef: func(s string) string { return s },
+	}
+	e2b = api{
+		volumes:   listing{sandboxid.Volume, "/e2b/volumes", "", nameField},
+		snapshots: listing{sandboxid.Snapshot, "/e2b/snapshots", "", namesField},
+		snapshot:  "templateID", mounts: "volumeMounts",
+		snapshotRef: e2bSnapshot,
+	}
 )
+
+func nameField(it json.RawMessage) []string {
+	var v struct{ Name string }
+	json.Unmarshal(it, &v)
+	return []string{v.Name}
+}
+
+func namesField(it json.RawMessage) []string {
+	var v struct{ Names []string }
+	json.Unmarshal(it, &v)
+	return v.Names
+}
+
+// e2bTemplates are the templates a node's E2B API answers to
+// (e2b.KnownTemplates): never snapshots' names.
+var e2bTemplates = []string{"base", "code-interpreter-v1", "code-interpreter"}
+
+// e2bSnapshot is the snapshot an E2B template id names, as a node reads
+// it (e2b's snapshotRef): an id, a name, "name:latest", or none.
+func e2bSnapshot(template string) string {
+	if slices.Contains(e2bTemplates, template) {
+		return ""
+	}
+	return strings.TrimSuffix(template, ":latest")
+}
 
 // maxBody bounds a creation's body, which the gateway reads, before any
 // key is checked, to route it: E2B's bound (a node's E2B API takes no
@@ -39,8 +86,14 @@ var (
 // metadata), which through a gateway answers 413.
 const maxBody = 1 << 20
 
-// toKept sends r to the node that keeps id, a snapshot or a volume.
-func (g *Gateway) toKept(w http.ResponseWriter, r *http.Request, kind sandboxid.Kind, id string) {
+// toKept sends r to the node that keeps ref, a snapshot or a volume: its
+// id, or its name, looked up in l.
+func (g *Gateway) toKept(w http.ResponseWriter, r *http.Request, l listing, ref string) {
+	if !l.kind.Valid(ref) {
+		g.toNamed(w, r, l, ref)
+		return
+	}
+	kind, id := l.kind, ref
 	name, ok := kind.Node(id)
 	if !ok {
 		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no %s %q in this cluster", what(kind), id))
@@ -77,13 +130,18 @@ func (g *Gateway) toCreate(w http.ResponseWriter, r *http.Request, a api) {
 	var from []string // "snapshot <id>", "volume <ref>": what names a node
 	var nodes []string
 	var snap string
-	if json.Unmarshal(req[a.snapshot], &snap) == nil && sandboxid.Snapshot.Valid(snap) {
-		n, ok := sandboxid.Snapshot.Node(snap)
-		if !ok {
-			writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no snapshot %q in this cluster", snap))
+	json.Unmarshal(req[a.snapshot], &snap)
+	if ref := a.snapshotRef(snap); sandboxid.Snapshot.Valid(ref) || sandboxid.ValidName(ref) {
+		n, found, err := g.keptNode(r, a.snapshots, &nameLists{}, ref)
+		if err != nil {
+			writeListError(w, a.snapshots, ref, err)
 			return
 		}
-		from, nodes = append(from, "snapshot "+snap), append(nodes, n)
+		if !found {
+			g.toPicked(w, r) // not found: the node says so, in its API's shape
+			return
+		}
+		from, nodes = append(from, "snapshot "+ref), append(nodes, n)
 	}
 	var mounts []struct {
 		Name string `json:"name"`
@@ -93,11 +151,11 @@ func (g *Gateway) toCreate(w http.ResponseWriter, r *http.Request, a api) {
 		g.toPicked(w, r) // the node refuses it, in its API's shape
 		return
 	}
-	vols := &volumeLists{}
+	vols := &nameLists{}
 	for _, m := range mounts {
-		n, found, err := g.volumeNode(r, a, vols, m.Name)
+		n, found, err := g.keptNode(r, a.volumes, vols, m.Name)
 		if err != nil {
-			writeVolumeError(w, m.Name, err)
+			writeListError(w, a.volumes, m.Name, err)
 			return
 		}
 		if !found {
@@ -157,9 +215,9 @@ func (g *Gateway) toNewVolume(w http.ResponseWriter, r *http.Request, a api) {
 		Name string `json:"name"`
 	}
 	if json.Unmarshal(body, &req) == nil && req.Name != "" {
-		n, found, err := g.volumeNode(r, a, &volumeLists{}, req.Name)
+		n, found, err := g.keptNode(r, a.volumes, &nameLists{}, req.Name)
 		if err != nil && err != errAmbiguous {
-			writeVolumeError(w, req.Name, err)
+			writeListError(w, a.volumes, req.Name, err)
 			return
 		}
 		if found || err == errAmbiguous {
@@ -171,22 +229,23 @@ func (g *Gateway) toNewVolume(w http.ResponseWriter, r *http.Request, a api) {
 	g.toPicked(w, r)
 }
 
-// toVolume sends r to the node of volume ref, an id or a name.
-func (g *Gateway) toVolume(w http.ResponseWriter, r *http.Request, a api, ref string) {
-	if sandboxid.Volume.Valid(ref) {
-		g.toKept(w, r, sandboxid.Volume, ref)
+// toNamed sends r to the node of the key's volume, or snapshot, of that
+// name.
+func (g *Gateway) toNamed(w http.ResponseWriter, r *http.Request, l listing, ref string) {
+	if l.kind == sandboxid.Snapshot && !sandboxid.ValidName(ref) {
+		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no snapshot %q in this cluster", ref))
 		return
 	}
-	name, found, err := g.volumeNode(r, a, &volumeLists{}, ref)
+	name, found, err := g.keptNode(r, l, &nameLists{}, ref)
 	switch {
 	case err != nil:
-		writeVolumeError(w, ref, err)
+		writeListError(w, l, ref, err)
 	case !found:
-		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no volume %q", ref))
+		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no %s %q", what(l.kind), ref))
 	default:
 		n, ok := g.cfg.Nodes.Node(name)
 		if !ok {
-			writeError(w, http.StatusGone, "state_lost", fmt.Sprintf("volume %s was on node %s, which is gone", ref, name))
+			writeError(w, http.StatusGone, "state_lost", fmt.Sprintf("%s %s was on node %s, which is gone", what(l.kind), ref, name))
 			return
 		}
 		g.forward(w, r, n)
@@ -195,47 +254,48 @@ func (g *Gateway) toVolume(w http.ResponseWriter, r *http.Request, a api, ref st
 
 var errAmbiguous = errors.New("ambiguous")
 
-// volumeLists are the nodes' lists of a key's volumes, asked for once per
-// request however many volumes it names.
-type volumeLists struct {
+// nameLists are the nodes' lists of a key's volumes, or snapshots, by
+// name, asked for once per request however many names it looks up.
+type nameLists struct {
 	done  bool
-	names map[string][]string // volume name: the nodes that have one
+	names map[string][]string // name: the nodes that have one
 	err   error
 }
 
-// volumeNode finds the node of the key's volume ref (an id, or a name
-// looked up in every live node's list, with r's key).
-func (g *Gateway) volumeNode(r *http.Request, a api, vols *volumeLists, ref string) (node string, found bool, err error) {
-	if sandboxid.Volume.Valid(ref) {
-		node, found = sandboxid.Volume.Node(ref)
+// keptNode finds the node of the key's volume, or snapshot, ref: an id,
+// or a name looked up in every live node's list, with r's key.
+func (g *Gateway) keptNode(r *http.Request, l listing, lists *nameLists, ref string) (node string, found bool, err error) {
+	if l.kind.Valid(ref) {
+		node, found = l.kind.Node(ref)
 		return node, found, nil
 	}
-	if !vols.done {
-		vols.done, vols.names = true, map[string][]string{}
+	if !lists.done {
+		lists.done, lists.names = true, map[string][]string{}
 		for _, n := range g.cfg.Nodes.Nodes() {
-			items, err := g.list(r, n, a.volumes, "", a.volumeKey)
+			items, err := g.list(r, n, l.path, "", l.key)
 			if err != nil {
 				var st *statusError
 				if !errors.As(err, &st) || st.code >= 500 {
 					// A node that does not answer may hold it: say
 					// so rather than guess.
-					err = fmt.Errorf("node %s did not list its volumes: %w", n.Name, err)
+					err = fmt.Errorf("node %s did not list its %ss: %w", n.Name, what(l.kind), err)
 				}
-				vols.err = err
+				lists.err = err
 				break
 			}
 			for _, it := range items {
-				var v struct{ Name string }
-				if json.Unmarshal(it, &v) == nil && v.Name != "" {
-					vols.names[v.Name] = append(vols.names[v.Name], n.Name)
+				for _, name := range l.names(it) {
+					if name != "" && !slices.Contains(lists.names[name], n.Name) {
+						lists.names[name] = append(lists.names[name], n.Name)
+					}
 				}
 			}
 		}
 	}
-	if vols.err != nil {
-		return "", false, vols.err
+	if lists.err != nil {
+		return "", false, lists.err
 	}
-	on := slices.Sorted(slices.Values(vols.names[ref]))
+	on := slices.Sorted(slices.Values(lists.names[ref]))
 	switch len(on) {
 	case 0:
 		return "", false, nil
@@ -245,7 +305,7 @@ func (g *Gateway) volumeNode(r *http.Request, a api, vols *volumeLists, ref stri
 	return strings.Join(on, ", "), true, errAmbiguous
 }
 
-func writeVolumeError(w http.ResponseWriter, ref string, err error) {
+func writeListError(w http.ResponseWriter, l listing, ref string, err error) {
 	var st *statusError
 	switch {
 	case errors.As(err, &st):
@@ -255,8 +315,8 @@ func writeVolumeError(w http.ResponseWriter, ref string, err error) {
 		w.Write(st.body)
 	case err == errAmbiguous:
 		writeError(w, http.StatusConflict, "conflict",
-			fmt.Sprintf("the key has volumes named %q on several nodes: use a volume's id", ref))
+			fmt.Sprintf("the key has %ss named %q on several nodes: use an id", what(l.kind), ref))
 	default:
-		writeError(w, http.StatusBadGateway, "node_unreachable", fmt.Sprintf("looking up volume %q: %v", ref, err))
+		writeError(w, http.StatusBadGateway, "node_unreachable", fmt.Sprintf("looking up %s %q: %v", what(l.kind), ref, err))
 	}
 }

@@ -104,8 +104,8 @@ var Routes = []Route{
 	{"POST", "/v1/sandboxes/{id}/fork", "fork", "Copy a running sandbox into new sandboxes of their own, at this moment (native backend, with CRIU)", false},
 	{"POST", "/v1/sandboxes/{id}/snapshots", "createSnapshot", "Save a running sandbox as a snapshot, which new sandboxes are made from (native backend, with CRIU); the sandbox goes on", false},
 	{"GET", "/v1/snapshots", "listSnapshots", "List the key's snapshots", false},
-	{"GET", "/v1/snapshots/{id}", "getSnapshot", "Describe a snapshot", false},
-	{"DELETE", "/v1/snapshots/{id}", "deleteSnapshot", "Delete a snapshot", false},
+	{"GET", "/v1/snapshots/{id}", "getSnapshot", "Describe a snapshot (by id, or the newest of a name)", false},
+	{"DELETE", "/v1/snapshots/{id}", "deleteSnapshot", "Delete a snapshot (by id), or every snapshot of a name", false},
 	{"GET", "/v1/snapshots/{id}/export", "exportSnapshot", "Download a snapshot as a tar stream, for a server that shares this one's snapshot key", false},
 	{"POST", "/v1/snapshots/import", "importSnapshot", "Upload a snapshot another server (sharing this one's snapshot key) exported; a changed or foreign one is refused", false},
 	{"GET", "/v1/sandboxes/{id}/metrics", "usage", "A sandbox's CPU, memory and disk over time (sampled every 5 s)", false},
@@ -336,7 +336,7 @@ type createRequest struct {
 	Pausable     bool                    `json:"pausable" doc:"a sandbox that can be paused: on the native backend, one of its own Python rather than a fork of the zygote (slower to create); on_timeout pause implies it"`
 	OnTimeout    string                  `json:"on_timeout" doc:"what the idle timeout does: kill (default) or pause (where the backend can pause; else kill)"`
 	AutoResume   bool                    `json:"auto_resume" doc:"a call on the paused sandbox (by its timeout or /pause) resumes it first, instead of answering 409 paused"`
-	FromSnapshot string                  `json:"from_snapshot" doc:"make the sandbox from one of the key's snapshots: its memory, files, limits, environment and backend (limits, env, backend, home, network and volumes are then not given)"`
+	FromSnapshot string                  `json:"from_snapshot" doc:"make the sandbox from one of the key's snapshots (its id, or its name: the newest of that name): its memory, files, limits, environment and backend (limits, env, backend, home, network and volumes are then not given)"`
 }
 
 func (s *Server) create(w http.ResponseWriter, r *http.Request) {

@@ -39,7 +39,7 @@ var operations = map[string]operation{
 	"resume":         {status: 200, response: service.Info{}},
 	"fork":           {request: forkRequest{}, status: 201, response: sandboxList{}},
 	"usage":          {status: 200, response: usageList{}},
-	"createSnapshot": {status: 201, response: service.SnapshotInfo{}},
+	"createSnapshot": {request: snapshotRequest{}, status: 201, response: service.SnapshotInfo{}},
 	"listSnapshots":  {status: 200, response: snapshotList{}},
 	"getSnapshot":    {status: 200, response: service.SnapshotInfo{}},
 	"deleteSnapshot": {status: 204},

@@ -10,6 +10,12 @@ type snapshotList struct {
 	Snapshots []service.SnapshotInfo `json:"snapshots"`
 }
 
+// snapshotRequest is the body of POST /v1/sandboxes/{id}/snapshots; it
+// may be empty.
+type snapshotRequest struct {
+	Name string `json:"name" doc:"a name for it, the key's (1 to 63 of a-z, 0-9, '.', '_', '-'): from_snapshot, get and delete take it as they take the id; it finds the newest snapshot of that name, and delete deletes all of them"`
+}
+
 // snapshotHandler serves a sandbox's snapshot (POST .../snapshots) and
 // /v1/snapshots: an owner's snapshots, their export and import.
 func (s *Server) snapshotHandler(name string) http.HandlerFunc {
@@ -17,7 +23,11 @@ func (s *Server) snapshotHandler(name string) http.HandlerFunc {
 		who, id := owner(r), r.PathValue("id")
 		switch name {
 		case "createSnapshot":
-			info, err := s.svc.Snapshot(r.Context(), who, id)
+			var req snapshotRequest
+			if !decode(w, r, &req) {
+				return
+			}
+			info, err := s.svc.Snapshot(r.Context(), who, id, req.Name)
 			if err != nil {
 				s.fail(w, err)
 				return

@@ -510,17 +510,27 @@ func TestForkAndSnapshotTools(t *testing.T) {
 		t.Fatal("nine copies")
 	}
 
-	res = call(t, cs, "snapshot_sandbox", map[string]any{"sandbox_id": id})
+	res = call(t, cs, "snapshot_sandbox", map[string]any{"sandbox_id": id, "name": "forty-one"})
 	mustOK(t, res)
 	snap := res.StructuredContent.(map[string]any)["snapshot_id"].(string)
-	mustOK(t, call(t, cs, "run_python", map[string]any{"code": "x = 7", "sandbox_id": id}))
-	res = call(t, cs, "create_sandbox", map[string]any{"from_snapshot": snap})
-	mustOK(t, res)
-	from := res.StructuredContent.(map[string]any)["sandbox_id"].(string)
-	if out := mustOK(t, call(t, cs, "run_python", map[string]any{"code": "x", "sandbox_id": from})); !strings.Contains(out, "41") {
-		t.Fatalf("a sandbox of the snapshot: %q", out)
+	if name := res.StructuredContent.(map[string]any)["name"]; name != "forty-one" {
+		t.Fatalf("the snapshot's name: %v", name)
 	}
-	for _, x := range []any{id, ids[0], ids[1], from} {
+	if res := call(t, cs, "snapshot_sandbox", map[string]any{"sandbox_id": id, "name": "Not a name"}); !res.IsError {
+		t.Fatal("a bad name taken")
+	}
+	mustOK(t, call(t, cs, "run_python", map[string]any{"code": "x = 7", "sandbox_id": id}))
+	var made []any
+	for _, ref := range []string{snap, "forty-one"} {
+		res = call(t, cs, "create_sandbox", map[string]any{"from_snapshot": ref})
+		mustOK(t, res)
+		from := res.StructuredContent.(map[string]any)["sandbox_id"].(string)
+		if out := mustOK(t, call(t, cs, "run_python", map[string]any{"code": "x", "sandbox_id": from})); !strings.Contains(out, "41") {
+			t.Fatalf("a sandbox of the snapshot %s: %q", ref, out)
+		}
+		made = append(made, from)
+	}
+	for _, x := range append([]any{id, ids[0], ids[1]}, made...) {
 		mustOK(t, call(t, cs, "close_sandbox", map[string]any{"sandbox_id": x}))
 	}
 }

@@ -34,7 +34,11 @@ type (
 	}
 	createSandboxInput struct {
 		IdleTimeoutS float64 `json:"idle_timeout_s,omitempty" jsonschema:"Close the sandbox after this many seconds without use. Without it, the server's default applies (the answer gives it)."`
-		FromSnapshot string  `json:"from_snapshot,omitempty" jsonschema:"Start the sandbox from a snapshot_id (from snapshot_sandbox): its variables, imports and files as they were saved."`
+		FromSnapshot string  `json:"from_snapshot,omitempty" jsonschema:"Start the sandbox from a snapshot_id (from snapshot_sandbox), or a snapshot's name (the newest of that name): its variables, imports and files as they were saved."`
+	}
+	snapshotSandboxInput struct {
+		SandboxID string `json:"sandbox_id" jsonschema:"The sandbox, from create_sandbox."`
+		Name      string `json:"name,omitempty" jsonschema:"A name to find the snapshot by later, for example cleaned-data: lowercase letters, digits, '.', '_' and '-', up to 63. A name used before then finds this newer snapshot."`
 	}
 	forkSandboxInput struct {
 		SandboxID string `json:"sandbox_id" jsonschema:"The sandbox to copy, from create_sandbox."`
@@ -124,7 +128,7 @@ The sandbox closes after idle_timeout_s seconds without use, when this conversat
 	addTool(s, &sdk.Tool{
 		Name:        "snapshot_sandbox",
 		Title:       "Save a sandbox",
-		Description: `Save a sandbox created with create_sandbox, as it is now, on the server: its variables, imports and files. Returns a snapshot_id that create_sandbox's from_snapshot starts new sandboxes from, in this conversation or a later one. The sandbox goes on unchanged.`,
+		Description: `Save a sandbox created with create_sandbox, as it is now, on the server: its variables, imports and files. Returns a snapshot_id that create_sandbox's from_snapshot starts new sandboxes from, in this conversation or a later one; give it a name to start them by name instead. The sandbox goes on unchanged.`,
 		Annotations: &sdk.ToolAnnotations{Title: "Save a sandbox", OpenWorldHint: ptr(false), DestructiveHint: ptr(false)},
 	}, s.snapshotSandbox)
 	addTool(s, &sdk.Tool{
@@ -331,17 +335,22 @@ func (s *server) forkSandbox(ctx context.Context, req *sdk.CallToolRequest, in f
 	return &sdk.CallToolResult{Content: []sdk.Content{text(msg)}}, map[string]any{"sandbox_ids": ids}, nil
 }
 
-func (s *server) snapshotSandbox(ctx context.Context, req *sdk.CallToolRequest, in sandboxInput) (*sdk.CallToolResult, any, error) {
+func (s *server) snapshotSandbox(ctx context.Context, req *sdk.CallToolRequest, in snapshotSandboxInput) (*sdk.CallToolResult, any, error) {
 	owner, err := s.owner(req)
 	if err != nil {
 		return nil, nil, toolError(s.log, err)
 	}
-	snap, err := s.svc.Snapshot(ctx, owner, in.SandboxID)
+	snap, err := s.svc.Snapshot(ctx, owner, in.SandboxID, in.Name)
 	if err != nil {
 		return nil, nil, toolError(s.log, err)
 	}
 	msg := fmt.Sprintf("snapshot_id: %s\nPass it as from_snapshot to create_sandbox to start a sandbox from this point.", snap.ID)
-	return &sdk.CallToolResult{Content: []sdk.Content{text(msg)}}, map[string]any{"snapshot_id": snap.ID}, nil
+	out := map[string]any{"snapshot_id": snap.ID}
+	if snap.Name != "" {
+		msg += fmt.Sprintf("\nIts name, %s, does too (the newest snapshot of that name).", snap.Name)
+		out["name"] = snap.Name
+	}
+	return &sdk.CallToolResult{Content: []sdk.Content{text(msg)}}, out, nil
 }
 
 func (s *server) resumeSandbox(ctx context.Context, req *sdk.CallToolRequest, in sandboxInput) (*sdk.CallToolResult, any, error) {

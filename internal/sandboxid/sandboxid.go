@@ -10,6 +10,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"regexp"
+	"strings"
 )
 
 // A Kind of id: its prefix.
@@ -34,6 +35,24 @@ func init() {
 	for _, k := range []Kind{Sandbox, Snapshot, Volume} {
 		ids[k] = regexp.MustCompile(`^` + string(k) + `_(?:(` + nodeRE + `)_)?[0-9a-f]{24}$`)
 	}
+}
+
+// MaxName is the length of the longest name a snapshot may have.
+const MaxName = 63
+
+// ValidName reports whether s can be a snapshot's name, which finds it as
+// its id does: 1 to 63 lowercase letters, digits, '.', '_' and '-', a
+// letter or digit first, and never an id's shape.
+func ValidName(s string) bool {
+	if s == "" || len(s) > MaxName || Snapshot.Valid(s) || strings.HasPrefix(s, string(Snapshot)+"_") {
+		return false
+	}
+	for i, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || i > 0 && (c == '.' || c == '_' || c == '-')) {
+			return false
+		}
+	}
+	return true
 }
 
 // ValidNode reports whether name can be a node's name in ids: a DNS label

@@ -1,6 +1,9 @@
 package sandboxid
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestIDs(t *testing.T) {
 	plain, ofNode := New(""), New("node-1")
@@ -63,5 +66,19 @@ func TestKinds(t *testing.T) {
 	}
 	if Snapshot.Valid(Volume.New("a")) || Volume.Valid("vol_a_0123") {
 		t.Error("a volume id is taken for a snapshot id, or a short one is valid")
+	}
+}
+
+func TestValidName(t *testing.T) {
+	for _, ok := range []string{"a", "model-1.b_2", "0", strings.Repeat("a", MaxName)} {
+		if !ValidName(ok) {
+			t.Errorf("%q refused", ok)
+		}
+	}
+	for _, bad := range []string{"", "A", "-a", ".a", "_a", "a/b", "a b", "a:latest", "é", strings.Repeat("a", MaxName+1),
+		Snapshot.New(""), Snapshot.New("node-1"), "snap_mine"} {
+		if ValidName(bad) {
+			t.Errorf("%q taken", bad)
+		}
 	}
 }

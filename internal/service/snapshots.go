@@ -35,12 +35,29 @@ import (
 // against the owner's MaxSnapshots and MaxSnapshotBytes, and is kept
 // until deleted: it outlives its sandbox and the server.
 
-// ErrSnapshotNotFound: no snapshot of that id is the caller's.
+// ErrSnapshotNotFound: no snapshot of that id (or name) is the caller's.
 var ErrSnapshotNotFound = errors.New("snapshot not found")
+
+// A snapshot may have a name, its owner's (sandboxid.ValidName): a
+// snapshot is then found by it as by its id (from_snapshot, E2B's
+// Sandbox.create(name)), and the name finds the newest of the owner's
+// snapshots that have it, as E2B's names find a template's newest build;
+// older ones keep it, found by id. Deleting by name deletes every
+// snapshot of that name.
+
+// CheckSnapshotName refuses a name that a snapshot may not have.
+func CheckSnapshotName(name string) error {
+	if !sandboxid.ValidName(name) {
+		return fmt.Errorf("%w: snapshot name %q: a name is 1 to %d lowercase letters, digits, '.', '_' and '-', "+
+			"a letter or digit first, not starting as snapshots' ids do (snap_)", sandbox.ErrInvalidSpec, name, sandboxid.MaxName)
+	}
+	return nil
+}
 
 // SnapshotInfo is what owners see of a snapshot.
 type SnapshotInfo struct {
 	ID        string     `json:"id"`
+	Name      string     `json:"name,omitempty" doc:"the name it was saved with: the newest of the key's snapshots of a name is found by it"`
 	SandboxID string     `json:"sandbox_id" doc:"the sandbox it was saved from"`
 	CreatedAt time.Time  `json:"created_at"`
 	SizeBytes int64      `json:"size_bytes" doc:"its size on the server's disk"`
@@ -51,6 +68,7 @@ type SnapshotInfo struct {
 // snapshotMeta is a snapshot's meta.json.
 type snapshotMeta struct {
 	ID        string            `json:"id"`
+	Name      string            `json:"name,omitempty"`
 	Owner     string            `json:"owner"`
 	SandboxID string            `json:"sandbox_id"`
 	CreatedAt time.Time         `json:"created_at"`
@@ -62,7 +80,7 @@ type snapshotMeta struct {
 }
 
 func (m snapshotMeta) info() SnapshotInfo {
-	return SnapshotInfo{ID: m.ID, SandboxID: m.SandboxID, CreatedAt: m.CreatedAt, SizeBytes: m.SizeBytes,
+	return SnapshotInfo{ID: m.ID, Name: m.Name, SandboxID: m.SandboxID, CreatedAt: m.CreatedAt, SizeBytes: m.SizeBytes,
 		Backend: m.Backend, Limits: limitsInfo(m.Limits)}
 }
 
@@ -74,13 +92,18 @@ func (s *Service) snapshotsOn() error {
 	return nil
 }
 
-// Snapshot saves an owner's running sandbox as a new snapshot; the
-// sandbox goes on unchanged. It fails as Fork does (busy, paused, a
-// backend that cannot), and with ErrQuota where the owner keeps its
-// maximum of snapshots or bytes of them.
-func (s *Service) Snapshot(ctx context.Context, owner, id string) (SnapshotInfo, error) {
+// Snapshot saves an owner's running sandbox as a new snapshot, named name
+// ("": none); the sandbox goes on unchanged. It fails as Fork does (busy,
+// paused, a backend that cannot), and with ErrQuota where the owner keeps
+// its maximum of snapshots or bytes of them.
+func (s *Service) Snapshot(ctx context.Context, owner, id, name string) (SnapshotInfo, error) {
 	if err := s.snapshotsOn(); err != nil {
 		return SnapshotInfo{}, err
+	}
+	if name != "" {
+		if err := CheckSnapshotName(name); err != nil {
+			return SnapshotInfo{}, err
+		}
 	}
 	b, err := s.Get(owner, id)
 	if err != nil {
@@ -102,7 +125,7 @@ func (s *Service) Snapshot(ctx context.Context, owner, id string) (SnapshotInfo,
 	if err := s.snapshotRoom(owner, false); err != nil {
 		return SnapshotInfo{}, err
 	}
-	meta := snapshotMeta{ID: sandboxid.Snapshot.New(s.cfg.Node), Owner: owner, SandboxID: id, CreatedAt: s.cfg.Now().UTC(),
+	meta := snapshotMeta{ID: sandboxid.Snapshot.New(s.cfg.Node), Name: name, Owner: owner, SandboxID: id, CreatedAt: s.cfg.Now().UTC(),
 		Backend: b.backend, Limits: b.limits, Env: maps.Clone(b.env), Metadata: maps.Clone(b.metadata)}
 	// Written under a staging name and renamed once signed: a listing,
 	// and a sweep by another server sharing the directory, never see
@@ -209,13 +232,19 @@ func (s *Service) Snapshots(owner string) []SnapshotInfo {
 	return out
 }
 
-// snapshotOf finds an owner's snapshot.
-func (s *Service) snapshotOf(owner, id string) (snapshotMeta, string, error) {
+// snapshotOf finds an owner's snapshot by its id or, for a name, the
+// newest of that name.
+func (s *Service) snapshotOf(owner, ref string) (snapshotMeta, string, error) {
 	if err := s.snapshotsOn(); err != nil {
 		return snapshotMeta{}, "", err
 	}
-	if !sandboxid.Snapshot.Valid(id) {
-		return snapshotMeta{}, "", ErrSnapshotNotFound
+	id := ref
+	if !sandboxid.Snapshot.Valid(ref) {
+		named := s.snapshotsNamed(owner, ref)
+		if len(named) == 0 {
+			return snapshotMeta{}, "", ErrSnapshotNotFound
+		}
+		id = named[0].ID
 	}
 	dir := filepath.Join(s.cfg.SnapshotDir, id)
 	m, err := readSnapshotMeta(dir)
@@ -225,27 +254,53 @@ func (s *Service) snapshotOf(owner, id string) (snapshotMeta, string, error) {
 	return m, dir, nil
 }
 
+// snapshotsNamed lists an owner's snapshots named name, newest first.
+func (s *Service) snapshotsNamed(owner, name string) []snapshotMeta {
+	if !sandboxid.ValidName(name) {
+		return nil
+	}
+	return slices.DeleteFunc(s.snapshotMetas(owner), func(m snapshotMeta) bool { return m.Name != name })
+}
+
 // SnapshotInfo describes one of an owner's snapshots.
 func (s *Service) SnapshotInfo(owner, id string) (SnapshotInfo, error) {
 	m, _, err := s.snapshotOf(owner, id)
 	return m.info(), err
 }
 
-// DeleteSnapshot removes one of an owner's snapshots. Sandboxes made from
-// it are not affected.
-func (s *Service) DeleteSnapshot(owner, id string) error {
-	_, dir, err := s.snapshotOf(owner, id)
-	if err != nil {
+// DeleteSnapshot removes one of an owner's snapshots, by its id, or all
+// of those of a name. Sandboxes made from them are not affected.
+func (s *Service) DeleteSnapshot(owner, ref string) error {
+	if err := s.snapshotsOn(); err != nil {
 		return err
+	}
+	ids := []string{ref}
+	if !sandboxid.Snapshot.Valid(ref) {
+		ids = nil
+		for _, m := range s.snapshotsNamed(owner, ref) {
+			ids = append(ids, m.ID)
+		}
+	}
+	if len(ids) == 0 {
+		return ErrSnapshotNotFound
 	}
 	s.snapMu.Lock()
 	defer s.snapMu.Unlock()
-	// Renamed away first: a listing never sees half of it.
-	gone := filepath.Join(s.cfg.SnapshotDir, ".deleted-"+id)
-	if err := os.Rename(dir, gone); err != nil {
-		return err
+	for _, id := range ids {
+		_, dir, err := s.snapshotOf(owner, id)
+		if err != nil {
+			return err
+		}
+		// Renamed away first: a listing never sees half of it.
+		gone := filepath.Join(s.cfg.SnapshotDir, ".deleted-"+id)
+		if err := os.Rename(dir, gone); err != nil {
+			return err
+		}
+		if err := os.RemoveAll(gone); err != nil {
+			return err
+		}
 	}
-	return os.RemoveAll(gone)
+	return nil
 }
 
 // ExportSnapshot writes one of an owner's snapshots to w as a tar stream

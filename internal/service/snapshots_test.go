@@ -66,17 +66,17 @@ func TestSnapshots(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := svc.Snapshot(ctx, "other", src.ID); !errors.Is(err, ErrNotFound) {
+	if _, err := svc.Snapshot(ctx, "other", src.ID, ""); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("another owner's sandbox: %v", err)
 	}
-	a, err := svc.Snapshot(ctx, "o", src.ID)
+	a, err := svc.Snapshot(ctx, "o", src.ID, "")
 	if err != nil || a.SandboxID != src.ID || a.Backend != "saving" {
 		t.Fatalf("%+v %v", a, err)
 	}
-	if _, err := svc.Snapshot(ctx, "o", src.ID); err != nil {
+	if _, err := svc.Snapshot(ctx, "o", src.ID, ""); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := svc.Snapshot(ctx, "o", src.ID); !errors.Is(err, ErrQuota) {
+	if _, err := svc.Snapshot(ctx, "o", src.ID, ""); !errors.Is(err, ErrQuota) {
 		t.Fatalf("a third snapshot of two allowed: %v", err)
 	}
 	if got := len(svc.Snapshots("o")); got != 2 {
@@ -209,7 +209,7 @@ func TestSnapshotSweep(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	snap, err := svc.Snapshot(context.Background(), "o", info.ID)
+	snap, err := svc.Snapshot(context.Background(), "o", info.ID, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -438,5 +438,62 @@ func TestPauseOnShutdown(t *testing.T) {
 			t.Fatalf("closed at shutdown, yet after a restart: %+v %v", again, err)
 		}
 		svc.Close()
+	}
+}
+
+// TestSnapshotNames: a name finds the newest of the owner's snapshots of
+// that name, only the owner's; a bad name is refused; deleting by name
+// deletes every snapshot of it.
+func TestSnapshotNames(t *testing.T) {
+	svc := snapshotService(t, t.TempDir(), 1)
+	ctx := context.Background()
+	var ids []string
+	for _, k := range []string{"old", "new"} {
+		src, err := svc.Create(ctx, CreateRequest{Owner: "o", Metadata: map[string]string{"k": k}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		snap, err := svc.Snapshot(ctx, "o", src.ID, "model-1.b_2")
+		if err != nil || snap.Name != "model-1.b_2" {
+			t.Fatalf("%+v %v", snap, err)
+		}
+		ids = append(ids, snap.ID)
+		time.Sleep(time.Millisecond) // distinct creation times
+	}
+	for _, name := range []string{"", "Model", "-a", "a/b", "a b", "snap_0123456789abcdef01234567", strings.Repeat("a", 64)} {
+		if _, err := svc.Snapshot(ctx, "o", ids[0], name); !errors.Is(err, sandbox.ErrInvalidSpec) && name != "" {
+			t.Errorf("name %q: %v", name, err)
+		}
+		if err := CheckSnapshotName(name); err == nil {
+			t.Errorf("name %q taken", name)
+		}
+	}
+	made, err := svc.Create(ctx, CreateRequest{Owner: "o", FromSnapshot: "model-1.b_2"})
+	if err != nil || made.Metadata["k"] != "new" {
+		t.Fatalf("a sandbox of the name: %+v %v", made, err)
+	}
+	<-svc.cfg.Backend.(savingBackend).restored
+	if info, err := svc.SnapshotInfo("o", "model-1.b_2"); err != nil || info.ID != ids[1] {
+		t.Fatalf("the name finds %+v %v, not the newest %s", info, err, ids[1])
+	}
+	if _, err := svc.Create(ctx, CreateRequest{Owner: "other", FromSnapshot: "model-1.b_2"}); !errors.Is(err, ErrSnapshotNotFound) {
+		t.Fatalf("another owner finds it by name: %v", err)
+	}
+	if err := svc.DeleteSnapshot("other", "model-1.b_2"); !errors.Is(err, ErrSnapshotNotFound) {
+		t.Fatalf("another owner deletes it by name: %v", err)
+	}
+	for _, s := range svc.Snapshots("o") {
+		if s.Name != "model-1.b_2" {
+			t.Fatalf("listed %+v", s)
+		}
+	}
+	if err := svc.DeleteSnapshot("o", "model-1.b_2"); err != nil {
+		t.Fatal(err)
+	}
+	if got := svc.Snapshots("o"); len(got) != 0 {
+		t.Fatalf("left after deleting the name: %+v", got)
+	}
+	if err := svc.DeleteSnapshot("o", "model-1.b_2"); !errors.Is(err, ErrSnapshotNotFound) {
+		t.Fatalf("the name deleted twice: %v", err)
 	}
 }

@@ -99,6 +99,33 @@ describe('pause', () => {
     }
   })
 
+  test('createSnapshot({name}): the name finds its newest snapshot, Sandbox.create(name) starts from it, deleteSnapshot(name) deletes them', async () => {
+    const sbx = await Sandbox.create()
+    const made = []
+    try {
+      await sbx.runCode('x = 1')
+      const first = await sbx.createSnapshot({ name: 'e2e-named' })
+      assert.deepEqual(first.names, ['e2e-named'])
+      await sbx.runCode('x = 2')
+      const second = await sbx.createSnapshot({ name: 'e2e-named' })
+      assert.notEqual(second.snapshotId, first.snapshotId)
+      for (const ref of ['e2e-named', 'e2e-named:latest']) {
+        const m = await Sandbox.create(ref)
+        made.push(m)
+        assert.equal((await m.runCode('x')).text, '2', ref)
+      }
+      made.push(await Sandbox.create(first.snapshotId))
+      assert.equal((await made.at(-1).runCode('x')).text, '1')
+      await assert.rejects(sbx.createSnapshot({ name: 'Not A Name' }), /name/)
+      await assert.rejects(Sandbox.create('no-such-snapshot'), /no snapshot/)
+      assert.equal(await Sandbox.deleteSnapshot('e2e-named'), true)
+      assert.deepEqual((await sbx.listSnapshots().nextItems()).map((x) => x.snapshotId), [])
+      await assert.rejects(Sandbox.create('e2e-named'), /no snapshot/)
+    } finally {
+      for (const s of [sbx, ...made]) await s.kill().catch(() => {})
+    }
+  })
+
   test('lifecycle onTimeout pause: the timeout pauses it, autoResume brings it back on use', async () => {
     const sbx = await Sandbox.create({ timeoutMs: 2000, lifecycle: { onTimeout: 'pause', autoResume: true } })
     try {

@@ -266,7 +266,8 @@ class Client:
         return self._call("GET", "/v1/snapshots")["snapshots"]
 
     def delete_snapshot(self, snapshot_id):
-        """Deletes one of this key's snapshots."""
+        """Deletes one of this key's snapshots; given a name, every
+        snapshot of that name."""
         self._call("DELETE", "/v1/snapshots/" + _seg(snapshot_id))
 
     def list_volumes(self):
@@ -354,14 +355,17 @@ class Sandbox:
         out = self.client._call("POST", self._path("/fork"), {"count": count, "same_random_state": same_random_state})
         return [Sandbox(self.client, info) for info in out["sandboxes"]]
 
-    def snapshot(self):
+    def snapshot(self, name=None):
         """Saves this running sandbox as a snapshot on the server (its
         variables, files and processes), which outlives the sandbox and a
         restart of the server; the sandbox goes on. Returns the
         snapshot's description (a dict: id, size_bytes ...), for
-        create_sandbox(from_snapshot=id). Native backend, with CRIU, for
-        sandboxes that can be paused."""
-        return self.client._call("POST", self._path("/snapshots"))
+        create_sandbox(from_snapshot=id). With ``name`` (lowercase
+        letters, digits, '.', '_', '-'), from_snapshot takes the name
+        too: the newest snapshot of that name. Native backend, with
+        CRIU, for sandboxes that can be paused."""
+        body = {"name": name} if name is not None else None
+        return self.client._call("POST", self._path("/snapshots"), body)
 
     def resume(self):
         """Resumes a paused sandbox where it was paused."""

@@ -46,7 +46,7 @@ func TestThroughService(t *testing.T) {
 	}
 	value(svc, info.ID, "x = 41; open('kept.txt', 'w').write('kept'); x")
 
-	snap, err := svc.Snapshot(ctx, "o", info.ID)
+	snap, err := svc.Snapshot(ctx, "o", info.ID, "")
 	if err != nil {
 		t.Fatal(err)
 	}
