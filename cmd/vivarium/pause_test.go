@@ -56,6 +56,17 @@ func TestServePauseResume(t *testing.T) {
 		t.Fatalf("the source after its copies changed theirs: %q", out)
 	}
 	run(0, append([]string{"sandbox", "kill"}, copies...)...)
+	// A paused sandbox is copied too, and stays paused.
+	run(0, "sandbox", "pause", id)
+	ofPaused := run(0, "sandbox", "fork", id)
+	if out := run(0, "sandbox", "exec", ofPaused, "-c", "print(x)"); out != "41" {
+		t.Fatalf("a copy of the paused sandbox: %q", out)
+	}
+	if out := run(1, "sandbox", "exec", id, "-c", "x"); !strings.Contains(out, "paused") {
+		t.Fatalf("the source after a copy of it paused: %s", out)
+	}
+	run(0, "sandbox", "kill", ofPaused)
+	run(0, "sandbox", "resume", id)
 
 	auto := run(0, "sandbox", "create", "--auto-resume")
 	run(0, "sandbox", "exec", auto, "-c", "y = 'kept'")
@@ -65,7 +76,7 @@ func TestServePauseResume(t *testing.T) {
 	}
 	run(0, "sandbox", "kill", id, auto)
 	log := srv.log.String()
-	if strings.Count(log, "sandbox paused") != 2 || strings.Count(log, "sandbox resumed") != 2 {
+	if strings.Count(log, "sandbox paused") != 4 || strings.Count(log, "sandbox resumed") != 4 {
 		t.Fatalf("the server's log tells of other pauses and resumes:\n%s", log)
 	}
 	t.Logf("server log:\n%s", log)
@@ -98,6 +109,19 @@ func TestServeSnapshots(t *testing.T) {
 	if out := srv.run(t, 0, "sandbox", "exec", id, "-c", "x += 1\nprint(x)"); out != "42" {
 		t.Fatalf("the source after its snapshot: %q", out)
 	}
+	// A paused sandbox is saved too, and stays paused.
+	srv.run(t, 0, "sandbox", "pause", id)
+	pausedSnap := srv.run(t, 0, "sandbox", "snapshot", id)
+	if out := srv.run(t, 0, "sandbox", "list"); !strings.Contains(out, "paused") {
+		t.Fatalf("the source after a snapshot of it paused:\n%s", out)
+	}
+	ofPaused := srv.run(t, 0, "sandbox", "create", "--from-snapshot", pausedSnap)
+	if out := srv.run(t, 0, "sandbox", "exec", ofPaused, "-c", "print(x)"); out != "42" {
+		t.Fatalf("a sandbox of the paused sandbox's snapshot: %q", out)
+	}
+	srv.run(t, 0, "sandbox", "kill", ofPaused)
+	srv.run(t, 0, "sandbox", "snapshot-rm", pausedSnap)
+	srv.run(t, 0, "sandbox", "resume", id)
 	archive := filepath.Join(t.TempDir(), "snap.tar")
 	srv.run(t, 0, "sandbox", "snapshot-export", snap, archive)
 

@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 
@@ -35,6 +36,11 @@ func (s *Service) Fork(ctx context.Context, owner, id string, n int, opts sandbo
 	if err := f.ForkSupported(); err != nil {
 		return nil, err
 	}
+	again, err := s.awake(ctx, src, "fork")
+	if err != nil {
+		return nil, err
+	}
+	defer again()
 	if err := src.quietFor("fork"); err != nil {
 		return nil, err
 	}
@@ -122,6 +128,27 @@ func (s *Service) Fork(ctx context.Context, owner, id string, n int, opts sandbo
 	}
 	s.cfg.Logger.Info("sandbox forked", "id", id, "copies", n)
 	return out, nil
+}
+
+// awake makes a paused b run for a copy of it (verb: fork it, save it as
+// a snapshot), as E2B's createSnapshot takes a paused sandbox, and returns
+// what pauses it again once the copy is made; a running b is left as it
+// is. The copy is of the sandbox as it resumed: its processes run
+// meanwhile, for the few milliseconds the copy takes.
+func (s *Service) awake(ctx context.Context, b *Box, verb string) (again func(), err error) {
+	if !b.Paused() {
+		return func() {}, nil
+	}
+	if err := s.resume(ctx, b); err != nil && !errors.Is(err, ErrNotPaused) {
+		return nil, fmt.Errorf("resume the paused sandbox to %s it: %w", verb, err)
+	}
+	return func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pauseWait)
+		defer cancel()
+		if err := s.pause(ctx, b); err != nil && !errors.Is(err, ErrAlreadyPaused) {
+			s.cfg.Logger.Warn("sandbox not paused again after its copy", "id", b.id, "err", err)
+		}
+	}, nil
 }
 
 // quietFor refuses to copy b (verb: fork it, save it as a snapshot) while

@@ -283,7 +283,11 @@ func TestFork(t *testing.T) {
 		t.Errorf("a fork at the quota: %v", err)
 	}
 	svc.Delete("o", copies[0].ID)
-	if _, err := svc.Fork(ctx, "o", src.ID, 1, sandbox.ForkOptions{}); !errors.Is(err, sandbox.ErrPaused) {
+	// A paused sandbox is resumed for its copy, and paused again.
+	if _, err := svc.Fork(ctx, "o", src.ID, 1, sandbox.ForkOptions{}); err != nil {
 		t.Errorf("a fork of a paused sandbox: %v", err)
+	}
+	if b, err := svc.Get("o", src.ID); err != nil || !b.Paused() {
+		t.Errorf("the source after a copy of it paused: %v, paused %v", err, err == nil && b.Paused())
 	}
 }

@@ -92,10 +92,11 @@ func (s *Service) snapshotsOn() error {
 	return nil
 }
 
-// Snapshot saves an owner's running sandbox as a new snapshot, named name
-// ("": none); the sandbox goes on unchanged. It fails as Fork does (busy,
-// paused, a backend that cannot), and with ErrQuota where the owner keeps
-// its maximum of snapshots or bytes of them.
+// Snapshot saves an owner's sandbox as a new snapshot, named name ("":
+// none); the sandbox goes on unchanged (one paused is resumed for the save
+// and paused again). It fails as Fork does (busy, a backend that cannot),
+// and with ErrQuota where the owner keeps its maximum of snapshots or
+// bytes of them.
 func (s *Service) Snapshot(ctx context.Context, owner, id, name string) (SnapshotInfo, error) {
 	if err := s.snapshotsOn(); err != nil {
 		return SnapshotInfo{}, err
@@ -117,6 +118,11 @@ func (s *Service) Snapshot(ctx context.Context, owner, id, name string) (Snapsho
 	if err := sn.SnapshotSupported(); err != nil {
 		return SnapshotInfo{}, err
 	}
+	again, err := s.awake(ctx, b, "save")
+	if err != nil {
+		return SnapshotInfo{}, err
+	}
+	defer again()
 	if err := b.quietFor("save"); err != nil {
 		return SnapshotInfo{}, err
 	}
