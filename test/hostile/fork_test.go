@@ -871,8 +871,8 @@ print('ready')`,
 		// (A storm that retries failed forks without end takes the
 		// sandbox to its memory limit in some 4 s, fork or not, and
 		// the OOM killer ends it: its own doing.) This storm alone runs
-		// for 15 s at some 22 MiB of its 128 MiB. Fails today, in 2
-		// of 10 runs here (others' tests loading the two cores): the
+		// for 15 s at some 22 MiB of its 128 MiB. It failed, before
+		// the fix, in 2 of 10 runs here (others' tests loading the two cores): the
 		// fork succeeds, but the source (or a
 		// copy) is dead just after ("sandbox closed"; its cgroup holds 1
 		// MiB): the memory cgroup's OOM killer, the group at its 128 MiB

@@ -1044,8 +1044,8 @@ func (w *pauseWorld) checkLeftovers(t *testing.T, mounts []string) {
 // and exit without end: one forks children that exit at once, another
 // hops (forks and exits, so that its pid changes all the time and it is
 // always an orphan). Six rounds: each pause must succeed and its resume
-// too, or the pause fail with the sandbox going on. Fails today, in two
-// ways:
+// too, or the pause fail with the sandbox going on. It failed, before
+// the fixes, in two ways:
 //   - before CRIU runs, the supervisor walks the tree in /proc
 //     (processTree and collectFiles in
 //     internal/backend/native/checkpoint_linux.go) and fails the pause on
@@ -1115,7 +1115,8 @@ x = 41`, nil)
 // SysV shared memory segment: memory of the sandbox's own, in the
 // kernel's internal shmem mount, which CRIU dumps (memfd since CRIU 3.x,
 // SysV segments with the IPC namespace). The pause must succeed, or be
-// refused as unsupported for what it is. Fails today: collectFiles
+// refused as unsupported for what it is. It failed before the fix:
+// collectFiles
 // (internal/backend/native/checkpoint_linux.go) finds a file whose mount
 // is not in the sandbox's mount namespace, held by a process other than
 // init, and refuses it as a host file ("process N of the sandbox holds
@@ -1158,7 +1159,7 @@ func TestHostilePauseSharedMemory(t *testing.T) {
 // restore (docs/snapshots.md: "File ... has bad size"). Each failed
 // resume must leave the sandbox paused and nothing of it running, not
 // even a zombie; once the file has its size again the resume succeeds.
-// Fails today: criu restore --restore-sibling forks the restored init as
+// It failed before the fix: criu restore --restore-sibling forks the restored init as
 // the supervisor's own child, and when the restore then fails
 // restoreTree (internal/backend/native/restore_linux.go) returns CRIU's
 // error without reaping it: every failed resume leaves a zombie of the
@@ -1238,7 +1239,7 @@ func describeProcs(procs []string) []string {
 // TestHostilePauseQueuesNearLimit pauses a sandbox whose memory is mostly
 // data queued in Unix sockets (96 MiB queued, some 112 MiB of its 128 MiB
 // charged): the pause succeeds and writes 110 MiB, and the resume must
-// succeed too. Fails today: CRIU's restore of the queues is killed by the
+// succeed too. It failed before the fix: CRIU's restore of the queues is killed by the
 // sandbox's memory limit ("killed by signal 9") whenever the queued data
 // is more than about what the limit leaves free beside it (48 MiB queued
 // resumes, 72 MiB does not: the restore appears to hold each queue twice,
@@ -1585,7 +1586,7 @@ func TestHostilePauseRootView(t *testing.T) {
 // subtree beneath each of a task's groups, so every other group of such
 // a hierarchy is named in the images. The resume must succeed, make no
 // group of another program again, and leave the other group's settings
-// alone. Fails today: the restore makes the removed groups again, as the
+// alone. It failed before the fix: the restore makes the removed groups again, as the
 // host's root, in another program's tree (under a gVisor backend's
 // parent, groups of sandboxes that have ended); and where a group goes
 // while the restore runs, the resume fails ("cg: bad cgroup path:
