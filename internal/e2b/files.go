@@ -183,7 +183,14 @@ func (s *Server) writeFiles(w http.ResponseWriter, r *http.Request) {
 			return writeInfo{}, fmt.Errorf("%w: %s is a directory", sandbox.ErrBadPath, toSandbox(rel))
 		}
 		if err := ws.WriteFile(rel, body, limit); err != nil {
-			return writeInfo{}, err
+			if !s.ensureDirs(t, ws, path.Dir(rel), user, err) {
+				return writeInfo{}, err
+			}
+			// Nothing of body was read: the directories' making
+			// failed before the file was opened.
+			if err := ws.WriteFile(rel, body, limit); err != nil {
+				return writeInfo{}, err
+			}
 		}
 		if len(md) > 0 {
 			if err := meta.SetFileMetadata(rel, md); err != nil {
@@ -350,7 +357,11 @@ func (s *Server) makeDir(r *http.Request, t target, msg []byte) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := ed.Mkdir(rel); err != nil {
+	err = ed.Mkdir(rel)
+	if user, _ := rpcUser(r); err != nil && s.ensureDirs(t, ws, rel, user, err) {
+		err = nil // made, with its parents
+	}
+	if err != nil {
 		if errors.Is(err, sandbox.ErrExists) {
 			return nil, newConnectError(codeAlreadyExists, toSandbox(rel)+" already exists")
 		}
@@ -458,4 +469,25 @@ func (s *Server) remove(r *http.Request, t target, msg []byte) (any, error) {
 		return nil, notFoundPath(rel, err)
 	}
 	return struct{}{}, nil
+}
+
+// ensureDirs makes dir (toRoot's) and its missing parents as the
+// sandbox's root, each owned by user, after err refused user the
+// making of them, as E2B's envd (root) makes a path's directories for a
+// user's write anywhere (files.write('/data/out.csv')). It reports
+// whether it made them: the caller then tries again, as user. Only
+// directories that did not exist are made and given to user; an
+// existing one keeps its owner and mode.
+func (s *Server) ensureDirs(t target, ws sandbox.Workspace, dir, user string, err error) bool {
+	if user == sandbox.UserRoot || !errors.Is(err, sandbox.ErrPermission) || dir == "." || isHome(dir) {
+		return false
+	}
+	if _, err := ws.Stat(dir); !errors.Is(err, fs.ErrNotExist) {
+		return false // there, or not a matter of its absence
+	}
+	if err := s.svc.MakeDirsFor(t.owner, t.id, dir, user); err != nil {
+		s.log.Debug("e2b: make a user's directories as root", "sandbox", t.id, "dir", toSandbox(dir), "err", err)
+		return false
+	}
+	return true
 }

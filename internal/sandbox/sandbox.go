@@ -372,6 +372,17 @@ type WorkspaceEditor interface {
 	Rename(from, to string) error
 }
 
+// DirGiver is a view of a sandbox's file system (its root's, say) that
+// makes directories for another of its users, as E2B's envd (root) makes
+// a user's directories anywhere.
+type DirGiver interface {
+	// MkdirAllFor makes name and its missing parents with this view's
+	// permissions, and gives each directory it made to the owner of the
+	// view owner (the same file system, as another user sees it). It
+	// fails with ErrExists when name is already there.
+	MkdirAllFor(name string, owner Workspace) error
+}
+
 // FileInfo describes one file of a workspace.
 type FileInfo struct {
 	Path    string      `json:"path"` // slash-separated, relative to the workspace

@@ -371,5 +371,36 @@ func (s *Service) FileSystem(owner, id, user string) (sandbox.Workspace, func(),
 	return ws, func() { closeVolumes(); done() }, nil
 }
 
+// MakeDirsFor makes directory name (a path of the sandbox's file system,
+// as FileSystem names it) and its missing parents as the sandbox's root,
+// and gives those it made to user, as E2B's envd (root) makes a user's
+// directories anywhere. Backends whose sandboxes have no root to act as
+// answer sandbox.ErrUnsupported.
+func (s *Service) MakeDirsFor(owner, id, name, user string) error {
+	b, err := s.Get(owner, id)
+	if err != nil {
+		return err
+	}
+	fs, ok := b.sb.(sandbox.FileSystem)
+	if !ok {
+		return fmt.Errorf("%w: this sandbox's files outside its workspace cannot be reached", sandbox.ErrUnsupported)
+	}
+	done := s.use(b)
+	defer done()
+	root, err := fs.Root(sandbox.UserRoot)
+	if err != nil {
+		return err
+	}
+	theirs, err := fs.Root(user)
+	if err != nil {
+		return err
+	}
+	g, ok := root.(sandbox.DirGiver)
+	if !ok {
+		return fmt.Errorf("%w: this sandbox's root cannot make its user's directories", sandbox.ErrUnsupported)
+	}
+	return g.MkdirAllFor(name, theirs)
+}
+
 // Limits returns a sandbox's limits.
 func (b *Box) Limits() sandbox.Limits { return b.limits }

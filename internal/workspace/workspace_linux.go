@@ -72,6 +72,7 @@ func (d *Dir) Close() error {
 var (
 	_ sandbox.Workspace       = (*Dir)(nil)
 	_ sandbox.WorkspaceEditor = (*Dir)(nil)
+	_ sandbox.DirGiver        = (*Dir)(nil)
 )
 
 // permission marks what the file's permissions refused (EACCES, EPERM:
@@ -449,6 +450,78 @@ func (d *Dir) Mkdir(name string) (err error) {
 			return fmt.Errorf("workspace: mkdir %q: %w", rel, err)
 		}
 	})
+}
+
+// MkdirAllFor makes directory name and its missing parents with d's
+// permissions (the sandbox's root, say) and gives each directory it made
+// to owner's owner (the sandbox's user), as a privileged file server
+// (E2B's envd, which runs as root) makes a user's directories anywhere.
+// An existing directory keeps its owner; an entry already at name is
+// ErrExists. The directories are made as d's owner and given away by the
+// host, through descriptors this confined walk opened: whatever the
+// sandbox renames meanwhile, only directories of this file system change
+// owner, and only to owner's.
+func (d *Dir) MkdirAllFor(name string, owner sandbox.Workspace) (err error) {
+	to, ok := owner.(*Dir)
+	if !ok || to.uid < 0 || to.gid < 0 {
+		return fmt.Errorf("workspace: directories are given only to a confined directory's owner, not a %T's", owner)
+	}
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	defer permission(&err)
+	rel, err := Clean(name)
+	if err != nil {
+		return err
+	}
+	var made []int // descriptors (O_PATH) of the directories made
+	defer func() {
+		for _, fd := range made {
+			unix.Close(fd)
+		}
+	}()
+	err = d.asOwner(func() error {
+		if d.fd < 0 {
+			return sandbox.ErrClosed
+		}
+		fd, err := unix.Dup(d.fd)
+		if err != nil {
+			return err
+		}
+		defer func() { unix.Close(fd) }()
+		parts := strings.Split(rel, "/")
+		for i, part := range parts {
+			err := unix.Mkdirat(fd, part, 0o755)
+			switch {
+			case err == unix.EEXIST && i == len(parts)-1:
+				return fmt.Errorf("%w: %q", sandbox.ErrExists, rel)
+			case err != nil && err != unix.EEXIST:
+				return fmt.Errorf("workspace: mkdir %q: %w", path.Join(parts[:i+1]...), linkOrNotExist(err))
+			}
+			next, oerr := d.openat(fd, part, unix.O_PATH|unix.O_DIRECTORY, 0)
+			if oerr != nil {
+				return fmt.Errorf("workspace: create directory for %q: %w", rel, linkOrNotExist(oerr))
+			}
+			if err == nil {
+				dup, derr := unix.Dup(next)
+				if derr != nil {
+					unix.Close(next)
+					return derr
+				}
+				made = append(made, dup)
+			}
+			unix.Close(fd)
+			fd = next
+		}
+		return nil
+	})
+	// Given away outside asOwner: the host's own file-system
+	// capabilities (CAP_CHOWN), which a non-zero fsuid drops.
+	for _, fd := range made {
+		if cerr := unix.Fchownat(fd, "", to.uid, to.gid, unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("workspace: give a directory of %q to its user: %w", rel, cerr))
+		}
+	}
+	return err
 }
 
 // Rename moves from to to, both inside the workspace, creating the missing

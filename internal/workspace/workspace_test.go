@@ -390,3 +390,65 @@ func TestFilesAndDirectoriesMixedUp(t *testing.T) {
 		t.Errorf("the directory was touched: %+v %v", fi, err)
 	}
 }
+
+// TestMkdirAllFor: the sandbox's root makes a user's directories where
+// the user may not, and gives away only those it made; links are not
+// followed, an existing name is ErrExists, and the user's own view is
+// not a root's.
+func TestMkdirAllFor(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	base := t.TempDir()
+	const sbRoot, user = 54321, 54322
+	if err := os.Chown(base, sbRoot, sbRoot); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(base, "etc"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.Chown(filepath.Join(base, "etc"), sbRoot, sbRoot)
+	outside := t.TempDir()
+	if err := os.Symlink(outside, filepath.Join(base, "link")); err != nil {
+		t.Fatal(err)
+	}
+	asRoot, err := Open(base, sbRoot, sbRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer asRoot.Close()
+	asUser, err := Open(base, user, user)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer asUser.Close()
+	if err := asUser.Mkdir("data/deep"); !errors.Is(err, sandbox.ErrPermission) {
+		t.Fatalf("the user's own mkdir: %v, want a permission error", err)
+	}
+	if err := asRoot.MkdirAllFor("etc/data/deep", asUser); err != nil {
+		t.Fatal(err)
+	}
+	for p, want := range map[string]uint32{"etc": sbRoot, "etc/data": user, "etc/data/deep": user} {
+		var st unix.Stat_t
+		if err := unix.Lstat(filepath.Join(base, p), &st); err != nil || st.Uid != want || st.Gid != want {
+			t.Errorf("%s: owner %d:%d (%v), want %d", p, st.Uid, st.Gid, err, want)
+		}
+	}
+	if err := asUser.WriteFile("etc/data/deep/f.txt", strings.NewReader("x"), 10); err != nil {
+		t.Fatalf("the user's write into what was made for it: %v", err)
+	}
+	if err := asRoot.MkdirAllFor("etc/data", asUser); !errors.Is(err, sandbox.ErrExists) {
+		t.Fatalf("an existing name: %v", err)
+	}
+	if err := asRoot.MkdirAllFor("link/x", asUser); err == nil {
+		t.Fatal("made a directory through a link")
+	}
+	if _, err := os.Lstat(filepath.Join(outside, "x")); err == nil {
+		t.Fatal("a directory was made through the link")
+	}
+	if err := asRoot.MkdirAllFor("y", fakeWorkspace{}); err == nil {
+		t.Fatal("gave a directory to what is no confined directory")
+	}
+}
+
+type fakeWorkspace struct{ sandbox.Workspace }

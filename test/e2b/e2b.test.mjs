@@ -382,6 +382,17 @@ describe('filesystem', () => {
       await assert.rejects(sbx.files.write('/home/user/../../etc/evil', 'x'), SandboxError)
       await sbx.files.write('/etc/app.conf', 'conf', { user: 'root' })
       assert.equal((await sbx.commands.run('cat /etc/app.conf; echo; stat -c %U /etc/app.conf')).stdout, 'conf\nroot\n')
+      // A user's write or makeDir anywhere makes the missing directories,
+      // as envd (root) makes them, and they are the user's; an existing
+      // one keeps its owner, and the user's write into it is refused.
+      await sbx.files.write('/data/deep/out.csv', 'a,b')
+      assert.equal((await sbx.commands.run('stat -c %U /data /data/deep /data/deep/out.csv /')).stdout, 'user\nuser\nuser\nroot\n')
+      await sbx.files.makeDir('/made/here')
+      assert.equal((await sbx.files.getInfo('/made/here')).owner, 'user')
+      assert.equal((await sbx.files.getInfo('/made')).owner, 'user')
+      await assert.rejects(sbx.files.write('/etc/new.conf', 'x'), SandboxError)
+      await sbx.files.makeDir('/etc/newdir') // as envd (root) makes it
+      assert.equal((await sbx.commands.run('stat -c %U /etc /etc/newdir')).stdout, 'root\nuser\n')
       await sbx.files.write('/tmp/x', 'x')
       assert.equal((await sbx.commands.run('cat /tmp/x; echo; stat -c %U /tmp/x')).stdout, 'x\nuser\n')
       assert.ok((await sbx.files.list('/')).some((e) => e.name === 'tmp' && e.type === 'dir'))
