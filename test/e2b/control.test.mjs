@@ -136,6 +136,9 @@ describe('files', () => {
       // What code in the sandbox sets as user.e2b.* is metadata too.
       await sbx.commands.run(`python3 -c "import os; os.setxattr('/home/user/n.txt', 'user.e2b.author', b'inside')"`)
       assert.deepEqual((await sbx.files.getInfo('n.txt')).metadata, { author: 'inside' })
+      // setfattr (Debian's attr, which scripts/deps.sh installs), as E2B's own test uses it.
+      await sbx.commands.run('setfattr -n user.e2b.tool -v setfattr /home/user/n.txt')
+      assert.deepEqual((await sbx.files.getInfo('n.txt')).metadata, { author: 'inside', tool: 'setfattr' })
       // Bounds: too long a value, too many keys.
       await assert.rejects(sbx.files.write('big.txt', 'x', { metadata: { k: 'v'.repeat(2000) } }), InvalidArgumentError)
       const tooMany = Object.fromEntries(Array.from({ length: 40 }, (_, i) => [`k${i}`, 'v']))
