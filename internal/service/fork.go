@@ -97,9 +97,10 @@ func (s *Service) Fork(ctx context.Context, owner, id string, n int, opts sandbo
 	idle, life := src.idle, src.deadline.Sub(src.createdAt)
 	boxes := make([]*Box, n)
 	for i, sb := range copies {
+		env, _ := withID(maps.Clone(src.env), src.idEnv, ids[i]) // the source's, valid, with the copy's id
 		boxes[i] = &Box{
 			id: ids[i], owner: owner, sb: sb, createdAt: now, deadline: now.Add(life), idle: idle,
-			limits: src.limits, env: maps.Clone(src.env), metadata: maps.Clone(src.metadata),
+			limits: src.limits, env: env, idEnv: src.idEnv, idStale: len(src.idEnv) > 0, metadata: maps.Clone(src.metadata),
 			expiresAt: minTime(now.Add(idle), now.Add(life)), backend: src.backend, ports: src.ports,
 			onTimeout: src.onTimeout, autoResume: src.autoResume,
 			pausable: pauseSupported(sb, src.backend) == nil,

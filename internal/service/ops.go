@@ -35,6 +35,7 @@ func (s *Service) Execute(ctx context.Context, owner, id string, req sandbox.Exe
 	if err := checkEnv(req.Env); err != nil {
 		return nil, err
 	}
+	req.Env = b.ownEnv(req.Env)
 	// A busy sandbox is the caller's own sequencing problem (409), told
 	// before any quota (429) that the busy execution itself may fill.
 	b.mu.Lock()
@@ -224,7 +225,7 @@ func (s *Service) Command(ctx context.Context, owner, id string, req CommandRequ
 	if timeout == 0 {
 		timeout = b.limits.Timeout
 	}
-	cmd := sandbox.Command{Argv: []string{"/bin/sh", "-c", req.Cmd}, Env: req.Env, Dir: cwd, User: req.User}
+	cmd := sandbox.Command{Argv: []string{"/bin/sh", "-c", req.Cmd}, Env: b.ownEnv(req.Env), Dir: cwd, User: req.User}
 	if err := checkArgv(cmd.Argv); err != nil {
 		return nil, err
 	}

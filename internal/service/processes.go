@@ -147,7 +147,7 @@ func (s *Service) StartProcess(ctx context.Context, owner, id string, req Proces
 		return nil, nil, err
 	}
 	done := s.use(b)
-	cmd := sandbox.Command{Argv: req.Argv, Env: req.Env, Dir: req.Cwd, User: req.User, Terminal: req.Terminal}
+	cmd := sandbox.Command{Argv: req.Argv, Env: b.ownEnv(req.Env), Dir: req.Cwd, User: req.User, Terminal: req.Terminal}
 	sp, err := b.sb.Start(ctx, cmd)
 	if err != nil {
 		err = startError(err, cmd)

@@ -307,6 +307,25 @@ type CreateRequest struct {
 	FromSnapshot string
 }
 
+// ownEnv is env, an execution's or a command's, with b's own id in the
+// variables that hold it (IDEnv), where its backend's environment holds
+// another's: a copy's processes were started as its source's.
+func (b *Box) ownEnv(env map[string]string) map[string]string {
+	if !b.idStale {
+		return env
+	}
+	out := maps.Clone(env)
+	if out == nil {
+		out = make(map[string]string, len(b.idEnv))
+	}
+	for _, k := range b.idEnv {
+		if _, given := out[k]; !given {
+			out[k] = b.id
+		}
+	}
+	return out
+}
+
 // Box is a managed sandbox.
 type Box struct {
 	id, owner   string
@@ -316,7 +335,12 @@ type Box struct {
 	idle        time.Duration
 	limits      sandbox.Limits
 	env         map[string]string
-	metadata    map[string]string
+	idEnv       []string // CreateRequest.IDEnv
+	// idStale: the backend's environment holds another sandbox's id in
+	// idEnv (a fork's copy, a sandbox made from a snapshot): executions
+	// and commands are given this one's (ownEnv).
+	idStale  bool
+	metadata map[string]string
 	backend     string
 	egress      *netproxy.Proxy // the sandbox's proxy; nil: made without network
 	ports       PortOptions
@@ -434,7 +458,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		if snap, snapDir, err = s.fromSnapshot(req.Owner, req.FromSnapshot); err != nil {
 			return Info{}, err
 		}
-		req.Limits, req.Env, req.Backend = snap.Limits, snap.Env, snap.Backend
+		req.Limits, req.Env, req.Backend, req.IDEnv = snap.Limits, snap.Env, snap.Backend, snap.IDEnv
 		if req.Metadata == nil {
 			req.Metadata = snap.Metadata
 		}
@@ -546,7 +570,8 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	now := s.cfg.Now()
 	b := &Box{
 		id: id, owner: req.Owner, sb: sb, createdAt: now, deadline: now.Add(life), idle: idle,
-		limits: limits, env: env, metadata: maps.Clone(req.Metadata), expiresAt: minTime(now.Add(idle), now.Add(life)),
+		limits: limits, env: env, idEnv: req.IDEnv, idStale: snapDir != "" && len(req.IDEnv) > 0,
+		metadata: maps.Clone(req.Metadata), expiresAt: minTime(now.Add(idle), now.Add(life)),
 		backend: cmp.Or(req.Backend, s.cfg.Backend.Name()), network: policy, egress: egress,
 		ports: req.Ports, volumes: volumeInfos(mounts, leases), leases: leases,
 		onTimeout: req.OnTimeout, autoResume: req.AutoResume,

@@ -76,6 +76,7 @@ type snapshotMeta struct {
 	Backend   string            `json:"backend"`
 	Limits    sandbox.Limits    `json:"limits"`
 	Env       map[string]string `json:"env,omitempty"`
+	IDEnv     []string          `json:"id_env,omitempty"` // which of Env hold the sandbox's id
 	Metadata  map[string]string `json:"metadata,omitempty"`
 }
 
@@ -132,7 +133,7 @@ func (s *Service) Snapshot(ctx context.Context, owner, id, name string) (Snapsho
 		return SnapshotInfo{}, err
 	}
 	meta := snapshotMeta{ID: sandboxid.Snapshot.New(s.cfg.Node), Name: name, Owner: owner, SandboxID: id, CreatedAt: s.cfg.Now().UTC(),
-		Backend: b.backend, Limits: b.limits, Env: maps.Clone(b.env), Metadata: maps.Clone(b.metadata)}
+		Backend: b.backend, Limits: b.limits, Env: maps.Clone(b.env), IDEnv: slices.Clone(b.idEnv), Metadata: maps.Clone(b.metadata)}
 	// Written under a staging name and renamed once signed: a listing,
 	// and a sweep by another server sharing the directory, never see
 	// half of it.

@@ -64,7 +64,11 @@ describe('pause', () => {
         assert.equal(await c.files.read('/home/user/shared.txt'), 'from the source')
         await c.files.write('/home/user/mine.txt', `copy ${i}`)
         draws.push((await c.runCode('random.random()')).text)
+        // Its own id, where programs look for it (the source's process started as the source's).
+        assert.equal((await c.commands.run('echo $E2B_SANDBOX_ID')).stdout.trim(), c.sandboxId)
+        assert.equal((await c.runCode('import os\nos.environ["E2B_SANDBOX_ID"]')).text, c.sandboxId)
       }
+      assert.equal((await sbx.commands.run('echo $E2B_SANDBOX_ID')).stdout.trim(), sbx.sandboxId)
       assert.notEqual(draws[0], draws[1], 'the copies share a random future')
       assert.equal(await copies[0].files.read('/home/user/mine.txt'), 'copy 0')
       assert.equal(await sbx.files.exists('/home/user/mine.txt'), false)
@@ -89,6 +93,7 @@ describe('pause', () => {
       await sbx.kill()
       made = await Sandbox.create(snap.snapshotId)
       assert.equal((await made.runCode('x + 1')).text, '42')
+      assert.equal((await made.commands.run('echo $E2B_SANDBOX_ID')).stdout.trim(), made.sandboxId)
       assert.equal(await made.files.read('/home/user/saved.txt'), 'saved')
       assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), true)
       assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), false)
