@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"syscall"
+	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/service"
@@ -335,8 +336,21 @@ func (s *Server) sendSignal(r *http.Request, t target, msg []byte) (any, error) 
 	if err := p.Signal(sig); err != nil {
 		return nil, err
 	}
+	if sig == syscall.SIGKILL {
+		// Answered once the process is gone, as envd's kill is: a
+		// caller's next command (kill -0 PID) must not find it still
+		// there, a zombie not yet reaped.
+		select {
+		case <-p.Done():
+		case <-r.Context().Done():
+		case <-time.After(killWait):
+		}
+	}
 	return struct{}{}, nil
 }
+
+// killWait bounds how long a SIGKILL's answer waits for the process's end.
+const killWait = 2 * time.Second
 
 func (s *Server) closeStdin(r *http.Request, t target, msg []byte) (any, error) {
 	var req selectorRequest

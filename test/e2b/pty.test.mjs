@@ -70,6 +70,8 @@ describe('pty', () => {
       await s.until(/\x1b\[31mred-25\x1b\[0m\r\n/)
 
       assert.equal(await sbx.pty.kill(term.pid), true)
+      // Gone once the kill is answered, not a zombie yet to be reaped (E2B's own kill PTY test).
+      await assert.rejects(sbx.commands.run(`kill -0 ${term.pid}`), CommandExitError)
       await assert.rejects(term.wait(), (e) => e instanceof CommandExitError && e.exitCode === 137)
       assert.equal(await sbx.pty.kill(term.pid), false)
       await assert.rejects(sbx.pty.sendInput(term.pid, enc.encode('x')), NotFoundError)
