@@ -328,19 +328,19 @@ func (b *Box) ownEnv(env map[string]string) map[string]string {
 
 // Box is a managed sandbox.
 type Box struct {
-	id, owner   string
-	sb          sandbox.Sandbox
-	createdAt   time.Time
-	deadline    time.Time // end of the maximum lifetime
-	idle        time.Duration
-	limits      sandbox.Limits
-	env         map[string]string
-	idEnv       []string // CreateRequest.IDEnv
+	id, owner string
+	sb        sandbox.Sandbox
+	createdAt time.Time
+	deadline  time.Time // end of the maximum lifetime
+	idle      time.Duration
+	limits    sandbox.Limits
+	env       map[string]string
+	idEnv     []string // CreateRequest.IDEnv
 	// idStale: the backend's environment holds another sandbox's id in
 	// idEnv (a fork's copy, a sandbox made from a snapshot): executions
 	// and commands are given this one's (ownEnv).
-	idStale  bool
-	metadata map[string]string
+	idStale     bool
+	metadata    map[string]string
 	backend     string
 	egress      *netproxy.Proxy // the sandbox's proxy; nil: made without network
 	ports       PortOptions
