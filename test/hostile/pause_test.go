@@ -594,6 +594,22 @@ func (w *pauseWorld) create(t *testing.T, limits sandbox.Limits) *native.Sandbox
 // nothing it returns may hold the host's secret.
 func (w *pauseWorld) exec(t *testing.T, s *native.Sandbox, code string, env map[string]string) string {
 	t.Helper()
+	res := w.run(t, s, code, env)
+	if res.Status != sandbox.StatusOK {
+		e := ""
+		if res.Error != nil {
+			e = res.Error.Name + ": " + res.Error.Value + "\n" + res.Error.Traceback
+		}
+		t.Fatalf("status %s exit %d running:\n%s\nstdout: %s\nstderr: %s\nerror: %s", res.Status, res.ExitCode,
+			code, res.Stdout, res.Stderr, e)
+	}
+	return res.Stdout
+}
+
+// run runs code in s, whatever its outcome, and checks that no canary
+// shows in what it answers.
+func (w *pauseWorld) run(t *testing.T, s *native.Sandbox, code string, env map[string]string) *sandbox.Result {
+	t.Helper()
 	res, err := bounded(t, "Execute", func(ctx context.Context) (*sandbox.Result, error) {
 		return s.Execute(ctx, sandbox.ExecRequest{Code: code, Env: env}, nil)
 	})
@@ -605,15 +621,7 @@ func (w *pauseWorld) exec(t *testing.T, s *native.Sandbox, code string, env map[
 			t.Errorf("the host's canary token reached the sandbox: it shows in %s", where)
 		}
 	}
-	if res.Status != sandbox.StatusOK {
-		e := ""
-		if res.Error != nil {
-			e = res.Error.Name + ": " + res.Error.Value + "\n" + res.Error.Traceback
-		}
-		t.Fatalf("status %s exit %d running:\n%s\nstdout: %s\nstderr: %s\nerror: %s", res.Status, res.ExitCode,
-			code, res.Stdout, res.Stderr, e)
-	}
-	return res.Stdout
+	return res
 }
 
 // view is the sandbox's view of its confinement (viewCode), without the
@@ -1071,12 +1079,14 @@ func TestHostilePauseExitingProcesses(t *testing.T) {
 		// can stall a cgroup v1 host). Slow is not hung.
 		s := w.create(t, sandbox.Limits{Pids: 64, Timeout: 2 * time.Minute})
 		defer w.close(t, s)
-		w.exec(t, s, `import subprocess, sys
+		const start = `import subprocess, sys
 storm = subprocess.Popen([sys.executable, '-c', 'import os\nwhile True:\n    pid = os.fork()\n    if pid == 0:\n        os._exit(0)\n    os.waitpid(pid, 0)'])
 subprocess.run([sys.executable, '-c', 'import os\nwhile True:\n    if os.fork():\n        os._exit(0)', 'hopper'])
-x = 41`, nil)
+x = 41`
+		w.exec(t, s, start, nil)
 		var vanished []string
 		paused := 0
+		kills0 := memoryKills(t)
 		for i := 0; i < 6; i++ {
 			err := w.pause(t, s)
 			switch {
@@ -1095,7 +1105,24 @@ x = 41`, nil)
 			// runs (here and in a fork's dump): it ended with status 1
 			// (an exception) across a dump, its cause not found yet
 			// (docs/snapshots.md, known gaps). The sandbox must go on.
-			got := w.exec(t, s, "print(x + 1, storm.poll())", nil)
+			res := w.run(t, s, "print(x + 1, storm.poll())", nil)
+			if res.StateLost && memoryKills(t) > kills0 {
+				// The storm's kernel memory (its tasks' slabs) brings
+				// the group to its limit now and then, as the pause's
+				// dump and restore add theirs, and the OOM killer may
+				// take the runner: the sandbox's own limit at work, its
+				// state lost and said so (seen once in CI, 112 of its
+				// 128 MiB kernel memory). It must still go on.
+				t.Logf("after pause %d: the sandbox's memory limit killed processes (%d kills in all); its runner's state was lost, and said so",
+					i+1, memoryKills(t)-kills0)
+				w.exec(t, s, start, nil) // the storm and the hopper again
+				continue
+			}
+			if res.Status != sandbox.StatusOK {
+				t.Fatalf("after pause %d: %s (state lost: %v, memory kills %d): %s %+v", i+1, res.Status, res.StateLost,
+					memoryKills(t)-kills0, res.Stderr, res.Error)
+			}
+			got := res.Stdout
 			if got == "42 1\n" {
 				t.Logf("after pause %d: the fork storm ended with status 1", i+1)
 			} else if got != "42 None\n" {
@@ -1109,6 +1136,31 @@ x = 41`, nil)
 		}
 	}()
 	w.checkLeftovers(t, mounts)
+}
+
+// memoryKills counts the processes the memory limits of the pause
+// suite's sandboxes killed so far (memory.oom_control's oom_kill of each
+// group on cgroup v1, memory.events' of the parent on v2).
+func memoryKills(t *testing.T) int64 {
+	t.Helper()
+	files, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/memory", pauseCgroupParent, "*", "memory.oom_control"))
+	if len(files) == 0 {
+		files = []string{filepath.Join("/sys/fs/cgroup", pauseCgroupParent, "memory.events")}
+	}
+	var n int64
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "oom_kill "); ok {
+				k, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				n += k
+			}
+		}
+	}
+	return n
 }
 
 // TestHostilePauseSharedMemory pauses sandboxes holding a memfd and a
