@@ -38,6 +38,8 @@ type pausedMeta struct {
 	Idle       time.Duration     `json:"idle"`
 	Limits     sandbox.Limits    `json:"limits"`
 	Env        map[string]string `json:"env,omitempty"`
+	IDEnv      []string          `json:"id_env,omitempty"`   // Box.idEnv
+	IDStale    bool              `json:"id_stale,omitempty"` // Box.idStale
 	Metadata   map[string]string `json:"metadata,omitempty"`
 	Backend    string            `json:"backend"`
 	Ports      PortOptions       `json:"ports"`
@@ -109,7 +111,8 @@ func (s *Service) persistPaused(b *Box, gen int) {
 	b.mu.Lock()
 	paused := b.paused && b.pauseGen == gen && !b.persisted
 	meta := pausedMeta{ID: b.id, Owner: b.owner, CreatedAt: b.createdAt, Deadline: b.deadline, ExpiresAt: b.expiresAt,
-		Idle: b.idle, Limits: b.limits, Env: b.env, Metadata: b.metadata, Backend: b.backend, Ports: b.ports,
+		Idle: b.idle, Limits: b.limits, Env: b.env, IDEnv: b.idEnv, IDStale: b.idStale, Metadata: b.metadata,
+		Backend: b.backend, Ports: b.ports,
 		OnTimeout: b.onTimeout, AutoResume: b.autoResume, PausedAt: b.pausedAt, Executions: b.executions}
 	if p := b.network; !p.None() {
 		meta.Network = &netpolicy.Request{Allow: p.Allow(), Deny: p.Denied(), Except: p.Excepted(), Packages: p.Packages,
@@ -260,8 +263,9 @@ func (s *Service) openPaused() {
 		}
 		b := &Box{
 			id: m.ID, owner: m.Owner, sb: sb, createdAt: m.CreatedAt, deadline: m.Deadline, idle: m.Idle,
-			limits: m.Limits, env: m.Env, metadata: m.Metadata, expiresAt: m.ExpiresAt, backend: m.Backend,
-			ports: m.Ports, onTimeout: m.OnTimeout, autoResume: m.AutoResume, paused: true, pausedAt: m.PausedAt,
+			limits: m.Limits, env: m.Env, idEnv: m.IDEnv, idStale: m.IDStale, metadata: m.Metadata, expiresAt: m.ExpiresAt,
+			backend: m.Backend,
+			ports:   m.Ports, onTimeout: m.OnTimeout, autoResume: m.AutoResume, paused: true, pausedAt: m.PausedAt,
 			executions: m.Executions, pausable: true, persisted: true, unverified: true, network: policy, egress: egress,
 		}
 		s.boxes[b.id] = b

@@ -249,6 +249,9 @@ func TestPausedKept(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, info.ID)); !os.IsNotExist(err) {
 		t.Fatalf("a sandbox paused for a moment was written down: %v", err)
 	}
+	// As a fork's copy is: its backend's environment names another.
+	box, _ := svc.Get("o", info.ID)
+	box.idEnv, box.idStale = []string{"E2B_SANDBOX_ID"}, true
 	if _, err := svc.Pause(ctx, "o", info.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -265,6 +268,9 @@ func TestPausedKept(t *testing.T) {
 	again, err := svc.Info("o", info.ID)
 	if err != nil || again.State != "paused" || again.Metadata["k"] != "v" || !again.AutoResume {
 		t.Fatalf("after a restart: %+v %v", again, err)
+	}
+	if box, _ := svc.lookup("o", info.ID); box.ownEnv(nil)["E2B_SANDBOX_ID"] != info.ID { // lookup: no auto-resume
+		t.Fatalf("after a restart, a copy's executions are given %v", box.ownEnv(nil))
 	}
 	if _, err := svc.Info("other", info.ID); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("another owner sees it: %v", err)
