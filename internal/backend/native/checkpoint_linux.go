@@ -124,6 +124,12 @@ func (cp *checkpoint) holdPipes() error {
 			continue
 		}
 		f, err := grabPipe(p.pid, p.fd, p.ino)
+		if errors.Is(err, unix.ESRCH) {
+			// The process has exited since the tree was read (a
+			// command that ended): no longer part of the tree, which
+			// CRIU freezes as it is; its end of the pipe is closed.
+			continue
+		}
 		if err != nil {
 			return fmt.Errorf("checkpoint: the pipe %d of process %d: %w", p.fd, p.pid, err)
 		}
