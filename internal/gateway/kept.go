@@ -89,20 +89,23 @@ const maxBody = 1 << 20
 // toKept sends r to the node that keeps ref, a snapshot or a volume: its
 // id, or its name, looked up in l.
 func (g *Gateway) toKept(w http.ResponseWriter, r *http.Request, l listing, ref string) {
-	if !l.kind.Valid(ref) {
-		g.toNamed(w, r, l, ref)
+	if l.kind == sandboxid.Snapshot && !sandboxid.Snapshot.Valid(ref) && !sandboxid.ValidName(ref) {
+		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no snapshot %q in this cluster", ref))
 		return
 	}
-	kind, id := l.kind, ref
-	name, ok := kind.Node(id)
-	if !ok {
-		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no %s %q in this cluster", what(kind), id))
+	name, found, err := g.keptNode(r, l, &nameLists{}, ref)
+	switch {
+	case err != nil:
+		writeListError(w, l, ref, err)
+		return
+	case !found:
+		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no %s %q in this cluster", what(l.kind), ref))
 		return
 	}
 	n, ok := g.cfg.Nodes.Node(name)
 	if !ok {
 		writeError(w, http.StatusGone, "state_lost",
-			fmt.Sprintf("%s %s was on node %s, which is gone: it is lost", what(kind), id, name))
+			fmt.Sprintf("%s %s was on node %s, which is gone: it is lost", what(l.kind), ref, name))
 		return
 	}
 	g.forward(w, r, n)
@@ -227,29 +230,6 @@ func (g *Gateway) toNewVolume(w http.ResponseWriter, r *http.Request, a api) {
 		}
 	}
 	g.toPicked(w, r)
-}
-
-// toNamed sends r to the node of the key's volume, or snapshot, of that
-// name.
-func (g *Gateway) toNamed(w http.ResponseWriter, r *http.Request, l listing, ref string) {
-	if l.kind == sandboxid.Snapshot && !sandboxid.ValidName(ref) {
-		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no snapshot %q in this cluster", ref))
-		return
-	}
-	name, found, err := g.keptNode(r, l, &nameLists{}, ref)
-	switch {
-	case err != nil:
-		writeListError(w, l, ref, err)
-	case !found:
-		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no %s %q", what(l.kind), ref))
-	default:
-		n, ok := g.cfg.Nodes.Node(name)
-		if !ok {
-			writeError(w, http.StatusGone, "state_lost", fmt.Sprintf("%s %s was on node %s, which is gone", what(l.kind), ref, name))
-			return
-		}
-		g.forward(w, r, n)
-	}
 }
 
 var errAmbiguous = errors.New("ambiguous")

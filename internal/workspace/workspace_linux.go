@@ -139,8 +139,9 @@ func (d *Dir) openat(dirfd int, name string, flags uint64, mode uint32) (int, er
 }
 
 // mkdirAll creates the directories of rel (a cleaned path) and returns a
-// descriptor of the last one.
-func (d *Dir) mkdirAll(rel string) (int, error) {
+// descriptor of the last one. made, if not nil, gets a descriptor
+// (O_PATH) of each directory this call created, the caller's to close.
+func (d *Dir) mkdirAll(rel string, made *[]int) (int, error) {
 	if d.fd < 0 {
 		return -1, sandbox.ErrClosed
 	}
@@ -152,19 +153,34 @@ func (d *Dir) mkdirAll(rel string) (int, error) {
 		return fd, nil
 	}
 	for _, part := range strings.Split(rel, "/") {
-		err := unix.Mkdirat(fd, part, 0o755)
-		if err != nil && err != unix.EEXIST {
+		created := unix.Mkdirat(fd, part, 0o755)
+		if created != nil && created != unix.EEXIST {
 			unix.Close(fd)
-			return -1, err
+			return -1, created
 		}
 		next, err := d.openat(fd, part, unix.O_PATH|unix.O_DIRECTORY, 0)
 		unix.Close(fd)
 		if err != nil {
 			return -1, err
 		}
+		if created == nil && made != nil {
+			if err := keep(made, next); err != nil {
+				unix.Close(next)
+				return -1, err
+			}
+		}
 		fd = next
 	}
 	return fd, nil
+}
+
+// keep adds a duplicate of fd to made.
+func keep(made *[]int, fd int) error {
+	dup, err := unix.Dup(fd)
+	if err == nil {
+		*made = append(*made, dup)
+	}
+	return err
 }
 
 // asOwner runs fn on a thread whose filesystem uid and gid are the
@@ -211,7 +227,7 @@ func (d *Dir) writeFile(name string, r io.Reader, limit int64) error {
 		return err
 	}
 	parent, base := path.Split(rel)
-	dirfd, err := d.mkdirAll(path.Clean("./" + parent))
+	dirfd, err := d.mkdirAll(path.Clean("./"+parent), nil)
 	if err != nil {
 		return fmt.Errorf("workspace: create directory for %q: %w", name, linkOrNotExist(err))
 	}
@@ -434,22 +450,34 @@ func (d *Dir) Mkdir(name string) (err error) {
 	if err != nil {
 		return err
 	}
+	return d.asOwner(func() error { return d.mkdir(rel, nil) })
+}
+
+// mkdir creates directory rel (a cleaned path) and its missing parents;
+// made, if not nil, gets a descriptor of each directory it created.
+func (d *Dir) mkdir(rel string, made *[]int) error {
 	parent, base := path.Split(rel)
-	return d.asOwner(func() error {
-		dirfd, err := d.mkdirAll(path.Clean("./" + parent))
-		if err != nil {
-			return fmt.Errorf("workspace: create directory for %q: %w", rel, linkOrNotExist(err))
-		}
-		defer unix.Close(dirfd)
-		switch err := unix.Mkdirat(dirfd, base, 0o755); err {
-		case nil:
-			return nil
-		case unix.EEXIST:
-			return fmt.Errorf("%w: %q", sandbox.ErrExists, rel)
-		default:
-			return fmt.Errorf("workspace: mkdir %q: %w", rel, err)
-		}
-	})
+	dirfd, err := d.mkdirAll(path.Clean("./"+parent), made)
+	if err != nil {
+		return fmt.Errorf("workspace: create directory for %q: %w", rel, linkOrNotExist(err))
+	}
+	defer unix.Close(dirfd)
+	switch err := unix.Mkdirat(dirfd, base, 0o755); err {
+	case nil:
+	case unix.EEXIST:
+		return fmt.Errorf("%w: %q", sandbox.ErrExists, rel)
+	default:
+		return fmt.Errorf("workspace: mkdir %q: %w", rel, err)
+	}
+	if made == nil {
+		return nil
+	}
+	fd, err := d.openat(dirfd, base, unix.O_PATH|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return fmt.Errorf("workspace: create directory for %q: %w", rel, linkOrNotExist(err))
+	}
+	*made = append(*made, fd)
+	return nil
 }
 
 // MkdirAllFor makes directory name and its missing parents with d's
@@ -473,53 +501,15 @@ func (d *Dir) MkdirAllFor(name string, owner sandbox.Workspace) (err error) {
 	if err != nil {
 		return err
 	}
-	var made []int // descriptors (O_PATH) of the directories made
-	defer func() {
-		for _, fd := range made {
-			unix.Close(fd)
-		}
-	}()
-	err = d.asOwner(func() error {
-		if d.fd < 0 {
-			return sandbox.ErrClosed
-		}
-		fd, err := unix.Dup(d.fd)
-		if err != nil {
-			return err
-		}
-		defer func() { unix.Close(fd) }()
-		parts := strings.Split(rel, "/")
-		for i, part := range parts {
-			err := unix.Mkdirat(fd, part, 0o755)
-			switch {
-			case err == unix.EEXIST && i == len(parts)-1:
-				return fmt.Errorf("%w: %q", sandbox.ErrExists, rel)
-			case err != nil && err != unix.EEXIST:
-				return fmt.Errorf("workspace: mkdir %q: %w", path.Join(parts[:i+1]...), linkOrNotExist(err))
-			}
-			next, oerr := d.openat(fd, part, unix.O_PATH|unix.O_DIRECTORY, 0)
-			if oerr != nil {
-				return fmt.Errorf("workspace: create directory for %q: %w", rel, linkOrNotExist(oerr))
-			}
-			if err == nil {
-				dup, derr := unix.Dup(next)
-				if derr != nil {
-					unix.Close(next)
-					return derr
-				}
-				made = append(made, dup)
-			}
-			unix.Close(fd)
-			fd = next
-		}
-		return nil
-	})
+	var made []int
+	err = d.asOwner(func() error { return d.mkdir(rel, &made) })
 	// Given away outside asOwner: the host's own file-system
 	// capabilities (CAP_CHOWN), which a non-zero fsuid drops.
 	for _, fd := range made {
 		if cerr := unix.Fchownat(fd, "", to.uid, to.gid, unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW); cerr != nil {
 			err = errors.Join(err, fmt.Errorf("workspace: give a directory of %q to its user: %w", rel, cerr))
 		}
+		unix.Close(fd)
 	}
 	return err
 }
@@ -548,7 +538,7 @@ func (d *Dir) Rename(from, to string) (err error) {
 			return fmt.Errorf("workspace: rename %q: %w", src, linkOrNotExist(err))
 		}
 		defer unix.Close(sfd)
-		dfd, err := d.mkdirAll(path.Clean("./" + dstParent))
+		dfd, err := d.mkdirAll(path.Clean("./"+dstParent), nil)
 		if err != nil {
 			return fmt.Errorf("workspace: create directory for %q: %w", dst, linkOrNotExist(err))
 		}
