@@ -3,9 +3,13 @@
 // Cells are evaluated by JShell, in this JVM (the "local" execution engine:
 // no second JVM, no debugger connection): declarations live from one cell
 // to the next, and the value of a cell's last expression is its result.
-// Environment variables are also system properties, as in E2B's Java
-// kernel: the sandbox's when the kernel starts, and an execution's for
-// that execution (a JVM cannot change its own environment).
+// An execution's environment variables are the JVM's for that execution:
+// System.getenv and a ProcessBuilder's environment() see them (the map
+// behind System.getenv is written through reflection, which kernels.py
+// opens with --add-opens). A process started without its environment()
+// being read inherits the JVM's environment as it started, which a JVM
+// cannot change. They are system properties too, as in E2B's Java kernel,
+// which sets only those; so are the sandbox's.
 
 import java.io.BufferedReader;
 import java.io.FileInputStream;
@@ -67,11 +71,45 @@ public class Kernel {
         return new String(HexFormat.of().parseHex(h), StandardCharsets.UTF_8);
     }
 
+    // environ is the writable map behind System.getenv (and the
+    // environment ProcessBuilder starts from), or null when the JVM does
+    // not open it.
+    static final Map<String, String> environ = openEnviron();
+
+    @SuppressWarnings("unchecked")
+    static Map<String, String> openEnviron() {
+        try {
+            Map<String, String> view = System.getenv();
+            java.lang.reflect.Field f = view.getClass().getDeclaredField("m");
+            f.setAccessible(true);
+            return (Map<String, String>) f.get(view);
+        } catch (ReflectiveOperationException | RuntimeException e) {
+            return null;
+        }
+    }
+
+    // setEnv sets (or, for null, removes) one variable as a system property
+    // and, when it can, in the environment.
+    static void setEnv(String key, String value, String property) {
+        if (property == null) {
+            System.clearProperty(key);
+        } else {
+            System.setProperty(key, property);
+        }
+        if (environ != null) {
+            if (value == null) {
+                environ.remove(key);
+            } else {
+                environ.put(key, value);
+            }
+        }
+    }
+
     static void runCell(JShell shell, String code, Map<String, String> env) throws Exception {
-        Map<String, String> saved = new HashMap<>();
+        Map<String, String[]> saved = new HashMap<>();
         for (Map.Entry<String, String> e : env.entrySet()) {
-            saved.put(e.getKey(), System.getProperty(e.getKey()));
-            System.setProperty(e.getKey(), e.getValue());
+            saved.put(e.getKey(), new String[] {System.getenv(e.getKey()), System.getProperty(e.getKey())});
+            setEnv(e.getKey(), e.getValue(), e.getValue());
         }
         int status = 0;
         String value = null;
@@ -98,12 +136,8 @@ public class Kernel {
         } finally {
             System.out.flush();
             System.err.flush();
-            for (Map.Entry<String, String> e : saved.entrySet()) {
-                if (e.getValue() == null) {
-                    System.clearProperty(e.getKey());
-                } else {
-                    System.setProperty(e.getKey(), e.getValue());
-                }
+            for (Map.Entry<String, String[]> e : saved.entrySet()) {
+                setEnv(e.getKey(), e.getValue()[0], e.getValue()[1]);
             }
         }
         if (status == 0 && value != null) {

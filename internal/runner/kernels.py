@@ -80,8 +80,10 @@ def kernel_command(language):
             raise KernelUnavailable("java needs a JDK with JShell (Debian's default-jdk-headless), "
                                     "which this server does not have")
         # Source-file mode: the kernel is compiled when it starts. A small
-        # serial heap and the first JIT tier start fastest.
-        return [java, "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", os.path.join(_DIR, "kernel_java.java")]
+        # serial heap and the first JIT tier start fastest. java.util is
+        # opened for the kernel to set an execution's environment.
+        return [java, "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+                "--add-opens=java.base/java.util=ALL-UNNAMED", os.path.join(_DIR, "kernel_java.java")]
     raise KernelUnavailable("no kernel for %r" % language)
 
 

@@ -158,6 +158,11 @@ var languageCases = []conformanceCase{
 		}
 		wantResult(t, in(`System.getProperty("FOO")`, map[string]string{"FOO": "bar"}), "bar")
 		wantResult(t, in(`System.getProperty("FOO", "default")`, nil), "default")
+		// An execution's variables are the environment's too (System.getenv,
+		// and a ProcessBuilder's environment), and only for it.
+		wantResult(t, in(`System.getenv("FOO")`, map[string]string{"FOO": "bar"}), "bar")
+		wantResult(t, in(`new ProcessBuilder("true").environment().get("FOO")`, map[string]string{"FOO": "child"}), "child")
+		wantResult(t, in(`System.getenv().getOrDefault("FOO", "default")`, nil), "default")
 		res = in("int y = 1 / 0;", nil)
 		wantStatus(t, res, sandbox.StatusError, 1)
 		if res.Error.Name != "java.lang.ArithmeticException" {

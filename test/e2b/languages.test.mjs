@@ -117,7 +117,7 @@ subtract(1, 2)
     })
   })
 
-  test('java: JShell, env vars as system properties', { skip: missing('jshell', "a JDK: Debian's default-jdk-headless") }, async () => {
+  test('java: JShell, env vars in the environment and as system properties', { skip: missing('jshell', "a JDK: Debian's default-jdk-headless") }, async () => {
     await withSandbox({ envs: { TEST_ENV_VAR: 'supertest' } }, async (sbx) => {
       let ex = await sbx.runCode('System.getProperty("TEST_ENV_VAR")', { language: 'java' })
       assert.equal(ex.results[0]?.text.trim(), 'supertest')
@@ -125,6 +125,13 @@ subtract(1, 2)
       assert.equal(ex.results[0]?.text.trim(), 'bar')
       ex = await sbx.runCode('System.getProperty("FOO", "default")', { language: 'java' })
       assert.equal(ex.results[0]?.text.trim(), 'default')
+      // and environment variables, for that execution only
+      ex = await sbx.runCode('System.getenv("FOO")', { language: 'java', envs: { FOO: 'bar' } })
+      assert.equal(ex.results[0]?.text.trim(), 'bar')
+      ex = await sbx.runCode('System.out.println(System.getenv("TEST_ENV_VAR"))', { language: 'java', envs: { TEST_ENV_VAR: 'overwrite' } })
+      assert.deepEqual(ex.logs.stdout, ['overwrite\n'])
+      ex = await sbx.runCode('System.getenv("TEST_ENV_VAR")', { language: 'java' })
+      assert.equal(ex.results[0]?.text.trim(), 'supertest')
       ex = await sbx.runCode('int x = 2;\nx * 21', { language: 'java' })
       assert.equal(ex.results[0]?.text, '42')
     })
