@@ -229,7 +229,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, owner string) {
 		IDEnv: []string{"E2B_SANDBOX_ID"}, Ports: req.Network.portOptions(), Volumes: volumeMounts(req.VolumeMounts),
 		OnTimeout: req.onTimeout(), AutoResume: req.AutoResume != nil && req.AutoResume.Enabled, Pausable: s.cfg.Pausable}
 	if ref := snapshotRef(req.TemplateID); ref != "" {
-		if _, err := s.svc.SnapshotInfo(owner, ref); err != nil && !sandboxid.Snapshot.Valid(ref) {
+		if !sandboxid.Snapshot.Valid(ref) && !s.hasSnapshot(owner, ref) {
 			// Not one of the key's snapshots' names: a template of E2B's cloud.
 			s.fail(w, fmt.Errorf("%w: template %q: custom templates are not supported, and no snapshot of this key's "+
 				"has that name; vivarium sandboxes run the server's Python with its packages (create with the default template)",
@@ -561,6 +561,13 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request, owner string) {
 		out = append(out, forked{Sandbox: &created})
 	}
 	writeJSON(w, http.StatusCreated, out)
+}
+
+// hasSnapshot reports whether name is the name of one of owner's
+// snapshots (an id needs no look-up: Create answers for it).
+func (s *Server) hasSnapshot(owner, name string) bool {
+	_, err := s.svc.SnapshotInfo(owner, name)
+	return err == nil
 }
 
 // snapshotRef returns the snapshot a template id names ("": none): a
