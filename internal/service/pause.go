@@ -207,6 +207,13 @@ func (s *Service) timedOut(b *Box) {
 			return
 		}
 	}
-	s.remove(b, "expired")
-	s.metrics.expired.Add(1)
+	// The reaper saw b idle a moment ago; a call that began since (or
+	// a timeout extended since) keeps it.
+	stillIdle := func() bool {
+		now := s.cfg.Now()
+		return b.running == 0 && (now.After(b.expiresAt) || now.After(b.deadline))
+	}
+	if s.removeUnless(b, "expired", func() bool { return !stillIdle() }) {
+		s.metrics.expired.Add(1)
+	}
 }

@@ -774,10 +774,26 @@ func (s *Service) Delete(owner, id string) error {
 }
 
 func (s *Service) remove(b *Box, why string) {
+	s.removeUnless(b, why, nil)
+}
+
+// removeUnless is remove, unless keep (called with b.mu held, and the
+// server's lock, under which b is taken out of the server) says b must
+// stay. It reports whether b was closed.
+func (s *Service) removeUnless(b *Box, why string, keep func() bool) bool {
 	s.mu.Lock()
 	if s.boxes[b.id] != b {
 		s.mu.Unlock()
-		return
+		return false
+	}
+	if keep != nil {
+		b.mu.Lock()
+		stay := keep()
+		b.mu.Unlock()
+		if stay {
+			s.mu.Unlock()
+			return false
+		}
 	}
 	delete(s.boxes, b.id)
 	s.mu.Unlock()
@@ -791,6 +807,7 @@ func (s *Service) remove(b *Box, why string) {
 	}
 	s.closePorts(b.id)
 	s.cfg.Logger.Info("sandbox closed", "id", b.id, "why", why)
+	return true
 }
 
 // SetTimeout sets a sandbox's idle timeout to d from now, within its

@@ -132,3 +132,44 @@ func TestExtendTimeoutNeverShortens(t *testing.T) {
 		t.Fatalf("another owner: %v", err)
 	}
 }
+
+// A sandbox the reaper saw idle is kept when a call began since, or its
+// timeout was extended since; it is closed once it is idle again.
+func TestTimedOutRechecksIdle(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	svc := New(Config{Backend: newFakeBackend(), Now: func() time.Time { return now }})
+	defer svc.Close()
+	info, err := svc.Create(context.Background(), CreateRequest{Owner: "o", Idle: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.mu.Lock()
+	b := svc.boxes[info.ID]
+	svc.mu.Unlock()
+	live := func() bool { _, err := svc.lookup("o", info.ID); return err == nil }
+
+	now = now.Add(2 * time.Minute) // idle: the reaper would pick it
+	done := svc.use(b)             // and a call begins before it acts
+	svc.timedOut(b)
+	if !live() {
+		t.Fatal("closed during a call that began after the reaper looked")
+	}
+	done() // the idle clock restarts
+	svc.timedOut(b)
+	if !live() {
+		t.Fatal("closed right after a call ended")
+	}
+	if _, err := svc.ExtendTimeout("o", info.ID, 10*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	now = now.Add(5 * time.Minute)
+	svc.timedOut(b)
+	if !live() {
+		t.Fatal("closed within a timeout extended after the reaper looked")
+	}
+	now = now.Add(6 * time.Minute)
+	svc.timedOut(b)
+	if live() {
+		t.Fatal("still there, idle past its timeout")
+	}
+}
