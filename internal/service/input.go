@@ -6,6 +6,7 @@ import (
 	"maps"
 	"path"
 	"strings"
+	"syscall"
 
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/workspace"
@@ -122,6 +123,11 @@ func startError(err error, cmd sandbox.Command) error {
 		reason = reason[:300] + "…"
 	}
 	reason = strings.ToValidUTF8(reason, "�")
+	// EAGAIN from fork: the sandbox's processes (threads included) are at
+	// its limit, often left by code that forked and never waited.
+	if strings.HasSuffix(reason, syscall.EAGAIN.Error()) {
+		reason += " (the sandbox is at its process limit: end some of its processes, or restart it)"
+	}
 	// "fork/exec /bin/sh: no such file or directory" is also what a
 	// missing working directory looks like.
 	if cmd.Dir != "" {
