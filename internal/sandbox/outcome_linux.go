@@ -37,6 +37,14 @@ type Outcome struct {
 	Broken error
 }
 
+// memoryMsg says which limit an execution reached. Files count: a
+// sandbox's file system is kept in memory (native), or may be (/dev/shm,
+// tmpfs mounts), and its files stay when the process that wrote them ends.
+func (o Outcome) memoryMsg() string {
+	return fmt.Sprintf("the sandbox exceeded its %d MiB memory limit "+
+		"(what its processes hold, and its files in memory: /dev/shm's, and on the native backend all of them)", o.Limits.Memory>>20)
+}
+
 // Classify sets res's Status, ExitCode and Error. res.CPUMS must be set.
 func (o Outcome) Classify(res *Result) {
 	limitErr := func(status Status, code int, name, msg string) {
@@ -53,7 +61,7 @@ func (o Outcome) Classify(res *Result) {
 	case o.Dead && o.Crash != "":
 		if o.OOM {
 			limitErr(StatusMemoryLimit, ExitMemoryLimit, "MemoryError",
-				fmt.Sprintf("the sandbox exceeded its %d MiB memory limit", o.Limits.Memory>>20))
+				o.memoryMsg())
 			break
 		}
 		limitErr(StatusKilled, ExitCrash, "Killed", o.Crash)
@@ -65,7 +73,7 @@ func (o Outcome) Classify(res *Result) {
 		switch {
 		case o.OOM:
 			limitErr(StatusMemoryLimit, ExitMemoryLimit, "MemoryError",
-				fmt.Sprintf("the sandbox exceeded its %d MiB memory limit", o.Limits.Memory>>20))
+				o.memoryMsg())
 		case sig == syscall.SIGXCPU || (o.Limits.CPUTime > 0 && res.CPUMS >= float64(o.Limits.CPUTime.Milliseconds())):
 			limitErr(StatusTimeout, ExitTimeout, "TimeoutError",
 				fmt.Sprintf("execution exceeded the %v CPU time limit", o.Limits.CPUTime))
@@ -85,7 +93,7 @@ func (o Outcome) Classify(res *Result) {
 		case res.Error != nil && res.Error.Name == "MemoryError" && o.MemoryErrorIsLimit:
 			// The traceback is kept.
 			res.Status, res.ExitCode = StatusMemoryLimit, ExitMemoryLimit
-			res.Error.Value = fmt.Sprintf("the sandbox exceeded its %d MiB memory limit", o.Limits.Memory>>20)
+			res.Error.Value = o.memoryMsg()
 		case res.Error != nil:
 			res.Status = StatusError
 		case code != 0:
