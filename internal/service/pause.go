@@ -213,7 +213,7 @@ func (s *Service) timedOut(b *Box) {
 		now := s.cfg.Now()
 		return b.running == 0 && (now.After(b.expiresAt) || now.After(b.deadline))
 	}
-	if s.removeUnless(b, "expired", func() bool { return !stillIdle() }) {
+	if s.removeIf(b, "expired", stillIdle) {
 		s.metrics.expired.Add(1)
 	}
 }

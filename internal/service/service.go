@@ -774,23 +774,23 @@ func (s *Service) Delete(owner, id string) error {
 }
 
 func (s *Service) remove(b *Box, why string) {
-	s.removeUnless(b, why, nil)
+	s.removeIf(b, why, nil)
 }
 
-// removeUnless is remove, unless keep (called with b.mu held, and the
-// server's lock, under which b is taken out of the server) says b must
-// stay. It reports whether b was closed.
-func (s *Service) removeUnless(b *Box, why string, keep func() bool) bool {
+// removeIf is remove if cond holds (nil: always). cond is called with b.mu
+// held, under the server's lock, which b is taken out of the server under.
+// It reports whether b was closed.
+func (s *Service) removeIf(b *Box, why string, cond func() bool) bool {
 	s.mu.Lock()
 	if s.boxes[b.id] != b {
 		s.mu.Unlock()
 		return false
 	}
-	if keep != nil {
+	if cond != nil {
 		b.mu.Lock()
-		stay := keep()
+		ok := cond()
 		b.mu.Unlock()
-		if stay {
+		if !ok {
 			s.mu.Unlock()
 			return false
 		}
