@@ -110,6 +110,8 @@ type Sandbox struct {
 
 	closeOnce sync.Once
 	closeErr  error
+	// ending: Close has begun (read without a lock, for logs only).
+	ending atomic.Bool
 }
 
 var (
@@ -414,6 +416,9 @@ func (s *Sandbox) readControl(ctl int, done chan struct{}) {
 				return
 			}
 			// Init is gone, and every process of the sandbox with it.
+			if !s.ending.Load() {
+				s.b.log.Warn("sandbox: its init is gone; its calls now fail as closed", "id", s.id, "err", err)
+			}
 			s.treeGone()
 			return
 		}
@@ -422,6 +427,7 @@ func (s *Sandbox) readControl(ctl int, done chan struct{}) {
 			forked := s.z != nil && len(fds) == 6
 			if (len(fds) != 2 && !forked) || m.Error != "" {
 				closeAll(fds)
+				s.b.log.Warn("sandbox: its runner could not be restarted; its init exits", "id", s.id, "err", m.Error)
 				continue // init exits after a failed restart: initDone follows
 			}
 			rp := &runnerProc{pid: m.PID, pidfd: -1, reqW: pollable(fds[0], "requests")}
@@ -620,6 +626,7 @@ func (s *Sandbox) Quiesce() {
 // Close implements sandbox.Sandbox.
 func (s *Sandbox) Close() error {
 	s.closeOnce.Do(func() {
+		s.ending.Store(true)
 		var errs []error
 		// After a Pause or Resume under way; none starts from here.
 		s.pauseMu.Lock()
