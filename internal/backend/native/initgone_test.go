@@ -56,6 +56,21 @@ func TestInitGoneLogged(t *testing.T) {
 	}
 	closed := open()
 	closed.Close()
+	// A one-shot sandbox ends with its runner: no news either.
+	sb, err := b.Create(context.Background(), sandbox.Spec{OneShot: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	once := sb.(*Sandbox)
+	if _, err := once.Execute(context.Background(), sandbox.ExecRequest{Code: "1"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-once.ctlDone: // its control socket was read to its end
+	case <-time.After(10 * time.Second):
+		t.Fatal("a one-shot sandbox's init outlived its runner")
+	}
+	once.Close()
 	s := open()
 	defer s.Close()
 	s.lifeMu.Lock()
@@ -70,8 +85,9 @@ func TestInitGoneLogged(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if got := log.String(); !strings.Contains(got, "id="+s.ID()) || strings.Contains(got, "id="+closed.ID()) {
-		t.Fatalf("the log names the wrong sandboxes (%s dead, %s closed):\n%s", s.ID(), closed.ID(), got)
+	if got := log.String(); !strings.Contains(got, "id="+s.ID()) || strings.Contains(got, "id="+closed.ID()) ||
+		strings.Contains(got, "id="+once.ID()) {
+		t.Fatalf("the log names the wrong sandboxes (%s dead, %s closed, %s one-shot):\n%s", s.ID(), closed.ID(), once.ID(), got)
 	}
 	if _, err := s.Execute(context.Background(), sandbox.ExecRequest{Code: "1"}, nil); err == nil {
 		t.Fatal("a sandbox without its init still runs code")

@@ -416,7 +416,9 @@ func (s *Sandbox) readControl(ctl int, done chan struct{}) {
 				return
 			}
 			// Init is gone, and every process of the sandbox with it.
-			if !s.ending.Load() {
+			// (A one-shot sandbox ends with its runner: its init's end
+			// is no news.)
+			if !s.ending.Load() && !s.spec.OneShot {
 				s.b.log.Warn("sandbox: its init is gone; its calls now fail as closed", "id", s.id, "err", err)
 			}
 			s.treeGone()
