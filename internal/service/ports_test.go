@@ -26,10 +26,12 @@ func (b portBackend) Create(context.Context, sandbox.Spec) (sandbox.Sandbox, err
 	return &plainSandbox{}, nil
 }
 
-// plainSandbox is a sandbox with nothing but Close.
+// plainSandbox is a sandbox with nothing but Close and ID.
 type plainSandbox struct{ sandbox.Sandbox }
 
 func (*plainSandbox) Close() error { return nil }
+
+func (*plainSandbox) ID() string { return "plain" }
 
 type portSandbox struct {
 	plainSandbox

@@ -588,7 +588,8 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	}
 	s.boxes[id] = b
 	s.mu.Unlock()
-	s.cfg.Logger.Info("sandbox created", "id", id, "owner", req.Owner, "ms", time.Since(start).Milliseconds())
+	// backend_id: the name the backend's own log lines give it.
+	s.cfg.Logger.Info("sandbox created", "id", id, "backend_id", sb.ID(), "owner", req.Owner, "ms", time.Since(start).Milliseconds())
 	return b.info(), nil
 }
 
