@@ -12,7 +12,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -29,29 +28,11 @@ const (
 	serveUIDBase = native.DefaultUIDBase + 5<<24
 )
 
-// syncBuffer collects a process's output while the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 type server struct {
 	cmd     *exec.Cmd
 	url     string
 	dataDir string
-	log     *syncBuffer
+	log     *testutil.Buffer
 	exited  chan struct{}
 }
 
@@ -84,7 +65,7 @@ func startVivarium(t testing.TB, what, url string, args ...string) *server {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(os.Environ(), "VIVARIUM_TEST_MAIN=1")
-	s := &server{cmd: cmd, url: url, log: &syncBuffer{}, exited: make(chan struct{})}
+	s := &server{cmd: cmd, url: url, log: &testutil.Buffer{}, exited: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = s.log, s.log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -5,14 +5,12 @@
 package testserver
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
 	"os/exec"
 	"path/filepath"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -35,7 +33,7 @@ func Build(t *testing.T) string {
 type Server struct {
 	URL  string
 	Keys []string // API keys, in the order of Options.Keys
-	log  *lockedBuffer
+	log  *testutil.Buffer
 }
 
 // Log is what the server printed so far.
@@ -55,7 +53,7 @@ type Options struct {
 func Start(t *testing.T, bin string, o Options) *Server {
 	t.Helper()
 	data := t.TempDir()
-	s := &Server{log: &lockedBuffer{}}
+	s := &Server{log: &testutil.Buffer{}}
 	for _, name := range o.Keys {
 		out, err := exec.Command(bin, "keys", "create", "--data-dir", data, "--json", name).Output()
 		if err != nil {
@@ -111,22 +109,4 @@ func Start(t *testing.T, bin string, o Options) *Server {
 		return err == nil && resp.StatusCode == 200
 	})
 	return s
-}
-
-// lockedBuffer collects a process's output while the test may read it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

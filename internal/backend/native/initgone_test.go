@@ -1,11 +1,9 @@
 package native
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -14,31 +12,13 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
 
-// logBuffer is a log that tests read while the backend writes it.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // A sandbox whose init dies on its own, not by Close, says so in the log
 // with its id (its calls fail as closed from then on, and without the log
 // nothing would tell an operator why); a Close says nothing.
 func TestInitGoneLogged(t *testing.T) {
 	testutil.RequireRoot(t)
 	testutil.RequirePython(t)
-	var log logBuffer
+	var log testutil.Buffer
 	b, err := New(Config{CgroupParent: "vivarium-native-initgone-test", UIDBase: DefaultUIDBase + 35<<24, UIDRanges: 4,
 		Zygote: testutil.ZygoteMode(), Logger: slog.New(slog.NewTextHandler(&log, nil))})
 	if err != nil {
