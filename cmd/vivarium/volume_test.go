@@ -35,6 +35,16 @@ func volumeLeftovers(dir string) []string {
 func TestServeVolumes(t *testing.T) {
 	needSandbox(t)
 	dataDir := t.TempDir()
+	// After the last server is killed (a cleanup registered later, so run
+	// before this one), the processes of its sandboxes may still be ending
+	// and hold a volume's mount for a moment: the directory is removed
+	// once it is unmounted (never unmounted here).
+	t.Cleanup(func() {
+		testutil.WaitFor(t, 10*time.Second, "the volumes to be unmounted", func() bool {
+			b, err := os.ReadFile("/proc/self/mountinfo")
+			return err == nil && !strings.Contains(string(b), dataDir)
+		})
+	})
 	key, _ := createKey(t, dataDir, "alice")
 	flags := []string{"--volume-size", "32MiB", "--preload", "json", "--pool", "0"}
 	srv := startServer(t, dataDir, flags...)
