@@ -124,10 +124,11 @@ func (cp *checkpoint) holdPipes() error {
 			continue
 		}
 		f, err := grabPipe(p.pid, p.fd, p.ino)
-		if errors.Is(err, unix.ESRCH) {
-			// The process has exited since the tree was read (a
-			// command that ended): no longer part of the tree, which
-			// CRIU freezes as it is; its end of the pipe is closed.
+		if errors.Is(err, unix.ESRCH) || errors.Is(err, unix.EBADF) {
+			// The process no longer holds the pipe since the tree
+			// was read: a command that ended (ESRCH), is ending with
+			// its descriptors closed, or closed that one (EBADF).
+			// CRIU freezes the tree as it is then, without it.
 			continue
 		}
 		if err != nil {

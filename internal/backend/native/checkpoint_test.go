@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -19,6 +20,7 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/runner"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/testutil"
+	"golang.org/x/sys/unix"
 )
 
 // requireCRIU returns a criu binary that passes `criu check`, or skips.
@@ -465,4 +467,89 @@ func treeRSS(pids []int) int64 {
 		total += res * int64(os.Getpagesize())
 	}
 	return total
+}
+
+// TestHoldPipes: a command's end of a pipe to the host is held while its
+// sandbox is paused. A command that no longer holds it since the tree was
+// read (it ended: ESRCH, reaped or not; it closed the descriptor or is
+// exiting with its descriptors closed: EBADF) is skipped: CI once failed
+// a pause on a command that raced it. A descriptor that is now another
+// file is refused.
+func TestHoldPipes(t *testing.T) {
+	start := func(t *testing.T, argv ...string) (*exec.Cmd, extPipe) {
+		t.Helper()
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		cmd := exec.Command(argv[0], argv[1:]...)
+		cmd.ExtraFiles = []*os.File{r} // its descriptor 3
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			w.Close()
+			cmd.Process.Kill()
+			cmd.Wait()
+		})
+		var st unix.Stat_t
+		if err := unix.Fstat(int(w.Fd()), &st); err != nil {
+			t.Fatal(err)
+		}
+		return cmd, extPipe{ino: st.Ino, reader: true, pid: cmd.Process.Pid, fd: 3}
+	}
+	waitFor := func(what string, done func() bool) {
+		t.Helper()
+		for end := time.Now().Add(10 * time.Second); !done(); time.Sleep(time.Millisecond) {
+			if time.Now().After(end) {
+				t.Fatalf("%s: not after 10 s", what)
+			}
+		}
+	}
+	_, livePipe := start(t, "sleep", "60")
+	zombie, zombiePipe := start(t, "sleep", "60")
+	if err := zombie.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("a zombie", func() bool { return procState(zombie.Process.Pid) == "Z" })
+	reaped, reapedPipe := start(t, "sleep", "60")
+	reaped.Process.Kill()
+	reaped.Wait()
+	closer, closedPipe := start(t, "sh", "-c", "exec 3<&-; sleep 60")
+	waitFor("descriptor 3 closed", func() bool {
+		_, err := os.Lstat(fmt.Sprintf("/proc/%d/fd/3", closer.Process.Pid))
+		return os.IsNotExist(err)
+	})
+
+	cp := &checkpoint{pipes: []extPipe{livePipe, zombiePipe, reapedPipe, closedPipe}}
+	if err := cp.holdPipes(); err != nil {
+		t.Fatalf("holdPipes: %v", err)
+	}
+	if len(cp.held) != 1 || cp.held[livePipe.ino] == nil {
+		t.Errorf("held %v, want only the live command's pipe %d", cp.held, livePipe.ino)
+	}
+	cp.close()
+	if len(cp.held) != 0 {
+		t.Errorf("close left %v held", cp.held)
+	}
+
+	other := livePipe
+	other.ino++
+	cp = &checkpoint{pipes: []extPipe{other}}
+	if err := cp.holdPipes(); err == nil {
+		cp.close()
+		t.Errorf("holdPipes took a descriptor that is not the pipe it was")
+	}
+}
+
+// procState is the state field of /proc/PID/stat ("" if it is gone).
+func procState(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return ""
+	}
+	_, rest, _ := strings.Cut(string(b), ") ")
+	state, _, _ := strings.Cut(rest, " ")
+	return state
 }
