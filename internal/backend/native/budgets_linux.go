@@ -174,12 +174,12 @@ func writeSysctls(proc string, values []sysctl) error {
 
 // InitReserve is how many tasks a sandbox's cgroup may hold beyond its
 // pids limit while it starts or is restored, for Vivarium's init: a Go
-// program, whose runtime threads (7 or 8 measured at rest with one P;
-// more once several of its goroutines have been in system calls at once,
-// which a loaded host makes likelier) would otherwise be taken from what
-// the sandbox's code was promised. Once init runs, fitPids narrows the
-// room to the threads init has.
-const InitReserve = 16
+// program, whose runtime threads (7 or 8 measured at rest with one P,
+// and spareThreads' 8 more; more once several of its goroutines have
+// been in system calls at once, which a loaded host makes likelier)
+// would otherwise be taken from what the sandbox's code was promised.
+// Once init runs, fitPids narrows the room to the threads init has.
+const InitReserve = 32
 
 // groupLimits is what a native sandbox's cgroup limits when it is made:
 // the spec's, with room for init (InitReserve).

@@ -118,6 +118,12 @@ func closeAll(fds []int) {
 // init. A one-shot sandbox ends with its runner; a persistent one when the
 // supervisor closes the control socket.
 func supervise(cfg *initConfig, report func(initStatus)) int {
+	// First: no code of the sandbox runs yet, and its pids limit leaves
+	// init room (InitReserve). Before the control socket's reader, whose
+	// system call would hold the one P until the runtime's monitor took
+	// it back (up to 10 ms), and before the runner, whose start competes
+	// with it for the sandbox's CPU (as much again).
+	spareThreads(initSpareThreads)
 	sigchld := make(chan os.Signal, 16)
 	signal.Notify(sigchld, syscall.SIGCHLD)
 	reqs := make(chan ctlMsg)
