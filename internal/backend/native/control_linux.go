@@ -231,6 +231,33 @@ func supervise(cfg *initConfig, report func(initStatus)) int {
 	}
 }
 
+// codeOOMScore is the oom_score_adj of the sandbox's code: the runner
+// raises its own to it before any code runs (runner.py's _first_to_go),
+// and a command has it from its start (startAsCode).
+const codeOOMScore = "500"
+
+// startAsCode starts cmd with init's own oom_score_adj raised to the
+// code's, so that the command, and every process it starts (they inherit
+// it), is the memory limit's victim before init, as the runner's code
+// is: a command of many small processes (a pool of workers) at its
+// sandbox's memory limit could otherwise have init, the largest task,
+// killed, and with it the whole sandbox. The command gets the score as
+// it is forked: written after its start, a shell had already forked its
+// first child with init's. Raising a score needs no privilege; init's
+// goes back to what it was (a process may always lower its own back to
+// what it was given), and a process of the code may lower its own to
+// that only. For that moment init is not preferred to the code, only its
+// equal.
+func startAsCode(cmd *exec.Cmd) error {
+	const self = "/proc/self/oom_score_adj"
+	was, err := os.ReadFile(self)
+	if err != nil || os.WriteFile(self, []byte(codeOOMScore), 0) != nil {
+		return cmd.Start()
+	}
+	defer os.WriteFile(self, was, 0)
+	return cmd.Start()
+}
+
 // exited reports a process that ended, if the supervisor knows it.
 func exited(pid int, ws unix.WaitStatus, runner *int, commands map[int]uint64) {
 	m := ctlMsg{Op: opExited, PID: pid, Code: ws.ExitStatus()}
@@ -366,7 +393,7 @@ func spawn(cfg *initConfig, m ctlMsg) (int, []int, error) {
 		Stdin: child[0], Stdout: child[1], Stderr: child[2],
 		SysProcAttr: attr,
 	}
-	if err := cmd.Start(); err != nil {
+	if err := startAsCode(cmd); err != nil {
 		closeParent()
 		return 0, nil, err
 	}
