@@ -129,6 +129,10 @@ type Backend struct {
 	zreplaceFailed map[string]time.Time     // when a replacement last failed
 	retired        []*zygote                // replaced, serving their last sandboxes
 	closed         bool
+	// zstarts counts the zygotes starting (zstarting, zreplacing): Close
+	// waits for them, each of which, started, sees closed and closes.
+	// Added to under zmu while not closed only.
+	zstarts sync.WaitGroup
 
 	pauseState
 }
@@ -343,6 +347,8 @@ func (b *Backend) zygoteFor(ctx context.Context, python string, take bool) (*zyg
 	}
 	ch := make(chan struct{})
 	b.zstarting[python] = ch
+	b.zstarts.Add(1)
+	defer b.zstarts.Done()
 	old := b.zygotes[python]
 	b.zmu.Unlock()
 	if old != nil {
@@ -395,7 +401,9 @@ func (b *Backend) replaceZygoteLocked(python string) {
 		return
 	}
 	b.zreplacing[python] = true
+	b.zstarts.Add(1)
 	go func() {
+		defer b.zstarts.Done()
 		z, err := b.newZygote(python)
 		b.zmu.Lock()
 		delete(b.zreplacing, python)
@@ -488,6 +496,10 @@ func (b *Backend) Close() error {
 	for _, z := range zs2 {
 		z.close()
 	}
+	// A zygote still starting (a replacement in the background, most
+	// likely) is closed by its starter, which sees closed: Close returned
+	// before that once, and the hostile suite found its Python alive.
+	b.zstarts.Wait()
 	b.maybeClosePool()
 	b.removing.Wait()
 	return nil

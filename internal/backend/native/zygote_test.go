@@ -205,3 +205,39 @@ func TestZygoteReplacedAfterItsLimit(t *testing.T) {
 		t.Fatalf("the retired zygote's processes remain: %v", left)
 	}
 }
+
+// Closing the backend while a replacement zygote starts in the background
+// ends that one too before Close returns: the hostile suite once found a
+// zygote's Python alive right after Close.
+func TestZygoteCloseDuringReplacement(t *testing.T) {
+	if testutil.ZygoteMode() {
+		t.Skip("runs once, with its own zygote")
+	}
+	testutil.RequireRoot(t)
+	b, err := native.New(native.Config{CgroupParent: "vivarium-zygote-replace-close-test", UIDBase: uidBase,
+		UIDRanges: testutil.UIDRanges, Zygote: true, Preload: []string{"numpy", "pandas"}, ZygoteMaxSandboxes: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ctx := context.Background()
+	for range 2 {
+		// The second is the first zygote's too, and starts its
+		// replacement.
+		s, err := b.Create(ctx, sandbox.Spec{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+	}
+	// The replacement under way: its start (pandas imported) takes
+	// about a second. With Close waiting for it, the check below holds
+	// whenever Close comes.
+	time.Sleep(300 * time.Millisecond)
+	b.Close()
+	left := append(testutil.ProcessesOwnedBy(uidBase, uidBase+testutil.UIDSpan),
+		testutil.ZygoteProcesses(uidBase, uidBase+testutil.UIDSpan)...)
+	if len(left) > 0 {
+		t.Fatalf("processes left once Close returned: %v", left)
+	}
+}
