@@ -543,13 +543,16 @@ func TestHoldPipes(t *testing.T) {
 	}
 }
 
-// procState is the state field of /proc/PID/stat ("" if it is gone).
+// procState is the state field of /proc/PID/stat ("Z" for a zombie; ""
+// if it is gone). It follows the last ')': a command's name may hold one.
 func procState(pid int) string {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return ""
 	}
-	_, rest, _ := strings.Cut(string(b), ") ")
-	state, _, _ := strings.Cut(rest, " ")
-	return state
+	s := string(b)
+	if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) {
+		return s[i+2 : i+3]
+	}
+	return ""
 }

@@ -134,7 +134,7 @@ func TestPauseResume(t *testing.T) {
 				t.Errorf("processes left in the paused sandbox's cgroup: %v %v", pids, err)
 			}
 			for _, pid := range tree {
-				if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil && !strings.Contains(string(st), ") Z") {
+				if st := procState(pid); st != "" && st != "Z" {
 					t.Errorf("process %d of the paused sandbox still runs", pid)
 				}
 			}
