@@ -184,19 +184,9 @@ func (s *Sandbox) saveContainer(ctx context.Context, dir string) error {
 		return err
 	}
 	if err != nil {
-		// Did the container survive its failed checkpoint? runsc ends
-		// the sandbox once a save has begun, whatever its outcome.
-		select {
-		case <-ss.c.Done():
-		case <-time.After(2 * time.Second):
-		}
-		if !isClosed(ss.c.Done()) {
+		if s.survived(ctx, ss) {
 			ss.runnerKept.Store(false)
 			return err
-		}
-		select {
-		case <-ss.ended:
-		case <-time.After(drainTimeout):
 		}
 		if rerr := s.relaunch(context.WithoutCancel(ctx), true); rerr != nil {
 			return fmt.Errorf("%w; the container ended with it, and a new one did not start: %v", err, rerr)
@@ -217,6 +207,29 @@ func (s *Sandbox) saveContainer(ctx context.Context, dir string) error {
 	s.b.cfg.Logger.Debug("sandbox checkpointed", "id", s.id, "checkpoint_ms", saved.Milliseconds(),
 		"ms", time.Since(start).Milliseconds())
 	return nil
+}
+
+// survived tells whether the container of ss runs on after a checkpoint
+// that failed. runsc kills the sandbox's kernel once a save has begun,
+// whatever its outcome, and a failure before that (runsc's own) leaves it
+// running; how soon a killed sandbox ends is the host's load's to say
+// (seconds, on a busy one). So the agent is asked: an answer says the
+// container runs (a kernel killed on a failed save was killed before runsc
+// told of the failure, and answers nothing), the end of its stream says it
+// ended. A container that does neither within drainTimeout counts as ended
+// (relaunch then removes it).
+func (s *Sandbox) survived(ctx context.Context, ss *session) bool {
+	if err := s.ping(context.WithoutCancel(ctx), ss, drainTimeout); err == nil {
+		return true
+	}
+	// Every frame the ended container sent is handled before it is
+	// replaced (its stream may still be draining if the ping could not be
+	// sent).
+	select {
+	case <-ss.ended:
+	case <-time.After(pingTimeout):
+	}
+	return false
 }
 
 // checkpointFits refuses a checkpoint that may not fit in dir's file

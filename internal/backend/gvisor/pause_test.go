@@ -415,14 +415,8 @@ func TestPauseFailedCheckpoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { unix.Unmount(small, unix.MNT_DETACH) })
-	// A runsc whose checkpoints go to the small disk (but for the
-	// backend's probe, which would then refuse every pause).
-	wrapper := filepath.Join(t.TempDir(), "runsc")
-	script := "#!/bin/sh\ncase \" $* \" in *\" vivarium-probe-\"*) exec " + runsc + " \"$@\" ;; *\" checkpoint \"*) exec " + runsc +
-		" $(echo \"$@\" | sed 's|--image-path [^ ]*|--image-path " + small + "/img|') ;; esac\nexec " + runsc + " \"$@\"\n"
-	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	// A runsc whose checkpoints go to the small disk.
+	wrapper := checkpointWrapper(t, runsc, `exec "$runsc" $(echo "$@" | sed 's|--image-path [^ ]*|--image-path `+small+`/img|')`)
 	cps := filepath.Join(t.TempDir(), "cps")
 	b := pauseBackend(t, gvisor.Config{Runsc: wrapper, StateDir: dir, CheckpointDir: cps})
 	ctx := context.Background()
@@ -459,6 +453,100 @@ func TestPauseFailedCheckpoint(t *testing.T) {
 	sb.Close()
 	closed = true
 	requireNothingLeft(t, b, dir, cps)
+}
+
+// checkpointWrapper writes a runsc that runs the shell's body for a
+// checkpoint (runsc's arguments in "$@", runsc in $runsc) and is runsc
+// otherwise, the backend's probe's checkpoint included (which would
+// otherwise refuse every pause).
+func checkpointWrapper(t *testing.T, runsc, body string) string {
+	t.Helper()
+	wrapper := filepath.Join(t.TempDir(), "runsc")
+	script := "#!/bin/sh\nrunsc=" + runsc + "\n" +
+		"case \" $* \" in\n" +
+		"*\" vivarium-probe-\"*) exec \"$runsc\" \"$@\" ;;\n" +
+		"*\" checkpoint \"*) " + body + " ;;\n" +
+		"esac\n" +
+		"exec \"$runsc\" \"$@\"\n"
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return wrapper
+}
+
+// TestPauseCheckpointFails: whether a sandbox runs on after a checkpoint
+// that fails is found out, not timed. A runsc that refuses before saving
+// anything leaves the sandbox running, its Python state kept; one whose
+// sandbox stops and ends only seconds later (runsc kills a sandbox's
+// kernel after a failed save, and a busy host ends it late: CI once took
+// over 2 s) has the sandbox run again in a new container, its state lost.
+func TestPauseCheckpointFails(t *testing.T) {
+	testutil.RequireRoot(t)
+	if err := gvisor.Check(); err != nil {
+		t.Skip(err)
+	}
+	runsc, err := exec.LookPath("runsc")
+	if err != nil {
+		t.Skip(err)
+	}
+	for _, c := range []struct {
+		name, body string
+		ends       bool
+	}{
+		{"before the save", `echo "checkpoint refused before the save" >&2; exit 1`, false},
+		// The sandbox's kernel stopped (runsc pause: no answer from it),
+		// its process killed 4 s after runsc says the checkpoint failed.
+		{"ends late", `state=$(echo "$@" | sed 's| checkpoint --image-path [^ ]*| state|')
+			pause=$(echo "$@" | sed 's| checkpoint --image-path [^ ]*| pause|')
+			pid=$("$runsc" $state | sed -n 's/^ *"pid": *\([0-9]*\).*/\1/p' | head -n 1)
+			[ -n "$pid" ] && "$runsc" $pause || exit 2
+			(sleep 4; kill -9 "$pid") </dev/null >/dev/null 2>&1 &
+			echo "checkpoint failed: the sandbox ends late" >&2; exit 1`, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			cps := filepath.Join(t.TempDir(), "cps")
+			b := pauseBackend(t, gvisor.Config{Runsc: checkpointWrapper(t, runsc, c.body), StateDir: dir, CheckpointDir: cps})
+			ctx := context.Background()
+			sb, err := b.Create(ctx, sandbox.Spec{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			closed := false
+			defer func() {
+				if !closed {
+					sb.Close()
+				}
+			}()
+			p := sb.(sandbox.Pauser)
+			execValue(t, sb, "x = 41\nopen('kept.txt', 'w').write('kept')")
+			err = p.Pause(ctx)
+			t.Logf("pause: %v", err)
+			if err == nil || !strings.Contains(err.Error(), "checkpoint") || strings.Contains(err.Error(), "runs again") != c.ends {
+				t.Fatalf("Pause whose checkpoint fails: %v", err)
+			}
+			if p.Paused() {
+				t.Fatal("paused after a failed pause")
+			}
+			res, err := sb.Execute(ctx, sandbox.ExecRequest{Code: "open('kept.txt').read()"}, nil)
+			if err != nil || res.Status != sandbox.StatusOK || len(res.Results) == 0 || res.Results[0].Text != "'kept'" {
+				t.Fatalf("after the failed pause: %+v %v", res, err)
+			}
+			if res.StateLost != c.ends {
+				t.Errorf("StateLost %v after the failed pause, want %v", res.StateLost, c.ends)
+			}
+			want := "42"
+			if c.ends {
+				want = "False"
+			}
+			if got := execValue(t, sb, "x + 1 if 'x' in globals() else False"); got != want {
+				t.Errorf("x after the failed pause: %q, want %q", got, want)
+			}
+			sb.Close()
+			closed = true
+			requireNothingLeft(t, b, dir, cps)
+		})
+	}
 }
 
 // BenchmarkPauseResume pauses and resumes one sandbox, idle after x = 41
