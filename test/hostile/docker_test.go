@@ -56,9 +56,10 @@ var dockerDifferences = withReadOnlyRoot(map[string]difference{
 		}},
 	"take_all_inotify_watches": {why: "no user namespace of its own: a container's watches are limited by the host's " +
 		"per-user limit (fs.inotify.max_user_watches) for its own host user, and each watch pins an inode of the " +
-		"container's /usr overlay, charged to its memory cgroup, whose limit ends the walk first",
+		"container's /usr overlay, charged to its memory cgroup, whose limit ends the walk first (in about 6 s here); " +
+		"on a loaded host the cgroup's reclaim near its limit can outlast the wall clock (once in CI), which then ends it",
 		check: func(t *testing.T, h *harness, o *outcome) {
-			if o.Status != sandbox.StatusMemoryLimit {
+			if o.Status != sandbox.StatusMemoryLimit && o.Status != sandbox.StatusTimeout {
 				if _, why := heldCount(t, o, "inotify_watches"); why != "ENOSPC" {
 					t.Errorf("watches stopped with %s, want ENOSPC or the memory limit", why)
 				}
