@@ -17,24 +17,36 @@ import (
 )
 
 // portServer is a sandbox's HTTP server: /hello answers, /huge never ends,
-// /hang never answers.
+// /hang never answers and ends when its client goes. One thread serves
+// every connection: a thread each would hold the sandbox's pids (64) with
+// TestPortsBounds' 64 hanging requests, and a request after them, or one
+// of them, could then find no thread (seen under load: 502 for 30 s).
 const portServer = `
-import http.server, sys, time
-class H(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.0"
-    def do_GET(self):
-        if self.path == "/hang":
-            time.sleep(3600)
-        self.send_response(200)
-        self.end_headers()
-        if self.path == "/huge":
+import asyncio, sys
+async def handle(r, w):
+    try:
+        head = (await r.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        path = head[0].split(" ")[1]
+        host = next((h.split(":", 1)[1].strip() for h in head[1:] if h.lower().startswith("host:")), "")
+        if path == "/hang":
+            await r.read()
+            return
+        w.write(b"HTTP/1.0 200 OK\r\n\r\n")
+        if path == "/huge":
             chunk = b"x" * (1 << 20)
             while True:
-                self.wfile.write(chunk)
-        self.wfile.write(b"hello from " + self.path.encode() + b" via " + self.headers.get("Host", "").encode())
-    def log_message(self, *a):
+                w.write(chunk)
+                await w.drain()
+        w.write(b"hello from " + path.encode() + b" via " + host.encode())
+        await w.drain()
+    except Exception:
         pass
-http.server.ThreadingHTTPServer(("0.0.0.0", int(sys.argv[1])), H).serve_forever()
+    finally:
+        w.close()
+async def main():
+    srv = await asyncio.start_server(handle, "0.0.0.0", int(sys.argv[1]), backlog=256)
+    await srv.serve_forever()
+asyncio.run(main())
 `
 
 // startPortServer starts portServer on port in sandbox id and waits until
