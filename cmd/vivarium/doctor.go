@@ -319,7 +319,7 @@ func volumeCheck(b sandbox.Backend) check {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	res, _ := sandbox.RunOnce(ctx, b, sandbox.OneShot{
-		Spec:    sandbox.Spec{Volumes: []sandbox.VolumeMount{{Path: "/mnt/v", HostDir: l.HostDir, Name: "v"}}},
+		Spec:    sandbox.Spec{Volumes: []sandbox.VolumeMount{{Path: "/mnt/v", Name: "v", Mount: l.Mount}}},
 		Request: sandbox.ExecRequest{Code: `open("/mnt/v/probe", "w").write("ok")`}})
 	l.Release()
 	if res.Status != sandbox.StatusOK {

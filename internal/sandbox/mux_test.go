@@ -74,7 +74,7 @@ func (*volumeBackend) VolumesSupported() error { return nil }
 func TestMuxVolumes(t *testing.T) {
 	native, wasm := &volumeBackend{namedBackend{name: "native"}}, &namedBackend{name: "wasm"}
 	m := NewMux(native, wasm)
-	vols := []VolumeMount{{Path: "/mnt/v", HostDir: "/h", Name: "v"}}
+	vols := []VolumeMount{{Path: "/mnt/v", Mount: noMount, Name: "v"}}
 	if _, err := m.Create(context.Background(), Spec{Volumes: vols}); err != nil || len(native.specs) != 1 {
 		t.Fatalf("native: %v, %d made", err, len(native.specs))
 	}

@@ -7,14 +7,17 @@ import (
 )
 
 // VolumeMount is a persistent volume mounted into a sandbox
-// (Spec.Volumes): its file system, which the volume store keeps mounted on
-// the host while the sandbox lives, at Path inside. Backends mount it
-// read-write, nosuid and nodev, with the sandbox user's files owned by it
-// (the volume's own ids are those of the sandbox: 1000 is its user).
+// (Spec.Volumes): its file system, which the volume store keeps while the
+// sandbox lives, at Path inside. Backends mount it read-write, nosuid and
+// nodev, with the sandbox user's files owned by it (the volume's own ids
+// are those of the sandbox: 1000 is its user).
 type VolumeMount struct {
-	Path    string // absolute path in the sandbox (ValidVolumePath)
-	HostDir string // the volume's mounted file system on the host
-	Name    string // the volume's name, for messages
+	Path string // absolute path in the sandbox (ValidVolumePath)
+	Name string // the volume's name, for messages
+	// Mount makes a new mount of the volume's file system, detached
+	// (attached in no mount namespace; see volume.Lease.Mount), and
+	// returns its descriptor, which the caller closes.
+	Mount func() (int, error)
 }
 
 // MaxVolumes bounds the volumes one sandbox mounts.
@@ -105,8 +108,8 @@ func validVolumes(vs []VolumeMount) error {
 		if err := ValidVolumePath(v.Path); err != nil {
 			return err
 		}
-		if !strings.HasPrefix(v.HostDir, "/") {
-			return fmt.Errorf("%w: volume %q has no host directory", ErrInvalidSpec, v.Name)
+		if v.Mount == nil {
+			return fmt.Errorf("%w: volume %q has no file system", ErrInvalidSpec, v.Name)
 		}
 		for _, w := range vs[:i] {
 			a, b := homeCanonical(v.Path), homeCanonical(w.Path)

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"errors"
 	"path"
 	"strings"
 	"testing"
@@ -24,7 +25,7 @@ func TestValidVolumePath(t *testing.T) {
 }
 
 func TestOverlappingVolumes(t *testing.T) {
-	v := func(p string) VolumeMount { return VolumeMount{Path: p, HostDir: "/h", Name: "n"} }
+	v := func(p string) VolumeMount { return VolumeMount{Path: p, Mount: noMount, Name: "n"} }
 	if err := validVolumes([]VolumeMount{v("/mnt/a"), v("/mnt/ab")}); err != nil {
 		t.Fatal(err)
 	}
@@ -33,6 +34,9 @@ func TestOverlappingVolumes(t *testing.T) {
 		if err := validVolumes(vs); err == nil {
 			t.Errorf("%v accepted", vs)
 		}
+	}
+	if err := validVolumes([]VolumeMount{{Path: "/mnt/a", Name: "n"}}); err == nil {
+		t.Error("a volume without a file system accepted")
 	}
 }
 
@@ -59,3 +63,6 @@ func FuzzValidVolumePath(f *testing.F) {
 		}
 	})
 }
+
+// noMount stands for a volume's file system where none is mounted.
+func noMount() (int, error) { return -1, errors.New("no volume in this test") }

@@ -55,7 +55,7 @@ func (b *Box) withVolumes(ws sandbox.Workspace, inWorkspace bool, user string) (
 		var d *workspace.Dir
 		if user == "" || user == sandbox.UserSandbox {
 			var err error
-			if d, err = workspace.Open(l.HostDir, volume.OwnerUID, volume.OwnerGID); err != nil {
+			if d, err = l.Open(volume.OwnerUID, volume.OwnerGID); err != nil {
 				closeAll()
 				return nil, nil, err
 			}

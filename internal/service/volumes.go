@@ -51,7 +51,7 @@ func (s *Service) leaseVolumes(owner string, reqs []VolumeRequest) (_ []sandbox.
 			return nil, nil, err
 		}
 		leases = append(leases, l)
-		mounts = append(mounts, sandbox.VolumeMount{Path: r.Path, HostDir: l.HostDir, Name: l.Volume.Name})
+		mounts = append(mounts, sandbox.VolumeMount{Path: r.Path, Name: l.Volume.Name, Mount: l.Mount})
 	}
 	return mounts, leases, nil
 }

@@ -6,17 +6,21 @@
 // kernel (a write past it fails with ENOSPC in the sandbox), and the host
 // disk holds at most that many bytes of it. While a sandbox or a content
 // request uses a volume, its image is attached to a loop device (with
-// autoclear: the device detaches when its file system is unmounted) and
-// mounted, nosuid, nodev and noexec, in a directory only root can reach;
-// when the last user is gone it is unmounted. A sandbox never sees the
-// image itself, only the file system the kernel keeps in it.
+// autoclear: the device detaches when its file system's last mount is
+// gone) and mounted, nosuid, nodev and noexec, detached: the server holds
+// the mount by a descriptor and no mount namespace of the host's has it,
+// so none made meanwhile can keep a copy. Each sandbox gets a mount of its
+// own (Lease.Mount). When the last user is gone the server lets go of its
+// mount. A sandbox never sees the image itself, only the file system the
+// kernel keeps in it.
 //
 // Ownership in a volume is canonical: what a sandbox's user (uid 1000 in
 // every sandbox) writes is owned by 1000 on disk, whichever host uids the
 // sandbox's user namespace maps (backends translate, see the native
 // backend's idmapped mounts); the content API writes as 1000 too.
 //
-// Layout of Config.Dir (mode 0700): <id>/meta.json, <id>/image, <id>/mnt.
+// Layout of Config.Dir (mode 0700): <id>/meta.json, <id>/image (and an
+// empty <id>/mnt of earlier versions, which mounted volumes there).
 package volume
 
 import (
@@ -95,6 +99,10 @@ type entry struct {
 	sandboxes int // of them, sandboxes'
 	mounted   bool
 	deleting  bool
+	// While mounted: the loop device, and the server's own mount of it
+	// (detached, newMount), which keeps the device for the leases.
+	dev string
+	mnt *os.File
 }
 
 // Store keeps the volumes of every owner.
@@ -103,10 +111,7 @@ type Store struct {
 	unavailable error // why volumes cannot be kept here; nil: they can
 	mu          sync.Mutex
 	vols        map[string]*entry // by ID
-	mounted     int               // of them, mounted on the host
-	private     bool              // Dir is a private mount of its own (privateDir), while volumes are mounted
-	unbinding   bool              // unbind is waiting to undo privateDir
-	unbound     sync.WaitGroup    // the unbind goroutine
+	mounted     int               // of them, mounted
 	lock        *os.File          // held while the store is open: one per directory
 	closed      bool
 }
@@ -272,9 +277,6 @@ func (s *Store) make(m meta) error {
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return fmt.Errorf("volume directory: %w", err)
 	}
-	if err := os.Mkdir(filepath.Join(dir, "mnt"), 0o700); err != nil {
-		return fmt.Errorf("volume directory: %w", err)
-	}
 	if err := makeImage(filepath.Join(dir, "image"), m.Size); err != nil {
 		return err
 	}
@@ -359,21 +361,18 @@ func (s *Store) Delete(owner, idOrName string) error {
 // Lease is one use of a mounted volume. Release it once: the last
 // release unmounts the volume.
 type Lease struct {
-	s       *Store
-	e       *entry
-	sandbox bool
-	once    sync.Once
-	// HostDir is the volume's file system, mounted on the host: backends
-	// mount it into a sandbox (sandbox.VolumeMount); the content API
-	// opens it confined (workspace.Open).
-	HostDir string
+	s        *Store
+	e        *entry
+	sandbox  bool
+	once     sync.Once
+	released bool // under s.mu
 	// Volume is the volume leased.
 	Volume Volume
 }
 
-// Acquire mounts an owner's volume (by ID or name) on the host, if it is
-// not already, for a sandbox (forSandbox: Delete refuses while it holds
-// the lease) or a content request.
+// Acquire mounts an owner's volume (by ID or name), if it is not already,
+// for a sandbox (forSandbox: Delete refuses while it holds the lease) or a
+// content request.
 func (s *Store) Acquire(owner, idOrName string, forSandbox bool) (*Lease, error) {
 	if s.unavailable != nil {
 		return nil, errUnavailable
@@ -387,38 +386,67 @@ func (s *Store) Acquire(owner, idOrName string, forSandbox bool) (*Lease, error)
 	if err != nil {
 		return nil, err
 	}
-	mnt := filepath.Join(s.dir(e.ID), "mnt")
 	if !e.mounted {
 		if s.mounted >= s.cfg.MaxMounted {
 			return nil, fmt.Errorf("%w: the server has %d volumes mounted, its maximum; try again when sandboxes have ended",
 				ErrQuota, s.cfg.MaxMounted)
 		}
-		if !s.private {
-			if err := privateDir(s.cfg.Dir); err != nil {
-				return nil, fmt.Errorf("volumes directory: %w", err)
-			}
-			s.private = true
-		}
 		// Under the lock: two mounts of one image at once would be two
 		// file systems writing one disk.
-		if err := mountImage(filepath.Join(s.dir(e.ID), "image"), mnt); err != nil {
-			s.unbindLocked()
+		dev, mnt, err := mountImage(filepath.Join(s.dir(e.ID), "image"))
+		if err != nil {
 			return nil, fmt.Errorf("mount volume %q: %w", e.Name, err)
 		}
-		e.mounted = true
+		e.dev, e.mnt, e.mounted = dev, mnt, true
 		s.mounted++
-	}
-	if !isMounted(mnt) {
-		// Unmounted behind the store's back (by hand, or by another
-		// server's sweep): never hand out the bare directory beneath,
-		// which is the host's disk, not the volume.
-		return nil, fmt.Errorf("volume %q is no longer mounted at %s", e.Name, mnt)
 	}
 	e.users++
 	if forSandbox {
 		e.sandboxes++
 	}
-	return &Lease{s: s, e: e, sandbox: forSandbox, HostDir: mnt, Volume: e.Volume}, nil
+	return &Lease{s: s, e: e, sandbox: forSandbox, Volume: e.Volume}, nil
+}
+
+// Mount makes a new mount of the volume's file system, for a sandbox:
+// detached (the backend attaches it in the sandbox's mount namespace),
+// nosuid, nodev, noexec and noatime. The caller closes the descriptor
+// once it has attached it; the file system lives as long as any of its
+// mounts does. A released lease makes none.
+func (l *Lease) Mount() (int, error) {
+	l.s.mu.Lock() // the device is the volume's until the last release
+	defer l.s.mu.Unlock()
+	if l.released {
+		return -1, fmt.Errorf("volume %q: the lease was released", l.Volume.Name)
+	}
+	fd, err := newMount(l.e.dev)
+	if err != nil {
+		return -1, fmt.Errorf("volume %q: %w", l.Volume.Name, err)
+	}
+	return fd, nil
+}
+
+// Open opens the volume's root confined (workspace.Open), files made in
+// it owned by uid:gid. The Dir keeps the file system open until it is
+// closed. A released lease opens nothing.
+func (l *Lease) Open(uid, gid int) (*workspace.Dir, error) {
+	l.s.mu.Lock() // the server's mount is open until the last release
+	defer l.s.mu.Unlock()
+	if l.released {
+		return nil, fmt.Errorf("volume %q: the lease was released", l.Volume.Name)
+	}
+	return workspace.Open(procPath(l.e.mnt), uid, gid)
+}
+
+// Dir names the root of the volume's file system in this process only
+// (the server's mount of it, /proc/self/fd/N), for tests and tools that
+// hold the lease until they are done with the path; requests use Open.
+func (l *Lease) Dir() string {
+	l.s.mu.Lock()
+	defer l.s.mu.Unlock()
+	if l.released {
+		return ""
+	}
+	return procPath(l.e.mnt)
 }
 
 // Release ends the lease; the volume is unmounted when it was the last.
@@ -429,6 +457,7 @@ func (l *Lease) Release() {
 		s := l.s
 		s.mu.Lock()
 		defer s.mu.Unlock()
+		l.released = true
 		l.e.users--
 		if l.sandbox {
 			l.e.sandboxes--
@@ -439,76 +468,42 @@ func (l *Lease) Release() {
 	})
 }
 
+// unmountLocked lets go of the server's mount of a volume: its file system,
+// and loop device, go once the sandboxes' mounts of it have gone too.
 func (s *Store) unmountLocked(e *entry) {
-	if err := unmount(filepath.Join(s.dir(e.ID), "mnt")); err != nil {
-		// Still mounted: it stays so, and is reused by the next lease.
-		s.cfg.Logger.Warn("volume unmount", "id", e.ID, "err", err)
-		return
-	}
-	e.mounted = false
+	e.mnt.Close()
+	e.dev, e.mnt, e.mounted = "", nil, false
 	s.mounted--
-	s.unbindLocked()
 }
 
-// unbindLocked undoes privateDir once no volume is mounted, so that a
-// server whose volumes are not in use leaves no mount behind, even if it
-// is killed. It does so from a goroutine of its own: the loop device of a
-// volume just unmounted keeps its image open, through this mount, until
-// the kernel has released the volume's last mount (a sandbox's mount
-// namespace goes asynchronously once its processes are dead), and an
-// unmount before that would find it busy.
-func (s *Store) unbindLocked() {
-	if !s.private || s.mounted > 0 || s.unbinding {
-		return
-	}
-	s.unbinding = true
-	s.unbound.Add(1)
-	go func() {
-		defer s.unbound.Done()
-		waitDetached(s.cfg.Dir, unbindWait)
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		s.unbinding = false
-		if !s.private || s.mounted > 0 {
-			return // a volume was mounted meanwhile
-		}
-		if err := unmount(s.cfg.Dir); err != nil {
-			s.cfg.Logger.Warn("unmount the volumes directory", "err", err)
-			return
-		}
-		s.private = false
-	}()
-}
-
-// unbindWait bounds how long unbindLocked waits for the loop devices of
-// unmounted volumes to go.
-const unbindWait = 10 * time.Second
+// closeWait bounds how long Close waits for the loop devices of the
+// volumes it unmounted to go.
+const closeWait = 10 * time.Second
 
 // Close refuses new leases and unmounts every volume no lease holds (the
-// service releases its sandboxes' leases as it closes them, before this).
+// service releases its sandboxes' leases as it closes them, before this),
+// then waits a little for their loop devices to detach.
 func (s *Store) Close() error {
 	s.mu.Lock()
 	s.closed = true
 	var errs []error
 	for _, e := range s.vols {
-		if e.mounted {
-			if e.users > 0 {
-				errs = append(errs, fmt.Errorf("volume %s still has %d user(s)", e.ID, e.users))
-			}
-			s.unmountLocked(e)
+		if !e.mounted {
+			continue
 		}
-	}
-	s.unbindLocked()
-	s.mu.Unlock()
-	s.unbound.Wait()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.private {
-		errs = append(errs, errors.New("the volumes directory is still mounted"))
+		if e.users > 0 {
+			errs = append(errs, fmt.Errorf("volume %s still has %d user(s)", e.ID, e.users))
+			continue
+		}
+		s.unmountLocked(e)
 	}
 	if s.lock != nil {
 		s.lock.Close()
 		s.lock = nil
+	}
+	s.mu.Unlock()
+	if len(errs) == 0 {
+		waitDetached(s.cfg.Dir, closeWait)
 	}
 	return errors.Join(errs...)
 }
@@ -523,7 +518,7 @@ func (s *Store) Content(owner, idOrName string, fn func(Volume, *workspace.Dir) 
 		return err
 	}
 	defer l.Release()
-	d, err := workspace.Open(l.HostDir, OwnerUID, OwnerGID)
+	d, err := l.Open(OwnerUID, OwnerGID)
 	if err != nil {
 		return err
 	}

@@ -7,8 +7,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -50,25 +52,21 @@ func loopsOf(t *testing.T, dir string) []string {
 	return out
 }
 
+// mountsUnder lists this mount namespace's mounts at or under dir: the
+// store makes none (its mounts are detached).
 func mountsUnder(t *testing.T, dir string) []string {
 	t.Helper()
-	// The volumes directory's own mount goes once the kernel has let go
-	// of the last volume's loop device (Store.unbindLocked): asynchronously.
-	for deadline := time.Now().Add(unbindWait + 2*time.Second); ; time.Sleep(20 * time.Millisecond) {
-		b, err := os.ReadFile("/proc/self/mountinfo")
-		if err != nil {
-			t.Fatal(err)
-		}
-		var out []string
-		for _, l := range strings.Split(string(b), "\n") {
-			if f := strings.Fields(l); len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
-				out = append(out, f[4])
-			}
-		}
-		if len(out) == 0 || time.Now().After(deadline) {
-			return out
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
+			out = append(out, f[4])
 		}
 	}
+	return out
 }
 
 func TestNames(t *testing.T) {
@@ -188,8 +186,8 @@ func TestLifecycleOwnersAndLimit(t *testing.T) {
 	if l := loopsOf(t, dir); len(l) != 0 {
 		t.Fatalf("loop devices left: %v", l)
 	}
-	if isMountPoint(dir) {
-		t.Fatal("the volumes directory is still mounted after Close")
+	if m := mountsUnder(t, dir); len(m) != 0 {
+		t.Fatalf("mounted after Close: %v", m)
 	}
 }
 
@@ -206,7 +204,7 @@ func TestContentLinksStayInside(t *testing.T) {
 	}
 	// What a sandbox could make in its volume.
 	for name, target := range map[string]string{"shadow": "/etc/shadow", "up": "../../..", "etc": "/etc"} {
-		if err := os.Symlink(target, filepath.Join(l.HostDir, name)); err != nil {
+		if err := os.Symlink(target, filepath.Join(l.Dir(), name)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -360,11 +358,10 @@ func TestConcurrentLeases(t *testing.T) {
 	}
 }
 
-// One store per directory; a volume unmounted behind the store's back is
-// never handed out as the bare directory beneath.
-func TestOneStoreAndNoBareDirectory(t *testing.T) {
+// One store per directory.
+func TestOneStore(t *testing.T) {
 	dir := t.TempDir()
-	s := open(t, dir)
+	open(t, dir)
 	second, err := Open(Config{Dir: dir})
 	if err != nil {
 		t.Fatal(err)
@@ -376,7 +373,15 @@ func TestOneStoreAndNoBareDirectory(t *testing.T) {
 		t.Fatalf("the second store created a volume: %v", err)
 	}
 	second.Close()
+}
 
+// A volume is mounted in no mount namespace of the host's: a process that
+// makes one while the volume is in use (a service's, an unshare -m) keeps
+// nothing of it, and its loop device detaches once its users are gone.
+// Each sandbox's mount (Lease.Mount) is the same file system.
+func TestNoHostNamespaceHoldsIt(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir)
 	if _, err := s.Create("alice", "v", 0); err != nil {
 		t.Fatal(err)
 	}
@@ -385,14 +390,80 @@ func TestOneStoreAndNoBareDirectory(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Release()
-	if err := unix.Unmount(l.HostDir, unix.MNT_DETACH); err != nil {
+	if m := mountsUnder(t, "/"); slices.ContainsFunc(m, func(p string) bool { return strings.HasPrefix(p, dir) }) {
+		t.Fatalf("mounted on the host: %v", m)
+	}
+	if b, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(b), " "+l.e.dev+" ") {
+		t.Fatalf("%s is mounted in the server's mount namespace:\n%s", l.e.dev, b)
+	}
+	// A namespace copied from the host's while the volume is in use.
+	held := exec.Command("sleep", "600")
+	held.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS}
+	if err := held.Start(); err != nil {
 		t.Fatal(err)
 	}
-	err = s.Content("alice", "v", func(Volume, *workspace.Dir) error {
-		t.Error("the content request ran on the bare directory")
-		return nil
-	})
-	if err == nil || !strings.Contains(err.Error(), "no longer mounted") {
-		t.Fatalf("content of an unmounted volume: %v", err)
+	defer func() { held.Process.Kill(); held.Wait() }()
+
+	fd, err := l.Mount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(l.Dir(), "f"), []byte("one file system"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/self/fd/%d/f", fd))
+	if err != nil || string(b) != "one file system" {
+		t.Fatalf("a sandbox's mount reads %q, %v", b, err)
+	}
+	var sfs unix.Statfs_t
+	if err := unix.Fstatfs(fd, &sfs); err != nil {
+		t.Fatal(err)
+	}
+	if want := int64(unix.ST_NOSUID | unix.ST_NODEV | unix.ST_NOEXEC); sfs.Flags&want != want {
+		t.Fatalf("a sandbox's mount has flags %#x", sfs.Flags)
+	}
+	unix.Close(fd)
+	l.Release()
+	if _, err := l.Mount(); err == nil {
+		t.Fatal("a released lease made a mount")
+	}
+	if d, err := l.Open(OwnerUID, OwnerGID); err == nil || l.Dir() != "" {
+		d.Close()
+		t.Fatalf("a released lease opened its volume (%q)", l.Dir())
+	}
+	for deadline := time.Now().Add(5 * time.Second); len(loopsOf(t, dir)) > 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the loop device is still attached while a namespace made meanwhile lives: %v", loopsOf(t, dir))
+		}
+	}
+}
+
+// A sandbox's mount of a volume already in use (Lease.Mount).
+func BenchmarkLeaseMount(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("needs root: loop devices and mounts")
+	}
+	s, err := Open(Config{Dir: b.TempDir(), MaxSize: 64 << 20})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Unavailable(); err != nil {
+		b.Skip(err)
+	}
+	if _, err := s.Create("alice", "v", 0); err != nil {
+		b.Fatal(err)
+	}
+	l, err := s.Acquire("alice", "v", true)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Release()
+	for b.Loop() {
+		fd, err := l.Mount()
+		if err != nil {
+			b.Fatal(err)
+		}
+		unix.Close(fd)
 	}
 }

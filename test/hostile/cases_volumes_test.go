@@ -76,13 +76,13 @@ print("\n".join(out))
 			t.Cleanup(l.Release) // the one-shot sandbox has ended by then
 			for name, target := range map[string]string{"secret": h.canaries.SecretPath, "up": "../../../../../..",
 				"hostroot": "/proc/1/root"} {
-				if err := os.Symlink(target, filepath.Join(l.HostDir, name)); err != nil {
+				if err := os.Symlink(target, filepath.Join(l.Dir(), name)); err != nil {
 					t.Fatal(err)
 				}
 			}
 			j.vars["SECRET_PATH"] = h.canaries.SecretPath
-			j.vars["HOST_DIR"] = l.HostDir
-			j.Spec.Volumes = []sandbox.VolumeMount{{Path: "/mnt/vol", HostDir: l.HostDir, Name: "v"}}
+			j.vars["HOST_DIR"] = l.Dir() // this process's path to the store's mount, until Release
+			j.Spec.Volumes = []sandbox.VolumeMount{{Path: "/mnt/vol", Mount: l.Mount, Name: "v"}}
 		},
 		check: func(t *testing.T, h *harness, o *outcome) {
 			wantStatus(t, o, sandbox.StatusOK, 0)
@@ -99,13 +99,13 @@ print("\n".join(out))
 			if len(got) != 9 || got[8] != "nosuid True nodev True" {
 				t.Fatalf("unexpected outcome: %s", describe(o))
 			}
-			// The host's mount of the volume is as it was.
+			// The server's mount of the volume is as it was.
 			var sfs unix.Statfs_t
 			if err := unix.Statfs(o.vars["HOST_DIR"], &sfs); err != nil {
 				t.Fatal(err)
 			}
 			if want := int64(unix.ST_NOSUID | unix.ST_NODEV | unix.ST_NOEXEC); sfs.Flags&want != want {
-				t.Fatalf("the host's mount of the volume now has flags %#x", sfs.Flags)
+				t.Fatalf("the server's mount of the volume now has flags %#x", sfs.Flags)
 			}
 		},
 	},

@@ -17,18 +17,19 @@ import (
 // chowned, so that one volume serves sandboxes of different ranges at once,
 // and what one writes is its user's in the next. In order:
 //
-//  1. the supervisor clones the volume's host mount (open_tree
-//     OPEN_TREE_CLONE: a detached mount, not yet in any namespace);
-//  2. it makes the clone idmapped with the sandbox's user namespace
+//  1. the supervisor gets a new mount of the volume's file system from
+//     the volume store (VolumeMount.Mount: fsmount, detached, in no
+//     namespace; the host has none of it either);
+//  2. it makes the mount idmapped with the sandbox's user namespace
 //     (mount_setattr MOUNT_ATTR_IDMAP, which needs the host's root: a
-//     sandbox cannot make one), nosuid and nodev, and executable (the host's
-//     mount is noexec: the host never runs what a sandbox wrote, a sandbox
-//     may);
-//  3. it sends the clones to init on the control socket (opVolumes), before
+//     sandbox cannot make one), nosuid and nodev, and executable (the
+//     store's mounts are noexec: the host never runs what a sandbox wrote,
+//     a sandbox may);
+//  3. it sends the mounts to init on the control socket (opVolumes), before
 //     init's config;
 //  4. init, while it builds the root and before any code of the sandbox's
 //     runs, makes each mount point in the root (no link is followed) and
-//     attaches the clone there (move_mount), before pivot_root; a volume
+//     attaches the mount there (move_mount), before pivot_root; a volume
 //     under the home is attached in /workspace and a copy of it bound at
 //     the same place under /home/user (volumeTargets).
 //
@@ -45,7 +46,7 @@ var _ sandbox.VolumeBackend = (*Backend)(nil)
 // can mount volumes; a kernel without idmapped mounts refuses at start.
 func (b *Backend) VolumesSupported() error { return nil }
 
-// volumeMounts makes the idmapped clones of spec's volumes for the
+// volumeMounts makes the idmapped mounts of spec's volumes for the
 // sandbox whose init is pid (not yet reaped), in the order of spec.Volumes.
 func volumeMounts(pid int, vols []sandbox.VolumeMount) (_ []int, err error) {
 	userns, err := unix.Open(fmt.Sprintf("/proc/%d/ns/user", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
@@ -60,10 +61,9 @@ func volumeMounts(pid int, vols []sandbox.VolumeMount) (_ []int, err error) {
 		}
 	}()
 	for _, v := range vols {
-		fd, err := unix.OpenTree(unix.AT_FDCWD, v.HostDir,
-			unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_SYMLINK_NOFOLLOW)
+		fd, err := v.Mount()
 		if err != nil {
-			return nil, fmt.Errorf("volume %q: clone its mount (open_tree, Linux 5.2): %w", v.Name, err)
+			return nil, err
 		}
 		fds = append(fds, fd)
 		attr := unix.MountAttr{

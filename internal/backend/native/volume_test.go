@@ -19,9 +19,10 @@ import (
 
 // openVolumes opens a volume store in a temporary directory, skipping
 // where the host cannot keep volumes.
-func openVolumes(t *testing.T) *volume.Store {
+func openVolumes(t *testing.T) (*volume.Store, string) {
 	t.Helper()
-	st, err := volume.Open(volume.Config{Dir: filepath.Join(t.TempDir(), "volumes"), MaxSize: 64 << 20})
+	dir := filepath.Join(t.TempDir(), "volumes")
+	st, err := volume.Open(volume.Config{Dir: dir, MaxSize: 64 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,7 +30,7 @@ func openVolumes(t *testing.T) *volume.Store {
 		t.Skipf("volumes unavailable: %v", err)
 	}
 	t.Cleanup(func() { st.Close() })
-	return st
+	return st, dir
 }
 
 func execOK(t *testing.T, sb sandbox.Sandbox, code string) string {
@@ -72,7 +73,7 @@ func mountHolders(dir string) []string {
 	procs, _ := filepath.Glob("/proc/[0-9]*")
 	for _, p := range procs {
 		if ns, _ := os.Readlink(p + "/ns/mnt"); ns == own {
-			continue // the host's: the store's own mount is there
+			continue // the host's, which has none
 		}
 		mi, err := os.ReadFile(p + "/mountinfo")
 		if err != nil || !slices.ContainsFunc(keys, func(k string) bool { return strings.Contains(string(mi), k) }) {
@@ -90,7 +91,7 @@ func mountHolders(dir string) []string {
 // attached once they end.
 func TestVolumesSharedOwnedAndBounded(t *testing.T) {
 	b := newBackend(t)
-	st := openVolumes(t)
+	st, dir := openVolumes(t)
 	v, err := st.Create("alice", "data", 32<<20)
 	if err != nil {
 		t.Fatal(err)
@@ -102,7 +103,7 @@ func TestVolumesSharedOwnedAndBounded(t *testing.T) {
 			t.Fatal(err)
 		}
 		sb, err := b.Create(context.Background(), sandbox.Spec{Home: sandbox.HomeUser,
-			Volumes: []sandbox.VolumeMount{{Path: path, HostDir: l.HostDir, Name: v.Name}}})
+			Volumes: []sandbox.VolumeMount{{Path: path, Mount: l.Mount, Name: v.Name}}})
 		if err != nil {
 			l.Release()
 			t.Fatal(err)
@@ -118,7 +119,7 @@ print(open("/mnt/shared/from_a.txt").read(), os.stat("/mnt/shared/from_a.txt").s
 	}
 	// On disk, the sandbox user's own id, whatever host user it was.
 	var hst unix.Stat_t
-	if err := unix.Lstat(filepath.Join(la.HostDir, "from_a.txt"), &hst); err != nil || hst.Uid != 1000 || hst.Gid != 1000 {
+	if err := unix.Lstat(filepath.Join(la.Dir(), "from_a.txt"), &hst); err != nil || hst.Uid != 1000 || hst.Gid != 1000 {
 		t.Fatalf("on disk: %v uid %d gid %d", err, hst.Uid, hst.Gid)
 	}
 	execOK(t, bb, `import os; os.mkdir("/mnt/shared/dir"); open("/mnt/shared/dir/from_b", "w").write("b")`)
@@ -138,14 +139,14 @@ except OSError as e:
 	if err != nil || strings.TrimSpace(res.Stdout) != "errno ENOSPC" {
 		t.Fatalf("64 MiB into a 32 MiB volume: %v %+v", err, res)
 	}
-	image := filepath.Join(filepath.Dir(la.HostDir), "image")
+	image := filepath.Join(dir, v.ID, "image")
 	if fi, err := os.Stat(image); err != nil || fi.Size() != 32<<20 {
 		t.Fatalf("image: %v %v", fi.Size(), err)
 	}
 	// Set-id bits are not honoured in the volume, device nodes cannot be
-	// made; the host's mount of it is noexec, nosuid, nodev.
+	// made; the server's mount of it is noexec, nosuid, nodev.
 	var sfs unix.Statfs_t
-	if err := unix.Statfs(la.HostDir, &sfs); err != nil {
+	if err := unix.Statfs(la.Dir(), &sfs); err != nil {
 		t.Fatal(err)
 	}
 	if want := int64(unix.ST_NOSUID | unix.ST_NODEV | unix.ST_NOEXEC); sfs.Flags&want != want {
@@ -168,7 +169,6 @@ print(bool(st.f_flag & os.ST_NOSUID), bool(st.f_flag & os.ST_NODEV))`); got != "
 	}
 	// The kernel lets go of a dead sandbox's mounts, and so of the
 	// device, a moment after its last process.
-	dir := filepath.Dir(filepath.Dir(la.HostDir))
 	for deadline := time.Now().Add(10 * time.Second); loopsBacking(dir) > 0; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			// Seen once, with three test packages at once: who still has
@@ -198,7 +198,7 @@ print(bool(st.f_flag & os.ST_NOSUID), bool(st.f_flag & os.ST_NODEV))`); got != "
 // planted in a volume leads nowhere outside it when mounted.
 func TestVolumePathsAndLinks(t *testing.T) {
 	b := newBackend(t)
-	st := openVolumes(t)
+	st, _ := openVolumes(t)
 	if _, err := st.Create("alice", "v", 0); err != nil {
 		t.Fatal(err)
 	}
@@ -208,7 +208,7 @@ func TestVolumePathsAndLinks(t *testing.T) {
 	}
 	defer l.Release()
 	for _, p := range []string{"/", "/etc", "/usr/lib", "/proc/x", "/opt/vivarium", "/home/user/../../etc", "data", "/home/user"} {
-		_, err := b.Create(context.Background(), sandbox.Spec{Volumes: []sandbox.VolumeMount{{Path: p, HostDir: l.HostDir, Name: "v"}}})
+		_, err := b.Create(context.Background(), sandbox.Spec{Volumes: []sandbox.VolumeMount{{Path: p, Mount: l.Mount, Name: "v"}}})
 		if err == nil {
 			t.Fatalf("mounted at %q", p)
 		}
@@ -221,11 +221,11 @@ func TestVolumePathsAndLinks(t *testing.T) {
 	}
 	for name, target := range map[string]string{"canary": canary, "up": "../../../../.." + canary,
 		"host": "/proc/1/root" + canary, "shadow": "/etc/shadow"} {
-		if err := os.Symlink(target, filepath.Join(l.HostDir, name)); err != nil {
+		if err := os.Symlink(target, filepath.Join(l.Dir(), name)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	sb, err := b.Create(context.Background(), sandbox.Spec{Volumes: []sandbox.VolumeMount{{Path: "/data", HostDir: l.HostDir, Name: "v"}}})
+	sb, err := b.Create(context.Background(), sandbox.Spec{Volumes: []sandbox.VolumeMount{{Path: "/data", Mount: l.Mount, Name: "v"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
