@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -203,6 +204,13 @@ func privateTmpfsDir(dir string) string {
 	return dir
 }
 
+// MaxRun bounds one run of criu. A dump or restore that outlives it is
+// stuck (a restored task that died where criu cannot see it leaves criu
+// waiting for it forever): criu and its helpers are killed, and the run
+// fails. A sandbox's dump or restore takes well under a second a hundred
+// MiB.
+var MaxRun = 3 * time.Minute
+
 // Run runs criu with args, the files in extra as its descriptors 3, 4,
 // ... (for --inherit-fd), and its log written to logFile (a path relative
 // to the images directory, as criu's -o takes it). An error carries the
@@ -212,11 +220,21 @@ func privateTmpfsDir(dir string) string {
 // --action-script (a criu built with scripts/criu/script-actions.patch;
 // another runs it at every step, and the script must do nothing at the
 // others).
+//
+// criu runs in a process group of its own: when ctx ends, or MaxRun
+// passes, the whole group is killed (criu's helpers too, which would
+// otherwise outlive it holding its output). The tasks of a restore that
+// was killed are the caller's to kill.
 func Run(ctx context.Context, bin string, args []string, extra []*os.File, imagesDir, logFile string, actions ...string) error {
+	ctx, cancel := context.WithTimeout(ctx, MaxRun)
+	defer cancel()
 	var out bytes.Buffer
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Stdout, cmd.Stderr = &out, &out
 	cmd.ExtraFiles = extra
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 5 * time.Second
 	cmd.Env = os.Environ()
 	if dir := kdatDir(); dir != "" {
 		cmd.Env = append(cmd.Env, "CRIU_KDAT_DIR="+dir)
@@ -225,6 +243,9 @@ func Run(ctx context.Context, bin string, args []string, extra []*os.File, image
 		cmd.Env = append(cmd.Env, "CRIU_SCRIPT_ACTIONS="+strings.Join(actions, ","))
 	}
 	if err := cmd.Run(); err != nil {
+		if ctx.Err() == context.DeadlineExceeded {
+			err = fmt.Errorf("%w: killed after %v", err, MaxRun)
+		}
 		return fmt.Errorf("criu %s: %w: %s%s", args[0], err, strings.TrimSpace(out.String()), logErrors(filepath.Join(imagesDir, logFile)))
 	}
 	return nil

@@ -3,10 +3,13 @@ package criu
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // fake writes an executable script that stands in for criu.
@@ -196,6 +199,44 @@ func TestKdatKept(t *testing.T) {
 		}
 		if want := "Loaded kdat cache from " + kdatDir() + "/criu.kdat"; !strings.Contains(string(log), want) {
 			t.Fatalf("the second run did not load the kept probes (%q):\n%s", want, lastLines(string(log), 20))
+		}
+	}
+}
+
+// A criu that never ends (a restore waiting for a task that died) is
+// killed after MaxRun, with the helpers it started, and the run fails
+// saying so.
+func TestRunBounded(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "criu")
+	pidfile := filepath.Join(dir, "helper.pid")
+	// The helper keeps criu's output open, as criu's own helpers do.
+	script := "#!/bin/sh\nsleep 600 &\necho $! > " + pidfile + "\nsleep 600\n"
+	if err := os.WriteFile(bin, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	defer func(d time.Duration) { MaxRun = d }(MaxRun)
+	MaxRun = time.Second
+	start := time.Now()
+	err := Run(context.Background(), bin, []string{"restore"}, nil, dir, "restore.log")
+	if err == nil || !strings.Contains(err.Error(), "killed after 1s") {
+		t.Fatalf("a criu that never ends: %v", err)
+	}
+	if took := time.Since(start); took > 30*time.Second {
+		t.Fatalf("Run returned after %v", took)
+	}
+	b, err := os.ReadFile(pidfile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil || strings.Contains(string(st), ") Z ") {
+			break // gone, or a zombie for its parent (init) to reap
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("criu's helper %d outlived it", pid)
 		}
 	}
 }

@@ -48,6 +48,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vivarium-sandbox/vivarium/internal/criu"
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
 
 // checkpoint is a dumped sandbox: its images and what its tree held of
@@ -397,6 +398,7 @@ func (s *Sandbox) dumpTree(ctx context.Context, bin, dir string, opts dumpOption
 	}
 	start := time.Now()
 	if err := criu.Run(ctx, bin, args, nil, cp.images(), "dump.log", "post-dump"); err != nil {
+		unmountUnder(cp.images()) // what a criu that was killed left mounted
 		cp.close()
 		return nil, err
 	}
@@ -438,6 +440,9 @@ func prepareDump(pid int, dir string) (*checkpoint, error) {
 	}
 	tree, err := processTree(pid)
 	if err != nil {
+		return nil, err
+	}
+	if err := freeDescriptors(tree); err != nil {
 		return nil, err
 	}
 	if err := cp.collectFiles(pid, tree, mnts); err != nil {
@@ -622,6 +627,83 @@ func processTree(pid int) ([]int, error) {
 		}
 	}
 	return out, nil
+}
+
+// unmountUnder detaches every mount of this mount namespace below dir
+// (and at it), the deepest first, as many times as mounts are stacked
+// there: what a criu that was killed left (its cgroup yard), or what a
+// server that crashed left under its checkpoints.
+func unmountUnder(dir string) {
+	dir = filepath.Clean(dir)
+	for range 8 { // stacked mounts: one layer a round
+		mnts, err := readMountinfo(os.Getpid())
+		if err != nil {
+			return
+		}
+		var under []string
+		for _, m := range mnts {
+			if m.point == dir || strings.HasPrefix(m.point, dir+"/") {
+				under = append(under, m.point)
+			}
+		}
+		if len(under) == 0 {
+			return
+		}
+		slices.SortFunc(under, func(a, b string) int { return strings.Count(b, "/") - strings.Count(a, "/") })
+		for _, p := range under {
+			unix.Unmount(p, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW)
+		}
+	}
+}
+
+// dumpDescriptors is how many descriptors CRIU's parasite opens in each
+// process it saves (a memfd for its code, and its control socket).
+const dumpDescriptors = 2
+
+// freeDescriptors refuses a tree with a process that has too few
+// descriptors left under its RLIMIT_NOFILE for CRIU's parasite to open its
+// own (code that opened files until EMFILE): the dump would fail halfway,
+// said by CRIU as "Can't create memfd in victim". The process could close
+// some, or raise its soft limit; the server does not change the
+// sandbox's limits behind its back.
+func freeDescriptors(tree []int) error {
+	for _, p := range tree {
+		limit, ok := openFilesLimit(p)
+		if !ok {
+			continue // it exited meanwhile: CRIU finds the tree as it is
+		}
+		fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", p))
+		if err != nil {
+			continue
+		}
+		if len(fds)+dumpDescriptors > limit {
+			comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", p))
+			return fmt.Errorf("%w: a process of the sandbox (%s) has %d files open, with %d allowed (RLIMIT_NOFILE): "+
+				"saving it needs %d more; close some of its files first",
+				sandbox.ErrBusy, strings.TrimSpace(string(comm)), len(fds), limit, dumpDescriptors)
+		}
+	}
+	return nil
+}
+
+// openFilesLimit reads process pid's soft RLIMIT_NOFILE from
+// /proc/PID/limits (prlimit(2) on another user's process needs
+// CAP_SYS_RESOURCE, which a host's root may lack).
+func openFilesLimit(pid int) (int, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/limits", pid))
+	if err != nil {
+		return 0, false
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(l, "Max open files"); ok {
+			f := strings.Fields(rest)
+			if len(f) > 0 {
+				n, err := strconv.Atoi(f[0])
+				return n, err == nil
+			}
+		}
+	}
+	return 0, false
 }
 
 // collectFiles finds what the tree holds of the host: pipes with one end

@@ -556,3 +556,57 @@ func procState(pid int) string {
 	}
 	return ""
 }
+
+// unmountUnder leaves nothing mounted below a directory: nested mounts,
+// and mounts stacked on one point.
+func TestUnmountUnder(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	dir := t.TempDir()
+	a := filepath.Join(dir, "a")
+	if err := os.Mkdir(a, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // stacked
+		if err := unix.Mount("tmpfs", a, "tmpfs", 0, "size=1m"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Mkdir(filepath.Join(a, "b"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", filepath.Join(a, "b"), "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	outside := t.TempDir()
+	if err := unix.Mount("tmpfs", outside, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Unmount(outside, unix.MNT_DETACH)
+	mountedUnder := func(d string) (n int) {
+		mnts, err := readMountinfo(os.Getpid())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range mnts {
+			if m.point == d || strings.HasPrefix(m.point, d+"/") {
+				n++
+			}
+		}
+		return n
+	}
+	if n := mountedUnder(dir); n != 3 {
+		t.Fatalf("%d mounts under the directory before, want 3", n)
+	}
+	unmountUnder(dir)
+	if n := mountedUnder(dir); n != 0 {
+		t.Fatalf("%d mounts left under the directory", n)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	if n := mountedUnder(outside); n != 1 {
+		t.Fatal("a mount outside the directory was detached")
+	}
+}

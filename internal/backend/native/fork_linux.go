@@ -291,9 +291,10 @@ func (s *Sandbox) rootOpts() string {
 }
 
 // removeSnapshot removes a snapshot's directory (CheckpointDir/fork-ID/N:
-// the two), and the tmpfs of its files first.
+// the two), and what is mounted in it first: the tmpfs of its files, and
+// what a criu that was killed left.
 func removeSnapshot(dir string) {
-	unix.Unmount(filepath.Join(dir, "files"), unix.MNT_DETACH)
+	unmountUnder(filepath.Dir(dir))
 	os.RemoveAll(filepath.Dir(dir))
 }
 

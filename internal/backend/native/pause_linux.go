@@ -499,6 +499,9 @@ func (b *Backend) sweepCheckpoints() error {
 	if err != nil {
 		return err
 	}
+	// Mounts a crashed server left there: a fork's files, a restore's
+	// root, a killed criu's cgroup yard.
+	unmountUnder(b.cfg.CheckpointDir)
 	var errs []error
 	for _, e := range entries {
 		errs = append(errs, os.RemoveAll(filepath.Join(b.cfg.CheckpointDir, e.Name())))

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/vivarium-sandbox/vivarium/internal/criu"
 	"github.com/vivarium-sandbox/vivarium/internal/fileutil"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
@@ -520,12 +522,52 @@ func TestPauseBusy(t *testing.T) {
 	}
 }
 
+// TestPauseAllDescriptorsTaken: a sandbox one of whose processes has
+// opened files up to its RLIMIT_NOFILE cannot be saved (CRIU's parasite
+// opens its own in each process): the pause is refused as busy, saying
+// why, and the sandbox goes on; once it closes them it pauses.
+func TestPauseAllDescriptorsTaken(t *testing.T) {
+	bin := requireCRIU(t)
+	b := pauseBackend(t, pauseCgroupParent, pauseUIDBase)
+	b.criuBin = bin
+	ctx := context.Background()
+	sbx, err := b.Create(ctx, sandbox.Spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := sbx.(*Sandbox)
+	defer s.Close()
+	execText(t, s, `import os
+x = 41
+fs = []
+try:
+    while True: fs.append(os.open("/dev/null", os.O_RDONLY))
+except OSError:
+    pass
+len(fs)`)
+	err = s.Pause(ctx)
+	if !errors.Is(err, sandbox.ErrBusy) || !strings.Contains(err.Error(), "files open") || s.Paused() {
+		t.Fatalf("pause with every descriptor taken: %v", err)
+	}
+	if got := execText(t, s, "for f in fs: os.close(f)\nx + 1"); got != "42" {
+		t.Fatalf("after the refused pause: %q", got)
+	}
+	pauseResume(t, s)
+	if got := execText(t, s, "x + 1"); got != "42" {
+		t.Errorf("x + 1 after resume: %q", got)
+	}
+}
+
 // TestPauseSweep: a killed supervisor's checkpoints are removed by the
-// next one's Sweep (their files died with it).
+// next one's Sweep (their files died with it), with what it left mounted
+// there (a fork's files, a killed criu's cgroup yard).
 func TestPauseSweep(t *testing.T) {
 	b := pauseBackend(t, pauseCgroupParent, pauseUIDBase)
 	left := filepath.Join(b.cfg.CheckpointDir, "0123456789abcdef", "1", "images")
-	if err := os.MkdirAll(left, 0o700); err != nil {
+	if err := os.MkdirAll(filepath.Join(left, ".criu.cgyard.x"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", filepath.Join(left, ".criu.cgyard.x"), "tmpfs", 0, "size=1m"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := b.Sweep(); err != nil {

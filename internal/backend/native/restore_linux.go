@@ -142,6 +142,8 @@ func restoreTree(ctx context.Context, bin string, cp *checkpoint) (_ *restoredTr
 	}
 	if err != nil {
 		reapFailedRestore(cp.group)
+		// What a criu that was killed left mounted: its cgroup yard.
+		unmountUnder(cp.images())
 		return nil, err
 	}
 	r.took = time.Since(start)
@@ -205,7 +207,12 @@ func reapFailedRestore(group string) {
 					var ws unix.WaitStatus
 					unix.Wait4(pid, &ws, unix.WNOHANG, nil)
 				case "alive":
-					alive = true // being killed: looked at again
+					// Being killed by criu, or left waiting by a criu
+					// that was killed (criu.MaxRun): its PID namespace
+					// ends with it. It is this process's unreaped
+					// child: the pid is its own.
+					unix.Kill(pid, unix.SIGKILL)
+					alive = true // looked at again
 				}
 			}
 		}
