@@ -218,6 +218,37 @@ type extPipe struct {
 	init   bool // held by init
 }
 
+// preferRunner names the runner as the holder of the pipes it holds. A
+// process the runner forked holds them too (a daemon of the sandbox's
+// code keeps its parent's descriptors), and may come first in the tree,
+// where collectFiles takes the first holder; a restore gives the runner
+// its pipes back by their holder (adopt).
+func (cp *checkpoint) preferRunner() {
+	dir := fmt.Sprintf("/proc/%d/fd", cp.runnerPID)
+	fds, err := os.ReadDir(dir)
+	if err != nil {
+		return // CRIU finds the tree as it is, and the restore says what it lacks
+	}
+	held := map[uint64]int{}
+	for _, e := range fds {
+		link, err := os.Readlink(filepath.Join(dir, e.Name()))
+		rest, ok := strings.CutPrefix(link, "pipe:[")
+		if err != nil || !ok {
+			continue
+		}
+		ino, err1 := strconv.ParseUint(strings.TrimSuffix(rest, "]"), 10, 64)
+		fd, err2 := strconv.Atoi(e.Name())
+		if err1 == nil && err2 == nil {
+			held[ino] = fd
+		}
+	}
+	for i, p := range cp.pipes {
+		if fd, ok := held[p.ino]; ok && !p.init {
+			cp.pipes[i].pid, cp.pipes[i].fd = cp.runnerPID, fd
+		}
+	}
+}
+
 // extSock is a socket of init whose peer is the host's (the control
 // socket).
 type extSock struct {
@@ -302,6 +333,7 @@ func (s *Sandbox) dumpTree(ctx context.Context, bin, dir string, opts dumpOption
 	if cp.runnerPID, err = runnerHostPID(tree, rp.pid); err != nil {
 		return nil, fmt.Errorf("checkpoint: %w", err)
 	}
+	cp.preferRunner()
 	if !opts.leaveRunning {
 		if err := cp.holdPipes(); err != nil {
 			cp.close()

@@ -115,6 +115,11 @@ func (s *Sandbox) Fork(ctx context.Context, n int, opts sandbox.ForkOptions) ([]
 		if err := hostMemoryFits(int64(n) * u.Memory); err != nil {
 			return nil, fmt.Errorf("fork into %d: %w", n, err)
 		}
+		// Each copy is restored under the source's memory limit: one
+		// that would not fit there is killed by it halfway through.
+		if err := s.restoreFits(u.Memory); err != nil {
+			return nil, fmt.Errorf("fork: %w", err)
+		}
 	}
 	snap, err := s.snapshot(ctx, bin)
 	if err != nil {

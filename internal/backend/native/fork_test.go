@@ -557,3 +557,43 @@ func TestForkUnderMemoryPressure(t *testing.T) {
 		copies[0].Close()
 	}
 }
+
+// TestForkMemoryFull forks a sandbox whose /dev/shm holds its whole
+// memory limit (what a filled tmpfs costs is memory): a copy restored under
+// the same limit would be killed halfway through, which left criu waiting
+// for it. The fork is refused up front (ErrNoRoom), and the source goes on.
+func TestForkMemoryFull(t *testing.T) {
+	b, _ := forkBackend(t)
+	sbx, err := b.Create(context.Background(), sandbox.Spec{Limits: sandbox.Limits{Memory: 256 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := sbx.(*Sandbox)
+	defer s.Close()
+	res, err := s.Execute(context.Background(), sandbox.ExecRequest{Code: `f = open("/dev/shm/fill", "wb")
+while True: f.write(b"x" * (1 << 20))`}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("filling /dev/shm: %s", res.Status)
+	done := make(chan error, 1)
+	go func() {
+		copies, err := s.Fork(context.Background(), 1, sandbox.ForkOptions{})
+		for _, c := range copies {
+			c.Close()
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, sandbox.ErrNoRoom) {
+			t.Fatalf("fork of a sandbox at its memory limit: %v", err)
+		}
+		t.Logf("refused: %v", err)
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the fork of a sandbox at its memory limit did not end within 2 minutes")
+	}
+	if got := execText(t, s, `import os; os.remove("/dev/shm/fill"); 6 * 7`); got != "42" {
+		t.Fatalf("the source after the fork: %q", got)
+	}
+}

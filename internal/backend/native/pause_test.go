@@ -558,6 +558,38 @@ len(fs)`)
 	}
 }
 
+// TestPauseRunnersDaemon: a daemon the sandbox's code forked from the
+// runner keeps the runner's pipes (a fork keeps its parent's
+// descriptors). After a restore it may come before the runner in the
+// tree, and the next pause named it as their holder: the resume then
+// failed ("lacks the runner's pipes") and the sandbox stayed paused.
+func TestPauseRunnersDaemon(t *testing.T) {
+	bin := requireCRIU(t)
+	b := pauseBackend(t, pauseCgroupParent, pauseUIDBase)
+	b.criuBin = bin
+	ctx := context.Background()
+	sbx, err := b.Create(ctx, sandbox.Spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := sbx.(*Sandbox)
+	defer s.Close()
+	execText(t, s, `import os, time
+if os.fork() == 0:
+    if os.fork() == 0:
+        os.setsid()
+        while True: time.sleep(1)
+    os._exit(0)
+os.wait()
+x = 41`)
+	for round := range 4 {
+		pauseResume(t, s)
+		if got := execText(t, s, "x + 1"); got != "42" {
+			t.Fatalf("round %d: x + 1 after resume: %q", round, got)
+		}
+	}
+}
+
 // TestPauseSweep: a killed supervisor's checkpoints are removed by the
 // next one's Sweep (their files died with it), with what it left mounted
 // there (a fork's files, a killed criu's cgroup yard).

@@ -58,9 +58,9 @@ func parentDir(p string) string {
 	return "/"
 }
 
-// restoreFits refuses a pause whose resume would not fit in the sandbox's
-// memory limit, so that a paused sandbox is never one that cannot come
-// back: a restore holds what the kernel kept for the sandbox (data queued
+// restoreFits refuses a pause whose resume, or a fork whose copies, would
+// not fit in the sandbox's memory limit, so that a paused sandbox is
+// never one that cannot come back and a fork never dies halfway: a restore holds what the kernel kept for the sandbox (data queued
 // in its sockets, above all) twice while it writes it back, once read
 // from the images and once queued again, and the limit kills it there
 // (seen with 72 of 128 MiB queued in Unix sockets).
