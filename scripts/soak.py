@@ -7,7 +7,10 @@ memory hogs, floods of output, forged protocol lines, processes that setsid
 and ignore signals, a full disk, /dev/shm filled, descriptors exhausted) and
 checked ones (whose answer is known) in it, sometimes a command, then delete
 it; some sandboxes are left to their idle timeout, and some runs are
-one-shot. Every answer is classified:
+one-shot. With --pause, some sandboxes are pausable: they are paused and
+resumed, and forked, between hostile snippets, their state checked after
+each; with --volumes, some mount the worker's volume and check what the
+last sandbox of that worker wrote there. Every answer is classified:
 
   limit    the sandbox's own limit at work, said as such (its memory, its
            process limit, its timeout): expected of hostile code
@@ -75,6 +78,9 @@ def main():
     ap.add_argument("--memory-mib", type=int, default=256, help="each sandbox's memory limit")
     ap.add_argument("--pid", type=int, default=0, help="the server's pid, to sample its RSS, fds and threads")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--pause", action="store_true", help="a fifth of the sandboxes pausable: paused, resumed and forked")
+    ap.add_argument("--volumes", action="store_true", help="a fifth of the sandboxes mount their worker's volume")
+    ap.add_argument("--trace", action="store_true", help="print every request: time, method, path, status, seconds, code")
     Soak(ap.parse_args()).run()
 
 
@@ -94,16 +100,24 @@ class Soak:
             headers["Authorization"] = "Bearer " + self.a.key
         data = json.dumps(body).encode() if body is not None else None
         r = urllib.request.Request(self.a.url + path, data=data, method=method, headers=headers)
+        t = time.time()
+        status = "-"
         try:
             with urllib.request.urlopen(r, timeout=timeout) as resp:
+                status = resp.status
                 raw = resp.read(64 << 20)
                 return resp.status, json.loads(raw) if raw else None
         except urllib.error.HTTPError as e:
+            status = e.code
             raw = e.read(1 << 20)
             try:
                 return e.code, json.loads(raw)
             except ValueError:
                 return e.code, raw[:200]
+        finally:
+            if self.a.trace:
+                code = (body or {}).get("code", "") if isinstance(body, dict) else ""
+                print(f"trace {t - self.t0:7.1f} {method} {path} {status} {time.time() - t:.1f}s {code[:40]!r}", flush=True)
 
     def count(self, what):
         with self.lock:
@@ -127,6 +141,10 @@ class Soak:
             self.limit("process_limit")
         elif status == 429:
             self.limit("quota")
+        elif status == 507:
+            self.limit("no room to pause")  # its memory is at its limit: a restore would not fit
+        elif status == 409 and "files open" in msg:
+            self.limit("descriptors")  # all of a process's descriptors are taken: CRIU needs two
         else:
             self.problem(f"{what}: {status} {str(body)[:300]}")
 
@@ -143,7 +161,14 @@ class Soak:
                         self.problem(f"one-shot {name}: {st} {str(res)[:300]}")
                     continue
                 t = time.time()
-                st, sb = self.req("POST", "/v1/sandboxes", {"timeout_s": rnd.choice(IDLE), "limits": {"memory": mem, "timeout_s": 4}})
+                spec = {"timeout_s": rnd.choice(IDLE), "limits": {"memory": mem, "timeout_s": 4}}
+                pausable = self.a.pause and rnd.random() < 0.2
+                vol = self.a.volumes and not pausable and rnd.random() < 0.25
+                if pausable:
+                    spec["pausable"] = True
+                if vol:
+                    spec["volumes"] = [{"name": f"soak-{n}", "path": "/workspace/vol"}]
+                st, sb = self.req("POST", "/v1/sandboxes", spec)
                 if st == 429:
                     self.limit("quota")
                     time.sleep(0.5)
@@ -156,6 +181,8 @@ class Soak:
                     self.create_s.append(time.time() - t)
                 self.count("created")
                 sid = sb["id"]
+                if vol:
+                    self.volume_check(n, sid, rnd)
                 for _ in range(rnd.randint(1, 3)):
                     if rnd.random() < 0.6:
                         name = rnd.choice(list(HOSTILE))
@@ -175,6 +202,8 @@ class Soak:
                         self.count("command")
                         if st != 200 or not isinstance(res, dict) or res.get("stdout") != "hi\n":
                             self.judge(f"{sid} command", st, res)
+                    if pausable:
+                        self.pause_resume(sid, rnd)
                 if rnd.random() < 0.15:
                     self.count("left to time out")
                     continue
@@ -185,6 +214,87 @@ class Soak:
             except Exception as e:  # the client's own failure (a timeout, a reset) is a problem too
                 self.problem(f"client: {type(e).__name__}: {e}")
                 time.sleep(1)
+
+    STATE = "soak_state = {'n': 42, 'xs': list(range(100))}"
+    STATE_CHECK = "soak_state['n'] + sum(soak_state['xs'])"
+    STATE_WANT = "4992"
+
+    def set_state(self, sid):
+        st, res = self.req("POST", f"/v1/sandboxes/{sid}/execute", {"code": self.STATE, "timeout_s": 30})
+        if st != 200 or not isinstance(res, dict) or res.get("status") != "ok":
+            self.judge(f"{sid} set state", st, res)
+            return False
+        return True
+
+    def state_kept(self, sid, after):
+        """Checks the state that set_state left; a runner its own limit
+        restarted says so (state_lost), which is a limit at work."""
+        st, res = self.req("POST", f"/v1/sandboxes/{sid}/execute", {"code": self.STATE_CHECK, "timeout_s": 30})
+        rs = res.get("results") if st == 200 and isinstance(res, dict) else None
+        if rs and rs[0].get("text") == self.STATE_WANT:
+            return
+        if isinstance(res, dict) and res.get("state_lost"):
+            # Its runner was restarted meanwhile (a hostile process
+            # left running hit the sandbox's memory limit, say).
+            self.limit("state lost to a limit")
+            return
+        self.judge(f"{sid} state after {after}", st, res)
+
+    def pause_resume(self, sid, rnd):
+        """Pauses and resumes the sandbox (hostile processes may be running
+        in it), or forks it, and checks its state in each."""
+        if not self.set_state(sid):
+            return
+        if rnd.random() < 0.25:
+            st, res = self.req("POST", f"/v1/sandboxes/{sid}/fork", {"count": 2})
+            self.count("fork")
+            if st == 507:
+                self.limit("no room to fork")
+                return
+            if st not in (200, 201) or not isinstance(res, dict):
+                self.judge(f"{sid} fork", st, res)
+                return
+            for c in res.get("sandboxes", []):
+                self.state_kept(c["id"], "fork")
+                st, _ = self.req("DELETE", f"/v1/sandboxes/{c['id']}")
+                if st not in (200, 204):
+                    self.problem(f"{c['id']} delete a fork: {st}")
+            return
+        st, res = self.req("POST", f"/v1/sandboxes/{sid}/pause")
+        self.count("pause")
+        if st != 200:
+            self.judge(f"{sid} pause", st, res)
+            return
+        st, res = self.req("POST", f"/v1/sandboxes/{sid}/resume")
+        self.count("resume")
+        if st != 200:
+            self.judge(f"{sid} resume", st, res)
+            return
+        self.state_kept(sid, "pause and resume")
+
+    def volume_check(self, n, sid, rnd):
+        """Reads what the worker's last sandbox wrote in its volume, and
+        writes the next."""
+        code = ("import os\np = '/workspace/vol/seq'\n"
+                "prev = open(p).read() if os.path.exists(p) else '0'\n"
+                "open(p + '.tmp', 'w').write(str(int(prev) + 1)); os.replace(p + '.tmp', p)\nint(prev)")
+        st, res = self.req("POST", f"/v1/sandboxes/{sid}/execute", {"code": code, "timeout_s": 30})
+        self.count("volume")
+        rs = res.get("results") if st == 200 and isinstance(res, dict) else None
+        want = str(self.volume_seq.get(n, 0))
+        if not rs or rs[0].get("text") != want:
+            self.judge(f"{sid} volume read (want {want})", st, res)
+            return
+        self.volume_seq[n] = int(want) + 1
+
+    def volumes(self):
+        for n in range(self.a.workers):
+            st, res = self.req("POST", "/v1/volumes", {"name": f"soak-{n}", "size": 32 << 20})
+            if st == 409:  # kept from an earlier run: start its count from there
+                st, _ = self.req("DELETE", f"/v1/volumes/soak-{n}")
+                st, res = self.req("POST", "/v1/volumes", {"name": f"soak-{n}", "size": 32 << 20})
+            if st not in (200, 201):
+                raise SystemExit(f"create volume soak-{n}: {st} {res}")
 
     def sample(self):
         while time.time() < self.end + 1:
@@ -200,7 +310,10 @@ class Soak:
             time.sleep(15)
 
     def run(self):
+        self.volume_seq = {}
         self.t0 = time.time()
+        if self.a.volumes:
+            self.volumes()
         self.end = self.t0 + self.a.seconds
         threads = [threading.Thread(target=self.worker, args=(i,), daemon=True) for i in range(self.a.workers)]
         if self.a.pid:
