@@ -182,7 +182,7 @@ class Soak:
                 self.count("created")
                 sid = sb["id"]
                 if vol:
-                    self.volume_check(n, sid, rnd)
+                    self.volume_check(n, sid)
                 for _ in range(rnd.randint(1, 3)):
                     if rnd.random() < 0.6:
                         name = rnd.choice(list(HOSTILE))
@@ -272,7 +272,7 @@ class Soak:
             return
         self.state_kept(sid, "pause and resume")
 
-    def volume_check(self, n, sid, rnd):
+    def volume_check(self, n, sid):
         """Reads what the worker's last sandbox wrote in its volume, and
         writes the next."""
         code = ("import os\np = '/workspace/vol/seq'\n"
@@ -290,7 +290,7 @@ class Soak:
     def volumes(self):
         for n in range(self.a.workers):
             st, res = self.req("POST", "/v1/volumes", {"name": f"soak-{n}", "size": 32 << 20})
-            if st == 409:  # kept from an earlier run: start its count from there
+            if st == 409:  # left by an earlier run: made again, empty
                 st, _ = self.req("DELETE", f"/v1/volumes/soak-{n}")
                 st, res = self.req("POST", "/v1/volumes", {"name": f"soak-{n}", "size": 32 << 20})
             if st not in (200, 201):

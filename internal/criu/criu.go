@@ -211,6 +211,8 @@ func privateTmpfsDir(dir string) string {
 // MiB.
 var MaxRun = 3 * time.Minute
 
+var errMaxRun = errors.New("criu ran past MaxRun")
+
 // Run runs criu with args, the files in extra as its descriptors 3, 4,
 // ... (for --inherit-fd), and its log written to logFile (a path relative
 // to the images directory, as criu's -o takes it). An error carries the
@@ -226,7 +228,7 @@ var MaxRun = 3 * time.Minute
 // otherwise outlive it holding its output). The tasks of a restore that
 // was killed are the caller's to kill.
 func Run(ctx context.Context, bin string, args []string, extra []*os.File, imagesDir, logFile string, actions ...string) error {
-	ctx, cancel := context.WithTimeout(ctx, MaxRun)
+	ctx, cancel := context.WithTimeoutCause(ctx, MaxRun, errMaxRun)
 	defer cancel()
 	var out bytes.Buffer
 	cmd := exec.CommandContext(ctx, bin, args...)
@@ -243,7 +245,7 @@ func Run(ctx context.Context, bin string, args []string, extra []*os.File, image
 		cmd.Env = append(cmd.Env, "CRIU_SCRIPT_ACTIONS="+strings.Join(actions, ","))
 	}
 	if err := cmd.Run(); err != nil {
-		if ctx.Err() == context.DeadlineExceeded {
+		if context.Cause(ctx) == errMaxRun {
 			err = fmt.Errorf("%w: killed after %v", err, MaxRun)
 		}
 		return fmt.Errorf("criu %s: %w: %s%s", args[0], err, strings.TrimSpace(out.String()), logErrors(filepath.Join(imagesDir, logFile)))

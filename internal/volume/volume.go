@@ -97,10 +97,10 @@ type entry struct {
 	meta
 	users     int // leases held by sandboxes and content requests
 	sandboxes int // of them, sandboxes'
-	mounted   bool
 	deleting  bool
-	// While mounted: the loop device, and the server's own mount of it
-	// (detached, newMount), which keeps the device for the leases.
+	// While a lease is held (users > 0): the loop device, and the
+	// server's own mount of it (detached, newMount), which keeps the
+	// device for the leases; nil otherwise.
 	dev string
 	mnt *os.File
 }
@@ -386,7 +386,7 @@ func (s *Store) Acquire(owner, idOrName string, forSandbox bool) (*Lease, error)
 	if err != nil {
 		return nil, err
 	}
-	if !e.mounted {
+	if e.mnt == nil {
 		if s.mounted >= s.cfg.MaxMounted {
 			return nil, fmt.Errorf("%w: the server has %d volumes mounted, its maximum; try again when sandboxes have ended",
 				ErrQuota, s.cfg.MaxMounted)
@@ -397,7 +397,7 @@ func (s *Store) Acquire(owner, idOrName string, forSandbox bool) (*Lease, error)
 		if err != nil {
 			return nil, fmt.Errorf("mount volume %q: %w", e.Name, err)
 		}
-		e.dev, e.mnt, e.mounted = dev, mnt, true
+		e.dev, e.mnt = dev, mnt
 		s.mounted++
 	}
 	e.users++
@@ -462,7 +462,7 @@ func (l *Lease) Release() {
 		if l.sandbox {
 			l.e.sandboxes--
 		}
-		if l.e.users == 0 && l.e.mounted {
+		if l.e.users == 0 {
 			s.unmountLocked(l.e)
 		}
 	})
@@ -472,30 +472,26 @@ func (l *Lease) Release() {
 // and loop device, go once the sandboxes' mounts of it have gone too.
 func (s *Store) unmountLocked(e *entry) {
 	e.mnt.Close()
-	e.dev, e.mnt, e.mounted = "", nil, false
+	e.dev, e.mnt = "", nil
 	s.mounted--
 }
 
 // closeWait bounds how long Close waits for the loop devices of the
-// volumes it unmounted to go.
+// volumes last released to go.
 const closeWait = 10 * time.Second
 
-// Close refuses new leases and unmounts every volume no lease holds (the
-// service releases its sandboxes' leases as it closes them, before this),
-// then waits a little for their loop devices to detach.
+// Close refuses new leases (the service releases its sandboxes' leases as
+// it closes them, before this), then waits a little for the loop devices
+// of released volumes to detach: the kernel lets go of a dead sandbox's
+// mounts asynchronously.
 func (s *Store) Close() error {
 	s.mu.Lock()
 	s.closed = true
 	var errs []error
 	for _, e := range s.vols {
-		if !e.mounted {
-			continue
-		}
 		if e.users > 0 {
 			errs = append(errs, fmt.Errorf("volume %s still has %d user(s)", e.ID, e.users))
-			continue
 		}
-		s.unmountLocked(e)
 	}
 	if s.lock != nil {
 		s.lock.Close()

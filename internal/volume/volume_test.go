@@ -22,7 +22,7 @@ import (
 
 // open opens a store in a temporary directory, skipping where the host
 // cannot keep volumes.
-func open(t *testing.T, dir string) *Store {
+func open(t testing.TB, dir string) *Store {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: loop devices and mounts")
@@ -440,17 +440,7 @@ func TestNoHostNamespaceHoldsIt(t *testing.T) {
 
 // A sandbox's mount of a volume already in use (Lease.Mount).
 func BenchmarkLeaseMount(b *testing.B) {
-	if os.Geteuid() != 0 {
-		b.Skip("needs root: loop devices and mounts")
-	}
-	s, err := Open(Config{Dir: b.TempDir(), MaxSize: 64 << 20})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer s.Close()
-	if err := s.Unavailable(); err != nil {
-		b.Skip(err)
-	}
+	s := open(b, b.TempDir())
 	if _, err := s.Create("alice", "v", 0); err != nil {
 		b.Fatal(err)
 	}

@@ -218,37 +218,6 @@ type extPipe struct {
 	init   bool // held by init
 }
 
-// preferRunner names the runner as the holder of the pipes it holds. A
-// process the runner forked holds them too (a daemon of the sandbox's
-// code keeps its parent's descriptors), and may come first in the tree,
-// where collectFiles takes the first holder; a restore gives the runner
-// its pipes back by their holder (adopt).
-func (cp *checkpoint) preferRunner() {
-	dir := fmt.Sprintf("/proc/%d/fd", cp.runnerPID)
-	fds, err := os.ReadDir(dir)
-	if err != nil {
-		return // CRIU finds the tree as it is, and the restore says what it lacks
-	}
-	held := map[uint64]int{}
-	for _, e := range fds {
-		link, err := os.Readlink(filepath.Join(dir, e.Name()))
-		rest, ok := strings.CutPrefix(link, "pipe:[")
-		if err != nil || !ok {
-			continue
-		}
-		ino, err1 := strconv.ParseUint(strings.TrimSuffix(rest, "]"), 10, 64)
-		fd, err2 := strconv.Atoi(e.Name())
-		if err1 == nil && err2 == nil {
-			held[ino] = fd
-		}
-	}
-	for i, p := range cp.pipes {
-		if fd, ok := held[p.ino]; ok && !p.init {
-			cp.pipes[i].pid, cp.pipes[i].fd = cp.runnerPID, fd
-		}
-	}
-}
-
 // extSock is a socket of init whose peer is the host's (the control
 // socket).
 type extSock struct {
@@ -315,10 +284,6 @@ func (s *Sandbox) dumpTree(ctx context.Context, bin, dir string, opts dumpOption
 	if err := s.rebindControl(); err != nil {
 		return nil, err
 	}
-	cp, err := prepareDump(pid, dir)
-	if err != nil {
-		return nil, err
-	}
 	// The runner, whose pipes a resume gives the core again.
 	s.mu.Lock()
 	rp := s.rp
@@ -326,14 +291,10 @@ func (s *Sandbox) dumpTree(ctx context.Context, bin, dir string, opts dumpOption
 	if rp == nil {
 		return nil, errors.New("checkpoint: the sandbox has no runner")
 	}
-	tree, err := processTree(pid)
+	cp, err := prepareDump(pid, rp.pid, dir)
 	if err != nil {
 		return nil, err
 	}
-	if cp.runnerPID, err = runnerHostPID(tree, rp.pid); err != nil {
-		return nil, fmt.Errorf("checkpoint: %w", err)
-	}
-	cp.preferRunner()
 	if !opts.leaveRunning {
 		if err := cp.holdPipes(); err != nil {
 			cp.close()
@@ -447,12 +408,13 @@ func (s *Sandbox) dumpTree(ctx context.Context, bin, dir string, opts dumpOption
 }
 
 // prepareDump makes the checkpoint directory dir (mode 0700, must not
-// exist) and finds what the tree of init (pid) holds of the host.
+// exist) and finds what the tree of init (pid) holds of the host, and its
+// runner (pid runner in the sandbox; 0: none is looked for).
 //
 // dir holds images/, CRIU's images, and ext/, the copies of the /proc
 // masks. Its parent must let the sandbox's host root group through (mode
 // 0711): see handOver.
-func prepareDump(pid int, dir string) (*checkpoint, error) {
+func prepareDump(pid, runner int, dir string) (*checkpoint, error) {
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, err
 	}
@@ -474,8 +436,10 @@ func prepareDump(pid int, dir string) (*checkpoint, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := freeDescriptors(tree); err != nil {
-		return nil, err
+	if runner > 0 {
+		if cp.runnerPID, err = runnerHostPID(tree, runner); err != nil {
+			return nil, fmt.Errorf("checkpoint: %w", err)
+		}
 	}
 	if err := cp.collectFiles(pid, tree, mnts); err != nil {
 		return nil, err
@@ -692,30 +656,21 @@ func unmountUnder(dir string) {
 // process it saves (a memfd for its code, and its control socket).
 const dumpDescriptors = 2
 
-// freeDescriptors refuses a tree with a process that has too few
-// descriptors left under its RLIMIT_NOFILE for CRIU's parasite to open its
+// descriptorsLeft refuses a process with too few descriptors left under
+// its RLIMIT_NOFILE (open of them open) for CRIU's parasite to open its
 // own (code that opened files until EMFILE): the dump would fail halfway,
 // said by CRIU as "Can't create memfd in victim". The process could close
 // some, or raise its soft limit; the server does not change the
 // sandbox's limits behind its back.
-func freeDescriptors(tree []int) error {
-	for _, p := range tree {
-		limit, ok := openFilesLimit(p)
-		if !ok {
-			continue // it exited meanwhile: CRIU finds the tree as it is
-		}
-		fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", p))
-		if err != nil {
-			continue
-		}
-		if len(fds)+dumpDescriptors > limit {
-			comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", p))
-			return fmt.Errorf("%w: a process of the sandbox (%s) has %d files open, with %d allowed (RLIMIT_NOFILE): "+
-				"saving it needs %d more; close some of its files first",
-				sandbox.ErrBusy, strings.TrimSpace(string(comm)), len(fds), limit, dumpDescriptors)
-		}
+func descriptorsLeft(pid, open int) error {
+	limit, ok := openFilesLimit(pid)
+	if !ok || open+dumpDescriptors <= limit {
+		return nil // or it exited meanwhile: CRIU finds the tree as it is
 	}
-	return nil
+	comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+	return fmt.Errorf("%w: a process of the sandbox (%s) has %d files open, with %d allowed (RLIMIT_NOFILE): "+
+		"saving it needs %d more; close some of its files first",
+		sandbox.ErrBusy, strings.TrimSpace(string(comm)), open, limit, dumpDescriptors)
 }
 
 // openFilesLimit reads process pid's soft RLIMIT_NOFILE from
@@ -745,7 +700,8 @@ func openFilesLimit(pid int) (int, bool) {
 // name, whatever the sandbox did to the path).
 // A process other than init holding a file of a host mount is refused:
 // only init is trusted to, and reopening what a sandboxed process names
-// would open host files on its say.
+// would open host files on its say; so is one without descriptors to
+// spare for CRIU (descriptorsLeft).
 func (cp *checkpoint) collectFiles(initPID int, tree []int, mnts []mountEntry) error {
 	inNS := map[string]bool{}
 	// The /dev nodes bound from a directory since removed: CRIU takes
@@ -794,6 +750,9 @@ func (cp *checkpoint) collectFiles(initPID int, tree []int, mnts []mountEntry) e
 			}
 			return err
 		}
+		if err := descriptorsLeft(pid, len(ents)); err != nil {
+			return err
+		}
 		for _, e := range ents {
 			fd, _ := strconv.Atoi(e.Name())
 			link, err := os.Readlink(filepath.Join(fdDir, e.Name()))
@@ -812,6 +771,12 @@ func (cp *checkpoint) collectFiles(initPID int, tree []int, mnts []mountEntry) e
 					p = &pipeEnds{first: extPipe{ino: ino, pid: pid, fd: fd, init: pid == initPID}}
 					pipes[ino] = p
 					order = append(order, ino)
+				} else if pid == cp.runnerPID && !p.first.init {
+					// The runner's own, which a process it forked (a
+					// daemon of the sandbox's code) holds too, and may
+					// come first in the tree: a restore gives the runner
+					// its pipes back by their holder (adopt).
+					p.first.pid, p.first.fd = pid, fd
 				}
 				if info.flags&unix.O_ACCMODE == unix.O_WRONLY {
 					p.writers++

@@ -45,6 +45,20 @@ func forkBackend(t *testing.T, logger ...*slog.Logger) (*Backend, string) {
 	return b, b.cfg.CheckpointDir
 }
 
+// limitedSandbox makes a sandbox of spec on a fork backend, closed with
+// the test.
+func limitedSandbox(t *testing.T, spec sandbox.Spec) *Sandbox {
+	t.Helper()
+	b, _ := forkBackend(t)
+	sbx, err := b.Create(context.Background(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := sbx.(*Sandbox)
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
 // forkSource is a running sandbox with x = 41, random imported, a file in
 // its workspace and another in its root, and its working directory
 // changed.
@@ -509,13 +523,7 @@ func codePids(max []byte, s *Sandbox) []byte {
 // goes on either way. A fork whose copies would not fit in the host's
 // available memory is refused (ErrNoRoom) before anything is dumped.
 func TestForkUnderMemoryPressure(t *testing.T) {
-	b, _ := forkBackend(t)
-	sbx, err := b.Create(context.Background(), sandbox.Spec{Limits: sandbox.Limits{Memory: 256 << 20}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := sbx.(*Sandbox)
-	defer s.Close()
+	s := limitedSandbox(t, sandbox.Spec{Limits: sandbox.Limits{Memory: 256 << 20}})
 	execText(t, s, "import numpy as np\na = np.ones(224 << 20 >> 3)\nint(a.sum())")
 	before, _ := os.ReadDir(filepath.Join("/sys/fs/cgroup/memory", forkCgroupParent))
 	copies, err := s.Fork(context.Background(), 2, sandbox.ForkOptions{})
@@ -563,13 +571,7 @@ func TestForkUnderMemoryPressure(t *testing.T) {
 // the same limit would be killed halfway through, which left criu waiting
 // for it. The fork is refused up front (ErrNoRoom), and the source goes on.
 func TestForkMemoryFull(t *testing.T) {
-	b, _ := forkBackend(t)
-	sbx, err := b.Create(context.Background(), sandbox.Spec{Limits: sandbox.Limits{Memory: 256 << 20}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := sbx.(*Sandbox)
-	defer s.Close()
+	s := limitedSandbox(t, sandbox.Spec{Limits: sandbox.Limits{Memory: 256 << 20}})
 	res, err := s.Execute(context.Background(), sandbox.ExecRequest{Code: `f = open("/dev/shm/fill", "wb")
 while True: f.write(b"x" * (1 << 20))`}, nil)
 	if err != nil {

@@ -475,19 +475,27 @@ func BenchmarkPauseResume(b *testing.B) {
 	}
 }
 
-// TestPauseBusy: a sandbox running an execution or a command in a
-// terminal is not paused (ErrBusy), and goes on.
-func TestPauseBusy(t *testing.T) {
+// pausableSandbox makes a sandbox on the pause backend, with CRIU,
+// closed with the test.
+func pausableSandbox(t *testing.T) *Sandbox {
+	t.Helper()
 	bin := requireCRIU(t)
 	b := pauseBackend(t, pauseCgroupParent, pauseUIDBase)
 	b.criuBin = bin
-	ctx := context.Background()
-	sbx, err := b.Create(ctx, sandbox.Spec{})
+	sbx, err := b.Create(context.Background(), sandbox.Spec{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := sbx.(*Sandbox)
-	defer s.Close()
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// TestPauseBusy: a sandbox running an execution or a command in a
+// terminal is not paused (ErrBusy), and goes on.
+func TestPauseBusy(t *testing.T) {
+	s := pausableSandbox(t)
+	ctx := context.Background()
 	done := make(chan error, 1)
 	go func() {
 		_, err := s.Execute(ctx, sandbox.ExecRequest{Code: "import time; time.sleep(1.5); x = 41"}, nil)
@@ -527,16 +535,8 @@ func TestPauseBusy(t *testing.T) {
 // opens its own in each process): the pause is refused as busy, saying
 // why, and the sandbox goes on; once it closes them it pauses.
 func TestPauseAllDescriptorsTaken(t *testing.T) {
-	bin := requireCRIU(t)
-	b := pauseBackend(t, pauseCgroupParent, pauseUIDBase)
-	b.criuBin = bin
+	s := pausableSandbox(t)
 	ctx := context.Background()
-	sbx, err := b.Create(ctx, sandbox.Spec{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := sbx.(*Sandbox)
-	defer s.Close()
 	execText(t, s, `import os
 x = 41
 fs = []
@@ -545,7 +545,7 @@ try:
 except OSError:
     pass
 len(fs)`)
-	err = s.Pause(ctx)
+	err := s.Pause(ctx)
 	if !errors.Is(err, sandbox.ErrBusy) || !strings.Contains(err.Error(), "files open") || s.Paused() {
 		t.Fatalf("pause with every descriptor taken: %v", err)
 	}
@@ -564,16 +564,7 @@ len(fs)`)
 // tree, and the next pause named it as their holder: the resume then
 // failed ("lacks the runner's pipes") and the sandbox stayed paused.
 func TestPauseRunnersDaemon(t *testing.T) {
-	bin := requireCRIU(t)
-	b := pauseBackend(t, pauseCgroupParent, pauseUIDBase)
-	b.criuBin = bin
-	ctx := context.Background()
-	sbx, err := b.Create(ctx, sandbox.Spec{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := sbx.(*Sandbox)
-	defer s.Close()
+	s := pausableSandbox(t)
 	execText(t, s, `import os, time
 if os.fork() == 0:
     if os.fork() == 0:
@@ -615,16 +606,8 @@ func TestPauseSweep(t *testing.T) {
 // input written while paused, its exit status. It cannot be signalled
 // while paused (ErrPaused), and Close of a paused sandbox ends it.
 func TestPauseKeepsCommands(t *testing.T) {
-	bin := requireCRIU(t)
-	b := pauseBackend(t, pauseCgroupParent, pauseUIDBase)
-	b.criuBin = bin
+	s := pausableSandbox(t)
 	ctx := context.Background()
-	sbx, err := b.Create(ctx, sandbox.Spec{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := sbx.(*Sandbox)
-	defer s.Close()
 	p, err := s.Start(ctx, sandbox.Command{Argv: []string{"sh", "-c", "echo one; read x; echo got $x; echo err >&2; exit 3"}})
 	if err != nil {
 		t.Fatal(err)
@@ -688,16 +671,8 @@ func TestPauseKeepsCommands(t *testing.T) {
 // its time is replaced (the state reported lost), and it pauses again. With pandas, when the host has it, a DataFrame made
 // before the pause is read back.
 func TestPauseResumedSandboxWorks(t *testing.T) {
-	bin := requireCRIU(t)
-	b := pauseBackend(t, pauseCgroupParent, pauseUIDBase)
-	b.criuBin = bin
+	s := pausableSandbox(t)
 	ctx := context.Background()
-	sbx, err := b.Create(ctx, sandbox.Spec{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := sbx.(*Sandbox)
-	defer s.Close()
 	pandas := execText(t, s, "import importlib.util; importlib.util.find_spec('pandas') is not None") == "True"
 	code := "n = 0"
 	if pandas {
