@@ -489,6 +489,11 @@ func TestPauseCheckpointFails(t *testing.T) {
 	if err != nil {
 		t.Skip(err)
 	}
+	// The platform this host starts sandboxes with, found once: each
+	// wrapper's backend is told it rather than trying the others again
+	// (beside the whole suite on two cores, one try of each took over
+	// the default 30 s), with room for a loaded host.
+	platform := pauseBackend(t, gvisor.Config{StateDir: t.TempDir(), CheckpointDir: filepath.Join(t.TempDir(), "cps")}).Platform().Platform
 	for _, c := range []struct {
 		name, body string
 		ends       bool
@@ -506,7 +511,8 @@ func TestPauseCheckpointFails(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			dir := t.TempDir()
 			cps := filepath.Join(t.TempDir(), "cps")
-			b := pauseBackend(t, gvisor.Config{Runsc: checkpointWrapper(t, runsc, c.body), StateDir: dir, CheckpointDir: cps})
+			b := pauseBackend(t, gvisor.Config{Runsc: checkpointWrapper(t, runsc, c.body), StateDir: dir, CheckpointDir: cps,
+				Platform: platform, ProbeTimeout: 3 * gvisor.DefaultProbeTimeout})
 			ctx := context.Background()
 			sb, err := b.Create(ctx, sandbox.Spec{})
 			if err != nil {
