@@ -25,6 +25,7 @@ import (
 
 	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
 	"github.com/vivarium-sandbox/vivarium/internal/fileutil"
+	"github.com/vivarium-sandbox/vivarium/internal/hostdisk"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
 
@@ -79,12 +80,8 @@ func (s *Sandbox) PersistPaused(ctx context.Context, dir string) (int64, error) 
 		return 0, err
 	}
 	need := fileutil.DirSize(s.checkpoint) + fileutil.DirSize(s.disk.Dir) + checkpointMargin
-	var fs unix.Statfs_t
-	if err := unix.Statfs(filepath.Dir(dir), &fs); err != nil {
+	if err := hostdisk.Fits(filepath.Dir(dir), need, "keeping the paused sandbox"); err != nil {
 		return 0, err
-	}
-	if free := int64(fs.Bavail) * fs.Bsize; free < need {
-		return 0, fmt.Errorf("%w: the disk has %d MiB free, and the paused sandbox takes %d MiB", sandbox.ErrNoRoom, free>>20, need>>20)
 	}
 	m := snapshotMeta{Version: snapshotVersion, Backend: s.b.Name(), Kind: kind, Spec: s.spec, RunnerGen: r.gen,
 		Images: images}

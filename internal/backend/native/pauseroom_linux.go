@@ -2,11 +2,9 @@ package native
 
 import (
 	"fmt"
-	"os"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
+	"github.com/vivarium-sandbox/vivarium/internal/hostdisk"
 	"github.com/vivarium-sandbox/vivarium/internal/hostmem"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
@@ -15,47 +13,11 @@ import (
 // up to its memory limit per sandbox, and every tenant may pause as many
 // sandboxes as it may keep. Without a bound, paused sandboxes would fill
 // the host's disk, which the host and every other tenant draw on. A pause
-// is refused while the disk would keep less than checkpointReserve (or
-// checkpointReserveShare of its size, whichever is larger) free once the
-// images are written, their size taken as the sandbox's memory now.
-const (
-	checkpointReserve      = 1 << 30
-	checkpointReserveShare = 0.05
-)
-
-// checkpointRoom returns nil if the checkpoint directory's file system has
-// room for the images of a sandbox holding memory bytes, or an
-// ErrNoRoom that says how much is missing.
+// is refused while the disk would keep less than its reserve
+// (internal/hostdisk) free once the images are written, their size taken
+// as the sandbox's memory now.
 func checkpointRoom(dir string, memory int64) error {
-	// The directory is made by the first pause; its parent tells as well.
-	for d := dir; ; {
-		var st unix.Statfs_t
-		err := unix.Statfs(d, &st)
-		if err == nil {
-			size := int64(st.Blocks) * st.Bsize
-			free := int64(st.Bavail) * st.Bsize
-			reserve := max(int64(checkpointReserve), int64(float64(size)*checkpointReserveShare))
-			if free-memory < reserve {
-				return fmt.Errorf("%w: saving the sandbox needs about %d MiB of disk for its images, and the host's "+
-					"disk for them (%s) keeps at least %d MiB free; %d MiB are free", sandbox.ErrNoRoom, memory>>20,
-					d, reserve>>20, free>>20)
-			}
-			return nil
-		}
-		if !os.IsNotExist(err) || d == "/" {
-			return fmt.Errorf("checkpoint directory %s: %w", dir, err)
-		}
-		d = parentDir(d)
-	}
-}
-
-func parentDir(p string) string {
-	for i := len(p) - 1; i > 0; i-- {
-		if p[i] == '/' {
-			return p[:i]
-		}
-	}
-	return "/"
+	return hostdisk.Fits(dir, memory, "saving the sandbox's memory")
 }
 
 // restoreFits refuses a pause whose resume, or a fork whose copies, would
