@@ -80,7 +80,7 @@ func TestExportImport(t *testing.T) {
 		t.Fatal(err)
 	}
 	dst := filepath.Join(t.TempDir(), "imported")
-	n, err := Import(bytes.NewReader(buf.Bytes()), dst, 1<<20)
+	n, err := Import(bytes.NewReader(buf.Bytes()), dst, 1<<20, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,8 +95,25 @@ func TestExportImport(t *testing.T) {
 		t.Fatalf("a.txt: %+v %v", st, err)
 	}
 	// Too large.
-	if _, err := Import(bytes.NewReader(buf.Bytes()), filepath.Join(t.TempDir(), "small"), 1000); !errors.Is(err, ErrTooLarge) {
+	if _, err := Import(bytes.NewReader(buf.Bytes()), filepath.Join(t.TempDir(), "small"), 1000, nil); !errors.Is(err, ErrTooLarge) {
 		t.Fatalf("over the limit: %v", err)
+	}
+	// No room on the host's disk: asked before each file's contents,
+	// and its error ends the import with nothing left.
+	full := errors.New("the disk is full")
+	var asked int64
+	room := func(need int64) error {
+		if asked += need; asked > 50000 {
+			return full
+		}
+		return nil
+	}
+	dst = filepath.Join(t.TempDir(), "full")
+	if _, err := Import(bytes.NewReader(buf.Bytes()), dst, 1<<20, room); !errors.Is(err, full) {
+		t.Fatalf("no room: %v", err)
+	}
+	if _, err := os.Stat(dst); !os.IsNotExist(err) {
+		t.Fatalf("left %s: %v", dst, err)
 	}
 }
 
@@ -124,7 +141,7 @@ func TestImportRefuses(t *testing.T) {
 			}
 			tw.Close()
 			dst := filepath.Join(t.TempDir(), "d")
-			if _, err := Import(&buf, dst, 1<<20); err == nil {
+			if _, err := Import(&buf, dst, 1<<20, nil); err == nil {
 				t.Fatal("imported")
 			}
 			if _, err := os.Stat(dst); !os.IsNotExist(err) {
@@ -142,11 +159,11 @@ func TestImportRefuses(t *testing.T) {
 		tw.WriteHeader(&tar.Header{Name: fmt.Sprintf("f%d", i), Typeflag: tar.TypeReg, Mode: 0o644})
 	}
 	tw.Close()
-	if _, err := Import(&flood, filepath.Join(t.TempDir(), "d"), 1<<20); !errors.Is(err, ErrTooLarge) {
+	if _, err := Import(&flood, filepath.Join(t.TempDir(), "d"), 1<<20, nil); !errors.Is(err, ErrTooLarge) {
 		t.Fatalf("3,000 empty files in 1 MiB: %v", err)
 	}
 	if _, err := Import(strings.NewReader("not a tar stream at all, but long enough to be read as one's header......"),
-		filepath.Join(t.TempDir(), "d"), 1<<20); err == nil {
+		filepath.Join(t.TempDir(), "d"), 1<<20, nil); !errors.Is(err, ErrNotSnapshot) {
 		t.Fatal("imported garbage")
 	}
 }
@@ -209,4 +226,139 @@ func TestPackUnpack(t *testing.T) {
 			t.Errorf("%s: left %s behind (%v)", name, dst, err)
 		}
 	}
+}
+
+// ustar is one raw tar header block: a stream tar.Writer would not write
+// (a sparse file's).
+func ustar(name string, typ byte, size int) []byte {
+	b := make([]byte, 512)
+	copy(b, name)
+	copy(b[100:], "0000600\x00")
+	copy(b[108:], "0000000\x00")
+	copy(b[116:], "0000000\x00")
+	copy(b[124:], fmt.Sprintf("%011o\x00", size))
+	copy(b[136:], "00000000000\x00")
+	b[156] = typ
+	copy(b[257:], "ustar\x0000")
+	copy(b[148:], "        ")
+	sum := 0
+	for _, c := range b {
+		sum += int(c)
+	}
+	copy(b[148:], fmt.Sprintf("%06o\x00 ", sum))
+	return b
+}
+
+func padded(b []byte) []byte { return append(b, make([]byte, (512-len(b)%512)%512)...) }
+
+// paxRecord is one record of a PAX extended header: "LEN KEY=VALUE\n",
+// LEN counting itself.
+func paxRecord(k, v string) string {
+	n := len(k) + len(v) + 3
+	for {
+		r := fmt.Sprintf("%d %s=%s\n", n, k, v)
+		if len(r) == n {
+			return r
+		}
+		n = len(r)
+	}
+}
+
+// sparseStreams are archives of one sparse file of 1 GiB whose only data
+// is one byte: a few KiB that tar.Reader reads back as 1 GiB of zeros.
+func sparseStreams() map[string][]byte {
+	const real = 1 << 30
+	pax := paxRecord("GNU.sparse.major", "1") + paxRecord("GNU.sparse.minor", "0") +
+		paxRecord("GNU.sparse.name", "pages-1.img") + paxRecord("GNU.sparse.realsize", fmt.Sprint(real))
+	sparseMap := padded([]byte(fmt.Sprintf("1\n%d\n1\n", real-1)))
+	var pax10 []byte
+	pax10 = append(pax10, ustar("PaxHeaders/pages-1.img", 'x', len(pax))...)
+	pax10 = append(pax10, padded([]byte(pax))...)
+	pax10 = append(pax10, ustar("GNUSparseFile.0/pages-1.img", '0', len(sparseMap)+1)...)
+	pax10 = append(pax10, padded(append(sparseMap, 'x'))...)
+	pax10 = append(pax10, make([]byte, 1024)...)
+
+	// GNU's old form: type 'S', the map in the header (offset 386: four
+	// entries of offset and length, 12 bytes each), the real size at 483.
+	old := ustar("pages-1.img", 'S', 1)
+	copy(old[257:], "ustar  \x00") // GNU's magic
+	copy(old[386:], fmt.Sprintf("%011o\x00%011o\x00", real-1, 1))
+	copy(old[483:], fmt.Sprintf("%011o\x00", real))
+	copy(old[148:], "        ")
+	sum := 0
+	for _, c := range old {
+		sum += int(c)
+	}
+	copy(old[148:], fmt.Sprintf("%06o\x00 ", sum))
+	old = append(old, padded([]byte("x"))...)
+	old = append(old, make([]byte, 1024)...)
+	return map[string][]byte{"pax 1.0": pax10, "gnu old": old}
+}
+
+// A sparse entry is refused before anything of it is written: its holes,
+// read back as zeros, would fill the disk with what the stream never
+// carried, within the key's room and before the signature is checked.
+func TestImportRefusesSparse(t *testing.T) {
+	for name, stream := range sparseStreams() {
+		t.Run(name, func(t *testing.T) {
+			// The stream is what it says: tar.Reader makes 1 GiB of it.
+			tr := tar.NewReader(bytes.NewReader(stream))
+			h, err := tr.Next()
+			if err != nil || h.Size != 1<<30 {
+				t.Fatalf("the test's stream: %v %+v", err, h)
+			}
+			dst := filepath.Join(t.TempDir(), "d")
+			_, err = Import(bytes.NewReader(stream), dst, 8<<30, nil)
+			if !errors.Is(err, ErrNotSnapshot) || !strings.Contains(err.Error(), "sparse") {
+				t.Fatalf("%d bytes of a sparse file: %v", len(stream), err)
+			}
+			if _, err := os.Stat(dst); !os.IsNotExist(err) {
+				t.Fatalf("left %s: %v", dst, err)
+			}
+		})
+	}
+}
+
+// FuzzImport: whatever the stream, Import writes only beneath its
+// directory, never more than it counted within its limit, and leaves
+// nothing when it fails.
+func FuzzImport(f *testing.F) {
+	dir := tree(&testing.T{})
+	Sign(dir, key(1))
+	var buf bytes.Buffer
+	Export(&buf, dir)
+	f.Add(buf.Bytes())
+	for _, s := range sparseStreams() {
+		f.Add(s)
+	}
+	f.Add([]byte("not a tar stream"))
+	const limit = 1 << 20
+	f.Fuzz(func(t *testing.T, stream []byte) {
+		base := t.TempDir()
+		dst := filepath.Join(base, "d")
+		n, err := Import(bytes.NewReader(stream), dst, limit, nil)
+		if err != nil {
+			if _, serr := os.Stat(dst); !os.IsNotExist(serr) {
+				t.Fatalf("failed (%v) and left %s", err, dst)
+			}
+		} else if n > limit {
+			t.Fatalf("imported %d bytes over the limit", n)
+		}
+		ents, _ := os.ReadDir(base)
+		if len(ents) > 1 || (len(ents) == 1 && ents[0].Name() != "d") {
+			t.Fatalf("wrote beside its directory: %v", ents)
+		}
+		var written int64
+		filepath.Walk(dst, func(p string, fi os.FileInfo, err error) error {
+			if err == nil && fi.Mode().IsRegular() {
+				var st syscall.Stat_t
+				syscall.Lstat(p, &st)
+				written += st.Blocks * 512
+			}
+			return nil
+		})
+		if written > limit+int64(len(stream)) {
+			t.Fatalf("%d bytes on disk from a %d-byte stream", written, len(stream))
+		}
+	})
 }

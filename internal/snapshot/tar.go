@@ -66,23 +66,40 @@ func Export(w io.Writer, dir string) error {
 	return tw.Close()
 }
 
-// ErrTooLarge: an imported stream holds more than its limit.
-var ErrTooLarge = errors.New("the snapshot is larger than allowed")
+// Errors of Import.
+var (
+	// ErrTooLarge: an imported stream holds more than its limit.
+	ErrTooLarge = errors.New("the snapshot is larger than allowed")
+	// ErrNotSnapshot: an imported stream is not an archive as Export
+	// writes one.
+	ErrNotSnapshot = errors.New("not a snapshot's archive")
+)
 
 // maxEntries bounds the entries of an imported stream.
 const maxEntries = 1 << 20
 
+// sparsePrefix starts the PAX records of GNU's sparse files. A sparse
+// entry's holes are not in the stream, and tar.Reader reads them back as
+// zeros: a few KiB could write gigabytes before the signature is checked.
+// Export never writes one, so Import refuses them.
+const sparsePrefix = "GNU.sparse."
+
 // Import reads a tar stream that Export wrote into dir, which must not
 // exist (it is made 0700), and returns the bytes it counted: the files'
-// contents, and 512 for each entry.
+// contents, and 512 for each entry. Every byte it writes was in the
+// stream: sparse entries are refused.
 // Only directories, regular files, symbolic links and FIFOs are made,
 // each beneath dir and through no symbolic link (openat2 RESOLVE_BENEATH
 // and RESOLVE_NO_SYMLINKS); more than limit bytes counted fail it with
-// ErrTooLarge. On failure dir is removed. The caller then checks the
-// signature (Verify) before trusting anything in it.
-func Import(r io.Reader, dir string, limit int64) (n int64, err error) {
+// ErrTooLarge, and what is not such an archive with ErrNotSnapshot.
+// room, if not nil, is asked before each file's contents are written
+// (the host's disk: internal/hostdisk), and its error ends the import.
+// On failure dir is removed. The caller then checks the signature
+// (Verify) before trusting anything in it. Errors name paths of the
+// archive, never of the host.
+func Import(r io.Reader, dir string, limit int64, room func(need int64) error) (n int64, err error) {
 	if err := os.Mkdir(dir, 0o700); err != nil {
-		return 0, err
+		return 0, errors.Unwrap(err) // a *PathError names the host's path
 	}
 	defer func() {
 		if err != nil {
@@ -101,14 +118,17 @@ func Import(r io.Reader, dir string, limit int64) (n int64, err error) {
 			return n, nil
 		}
 		if err != nil {
-			return n, fmt.Errorf("not a snapshot's archive: %w", err)
+			return n, fmt.Errorf("%w: %w", ErrNotSnapshot, err)
 		}
 		if entries >= maxEntries {
 			return n, fmt.Errorf("%w: more than %d entries", ErrTooLarge, maxEntries)
 		}
 		name := strings.TrimSuffix(h.Name, "/")
 		if name == "" || name == "." || path.IsAbs(name) || path.Clean(name) != name || strings.HasPrefix(name, "../") || name == ".." {
-			return n, fmt.Errorf("not a snapshot's archive: the path %q", h.Name)
+			return n, fmt.Errorf("%w: the path %q", ErrNotSnapshot, h.Name)
+		}
+		if sparse(h) {
+			return n, fmt.Errorf("%w: %s is a sparse file, which a snapshot never holds", ErrNotSnapshot, h.Name)
 		}
 		parent, base := path.Split(name)
 		pfd := root
@@ -118,7 +138,7 @@ func Import(r io.Reader, dir string, limit int64) (n int64, err error) {
 				Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
 			})
 			if err != nil {
-				return n, fmt.Errorf("not a snapshot's archive: %s: %w", h.Name, err)
+				return n, fmt.Errorf("%w: %s: %w", ErrNotSnapshot, h.Name, err)
 			}
 		}
 		// Every entry counts a header's 512 bytes against the limit, an
@@ -131,7 +151,12 @@ func Import(r io.Reader, dir string, limit int64) (n int64, err error) {
 			}
 			return n, fmt.Errorf("%w: more entries than its room", ErrTooLarge)
 		}
-		err = makeEntry(tr, h, pfd, base, limit-n)
+		if h.Typeflag == tar.TypeReg && h.Size > 0 && room != nil {
+			err = room(h.Size)
+		}
+		if err == nil {
+			err = makeEntry(tr, h, pfd, base, limit-n)
+		}
 		if h.Typeflag == tar.TypeReg {
 			n += h.Size
 		}
@@ -142,6 +167,19 @@ func Import(r io.Reader, dir string, limit int64) (n int64, err error) {
 			return n, fmt.Errorf("%s: %w", h.Name, err)
 		}
 	}
+}
+
+// sparse reports whether h is a sparse file, in GNU's old form or PAX's.
+func sparse(h *tar.Header) bool {
+	if h.Typeflag == tar.TypeGNUSparse {
+		return true
+	}
+	for k := range h.PAXRecords {
+		if strings.HasPrefix(k, sparsePrefix) {
+			return true
+		}
+	}
+	return false
 }
 
 // makeEntry makes one entry, base, in the directory pfd.
@@ -161,7 +199,7 @@ func makeEntry(tr *tar.Reader, h *tar.Header, pfd int, base string, room int64) 
 			return err
 		}
 		f := os.NewFile(uintptr(fd), base)
-		_, err = io.CopyN(f, tr, h.Size)
+		_, err = io.CopyN(f, streamErrs{tr}, h.Size)
 		if cerr := f.Close(); err == nil {
 			err = cerr
 		}
@@ -177,7 +215,7 @@ func makeEntry(tr *tar.Reader, h *tar.Header, pfd int, base string, room int64) 
 			return err
 		}
 	default:
-		return fmt.Errorf("not a snapshot's archive: entry type %q", h.Typeflag)
+		return fmt.Errorf("%w: entry type %q", ErrNotSnapshot, h.Typeflag)
 	}
 	// Owner, mode and attributes, on the entry itself (never through a
 	// link): through a descriptor of it, opened beneath pfd.
@@ -204,4 +242,19 @@ func makeEntry(tr *tar.Reader, h *tar.Header, pfd int, base string, room int64) 
 		}
 	}
 	return nil
+}
+
+// streamErrs tells the stream's errors (one that ends early, or whose
+// sender stopped) from the host's while a file is copied out of it.
+type streamErrs struct{ r io.Reader }
+
+func (s streamErrs) Read(p []byte) (int, error) {
+	n, err := s.r.Read(p)
+	if err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF // CopyN stops at the size: EOF before it is short
+		}
+		err = fmt.Errorf("%w: the stream: %w", ErrNotSnapshot, err)
+	}
+	return n, err
 }
