@@ -26,6 +26,7 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/cluster"
 	"github.com/vivarium-sandbox/vivarium/internal/gateway"
 	"github.com/vivarium-sandbox/vivarium/internal/hostmem"
+	"github.com/vivarium-sandbox/vivarium/internal/httpapi"
 	"github.com/vivarium-sandbox/vivarium/internal/sandboxid"
 	"github.com/vivarium-sandbox/vivarium/internal/service"
 	"github.com/vivarium-sandbox/vivarium/internal/store"
@@ -313,7 +314,8 @@ func cmdGateway(args []string) int {
 		return 1
 	}
 	srv := &http.Server{
-		Handler:           gateway.New(gateway.Config{Nodes: view, Token: token, Logger: log, Domain: *domain}),
+		Handler: httpapi.IdleBodies(gateway.New(gateway.Config{Nodes: view, Token: token, Logger: log, Domain: *domain}),
+			httpapi.BodyIdleTimeout),
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,

@@ -632,6 +632,7 @@ func serve(c *serveConfig, log *slog.Logger) error {
 	if c.cluster.enabled {
 		handler = requireToken(handler, c.clusterToken)
 	}
+	handler = httpapi.IdleBodies(handler, httpapi.BodyIdleTimeout)
 	srv := &http.Server{
 		Handler:           handler,
 		ReadHeaderTimeout: 10 * time.Second,

@@ -58,7 +58,7 @@ func (s *Server) snapshotHandler(name string) http.HandlerFunc {
 				panic(http.ErrAbortHandler)
 			}
 		case "importSnapshot":
-			info, err := s.svc.ImportSnapshot(who, r.Body)
+			info, err := s.svc.ImportSnapshot(r.Context(), who, r.Body)
 			if err != nil {
 				s.fail(w, err)
 				return

@@ -171,7 +171,7 @@ type Service struct {
 	cfg     Config
 	metrics *Metrics
 
-	snapMu     sync.Mutex     // serialises saving, importing and deleting snapshots
+	snaps      snapOwners     // each owner's snapshots' lock (snapshots.go)
 	persisting sync.WaitGroup // paused sandboxes being written down (persist.go)
 
 	mu      sync.Mutex

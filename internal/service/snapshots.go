@@ -11,8 +11,10 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/vivarium-sandbox/vivarium/internal/hostdisk"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/sandboxid"
 	"github.com/vivarium-sandbox/vivarium/internal/snapshot"
@@ -127,9 +129,14 @@ func (s *Service) Snapshot(ctx context.Context, owner, id, name string) (Snapsho
 	if err := b.quietFor("save"); err != nil {
 		return SnapshotInfo{}, err
 	}
-	s.snapMu.Lock()
-	defer s.snapMu.Unlock()
-	if err := s.snapshotRoom(owner, false); err != nil {
+	so, put := s.snaps.get(owner)
+	defer put()
+	release, err := so.write(ctx)
+	if err != nil {
+		return SnapshotInfo{}, err
+	}
+	defer release()
+	if err := so.room(s, owner, 1); err != nil {
 		return SnapshotInfo{}, err
 	}
 	meta := snapshotMeta{ID: sandboxid.Snapshot.New(s.cfg.Node), Name: name, Owner: owner, SandboxID: id, CreatedAt: s.cfg.Now().UTC(),
@@ -144,22 +151,19 @@ func (s *Service) Snapshot(ctx context.Context, owner, id, name string) (Snapsho
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return SnapshotInfo{}, err
 	}
+	defer os.RemoveAll(dir) // nothing there once committed
 	start := time.Now()
 	done := s.use(b)
 	size, err := sn.SaveSnapshot(ctx, filepath.Join(dir, "data"))
 	done()
-	if err == nil {
-		meta.SizeBytes = size
-		err = s.writeSnapshotMeta(dir, meta)
-	}
-	if err == nil {
-		err = s.snapshotRoom(owner, true) // over now, with this one: not kept
-	}
-	if err == nil {
-		err = os.Rename(dir, filepath.Join(s.cfg.SnapshotDir, meta.ID))
-	}
 	if err != nil {
-		os.RemoveAll(dir)
+		return SnapshotInfo{}, err
+	}
+	meta.SizeBytes = size
+	if err := s.writeSnapshotMeta(dir, meta); err != nil {
+		return SnapshotInfo{}, err
+	}
+	if err := so.commit(ctx, s, owner, dir, meta); err != nil {
 		return SnapshotInfo{}, err
 	}
 	s.cfg.Logger.Info("sandbox saved", "id", id, "snapshot", meta.ID, "bytes", size, "ms", time.Since(start).Milliseconds())
@@ -179,25 +183,32 @@ func (s *Service) writeSnapshotMeta(dir string, meta snapshotMeta) error {
 }
 
 // snapshotRoom fails with ErrQuota if owner keeps its maximum of
-// snapshots or of bytes of them; with saved, if it keeps more than that
-// (the snapshot just saved counted). Callers hold snapMu.
-func (s *Service) snapshotRoom(owner string, saved bool) error {
+// snapshots, or if one more of add bytes would take it over its bytes.
+// Callers hold the owner's snapOwner.mu.
+func (s *Service) snapshotRoom(owner string, add int64) error {
 	metas := s.snapshotMetas(owner)
 	var bytes int64
 	for _, m := range metas {
 		bytes += m.SizeBytes
 	}
-	n, maxN, maxB := int64(len(metas)), int64(s.cfg.MaxSnapshots), s.cfg.MaxSnapshotBytes
-	if !saved {
-		n, bytes = n+1, bytes+1
-	}
+	maxN, maxB := s.cfg.MaxSnapshots, s.cfg.MaxSnapshotBytes
 	switch {
-	case n > maxN:
+	case len(metas)+1 > maxN:
 		return fmt.Errorf("%w: this key may keep %d snapshots; delete one (DELETE /v1/snapshots/{id}) first", ErrQuota, maxN)
-	case bytes > maxB:
+	case bytes+add > maxB:
 		return fmt.Errorf("%w: this key's snapshots would take over its %d MiB; delete one first", ErrQuota, maxB>>20)
 	}
 	return nil
+}
+
+// snapshotBytes is what owner's snapshots take. Callers hold the owner's
+// snapOwner.mu.
+func (s *Service) snapshotBytes(owner string) int64 {
+	var n int64
+	for _, m := range s.snapshotMetas(owner) {
+		n += m.SizeBytes
+	}
+	return n
 }
 
 // snapshotMetas reads the records of owner's snapshots, newest first.
@@ -291,21 +302,28 @@ func (s *Service) DeleteSnapshot(owner, ref string) error {
 	if len(ids) == 0 {
 		return ErrSnapshotNotFound
 	}
-	s.snapMu.Lock()
-	defer s.snapMu.Unlock()
+	so, put := s.snaps.get(owner)
+	defer put()
+	var gone []string
+	defer func() {
+		for _, g := range gone {
+			os.RemoveAll(g)
+		}
+	}()
+	so.mu.Lock()
+	defer so.mu.Unlock()
 	for _, id := range ids {
 		_, dir, err := s.snapshotOf(owner, id)
 		if err != nil {
 			return err
 		}
-		// Renamed away first: a listing never sees half of it.
-		gone := filepath.Join(s.cfg.SnapshotDir, ".deleted-"+id)
-		if err := os.Rename(dir, gone); err != nil {
+		// Renamed away under the lock, a listing never sees half of it;
+		// removed after it, a large one delays no one.
+		g := filepath.Join(s.cfg.SnapshotDir, ".deleted-"+id)
+		if err := os.Rename(dir, g); err != nil {
 			return err
 		}
-		if err := os.RemoveAll(gone); err != nil {
-			return err
-		}
+		gone = append(gone, g)
 	}
 	return nil
 }
@@ -324,48 +342,61 @@ func (s *Service) ExportSnapshot(owner, id string, w io.Writer) error {
 // ImportSnapshot reads a snapshot that ExportSnapshot wrote (here, or on
 // a server sharing this one's snapshot key) and keeps it as a new
 // snapshot of owner's. A stream whose signature does not hold, or that
-// is larger than the owner may keep, is refused and nothing is kept.
-// Whether this host can restore it (the same kernel and CPU) is told
-// when a sandbox is made from it.
-func (s *Service) ImportSnapshot(owner string, r io.Reader) (SnapshotInfo, error) {
+// is larger than the owner may keep or the server's disk can take, is
+// refused and nothing is kept; so is one whose client has gone (ctx)
+// before it is kept. Whether this host can restore it (the same kernel
+// and CPU) is told when a sandbox is made from it.
+//
+// The stream is read and staged holding no lock: a client that sends
+// slowly, or stops, delays no one's snapshots, its own key's others
+// included (within snapshotWrites at once).
+func (s *Service) ImportSnapshot(ctx context.Context, owner string, r io.Reader) (SnapshotInfo, error) {
 	if err := s.snapshotsOn(); err != nil {
 		return SnapshotInfo{}, err
 	}
-	s.snapMu.Lock()
-	defer s.snapMu.Unlock()
-	if err := s.snapshotRoom(owner, false); err != nil {
+	so, put := s.snaps.get(owner)
+	defer put()
+	release, err := so.write(ctx)
+	if err != nil {
 		return SnapshotInfo{}, err
 	}
-	var have int64
-	for _, m := range s.snapshotMetas(owner) {
-		have += m.SizeBytes
+	defer release()
+	so.mu.Lock()
+	err = s.snapshotRoom(owner, 1)
+	room := s.cfg.MaxSnapshotBytes - s.snapshotBytes(owner)
+	so.mu.Unlock()
+	if err != nil {
+		return SnapshotInfo{}, err
 	}
 	if err := os.MkdirAll(s.cfg.SnapshotDir, 0o700); err != nil {
 		return SnapshotInfo{}, err
 	}
 	staging := filepath.Join(s.cfg.SnapshotDir, ".import-"+randomHex(8))
-	n, err := snapshot.Import(r, staging, s.cfg.MaxSnapshotBytes-have)
-	if errors.Is(err, snapshot.ErrTooLarge) {
-		return SnapshotInfo{}, fmt.Errorf("%w: the snapshot is larger than this key's room for snapshots (%d MiB)", ErrQuota,
-			(s.cfg.MaxSnapshotBytes-have)>>20)
-	}
-	if err != nil {
-		return SnapshotInfo{}, fmt.Errorf("%w: %v", sandbox.ErrInvalidSpec, err)
-	}
 	defer os.RemoveAll(staging)
-	if err := snapshot.Verify(staging, s.cfg.SnapshotKey); err != nil {
+	n, err := snapshot.Import(r, staging, room, func(need int64) error {
+		return hostdisk.Fits(s.cfg.SnapshotDir, need, "the snapshot's files")
+	})
+	switch {
+	case errors.Is(err, snapshot.ErrTooLarge):
+		return SnapshotInfo{}, fmt.Errorf("%w: the snapshot is larger than this key's room for snapshots (%d MiB)", ErrQuota, room>>20)
+	case errors.Is(err, snapshot.ErrNotSnapshot):
 		return SnapshotInfo{}, fmt.Errorf("%w: %v", sandbox.ErrInvalidSpec, err)
+	case err != nil:
+		return SnapshotInfo{}, fmt.Errorf("import a snapshot: %w", err)
+	}
+	if err := snapshot.Verify(staging, s.cfg.SnapshotKey); err != nil {
+		return SnapshotInfo{}, fmt.Errorf("%w: %v", sandbox.ErrInvalidSpec, snapshot.ErrTampered)
 	}
 	m, err := readSnapshotMeta(staging)
 	if err != nil {
-		return SnapshotInfo{}, fmt.Errorf("%w: the snapshot's record: %v", sandbox.ErrInvalidSpec, err)
+		return SnapshotInfo{}, fmt.Errorf("%w: the snapshot has no readable record", sandbox.ErrInvalidSpec)
 	}
 	// Now the importer's, under a new id.
 	m.ID, m.Owner, m.SizeBytes = sandboxid.Snapshot.New(s.cfg.Node), owner, n
 	if err := s.writeSnapshotMeta(staging, m); err != nil {
 		return SnapshotInfo{}, err
 	}
-	if err := os.Rename(staging, filepath.Join(s.cfg.SnapshotDir, m.ID)); err != nil {
+	if err := so.commit(ctx, s, owner, staging, m); err != nil {
 		return SnapshotInfo{}, err
 	}
 	s.cfg.Logger.Info("snapshot imported", "snapshot", m.ID, "bytes", n)
@@ -420,6 +451,81 @@ func (s *Service) sweepSnapshotLeftovers() {
 			if _, err := os.Stat(filepath.Join(p, snapshot.SignatureFile)); os.IsNotExist(err) {
 				os.RemoveAll(p)
 			}
+		}
+	}
+}
+
+// snapshotWrites bounds the saves and imports one owner writes at once:
+// each stages up to the owner's room on the disk before it is counted.
+const snapshotWrites = 2
+
+// snapOwner serialises what must see one owner's snapshots as they are:
+// room checks, commits and deletes. Its lock is never held across a
+// client's I/O or a save: those are staged first. Owners do not wait on
+// one another.
+type snapOwner struct {
+	mu     sync.Mutex
+	writes chan struct{} // saves and imports being written
+	refs   int           // snapOwners' count of its users
+}
+
+// write takes one of the owner's snapshotWrites, waiting for one while
+// ctx lasts.
+func (o *snapOwner) write(ctx context.Context) (release func(), err error) {
+	select {
+	case o.writes <- struct{}{}:
+		return func() { <-o.writes }, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("%w: this key's other snapshots being saved or imported (%d at once) did not end in time",
+			ErrQuota, snapshotWrites)
+	}
+}
+
+// room is snapshotRoom under the owner's lock.
+func (o *snapOwner) room(s *Service, owner string, add int64) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return s.snapshotRoom(owner, add)
+}
+
+// commit keeps the signed snapshot staged in dir as meta.ID, if its owner
+// has room for it and its client is still there.
+func (o *snapOwner) commit(ctx context.Context, s *Service, owner, dir string, meta snapshotMeta) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("the request ended before the snapshot was kept: %w", err)
+	}
+	if err := s.snapshotRoom(owner, meta.SizeBytes); err != nil {
+		return err
+	}
+	return os.Rename(dir, filepath.Join(s.cfg.SnapshotDir, meta.ID))
+}
+
+// snapOwners holds a snapOwner per owner while anyone uses it.
+type snapOwners struct {
+	mu sync.Mutex
+	m  map[string]*snapOwner
+}
+
+// get returns owner's snapOwner; put gives it back.
+func (o *snapOwners) get(owner string) (so *snapOwner, put func()) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.m == nil {
+		o.m = map[string]*snapOwner{}
+	}
+	so = o.m[owner]
+	if so == nil {
+		so = &snapOwner{writes: make(chan struct{}, snapshotWrites)}
+		o.m[owner] = so
+	}
+	so.refs++
+	return so, func() {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		if so.refs--; so.refs == 0 {
+			delete(o.m, owner)
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -125,7 +126,7 @@ func TestSnapshots(t *testing.T) {
 	// Another service with the same key takes the export; one with
 	// another key does not.
 	same := snapshotService(t, t.TempDir(), 1)
-	imp, err := same.ImportSnapshot("p", bytes.NewReader(archive.Bytes()))
+	imp, err := same.ImportSnapshot(ctx, "p", bytes.NewReader(archive.Bytes()))
 	if err != nil || imp.ID == a.ID {
 		t.Fatalf("import: %+v %v", imp, err)
 	}
@@ -133,7 +134,7 @@ func TestSnapshots(t *testing.T) {
 		t.Fatalf("a sandbox of the imported snapshot: %v", err)
 	}
 	foreign := snapshotService(t, t.TempDir(), 2)
-	if _, err := foreign.ImportSnapshot("p", bytes.NewReader(archive.Bytes())); !errors.Is(err, sandbox.ErrInvalidSpec) {
+	if _, err := foreign.ImportSnapshot(ctx, "p", bytes.NewReader(archive.Bytes())); !errors.Is(err, sandbox.ErrInvalidSpec) {
 		t.Fatalf("an import signed with another key: %v", err)
 	}
 	if got := foreign.Snapshots("p"); len(got) != 0 {
@@ -501,5 +502,111 @@ func TestSnapshotNames(t *testing.T) {
 	}
 	if err := svc.DeleteSnapshot("o", "model-1.b_2"); !errors.Is(err, ErrSnapshotNotFound) {
 		t.Fatalf("the name deleted twice: %v", err)
+	}
+}
+
+// One key's import whose client stalls mid-stream delays no other key's
+// snapshots, nor its own key's next import; once its client has gone it
+// is not kept, and nothing of it is left.
+func TestSnapshotImportStalled(t *testing.T) {
+	dir := t.TempDir()
+	svc := New(Config{Backend: savingBackend{restored: make(chan string, 8)}, SnapshotDir: dir,
+		SnapshotKey: bytes.Repeat([]byte{1}, snapshot.KeySize), MaxSnapshots: 4})
+	t.Cleanup(func() { svc.Close() })
+	ctx := context.Background()
+	src, err := svc.Create(ctx, CreateRequest{Owner: "b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := svc.Snapshot(ctx, "b", src.ID, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var archive bytes.Buffer
+	if err := svc.ExportSnapshot("b", snap.ID, &archive); err != nil {
+		t.Fatal(err)
+	}
+
+	// Key a's client sends the archive's first entry, and then nothing.
+	stalledCtx, clientGone := context.WithCancel(ctx)
+	pr, pw := io.Pipe()
+	stalled := make(chan error, 1)
+	go func() {
+		_, err := svc.ImportSnapshot(stalledCtx, "a", pr)
+		stalled <- err
+	}()
+	if _, err := pw.Write(archive.Bytes()[:1024]); err != nil { // returns once the import has read it
+		t.Fatal(err)
+	}
+
+	within := func(what string, f func() error) {
+		t.Helper()
+		done := make(chan error, 1)
+		go func() { done <- f() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+		case <-time.After(time.Minute):
+			t.Fatalf("%s waits on another client's stalled import", what)
+		}
+	}
+	within("another key's save", func() error { _, err := svc.Snapshot(ctx, "b", src.ID, ""); return err })
+	within("another key's import", func() error {
+		_, err := svc.ImportSnapshot(ctx, "b", bytes.NewReader(archive.Bytes()))
+		return err
+	})
+	within("another key's delete", func() error { return svc.DeleteSnapshot("b", snap.ID) })
+	within("the stalled key's next import", func() error {
+		_, err := svc.ImportSnapshot(ctx, "a", bytes.NewReader(archive.Bytes()))
+		return err
+	})
+
+	// The stalled client goes: its import fails and leaves nothing.
+	clientGone()
+	pw.CloseWithError(errors.New("the connection was closed"))
+	if err := <-stalled; err == nil {
+		t.Fatal("an import whose client went was kept")
+	}
+	if got := svc.Snapshots("a"); len(got) != 1 {
+		t.Fatalf("key a keeps %d snapshots, want the one whole import", len(got))
+	}
+	// Read whole, but its client gone before it was kept: not kept.
+	gone, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := svc.ImportSnapshot(gone, "a", bytes.NewReader(archive.Bytes())); err == nil {
+		t.Fatal("an import whose request had ended was kept")
+	}
+	if got := svc.Snapshots("a"); len(got) != 1 {
+		t.Fatalf("key a keeps %d snapshots after an ended request", len(got))
+	}
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), ".") {
+			t.Errorf("left %s", e.Name())
+		}
+	}
+}
+
+// A save that would take its key over its bytes is not kept: the bound
+// counts the snapshot just saved.
+func TestSnapshotBytesQuota(t *testing.T) {
+	svc := New(Config{Backend: savingBackend{restored: make(chan string, 8)}, SnapshotDir: t.TempDir(),
+		SnapshotKey: bytes.Repeat([]byte{1}, snapshot.KeySize), MaxSnapshotBytes: 8})
+	t.Cleanup(func() { svc.Close() })
+	ctx := context.Background()
+	src, err := svc.Create(ctx, CreateRequest{Owner: "o"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.Snapshot(ctx, "o", src.ID, ""); err != nil { // 5 bytes of 8
+		t.Fatal(err)
+	}
+	if _, err := svc.Snapshot(ctx, "o", src.ID, ""); !errors.Is(err, ErrQuota) {
+		t.Fatalf("10 bytes of snapshots where 8 are allowed: %v", err)
+	}
+	if got := svc.Snapshots("o"); len(got) != 1 {
+		t.Fatalf("%d snapshots kept", len(got))
 	}
 }
