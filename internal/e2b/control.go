@@ -71,8 +71,8 @@ func (s *Server) routeControl() {
 			// a fork of nothing is a bad request, a sandbox that is gone
 			// (or another key's) is not found.
 			if id := r.PathValue("id"); id != "" {
-				if _, err := s.svc.Get(owner, id); err != nil {
-					s.notFound(w, r, err)
+				if !s.svc.Exists(owner, id) {
+					s.notFound(w, r, service.ErrNotFound)
 					return
 				}
 			}
@@ -190,19 +190,46 @@ func (s *Server) template(id string) string {
 	return "base"
 }
 
+// templateSweepAt is how many templates are remembered before those of
+// sandboxes that are gone (ended by their timeout, or through Vivarium's
+// own API) are forgotten.
+const templateSweepAt = 1024
+
 // rememberTemplate records the template a sandbox was created from, and
-// forgets those of sandboxes that are gone now and then.
+// forgets those of sandboxes that are gone now and then. Whether a
+// sandbox is still there is asked of the service outside s.mu, and
+// without resuming it (Exists, not Get): a sweep neither wakes other
+// keys' paused sandboxes nor holds up the requests that read templates.
 func (s *Server) rememberTemplate(owner, id, tpl string) {
+	live := s.svc.Live()
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if len(s.templates) >= 1024 && len(s.templates) > 2*s.svc.Live() {
+	s.templates[id] = templateOf{owner: owner, name: tpl}
+	var seen []target
+	if n := len(s.templates); !s.sweepingTemplates && n >= s.templateSweepAt && n > 2*live {
+		s.sweepingTemplates = true
+		seen = make([]target, 0, n)
 		for k, t := range s.templates {
-			if _, err := s.svc.Get(t.owner, k); err != nil {
-				delete(s.templates, k)
-			}
+			seen = append(seen, target{owner: t.owner, id: k})
 		}
 	}
-	s.templates[id] = templateOf{owner: owner, name: tpl}
+	s.mu.Unlock()
+	if seen == nil {
+		return
+	}
+	// A sandbox's ID is never made again: one found gone stays gone, and
+	// its entry can be deleted after the check.
+	var gone []string
+	for _, t := range seen {
+		if !s.svc.Exists(t.owner, t.id) {
+			gone = append(gone, t.id)
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, k := range gone {
+		delete(s.templates, k)
+	}
+	s.sweepingTemplates = false
 }
 
 func (s *Server) create(w http.ResponseWriter, r *http.Request, owner string) {

@@ -101,6 +101,10 @@ type Server struct {
 
 	mu        sync.Mutex
 	templates map[string]templateOf // by sandbox ID
+	// sweepingTemplates: a sweep of templates is under way
+	// (rememberTemplate), from templateSweepAt (tests lower it) on.
+	sweepingTemplates bool
+	templateSweepAt   int
 	// Requests that wait or poll on a sandbox's behalf without holding
 	// one of its owner's execution slots (watches, executions waiting
 	// their turn), by sandbox ID, so that a client cannot pile them up.
@@ -146,7 +150,7 @@ func New(cfg Config) *Server {
 	cfg.Prefix = strings.TrimSuffix(cfg.Prefix, "/")
 	s := &Server{cfg: cfg, svc: cfg.Service, log: cfg.Logger, secret: make([]byte, 32),
 		control: http.NewServeMux(), envd: http.NewServeMux(), interp: http.NewServeMux(),
-		templates: map[string]templateOf{}, waiting: map[string]int{}, watchers: map[string]*watcher{},
+		templates: map[string]templateOf{}, templateSweepAt: templateSweepAt, waiting: map[string]int{}, watchers: map[string]*watcher{},
 		signScans: make(chan struct{}, 1)}
 	rand.Read(s.secret)
 	s.routeControl()

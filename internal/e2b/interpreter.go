@@ -14,7 +14,6 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/jsonerr"
 	"github.com/vivarium-sandbox/vivarium/internal/runner"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
-	"github.com/vivarium-sandbox/vivarium/internal/service"
 )
 
 // The code interpreter's API (port 49999 of an E2B code-interpreter
@@ -157,8 +156,7 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 
 // killedDuring reports whether the request's sandbox is gone.
 func (s *Server) killedDuring(t target) bool {
-	_, err := s.svc.Get(t.owner, t.id)
-	return errors.Is(err, service.ErrNotFound)
+	return !s.svc.Exists(t.owner, t.id)
 }
 
 // A kernel queues the cells sent to it, where Vivarium answers busy: the

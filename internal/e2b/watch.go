@@ -169,7 +169,9 @@ func (s *Server) watchDir(r *http.Request, t target, msg []byte, st *rpcStream) 
 			return nil
 		case <-tick.C:
 		}
-		if _, err := s.svc.Get(t.owner, t.id); err != nil {
+		// Whether it is still there, not a use of it: a paused sandbox
+		// stays paused.
+		if !s.svc.Exists(t.owner, t.id) {
 			return newConnectError(codeUnavailable, "the sandbox is gone: it was killed or reached its timeout")
 		}
 		cur, err := scan(ws, rel, req.Recursive)
@@ -295,12 +297,27 @@ func (s *Server) removeWatcher(r *http.Request, t target, msg []byte) (any, erro
 	return struct{}{}, nil
 }
 
-// sweepWatchers forgets the watchers of sandboxes that are gone.
+// sweepWatchers forgets the watchers of sandboxes that are gone. The
+// service is asked outside s.mu, and without resuming anything (Exists):
+// a watcher of another key's paused sandbox is left as it is.
 func (s *Server) sweepWatchers() {
+	s.mu.Lock()
+	seen := make(map[string]target, len(s.watchers))
+	for id, w := range s.watchers {
+		seen[id] = w.t
+	}
+	s.mu.Unlock()
+	var goneIDs []string
+	for id, t := range seen {
+		if !s.svc.Exists(t.owner, t.id) {
+			goneIDs = append(goneIDs, id)
+		}
+	}
 	var gone []*watcher
 	s.mu.Lock()
-	for id, w := range s.watchers {
-		if _, err := s.svc.Get(w.t.owner, w.t.id); err != nil {
+	for _, id := range goneIDs {
+		// Removed meanwhile by its client: released there.
+		if w, ok := s.watchers[id]; ok {
 			delete(s.watchers, id)
 			gone = append(gone, w)
 		}

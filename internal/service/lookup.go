@@ -18,3 +18,12 @@ func (s *Service) All() []Owned {
 	}
 	return out
 }
+
+// Exists reports whether owner has the live sandbox id, running or
+// paused, as it is: unlike Get, it never resumes a paused sandbox, so
+// that bookkeeping (is this sandbox still there?) costs nothing and wakes
+// no one.
+func (s *Service) Exists(owner, id string) bool {
+	_, err := s.lookup(owner, id)
+	return err == nil
+}
