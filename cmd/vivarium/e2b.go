@@ -15,13 +15,16 @@ import (
 const e2bPrefix = "/e2b"
 
 // withE2B serves E2B's API at /e2b beside the rest, behind the same keys.
-func withE2B(next http.Handler, svc *service.Service, auth httpapi.Authenticator, log *slog.Logger, domain string, pausable bool) (http.Handler, *e2b.Server) {
+// behindGateway: every request comes through a cluster's gateway, which
+// names its client in X-Forwarded-For.
+func withE2B(next http.Handler, svc *service.Service, auth httpapi.Authenticator, log *slog.Logger, domain string, pausable,
+	behindGateway bool) (http.Handler, *e2b.Server) {
 	var a e2b.Authenticator
 	if auth != nil {
 		a = auth
 	}
 	h := e2b.New(e2b.Config{Service: svc, Auth: a, DevOwner: httpapi.DevOwner, Logger: log, Prefix: e2bPrefix, Domain: domain,
-		Pausable: pausable})
+		Pausable: pausable, ForwardedFor: behindGateway})
 	mux := http.NewServeMux()
 	mux.Handle(e2bPrefix+"/", h)
 	// Signed file URLs: E2B's SDKs build them at the root of the sandbox

@@ -626,7 +626,7 @@ func serve(c *serveConfig, log *slog.Logger) error {
 	}
 	handler, closeMCP := withMCP(api, svc, auth, log, svcCfg.Node)
 	_, criuErr := criu.Usable()
-	handler, e2bServer := withE2B(handler, svc, auth, log, c.domain, c.e2bPausable && criuErr == nil)
+	handler, e2bServer := withE2B(handler, svc, auth, log, c.domain, c.e2bPausable && criuErr == nil, c.cluster.enabled)
 	// Sandboxes' own hosts first: each is an origin of its own.
 	handler = withPorts(httpapi.RefuseBrowsers(handler, c.allowOrigins), svc, e2bServer, c.domain, log)
 	if c.cluster.enabled {

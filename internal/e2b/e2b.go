@@ -45,6 +45,7 @@ import (
 	"encoding/hex"
 	"log/slog"
 	"net/http"
+	"runtime"
 	"strings"
 	"sync"
 
@@ -76,6 +77,11 @@ type Config struct {
 	// of its own rather than a fork of the zygote: about 70 MiB of memory
 	// rather than 7, and about 0.5 s to make where no pool has one ready.
 	Pausable bool
+	// ForwardedFor: every request comes through a proxy of the
+	// server's own (a cluster's gateway), which names the client in
+	// X-Forwarded-For; signed URLs' scans are shared out by that
+	// client's address rather than the proxy's.
+	ForwardedFor bool
 }
 
 // Ports of the sandbox services, as the SDKs name them in E2b-Sandbox-Port.
@@ -110,8 +116,10 @@ type Server struct {
 	// their turn), by sandbox ID, so that a client cannot pile them up.
 	waiting  map[string]int
 	watchers map[string]*watcher // by ID
-	// signScans lets one signature check run at a time (signed.go).
-	signScans chan struct{}
+	// signGate shares out the scans of signed URLs (signed.go);
+	// signScanning, when set, is called by each scan (tests hold one).
+	signGate     *signGate
+	signScanning func(addr string)
 }
 
 // Bounds on what one sandbox's requests may hold on the server.
@@ -151,7 +159,7 @@ func New(cfg Config) *Server {
 	s := &Server{cfg: cfg, svc: cfg.Service, log: cfg.Logger, secret: make([]byte, 32),
 		control: http.NewServeMux(), envd: http.NewServeMux(), interp: http.NewServeMux(),
 		templates: map[string]templateOf{}, templateSweepAt: templateSweepAt, waiting: map[string]int{}, watchers: map[string]*watcher{},
-		signScans: make(chan struct{}, 1)}
+		signGate: newSignGate(max(2, runtime.GOMAXPROCS(0)))}
 	rand.Read(s.secret)
 	s.routeControl()
 	s.routeEnvd()
@@ -242,6 +250,13 @@ func (s *Server) serveSandbox(w http.ResponseWriter, r *http.Request) {
 	tok := r.Header.Get("X-Access-Token")
 	if tok == "" {
 		tok = r.Header.Get("E2B-Traffic-Access-Token")
+	}
+	if tok == "" && id != "" && r.URL.Path == "/files" && r.Header.Get("E2b-Sandbox-Port") == envdPort &&
+		r.URL.Query().Has("signature") {
+		// A signed file URL at the sandbox's own host (E2B_DOMAIN's
+		// 49983-<id>.DOMAIN/files): checked against that sandbox alone.
+		s.serveSigned(w, r, id)
+		return
 	}
 	owner, ok := s.tokenOwner(tok, id)
 	if !ok {

@@ -1,20 +1,25 @@
 package e2b
 
 import (
+	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
+	"hash"
+	"net"
 	"net/http"
+	"net/netip"
+	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
 // Signed file URLs (Sandbox.uploadUrl and downloadUrl in E2B's SDKs): a
 // URL anyone may use, without a header, to read or write one file of one
 // sandbox, until it expires if it says so. The SDK builds it from the
-// sandbox URL, so it arrives at /files of this server's root (or of a
-// sandbox's own host) with no sandbox ID:
+// sandbox URL, with no sandbox ID in it:
 //
 //	/files?path=P&username=U&signature=v1_S&signature_expiration=T
 //
@@ -23,11 +28,26 @@ import (
 // empty when the SDK sent no user, and TOKEN is the sandbox's access
 // token. The token is secret and names one sandbox of one owner: the URL
 // opens the sandbox whose token its signature was made with, for that
-// path and operation only, and is checked against each live sandbox's.
+// path and operation only.
+//
+// Where it arrives decides what is checked:
+//
+//   - at the sandbox's own host (49983-<id>.DOMAIN/files, where the SDKs
+//     send it when E2B_DOMAIN is set): against that sandbox's token alone;
+//   - at /files of the server's root (E2B_SANDBOX_URL): the URL names no
+//     sandbox, so it is checked against each live sandbox's token, a scan
+//     anyone may ask for without a key. Scans are shared out (signGate):
+//     a few at once server-wide, one at a time per client address, and a
+//     request that cannot have one within signScanWait is answered 429. A
+//     flood of forged URLs from one address thus holds one scan, and
+//     other clients' URLs are checked beside it.
 const signatureVersion = "v1_"
 
 // maxSignature bounds what is hashed for a signature check.
 const maxSignature = 4096
+
+// signatureLen is the length of a signature's base64 (SHA-256, unpadded).
+var signatureLen = base64.RawStdEncoding.EncodedLen(sha256.Size)
 
 // SignedProbeHeader asks, of a signed file URL, only whether this server
 // holds its sandbox (204), doing nothing else: a cluster's gateway sends
@@ -38,9 +58,10 @@ const SignedProbeHeader = "Vivarium-Signed-Probe"
 // SignedFiles serves signed file URLs: mount it at /files of the
 // server's root.
 func (s *Server) SignedFiles() http.Handler {
-	return http.HandlerFunc(s.serveSigned)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.serveSigned(w, r, "") })
 }
 
+// fileSignature is the signature of a URL as the SDKs make it.
 func fileSignature(path, op, user, token, expiration string) string {
 	raw := path + ":" + op + ":" + user + ":" + token
 	if expiration != "" {
@@ -50,44 +71,112 @@ func fileSignature(path, op, user, token, expiration string) string {
 	return signatureVersion + base64.RawStdEncoding.EncodeToString(sum[:])
 }
 
-func (s *Server) serveSigned(w http.ResponseWriter, r *http.Request) {
-	var op string
-	switch r.Method {
+// signedRequest is a signed file URL's parts (parseSigned).
+type signedRequest struct {
+	path, op, user, exp string
+	expires             int64 // exp's, when not ""
+	sum                 []byte
+	// head is SHA-256's state once "P:OP:U:" is hashed, the part of the
+	// signed text that no token changes: a scan hashes it once, not once
+	// for each sandbox.
+	head hash.Hash
+}
+
+// parseSigned reads a signed file URL's method and query. What it
+// refuses comes with the status and message to answer; a signature that
+// is not one SHA-256 in base64 is invalid at once, as a forged one.
+func parseSigned(method, rawQuery string) (*signedRequest, *apiError) {
+	bad := func(code int, msg string) (*signedRequest, *apiError) {
+		return nil, &apiError{Code: code, Message: msg}
+	}
+	p := &signedRequest{}
+	switch method {
 	case http.MethodGet:
-		op = "read"
+		p.op = "read"
 	case http.MethodPost:
-		op = "write"
+		p.op = "write"
 	default:
-		writeEnvdError(w, http.StatusMethodNotAllowed, "a signed file URL is read with GET and written with POST")
-		return
+		return bad(http.StatusMethodNotAllowed, "a signed file URL is read with GET and written with POST")
 	}
-	q := r.URL.Query()
-	sig, exp := q.Get("signature"), q.Get("signature_expiration")
-	if !strings.HasPrefix(sig, signatureVersion) || len(r.URL.RawQuery) > maxSignature {
-		writeEnvdError(w, http.StatusUnauthorized, "a signature is required: make the URL with uploadUrl or downloadUrl")
-		return
+	q, _ := url.ParseQuery(rawQuery) // as Request.URL.Query: malformed pairs are left out
+	sig := q.Get("signature")
+	if !strings.HasPrefix(sig, signatureVersion) || len(rawQuery) > maxSignature {
+		return bad(http.StatusUnauthorized, "a signature is required: make the URL with uploadUrl or downloadUrl")
 	}
-	var expires int64
-	if exp != "" {
+	p.path, p.user, p.exp = q.Get("path"), q.Get("username"), q.Get("signature_expiration")
+	if p.exp != "" {
 		var err error
-		if expires, err = strconv.ParseInt(exp, 10, 64); err != nil {
-			writeEnvdError(w, http.StatusUnauthorized, "invalid signature_expiration")
-			return
+		if p.expires, err = strconv.ParseInt(p.exp, 10, 64); err != nil {
+			return bad(http.StatusUnauthorized, "invalid signature_expiration")
 		}
 	}
-	if q.Get("path") == "" {
+	if p.path == "" {
 		// Unsigned, the parts' names would choose the files.
-		writeEnvdError(w, http.StatusBadRequest, "a signed file URL names its file: make it with a path")
+		return bad(http.StatusBadRequest, "a signed file URL names its file: make it with a path")
+	}
+	// Strict, and of the one length: the decoder skips line breaks and,
+	// unstrict, ignores the last character's spare bits, so that other
+	// strings than the SDK's would decode to the same sum.
+	enc := sig[len(signatureVersion):]
+	sum, err := base64.RawStdEncoding.Strict().DecodeString(enc)
+	if len(enc) != signatureLen || err != nil || len(sum) != sha256.Size {
+		return bad(http.StatusUnauthorized, "invalid signature")
+	}
+	p.sum = sum
+	p.head = sha256.New()
+	p.head.Write([]byte(p.path + ":" + p.op + ":" + p.user + ":"))
+	return p, nil
+}
+
+// madeWith reports whether token made the URL's signature.
+func (p *signedRequest) madeWith(token string) bool {
+	var h hash.Hash
+	if c, err := p.head.(hash.Cloner).Clone(); err == nil {
+		h = c
+	} else { // a hash that cannot be cloned: the whole text again
+		h = sha256.New()
+		h.Write([]byte(p.path + ":" + p.op + ":" + p.user + ":"))
+	}
+	h.Write([]byte(token))
+	if p.exp != "" {
+		h.Write([]byte(":" + p.exp))
+	}
+	var sum [sha256.Size]byte
+	return subtle.ConstantTimeCompare(h.Sum(sum[:0]), p.sum) == 1
+}
+
+// serveSigned serves a signed file URL; id is the sandbox the request's
+// host names ("": none, the server's root).
+func (s *Server) serveSigned(w http.ResponseWriter, r *http.Request, id string) {
+	p, bad := parseSigned(r.Method, r.URL.RawQuery)
+	if bad != nil {
+		writeEnvdError(w, bad.Code, bad.Message)
 		return
 	}
-	t, ok := s.signedTarget(q.Get("path"), op, q.Get("username"), exp, sig)
+	var t target
+	var ok bool
+	if id != "" {
+		t, ok = s.signedBy(p, id)
+	} else {
+		addr := s.clientAddr(r)
+		leave, got := s.signGate.enter(r.Context(), addr)
+		if !got {
+			w.Header().Set("Retry-After", "1")
+			writeEnvdError(w, http.StatusTooManyRequests, "too many signed file URLs are being checked at once (from this "+
+				"address, or on this server): retry in a moment, one at a time; a URL sent to its sandbox's own host "+
+				"(with E2B_DOMAIN set) is checked at once")
+			return
+		}
+		t, ok = s.signedTarget(r.Context(), p, addr)
+		leave()
+	}
 	if !ok {
 		writeEnvdError(w, http.StatusUnauthorized, "invalid signature")
 		return
 	}
 	// Checked once the signature is known good, as envd does: what
 	// expired says so.
-	if exp != "" && time.Now().Unix() > expires {
+	if p.exp != "" && time.Now().Unix() > p.expires {
 		writeEnvdError(w, http.StatusUnauthorized, "signature is already expired")
 		return
 	}
@@ -98,25 +187,145 @@ func (s *Server) serveSigned(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	r = r.WithContext(withTarget(r.Context(), t))
-	if op == "read" {
+	if p.op == "read" {
 		s.readFile(w, r)
 	} else {
 		s.writeFiles(w, r)
 	}
 }
 
-// signedTarget finds the live sandbox whose access token made sig. One
-// check runs at a time: a check hashes once per live sandbox, and anyone
-// may ask for one without a key, so a flood of forged URLs must not take
-// more than a core.
-func (s *Server) signedTarget(path, op, user, exp, sig string) (target, bool) {
-	s.signScans <- struct{}{}
-	defer func() { <-s.signScans }()
-	for _, sb := range s.svc.All() {
-		want := fileSignature(path, op, user, s.accessToken(sb.Owner, sb.ID), exp)
-		if subtle.ConstantTimeCompare([]byte(want), []byte(sig)) == 1 {
+// signedBy checks a URL against the one sandbox id.
+func (s *Server) signedBy(p *signedRequest, id string) (target, bool) {
+	owner, ok := s.svc.OwnerOf(id)
+	if !ok || !p.madeWith(s.accessToken(owner, id)) {
+		return target{}, false
+	}
+	return target{owner: owner, id: id}, true
+}
+
+// signedTarget finds the live sandbox whose access token made the URL's
+// signature, while the request lasts. It runs holding one of signGate's
+// slots.
+func (s *Server) signedTarget(ctx context.Context, p *signedRequest, addr string) (target, bool) {
+	if s.signScanning != nil {
+		s.signScanning(addr)
+	}
+	for i, sb := range s.svc.All() {
+		if i%256 == 255 && ctx.Err() != nil {
+			return target{}, false // its client is gone
+		}
+		if p.madeWith(s.accessToken(sb.Owner, sb.ID)) {
 			return target{owner: sb.Owner, id: sb.ID}, true
 		}
 	}
 	return target{}, false
+}
+
+// Bounds on scans of signed URLs that name no sandbox.
+const (
+	// signScanWait is the longest a request waits for its address's
+	// turn and a slot; then it is answered 429.
+	signScanWait = time.Second
+	// maxSignQueued is the most requests of one address that scan or
+	// wait at once; more are answered 429 at once.
+	maxSignQueued = 4
+)
+
+// signGate shares out scans: at most cap(slots) at once server-wide, one
+// at a time per client address, so that no address holds more than one
+// slot however many requests it sends.
+type signGate struct {
+	slots chan struct{}
+
+	mu    sync.Mutex
+	addrs map[string]*addrTurn
+}
+
+// addrTurn is one address's place at the gate.
+type addrTurn struct {
+	turn chan struct{} // held by the address's request that scans
+	n    int           // its requests scanning or waiting
+}
+
+func newSignGate(slots int) *signGate {
+	return &signGate{slots: make(chan struct{}, slots), addrs: map[string]*addrTurn{}}
+}
+
+// enter waits for addr's turn, then for a slot, for signScanWait at most
+// and while ctx lasts; ok is false when it had neither in that time.
+// leave gives both back.
+func (g *signGate) enter(ctx context.Context, addr string) (leave func(), ok bool) {
+	g.mu.Lock()
+	a := g.addrs[addr]
+	if a == nil {
+		a = &addrTurn{turn: make(chan struct{}, 1)}
+		g.addrs[addr] = a
+	}
+	if a.n >= maxSignQueued {
+		g.mu.Unlock()
+		return nil, false
+	}
+	a.n++
+	g.mu.Unlock()
+	out := func() {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if a.n--; a.n == 0 {
+			delete(g.addrs, addr)
+		}
+	}
+	timer := time.NewTimer(signScanWait)
+	defer timer.Stop()
+	select {
+	case a.turn <- struct{}{}:
+	case <-timer.C:
+		out()
+		return nil, false
+	case <-ctx.Done():
+		out()
+		return nil, false
+	}
+	select {
+	case g.slots <- struct{}{}:
+	case <-timer.C:
+		<-a.turn
+		out()
+		return nil, false
+	case <-ctx.Done():
+		<-a.turn
+		out()
+		return nil, false
+	}
+	return func() {
+		<-g.slots
+		<-a.turn
+		out()
+	}, true
+}
+
+// clientAddr is the address a request's scans are counted by: the peer's
+// (or, behind a cluster's gateway, the client the gateway names), an
+// IPv6 client's /64 as one, since one host commonly has all of those.
+func (s *Server) clientAddr(r *http.Request) string {
+	addr := r.RemoteAddr
+	if s.cfg.ForwardedFor {
+		if vs := r.Header.Values("X-Forwarded-For"); len(vs) > 0 {
+			last := vs[len(vs)-1]
+			addr = strings.TrimSpace(last[strings.LastIndexByte(last, ',')+1:])
+		}
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		host = addr
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		return host
+	}
+	ip = ip.Unmap().WithZone("")
+	if ip.Is6() {
+		p, _ := ip.Prefix(64)
+		return p.String()
+	}
+	return ip.String()
 }

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"net"
 	"net/http"
 	"net/url"
 	"sync"
@@ -64,6 +65,11 @@ func (g *Gateway) probeSigned(ctx context.Context, r *http.Request, n cluster.No
 	}
 	req.Header.Set(signedProbeHeader, "1")
 	req.Header.Set(TokenHeader, g.cfg.Token)
+	// The client, as forward names it: a node checks one client's
+	// signed URLs one at a time.
+	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		req.Header.Set("X-Forwarded-For", host)
+	}
 	resp, err := g.proxy.Transport.RoundTrip(req)
 	if err != nil {
 		return false

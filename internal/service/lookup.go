@@ -19,6 +19,19 @@ func (s *Service) All() []Owned {
 	return out
 }
 
+// OwnerOf returns the owner of the live sandbox id, for what checks a
+// credential of that one sandbox's (a signed file URL sent to the
+// sandbox's own host) without a key. As with All, transports use it only
+// to check the credential.
+func (s *Service) OwnerOf(id string) (string, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if b := s.boxes[id]; b != nil {
+		return b.owner, true
+	}
+	return "", false
+}
+
 // Exists reports whether owner has the live sandbox id, running or
 // paused, as it is: unlike Get, it never resumes a paused sandbox, so
 // that bookkeeping (is this sandbox still there?) costs nothing and wakes
