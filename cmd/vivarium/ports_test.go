@@ -1,9 +1,19 @@
 package main
 
 import (
+	"bufio"
+	"encoding/base64"
+	"encoding/json"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
+	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/portproxy"
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
 
 func TestCheckDomain(t *testing.T) {
@@ -55,6 +65,121 @@ func TestE2BHosts(t *testing.T) {
 	for _, host := range []string{"8000-sb_a.preview.test", "api.other.test", "x.api.preview.test"} {
 		if code := do(host, "/", nil); code != 299 {
 			t.Errorf("%s did not go to the ports: %d", host, code)
+		}
+	}
+}
+
+// echoServer is a sandbox's HTTP server that answers with the request's
+// head as it got it.
+const echoServer = `
+import asyncio, sys
+async def handle(r, w):
+    try:
+        head = await r.readuntil(b"\r\n\r\n")
+        w.write(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\n" + head)
+        await w.drain()
+    except Exception:
+        pass
+    finally:
+        w.close()
+async def main():
+    srv = await asyncio.start_server(handle, "0.0.0.0", int(sys.argv[1]))
+    await srv.serve_forever()
+asyncio.run(main())
+`
+
+// rawRequest sends head (a request's line and headers, as written) to the
+// server at url and returns the answer.
+func rawRequest(t *testing.T, url, head string) (int, http.Header, string) {
+	t.Helper()
+	c, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, head+"Connection: close\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("%q: %v", head, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, string(b)
+}
+
+// vivarium serve --domain, a sandbox's server that echoes what it gets,
+// and the requests a client sends to its preview host: no form of the API
+// key or of the port token reaches the sandbox.
+func TestServePortsToTheSandbox(t *testing.T) {
+	needSandbox(t)
+	dataDir := t.TempDir()
+	key, _ := createKey(t, dataDir, "ports")
+	srv := startServer(t, dataDir, "--domain", "vivarium.test", "--pool", "0")
+	api := func(method, path, body string, want int) map[string]any {
+		t.Helper()
+		req, _ := http.NewRequest(method, srv.url+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != want {
+			t.Fatalf("%s %s: %d %s", method, path, resp.StatusCode, b)
+		}
+		var out map[string]any
+		json.Unmarshal(b, &out)
+		return out
+	}
+	id := api("POST", "/v1/sandboxes", `{}`, 201)["id"].(string)
+	api("PUT", "/v1/sandboxes/"+id+"/files/echo.py", echoServer, 201)
+	api("POST", "/v1/sandboxes/"+id+"/processes", `{"cmd": "python3 echo.py 8000"}`, 201)
+	tok := api("POST", "/v1/sandboxes/"+id+"/ports/8000", "", 200)["token"].(string)
+	host := "Host: 8000-" + id + ".vivarium.test\r\n"
+	testutil.WaitFor(t, 30*time.Second, "the sandbox's server to answer", func() bool {
+		code, _, _ := rawRequest(t, srv.url, "GET / HTTP/1.1\r\n"+host+portproxy.TokenHeader+": "+tok+"\r\n")
+		return code == 200
+	})
+
+	b64 := base64.StdEncoding.EncodeToString
+	for name, c := range map[string]struct{ target, headers string }{
+		"Bearer and a tab":           {"/", "Authorization: Bearer\t" + key},
+		"bearer, spaces":             {"/", "Authorization: bearer   " + key},
+		"no scheme":                  {"/", "Authorization: " + key},
+		"Basic":                      {"/", "Authorization: Basic " + b64([]byte(key+":"))},
+		"repeated":                   {"/", "Authorization: Basic dXNlcjpwYXNz\r\nAuthorization: Bearer\t" + key},
+		"X_API_KEY":                  {"/", "X_API_KEY: " + key},
+		"the port token as a bearer": {"/", "Authorization: Bearer " + tok},
+		"the port token elsewhere":   {"/", "X-Token: " + tok},
+		"the token cookie, any case": {"/", "Cookie: Vivarium_Port_Token=" + tok + "; app=1"},
+		"the parameter, any case":    {"/?x=1&VIVARIUM_PORT_TOKEN=" + tok, ""},
+		"the parameter, after a ;":   {"/?x=1&y=2;vivarium_port_token=" + tok, ""},
+		"E2B's header, underscored":  {"/", "E2B_Traffic_Access_Token: " + tok},
+		"the access token header":    {"/", "x_access_token: " + tok},
+	} {
+		head := "GET " + c.target + " HTTP/1.1\r\n" + host + portproxy.TokenHeader + ": " + tok + "\r\n"
+		if c.headers != "" {
+			head += c.headers + "\r\n"
+		}
+		code, _, got := rawRequest(t, srv.url, head)
+		if code != 200 {
+			t.Errorf("%s: %d %s", name, code, got)
+			continue
+		}
+		low := strings.ToLower(got)
+		for _, secret := range []string{key, tok, b64([]byte(key + ":")), "vivarium_port_token", "vivarium-port-token"} {
+			if strings.Contains(low, strings.ToLower(secret)) {
+				t.Errorf("%s: the sandbox got %q:\n%s", name, secret, got)
+			}
+		}
+		if strings.Contains(c.headers, "dXNlcjpwYXNz") && !strings.Contains(got, "Authorization: Basic dXNlcjpwYXNz") {
+			t.Errorf("%s: the sandbox's own credentials did not pass:\n%s", name, got)
+		}
+		if strings.Contains(c.headers, "app=1") && !strings.Contains(got, "Cookie: app=1\r\n") {
+			t.Errorf("%s: the sandbox's own cookie did not pass:\n%s", name, got)
 		}
 	}
 }

@@ -62,7 +62,7 @@ func (h *Hosts) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	dial := func(ctx context.Context) (net.Conn, error) { return h.Dial(ctx, owner, id, port) }
-	t := Target{Path: r.URL.Path}
+	t := Target{Path: r.URL.Path, Token: cred.Value}
 	if h.Host != nil {
 		t.Host = h.Host(owner, id, port)
 	}

@@ -20,6 +20,7 @@ package portproxy
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -28,6 +29,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -73,16 +75,25 @@ type Credential struct {
 	From  string // "header", "e2b-header", "query" or "cookie"
 }
 
+// maxCredentials bounds the tokens of one request that are tried.
+const maxCredentials = 8
+
 // Credentials lists the tokens r carries, in the order they should be
-// tried. Several cookies of the name may come (another host of the domain
-// may have set one for the whole domain): each is a candidate.
+// tried: every value of the headers (a header sent twice is two), the
+// link's parameter, then the cookies. Several cookies of the name may come
+// (another host of the domain may have set one for the whole domain):
+// each is a candidate.
 func Credentials(r *http.Request) []Credential {
 	var out []Credential
-	if v := r.Header.Get(TokenHeader); v != "" {
-		out = append(out, Credential{v, "header"})
+	for _, v := range r.Header.Values(TokenHeader) {
+		if v = strings.TrimSpace(v); v != "" {
+			out = append(out, Credential{v, "header"})
+		}
 	}
-	if v := r.Header.Get(TrafficHeader); v != "" {
-		out = append(out, Credential{v, "e2b-header"})
+	for _, v := range r.Header.Values(TrafficHeader) {
+		if v = strings.TrimSpace(v); v != "" {
+			out = append(out, Credential{v, "e2b-header"})
+		}
 	}
 	if v := r.URL.Query().Get(TokenParam); v != "" {
 		out = append(out, Credential{v, "query"})
@@ -92,8 +103,8 @@ func Credentials(r *http.Request) []Credential {
 			out = append(out, Credential{c.Value, "cookie"})
 		}
 	}
-	if len(out) > 8 {
-		out = out[:8]
+	if len(out) > maxCredentials {
+		out = out[:maxCredentials]
 	}
 	return out
 }
@@ -153,6 +164,10 @@ type Target struct {
 	// Isolate marks a response served on the server's own origin (the
 	// path form): it is sandboxed.
 	Isolate bool
+	// Token is the token that opened the port, when known: besides the
+	// places tokens come from, it is taken out of wherever else the
+	// request holds it.
+	Token string
 }
 
 // Serve proxies r to the sandbox's port that dial connects to, as t says.
@@ -194,41 +209,190 @@ func rewrite(pr *httputil.ProxyRequest) {
 	if !strings.HasPrefix(out.URL.Path, "/") {
 		out.URL.Path = "/" + out.URL.Path
 	}
-	q := out.URL.Query()
-	if q.Has(TokenParam) {
-		q.Del(TokenParam)
-		out.URL.RawQuery = q.Encode()
-	}
 	out.Host = pr.In.Host
 	if t.Host != "" {
 		out.Host = t.Host
 	}
-	// The tokens, and the server's own credentials, are not the
-	// sandbox's to see.
-	for _, h := range []string{TokenHeader, TrafficHeader, "X-Access-Token", "X-API-Key"} {
-		out.Header.Del(h)
-	}
-	// An API key sent as the API takes it (a client whose every request
-	// carries Authorization: Bearer <key>); the sandbox's own schemes
-	// (Basic, its tokens) pass.
-	for _, v := range out.Header.Values("Authorization") {
-		if isAPIKey(v) {
-			out.Header.Del("Authorization")
-			break
-		}
-	}
-	if cookies := out.Cookies(); len(cookies) > 0 {
-		out.Header.Del("Cookie")
-		var kept []string
-		for _, c := range cookies {
-			if c.Name != TokenCookie {
-				kept = append(kept, c.String())
+	stripCredentials(out, t.Token)
+}
+
+// credentialHeaders are the headers that carry a token or a key of the
+// server's, by their names lower-cased with '_' as '-' (the forms
+// servers other than Go's, a sandbox's among them, take for the same).
+var credentialHeaders = map[string]bool{
+	"vivarium-port-token": true, "e2b-traffic-access-token": true, "x-access-token": true, "x-api-key": true,
+}
+
+// normalName is a header's, parameter's or cookie's name as
+// credentialHeaders has it.
+func normalName(n string) string {
+	return strings.ReplaceAll(strings.ToLower(strings.TrimSpace(n)), "_", "-")
+}
+
+// stripCredentials takes out of a request to a sandbox every credential
+// of the server's it carries, and what is near enough to one that a
+// server might take it so: the tokens and keys' headers under any
+// spelling of their names; every value, of any header, the query or a
+// cookie, that holds one of the request's own tokens; Authorization
+// values that hold an API key or a port token, whatever their scheme,
+// case and spacing, base64-encoded too (Basic); the token cookie and
+// parameter by any spelling. The sandbox's own credentials (Basic with
+// its users, its tokens) pass. token is the one that opened the port.
+func stripCredentials(out *http.Request, token string) {
+	secrets := requestSecrets(out, token)
+	holds := func(v string) bool {
+		for _, s := range secrets {
+			if strings.Contains(v, s) {
+				return true
 			}
 		}
-		if len(kept) > 0 {
-			out.Header.Set("Cookie", strings.Join(kept, "; "))
+		return false
+	}
+	for name, vs := range out.Header {
+		n := normalName(name)
+		if credentialHeaders[n] {
+			delete(out.Header, name)
+			continue
+		}
+		var kept []string
+		for _, v := range vs {
+			switch {
+			case n == "cookie":
+				if v = withoutTokenCookies(v, holds); v != "" {
+					kept = append(kept, v)
+				}
+			case holds(v):
+			case n == "authorization" && carriesKey(v):
+			default:
+				kept = append(kept, v)
+			}
+		}
+		if len(kept) == 0 {
+			delete(out.Header, name)
+		} else {
+			out.Header[name] = kept
 		}
 	}
+	out.URL.RawQuery = withoutTokenParams(out.URL.RawQuery, holds)
+}
+
+// minSecret is the shortest token that is looked for inside other
+// values: a shorter one is no token of the server's, and would match
+// anything.
+const minSecret = 8
+
+// requestSecrets lists the tokens to look for in the rest of a request:
+// the token that opened the port, and every value of the credential
+// headers. Not the other cookies' or the link's values, which a page of
+// another preview host can choose (a cookie set for the whole domain, a
+// link it made) and would thus take any header it likes out of the
+// request.
+func requestSecrets(r *http.Request, token string) []string {
+	var out []string
+	add := func(v string) {
+		if v = strings.TrimSpace(v); len(v) >= minSecret && len(out) < 4*maxCredentials {
+			out = append(out, v)
+		}
+	}
+	add(token)
+	for name, vs := range r.Header {
+		if credentialHeaders[normalName(name)] {
+			for _, v := range vs {
+				add(v)
+			}
+		}
+	}
+	return out
+}
+
+// keyPrefixes start the server's API keys (store.TokenPrefix, and the
+// legacy viv_) and port tokens (service's vp1.), lower-cased.
+var keyPrefixes = []string{"e2b_", "viv_", "vp1."}
+
+// carriesKey reports whether an Authorization value holds an API key or
+// a port token: any word of it, under any scheme, in any case, with any
+// spacing, or inside a word that decodes from base64 (Basic's
+// user:password).
+func carriesKey(v string) bool {
+	if hasKeyWord(v) {
+		return true
+	}
+	for _, w := range words(v) {
+		for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.RawStdEncoding, base64.URLEncoding, base64.RawURLEncoding} {
+			if b, err := enc.DecodeString(w); err == nil && hasKeyWord(string(b)) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func hasKeyWord(v string) bool {
+	for _, w := range words(v) {
+		w = strings.ToLower(w)
+		for _, p := range keyPrefixes {
+			if strings.HasPrefix(w, p) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// words splits v at everything that is not in a token's, a key's or
+// base64's alphabet: spaces of every kind, commas, quotes, colons, '='.
+func words(v string) []string {
+	return strings.FieldsFunc(v, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("._-~+/", r))
+	})
+}
+
+// withoutTokenCookies is a Cookie header's value without the token
+// cookie (under any spelling of its name) and without any cookie that
+// holds one of the request's tokens; the others pass as they came.
+func withoutTokenCookies(v string, holds func(string) bool) string {
+	var kept []string
+	for pair := range strings.SplitSeq(v, ";") {
+		name, _, _ := strings.Cut(pair, "=")
+		if normalName(strings.Trim(name, `"`)) == normalName(TokenCookie) || holds(pair) {
+			continue
+		}
+		if pair = strings.TrimSpace(pair); pair != "" {
+			kept = append(kept, pair)
+		}
+	}
+	return strings.Join(kept, "; ")
+}
+
+// withoutTokenParams is a query without the token parameter (under any
+// spelling of its name, however the query is split) and without any
+// parameter that holds one of the request's tokens. A query that has
+// neither is passed as it came.
+func withoutTokenParams(raw string, holds func(string) bool) string {
+	plain := raw
+	if u, err := url.QueryUnescape(raw); err == nil {
+		plain = u
+	}
+	if !strings.Contains(normalName(plain), normalName(TokenParam)) && !holds(plain) && !holds(raw) {
+		return raw
+	}
+	var kept []string
+	for pair := range strings.FieldsFuncSeq(raw, func(r rune) bool { return r == '&' || r == ';' }) {
+		k, v, _ := strings.Cut(pair, "=")
+		uk, err := url.QueryUnescape(k)
+		if err != nil {
+			uk = k
+		}
+		uv, err := url.QueryUnescape(v)
+		if err != nil {
+			uv = v
+		}
+		if strings.Contains(normalName(uk), normalName(TokenParam)) || holds(pair) || holds(uk) || holds(uv) {
+			continue
+		}
+		kept = append(kept, pair)
+	}
+	return strings.Join(kept, "&")
 }
 
 func (p *Proxy) modifyResponse(resp *http.Response) error {
@@ -388,16 +552,4 @@ func stripPort(h string) string {
 		return h[:i]
 	}
 	return h
-}
-
-// isAPIKey reports whether an Authorization value carries one of the
-// server's API keys (store.TokenPrefix, and the legacy viv_), with or
-// without a scheme.
-func isAPIKey(v string) bool {
-	_, cred, ok := strings.Cut(strings.TrimSpace(v), " ")
-	if !ok {
-		cred = v
-	}
-	cred = strings.TrimSpace(cred)
-	return strings.HasPrefix(cred, "e2b_") || strings.HasPrefix(cred, "viv_")
 }

@@ -3,6 +3,7 @@ package portproxy
 import (
 	"bufio"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -49,7 +50,7 @@ func TestParseHost(t *testing.T) {
 
 // world is a proxy in front of one "sandbox" server (a host listener the
 // tests dial explicitly) under the domain preview.test, where the port
-// token "good" opens port 3000 of sandbox sb_a.
+// tokens "good" and longToken open port 3000 of sandbox sb_a.
 type world struct {
 	proxy   *Proxy
 	front   http.Handler
@@ -65,7 +66,7 @@ func newWorld(t *testing.T, backend http.Handler) *world {
 		Domain: "preview.test:8080",
 		Proxy:  w.proxy,
 		Authorize: func(c Credential, id string, port int) (string, bool) {
-			return "alice", c.Value == "good" && c.From != "e2b-header" && id == "sb_a" && port == 3000 ||
+			return "alice", (c.Value == "good" || c.Value == longToken) && c.From != "e2b-header" && id == "sb_a" && port == 3000 ||
 				c.Value == "e2b" && c.From == "e2b-header" && id == "sb_a"
 		},
 		Dial: func(ctx context.Context, owner, id string, port int) (net.Conn, error) {
@@ -117,6 +118,10 @@ func TestHostFormNeedsAToken(t *testing.T) {
 		t.Errorf("the API's host: %d", rec.Code)
 	}
 }
+
+// longToken is a port token long enough to be looked for elsewhere in a
+// request (minSecret).
+const longToken = "vp1.Z29vZA.a-port-token-of-sb_a"
 
 func withHeader(r *http.Request, k, v string) *http.Request {
 	r.Header.Set(k, v)
@@ -313,5 +318,119 @@ func TestUpgrade(t *testing.T) {
 	fmt.Fprint(c, "hello\n")
 	if line, err := br.ReadString('\n'); err != nil || line != "echo hello\n" {
 		t.Errorf("%q %v", line, err)
+	}
+}
+
+// rawDo sends head (a request's line and headers, as written) to addr
+// and returns the answer's status and body.
+func rawDo(t *testing.T, addr, head string) (int, string) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, head+"Connection: close\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("%q: %v", head, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// No form of the server's credentials reaches the sandbox: the token and
+// key headers under any spelling, an API key or port token in
+// Authorization with any scheme, case and spacing, or base64-encoded,
+// the request's own token wherever else it is, the token cookie and
+// parameter however they are written. The sandbox's own credentials pass.
+func TestHostFormPassesNoCredential(t *testing.T) {
+	w := newWorld(t, echo)
+	front := httptest.NewServer(w.front)
+	defer front.Close()
+	addr := front.Listener.Addr().String()
+	const key = "e2b_0123456789abcdef0123456789abcdef01234567"
+	b64 := base64.StdEncoding.EncodeToString
+	// Never in what the sandbox gets, in any case.
+	secrets := []string{key, "viv_", "vp1.", longToken, b64([]byte(key + ":")), b64([]byte("user:" + key)),
+		"vivarium_port_token", "vivarium-port-token", "e2b-traffic", "e2b_traffic", "x-access-token", "x_access_token",
+		"x-api-key", "x_api_key"}
+	for name, c := range map[string]struct{ target, headers string }{
+		"Bearer and a tab":            {"/", "Authorization: Bearer\t" + key},
+		"Bearer and spaces":           {"/", "Authorization: Bearer    " + key},
+		"bearer":                      {"/", "Authorization: bearer " + key},
+		"BEARER":                      {"/", "Authorization: BEARER " + key},
+		"no space after the colon":    {"/", "Authorization:Bearer " + key},
+		"a key in capitals":           {"/", "Authorization: Bearer " + strings.ToUpper(key)},
+		"another scheme":              {"/", "Authorization: Token " + key},
+		"no scheme":                   {"/", "Authorization: " + key},
+		"quoted":                      {"/", `Authorization: Bearer "` + key + `"`},
+		"a parameter":                 {"/", "Authorization: Digest username=x, key=" + key},
+		"Basic, the key as user":      {"/", "Authorization: Basic " + b64([]byte(key+":"))},
+		"Basic, the key as password":  {"/", "Authorization: Basic " + b64([]byte("user:"+key))},
+		"a legacy key":                {"/", "Authorization: Bearer viv_0123456789abcdef"},
+		"a port token":                {"/", "Authorization: Bearer vp1.YWxpY2U.another-port-token"},
+		"the request's token":         {"/", "Authorization: Bearer " + longToken},
+		"repeated, Basic kept":        {"/", "Authorization: Basic dXNlcjpwYXNz\r\nAuthorization: Bearer\t" + key},
+		"X-API-Key":                   {"/", "x-api-key: " + key},
+		"X_API_KEY":                   {"/", "X_API_KEY: " + key},
+		"X-Api_Key":                   {"/", "X-Api_Key: " + key},
+		"X-Access-Token":              {"/", "x-access-token: an-envd-token"},
+		"X_Access_Token":              {"/", "X_Access_Token: an-envd-token"},
+		"E2B's header, underscored":   {"/", "E2B_Traffic_Access_Token: e2b"},
+		"our header, underscored":     {"/", "Vivarium_Port_Token: " + longToken},
+		"our header twice":            {"/", TokenHeader + ": " + longToken + "\r\n" + TokenHeader + ": another-value"},
+		"the token in a header":       {"/", "X-Custom: " + longToken},
+		"the token in a Referer":      {"/", "Referer: http://3000-sb_a.preview.test:8080/?vivarium_port_token=" + longToken},
+		"the cookie, other case":      {"/", "Cookie: Vivarium_Port_Token=" + longToken + "; app=1"},
+		"the cookie, quoted":          {"/", `Cookie: vivarium_port_token="` + longToken + `"; app=1`},
+		"the cookie, malformed":       {"/", "Cookie: vivarium_port_token=a b c; app=1"},
+		"the token in another cookie": {"/", "Cookie: session=" + longToken + "; app=1"},
+		"the parameter after a ;":     {"/?x=1&y=2;vivarium_port_token=" + longToken, ""},
+		"the parameter in capitals":   {"/?x=1&VIVARIUM_PORT_TOKEN=" + longToken, ""},
+		"the parameter escaped":       {"/?x=1&vivarium%5Fport%5Ftoken=" + longToken, ""},
+		"the parameter dashed":        {"/?x=1&vivarium-port-token=" + longToken, ""},
+		"the token in a parameter":    {"/?x=1&t=" + longToken, ""},
+	} {
+		head := "GET " + c.target + " HTTP/1.1\r\nHost: 3000-sb_a.preview.test:8080\r\n" + TokenHeader + ": " + longToken + "\r\n" +
+			"X-Custom-App: kept\r\n"
+		if c.headers != "" {
+			head += c.headers + "\r\n"
+		}
+		code, body := rawDo(t, addr, head)
+		if code != 200 {
+			t.Errorf("%s: %d %s", name, code, body)
+			continue
+		}
+		low := strings.ToLower(body)
+		for _, s := range secrets {
+			if strings.Contains(low, strings.ToLower(s)) {
+				t.Errorf("%s: the sandbox got %q: %s", name, s, body)
+			}
+		}
+		var e echoed
+		if err := json.Unmarshal([]byte(body), &e); err != nil || e.Headers.Get("X-Custom-App") != "kept" {
+			t.Errorf("%s: the sandbox's own header did not pass: %s", name, body)
+		}
+		if strings.Contains(c.target, "x=1") && e.Query != "x=1" {
+			t.Errorf("%s: the sandbox got the query %q, want x=1", name, e.Query)
+		}
+		if strings.Contains(c.headers, "app=1") && e.Headers.Get("Cookie") != "app=1" {
+			t.Errorf("%s: the sandbox got the cookies %q, want app=1", name, e.Headers.Get("Cookie"))
+		}
+		if strings.HasPrefix(name, "repeated") && e.Headers.Get("Authorization") != "Basic dXNlcjpwYXNz" {
+			t.Errorf("%s: the sandbox's own Basic credentials did not pass: %v", name, e.Headers["Authorization"])
+		}
+	}
+	// The sandbox's own schemes pass as they came.
+	for _, v := range []string{"Basic dXNlcjpwYXNz", "Bearer an-app-token", "token 0123456789abcdef"} {
+		_, body := rawDo(t, addr, "GET / HTTP/1.1\r\nHost: 3000-sb_a.preview.test:8080\r\n"+TokenHeader+": good\r\nAuthorization: "+v+"\r\n")
+		var e echoed
+		if json.Unmarshal([]byte(body), &e) != nil || e.Headers.Get("Authorization") != v {
+			t.Errorf("the sandbox's own Authorization %q did not pass: %s", v, body)
+		}
 	}
 }
