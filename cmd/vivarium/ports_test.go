@@ -110,8 +110,10 @@ func rawRequest(t *testing.T, url, head string) (int, http.Header, string) {
 }
 
 // vivarium serve --domain, a sandbox's server that echoes what it gets,
-// and the requests a client sends to its preview host: no form of the API
-// key or of the port token reaches the sandbox.
+// and the requests a client or a browser sends to its preview host: no
+// form of the API key or of the port token reaches the sandbox, and the
+// preview's cookie opens the port to its own pages and to links, not to
+// another preview's page.
 func TestServePortsToTheSandbox(t *testing.T) {
 	needSandbox(t)
 	dataDir := t.TempDir()
@@ -180,6 +182,38 @@ func TestServePortsToTheSandbox(t *testing.T) {
 		}
 		if strings.Contains(c.headers, "app=1") && !strings.Contains(got, "Cookie: app=1\r\n") {
 			t.Errorf("%s: the sandbox's own cookie did not pass:\n%s", name, got)
+		}
+	}
+
+	// A browser: the link moves the token into a cookie, which its pages
+	// and links then use; another preview's page cannot.
+	code, hdr, _ := rawRequest(t, srv.url, "GET /?"+portproxy.TokenParam+"="+tok+" HTTP/1.1\r\n"+host+
+		"Sec-Fetch-Site: cross-site\r\nSec-Fetch-Mode: navigate\r\nSec-Fetch-Dest: document\r\n")
+	cookie, _, _ := strings.Cut(hdr.Get("Set-Cookie"), ";")
+	if code != http.StatusSeeOther || !strings.HasPrefix(cookie, portproxy.TokenCookie+"=") {
+		t.Fatalf("the link: %d, Set-Cookie %q", code, hdr.Get("Set-Cookie"))
+	}
+	fetch := func(site, mode, dest string) string {
+		return "Cookie: " + cookie + "\r\nSec-Fetch-Site: " + site + "\r\nSec-Fetch-Mode: " + mode + "\r\nSec-Fetch-Dest: " + dest + "\r\n"
+	}
+	for _, c := range []struct {
+		name, head string
+		want       int
+	}{
+		{"the redirect followed", "GET / HTTP/1.1\r\n" + host + fetch("cross-site", "navigate", "document"), 200},
+		{"its page's fetch", "POST /api HTTP/1.1\r\n" + host + fetch("same-origin", "cors", "empty") + "Content-Length: 0\r\n", 200},
+		{"a link from another preview", "GET / HTTP/1.1\r\n" + host + fetch("same-site", "navigate", "document"), 200},
+		{"another preview's fetch", "GET /api HTTP/1.1\r\n" + host + fetch("same-site", "cors", "empty"), 403},
+		{"another preview's form post", "POST /api HTTP/1.1\r\n" + host + fetch("same-site", "navigate", "document") + "Content-Length: 0\r\n", 403},
+		{"another preview's frame", "GET / HTTP/1.1\r\n" + host + fetch("same-site", "navigate", "iframe"), 403},
+		{"no Fetch Metadata", "GET / HTTP/1.1\r\n" + host + "Cookie: " + cookie + "\r\n", 403},
+	} {
+		code, _, body := rawRequest(t, srv.url, c.head)
+		if code != c.want {
+			t.Errorf("%s: %d %s, want %d", c.name, code, body, c.want)
+		}
+		if code == 200 && strings.Contains(strings.ToLower(body), strings.ToLower(tok)) {
+			t.Errorf("%s: the sandbox got the token:\n%s", c.name, body)
 		}
 	}
 }

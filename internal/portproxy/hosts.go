@@ -36,7 +36,12 @@ func (h *Hosts) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	var owner string
 	var cred Credential
+	cookieRefused := false
 	for _, c := range Credentials(r) {
+		if c.From == "cookie" && !cookieAllowed(r) {
+			cookieRefused = true
+			continue
+		}
 		if o, ok := h.Authorize(c, id, port); ok {
 			owner, cred = o, c
 			break
@@ -44,8 +49,13 @@ func (h *Hosts) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if owner == "" {
 		// 403, as E2B's proxy answers a request without its token.
-		WriteError(w, Forbidden("a token for this port of this sandbox is required: the "+TokenHeader+
-			" header (or E2B's "+TrafficHeader+"), or ?"+TokenParam+"= in a link"))
+		msg := "a token for this port of this sandbox is required: the " + TokenHeader +
+			" header (or E2B's " + TrafficHeader + "), or ?" + TokenParam + "= in a link"
+		if cookieRefused {
+			msg += "; the preview's cookie opens it only to its own pages and to links followed, " +
+				"not to requests from other pages (another preview's among them)"
+		}
+		WriteError(w, Forbidden(msg))
 		return
 	}
 	if cred.From == "query" && (r.Method == http.MethodGet || r.Method == http.MethodHead) && !isUpgrade(r) {

@@ -82,7 +82,8 @@ const maxCredentials = 8
 // tried: every value of the headers (a header sent twice is two), the
 // link's parameter, then the cookies. Several cookies of the name may come
 // (another host of the domain may have set one for the whole domain):
-// each is a candidate.
+// each is a candidate. Where a cookie may be used is the caller's to
+// decide (cookieAllowed).
 func Credentials(r *http.Request) []Credential {
 	var out []Credential
 	for _, v := range r.Header.Values(TokenHeader) {
@@ -107,6 +108,28 @@ func Credentials(r *http.Request) []Credential {
 		out = out[:maxCredentials]
 	}
 	return out
+}
+
+// cookieAllowed reports whether the token cookie may authenticate r. All
+// preview hosts <port>-<id>.<domain> are one site, and SameSite tells
+// sites apart, not hosts: a page of one sandbox's port can make requests
+// to another's preview host, and the browser adds that host's cookie. So
+// a cookie opens only what its own pages ask for (Sec-Fetch-Site:
+// same-origin: their scripts, images, fetches, WebSockets) and top-level
+// navigations that change nothing (GET or HEAD of a document: a link
+// followed, an address typed, a bookmark, the token link's redirect).
+// Another origin's fetch, form post, frame or WebSocket is refused, as is
+// every request of a client that sends no Fetch Metadata (a browser from
+// before 2023, or a program, which uses the token header instead).
+func cookieAllowed(r *http.Request) bool {
+	switch r.Header.Get("Sec-Fetch-Site") {
+	case "same-origin":
+		return true
+	case "none", "same-site", "cross-site":
+		return r.Header.Get("Sec-Fetch-Mode") == "navigate" && r.Header.Get("Sec-Fetch-Dest") == "document" &&
+			(r.Method == http.MethodGet || r.Method == http.MethodHead)
+	}
+	return false
 }
 
 // DialFunc connects to the sandbox's port.

@@ -206,10 +206,11 @@ func TestHostFormLinkSetsACookie(t *testing.T) {
 			t.Errorf("%s: cookies %+v", path, c)
 		}
 	}
-	// The cookie opens the port; one another host of the domain tossed in
-	// beside it does not get in the way.
+	// The cookie opens the port to the page's own requests; one another
+	// host of the domain tossed in beside it does not get in the way.
 	r := httptest.NewRequest("GET", "http://3000-sb_a.preview.test:8080/next", nil)
 	r.Header.Add("Cookie", TokenCookie+"=tossed; "+TokenCookie+"=good")
+	r.Header.Set("Sec-Fetch-Site", "same-origin")
 	if e := decode(t, w.do(r)); e.Path != "/next" || e.Headers.Get("Cookie") != "" {
 		t.Errorf("%+v", e)
 	}
@@ -340,6 +341,60 @@ func rawDo(t *testing.T, addr, head string) (int, string) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
+}
+
+// The preview's cookie opens the port to its own pages' requests and to
+// top-level navigations, as a browser marks them (Fetch Metadata): never
+// to another preview host's page, which is the same site, nor to a client
+// that says nothing of where a request comes from.
+func TestHostFormCookieOnlyForItsOwnPages(t *testing.T) {
+	w := newWorld(t, echo)
+	front := httptest.NewServer(w.front)
+	defer front.Close()
+	addr := front.Listener.Addr().String()
+	const host = "Host: 3000-sb_a.preview.test:8080\r\n"
+	const cookie = "Cookie: " + TokenCookie + "=good\r\n"
+	fetch := func(site, mode, dest string) string {
+		return "Sec-Fetch-Site: " + site + "\r\nSec-Fetch-Mode: " + mode + "\r\nSec-Fetch-Dest: " + dest + "\r\n"
+	}
+	for _, c := range []struct {
+		name, head string
+		want       int
+	}{
+		// What the preview's own pages ask for, and links to it.
+		{"its page's fetch", "POST /api HTTP/1.1\r\n" + host + cookie + fetch("same-origin", "cors", "empty") + "Content-Length: 0\r\n", 200},
+		{"its page's script", "GET /app.js HTTP/1.1\r\n" + host + cookie + fetch("same-origin", "no-cors", "script"), 200},
+		{"its page's WebSocket", "GET /ws HTTP/1.1\r\n" + host + cookie + fetch("same-origin", "websocket", "websocket"), 200},
+		{"its own frame", "GET /inner HTTP/1.1\r\n" + host + cookie + fetch("same-origin", "navigate", "iframe"), 200},
+		{"an address typed", "GET / HTTP/1.1\r\n" + host + cookie + fetch("none", "navigate", "document") + "Sec-Fetch-User: ?1\r\n", 200},
+		{"a link from elsewhere", "GET /page HTTP/1.1\r\n" + host + cookie + fetch("cross-site", "navigate", "document"), 200},
+		{"a link from another preview", "GET /page HTTP/1.1\r\n" + host + cookie + fetch("same-site", "navigate", "document"), 200},
+		{"a HEAD navigation", "HEAD / HTTP/1.1\r\n" + host + cookie + fetch("none", "navigate", "document"), 200},
+		// What another preview's page (the same site) makes its browser send.
+		{"another preview's fetch", "GET /api/secret HTTP/1.1\r\n" + host + cookie + fetch("same-site", "cors", "empty"), 403},
+		{"another preview's no-cors fetch", "POST /api/delete HTTP/1.1\r\n" + host + cookie + fetch("same-site", "no-cors", "empty") + "Content-Length: 0\r\n", 403},
+		{"another preview's image", "GET /logout HTTP/1.1\r\n" + host + cookie + fetch("same-site", "no-cors", "image"), 403},
+		{"another preview's script", "GET /data.js HTTP/1.1\r\n" + host + cookie + fetch("same-site", "no-cors", "script"), 403},
+		{"another preview's form post", "POST /api/delete HTTP/1.1\r\n" + host + cookie + fetch("same-site", "navigate", "document") + "Content-Length: 0\r\n", 403},
+		{"another preview's frame", "GET / HTTP/1.1\r\n" + host + cookie + fetch("same-site", "navigate", "iframe"), 403},
+		{"another preview's WebSocket", "GET /ws HTTP/1.1\r\n" + host + cookie + fetch("same-site", "websocket", "websocket") +
+			"Connection: Upgrade\r\nUpgrade: websocket\r\n", 403},
+		{"another site's fetch", "GET /api/secret HTTP/1.1\r\n" + host + cookie + fetch("cross-site", "cors", "empty"), 403},
+		{"another site's form post", "POST /api/delete HTTP/1.1\r\n" + host + cookie + fetch("cross-site", "navigate", "document") + "Content-Length: 0\r\n", 403},
+		{"no Fetch Metadata", "GET / HTTP/1.1\r\n" + host + cookie, 403},
+		{"a forged Sec-Fetch-Site", "GET / HTTP/1.1\r\n" + host + cookie + "Sec-Fetch-Site: Same-Origin\r\n", 403},
+		// A token in the header is no ambient credential: it opens the
+		// port whatever the request's origin.
+		{"the token header from another preview", "GET /api HTTP/1.1\r\n" + host + TokenHeader + ": good\r\n" + fetch("same-site", "cors", "empty"), 200},
+	} {
+		code, body := rawDo(t, addr, c.head)
+		if code != c.want {
+			t.Errorf("%s: %d %s, want %d", c.name, code, body, c.want)
+		}
+		if code == 403 && strings.HasPrefix(c.name, "another") && !strings.Contains(body, "not to requests from other pages") {
+			t.Errorf("%s: the answer does not say why the cookie was refused: %s", c.name, body)
+		}
+	}
 }
 
 // No form of the server's credentials reaches the sandbox: the token and
