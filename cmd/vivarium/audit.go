@@ -20,7 +20,11 @@ func cmdAudit(args []string) int {
 
 Shows the audit log of a server, newest first: every execution, command
 and one-shot run, with the key, the sandbox, the SHA-256 of the code, how
-it ended and what it used.
+it ended and what it used; sandboxes' network connections and connections
+to their ports. COUNT is how many connections a row stands for: refused
+and failed egress connections and connections to ports are counted into
+one row per sandbox, destination and outcome a minute (their bytes and
+time added up), not written one row each.
 
 Flags:
 `)
@@ -71,7 +75,7 @@ Flags:
 		return 0
 	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "TIME\tKIND\tKEY\tSANDBOX\tCODE/HOST\tSTATUS\tEXIT\tMS\tCPU MS\tPEAK MEM")
+	fmt.Fprintln(tw, "TIME\tKIND\tKEY\tSANDBOX\tCODE/HOST\tSTATUS\tCOUNT\tEXIT\tMS\tCPU MS\tPEAK MEM")
 	for _, r := range recs {
 		what := fmt.Sprintf("%.12s", r.CodeSHA256)
 		switch r.Kind {
@@ -86,11 +90,28 @@ Flags:
 			// it was refused (--json has all of it).
 			what = fmt.Sprintf("%.60s", r.Detail)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%.1f\t%.1f\t%s\n", r.Time.Local().Format("2006-01-02 15:04:05.000"),
-			r.Kind, r.KeyID, dash(r.SandboxID), what, r.Status, r.ExitCode, r.DurationMS, r.CPUMS, formatSize(r.PeakMemoryBytes))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%.1f\t%.1f\t%s\n", r.Time.Local().Format("2006-01-02 15:04:05.000"),
+			r.Kind, r.KeyID, dash(r.SandboxID), what, r.Status, r.Count, r.ExitCode, r.DurationMS, r.CPUMS, formatSize(r.PeakMemoryBytes))
 	}
 	tw.Flush()
 	return 0
+}
+
+// auditServeFlags bound a server's audit log (vivarium serve).
+type auditServeFlags struct {
+	retention time.Duration
+	maxRows   int64
+}
+
+func (f *auditServeFlags) register(fs *flag.FlagSet) {
+	fs.DurationVar(&f.retention, "audit-retention", store.DefaultAuditRetention,
+		"how long audit records are kept; older ones are deleted in the background (0: no age bound)")
+	fs.Int64Var(&f.maxRows, "audit-max-rows", store.DefaultAuditMaxRows,
+		"most rows the audit log keeps, the newest; older ones are deleted in the background (0: no bound)")
+}
+
+func (f *auditServeFlags) options() store.AuditOptions {
+	return store.AuditOptions{Retention: f.retention, MaxRows: f.maxRows}
 }
 
 func dash(s string) string {

@@ -85,6 +85,7 @@ type serveConfig struct {
 	pool               int
 	poolIdle           time.Duration
 	net                netServeFlags
+	audit              auditServeFlags
 	io                 ioFlags
 	tenants            bool
 	domain             string
@@ -111,6 +112,7 @@ Flags:
 	c.memory, c.disk, c.maxOutput = 2<<30, 1<<30, 16<<20
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:8080", "`ADDRESS` to listen on")
 	fs.StringVar(&c.dataDir, "data-dir", defaultDataDir(), "`DIR` for the database of keys and the audit log")
+	c.audit.register(fs)
 	fs.BoolVar(&c.dev, "dev", false, "development mode: no API keys, loopback only")
 	fs.StringVar(&c.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
@@ -244,6 +246,7 @@ func (c *serveConfig) validate() error {
 	check(c.idle <= 0 || c.maxIdle < c.idle, "--idle-timeout must be positive and at most --max-idle-timeout")
 	check(c.lifetime <= 0 || c.maxLifetime < c.lifetime, "--lifetime must be positive and at most --max-lifetime")
 	check(c.maxPaused < 0, "--max-paused must not be negative")
+	check(c.audit.retention < 0 || c.audit.maxRows < 0, "--audit-retention and --audit-max-rows must not be negative (0: no bound)")
 	check(c.grace < 0, "--shutdown-grace must not be negative")
 	check(c.dataDir == "", "--data-dir must not be empty")
 	check(c.volumeMaxSize < volume.MinSize || c.volumeSize < volume.MinSize || c.volumeSize > c.volumeMaxSize,
@@ -548,7 +551,7 @@ func serve(c *serveConfig, log *slog.Logger) error {
 				"data_dir", c.dataDir)
 		}
 	}
-	audit := store.NewAuditLog(st, log)
+	audit := store.NewAuditLog(st, log, c.audit.options())
 	defer audit.Close()
 	network, err := c.net.config(c.listen, log)
 	if err != nil {
@@ -603,6 +606,7 @@ func serve(c *serveConfig, log *slog.Logger) error {
 		return fmt.Errorf("the snapshot key: %w", err)
 	}
 	svc := service.New(svcCfg)
+	svc.Metrics().SetAuditStats(audit.Stats)
 	api := httpapi.New(svc, auth, log)
 	api.SetPortDomain(c.domain)
 	// What most requests ask for: sandboxes with the default limits. With

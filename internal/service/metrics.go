@@ -10,6 +10,7 @@ import (
 
 	"github.com/vivarium-sandbox/vivarium/internal/pool"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/store"
 )
 
 // Metrics are the service's counters, written in Prometheus's text format.
@@ -22,6 +23,16 @@ type Metrics struct {
 	expired    atomic.Int64
 	pauses     atomic.Int64
 	resumes    atomic.Int64
+	audit      func() store.AuditStats // nil: no audit log to report
+}
+
+// SetAuditStats has the metrics report an audit log's
+// (store.AuditLog.Stats): whether its writes fail (a full disk), what it
+// lost, pruned and counted.
+func (m *Metrics) SetAuditStats(stats func() store.AuditStats) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.audit = stats
 }
 
 func newMetrics() *Metrics {
@@ -75,6 +86,23 @@ func (m *Metrics) Write(w io.Writer, live int) {
 	counter("vivarium_commands_total", "Shell commands by outcome.", m.commands)
 	m.execDur.write(w, "vivarium_execution_duration_seconds", "Duration of executions.")
 	m.createDur.write(w, "vivarium_sandbox_create_duration_seconds", "Time to create a sandbox ready for code.")
+	if m.audit != nil {
+		writeAuditMetrics(w, m.audit())
+	}
+}
+
+// writeAuditMetrics reports the audit log: a failing write (a full disk)
+// is seen here as well as in the server's log.
+func writeAuditMetrics(w io.Writer, st store.AuditStats) {
+	failing := 0
+	if st.Failing {
+		failing = 1
+	}
+	fmt.Fprintf(w, "# HELP vivarium_audit_write_failing 1 while the audit log's writes fail (a full disk): records are being lost.\n# TYPE vivarium_audit_write_failing gauge\nvivarium_audit_write_failing %d\n", failing)
+	fmt.Fprintf(w, "# HELP vivarium_audit_write_failures_total Writes of the audit log that failed.\n# TYPE vivarium_audit_write_failures_total counter\nvivarium_audit_write_failures_total %d\n", st.WriteFailures)
+	fmt.Fprintf(w, "# HELP vivarium_audit_records_lost_total Audit records (connections, for counted rows) lost to failed writes.\n# TYPE vivarium_audit_records_lost_total counter\nvivarium_audit_records_lost_total %d\n", st.Lost)
+	fmt.Fprintf(w, "# HELP vivarium_audit_rows_pruned_total Audit rows deleted by retention (--audit-retention, --audit-max-rows).\n# TYPE vivarium_audit_rows_pruned_total counter\nvivarium_audit_rows_pruned_total %d\n", st.Pruned)
+	fmt.Fprintf(w, "# HELP vivarium_audit_connections_counted_total Connections counted into an audit row written before, not written as rows of their own.\n# TYPE vivarium_audit_connections_counted_total counter\nvivarium_audit_connections_counted_total %d\n", st.Counted)
 }
 
 type histogram struct {

@@ -14,7 +14,7 @@ func TestAuditNetRecords(t *testing.T) {
 	s := open(t, t.TempDir())
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	want := Record{Time: t0, Kind: "net", KeyID: "key_1", SandboxID: "sb_1", Status: "allowed",
-		Detail: "CONNECT via 93.184.215.14:443", Host: "example.com", Port: 443, BytesIn: 5000, BytesOut: 700, DurationMS: 12}
+		Detail: "CONNECT via 93.184.215.14:443", Host: "example.com", Port: 443, BytesIn: 5000, BytesOut: 700, DurationMS: 12, Count: 1}
 	if err := s.Append(ctx, want, Record{Time: t0, Kind: "net", KeyID: "key_1", SandboxID: "sb_1", Status: "refused",
 		Host: "169.254.169.254", Port: 80, Detail: "always refused"}); err != nil {
 		t.Fatal(err)
@@ -52,7 +52,7 @@ func TestAuditMigration(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, err := s.Audit(ctx, Query{})
-	if err != nil || len(got) != 2 || got[0].Host != "evil.test" || got[1].Kind != "execute" {
+	if err != nil || len(got) != 2 || got[0].Host != "evil.test" || got[1].Kind != "execute" || got[1].Count != 1 {
 		t.Fatalf("%+v %v", got, err)
 	}
 	s.Close()

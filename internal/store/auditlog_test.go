@@ -16,7 +16,7 @@ func TestAuditRecordIsCommittedWhenItReturns(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
 	server, cli := open(t, dir), open(t, dir)
-	audit := NewAuditLog(server, slog.New(slog.DiscardHandler))
+	audit := NewAuditLog(server, slog.New(slog.DiscardHandler), AuditOptions{})
 	defer audit.Close()
 
 	// One at a time: each is readable at once.
@@ -58,7 +58,7 @@ func TestAuditRecordIsCommittedWhenItReturns(t *testing.T) {
 func TestAuditRecordReturnsWhenTheWriteFails(t *testing.T) {
 	dir := t.TempDir()
 	s := open(t, dir)
-	audit := NewAuditLog(s, slog.New(slog.DiscardHandler))
+	audit := NewAuditLog(s, slog.New(slog.DiscardHandler), AuditOptions{})
 	defer audit.Close()
 	if _, err := s.db.Exec(`CREATE TRIGGER refuse BEFORE INSERT ON audit WHEN NEW.kind = 'bad'
 		BEGIN SELECT RAISE(ABORT, 'refused'); END`); err != nil {
@@ -81,7 +81,7 @@ func BenchmarkAuditRecord(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer s.Close()
-			audit := NewAuditLog(s, slog.New(slog.DiscardHandler))
+			audit := NewAuditLog(s, slog.New(slog.DiscardHandler), AuditOptions{})
 			defer audit.Close()
 			b.SetParallelism(parallel)
 			b.RunParallel(func(pb *testing.PB) {
@@ -98,7 +98,7 @@ func BenchmarkAuditRecord(b *testing.B) {
 // write-ahead log is copied into the database file.
 func TestAuditLogCheckpoints(t *testing.T) {
 	s := open(t, t.TempDir())
-	audit := NewAuditLog(s, slog.New(slog.DiscardHandler))
+	audit := NewAuditLog(s, slog.New(slog.DiscardHandler), AuditOptions{})
 	for range 50 {
 		audit.Record(Record{Kind: "execute", KeyID: "k"})
 	}

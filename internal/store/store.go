@@ -64,7 +64,8 @@ CREATE TABLE IF NOT EXISTS audit (
 	host              TEXT NOT NULL DEFAULT '',
 	port              INTEGER NOT NULL DEFAULT 0,
 	bytes_in          INTEGER NOT NULL DEFAULT 0,
-	bytes_out         INTEGER NOT NULL DEFAULT 0
+	bytes_out         INTEGER NOT NULL DEFAULT 0,
+	count             INTEGER NOT NULL DEFAULT 1
 );
 CREATE INDEX IF NOT EXISTS audit_time ON audit(time);
 CREATE INDEX IF NOT EXISTS audit_key ON audit(key_id, time);
@@ -90,9 +91,14 @@ func Open(dir string) (*Store, error) {
 	// machine). No automatic checkpoint: it would run, with its fsync,
 	// inside whichever request's commit crossed the threshold; a server
 	// checkpoints in the background (AuditLog), and the last connection
-	// to close checkpoints too.
-	dsn := "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)" +
-		"&_pragma=wal_autocheckpoint(0)"
+	// to close checkpoints too. auto_vacuum(INCREMENTAL) takes effect
+	// only on a new database (before its first table): the audit log's
+	// pruning then gives the pages it frees back to the file system
+	// (AuditLog.vacuum); an older database keeps its pages for reuse.
+	// journal_size_limit: the log file is cut back to 64 MiB when it is
+	// reset after a burst of writes, not left at its largest.
+	dsn := "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=auto_vacuum(INCREMENTAL)&_pragma=journal_mode(WAL)" +
+		"&_pragma=synchronous(NORMAL)&_pragma=wal_autocheckpoint(0)&_pragma=journal_size_limit(67108864)"
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {
 		return nil, fmt.Errorf("database: %w", err)
@@ -106,8 +112,8 @@ func Open(dir string) (*Store, error) {
 		return nil, fmt.Errorf("database %s: %w", path, err)
 	}
 	insert, err := db.Prepare(`INSERT INTO audit (time, kind, key_id, sandbox_id, code_sha256, status,
-		exit_code, duration_ms, cpu_ms, peak_memory_bytes, detail, host, port, bytes_in, bytes_out)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`)
+		exit_code, duration_ms, cpu_ms, peak_memory_bytes, detail, host, port, bytes_in, bytes_out, count)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`)
 	if err != nil {
 		db.Close()
 		return nil, fmt.Errorf("database %s: %w", path, err)
@@ -122,6 +128,7 @@ var addedColumns = []struct{ table, column, def string }{
 	{"audit", "port", "INTEGER NOT NULL DEFAULT 0"},
 	{"audit", "bytes_in", "INTEGER NOT NULL DEFAULT 0"},
 	{"audit", "bytes_out", "INTEGER NOT NULL DEFAULT 0"},
+	{"audit", "count", "INTEGER NOT NULL DEFAULT 1"},
 }
 
 func migrate(db *sql.DB) error {

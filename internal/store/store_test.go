@@ -105,7 +105,7 @@ func TestTwoProcessesShareTheDatabase(t *testing.T) {
 	if _, err := ring.Owner("viv_nope"); err != ErrInvalidKey {
 		t.Fatal(err)
 	}
-	audit := NewAuditLog(server, slog.New(slog.DiscardHandler))
+	audit := NewAuditLog(server, slog.New(slog.DiscardHandler), AuditOptions{})
 	for i := range 300 {
 		audit.Record(Record{Kind: "execute", KeyID: "key_1", SandboxID: "sb_1", Status: "ok", ExitCode: i % 2})
 	}
