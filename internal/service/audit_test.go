@@ -2,7 +2,10 @@ package service_test
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
@@ -125,5 +128,56 @@ func TestAnswersWaitForTheirAuditRecord(t *testing.T) {
 	}
 	if end == nil || end.Status != sandbox.StatusOK {
 		t.Fatalf("end %v", end)
+	}
+}
+
+// With the audit log's disk full, executions go on: each is answered
+// once its record's write has failed, and /metrics says records are
+// being lost.
+func TestExecutionsGoOnWhenTheAuditDiskIsFull(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequirePython(t)
+	dataDir := testutil.SmallFS(t, 4<<20)
+	st, err := store.Open(dataDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	var logged testutil.Buffer
+	audit := store.NewAuditLog(st, slog.New(slog.NewTextHandler(&logged, nil)), store.AuditOptions{})
+	defer audit.Close()
+	b, err := native.New(native.Config{CgroupParent: "vivarium-service-test", UIDBase: native.DefaultUIDBase + 22<<24})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := service.New(service.Config{Backend: b, Audit: audit.Record})
+	svc.Metrics().SetAuditStats(audit.Stats)
+	t.Cleanup(func() {
+		svc.Close()
+		b.Close()
+	})
+	ctx := context.Background()
+	info, err := svc.Create(ctx, service.CreateRequest{Owner: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.FillFS(t, dataDir)
+	// The write-ahead log has room for a few commits where it was
+	// written before; executions go on past them.
+	for i := range 20 {
+		res, err := svc.Execute(ctx, "alice", info.ID, sandbox.ExecRequest{Code: fmt.Sprintf("print(%d * 2)", i)}, nil)
+		if err != nil || res.Status != sandbox.StatusOK || strings.TrimSpace(res.Stdout) != fmt.Sprint(i*2) {
+			t.Fatalf("execution %d with the audit log's disk full: %+v %v", i, res, err)
+		}
+	}
+	var metrics strings.Builder
+	svc.WriteMetrics(&metrics)
+	for _, want := range []string{"vivarium_audit_write_failing 1\n", "vivarium_audit_records_lost_total "} {
+		if !strings.Contains(metrics.String(), want) {
+			t.Errorf("/metrics lacks %q:\n%s", want, metrics.String())
+		}
+	}
+	if n := strings.Count(logged.String(), "audit log write failed"); n != 1 {
+		t.Errorf("%d log lines of the failure, want 1:\n%s", n, logged.String())
 	}
 }
