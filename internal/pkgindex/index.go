@@ -106,11 +106,11 @@ type Config struct {
 	Dir string
 	// Upstream is a simple index the server reaches itself
 	// (https://pypi.org/simple/); its pages are read, filtered to the
-	// allowlist, and its files relayed.
+	// allowlist, and its files relayed, through a client that refuses
+	// to be sent to the host's loopback, private network or metadata
+	// service (relay.go).
 	Upstream string
-	// Client fetches from Upstream; nil: one with a timeout.
-	Client *http.Client
-	Logger *slog.Logger
+	Logger   *slog.Logger
 }
 
 // Index serves the allowed packages.
@@ -118,6 +118,7 @@ type Index struct {
 	cfg     Config
 	allowed map[string][]string // name -> versions (nil: any)
 	log     *slog.Logger
+	client  *http.Client // to Upstream (relay.go)
 
 	mu    sync.Mutex
 	files map[string]fileEntry // by "name/filename", for upstream relays and hashes
@@ -151,6 +152,7 @@ func New(cfg Config) (*Index, error) {
 			return nil, fmt.Errorf("%w: package directory %s: not a directory", ErrInvalid, cfg.Dir)
 		}
 	}
+	var upstream *url.URL
 	if cfg.Upstream != "" {
 		u, err := url.Parse(cfg.Upstream)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
@@ -158,16 +160,18 @@ func New(cfg Config) (*Index, error) {
 		}
 		if !strings.HasSuffix(cfg.Upstream, "/") {
 			cfg.Upstream += "/"
+			u.Path += "/"
 		}
-	}
-	if cfg.Client == nil {
-		cfg.Client = &http.Client{Timeout: 5 * time.Minute}
+		upstream = u
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	ix := &Index{cfg: cfg, allowed: map[string][]string{}, log: cfg.Logger, files: map[string]fileEntry{},
 		pages: map[string]cachedPage{}}
+	if upstream != nil {
+		ix.client = newRelay(upstream).client()
+	}
 	for _, a := range cfg.Allowed {
 		if vs, seen := ix.allowed[a.Name]; seen && (vs == nil || a.Versions == nil) {
 			ix.allowed[a.Name] = nil // any version
@@ -391,7 +395,7 @@ func (ix *Index) listUpstream(n string) ([]fileEntry, error) {
 		return nil, err
 	}
 	req.Header.Set("Accept", "text/html")
-	resp, err := ix.cfg.Client.Do(req)
+	resp, err := ix.client.Do(req)
 	if err != nil {
 		return nil, err
 	}
@@ -471,10 +475,13 @@ func (ix *Index) serveFile(w http.ResponseWriter, r *http.Request, rest string) 
 		http.ServeContent(w, r, filename, f.mtime, file)
 		return
 	}
-	resp, err := ix.cfg.Client.Get(f.url)
+	resp, err := ix.client.Get(f.url)
 	if err != nil || resp.StatusCode != http.StatusOK {
 		if resp != nil {
+			ix.log.Warn("package index: upstream file", "url", f.url, "status", resp.Status)
 			resp.Body.Close()
+		} else {
+			ix.log.Warn("package index: upstream file", "url", f.url, "err", err)
 		}
 		http.Error(w, "the upstream index did not deliver "+filename, http.StatusBadGateway)
 		return
