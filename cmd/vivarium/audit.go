@@ -107,7 +107,7 @@ func (f *auditServeFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.retention, "audit-retention", store.DefaultAuditRetention,
 		"how long audit records are kept; older ones are deleted in the background (0: no age bound)")
 	fs.Int64Var(&f.maxRows, "audit-max-rows", store.DefaultAuditMaxRows,
-		"most rows the audit log keeps, the newest; older ones are deleted in the background (0: no bound)")
+		"most `N` rows the audit log keeps, the newest; older ones are deleted in the background (0: no bound)")
 }
 
 func (f *auditServeFlags) options() store.AuditOptions {

@@ -378,6 +378,7 @@ func TestServeRefusesBadConfig(t *testing.T) {
 		{[]string{"--io-read-iops", "0"}, "--insecure-no-io-limit"},
 		{[]string{"--io-write", "1KiB"}, "disk I/O rates must be"},
 		{[]string{"--io-disk-of", "/dev/shm"}, "/dev/shm is on no block device"},
+		{[]string{"--audit-max-rows", "-1"}, "--audit-max-rows must not be negative"},
 	} {
 		r := vivarium(t, "", append([]string{"serve"}, c.args...)...)
 		if r.code != 2 || !strings.Contains(r.stderr, c.want) {
