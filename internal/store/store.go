@@ -1,6 +1,8 @@
 // Package store keeps what a server must remember across restarts in one
 // embedded SQLite database (a pure-Go driver, no cgo): API keys, stored as
-// SHA-256 hashes only, and the audit log of executions.
+// SHA-256 hashes only, and the audit log of executions and connections,
+// which a server's AuditLog keeps within its retention (auditlog.go) and
+// whose floods of refused connections it counts (auditcount.go).
 //
 // The database is opened in WAL mode with a busy timeout, so the CLI
 // (`vivarium keys`, `vivarium audit`) can use it while a server runs.
