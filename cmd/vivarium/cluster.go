@@ -225,21 +225,33 @@ func clusterKeys(cc *clusterConfig, sub string, args []string, maxSandboxes, max
 // auditToLog also writes every audit record to the log, for a node of a
 // cluster: its database is the node's own, and a cluster collects its
 // pods' logs (JSON lines with --log-format json), so that the audit log
-// outlives the node and is read across the cluster.
-func auditToLog(log *slog.Logger, node string, record func(store.Record)) func(store.Record) {
+// outlives the node and is read across the cluster. Connections the
+// audit log counts (store.Counted) are logged as its rows are: one line
+// per row, when its window ends, with the count.
+func auditToLog(log *slog.Logger, node string, audit *store.AuditLog) func(store.Record) {
+	audit.OnCounted(func(r store.Record) { logAudit(log, node, r) })
 	return func(r store.Record) {
-		record(r)
-		attrs := []any{"node", node, "kind", r.Kind, "key_id", r.KeyID, "sandbox_id", r.SandboxID,
-			"code_sha256", r.CodeSHA256, "status", r.Status, "exit_code", r.ExitCode, "duration_ms", r.DurationMS,
-			"cpu_ms", r.CPUMS, "peak_memory_bytes", r.PeakMemoryBytes}
-		if r.Detail != "" {
-			attrs = append(attrs, "detail", r.Detail)
+		audit.Record(r)
+		if !store.Counted(r) {
+			logAudit(log, node, r)
 		}
-		if r.Host != "" {
-			attrs = append(attrs, "host", r.Host, "port", r.Port, "bytes_in", r.BytesIn, "bytes_out", r.BytesOut)
-		}
-		log.Info("audit", attrs...)
 	}
+}
+
+func logAudit(log *slog.Logger, node string, r store.Record) {
+	attrs := []any{"node", node, "kind", r.Kind, "key_id", r.KeyID, "sandbox_id", r.SandboxID,
+		"code_sha256", r.CodeSHA256, "status", r.Status, "exit_code", r.ExitCode, "duration_ms", r.DurationMS,
+		"cpu_ms", r.CPUMS, "peak_memory_bytes", r.PeakMemoryBytes}
+	if r.Detail != "" {
+		attrs = append(attrs, "detail", r.Detail)
+	}
+	if r.Host != "" || r.Kind == "port" {
+		attrs = append(attrs, "host", r.Host, "port", r.Port, "bytes_in", r.BytesIn, "bytes_out", r.BytesOut)
+	}
+	if store.Counted(r) {
+		attrs = append(attrs, "count", r.Count)
+	}
+	log.Info("audit", attrs...)
 }
 
 // memAvailable is the host's available memory, in bytes (0 where unknown).

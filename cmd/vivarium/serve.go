@@ -593,7 +593,7 @@ func serve(c *serveConfig, log *slog.Logger) error {
 		svcCfg.Node = c.cluster.node
 		svcCfg.Elsewhere = node.elsewhere
 		svcCfg.RunningElsewhere = node.runningElsewhere
-		svcCfg.Audit = auditToLog(log, c.cluster.node, audit.Record)
+		svcCfg.Audit = auditToLog(log, c.cluster.node, audit)
 		if node.keys != nil {
 			svcCfg.Quota = node.keys.Quota
 		}

@@ -33,6 +33,21 @@ func counted(r Record) bool {
 	return false
 }
 
+// Counted says whether an AuditLog counts r into a row per window rather
+// than writing it as a row of its own.
+func Counted(r Record) bool { return counted(r) }
+
+// OnCounted has f called with each counted row once its window has
+// ended: the row as a whole, its count, bytes and duration the totals of
+// the connections it stands for (written or not). A cluster's node logs
+// them, as it logs the records that are rows of their own. Set it before
+// the first record.
+func (a *AuditLog) OnCounted(f func(Record)) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.counts.onEnd = f
+}
+
 // maxRowsPerSandbox bounds a sandbox's counted rows in one window: past
 // it, its other destinations are counted together, in one row whose host
 // is "*" (a loop over addresses or ports is then one row, not one a
@@ -57,6 +72,7 @@ type tally struct {
 	seq   int64
 	first Record // the record that opened it
 	add   rowAdd // counted since its row was last written
+	total rowAdd // counted since it opened, the first included
 }
 
 // counts are the counted rows of the current windows; guarded by
@@ -66,6 +82,8 @@ type counts struct {
 	open       map[tallyKey]*tally
 	perSandbox map[string]int
 	ended      []*tally // past their window, with counts still to write
+	onEnd      func(Record)
+	finished   []Record // rows whose window ended, for onEnd
 }
 
 func (c *counts) init() {
@@ -96,14 +114,13 @@ func (a *AuditLog) count(r Record) (Record, *tally, bool) {
 		}
 	}
 	if t != nil {
-		t.add.count++
-		t.add.bytesIn += r.BytesIn
-		t.add.bytesOut += r.BytesOut
-		t.add.durationMS += r.DurationMS
+		t.add.add(r)
+		t.total.add(r)
 		a.stats.Counted++
 		return r, t, true
 	}
 	t = &tally{key: k, ends: now.Add(a.opt.CountWindow), first: r}
+	t.total.add(r)
 	c.open[k] = t
 	c.perSandbox[r.SandboxID]++
 	return r, t, false
@@ -120,6 +137,19 @@ func (a *AuditLog) endTally(t *tally) {
 	if t.add.count > 0 || t.seq == 0 {
 		c.ended = append(c.ended, t)
 	}
+	if c.onEnd != nil {
+		r := t.first
+		r.Count, r.BytesIn, r.BytesOut, r.DurationMS = t.total.count, t.total.bytesIn, t.total.bytesOut, t.total.durationMS
+		c.finished = append(c.finished, r)
+	}
+}
+
+// add counts r.
+func (a *rowAdd) add(r Record) {
+	a.count++
+	a.bytesIn += r.BytesIn
+	a.bytesOut += r.BytesOut
+	a.durationMS += r.DurationMS
 }
 
 // flushCounts writes what counted rows have gathered since their rows
@@ -166,7 +196,12 @@ func (a *AuditLog) flushCounts(all bool) {
 	for _, t := range c.open {
 		take(t)
 	}
+	finished, onEnd := c.finished, c.onEnd
+	c.finished = nil
 	a.mu.Unlock()
+	for _, r := range finished {
+		onEnd(r)
+	}
 	if len(adds) == 0 && len(fresh) == 0 {
 		return
 	}

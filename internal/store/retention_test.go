@@ -53,6 +53,8 @@ func TestAuditCountsRefusedConnections(t *testing.T) {
 	s := open(t, t.TempDir())
 	clk := &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
 	audit := NewAuditLog(s, slog.New(slog.DiscardHandler), AuditOptions{CountWindow: time.Minute, Now: clk.Now})
+	var ended []Record // as a cluster's node logs them
+	audit.OnCounted(func(r Record) { ended = append(ended, r) })
 
 	// 3000 refused egress connections to 3 destinations, from many
 	// goroutines at once, as a sandbox's proxy reports them.
@@ -109,6 +111,15 @@ func TestAuditCountsRefusedConnections(t *testing.T) {
 	}
 	if st := audit.Stats(); st.Counted != 3050+1000+7-4-(maxRowsPerSandbox+1)-1 || st.Failing || st.Lost != 0 {
 		t.Errorf("stats: %+v", st)
+	}
+	// Each counted row is told once, whole, when its window ends.
+	var total, bytesIn int64
+	for _, r := range ended {
+		total += r.Count
+		bytesIn += r.BytesIn
+	}
+	if len(ended) != 4+maxRowsPerSandbox+1+1 || total != 3050+1000+7 || bytesIn != 700 {
+		t.Errorf("OnCounted was told of %d rows counting %d connections, %d bytes in", len(ended), total, bytesIn)
 	}
 }
 
