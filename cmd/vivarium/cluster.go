@@ -167,7 +167,7 @@ func (n *clusterNode) announce(ctx context.Context, log *slog.Logger, ln net.Lis
 }
 
 // clusterKeys is `vivarium keys --cluster`.
-func clusterKeys(cc *clusterConfig, sub string, args []string, maxSandboxes, maxExecutions int, asJSON bool) int {
+func clusterKeys(cc *clusterConfig, sub string, args []string, maxSandboxes, maxExecutions int, closeSandboxes, asJSON bool) int {
 	if cc.namespace == "" {
 		cc.namespace = cmp.Or(os.Getenv("POD_NAMESPACE"), "vivarium")
 	}
@@ -207,14 +207,24 @@ func clusterKeys(cc *clusterConfig, sub string, args []string, maxSandboxes, max
 			return 0
 		}
 		for _, k := range list {
-			fmt.Printf("%s\t%s\t%s\tmax sandboxes %s\tmax executions %s\n", k.ID, k.Name, k.CreatedAt.Format(time.DateTime),
-				quota(k.MaxSandboxes), quota(k.MaxExecutions))
+			state := "live"
+			if k.Revoked {
+				state = "revoked with its sandboxes"
+			}
+			fmt.Printf("%s\t%s\t%s\t%s\tmax sandboxes %s\tmax executions %s\n", k.ID, k.Name, k.CreatedAt.Format(time.DateTime),
+				state, quota(k.MaxSandboxes), quota(k.MaxExecutions))
 		}
 	case sub == "revoke" && len(args) == 1:
-		if err := cl.RevokeKey(ctx, args[0]); err != nil {
+		if err := cl.RevokeKey(ctx, args[0], closeSandboxes); err != nil {
 			return fail(err)
 		}
-		fmt.Fprintf(os.Stderr, "revoked key %s: every node refuses it within a moment\n", args[0])
+		if closeSandboxes {
+			fmt.Fprintf(os.Stderr, "revoked key %s with its sandboxes: every node refuses it and closes them within a moment "+
+				"(its Secret is kept, marked; revoking it again deletes it)\n", args[0])
+		} else {
+			fmt.Fprintf(os.Stderr, "revoked key %s: every node refuses it within a moment; its sandboxes run on, unreachable, "+
+				"until their timeout\n", args[0])
+		}
 	default:
 		fmt.Fprint(os.Stderr, keysUsage)
 		return 2

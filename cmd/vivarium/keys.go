@@ -16,11 +16,14 @@ import (
 const keysUsage = `Usage:
   vivarium keys create [--max-sandboxes N] [--max-executions N] NAME
   vivarium keys list [--json]
-  vivarium keys revoke ID|NAME
+  vivarium keys revoke [--close-sandboxes] ID|NAME
 
 Manages the API keys of a server (its --data-dir, or VIVARIUM_DATA_DIR).
 The token is printed once, at creation; only its hash is stored. Works
-while the server runs: a revoked key stops working within seconds.
+while the server runs: a revoked key, and every token made from it (E2B
+access tokens, port tokens, signed URLs, volume tokens), stops working
+within seconds. Its sandboxes run on until their timeout, unreachable,
+unless --close-sandboxes (which a key revoked before may be given by ID).
 With --cluster, the keys of a cluster's nodes (vivarium serve --cluster):
 a Secret each in --namespace, made through --kubeconfig.
 `
@@ -37,6 +40,7 @@ func cmdKeys(args []string) int {
 	asJSON := fs.Bool("json", false, "print JSON")
 	maxSandboxes := fs.Int("max-sandboxes", 0, "live sandboxes this key may hold (0: the server's default)")
 	maxExecutions := fs.Int("max-executions", 0, "executions this key may run at once (0: the server's default)")
+	closeSandboxes := fs.Bool("close-sandboxes", false, "revoke: the servers close the key's sandboxes too")
 	var cc clusterConfig
 	inCluster := fs.Bool("cluster", false, "the keys of a cluster (Secrets of --namespace), not of --data-dir")
 	fs.StringVar(&cc.kubeconfig, "kubeconfig", "", "`FILE` with the Kubernetes API server's address and credentials (--cluster)")
@@ -53,7 +57,7 @@ func cmdKeys(args []string) int {
 		return 2
 	}
 	if *inCluster {
-		return clusterKeys(&cc, sub, positional, *maxSandboxes, *maxExecutions, *asJSON)
+		return clusterKeys(&cc, sub, positional, *maxSandboxes, *maxExecutions, *closeSandboxes, *asJSON)
 	}
 	st, err := store.Open(*dataDir)
 	if err != nil {
@@ -100,6 +104,9 @@ func cmdKeys(args []string) int {
 			state := "live"
 			if k.RevokedAt != nil {
 				state = "revoked " + k.RevokedAt.Format(time.DateTime)
+				if k.CloseSandboxes {
+					state += " with its sandboxes"
+				}
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", k.ID, k.Name, k.CreatedAt.Format(time.DateTime), state,
 				quota(k.MaxSandboxes), quota(k.MaxExecutions))
@@ -110,11 +117,16 @@ func cmdKeys(args []string) int {
 			fmt.Fprint(os.Stderr, "vivarium keys revoke: give the key's ID or NAME\n")
 			return 2
 		}
-		k, err := st.RevokeKey(ctx, positional[0])
+		k, err := st.RevokeKey(ctx, positional[0], *closeSandboxes)
 		if err != nil {
 			return fail(err)
 		}
-		fmt.Fprintf(os.Stderr, "revoked key %s (%s)\n", k.ID, k.Name)
+		if k.CloseSandboxes {
+			fmt.Fprintf(os.Stderr, "revoked key %s (%s) with its sandboxes: the server closes them within seconds\n", k.ID, k.Name)
+		} else {
+			fmt.Fprintf(os.Stderr, "revoked key %s (%s); its sandboxes run on, unreachable, until their timeout "+
+				"(vivarium keys revoke --close-sandboxes %s closes them)\n", k.ID, k.Name, k.ID)
+		}
 	default:
 		fmt.Fprintf(os.Stderr, "vivarium keys: unknown subcommand %q\n\n%s", sub, keysUsage)
 		return 2

@@ -587,7 +587,7 @@ func serve(c *serveConfig, log *slog.Logger) error {
 		Volumes:               vols,
 	}
 	if keyring != nil {
-		svcCfg.Quota = keyring.Quota
+		svcCfg.Quota, svcCfg.KeyRevoked = keyring.Quota, keyring.Revoked
 	}
 	if node != nil {
 		svcCfg.Node = c.cluster.node
@@ -595,7 +595,7 @@ func serve(c *serveConfig, log *slog.Logger) error {
 		svcCfg.RunningElsewhere = node.runningElsewhere
 		svcCfg.Audit = auditToLog(log, c.cluster.node, audit)
 		if node.keys != nil {
-			svcCfg.Quota = node.keys.Quota
+			svcCfg.Quota, svcCfg.KeyRevoked = node.keys.Quota, node.keys.Revoked
 		}
 	}
 	svcCfg.PauseOnShutdown = c.pauseOnShutdown

@@ -23,6 +23,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 )
 
@@ -35,6 +36,10 @@ const (
 	dataName          = "name"
 	dataMaxSandboxes  = "max-sandboxes"
 	dataMaxExecutions = "max-executions"
+	// dataRevoked marks a key revoked with its sandboxes: its Secret is
+	// kept, so that every node sees that and closes them. A key revoked
+	// alone has its Secret deleted.
+	dataRevoked = "revoked"
 
 	// TokenPrefix starts a key's token, as a server's own keys
 	// (store.TokenPrefix: E2B's SDKs check it).
@@ -53,6 +58,8 @@ type Key struct {
 	Name                        string
 	MaxSandboxes, MaxExecutions int
 	CreatedAt                   time.Time
+	// Revoked: revoked with its sandboxes, its Secret kept marked.
+	Revoked bool `json:",omitempty"`
 }
 
 func keySecretName(id string) string { return "vivarium-" + strings.ReplaceAll(id, "_", "-") }
@@ -88,10 +95,17 @@ func (c *Client) CreateKey(ctx context.Context, name string, maxSandboxes, maxEx
 	return token, k, nil
 }
 
-// RevokeKey deletes a key's Secret: every node refuses it once its watch
-// has seen that.
-func (c *Client) RevokeKey(ctx context.Context, id string) error {
-	return c.core.Delete().Namespace(c.cfg.Namespace).Resource("secrets").Name(keySecretName(id)).Do(ctx).Error()
+// RevokeKey revokes a key: every node refuses it, and every token made
+// from it, once its watch has seen that. Alone, its Secret is deleted;
+// with closeSandboxes it is kept, marked revoked, and every node closes
+// the key's sandboxes (revoking it alone later deletes it).
+func (c *Client) RevokeKey(ctx context.Context, id string, closeSandboxes bool) error {
+	req := c.core.Delete().Namespace(c.cfg.Namespace).Resource("secrets").Name(keySecretName(id))
+	if closeSandboxes {
+		patch := []byte(`{"stringData":{"` + dataRevoked + `":"close-sandboxes"}}`)
+		req = c.core.Patch(types.MergePatchType).Namespace(c.cfg.Namespace).Resource("secrets").Name(keySecretName(id)).Body(patch)
+	}
+	return req.Do(ctx).Error()
 }
 
 // Keys is the cluster's keys as a node sees them (httpapi.Authenticator
@@ -120,7 +134,7 @@ func (c *Client) WatchKeys(ctx context.Context) (*Keys, error) {
 
 func keyOf(s *corev1.Secret) Key {
 	k := Key{ID: strings.Replace(strings.TrimPrefix(s.Name, "vivarium-"), "-", "_", 1), Name: string(s.Data[dataName]),
-		CreatedAt: s.CreationTimestamp.Time}
+		CreatedAt: s.CreationTimestamp.Time, Revoked: len(s.Data[dataRevoked]) > 0}
 	k.MaxSandboxes, _ = strconv.Atoi(string(s.Data[dataMaxSandboxes]))
 	k.MaxExecutions, _ = strconv.Atoi(string(s.Data[dataMaxExecutions]))
 	return k
@@ -138,11 +152,22 @@ func (k *Keys) Owner(token string) (string, error) {
 	}
 	for _, o := range objs {
 		s := o.(*corev1.Secret)
-		if subtle.ConstantTimeCompare(s.Data[dataHash], []byte(want)) == 1 {
+		if subtle.ConstantTimeCompare(s.Data[dataHash], []byte(want)) == 1 && len(s.Data[dataRevoked]) == 0 {
 			return keyOf(s).ID, nil
 		}
 	}
 	return "", ErrInvalidKey
+}
+
+// Revoked reports whether the key id is revoked (its Secret gone or
+// marked), and whether with its sandboxes (marked).
+func (k *Keys) Revoked(id string) (revoked, closeSandboxes bool) {
+	s, ok := byName[*corev1.Secret](k.idx, k.ns, keySecretName(id))
+	if !ok {
+		return true, false
+	}
+	marked := len(s.Data[dataRevoked]) > 0
+	return marked, marked
 }
 
 // Quota returns a key's own quotas (zero: the server's defaults).

@@ -17,10 +17,9 @@
 // The SDKs name the sandbox in every data-plane request with the
 // E2b-Sandbox-Id header and authenticate it with the access token the
 // control plane handed out (X-Access-Token, or E2B-Traffic-Access-Token
-// for some code-interpreter calls). A token is an HMAC of the owner and
-// the sandbox, keyed by a secret of this process: it opens that one
-// sandbox of that one owner, and nothing once the server restarts (when
-// every sandbox is gone anyway).
+// for some code-interpreter calls). The token is the service's (its
+// tokens.go): it opens that one sandbox while the sandbox and its key
+// live, until it is rotated, and nothing once the server restarts.
 //
 // Paths: E2B's user is "user" with its home at /home/user, the sandbox's
 // workspace (also at /workspace); relative paths are relative to it. The
@@ -38,10 +37,7 @@
 package e2b
 
 import (
-	"crypto/hmac"
 	"crypto/rand"
-	"crypto/sha256"
-	"encoding/base64"
 	"encoding/hex"
 	"log/slog"
 	"net/http"
@@ -156,11 +152,10 @@ func New(cfg Config) *Server {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	cfg.Prefix = strings.TrimSuffix(cfg.Prefix, "/")
-	s := &Server{cfg: cfg, svc: cfg.Service, log: cfg.Logger, secret: make([]byte, 32),
+	s := &Server{cfg: cfg, svc: cfg.Service, log: cfg.Logger,
 		control: http.NewServeMux(), envd: http.NewServeMux(), interp: http.NewServeMux(),
 		templates: map[string]templateOf{}, templateSweepAt: templateSweepAt, waiting: map[string]int{}, watchers: map[string]*watcher{},
 		signGate: newSignGate(max(2, runtime.GOMAXPROCS(0)))}
-	rand.Read(s.secret)
 	s.routeControl()
 	s.routeEnvd()
 	s.routeInterpreter()
@@ -196,30 +191,10 @@ func randomID() string {
 }
 
 // accessToken is the token that opens sandbox id of owner on the data
-// plane: the owner (not secret: a key's ID) and an HMAC binding it to the
-// sandbox.
+// plane (the service's: tokens.go); "" for a sandbox that is gone.
 func (s *Server) accessToken(owner, id string) string {
-	return base64.RawURLEncoding.EncodeToString([]byte(owner)) + "." + s.mac(owner, id)
-}
-
-func (s *Server) mac(owner, id string) string {
-	m := hmac.New(sha256.New, s.secret)
-	m.Write([]byte("vivarium-e2b-access\x00" + owner + "\x00" + id))
-	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
-}
-
-// tokenOwner returns the owner a token was made for, if it opens sandbox
-// id.
-func (s *Server) tokenOwner(token, id string) (string, bool) {
-	enc, mac, ok := strings.Cut(token, ".")
-	if !ok || id == "" {
-		return "", false
-	}
-	owner, err := base64.RawURLEncoding.DecodeString(enc)
-	if err != nil || len(owner) == 0 {
-		return "", false
-	}
-	return string(owner), hmac.Equal([]byte(mac), []byte(s.mac(string(owner), id)))
+	tok, _ := s.svc.AccessToken(owner, id)
+	return tok
 }
 
 // owner authenticates a control-plane request by its API key.
@@ -258,13 +233,17 @@ func (s *Server) serveSandbox(w http.ResponseWriter, r *http.Request) {
 		s.serveSigned(w, r, id)
 		return
 	}
-	owner, ok := s.tokenOwner(tok, id)
-	if !ok {
+	owner, ok, gone := s.svc.AccessTokenOwner(tok, id)
+	if !ok && !gone {
 		writeEnvdError(w, http.StatusUnauthorized,
 			"a valid sandbox access token is required (X-Access-Token, as returned when the sandbox was created or connected to)")
 		return
 	}
-	b, err := s.svc.Get(owner, id)
+	var b *service.Box
+	var err error = service.ErrNotFound
+	if ok {
+		b, err = s.svc.Get(owner, id)
+	}
 	if err != nil {
 		// What E2B's proxy answers for a sandbox that is gone: the SDKs
 		// report that it was killed or timed out.

@@ -13,7 +13,8 @@ package e2b
 // made for, if it opens sandbox id. Like E2B's, it opens every port of
 // that sandbox.
 func (s *Server) TrafficTokenOwner(token, id string) (string, bool) {
-	return s.tokenOwner(token, id)
+	owner, ok, _ := s.svc.AccessTokenOwner(token, id)
+	return owner, ok
 }
 
 // domain is what the control plane reports as a sandbox's domain (E2B's

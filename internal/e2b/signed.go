@@ -196,11 +196,11 @@ func (s *Server) serveSigned(w http.ResponseWriter, r *http.Request, id string) 
 
 // signedBy checks a URL against the one sandbox id.
 func (s *Server) signedBy(p *signedRequest, id string) (target, bool) {
-	owner, ok := s.svc.OwnerOf(id)
-	if !ok || !p.madeWith(s.accessToken(owner, id)) {
+	sb, ok := s.svc.AccessTokenOf(id)
+	if !ok || !p.madeWith(sb.Token) {
 		return target{}, false
 	}
-	return target{owner: owner, id: id}, true
+	return target{owner: sb.Owner, id: id}, true
 }
 
 // signedTarget finds the live sandbox whose access token made the URL's
@@ -210,11 +210,11 @@ func (s *Server) signedTarget(ctx context.Context, p *signedRequest, addr string
 	if s.signScanning != nil {
 		s.signScanning(addr)
 	}
-	for i, sb := range s.svc.All() {
+	for i, sb := range s.svc.AccessTokens() {
 		if i%256 == 255 && ctx.Err() != nil {
 			return target{}, false // its client is gone
 		}
-		if p.madeWith(s.accessToken(sb.Owner, sb.ID)) {
+		if p.madeWith(sb.Token) {
 			return target{owner: sb.Owner, id: sb.ID}, true
 		}
 	}

@@ -1,9 +1,6 @@
 package e2b
 
 import (
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -25,10 +22,9 @@ import (
 // SDKs reach at E2B_VOLUME_API_URL, the same prefix) reads and writes
 // their files without a sandbox, authenticated by the volume's token
 // (Authorization: Bearer, handed out by create and get) or by the API
-// key, and sandboxes mount them by name (volumeMounts). A token is an
-// HMAC of the owner and the volume keyed by this process's secret: it
-// opens that one volume, until the server restarts (Volume.connect gets
-// a new one).
+// key, and sandboxes mount them by name (volumeMounts). A token (the
+// service's, tokens.go) opens that one volume while its key is live,
+// until the server restarts (Volume.connect gets a new one).
 
 type (
 	volumeInfo struct {
@@ -135,28 +131,16 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request, owner stri
 	writeJSON(w, http.StatusCreated, volumeAndToken{VolumeID: v.ID, Name: v.Name, Token: s.volumeToken(owner, v.ID)})
 }
 
-// volumeToken opens volume id of owner on the content API.
-func (s *Server) volumeToken(owner, id string) string {
-	return "vol." + base64.RawURLEncoding.EncodeToString([]byte(owner)) + "." + s.volumeMAC(owner, id)
-}
-
-func (s *Server) volumeMAC(owner, id string) string {
-	m := hmac.New(sha256.New, s.secret)
-	m.Write([]byte("vivarium-e2b-volume\x00" + owner + "\x00" + id))
-	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
-}
+// volumeToken opens volume id of owner on the content API (the
+// service's token: tokens.go).
+func (s *Server) volumeToken(owner, id string) string { return s.svc.VolumeToken(owner, id) }
 
 // volumeOwner authenticates a content request for volume id: by the
 // volume's token, or by an API key.
 func (s *Server) volumeOwner(r *http.Request, id string) (string, bool) {
 	tok, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if rest, ok := strings.CutPrefix(strings.TrimSpace(tok), "vol."); ok {
-		enc, mac, ok := strings.Cut(rest, ".")
-		owner, err := base64.RawURLEncoding.DecodeString(enc)
-		if !ok || err != nil || len(owner) == 0 {
-			return "", false
-		}
-		return string(owner), hmac.Equal([]byte(mac), []byte(s.volumeMAC(string(owner), id)))
+	if owner, ok := s.svc.VolumeTokenOwner(strings.TrimSpace(tok), id); ok {
+		return owner, true
 	}
 	return s.owner(r)
 }

@@ -129,7 +129,9 @@ var Routes = []Route{
 	{"POST", "/v1/sandboxes/{id}/processes/{pid}/stdin", "processStdin", "Write the raw body to a process's stdin; ?close=1 closes it after", false},
 	{"POST", "/v1/sandboxes/{id}/processes/{pid}/signal", "signalProcess", "Send SIGTERM or SIGKILL to a process's group", false},
 	{"POST", "/v1/sandboxes/{id}/processes/{pid}/resize", "resizeProcess", "Resize the terminal of a process started with one", false},
-	{"POST", "/v1/sandboxes/{id}/ports/{port}", "portToken", "A token and URLs that open one port of the sandbox (a server its code started) from outside", false},
+	{"POST", "/v1/sandboxes/{id}/ports/{port}", "portToken", "A token and URLs that open one port of the sandbox (a server its code started) from outside; with rotate, a new token", false},
+	{"POST", "/v1/sandboxes/{id}/access-token", "rotateAccessToken", "Give the sandbox a new E2B access token: the old one, and signed file URLs made with it, stop working", false},
+	{"POST", "/v1/key/revoke", "revokeKey", "Revoke the caller's own API key (and every token made from it), and close its sandboxes if asked", false},
 	{"POST", "/v1/execute", "runOnce", "Run code in a fresh sandbox destroyed afterwards", false},
 	{"POST", "/v1/volumes", "createVolume", "Create a persistent volume (an ext4 file system of its own size)", false},
 	{"GET", "/v1/volumes", "listVolumes", "List the key's volumes", false},
@@ -238,6 +240,10 @@ func (s *Server) handler(name string) http.HandlerFunc {
 		return s.runOnce
 	case "portToken":
 		return s.portToken
+	case "rotateAccessToken":
+		return s.rotateAccessToken
+	case "revokeKey":
+		return s.revokeKey
 	case "usage":
 		return s.usage
 	case "createSnapshot", "listSnapshots", "getSnapshot", "deleteSnapshot", "exportSnapshot", "importSnapshot":

@@ -67,7 +67,10 @@ var operations = map[string]operation{
 	"processStdin":   {status: 200, response: okResponse{}},
 	"signalProcess":  {request: signalRequest{}, status: 200, response: okResponse{}},
 	"resizeProcess":  {request: sandbox.TerminalSize{}, status: 200, response: okResponse{}},
-	"portToken":      {status: 200, response: portAccess{}},
+	"portToken":      {request: portTokenRequest{}, status: 200, response: portAccess{}},
+
+	"rotateAccessToken": {status: 200, response: accessToken{}},
+	"revokeKey":         {request: revokeRequest{}, status: 200, response: revokeResponse{}},
 
 	"createVolume":     {request: volumeRequest{}, status: 201, response: volume.Volume{}},
 	"listVolumes":      {status: 200, response: volumeList{}},

@@ -51,8 +51,15 @@ func (s *Server) portToken(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, err)
 		return
 	}
+	var req portTokenRequest
+	if !decode(w, r, &req) {
+		return
+	}
 	id := r.PathValue("id")
 	tok, err := s.svc.PortToken(owner(r), id, port)
+	if req.Rotate {
+		tok, err = s.svc.RotatePortToken(owner(r), id, port)
+	}
 	if err != nil {
 		s.fail(w, err)
 		return

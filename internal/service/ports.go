@@ -2,11 +2,7 @@ package service
 
 import (
 	"context"
-	"crypto/hmac"
-	"crypto/rand"
-	"crypto/sha256"
 	"crypto/tls"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"net"
@@ -24,38 +20,15 @@ import (
 // A sandbox's ports: a server its code started is reached from outside
 // through the server (preview URLs), by connections the backend makes
 // inside the sandbox's own network (sandbox.PortDialer). Each is opened
-// by a port token: an HMAC of the owner, the sandbox and the port, keyed
-// by a secret of this process, so it opens that one port of that one
-// sandbox, and nothing once the server restarts (when every sandbox is
-// gone anyway). Tokens are handed to the sandbox's owner only.
+// by a port token (tokens.go).
 
 // MaxPortConns bounds the connections to one sandbox's ports open at once
 // (HTTP requests in progress and WebSockets).
 const MaxPortConns = 64
 
-// portTokenPrefix starts every port token (and no other token of the
-// server).
-const portTokenPrefix = "vp1."
-
 type ports struct {
-	once   sync.Once
-	secret []byte
-	mu     sync.Mutex
-	conns  map[string]map[*portConn]struct{} // by sandbox ID
-}
-
-func (p *ports) key() []byte {
-	p.once.Do(func() {
-		p.secret = make([]byte, 32)
-		rand.Read(p.secret)
-	})
-	return p.secret
-}
-
-func (p *ports) mac(owner, id string, port int) string {
-	m := hmac.New(sha256.New, p.key())
-	m.Write([]byte("vivarium-port\x00" + owner + "\x00" + id + "\x00" + strconv.Itoa(port)))
-	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+	mu    sync.Mutex
+	conns map[string]map[*portConn]struct{} // by sandbox ID
 }
 
 func checkPort(port int) error {
@@ -123,33 +96,6 @@ func (s *Service) portDialer(owner, id string, port int) (*Box, sandbox.PortDial
 			sandbox.ErrUnsupported, b.backend)
 	}
 	return b, d, nil
-}
-
-// PortToken returns the token that opens port of an owner's sandbox.
-func (s *Service) PortToken(owner, id string, port int) (string, error) {
-	if _, _, err := s.portDialer(owner, id, port); err != nil {
-		return "", err
-	}
-	return portTokenPrefix + base64.RawURLEncoding.EncodeToString([]byte(owner)) + "." + s.ports.mac(owner, id, port), nil
-}
-
-// PortTokenOwner returns the owner a port token was made for, if it opens
-// port of sandbox id (a live sandbox of that owner or not: DialPort
-// checks).
-func (s *Service) PortTokenOwner(token, id string, port int) (string, bool) {
-	rest, ok := strings.CutPrefix(token, portTokenPrefix)
-	if !ok || id == "" || checkPort(port) != nil {
-		return "", false
-	}
-	enc, mac, ok := strings.Cut(rest, ".")
-	if !ok {
-		return "", false
-	}
-	owner, err := base64.RawURLEncoding.DecodeString(enc)
-	if err != nil || len(owner) == 0 {
-		return "", false
-	}
-	return string(owner), hmac.Equal([]byte(mac), []byte(s.ports.mac(string(owner), id, port)))
 }
 
 // DialPort connects to port of an owner's sandbox, inside the sandbox's

@@ -118,6 +118,12 @@ type Config struct {
 	// zero: 16 snapshots, 8 GiB.
 	MaxSnapshots     int
 	MaxSnapshotBytes int64
+	// KeyRevoked says whether an owner's key has been revoked, and
+	// whether its sandboxes are to be closed with it; it is asked at
+	// every use of a token (tokens.go) and, for the owners of live
+	// sandboxes, every second. It answers revoked for a key that cannot
+	// be looked up. Nil: no key is ever revoked (vivarium serve --dev).
+	KeyRevoked func(owner string) (revoked, closeSandboxes bool)
 }
 
 func (c *Config) setDefaults() {
@@ -153,6 +159,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Quota == nil {
 		c.Quota = func(string) (int, int) { return 0, 0 }
+	}
+	if c.KeyRevoked == nil {
+		c.KeyRevoked = func(string) (bool, bool) { return false, false }
 	}
 	if c.Audit == nil {
 		c.Audit = func(store.Record) {}
@@ -192,13 +201,15 @@ type Service struct {
 	ports      ports               // port tokens and connections (ports.go)
 	usage      usageLogs           // samples of every sandbox's use (usage.go)
 	pausedLock io.Closer           // PausedDir's lock, held while paused sandboxes are kept (persist.go)
+	tokenKey   []byte              // the secret of the tokens (tokens.go)
 }
 
 // New starts a service; Close ends it and every sandbox.
 func New(cfg Config) *Service {
 	cfg.setDefaults()
 	s := &Service{cfg: cfg, boxes: map[string]*Box{}, pending: map[string]int{}, running: map[string]int{},
-		stop: make(chan struct{}), metrics: newMetrics()}
+		stop: make(chan struct{}), metrics: newMetrics(), tokenKey: make([]byte, 32)}
+	rand.Read(s.tokenKey)
 	s.idle = sync.NewCond(&s.mu)
 	if s.snapshotsOn() == nil {
 		s.sweepSnapshotLeftovers()
@@ -359,11 +370,13 @@ type Box struct {
 	autoResume  bool
 	paused      bool
 	pausedAt    time.Time
-	pauseMu     sync.Mutex // serialises Pause and Resume
-	pausable    bool       // the sandbox can be paused (PauseSupported)
-	persisted   bool       // paused, and kept on disk across a restart (persist.go)
-	unverified  bool       // opened from disk; its signature not checked whole yet
-	pauseGen    int        // pauses so far: a write-down is of one (persist.go)
+	pauseMu     sync.Mutex     // serialises Pause and Resume
+	pausable    bool           // the sandbox can be paused (PauseSupported)
+	persisted   bool           // paused, and kept on disk across a restart (persist.go)
+	unverified  bool           // opened from disk; its signature not checked whole yet
+	pauseGen    int            // pauses so far: a write-down is of one (persist.go)
+	accessGen   uint64         // the access token's generation (tokens.go)
+	portGens    map[int]uint64 // the generation of each port's token rotated
 }
 
 // Info is what owners see of a sandbox.
@@ -884,11 +897,14 @@ func (s *Service) reap() {
 	defer s.wg.Done()
 	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
-	for {
+	for tick := 0; ; tick++ {
 		select {
 		case <-s.stop:
 			return
 		case <-t.C:
+		}
+		if tick%4 == 0 {
+			s.closeRevoked()
 		}
 		now := s.cfg.Now()
 		s.mu.Lock()
@@ -923,6 +939,45 @@ func (s *Service) reap() {
 			}()
 		}
 	}
+}
+
+// closeRevoked closes the sandboxes of owners whose key was revoked with
+// its sandboxes (vivarium keys revoke --close-sandboxes): by another
+// process, the CLI, as well as by this one.
+func (s *Service) closeRevoked() {
+	s.mu.Lock()
+	owners := map[string][]*Box{}
+	for _, b := range s.boxes {
+		if b != nil {
+			owners[b.owner] = append(owners[b.owner], b)
+		}
+	}
+	s.mu.Unlock()
+	for owner, boxes := range owners {
+		if revoked, closeThem := s.cfg.KeyRevoked(owner); revoked && closeThem {
+			s.cfg.Logger.Info("key revoked with its sandboxes: closing them", "owner", owner, "sandboxes", len(boxes))
+			for _, b := range boxes {
+				s.remove(b, "key revoked")
+			}
+		}
+	}
+}
+
+// CloseOwner closes every sandbox of owner (its key revoked) and returns
+// how many it closed.
+func (s *Service) CloseOwner(owner string) int {
+	s.mu.Lock()
+	var boxes []*Box
+	for _, b := range s.boxes {
+		if b != nil && b.owner == owner {
+			boxes = append(boxes, b)
+		}
+	}
+	s.mu.Unlock()
+	for _, b := range boxes {
+		s.remove(b, "key revoked")
+	}
+	return len(boxes)
 }
 
 // Shutdown stops taking work, lets executions in progress finish until

@@ -16,6 +16,13 @@ type Keyring struct {
 	mu      sync.Mutex
 	byToken map[string]cached // by token hash
 	byID    map[string]Key
+	states  map[string]state // by key id
+}
+
+// state is a key's revocation, as last read.
+type state struct {
+	revoked, closeSandboxes bool
+	expires                 time.Time
 }
 
 type cached struct {
@@ -26,7 +33,7 @@ type cached struct {
 
 // NewKeyring caches st's keys for ttl.
 func NewKeyring(st *Store, ttl time.Duration) *Keyring {
-	return &Keyring{st: st, ttl: ttl, byToken: map[string]cached{}, byID: map[string]Key{}}
+	return &Keyring{st: st, ttl: ttl, byToken: map[string]cached{}, byID: map[string]Key{}, states: map[string]state{}}
 }
 
 // Owner returns the id of the key a token belongs to.
@@ -62,6 +69,44 @@ func (k *Keyring) Owner(token string) (string, error) {
 		return "", ErrInvalidKey
 	}
 	return c.key.ID, nil
+}
+
+// Revoked reports whether the key id is revoked (or is no key, or cannot
+// be read now), and whether its sandboxes are to be closed with it: what
+// the service asks at every use of a token derived from the key. Answers
+// are cached for TTL, as Owner's are; a failed read is not.
+func (k *Keyring) Revoked(id string) (revoked, closeSandboxes bool) {
+	now := time.Now()
+	k.mu.Lock()
+	st, hit := k.states[id]
+	k.mu.Unlock()
+	if hit && now.Before(st.expires) {
+		return st.revoked, st.closeSandboxes
+	}
+	revoked, closeSandboxes, err := k.st.KeyState(context.Background(), id)
+	if err != nil {
+		return true, false // refused while unknown; never closed for it
+	}
+	k.mu.Lock()
+	if len(k.states) > 100_000 {
+		clear(k.states)
+	}
+	k.states[id] = state{revoked: revoked, closeSandboxes: closeSandboxes, expires: now.Add(k.ttl)}
+	k.mu.Unlock()
+	return revoked, closeSandboxes
+}
+
+// Revoke revokes the key id (its holder asks, through the API), with its
+// sandboxes or not; this server stops taking it at once.
+func (k *Keyring) Revoke(id string, closeSandboxes bool) error {
+	if _, err := k.st.RevokeKey(context.Background(), id, closeSandboxes); err != nil {
+		return err
+	}
+	k.mu.Lock()
+	clear(k.byToken)
+	delete(k.states, id)
+	k.mu.Unlock()
+	return nil
 }
 
 // Quota returns a key's own quotas (zero: the server's defaults).

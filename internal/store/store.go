@@ -131,6 +131,7 @@ var addedColumns = []struct{ table, column, def string }{
 	{"audit", "bytes_in", "INTEGER NOT NULL DEFAULT 0"},
 	{"audit", "bytes_out", "INTEGER NOT NULL DEFAULT 0"},
 	{"audit", "count", "INTEGER NOT NULL DEFAULT 1"},
+	{"keys", "close_sandboxes", "INTEGER NOT NULL DEFAULT 0"},
 }
 
 func migrate(db *sql.DB) error {
@@ -168,6 +169,8 @@ type Key struct {
 	Name      string     `json:"name"`
 	CreatedAt time.Time  `json:"created_at"`
 	RevokedAt *time.Time `json:"revoked_at,omitempty"`
+	// CloseSandboxes: revoked with its sandboxes, which servers close.
+	CloseSandboxes bool `json:"close_sandboxes,omitempty"`
 	// Per-key quotas; zero means the server's default.
 	MaxSandboxes  int `json:"max_sandboxes"`
 	MaxExecutions int `json:"max_executions"`
@@ -223,7 +226,7 @@ func (s *Store) Lookup(ctx context.Context, token string) (Key, error) {
 		return Key{}, ErrInvalidKey
 	}
 	want := hashToken(token)
-	row := s.db.QueryRowContext(ctx, `SELECT id, name, hash, created_at, revoked_at, max_sandboxes, max_executions
+	row := s.db.QueryRowContext(ctx, `SELECT id, name, hash, created_at, revoked_at, max_sandboxes, max_executions, close_sandboxes
 		FROM keys WHERE hash = ?`, want)
 	k, hash, err := scanKey(row)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -245,7 +248,7 @@ func scanKey(row scanner) (Key, string, error) {
 	var hash string
 	var created int64
 	var revoked sql.NullInt64
-	if err := row.Scan(&k.ID, &k.Name, &hash, &created, &revoked, &k.MaxSandboxes, &k.MaxExecutions); err != nil {
+	if err := row.Scan(&k.ID, &k.Name, &hash, &created, &revoked, &k.MaxSandboxes, &k.MaxExecutions, &k.CloseSandboxes); err != nil {
 		return Key{}, "", err
 	}
 	k.CreatedAt = time.Unix(created, 0).UTC()
@@ -258,7 +261,7 @@ func scanKey(row scanner) (Key, string, error) {
 
 // Keys lists every key, oldest first.
 func (s *Store) Keys(ctx context.Context) ([]Key, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT id, name, hash, created_at, revoked_at, max_sandboxes, max_executions
+	rows, err := s.db.QueryContext(ctx, `SELECT id, name, hash, created_at, revoked_at, max_sandboxes, max_executions, close_sandboxes
 		FROM keys ORDER BY created_at, id`)
 	if err != nil {
 		return nil, err
@@ -282,11 +285,14 @@ func (s *Store) CountKeys(ctx context.Context) (int, error) {
 	return n, err
 }
 
-// RevokeKey revokes a live key, named by id or by name; its token stops
-// working at once (servers cache a lookup for at most a few seconds).
-func (s *Store) RevokeKey(ctx context.Context, idOrName string) (Key, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT id, name, hash, created_at, revoked_at, max_sandboxes, max_executions
-		FROM keys WHERE (id = ? OR name = ?) AND revoked_at IS NULL`, idOrName, idOrName)
+// RevokeKey revokes a live key, named by id or by name; its token and
+// every token derived from it stop working at once (servers cache a
+// lookup for at most a few seconds). With closeSandboxes, servers close
+// the key's sandboxes too; a key already revoked, named by id, may be
+// given that still.
+func (s *Store) RevokeKey(ctx context.Context, idOrName string, closeSandboxes bool) (Key, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT id, name, hash, created_at, revoked_at, max_sandboxes, max_executions, close_sandboxes
+		FROM keys WHERE (id = ? OR name = ?) AND (revoked_at IS NULL OR (id = ? AND ?))`, idOrName, idOrName, idOrName, closeSandboxes)
 	if err != nil {
 		return Key{}, err
 	}
@@ -307,10 +313,28 @@ func (s *Store) RevokeKey(ctx context.Context, idOrName string) (Key, error) {
 		return Key{}, fmt.Errorf("%d live keys are named %q: revoke one by its id", len(found), idOrName)
 	}
 	k := found[0]
-	now := time.Now().UTC().Truncate(time.Second)
-	if _, err := s.db.ExecContext(ctx, `UPDATE keys SET revoked_at = ? WHERE id = ?`, now.Unix(), k.ID); err != nil {
+	if k.RevokedAt == nil {
+		now := time.Now().UTC().Truncate(time.Second)
+		k.RevokedAt = &now
+	}
+	k.CloseSandboxes = k.CloseSandboxes || closeSandboxes
+	if _, err := s.db.ExecContext(ctx, `UPDATE keys SET revoked_at = ?, close_sandboxes = ? WHERE id = ?`,
+		k.RevokedAt.Unix(), k.CloseSandboxes, k.ID); err != nil {
 		return Key{}, err
 	}
-	k.RevokedAt = &now
 	return k, nil
+}
+
+// KeyState returns whether the key id is revoked (or is no key), and
+// whether its sandboxes are to be closed with it.
+func (s *Store) KeyState(ctx context.Context, id string) (revoked, closeSandboxes bool, err error) {
+	var at sql.NullInt64
+	err = s.db.QueryRowContext(ctx, `SELECT revoked_at, close_sandboxes FROM keys WHERE id = ?`, id).Scan(&at, &closeSandboxes)
+	if errors.Is(err, sql.ErrNoRows) {
+		return true, false, nil
+	}
+	if err != nil {
+		return false, false, err
+	}
+	return at.Valid, at.Valid && closeSandboxes, nil
 }

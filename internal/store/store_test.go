@@ -55,13 +55,13 @@ func TestKeysAreHashedAndRevocable(t *testing.T) {
 	if _, err := s.Lookup(ctx, token); err != nil {
 		t.Fatalf("after reopening: %v", err)
 	}
-	if _, err := s.RevokeKey(ctx, "alice"); err != nil {
+	if _, err := s.RevokeKey(ctx, "alice", false); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Lookup(ctx, token); err != ErrInvalidKey {
 		t.Fatalf("revoked key still works: %v", err)
 	}
-	if _, err := s.RevokeKey(ctx, "alice"); err == nil {
+	if _, err := s.RevokeKey(ctx, "alice", false); err == nil {
 		t.Fatal("revoked twice")
 	}
 	if n, _ := s.CountKeys(ctx); n != 0 {
@@ -76,15 +76,75 @@ func TestKeysAreHashedAndRevocable(t *testing.T) {
 	}
 }
 
+// A key's state: live; revoked; revoked with its sandboxes, which a key
+// revoked before may be given by its id (not by its name); no key at all
+// is revoked. The keyring answers the same, and Revoke takes effect on
+// its own lookups at once.
+func TestKeyState(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, t.TempDir())
+	_, a, _ := s.CreateKey(ctx, "a", 0, 0)
+	token, b, _ := s.CreateKey(ctx, "b", 0, 0)
+	ring := NewKeyring(s, time.Hour)
+	state := func(id string) [2]bool {
+		r, c, err := s.KeyState(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rr, rc := NewKeyring(s, time.Hour).Revoked(id); rr != r || rc != c {
+			t.Errorf("the keyring says %v %v, the store %v %v", rr, rc, r, c)
+		}
+		return [2]bool{r, c}
+	}
+	if got := state(a.ID); got != [2]bool{false, false} {
+		t.Fatalf("a live key: %v", got)
+	}
+	if got := state("key_nothing"); got != [2]bool{true, false} {
+		t.Fatalf("no key: %v", got)
+	}
+	if _, err := s.RevokeKey(ctx, "a", false); err != nil {
+		t.Fatal(err)
+	}
+	if got := state(a.ID); got != [2]bool{true, false} {
+		t.Fatalf("revoked: %v", got)
+	}
+	if _, err := s.RevokeKey(ctx, "a", true); err == nil {
+		t.Fatal("a revoked key given its sandboxes by name")
+	}
+	k, err := s.RevokeKey(ctx, a.ID, true)
+	if err != nil || !k.CloseSandboxes {
+		t.Fatalf("a revoked key given its sandboxes by id: %+v %v", k, err)
+	}
+	if got := state(a.ID); got != [2]bool{true, true} {
+		t.Fatalf("revoked with its sandboxes: %v", got)
+	}
+	// The keyring's own Revoke: its cached lookups end at once.
+	if owner, err := ring.Owner(token); err != nil || owner != b.ID {
+		t.Fatal(owner, err)
+	}
+	if r, _ := ring.Revoked(b.ID); r {
+		t.Fatal("a live key is revoked")
+	}
+	if err := ring.Revoke(b.ID, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ring.Owner(token); err != ErrInvalidKey {
+		t.Fatalf("a revoked key's token, cached before: %v", err)
+	}
+	if r, c := ring.Revoked(b.ID); !r || !c {
+		t.Fatalf("after Revoke: %v %v", r, c)
+	}
+}
+
 func TestRevokeAmbiguousName(t *testing.T) {
 	ctx := context.Background()
 	s := open(t, t.TempDir())
 	s.CreateKey(ctx, "ci", 0, 0)
 	_, k2, _ := s.CreateKey(ctx, "ci", 0, 0)
-	if _, err := s.RevokeKey(ctx, "ci"); err == nil || !strings.Contains(err.Error(), "by its id") {
+	if _, err := s.RevokeKey(ctx, "ci", false); err == nil || !strings.Contains(err.Error(), "by its id") {
 		t.Fatalf("ambiguous revoke: %v", err)
 	}
-	if _, err := s.RevokeKey(ctx, k2.ID); err != nil {
+	if _, err := s.RevokeKey(ctx, k2.ID, false); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -302,6 +302,17 @@ func (s *Store) lookup(owner, idOrName string) (*entry, error) {
 	return nil, fmt.Errorf("%w: this key has no volume %q", ErrNotFound, idOrName)
 }
 
+// OwnerOf returns the owner of the volume id, for what checks a
+// credential of that one volume's (a volume token) without a key.
+func (s *Store) OwnerOf(id string) (string, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e, ok := s.vols[id]; ok && !e.deleting {
+		return e.Owner, true
+	}
+	return "", false
+}
+
 // Get returns an owner's volume by ID or name. Another owner's is
 // ErrNotFound, as one that does not exist.
 func (s *Store) Get(owner, idOrName string) (Volume, error) {
