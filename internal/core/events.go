@@ -110,6 +110,7 @@ func (x *execution) handle(ev runner.Event) *sandbox.Output {
 		return &out
 	case "error":
 		x.err = &sandbox.Error{Name: ev.Name, Value: ev.Value, Traceback: ev.Traceback}
+		x.errSignal = ev.Signal
 	case "done":
 		if x.done != nil {
 			x.exitCode, x.sawDone = ev.ExitCode, true

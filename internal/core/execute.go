@@ -17,6 +17,7 @@ type execution struct {
 	resultsBytes int
 	dropped      int
 	err          *sandbox.Error
+	errSignal    int // what ended the context's process (runner.Event.Signal)
 	exitCode     *int
 	sawDone      bool          // the runner reported the end
 	done         chan struct{} // closed at the end the runner reports
@@ -145,6 +146,7 @@ func (c *Core) Execute(ctx context.Context, req sandbox.ExecRequest, sink sandbo
 	c.cur = nil
 	o.Broken = r.broken
 	o.RunnerCode = x.exitCode
+	o.ContextSignal = x.errSignal
 	c.lost = false
 	c.mu.Unlock()
 	stdout, outTrunc := c.Stdout.End()
@@ -165,10 +167,12 @@ func (c *Core) Execute(ctx context.Context, req sandbox.ExecRequest, sink sandbo
 			Text: fmt.Sprintf("[vivarium: %d more results dropped: over the limit of %d results or %d MiB]",
 				x.dropped, maxResults, maxResultsBytes>>20)})
 	}
-	if o.Why == "" && o.Dead && (!o.Exited || o.Signal == int(syscall.SIGKILL)) && u.OOMKills == u0.OOMKills {
+	killed := o.Dead && (!o.Exited || o.Signal == int(syscall.SIGKILL)) || o.ContextSignal == int(syscall.SIGKILL)
+	if o.Why == "" && killed && u.OOMKills == u0.OOMKills {
 		// Killed, and no OOM kill counted when the end was seen: the
 		// kernel counts one only after it has sent its SIGKILL, and a
-		// victim may be reaped before that. Counted by now, if it was.
+		// victim (the runner, or a kernel the runner reaped) may be
+		// reaped before that. Counted by now, if it was.
 		u.OOMKills = c.d.Usage().OOMKills
 	}
 	o.OOM = u.OOMKills > u0.OOMKills

@@ -154,7 +154,7 @@ class KernelContext:
             while True:
                 ev = self._event(None)
                 if ev is None:
-                    return self._lost("the %s kernel exited" % self.language)
+                    return self._lost("the %s kernel exited" % self.language, died=True)
                 kind = ev.get("type")
                 if kind == "result":
                     data = ev.get("data")
@@ -228,10 +228,16 @@ class KernelContext:
             pass
         return self._lost("the %s kernel did not stop when interrupted" % self.language, name="KeyboardInterrupt")
 
-    def _lost(self, why, name="KernelDied"):
+    def _lost(self, why, name="KernelDied", died=False):
+        """Ends the kernel and reports its variables gone. died: it ended
+        by itself, not killed by the runner; a signal that ended it is then
+        named in the error event (see runner.py's signal_of)."""
         code = self._reap()
-        return (code or 1), {"type": "error", "name": name, "value": why,
-                             "traceback": "%s (status %d); its variables are gone\n" % (why, code)}
+        err = {"type": "error", "name": name, "value": why,
+               "traceback": "%s (status %d); its variables are gone\n" % (why, code)}
+        if died and code > 128:
+            err["signal"] = code - 128
+        return (code or 1), err
 
     def _reap(self):
         code = 1

@@ -78,6 +78,11 @@ type Event struct {
 	Name      string `json:"name,omitempty"`
 	Value     string `json:"value,omitempty"`
 	Traceback string `json:"traceback,omitempty"`
+	// Signal, on an error, is the signal that ended the process of the
+	// cell's context, where that is not the runner: a kernel or a shell
+	// that died, or a bash cell's last command. The runner lives on then,
+	// so only this says that the memory limit may have been the cause.
+	Signal int `json:"signal,omitempty"`
 	// ExitCode ends an execution.
 	ExitCode *int `json:"exit_code,omitempty"`
 }

@@ -336,15 +336,15 @@ class BashContext:
             # The cell ended the shell (exit, exec, a signal): the next cell
             # gets a fresh one.
             code = self._reap()
-            return code, {"type": "error", "name": "ExitCode", "value": str(code),
-                          "traceback": "bash exited with status %d; its variables are gone\n" % code}
+            return code, signal_of({"type": "error", "name": "ExitCode", "value": str(code),
+                                    "traceback": "bash exited with status %d; its variables are gone\n" % code}, code)
         try:
             code = int(line)
         except ValueError:
             code = 1
         if code != 0:
-            return code, {"type": "error", "name": "ExitCode", "value": str(code),
-                          "traceback": "the cell's last command exited with status %d\n" % code}
+            return code, signal_of({"type": "error", "name": "ExitCode", "value": str(code),
+                                    "traceback": "the cell's last command exited with status %d\n" % code}, code)
         return 0, None
 
     def _status_line(self):
@@ -401,6 +401,17 @@ class BashContext:
             except OSError:
                 pass
         self._reap()
+
+
+def signal_of(err, status):
+    """Names in an error event the signal that ended a context's process
+    (a kernel, the shell, or a bash cell's last command), from its status
+    as a shell gives it (128+n for signal n). The supervisor, which sees
+    the sandbox's OOM kills, tells the memory limit's SIGKILL from others
+    by it: the runner lives on when a kernel or a command is the victim."""
+    if status > 128:
+        err["signal"] = status - 128
+    return err
 
 
 def _shell_quote(s):

@@ -30,6 +30,10 @@ type Outcome struct {
 	MemoryErrorIsLimit bool
 	// RunnerCode is the exit code the runner reported (sys.exit), if it did.
 	RunnerCode *int
+	// ContextSignal is the signal that ended the process of the cell's
+	// context where that is not the runner (a kernel of another language,
+	// a shell, a bash cell's last command), as the runner reported it.
+	ContextSignal int
 	// OOM: the kernel killed a process of the sandbox for its memory limit.
 	OOM    bool
 	Limits Limits
@@ -94,6 +98,14 @@ func (o Outcome) Classify(res *Result) {
 			// The traceback is kept.
 			res.Status, res.ExitCode = StatusMemoryLimit, ExitMemoryLimit
 			res.Error.Value = o.memoryMsg()
+		case res.Error != nil && o.OOM && o.ContextSignal == int(syscall.SIGKILL):
+			// A kernel, a shell or a command was the memory limit's victim
+			// and the runner lived on (on cgroup v1, or wherever one OOM
+			// kill does not end the whole sandbox): the same outcome as
+			// the runner's own death. The traceback, which says whose
+			// variables are gone, is kept.
+			res.Status, res.ExitCode = StatusMemoryLimit, ExitMemoryLimit
+			res.Error.Name, res.Error.Value = "MemoryError", o.memoryMsg()
 		case res.Error != nil:
 			res.Status = StatusError
 		case code != 0:

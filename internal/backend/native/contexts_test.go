@@ -3,6 +3,7 @@ package native_test
 import (
 	"context"
 	"errors"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -181,5 +182,49 @@ func TestBashContext(t *testing.T) {
 	res = bash(sandbox.BashContext, "true", map[string]string{"A;rm -rf /": "x"})
 	if res.Error == nil || !strings.Contains(res.Error.Value, "not a shell variable name") {
 		t.Fatalf("bad name: %+v", res)
+	}
+}
+
+// A context's own process killed by the memory limit (a kernel of another
+// language, a bash cell's command) is the memory limit, as the runner's
+// death is, not an error of the code: the runner lives on where one OOM
+// kill does not end the whole sandbox (cgroup v1), and says which signal
+// ended the process. The next cell gets a fresh kernel.
+func TestContextKilledByTheMemoryLimit(t *testing.T) {
+	t.Parallel()
+	if _, err := exec.LookPath("node"); err != nil {
+		t.Skip("needs Node.js (node) for a javascript context")
+	}
+	sb, err := newBackend(t).Create(context.Background(), sandbox.Spec{Limits: sandbox.Limits{Memory: 192 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	cell := func(ctxID, code string) *sandbox.Result {
+		t.Helper()
+		res, err := sb.Execute(context.Background(), sandbox.ExecRequest{Code: code, Context: ctxID, Timeout: time.Minute}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	for _, c := range []struct{ ctx, code, trace string }{
+		{"javascript", "const a = []; while (true) a.push(Buffer.alloc(16 << 20, 1));", "the javascript kernel exited"},
+		{sandbox.BashContext, "python3 -c 'x = []\nwhile True: x.append(bytearray(16 << 20))'", "last command exited with status 137"},
+	} {
+		res := cell(c.ctx, c.code)
+		if res.Status != sandbox.StatusMemoryLimit || res.ExitCode != sandbox.ExitMemoryLimit || res.Error == nil ||
+			res.Error.Name != "MemoryError" || !strings.Contains(res.Error.Value, "192 MiB memory limit") ||
+			!strings.Contains(res.Error.Traceback, c.trace) {
+			t.Errorf("%s over the memory limit: %s %d %+v", c.ctx, res.Status, res.ExitCode, res.Error)
+		}
+	}
+	if res := cell("javascript", "1 + 1"); res.Status != sandbox.StatusOK || len(res.Results) != 1 || res.Results[0].Text != "2" {
+		t.Errorf("javascript after its kernel was killed: %+v", res)
+	}
+	// A kernel that ends by itself is the code's error, whatever its status.
+	if res := cell("javascript", "process.kill(process.pid, 'SIGKILL')"); res.Status != sandbox.StatusError || res.Error == nil ||
+		res.Error.Name != "KernelDied" {
+		t.Errorf("javascript killing its own kernel: %s %+v", res.Status, res.Error)
 	}
 }
