@@ -1,6 +1,7 @@
 package service
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -81,6 +82,9 @@ type Process struct {
 	info  ProcessInfo
 	p     sandbox.Process
 	ended chan struct{} // closed once end is set and subscribers are told
+	// owner's followers are counted in follow (Subscribe).
+	owner  string
+	follow *followers
 
 	mu   sync.Mutex
 	subs map[*Subscription]struct{}
@@ -97,6 +101,9 @@ type Subscription struct {
 	events chan ProcessEvent
 	gone   chan struct{}
 	once   sync.Once
+	// release gives back the follower's place in its owner's count
+	// (Subscribe); nil for the one StartProcess makes. Called once.
+	release func()
 }
 
 // Events is the subscription's channel.
@@ -109,11 +116,69 @@ func (s *Subscription) Close() {
 		s.p.mu.Lock()
 		delete(s.p.subs, s)
 		s.p.mu.Unlock()
+		s.free()
 	})
+}
+
+// free gives back the subscription's place among its owner's followers:
+// when it is closed, or when its process ends, whichever comes first.
+func (s *Subscription) free() {
+	if s.release != nil {
+		s.release()
+	}
 }
 
 // maxProcessesPerSandbox bounds the processes a sandbox keeps track of.
 const maxProcessesPerSandbox = 64
+
+// Followers of a process's output (Subscribe) hold no execution slot, and
+// each may hold up to its channel's 64 events of output: these bound them
+// per process, per owner and in all. The subscription StartProcess makes
+// counts against its process's bound only: its process holds a slot.
+const (
+	maxFollowersPerProcess = 16
+	maxFollowersPerOwner   = 64
+	maxFollowers           = 4096
+)
+
+// followers counts the owners' subscriptions to their processes' output.
+// The zero value is ready, with the bounds above; tests set smaller ones.
+type followers struct {
+	mu       sync.Mutex
+	byOwner  map[string]int
+	total    int
+	perOwner int // zero: maxFollowersPerOwner
+	max      int // zero: maxFollowers
+}
+
+// add takes a place for one more follower of owner's, or fails with
+// ErrQuota; release gives it back, once.
+func (f *followers) add(owner string) (release func(), err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	perOwner, most := cmp.Or(f.perOwner, maxFollowersPerOwner), cmp.Or(f.max, maxFollowers)
+	if f.byOwner[owner] >= perOwner {
+		return nil, fmt.Errorf("%w: this key has %d streams of process output open, the most it may; close one first",
+			ErrQuota, perOwner)
+	}
+	if f.total >= most {
+		return nil, fmt.Errorf("%w: the server has its maximum of %d streams of process output open; try again shortly",
+			ErrQuota, most)
+	}
+	if f.byOwner == nil {
+		f.byOwner = map[string]int{}
+	}
+	f.byOwner[owner]++
+	f.total++
+	return sync.OnceFunc(func() {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if f.byOwner[owner]--; f.byOwner[owner] == 0 {
+			delete(f.byOwner, owner)
+		}
+		f.total--
+	}), nil
+}
 
 // StartProcess starts a program in an owner's sandbox and returns it with a
 // subscription made before it could print anything. The process holds one
@@ -158,12 +223,12 @@ func (s *Service) StartProcess(ctx context.Context, owner, id string, req Proces
 	p := &Process{
 		info: ProcessInfo{PID: sp.PID(), Tag: req.Tag, Argv: slices.Clone(req.Argv), Env: req.Env, Cwd: req.Cwd,
 			StartedAt: s.cfg.Now(), Terminal: req.Terminal},
-		p: sp, ended: make(chan struct{}), subs: map[*Subscription]struct{}{},
+		p: sp, ended: make(chan struct{}), subs: map[*Subscription]struct{}{}, owner: owner, follow: &s.followers,
 	}
 	if p.info.Env == nil {
 		p.info.Env = map[string]string{}
 	}
-	sub := p.subscribe()
+	sub, _ := p.subscribe(nil) // the first: under any bound
 	if !req.Stdin && req.Terminal == nil {
 		p.CloseStdin()
 	}
@@ -253,27 +318,39 @@ func (p *Process) End() ProcessEnd {
 }
 
 // Subscribe follows the process's output from now on; ErrNoProcess once it
-// has ended.
+// has ended, ErrQuota where the process, its owner or the server has as
+// many followers as it may (maxFollowersPerProcess and the others). The
+// subscription's place is given back when it is closed or the process
+// ends.
 func (p *Process) Subscribe() (*Subscription, error) {
 	if p.hasEnded() {
 		return nil, fmt.Errorf("%w: pid %d has ended", ErrNoProcess, p.info.PID)
 	}
-	sub := p.subscribe()
-	if sub == nil {
-		return nil, fmt.Errorf("%w: pid %d has ended", ErrNoProcess, p.info.PID)
+	release, err := p.follow.add(p.owner)
+	if err != nil {
+		return nil, err
+	}
+	sub, err := p.subscribe(release)
+	if err != nil {
+		release()
+		return nil, err
 	}
 	return sub, nil
 }
 
-func (p *Process) subscribe() *Subscription {
-	sub := &Subscription{p: p, events: make(chan ProcessEvent, 64), gone: make(chan struct{})}
+func (p *Process) subscribe(release func()) (*Subscription, error) {
+	sub := &Subscription{p: p, events: make(chan ProcessEvent, 64), gone: make(chan struct{}), release: release}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.end != nil {
-		return nil
+	switch {
+	case p.end != nil:
+		return nil, fmt.Errorf("%w: pid %d has ended", ErrNoProcess, p.info.PID)
+	case len(p.subs) >= maxFollowersPerProcess:
+		return nil, fmt.Errorf("%w: pid %d has %d streams of its output open, the most it may; close one first",
+			ErrQuota, p.info.PID, maxFollowersPerProcess)
 	}
 	p.subs[sub] = struct{}{}
-	return sub
+	return sub, nil
 }
 
 // Signal sends sig to the process's group.
@@ -465,6 +542,7 @@ func (p *Process) run(maxOutput int64, timeout time.Duration, record func(Proces
 		case <-s.gone:
 		}
 		close(s.events)
+		s.free() // it follows nothing now, closed or not
 	}
 	close(p.ended)
 	return end

@@ -199,6 +199,7 @@ type Service struct {
 
 	pkgService *netproxy.InProcess // the package index, to sandboxes' proxies
 	ports      ports               // port tokens and connections (ports.go)
+	followers  followers           // subscriptions to processes' output (processes.go)
 	usage      usageLogs           // samples of every sandbox's use (usage.go)
 	pausedLock io.Closer           // PausedDir's lock, held while paused sandboxes are kept (persist.go)
 	tokenKey   []byte              // the secret of the tokens (tokens.go)
