@@ -44,6 +44,11 @@ type Config struct {
 	// (with their sandboxes): clients that vanish without ending their
 	// session. Zero: 30 minutes.
 	SessionTimeout time.Duration
+	// MaxSessionsPerOwner and MaxSessions bound the HTTP sessions open at
+	// once, per owner (key) and in all; a request that would start one
+	// more is refused with 429. Zero: DefaultMaxSessionsPerOwner and
+	// DefaultMaxSessions.
+	MaxSessionsPerOwner, MaxSessions int
 	// Node, for a node of a cluster, is named in its HTTP sessions' ids
 	// (sandboxid.NewSession), so that gateways send a session's requests
 	// to it.
@@ -59,6 +64,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.SessionTimeout <= 0 {
 		c.SessionTimeout = 30 * time.Minute
+	}
+	if c.MaxSessionsPerOwner <= 0 {
+		c.MaxSessionsPerOwner = DefaultMaxSessionsPerOwner
+	}
+	if c.MaxSessions <= 0 {
+		c.MaxSessions = DefaultMaxSessions
 	}
 	if c.Version == "" {
 		c.Version = "dev"
@@ -88,12 +99,17 @@ type server struct {
 	log   *slog.Logger
 	sdk   *sdk.Server
 	owner func(*sdk.CallToolRequest) (string, error)
+	// sessionOwner finds who starts an HTTP session; nil on stdio, whose
+	// one session is not counted.
+	sessionOwner func(*sdk.RequestExtra) (string, error)
 
 	// decoders decode each tool's arguments (see checkArguments).
 	decoders map[string]func(json.RawMessage) error
 
 	mu       sync.Mutex
 	sessions map[*sdk.ServerSession]*session
+
+	limit *sessionLimit // HTTP sessions open (sessions.go)
 }
 
 // session is the set of sandboxes one MCP session created.
@@ -104,10 +120,11 @@ type session struct {
 	ended  chan struct{} // closed once its sandboxes are
 }
 
-func newServer(cfg Config, owner func(*sdk.CallToolRequest) (string, error)) *server {
+func newServer(cfg Config, owner func(*sdk.CallToolRequest) (string, error), sessionOwner func(*sdk.RequestExtra) (string, error)) *server {
 	cfg.setDefaults()
-	s := &server{cfg: cfg, svc: cfg.Service, log: cfg.Logger, owner: owner, sessions: map[*sdk.ServerSession]*session{},
-		decoders: map[string]func(json.RawMessage) error{}}
+	s := &server{cfg: cfg, svc: cfg.Service, log: cfg.Logger, owner: owner, sessionOwner: sessionOwner,
+		sessions: map[*sdk.ServerSession]*session{}, decoders: map[string]func(json.RawMessage) error{},
+		limit: newSessionLimit(cfg)}
 	s.sdk = sdk.NewServer(&sdk.Implementation{Name: "vivarium", Title: "Vivarium Python sandboxes", Version: cfg.Version},
 		&sdk.ServerOptions{
 			Instructions: instructions,
@@ -119,7 +136,7 @@ func newServer(cfg Config, owner func(*sdk.CallToolRequest) (string, error)) *se
 			GetSessionID: sessionIDs(cfg.Node),
 		})
 	s.addTools()
-	s.sdk.AddReceivingMiddleware(s.checkArguments)
+	s.sdk.AddReceivingMiddleware(s.checkArguments, s.countSessions)
 	return s
 }
 
@@ -225,7 +242,7 @@ func ServeStdio(ctx context.Context, cfg Config, owner string) error {
 
 // ServeTransport is ServeStdio over any single-session transport.
 func ServeTransport(ctx context.Context, cfg Config, owner string, t sdk.Transport) error {
-	s := newServer(cfg, func(*sdk.CallToolRequest) (string, error) { return owner, nil })
+	s := newServer(cfg, func(*sdk.CallToolRequest) (string, error) { return owner, nil }, nil)
 	defer s.closeAll()
 	err := s.sdk.Run(ctx, t)
 	if errors.Is(err, context.Canceled) {
@@ -243,20 +260,24 @@ type Handler struct {
 // NewHandler returns the streamable HTTP handler. With auth, every request
 // needs "Authorization: Bearer KEY" and the key owns the sandboxes; a
 // session can only be used with the key that started it. Without auth
-// (development mode) every caller is devOwner.
+// (development mode) every caller is devOwner. The sessions open at once
+// are bounded per key and in all (Config.MaxSessionsPerOwner), and a
+// session idle for Config.SessionTimeout is closed, which gives its place
+// back.
 func NewHandler(cfg Config, a Authenticator, devOwner string) *Handler {
-	owner := func(req *sdk.CallToolRequest) (string, error) {
+	owner := func(extra *sdk.RequestExtra) (string, error) {
 		if a == nil {
 			return devOwner, nil
 		}
-		if req.Extra == nil || req.Extra.TokenInfo == nil || req.Extra.TokenInfo.UserID == "" {
+		if extra == nil || extra.TokenInfo == nil || extra.TokenInfo.UserID == "" {
 			return "", ErrNoOwner
 		}
-		return req.Extra.TokenInfo.UserID, nil
+		return extra.TokenInfo.UserID, nil
 	}
-	s := newServer(cfg, owner)
+	s := newServer(cfg, func(req *sdk.CallToolRequest) (string, error) { return owner(req.Extra) }, owner)
 	var h http.Handler = sdk.NewStreamableHTTPHandler(func(*http.Request) *sdk.Server { return s.sdk },
 		&sdk.StreamableHTTPOptions{Logger: slog.New(quieter{s.log.Handler()}), SessionTimeout: s.cfg.SessionTimeout})
+	h = s.endSessions(h)
 	if a != nil {
 		verify := func(_ context.Context, token string, _ *http.Request) (*auth.TokenInfo, error) {
 			o, err := a.Owner(strings.TrimSpace(token))
