@@ -142,3 +142,31 @@ test('streamable HTTP: vivarium serve /mcp with an API key', async () => {
     await new Promise((r) => setTimeout(r, 100));
   }
 });
+
+test('streamable HTTP: a key has at most 32 sessions open', async () => {
+  const base = env('VIVARIUM_URL');
+  const key = env('VIVARIUM_API_KEY');
+  const open = async () => {
+    const transport = new StreamableHTTPClientTransport(new URL(`${base}/mcp`), {
+      requestInit: { headers: { Authorization: `Bearer ${key}` } },
+    });
+    const client = new Client({ name: 'vivarium-node-test', version: '1.0.0' });
+    await client.connect(transport);
+    return { client, transport };
+  };
+  const end = async (s) => {
+    await s.transport.terminateSession();
+    await s.client.close();
+  };
+  const sessions = [];
+  try {
+    for (let i = 0; i < 32; i++) sessions.push(await open());
+    // One more fails, saying why, as the agent's user sees it.
+    await assert.rejects(open(), /this key has 32 MCP sessions open, the most it may/);
+    // Ending one makes room at once.
+    await end(sessions.shift());
+    sessions.push(await open());
+  } finally {
+    for (const s of sessions) await end(s);
+  }
+});

@@ -63,7 +63,7 @@ func TestTypeScriptSDK(t *testing.T) {
 	if err != nil {
 		t.Fatalf("node --test: %v", err)
 	}
-	if !strings.Contains(string(out), "\n# fail 0") || !strings.Contains(string(out), "\n# pass 2") {
+	if !strings.Contains(string(out), "\n# fail 0") || !strings.Contains(string(out), "\n# pass 3") {
 		t.Fatal("the Node suite did not run cleanly")
 	}
 	// `vivarium mcp` exits when its client closes and leaves nothing.
