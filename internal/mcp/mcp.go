@@ -45,9 +45,9 @@ type Config struct {
 	// session. Zero: 30 minutes.
 	SessionTimeout time.Duration
 	// MaxSessionsPerOwner and MaxSessions bound the HTTP sessions open at
-	// once, per owner (key) and in all; a request that would start one
-	// more is refused with 429. Zero: DefaultMaxSessionsPerOwner and
-	// DefaultMaxSessions.
+	// once, per owner (key) and in all; an initialize that would start
+	// one more fails with a JSON-RPC error saying so (sessions.go). Zero:
+	// DefaultMaxSessionsPerOwner and DefaultMaxSessions.
 	MaxSessionsPerOwner, MaxSessions int
 	// Node, for a node of a cluster, is named in its HTTP sessions' ids
 	// (sandboxid.NewSession), so that gateways send a session's requests
@@ -120,7 +120,8 @@ type session struct {
 	ended  chan struct{} // closed once its sandboxes are
 }
 
-func newServer(cfg Config, owner func(*sdk.CallToolRequest) (string, error), sessionOwner func(*sdk.RequestExtra) (string, error)) *server {
+func newServer(cfg Config, owner func(*sdk.CallToolRequest) (string, error),
+	sessionOwner func(*sdk.RequestExtra) (string, error)) *server {
 	cfg.setDefaults()
 	s := &server{cfg: cfg, svc: cfg.Service, log: cfg.Logger, owner: owner, sessionOwner: sessionOwner,
 		sessions: map[*sdk.ServerSession]*session{}, decoders: map[string]func(json.RawMessage) error{},
