@@ -335,9 +335,9 @@ func cmdGateway(args []string) int {
 		log.Error("vivarium gateway", "err", err)
 		return 1
 	}
+	gw := gateway.New(gateway.Config{Nodes: view, Token: token, Logger: log, Domain: *domain})
 	srv := &http.Server{
-		Handler: httpapi.IdleBodies(gateway.New(gateway.Config{Nodes: view, Token: token, Logger: log, Domain: *domain}),
-			httpapi.BodyIdleTimeout),
+		Handler:           httpapi.IdleBodies(httpapi.CheckHost(gw, nil, *domain), httpapi.BodyIdleTimeout),
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,

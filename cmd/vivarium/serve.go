@@ -70,6 +70,7 @@ type serveConfig struct {
 	cpus                                 float64
 
 	allowOrigins       listFlag
+	allowHosts         listFlag
 	backend            string
 	backends           listFlag
 	gvisorPlatform     string
@@ -156,6 +157,8 @@ Flags:
 	fs.BoolVar(&c.tenants, "tenant-share", true,
 		"group each API key's sandboxes in a cgroup of the key's own, with one CPU and I/O weight per key: a key gets its share however many sandboxes it runs")
 	fs.Var(&c.allowOrigins, "allow-origin", "`ORIGIN` of web pages allowed to call the API (repeatable; default: none)")
+	fs.Var(&c.allowHosts, "allow-host", "`NAME` a request to the server on loopback may give as its Host, besides localhost, "+
+		"127.0.0.1, [::1] and --domain's (repeatable; others are refused: DNS rebinding)")
 	fs.StringVar(&c.backend, "backend", "native", "default isolation: `native` (Linux namespaces, seccomp, cgroups), gvisor (inside gVisor's user-space kernel: runsc), docker (containers of a local Docker daemon) or wasm (CPython compiled to WebAssembly: standard library only)")
 	fs.Var(&c.backends, "offer-backend", "`NAME` of another backend clients may ask for per sandbox (\"backend\" in the API; repeatable or comma-separated)")
 	fs.StringVar(&c.gvisorPlatform, "gvisor-platform", "", "for --backend gvisor: runsc's `PLATFORM` (systrap, kvm, ptrace); default: the first that starts a sandbox here")
@@ -404,6 +407,19 @@ func (c *serveConfig) preloads() []string {
 	return out
 }
 
+// allowHostNames lists --allow-host's names, lower-cased.
+func (c *serveConfig) allowHostNames() []string {
+	var out []string
+	for _, l := range c.allowHosts {
+		for _, n := range strings.Split(l, ",") {
+			if n = strings.ToLower(strings.TrimSpace(n)); n != "" {
+				out = append(out, n)
+			}
+		}
+	}
+	return out
+}
+
 func isLoopback(host string) bool {
 	if host == "localhost" {
 		return true
@@ -633,6 +649,7 @@ func serve(c *serveConfig, log *slog.Logger) error {
 	handler, e2bServer := withE2B(handler, svc, auth, log, c.domain, c.e2bPausable && criuErr == nil, c.cluster.enabled)
 	// Sandboxes' own hosts first: each is an origin of its own.
 	handler = withPorts(httpapi.RefuseBrowsers(handler, c.allowOrigins), svc, e2bServer, c.domain, log)
+	handler = httpapi.CheckHost(handler, c.allowHostNames(), c.domain)
 	if c.cluster.enabled {
 		handler = requireToken(handler, c.clusterToken)
 	}

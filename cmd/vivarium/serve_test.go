@@ -431,4 +431,24 @@ func TestServeRefusesWebPages(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Fatalf("a program's request: %d", resp.StatusCode)
 	}
+	// DNS rebinding: a page's GETs carry no Origin, and name the page's
+	// own host, which the server on loopback refuses on every API; a
+	// host the operator allows passes.
+	allowed := startServer(t, t.TempDir(), "--dev", "--pool", "0", "--zygote=false", "--preload", "",
+		"--allow-host", "vivarium.internal", "--cgroup-parent", "vivarium-serve-hosts-test",
+		"--uid-base", fmt.Sprint(native.DefaultUIDBase+23<<24))
+	for _, path := range []string{"/v1/sandboxes", "/e2b/sandboxes", "/e2b/v2/sandboxes", "/mcp", "/metrics"} {
+		for host, want := range map[string]int{"attacker.example": 403, "vivarium.internal:8080": 0} {
+			req, _ := http.NewRequest("GET", allowed.url+path, nil)
+			req.Host = host
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if want == 403 && resp.StatusCode != 403 || want == 0 && resp.StatusCode == 403 && path != "/mcp" {
+				t.Errorf("GET %s with Host %s: %d", path, host, resp.StatusCode)
+			}
+		}
+	}
 }
