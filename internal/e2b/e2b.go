@@ -45,6 +45,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/vivarium-sandbox/vivarium/internal/fairgate"
 	"github.com/vivarium-sandbox/vivarium/internal/service"
 )
 
@@ -114,7 +115,7 @@ type Server struct {
 	watchers map[string]*watcher // by ID
 	// signGate shares out the scans of signed URLs (signed.go);
 	// signScanning, when set, is called by each scan (tests hold one).
-	signGate     *signGate
+	signGate     *fairgate.Gate
 	signScanning func(addr string)
 }
 
@@ -155,7 +156,7 @@ func New(cfg Config) *Server {
 	s := &Server{cfg: cfg, svc: cfg.Service, log: cfg.Logger,
 		control: http.NewServeMux(), envd: http.NewServeMux(), interp: http.NewServeMux(),
 		templates: map[string]templateOf{}, templateSweepAt: templateSweepAt, waiting: map[string]int{}, watchers: map[string]*watcher{},
-		signGate: newSignGate(max(2, runtime.GOMAXPROCS(0)))}
+		signGate: fairgate.New(max(2, runtime.GOMAXPROCS(0)), maxSignQueued, signScanWait)}
 	s.routeControl()
 	s.routeEnvd()
 	s.routeInterpreter()

@@ -6,14 +6,13 @@ import (
 	"crypto/subtle"
 	"encoding/base64"
 	"hash"
-	"net"
 	"net/http"
-	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/fairgate"
 )
 
 // Signed file URLs (Sandbox.uploadUrl and downloadUrl in E2B's SDKs): a
@@ -159,7 +158,7 @@ func (s *Server) serveSigned(w http.ResponseWriter, r *http.Request, id string) 
 		t, ok = s.signedBy(p, id)
 	} else {
 		addr := s.clientAddr(r)
-		leave, got := s.signGate.enter(r.Context(), addr)
+		leave, got := s.signGate.Enter(r.Context(), addr)
 		if !got {
 			w.Header().Set("Retry-After", "1")
 			writeEnvdError(w, http.StatusTooManyRequests, "too many signed file URLs are being checked at once (from this "+
@@ -231,101 +230,8 @@ const (
 	maxSignQueued = 4
 )
 
-// signGate shares out scans: at most cap(slots) at once server-wide, one
-// at a time per client address, so that no address holds more than one
-// slot however many requests it sends.
-type signGate struct {
-	slots chan struct{}
-
-	mu    sync.Mutex
-	addrs map[string]*addrTurn
-}
-
-// addrTurn is one address's place at the gate.
-type addrTurn struct {
-	turn chan struct{} // held by the address's request that scans
-	n    int           // its requests scanning or waiting
-}
-
-func newSignGate(slots int) *signGate {
-	return &signGate{slots: make(chan struct{}, slots), addrs: map[string]*addrTurn{}}
-}
-
-// enter waits for addr's turn, then for a slot, for signScanWait at most
-// and while ctx lasts; ok is false when it had neither in that time.
-// leave gives both back.
-func (g *signGate) enter(ctx context.Context, addr string) (leave func(), ok bool) {
-	g.mu.Lock()
-	a := g.addrs[addr]
-	if a == nil {
-		a = &addrTurn{turn: make(chan struct{}, 1)}
-		g.addrs[addr] = a
-	}
-	if a.n >= maxSignQueued {
-		g.mu.Unlock()
-		return nil, false
-	}
-	a.n++
-	g.mu.Unlock()
-	out := func() {
-		g.mu.Lock()
-		defer g.mu.Unlock()
-		if a.n--; a.n == 0 {
-			delete(g.addrs, addr)
-		}
-	}
-	timer := time.NewTimer(signScanWait)
-	defer timer.Stop()
-	select {
-	case a.turn <- struct{}{}:
-	case <-timer.C:
-		out()
-		return nil, false
-	case <-ctx.Done():
-		out()
-		return nil, false
-	}
-	select {
-	case g.slots <- struct{}{}:
-	case <-timer.C:
-		<-a.turn
-		out()
-		return nil, false
-	case <-ctx.Done():
-		<-a.turn
-		out()
-		return nil, false
-	}
-	return func() {
-		<-g.slots
-		<-a.turn
-		out()
-	}, true
-}
-
-// clientAddr is the address a request's scans are counted by: the peer's
-// (or, behind a cluster's gateway, the client the gateway names), an
-// IPv6 client's /64 as one, since one host commonly has all of those.
+// clientAddr is the address a request's scans are counted by
+// (fairgate.ClientAddr): behind a cluster's gateway, the client it names.
 func (s *Server) clientAddr(r *http.Request) string {
-	addr := r.RemoteAddr
-	if s.cfg.ForwardedFor {
-		if vs := r.Header.Values("X-Forwarded-For"); len(vs) > 0 {
-			last := vs[len(vs)-1]
-			addr = strings.TrimSpace(last[strings.LastIndexByte(last, ',')+1:])
-		}
-	}
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		host = addr
-	}
-	ip, err := netip.ParseAddr(host)
-	if err != nil {
-		return host
-	}
-	ip = ip.Unmap().WithZone("")
-	if ip.Is6() {
-		p, _ := ip.Prefix(64)
-		return p.String()
-	}
-	return ip.String()
+	return fairgate.ClientAddr(r, s.cfg.ForwardedFor)
 }

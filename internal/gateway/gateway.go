@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/cluster"
+	"github.com/vivarium-sandbox/vivarium/internal/fairgate"
 	"github.com/vivarium-sandbox/vivarium/internal/sandboxid"
 )
 
@@ -57,8 +58,8 @@ type Config struct {
 type Gateway struct {
 	cfg   Config
 	proxy *httputil.ReverseProxy
-	// probes bounds the signed file URLs looked up at once (toSigned).
-	probes chan struct{}
+	// probes shares out the lookups of signed file URLs (toSigned).
+	probes *fairgate.Gate
 	// targets are the nodes' addresses parsed (targetOf).
 	targets     sync.Map
 	targetCount atomic.Int64
@@ -69,7 +70,7 @@ func New(cfg Config) *Gateway {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	g := &Gateway{cfg: cfg, probes: make(chan struct{}, 4)}
+	g := &Gateway{cfg: cfg, probes: fairgate.New(4, 4, time.Second)}
 	g.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			target := pr.In.Context().Value(targetKey{}).(*url.URL)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/cluster"
+	"github.com/vivarium-sandbox/vivarium/internal/fairgate"
 )
 
 // signedProbeHeader is e2b.SignedProbeHeader: a node answers 204 when it
@@ -22,14 +23,17 @@ const signedProbeHeader = "Vivarium-Signed-Probe"
 // answers the URL as it answers any it cannot verify.
 func (g *Gateway) toSigned(w http.ResponseWriter, r *http.Request) {
 	// Anyone may send one, without a key, and each asks every node: a
-	// few at a time, so that a flood of forged URLs costs the nodes no
-	// more than the same flood sent to one of them.
-	select {
-	case g.probes <- struct{}{}:
-		defer func() { <-g.probes }()
-	case <-r.Context().Done():
+	// few at a time, one at a time per client, so that a flood of forged
+	// URLs costs the nodes no more than the same flood sent to one of
+	// them, and delays no other client's.
+	leave, ok := g.probes.Enter(r.Context(), fairgate.ClientAddr(r, false))
+	if !ok {
+		w.Header().Set("Retry-After", "1")
+		writeError(w, http.StatusTooManyRequests, "quota", "too many signed file URLs are being looked up at once "+
+			"(from this address, or through this gateway): retry in a moment, one at a time")
 		return
 	}
+	defer leave()
 	nodes := g.cfg.Nodes.Nodes()
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
