@@ -24,6 +24,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -68,11 +69,36 @@ func LoadKey(path string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := private(path); err != nil {
+		return nil, err
+	}
 	key, err := hex.DecodeString(strings.TrimSpace(string(b)))
 	if err != nil || len(key) < KeySize {
 		return nil, fmt.Errorf("snapshot key %s: want %d hex-encoded bytes", path, KeySize)
 	}
 	return key, nil
+}
+
+// private checks that the key at path is this user's alone: whoever can
+// read it can forge snapshots this server restores, as root, with CRIU;
+// whoever can write it can make it take theirs.
+func private(path string) error {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	switch {
+	case !fi.Mode().IsRegular():
+		return fmt.Errorf("snapshot key %s is not a regular file", path)
+	case fi.Mode().Perm()&0o077 != 0:
+		return fmt.Errorf("snapshot key %s has mode %04o: others may read or change it, and so forge snapshots this "+
+			"server restores; make it its owner's alone (chmod 600 %s)", path, fi.Mode().Perm(), path)
+	case ok && int(st.Uid) != os.Geteuid():
+		return fmt.Errorf("snapshot key %s belongs to uid %d, not to the server's user (%d): make it the server's "+
+			"(chown %d %s)", path, st.Uid, os.Geteuid(), os.Geteuid(), path)
+	}
+	return nil
 }
 
 // Sign writes dir's signature under key.

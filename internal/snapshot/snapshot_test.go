@@ -182,6 +182,23 @@ func TestLoadKey(t *testing.T) {
 	if fi, _ := os.Stat(p); fi.Mode().Perm() != 0o600 {
 		t.Fatalf("mode %v", fi.Mode())
 	}
+	// Others may read or write it: refused, saying how to mend it.
+	for _, mode := range []os.FileMode{0o640, 0o604, 0o620, 0o666} {
+		os.Chmod(p, mode)
+		if _, err := LoadKey(p); err == nil || !strings.Contains(err.Error(), "chmod 600") {
+			t.Errorf("a key of mode %04o: %v", mode, err)
+		}
+	}
+	os.Chmod(p, 0o400)
+	if _, err := LoadKey(p); err != nil {
+		t.Errorf("a key of mode 0400: %v", err)
+	}
+	if os.Geteuid() == 0 {
+		os.Chown(p, 1234, 1234)
+		if _, err := LoadKey(p); err == nil || !strings.Contains(err.Error(), "chown") {
+			t.Errorf("another user's key: %v", err)
+		}
+	}
 }
 
 // A packed file comes back as it was, smaller on disk; one that does not
