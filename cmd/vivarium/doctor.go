@@ -23,7 +23,6 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/seccomp"
 	"github.com/vivarium-sandbox/vivarium/internal/volume"
-	"github.com/vivarium-sandbox/vivarium/internal/workspace"
 )
 
 // check is one line of the doctor's report.
@@ -329,7 +328,7 @@ func volumeCheck(b sandbox.Backend) check {
 		}
 		return fail(errors.New(msg))
 	}
-	err = st.Content("doctor", "v", func(_ volume.Volume, d *workspace.Dir) error {
+	err = st.Content("doctor", "v", func(_ volume.Volume, d *volume.Dir) error {
 		fi, err := d.Stat("probe")
 		if err == nil && fi.UID != volume.OwnerUID {
 			err = fmt.Errorf("a sandbox's file is uid %d on disk, not %d", fi.UID, volume.OwnerUID)

@@ -13,7 +13,6 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/service"
 	"github.com/vivarium-sandbox/vivarium/internal/volume"
-	"github.com/vivarium-sandbox/vivarium/internal/workspace"
 )
 
 // E2B's volumes, over the service's volume store: the control plane
@@ -194,7 +193,7 @@ func (s *Server) volumeContent(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, err)
 		return
 	}
-	err = st.Content(owner, id, func(v volume.Volume, d *workspace.Dir) error {
+	err = st.Content(owner, id, func(v volume.Volume, d *volume.Dir) error {
 		switch op {
 		case "GET dir":
 			depth := 1
@@ -296,7 +295,7 @@ func fmtID(p *uint32) string {
 }
 
 // answerEntry answers with rel's entry, unless err.
-func (s *Server) answerEntry(w http.ResponseWriter, d *workspace.Dir, rel string, err error) error {
+func (s *Server) answerEntry(w http.ResponseWriter, d *volume.Dir, rel string, err error) error {
 	if err != nil {
 		return err
 	}
@@ -308,7 +307,7 @@ func (s *Server) answerEntry(w http.ResponseWriter, d *workspace.Dir, rel string
 	return nil
 }
 
-func volumeEntryOf(d *workspace.Dir, fi sandbox.FileInfo) volumeEntry {
+func volumeEntryOf(d *volume.Dir, fi sandbox.FileInfo) volumeEntry {
 	typ := map[string]string{"file": "file", "dir": "directory", "symlink": "symlink"}[fi.Type]
 	if typ == "" {
 		typ = "unknown"

@@ -8,7 +8,6 @@ import (
 
 	"github.com/vivarium-sandbox/vivarium/internal/service"
 	"github.com/vivarium-sandbox/vivarium/internal/volume"
-	"github.com/vivarium-sandbox/vivarium/internal/workspace"
 )
 
 type (
@@ -67,7 +66,7 @@ func (s *Server) volumeHandler(name string) http.HandlerFunc {
 			if dir == "" {
 				dir = "."
 			}
-			err := st.Content(who, id, func(_ volume.Volume, d *workspace.Dir) error {
+			err := st.Content(who, id, func(_ volume.Volume, d *volume.Dir) error {
 				entries, err := d.ReadDir(dir, depth)
 				if err != nil {
 					return err
@@ -85,7 +84,7 @@ func (s *Server) volumeHandler(name string) http.HandlerFunc {
 			}
 		case "putVolumeFile":
 			p := r.PathValue("path")
-			err := st.Content(who, id, func(v volume.Volume, d *workspace.Dir) error {
+			err := st.Content(who, id, func(v volume.Volume, d *volume.Dir) error {
 				md, err := s.fileMetadata(d, r.Header)
 				if err != nil {
 					return err
@@ -109,7 +108,7 @@ func (s *Server) volumeHandler(name string) http.HandlerFunc {
 				s.fail(w, err)
 			}
 		case "getVolumeFile":
-			err := st.Content(who, id, func(_ volume.Volume, d *workspace.Dir) error {
+			err := st.Content(who, id, func(_ volume.Volume, d *volume.Dir) error {
 				f, fi, err := d.OpenFile(r.PathValue("path"))
 				if err != nil {
 					return err
@@ -125,7 +124,7 @@ func (s *Server) volumeHandler(name string) http.HandlerFunc {
 				s.fail(w, err)
 			}
 		case "deleteVolumeFile":
-			err := st.Content(who, id, func(_ volume.Volume, d *workspace.Dir) error { return d.Remove(r.PathValue("path")) })
+			err := st.Content(who, id, func(_ volume.Volume, d *volume.Dir) error { return d.Remove(r.PathValue("path")) })
 			if err != nil {
 				s.fail(w, err)
 				return

@@ -183,3 +183,45 @@ os.symlink("../../../../../../etc/passwd", "/home/user/data/in/up")`}, 200)
 	alice.json("DELETE", "/v1/volumes/data", nil, 204)
 	alice.json("GET", "/v1/volumes/data", nil, 404)
 }
+
+// The file APIs reach a volume as the sandbox's user, whichever way in:
+// what the sandbox's root keeps to itself in a volume (a 0600 file in a
+// 0700 directory) is 403 through the sandbox's files and the volume's,
+// as it is to the sandbox's user in the sandbox.
+func TestVolumeFilesAsSandboxUser(t *testing.T) {
+	b := volumeBackend(t)
+	vs := newVolumeServer(t, b, filepath.Join(t.TempDir(), "volumes"))
+	alice := client{t, vs.srv.URL, "alice-key"}
+	alice.json("POST", "/v1/volumes", map[string]any{"name": "data"}, 201)
+	sb := alice.json("POST", "/v1/sandboxes", map[string]any{
+		"volumes": []map[string]string{{"name": "data", "path": "/workspace/data"}}}, 201)
+	id := sb["id"].(string)
+	// The user lets its root in (the volume's root is the user's); the
+	// root keeps a directory of its own there.
+	for _, c := range []map[string]any{
+		{"cmd": "mkdir -m 777 /workspace/data/shared && chmod 777 /workspace/data/shared"},
+		{"user": "root", "cmd": "cd /workspace/data/shared && mkdir -m 700 private && echo root-only > private/secret && " +
+			"chmod 600 private/secret && echo for-all > public"},
+	} {
+		if res := alice.json("POST", "/v1/sandboxes/"+id+"/commands", c, 200); res["exit_code"] != float64(0) {
+			t.Fatalf("%v: %v", c, res)
+		}
+	}
+	res := alice.json("POST", "/v1/sandboxes/"+id+"/commands", map[string]any{"cmd": "cat /workspace/data/shared/private/secret"}, 200)
+	if res["exit_code"] == float64(0) {
+		t.Fatalf("the sandbox's user read its root's secret: %v", res)
+	}
+	for _, p := range []string{"/v1/sandboxes/" + id + "/files/data/shared/private/secret",
+		"/v1/volumes/data/files/shared/private/secret", "/v1/volumes/data/files?path=shared/private",
+		"/v1/sandboxes/" + id + "/files?path=data/shared/private"} {
+		if code, body := alice.do("GET", p, nil); code != 403 {
+			t.Errorf("GET %s: %d %s, want 403", p, code, body)
+		}
+	}
+	for _, p := range []string{"/v1/sandboxes/" + id + "/files/data/shared/public", "/v1/volumes/data/files/shared/public"} {
+		if code, body := alice.do("GET", p, nil); code != 200 || string(body) != "for-all\n" {
+			t.Errorf("GET %s: %d %q", p, code, body)
+		}
+	}
+	alice.json("DELETE", "/v1/sandboxes/"+id, nil, 204)
+}

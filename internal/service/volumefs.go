@@ -9,7 +9,6 @@ import (
 
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/volume"
-	"github.com/vivarium-sandbox/vivarium/internal/workspace"
 )
 
 // volumeFS is a sandbox's file system (or its workspace) with its volumes
@@ -25,8 +24,8 @@ type volumeFS struct {
 }
 
 type fsMount struct {
-	rel  string         // the mount point, named as base names paths
-	dir  *workspace.Dir // nil: not reachable as this user
+	rel  string      // the mount point, named as base names paths
+	dir  *volume.Dir // nil: not reachable as this user
 	size int64
 }
 
@@ -52,10 +51,10 @@ func (b *Box) withVolumes(ws sandbox.Workspace, inWorkspace bool, user string) (
 		}
 	}
 	for i, l := range b.leases {
-		var d *workspace.Dir
+		var d *volume.Dir
 		if user == "" || user == sandbox.UserSandbox {
 			var err error
-			if d, err = l.Open(volume.OwnerUID, volume.OwnerGID); err != nil {
+			if d, err = l.Open(); err != nil {
 				closeAll()
 				return nil, nil, err
 			}

@@ -17,7 +17,8 @@
 // Ownership in a volume is canonical: what a sandbox's user (uid 1000 in
 // every sandbox) writes is owned by 1000 on disk, whichever host uids the
 // sandbox's user namespace maps (backends translate, see the native
-// backend's idmapped mounts); the content API writes as 1000 too.
+// backend's idmapped mounts); the content API reads and writes as 1000
+// too, with that user's permissions (Dir).
 //
 // Layout of Config.Dir (mode 0700): <id>/meta.json, <id>/image (and an
 // empty <id>/mnt of earlier versions, which mounted volumes there).
@@ -436,16 +437,21 @@ func (l *Lease) Mount() (int, error) {
 	return fd, nil
 }
 
-// Open opens the volume's root confined (workspace.Open), files made in
-// it owned by uid:gid. The Dir keeps the file system open until it is
-// closed. A released lease opens nothing.
-func (l *Lease) Open(uid, gid int) (*workspace.Dir, error) {
+// Open opens the volume's root confined (workspace.Open) and reached as
+// the sandbox user (Dir): what it makes is OwnerUID:OwnerGID's, and it
+// reads and writes with that user's permissions. The Dir keeps the file
+// system open until it is closed. A released lease opens nothing.
+func (l *Lease) Open() (*Dir, error) {
 	l.s.mu.Lock() // the server's mount is open until the last release
 	defer l.s.mu.Unlock()
 	if l.released {
 		return nil, fmt.Errorf("volume %q: the lease was released", l.Volume.Name)
 	}
-	return workspace.Open(procPath(l.e.mnt), uid, gid)
+	d, err := workspace.Open(procPath(l.e.mnt), OwnerUID, OwnerGID)
+	if err != nil {
+		return nil, err
+	}
+	return &Dir{d: d}, nil
 }
 
 // Dir names the root of the volume's file system in this process only
@@ -516,16 +522,16 @@ func (s *Store) Close() error {
 }
 
 // Content runs fn with the owner's volume (by ID or name) mounted and
-// opened confined (workspace.Dir: no link is followed, nothing resolves
-// outside the volume), as the sandbox user: the content API has no more
-// rights in a volume than a sandbox's user has.
-func (s *Store) Content(owner, idOrName string, fn func(Volume, *workspace.Dir) error) error {
+// opened confined (no link is followed, nothing resolves outside the
+// volume), as the sandbox user (Dir): the content API has no more rights
+// in a volume than a sandbox's user has.
+func (s *Store) Content(owner, idOrName string, fn func(Volume, *Dir) error) error {
 	l, err := s.Acquire(owner, idOrName, false)
 	if err != nil {
 		return err
 	}
 	defer l.Release()
-	d, err := l.Open(OwnerUID, OwnerGID)
+	d, err := l.Open()
 	if err != nil {
 		return err
 	}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -17,7 +18,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
-	"github.com/vivarium-sandbox/vivarium/internal/workspace"
 )
 
 // open opens a store in a temporary directory, skipping where the host
@@ -118,7 +118,7 @@ func TestLifecycleOwnersAndLimit(t *testing.T) {
 	}
 
 	// Past the size: the kernel says no space, the image stays its size.
-	err = s.Content("alice", "data", func(_ Volume, d *workspace.Dir) error {
+	err = s.Content("alice", "data", func(_ Volume, d *Dir) error {
 		if err := d.WriteFile("small.txt", strings.NewReader("hello"), 1<<30); err != nil {
 			return err
 		}
@@ -151,7 +151,7 @@ func TestLifecycleOwnersAndLimit(t *testing.T) {
 	// Persisted: a new store over the same directory has it, with its file.
 	s.Close()
 	s = open(t, dir)
-	err = s.Content("alice", "data", func(_ Volume, d *workspace.Dir) error {
+	err = s.Content("alice", "data", func(_ Volume, d *Dir) error {
 		r, _, err := d.OpenFile("small.txt")
 		if err != nil {
 			return err
@@ -208,7 +208,7 @@ func TestContentLinksStayInside(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	err = s.Content("alice", "v", func(_ Volume, d *workspace.Dir) error {
+	err = s.Content("alice", "v", func(_ Volume, d *Dir) error {
 		for _, p := range []string{"shadow", "up/etc/shadow", "etc/shadow", "etc/passwd"} {
 			if r, _, err := d.OpenFile(p); err == nil {
 				r.Close()
@@ -230,6 +230,115 @@ func TestContentLinksStayInside(t *testing.T) {
 		t.Fatal("/etc/evil exists")
 	}
 	l.Release()
+}
+
+// The content API reaches a volume as the sandbox's user: what a
+// sandbox's root keeps to itself there (a 0600 file in a 0700 directory,
+// a file only its group may read) is refused, as it is to that user in a
+// sandbox; what the user may read and write, it reads and writes. The
+// server's own threads keep root's identity.
+func TestContentAsSandboxUser(t *testing.T) {
+	s := open(t, t.TempDir())
+	if _, err := s.Create("alice", "v", 0); err != nil {
+		t.Fatal(err)
+	}
+	l, err := s.Acquire("alice", "v", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release()
+	// The server in root's group, as a root login is: the group's files
+	// are not the sandbox user's for that.
+	groups, err := syscall.Getgroups()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Setgroups([]int{0}); err != nil { // every thread's
+		t.Fatal(err)
+	}
+	defer syscall.Setgroups(groups)
+	// What a sandbox's root (uid and gid 0 on the volume's disk) makes.
+	root := l.Dir()
+	for _, f := range []struct {
+		name string
+		mode os.FileMode
+		dir  bool
+	}{
+		{"private", 0o700, true}, {"private/secret", 0o600, false}, {"group-only", 0o640, false},
+		{"public", 0o644, false}, {"shut", 0o755, true},
+	} {
+		p := filepath.Join(root, f.name)
+		if f.dir {
+			err = os.Mkdir(p, f.mode)
+		} else {
+			err = os.WriteFile(p, []byte("root's"), f.mode)
+		}
+		if err == nil {
+			err = os.Chmod(p, f.mode) // past the umask
+		}
+		if err == nil {
+			err = os.Chown(p, 0, 0)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	err = s.Content("alice", "v", func(_ Volume, d *Dir) error {
+		for _, p := range []string{"private/secret", "group-only"} {
+			if r, _, err := d.OpenFile(p); !errors.Is(err, sandbox.ErrPermission) {
+				if err == nil {
+					r.Close()
+				}
+				t.Errorf("read %s, the sandbox root's own: %v, want a permission error", p, err)
+			}
+		}
+		if _, err := d.Stat("private/secret"); !errors.Is(err, sandbox.ErrPermission) {
+			t.Errorf("stat in the root's 0700 directory: %v", err)
+		}
+		if _, err := d.ReadDir("private", 1); !errors.Is(err, sandbox.ErrPermission) {
+			t.Errorf("list the root's 0700 directory: %v", err)
+		}
+		if _, err := d.FileMetadata("private/secret"); err == nil {
+			t.Error("metadata of a file in the root's 0700 directory")
+		}
+		for _, p := range []string{"shut/x", "private/x"} {
+			if err := d.WriteFile(p, strings.NewReader("x"), 10); !errors.Is(err, sandbox.ErrPermission) {
+				t.Errorf("write %s, in the root's directory: %v", p, err)
+			}
+		}
+		if err := d.Remove("private/secret"); !errors.Is(err, sandbox.ErrPermission) {
+			t.Errorf("remove a file of the root's 0700 directory: %v", err)
+		}
+		// The user's own, and what the root lets others read.
+		if r, _, err := d.OpenFile("public"); err != nil {
+			t.Errorf("read the root's 0644 file: %v", err)
+		} else {
+			r.Close()
+		}
+		if err := d.WriteFile("mine", strings.NewReader("x"), 10); err != nil {
+			t.Errorf("write in the volume's root, the user's: %v", err)
+		}
+		if fis, err := d.ReadDir(".", 2); err != nil || len(fis) != 5 {
+			t.Errorf("list the volume: %v %v", fis, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// No thread of the server's was left with the user's identity: a
+	// goroutine on any of them still reads the root's file.
+	var wg sync.WaitGroup
+	for range 4 * runtime.GOMAXPROCS(0) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := os.ReadFile(filepath.Join(root, "private/secret")); err != nil {
+				t.Errorf("the server, as root, after the content API: %v", err)
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 type zeros struct{}
@@ -339,7 +448,7 @@ func TestConcurrentLeases(t *testing.T) {
 					l.Release()
 					continue
 				}
-				err := s.Content("alice", "v", func(_ Volume, d *workspace.Dir) error {
+				err := s.Content("alice", "v", func(_ Volume, d *Dir) error {
 					return d.WriteFile(fmt.Sprintf("f%d", i), strings.NewReader("x"), 10)
 				})
 				if err != nil {
@@ -427,7 +536,7 @@ func TestNoHostNamespaceHoldsIt(t *testing.T) {
 	if _, err := l.Mount(); err == nil {
 		t.Fatal("a released lease made a mount")
 	}
-	if d, err := l.Open(OwnerUID, OwnerGID); err == nil || l.Dir() != "" {
+	if d, err := l.Open(); err == nil || l.Dir() != "" {
 		d.Close()
 		t.Fatalf("a released lease opened its volume (%q)", l.Dir())
 	}

@@ -14,7 +14,6 @@ import (
 
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/volume"
-	"github.com/vivarium-sandbox/vivarium/internal/workspace"
 )
 
 // openVolumes opens a volume store in a temporary directory, skipping
@@ -179,7 +178,7 @@ print(bool(st.f_flag & os.ST_NOSUID), bool(st.f_flag & os.ST_NODEV))`); got != "
 		}
 	}
 	// The files outlived both sandboxes, owned by the sandbox user on disk.
-	err = st.Content("alice", "data", func(_ volume.Volume, d *workspace.Dir) error {
+	err = st.Content("alice", "data", func(_ volume.Volume, d *volume.Dir) error {
 		fi, err := d.Stat("dir/from_b")
 		if err != nil {
 			return err
