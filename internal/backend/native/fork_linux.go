@@ -223,6 +223,12 @@ func (s *Sandbox) snapshot(ctx context.Context, bin string) (*forkSnapshot, erro
 		if rp == nil {
 			return errors.New("fork: the sandbox has no runner")
 		}
+		// The files copied are those the images' processes saw: the
+		// files API changes none meanwhile (pausefiles_linux.go).
+		if err := s.files.hold(); err != nil {
+			return err
+		}
+		defer s.files.release(false)
 		// A directory of its own, not the source's: a Close of the
 		// source while the copies are made does not take it away.
 		dir, err := s.b.checkpointDir("fork-" + newID())

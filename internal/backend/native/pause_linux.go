@@ -12,12 +12,14 @@ package native
 //
 // While paused the sandbox's files stay where they were, in its root
 // tmpfs, held in memory through its mount namespace (checkpoint.mntns):
-// the workspace can still be read and written, but a file the paused code
-// holds open must keep its size, or CRIU refuses the resume.
+// the files API can still read them, but changes nothing until the
+// resume (pausefiles_linux.go), since CRIU refuses a resume where a file
+// the paused code holds open has changed.
 //
 // Order of a pause, under pauseMu and the core's Exclusive (no execution
 // runs or starts):
-//  1. no command starts (startGate) and none runs in a terminal; paused;
+//  1. no command starts (startGate) and none runs in a terminal, the
+//     files API changes no file (files); paused;
 //  2. dump: init takes a control socket CRIU can dump, which the Sandbox
 //     reads from then on (so a dump that fails leaves it running); the
 //     supervisor holds the sandbox's ends of the commands' pipes
@@ -98,11 +100,18 @@ func (s *Sandbox) Pause(ctx context.Context) error {
 			return fmt.Errorf("%w: %d command(s) started in a terminal still run; end them before pausing",
 				sandbox.ErrBusy, n)
 		}
+		// Nor does the files API change a file from here
+		// (pausefiles_linux.go).
+		if err := s.files.hold(); err != nil {
+			s.startGate.Unlock()
+			return err
+		}
 		s.Core.SetPaused(true)
 		s.startGate.Unlock()
 		dir, err := s.b.checkpointDir(s.id)
 		s.checkpointed = true
 		if err != nil {
+			s.files.release(false)
 			s.Core.SetPaused(false)
 			return fmt.Errorf("pause: %w", err)
 		}
@@ -110,6 +119,7 @@ func (s *Sandbox) Pause(ctx context.Context) error {
 		// sandbox's processes while it dumps): a caller that gives up
 		// does not end it.
 		cp, err := s.dump(context.WithoutCancel(ctx), bin, dir)
+		s.files.release(err == nil)
 		if err != nil {
 			s.Core.SetPaused(false)
 			os.RemoveAll(dir)
@@ -239,6 +249,7 @@ func (s *Sandbox) Resume(ctx context.Context) error {
 		cp := s.cp
 		s.cp = nil
 		s.Core.SetPaused(false)
+		s.files.resumed()
 		// The images: the restored tree's memory is its own again. The
 		// directory keeps the /proc masks' copies, bound in the sandbox,
 		// until it closes.

@@ -835,3 +835,90 @@ func pauseResume(t *testing.T, s *Sandbox) {
 		t.Fatal(err)
 	}
 }
+
+// TestPauseFilesNotChanged: a paused sandbox's files can be read through
+// the files API but not changed, as its user or as its root
+// (ErrPaused): CRIU reopens the files the paused processes hold by their
+// path and refuses a resume where one is not the size it was, so a file
+// replaced meanwhile made every resume fail. A change under way refuses
+// a pause (ErrBusy). Resumed, the code's file is as it left it and
+// changes go through again.
+func TestPauseFilesNotChanged(t *testing.T) {
+	s := pausableSandbox(t)
+	ctx := context.Background()
+	execText(t, s, "f = open('held.txt', 'w+')\nf.write('abc')\nf.flush()")
+
+	if err := s.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	root, err := s.Root(sandbox.UserRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	user, err := s.Root(sandbox.UserSandbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws := s.Workspace()
+	for what, change := range map[string]func() error{
+		"write":         func() error { return ws.WriteFile("held.txt", strings.NewReader("longer than it was"), 1<<20) },
+		"write as root": func() error { return root.WriteFile("workspace/held.txt", strings.NewReader("x"), 1<<20) },
+		"write as user": func() error { return user.WriteFile("tmp/new.txt", strings.NewReader("x"), 1<<20) },
+		"remove":        func() error { return ws.Remove("held.txt") },
+		"mkdir":         func() error { return ws.(sandbox.WorkspaceEditor).Mkdir("dir") },
+		"rename":        func() error { return ws.(sandbox.WorkspaceEditor).Rename("held.txt", "moved.txt") },
+		"metadata": func() error {
+			return ws.(sandbox.WorkspaceMetadata).SetFileMetadata("held.txt", map[string]string{"k": "v"})
+		},
+		"mkdir for the user": func() error { return root.(sandbox.DirGiver).MkdirAllFor("srv/data", user) },
+	} {
+		if err := change(); !errors.Is(err, sandbox.ErrPaused) {
+			t.Errorf("%s while paused: %v, want ErrPaused", what, err)
+		}
+	}
+	r, _, err := ws.OpenFile("held.txt")
+	if err != nil {
+		t.Fatalf("read while paused: %v", err)
+	}
+	b, _ := io.ReadAll(r)
+	r.Close()
+	if string(b) != "abc" {
+		t.Errorf("held.txt while paused: %q", b)
+	}
+
+	if err := s.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := execText(t, s, "f.seek(0); f.read()"); got != "abc" {
+		t.Errorf("the held file after resume: %q", got)
+	}
+	if err := s.Workspace().WriteFile("held.txt", strings.NewReader("new"), 1<<20); err != nil {
+		t.Errorf("write once resumed: %v", err)
+	}
+	if root, err = s.Root(sandbox.UserRoot); err == nil {
+		user, err = s.Root(sandbox.UserSandbox)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := root.(sandbox.DirGiver).MkdirAllFor("srv/data", user); err != nil {
+		t.Errorf("mkdir for the user once resumed: %v", err)
+	}
+
+	// An upload under way: no pause until it ends.
+	pr, pw := io.Pipe()
+	defer pw.Close() // the upload ends with the test, whatever happens
+	uploaded := make(chan error, 1)
+	go func() { uploaded <- s.Workspace().WriteFile("upload.txt", pr, 1<<20) }()
+	if _, err := pw.Write([]byte("part")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Pause(ctx); !errors.Is(err, sandbox.ErrBusy) || s.Paused() {
+		t.Fatalf("pause during an upload: %v", err)
+	}
+	pw.Close()
+	if err := <-uploaded; err != nil {
+		t.Fatal(err)
+	}
+	pauseResume(t, s)
+}

@@ -198,6 +198,7 @@ func (s *Sandbox) resumePersisted(ctx context.Context, bin string) error {
 		}
 		s.persisted = nil
 		s.Core.SetPaused(false)
+		s.files.resumed()
 		return nil
 	})
 }

@@ -50,8 +50,11 @@ type Sandbox struct {
 	// dirMu guards the root's Dirs, which a resume replaces; oldDirs are
 	// those replaced, kept open (a file operation may still use one)
 	// until Close.
-	dirMu    sync.RWMutex
-	oldDirs  []*workspace.Dir
+	dirMu   sync.RWMutex
+	oldDirs []*workspace.Dir
+	// files orders the files API's changes and the checkpoints
+	// (pausefiles_linux.go).
+	files    filesGate
 	ctl      int // control socket to init, under sendMu
 	stdout   *pipeReader
 	stderr   *pipeReader
@@ -131,9 +134,9 @@ func (s *Sandbox) Root(user string) (sandbox.Workspace, error) {
 	}
 	switch user {
 	case "", sandbox.UserSandbox:
-		return s.rootAsUser, nil
+		return s.gated(s.rootAsUser), nil
 	case sandbox.UserRoot:
-		return s.rootAsRoot, nil
+		return s.gated(s.rootAsRoot), nil
 	}
 	return nil, fmt.Errorf("%w: user must be %q or %q, got %q", sandbox.ErrInvalidSpec, sandbox.UserSandbox,
 		sandbox.UserRoot, user)
@@ -586,7 +589,7 @@ func (s *Sandbox) Workspace() sandbox.Workspace {
 	if s.ws == nil {
 		return sandbox.DiskOnly{} // opened from disk, paused
 	}
-	return s.ws
+	return s.gated(s.ws)
 }
 
 // kill ends every process of the sandbox: init is PID 1 of the sandbox's
