@@ -3,6 +3,7 @@
 package hostile
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -23,7 +24,10 @@ const noVolumes = "this backend mounts no volumes: a sandbox asking for one is r
 // and, through it, to the host. Its links (planted on the host, as another
 // sandbox of the key could) resolve inside the sandbox; its mount cannot
 // be undone, moved or made to honour set-id bits; no device is made in it
-// and nothing outside it is linked in.
+// and nothing outside it is linked in. Another sandbox of the key on the
+// same volume that hands over descriptors of its root and /proc on a
+// socket there gives only what any other user may have of them
+// (docs/security.md, Volumes: a decision, not prevented).
 var volumeCases = []hostileCase{
 	{
 		name: "volume_escape",
@@ -106,6 +110,129 @@ print("\n".join(out))
 			}
 			if want := int64(unix.ST_NOSUID | unix.ST_NODEV | unix.ST_NOEXEC); sfs.Flags&want != want {
 				t.Fatalf("the server's mount of the volume now has flags %#x", sfs.Flags)
+			}
+		},
+	},
+	{
+		name: "volume_pass_descriptors",
+		code: `
+import errno, os, socket
+out = []
+def attempt(what, fn):
+    try:
+        r = fn()
+        out.append(what + " ok")
+        return r
+    except OSError as e:
+        out.append(what + " " + errno.errorcode.get(e.errno, str(e.errno)))
+def read(dirfd, path):
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK, dir_fd=dirfd)
+    try:
+        return os.read(fd, 4096)
+    finally:
+        os.close(fd)
+def listing(dirfd, path):
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY, dir_fd=dirfd)
+    try:
+        return sorted(os.listdir(fd))
+    finally:
+        os.close(fd)
+def create(dirfd, path):
+    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o666, dir_fd=dirfd))
+c = socket.socket(socket.AF_UNIX)
+c.connect("/mnt/vol/rendezvous")
+msg, fds, flags, addr = socket.recv_fds(c, 16, 8)
+out.append("received %d" % len(fds))
+root, proc = fds
+attempt("read its private file", lambda: read(root, "workspace/private.txt"))
+attempt("create in its /tmp", lambda: create(root, "tmp/planted"))
+attempt("create in its workspace", lambda: create(root, "workspace/planted"))
+attempt("the host's secret through its root", lambda: read(root, os.environ["SECRET_PATH"].lstrip("/")))
+attempt("its init's environ", lambda: read(proc, "1/environ"))
+attempt("its init's memory", lambda: read(proc, "1/mem"))
+attempt("its init's root", lambda: listing(proc, "1/root/"))
+attempt("its init's descriptors", lambda: listing(proc, "1/fd"))
+attempt("its init's cwd", lambda: os.readlink("1/cwd", dir_fd=proc))
+here = attempt("list its root", lambda: listing(root, "."))
+up = attempt("list above its root", lambda: listing(root, "../.."))
+out.append("above its root: " + ("its root" if up == here else "elsewhere"))
+print("\n".join(out))
+`,
+		prepare: func(t *testing.T, h *harness, j *job) {
+			st, err := volume.Open(volume.Config{Dir: filepath.Join(t.TempDir(), "volumes"), MaxSize: 16 << 20})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { st.Close() })
+			if err := st.Unavailable(); err != nil {
+				t.Skipf("volumes unavailable on this host: %v", err)
+			}
+			if _, err := st.Create("hostile", "v", 0); err != nil {
+				t.Fatal(err)
+			}
+			// The sender: another sandbox of the same key on the same
+			// volume, which binds a socket there and gives whoever
+			// connects descriptors of its own root and /proc.
+			sl, err := st.Acquire("hostile", "v", true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(sl.Release)
+			sender, err := h.be.B.Create(context.Background(), sandbox.Spec{Limits: baseLimits,
+				Volumes: []sandbox.VolumeMount{{Path: "/mnt/vol", Mount: sl.Mount, Name: "v"}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				// Nothing the receiver tried was made in the sender.
+				res, err := sender.Execute(context.Background(), sandbox.ExecRequest{Code: `import os
+print([p for p in ("/tmp/planted", "/workspace/planted") if os.path.lexists(p)])`}, nil)
+				if err != nil || strings.TrimSpace(res.Stdout) != "[]" {
+					t.Errorf("the receiver made files in the sender: %v %+v", err, res)
+				}
+				sender.Close()
+			})
+			res, err := sender.Execute(context.Background(), sandbox.ExecRequest{Code: `import os, socket, threading
+with open("/workspace/private.txt", "w") as f:
+    f.write("the sender's own")
+os.chmod("/workspace/private.txt", 0o600)
+srv = socket.socket(socket.AF_UNIX)
+srv.bind("/mnt/vol/rendezvous")
+srv.listen(1)
+fds = [os.open("/", os.O_PATH | os.O_DIRECTORY), os.open("/proc", os.O_PATH | os.O_DIRECTORY)]
+def serve():
+    c, _ = srv.accept()
+    socket.send_fds(c, [b"fds"], fds)
+    c.close()
+threading.Thread(target=serve, daemon=True).start()`}, nil)
+			if err != nil || res.Status != sandbox.StatusOK {
+				t.Fatalf("the sender: %v %+v", err, res)
+			}
+			l, err := st.Acquire("hostile", "v", true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(l.Release) // the one-shot sandbox has ended by then
+			j.vars["SECRET_PATH"] = h.canaries.SecretPath
+			j.Spec.Volumes = []sandbox.VolumeMount{{Path: "/mnt/vol", Mount: l.Mount, Name: "v"}}
+		},
+		check: func(t *testing.T, h *harness, o *outcome) {
+			wantStatus(t, o, sandbox.StatusOK, 0)
+			if h.canaries.LeakedIn(o.Stdout + o.Stderr) {
+				t.Fatalf("the secret leaked through a received descriptor: %s", describe(o))
+			}
+			t.Logf("in the receiving sandbox:\n%s", o.Stdout)
+			got := strings.Split(strings.TrimSpace(o.Stdout), "\n")
+			if len(got) != 13 || got[0] != "received 2" || got[12] != "above its root: its root" {
+				t.Fatalf("unexpected outcome: %s", describe(o))
+			}
+			// What the receiver may do with them is what any other user
+			// may do with the sender's files: list what its modes let
+			// others list (docs/security.md, Volumes). Nothing else.
+			for _, l := range got[1:10] {
+				if strings.HasSuffix(l, " ok") {
+					t.Errorf("allowed: %s", l)
+				}
 			}
 		},
 	},

@@ -44,7 +44,8 @@ func dockerUID(text string) int {
 // a host uid of the sandbox's own, not 1000. The attack still fails in
 // every case.
 var dockerDifferences = withReadOnlyRoot(map[string]difference{
-	"volume_escape": {why: noVolumes},
+	"volume_escape":           {why: noVolumes},
+	"volume_pass_descriptors": {why: noVolumes},
 	"fork_bomb": {why: "the pids limit stops the forks, but a container's interpreters fault in their copied pages " +
 		"faster than the native backend's: the memory limit may end the sandbox before its timeout (2 runs in 3 here); " +
 		"either way a limit ended it, and the memory stayed within its limit",

@@ -17,7 +17,8 @@ import (
 // and errno values sometimes differ from Linux's. The attack still fails in
 // every case; what differs is how it is refused.
 var gvisorDifferences = withReadOnlyRoot(map[string]difference{
-	"volume_escape": {why: noVolumes},
+	"volume_escape":           {why: noVolumes},
+	"volume_pass_descriptors": {why: noVolumes},
 	"park_descriptors_in_flight": {why: "the Sentry keeps a sandbox's sockets and the descriptors queued on them in " +
 		"its own memory, charged to the sandbox: the memory limit may come before the descriptor limit; the host's " +
 		"budgets are never touched", check: heldOrMemoryLimit("in_flight")},

@@ -29,7 +29,8 @@ const noKernelBudgets = "no kernel budgets to take: no ctypes, no processes, no 
 // attack still has a target (files, the disk, descriptors, the protocol),
 // the case asserts the wasm outcome in full.
 var wasmDifferences = withReadOnlyRoot(map[string]difference{
-	"volume_escape": {why: noVolumes},
+	"volume_escape":           {why: noVolumes},
+	"volume_pass_descriptors": {why: noVolumes},
 	// Kernel budgets (cases_budgets_test.go): nothing to take.
 	"take_all_inotify_instances":      {why: noKernelBudgets},
 	"take_all_inotify_watches":        {why: noKernelBudgets},
