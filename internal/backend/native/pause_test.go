@@ -922,3 +922,51 @@ func TestPauseFilesNotChanged(t *testing.T) {
 	}
 	pauseResume(t, s)
 }
+
+// TestPauseFailedRestoreReaped: a resume that CRIU refuses after it has
+// forked the restored init (here a file the paused code holds open, its
+// size changed behind the files API's back, which no client can do since
+// the files API refuses changes while paused) leaves the sandbox paused
+// and nothing of it running, not even a zombie: restoreTree reaps the
+// init CRIU forked as the supervisor's child (criu restore
+// --restore-sibling). Without that, every failed resume left a zombie of
+// the sandbox's host root until the supervisor exited. Once the file has
+// its size again, the resume succeeds.
+func TestPauseFailedRestoreReaped(t *testing.T) {
+	s := pausableSandbox(t)
+	ctx := context.Background()
+	execText(t, s, "held = open('held.txt', 'w+')\nheld.write('abc')\nheld.flush()\nx = 41")
+	if err := s.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lo := int(s.owner.ID(0))
+	write := func(content string) {
+		t.Helper()
+		if err := s.ws.WriteFile("held.txt", strings.NewReader(content), 1<<20); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("a longer content")
+	for i := 1; i <= 3; i++ {
+		err := s.Resume(ctx)
+		if err == nil {
+			t.Fatalf("resume %d: CRIU restored a file whose size changed", i)
+		}
+		if i == 1 {
+			t.Logf("resume refused: %v", err)
+		}
+		if !s.Paused() {
+			t.Fatal("a failed resume left the sandbox unpaused")
+		}
+		if left := testutil.ProcessesOwnedBy(lo, lo+1<<16); len(left) > 0 {
+			t.Errorf("after failed resume %d, processes of the paused sandbox's host user: %v", i, left)
+		}
+	}
+	write("abc")
+	if err := s.Resume(ctx); err != nil {
+		t.Fatalf("resume once the file has its size again: %v", err)
+	}
+	if got := execText(t, s, "held.seek(0); print(held.read(), x + 1)"); got != "abc 42" {
+		t.Errorf("after the resume: %q", got)
+	}
+}
