@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"golang.org/x/sys/unix"
 )
 
@@ -25,8 +26,13 @@ func makeImage(path string, size int64) error {
 	if err != nil {
 		return fmt.Errorf("volume image: %w", err)
 	}
-	err = f.Truncate(size)
+	// Its blocks taken now: what its sandboxes write later cannot run
+	// the server's disk out, which every tenant and the database share.
+	err = unix.Fallocate(int(f.Fd()), 0, 0, size)
 	f.Close()
+	if errors.Is(err, unix.ENOSPC) {
+		return fmt.Errorf("%w: the server's disk has no room for a volume of %d MiB", sandbox.ErrNoRoom, size>>20)
+	}
 	if err != nil {
 		return fmt.Errorf("volume image: %w", err)
 	}
@@ -165,7 +171,7 @@ func newMount(dev string) (int, error) {
 
 // attachedWait is how long a mount waits for an image's earlier loop
 // device to detach.
-const attachedWait = 10 * time.Second
+var attachedWait = 10 * time.Second
 
 // waitDetached waits, at most d, until no loop device has an image under
 // dir as its backing file.

@@ -38,6 +38,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vivarium-sandbox/vivarium/internal/hostdisk"
 	"github.com/vivarium-sandbox/vivarium/internal/sandboxid"
 	"github.com/vivarium-sandbox/vivarium/internal/workspace"
 )
@@ -104,6 +105,10 @@ type entry struct {
 	// device for the leases; nil otherwise.
 	dev string
 	mnt *os.File
+	// mounting serialises making the mount, which may wait seconds for
+	// a device an ending sandbox still holds: per volume, so that no
+	// other volume's lease waits on it.
+	mounting sync.Mutex
 }
 
 // Store keeps the volumes of every owner.
@@ -233,6 +238,9 @@ func (s *Store) Create(owner, name string, size int64) (Volume, error) {
 	}
 	if s.unavailable != nil {
 		return Volume{}, errUnavailable
+	}
+	if err := hostdisk.Fits(s.cfg.Dir, size, fmt.Sprintf("a volume of %d MiB", size>>20)); err != nil {
+		return Volume{}, err
 	}
 	id := sandboxid.Volume.New(s.cfg.Node)
 	s.mu.Lock()
@@ -390,33 +398,57 @@ func (s *Store) Acquire(owner, idOrName string, forSandbox bool) (*Lease, error)
 		return nil, errUnavailable
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.closed {
+		s.mu.Unlock()
 		return nil, fmt.Errorf("%w: the server is shutting down", ErrUnavailable)
 	}
 	e, err := s.lookup(owner, idOrName)
 	if err != nil {
+		s.mu.Unlock()
 		return nil, err
 	}
-	if e.mnt == nil {
-		if s.mounted >= s.cfg.MaxMounted {
-			return nil, fmt.Errorf("%w: the server has %d volumes mounted, its maximum; try again when sandboxes have ended",
-				ErrQuota, s.cfg.MaxMounted)
-		}
-		// Under the lock: two mounts of one image at once would be two
-		// file systems writing one disk.
-		dev, mnt, err := mountImage(filepath.Join(s.dir(e.ID), "image"))
-		if err != nil {
-			return nil, fmt.Errorf("mount volume %q: %w", e.Name, err)
-		}
-		e.dev, e.mnt = dev, mnt
-		s.mounted++
-	}
+	// Counted first: Delete refuses it, and no release unmounts it,
+	// while it is being mounted.
 	e.users++
 	if forSandbox {
 		e.sandboxes++
 	}
-	return &Lease{s: s, e: e, sandbox: forSandbox, Volume: e.Volume}, nil
+	s.mu.Unlock()
+	l := &Lease{s: s, e: e, sandbox: forSandbox, Volume: e.Volume}
+	if err := s.mount(e); err != nil {
+		l.Release()
+		return nil, err
+	}
+	return l, nil
+}
+
+// mount mounts e's image unless it is mounted: once, however many leases
+// ask at once (two mounts of one image would be two file systems writing
+// one disk), and outside the store's lock.
+func (s *Store) mount(e *entry) error {
+	e.mounting.Lock()
+	defer e.mounting.Unlock()
+	s.mu.Lock()
+	if e.mnt != nil {
+		s.mu.Unlock()
+		return nil
+	}
+	if s.mounted >= s.cfg.MaxMounted {
+		s.mu.Unlock()
+		return fmt.Errorf("%w: the server has %d volumes mounted, its maximum; try again when sandboxes have ended",
+			ErrQuota, s.cfg.MaxMounted)
+	}
+	s.mounted++ // taken now: others count it while it is made
+	s.mu.Unlock()
+	dev, mnt, err := mountImage(filepath.Join(s.dir(e.ID), "image"))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		s.mounted--
+		return fmt.Errorf("mount volume %q: %w", e.Name, err)
+	}
+	e.dev, e.mnt = dev, mnt
+	return nil
 }
 
 // Mount makes a new mount of the volume's file system, for a sandbox:
@@ -488,6 +520,9 @@ func (l *Lease) Release() {
 // unmountLocked lets go of the server's mount of a volume: its file system,
 // and loop device, go once the sandboxes' mounts of it have gone too.
 func (s *Store) unmountLocked(e *entry) {
+	if e.mnt == nil {
+		return // its mount failed: the lease that made it is released
+	}
 	e.mnt.Close()
 	e.dev, e.mnt = "", nil
 	s.mounted--
