@@ -9,7 +9,9 @@
 // All groups live under one parent, "vivarium" by default, at the top of
 // each hierarchy: parent/SANDBOX, or parent/TENANT/SANDBOX for a sandbox of
 // a tenant (an API key of a server), whose group has one CPU and I/O weight
-// however many sandboxes it holds.
+// however many sandboxes it holds. The parent and each tenant's group may
+// have a memory ceiling (Ceilings): the bound on what ended sandboxes
+// leave charged.
 //
 // The package writes control files directly: the handful it needs are stable
 // kernel ABI, and a dependency would not make them safer.
@@ -43,8 +45,35 @@ type Limits struct {
 	// Tenant, when not empty, puts the group in its tenant's group
 	// (parent/TENANT/NAME), which is made with the tenant's first group
 	// and removed with its last. It is not a limit of the sandbox but its
-	// share: tenants' groups have equal CPU and I/O weights.
+	// share: tenants' groups have equal CPU and I/O weights, and one
+	// memory ceiling each (Ceilings.Tenant).
 	Tenant string
+}
+
+// Ceilings bound memory above the sandboxes' own limits. The kernel
+// charges a page to the group of the process that first touched it and
+// keeps it charged there after that process, and its group, are gone, for
+// as long as anything holds the page: a memfd, a tmpfs file or a pipe's
+// contents handed to another sandbox (over a Unix socket on a volume both
+// mount) outlive the sandbox that filled them, outside every live
+// sandbox's limit. An ended group's charges stay counted in its
+// ancestors, the tenant's group and the parent (hierarchical accounting:
+// always on cgroup v2, and on v1 since Linux 5.16 or where
+// memory.use_hierarchy is set), and a limit there bounds them: reaching
+// it, the kernel reclaims what it can in the group's subtree, then
+// OOM-kills the largest process in it.
+//
+// Zero is no bound, written as such, so that a bound an earlier process
+// set does not stay. Each is one limit of memory (and, on v1, of memory
+// plus swap where swap is accounted, and of socket buffers, which v1
+// charges apart).
+type Ceilings struct {
+	// Total bounds every group under the parent together, zygotes'
+	// included: the parent's limit.
+	Total int64
+	// Tenant bounds each tenant's group: all its sandboxes, live and
+	// ended, together.
+	Tenant int64
 }
 
 // Stats are read from a group's accounting files.
@@ -87,6 +116,15 @@ type Manager interface {
 	CPUController() bool
 	// IOController reports whether groups can have disk I/O limits.
 	IOController() bool
+	// SetCeilings bounds the memory of the parent and of the tenants'
+	// groups made from then on (Ceilings). Call it before New.
+	SetCeilings(c Ceilings) error
+	// CheckCeilings says why a ceiling would not bound the groups below
+	// it (hierarchical memory accounting off), or nil.
+	CheckCeilings() error
+	// TenantMemory is the memory charged to a tenant's group now: what
+	// its sandboxes hold, and what ended ones left charged to it.
+	TenantMemory(tenant string) (int64, error)
 	// Sweep kills every process in every group under the parent and
 	// removes the groups, tenants' groups and the sandbox groups in them
 	// alike: what an earlier process that crashed left. It returns the

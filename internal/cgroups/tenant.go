@@ -14,7 +14,9 @@ import (
 // Tenant groups are siblings with one weight each, so the kernel shares CPU
 // (and, where the I/O scheduler weighs groups, disk time) between tenants
 // first and only then between a tenant's sandboxes: a tenant running many
-// busy sandboxes gets its one share, not one per sandbox.
+// busy sandboxes gets its one share, not one per sandbox. It may also have
+// a memory ceiling (Ceilings.Tenant): all of a tenant's sandboxes, and
+// what ended ones left charged to it, within one bound.
 //
 // The weights are the kernel's defaults, written explicitly so that a group
 // left from an earlier process or changed by hand is set right again.

@@ -419,3 +419,248 @@ while time.monotonic() < end:
 		t.Errorf("the quiet tenant got %.2f of the CPU beside a tenant of 4 busy sandboxes, want about 0.5", share)
 	}
 }
+
+// On v1 the ceilings are the parent's and each tenant's memory limit,
+// with memory+swap and socket buffers at the same bound; zero writes no
+// bound, over what an earlier process set. A parent without hierarchical
+// accounting gets it, and one that cannot have it refuses ceilings.
+func TestV1Ceilings(t *testing.T) {
+	memFiles := []string{"memory.memsw.limit_in_bytes", "memory.kmem.tcp.limit_in_bytes", "memory.use_hierarchy"}
+	fakeKernel(t, append(slices.Clone(v1Files), memFiles...))
+	m, root := fakeV1(t, "cpu", "cpuacct", "memory", "pids")
+	parent := filepath.Join(root, "memory", "vivarium")
+	for _, f := range append(memFiles, "memory.limit_in_bytes") {
+		os.WriteFile(filepath.Join(parent, f), nil, 0o644) // the kernel's files, which MkdirAll does not make
+	}
+	if err := m.SetCeilings(Ceilings{Total: 20 << 30, Tenant: 384 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	a, err := m.New("sb1", Limits{Tenant: "key_a", MemoryBytes: 128 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Destroy()
+	b, err := m.New("sb2", Limits{Tenant: "key_b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Destroy()
+	want := map[string]string{"memory.use_hierarchy": "1"}
+	for _, f := range []string{"memory.limit_in_bytes", "memory.memsw.limit_in_bytes", "memory.kmem.tcp.limit_in_bytes"} {
+		want[f] = "21474836480"
+		want["key_a/"+f] = "402653184"
+		want["key_b/"+f] = "402653184"
+		want["key_a/sb1/"+f] = "134217728"
+		want["key_b/sb2/"+f] = ""
+	}
+	for rel, v := range want {
+		if got := readString(t, filepath.Join(parent, rel)); got != v {
+			t.Errorf("memory/vivarium/%s = %q, want %q", rel, got, v)
+		}
+	}
+	if err := m.SetCeilings(Ceilings{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := readString(t, filepath.Join(parent, "memory.limit_in_bytes")); got != "-1" {
+		t.Errorf("no ceiling wrote %q, want -1", got)
+	}
+	// A tenant's group made now has no bound (one left with a bound gets
+	// none either).
+	os.WriteFile(filepath.Join(parent, "memory.use_hierarchy"), []byte("0"), 0o644)
+	c, err := m.New("sb3", Limits{Tenant: "key_c"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Destroy()
+	if got := readString(t, filepath.Join(parent, "key_c", "memory.limit_in_bytes")); got != "-1" {
+		t.Errorf("a tenant's group without a ceiling: %q, want -1", got)
+	}
+	if got := readString(t, filepath.Join(parent, "memory.use_hierarchy")); got != "0" {
+		t.Error("no ceiling asked for, yet hierarchical accounting was changed")
+	}
+	if err := m.SetCeilings(Ceilings{Tenant: 1 << 30}); err != nil {
+		t.Fatal(err)
+	}
+	if got := readString(t, filepath.Join(parent, "memory.use_hierarchy")); got != "1" {
+		t.Errorf("a ceiling without hierarchical accounting: use_hierarchy %q, want it turned on", got)
+	}
+	// Where it cannot be turned on, no ceiling is pretended.
+	os.Remove(filepath.Join(parent, "memory.use_hierarchy"))
+	os.Mkdir(filepath.Join(parent, "memory.use_hierarchy"), 0o755)
+	if err := m.SetCeilings(Ceilings{Total: 1 << 30}); err == nil || !strings.Contains(err.Error(), "use_hierarchy") {
+		t.Errorf("want an error naming memory.use_hierarchy, got %v", err)
+	}
+}
+
+// On v2 the ceilings are the parent's and each tenant's memory.max; a
+// tenant's group is no OOM group (one sandbox dies at its ceiling, not
+// all of the tenant's).
+func TestV2Ceilings(t *testing.T) {
+	fakeKernel(t, append(slices.Clone(v2Files), "memory.current"))
+	root := fakeV2(t)
+	m, err := newV2(root, "vivarium")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.SetCeilings(Ceilings{Total: 20 << 30, Tenant: 384 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	a, err := m.New("sb1", Limits{Tenant: "key_a", MemoryBytes: 128 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Destroy()
+	parent := filepath.Join(root, "vivarium")
+	for rel, want := range map[string]string{
+		"memory.max":                 "21474836480",
+		"key_a/memory.max":           "402653184",
+		"key_a/memory.oom.group":     "",
+		"key_a/sb1/memory.max":       "134217728",
+		"key_a/sb1/memory.oom.group": "1",
+	} {
+		if got := readString(t, filepath.Join(parent, rel)); got != want {
+			t.Errorf("vivarium/%s = %q, want %q", rel, got, want)
+		}
+	}
+	os.WriteFile(filepath.Join(parent, "key_a", "memory.current"), []byte("12345\n"), 0o644)
+	if n, err := m.TenantMemory("key_a"); err != nil || n != 12345 {
+		t.Errorf("TenantMemory = %d, %v", n, err)
+	}
+	if err := m.SetCeilings(Ceilings{}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := m.New("sb2", Limits{Tenant: "key_b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Destroy()
+	for _, rel := range []string{"memory.max", "key_b/memory.max"} {
+		if got := readString(t, filepath.Join(parent, rel)); got != "max" {
+			t.Errorf("no ceiling: vivarium/%s = %q, want max", rel, got)
+		}
+	}
+}
+
+// A chain of groups, each filling a memfd and handing it to a holder in
+// another group before it ends (what two sandboxes of a key do over a
+// Unix socket on a volume both mount), leaves its pages charged to its
+// ended group, outside every live group's limit. Under a ceiling the
+// tenant's group (or, without tenants, the parent) stays within it: the
+// kernel OOM-kills a process of the subtree once it is reached.
+func TestRealCeilingBoundsEndedGroups(t *testing.T) {
+	testutil.RequireRoot(t)
+	py := testutil.RequirePython(t)
+	const parent, ceiling, fill = "vivarium-ceiling-test", 96 << 20, 32 << 20
+	m, err := Detect(parent)
+	if err != nil {
+		t.Skipf("no usable cgroups: %v", err)
+	}
+	for _, c := range []struct {
+		name, tenant string
+		ceilings     Ceilings
+	}{
+		{"tenant", fmt.Sprintf("key_ceiling%d", os.Getpid()), Ceilings{Tenant: ceiling}},
+		{"total", "", Ceilings{Total: ceiling}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if err := m.SetCeilings(c.ceilings); err != nil {
+				t.Fatal(err)
+			}
+			defer m.SetCeilings(Ceilings{})
+			usage := func() int64 {
+				var n int64
+				var err error
+				switch mm := m.(type) {
+				case *v1:
+					n, err = readInt(filepath.Join(mm.memory, parent, c.tenant), "memory.usage_in_bytes")
+				case *v2:
+					n, err = readInt(filepath.Join(mm.root, parent, c.tenant), "memory.current")
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+			fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			holderEnd, senderEnd := os.NewFile(uintptr(fds[0]), "holder"), os.NewFile(uintptr(fds[1]), "sender")
+			defer senderEnd.Close()
+			// start runs code in a new group; the code waits for a byte on
+			// stdin, sent once it is in the group.
+			start := func(name, code string, sock *os.File) (Group, *exec.Cmd) {
+				g, err := m.New(name, Limits{Tenant: c.tenant, MemoryBytes: 64 << 20, Pids: 8})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { g.Destroy() })
+				cmd := exec.Command(py, "-c", "import sys\nsys.stdin.read(1)\n"+code)
+				cmd.ExtraFiles = []*os.File{sock}
+				stdin, _ := cmd.StdinPipe()
+				cmd.Stderr = os.Stderr
+				if err := cmd.Start(); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+				if err := g.AddProc(cmd.Process.Pid); err != nil {
+					t.Fatal(err)
+				}
+				stdin.Write([]byte("x"))
+				stdin.Close()
+				return g, cmd
+			}
+			holder, _ := start("holder", `
+import socket
+s = socket.socket(fileno=3)
+held = []
+while True:
+    msg, fds, _, _ = socket.recv_fds(s, 16, 4)
+    if not msg:
+        break
+    held += fds
+    s.send(b"k")`, holderEnd)
+			holderEnd.Close()
+			base := usage()
+			oomKills := func(g Group) int64 {
+				s, err := g.Stats()
+				if err != nil {
+					t.Fatal(err)
+				}
+				return s.OOMKills
+			}
+			var killed []string
+			for i := range 5 {
+				g, cmd := start(fmt.Sprintf("sender%d", i), fmt.Sprintf(`
+import os, socket
+fd = os.memfd_create("pinned")
+for _ in range(%d):
+    os.write(fd, b"x" * (1 << 20))
+s = socket.socket(fileno=3)
+socket.send_fds(s, [b"m"], [fd])
+s.recv(1)`, fill>>20), senderEnd)
+				err := cmd.Wait()
+				if oomKills(g) > 0 {
+					killed = append(killed, fmt.Sprintf("sender%d", i))
+				} else if err != nil {
+					t.Logf("sender%d: %v", i, err)
+				}
+				if err := g.Destroy(); err != nil {
+					t.Fatal(err)
+				}
+				n := usage()
+				t.Logf("after sender%d ended: %d MiB charged (%d MiB with the holder alone)", i, n>>20, base>>20)
+				if n > ceiling {
+					t.Fatalf("%d MiB charged with a ceiling of %d MiB", n>>20, ceiling>>20)
+				}
+			}
+			if oomKills(holder) > 0 {
+				killed = append(killed, "holder")
+			}
+			t.Logf("OOM-killed at the ceiling: %v", killed)
+			if len(killed) == 0 {
+				t.Errorf("5 memfds of %d MiB kept under a ceiling of %d MiB, and no process was killed", fill>>20, ceiling>>20)
+			}
+		})
+	}
+}

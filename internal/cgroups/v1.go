@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -30,6 +31,9 @@ type v1 struct {
 	devices func() ([]Device, error)
 	// others are the v1 hierarchies the manager makes no groups in.
 	others []string
+	// tenantCeiling is Ceilings.Tenant, written to each tenant's group
+	// when it is made.
+	tenantCeiling atomic.Int64
 }
 
 func newV1(mounts []mount, parent string) (*v1, error) {
@@ -181,8 +185,86 @@ func (m *v1) acquireTenant(tenant string) error {
 			removeTenantDirs(dirs)
 			return err
 		}
+		if err := limitMemoryV1(filepath.Join(m.memory, m.parent, tenant), m.tenantCeiling.Load()); err != nil {
+			removeTenantDirs(dirs)
+			return err
+		}
 		return nil
 	})
+}
+
+// SetCeilings implements Manager: the parent's limit now, each tenant's
+// group's when it is made.
+func (m *v1) SetCeilings(c Ceilings) error {
+	if c.Total > 0 || c.Tenant > 0 {
+		if err := m.CheckCeilings(); err != nil {
+			return err
+		}
+	}
+	if err := limitMemoryV1(filepath.Join(m.memory, m.parent), c.Total); err != nil {
+		return err
+	}
+	m.tenantCeiling.Store(c.Tenant)
+	return nil
+}
+
+// CheckCeilings implements Manager. Before Linux 5.16 a v1 group counts
+// its children's charges only with memory.use_hierarchy set, which a
+// group inherits from its parent when made and which can be changed only
+// while it has no children: it is set on the parent here if it is not.
+// From 5.16 it is always set.
+func (m *v1) CheckCeilings() error {
+	dir := filepath.Join(m.memory, m.parent)
+	if on, err := readInt(dir, "memory.use_hierarchy"); err == nil && on == 1 {
+		return nil
+	}
+	if err := writeFile(dir, "memory.use_hierarchy", "1"); err != nil {
+		return fmt.Errorf("%w: hierarchical memory accounting is off in %s (memory.use_hierarchy 0) and cannot be turned on "+
+			"while it holds groups, so a memory ceiling there would not count its sandboxes: %v", ErrUnavailable, dir, err)
+	}
+	return nil
+}
+
+// TenantMemory implements Manager.
+func (m *v1) TenantMemory(tenant string) (int64, error) {
+	if err := validTenant(tenant); err != nil {
+		return 0, err
+	}
+	return readInt(filepath.Join(m.memory, m.parent, tenant), "memory.usage_in_bytes")
+}
+
+// limitMemoryV1 sets a v1 group's memory limit (0: none) and beside it
+// the same limit of memory plus swap, where swap is accounted
+// (memory.memsw: swapping out then frees nothing of the bound, so the
+// group gets no swap beyond it), and of socket buffers: v1 charges a
+// socket's TCP and UDP buffers to its group (and the group's parents)
+// only once the group has a TCP limit of its own, and otherwise against
+// the host-wide net.ipv4.tcp_mem and udp_mem alone (one sandbox of 128
+// MiB held 2.2 GiB of UDP buffers on loopback before it had one).
+func limitMemoryV1(dir string, bytes int64) error {
+	v := "-1"
+	if bytes > 0 {
+		v = fmt.Sprint(bytes)
+	}
+	files := []string{"memory.limit_in_bytes"}
+	if _, err := os.Stat(filepath.Join(dir, "memory.memsw.limit_in_bytes")); err == nil {
+		// The kernel keeps memory+swap at or above memory: mem+swap is
+		// raised first and lowered last.
+		if sw, err := readInt(dir, "memory.memsw.limit_in_bytes"); err != nil || bytes <= 0 || bytes > sw {
+			files = []string{"memory.memsw.limit_in_bytes", "memory.limit_in_bytes"}
+		} else {
+			files = append(files, "memory.memsw.limit_in_bytes")
+		}
+	}
+	for _, f := range files {
+		if err := writeFile(dir, f, v); err != nil {
+			return err
+		}
+	}
+	if err := writeFile(dir, "memory.kmem.tcp.limit_in_bytes", v); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
 }
 
 // weighTenant writes a tenant group's CPU share and, where the kernel
@@ -242,28 +324,13 @@ func (g *group1) dir(point string) string { return filepath.Join(point, g.m.pare
 func (g *group1) limit(l Limits, devs []Device) error {
 	mem := g.dir(g.m.memory)
 	if l.MemoryBytes > 0 {
-		v := fmt.Sprint(l.MemoryBytes)
-		if err := writeFile(mem, "memory.limit_in_bytes", v); err != nil {
+		// No swap: memory+swap at the same limit, and swappiness 0 where
+		// swap is not accounted (no memory.memsw), which keeps the group's
+		// pages out of swap. Its socket buffers within the same bound.
+		if err := limitMemoryV1(mem, l.MemoryBytes); err != nil {
 			return err
-		}
-		// memory+swap: the same limit means no swap at all. The file exists
-		// only with swap accounting; without it there is nothing to set,
-		// and swappiness 0 keeps the group's pages out of swap.
-		if _, err := os.Stat(filepath.Join(mem, "memory.memsw.limit_in_bytes")); err == nil {
-			if err := writeFile(mem, "memory.memsw.limit_in_bytes", v); err != nil {
-				return err
-			}
 		}
 		if err := writeFile(mem, "memory.swappiness", "0"); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return err
-		}
-		// Socket buffers: v1 charges a socket's TCP and UDP buffers to its
-		// group only once the group has a TCP limit of its own (v2 always
-		// charges them to memory.max). Without it they count against the
-		// host-wide net.ipv4.tcp_mem and udp_mem alone: one sandbox of
-		// 128 MiB held 2.2 GiB of UDP buffers on loopback. The same bound
-		// as its memory, beside it.
-		if err := writeFile(mem, "memory.kmem.tcp.limit_in_bytes", v); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return err
 		}
 	}

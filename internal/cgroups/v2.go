@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -24,6 +25,9 @@ type v2 struct {
 	// devices are the block devices I/O limits apply to (IODevices;
 	// tests replace it).
 	devices func() ([]Device, error)
+	// tenantCeiling is Ceilings.Tenant, written to each tenant's group
+	// when it is made.
+	tenantCeiling atomic.Int64
 }
 
 var v2Controllers = []string{"memory", "pids"}
@@ -208,6 +212,9 @@ func (m *v2) setUpTenant(dir string) error {
 	if err := enableControllers(dir, m.controllers); err != nil {
 		return err
 	}
+	if err := writeFile(dir, "memory.max", memoryMax(m.tenantCeiling.Load())); err != nil {
+		return err
+	}
 	if m.CPUController() {
 		if err := writeFile(dir, "cpu.weight", fmt.Sprint(tenantCPUWeight)); err != nil {
 			return err
@@ -226,6 +233,38 @@ func (m *v2) setUpTenant(dir string) error {
 		}
 	}
 	return nil
+}
+
+// SetCeilings implements Manager: the parent's memory.max now, each
+// tenant's group's when it is made. A tenant's group has no
+// memory.oom.group: reaching its ceiling, the kernel kills the largest
+// process of the tenant's, and with it that sandbox alone (each
+// sandbox's group has memory.oom.group), not all of the tenant's.
+func (m *v2) SetCeilings(c Ceilings) error {
+	if err := writeFile(filepath.Join(m.root, m.parent), "memory.max", memoryMax(c.Total)); err != nil {
+		return err
+	}
+	m.tenantCeiling.Store(c.Tenant)
+	return nil
+}
+
+// CheckCeilings implements Manager: v2 accounts hierarchically always.
+func (m *v2) CheckCeilings() error { return nil }
+
+// TenantMemory implements Manager.
+func (m *v2) TenantMemory(tenant string) (int64, error) {
+	if err := validTenant(tenant); err != nil {
+		return 0, err
+	}
+	return readInt(filepath.Join(m.root, m.parent, tenant), "memory.current")
+}
+
+// memoryMax is memory.max's value for a limit in bytes (0: none).
+func memoryMax(bytes int64) string {
+	if bytes <= 0 {
+		return "max"
+	}
+	return fmt.Sprint(bytes)
 }
 
 // releaseTenant removes the tenant's group after its last group is gone.
