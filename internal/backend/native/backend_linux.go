@@ -58,9 +58,18 @@ type Config struct {
 	KernelLimits KernelLimits
 	// CgroupParent is the group sandboxes are created under.
 	CgroupParent string
+	// MemoryTotal bounds the memory of every sandbox (and zygote) of the
+	// backend together, the cgroup parent's limit; MemoryPerTenant that
+	// of each tenant's sandboxes together (sandbox.Spec.Tenant), their
+	// group's. Memory a sandbox leaves charged after it ended (a memfd, a
+	// tmpfs file or a pipe's contents it handed to another sandbox, over
+	// a socket on a volume both mount) stays within them, as within no
+	// sandbox's own limit (cgroups.Ceilings). Zero: no bound.
+	MemoryTotal, MemoryPerTenant int64
 	// InsecureNoCgroups accepts sandboxes without cgroups: memory and
 	// process limits then come from rlimits only (per process, not per
-	// sandbox), and CPU time is not accounted across processes.
+	// sandbox), and CPU time is not accounted across processes; nothing
+	// bounds memory sandboxes leave behind (MemoryTotal, MemoryPerTenant).
 	InsecureNoCgroups bool
 	// Exe is the binary re-executed as the sandbox's init. Default: this one.
 	Exe string
@@ -196,6 +205,12 @@ func New(cfg Config) (*Backend, error) {
 				"to run with rlimits only (weaker: limits per process, not per sandbox), pass --insecure-no-cgroups",
 				sandbox.ErrUnsupported, err)
 		}
+		if err := m.SetCeilings(cgroups.Ceilings{Total: cfg.MemoryTotal, Tenant: cfg.MemoryPerTenant}); err != nil {
+			uids.Close()
+			return nil, fmt.Errorf("%w: memory ceilings: %v. To run without them (weaker: memory a sandbox hands "+
+				"to another before it ends is bounded by the host's alone), pass --max-memory-per-key 0 --max-memory-total 0",
+				sandbox.ErrUnsupported, err)
+		}
 		b.cgroups = m
 	}
 	b.initBases()
@@ -233,6 +248,13 @@ func (b *Backend) CgroupVersion() int {
 		return 0
 	}
 	return b.cgroups.Version()
+}
+
+// MemoryCeilings reports the bounds on the memory of all sandboxes
+// together and of each tenant's (Config.MemoryTotal, MemoryPerTenant),
+// and false where none can hold: without cgroups.
+func (b *Backend) MemoryCeilings() (total, perTenant int64, ok bool) {
+	return b.cfg.MemoryTotal, b.cfg.MemoryPerTenant, b.cgroups != nil
 }
 
 // CPUShares reports whether each sandbox competes for CPU as one entity
