@@ -123,7 +123,8 @@ type Manager interface {
 	// it (hierarchical memory accounting off), or nil.
 	CheckCeilings() error
 	// TenantMemory is the memory charged to a tenant's group now: what
-	// its sandboxes hold, and what ended ones left charged to it.
+	// its sandboxes hold, and what ended ones left charged to it; with
+	// tenant "", the parent's: all groups'.
 	TenantMemory(tenant string) (int64, error)
 	// Sweep kills every process in every group under the parent and
 	// removes the groups, tenants' groups and the sandbox groups in them

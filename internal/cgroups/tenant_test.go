@@ -568,14 +568,7 @@ func TestRealCeilingBoundsEndedGroups(t *testing.T) {
 			}
 			defer m.SetCeilings(Ceilings{})
 			usage := func() int64 {
-				var n int64
-				var err error
-				switch mm := m.(type) {
-				case *v1:
-					n, err = readInt(filepath.Join(mm.memory, parent, c.tenant), "memory.usage_in_bytes")
-				case *v2:
-					n, err = readInt(filepath.Join(mm.root, parent, c.tenant), "memory.current")
-				}
+				n, err := m.TenantMemory(c.tenant)
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -227,7 +227,7 @@ func (m *v1) CheckCeilings() error {
 
 // TenantMemory implements Manager.
 func (m *v1) TenantMemory(tenant string) (int64, error) {
-	if err := validTenant(tenant); err != nil {
+	if err := validTenant(tenant); err != nil && tenant != "" {
 		return 0, err
 	}
 	return readInt(filepath.Join(m.memory, m.parent, tenant), "memory.usage_in_bytes")

@@ -253,7 +253,7 @@ func (m *v2) CheckCeilings() error { return nil }
 
 // TenantMemory implements Manager.
 func (m *v2) TenantMemory(tenant string) (int64, error) {
-	if err := validTenant(tenant); err != nil {
+	if err := validTenant(tenant); err != nil && tenant != "" {
 		return 0, err
 	}
 	return readInt(filepath.Join(m.root, m.parent, tenant), "memory.current")
