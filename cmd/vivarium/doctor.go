@@ -230,6 +230,9 @@ func doctorChecks() []check {
 
 	if m, err := cgroups.Detect(""); err != nil {
 		add("cgroups", err, "")
+		out = append(out, check{Name: "memory ceilings", Optional: true, Detail: "none without cgroups (vivarium serve " +
+			"--insecure-no-cgroups): nothing bounds the memory of a key's sandboxes, or of all, together, nor what a " +
+			"sandbox hands to another before it ends"})
 	} else {
 		detail := fmt.Sprintf("v%d", m.Version())
 		if m.Version() == 1 {
@@ -244,6 +247,8 @@ func doctorChecks() []check {
 			shares = "none: no cpu controller, a sandbox of many processes (or a key of many sandboxes) gets more than its share"
 		}
 		out = append(out, check{Name: "CPU shares", OK: true, Optional: true, Detail: shares})
+		add("memory ceilings", m.CheckCeilings(), "per API key and for all sandboxes together (vivarium serve "+
+			"--max-memory-per-key, --max-memory-total), what ended sandboxes left to others included: hierarchical memory accounting")
 	}
 
 	// A real sandbox, end to end, which also reports the Python stack.

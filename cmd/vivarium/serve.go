@@ -26,6 +26,7 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/backend/wasm"
 	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
 	"github.com/vivarium-sandbox/vivarium/internal/criu"
+	"github.com/vivarium-sandbox/vivarium/internal/hostmem"
 	"github.com/vivarium-sandbox/vivarium/internal/httpapi"
 	"github.com/vivarium-sandbox/vivarium/internal/pool"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
@@ -65,6 +66,7 @@ type serveConfig struct {
 	maxSnapshots                         int
 	maxSnapshotBytes                     sizeFlag
 	memory, disk, maxOutput              sizeFlag
+	memoryPerKey, memoryTotal            sizeFlag
 	pids                                 int
 	timeout                              time.Duration
 	cpus                                 float64
@@ -148,6 +150,13 @@ Flags:
 	c.maxSnapshotBytes = 8 << 30
 	fs.Var(&c.maxSnapshotBytes, "max-snapshot-bytes-per-key", "disk an API key's snapshots may take (default 8GiB)")
 	fs.Var(&c.memory, "max-memory", "largest memory limit a client may ask for (the default is 512MiB)")
+	_, hostTotal, _ := hostmem.Read()
+	memoryTotal, memoryPerKey := hostmem.DefaultCeilings(hostTotal)
+	c.memoryTotal, c.memoryPerKey = sizeFlag(memoryTotal), sizeFlag(memoryPerKey)
+	fs.Var(&c.memoryPerKey, "max-memory-per-key", "memory all native sandboxes of an API key may hold together (half the host's "+
+		"by default), what ended ones left to the others (a memfd handed over) included, with --tenant-share; 0: no bound")
+	fs.Var(&c.memoryTotal, "max-memory-total", "memory all native sandboxes of this server may hold together (by default "+
+		"the host's less 5%, at least 256MiB); 0: no bound")
 	fs.Var(&c.disk, "max-disk", "largest disk limit a client may ask for (the default is 256MiB)")
 	fs.Var(&c.maxOutput, "max-output", "largest output limit per stream a client may ask for (the default is 1MiB)")
 	fs.IntVar(&c.pids, "max-pids", 1024, "largest pids limit a client may ask for (the default is 64)")
@@ -358,7 +367,12 @@ func (c *serveConfig) openBackend(name string, log *slog.Logger) (sandbox.Backen
 			return nil, err
 		}
 	}
+	perKey := int64(c.memoryPerKey)
+	if !c.tenants {
+		perKey = 0 // no group per key
+	}
 	return native.New(native.Config{CgroupParent: c.cgroupParent, UIDBase: uint32(c.uidBase), UIDRanges: c.uidRanges,
+		MemoryTotal: int64(c.memoryTotal), MemoryPerTenant: perKey,
 		KernelLimits: c.kernelLimits, InsecureNoCgroups: c.noCgroups, Zygote: c.zygote, Preload: c.preloads(),
 		ZygoteMaxSandboxes: c.zygoteMaxSandboxes, ZygoteMaxAge: c.zygoteMaxAge, CheckpointDir: c.checkpointDir,
 		PauseBaseDir: c.pauseBaseDir(), Logger: log})
@@ -530,6 +544,7 @@ func serve(c *serveConfig, log *slog.Logger) error {
 			log.Warn("no cpu cgroup controller: a sandbox running many processes gets more CPU than its share, " +
 				"and a key running many sandboxes more than its share")
 		}
+		c.warnMemoryCeilings(nb, log)
 		if c.zygote {
 			log.Info("starting the zygote", "preload", c.preload)
 			if err := nb.Warm(context.Background()); err != nil {
@@ -665,7 +680,8 @@ func serve(c *serveConfig, log *slog.Logger) error {
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
 	attrs := []any{"addr", ln.Addr().String(), "data_dir", c.dataDir, "dev", c.dev, "backends", strings.Join(b.Names(), ","),
-		"tenant_share", c.tenants, "io_limit", c.io.String()}
+		"tenant_share", c.tenants, "io_limit", c.io.String(), "max_memory_total", c.memoryTotal.String(),
+		"max_memory_per_key", c.memoryPerKey.String()}
 	if nb, ok := nativeOf(b); ok {
 		attrs = append(attrs, "cgroup_version", nb.CgroupVersion())
 	}
@@ -718,6 +734,36 @@ func serve(c *serveConfig, log *slog.Logger) error {
 	}
 	log.Info("stopped", "sandboxes_left", svc.Live())
 	return err
+}
+
+// warnMemoryCeilings says where the bounds on sandboxes' memory together
+// (--max-memory-total, --max-memory-per-key) do not hold, or hold less
+// than a sandbox may ask for.
+func (c *serveConfig) warnMemoryCeilings(nb *native.Backend, log *slog.Logger) {
+	total, perKey, ok := nb.MemoryCeilings()
+	switch {
+	case !ok:
+		log.Warn("no cgroups: no memory bound on all sandboxes together or per key; memory a sandbox hands to another " +
+			"before it ends (a memfd, over a socket on a shared volume) is bounded by nothing but the host's")
+		return
+	case c.tenants && perKey == 0:
+		log.Warn("--max-memory-per-key 0: no memory bound per key; a key's sandboxes may together hold up to --max-memory-total")
+	case !c.tenants && c.memoryPerKey > 0:
+		log.Warn("--tenant-share=false: --max-memory-per-key does not apply (a key's sandboxes have no group of their own); " +
+			"one key's sandboxes may together hold up to --max-memory-total")
+	}
+	if total == 0 {
+		log.Warn("--max-memory-total 0: no memory bound on all sandboxes together; they may take the host's memory")
+	}
+	for _, l := range []struct {
+		name  string
+		bytes int64
+	}{{"--max-memory-total", total}, {"--max-memory-per-key", perKey}} {
+		if l.bytes > 0 && l.bytes < int64(c.memory) {
+			log.Warn(l.name+" is below --max-memory: a sandbox given the largest memory limit is stopped at the smaller bound first",
+				"bound", formatSize(l.bytes), "max_memory", c.memory.String())
+		}
+	}
 }
 
 // lockParent takes an exclusive lock that names the cgroup parent, held

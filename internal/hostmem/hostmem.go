@@ -48,6 +48,18 @@ func Read() (available, total int64, err error) {
 // 256 MiB.
 func Reserve(total int64) int64 { return max(256<<20, total/20) }
 
+// DefaultCeilings are the default bounds on sandboxes' memory on a host
+// of total bytes, rounded down to MiB: all of a server's together keep
+// the host its Reserve (a host too small for it keeps half); one
+// tenant's (an API key's) together take at most half of it, the largest
+// share that still leaves every other tenant as much as one tenant may
+// take.
+func DefaultCeilings(total int64) (all, perTenant int64) {
+	const mib = 1 << 20
+	half := total / 2 / mib * mib
+	return max(half, (total-Reserve(total))/mib*mib), half
+}
+
 // Fits fails with sandbox.ErrNoRoom when need bytes more would leave the
 // host (available and total memory, as Read gives them) less than its
 // Reserve; what is asked for is named in the error (copies: "the

@@ -15,6 +15,12 @@ func TestReadAndFits(t *testing.T) {
 	if Reserve(1<<30) != 256<<20 || Reserve(100<<30) != 5<<30 {
 		t.Fatalf("reserve: %d, %d", Reserve(1<<30), Reserve(100<<30))
 	}
+	if all, key := DefaultCeilings(24588536 << 10); all != 22811<<20 || key != 12006<<20 {
+		t.Fatalf("ceilings of a 23.4 GiB host: %d MiB, %d MiB per tenant", all>>20, key>>20)
+	}
+	if all, key := DefaultCeilings(384 << 20); all != 192<<20 || key != 192<<20 {
+		t.Fatalf("ceilings of a host smaller than its reserve: %d, %d", all, key)
+	}
 	if err := Fits(1<<30, 8<<30, 16<<30, "the copies"); err != nil {
 		t.Fatal(err)
 	}
