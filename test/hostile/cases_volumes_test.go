@@ -27,7 +27,10 @@ const noVolumes = "this backend mounts no volumes: a sandbox asking for one is r
 // and nothing outside it is linked in. Another sandbox of the key on the
 // same volume that hands over descriptors of its root and /proc on a
 // socket there gives only what any other user may have of them
-// (docs/security.md, Volumes: a decision, not prevented).
+// (docs/security.md, Volumes: a decision, not prevented); what such
+// descriptors keep after their giver ended (a memfd's pages) stays
+// within the key's memory ceiling (TestCeilingBoundsHandedMemory,
+// internal/backend/native).
 var volumeCases = []hostileCase{
 	{
 		name: "volume_escape",
