@@ -33,9 +33,10 @@ func withPorts(next http.Handler, svc *service.Service, e *e2b.Server, domain st
 			}
 			return svc.PortTokenOwner(c.Value, id, port)
 		},
-		Dial: svc.DialPort,
-		Host: svc.PortHost,
-		Next: next,
+		Dial:  svc.DialPort,
+		Host:  svc.PortHost,
+		Known: svc.Known,
+		Next:  next,
 	}
 	return &e2bHosts{domain: domain, hosts: hosts, next: next}
 }

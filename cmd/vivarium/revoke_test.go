@@ -70,7 +70,8 @@ func newE2BSandbox(t *testing.T, srv *server, key string) e2bSandbox {
 // reach tries each of a sandbox's tokens and says which open it: the E2B
 // access token (envd's health), a signed file URL made with it, the port
 // token (the sandbox serves nothing on the port: a refusal of the token
-// is 401 or 403, a port with nothing behind it 502).
+// is 401 or 403, a sandbox that is gone 404, a port with nothing behind
+// it 502).
 func reach(t *testing.T, srv *server, sb e2bSandbox) map[string]bool {
 	t.Helper()
 	code, _ := req(t, "GET", srv.url+"/e2b/sandbox/health", map[string]string{"E2b-Sandbox-Id": sb.ID,
@@ -80,7 +81,7 @@ func reach(t *testing.T, srv *server, sb e2bSandbox) map[string]bool {
 		"signature": {"v1_" + base64.RawStdEncoding.EncodeToString(sum[:])}}
 	signed, _ := req(t, "GET", srv.url+"/files?"+q.Encode(), nil, nil)
 	port, _ := req(t, "GET", srv.url+"/v1/sandboxes/"+sb.ID+"/ports/8000/", map[string]string{"Vivarium-Port-Token": sb.PortToken}, nil)
-	return map[string]bool{"access": code == 204, "signed": signed == 404, "port": port != 401 && port != 403}
+	return map[string]bool{"access": code == 204, "signed": signed == 404, "port": port != 401 && port != 403 && port != 404}
 }
 
 func all(m map[string]bool, want bool) bool {

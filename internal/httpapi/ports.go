@@ -10,6 +10,7 @@ import (
 
 	"github.com/vivarium-sandbox/vivarium/internal/portproxy"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/service"
 )
 
 // A sandbox's ports (see package portproxy): POST .../ports/{port} hands
@@ -104,6 +105,10 @@ func (s *Server) servePort(w http.ResponseWriter, r *http.Request) {
 			who = o
 			break
 		}
+	}
+	if who == "" && !s.svc.Known(id) {
+		portproxy.WriteError(w, service.ErrNotFound)
+		return
 	}
 	if who == "" {
 		portproxy.WriteError(w, portproxy.Unauthorized("a token for this port of this sandbox is required: the "+

@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+
+	"github.com/vivarium-sandbox/vivarium/internal/service"
 )
 
 // Hosts serves the host form: a request for <port>-<id>.<Domain> goes to
@@ -25,7 +27,11 @@ type Hosts struct {
 	// Host, when set, is the Host header that port of an owner's sandbox
 	// gets ("": the client's; service.PortHost).
 	Host func(owner, id string, port int) string
-	Next http.Handler
+	// Known, when set, says whether sandbox id lives: a request no token
+	// opens is then 404 for a sandbox that does not, as a request with
+	// its token was (service.Known; sandboxes' ids are not secrets).
+	Known func(id string) bool
+	Next  http.Handler
 }
 
 func (h *Hosts) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -46,6 +52,10 @@ func (h *Hosts) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			owner, cred = o, c
 			break
 		}
+	}
+	if owner == "" && h.Known != nil && !h.Known(id) {
+		WriteError(w, service.ErrNotFound)
+		return
 	}
 	if owner == "" {
 		// 403, as E2B's proxy answers a request without its token.

@@ -11,3 +11,12 @@ func (s *Service) Exists(owner, id string) bool {
 	_, err := s.lookup(owner, id)
 	return err == nil
 }
+
+// Known reports whether a sandbox of id lives, whoever's it is: for what
+// tells a request for a sandbox that is gone from one whose credential
+// does not open it (sandboxes' ids are random, not secrets).
+func (s *Service) Known(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.boxes[id] != nil
+}
