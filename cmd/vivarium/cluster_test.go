@@ -112,31 +112,17 @@ func setPodIP(t *testing.T, kc *kubetest.Cluster, node, ip string) {
 // call sends a JSON request with key (none: "") and decodes a JSON answer.
 func call(t testing.TB, key, method, url string, body any, out any) int {
 	t.Helper()
-	var r io.Reader
-	if body != nil {
-		b, _ := json.Marshal(body)
-		r = bytes.NewReader(b)
-	}
-	req, err := http.NewRequest(method, url, r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
+	hdr := map[string]string{"Content-Type": "application/json"}
 	if key != "" {
-		req.Header.Set("Authorization", "Bearer "+key)
+		hdr["Authorization"] = "Bearer " + key
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
+	code, b := req(t, method, url, hdr, body)
 	if out != nil {
 		if err := json.Unmarshal(b, out); err != nil {
-			t.Fatalf("%s %s: %d %s: %v", method, url, resp.StatusCode, b, err)
+			t.Fatalf("%s %s: %d %s: %v", method, url, code, b, err)
 		}
 	}
-	return resp.StatusCode
+	return code
 }
 
 // clusterSandboxes is how many sandboxes TestCluster spreads.

@@ -1,11 +1,9 @@
 package main
 
 import (
-	"bufio"
 	"encoding/base64"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -88,25 +86,10 @@ async def main():
 asyncio.run(main())
 `
 
-// rawRequest sends head (a request's line and headers, as written) to the
-// server at url and returns the answer.
+// rawRequest sends head to the server at url (testutil.RawHTTP).
 func rawRequest(t *testing.T, url, head string) (int, http.Header, string) {
 	t.Helper()
-	c, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if _, err := io.WriteString(c, head+"Connection: close\r\n\r\n"); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	if err != nil {
-		t.Fatalf("%q: %v", head, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, resp.Header, string(b)
+	return testutil.RawHTTP(t, strings.TrimPrefix(url, "http://"), head)
 }
 
 // vivarium serve --domain, a sandbox's server that echoes what it gets,

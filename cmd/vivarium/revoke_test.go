@@ -15,9 +15,9 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
 
-// req makes one request of the test's server and returns its status and
-// body.
-func req(t *testing.T, method, u string, hdr map[string]string, body any) (int, []byte) {
+// req sends a request with headers hdr ("Host" sets the request's host)
+// and a JSON body (nil: none), and returns the status and body.
+func req(t testing.TB, method, u string, hdr map[string]string, body any) (int, []byte) {
 	t.Helper()
 	var r io.Reader
 	if body != nil {

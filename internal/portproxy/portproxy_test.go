@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
 
 func TestParseHost(t *testing.T) {
@@ -322,25 +323,12 @@ func TestUpgrade(t *testing.T) {
 	}
 }
 
-// rawDo sends head (a request's line and headers, as written) to addr
-// and returns the answer's status and body.
+// rawDo sends head to addr (testutil.RawHTTP) and returns the answer's
+// status and body.
 func rawDo(t *testing.T, addr, head string) (int, string) {
 	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if _, err := io.WriteString(c, head+"Connection: close\r\n\r\n"); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	if err != nil {
-		t.Fatalf("%q: %v", head, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	code, _, body := testutil.RawHTTP(t, addr, head)
+	return code, body
 }
 
 // The preview's cookie opens the port to its own pages' requests and to

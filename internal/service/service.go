@@ -733,16 +733,22 @@ func (s *Service) Info(owner, id string) (Info, error) {
 	return b.info(), nil
 }
 
-// List returns an owner's sandboxes, oldest first.
-func (s *Service) List(owner string) []Info {
+// boxesOf lists owner's live sandboxes, or every owner's for "".
+func (s *Service) boxesOf(owner string) []*Box {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	var boxes []*Box
 	for _, b := range s.boxes {
-		if b != nil && b.owner == owner {
+		if b != nil && (owner == "" || b.owner == owner) {
 			boxes = append(boxes, b)
 		}
 	}
-	s.mu.Unlock()
+	return boxes
+}
+
+// List returns an owner's sandboxes, oldest first.
+func (s *Service) List(owner string) []Info {
+	boxes := s.boxesOf(owner)
 	out := make([]Info, 0, len(boxes))
 	for _, b := range boxes {
 		out = append(out, b.info())
@@ -946,14 +952,10 @@ func (s *Service) reap() {
 // its sandboxes (vivarium keys revoke --close-sandboxes): by another
 // process, the CLI, as well as by this one.
 func (s *Service) closeRevoked() {
-	s.mu.Lock()
 	owners := map[string][]*Box{}
-	for _, b := range s.boxes {
-		if b != nil {
-			owners[b.owner] = append(owners[b.owner], b)
-		}
+	for _, b := range s.boxesOf("") {
+		owners[b.owner] = append(owners[b.owner], b)
 	}
-	s.mu.Unlock()
 	for owner, boxes := range owners {
 		if revoked, closeThem := s.cfg.KeyRevoked(owner); revoked && closeThem {
 			s.cfg.Logger.Info("key revoked with its sandboxes: closing them", "owner", owner, "sandboxes", len(boxes))
@@ -967,14 +969,7 @@ func (s *Service) closeRevoked() {
 // CloseOwner closes every sandbox of owner (its key revoked) and returns
 // how many it closed.
 func (s *Service) CloseOwner(owner string) int {
-	s.mu.Lock()
-	var boxes []*Box
-	for _, b := range s.boxes {
-		if b != nil && b.owner == owner {
-			boxes = append(boxes, b)
-		}
-	}
-	s.mu.Unlock()
+	boxes := s.boxesOf(owner)
 	for _, b := range boxes {
 		s.remove(b, "key revoked")
 	}

@@ -129,13 +129,11 @@ func (s *Service) Snapshot(ctx context.Context, owner, id, name string) (Snapsho
 	if err := b.quietFor("save"); err != nil {
 		return SnapshotInfo{}, err
 	}
-	so, put := s.snaps.get(owner)
-	defer put()
-	release, err := so.write(ctx)
+	so, done, err := s.snaps.write(ctx, owner)
 	if err != nil {
 		return SnapshotInfo{}, err
 	}
-	defer release()
+	defer done()
 	if err := so.room(s, owner, 1); err != nil {
 		return SnapshotInfo{}, err
 	}
@@ -153,9 +151,9 @@ func (s *Service) Snapshot(ctx context.Context, owner, id, name string) (Snapsho
 	}
 	defer os.RemoveAll(dir) // nothing there once committed
 	start := time.Now()
-	done := s.use(b)
+	used := s.use(b)
 	size, err := sn.SaveSnapshot(ctx, filepath.Join(dir, "data"))
-	done()
+	used()
 	if err != nil {
 		return SnapshotInfo{}, err
 	}
@@ -354,13 +352,11 @@ func (s *Service) ImportSnapshot(ctx context.Context, owner string, r io.Reader)
 	if err := s.snapshotsOn(); err != nil {
 		return SnapshotInfo{}, err
 	}
-	so, put := s.snaps.get(owner)
-	defer put()
-	release, err := so.write(ctx)
+	so, done, err := s.snaps.write(ctx, owner)
 	if err != nil {
 		return SnapshotInfo{}, err
 	}
-	defer release()
+	defer done()
 	so.mu.Lock()
 	err = s.snapshotRoom(owner, 1)
 	room := s.cfg.MaxSnapshotBytes - s.snapshotBytes(owner)
@@ -469,18 +465,6 @@ type snapOwner struct {
 	refs   int           // snapOwners' count of its users
 }
 
-// write takes one of the owner's snapshotWrites, waiting for one while
-// ctx lasts.
-func (o *snapOwner) write(ctx context.Context) (release func(), err error) {
-	select {
-	case o.writes <- struct{}{}:
-		return func() { <-o.writes }, nil
-	case <-ctx.Done():
-		return nil, fmt.Errorf("%w: this key's other snapshots being saved or imported (%d at once) did not end in time",
-			ErrQuota, snapshotWrites)
-	}
-}
-
 // room is snapshotRoom under the owner's lock.
 func (o *snapOwner) room(s *Service, owner string, add int64) error {
 	o.mu.Lock()
@@ -506,6 +490,20 @@ func (o *snapOwner) commit(ctx context.Context, s *Service, owner, dir string, m
 type snapOwners struct {
 	mu sync.Mutex
 	m  map[string]*snapOwner
+}
+
+// write returns owner's snapOwner with one of its snapshotWrites taken,
+// waiting for one while ctx lasts; done gives both back.
+func (o *snapOwners) write(ctx context.Context, owner string) (so *snapOwner, done func(), err error) {
+	so, put := o.get(owner)
+	select {
+	case so.writes <- struct{}{}:
+		return so, func() { <-so.writes; put() }, nil
+	case <-ctx.Done():
+		put()
+		return nil, nil, fmt.Errorf("%w: this key's other snapshots being saved or imported (%d at once) did not end in time",
+			ErrQuota, snapshotWrites)
+	}
 }
 
 // get returns owner's snapOwner; put gives it back.

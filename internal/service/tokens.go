@@ -111,14 +111,7 @@ func (s *Service) AccessTokenOwner(token, id string) (owner string, ok, gone boo
 // nothing about other owners' sandboxes: they only check a credential
 // against each.
 func (s *Service) AccessTokens() []OwnedToken {
-	s.mu.Lock()
-	boxes := make([]*Box, 0, len(s.boxes))
-	for _, b := range s.boxes {
-		if b != nil {
-			boxes = append(boxes, b)
-		}
-	}
-	s.mu.Unlock()
+	boxes := s.boxesOf("")
 	out := make([]OwnedToken, 0, len(boxes))
 	live := map[string]bool{}
 	for _, b := range boxes {

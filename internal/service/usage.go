@@ -136,15 +136,7 @@ func (s *Service) sampling(b *Box, l *usageLog) bool {
 
 // sampleAll takes one sample of every live sandbox.
 func (s *Service) sampleAll() {
-	s.mu.Lock()
-	boxes := make([]*Box, 0, len(s.boxes))
-	for _, b := range s.boxes {
-		if b != nil {
-			boxes = append(boxes, b)
-		}
-	}
-	s.mu.Unlock()
-	for _, b := range boxes {
+	for _, b := range s.boxesOf("") {
 		l := s.usage.get(b.id, true)
 		l.mu.Lock()
 		if s.sampling(b, l) {
