@@ -47,6 +47,9 @@ func req(t testing.TB, method, u string, hdr map[string]string, body any) (int, 
 // e2bSandbox is one E2B sandbox of a key and its credentials.
 type e2bSandbox struct {
 	ID, Token, PortToken string
+	// A volume of the key's, and its token ("": none, where the host
+	// keeps no volumes).
+	Volume, VolumeToken string
 }
 
 func newE2BSandbox(t *testing.T, srv *server, key string) e2bSandbox {
@@ -64,11 +67,24 @@ func newE2BSandbox(t *testing.T, srv *server, key string) e2bSandbox {
 	if err := json.Unmarshal(b, &pa); code != 200 || err != nil {
 		t.Fatalf("port token: %d %s", code, b)
 	}
-	return e2bSandbox{ID: sb.SandboxID, Token: sb.EnvdAccessToken, PortToken: pa.Token}
+	out := e2bSandbox{ID: sb.SandboxID, Token: sb.EnvdAccessToken, PortToken: pa.Token}
+	code, b = req(t, "POST", srv.url+"/e2b/volumes", map[string]string{"X-API-Key": key}, map[string]string{"name": "v-" + sb.SandboxID[3:11]})
+	var vol struct {
+		VolumeID string `json:"volumeID"`
+		Token    string `json:"token"`
+	}
+	switch err := json.Unmarshal(b, &vol); {
+	case code == 201 && err == nil:
+		out.Volume, out.VolumeToken = vol.VolumeID, vol.Token
+	case code != 501:
+		t.Fatalf("create a volume: %d %s", code, b)
+	}
+	return out
 }
 
 // reach tries each of a sandbox's tokens and says which open it: the E2B
-// access token (envd's health), a signed file URL made with it, the port
+// access token (envd's health), a signed file URL made with it, the
+// volume token (a listing of the volume's files), the port
 // token (the sandbox serves nothing on the port: a refusal of the token
 // is 401 or 403, a sandbox that is gone 404, a port with nothing behind
 // it 502).
@@ -81,7 +97,12 @@ func reach(t *testing.T, srv *server, sb e2bSandbox) map[string]bool {
 		"signature": {"v1_" + base64.RawStdEncoding.EncodeToString(sum[:])}}
 	signed, _ := req(t, "GET", srv.url+"/files?"+q.Encode(), nil, nil)
 	port, _ := req(t, "GET", srv.url+"/v1/sandboxes/"+sb.ID+"/ports/8000/", map[string]string{"Vivarium-Port-Token": sb.PortToken}, nil)
-	return map[string]bool{"access": code == 204, "signed": signed == 404, "port": port != 401 && port != 403 && port != 404}
+	got := map[string]bool{"access": code == 204, "signed": signed == 404, "port": port != 401 && port != 403 && port != 404}
+	if sb.Volume != "" {
+		vol, _ := req(t, "GET", srv.url+"/e2b/volumecontent/"+sb.Volume+"/dir?path=/", map[string]string{"Authorization": "Bearer " + sb.VolumeToken}, nil)
+		got["volume"] = vol == 200
+	}
+	return got
 }
 
 func all(m map[string]bool, want bool) bool {
@@ -102,11 +123,14 @@ func TestServeRevokedKeysTokens(t *testing.T) {
 	dataDir := t.TempDir()
 	alice, aliceID := createKey(t, dataDir, "alice")
 	bob, bobID := createKey(t, dataDir, "bob")
-	srv := startServer(t, dataDir, "--e2b-pausable=false")
+	srv := startServer(t, dataDir, "--e2b-pausable=false", "--volume-size", "16MiB")
 	a := newE2BSandbox(t, srv, alice)
 	b := newE2BSandbox(t, srv, bob)
 	if got := reach(t, srv, a); !all(got, true) {
 		t.Fatalf("alice's tokens before any revocation: %v", got)
+	}
+	if a.Volume == "" {
+		t.Log("this host keeps no volumes: volume tokens are not tried")
 	}
 	live := func() string {
 		_, m := req(t, "GET", srv.url+"/metrics", map[string]string{"Authorization": "Bearer " + bob}, nil)
@@ -131,7 +155,7 @@ func TestServeRevokedKeysTokens(t *testing.T) {
 	if err := json.Unmarshal(body, &prot); code != 200 || err != nil || prot.Token == a.PortToken {
 		t.Fatalf("rotate the port token: %d %s", code, body)
 	}
-	if got := reach(t, srv, a); !all(got, false) {
+	if got := reach(t, srv, a); got["access"] || got["signed"] || got["port"] {
 		t.Fatalf("rotated tokens still open: %v", got)
 	}
 	a.Token, a.PortToken = rot.Token, prot.Token
