@@ -41,10 +41,17 @@ type Outcome struct {
 	Broken error
 }
 
-// memoryMsg says which limit an execution reached. Files count: a
-// sandbox's file system is kept in memory (native), or may be (/dev/shm,
-// tmpfs mounts), and its files stay when the process that wrote them ends.
-func (o Outcome) memoryMsg() string {
+// memoryMsg says which limit an execution reached, peak being the most
+// the sandbox held (0: not known). Files count: a sandbox's file system
+// is kept in memory (native), or may be (/dev/shm, tmpfs mounts), and its
+// files stay when the process that wrote them ends. A sandbox killed well
+// under its own limit was killed at a ceiling above it: its key's, or
+// all sandboxes' (serve --max-memory-per-key, --max-memory-total).
+func (o Outcome) memoryMsg(peak int64) string {
+	if peak > 0 && o.Limits.Memory > 0 && peak < o.Limits.Memory/10*9 {
+		return fmt.Sprintf("the sandbox ran out of memory at %d MiB, under its own %d MiB limit: the memory ceiling of "+
+			"its API key's sandboxes, or of all sandboxes on the server, was reached", peak>>20, o.Limits.Memory>>20)
+	}
 	return fmt.Sprintf("the sandbox exceeded its %d MiB memory limit "+
 		"(what its processes hold, and its files in memory: /dev/shm's, and on the native backend all of them)", o.Limits.Memory>>20)
 }
@@ -65,7 +72,7 @@ func (o Outcome) Classify(res *Result) {
 	case o.Dead && o.Crash != "":
 		if o.OOM {
 			limitErr(StatusMemoryLimit, ExitMemoryLimit, "MemoryError",
-				o.memoryMsg())
+				o.memoryMsg(res.PeakMemoryBytes))
 			break
 		}
 		limitErr(StatusKilled, ExitCrash, "Killed", o.Crash)
@@ -77,7 +84,7 @@ func (o Outcome) Classify(res *Result) {
 		switch {
 		case o.OOM:
 			limitErr(StatusMemoryLimit, ExitMemoryLimit, "MemoryError",
-				o.memoryMsg())
+				o.memoryMsg(res.PeakMemoryBytes))
 		case sig == syscall.SIGXCPU || (o.Limits.CPUTime > 0 && res.CPUMS >= float64(o.Limits.CPUTime.Milliseconds())):
 			limitErr(StatusTimeout, ExitTimeout, "TimeoutError",
 				fmt.Sprintf("execution exceeded the %v CPU time limit", o.Limits.CPUTime))
@@ -97,7 +104,7 @@ func (o Outcome) Classify(res *Result) {
 		case res.Error != nil && res.Error.Name == "MemoryError" && o.MemoryErrorIsLimit:
 			// The traceback is kept.
 			res.Status, res.ExitCode = StatusMemoryLimit, ExitMemoryLimit
-			res.Error.Value = o.memoryMsg()
+			res.Error.Value = o.memoryMsg(res.PeakMemoryBytes)
 		case res.Error != nil && o.OOM && o.ContextSignal == int(syscall.SIGKILL):
 			// A kernel, a shell or a command was the memory limit's victim
 			// and the runner lived on (on cgroup v1, or wherever one OOM
@@ -105,7 +112,7 @@ func (o Outcome) Classify(res *Result) {
 			// the runner's own death. The traceback, which says whose
 			// variables are gone, is kept.
 			res.Status, res.ExitCode = StatusMemoryLimit, ExitMemoryLimit
-			res.Error.Name, res.Error.Value = "MemoryError", o.memoryMsg()
+			res.Error.Name, res.Error.Value = "MemoryError", o.memoryMsg(res.PeakMemoryBytes)
 		case res.Error != nil:
 			res.Status = StatusError
 		case code != 0:
