@@ -195,11 +195,20 @@ def _add_chart(data, fig):
 def _add_frame_data(data, df):
     """The frame's columns, each a list of its values, as E2B gives them
     (to_dict(orient="list")), made JSON by pandas itself: dates in ISO
-    8601, NaN as null."""
+    8601, NaN as null. JSON of more than twice the result limit is not
+    decoded: its columns (the same values, less a bracket pair per row,
+    at most MAX_DATA_CELLS of them) would still be over the limit, and
+    left out of the result anyway (emit_result)."""
     try:
         if df.size > MAX_DATA_CELLS:
             return
-        split = _json_loads(df.to_json(orient="split", date_format="iso", default_handler=str))
+        try:
+            text = df.to_json(orient="split", index=False, date_format="iso", default_handler=str)
+        except (TypeError, ValueError):  # a pandas that shows every index
+            text = df.to_json(orient="split", date_format="iso", default_handler=str)
+        if len(text) > 2 * MAX_RESULT_BYTES:
+            return
+        split = _json_loads(text)
         cols = [str(c) for c in split["columns"]]
         out = {c: [] for c in cols}
         for row in split["data"]:
