@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"math"
 	"net/http"
 	"runtime"
 	"slices"
@@ -243,7 +242,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, owner string) {
 	}
 	var idle time.Duration
 	if req.Timeout != nil {
-		idle = durationOf(*req.Timeout)
+		idle = sandbox.Seconds(float64(*req.Timeout))
 	}
 	// E2B's layout: the user is "user", at home (and working) in /home/user.
 	env := maps.Clone(req.EnvVars)
@@ -405,21 +404,8 @@ func (s *Server) extend(owner, id string, seconds *int64) error {
 	if *seconds <= 0 {
 		return fmt.Errorf("%w: timeout must be positive", sandbox.ErrInvalidSpec)
 	}
-	_, err := s.svc.SetTimeout(owner, id, durationOf(*seconds))
+	_, err := s.svc.SetTimeout(owner, id, sandbox.Seconds(float64(*seconds)))
 	return err
-}
-
-// durationOf is a client's whole number of seconds as a Duration,
-// saturating: a number too large for one is the largest (refused as over
-// the server's limit), never one that wrapped around.
-func durationOf(seconds int64) time.Duration {
-	if seconds > int64(math.MaxInt64/time.Second) {
-		return math.MaxInt64
-	}
-	if seconds < int64(math.MinInt64/time.Second) {
-		return math.MinInt64
-	}
-	return time.Duration(seconds) * time.Second
 }
 
 func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request, owner string) {
@@ -471,7 +457,7 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request, owner string) {
 	case *req.Timeout <= 0:
 		err = fmt.Errorf("%w: timeout must be positive", sandbox.ErrInvalidSpec)
 	default:
-		_, err = s.svc.ExtendTimeout(owner, id, durationOf(*req.Timeout))
+		_, err = s.svc.ExtendTimeout(owner, id, sandbox.Seconds(float64(*req.Timeout)))
 	}
 	if err != nil {
 		s.notFound(w, r, err)

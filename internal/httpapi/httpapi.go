@@ -11,7 +11,6 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
-	"math"
 	"net/http"
 	"slices"
 	"strconv"
@@ -276,7 +275,7 @@ type LimitsRequest struct {
 }
 
 func (l LimitsRequest) limits() sandbox.Limits {
-	return sandbox.Limits{Memory: l.Memory, CPUTime: seconds(l.CPUTimeS), Timeout: seconds(l.TimeoutS),
+	return sandbox.Limits{Memory: l.Memory, CPUTime: sandbox.Seconds(l.CPUTimeS), Timeout: sandbox.Seconds(l.TimeoutS),
 		Pids: l.Pids, Disk: l.Disk, MaxOutput: l.Output, CPUs: l.CPUs,
 		IOReadBPS: l.IOReadBPS, IOWriteBPS: l.IOWriteBPS, IOReadIOPS: l.IOReadIOPS, IOWriteIOPS: l.IOWriteIOPS}
 }
@@ -315,20 +314,6 @@ type (
 	}
 )
 
-// seconds converts a client's number of seconds, saturating: a number
-// too large for a Duration is the largest one (and refused as over the
-// server's limit), never one that wrapped around to negative.
-func seconds(f float64) time.Duration {
-	switch ns := f * float64(time.Second); {
-	case ns >= math.MaxInt64:
-		return math.MaxInt64
-	case ns <= math.MinInt64:
-		return math.MinInt64
-	default:
-		return time.Duration(ns)
-	}
-}
-
 type createRequest struct {
 	TimeoutS     float64                 `json:"timeout_s" doc:"idle timeout in seconds"`
 	MaxLifetimeS float64                 `json:"max_lifetime_s" doc:"maximum lifetime in seconds"`
@@ -351,7 +336,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	info, err := s.svc.Create(r.Context(), service.CreateRequest{
-		Owner: owner(r), Idle: seconds(req.TimeoutS), MaxLifetime: seconds(req.MaxLifetimeS),
+		Owner: owner(r), Idle: sandbox.Seconds(req.TimeoutS), MaxLifetime: sandbox.Seconds(req.MaxLifetimeS),
 		Limits: req.Limits.limits(), Env: req.Env, Metadata: req.Metadata, Backend: req.Backend,
 		Network: req.Network, Home: req.Home, Volumes: req.Volumes, OnTimeout: req.OnTimeout, AutoResume: req.AutoResume, Pausable: req.Pausable,
 		FromSnapshot: req.FromSnapshot,
@@ -368,11 +353,11 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
 	if !decode(w, r, &req) {
 		return
 	}
-	if seconds(req.TimeoutS) <= 0 {
+	if sandbox.Seconds(req.TimeoutS) <= 0 {
 		writeError(w, 400, "invalid_request", "timeout_s must be positive")
 		return
 	}
-	info, err := s.svc.SetTimeout(owner(r), r.PathValue("id"), seconds(req.TimeoutS))
+	info, err := s.svc.SetTimeout(owner(r), r.PathValue("id"), sandbox.Seconds(req.TimeoutS))
 	s.respond(w, info, err)
 }
 
@@ -390,7 +375,7 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 	if !decode(w, r, &req) {
 		return
 	}
-	exec := sandbox.ExecRequest{Code: req.Code, Env: req.Env, Timeout: seconds(req.TimeoutS), CPUTime: seconds(req.CPUTimeS),
+	exec := sandbox.ExecRequest{Code: req.Code, Env: req.Env, Timeout: sandbox.Seconds(req.TimeoutS), CPUTime: sandbox.Seconds(req.CPUTimeS),
 		Context: req.Context}
 	if wantsStream(r, req.Stream) {
 		st := s.newStream(w)
@@ -416,7 +401,7 @@ func (s *Server) command(w http.ResponseWriter, r *http.Request) {
 	if !decode(w, r, &req) {
 		return
 	}
-	c := service.CommandRequest{Cmd: req.Cmd, Cwd: req.Cwd, Env: req.Env, Timeout: seconds(req.TimeoutS), User: req.User}
+	c := service.CommandRequest{Cmd: req.Cmd, Cwd: req.Cwd, Env: req.Env, Timeout: sandbox.Seconds(req.TimeoutS), User: req.User}
 	if wantsStream(r, req.Stream) {
 		st := s.newStream(w)
 		res, err := s.svc.Command(r.Context(), owner(r), r.PathValue("id"), c, st)
@@ -448,7 +433,7 @@ func (s *Server) runOnce(w http.ResponseWriter, r *http.Request) {
 		Request: sandbox.ExecRequest{Code: req.Code},
 	}
 	if req.TimeoutS != 0 {
-		job.Spec.Limits.Timeout = seconds(req.TimeoutS) // a negative one is refused
+		job.Spec.Limits.Timeout = sandbox.Seconds(req.TimeoutS) // a negative one is refused
 	}
 	for name, b64 := range req.Files {
 		data, err := base64.StdEncoding.DecodeString(b64)

@@ -86,7 +86,7 @@ func (s *Server) processHandler(name string) http.HandlerFunc {
 				return
 			}
 			p, sub, err := s.svc.StartProcess(r.Context(), o, id, service.ProcessRequest{
-				Argv: []string{"/bin/sh", "-c", req.Cmd}, Env: req.Env, Cwd: req.Cwd, Timeout: seconds(req.TimeoutS),
+				Argv: []string{"/bin/sh", "-c", req.Cmd}, Env: req.Env, Cwd: req.Cwd, Timeout: sandbox.Seconds(req.TimeoutS),
 				Stdin: req.Stdin, Tag: req.Tag, User: req.User, Terminal: req.Terminal})
 			if err != nil {
 				s.fail(w, err)

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"strings"
 	"time"
 
@@ -185,14 +184,15 @@ func (s *server) checkArguments(next sdk.MethodHandler) sdk.MethodHandler {
 	}
 }
 
+// seconds is a tool's number of seconds as a Duration, a negative one
+// (or NaN) refused here: a tool's zero timeout means the default, and a
+// negative one must not pass for it.
 func seconds(f float64) (time.Duration, error) {
-	if f < 0 {
+	d := sandbox.Seconds(f)
+	if d < 0 {
 		return 0, fmt.Errorf("%w: a timeout must not be negative", sandbox.ErrInvalidSpec)
 	}
-	if ns := f * float64(time.Second); ns >= math.MaxInt64 {
-		return math.MaxInt64, nil
-	}
-	return time.Duration(f * float64(time.Second)), nil
+	return d, nil
 }
 
 func (s *server) runPython(ctx context.Context, req *sdk.CallToolRequest, in runPythonInput) (*sdk.CallToolResult, any, error) {
