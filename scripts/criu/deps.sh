@@ -8,9 +8,17 @@
 # package is installed and nothing is upgraded. At run time criu calls ip
 # (iproute2) and iptables-save/-restore (iptables) to save and restore a
 # sandbox's network namespace.
+#
+# The trixie line comes from the machine's own apt sources
+# (scripts/apt-sources.sh): VIVARIUM_DEBIAN_MIRROR if set, else the
+# archive of its trixie entry if it has one, else the archive it uses for
+# its own release with the suite trixie (a mirror of Debian's archive
+# serves every suite), which it says. A machine that already has a trixie
+# deb-src entry gets none added.
 set -eu
 sudo=""
 [ "$(id -u)" -ne 0 ] && sudo="sudo"
+. "$(dirname "$0")/../apt-sources.sh"
 
 step() { echo "criu: $*" >&2; }
 
@@ -18,20 +26,20 @@ have_source() { apt-cache showsrc criu 2>/dev/null | grep -q '^Version: 4\.'; }
 
 updated=no
 if ! have_source; then
-	step "adding a deb-src entry for trixie (sources only)"
-	tmp=$(mktemp)
-	cat > "$tmp" <<'SRC'
-# Added by Vivarium's scripts/criu/deps.sh: the criu source package of
-# Debian trixie, built by scripts/criu/build.sh. Sources only: no trixie
-# binary package comes from here.
-Types: deb-src
-URIs: http://deb.debian.org/debian
-Suites: trixie
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-SRC
-	$sudo cp "$tmp" /etc/apt/sources.list.d/vivarium-trixie-src.sources
-	rm -f "$tmp"
+	if apt_entry deb-src trixie; then
+		step "the trixie deb-src entry ($apt_uri) is there: updating apt's lists"
+	else
+		tmp=$(mktemp)
+		{
+			echo "# Added by Vivarium's scripts/criu/deps.sh: the criu source package of"
+			echo "# Debian trixie, built by scripts/criu/build.sh. Sources only: no trixie"
+			echo "# binary package comes from here."
+			apt_src_stanza trixie
+		} > "$tmp" || { rm -f "$tmp"; exit 1; }
+		step "adding a deb-src entry for trixie (sources only) from $(sed -n 's/^URIs: //p' "$tmp")"
+		$sudo cp "$tmp" "$apt_etc/sources.list.d/vivarium-trixie-src.sources"
+		rm -f "$tmp"
+	fi
 	$sudo apt-get update -qq
 	updated=yes
 fi

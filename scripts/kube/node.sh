@@ -17,8 +17,10 @@
 #       (the test adds it from the checkout, as a layer of its own):
 #       Debian bookworm by debootstrap, with python3 and the modules
 #       sandboxes preload (numpy, pandas, matplotlib, scipy) and
-#       e2fsprogs, from Debian's archive; 1.3 GB, as Debian's scipy
-#       depends on pythran, which brings g++ and Boost's headers;
+#       e2fsprogs, from the Debian archive this host's apt uses (for
+#       bookworm, else for its own release: scripts/apt-sources.sh) or
+#       VIVARIUM_DEBIAN_MIRROR; 1.3 GB, as Debian's scipy depends on
+#       pythran, which brings g++ and Boost's headers;
 #
 # and installs, with apt, containerd and runc (the container runtime, run
 # by the test with its own config, root, state and socket: the system's
@@ -30,8 +32,8 @@
 # script and of k8s.sh: a change of them builds anew, an unchanged one
 # reuses what it built). Each piece is built once; its file appears last, when complete.
 # BUILD-INFO says what was built, from what, and how long each took.
-# Nothing is downloaded from anywhere but the Go module proxy and
-# Debian's archive.
+# Nothing is downloaded from anywhere but the Go module proxy (go env
+# GOPROXY) and Debian's archive (the host's apt sources).
 #
 # `node.sh binaries` or `node.sh images` builds one half only (they can
 # run side by side: one compiles, the other mostly downloads). Measured
@@ -155,9 +157,11 @@ fi
 # chroot's apt gets no daemons started (policy-rc.d) and keeps no
 # package lists or caches.
 if [ "$what" != binaries ] && [ ! -f "$out/base.tar" ]; then
-	mirror=${VIVARIUM_DEBIAN_MIRROR:-$(sed -n 's/^URIs: *\(http[^ ]*debian\/*\)$/\1/p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -1)}
-	[ -n "$mirror" ] || mirror=$(sed -n 's/^deb \(http[^ ]*\) bookworm main.*/\1/p' /etc/apt/sources.list 2>/dev/null | head -1)
-	[ -n "$mirror" ] || mirror=http://deb.debian.org/debian
+	# The archive this host's apt uses for $suite (scripts/apt-sources.sh),
+	# or for its own release, or VIVARIUM_DEBIAN_MIRROR.
+	. "$root/scripts/apt-sources.sh"
+	apt_debian_uri "$suite" || fail "no Debian archive to debootstrap $suite from"
+	mirror=$apt_uri
 	rfs=$out/rootfs
 	rm -rf "$rfs"
 	pkgs=python3,python3-numpy,python3-pandas,python3-matplotlib,python3-scipy,e2fsprogs,ca-certificates
