@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+
+	"github.com/vivarium-sandbox/vivarium/internal/apierr"
 )
 
 // CheckHost refuses, on a connection to a loopback address, a request
@@ -31,7 +33,7 @@ func CheckHost(h http.Handler, allowed []string, domain string) http.Handler {
 			slices.Contains(allowed, host) ||
 			(domainHost != "" && (host == domainHost || strings.HasSuffix(host, "."+domainHost)))
 		if !ok {
-			writeError(w, http.StatusForbidden, "forbidden", fmt.Sprintf("this server listens on loopback and answers requests "+
+			writeError(w, apierr.Forbidden, fmt.Sprintf("this server listens on loopback and answers requests "+
 				"to localhost, 127.0.0.1 or [::1] only, not to %q (a web page may have pointed a name of its own at it); "+
 				"an operator allows a name with --allow-host", hostOnly(r.Host)))
 			return

@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"net/http"
 	"slices"
@@ -18,12 +17,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vivarium-sandbox/vivarium/internal/apierr"
 	"github.com/vivarium-sandbox/vivarium/internal/jsonerr"
 	"github.com/vivarium-sandbox/vivarium/internal/netpolicy"
-	"github.com/vivarium-sandbox/vivarium/internal/pkgindex"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/service"
-	"github.com/vivarium-sandbox/vivarium/internal/volume"
 )
 
 // Authenticator maps a bearer token to its owner.
@@ -74,7 +72,7 @@ func RefuseBrowsers(h http.Handler, allowed []string) http.Handler {
 			origin = "a cross-site page"
 		}
 		if origin != "" && !slices.Contains(allowed, origin) {
-			writeError(w, http.StatusForbidden, "forbidden",
+			writeError(w, apierr.Forbidden,
 				fmt.Sprintf("requests from web pages are refused (origin %q); allow an origin with --allow-origin", origin))
 			return
 		}
@@ -155,7 +153,7 @@ func (s *Server) wrap(route Route, h http.HandlerFunc) http.Handler {
 				tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 				o, err := s.auth.Owner(strings.TrimSpace(tok))
 				if !ok || err != nil {
-					writeError(w, http.StatusUnauthorized, "unauthorized", "a valid API key is required: Authorization: Bearer <key>")
+					writeError(w, apierr.Unauthorized, "a valid API key is required: Authorization: Bearer <key>")
 					return
 				}
 				who = o
@@ -354,7 +352,7 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if sandbox.Seconds(req.TimeoutS) <= 0 {
-		writeError(w, 400, "invalid_request", "timeout_s must be positive")
+		writeError(w, apierr.InvalidRequest, "timeout_s must be positive")
 		return
 	}
 	info, err := s.svc.SetTimeout(owner(r), r.PathValue("id"), sandbox.Seconds(req.TimeoutS))
@@ -438,7 +436,7 @@ func (s *Server) runOnce(w http.ResponseWriter, r *http.Request) {
 	for name, b64 := range req.Files {
 		data, err := base64.StdEncoding.DecodeString(b64)
 		if err != nil {
-			writeError(w, 400, "invalid_request", fmt.Sprintf("files[%q]: not base64: %v", name, err))
+			writeError(w, apierr.InvalidRequest, fmt.Sprintf("files[%q]: not base64: %v", name, err))
 			return
 		}
 		job.Files = append(job.Files, sandbox.InputFile{Name: name, Open: func() (io.ReadCloser, error) {
@@ -470,7 +468,7 @@ func (s *Server) listFiles(w http.ResponseWriter, r *http.Request) {
 	depth := 1
 	if d := r.URL.Query().Get("depth"); d != "" {
 		if depth, err = strconv.Atoi(d); err != nil || depth < 1 || depth > 64 {
-			writeError(w, 400, "invalid_request", "depth must be an integer from 1 to 64")
+			writeError(w, apierr.InvalidRequest, "depth must be an integer from 1 to 64")
 			return
 		}
 	}
@@ -610,13 +608,8 @@ func (s *stream) end(res any, err error) {
 			s.srv.fail(s.w, err)
 			return
 		}
-		code, kind := classify(err)
-		msg := err.Error()
-		if code == http.StatusInternalServerError {
-			s.srv.log.Error("internal error", "err", err)
-			msg = "internal error: the server's log has the details"
-		}
-		s.event(map[string]any{"type": "end", "error": map[string]any{"code": kind, "status": code, "message": msg}})
+		k, msg := apierr.Answer(s.srv.log, err)
+		s.event(map[string]any{"type": "end", "error": map[string]any{"code": k.Code, "status": k.Status, "message": msg}})
 		return
 	}
 	var e *sandbox.Error
@@ -642,14 +635,14 @@ func decode(w http.ResponseWriter, r *http.Request, v any) bool {
 		}
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			writeError(w, http.StatusRequestEntityTooLarge, "too_large", fmt.Sprintf("request body over %d bytes", maxBody))
+			writeError(w, apierr.TooLarge, fmt.Sprintf("request body over %d bytes", maxBody))
 			return false
 		}
-		writeError(w, http.StatusBadRequest, "invalid_request", "invalid JSON body: "+jsonerr.Message(err))
+		writeError(w, apierr.InvalidRequest, "invalid JSON body: "+jsonerr.Message(err))
 		return false
 	}
 	if dec.More() {
-		writeError(w, http.StatusBadRequest, "invalid_request", "invalid JSON body: more than one JSON value")
+		writeError(w, apierr.InvalidRequest, "invalid JSON body: more than one JSON value")
 		return false
 	}
 	return true
@@ -671,84 +664,20 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	enc.Encode(v)
 }
 
-func writeError(w http.ResponseWriter, code int, kind, msg string) {
+// writeError answers an error of kind k with msg, a message for the
+// client.
+func writeError(w http.ResponseWriter, k *apierr.Kind, msg string) {
 	var e errorBody
-	e.Error.Code, e.Error.Message = kind, msg
-	writeJSON(w, code, e)
-}
-
-func classify(err error) (int, string) {
-	switch {
-	case errors.Is(err, service.ErrNotFound):
-		return http.StatusNotFound, "not_found"
-	case errors.Is(err, service.ErrSnapshotNotFound):
-		return http.StatusNotFound, "snapshot_not_found"
-	case errors.Is(err, volume.ErrNotFound):
-		return http.StatusNotFound, "volume_not_found"
-	case errors.Is(err, volume.ErrExists):
-		return http.StatusConflict, "exists"
-	case errors.Is(err, volume.ErrInUse):
-		return http.StatusConflict, "in_use"
-	case errors.Is(err, volume.ErrInvalid):
-		return http.StatusBadRequest, "invalid_request"
-	case errors.Is(err, volume.ErrQuota):
-		return http.StatusTooManyRequests, "quota"
-	case errors.Is(err, volume.ErrUnavailable):
-		return http.StatusNotImplemented, "unsupported"
-	case errors.Is(err, fs.ErrNotExist):
-		return http.StatusNotFound, "file_not_found"
-	case errors.Is(err, sandbox.ErrNoContext):
-		return http.StatusNotFound, "context_not_found"
-	case errors.Is(err, service.ErrNoProcess):
-		return http.StatusNotFound, "process_not_found"
-	case errors.Is(err, sandbox.ErrExists):
-		return http.StatusConflict, "exists"
-	case errors.Is(err, sandbox.ErrTooLarge):
-		return http.StatusRequestEntityTooLarge, "too_large"
-	case errors.Is(err, service.ErrCannotStart):
-		return http.StatusBadRequest, "cannot_start"
-	case errors.Is(err, sandbox.ErrBadPath), errors.Is(err, sandbox.ErrInvalidSpec),
-		errors.Is(err, netpolicy.ErrInvalid), errors.Is(err, pkgindex.ErrInvalid):
-		return http.StatusBadRequest, "invalid_request"
-	case errors.Is(err, netpolicy.ErrNotAllowed), errors.Is(err, pkgindex.ErrNotAllowed):
-		return http.StatusForbidden, "not_allowed"
-	case errors.Is(err, sandbox.ErrPermission):
-		return http.StatusForbidden, "permission_denied"
-	case errors.Is(err, service.ErrQuota):
-		return http.StatusTooManyRequests, "quota"
-	case errors.Is(err, service.ErrShuttingDown):
-		return http.StatusServiceUnavailable, "shutting_down"
-	case errors.Is(err, sandbox.ErrBusy):
-		return http.StatusConflict, "busy"
-	case errors.Is(err, sandbox.ErrPaused):
-		return http.StatusConflict, "paused"
-	case errors.Is(err, sandbox.ErrNoRoom):
-		return http.StatusInsufficientStorage, "no_room"
-	case errors.Is(err, service.ErrNotPaused):
-		return http.StatusConflict, "not_paused"
-	case errors.Is(err, sandbox.ErrClosed):
-		return http.StatusGone, "closed"
-	case errors.Is(err, sandbox.ErrUnsupported):
-		return http.StatusNotImplemented, "unsupported"
-	case errors.Is(err, context.Canceled):
-		return 499, "cancelled"
-	case errors.Is(err, sandbox.ErrSetup):
-		return http.StatusServiceUnavailable, "setup_failed"
-	}
-	return http.StatusInternalServerError, "internal"
+	e.Error.Code, e.Error.Message = k.Code, msg
+	writeJSON(w, k.Status, e)
 }
 
 // fail answers with the error's status and a message for the caller. An
 // unexpected error is logged in full and answered without its details,
 // which may name internal paths.
 func (s *Server) fail(w http.ResponseWriter, err error) {
-	code, kind := classify(err)
-	msg := err.Error()
-	if code == http.StatusInternalServerError {
-		s.log.Error("internal error", "err", err)
-		msg = "internal error: the server's log has the details"
-	}
-	writeError(w, code, kind, msg)
+	k, msg := apierr.Answer(s.log, err)
+	writeError(w, k, msg)
 }
 
 // forkRequest is the body of POST /v1/sandboxes/{id}/fork.

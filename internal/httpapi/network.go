@@ -3,6 +3,7 @@ package httpapi
 import (
 	"net/http"
 
+	"github.com/vivarium-sandbox/vivarium/internal/apierr"
 	"github.com/vivarium-sandbox/vivarium/internal/netpolicy"
 	"github.com/vivarium-sandbox/vivarium/internal/service"
 )
@@ -21,7 +22,7 @@ func (s *Server) installPackage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if req.Name == "" {
-		writeError(w, http.StatusBadRequest, "invalid_request", "name is required: the package to install")
+		writeError(w, apierr.InvalidRequest, "name is required: the package to install")
 		return
 	}
 	res, err := s.svc.InstallPackage(r.Context(), owner(r), r.PathValue("id"), service.PackageRequest{Name: req.Name, Version: req.Version})

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"syscall"
 
+	"github.com/vivarium-sandbox/vivarium/internal/apierr"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/service"
 )
@@ -82,7 +83,7 @@ func (s *Server) processHandler(name string) http.HandlerFunc {
 				return
 			}
 			if req.Cmd == "" {
-				writeError(w, 400, "invalid_request", "cmd is required")
+				writeError(w, apierr.InvalidRequest, "cmd is required")
 				return
 			}
 			p, sub, err := s.svc.StartProcess(r.Context(), o, id, service.ProcessRequest{
@@ -137,7 +138,7 @@ func (s *Server) processHandler(name string) http.HandlerFunc {
 			}
 			data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
 			if err != nil {
-				writeError(w, http.StatusRequestEntityTooLarge, "too_large", fmt.Sprintf("request body over %d bytes", maxBody))
+				writeError(w, apierr.TooLarge, fmt.Sprintf("request body over %d bytes", maxBody))
 				return
 			}
 			if len(data) > 0 {
@@ -165,7 +166,7 @@ func (s *Server) processHandler(name string) http.HandlerFunc {
 			case "SIGKILL", "KILL":
 				sig = syscall.SIGKILL
 			default:
-				writeError(w, 400, "invalid_request", "signal must be SIGTERM or SIGKILL")
+				writeError(w, apierr.InvalidRequest, "signal must be SIGTERM or SIGKILL")
 				return
 			}
 			p, err := s.process(r)

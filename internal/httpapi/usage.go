@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/vivarium-sandbox/vivarium/internal/apierr"
 	"github.com/vivarium-sandbox/vivarium/internal/service"
 )
 
@@ -24,7 +25,7 @@ func (s *Server) usage(w http.ResponseWriter, r *http.Request) {
 		}
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil {
-			writeError(w, http.StatusBadRequest, "invalid_request", name+" must be a time in Unix seconds")
+			writeError(w, apierr.InvalidRequest, name+" must be a time in Unix seconds")
 			return
 		}
 		bounds[i] = time.Unix(n, 0)

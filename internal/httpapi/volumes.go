@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/vivarium-sandbox/vivarium/internal/apierr"
 	"github.com/vivarium-sandbox/vivarium/internal/service"
 	"github.com/vivarium-sandbox/vivarium/internal/volume"
 )
@@ -58,7 +59,7 @@ func (s *Server) volumeHandler(name string) http.HandlerFunc {
 			if d := r.URL.Query().Get("depth"); d != "" {
 				var err error
 				if depth, err = strconv.Atoi(d); err != nil || depth < 1 || depth > 64 {
-					writeError(w, 400, "invalid_request", "depth must be an integer from 1 to 64")
+					writeError(w, apierr.InvalidRequest, "depth must be an integer from 1 to 64")
 					return
 				}
 			}
