@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vivarium-sandbox/vivarium/internal/apierr"
 	"github.com/vivarium-sandbox/vivarium/internal/jsonerr"
 )
 
@@ -51,11 +52,7 @@ type rpcError struct {
 
 func (s *Server) writeRPCError(w http.ResponseWriter, err error) {
 	code, msg := connectCode(s.log, err)
-	status := connectHTTPStatus[code]
-	if status == 0 {
-		status = http.StatusInternalServerError
-	}
-	writeJSON(w, status, rpcError{Code: code, Message: msg})
+	writeJSON(w, apierr.ConnectStatus(code), rpcError{Code: code, Message: msg})
 }
 
 // contentType checks a Connect request's codec: JSON, unary or streaming.
