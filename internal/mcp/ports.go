@@ -13,8 +13,8 @@ import (
 
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/vivarium-sandbox/vivarium/internal/apierr"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
-	"github.com/vivarium-sandbox/vivarium/internal/service"
 )
 
 // fetch_port: a model checks a server its code started in a sandbox (a web
@@ -107,13 +107,7 @@ func (s *server) fetchPort(ctx context.Context, req *sdk.CallToolRequest, in fet
 
 // isServiceError is an error of the service's (the sandbox is gone, not
 // the caller's, has no ports, too many connections), which clientMessage
-// words for the model.
+// words for the model, rather than the sandbox's server's.
 func isServiceError(err error) bool {
-	for _, e := range []error{service.ErrNotFound, service.ErrQuota, service.ErrShuttingDown, sandbox.ErrUnsupported,
-		sandbox.ErrClosed, sandbox.ErrInvalidSpec} {
-		if errors.Is(err, e) {
-			return true
-		}
-	}
-	return false
+	return apierr.Classify(err) != apierr.Internal
 }
