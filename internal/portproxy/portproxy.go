@@ -34,7 +34,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/apierr"
 	"github.com/vivarium-sandbox/vivarium/internal/service"
 )
 
@@ -471,69 +471,50 @@ func (l *limitedBody) Close() error { return l.rc.Close() }
 // API answers errors ({"error": {"code", "message"}}), with a message for
 // the client; nothing of the sandbox's own words.
 func WriteError(w http.ResponseWriter, err error) {
-	status, code, msg := classify(err)
+	k, msg := answer(err)
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(status)
+	w.WriteHeader(k.Status)
 	var body struct {
 		Error struct {
 			Code    string `json:"code"`
 			Message string `json:"message"`
 		} `json:"error"`
 	}
-	body.Error.Code, body.Error.Message = code, msg
+	body.Error.Code, body.Error.Message = k.Code, msg
 	json.NewEncoder(w).Encode(body)
 }
 
-func classify(err error) (int, string, string) {
-	var mbe *http.MaxBytesError
-	var ne net.Error
-	var denied *deniedError
-	switch {
-	case errors.As(err, &denied):
-		return denied.status, denied.code, denied.msg
-	case errors.Is(err, service.ErrNotFound):
-		return http.StatusNotFound, "not_found", "no such sandbox: it was closed, timed out, or is not yours"
-	case errors.Is(err, sandbox.ErrPortClosed):
-		return http.StatusBadGateway, "port_closed", err.Error() + ": start a server on it (on 0.0.0.0 or 127.0.0.1) first"
-	case errors.Is(err, service.ErrPortTLS):
-		return http.StatusBadGateway, "tls_failed", strings.TrimPrefix(err.Error(), service.ErrPortTLS.Error()+": ")
-	case errors.Is(err, sandbox.ErrInvalidSpec):
-		return http.StatusBadRequest, "invalid_request", err.Error()
-	case errors.Is(err, service.ErrQuota):
-		return http.StatusTooManyRequests, "quota", err.Error()
-	case errors.Is(err, sandbox.ErrUnsupported):
-		return http.StatusNotImplemented, "unsupported", err.Error()
-	case errors.Is(err, sandbox.ErrClosed):
-		return http.StatusGone, "closed", "the sandbox was closed"
-	case errors.Is(err, service.ErrShuttingDown):
-		return http.StatusServiceUnavailable, "shutting_down", err.Error()
-	case errors.As(err, &mbe):
-		return http.StatusRequestEntityTooLarge, "too_large",
-			fmt.Sprintf("a request body to a sandbox's port is at most %d bytes", MaxRequestBody)
-	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
-		return http.StatusGatewayTimeout, "timeout", "the sandbox's server did not answer in time"
-	case errors.Is(err, context.Canceled):
-		return 499, "cancelled", "the request was cancelled"
+// answer is err's kind (apierr's table) and what the client is told, in
+// the words of a request to a port. An error the table does not know is
+// the sandbox's server's doing (a broken answer, a response too long),
+// not the server's: bad_gateway, and nothing to log.
+func answer(err error) (*apierr.Kind, string) {
+	k, msg := apierr.Answer(nil, err)
+	switch k {
+	case apierr.Internal:
+		k, msg = apierr.BadGateway, apierr.BadGateway.Message
+	case apierr.NotFound:
+		msg = "no such sandbox: it was closed, timed out, or is not yours"
+	case apierr.PortClosed:
+		msg = err.Error() + ": start a server on it (on 0.0.0.0 or 127.0.0.1) first"
+	case apierr.TLSFailed:
+		msg = strings.TrimPrefix(err.Error(), service.ErrPortTLS.Error()+": ")
+	case apierr.Closed:
+		msg = "the sandbox was closed"
+	case apierr.TooLarge:
+		msg = fmt.Sprintf("a request body to a sandbox's port is at most %d bytes", MaxRequestBody)
+	case apierr.Timeout:
+		msg = "the sandbox's server did not answer in time"
 	}
-	return http.StatusBadGateway, "bad_gateway", "the sandbox's server did not answer with valid HTTP"
+	return k, msg
 }
-
-// deniedError is a request without a valid token.
-type deniedError struct {
-	status    int
-	code, msg string
-}
-
-func (e *deniedError) Error() string { return e.msg }
 
 // Unauthorized is the error of a request without a valid token (401).
-func Unauthorized(msg string) error {
-	return &deniedError{http.StatusUnauthorized, "unauthorized", msg}
-}
+func Unauthorized(msg string) error { return apierr.New(apierr.Unauthorized, msg) }
 
 // Forbidden is the same error as E2B's proxy answers it (403).
-func Forbidden(msg string) error { return &deniedError{http.StatusForbidden, "forbidden", msg} }
+func Forbidden(msg string) error { return apierr.New(apierr.Forbidden, msg) }
 
 // ParseHost splits a host of the form <port>-<id>.<domain> (any port of
 // its own after a colon is ignored, as is case). ok is false for any other
