@@ -28,6 +28,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/vivarium-sandbox/vivarium/internal/apierr"
 	"github.com/vivarium-sandbox/vivarium/internal/cluster"
 	"github.com/vivarium-sandbox/vivarium/internal/fairgate"
 	"github.com/vivarium-sandbox/vivarium/internal/sandboxid"
@@ -92,7 +93,7 @@ func New(cfg Config) *Gateway {
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			node, _ := r.Context().Value(nodeKey{}).(string)
 			g.cfg.Logger.Warn("gateway: node unreachable", "node", node, "err", err)
-			writeError(w, http.StatusBadGateway, "node_unreachable",
+			writeError(w, apierr.NodeUnreachable,
 				fmt.Sprintf("node %s did not answer: try again, or, for a sandbox, it may be lost", node))
 		},
 	}
@@ -126,7 +127,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if path.Clean(p) != p && path.Clean(p)+"/" != p {
 		// A route is read from the path as it is: a path that would
 		// mean another once cleaned (sb_x/../../other) is refused.
-		writeError(w, http.StatusBadRequest, "bad_path", "the path has . or .. segments, or empty ones")
+		writeError(w, apierr.BadPath, "the path has . or .. segments, or empty ones")
 		return
 	}
 	switch {
@@ -180,7 +181,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if id := segment(p, "/e2b/volumecontent/"); sandboxid.Volume.Valid(id) {
 			g.toKept(w, r, e2b.volumes, id)
 		} else {
-			writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no volume %q in this cluster", id))
+			writeError(w, apierr.VolumeNotFound, fmt.Sprintf("no volume %q in this cluster", id))
 		}
 	case p == "/files":
 		g.toSigned(w, r)
@@ -196,7 +197,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// E2B's envd and interpreter: the sandbox in a header.
 		g.toSandbox(w, r, r.Header.Get("E2b-Sandbox-Id"))
 	default:
-		writeError(w, http.StatusNotImplemented, "unsupported",
+		writeError(w, apierr.Unsupported,
 			fmt.Sprintf("%s %s is not served through the gateway yet (docs/kubernetes.md says what is)", r.Method, p))
 	}
 }
@@ -227,13 +228,13 @@ func (g *Gateway) portHost(host string) (string, bool) {
 func (g *Gateway) toSandbox(w http.ResponseWriter, r *http.Request, id string) {
 	name, ok := sandboxid.Node(id)
 	if !ok {
-		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no sandbox %q in this cluster", id))
+		writeError(w, apierr.NotFound, fmt.Sprintf("no sandbox %q in this cluster", id))
 		return
 	}
 	n, ok := g.cfg.Nodes.Node(name)
 	if !ok {
 		// Its node is gone (its Lease expired): what it held is lost.
-		writeError(w, http.StatusGone, "state_lost",
+		writeError(w, apierr.StateLost,
 			fmt.Sprintf("sandbox %s was on node %s, which is gone: its state is lost", id, name))
 		return
 	}
@@ -244,12 +245,12 @@ func (g *Gateway) toSandbox(w http.ResponseWriter, r *http.Request, id string) {
 func (g *Gateway) toSession(w http.ResponseWriter, r *http.Request, sid string) {
 	name, ok := sandboxid.SessionNode(sid)
 	if !ok {
-		writeError(w, http.StatusNotFound, "not_found", "no such MCP session in this cluster")
+		writeError(w, apierr.NotFound, "no such MCP session in this cluster")
 		return
 	}
 	n, ok := g.cfg.Nodes.Node(name)
 	if !ok {
-		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("the MCP session was on node %s, which is gone: start a new one", name))
+		writeError(w, apierr.NotFound, fmt.Sprintf("the MCP session was on node %s, which is gone: start a new one", name))
 		return
 	}
 	g.forward(w, r, n)
@@ -259,7 +260,7 @@ func (g *Gateway) toSession(w http.ResponseWriter, r *http.Request, sid string) 
 func (g *Gateway) toPicked(w http.ResponseWriter, r *http.Request) {
 	n, done, ok := g.cfg.Nodes.Pick()
 	if !ok {
-		writeError(w, http.StatusServiceUnavailable, "no_node", "no node of the cluster is alive")
+		writeError(w, apierr.NoNode, "no node of the cluster is alive")
 		return
 	}
 	defer done()
@@ -269,7 +270,7 @@ func (g *Gateway) toPicked(w http.ResponseWriter, r *http.Request) {
 func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, n cluster.Node) {
 	target, ok := g.targetOf(n.Addr)
 	if !ok {
-		writeError(w, http.StatusBadGateway, "node_unreachable", fmt.Sprintf("node %s has no usable address", n.Name))
+		writeError(w, apierr.NodeUnreachable, fmt.Sprintf("node %s has no usable address", n.Name))
 		return
 	}
 	ctx := context.WithValue(context.WithValue(r.Context(), targetKey{}, target), nodeKey{}, n.Name)
@@ -406,13 +407,15 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Write(b.Bytes())
 }
 
-func writeError(w http.ResponseWriter, code int, kind, msg string) {
+// writeError answers an error of kind k (apierr's table) with msg, as a
+// node answers its own.
+func writeError(w http.ResponseWriter, k *apierr.Kind, msg string) {
 	var e struct {
 		Error struct {
 			Code    string `json:"code"`
 			Message string `json:"message"`
 		} `json:"error"`
 	}
-	e.Error.Code, e.Error.Message = kind, msg
-	writeJSON(w, code, e)
+	e.Error.Code, e.Error.Message = k.Code, msg
+	writeJSON(w, k.Status, e)
 }

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/vivarium-sandbox/vivarium/internal/apierr"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/sandboxid"
 )
@@ -90,7 +91,7 @@ const maxBody = 1 << 20
 // id, or its name, looked up in l.
 func (g *Gateway) toKept(w http.ResponseWriter, r *http.Request, l listing, ref string) {
 	if l.kind == sandboxid.Snapshot && !sandboxid.Snapshot.Valid(ref) && !sandboxid.ValidName(ref) {
-		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no snapshot %q in this cluster", ref))
+		writeError(w, apierr.SnapshotNotFound, fmt.Sprintf("no snapshot %q in this cluster", ref))
 		return
 	}
 	name, found, err := g.keptNode(r, l, &nameLists{}, ref)
@@ -99,16 +100,25 @@ func (g *Gateway) toKept(w http.ResponseWriter, r *http.Request, l listing, ref 
 		writeListError(w, l, ref, err)
 		return
 	case !found:
-		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no %s %q in this cluster", what(l.kind), ref))
+		writeError(w, notFound(l.kind), fmt.Sprintf("no %s %q in this cluster", what(l.kind), ref))
 		return
 	}
 	n, ok := g.cfg.Nodes.Node(name)
 	if !ok {
-		writeError(w, http.StatusGone, "state_lost",
+		writeError(w, apierr.StateLost,
 			fmt.Sprintf("%s %s was on node %s, which is gone: it is lost", what(l.kind), ref, name))
 		return
 	}
 	g.forward(w, r, n)
+}
+
+// notFound is the kind of error a node answers for a snapshot, or a
+// volume, it does not have.
+func notFound(kind sandboxid.Kind) *apierr.Kind {
+	if kind == sandboxid.Volume {
+		return apierr.VolumeNotFound
+	}
+	return apierr.SnapshotNotFound
 }
 
 func what(kind sandboxid.Kind) string {
@@ -173,7 +183,7 @@ func (g *Gateway) toCreate(w http.ResponseWriter, r *http.Request, a api) {
 	}
 	for i := range nodes {
 		if nodes[i] != nodes[0] {
-			writeError(w, http.StatusBadRequest, "invalid_request",
+			writeError(w, apierr.InvalidRequest,
 				fmt.Sprintf("a sandbox is made on one node, and what it is made from is on several: %s on %s, %s on %s",
 					from[0], nodes[0], from[i], nodes[i]))
 			return
@@ -181,7 +191,7 @@ func (g *Gateway) toCreate(w http.ResponseWriter, r *http.Request, a api) {
 	}
 	n, ok := g.cfg.Nodes.Node(nodes[0])
 	if !ok {
-		writeError(w, http.StatusGone, "state_lost",
+		writeError(w, apierr.StateLost,
 			fmt.Sprintf("%s was on node %s, which is gone: it is lost", from[0], nodes[0]))
 		return
 	}
@@ -194,11 +204,11 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
 	r.Body.Close()
 	if err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_request", "reading the request: "+err.Error())
+		writeError(w, apierr.InvalidRequest, "reading the request: "+err.Error())
 		return nil, false
 	}
 	if len(body) > maxBody {
-		writeError(w, http.StatusRequestEntityTooLarge, "too_large", fmt.Sprintf("the request is over %d bytes", maxBody))
+		writeError(w, apierr.TooLarge, fmt.Sprintf("the request is over %d bytes", maxBody))
 		return nil, false
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
@@ -224,7 +234,7 @@ func (g *Gateway) toNewVolume(w http.ResponseWriter, r *http.Request, a api) {
 			return
 		}
 		if found || err == errAmbiguous {
-			writeError(w, http.StatusConflict, "conflict",
+			writeError(w, apierr.Exists,
 				fmt.Sprintf("the key has a volume named %q already (on node %s)", req.Name, n))
 			return
 		}
@@ -294,9 +304,9 @@ func writeListError(w http.ResponseWriter, l listing, ref string, err error) {
 		w.WriteHeader(st.code)
 		w.Write(st.body)
 	case err == errAmbiguous:
-		writeError(w, http.StatusConflict, "conflict",
+		writeError(w, apierr.Conflict,
 			fmt.Sprintf("the key has %ss named %q on several nodes: use an id", what(l.kind), ref))
 	default:
-		writeError(w, http.StatusBadGateway, "node_unreachable", fmt.Sprintf("looking up %s %q: %v", what(l.kind), ref, err))
+		writeError(w, apierr.NodeUnreachable, fmt.Sprintf("looking up %s %q: %v", what(l.kind), ref, err))
 	}
 }

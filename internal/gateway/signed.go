@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vivarium-sandbox/vivarium/internal/apierr"
 	"github.com/vivarium-sandbox/vivarium/internal/cluster"
 	"github.com/vivarium-sandbox/vivarium/internal/fairgate"
 )
@@ -29,7 +30,7 @@ func (g *Gateway) toSigned(w http.ResponseWriter, r *http.Request) {
 	leave, ok := g.probes.Enter(r.Context(), fairgate.ClientAddr(r, false))
 	if !ok {
 		w.Header().Set("Retry-After", "1")
-		writeError(w, http.StatusTooManyRequests, "quota", "too many signed file URLs are being looked up at once "+
+		writeError(w, apierr.Quota, "too many signed file URLs are being looked up at once "+
 			"(from this address, or through this gateway): retry in a moment, one at a time")
 		return
 	}
