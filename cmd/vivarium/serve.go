@@ -378,6 +378,32 @@ func (c *serveConfig) openBackend(name string, log *slog.Logger) (sandbox.Backen
 		PauseBaseDir: c.pauseBaseDir(), Logger: log})
 }
 
+// checkpointRoot is the directory paused native sandboxes' checkpoints
+// are kept under.
+func (c *serveConfig) checkpointRoot() string {
+	return cmp.Or(c.checkpointDir, native.DefaultCheckpointRoot)
+}
+
+// letThrough gives the data directory o+x (0711) where the checkpoints
+// are below it and it has none: made 0700 by an older `vivarium keys
+// create`, it would keep every restore, which reads its checkpoint as the
+// sandbox's own host user, from reaching it. Others still cannot list it.
+func letThrough(dataDir, checkpoints string, log *slog.Logger) {
+	rel, err := filepath.Rel(dataDir, checkpoints)
+	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+		return
+	}
+	st, err := os.Stat(dataDir)
+	if err != nil || st.Mode().Perm()&0o001 != 0 {
+		return
+	}
+	if err := os.Chmod(dataDir, st.Mode().Perm()|0o011); err != nil {
+		log.Warn("the data directory does not let restores through to their checkpoints (chmod 0711 it)", "dir", dataDir, "err", err)
+		return
+	}
+	log.Info("the data directory now lets restores through to their checkpoints (o+x)", "dir", dataDir)
+}
+
 // pauseBaseDir is where the native backend keeps its pause bases ("":
 // none, with --pause-base=false or where CRIU cannot pause: pausable
 // sandboxes then start as any other, their layout randomized).
@@ -511,6 +537,7 @@ func serve(c *serveConfig, log *slog.Logger) error {
 		return err
 	}
 	defer st.Close()
+	letThrough(c.dataDir, c.checkpointRoot(), log)
 	// Closed last: every sandbox, and with it every lease, is gone by then.
 	volCfg := volume.Config{Dir: filepath.Join(c.dataDir, "volumes"), MaxSize: int64(c.volumeMaxSize),
 		DefaultSize: int64(c.volumeSize), MaxPerOwner: c.volumesPerKey, MaxMounted: c.volumesMounted, Logger: log}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -449,6 +450,26 @@ func TestServeRefusesWebPages(t *testing.T) {
 			if want == 403 && resp.StatusCode != 403 || want == 0 && resp.StatusCode == 403 && path != "/mcp" {
 				t.Errorf("GET %s with Host %s: %d", path, host, resp.StatusCode)
 			}
+		}
+	}
+}
+
+// A data directory made 0700 (by an older `vivarium keys create`) with the
+// checkpoints below it is given o+x; one with the checkpoints elsewhere
+// is left as it is.
+func TestLetThrough(t *testing.T) {
+	log := slog.New(slog.DiscardHandler)
+	for _, c := range []struct {
+		sub  string
+		want os.FileMode
+	}{{"checkpoints/p", 0o711}, {"../elsewhere", 0o700}} {
+		dir := filepath.Join(t.TempDir(), "data")
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		letThrough(dir, filepath.Join(dir, c.sub), log)
+		if st, _ := os.Stat(dir); st.Mode().Perm() != c.want {
+			t.Errorf("checkpoints at %s: mode %04o, want %04o", c.sub, st.Mode().Perm(), c.want)
 		}
 	}
 }

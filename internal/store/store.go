@@ -75,9 +75,12 @@ CREATE INDEX IF NOT EXISTS audit_sandbox ON audit(sandbox_id, time);
 `
 
 // Open opens (creating if needed) the database in dir, which is created
-// with mode 0700: it holds key hashes and the record of every execution.
+// with mode 0711: others may pass through it but not list it (a paused
+// sandbox's restore reads its checkpoint below it, as the sandbox's own
+// host user); the database in it, key hashes and the record of every
+// execution, is 0600.
 func Open(dir string) (*Store, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := os.MkdirAll(dir, 0o711); err != nil {
 		return nil, fmt.Errorf("data directory: %w", err)
 	}
 	path := filepath.Join(dir, FileName)
