@@ -100,9 +100,9 @@ func gvisorCheck() check {
 }
 
 // checkpointCheck reports whether checkpoint/restore (pause, resume,
-// snapshots: issue 15, docs/snapshots.md) can work on this host: a criu
-// binary of 4.x is found and `criu check` passes. Optional: nothing else
-// needs it, and it is a prototype yet.
+// fork, snapshots: docs/snapshots.md) can work on this host: a criu
+// binary of 4.x is found and `criu check` passes. Optional: sandboxes
+// run without it, and are not pausable.
 func checkpointCheck() check {
 	const name = "checkpoint/restore"
 	bin, err := criu.Find()
