@@ -341,8 +341,8 @@ class Sandbox:
         """Pauses the sandbox: its processes' state (variables, imports,
         open files, background processes) is saved to disk on the server
         and their memory freed; calls on it then raise SandboxPausedError
-        until resume(). The native backend with CRIU can; others raise
-        ServerUnavailableError. Returns the sandbox's description."""
+        until resume(). The native backend (with CRIU) and the gvisor one
+        can; others raise ServerUnavailableError. Returns the sandbox's description."""
         self.info = self.client._call("POST", self._path("/pause"))
         return self.info
 
@@ -350,8 +350,8 @@ class Sandbox:
         """Copies of this running sandbox, at this moment: count new
         Sandboxes, each of its own (its variables, files and processes as
         this one's, then apart). Each reseeds Python's and numpy's random
-        generators unless same_random_state. Native backend, with CRIU,
-        for sandboxes that can be paused."""
+        generators unless same_random_state. Sandboxes that can be paused
+        (native, with CRIU; gvisor)."""
         out = self.client._call("POST", self._path("/fork"), {"count": count, "same_random_state": same_random_state})
         return [Sandbox(self.client, info) for info in out["sandboxes"]]
 
@@ -362,8 +362,8 @@ class Sandbox:
         snapshot's description (a dict: id, size_bytes ...), for
         create_sandbox(from_snapshot=id). With ``name`` (lowercase
         letters, digits, '.', '_', '-'), from_snapshot takes the name
-        too: the newest snapshot of that name. Native backend, with
-        CRIU, for sandboxes that can be paused."""
+        too: the newest snapshot of that name. Sandboxes that can be
+        paused (native, with CRIU; gvisor)."""
         body = {"name": name} if name is not None else None
         return self.client._call("POST", self._path("/snapshots"), body)
 
