@@ -134,7 +134,8 @@ func TestDisabledPoolPassesThrough(t *testing.T) {
 	defer p.Close()
 	p.Prewarm(sandbox.Spec{}, 3)
 	p.Create(context.Background(), sandbox.Spec{})
-	time.Sleep(50 * time.Millisecond)
+	// Close waits for every creation the pool started: none may have.
+	p.Close()
 	if f.made.Load() != 1 {
 		t.Fatalf("made %d", f.made.Load())
 	}
@@ -155,11 +156,12 @@ func TestNamedSpecsAreNotPooled(t *testing.T) {
 		}
 		sb.Close()
 	}
-	time.Sleep(100 * time.Millisecond) // a refill would have started by now
-	if made := f.made.Load(); made != 5 {
-		t.Fatalf("%d sandboxes made for 5 named requests", made)
-	}
 	if st := p.Stats(); len(st) != 0 {
 		t.Fatalf("configurations kept for named specs: %+v", st)
+	}
+	// Close waits for every refill the pool started: none may have.
+	p.Close()
+	if made := f.made.Load(); made != 5 {
+		t.Fatalf("%d sandboxes made for 5 named requests", made)
 	}
 }
