@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
 
 // pausingBackend makes idle sandboxes that can be paused: for tests of
@@ -62,16 +63,26 @@ func (s *pausingSandbox) Paused() bool {
 	return s.paused
 }
 
-// clock is a settable Config.Now.
-type clock struct{ ns atomic.Int64 }
+// clock is a settable Config.Now that counts its readers.
+type clock struct{ ns, reads atomic.Int64 }
 
 func newClock() *clock {
 	c := &clock{}
 	c.ns.Store(time.Date(2026, 11, 27, 0, 0, 0, 0, time.UTC).UnixNano())
 	return c
 }
-func (c *clock) now() time.Time          { return time.Unix(0, c.ns.Load()).UTC() }
+func (c *clock) now() time.Time          { c.reads.Add(1); return time.Unix(0, c.ns.Load()).UTC() }
 func (c *clock) advance(d time.Duration) { c.ns.Add(int64(d)) }
+
+// waitReaper returns once a whole round of the reaper has run since it
+// was called, where nothing else reads the clock: a round reads it once,
+// as it begins, so the second read from now begins the round after one
+// that saw the clock as it is now.
+func (c *clock) waitReaper(t *testing.T) {
+	t.Helper()
+	from := c.reads.Load()
+	testutil.WaitFor(t, 10*time.Second, "a round of the reaper", func() bool { return c.reads.Load() >= from+2 })
+}
 
 func waitState(t *testing.T, svc *Service, id, want string) Info {
 	t.Helper()
@@ -118,7 +129,7 @@ func TestPauseResume(t *testing.T) {
 	}
 	// Paused for longer than its idle timeout and lifetime: still there.
 	c.advance(2 * time.Hour)
-	time.Sleep(600 * time.Millisecond) // two rounds of the reaper
+	c.waitReaper(t)
 	// Get without AutoResume leaves it paused.
 	if _, err := svc.Get("o", info.ID); err != nil || !sb.Paused() {
 		t.Fatalf("Get of a paused sandbox without auto-resume: %v, paused %v", err, sb.Paused())
