@@ -270,13 +270,15 @@ func TestServeCleansUpAfterKill9(t *testing.T) {
 	if r.stdout != "started\n" {
 		t.Fatalf("sh: %+v", r)
 	}
-	busy := exec.Command(os.Args[0], "sandbox", "exec", id, "-c", "while True: pass")
+	busy := exec.Command(os.Args[0], "sandbox", "exec", id, "-c", "print('busy', flush=True)\nwhile True: pass")
 	busy.Env = append(os.Environ(), "VIVARIUM_TEST_MAIN=1", "VIVARIUM_URL="+srv.url, "VIVARIUM_API_KEY="+token)
+	var busyOut testutil.Buffer
+	busy.Stdout = &busyOut
 	if err := busy.Start(); err != nil {
 		t.Fatal(err)
 	}
 	defer busy.Wait()
-	time.Sleep(300 * time.Millisecond)
+	testutil.WaitFor(t, 30*time.Second, "the busy execution to run", func() bool { return strings.Contains(busyOut.String(), "busy") })
 	pids := groupProcs()
 	if len(pids) < 3 {
 		t.Fatalf("sandbox processes: %v", pids)
@@ -323,23 +325,27 @@ func TestServeGracefulShutdown(t *testing.T) {
 	token, _ := createKey(t, dataDir, "k")
 	srv := startServer(t, dataDir, "--shutdown-grace", "1s")
 	id := strings.TrimSpace(srv.cliAs(t, token, "", "sandbox", "create").stdout)
+	// "running" is printed inside the try: once it is out, an interrupt
+	// is caught.
 	long := exec.Command(os.Args[0], "sandbox", "exec", id, "-c", `
 import time
-print("running", flush=True)
+said = False
 while True:
     try:
+        if not said:
+            print("running", flush=True)
+            said = True
         time.sleep(0.05)
     except KeyboardInterrupt:
         print("ignored", flush=True)
 `)
 	long.Env = append(os.Environ(), "VIVARIUM_TEST_MAIN=1", "VIVARIUM_URL="+srv.url, "VIVARIUM_API_KEY="+token)
-	var longOut bytes.Buffer
+	var longOut testutil.Buffer
 	long.Stdout = &longOut
 	if err := long.Start(); err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, 10*time.Second, "the execution to run", func() bool { return len(groupProcs()) >= 2 })
-	time.Sleep(200 * time.Millisecond)
+	testutil.WaitFor(t, 30*time.Second, "the execution to run", func() bool { return strings.Contains(longOut.String(), "running") })
 	start := time.Now()
 	srv.cmd.Process.Signal(syscall.SIGTERM)
 	select {
