@@ -221,6 +221,7 @@ func TestZygoteCloseDuringReplacement(t *testing.T) {
 	}
 	defer b.Close()
 	ctx := context.Background()
+	first := -1 // where the first zygote's range of host users begins
 	for range 2 {
 		// The second is the first zygote's too, and starts its
 		// replacement.
@@ -228,12 +229,18 @@ func TestZygoteCloseDuringReplacement(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		if first < 0 {
+			first = uidBase + (int(b.Zygotes()[0].UID)-uidBase)/65536*65536
+		}
 		s.Close()
 	}
-	// The replacement under way: its start (pandas imported) takes
-	// about a second. With Close waiting for it, the check below holds
-	// whenever Close comes.
-	time.Sleep(300 * time.Millisecond)
+	// Close once the replacement's processes are there, while it starts
+	// (pandas imported: about a second). With Close waiting for it, the
+	// check below holds whenever Close comes.
+	testutil.WaitFor(t, time.Minute, "the replacement zygote to start", func() bool {
+		return len(testutil.ZygoteProcesses(uidBase, first))+
+			len(testutil.ZygoteProcesses(first+65536, uidBase+testutil.UIDSpan)) > 0
+	})
 	b.Close()
 	left := append(testutil.ProcessesOwnedBy(uidBase, uidBase+testutil.UIDSpan),
 		testutil.ZygoteProcesses(uidBase, uidBase+testutil.UIDSpan)...)
