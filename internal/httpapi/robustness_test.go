@@ -20,6 +20,7 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/httpapi"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/service"
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 	"github.com/vivarium-sandbox/vivarium/internal/workspace"
 )
 
@@ -281,6 +282,7 @@ func TestShutdownDrains(t *testing.T) {
 	srv, svc := fakeServer(t, service.Config{})
 	c := client{t, srv.URL, "alice-key"}
 	id := c.json("POST", "/v1/sandboxes", nil, 201)["id"].(string)
+	other := c.json("POST", "/v1/sandboxes", nil, 201)["id"].(string)
 	done := make(chan int)
 	go func() {
 		code, _ := c.do("POST", "/v1/sandboxes/"+id+"/execute", map[string]any{"code": "block"})
@@ -296,7 +298,10 @@ func TestShutdownDrains(t *testing.T) {
 	defer cancel()
 	shut := make(chan error)
 	go func() { shut <- svc.Shutdown(ctx) }()
-	time.Sleep(50 * time.Millisecond)
+	testutil.WaitFor(t, 10*time.Second, "an execution refused by the shutdown", func() bool {
+		code, _ := c.do("POST", "/v1/sandboxes/"+other+"/execute", map[string]any{"code": "1"})
+		return code == 503
+	})
 	code, body := c.do("POST", "/v1/sandboxes", nil)
 	if code != 503 {
 		t.Errorf("create while shutting down: %d %s", code, body)

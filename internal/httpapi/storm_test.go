@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
 
 // stormCode burns every CPU with more processes than there are cores,
@@ -30,13 +32,16 @@ while True:
     sys.stdout.write(line)
 `
 
-// startStorm runs stormCode in a sandbox of its own until the test ends.
+// startStorm runs stormCode in a sandbox of its own until the test ends
+// (for 30 s at most, the test server's limit).
 func startStorm(t testing.TB, c client) {
 	t.Helper()
 	id := c.json("POST", "/v1/sandboxes", map[string]any{"limits": map[string]any{"memory": 256 << 20, "pids": 32}}, 201)["id"].(string)
-	go c.do("POST", "/v1/sandboxes/"+id+"/execute", map[string]any{"code": stormCode, "timeout_s": 120})
-	// Let it get going.
-	time.Sleep(time.Second)
+	go c.do("POST", "/v1/sandboxes/"+id+"/execute", map[string]any{"code": stormCode, "timeout_s": 30})
+	t.Cleanup(func() { c.do("DELETE", "/v1/sandboxes/"+id, nil) })
+	testutil.WaitFor(t, time.Minute, "the storm to run", func() bool {
+		return c.json("GET", "/v1/sandboxes/"+id, nil, 200)["state"] == "running"
+	})
 }
 
 // A sandbox under a CPU, memory and output storm slows neither another
