@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -123,6 +124,11 @@ func run(t *testing.T, sb sandbox.Sandbox, code string) *sandbox.Result {
 	return res
 }
 
+type sinkFunc func([]byte)
+
+func (f sinkFunc) Stdout(p []byte) { f(p) }
+func (f sinkFunc) Stderr(p []byte) { f(p) }
+
 func wantStatus(t *testing.T, res *sandbox.Result, st sandbox.Status) {
 	t.Helper()
 	if res.Status != st {
@@ -165,11 +171,18 @@ func TestSandboxes(t *testing.T) {
 			if res := run(t, sb, "x + 1"); len(res.Results) != 1 || res.Results[0].Text != "42" {
 				t.Fatalf("state lost: %+v", res)
 			}
+			// Interrupted once its first output shows it running.
+			started := make(chan struct{})
+			var once sync.Once
 			go func() {
-				time.Sleep(500 * time.Millisecond)
+				<-started
 				sb.Interrupt()
 			}()
-			res := run(t, sb, "import time\nwhile True: time.sleep(0.05)")
+			res, err := sb.Execute(ctx, sandbox.ExecRequest{Code: "import time\nprint('looping', flush=True)\nwhile True: time.sleep(0.05)"},
+				sinkFunc(func([]byte) { once.Do(func() { close(started) }) }))
+			if err != nil {
+				t.Fatal(err)
+			}
 			if res.Error == nil || res.Error.Name != "KeyboardInterrupt" || res.StateLost {
 				t.Fatalf("interrupt: %+v", res)
 			}
