@@ -17,10 +17,11 @@ func ZygoteMode() bool { return os.Getenv(zygoteEnv) == "1" }
 // RunBothModes runs the tests, then runs them again in a re-executed test
 // binary with ZygoteMode set, and returns the exit code for both. Packages
 // whose tests make sandboxes call it from TestMain, so that `go test`
-// proves every case against both ways of starting a sandbox.
+// proves every case against both ways of starting a sandbox. Under -short,
+// which makes no sandboxes, the tests run once.
 func RunBothModes(m *testing.M) int {
 	code := m.Run()
-	if ZygoteMode() || os.Getenv("VIVARIUM_TEST_ONE_MODE") == "1" {
+	if ZygoteMode() || os.Getenv("VIVARIUM_TEST_ONE_MODE") == "1" || testing.Short() {
 		return code
 	}
 	fmt.Fprintln(os.Stderr, "=== the same tests, with sandboxes forked from a zygote")

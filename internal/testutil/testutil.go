@@ -5,16 +5,32 @@ package testutil
 import (
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
 )
 
-// RequireRoot skips the test unless it runs as root. CI runs as root, so
-// these tests run there.
-func RequireRoot(t testing.TB) {
+// SkipShort skips the test under go test -short, the fast tier
+// (docs/testing.md), saying what it needs that the fast tier goes
+// without: root, runsc, dockerd, CRIU, a kube-apiserver, the wasm
+// interpreter, Node.js, or minutes. Helpers that require such a thing
+// call it, so that -short runs the same tests as root as without.
+func SkipShort(t testing.TB, needs string) {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: " + needs)
+	}
+}
+
+// RequireRoot skips the test unless it runs as root, and under -short;
+// why, if given, says what root is needed for. CI runs as root without
+// -short, so these tests run there.
+func RequireRoot(t testing.TB, why ...string) {
+	t.Helper()
+	msg := strings.Join(append([]string{"needs root"}, why...), ": ")
+	SkipShort(t, msg)
 	if os.Geteuid() != 0 {
-		t.Skip("needs root")
+		t.Skip(msg)
 	}
 }
 
@@ -28,12 +44,16 @@ func RequirePython(t testing.TB) string {
 	return py
 }
 
-// RequirePythonModules skips the test unless the host Python imports mods.
+// RequirePythonModules skips the test unless the host Python has mods.
+// They are looked for, not imported: importing pandas, matplotlib and
+// scipy takes a second, which tests that then skip for want of root
+// would spend for nothing.
 func RequirePythonModules(t testing.TB, mods ...string) {
 	t.Helper()
 	py := RequirePython(t)
 	for _, m := range mods {
-		if err := exec.Command(py, "-c", "import "+m).Run(); err != nil {
+		find := "import importlib.util, sys; sys.exit(importlib.util.find_spec(sys.argv[1]) is None)"
+		if err := exec.Command(py, "-c", find, m).Run(); err != nil {
 			t.Skipf("needs Python module %s (apt install python3-%s)", m, m)
 		}
 	}

@@ -39,6 +39,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
 
 // AdminUser is the name of the cluster's administrator, in the group
@@ -102,6 +104,7 @@ func Start(t testing.TB, users ...User) *Cluster {
 // StartWith is Start with options.
 func StartWith(t testing.TB, opts Options, users ...User) *Cluster {
 	t.Helper()
+	testutil.SkipShort(t, "needs a kube-apiserver and etcd")
 	addr := opts.Address
 	if addr == "" {
 		addr = "127.0.0.1"
