@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
 
 // fake writes an executable script that stands in for criu.
@@ -80,9 +82,7 @@ func TestCheckReportsFailure(t *testing.T) {
 // the test is not root (criu check needs it).
 func realCRIU(t *testing.T) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("criu check needs root")
-	}
+	testutil.RequireRoot(t, "criu check")
 	bin, err := Find()
 	if err != nil {
 		t.Skipf("criu is not built here (make criu): %v", err)

@@ -16,6 +16,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
 
 const victimEnv = "VIVARIUM_SECCOMP_VICTIM"
@@ -267,9 +269,7 @@ func TestRealVictim(t *testing.T) {
 	if _, err := exec.LookPath("unshare"); err != nil {
 		t.Skip("needs util-linux unshare")
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: mincore reports the page cache only of files its caller owns or may write")
-	}
+	testutil.RequireRoot(t, "mincore reports the page cache only of files its caller owns or may write")
 	// A cached file: DONTNEED from the victim must leave it cached.
 	const size = 1 << 20
 	path := filepath.Join(t.TempDir(), "cached")
@@ -352,9 +352,7 @@ func TestRealVictim(t *testing.T) {
 // A zygote under its own filter can do what placing a child takes; the
 // child, once it has stacked the sandbox's filter, no longer can.
 func TestRealZygoteVictim(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: setns and the core limit are privileged")
-	}
+	testutil.RequireRoot(t, "setns and the core limit are privileged")
 	got := runVictim(t, "zygote")
 	wantReport(t, got, map[string]string{
 		"zygote setns": "ok", "zygote set dumpable 1": "ok", "zygote prlimit64 core write": "ok",

@@ -25,9 +25,7 @@ import (
 // cannot keep volumes.
 func open(t testing.TB, dir string) *Store {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: loop devices and mounts")
-	}
+	testutil.RequireRoot(t, "loop devices and mounts")
 	s, err := Open(Config{Dir: dir, MaxSize: 64 << 20, MaxPerOwner: 3})
 	if err != nil {
 		t.Fatal(err)
@@ -461,9 +459,7 @@ func TestSlowMountDelaysNoOne(t *testing.T) {
 
 // The server's mounts are bounded: each is a loop device of the host's.
 func TestMountedBound(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
+	testutil.RequireRoot(t)
 	s, err := Open(Config{Dir: t.TempDir(), MaxSize: 64 << 20, MaxMounted: 1})
 	if err != nil {
 		t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
 
 func TestMetadataRoundTripAndBounds(t *testing.T) {
@@ -94,9 +95,7 @@ func TestMetadataRoundTripAndBounds(t *testing.T) {
 // /proc/self/fd path works under the user's fsuid, and a file the user
 // may not write gets none.
 func TestMetadataAsOwner(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
+	testutil.RequireRoot(t)
 	root := t.TempDir()
 	const owner = 54321
 	os.Chown(root, owner, owner)

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
 
 func newDir(t *testing.T) (*Dir, string) {
@@ -218,9 +219,7 @@ func FuzzClean(f *testing.F) {
 // Files are created as the workspace's owner, with no more rights than the
 // owner has, and the thread's identity is restored afterwards.
 func TestWritesAsOwner(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
+	testutil.RequireRoot(t)
 	root := t.TempDir()
 	const owner = 54321
 	if err := os.Chown(root, owner, owner); err != nil {
@@ -396,9 +395,7 @@ func TestFilesAndDirectoriesMixedUp(t *testing.T) {
 // followed, an existing name is ErrExists, and the user's own view is
 // not a root's.
 func TestMkdirAllFor(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
+	testutil.RequireRoot(t)
 	base := t.TempDir()
 	const sbRoot, user = 54321, 54322
 	if err := os.Chown(base, sbRoot, sbRoot); err != nil {

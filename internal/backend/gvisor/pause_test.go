@@ -304,6 +304,7 @@ func requireNothingLeft(t *testing.T, b *gvisor.Backend, dir, cps string) {
 // sandbox whose restore would not fit in its memory limit, a checkpoint
 // that would not fit on the disk.
 func TestPauseRefused(t *testing.T) {
+	testutil.RequireRoot(t, "a tmpfs of 1 MiB")
 	dir := t.TempDir()
 	small := filepath.Join(t.TempDir(), "small")
 	if err := os.Mkdir(small, 0o700); err != nil {

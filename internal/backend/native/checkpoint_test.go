@@ -560,9 +560,7 @@ func procState(pid int) string {
 // unmountUnder leaves nothing mounted below a directory: nested mounts,
 // and mounts stacked on one point.
 func TestUnmountUnder(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
+	testutil.RequireRoot(t)
 	dir := t.TempDir()
 	a := filepath.Join(dir, "a")
 	if err := os.Mkdir(a, 0o700); err != nil {
