@@ -2,16 +2,19 @@ package main
 
 import (
 	"encoding/json"
+	"os"
 	"strings"
 	"testing"
 
 	"github.com/vivarium-sandbox/vivarium/internal/backend/wasm"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
 
 // needWasm skips without the interpreter `make wasm` builds.
 func needWasm(t *testing.T) {
 	t.Helper()
+	testutil.SkipShort(t, "needs the wasm interpreter")
 	if _, err := wasm.Locate(); err != nil {
 		t.Skipf("the wasm interpreter is not built (run `make wasm`): %v", err)
 	}
@@ -51,6 +54,9 @@ func TestRunBackendFlag(t *testing.T) {
 // The doctor reports the wasm backend, working or not, without failing
 // for it.
 func TestDoctorWasm(t *testing.T) {
+	if testing.Short() && os.Geteuid() == 0 {
+		t.Skip("-short: vivarium doctor, as root, starts real sandboxes")
+	}
 	got := vivarium(t, "", "doctor", "--json")
 	var checks []check
 	if err := json.Unmarshal([]byte(got.stdout), &checks); err != nil {

@@ -31,6 +31,7 @@ const (
 // when they are missing.
 func requireNode(t *testing.T) {
 	t.Helper()
+	testutil.SkipShort(t, "needs Node.js and E2B's JavaScript SDKs")
 	for _, tool := range []string{"node", "npm"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Skipf("needs %s (Node.js 20.18 or later) to run E2B's JavaScript SDKs", tool)

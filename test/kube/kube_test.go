@@ -31,6 +31,7 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 
 	"github.com/vivarium-sandbox/vivarium/internal/fileutil"
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 	"github.com/vivarium-sandbox/vivarium/internal/testutil/kubetest"
 )
 
@@ -73,6 +74,7 @@ func executable(p string) bool {
 // VIVARIUM_REQUIRE_HELM=1 says scripts/kube/helm.sh built it.
 func requireHelm(t *testing.T) string {
 	t.Helper()
+	testutil.SkipShort(t, "needs helm")
 	helm, err := findHelm()
 	if err != nil {
 		if os.Getenv("VIVARIUM_REQUIRE_HELM") == "1" {

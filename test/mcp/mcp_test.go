@@ -30,6 +30,7 @@ const (
 // when they are missing.
 func requireNode(t *testing.T) {
 	t.Helper()
+	testutil.SkipShort(t, "needs Node.js and the MCP TypeScript SDK")
 	for _, tool := range []string{"node", "npm"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Skipf("needs %s (Node.js 18 or later) to run the TypeScript SDK's client", tool)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/vivarium-sandbox/vivarium/internal/backend/wasm"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
 
 // The functional tests of the foundation issue, on the wasm backend: where
@@ -29,6 +30,7 @@ var (
 
 func newBackend(t *testing.T) *wasm.Backend {
 	t.Helper()
+	testutil.SkipShort(t, "needs the wasm interpreter")
 	backendOnce.Do(func() {
 		backend, backendErr = wasm.New(wasm.Config{})
 		if backendErr == nil {
