@@ -10,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
 
 // tree makes a small snapshot-like directory in a new temporary one.
@@ -49,6 +51,9 @@ func TestSignVerify(t *testing.T) {
 	}
 	for name, change := range changes {
 		t.Run(name, func(t *testing.T) {
+			if name == "owner" {
+				testutil.RequireRoot(t, "chown")
+			}
 			dir := tree(t)
 			if err := Sign(dir, key(1)); err != nil {
 				t.Fatal(err)
@@ -71,7 +76,11 @@ func TestSignVerify(t *testing.T) {
 // under the same key, with its owners, modes and link.
 func TestExportImport(t *testing.T) {
 	dir := tree(t)
-	os.Lchown(filepath.Join(dir, "files", "sub", "a.txt"), 4321, 4322)
+	uid, gid := 4321, 4322 // owners only root may give; others keep their own
+	if os.Geteuid() != 0 {
+		uid, gid = os.Getuid(), os.Getgid()
+	}
+	os.Lchown(filepath.Join(dir, "files", "sub", "a.txt"), uid, gid)
 	if err := Sign(dir, key(1)); err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +100,7 @@ func TestExportImport(t *testing.T) {
 		t.Fatalf("the imported copy: %v", err)
 	}
 	var st syscall.Stat_t
-	if err := syscall.Lstat(filepath.Join(dst, "files", "sub", "a.txt"), &st); err != nil || st.Uid != 4321 || st.Gid != 4322 || st.Mode&0o7777 != 0o640 {
+	if err := syscall.Lstat(filepath.Join(dst, "files", "sub", "a.txt"), &st); err != nil || int(st.Uid) != uid || int(st.Gid) != gid || st.Mode&0o7777 != 0o640 {
 		t.Fatalf("a.txt: %+v %v", st, err)
 	}
 	// Too large.
@@ -136,7 +145,7 @@ func TestImportRefuses(t *testing.T) {
 			var buf bytes.Buffer
 			tw := tar.NewWriter(&buf)
 			for _, h := range hs {
-				h.Mode = 0o644
+				h.Mode, h.Uid, h.Gid = 0o644, os.Getuid(), os.Getgid()
 				tw.WriteHeader(h)
 			}
 			tw.Close()
@@ -156,7 +165,7 @@ func TestImportRefuses(t *testing.T) {
 	var flood bytes.Buffer
 	tw := tar.NewWriter(&flood)
 	for i := range 3000 {
-		tw.WriteHeader(&tar.Header{Name: fmt.Sprintf("f%d", i), Typeflag: tar.TypeReg, Mode: 0o644})
+		tw.WriteHeader(&tar.Header{Name: fmt.Sprintf("f%d", i), Typeflag: tar.TypeReg, Mode: 0o644, Uid: os.Getuid(), Gid: os.Getgid()})
 	}
 	tw.Close()
 	if _, err := Import(&flood, filepath.Join(t.TempDir(), "d"), 1<<20, nil); !errors.Is(err, ErrTooLarge) {
