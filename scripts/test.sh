@@ -25,10 +25,11 @@ VIVARIUM_DEPS_EXTRA="$extra ${VIVARIUM_DEPS_EXTRA:-}" scripts/deps.sh
 [ -d test/e2b/node_modules/@e2b/code-interpreter ] || (cd test/e2b && npm ci --no-audit --no-fund --loglevel=error)
 # The wasm backend's interpreter (make wasm: CPython built from Debian's
 # sources, several minutes), kept outside the checkout under a name that
-# changes with its build scripts, so that later runs on this machine reuse
-# it. Its tests skip without it; here it is built so that they run.
+# changes with its build scripts (not with the Makefile, whose wasm rule
+# only runs them), so that later runs on this machine reuse it. Its tests
+# skip without it; here it is built so that they run.
 if [ -z "${VIVARIUM_WASM_DIR:-}" ]; then
-	key=$(cat Makefile scripts/wasm/* | sha256sum | cut -c1-12)
+	key=$(cat scripts/wasm/* | sha256sum | cut -c1-12)
 	VIVARIUM_WASM_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/vivarium/wasm-$key"
 fi
 export VIVARIUM_WASM_DIR
