@@ -1,21 +1,51 @@
-# Builds what `go build` cannot. Go code builds with go build as usual.
+# Everyday targets, and what `go build` cannot build. docs/testing.md says
+# what each test tier covers.
 #
-#   make wasm   the wasm backend's interpreter (CPython 3.11 for wasm32-wasi)
-#               in build/wasm, from Debian's python3.11 source package with
-#               Debian's clang-14, lld-14 and wasi-libc; nothing is
-#               downloaded from anywhere else. About four minutes on two
-#               cores; does nothing when build/wasm is up to date.
-#   make criu   CRIU 4.1.1 (the native backend's checkpoint/restore) in
-#               $(CRIU_DIR), default ~/.cache/vivarium/criu-<hash of
-#               scripts/criu/*>, from Debian trixie's criu source with
-#               bookworm's build dependencies. About 30 s on two cores;
-#               does nothing when the binary is there.
+#   make build       bin/vivarium, the one binary (go build ./cmd/vivarium)
+#   make test        the full suite, exactly what CI runs (scripts/test.sh):
+#                    installs what the tests need, builds the wasm
+#                    interpreter and CRIU, then runs every test as root.
+#                    About 20 minutes on two cores.
+#   make test-short  the fast tier (go test -short ./...): the logic, with
+#                    fakes, without root, runsc, docker, CRIU, a
+#                    kube-apiserver, the wasm interpreter or Node.js. Under
+#                    a minute on two cores once the build cache is warm.
+#   make check-docs  the docs checks (go test -short -run '^TestDocs' ./...)
+#   make wasm        the wasm backend's interpreter (CPython 3.11 for
+#                    wasm32-wasi) in build/wasm, from Debian's python3.11
+#                    source package with Debian's clang-14, lld-14 and
+#                    wasi-libc; nothing is downloaded from anywhere else.
+#                    About four minutes on two cores; does nothing when
+#                    build/wasm is up to date.
+#   make criu        CRIU 4.1.1 (the native backend's checkpoint/restore) in
+#                    $(CRIU_DIR), default ~/.cache/vivarium/criu-<hash of
+#                    scripts/criu/*>, from Debian trixie's criu source with
+#                    bookworm's build dependencies. About 30 s on two
+#                    cores; does nothing when the binary is there.
+#
+# There is no `make image`: the repository has no Dockerfile, and the Helm
+# chart takes an image built elsewhere (deploy/helm/vivarium/README.md,
+# "The image", says what it must hold).
+
+GO ?= go
 
 WASM_DIR ?= build/wasm
 
 CRIU_DIR ?=
 
-.PHONY: wasm clean-wasm criu
+.PHONY: build test test-short check-docs wasm clean-wasm criu
+
+build:
+	$(GO) build -o bin/vivarium ./cmd/vivarium
+
+test:
+	scripts/test.sh
+
+test-short:
+	$(GO) test -short ./...
+
+check-docs:
+	$(GO) test -short -run '^TestDocs' ./...
 
 wasm: $(WASM_DIR)/python.wasm
 
