@@ -22,7 +22,7 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
 
-//go:embed runner.py cells.py vivarium_mpl_backend.py zygote.py kernels.py kernel_node.js kernel_r.R kernel_java.java
+//go:embed runner.py cells.py vivarium_mpl_backend.py zygote.py landlock.py kernels.py kernel_node.js kernel_r.R kernel_java.java
 var files embed.FS
 
 // ScriptName is the runner's entry point among Files; ZygoteName is the

@@ -41,6 +41,8 @@ import socket
 import struct
 import sys
 
+import landlock
+
 CLONE_NEWNS = 0x00020000
 CLONE_NEWCGROUP = 0x02000000
 CLONE_NEWUTS = 0x04000000
@@ -122,62 +124,7 @@ def _drop_capabilities():
     _prctl("securebits", PR_SET_SECUREBITS, SECUREBITS)
 
 
-# Landlock (linux/landlock.h): the same numbers on every architecture.
-SYS_LANDLOCK_CREATE_RULESET, SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446
-LANDLOCK_CREATE_RULESET_VERSION = 1
-LANDLOCK_RULE_PATH_BENEATH = 1
-_libc.syscall.restype = ctypes.c_long
-
-
-class _RulesetAttr(ctypes.Structure):
-    _fields_ = [("handled_access_fs", ctypes.c_uint64)]
-
-
-class _PathBeneathAttr(ctypes.Structure):
-    _pack_ = 1
-    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
-
-
-def _landlock_abi():
-    """The kernel's Landlock ABI version, 0 where there is none."""
-    abi = _libc.syscall(SYS_LANDLOCK_CREATE_RULESET, None, 0, LANDLOCK_CREATE_RULESET_VERSION)
-    return max(abi, 0)
-
-
-LANDLOCK_ABI = _landlock_abi()
-
-
-def _confine_to_root(abi):
-    """Every file access right the ABI knows, granted beneath "/" alone."""
-    rights = (1 << 13) - 1  # execute ... make_sym (ABI 1)
-    if abi >= 2:
-        rights |= 1 << 13  # refer
-    if abi >= 3:
-        rights |= 1 << 14  # truncate
-    if abi >= 5:
-        rights |= 1 << 15  # ioctl on devices
-    attr = _RulesetAttr(rights)
-    ruleset = _libc.syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.sizeof(attr), 0)
-    if ruleset < 0:
-        _check("landlock ruleset", -1)
-    try:
-        # "/", and the sandbox's message queues, which mq_open reaches
-        # through its IPC namespace's own mount of the same file system,
-        # outside the root: a rule on /dev/mqueue names the same inode.
-        for path in ("/", "/dev/mqueue"):
-            try:
-                fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                continue
-            try:
-                rule = _PathBeneathAttr(rights, fd)
-                _check("landlock rule for " + path, _libc.syscall(
-                    SYS_LANDLOCK_ADD_RULE, ruleset, LANDLOCK_RULE_PATH_BENEATH, ctypes.byref(rule), 0))
-            finally:
-                os.close(fd)
-        _check("landlock", _libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, ruleset, 0))
-    finally:
-        os.close(ruleset)
+LANDLOCK_ABI = landlock.abi()
 
 
 def _check_no_capabilities():
@@ -259,7 +206,7 @@ def become_sandbox(req, fds, filter_prog, sock):
         # /proc/self/exe would open that one file, shared by every sandbox
         # of the zygote (a lock on it would be seen by all of them).
         if LANDLOCK_ABI:
-            _confine_to_root(LANDLOCK_ABI)
+            landlock.confine_to_root(LANDLOCK_ABI)
         # 4. Limits.
         for res, cur, top in req.get("rlimits", []):
             resource.setrlimit(res, (cur, top))
@@ -348,15 +295,54 @@ class Zygote:
         # The child is born in the sandbox's PID namespace: this sets the
         # namespace of the zygote's next child, and only that.
         _check("enter the sandbox's PID namespace", _libc.setns(fds[1], CLONE_NEWPID))
-        pid = os.fork()
-        if pid == 0:
-            return (req, fds, self.filter, self.sock)
-        self.children[pid] = token
-        pidfd = os.pidfd_open(pid)
+        if req.get("adopt"):
+            pid, pidfd = self._fork_adopted()
+            if pid == 0:
+                return (req, fds, self.filter, self.sock)
+        else:
+            pid = os.fork()
+            if pid == 0:
+                return (req, fds, self.filter, self.sock)
+            self.children[pid] = token
+            pidfd = os.pidfd_open(pid)
         try:
             self.send({"op": "forked", "token": token, "pid": pid}, [pidfd])
         finally:
             os.close(pidfd)
+
+    def _fork_adopted(self):
+        """Forks a runner that the sandbox's init adopts: a child forks it
+        and exits at once, and the kernel gives the orphan to the reaper of
+        its PID namespace, the sandbox's init. The sandbox is then one
+        process tree, init's, which CRIU can save and restore whole. In the
+        runner it returns (0, None); in the zygote, the runner's pid and a
+        pidfd of it, which the child passed before it exited. The zygote
+        hears nothing of the runner's end: init reaps it and says so."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:
+            ours.close()
+            try:
+                runner = os.fork()
+                if runner == 0:
+                    theirs.close()
+                    return 0, None
+                socket.send_fds(theirs, [b"%d" % runner], [os.pidfd_open(runner)])
+            except BaseException:
+                pass  # the zygote hears of it as no pidfd
+            os._exit(0)
+        theirs.close()
+        try:
+            msg, got, _, _ = socket.recv_fds(ours, 32, 1)
+        finally:
+            ours.close()
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+        if not got:
+            raise OSError("the runner's parent exited before it passed the runner on")
+        return int(msg or b"0"), got[0]
 
     def reap(self):
         while True:

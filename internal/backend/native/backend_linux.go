@@ -131,6 +131,12 @@ type Backend struct {
 	etcErr  error
 	top     []topLink
 
+	zfilesOnce   sync.Once // zygoteFiles
+	zfiles       string
+	zfilesLayers map[string][]etcEntry
+	zfilesErr    error
+	zfilesMu     sync.Mutex // held while they are written
+
 	zmu            sync.Mutex
 	zygotes        map[string]*zygote       // by interpreter
 	zstarting      map[string]chan struct{} // closed when a start ends
@@ -308,15 +314,19 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 	if spec.Egress != nil {
 		spec.Env = sandbox.WithEgressEnv(spec.Env)
 	}
-	// A pausable sandbox is a classic one: a zygote's cannot be paused yet.
-	if b.cfg.Zygote && !spec.Pausable {
+	// Every lasting sandbox of a zygote is one process tree, its runner
+	// init's child, which can be paused, forked and snapshotted
+	// (spec.Pausable asks nothing more of it).
+	if b.cfg.Zygote {
 		z, err := b.zygoteFor(ctx, spec.Python, true)
 		if err != nil {
 			return nil, err
 		}
 		cfg := b.initConfig(spec, nil, nil)
 		cfg.Role = roleForked
-		cfg.RunnerFiles, cfg.RunnerArgs = nil, nil
+		// Its memory layout and hash seed are the zygote's, not the
+		// pause base's (pausebase_linux.go): its kept copies are whole.
+		cfg.RunnerFiles, cfg.RunnerArgs, cfg.HashSeed, cfg.Preload = nil, nil, "", nil
 		return start(ctx, b, spec, cfg, z)
 	}
 	cfg := b.initConfig(spec, etc, top)

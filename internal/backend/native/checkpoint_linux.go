@@ -88,6 +88,9 @@ type checkpoint struct {
 	// in, as /proc/PID/cgroup names them ("memory", "cpu,cpuacct"; ""
 	// for cgroup v2): the only ones dumped.
 	cgroups []string
+	// zygoteFiles is the backend's copy of a zygote's files, which the
+	// overlays of a forked sandbox's checkpoint name (zygotefiles_linux.go).
+	zygoteFiles string
 }
 
 // close lets go of the sandbox's mount namespace, and so of its files,
@@ -204,9 +207,13 @@ type extMount struct {
 	flags                   string // its per-mount options at dump time
 }
 
-// extFile is a host file that init held, restored by opening it again.
+// extFile is a host file that init held, restored by opening it again;
+// or, with under set, a file of the sandbox's own overlay at under that a
+// process of a forked sandbox maps from the zygote's root (its
+// interpreter and libraries), restored from the restore's overlay.
 type extFile struct {
 	key, path string
+	under     string
 }
 
 // extPipe is a pipe whose other end is the host's.
@@ -265,9 +272,6 @@ type dumpOptions struct {
 
 // dumpTree is dump, with opts.
 func (s *Sandbox) dumpTree(ctx context.Context, bin, dir string, opts dumpOptions) (_ *checkpoint, err error) {
-	if s.z != nil {
-		return nil, errors.New("checkpoint: sandboxes forked from a zygote are not supported yet")
-	}
 	if s.init == nil || isClosed(s.dead()) {
 		return nil, errors.New("checkpoint: the sandbox is not running")
 	}
@@ -291,9 +295,19 @@ func (s *Sandbox) dumpTree(ctx context.Context, bin, dir string, opts dumpOption
 	if rp == nil {
 		return nil, errors.New("checkpoint: the sandbox has no runner")
 	}
-	cp, err := prepareDump(pid, rp.pid, dir)
+	zfiles, err := s.b.zygoteFiles(false)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	cp, err := prepareDump(pid, rp.pid, dir, zfiles)
 	if err != nil {
 		return nil, err
+	}
+	if cp.hasZygoteLower() {
+		if _, err := s.b.zygoteFiles(true); err != nil {
+			cp.close()
+			return nil, fmt.Errorf("checkpoint: %w", err)
+		}
 	}
 	if !opts.leaveRunning {
 		if err := cp.holdPipes(); err != nil {
@@ -414,11 +428,11 @@ func (s *Sandbox) dumpTree(ctx context.Context, bin, dir string, opts dumpOption
 // dir holds images/, CRIU's images, and ext/, the copies of the /proc
 // masks. Its parent must let the sandbox's host root group through (mode
 // 0711): see handOver.
-func prepareDump(pid, runner int, dir string) (*checkpoint, error) {
+func prepareDump(pid, runner int, dir, zygoteFiles string) (*checkpoint, error) {
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, err
 	}
-	cp := &checkpoint{dir: dir}
+	cp := &checkpoint{dir: dir, zygoteFiles: zygoteFiles}
 	if err := os.Mkdir(filepath.Join(dir, "ext"), 0o700); err != nil {
 		return nil, err
 	}
@@ -519,7 +533,7 @@ func (cp *checkpoint) collectMounts(pid int, mnts []mountEntry) error {
 		if m.fstype == "overlay" {
 			// Its second layer is an empty directory of init's scratch
 			// tmpfs, gone once init set up.
-			lower, err := overlayLower(m.options)
+			lower, err := overlayLower(m.options, cp.zygoteFiles)
 			if err != nil {
 				return fmt.Errorf("checkpoint: the overlay at %s: %w", m.point, err)
 			}
@@ -549,13 +563,21 @@ func (cp *checkpoint) collectMounts(pid int, mnts []mountEntry) error {
 // shows (its first lower layer), from the overlay's mount options: one
 // directory of the host's root, as mount_linux.go makes them for a classic
 // sandbox, and nothing else.
-func overlayLower(options string) (string, error) {
+func overlayLower(options, zygoteFiles string) (string, error) {
 	for _, o := range strings.Split(options, ",") {
 		v, ok := strings.CutPrefix(o, "lowerdir=")
 		if !ok {
 			continue
 		}
 		first, _, _ := strings.Cut(v, ":")
+		if lower, ok := zygoteLower(first); ok {
+			return lower, nil // a forked sandbox's
+		}
+		if rel, ok := strings.CutPrefix(first, zygoteFiles+"/"); ok && zygoteFiles != "" {
+			if lower, ok := zygoteLower("/" + rel); ok && strings.HasPrefix(lower, zygoteLowerPrefix) {
+				return lower, nil // a restored forked sandbox's
+			}
+		}
 		name := strings.TrimPrefix(first, "/")
 		if !strings.HasPrefix(first, "/") || name == "" || strings.ContainsAny(name, "/\\") || name == ".." || name == "." {
 			return "", fmt.Errorf("lower layer %q is not a directory of the host's root", first)
@@ -708,8 +730,12 @@ func (cp *checkpoint) collectFiles(initPID int, tree []int, mnts []mountEntry) e
 	// their files for deleted ones, which it would re-create beside
 	// them. They are external files instead, the host's node reopened.
 	devNode := map[string]string{}
+	overlayDev := map[string]string{} // the overlays' file systems → mount points
 	for _, m := range mnts {
 		inNS[m.id] = true
+		if m.fstype == "overlay" && m.root == "/" {
+			overlayDev[m.dev] = m.point
+		}
 		if devNodes[m.point] && strings.HasSuffix(m.root, "//deleted") {
 			devNode[m.id] = m.point
 		}
@@ -721,8 +747,9 @@ func (cp *checkpoint) collectFiles(initPID int, tree []int, mnts []mountEntry) e
 	pipes := map[uint64]*pipeEnds{}
 	var order []uint64
 	seenFile := map[string]bool{}
-	addFile := func(pid int, mntID string, st *unix.Stat_t, path string) error {
+	addFile := func(pid int, mntID string, st *unix.Stat_t, path string, mapped bool) error {
 		ino := st.Ino
+		under := ""
 		if node := devNode[mntID]; node != "" {
 			path = node // the host's node of that name, not what the sandbox says
 		} else if !inNS[mntID] && isHostNode(path, st) {
@@ -731,13 +758,25 @@ func (cp *checkpoint) collectFiles(initPID int, tree []int, mnts []mountEntry) e
 		} else if inNS[mntID] {
 			return nil
 		} else if pid != initPID {
-			return fmt.Errorf("checkpoint: process %d of the sandbox holds %s, a file outside it", pid, path)
+			// A forked sandbox's process maps its interpreter and
+			// libraries from the zygote's root (path is the zygote's),
+			// or, restored, from the restore's overlay of one of its
+			// own (of the same file system: path is beneath that
+			// overlay, which is no longer mounted on the host). A
+			// restore maps the same path of the sandbox's own overlay,
+			// never a file of the host's.
+			if point, ok := overlayDev[fmt.Sprintf("%d:%d", unix.Major(st.Dev), unix.Minor(st.Dev))]; ok {
+				path = point + path
+			}
+			if under = cp.overlayOf(path); !mapped || under == "" || st.Mode&unix.S_IFMT != unix.S_IFREG {
+				return fmt.Errorf("checkpoint: process %d of the sandbox holds %s, a file outside it", pid, path)
+			}
 		}
 		id, _ := strconv.Atoi(mntID)
 		key := fmt.Sprintf("file[%x:%x]", id, ino)
 		if !seenFile[key] {
 			seenFile[key] = true
-			cp.files = append(cp.files, extFile{key: key, path: path})
+			cp.files = append(cp.files, extFile{key: key, path: path, under: under})
 		}
 		return nil
 	}
@@ -797,7 +836,7 @@ func (cp *checkpoint) collectFiles(initPID int, tree []int, mnts []mountEntry) e
 					}
 					return err
 				}
-				if err := addFile(pid, info.mntID, &st, link); err != nil {
+				if err := addFile(pid, info.mntID, &st, link, false); err != nil {
 					return err
 				}
 			}
@@ -832,7 +871,7 @@ func (cp *checkpoint) collectFiles(initPID int, tree []int, mnts []mountEntry) e
 			if sharedAnonymous(link, &st) {
 				continue
 			}
-			if err := addFile(pid, info.mntID, &st, link); err != nil {
+			if err := addFile(pid, info.mntID, &st, link, true); err != nil {
 				return err
 			}
 		}
@@ -847,6 +886,28 @@ func (cp *checkpoint) collectFiles(initPID int, tree []int, mnts []mountEntry) e
 		cp.pipes = append(cp.pipes, e)
 	}
 	return nil
+}
+
+// hasZygoteLower reports whether an overlay of cp is of a zygote's files.
+func (cp *checkpoint) hasZygoteLower() bool {
+	for _, m := range cp.mounts {
+		if strings.HasPrefix(m.lower, zygoteLowerPrefix) {
+			return true
+		}
+	}
+	return false
+}
+
+// overlayOf returns the mount point of the read-only overlay (of cp's
+// external mounts) that path is beneath, or "".
+func (cp *checkpoint) overlayOf(path string) string {
+	best := ""
+	for _, m := range cp.mounts {
+		if m.lower != "" && strings.HasPrefix(path, m.mountpoint+"/") && len(m.mountpoint) > len(best) {
+			best = m.mountpoint
+		}
+	}
+	return best
 }
 
 // gone reports whether err says a process, or a descriptor, is no more.

@@ -28,7 +28,7 @@ const fdControl = 7
 const maxControlMsg = 256 << 10
 
 // Control operations. Supervisor → init: opSpawn, opSignal, opInterrupt,
-// opRestart, opRebind. Init → supervisor: opSpawned, opExited, opRunner.
+// opRestart, opRebind, opAdopt. Init → supervisor: opSpawned, opExited, opRunner.
 const (
 	opSpawn     = "spawn"     // start a command: ID, Argv, Env, Dir, User, Term
 	opSignal    = "signal"    // signal a command's process group: PID, Signal
@@ -37,6 +37,9 @@ const (
 	opSpawned   = "spawned"   // a command started (PID, with its stdin, stdout and stderr, or its terminal's master) or not (Error)
 	opExited    = "exited"    // a command (ID) or the runner (ID 0) ended: Code, Signal
 	opRunner    = "runner"    // a runner started
+	// opAdopt names a zygote's runner that init adopted (PID, in the
+	// sandbox's PID namespace): init reports its end as a runner's.
+	opAdopt = "adopt"
 	// opRebind carries a socket that becomes init's control socket: one
 	// made in the sandbox's network namespace, which CRIU can dump.
 	opRebind = "rebind"
@@ -160,6 +163,7 @@ func supervise(cfg *initConfig, report func(initStatus)) int {
 	closeAll(pipes)
 	commands := map[int]uint64{} // pid → command ID
 	terminals := map[int]bool{}  // the commands started in a terminal
+	var orphans recentExits      // orphans reaped: one may be a runner not yet adopted
 
 	for {
 		select {
@@ -193,6 +197,17 @@ func supervise(cfg *initConfig, report func(initStatus)) int {
 						unix.Kill(-m.PID, unix.Signal(m.Signal))
 					}
 				}
+			case opAdopt:
+				// A forked sandbox's runner, re-parented to init by the
+				// zygote's fork (zygote.py's _fork_adopted); it may have
+				// ended, and been reaped as an orphan, before this came.
+				if cfg.Role != roleForked || runner != 0 || m.PID <= 0 {
+					continue
+				}
+				runner = m.PID
+				if ws, ok := orphans.take(m.PID); ok {
+					exited(m.PID, ws, &runner, commands, nil)
+				}
 			case opInterrupt:
 				if runner > 0 {
 					unix.Kill(runner, unix.SIGINT)
@@ -201,10 +216,10 @@ func supervise(cfg *initConfig, report func(initStatus)) int {
 				// Every process of the namespace but init itself.
 				unix.Kill(-1, unix.SIGKILL)
 				for pid, ws := range reapAll(true) {
-					exited(pid, ws, &runner, commands)
+					exited(pid, ws, &runner, commands, nil)
 				}
 				for pid, ws := range awaitAlone(2 * time.Second) {
-					exited(pid, ws, &runner, commands)
+					exited(pid, ws, &runner, commands, nil)
 				}
 				runner, pipes, err = startRunner(cfg)
 				if err != nil {
@@ -225,10 +240,32 @@ func supervise(cfg *initConfig, report func(initStatus)) int {
 					report(st)
 					return 0
 				}
-				exited(pid, ws, &runner, commands)
+				exited(pid, ws, &runner, commands, &orphans)
 			}
 		}
 	}
+}
+
+// recentExits keeps the statuses of the last few orphans init reaped.
+type recentExits struct {
+	pids [8]int
+	ws   [8]unix.WaitStatus
+	next int
+}
+
+func (r *recentExits) add(pid int, ws unix.WaitStatus) {
+	r.pids[r.next], r.ws[r.next] = pid, ws
+	r.next = (r.next + 1) % len(r.pids)
+}
+
+func (r *recentExits) take(pid int) (unix.WaitStatus, bool) {
+	for i, p := range r.pids {
+		if p == pid {
+			r.pids[i] = 0
+			return r.ws[i], true
+		}
+	}
+	return 0, false
 }
 
 // codeOOMScore is the oom_score_adj of the sandbox's code: the runner
@@ -258,8 +295,9 @@ func startAsCode(cmd *exec.Cmd) error {
 	return cmd.Start()
 }
 
-// exited reports a process that ended, if the supervisor knows it.
-func exited(pid int, ws unix.WaitStatus, runner *int, commands map[int]uint64) {
+// exited reports a process that ended, if the supervisor knows it, and
+// keeps an orphan's status in orphans (if not nil).
+func exited(pid int, ws unix.WaitStatus, runner *int, commands map[int]uint64, orphans *recentExits) {
 	m := ctlMsg{Op: opExited, PID: pid, Code: ws.ExitStatus()}
 	if ws.Signaled() {
 		m.Signal = int(ws.Signal())
@@ -272,7 +310,10 @@ func exited(pid int, ws unix.WaitStatus, runner *int, commands map[int]uint64) {
 		m.ID = id
 		delete(commands, pid)
 	default:
-		return // an orphan re-parented to init
+		if orphans != nil {
+			orphans.add(pid, ws) // re-parented to init
+		}
+		return
 	}
 	sendCtl(fdControl, m)
 }

@@ -383,6 +383,9 @@ func (b *Backend) restoreCopy(ctx context.Context, bin string, snap *forkSnapsho
 		return nil, copyTimes{}, err
 	}
 	times, err := c.restoreFrom(ctx, bin, snap)
+	if err == nil {
+		err = c.reconfine(ctx)
+	}
 	if err != nil {
 		c.Close()
 		return nil, times, err
@@ -598,7 +601,7 @@ type copyTimes struct{ files, restore, total time.Duration }
 // dir's paths.
 func (snap *forkSnapshot) copyFor(dir string, owner hostuid.Range) (*checkpoint, error) {
 	cp := &checkpoint{dir: dir, files: snap.checkpoint.files, pipes: snap.pipes, socks: snap.socks,
-		userSysctls: snap.userSysctls, runnerPID: snap.runnerPID, cgroups: snap.cgroups}
+		userSysctls: snap.userSysctls, runnerPID: snap.runnerPID, cgroups: snap.cgroups, zygoteFiles: snap.zygoteFiles}
 	for _, d := range []string{dir, cp.images(), filepath.Join(dir, "ext")} {
 		if err := os.Mkdir(d, 0o700); err != nil {
 			return nil, err

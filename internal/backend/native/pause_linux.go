@@ -142,9 +142,6 @@ func (s *Sandbox) pausable() error {
 	switch {
 	case s.spec.OneShot:
 		why = "a one-shot sandbox cannot be paused"
-	case s.z != nil:
-		why = "a sandbox forked from a zygote cannot be paused yet: create it pausable (\"pausable\": true; E2B: lifecycle " +
-			"onTimeout \"pause\"), or run vivarium serve --zygote=false"
 	case len(s.spec.Volumes) > 0:
 		why = "a sandbox with volumes cannot be paused yet"
 	}
@@ -211,8 +208,21 @@ func (s *Sandbox) Resume(ctx context.Context) error {
 		return err
 	}
 	if s.persisted != nil {
-		return s.resumePersisted(ctx, bin)
+		err = s.resumePersisted(ctx, bin)
+	} else {
+		err = s.resumeTree(ctx, bin)
 	}
+	if err == nil {
+		if err = s.reconfine(ctx); err != nil {
+			s.kill()
+			err = fmt.Errorf("resume: %w; the sandbox is closed", err)
+		}
+	}
+	return err
+}
+
+// resumeTree restores the tree of the sandbox's checkpoint (s.cp).
+func (s *Sandbox) resumeTree(ctx context.Context, bin string) error {
 	return s.Exclusive(func() error {
 		if s.cg != nil {
 			s.cp.group = s.cg.Path()

@@ -392,35 +392,6 @@ func TestPauseOldCRIU(t *testing.T) {
 	}
 }
 
-// TestPauseZygoteUnsupported: a sandbox forked from a zygote (the default
-// in vivarium serve) is refused, saying so, and goes on.
-func TestPauseZygoteUnsupported(t *testing.T) {
-	testutil.RequireRoot(t)
-	testutil.RequirePython(t)
-	if testutil.ZygoteMode() {
-		t.Skip("run once, in the classic run")
-	}
-	b, err := New(Config{CgroupParent: pauseCgroupParent, UIDBase: pauseUIDBase, UIDRanges: 4, Zygote: true,
-		CheckpointDir: checkpointRoot(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	ctx := context.Background()
-	sbx, err := b.Create(ctx, sandbox.Spec{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sbx.Close()
-	err = sbx.(sandbox.Pauser).Pause(ctx)
-	if !errors.Is(err, sandbox.ErrUnsupported) || !strings.Contains(err.Error(), "zygote") {
-		t.Errorf("pause a zygote's sandbox: %v", err)
-	}
-	if res, err := sbx.Execute(ctx, sandbox.ExecRequest{Code: "1 + 1"}, nil); err != nil || res.Status != sandbox.StatusOK {
-		t.Errorf("the sandbox after a refused pause: %+v %v", res, err)
-	}
-}
-
 // BenchmarkPauseResume pauses and resumes one sandbox over and over:
 // idle (x = 41), and holding pandas and a DataFrame. It reports each
 // step's mean time ("pause-ms", "resume-ms"), the images' size and what

@@ -2,6 +2,7 @@ package native
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -92,6 +93,7 @@ func restoreTree(ctx context.Context, bin string, cp *checkpoint) (_ *restoredTr
 	}
 	args = append(args, "--action-script", script)
 	args = append(args, cp.restoreArgs...)
+	overlays := map[string]string{} // mount point → the restore's overlay
 	for _, m := range cp.mounts {
 		src := m.source
 		if m.lower != "" {
@@ -100,6 +102,7 @@ func restoreTree(ctx context.Context, bin string, cp *checkpoint) (_ *restoredTr
 			}
 			defer os.Remove(src)
 			defer unix.Unmount(src, unix.MNT_DETACH)
+			overlays[m.mountpoint] = src
 		}
 		args = append(args, "--external", "mnt["+m.key+"]:"+src)
 	}
@@ -108,7 +111,7 @@ func restoreTree(ctx context.Context, bin string, cp *checkpoint) (_ *restoredTr
 		give = append(give, f)
 	}
 	for _, f := range cp.files {
-		h, err := os.OpenFile(f.path, os.O_RDONLY|unix.O_CLOEXEC, 0)
+		h, err := reopenFile(f, overlays)
 		if err != nil {
 			return nil, fmt.Errorf("restore: reopen %s: %w", f.path, err)
 		}
@@ -171,10 +174,46 @@ func mountOverlayFor(cp *checkpoint, m extMount) (string, error) {
 		return "", err
 	}
 	dst := filepath.Join(cp.dir, "overlay-"+m.key)
-	if err := mountOverlay(m.lower, empty, dst); err != nil {
+	lower, err := resolveLower(m.lower, cp.zygoteFiles)
+	if err != nil {
+		return "", fmt.Errorf("restore: %s: %w", m.mountpoint, err)
+	}
+	if err := mountOverlay(lower, empty, dst); err != nil {
 		return "", fmt.Errorf("restore: %s: %w", m.mountpoint, err)
 	}
 	return dst, nil
+}
+
+// reopenFile opens an external file of a checkpoint again: init's host
+// file by its path, or a mapped file of a forked sandbox beneath the
+// restore's overlay of its mount (f.under), never leaving it.
+func reopenFile(f extFile, overlays map[string]string) (*os.File, error) {
+	if f.under == "" {
+		return os.OpenFile(f.path, os.O_RDONLY|unix.O_CLOEXEC, 0)
+	}
+	src, ok := overlays[f.under]
+	rel, beneath := strings.CutPrefix(f.path, f.under+"/")
+	if !ok || !beneath {
+		return nil, errors.New("not beneath an overlay of the sandbox")
+	}
+	dir, err := os.Open(src)
+	if err != nil {
+		return nil, err
+	}
+	defer dir.Close()
+	fd, err := unix.Openat2(int(dir.Fd()), rel, &unix.OpenHow{
+		Flags:   unix.O_RDONLY | unix.O_CLOEXEC | unix.O_NOFOLLOW,
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+	})
+	if err != nil {
+		return nil, err
+	}
+	h := os.NewFile(uintptr(fd), f.path)
+	if st, err := h.Stat(); err != nil || !st.Mode().IsRegular() {
+		h.Close()
+		return nil, errors.New("not a regular file")
+	}
+	return h, nil
 }
 
 // reapFailedRestore reaps the root task of a restore that failed: with

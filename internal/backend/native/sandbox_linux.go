@@ -463,8 +463,12 @@ func (s *Sandbox) readControl(ctl int, done chan struct{}) {
 			}
 			s.mu.Lock()
 			rp := s.rp
+			isRunner := rp != nil && rp.pid == m.PID
+			if isRunner {
+				rp.closePidfd() // an adopted runner's
+			}
 			s.mu.Unlock()
-			if rp != nil && rp.pid == m.PID {
+			if isRunner {
 				s.RunnerExited(rp.r, core.Exit{Exited: true, Code: m.Code, Signal: m.Signal})
 			}
 		case opSpawned:
@@ -492,8 +496,12 @@ func (s *Sandbox) forkRunner(r *runnerProc, fds []int) {
 	if s.spec.OneShot {
 		mode = "--oneshot"
 	}
+	// A lasting sandbox's runner becomes init's child: the sandbox is one
+	// tree, which can be paused, forked and snapshotted. A one-shot's
+	// stays the zygote's, one fork cheaper (zygote.py's _fork_adopted).
+	adopt := !s.spec.OneShot
 	req := forkRequest{Mode: mode, Env: s.cfg.Env, UID: SandboxUID, GID: SandboxGID, Dir: s.cfg.home(),
-		Rlimits: s.cfg.runnerRlimits()}
+		Rlimits: s.cfg.runnerRlimits(), Adopt: adopt}
 	ns, err := s.init.namespaces()
 	if err != nil {
 		s.runnerSetupFailed(r, err)
@@ -501,8 +509,11 @@ func (s *Sandbox) forkRunner(r *runnerProc, fds []int) {
 	}
 	defer closeAll(ns)
 	sent := append(append(ns, fds...), gate[0])
-	res, err := s.z.fork(context.Background(), req, sent,
-		func(code, signal int) { s.runnerExited(r, code, signal) })
+	onExit := func(code, signal int) { s.runnerExited(r, code, signal) }
+	if adopt {
+		onExit = nil // init says
+	}
+	res, err := s.z.fork(context.Background(), req, sent, onExit)
 	unix.Close(gate[0])
 	if err != nil {
 		s.runnerSetupFailed(r, err)
@@ -526,6 +537,21 @@ func (s *Sandbox) forkRunner(r *runnerProc, fds []int) {
 	}
 	r.pidfd = res.pidfd
 	s.mu.Unlock()
+	if adopt {
+		pid, err := nsPID(hostPID)
+		if err == nil {
+			s.mu.Lock()
+			r.pid = pid
+			s.mu.Unlock()
+			err = s.send(ctlMsg{Op: opAdopt, PID: pid})
+		}
+		if err != nil {
+			// The runner is not given its start: it sees the gate's end
+			// and exits, and init, which has it, reaps it.
+			s.runnerSetupFailed(r, fmt.Errorf("hand the runner to init: %w", err))
+			return
+		}
+	}
 	unix.Write(gate[1], []byte("g"))
 }
 

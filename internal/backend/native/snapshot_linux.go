@@ -99,7 +99,12 @@ type manifestMount struct {
 	Lower, Flags    string
 }
 
-type manifestFile struct{ Key, Path string }
+// manifestFile is an external file: Under, for a file mapped from the
+// sandbox's overlay at that mount point (extFile.under).
+type manifestFile struct {
+	Key, Path string
+	Under     string `json:",omitempty"`
+}
 
 type manifestPipe struct {
 	Ino     uint64
@@ -268,7 +273,7 @@ func writeSnapshotFiles(snap *forkSnapshot, dir string, pack bool) error {
 			Lower: x.lower, Flags: x.flags})
 	}
 	for _, f := range snap.checkpoint.files {
-		m.Files = append(m.Files, manifestFile{Key: f.key, Path: f.path})
+		m.Files = append(m.Files, manifestFile{Key: f.key, Path: f.path, Under: f.under})
 	}
 	for _, p := range snap.pipes {
 		m.Pipes = append(m.Pipes, manifestPipe{Ino: p.ino, Reader: p.reader, PID: p.pid, FD: p.fd, Init: p.init})
@@ -364,7 +369,7 @@ func loadSnapshot(dir string) (*forkSnapshot, error) {
 		cp.mounts = append(cp.mounts, extMount{key: x.Key, mountpoint: x.Mountpoint, source: src, lower: x.Lower, flags: x.Flags})
 	}
 	for _, f := range m.Files {
-		cp.files = append(cp.files, extFile{key: f.Key, path: f.Path})
+		cp.files = append(cp.files, extFile{key: f.Key, path: f.Path, under: f.Under})
 	}
 	for _, p := range m.Pipes {
 		cp.pipes = append(cp.pipes, extPipe{ino: p.Ino, reader: p.Reader, pid: p.PID, fd: p.FD, init: p.Init})
@@ -381,8 +386,16 @@ func loadSnapshot(dir string) (*forkSnapshot, error) {
 // checked.
 func (b *Backend) loadSnapshot(dir string) (*forkSnapshot, error) {
 	snap, err := loadSnapshot(dir)
-	if err != nil || snap.baseOf == nil {
-		return snap, err
+	if err != nil {
+		return nil, err
+	}
+	// A forked sandbox's overlays are of the zygote's files, which this
+	// backend has a copy of.
+	if snap.zygoteFiles, err = b.zygoteFiles(snap.hasZygoteLower()); err != nil {
+		return nil, fmt.Errorf("snapshot: %w", err)
+	}
+	if snap.baseOf == nil {
+		return snap, nil
 	}
 	if snap.base, err = b.openBase(snap.baseOf.Key); err != nil {
 		return nil, err

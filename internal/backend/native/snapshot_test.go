@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
-	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
 
 // Cgroup parents and host users of the snapshot tests' own.
@@ -129,33 +128,6 @@ func TestSnapshot(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "manifest.json"), m, 0o600)
 	if _, err := b2.CreateFromSnapshot(ctx, dir, sandbox.FromSnapshot{}); !errors.Is(err, sandbox.ErrUnsupported) {
 		t.Fatalf("a snapshot of another kernel: %v", err)
-	}
-}
-
-// TestSnapshotRefused: a zygote's sandbox cannot be saved, and says so.
-func TestSnapshotRefused(t *testing.T) {
-	testutil.RequireRoot(t)
-	testutil.RequirePython(t)
-	if !testutil.ZygoteMode() {
-		t.Skip("of a zygote's sandboxes")
-	}
-	requireCRIU(t)
-	b, err := New(Config{CgroupParent: snapCgroupParent + "-z", UIDBase: snapUIDBase + 16<<16, UIDRanges: 4, Zygote: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	sbx, err := b.Create(context.Background(), sandbox.Spec{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sbx.Close()
-	s := sbx.(*Sandbox)
-	if err := s.SnapshotSupported(); !errors.Is(err, sandbox.ErrUnsupported) {
-		t.Fatalf("SnapshotSupported: %v", err)
-	}
-	if _, err := s.SaveSnapshot(context.Background(), filepath.Join(t.TempDir(), "s")); !errors.Is(err, sandbox.ErrUnsupported) {
-		t.Fatalf("SaveSnapshot: %v", err)
 	}
 }
 

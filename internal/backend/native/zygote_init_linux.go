@@ -150,6 +150,9 @@ func spawnForkedInit(fds []int, owner uint32) (pid, pidfd int, err error) {
 		}
 	}()
 	cmd := initCommand("/proc/self/exe", files)
+	// A session of its own, as a classic init's (initproc_linux.go):
+	// CRIU dumps no tree whose session leader is outside it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := startOwned(cmd, owner, false); err != nil {
 		return 0, -1, err
 	}

@@ -18,9 +18,7 @@ import (
 
 	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
 	"github.com/vivarium-sandbox/vivarium/internal/hostuid"
-	"github.com/vivarium-sandbox/vivarium/internal/runner"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
-	"github.com/vivarium-sandbox/vivarium/internal/seccomp"
 )
 
 // A zygote makes sandboxes fast to start and cheap to keep. It is an init
@@ -116,6 +114,9 @@ type forkRequest struct {
 	GID     int         `json:"gid"`
 	Dir     string      `json:"dir"`
 	Rlimits [][3]uint64 `json:"rlimits"`
+	// Adopt: the runner is handed to the sandbox's init, its parent from
+	// then on (zygote.py's _fork_adopted), which reports its end.
+	Adopt bool `json:"adopt,omitempty"`
 }
 
 // zygoteStartTimeout bounds the zygote's start-up: importing pandas and
@@ -124,19 +125,10 @@ const zygoteStartTimeout = 3 * time.Minute
 
 // startZygote starts a zygote for python with the backend's preloads.
 func (b *Backend) startZygote(ctx context.Context, python string, etc []etcEntry, top []topLink) (_ *zygote, err error) {
-	prog, err := seccomp.Compile(seccomp.DefaultRules())
+	files, err := zygoteRunnerFiles()
 	if err != nil {
 		return nil, err
 	}
-	zprog, err := seccomp.Compile(seccomp.ZygoteRules())
-	if err != nil {
-		return nil, err
-	}
-	files := runner.Files()
-	files["seccomp.bpf"] = filterBytes(prog)
-	// The zygote's own filter, loaded before it imports anything: the
-	// sandbox's, plus setns and what dropping privileges takes.
-	files["zygote.bpf"] = filterBytes(zprog)
 	cfg := &initConfig{
 		Python:      python,
 		RunnerFiles: files,
@@ -559,7 +551,8 @@ func (z *zygote) spawnInit(ctx context.Context, child []*os.File, owner uint32) 
 // fork asks the Python zygote for a runner. fds are the sandbox init's
 // namespaces (nsKinds), the runner's request reader, event writer, stdout
 // and stderr, and the read end of the "go" pipe; they are sent, not
-// closed. onExit is called once when the runner has exited.
+// closed. onExit is called once when the runner has exited, unless the
+// runner is adopted by the sandbox's init (req.Adopt; onExit nil).
 func (z *zygote) fork(ctx context.Context, req forkRequest, fds []int, onExit func(code, signal int)) (forkResult, error) {
 	req.Op = "fork"
 	req.Token = z.token()
@@ -570,7 +563,9 @@ func (z *zygote) fork(ctx context.Context, req forkRequest, fds []int, onExit fu
 		return forkResult{}, z.deadErr
 	}
 	z.forks[req.Token] = ch
-	z.exits[req.Token] = onExit
+	if onExit != nil {
+		z.exits[req.Token] = onExit
+	}
 	z.mu.Unlock()
 	body, err := json.Marshal(req)
 	if err == nil {

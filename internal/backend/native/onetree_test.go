@@ -1,0 +1,150 @@
+package native
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"testing"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
+)
+
+// zygotePauseBackend is a backend with a zygote (numpy preloaded) whose
+// checkpoints go to a directory of the test's.
+func zygotePauseBackend(t testing.TB) *Backend {
+	t.Helper()
+	testutil.RequireRoot(t)
+	testutil.RequirePythonModules(t, "numpy")
+	if testutil.ZygoteMode() {
+		t.Skip("runs once, with its own zygote")
+	}
+	b, err := New(Config{CgroupParent: pauseCgroupParent, UIDBase: pauseUIDBase, UIDRanges: 4, Zygote: true,
+		Preload: []string{"numpy"}, CheckpointDir: checkpointRoot(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+// TestOneTreePause: a sandbox forked from a zygote is one process tree,
+// its runner init's child, which pauses and resumes with its state (twice),
+// forks into copies that go on and pause in turn; its runner is confined
+// by Landlock again after every restore.
+func TestOneTreePause(t *testing.T) {
+	bin := requireCRIU(t)
+	b := zygotePauseBackend(t)
+	b.criuBin = bin
+	ctx := context.Background()
+	sbx, err := b.Create(ctx, sandbox.Spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sbx.Close()
+	s := sbx.(*Sandbox)
+	if got := execText(t, s, "import os, numpy\nx = numpy.arange(5)\nos.getppid()"); got != "1" {
+		t.Fatalf("the runner's parent: %s", got)
+	}
+	// Landlock keeps the runner's file access beneath its root (the
+	// zygote's interpreter, its /proc/self/exe, is outside): one domain,
+	// which a restore applies again (CRIU saves none).
+	landlocked := func(s *Sandbox, when string) {
+		t.Helper()
+		if got := execText(t, s, landlockLayersCode); got != "1" {
+			t.Errorf("%s: the runner is in %s Landlock domains, not 1", when, got)
+		}
+	}
+	landlocked(s, "before a pause")
+	for round := 1; round <= 2; round++ {
+		if err := s.Pause(ctx); err != nil {
+			t.Fatalf("pause %d: %v", round, err)
+		}
+		if err := s.Resume(ctx); err != nil {
+			t.Fatalf("resume %d: %v", round, err)
+		}
+		if got := execText(t, s, "x += 1\nint(x.sum())"); got != fmt.Sprint(10+5*round) {
+			t.Fatalf("after resume %d: %s", round, got)
+		}
+		landlocked(s, fmt.Sprintf("after resume %d", round))
+	}
+	copies, err := s.Fork(ctx, 2, sandbox.ForkOptions{})
+	if err != nil {
+		t.Fatalf("fork: %v", err)
+	}
+	for i, c := range copies {
+		defer c.Close()
+		if got := execText(t, c.(*Sandbox), "int(x.sum())"); got != "20" {
+			t.Errorf("copy %d: %s", i, got)
+		}
+		landlocked(c.(*Sandbox), fmt.Sprintf("copy %d", i))
+		if err := c.(*Sandbox).Pause(ctx); err != nil {
+			t.Fatalf("pause copy %d: %v", i, err)
+		}
+		if err := c.(*Sandbox).Resume(ctx); err != nil {
+			t.Fatalf("resume copy %d: %v", i, err)
+		}
+		if got := execText(t, c.(*Sandbox), "int(x.sum())"); got != "20" {
+			t.Errorf("copy %d resumed: %s", i, got)
+		}
+	}
+}
+
+// landlockLayersCode counts the Landlock domains the runner is in: a
+// child of it stacks empty ones until the kernel's limit of 16 refuses.
+const landlockLayersCode = `def __viv_layers():
+    import os, ctypes, landlock
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        n = 0
+        attr = landlock._RulesetAttr(1)
+        while n < 20:
+            fd = landlock._libc.syscall(444, ctypes.byref(attr), ctypes.sizeof(attr), 0)
+            if fd < 0:
+                break
+            rc = landlock._libc.syscall(446, fd, 0)
+            os.close(fd)
+            if rc != 0:
+                break
+            n += 1
+        os.write(w, str(n).encode())
+        os._exit(0)
+    os.close(w)
+    n = int(os.read(r, 16))
+    os.waitpid(pid, 0)
+    os.close(r)
+    return 16 - n
+__viv_layers()`
+
+// TestOneTreeSnapshot: a forked sandbox saved as a snapshot comes back, in
+// a new sandbox, with its state and its runner confined as before; so does
+// a paused one written down and opened by another backend.
+func TestOneTreeSnapshot(t *testing.T) {
+	bin := requireCRIU(t)
+	b := zygotePauseBackend(t)
+	b.criuBin = bin
+	ctx := context.Background()
+	sbx, err := b.Create(ctx, sandbox.Spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sbx.Close()
+	s := sbx.(*Sandbox)
+	execText(t, s, "import numpy\nx = numpy.arange(4)")
+	dir := filepath.Join(t.TempDir(), "snap")
+	if _, err := s.SaveSnapshot(ctx, dir); err != nil {
+		t.Fatalf("save: %v", err)
+	}
+	c, err := b.CreateFromSnapshot(ctx, dir, sandbox.FromSnapshot{})
+	if err != nil {
+		t.Fatalf("from the snapshot: %v", err)
+	}
+	defer c.Close()
+	if got := execText(t, c.(*Sandbox), "int(x.sum())"); got != "6" {
+		t.Errorf("from the snapshot: %s", got)
+	}
+	if got := execText(t, c.(*Sandbox), landlockLayersCode); got != "1" {
+		t.Errorf("from the snapshot: the runner is in %s Landlock domains, not 1", got)
+	}
+}
