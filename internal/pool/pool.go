@@ -124,12 +124,10 @@ func key(spec sandbox.Spec) string {
 // Create implements sandbox.Backend: a ready sandbox for this exact
 // configuration if there is one, a new one otherwise.
 func (p *Pool) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
-	if p.cfg.Max <= 0 || spec.Egress != nil || len(spec.Volumes) > 0 || spec.Named {
+	if p.cfg.Max <= 0 || spec.Egress != nil || len(spec.Volumes) > 0 {
 		// A sandbox with network access or volumes is made for its
 		// caller: its proxy and volumes are the caller's, and cannot
-		// wait in a pool. A named one is the only one of its spec: one
-		// kept ready would wait until the pool drops it, holding a host
-		// user all that time.
+		// wait in a pool.
 		if err := sandbox.CheckEgress(p.cfg.Backend, spec); err != nil {
 			return nil, err
 		}

@@ -2,7 +2,6 @@ package pool
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -138,30 +137,5 @@ func TestDisabledPoolPassesThrough(t *testing.T) {
 	p.Close()
 	if f.made.Load() != 1 {
 		t.Fatalf("made %d", f.made.Load())
-	}
-}
-
-// A named spec (it holds a sandbox's own id) is made on demand and never
-// kept ready: a ready one would never be handed out, and would hold a
-// host user until its configuration is dropped.
-func TestNamedSpecsAreNotPooled(t *testing.T) {
-	f := &fake{dead: map[int64]bool{}}
-	p := New(Config{Backend: f, Max: 3, Min: 1})
-	defer p.Close()
-	for i := range 5 {
-		spec := sandbox.Spec{Env: map[string]string{"E2B_SANDBOX_ID": fmt.Sprint("sb_", i)}, Named: true}
-		sb, err := p.Create(context.Background(), spec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		sb.Close()
-	}
-	if st := p.Stats(); len(st) != 0 {
-		t.Fatalf("configurations kept for named specs: %+v", st)
-	}
-	// Close waits for every refill the pool started: none may have.
-	p.Close()
-	if made := f.made.Load(); made != 5 {
-		t.Fatalf("%d sandboxes made for 5 named requests", made)
 	}
 }

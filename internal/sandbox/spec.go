@@ -163,10 +163,6 @@ type Spec struct {
 	// that cannot refuse the spec (CheckVolumes). Never part of a pool's
 	// key: a sandbox with volumes is made for its caller.
 	Volumes []VolumeMount `json:"-"`
-	// Named: the spec holds what names one sandbox (its id in Env, as
-	// E2B_SANDBOX_ID): no other sandbox is ever made from it, so a pool
-	// makes it on demand and keeps none ready.
-	Named bool `json:"-"`
 	// Pausable asks for a sandbox that can be paused (Pauser): a backend
 	// whose faster sandboxes cannot be (native's, forked from a zygote)
 	// makes this one the way that can. Part of a pool's key.

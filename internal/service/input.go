@@ -150,3 +150,15 @@ func withID(env map[string]string, names []string, id string) (map[string]string
 	}
 	return env, sandbox.ValidateEnv(env)
 }
+
+// withoutID is env without the variables that hold a sandbox's id.
+func withoutID(env map[string]string, names []string) map[string]string {
+	if len(names) == 0 {
+		return env
+	}
+	env = maps.Clone(env)
+	for _, k := range names {
+		delete(env, k)
+	}
+	return env
+}

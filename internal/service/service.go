@@ -348,9 +348,10 @@ type Box struct {
 	limits    sandbox.Limits
 	env       map[string]string
 	idEnv     []string // CreateRequest.IDEnv
-	// idStale: the backend's environment holds another sandbox's id in
-	// idEnv (a fork's copy, a sandbox made from a snapshot): executions
-	// and commands are given this one's (ownEnv).
+	// idStale: the backend's environment does not hold this sandbox's
+	// id in idEnv (made without it, so that it could come from a pool;
+	// or a fork's copy, a sandbox made from a snapshot, which hold
+	// another's): executions and commands are given this one's (ownEnv).
 	idStale     bool
 	metadata    map[string]string
 	backend     string
@@ -559,8 +560,11 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	case err == nil && snapDir != "":
 		sb, err = s.restoreSnapshot(ctx, req.Owner, snap, snapDir)
 	case err == nil:
-		sb, egress, err = s.makeSandbox(ctx, req.Owner, id, sandbox.Spec{Limits: limits, Env: env, Backend: req.Backend,
-			Tenant: s.tenantOf(req.Owner), Home: req.Home, Volumes: mounts, Named: len(req.IDEnv) > 0,
+		// Made without its id in its environment, which executions and
+		// commands are given (ownEnv): sandboxes of one spec are alike,
+		// and a pool keeps some ready.
+		sb, egress, err = s.makeSandbox(ctx, req.Owner, id, sandbox.Spec{Limits: limits, Env: withoutID(env, req.IDEnv),
+			Backend: req.Backend, Tenant: s.tenantOf(req.Owner), Home: req.Home, Volumes: mounts,
 			Pausable: req.Pausable || req.OnTimeout == OnTimeoutPause}, policy)
 	}
 	if err == nil && req.OnTimeout == OnTimeoutPause {
@@ -584,7 +588,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	now := s.cfg.Now()
 	b := &Box{
 		id: id, owner: req.Owner, sb: sb, createdAt: now, deadline: now.Add(life), idle: idle,
-		limits: limits, env: env, idEnv: req.IDEnv, idStale: snapDir != "" && len(req.IDEnv) > 0,
+		limits: limits, env: env, idEnv: req.IDEnv, idStale: len(req.IDEnv) > 0,
 		metadata: maps.Clone(req.Metadata), expiresAt: minTime(now.Add(idle), now.Add(life)),
 		backend: cmp.Or(req.Backend, s.cfg.Backend.Name()), network: policy, egress: egress,
 		ports: req.Ports, volumes: volumeInfos(mounts, leases), leases: leases,

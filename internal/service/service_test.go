@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -171,5 +172,56 @@ func TestTimedOutRechecksIdle(t *testing.T) {
 	svc.timedOut(b)
 	if live() {
 		t.Fatal("still there, idle past its timeout")
+	}
+}
+
+// envBackend records specs and makes sandboxes that answer an execution
+// with the environment it was given.
+type envBackend struct{ specs }
+
+func (b *envBackend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
+	b.specs.Create(ctx, spec)
+	return &envSandbox{}, nil
+}
+
+type envSandbox struct{ idleSandbox }
+
+func (*envSandbox) Execute(_ context.Context, req sandbox.ExecRequest, _ sandbox.Sink) (*sandbox.Result, error) {
+	return &sandbox.Result{Status: sandbox.StatusOK, Stdout: req.Env["E2B_SANDBOX_ID"]}, nil
+}
+
+// A sandbox whose id its environment holds (E2B's E2B_SANDBOX_ID) is asked
+// of the backend without it, so that every such sandbox of one spec is
+// alike and can come from a pool; its executions are given its own id.
+func TestIDEnvLeavesTheSpecPoolable(t *testing.T) {
+	rec := &envBackend{}
+	svc := New(Config{Backend: rec})
+	defer svc.Close()
+	var ids []string
+	for range 2 {
+		info, err := svc.Create(context.Background(), CreateRequest{Owner: "k", Env: map[string]string{"E2B_SANDBOX": "true"},
+			IDEnv: []string{"E2B_SANDBOX_ID"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, info.ID)
+	}
+	rec.mu.Lock()
+	a, b := rec.got[0], rec.got[1]
+	rec.mu.Unlock()
+	if _, ok := a.Env["E2B_SANDBOX_ID"]; ok || a.Env["E2B_SANDBOX"] != "true" {
+		t.Errorf("the backend's spec: %v", a.Env)
+	}
+	if fmt.Sprint(a) != fmt.Sprint(b) {
+		t.Errorf("two sandboxes of one request, two specs: %+v, %+v", a, b)
+	}
+	for _, id := range ids {
+		res, err := svc.Execute(context.Background(), "k", id, sandbox.ExecRequest{Code: "1"}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Stdout != id {
+			t.Errorf("sandbox %s's execution saw E2B_SANDBOX_ID=%q", id, res.Stdout)
+		}
 	}
 }
