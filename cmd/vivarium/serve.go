@@ -381,7 +381,7 @@ func (c *serveConfig) openBackend(name string, log *slog.Logger) (sandbox.Backen
 // checkpointRoot is the directory paused native sandboxes' checkpoints
 // are kept under.
 func (c *serveConfig) checkpointRoot() string {
-	return cmp.Or(c.checkpointDir, native.DefaultCheckpointRoot)
+	return cmp.Or(c.checkpointDir, sandbox.DefaultCheckpointRoot)
 }
 
 // letThrough gives the data directory o+x (0711) where the checkpoints

@@ -9,7 +9,7 @@ import (
 // ShimDir holds programs by the names code expects and a Debian host
 // may not have: python (python3 under the name most code and E2B's own
 // examples use). It is last in PATH: a host's own python comes first.
-// Backends that build a root put it there (see native.RootSkeleton).
+// Backends that build a root put it there (see rootview.RootSkeleton).
 const ShimDir = "/opt/vivarium/shims"
 
 // Shims are ShimDir's links, by name: what each points at.

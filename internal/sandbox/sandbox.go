@@ -13,6 +13,8 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -67,6 +69,18 @@ type Pauser interface {
 	// ErrUnsupported that says why not (what it was made with, what the
 	// host lacks), so that a caller can refuse early what would fail.
 	PauseSupported() error
+}
+
+// DefaultCheckpointRoot holds the default checkpoint directories of the
+// backends that keep paused sandboxes on disk (native, gvisor): one per
+// cgroup parent (DefaultCheckpointDir). It is on disk: a checkpoint under
+// /run, often a tmpfs, would keep the memory a pause frees.
+const DefaultCheckpointRoot = "/var/lib/vivarium/checkpoints"
+
+// DefaultCheckpointDir is where a backend whose sandboxes are created
+// under cgroupParent keeps their checkpoints by default.
+func DefaultCheckpointDir(cgroupParent string) string {
+	return filepath.Join(DefaultCheckpointRoot, strings.ReplaceAll(cgroupParent, "/", "_"))
 }
 
 // Forker is a Sandbox that can be forked: Fork makes n new sandboxes,

@@ -14,7 +14,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
+	"github.com/vivarium-sandbox/vivarium/internal/rootview"
 	"github.com/vivarium-sandbox/vivarium/internal/runner"
 )
 
@@ -115,7 +115,7 @@ func BuildImage(ctx context.Context, host string, progress func(string)) (string
 	}
 	defer os.RemoveAll(dir)
 	progress("writing the root's layout (mount points and links; the rest is bound from the host)")
-	if err := native.RootSkeleton(dir, runner.Files()); err != nil {
+	if err := rootview.RootSkeleton(dir, runner.Files()); err != nil {
 		return "", err
 	}
 	if err := os.WriteFile(filepath.Join(dir, agentPath), nil, 0o755); err != nil {

@@ -5,8 +5,8 @@ import "slices"
 // A container's /proc is a proc of its own PID namespace, mounted by runc,
 // so its processes, mounts and IPC objects are its own. What the rest of
 // it tells of the host and of other tenants is hidden as the native
-// backend hides it (see native.ProcFiles), through what Docker's API
-// offers, in this order (runc's):
+// backend hides it (see rootview.ProcMasked and rootview.ProcFiles),
+// through what Docker's API offers, in this order (runc's):
 //  1. the mounts: each synthesised file runc lets a mount cover
 //     (procBindable) is bound over the kernel's, read-only, from the
 //     container's view;

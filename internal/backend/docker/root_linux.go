@@ -14,7 +14,7 @@ import (
 
 	"github.com/vivarium-sandbox/vivarium/internal/agent"
 	"github.com/vivarium-sandbox/vivarium/internal/backend/container"
-	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
+	"github.com/vivarium-sandbox/vivarium/internal/rootview"
 	"github.com/vivarium-sandbox/vivarium/internal/runner"
 )
 
@@ -33,7 +33,7 @@ type root struct {
 // agentPath is where the agent is inside the container (and the skeleton).
 var agentPath = container.RunnerDir + "/bin/" + agent.Arg0
 
-// newRoot writes a skeleton under stateDir: native.RootSkeleton and an
+// newRoot writes a skeleton under stateDir: rootview.RootSkeleton and an
 // empty file where the agent goes. It returns the root and the image's
 // content.
 func newRoot(stateDir string) (_ *root, image []byte, err error) {
@@ -47,7 +47,7 @@ func newRoot(stateDir string) (_ *root, image []byte, err error) {
 			r.close()
 		}
 	}()
-	if err := native.RootSkeleton(dir, runner.Files()); err != nil {
+	if err := rootview.RootSkeleton(dir, runner.Files()); err != nil {
 		return nil, nil, err
 	}
 	if err := os.WriteFile(filepath.Join(dir, agentPath), nil, 0o755); err != nil {

@@ -10,7 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
+	"github.com/vivarium-sandbox/vivarium/internal/rootview"
 )
 
 // view is one container's file system from the host: read-only overlays
@@ -88,7 +88,7 @@ func (r *Runtime) newView(name string, uid, gid int, memory int64) (_ *view, err
 		return nil, err
 	}
 	if !r.gvisor {
-		v.procFiles, v.procMasked, err = native.ProcFiles(v.path(viewTop+"/proc"), "/proc", memory, procBindable)
+		v.procFiles, v.procMasked, err = rootview.ProcFiles(v.path(viewTop+"/proc"), "/proc", memory, procBindable)
 		if err != nil {
 			return nil, fmt.Errorf("the /proc files: %w", err)
 		}
@@ -109,7 +109,7 @@ func (r *Runtime) newView(name string, uid, gid int, memory int64) (_ *view, err
 
 // hostDirs are the host's directories a container sees: /usr, and the
 // top-level directories that are not links into it.
-func hostDirs() []string { return append([]string{"/usr"}, native.TopLevelBinds()...) }
+func hostDirs() []string { return append([]string{"/usr"}, rootview.TopLevelBinds()...) }
 
 // overlay mounts at the view's path p a read-only, nosuid, nodev overlay
 // of the directories lower (the first on top).

@@ -24,8 +24,8 @@ import (
 
 	"github.com/vivarium-sandbox/vivarium/internal/agent"
 	"github.com/vivarium-sandbox/vivarium/internal/backend/container"
-	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
 	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
+	"github.com/vivarium-sandbox/vivarium/internal/rootview"
 	"github.com/vivarium-sandbox/vivarium/internal/runner"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
@@ -49,9 +49,8 @@ type Config struct {
 	CgroupParent string
 	// CheckpointDir holds paused sandboxes' checkpoints (runsc's images
 	// of their memory), a directory each, removed when the sandbox
-	// resumes or closes; default: native.DefaultCheckpointRoot/
-	// CGROUP-PARENT, on disk (a checkpoint under /run, often a tmpfs,
-	// would keep the memory a pause frees).
+	// resumes or closes; default:
+	// sandbox.DefaultCheckpointDir(CgroupParent), on disk.
 	CheckpointDir string
 	// Exe is the vivarium binary bound into each sandbox as the agent;
 	// default: this one.
@@ -91,7 +90,7 @@ func New(cfg Config) (*Backend, error) {
 		cfg.StateDir = filepath.Join("/run/vivarium/gvisor", strings.ReplaceAll(cfg.CgroupParent, "/", "_"))
 	}
 	if cfg.CheckpointDir == "" {
-		cfg.CheckpointDir = filepath.Join(native.DefaultCheckpointRoot, strings.ReplaceAll(cfg.CgroupParent, "/", "_"))
+		cfg.CheckpointDir = sandbox.DefaultCheckpointDir(cfg.CgroupParent)
 	}
 	if cfg.Exe == "" {
 		exe, err := os.Executable()
@@ -173,7 +172,7 @@ func (r *Runtime) prepare() error {
 	}
 	// A new skeleton per process: the host's /etc may have changed, and
 	// an old one may belong to a server still running.
-	if err := native.RootSkeleton(root, runner.Files()); err != nil {
+	if err := rootview.RootSkeleton(root, runner.Files()); err != nil {
 		os.RemoveAll(root)
 		return err
 	}
@@ -252,7 +251,7 @@ func (r *Runtime) spec(l container.Launch) map[string]any {
 		// empty read-only directory, as in the native backend.
 		{Destination: "/sys", Type: "tmpfs", Source: "none", Options: []string{"ro", "nosuid", "nodev", "noexec", "size=4k", "mode=0555"}},
 	}
-	for _, d := range native.TopLevelBinds() {
+	for _, d := range rootview.TopLevelBinds() {
 		mounts = append(mounts, ro(d, d))
 	}
 	none := []string{}
@@ -275,7 +274,7 @@ func (r *Runtime) spec(l container.Launch) map[string]any {
 			"rlimits":         []map[string]any{{"type": "RLIMIT_NOFILE", "hard": l.Spec.Limits.OpenFiles, "soft": l.Spec.Limits.OpenFiles}},
 		},
 		"root":     map[string]any{"path": r.root, "readonly": true},
-		"hostname": "sandbox",
+		"hostname": rootview.Hostname,
 		"mounts":   mounts,
 		"linux": map[string]any{
 			"namespaces": []map[string]string{{"type": "pid"}, {"type": "network"}, {"type": "ipc"},

@@ -37,6 +37,7 @@ import (
 
 	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
 	"github.com/vivarium-sandbox/vivarium/internal/hostuid"
+	"github.com/vivarium-sandbox/vivarium/internal/rootview"
 	"github.com/vivarium-sandbox/vivarium/internal/runner"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/seccomp"
@@ -90,7 +91,7 @@ type Config struct {
 	// CheckpointDir is where paused sandboxes keep their checkpoints (the
 	// images of their processes' memory, on disk), a directory each,
 	// removed when the sandbox resumes or closes. Default:
-	// DefaultCheckpointRoot/<cgroup parent>.
+	// sandbox.DefaultCheckpointDir(<cgroup parent>).
 	CheckpointDir string
 	// PauseBaseDir, if set, keeps the base that pausable sandboxes' kept
 	// copies are written against (pausebase_linux.go): they then start
@@ -109,10 +110,6 @@ const (
 	DefaultZygoteMaxAge       = 15 * time.Minute
 )
 
-// DefaultCheckpointRoot holds the default CheckpointDir of each cgroup
-// parent.
-const DefaultCheckpointRoot = "/var/lib/vivarium/checkpoints"
-
 // DefaultUIDBase is far above the ranges distributions hand out to users and
 // to rootless containers (subuid ranges start at 100000).
 const DefaultUIDBase = 1_000_000_000
@@ -127,13 +124,13 @@ type Backend struct {
 	log      *slog.Logger
 
 	etcOnce sync.Once
-	etc     []etcEntry
+	etc     []rootview.File
 	etcErr  error
-	top     []topLink
+	top     []rootview.TopDir
 
 	zfilesOnce   sync.Once // zygoteFiles
 	zfiles       string
-	zfilesLayers map[string][]etcEntry
+	zfilesLayers map[string][]rootview.File
 	zfilesErr    error
 	zfilesMu     sync.Mutex // held while they are written
 
@@ -181,8 +178,7 @@ func New(cfg Config) (*Backend, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	if cfg.CheckpointDir == "" {
-		cfg.CheckpointDir = filepath.Join(DefaultCheckpointRoot,
-			strings.ReplaceAll(cmp.Or(cfg.CgroupParent, "native"), "/", "_"))
+		cfg.CheckpointDir = sandbox.DefaultCheckpointDir(cmp.Or(cfg.CgroupParent, "native"))
 	}
 	b := &Backend{cfg: cfg, log: cfg.Logger, zygotes: map[string]*zygote{}, zstarting: map[string]chan struct{}{},
 		zreplacing: map[string]bool{}, zreplaceFailed: map[string]time.Time{}}
@@ -287,10 +283,10 @@ func (b *Backend) Sweep() ([]string, error) {
 	return b.cgroups.Sweep()
 }
 
-func (b *Backend) hostFiles() ([]etcEntry, []topLink, error) {
+func (b *Backend) hostFiles() ([]rootview.File, []rootview.TopDir, error) {
 	b.etcOnce.Do(func() {
-		b.etc, b.etcErr = buildEtc("/etc")
-		b.top = hostTopLevel("/")
+		b.etc, b.etcErr = rootview.HostEtc("/etc")
+		b.top = rootview.HostTopLevel("/")
 	})
 	return b.etc, b.top, b.etcErr
 }
@@ -617,7 +613,7 @@ func checkPython(p string) error {
 	return nil
 }
 
-func (b *Backend) initConfig(spec sandbox.Spec, etc []etcEntry, top []topLink) *initConfig {
+func (b *Backend) initConfig(spec sandbox.Spec, etc []rootview.File, top []rootview.TopDir) *initConfig {
 	l := spec.Limits
 	mode := "--persistent"
 	if spec.OneShot {

@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"slices"
@@ -15,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vivarium-sandbox/vivarium/internal/rootview"
 	"github.com/vivarium-sandbox/vivarium/internal/seccomp"
 )
 
@@ -43,8 +43,8 @@ type initConfig struct {
 	RunnerArgs  []string          `json:"runner_args"`
 	RunnerFiles map[string][]byte `json:"runner_files"`
 	Env         []string          `json:"env"`
-	Etc         []etcEntry        `json:"etc"`
-	TopLevel    []topLink         `json:"top_level"`
+	Etc         []rootview.File   `json:"etc"`
+	TopLevel    []rootview.TopDir `json:"top_level"`
 	DiskBytes   int64             `json:"disk_bytes"`
 	DiskInodes  int64             `json:"disk_inodes"`
 	OpenFiles   uint64            `json:"open_files"`
@@ -109,7 +109,7 @@ type initStatus struct {
 }
 
 const (
-	runnerDir     = "/opt/vivarium"
+	runnerDir     = rootview.RunnerDir
 	workspacePath = "/workspace"
 )
 
@@ -245,7 +245,7 @@ func initMain(report func(initStatus)) (int, error) {
 	} else if err := buildRoot(&cfg); err != nil {
 		return 0, err
 	}
-	if err := unix.Sethostname([]byte(hostname)); err != nil {
+	if err := unix.Sethostname([]byte(rootview.Hostname)); err != nil {
 		return 0, step("sethostname", err)
 	}
 	if err := loopbackUp(); err != nil {
@@ -505,27 +505,4 @@ func loopbackUp() error {
 	}
 	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP | unix.IFF_RUNNING)
 	return unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr)
-}
-
-// writeEtc writes the synthetic /etc (or the runner's files) under dir.
-func writeEtc(dir string, entries []etcEntry) error {
-	for _, e := range entries {
-		p := filepath.Join(dir, filepath.Clean("/"+e.Path))
-		if !strings.HasPrefix(p, dir+"/") {
-			return fmt.Errorf("etc entry %q escapes", e.Path)
-		}
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			return err
-		}
-		var err error
-		if e.Link != "" {
-			err = os.Symlink(e.Link, p)
-		} else {
-			err = os.WriteFile(p, e.Data, 0o644)
-		}
-		if err != nil {
-			return err
-		}
-	}
-	return nil
 }

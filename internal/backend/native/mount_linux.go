@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vivarium-sandbox/vivarium/internal/rootview"
 )
 
 // Init assembles the sandbox's root in its private mount namespace, over
@@ -95,7 +97,7 @@ func buildRoot(cfg *initConfig) error {
 	top := cfg.TopLevel
 	if cfg.Role == roleForked {
 		hostDir = func(name string) string { return filepath.Join("/", hostDirs, name) }
-		top = hostTopLevel("/") // the zygote's root has the host's layout
+		top = rootview.HostTopLevel("/") // the zygote's root has the host's layout
 	}
 	for _, name := range append([]string{"usr"}, bindsOf(top)...) {
 		if err := mountOverlay(hostDir(name), empty, r(name)); err != nil {
@@ -142,10 +144,10 @@ func buildRoot(cfg *initConfig) error {
 			return step("overlay "+runnerDir, err)
 		}
 	} else {
-		if err := writeEtc(r("etc"), cfg.Etc); err != nil {
+		if err := rootview.WriteFiles(r("etc"), cfg.Etc); err != nil {
 			return step("write /etc", err)
 		}
-		if err := writeEtc(r(runnerDir), runnerTree(cfg.RunnerFiles)); err != nil {
+		if err := rootview.WriteFiles(r(runnerDir), rootview.RunnerTree(cfg.RunnerFiles)); err != nil {
 			return step("write runner", err)
 		}
 		if cfg.Role != roleZygote {
@@ -226,7 +228,7 @@ func buildRoot(cfg *initConfig) error {
 
 // bindsOf lists the top-level directories that are the host's own
 // directories rather than links into /usr.
-func bindsOf(top []topLink) []string {
+func bindsOf(top []rootview.TopDir) []string {
 	var out []string
 	for _, t := range top {
 		if t.Link == "" {
@@ -370,7 +372,7 @@ func mountProc(proc string, cfg *initConfig, scratch string) error {
 			return step("read-only /proc/"+name, err)
 		}
 	}
-	v, err := newProcView(cfg)
+	v, err := rootview.NewProcView(cfg.MemTotal)
 	if err != nil {
 		return step("describe /proc", err)
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
 	"github.com/vivarium-sandbox/vivarium/internal/hostuid"
+	"github.com/vivarium-sandbox/vivarium/internal/rootview"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
 
@@ -124,7 +125,7 @@ type forkRequest struct {
 const zygoteStartTimeout = 3 * time.Minute
 
 // startZygote starts a zygote for python with the backend's preloads.
-func (b *Backend) startZygote(ctx context.Context, python string, etc []etcEntry, top []topLink) (_ *zygote, err error) {
+func (b *Backend) startZygote(ctx context.Context, python string, etc []rootview.File, top []rootview.TopDir) (_ *zygote, err error) {
 	files, err := zygoteRunnerFiles()
 	if err != nil {
 		return nil, err

@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vivarium-sandbox/vivarium/internal/rootview"
 	"github.com/vivarium-sandbox/vivarium/internal/runner"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/seccomp"
@@ -64,7 +65,7 @@ func (b *Backend) zygoteFiles(write bool) (string, error) {
 }
 
 // zygoteFilesDir computes zygoteFiles's path, and what it holds.
-func (b *Backend) zygoteFilesDir() (string, map[string][]etcEntry, error) {
+func (b *Backend) zygoteFilesDir() (string, map[string][]rootview.File, error) {
 	etc, _, err := b.hostFiles()
 	if err != nil {
 		return "", nil, err
@@ -74,11 +75,11 @@ func (b *Backend) zygoteFilesDir() (string, map[string][]etcEntry, error) {
 		return "", nil, err
 	}
 	runnerName := strings.TrimPrefix(runnerDir, "/")
-	layers := map[string][]etcEntry{"etc": etc, runnerName: runnerTree(files)}
+	layers := map[string][]rootview.File{"etc": etc, runnerName: rootview.RunnerTree(files)}
 	h := sha256.New()
 	for _, dir := range []string{"etc", runnerName} {
 		entries := slices.Clone(layers[dir])
-		slices.SortFunc(entries, func(a, b etcEntry) int { return strings.Compare(a.Path, b.Path) })
+		slices.SortFunc(entries, func(a, b rootview.File) int { return strings.Compare(a.Path, b.Path) })
 		for _, e := range entries {
 			fmt.Fprintf(h, "%s/%s\x00%s\x00%d\x00", dir, e.Path, e.Link, len(e.Data))
 			h.Write(e.Data)
@@ -88,7 +89,7 @@ func (b *Backend) zygoteFilesDir() (string, map[string][]etcEntry, error) {
 }
 
 // writeZygoteFiles writes layers to dir, whole or not at all.
-func writeZygoteFiles(dir string, layers map[string][]etcEntry) error {
+func writeZygoteFiles(dir string, layers map[string][]rootview.File) error {
 	root := filepath.Dir(dir)
 	if err := os.MkdirAll(root, 0o711); err != nil {
 		return err
@@ -102,7 +103,7 @@ func writeZygoteFiles(dir string, layers map[string][]etcEntry) error {
 		return err
 	}
 	for name, entries := range layers {
-		if err := writeEtc(filepath.Join(tmp, name), entries); err != nil {
+		if err := rootview.WriteFiles(filepath.Join(tmp, name), entries); err != nil {
 			return fmt.Errorf("the zygote's files: %w", err)
 		}
 	}
