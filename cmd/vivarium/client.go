@@ -100,8 +100,11 @@ func (c *apiClient) call(method, p string, v any, out any) ([]byte, error) {
 	return raw, nil
 }
 
-func clientFail(sub string, err error) int {
-	fmt.Fprintf(os.Stderr, "vivarium sandbox %s: %v\n", sub, err)
+// clientFail reports a failed call of the command what ("sandbox exec")
+// and returns its exit status: 3 for what the server does not have, 1
+// otherwise.
+func clientFail(what string, err error) int {
+	fmt.Fprintf(os.Stderr, "vivarium %s: %v\n", what, err)
 	var ae *apiError
 	if errors.As(err, &ae) && ae.Status == http.StatusNotFound {
 		return 3
@@ -135,14 +138,14 @@ func codeFrom(code string, pos []string) (string, error) {
 	}
 }
 
-// stream runs an execution or command of subcommand sub with NDJSON
+// stream runs an execution or command of the command what with NDJSON
 // streaming, printing output as it arrives, and returns the exit status
 // to use.
-func (c *apiClient) stream(sub, p string, req map[string]any) int {
+func (c *apiClient) stream(what, p string, req map[string]any) int {
 	body, _ := json.Marshal(req)
 	resp, err := c.do("POST", p, bytes.NewReader(body), "application/json", "application/x-ndjson")
 	if err != nil {
-		return clientFail(sub, err)
+		return clientFail(what, err)
 	}
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
@@ -185,7 +188,7 @@ func (c *apiClient) stream(sub, p string, req map[string]any) int {
 					Status  int
 				}
 				json.Unmarshal(ev.Error, &e)
-				return clientFail(sub, &apiError{Status: e.Status, Message: e.Message})
+				return clientFail(what, &apiError{Status: e.Status, Message: e.Message})
 			}
 			if s := ev.Summary.Status; s == sandbox.StatusTimeout || s == sandbox.StatusMemoryLimit || s == sandbox.StatusKilled {
 				fmt.Fprintf(os.Stderr, "vivarium: %s\n", s)

@@ -126,7 +126,7 @@ var flagExceptions = map[string]string{
 // or of a command its paragraph names. Pages not listed take every
 // command.
 var pageCommands = map[string][]string{
-	"api.md":        {"serve", "sandbox"},
+	"api.md":        {"serve", "sandbox", "volume"},
 	"backends.md":   {"run", "serve", "doctor", "image build"},
 	"e2b.md":        {"serve"},
 	"kubernetes.md": {"serve", "gateway", "keys"},
@@ -162,14 +162,14 @@ func (c *commandFlags) of(cmd string) map[string]bool {
 		fs = runFlags(&runOptions{})
 	case "mcp":
 		fs = mcpFlags(&mcpConfig{})
-	case "sandbox":
-		// `vivarium sandbox` named without a subcommand: any of them.
-		for _, sub := range sandboxSubcommands {
-			for f := range c.of("sandbox " + sub) {
+	case "sandbox", "volume":
+		// Named without a subcommand: any of them.
+		for _, sub := range subcommandNames(cmd) {
+			for f := range c.of(cmd + " " + sub) {
 				fl[f] = true
 			}
 		}
-	case "keys", "volume":
+	case "keys":
 		// One flag set for every subcommand; the bare command prints
 		// only its usage.
 		fl = helpFlags(c.t, cmd, "create")
@@ -183,10 +183,17 @@ func (c *commandFlags) of(cmd string) map[string]bool {
 	return fl
 }
 
-// sandboxSubcommands are `vivarium sandbox`'s subcommands.
-var sandboxSubcommands = []string{"create", "list", "info", "exec", "run", "sh", "term", "install", "network",
-	"files", "put", "get", "rm", "interrupt", "restart", "pause", "resume", "fork", "snapshot", "snapshots",
-	"snapshot-rm", "snapshot-export", "snapshot-import", "kill"}
+// subcommandNames are the subcommands (and their aliases) of cmd, if
+// its flags differ by subcommand.
+func subcommandNames(cmd string) []string {
+	switch cmd {
+	case "sandbox":
+		return sandboxCmd.names()
+	case "volume":
+		return volumeCmd.names()
+	}
+	return nil
+}
 
 // helpFlag is a flag line of flag.PrintDefaults: two spaces, the flag.
 var helpFlag = regexp.MustCompile(`(?m)^  -([A-Za-z0-9][A-Za-z0-9-]*)\b`)
@@ -220,9 +227,9 @@ func commandName(cmd, next string) string {
 		cmd = "volume"
 	}
 	switch cmd {
-	case "sandbox":
-		if slices.Contains(sandboxSubcommands, next) {
-			return "sandbox " + next
+	case "sandbox", "volume":
+		if slices.Contains(subcommandNames(cmd), next) {
+			return cmd + " " + next
 		}
 	case "image":
 		return "image build"

@@ -3,7 +3,6 @@ package main
 import (
 	"cmp"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -16,16 +15,19 @@ import (
 	"time"
 )
 
-// sandboxSub is one subcommand of `vivarium sandbox`: its own flags, and
-// what it does with them. A flag another subcommand takes is refused
-// here, not ignored.
-type sandboxSub struct {
-	name  string
-	args  string // what follows the name in its usage
-	about string // what it does; later lines continue the first
-	flags []flagGroup
-	run   func(*sandboxCall) int
-}
+// sandboxCmd is `vivarium sandbox`.
+var sandboxCmd = &subcommands[sandboxOpts]{cmd: "sandbox", subs: sandboxSubs,
+	intro: `Uses a running server (VIVARIUM_URL, default http://127.0.0.1:8080) with
+an API key (VIVARIUM_API_KEY).`}
+
+func cmdSandbox(args []string) int { return sandboxCmd.main(args) }
+
+type (
+	sandboxSub  = subcommand[sandboxOpts]
+	sandboxCall = subcall[sandboxOpts]
+	// flagGroup registers flags of one concern into a subcommand's set.
+	flagGroup = func(*sandboxOpts, *flag.FlagSet)
+)
 
 // sandboxSubs are the subcommands, in the order the usage lists them.
 var sandboxSubs = []sandboxSub{
@@ -62,141 +64,7 @@ var sandboxSubs = []sandboxSub{
 	{"kill", "ID...", "close the sandboxes", nil, sbKill},
 }
 
-// flagGroup registers flags of one concern into a subcommand's set.
-type flagGroup func(*sandboxOpts, *flag.FlagSet)
-
 var jsonOnly = []flagGroup{jsonFlag}
-
-// sandboxUsage is the overview `vivarium sandbox -h` prints.
-func sandboxUsage() string {
-	var b strings.Builder
-	b.WriteString(`Usage: vivarium sandbox SUBCOMMAND [flags] ...
-
-Uses a running server (VIVARIUM_URL, default http://127.0.0.1:8080) with
-an API key (VIVARIUM_API_KEY).
-
-`)
-	for _, s := range sandboxSubs {
-		head := strings.TrimSpace(s.name + " " + s.args)
-		lines := strings.Split(s.about, "\n")
-		if len(head) > 36 {
-			fmt.Fprintf(&b, "  %s\n", head)
-		} else {
-			fmt.Fprintf(&b, "  %-36s  %s\n", head, lines[0])
-			lines = lines[1:]
-		}
-		for _, l := range lines {
-			fmt.Fprintf(&b, "  %-36s  %s\n", "", l)
-		}
-	}
-	b.WriteString(`
-Each subcommand takes its own flags, which "vivarium sandbox SUBCOMMAND -h"
-lists; those that print an answer of the server take --json to print it
-as it is.
-`)
-	return b.String()
-}
-
-// flagSet is the subcommand's flags, registered into o.
-func (s *sandboxSub) flagSet(o *sandboxOpts) *flag.FlagSet {
-	fs := flag.NewFlagSet("sandbox "+s.name, flag.ContinueOnError)
-	for _, register := range s.flags {
-		register(o, fs)
-	}
-	// cmdSandbox says what was wrong, then prints the usage itself.
-	fs.SetOutput(io.Discard)
-	fs.Usage = func() {}
-	return fs
-}
-
-// usage is the subcommand's usage: what it takes and its flags.
-func (s *sandboxSub) usage(fs *flag.FlagSet) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "Usage: vivarium sandbox %s\n\n%s.\n", strings.TrimSpace(s.name+" "+s.args),
-		strings.ReplaceAll(s.about, "\n", " "))
-	has := false
-	fs.VisitAll(func(*flag.Flag) { has = true })
-	if !has {
-		b.WriteString("\nIt takes no flags.\n")
-		return b.String()
-	}
-	b.WriteString("\nFlags:\n")
-	fs.SetOutput(&b)
-	fs.PrintDefaults()
-	fs.SetOutput(io.Discard)
-	return b.String()
-}
-
-func findSandboxSub(name string) *sandboxSub {
-	for i := range sandboxSubs {
-		if sandboxSubs[i].name == name {
-			return &sandboxSubs[i]
-		}
-	}
-	return nil
-}
-
-// takenBy lists the subcommands that take flag name.
-func takenBy(name string) []string {
-	var subs []string
-	for i := range sandboxSubs {
-		if sandboxSubs[i].flagSet(&sandboxOpts{}).Lookup(name) != nil {
-			subs = append(subs, sandboxSubs[i].name)
-		}
-	}
-	return subs
-}
-
-func cmdSandbox(args []string) int {
-	if len(args) == 0 {
-		fmt.Fprint(os.Stderr, sandboxUsage())
-		return 2
-	}
-	switch args[0] {
-	case "-h", "--help", "help":
-		if len(args) > 1 {
-			if s := findSandboxSub(args[1]); s != nil {
-				fmt.Fprint(os.Stderr, s.usage(s.flagSet(&sandboxOpts{})))
-				return 0
-			}
-		}
-		fmt.Fprint(os.Stderr, sandboxUsage())
-		return 0
-	}
-	s := findSandboxSub(args[0])
-	if s == nil {
-		fmt.Fprintf(os.Stderr, "vivarium sandbox: unknown subcommand %q\n\n%s", args[0], sandboxUsage())
-		return 2
-	}
-	var o sandboxOpts
-	fs := s.flagSet(&o)
-	pos, err := parseInterleaved(fs, args[1:])
-	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprint(os.Stderr, s.usage(fs))
-		return 0
-	}
-	if err != nil {
-		msg := err.Error()
-		if name, ok := strings.CutPrefix(msg, "flag provided but not defined: "); ok {
-			name = strings.TrimLeft(name, "-")
-			dashes := "--"
-			if len(name) == 1 {
-				dashes = "-"
-			}
-			msg = fmt.Sprintf("%s takes no %s%s", s.name, dashes, name)
-			// Say where it belongs, when that is a few subcommands.
-			switch subs := takenBy(name); {
-			case len(subs) == 1:
-				msg += " (" + subs[0] + " takes it)"
-			case len(subs) > 1 && len(subs) <= 4:
-				msg += " (" + strings.Join(subs[:len(subs)-1], ", ") + " and " + subs[len(subs)-1] + " take it)"
-			}
-		}
-		fmt.Fprintf(os.Stderr, "vivarium sandbox %s: %s\n\n%s", s.name, msg, s.usage(fs))
-		return 2
-	}
-	return s.run(&sandboxCall{sub: s.name, o: &o, pos: pos, c: newAPIClient()})
-}
 
 // sandboxOpts holds the values of every flag a subcommand may take; each
 // subcommand registers only those it uses.
@@ -224,7 +92,7 @@ type sandboxOpts struct {
 }
 
 func jsonFlag(o *sandboxOpts, fs *flag.FlagSet) {
-	fs.BoolVar(&o.json, "json", false, "print the server's JSON answer as it is")
+	fs.BoolVar(&o.json, "json", false, jsonUsage)
 }
 
 func codeFlag(o *sandboxOpts, fs *flag.FlagSet) {
@@ -319,40 +187,6 @@ func (o *sandboxOpts) network() map[string]any {
 		n["except"] = []string(o.exceptNet)
 	}
 	return n
-}
-
-// sandboxCall is one run of a subcommand.
-type sandboxCall struct {
-	sub string
-	o   *sandboxOpts
-	pos []string // the arguments but the flags
-	c   *apiClient
-}
-
-// need says whether there are n arguments, and what is missing if not.
-func (x *sandboxCall) need(n int, what string) bool {
-	if len(x.pos) < n {
-		fmt.Fprintf(os.Stderr, "vivarium sandbox %s: missing %s\n", x.sub, what)
-		return false
-	}
-	return true
-}
-
-// usageError reports a mistake in the command line: exit status 2.
-func (x *sandboxCall) usageError(err error) int {
-	fmt.Fprintf(os.Stderr, "vivarium sandbox %s: %v\n", x.sub, err)
-	return 2
-}
-
-func (x *sandboxCall) fail(err error) int { return clientFail(x.sub, err) }
-
-// printed prints the server's answer as it is.
-func (x *sandboxCall) printed(raw []byte, err error) int {
-	if err != nil {
-		return x.fail(err)
-	}
-	os.Stdout.Write(raw)
-	return 0
 }
 
 // sandboxPath is the API path of sandbox id.
@@ -464,7 +298,7 @@ func sbExec(x *sandboxCall) int {
 	if o.json {
 		return x.printed(x.c.call("POST", p, req, nil))
 	}
-	return x.c.stream(x.sub, p, req)
+	return x.c.stream(x.what(), p, req)
 }
 
 func sbSh(x *sandboxCall) int {
@@ -482,7 +316,7 @@ func sbSh(x *sandboxCall) int {
 	if x.o.json {
 		return x.printed(x.c.call("POST", sandboxPath(x.pos[0])+"/commands", req, nil))
 	}
-	return x.c.stream(x.sub, sandboxPath(x.pos[0])+"/commands", req)
+	return x.c.stream(x.what(), sandboxPath(x.pos[0])+"/commands", req)
 }
 
 func sbTerm(x *sandboxCall) int {
@@ -510,7 +344,7 @@ func sbInstall(x *sandboxCall) int {
 	}
 	os.Stdout.WriteString(res.Output)
 	if res.Status != "ok" {
-		fmt.Fprintf(os.Stderr, "vivarium sandbox install: %s\n", res.Error)
+		fmt.Fprintf(os.Stderr, "vivarium %s: %s\n", x.what(), res.Error)
 		return 1
 	}
 	return 0
@@ -597,24 +431,6 @@ func sbGet(x *sandboxCall) int {
 	}
 	defer resp.Body.Close()
 	return x.save(resp.Body, local, 0o644, "the download ended short")
-}
-
-// save copies r to the new file local ("-": standard output), never over
-// an existing file.
-func (x *sandboxCall) save(r io.Reader, local string, perm os.FileMode, short string) int {
-	var w io.Writer = os.Stdout
-	if local != "-" {
-		f, err := os.OpenFile(local, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
-		if err != nil {
-			return x.fail(fmt.Errorf("%w (not overwriting an existing file)", err))
-		}
-		defer f.Close()
-		w = f
-	}
-	if _, err := io.Copy(w, r); err != nil {
-		return x.fail(fmt.Errorf("%s: %w", short, err))
-	}
-	return 0
 }
 
 func sbRm(x *sandboxCall) int {

@@ -33,12 +33,12 @@ func (c *apiClient) terminal(sb string, command string) int {
 	}
 	var started struct{ PID int }
 	if _, err := c.call("POST", sb+"/processes", req, &started); err != nil {
-		return clientFail("term", err)
+		return clientFail("sandbox term", err)
 	}
 	proc := fmt.Sprintf("%s/processes/%d", sb, started.PID)
 	resp, err := c.do("GET", proc+"/output", nil, "", "application/x-ndjson")
 	if err != nil {
-		return clientFail("term", err)
+		return clientFail("sandbox term", err)
 	}
 	defer resp.Body.Close()
 
@@ -86,7 +86,7 @@ func (c *apiClient) terminal(sb string, command string) int {
 		case "start":
 			// Followed: the command may start, and what is typed goes to it.
 			if err := c.typeIn(proc, []byte("\n")); err != nil {
-				return clientFail("term", err)
+				return clientFail("sandbox term", err)
 			}
 			go c.forwardInput(proc)
 		case "terminal":

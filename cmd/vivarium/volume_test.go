@@ -1,6 +1,7 @@
 package main
 
 import (
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,6 +11,39 @@ import (
 
 	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
+
+// TestVolumeSubcommandFlags runs each subcommand of `vivarium volume`
+// against a recording server: a flag it takes reaches the request, one it
+// does not take is refused before anything is sent.
+func TestVolumeSubcommandFlags(t *testing.T) {
+	testSubcommandFlags(t, volumeCmd, []subcommandCase{
+		{"ls", []string{"--json"}, `GET /v1/volumes `, []string{"--size", "1GiB"}},
+		{"create", []string{"data", "--size", "256MiB", "--json"}, `POST /v1/volumes {"name":"data","size":268435456}`, []string{"data", "--name", "n"}},
+		{"info", []string{"data", "--json"}, `GET /v1/volumes/data `, []string{"data", "--size", "1GiB"}},
+		{"rm", []string{"data"}, `DELETE /v1/volumes/data `, []string{"data", "--json"}},
+	})
+	// list is ls; a subcommand that names one volume wants exactly one.
+	rec := &recorder{}
+	hs := httptest.NewServer(rec)
+	defer hs.Close()
+	srv := &server{url: hs.URL, dataDir: t.TempDir()}
+	if r := srv.cliAs(t, "", "", "volume", "list", "--size", "1GiB"); r.code != 2 || !strings.Contains(r.stderr, "ls takes no --size (create takes it)") {
+		t.Errorf("list --size: exit status %d: %s", r.code, r.stderr)
+	}
+	for _, args := range [][]string{{"create"}, {"info", "a", "b"}, {"rm"}} {
+		r := srv.cliAs(t, "", "", append([]string{"volume"}, args...)...)
+		if r.code != 2 || !strings.Contains(r.stderr, "want one volume NAME") {
+			t.Errorf("%v: exit status %d: %s", args, r.code, r.stderr)
+		}
+	}
+	if reqs := rec.take(); len(reqs) > 0 {
+		t.Errorf("sent %q", reqs)
+	}
+}
+
+// TestDocsVolumeFlags checks the table of `vivarium volume`'s flags in
+// the docs against the flag sets.
+func TestDocsVolumeFlags(t *testing.T) { testDocsSubcommandFlags(t, volumeCmd) }
 
 // volumeLeftovers lists what of the volumes under dir is still mounted or
 // attached to a loop device.
