@@ -12,16 +12,17 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
 
-// A user pauses a sandbox and resumes it, by hand, through the CLI and
-// the server: its variables come back; while paused, a call says so; a
+// A user pauses a sandbox of a server with its defaults and resumes it,
+// by hand, through the CLI: its variables come back; while paused, a call says so; a
 // sandbox made with --auto-resume is resumed by the next call.
 func TestServePauseResume(t *testing.T) {
 	needSandbox(t)
 	if _, err := criu.Usable(); err != nil {
 		t.Skipf("pausing needs CRIU, not built here (make criu): %v", err)
 	}
-	// Sandboxes forked from a zygote cannot be paused yet: --zygote=false.
-	srv := startServer(t, t.TempDir(), "--dev", "--pool", "0", "--zygote=false")
+	// The server's defaults: its sandboxes are forked from the zygote,
+	// from its pool.
+	srv := startServer(t, t.TempDir(), "--dev")
 	run := func(want int, args ...string) string { t.Helper(); return srv.run(t, want, args...) }
 	id := run(0, "sandbox", "create")
 	run(0, "sandbox", "exec", id, "-c", "import json\nx = 41")

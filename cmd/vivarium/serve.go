@@ -142,8 +142,8 @@ Flags:
 		"string-hash seed (docs/snapshots.md, docs/security.md)")
 	fs.BoolVar(&c.pauseOnShutdown, "pause-on-shutdown", false, "on SIGTERM, pause every running sandbox that can be paused "+
 		"and keep it on disk for the next server on --data-dir (a rolling update), instead of closing it")
-	fs.BoolVar(&c.e2bPausable, "e2b-pausable", true, "E2B's API makes every sandbox pausable, as E2B's are (where CRIU is usable): "+
-		"on the native backend a Python of its own, about 70 MiB and 0.5 s to make, rather than a fork of the zygote")
+	fs.BoolVar(&c.e2bPausable, "e2b-pausable", true, "E2B's API makes every sandbox pausable, as E2B's are (where CRIU is usable); "+
+		"kept for compatibility: a native or gvisor sandbox can be paused whatever it says")
 	fs.StringVar(&c.snapshotKeyFile, "snapshot-key-file", "", "`FILE` of the key snapshots are signed with (made if missing; "+
 		"default <data dir>/snapshot.key): servers that share it take each other's exported snapshots")
 	fs.IntVar(&c.maxSnapshots, "max-snapshots-per-key", 16, "snapshots an API key may keep")

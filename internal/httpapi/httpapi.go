@@ -322,7 +322,7 @@ type createRequest struct {
 	Network      netpolicy.Request       `json:"network" doc:"network access through the sandbox's proxy, within the server's allowlist; default: none"`
 	Home         string                  `json:"home" doc:"the sandbox user's home, where code starts: /workspace (default; the user is \"sandbox\") or /home/user (E2B's layout; the user is \"user\"), the same directory"`
 	Volumes      []service.VolumeRequest `json:"volumes" doc:"the key's volumes to mount (native backend only)"`
-	Pausable     bool                    `json:"pausable" doc:"a sandbox that can be paused: on the native backend, one of its own Python rather than a fork of the zygote (slower to create); on_timeout pause implies it"`
+	Pausable     bool                    `json:"pausable" doc:"kept for compatibility: every stateful native or gvisor sandbox can be paused"`
 	OnTimeout    string                  `json:"on_timeout" doc:"what the idle timeout does: kill (default) or pause (where the backend can pause; else kill)"`
 	AutoResume   bool                    `json:"auto_resume" doc:"a call on the paused sandbox (by its timeout or /pause) resumes it first, instead of answering 409 paused"`
 	FromSnapshot string                  `json:"from_snapshot" doc:"make the sandbox from one of the key's snapshots (its id, or its name: the newest of that name): its memory, files, limits, environment and backend (limits, env, backend, home, network and volumes are then not given)"`
