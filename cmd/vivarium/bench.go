@@ -111,24 +111,11 @@ Flags:
 		cfg.Backend = b
 		defer b.Close()
 	}
-	// W7 pauses sandboxes, which only a native backend without a zygote
-	// can do, with CRIU; pausable ones, as vivarium serve makes them,
-	// with a pause base of the bench's own (the first kept copy makes it).
-	baseDir, err := os.MkdirTemp("", "vivarium-bench-bases-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "vivarium bench:", err)
-		return 1
-	}
-	defer os.RemoveAll(baseDir)
+	// W7 pauses the same backend's sandboxes, with CRIU.
 	if _, err := criu.Usable(); err != nil {
-		cfg.ClassicErr = fmt.Errorf("pausing needs CRIU (make criu): %v", err)
-	} else if b, err := native.New(native.Config{CgroupParent: "vivarium-bench-classic",
-		UIDBase: native.DefaultUIDBase + 12<<24, UIDRanges: 16, Preload: []string{"numpy", "pandas", "matplotlib"},
-		PauseBaseDir: baseDir}); err != nil {
-		cfg.ClassicErr = err
+		cfg.PausingErr = fmt.Errorf("pausing needs CRIU (make criu): %v", err)
 	} else {
-		cfg.Classic = b
-		defer b.Close()
+		cfg.Pausing, cfg.PausingErr = cfg.Backend, cfg.BackendErr
 	}
 	// Read before the bench loads the machine: the load average then is
 	// other work, which the figures suffer from.
@@ -139,6 +126,7 @@ Flags:
 	closeShared()
 	rep.Host = host
 
+	var err error
 	if *asJSON {
 		err = rep.WriteJSON(os.Stdout)
 	} else {

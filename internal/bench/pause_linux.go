@@ -16,7 +16,7 @@ import (
 // W7 is pausing and resuming a live sandbox (issue 15), against the cold
 // start a user without pause would pay: a new sandbox that imports pandas
 // again.
-var W7 = Workload{ID: "W7", Title: "pause, and resume, an idle sandbox that imported pandas (native, CRIU)",
+var W7 = Workload{ID: "W7", Title: "pause, and resume, an idle sandbox that imported pandas (native, forked from the zygote, CRIU)",
 	Code: "import pandas as pd\ndf = pd.DataFrame({'a': range(1000)})\nprint(int(df.a.sum()))", Want: "499500"}
 
 // pausing is the one sandbox W7's rows pause and resume in turn.
@@ -328,23 +328,23 @@ func checkRun(ctx context.Context, sb sandbox.Sandbox, code, want string) error 
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-// pauseSubjects are W7's rows, run on classic, a native backend without a
-// zygote (whose sandboxes can be paused).
-func pauseSubjects(classic sandbox.Backend, skip string) []Subject {
-	if classic == nil && skip == "" {
-		skip = "no native backend without a zygote"
+// pauseSubjects are W7's rows, run on b, a native backend whose sandboxes
+// can be paused.
+func pauseSubjects(b sandbox.Backend, skip string) []Subject {
+	if b == nil && skip == "" {
+		skip = "no native backend that pauses"
 	}
-	ps := &pausing{b: classic}
+	ps := &pausing{b: b}
 	w := W7.Label()
 	return []Subject{
 		{Workload: w, Name: "vivarium resume (in-process)", Reference: true, Unit: "ms", Skip: skip,
 			Setup: ps.setup, Measure: ps.resume, Teardown: ps.teardown},
 		{Workload: w, Name: "vivarium pause (in-process)", Unit: "ms", Skip: skip, Setup: ps.setup, Measure: ps.pause,
 			Teardown: ps.teardown},
-		{Workload: w, Name: "cold start instead: a new sandbox runs the code again (in-process, no pool)", Unit: "ms",
+		{Workload: w, Name: "cold start instead: a new sandbox runs the code again (in-process, no pool: a fork of the zygote)", Unit: "ms",
 			Skip: skip, Measure: func(ctx context.Context) (float64, error) {
 				start := time.Now()
-				err := coldStart(classic)(ctx)
+				err := coldStart(b)(ctx)
 				return ms(time.Since(start)), err
 			}},
 		{Workload: w, Name: "vivarium fork into 10 copies, all ready (in-process)", Unit: "ms", Skip: skip,

@@ -44,10 +44,11 @@ type Config struct {
 	// Docker daemon answers ($DOCKER_HOST, else the usual socket), and the
 	// rows are skipped without one. The bench never starts a daemon.
 	Docker sandbox.Backend
-	// Classic is a native backend without a zygote, whose sandboxes can
-	// be paused (W7); when nil, ClassicErr says why and W7 is skipped.
-	Classic    sandbox.Backend
-	ClassicErr error
+	// Pausing is the native backend whose sandboxes W7 pauses (the
+	// zygote's, as vivarium serve makes them); when nil, PausingErr says
+	// why and W7 is skipped.
+	Pausing    sandbox.Backend
+	PausingErr error
 }
 
 // DefaultDockerImage is the image the docker row runs, made by `docker
@@ -258,6 +259,8 @@ func Subjects(ctx context.Context, cfg Config) ([]Subject, func()) {
 	out = append(out,
 		Subject{Workload: w.Label(), Name: "vivarium serve, POST /v1/sandboxes", Reference: true,
 			Skip: cliSkip, Setup: serverSetup, Run: srv.create},
+		Subject{Workload: w.Label(), Name: "vivarium serve, E2B's Sandbox.create (POST /e2b/sandboxes)",
+			Skip: cliSkip, Setup: serverSetup, Run: srv.e2bCreate},
 		Subject{Workload: w.Label(), Name: "vivarium Create (in-process, no pool)", Skip: vivSkip,
 			Run: func(ctx context.Context) error {
 				sb, err := cfg.Backend.Create(ctx, sandbox.Spec{})
@@ -279,13 +282,13 @@ func Subjects(ctx context.Context, cfg Config) ([]Subject, func()) {
 	)
 
 	pauseSkip := vivSkip
-	if pauseSkip == "" && cfg.Classic == nil {
-		pauseSkip = "no native backend without a zygote"
-		if cfg.ClassicErr != nil {
-			pauseSkip = cfg.ClassicErr.Error()
+	if pauseSkip == "" && cfg.Pausing == nil {
+		pauseSkip = "no native backend that pauses"
+		if cfg.PausingErr != nil {
+			pauseSkip = cfg.PausingErr.Error()
 		}
 	}
-	out = append(out, pauseSubjects(cfg.Classic, pauseSkip)...)
+	out = append(out, pauseSubjects(cfg.Pausing, pauseSkip)...)
 
 	fair, stopFair := fairnessSubjects(cfg.Vivarium, cliSkip)
 	out = append(out, fair...)
