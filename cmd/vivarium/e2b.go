@@ -9,10 +9,8 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/service"
 )
 
-// e2bPrefix is where `vivarium serve` answers E2B's SDKs:
-// E2B_API_URL=http://HOST:PORT/e2b and
-// E2B_SANDBOX_URL=http://HOST:PORT/e2b/sandbox.
-const e2bPrefix = "/e2b"
+// e2bPrefix is where `vivarium serve` answers E2B's SDKs.
+const e2bPrefix = e2b.Prefix
 
 // withE2B serves E2B's API at /e2b beside the rest, behind the same keys.
 // behindGateway: every request comes through a cluster's gateway, which
@@ -29,7 +27,7 @@ func withE2B(next http.Handler, svc *service.Service, auth httpapi.Authenticator
 	mux.Handle(e2bPrefix+"/", h)
 	// Signed file URLs: E2B's SDKs build them at the root of the sandbox
 	// URL's host, whatever its path.
-	mux.Handle("/files", h.SignedFiles())
+	mux.Handle(e2b.SignedFilesPath, h.SignedFiles())
 	mux.Handle("/", next)
 	return mux, h
 }

@@ -46,6 +46,7 @@ import (
 	"sync"
 
 	"github.com/vivarium-sandbox/vivarium/internal/fairgate"
+	"github.com/vivarium-sandbox/vivarium/internal/route"
 	"github.com/vivarium-sandbox/vivarium/internal/service"
 )
 
@@ -98,7 +99,7 @@ type Server struct {
 	svc     *service.Service
 	log     *slog.Logger
 	secret  []byte
-	control *http.ServeMux
+	control *route.Mux // Routes
 	envd    *http.ServeMux
 	interp  *http.ServeMux
 
@@ -154,10 +155,11 @@ func New(cfg Config) *Server {
 	}
 	cfg.Prefix = strings.TrimSuffix(cfg.Prefix, "/")
 	s := &Server{cfg: cfg, svc: cfg.Service, log: cfg.Logger,
-		control: http.NewServeMux(), envd: http.NewServeMux(), interp: http.NewServeMux(),
+		control: route.NewMux(Routes), envd: http.NewServeMux(), interp: http.NewServeMux(),
 		templates: map[string]templateOf{}, templateSweepAt: templateSweepAt, waiting: map[string]int{}, watchers: map[string]*watcher{},
 		signGate: fairgate.New(max(2, runtime.GOMAXPROCS(0)), maxSignQueued, signScanWait)}
 	s.routeControl()
+	s.control.Complete()
 	s.routeEnvd()
 	s.routeInterpreter()
 	return s

@@ -20,6 +20,7 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/apierr"
 	"github.com/vivarium-sandbox/vivarium/internal/jsonerr"
 	"github.com/vivarium-sandbox/vivarium/internal/netpolicy"
+	"github.com/vivarium-sandbox/vivarium/internal/route"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/service"
 )
@@ -37,7 +38,7 @@ type Server struct {
 	svc  *service.Service
 	auth Authenticator // nil: dev mode, everyone is DevOwner
 	log  *slog.Logger
-	mux  *http.ServeMux
+	mux  *route.Mux
 	// A sandbox's ports (ports.go).
 	ports portRoutes
 }
@@ -50,12 +51,23 @@ func New(svc *service.Service, auth Authenticator, log *slog.Logger) *Server {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{svc: svc, auth: auth, log: log, mux: http.NewServeMux()}
+	s := &Server{svc: svc, auth: auth, log: log, mux: route.NewMux(ClusterRoutes())}
 	for _, r := range Routes {
 		s.mux.Handle(r.Method+" "+r.Pattern, s.wrap(r, s.handler(r.Name)))
 	}
 	s.routePorts()
+	s.mux.Complete()
 	return s
+}
+
+// ClusterRoutes are the routes New serves (Routes and a sandbox's
+// ports), as a cluster's gateway forwards them.
+func ClusterRoutes() []route.Route {
+	out := []route.Route{portRoute}
+	for _, r := range Routes {
+		out = append(out, route.Route{Method: r.Method, Path: r.Pattern, Forward: r.Forward})
+	}
+	return out
 }
 
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
@@ -84,60 +96,63 @@ func RefuseBrowsers(h http.Handler, allowed []string) http.Handler {
 type Route struct {
 	Method, Pattern, Name, Summary string
 	Public                         bool // no API key needed
+	// Forward is how a cluster's gateway forwards it (package route).
+	Forward route.Forward
 }
 
-// Routes lists every endpoint the server serves.
+// Routes lists every endpoint the server serves, but for a sandbox's
+// ports (portRoute): New serves these and no others.
 var Routes = []Route{
-	{"GET", "/healthz", "health", "Liveness check", true},
-	{"GET", "/metrics", "metrics", "Prometheus metrics", false},
-	{"GET", "/openapi.json", "openapi", "This API's OpenAPI 3.1 document", true},
-	{"POST", "/v1/sandboxes", "create", "Create a stateful sandbox", false},
-	{"GET", "/v1/sandboxes", "list", "List the caller's sandboxes", false},
-	{"GET", "/v1/sandboxes/{id}", "get", "Describe a sandbox", false},
-	{"DELETE", "/v1/sandboxes/{id}", "delete", "Close a sandbox", false},
-	{"POST", "/v1/sandboxes/{id}/timeout", "timeout", "Set a sandbox's idle timeout from now", false},
-	{"POST", "/v1/sandboxes/{id}/pause", "pause", "Pause a sandbox: its processes' state saved to disk, their memory freed (native backend, with CRIU)", false},
-	{"POST", "/v1/sandboxes/{id}/resume", "resume", "Resume a paused sandbox where it was paused", false},
-	{"POST", "/v1/sandboxes/{id}/fork", "fork", "Copy a running sandbox into new sandboxes of their own, at this moment (native backend, with CRIU)", false},
-	{"POST", "/v1/sandboxes/{id}/snapshots", "createSnapshot", "Save a running sandbox as a snapshot, which new sandboxes are made from (native backend, with CRIU); the sandbox goes on", false},
-	{"GET", "/v1/snapshots", "listSnapshots", "List the key's snapshots", false},
-	{"GET", "/v1/snapshots/{id}", "getSnapshot", "Describe a snapshot (by id, or the newest of a name)", false},
-	{"DELETE", "/v1/snapshots/{id}", "deleteSnapshot", "Delete a snapshot (by id), or every snapshot of a name", false},
-	{"GET", "/v1/snapshots/{id}/export", "exportSnapshot", "Download a snapshot as a tar stream, for a server that shares this one's snapshot key", false},
-	{"POST", "/v1/snapshots/import", "importSnapshot", "Upload a snapshot another server (sharing this one's snapshot key) exported; a changed or foreign one is refused", false},
-	{"GET", "/v1/sandboxes/{id}/metrics", "usage", "A sandbox's CPU, memory and disk over time (sampled every 5 s)", false},
-	{"POST", "/v1/sandboxes/{id}/execute", "execute", "Run Python code, keeping state", false},
-	{"POST", "/v1/sandboxes/{id}/interrupt", "interrupt", "Raise KeyboardInterrupt in the running execution", false},
-	{"POST", "/v1/sandboxes/{id}/restart", "restart", "Restart the Python process; files are kept", false},
-	{"POST", "/v1/sandboxes/{id}/commands", "command", "Run a shell command in the sandbox", false},
-	{"POST", "/v1/sandboxes/{id}/packages", "installPackage", "Install one of the server's allowed packages into the sandbox", false},
-	{"PUT", "/v1/sandboxes/{id}/network", "setNetwork", "Replace what a running sandbox may reach, within the server's allowlist", false},
-	{"GET", "/v1/sandboxes/{id}/files", "listFiles", "List a directory of the workspace", false},
-	{"PUT", "/v1/sandboxes/{id}/files/{path...}", "putFile", "Upload a file (raw body)", false},
-	{"GET", "/v1/sandboxes/{id}/files/{path...}", "getFile", "Download a file", false},
-	{"DELETE", "/v1/sandboxes/{id}/files/{path...}", "deleteFile", "Delete a file or directory", false},
-	{"GET", "/v1/sandboxes/{id}/contexts", "listContexts", "List the code contexts", false},
-	{"POST", "/v1/sandboxes/{id}/contexts", "createContext", "Create a code context (python, bash, javascript, typescript, r or java) with state of its own", false},
-	{"DELETE", "/v1/sandboxes/{id}/contexts/{ctx}", "deleteContext", "Remove a code context", false},
-	{"POST", "/v1/sandboxes/{id}/contexts/{ctx}/restart", "restartContext", "Forget a code context's state", false},
-	{"GET", "/v1/sandboxes/{id}/processes", "listProcesses", "List the sandbox's running tracked processes", false},
-	{"POST", "/v1/sandboxes/{id}/processes", "startProcess", "Start a shell command in the background", false},
-	{"GET", "/v1/sandboxes/{id}/processes/{pid}/output", "processOutput", "Follow a process's output from now until it ends (NDJSON)", false},
-	{"POST", "/v1/sandboxes/{id}/processes/{pid}/stdin", "processStdin", "Write the raw body to a process's stdin; ?close=1 closes it after", false},
-	{"POST", "/v1/sandboxes/{id}/processes/{pid}/signal", "signalProcess", "Send SIGTERM or SIGKILL to a process's group", false},
-	{"POST", "/v1/sandboxes/{id}/processes/{pid}/resize", "resizeProcess", "Resize the terminal of a process started with one", false},
-	{"POST", "/v1/sandboxes/{id}/ports/{port}", "portToken", "A token and URLs that open one port of the sandbox (a server its code started) from outside; with rotate, a new token", false},
-	{"POST", "/v1/sandboxes/{id}/access-token", "rotateAccessToken", "Give the sandbox a new E2B access token: the old one, and signed file URLs made with it, stop working", false},
-	{"POST", "/v1/key/revoke", "revokeKey", "Revoke the caller's own API key (and every token made from it), and close its sandboxes if asked", false},
-	{"POST", "/v1/execute", "runOnce", "Run code in a fresh sandbox destroyed afterwards", false},
-	{"POST", "/v1/volumes", "createVolume", "Create a persistent volume (an ext4 file system of its own size)", false},
-	{"GET", "/v1/volumes", "listVolumes", "List the key's volumes", false},
-	{"GET", "/v1/volumes/{id}", "getVolume", "A volume, by ID or name", false},
-	{"DELETE", "/v1/volumes/{id}", "deleteVolume", "Delete a volume and its files; refused while a live sandbox mounts it", false},
-	{"GET", "/v1/volumes/{id}/files", "listVolumeFiles", "List a directory of a volume, without a sandbox", false},
-	{"PUT", "/v1/volumes/{id}/files/{path...}", "putVolumeFile", "Upload a file into a volume (raw body)", false},
-	{"GET", "/v1/volumes/{id}/files/{path...}", "getVolumeFile", "Download a file of a volume", false},
-	{"DELETE", "/v1/volumes/{id}/files/{path...}", "deleteVolumeFile", "Delete a file or directory of a volume", false},
+	{"GET", "/healthz", "health", "Liveness check", true, route.Local},
+	{"GET", "/metrics", "metrics", "Prometheus metrics", false, route.Local},
+	{"GET", "/openapi.json", "openapi", "This API's OpenAPI 3.1 document", true, route.Pick},
+	{"POST", "/v1/sandboxes", "create", "Create a stateful sandbox", false, route.Create},
+	{"GET", "/v1/sandboxes", "list", "List the caller's sandboxes", false, route.Every("sandboxes")},
+	{"GET", "/v1/sandboxes/{id}", "get", "Describe a sandbox", false, route.Sandbox},
+	{"DELETE", "/v1/sandboxes/{id}", "delete", "Close a sandbox", false, route.Sandbox},
+	{"POST", "/v1/sandboxes/{id}/timeout", "timeout", "Set a sandbox's idle timeout from now", false, route.Sandbox},
+	{"POST", "/v1/sandboxes/{id}/pause", "pause", "Pause a sandbox: its processes' state saved to disk, their memory freed (native backend, with CRIU)", false, route.Sandbox},
+	{"POST", "/v1/sandboxes/{id}/resume", "resume", "Resume a paused sandbox where it was paused", false, route.Sandbox},
+	{"POST", "/v1/sandboxes/{id}/fork", "fork", "Copy a running sandbox into new sandboxes of their own, at this moment (native backend, with CRIU)", false, route.Sandbox},
+	{"POST", "/v1/sandboxes/{id}/snapshots", "createSnapshot", "Save a running sandbox as a snapshot, which new sandboxes are made from (native backend, with CRIU); the sandbox goes on", false, route.Sandbox},
+	{"GET", "/v1/snapshots", "listSnapshots", "List the key's snapshots", false, route.Every("snapshots")},
+	{"GET", "/v1/snapshots/{id}", "getSnapshot", "Describe a snapshot (by id, or the newest of a name)", false, route.Snapshot},
+	{"DELETE", "/v1/snapshots/{id}", "deleteSnapshot", "Delete a snapshot (by id), or every snapshot of a name", false, route.Snapshot},
+	{"GET", "/v1/snapshots/{id}/export", "exportSnapshot", "Download a snapshot as a tar stream, for a server that shares this one's snapshot key", false, route.Snapshot},
+	{"POST", "/v1/snapshots/import", "importSnapshot", "Upload a snapshot another server (sharing this one's snapshot key) exported; a changed or foreign one is refused", false, route.Pick},
+	{"GET", "/v1/sandboxes/{id}/metrics", "usage", "A sandbox's CPU, memory and disk over time (sampled every 5 s)", false, route.Sandbox},
+	{"POST", "/v1/sandboxes/{id}/execute", "execute", "Run Python code, keeping state", false, route.Sandbox},
+	{"POST", "/v1/sandboxes/{id}/interrupt", "interrupt", "Raise KeyboardInterrupt in the running execution", false, route.Sandbox},
+	{"POST", "/v1/sandboxes/{id}/restart", "restart", "Restart the Python process; files are kept", false, route.Sandbox},
+	{"POST", "/v1/sandboxes/{id}/commands", "command", "Run a shell command in the sandbox", false, route.Sandbox},
+	{"POST", "/v1/sandboxes/{id}/packages", "installPackage", "Install one of the server's allowed packages into the sandbox", false, route.Sandbox},
+	{"PUT", "/v1/sandboxes/{id}/network", "setNetwork", "Replace what a running sandbox may reach, within the server's allowlist", false, route.Sandbox},
+	{"GET", "/v1/sandboxes/{id}/files", "listFiles", "List a directory of the workspace", false, route.Sandbox},
+	{"PUT", "/v1/sandboxes/{id}/files/{path...}", "putFile", "Upload a file (raw body)", false, route.Sandbox},
+	{"GET", "/v1/sandboxes/{id}/files/{path...}", "getFile", "Download a file", false, route.Sandbox},
+	{"DELETE", "/v1/sandboxes/{id}/files/{path...}", "deleteFile", "Delete a file or directory", false, route.Sandbox},
+	{"GET", "/v1/sandboxes/{id}/contexts", "listContexts", "List the code contexts", false, route.Sandbox},
+	{"POST", "/v1/sandboxes/{id}/contexts", "createContext", "Create a code context (python, bash, javascript, typescript, r or java) with state of its own", false, route.Sandbox},
+	{"DELETE", "/v1/sandboxes/{id}/contexts/{ctx}", "deleteContext", "Remove a code context", false, route.Sandbox},
+	{"POST", "/v1/sandboxes/{id}/contexts/{ctx}/restart", "restartContext", "Forget a code context's state", false, route.Sandbox},
+	{"GET", "/v1/sandboxes/{id}/processes", "listProcesses", "List the sandbox's running tracked processes", false, route.Sandbox},
+	{"POST", "/v1/sandboxes/{id}/processes", "startProcess", "Start a shell command in the background", false, route.Sandbox},
+	{"GET", "/v1/sandboxes/{id}/processes/{pid}/output", "processOutput", "Follow a process's output from now until it ends (NDJSON)", false, route.Sandbox},
+	{"POST", "/v1/sandboxes/{id}/processes/{pid}/stdin", "processStdin", "Write the raw body to a process's stdin; ?close=1 closes it after", false, route.Sandbox},
+	{"POST", "/v1/sandboxes/{id}/processes/{pid}/signal", "signalProcess", "Send SIGTERM or SIGKILL to a process's group", false, route.Sandbox},
+	{"POST", "/v1/sandboxes/{id}/processes/{pid}/resize", "resizeProcess", "Resize the terminal of a process started with one", false, route.Sandbox},
+	{"POST", "/v1/sandboxes/{id}/ports/{port}", "portToken", "A token and URLs that open one port of the sandbox (a server its code started) from outside; with rotate, a new token", false, route.Sandbox},
+	{"POST", "/v1/sandboxes/{id}/access-token", "rotateAccessToken", "Give the sandbox a new E2B access token: the old one, and signed file URLs made with it, stop working", false, route.Sandbox},
+	{"POST", "/v1/key/revoke", "revokeKey", "Revoke the caller's own API key (and every token made from it), and close its sandboxes if asked", false, route.Pick},
+	{"POST", "/v1/execute", "runOnce", "Run code in a fresh sandbox destroyed afterwards", false, route.Pick},
+	{"POST", "/v1/volumes", "createVolume", "Create a persistent volume (an ext4 file system of its own size)", false, route.NewVolume},
+	{"GET", "/v1/volumes", "listVolumes", "List the key's volumes", false, route.Every("volumes")},
+	{"GET", "/v1/volumes/{id}", "getVolume", "A volume, by ID or name", false, route.Volume},
+	{"DELETE", "/v1/volumes/{id}", "deleteVolume", "Delete a volume and its files; refused while a live sandbox mounts it", false, route.Volume},
+	{"GET", "/v1/volumes/{id}/files", "listVolumeFiles", "List a directory of a volume, without a sandbox", false, route.Volume},
+	{"PUT", "/v1/volumes/{id}/files/{path...}", "putVolumeFile", "Upload a file into a volume (raw body)", false, route.Volume},
+	{"GET", "/v1/volumes/{id}/files/{path...}", "getVolumeFile", "Download a file of a volume", false, route.Volume},
+	{"DELETE", "/v1/volumes/{id}/files/{path...}", "deleteVolumeFile", "Delete a file or directory of a volume", false, route.Volume},
 }
 
 type ctxKey struct{}

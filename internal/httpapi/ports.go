@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/vivarium-sandbox/vivarium/internal/portproxy"
+	"github.com/vivarium-sandbox/vivarium/internal/route"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/service"
 )
@@ -27,6 +28,10 @@ type portRoutes struct {
 
 // portsPath is the path form; {path...} is what the sandbox is asked for.
 const portsPath = "/v1/sandboxes/{id}/ports/{port}/{path...}"
+
+// portRoute is the path form's route, which is not an operation of the
+// OpenAPI document (Routes): what it serves is the sandbox's.
+var portRoute = route.Route{Path: portsPath, Forward: route.Sandbox}
 
 // SetPortDomain gives the URLs of the host form, <port>-<id>.<domain>,
 // in the answers of POST .../ports/{port} (vivarium serve --domain).
