@@ -5,6 +5,11 @@
 // (internal/sandboxid), if that node's Lease holds; lists are gathered
 // from every node. Any number of gateways may run side by side.
 //
+// The routes are the nodes' as their adapters declare them (httpapi's and
+// e2b's, package route), each with how it is forwarded: the gateway
+// derives its routing from those tables (routes.go) and has none of its
+// own.
+//
 // What reaches a node is the client's request as it was (its key
 // included: the node checks it) and the cluster's token, which nodes
 // require of every request, so that only gateways reach them.
@@ -18,6 +23,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -30,6 +36,7 @@ import (
 
 	"github.com/vivarium-sandbox/vivarium/internal/apierr"
 	"github.com/vivarium-sandbox/vivarium/internal/cluster"
+	"github.com/vivarium-sandbox/vivarium/internal/e2b"
 	"github.com/vivarium-sandbox/vivarium/internal/fairgate"
 	"github.com/vivarium-sandbox/vivarium/internal/sandboxid"
 )
@@ -64,6 +71,8 @@ type Gateway struct {
 	// targets are the nodes' addresses parsed (targetOf).
 	targets     sync.Map
 	targetCount atomic.Int64
+	// mux routes a request by its path (routes.go).
+	mux *http.ServeMux
 }
 
 // New returns a gateway.
@@ -74,8 +83,7 @@ func New(cfg Config) *Gateway {
 	g := &Gateway{cfg: cfg, probes: fairgate.New(4, 4, time.Second)}
 	g.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
-			target := pr.In.Context().Value(targetKey{}).(*url.URL)
-			pr.SetURL(target)
+			pr.SetURL(pr.In.Context().Value(hopKey{}).(*hop).target)
 			pr.Out.Host = pr.In.Host // the node routes ports by Host, as a server on its own does
 			pr.SetXForwarded()
 			pr.Out.Header.Set(TokenHeader, cfg.Token)
@@ -91,12 +99,13 @@ func New(cfg Config) *Gateway {
 			ResponseHeaderTimeout: 0, // executions answer when they end
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			node, _ := r.Context().Value(nodeKey{}).(string)
-			g.cfg.Logger.Warn("gateway: node unreachable", "node", node, "err", err)
-			writeError(w, apierr.NodeUnreachable,
-				fmt.Sprintf("node %s did not answer: try again, or, for a sandbox, it may be lost", node))
+			h := r.Context().Value(hopKey{}).(*hop)
+			g.cfg.Logger.Warn("gateway: node unreachable", "node", h.node, "err", err)
+			h.api.fail(w, apierr.NodeUnreachable,
+				fmt.Sprintf("node %s did not answer: try again, or, for a sandbox, it may be lost", h.node))
 		},
 	}
+	g.mux = g.routes()
 	return g
 }
 
@@ -108,104 +117,47 @@ var buffers = sync.Pool{New: func() any { return new([32 << 10]byte) }}
 func (bufferPool) Get() []byte  { return buffers.Get().(*[32 << 10]byte)[:] }
 func (bufferPool) Put(b []byte) { buffers.Put((*[32 << 10]byte)(b)) }
 
-type targetKey struct{}
-type nodeKey struct{}
+// A hop is where forward sends a request, for the proxy.
+type hop struct {
+	target *url.URL
+	node   string
+	api    *api // the API the request is of, in whose shape its errors are
+}
+
+type hopKey struct{}
 
 // ServeHTTP routes one request.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.URL.Path == "/healthz" {
-		// Alive, and how many nodes it routes to.
-		fmt.Fprintf(w, "ok: %d nodes\n", len(g.cfg.Nodes.Nodes()))
-		return
-	}
 	// A sandbox's port: <port>-<id>.<domain>.
 	if id, ok := g.portHost(r.Host); ok {
-		g.toSandbox(w, r, id)
+		g.toSandbox(w, r, &vivariumAPI, id)
 		return
 	}
 	p := r.URL.Path
 	if path.Clean(p) != p && path.Clean(p)+"/" != p {
 		// A route is read from the path as it is: a path that would
 		// mean another once cleaned (sb_x/../../other) is refused.
-		writeError(w, apierr.BadPath, "the path has . or .. segments, or empty ones")
+		apiOf(p).fail(w, apierr.BadPath, "the path has . or .. segments, or empty ones")
 		return
 	}
-	switch {
-	case p == "/v1/sandboxes" && r.Method == http.MethodPost:
-		g.toCreate(w, r, vivarium)
-	case (p == "/e2b/sandboxes" || p == "/e2b/v2/sandboxes") && r.Method == http.MethodPost:
-		g.toCreate(w, r, e2b)
-	case p == "/v1/execute" && r.Method == http.MethodPost,
-		p == "/v1/snapshots/import" && r.Method == http.MethodPost:
-		g.toPicked(w, r)
-	case p == "/v1/sandboxes" && r.Method == http.MethodGet:
-		g.gather(w, r, "sandboxes")
-	case (p == "/e2b/sandboxes" || p == "/e2b/v2/sandboxes") && r.Method == http.MethodGet:
-		g.gather(w, r, "")
-	case strings.HasPrefix(p, "/v1/sandboxes/"):
-		g.toSandbox(w, r, segment(p, "/v1/sandboxes/"))
-	case strings.HasPrefix(p, "/e2b/sandboxes/"):
-		g.toSandbox(w, r, segment(p, "/e2b/sandboxes/"))
-	case strings.HasPrefix(p, "/e2b/v2/sandboxes/"):
-		g.toSandbox(w, r, segment(p, "/e2b/v2/sandboxes/"))
-	// Snapshots and volumes live on the node that made them, which their
-	// ids name; lists are every node's.
-	case p == "/v1/snapshots" && r.Method == http.MethodGet:
-		g.gather(w, r, "snapshots")
-	case p == "/e2b/snapshots" && r.Method == http.MethodGet:
-		g.gather(w, r, "")
-	case strings.HasPrefix(p, "/v1/snapshots/"):
-		g.toKept(w, r, vivarium.snapshots, segment(p, "/v1/snapshots/"))
-	case strings.HasPrefix(p, "/e2b/templates/"):
-		// Sandbox.deleteSnapshot (an id or a name); other templates are
-		// E2B's cloud, which any node answers with E2B's error.
-		if ref := e2bSnapshot(segment(p, "/e2b/templates/")); sandboxid.Snapshot.Valid(ref) || sandboxid.ValidName(ref) {
-			g.toKept(w, r, e2b.snapshots, ref)
-		} else {
-			g.toPicked(w, r)
-		}
-	case p == "/v1/volumes" && r.Method == http.MethodGet:
-		g.gather(w, r, "volumes")
-	case p == "/e2b/volumes" && r.Method == http.MethodGet:
-		g.gather(w, r, "")
-	case p == "/v1/volumes" && r.Method == http.MethodPost:
-		g.toNewVolume(w, r, vivarium)
-	case p == "/e2b/volumes" && r.Method == http.MethodPost:
-		g.toNewVolume(w, r, e2b)
-	case strings.HasPrefix(p, "/v1/volumes/"):
-		g.toKept(w, r, vivarium.volumes, segment(p, "/v1/volumes/"))
-	case strings.HasPrefix(p, "/e2b/volumes/"):
-		g.toKept(w, r, e2b.volumes, segment(p, "/e2b/volumes/"))
-	case strings.HasPrefix(p, "/e2b/volumecontent/"):
-		// The content API names a volume by id only (with its token).
-		if id := segment(p, "/e2b/volumecontent/"); sandboxid.Volume.Valid(id) {
-			g.toKept(w, r, e2b.volumes, id)
-		} else {
-			writeError(w, apierr.VolumeNotFound, fmt.Sprintf("no volume %q in this cluster", id))
-		}
-	case p == "/files":
-		g.toSigned(w, r)
-	case p == "/mcp":
-		// MCP over HTTP: a new session on the node the load picks, its
-		// later requests to the node its id names.
-		if sid := r.Header.Get("Mcp-Session-Id"); sid != "" {
-			g.toSession(w, r, sid)
-		} else {
-			g.toPicked(w, r)
-		}
-	case strings.HasPrefix(p, "/e2b/sandbox/") || p == "/e2b/sandbox":
-		// E2B's envd and interpreter: the sandbox in a header.
-		g.toSandbox(w, r, r.Header.Get("E2b-Sandbox-Id"))
-	default:
-		writeError(w, apierr.Unsupported,
-			fmt.Sprintf("%s %s is not served through the gateway yet (docs/kubernetes.md says what is)", r.Method, p))
+	if r.URL.RawPath != "" && strings.HasPrefix(p, e2b.Prefix+"/") {
+		// E2B's API routes its path as decoded (e2b.Server.ServeHTTP),
+		// an escaped "/" as a "/": so does the gateway, or the node
+		// would serve another route than the one it was chosen for.
+		r2, u := *r, *r.URL
+		u.RawPath = ""
+		r2.URL = &u
+		r = &r2
 	}
+	g.mux.ServeHTTP(w, r)
 }
 
-// segment is the path segment after prefix.
-func segment(p, prefix string) string {
-	s, _, _ := strings.Cut(strings.TrimPrefix(p, prefix), "/")
-	return s
+// apiOf is the API a path is of, by its prefix.
+func apiOf(p string) *api {
+	if strings.HasPrefix(p, e2b.Prefix+"/") || p == e2b.SignedFilesPath {
+		return &e2bAPI
+	}
+	return &vivariumAPI
 }
 
 // portHost reads <port>-<id>.<domain>.
@@ -225,55 +177,56 @@ func (g *Gateway) portHost(host string) (string, bool) {
 }
 
 // toSandbox sends r to the node of sandbox id.
-func (g *Gateway) toSandbox(w http.ResponseWriter, r *http.Request, id string) {
+func (g *Gateway) toSandbox(w http.ResponseWriter, r *http.Request, a *api, id string) {
 	name, ok := sandboxid.Node(id)
 	if !ok {
-		writeError(w, apierr.NotFound, fmt.Sprintf("no sandbox %q in this cluster", id))
+		a.fail(w, apierr.NotFound, fmt.Sprintf("no sandbox %q in this cluster", id))
 		return
 	}
 	n, ok := g.cfg.Nodes.Node(name)
 	if !ok {
 		// Its node is gone (its Lease expired): what it held is lost.
-		writeError(w, apierr.StateLost,
+		a.fail(w, apierr.StateLost,
 			fmt.Sprintf("sandbox %s was on node %s, which is gone: its state is lost", id, name))
 		return
 	}
-	g.forward(w, r, n)
+	g.forward(w, r, a, n)
 }
 
 // toSession sends r to the node of MCP session sid.
 func (g *Gateway) toSession(w http.ResponseWriter, r *http.Request, sid string) {
 	name, ok := sandboxid.SessionNode(sid)
 	if !ok {
-		writeError(w, apierr.NotFound, "no such MCP session in this cluster")
+		vivariumAPI.fail(w, apierr.NotFound, "no such MCP session in this cluster")
 		return
 	}
 	n, ok := g.cfg.Nodes.Node(name)
 	if !ok {
-		writeError(w, apierr.NotFound, fmt.Sprintf("the MCP session was on node %s, which is gone: start a new one", name))
+		vivariumAPI.fail(w, apierr.NotFound, fmt.Sprintf("the MCP session was on node %s, which is gone: start a new one", name))
 		return
 	}
-	g.forward(w, r, n)
+	g.forward(w, r, &vivariumAPI, n)
 }
 
 // toPicked sends r (a new sandbox, a one-shot) to the node the load picks.
-func (g *Gateway) toPicked(w http.ResponseWriter, r *http.Request) {
+func (g *Gateway) toPicked(w http.ResponseWriter, r *http.Request, a *api) {
 	n, done, ok := g.cfg.Nodes.Pick()
 	if !ok {
-		writeError(w, apierr.NoNode, "no node of the cluster is alive")
+		a.fail(w, apierr.NoNode, "no node of the cluster is alive")
 		return
 	}
 	defer done()
-	g.forward(w, r, n)
+	g.forward(w, r, a, n)
 }
 
-func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, n cluster.Node) {
+// forward sends r, of API a, to node n.
+func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, a *api, n cluster.Node) {
 	target, ok := g.targetOf(n.Addr)
 	if !ok {
-		writeError(w, apierr.NodeUnreachable, fmt.Sprintf("node %s has no usable address", n.Name))
+		a.fail(w, apierr.NodeUnreachable, fmt.Sprintf("node %s has no usable address", n.Name))
 		return
 	}
-	ctx := context.WithValue(context.WithValue(r.Context(), targetKey{}, target), nodeKey{}, n.Name)
+	ctx := context.WithValue(r.Context(), hopKey{}, &hop{target: target, node: n.Name, api: a})
 	// A stream (Connect's server streams: process.Start, envd's
 	// watchers) may answer before its request's body has all come: once
 	// the answer's headers are flushed, an HTTP/1 server stops the body's
@@ -301,51 +254,64 @@ func (g *Gateway) targetOf(addr string) (*url.URL, bool) {
 	return u, true
 }
 
-// gather asks every live node for the list and answers them together:
-// {"sandboxes": [...]} under key, or a bare array where key is "" (E2B's
-// list). A node that fails is left out and named in a header.
-func (g *Gateway) gather(w http.ResponseWriter, r *http.Request, key string) {
+// gather asks every live node for what r asks and answers them joined:
+// the arrays, or the objects, under field list of each node's answer
+// ({"sandboxes": [...]}), or the bare arrays where list is "" (E2B's
+// lists). A node that fails is left out and named in a header.
+func (g *Gateway) gather(w http.ResponseWriter, r *http.Request, list string) {
 	nodes := g.cfg.Nodes.Nodes()
 	type answer struct {
-		items []json.RawMessage
-		err   error
+		part json.RawMessage
+		err  error
 	}
 	answers := make([]answer, len(nodes))
 	var wg sync.WaitGroup
 	for i, n := range nodes {
 		wg.Go(func() {
-			answers[i].items, answers[i].err = g.list(r, n, r.URL.Path, r.URL.RawQuery, key)
+			answers[i].part, answers[i].err = g.list(r, n, r.URL.Path, r.URL.RawQuery, list)
 		})
 	}
 	wg.Wait()
-	var all []json.RawMessage
+	items := []json.RawMessage{}
+	var fields map[string]json.RawMessage // where the nodes answer objects
 	var failed []string
 	for i, a := range answers {
-		if a.err != nil {
-			var st *statusError
-			if errors.As(a.err, &st) && st.code < 500 {
-				// The client's mistake (a bad key, a bad query): as
-				// the node said it.
-				w.Header().Set("Content-Type", "application/json")
-				w.WriteHeader(st.code)
-				w.Write(st.body)
-				return
-			}
-			failed = append(failed, nodes[i].Name)
-			g.cfg.Logger.Warn("gateway: a node's list failed", "node", nodes[i].Name, "err", a.err)
-			continue
+		var st *statusError
+		if errors.As(a.err, &st) && st.code < 500 {
+			// The client's mistake (a bad key, a bad query): as the
+			// node said it.
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(st.code)
+			w.Write(st.body)
+			return
 		}
-		all = append(all, a.items...)
+		if a.err == nil {
+			var arr []json.RawMessage
+			var obj map[string]json.RawMessage
+			if a.err = json.Unmarshal(a.part, &arr); a.err == nil {
+				items = append(items, arr...)
+				continue
+			}
+			if a.err = json.Unmarshal(a.part, &obj); a.err == nil {
+				if fields == nil {
+					fields = map[string]json.RawMessage{}
+				}
+				maps.Copy(fields, obj)
+				continue
+			}
+		}
+		failed = append(failed, nodes[i].Name)
+		g.cfg.Logger.Warn("gateway: a node's list failed", "node", nodes[i].Name, "err", a.err)
 	}
 	if len(failed) > 0 {
 		w.Header().Set("Vivarium-Nodes-Missing", strings.Join(failed, ","))
 	}
-	if all == nil {
-		all = []json.RawMessage{}
+	var body any = items
+	if fields != nil {
+		body = fields
 	}
-	var body any = all
-	if key != "" {
-		body = map[string]any{key: all}
+	if list != "" {
+		body = map[string]any{list: body}
 	}
 	writeJSON(w, http.StatusOK, body)
 }
@@ -357,8 +323,9 @@ type statusError struct {
 
 func (e *statusError) Error() string { return fmt.Sprintf("status %d", e.code) }
 
-// list is one node's list at path, with r's key.
-func (g *Gateway) list(r *http.Request, n cluster.Node, path, query, key string) ([]json.RawMessage, error) {
+// list is one node's answer at path, with r's key: its field list, or
+// all of it where list is "".
+func (g *Gateway) list(r *http.Request, n cluster.Node, path, query, list string) (json.RawMessage, error) {
 	u, err := url.Parse(n.Addr)
 	if err != nil {
 		return nil, err
@@ -388,15 +355,12 @@ func (g *Gateway) list(r *http.Request, n cluster.Node, path, query, key string)
 	if resp.StatusCode != http.StatusOK {
 		return nil, &statusError{code: resp.StatusCode, body: b}
 	}
-	var items []json.RawMessage
-	if key == "" {
-		err = json.Unmarshal(b, &items)
-	} else {
-		var m map[string][]json.RawMessage
-		err = json.Unmarshal(b, &m)
-		items = m[key]
+	if list == "" {
+		return b, nil
 	}
-	return items, err
+	var m map[string]json.RawMessage
+	err = json.Unmarshal(b, &m)
+	return m[list], err
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {
@@ -407,9 +371,16 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Write(b.Bytes())
 }
 
-// writeError answers an error of kind k (apierr's table) with msg, as a
-// node answers its own.
-func writeError(w http.ResponseWriter, k *apierr.Kind, msg string) {
+// fail answers an error of kind k (apierr's table) with msg, in a's
+// shape, as a node answers its own: Vivarium's
+// {"error": {"code": "state_lost", "message": ...}} at the kind's
+// status, or E2B's {"code": 410, "message": ...} at its E2B status,
+// which E2B's SDKs raise by.
+func (a *api) fail(w http.ResponseWriter, k *apierr.Kind, msg string) {
+	if a.e2b {
+		writeE2BError(w, k.E2B(), msg)
+		return
+	}
 	var e struct {
 		Error struct {
 			Code    string `json:"code"`
@@ -418,4 +389,12 @@ func writeError(w http.ResponseWriter, k *apierr.Kind, msg string) {
 	}
 	e.Error.Code, e.Error.Message = k.Code, msg
 	writeJSON(w, k.Status, e)
+}
+
+// writeE2BError answers E2B's error body (e2b's apiError).
+func writeE2BError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+	}{status, msg})
 }

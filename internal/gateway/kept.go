@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/vivarium-sandbox/vivarium/internal/apierr"
+	"github.com/vivarium-sandbox/vivarium/internal/e2b"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/sandboxid"
 )
@@ -22,8 +23,11 @@ import (
 // every node's list. A sandbox made from a snapshot, or mounting volumes,
 // is made on their node.
 
-// An api is one of the two APIs' shapes of what the gateway reads.
+// An api is one of the two APIs' shapes of what the gateway reads, and
+// of the errors it answers.
 type api struct {
+	// e2b: E2B's API, whose errors are E2B's (fail).
+	e2b                bool
 	volumes, snapshots listing
 	// create's fields: the snapshot it is made from, the volumes it mounts
 	snapshot, mounts string
@@ -42,17 +46,18 @@ type listing struct {
 }
 
 var (
-	vivarium = api{
+	vivariumAPI = api{
 		volumes:   listing{sandboxid.Volume, "/v1/volumes", "volumes", nameField},
 		snapshots: listing{sandboxid.Snapshot, "/v1/snapshots", "snapshots", nameField},
 		snapshot:  "from_snapshot", mounts: "volumes",
 		snapshotRef: func(s string) string { return s },
 	}
-	e2b = api{
-		volumes:   listing{sandboxid.Volume, "/e2b/volumes", "", nameField},
-		snapshots: listing{sandboxid.Snapshot, "/e2b/snapshots", "", namesField},
+	e2bAPI = api{
+		e2b:       true,
+		volumes:   listing{sandboxid.Volume, e2b.Prefix + "/volumes", "", nameField},
+		snapshots: listing{sandboxid.Snapshot, e2b.Prefix + "/snapshots", "", namesField},
 		snapshot:  "templateID", mounts: "volumeMounts",
-		snapshotRef: e2bSnapshot,
+		snapshotRef: e2b.SnapshotRef,
 	}
 )
 
@@ -68,19 +73,6 @@ func namesField(it json.RawMessage) []string {
 	return v.Names
 }
 
-// e2bTemplates are the templates a node's E2B API answers to
-// (e2b.KnownTemplates): never snapshots' names.
-var e2bTemplates = []string{"base", "code-interpreter-v1", "code-interpreter"}
-
-// e2bSnapshot is the snapshot an E2B template id names, as a node reads
-// it (e2b's snapshotRef): an id, a name, "name:latest", or none.
-func e2bSnapshot(template string) string {
-	if slices.Contains(e2bTemplates, template) {
-		return ""
-	}
-	return strings.TrimSuffix(template, ":latest")
-}
-
 // maxBody bounds a creation's body, which the gateway reads, before any
 // key is checked, to route it: E2B's bound (a node's E2B API takes no
 // more); a node's own API takes up to 32 MiB of JSON (environment,
@@ -89,27 +81,27 @@ const maxBody = 1 << 20
 
 // toKept sends r to the node that keeps ref, a snapshot or a volume: its
 // id, or its name, looked up in l.
-func (g *Gateway) toKept(w http.ResponseWriter, r *http.Request, l listing, ref string) {
+func (g *Gateway) toKept(w http.ResponseWriter, r *http.Request, a *api, l listing, ref string) {
 	if l.kind == sandboxid.Snapshot && !sandboxid.Snapshot.Valid(ref) && !sandboxid.ValidName(ref) {
-		writeError(w, apierr.SnapshotNotFound, fmt.Sprintf("no snapshot %q in this cluster", ref))
+		a.fail(w, apierr.SnapshotNotFound, fmt.Sprintf("no snapshot %q in this cluster", ref))
 		return
 	}
 	name, found, err := g.keptNode(r, l, &nameLists{}, ref)
 	switch {
 	case err != nil:
-		writeListError(w, l, ref, err)
+		a.failList(w, l, ref, err)
 		return
 	case !found:
-		writeError(w, notFound(l.kind), fmt.Sprintf("no %s %q in this cluster", what(l.kind), ref))
+		a.fail(w, notFound(l.kind), fmt.Sprintf("no %s %q in this cluster", what(l.kind), ref))
 		return
 	}
 	n, ok := g.cfg.Nodes.Node(name)
 	if !ok {
-		writeError(w, apierr.StateLost,
+		a.fail(w, apierr.StateLost,
 			fmt.Sprintf("%s %s was on node %s, which is gone: it is lost", what(l.kind), ref, name))
 		return
 	}
-	g.forward(w, r, n)
+	g.forward(w, r, a, n)
 }
 
 // notFound is the kind of error a node answers for a snapshot, or a
@@ -130,14 +122,14 @@ func what(kind sandboxid.Kind) string {
 
 // toCreate sends a new sandbox to the node of what it is made from (a
 // snapshot, volumes), else to the node the load picks.
-func (g *Gateway) toCreate(w http.ResponseWriter, r *http.Request, a api) {
-	body, ok := readBody(w, r)
+func (g *Gateway) toCreate(w http.ResponseWriter, r *http.Request, a *api) {
+	body, ok := readBody(w, r, a)
 	if !ok {
 		return
 	}
 	var req map[string]json.RawMessage
 	if json.Unmarshal(body, &req) != nil {
-		g.toPicked(w, r) // the node says what is wrong with it
+		g.toPicked(w, r, a) // the node says what is wrong with it
 		return
 	}
 	var from []string // "snapshot <id>", "volume <ref>": what names a node
@@ -147,11 +139,11 @@ func (g *Gateway) toCreate(w http.ResponseWriter, r *http.Request, a api) {
 	if ref := a.snapshotRef(snap); sandboxid.Snapshot.Valid(ref) || sandboxid.ValidName(ref) {
 		n, found, err := g.keptNode(r, a.snapshots, &nameLists{}, ref)
 		if err != nil {
-			writeListError(w, a.snapshots, ref, err)
+			a.failList(w, a.snapshots, ref, err)
 			return
 		}
 		if !found {
-			g.toPicked(w, r) // not found: the node says so, in its API's shape
+			g.toPicked(w, r, a) // not found: the node says so, in its API's shape
 			return
 		}
 		from, nodes = append(from, "snapshot "+ref), append(nodes, n)
@@ -161,29 +153,29 @@ func (g *Gateway) toCreate(w http.ResponseWriter, r *http.Request, a api) {
 	}
 	json.Unmarshal(req[a.mounts], &mounts)
 	if len(mounts) > sandbox.MaxVolumes {
-		g.toPicked(w, r) // the node refuses it, in its API's shape
+		g.toPicked(w, r, a) // the node refuses it, in its API's shape
 		return
 	}
 	vols := &nameLists{}
 	for _, m := range mounts {
 		n, found, err := g.keptNode(r, a.volumes, vols, m.Name)
 		if err != nil {
-			writeListError(w, a.volumes, m.Name, err)
+			a.failList(w, a.volumes, m.Name, err)
 			return
 		}
 		if !found {
-			g.toPicked(w, r) // not found: the node says so, in its API's shape
+			g.toPicked(w, r, a) // not found: the node says so, in its API's shape
 			return
 		}
 		from, nodes = append(from, "volume "+m.Name), append(nodes, n)
 	}
 	if len(nodes) == 0 {
-		g.toPicked(w, r)
+		g.toPicked(w, r, a)
 		return
 	}
 	for i := range nodes {
 		if nodes[i] != nodes[0] {
-			writeError(w, apierr.InvalidRequest,
+			a.fail(w, apierr.InvalidRequest,
 				fmt.Sprintf("a sandbox is made on one node, and what it is made from is on several: %s on %s, %s on %s",
 					from[0], nodes[0], from[i], nodes[i]))
 			return
@@ -191,24 +183,32 @@ func (g *Gateway) toCreate(w http.ResponseWriter, r *http.Request, a api) {
 	}
 	n, ok := g.cfg.Nodes.Node(nodes[0])
 	if !ok {
-		writeError(w, apierr.StateLost,
+		a.fail(w, apierr.StateLost,
 			fmt.Sprintf("%s was on node %s, which is gone: it is lost", from[0], nodes[0]))
 		return
 	}
-	g.forward(w, r, n)
+	g.forward(w, r, a, n)
 }
 
 // readBody reads r's body (at most maxBody) and gives it back to r, to be
 // forwarded as it came.
-func readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+func readBody(w http.ResponseWriter, r *http.Request, a *api) ([]byte, bool) {
 	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
 	r.Body.Close()
 	if err != nil {
-		writeError(w, apierr.InvalidRequest, "reading the request: "+err.Error())
+		a.fail(w, apierr.InvalidRequest, "reading the request: "+err.Error())
 		return nil, false
 	}
 	if len(body) > maxBody {
-		writeError(w, apierr.TooLarge, fmt.Sprintf("the request is over %d bytes", maxBody))
+		msg := fmt.Sprintf("the request is over %d bytes", maxBody)
+		if a.e2b {
+			// 413, as a node's E2B API answers a body past its bound:
+			// too_large's E2B status (507) is an upload past the disk
+			// limit, which E2B's SDKs raise as such.
+			writeE2BError(w, http.StatusRequestEntityTooLarge, msg)
+		} else {
+			a.fail(w, apierr.TooLarge, msg)
+		}
 		return nil, false
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
@@ -219,8 +219,8 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 // toNewVolume sends a new volume to the node the load picks, unless the
 // key has a volume of that name on any node: names are the key's, across
 // the cluster, since sandboxes mount volumes by name.
-func (g *Gateway) toNewVolume(w http.ResponseWriter, r *http.Request, a api) {
-	body, ok := readBody(w, r)
+func (g *Gateway) toNewVolume(w http.ResponseWriter, r *http.Request, a *api) {
+	body, ok := readBody(w, r, a)
 	if !ok {
 		return
 	}
@@ -230,16 +230,16 @@ func (g *Gateway) toNewVolume(w http.ResponseWriter, r *http.Request, a api) {
 	if json.Unmarshal(body, &req) == nil && req.Name != "" {
 		n, found, err := g.keptNode(r, a.volumes, &nameLists{}, req.Name)
 		if err != nil && err != errAmbiguous {
-			writeListError(w, a.volumes, req.Name, err)
+			a.failList(w, a.volumes, req.Name, err)
 			return
 		}
 		if found || err == errAmbiguous {
-			writeError(w, apierr.Exists,
+			a.fail(w, apierr.Exists,
 				fmt.Sprintf("the key has a volume named %q already (on node %s)", req.Name, n))
 			return
 		}
 	}
-	g.toPicked(w, r)
+	g.toPicked(w, r, a)
 }
 
 var errAmbiguous = errors.New("ambiguous")
@@ -262,7 +262,11 @@ func (g *Gateway) keptNode(r *http.Request, l listing, lists *nameLists, ref str
 	if !lists.done {
 		lists.done, lists.names = true, map[string][]string{}
 		for _, n := range g.cfg.Nodes.Nodes() {
-			items, err := g.list(r, n, l.path, "", l.key)
+			part, err := g.list(r, n, l.path, "", l.key)
+			var items []json.RawMessage
+			if err == nil {
+				err = json.Unmarshal(part, &items)
+			}
 			if err != nil {
 				var st *statusError
 				if !errors.As(err, &st) || st.code >= 500 {
@@ -295,7 +299,8 @@ func (g *Gateway) keptNode(r *http.Request, l listing, lists *nameLists, ref str
 	return strings.Join(on, ", "), true, errAmbiguous
 }
 
-func writeListError(w http.ResponseWriter, l listing, ref string, err error) {
+// failList answers err, a failed look-up of ref in l.
+func (a *api) failList(w http.ResponseWriter, l listing, ref string, err error) {
 	var st *statusError
 	switch {
 	case errors.As(err, &st):
@@ -304,9 +309,9 @@ func writeListError(w http.ResponseWriter, l listing, ref string, err error) {
 		w.WriteHeader(st.code)
 		w.Write(st.body)
 	case err == errAmbiguous:
-		writeError(w, apierr.Conflict,
+		a.fail(w, apierr.Conflict,
 			fmt.Sprintf("the key has %ss named %q on several nodes: use an id", what(l.kind), ref))
 	default:
-		writeError(w, apierr.NodeUnreachable, fmt.Sprintf("looking up %s %q: %v", what(l.kind), ref, err))
+		a.fail(w, apierr.NodeUnreachable, fmt.Sprintf("looking up %s %q: %v", what(l.kind), ref, err))
 	}
 }

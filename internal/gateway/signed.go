@@ -10,19 +10,16 @@ import (
 
 	"github.com/vivarium-sandbox/vivarium/internal/apierr"
 	"github.com/vivarium-sandbox/vivarium/internal/cluster"
+	"github.com/vivarium-sandbox/vivarium/internal/e2b"
 	"github.com/vivarium-sandbox/vivarium/internal/fairgate"
 )
-
-// signedProbeHeader is e2b.SignedProbeHeader: a node answers 204 when it
-// holds the sandbox of a signed file URL, and does nothing else.
-const signedProbeHeader = "Vivarium-Signed-Probe"
 
 // toSigned sends a signed file URL (E2B's uploadUrl and downloadUrl, at
 // /files with no sandbox id: the signature names the sandbox to the node
 // that holds it, and to no one else) to the node that holds its sandbox,
 // found by asking every live node at once. Where none does, a node
 // answers the URL as it answers any it cannot verify.
-func (g *Gateway) toSigned(w http.ResponseWriter, r *http.Request) {
+func (g *Gateway) toSigned(w http.ResponseWriter, r *http.Request, a *api) {
 	// Anyone may send one, without a key, and each asks every node: a
 	// few at a time, one at a time per client, so that a flood of forged
 	// URLs costs the nodes no more than the same flood sent to one of
@@ -30,7 +27,7 @@ func (g *Gateway) toSigned(w http.ResponseWriter, r *http.Request) {
 	leave, ok := g.probes.Enter(r.Context(), fairgate.ClientAddr(r, false))
 	if !ok {
 		w.Header().Set("Retry-After", "1")
-		writeError(w, apierr.Quota, "too many signed file URLs are being looked up at once "+
+		a.fail(w, apierr.Quota, "too many signed file URLs are being looked up at once "+
 			"(from this address, or through this gateway): retry in a moment, one at a time")
 		return
 	}
@@ -51,10 +48,10 @@ func (g *Gateway) toSigned(w http.ResponseWriter, r *http.Request) {
 	wg.Wait()
 	close(found)
 	if n, ok := <-found; ok {
-		g.forward(w, r, n)
+		g.forward(w, r, a, n)
 		return
 	}
-	g.toPicked(w, r)
+	g.toPicked(w, r, a)
 }
 
 // probeSigned asks n whether it holds the sandbox of r's signed URL.
@@ -68,7 +65,9 @@ func (g *Gateway) probeSigned(ctx context.Context, r *http.Request, n cluster.No
 	if err != nil {
 		return false
 	}
-	req.Header.Set(signedProbeHeader, "1")
+	// A node answers 204 when it holds the sandbox of a signed file URL,
+	// and does nothing else.
+	req.Header.Set(e2b.SignedProbeHeader, "1")
 	req.Header.Set(TokenHeader, g.cfg.Token)
 	// The client, as forward names it: a node checks one client's
 	// signed URLs one at a time.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/cluster"
+	"github.com/vivarium-sandbox/vivarium/internal/e2b"
 )
 
 // A flood of forged signed URLs from one address, which the nodes are
@@ -20,7 +21,7 @@ func TestSignedFloodStallsNoOne(t *testing.T) {
 	release := make(chan struct{})
 	held := make(chan struct{}, 64)
 	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get(signedProbeHeader) == "" {
+		if r.Header.Get(e2b.SignedProbeHeader) == "" {
 			fmt.Fprint(w, "served")
 			return
 		}
