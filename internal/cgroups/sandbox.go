@@ -2,7 +2,11 @@
 
 package cgroups
 
-import "github.com/vivarium-sandbox/vivarium/internal/sandbox"
+import (
+	"errors"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+)
 
 // Of is what a sandbox's group limits, from its spec (with its limits'
 // defaults applied): memory, processes, CPU bandwidth and disk I/O, in
@@ -19,11 +23,20 @@ func Of(spec sandbox.Spec) Limits {
 	}
 }
 
+// ErrNoGroup is UsageOf's error for a sandbox without a group of
+// Vivarium's (a backend run without cgroups, a runtime that makes its
+// own, a paused sandbox released to disk): its usage is not known.
+var ErrNoGroup = errors.New("the sandbox has no cgroup of Vivarium's: its usage is not known")
+
 // UsageOf is what a sandbox's group says it uses now (sandbox.Usage): its
 // CPU time so far, and its memory where the group can tell it apart from
 // what Stats reads. Every backend whose sandboxes have a group of
-// Vivarium's reports usage with it.
+// Vivarium's reports usage with it; g is nil where a sandbox has none
+// (ErrNoGroup).
 func UsageOf(g Group) (sandbox.Usage, error) {
+	if g == nil {
+		return sandbox.Usage{}, ErrNoGroup
+	}
 	st, err := g.Stats()
 	if err != nil {
 		return sandbox.Usage{}, err

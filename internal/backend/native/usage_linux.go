@@ -1,20 +1,13 @@
 package native
 
 import (
-	"errors"
-
 	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
 
-// Usage implements sandbox.UsageReporter from the sandbox's cgroup.
-func (s *Sandbox) Usage() (sandbox.Usage, error) {
-	cg := s.group()
-	if cg == nil {
-		return sandbox.Usage{}, errors.New("no cgroup: the sandbox's usage is not known")
-	}
-	return cgroups.UsageOf(cg)
-}
+// Usage implements sandbox.UsageReporter from the sandbox's cgroup
+// (cgroups.ErrNoGroup without one).
+func (s *Sandbox) Usage() (sandbox.Usage, error) { return cgroups.UsageOf(s.group()) }
 
 var _ sandbox.UsageReporter = (*Sandbox)(nil)
 
