@@ -1,6 +1,7 @@
 // Package fileutil holds the few file operations several packages need
-// alike: a regular file copied to a new one, a file's sha256, a tree's
-// size, and the builds the project's scripts cache.
+// alike: a regular file copied to a new one, a tree copied whole (cp -a),
+// a file's sha256, a tree's size, and the builds the project's scripts
+// cache.
 package fileutil
 
 import (
@@ -9,8 +10,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
+	"strings"
 )
 
 // CopyNew copies the regular file src to dst, which it creates (it must
@@ -33,6 +36,48 @@ func CopyNew(src, dst string, mode os.FileMode) error {
 		return err
 	}
 	return out.Close()
+}
+
+// A Placer takes a process in before it runs on: a cgroup
+// (cgroups.Group), whose limits and accounting then cover it.
+type Placer interface {
+	AddProc(pid int) error
+}
+
+// CopyTree copies the directory src to dst, which it makes, with cp -a:
+// owners, modes, times, symbolic and hard links, FIFOs and extended
+// attributes kept (a sandbox's files, saved or given to a new sandbox).
+// The copying process is first given to into, unless it is nil (into a
+// sandbox's cgroup: the memory of the tmpfs the copy fills is charged
+// there), before it reads or writes anything; where into refuses it,
+// nothing is copied.
+func CopyTree(src, dst string, into Placer) error {
+	// The shell waits for a line before it becomes cp: by then it is
+	// placed. No environment: nothing of the caller's reaches cp.
+	cmd := exec.Command("/bin/sh", "-c", `read -r _ && exec /bin/cp -a --no-target-directory -- "$0" "$1"`, src, dst)
+	cmd.Env = []string{}
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	gate, err := cmd.StdinPipe()
+	if err != nil {
+		return err
+	}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	if into != nil {
+		if err := into.AddProc(cmd.Process.Pid); err != nil {
+			gate.Close() // the read fails: the shell exits without copying
+			cmd.Wait()
+			return fmt.Errorf("cp, placed before it copies: %w", err)
+		}
+	}
+	gate.Write([]byte("\n"))
+	gate.Close()
+	if err := cmd.Wait(); err != nil {
+		return fmt.Errorf("cp: %w: %s", err, strings.TrimSpace(out.String()))
+	}
+	return nil
 }
 
 // SHA256 is the hex sha256 of the file at path.

@@ -1,8 +1,11 @@
 package fileutil
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -50,3 +53,85 @@ func TestCachedBuilds(t *testing.T) {
 		t.Fatalf("%v %s", paths, pattern)
 	}
 }
+
+// TestCopyTree copies a tree with cp -a (modes, links, hard links and
+// FIFOs kept), placing the copy's process before it copies anything, and
+// copies nothing where it cannot be placed.
+func TestCopyTree(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(dir, "src")
+	if err := os.MkdirAll(filepath.Join(src, "sub"), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(src, "sub", "f"), []byte("abc"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Link(filepath.Join(src, "sub", "f"), filepath.Join(src, "hard")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("sub/f", filepath.Join(src, "link")); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(filepath.Join(src, "fifo"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	dst := filepath.Join(dir, "dst")
+	placed := 0
+	err := CopyTree(src, dst, placer(func(pid int) error {
+		// Placed before it copies: nothing of dst yet.
+		if _, err := os.Lstat(dst); !os.IsNotExist(err) {
+			t.Errorf("dst exists when the copy is placed: %v", err)
+		}
+		if pid <= 0 {
+			t.Errorf("placed pid %d", pid)
+		}
+		placed++
+		return nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if placed != 1 {
+		t.Errorf("placed %d times", placed)
+	}
+	if b, err := os.ReadFile(filepath.Join(dst, "sub", "f")); err != nil || string(b) != "abc" {
+		t.Errorf("sub/f: %q %v", b, err)
+	}
+	if fi, err := os.Stat(filepath.Join(dst, "sub")); err != nil || fi.Mode().Perm() != 0o750 {
+		t.Errorf("sub: %v %v, want mode 0750", fi, err)
+	}
+	if l, err := os.Readlink(filepath.Join(dst, "link")); err != nil || l != "sub/f" {
+		t.Errorf("link: %q %v", l, err)
+	}
+	if fi, err := os.Lstat(filepath.Join(dst, "fifo")); err != nil || fi.Mode()&os.ModeNamedPipe == 0 {
+		t.Errorf("fifo: %v %v", fi, err)
+	}
+	a, _ := os.Stat(filepath.Join(dst, "sub", "f"))
+	h, _ := os.Stat(filepath.Join(dst, "hard"))
+	if a == nil || h == nil || !os.SameFile(a, h) {
+		t.Error("the hard link was not kept")
+	}
+
+	// Without a place, and into a dst that exists: cp's own error.
+	if err := CopyTree(src, filepath.Join(dir, "dst2"), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := CopyTree(filepath.Join(dir, "missing"), filepath.Join(dir, "dst3"), nil); err == nil ||
+		!strings.Contains(err.Error(), "cp:") {
+		t.Errorf("a missing source: %v", err)
+	}
+
+	refused := errors.New("no room")
+	dst = filepath.Join(dir, "refused")
+	if err := CopyTree(src, dst, placer(func(int) error { return refused })); !errors.Is(err, refused) {
+		t.Fatalf("a copy that could not be placed: %v", err)
+	}
+	if _, err := os.Lstat(dst); !os.IsNotExist(err) {
+		t.Errorf("a copy that could not be placed copied: %v", err)
+	}
+}
+
+type placer func(pid int) error
+
+func (p placer) AddProc(pid int) error { return p(pid) }

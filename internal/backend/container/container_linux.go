@@ -31,6 +31,7 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/agent"
 	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
 	"github.com/vivarium-sandbox/vivarium/internal/core"
+	"github.com/vivarium-sandbox/vivarium/internal/fileutil"
 	"github.com/vivarium-sandbox/vivarium/internal/hostuid"
 	"github.com/vivarium-sandbox/vivarium/internal/runner"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
@@ -357,8 +358,10 @@ func (s *Sandbox) provision(files string) error {
 	s.mounted = true
 	disk.Workspace, disk.Tmp, disk.Shm = filepath.Join(disk.Dir, "workspace"), filepath.Join(disk.Dir, "tmp"), filepath.Join(disk.Dir, "shm")
 	if files != "" {
-		if err := s.fillDisk(files, disk.Dir); err != nil {
-			return err
+		// cp -a in the sandbox's cgroup: the tmpfs's memory is charged
+		// to it, as the source's was to the source's.
+		if err := fileutil.CopyTree(files, disk.Dir, s.group()); err != nil {
+			return fmt.Errorf("the snapshot's files: %w", err)
 		}
 		// The runtime binds these into the container, and the workspace
 		// is opened by path: directories, never links.

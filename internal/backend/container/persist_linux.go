@@ -101,7 +101,7 @@ func (s *Sandbox) PersistPaused(ctx context.Context, dir string) (int64, error) 
 				return err
 			}
 		}
-		if err := copyTree(s.disk.Dir, filepath.Join(tmp, "files")); err != nil {
+		if err := fileutil.CopyTree(s.disk.Dir, filepath.Join(tmp, "files"), nil); err != nil {
 			return err
 		}
 		return writeJSON(filepath.Join(tmp, snapshotFile), m)

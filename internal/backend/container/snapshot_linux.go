@@ -36,7 +36,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -196,7 +195,7 @@ func (s *Sandbox) snapshot(ctx context.Context, dir string) error {
 			return err
 		}
 		saved := time.Since(start)
-		ferr := copyTree(s.disk.Dir, filepath.Join(dir, "files"))
+		ferr := fileutil.CopyTree(s.disk.Dir, filepath.Join(dir, "files"), nil)
 		copied := time.Since(start)
 		if err := s.restoreSaved(ctx, image, r.gen); err != nil {
 			return err
@@ -354,47 +353,6 @@ func (s *Sandbox) restoreFrom(ctx context.Context, dir string, m *snapshotMeta) 
 	}
 	s.b.cfg.Logger.Debug("sandbox restored from a snapshot", "id", s.id, "files_ms", filled.Milliseconds(),
 		"ms", time.Since(start).Milliseconds())
-	return nil
-}
-
-// copyTree copies the directory src to dst (new) with cp -a: owners,
-// modes, times, links and FIFOs kept.
-func copyTree(src, dst string) error {
-	out, err := exec.Command("/bin/cp", "-a", "--no-target-directory", "--", src, dst).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("cp: %w: %s", err, strings.TrimSpace(string(out)))
-	}
-	return nil
-}
-
-// fillDisk copies the snapshot's files into the sandbox's new disk, with
-// cp -a run in the sandbox's cgroup: the tmpfs's memory is charged to it,
-// as the source's was to the source's.
-func (s *Sandbox) fillDisk(files, disk string) error {
-	// The shell waits for a line before it becomes cp: by then it is in
-	// the cgroup.
-	cmd := exec.Command("/bin/sh", "-c", `read -r _ && exec /bin/cp -a --no-target-directory -- "$0" "$1"`, files, disk)
-	var out strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &out
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		return err
-	}
-	if err := cmd.Start(); err != nil {
-		return err
-	}
-	if cg := s.group(); cg != nil {
-		if err := cg.AddProc(cmd.Process.Pid); err != nil {
-			cmd.Process.Kill()
-			cmd.Wait()
-			return fmt.Errorf("the disk's copy into the cgroup: %w", err)
-		}
-	}
-	stdin.Write([]byte("\n"))
-	stdin.Close()
-	if err := cmd.Wait(); err != nil {
-		return fmt.Errorf("the snapshot's files: cp: %w: %s", err, strings.TrimSpace(out.String()))
-	}
 	return nil
 }
 

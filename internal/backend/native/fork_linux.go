@@ -43,7 +43,6 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -53,7 +52,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
 	"github.com/vivarium-sandbox/vivarium/internal/core"
 	"github.com/vivarium-sandbox/vivarium/internal/criu"
 	"github.com/vivarium-sandbox/vivarium/internal/fileutil"
@@ -493,8 +491,10 @@ func (c *Sandbox) restoreFrom(ctx context.Context, bin string, snap *forkSnapsho
 		os.Remove(cp.root)
 	}()
 	filesStart := time.Now()
-	if err := copyFilesInto(snap.rootFiles, cp.root, c.cg); err != nil {
-		return times, err
+	// cp -a, owners kept, run in the copy's cgroup: the tmpfs's memory
+	// is charged to the copy.
+	if err := fileutil.CopyTree(snap.rootFiles, cp.root, c.cg); err != nil {
+		return times, fmt.Errorf("fork: copy the files: %w", err)
 	}
 	if err := shiftOwners(cp.root, snap.owner.First, c.owner.First); err != nil {
 		return times, err
@@ -718,37 +718,6 @@ func handOverCopy(dir string, gid int) error {
 		if err := os.Lchown(filepath.Join(dir, "ext", e.Name()), 0, gid); err != nil {
 			return err
 		}
-	}
-	return nil
-}
-
-// copyFilesInto copies the snapshot's files into a copy's root (cp -a,
-// owners kept), run in the copy's cgroup (cg, nil without cgroups), so
-// that the tmpfs's memory is charged to the copy: cp waits, as a shell,
-// until it is in the cgroup.
-func copyFilesInto(files, root string, cg cgroups.Group) error {
-	cmd := exec.Command("/bin/sh", "-c", `read go && exec /bin/cp -a --no-target-directory -- "$0" "$1"`, files, root)
-	cmd.Env = []string{}
-	gate, err := cmd.StdinPipe()
-	if err != nil {
-		return err
-	}
-	var out strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		return err
-	}
-	if cg != nil {
-		if err := cg.AddProc(cmd.Process.Pid); err != nil {
-			gate.Close() // read fails: the shell exits
-			cmd.Wait()
-			return fmt.Errorf("fork: the files' copy into the copy's cgroup: %w", err)
-		}
-	}
-	gate.Write([]byte("go\n"))
-	gate.Close()
-	if err := cmd.Wait(); err != nil {
-		return fmt.Errorf("fork: copy the files: %w: %s", err, strings.TrimSpace(out.String()))
 	}
 	return nil
 }

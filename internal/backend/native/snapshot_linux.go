@@ -29,7 +29,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -282,10 +281,8 @@ func writeSnapshotFiles(snap *forkSnapshot, dir string, pack bool) error {
 		m.Socks = append(m.Socks, manifestSock{Ino: k.ino, FD: k.fd})
 	}
 	// The root's files, from the snapshot's tmpfs to the disk.
-	out, err := exec.Command("/bin/cp", "-a", "--no-target-directory", "--", snap.rootFiles,
-		filepath.Join(dir, "files")).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("the root's files: %w: %s", err, strings.TrimSpace(string(out)))
+	if err := fileutil.CopyTree(snap.rootFiles, filepath.Join(dir, "files"), nil); err != nil {
+		return fmt.Errorf("the root's files: %w", err)
 	}
 	b, err := json.MarshalIndent(m, "", "\t")
 	if err != nil {
