@@ -71,3 +71,16 @@ func Fits(need, available, total int64, what string) error {
 	}
 	return nil
 }
+
+// Room is Fits for the host's memory as read reads it now (Read, or a
+// test's stand-in): what a fork's copies ask before they are made, so
+// that they are not left to the host's OOM killer among every tenant's
+// processes. Where the memory cannot be read, nothing is refused: what
+// asks is still bounded by its own limits.
+func Room(read func() (available, total int64, err error), need int64, what string) error {
+	available, total, err := read()
+	if err != nil {
+		return nil
+	}
+	return Fits(need, available, total, what)
+}

@@ -28,3 +28,19 @@ func TestReadAndFits(t *testing.T) {
 		t.Fatalf("over the reserve: %v", err)
 	}
 }
+
+// TestRoom refuses what would leave the host less than its reserve, as
+// the host reads now, and refuses nothing where it cannot be read.
+func TestRoom(t *testing.T) {
+	host := func() (int64, int64, error) { return 1 << 30, 4 << 30, nil }
+	if err := Room(host, 512<<20, "the copies"); err != nil {
+		t.Fatalf("512 MiB of 1 GiB available: %v", err)
+	}
+	if err := Room(host, 900<<20, "the copies"); !errors.Is(err, sandbox.ErrNoRoom) {
+		t.Fatalf("900 MiB of 1 GiB available, 256 MiB kept: %v", err)
+	}
+	unknown := func() (int64, int64, error) { return 0, 0, errors.New("no /proc") }
+	if err := Room(unknown, 1<<40, "the copies"); err != nil {
+		t.Fatalf("a host whose memory cannot be read: %v", err)
+	}
+}

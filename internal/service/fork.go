@@ -21,8 +21,8 @@ import (
 // more sandboxes are more than the owner or the server may have, and
 // sandbox.ErrUnsupported where its backend cannot fork it.
 func (s *Service) Fork(ctx context.Context, owner, id string, n int, opts sandbox.ForkOptions) ([]Info, error) {
-	if n < 1 || n > sandbox.MaxFork {
-		return nil, fmt.Errorf("%w: a fork makes 1 to %d copies, not %d", sandbox.ErrInvalidSpec, sandbox.MaxFork, n)
+	if err := sandbox.CheckForkCount(n); err != nil {
+		return nil, err
 	}
 	src, err := s.Get(owner, id)
 	if err != nil {

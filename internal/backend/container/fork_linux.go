@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sync"
 	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/hostmem"
@@ -35,8 +34,8 @@ func (s *Sandbox) ForkSupported() error { return s.SnapshotSupported() }
 // memory; all copies are made, or none. The source goes on where it was,
 // after a stop of about a pause and a resume.
 func (s *Sandbox) Fork(ctx context.Context, n int, opts sandbox.ForkOptions) ([]sandbox.Sandbox, error) {
-	if n < 1 || n > sandbox.MaxFork {
-		return nil, fmt.Errorf("%w: a fork makes 1 to %d copies, not %d", sandbox.ErrInvalidSpec, sandbox.MaxFork, n)
+	if err := sandbox.CheckForkCount(n); err != nil {
+		return nil, err
 	}
 	if err := s.ForkSupported(); err != nil {
 		return nil, err
@@ -47,7 +46,7 @@ func (s *Sandbox) Fork(ctx context.Context, n int, opts sandbox.ForkOptions) ([]
 		if cp, ok := s.session().c.(Checkpointer); ok {
 			over = cp.RestoreOverhead()
 		}
-		if err := hostMemoryFits(int64(n) * (u.Memory + over)); err != nil {
+		if err := hostmem.Room(hostmem.Read, int64(n)*(u.Memory+over), "the copies"); err != nil {
 			return nil, fmt.Errorf("fork into %d: %w", n, err)
 		}
 	}
@@ -66,41 +65,14 @@ func (s *Sandbox) Fork(ctx context.Context, n int, opts sandbox.ForkOptions) ([]
 		return nil, fmt.Errorf("fork: %w", err)
 	}
 	saved := time.Since(start)
-
-	copies := make([]sandbox.Sandbox, n)
-	errs := make([]error, n)
-	sem := make(chan struct{}, forkParallel)
-	var wg sync.WaitGroup
-	for i := range copies {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			copies[i], errs[i] = s.b.RestoreSnapshot(context.WithoutCancel(ctx), snap,
-				sandbox.FromSnapshot{Tenant: s.spec.Tenant, SameRandomState: opts.SameRandomState})
-		}()
-	}
-	wg.Wait()
-	if err := sandbox.AllOrNone(errs, func(i int) {
-		if copies[i] != nil {
-			copies[i].Close()
-		}
-	}); err != nil {
+	copies, err := sandbox.Copies(n, forkParallel, func(int) (sandbox.Sandbox, error) {
+		return s.b.RestoreSnapshot(context.WithoutCancel(ctx), snap,
+			sandbox.FromSnapshot{Tenant: s.spec.Tenant, SameRandomState: opts.SameRandomState})
+	})
+	if err != nil {
 		return nil, err
 	}
 	s.b.cfg.Logger.Debug("fork", "id", s.id, "copies", n, "snapshot_ms", saved.Milliseconds(),
 		"ms", time.Since(start).Milliseconds())
 	return copies, nil
-}
-
-// hostMemoryFits refuses what would leave the host less than a reserve of
-// its memory (hostmem.Reserve): copies are not left to the host's OOM
-// killer among every tenant's processes.
-func hostMemoryFits(need int64) error {
-	available, total, err := hostmem.Read()
-	if err != nil {
-		return nil // nothing known: the sandboxes' own limits still hold
-	}
-	return hostmem.Fits(need, available, total, "the copies")
 }

@@ -244,13 +244,7 @@ func (b *Backend) RestoreSnapshot(ctx context.Context, dir string, opts sandbox.
 		s.Close()
 		return nil, fmt.Errorf("from snapshot: %w", err)
 	}
-	if !opts.SameRandomState {
-		if err := sandbox.Reseed(ctx, s); err != nil {
-			s.Close()
-			return nil, err
-		}
-	}
-	return s, nil
+	return sandbox.Reseed(ctx, s, opts.SameRandomState)
 }
 
 // openSnapshot reads the snapshot in dir and returns a sandbox of its spec

@@ -47,7 +47,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -55,6 +54,7 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/core"
 	"github.com/vivarium-sandbox/vivarium/internal/criu"
 	"github.com/vivarium-sandbox/vivarium/internal/fileutil"
+	"github.com/vivarium-sandbox/vivarium/internal/hostmem"
 	"github.com/vivarium-sandbox/vivarium/internal/hostuid"
 	"github.com/vivarium-sandbox/vivarium/internal/runner"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
@@ -95,8 +95,8 @@ func (s *Sandbox) forkable() error {
 // output goes nowhere), and the copies' cores know only the default code
 // contexts.
 func (s *Sandbox) Fork(ctx context.Context, n int, opts sandbox.ForkOptions) ([]sandbox.Sandbox, error) {
-	if n < 1 || n > sandbox.MaxFork {
-		return nil, fmt.Errorf("%w: a fork makes 1 to %d copies, not %d", sandbox.ErrInvalidSpec, sandbox.MaxFork, n)
+	if err := sandbox.CheckForkCount(n); err != nil {
+		return nil, err
 	}
 	if err := s.forkable(); err != nil {
 		return nil, err
@@ -106,11 +106,9 @@ func (s *Sandbox) Fork(ctx context.Context, n int, opts sandbox.ForkOptions) ([]
 		return nil, err
 	}
 	// The copies' memory, from the host's: each holds what the source
-	// does now (a restore shares no page with it). A fork that would not
-	// fit is refused, rather than left to the host's OOM killer among
-	// every tenant's processes.
+	// does now (a restore shares no page with it).
 	if u, err := s.Usage(); err == nil {
-		if err := hostMemoryFits(int64(n) * u.Memory); err != nil {
+		if err := hostmem.Room(hostMemory, int64(n)*u.Memory, "the copies"); err != nil {
 			return nil, fmt.Errorf("fork into %d: %w", n, err)
 		}
 		// Each copy is restored under the source's memory limit: one
@@ -125,31 +123,18 @@ func (s *Sandbox) Fork(ctx context.Context, n int, opts sandbox.ForkOptions) ([]
 	}
 	defer removeSnapshot(snap.dir)
 
-	copies := make([]*Sandbox, n)
 	times := make([]copyTimes, n)
-	errs := make([]error, n)
-	sem := make(chan struct{}, forkParallel)
-	var wg sync.WaitGroup
-	for i := range copies {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			start := time.Now()
-			copies[i], times[i], errs[i] = s.b.restoreCopy(context.WithoutCancel(ctx), bin, snap, newID())
-			if errs[i] == nil && !opts.SameRandomState {
-				errs[i] = sandbox.Reseed(ctx, copies[i])
-			}
-			times[i].total = time.Since(start)
-		}()
-	}
-	wg.Wait()
-	if err := sandbox.AllOrNone(errs, func(i int) {
-		if copies[i] != nil {
-			copies[i].Close()
+	copies, err := sandbox.Copies(n, forkParallel, func(i int) (sandbox.Sandbox, error) {
+		start := time.Now()
+		defer func() { times[i].total = time.Since(start) }()
+		c, t, err := s.b.restoreCopy(context.WithoutCancel(ctx), bin, snap, newID())
+		times[i] = t
+		if err != nil {
+			return nil, err
 		}
-	}); err != nil {
+		return sandbox.Reseed(ctx, c, opts.SameRandomState)
+	})
+	if err != nil {
 		return nil, err
 	}
 	var slowest copyTimes
@@ -161,11 +146,7 @@ func (s *Sandbox) Fork(ctx context.Context, n int, opts sandbox.ForkOptions) ([]
 	s.b.log.Debug("fork", "sandbox", s.id, "copies", n, "images_bytes", snap.imageSize,
 		"dump_ms", snap.dumpTook.Milliseconds(), "slowest_copy_ms", slowest.total.Milliseconds(),
 		"its_files_ms", slowest.files.Milliseconds(), "its_criu_restore_ms", slowest.restore.Milliseconds())
-	out := make([]sandbox.Sandbox, n)
-	for i, c := range copies {
-		out[i] = c
-	}
-	return out, nil
+	return copies, nil
 }
 
 // forkSnapshot is the source's tree dumped with its files, for copies to

@@ -59,16 +59,6 @@ func restoreRoom(g cgroups.Group, pids int64) (undo func()) {
 	return func() { ps.SetPidsMax(int(pids)) }
 }
 
-// hostMemory returns the host's available and total memory
-// (hostmem.Read); tests replace it.
+// hostMemory reads the host's available and total memory for a fork's
+// hostmem.Room; tests replace it.
 var hostMemory = hostmem.Read
-
-// hostMemoryFits fails with sandbox.ErrNoRoom when need bytes more would
-// leave the host less available memory than its reserve.
-func hostMemoryFits(need int64) error {
-	available, total, err := hostMemory()
-	if err != nil {
-		return nil // nothing known: the sandboxes' own limits still hold
-	}
-	return hostmem.Fits(need, available, total, "the copies")
-}

@@ -316,13 +316,7 @@ func (b *Backend) CreateFromSnapshot(ctx context.Context, dir string, opts sandb
 	if err != nil {
 		return nil, fmt.Errorf("from snapshot: %w", err)
 	}
-	if !opts.SameRandomState {
-		if err := sandbox.Reseed(ctx, c); err != nil {
-			c.Close()
-			return nil, err
-		}
-	}
-	return c, nil
+	return sandbox.Reseed(ctx, c, opts.SameRandomState)
 }
 
 // loadSnapshot reads the snapshot in dir, refusing one made on a host of
