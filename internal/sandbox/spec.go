@@ -247,6 +247,20 @@ func (s Spec) Validate() error {
 	return validVolumes(s.Volumes)
 }
 
+// CheckSpec validates spec for backend b: Validate, then what b cannot
+// give a sandbox is refused, naming b (CheckEgress, CheckVolumes), never
+// dropped silently. For the backends whose Create has no more to check of
+// network access and volumes.
+func CheckSpec(b Backend, spec Spec) error {
+	if err := spec.Validate(); err != nil {
+		return err
+	}
+	if err := CheckEgress(b, spec); err != nil {
+		return err
+	}
+	return CheckVolumes(b, spec)
+}
+
 func validEnv(k, v string) error {
 	if k == "" || strings.ContainsAny(k, "=\x00") {
 		return fmt.Errorf("%w: invalid environment variable name %q", ErrInvalidSpec, k)

@@ -47,3 +47,26 @@ func TestTenant(t *testing.T) {
 		}
 	}
 }
+
+// plainBackend gives its sandboxes neither network access nor volumes.
+type plainBackend struct{ Backend }
+
+func (plainBackend) Name() string { return "plain" }
+
+func TestCheckSpec(t *testing.T) {
+	b := plainBackend{}
+	if err := CheckSpec(b, Spec{}); err != nil {
+		t.Fatalf("a plain spec: %v", err)
+	}
+	if err := CheckSpec(b, Spec{Python: "python3"}); !errors.Is(err, ErrInvalidSpec) {
+		t.Errorf("an invalid spec: %v", err)
+	}
+	err := CheckSpec(b, Spec{Egress: noEgress{}})
+	if !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "plain backend") {
+		t.Errorf("network access from a backend without: %v", err)
+	}
+	err = CheckSpec(b, Spec{Volumes: []VolumeMount{{Path: "/mnt/data", Name: "data", Mount: func() (int, error) { return -1, nil }}}})
+	if !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "volumes") {
+		t.Errorf("a volume on a backend without: %v", err)
+	}
+}

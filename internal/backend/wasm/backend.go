@@ -246,16 +246,10 @@ func (b *Backend) Close() error {
 
 // Create implements sandbox.Backend.
 func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
-	if err := spec.Validate(); err != nil {
+	// This backend has no way out and mounts no volume: a spec that
+	// asks for either is refused.
+	if err := sandbox.CheckSpec(b, spec); err != nil {
 		return nil, err
-	}
-	if spec.Egress != nil {
-		// No network policy is ever dropped: this backend has no way out.
-		return nil, sandbox.CheckEgress(b, spec)
-	}
-	if len(spec.Volumes) > 0 {
-		// Never mounted silently elsewhere: the spec is refused.
-		return nil, sandbox.CheckVolumes(b, spec)
 	}
 	if spec.Python != "" && spec.Python != sandbox.DefaultPython {
 		return nil, fmt.Errorf("%w: the wasm backend runs its own interpreter (CPython %s for wasm32-wasi); "+
