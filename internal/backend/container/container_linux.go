@@ -225,7 +225,7 @@ func (b *Backend) Sweep() ([]string, error) {
 	}
 	for _, e := range entries {
 		dir := filepath.Join(b.cfg.StateDir, e.Name())
-		unix.Unmount(filepath.Join(dir, "disk"), unix.MNT_DETACH)
+		unmountDisk(filepath.Join(dir, "disk"))
 		if err := os.RemoveAll(dir); err != nil {
 			errs = append(errs, err)
 			continue
@@ -346,7 +346,7 @@ func (s *Sandbox) provision(files string) error {
 		return err
 	}
 	opts := fmt.Sprintf("size=%d,nr_inodes=%d,mode=0755", spec.Limits.Disk, max(spec.Limits.Disk/(8<<10), 1024))
-	if err := unix.Mount("tmpfs", disk.Dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+	if err := mountDisk(disk.Dir, opts); err != nil {
 		return fmt.Errorf("disk tmpfs: %w", err)
 	}
 	s.mounted = true
@@ -454,6 +454,16 @@ func (s *Sandbox) relaunch(ctx context.Context, lost bool) error {
 	}
 	return nil
 }
+
+// mountDisk mounts a sandbox's disk, a tmpfs of opts, on dir, and
+// unmountDisk unmounts it. Tests that run without root replace them
+// (the disk is then dir itself, with no limit of its own).
+var (
+	mountDisk = func(dir, opts string) error {
+		return unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts)
+	}
+	unmountDisk = func(dir string) error { return unix.Unmount(dir, unix.MNT_DETACH) }
+)
 
 func runnerMode(spec sandbox.Spec) string {
 	if spec.OneShot {

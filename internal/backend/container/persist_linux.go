@@ -21,8 +21,6 @@ import (
 	"os"
 	"path/filepath"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
 	"github.com/vivarium-sandbox/vivarium/internal/fileutil"
 	"github.com/vivarium-sandbox/vivarium/internal/hostdisk"
@@ -157,7 +155,7 @@ func (s *Sandbox) unprovision() {
 		go ws.Close()
 	}
 	if s.mounted {
-		if err := unix.Unmount(s.disk.Dir, unix.MNT_DETACH); err != nil {
+		if err := unmountDisk(s.disk.Dir); err != nil {
 			s.b.cfg.Logger.Warn("unmount a sandbox's disk", "id", s.id, "err", err)
 		}
 		s.mounted = false

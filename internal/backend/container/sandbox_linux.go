@@ -12,8 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/vivarium-sandbox/vivarium/internal/agent"
 	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
 	"github.com/vivarium-sandbox/vivarium/internal/core"
@@ -412,7 +410,7 @@ func (s *Sandbox) Close() error {
 			}
 		}
 		if s.mounted {
-			if err := unix.Unmount(s.dir+"/disk", unix.MNT_DETACH); err != nil {
+			if err := unmountDisk(s.dir + "/disk"); err != nil {
 				errs = append(errs, fmt.Errorf("unmount the disk: %w", err))
 			}
 		}
