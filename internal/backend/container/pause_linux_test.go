@@ -25,15 +25,7 @@ func TestPauseAndResume(t *testing.T) {
 	if err := s.Pause(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Execute(ctx, sandbox.ExecRequest{Code: "x"}, nil); !errors.Is(err, sandbox.ErrPaused) {
-		t.Errorf("an execution while paused: %v", err)
-	}
-	if err := s.Pause(ctx); err != nil {
-		t.Errorf("pausing a paused sandbox: %v", err)
-	}
-	if got := readFile(t, s, "notes.txt"); got != "kept" {
-		t.Errorf("the workspace while paused: %q", got)
-	}
+	testutil.CheckPaused(t, s, 8000, "notes.txt")
 	image := filepath.Join(b.cfg.CheckpointDir, s.id, "1", imageName)
 	if _, err := os.Stat(image); err != nil {
 		t.Fatalf("the checkpoint: %v", err)

@@ -183,38 +183,9 @@ func TestPauseResume(t *testing.T) {
 			if image <= 0 {
 				t.Errorf("no checkpoint under %s", cps)
 			}
-			// Every call that needs its processes says it is paused.
-			if _, err := sb.Execute(ctx, sandbox.ExecRequest{Code: "x"}, nil); !errors.Is(err, sandbox.ErrPaused) {
-				t.Errorf("Execute while paused: %v", err)
-			}
-			if _, err := sb.Start(ctx, sandbox.Command{Argv: []string{"true"}}); !errors.Is(err, sandbox.ErrPaused) {
-				t.Errorf("Start while paused: %v", err)
-			}
-			if err := sb.Interrupt(); !errors.Is(err, sandbox.ErrPaused) {
-				t.Errorf("Interrupt while paused: %v", err)
-			}
-			if err := sb.Restart(ctx); !errors.Is(err, sandbox.ErrPaused) {
-				t.Errorf("Restart while paused: %v", err)
-			}
-			if _, err := sb.(sandbox.ContextKeeper).CreateContext("python", ""); !errors.Is(err, sandbox.ErrPaused) {
-				t.Errorf("CreateContext while paused: %v", err)
-			}
-			if _, err := sb.(sandbox.PortDialer).DialPort(ctx, 8000); !errors.Is(err, sandbox.ErrPaused) {
-				t.Errorf("DialPort while paused: %v", err)
-			}
-			if err := p.Pause(ctx); err != nil {
-				t.Errorf("Pause of a paused sandbox: %v", err)
-			}
-			// Its files can be read, and written.
-			if r, _, err := sb.Workspace().OpenFile("kept.txt"); err != nil {
-				t.Errorf("a workspace file while paused: %v", err)
-			} else {
-				b, _ := io.ReadAll(r)
-				r.Close()
-				if string(b) != "kept" {
-					t.Errorf("kept.txt while paused: %q", b)
-				}
-			}
+			// Every call that needs its processes says it is paused;
+			// its files can be read, and written.
+			testutil.CheckPaused(t, sb, 8000, "kept.txt")
 			name := fmt.Sprintf("paused%d.txt", round)
 			if err := sb.Workspace().WriteFile(name, strings.NewReader("written while paused"), 1<<20); err != nil {
 				t.Errorf("write a workspace file while paused: %v", err)

@@ -140,38 +140,9 @@ func TestPauseResume(t *testing.T) {
 					t.Errorf("process %d of the paused sandbox still runs", pid)
 				}
 			}
-			// Every call that needs its processes says it is paused.
-			if _, err := s.Execute(ctx, sandbox.ExecRequest{Code: "x"}, nil); !errors.Is(err, sandbox.ErrPaused) {
-				t.Errorf("Execute while paused: %v", err)
-			}
-			if _, err := s.Start(ctx, sandbox.Command{Argv: []string{"true"}}); !errors.Is(err, sandbox.ErrPaused) {
-				t.Errorf("Start while paused: %v", err)
-			}
-			if err := s.Interrupt(); !errors.Is(err, sandbox.ErrPaused) {
-				t.Errorf("Interrupt while paused: %v", err)
-			}
-			if err := s.Restart(ctx); !errors.Is(err, sandbox.ErrPaused) {
-				t.Errorf("Restart while paused: %v", err)
-			}
-			if _, err := s.CreateContext("python", ""); !errors.Is(err, sandbox.ErrPaused) {
-				t.Errorf("CreateContext while paused: %v", err)
-			}
-			if _, err := s.DialPort(ctx, 8765); !errors.Is(err, sandbox.ErrPaused) {
-				t.Errorf("DialPort while paused: %v", err)
-			}
-			if err := s.Pause(ctx); err != nil {
-				t.Errorf("Pause of a paused sandbox: %v", err)
-			}
-			// Its files are still there.
-			if r, _, err := s.Workspace().OpenFile("kept.txt"); err != nil {
-				t.Errorf("a workspace file while paused: %v", err)
-			} else {
-				b, _ := io.ReadAll(r)
-				r.Close()
-				if string(b) != "kept" {
-					t.Errorf("kept.txt while paused: %q", b)
-				}
-			}
+			// Every call that needs its processes says it is paused; its
+			// files are still there.
+			testutil.CheckPaused(t, s, 8765, "kept.txt")
 
 			start = time.Now()
 			if err := s.Resume(ctx); err != nil {
