@@ -1,7 +1,7 @@
 // Package fileutil holds the few file operations several packages need
 // alike: a regular file copied to a new one, a tree copied whole (cp -a),
-// a file's sha256, a tree's size, and the builds the project's scripts
-// cache.
+// a directory written whole or not at all, a file's sha256, a tree's
+// size, and the builds the project's scripts cache.
 package fileutil
 
 import (
@@ -78,6 +78,32 @@ func CopyTree(src, dst string, into Placer) error {
 		return fmt.Errorf("cp: %w: %s", err, strings.TrimSpace(out.String()))
 	}
 	return nil
+}
+
+// WriteDir makes the directory dir whole or not at all: write makes
+// dir.partial and fills it, and it is renamed dir once write returns nil,
+// so that nothing half-written is ever seen by dir's name; on any failure
+// nothing is left (a dir.partial an earlier crash left is removed
+// first). dir must not exist; its parents are made (0700). It returns
+// dir's size (DirSize).
+func WriteDir(dir string, write func(tmp string) error) (int64, error) {
+	if _, err := os.Lstat(dir); err == nil {
+		return 0, fmt.Errorf("%s exists", filepath.Base(dir))
+	}
+	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
+		return 0, err
+	}
+	tmp := dir + ".partial"
+	os.RemoveAll(tmp)
+	err := write(tmp)
+	if err == nil {
+		err = os.Rename(tmp, dir)
+	}
+	if err != nil {
+		os.RemoveAll(tmp)
+		return 0, err
+	}
+	return DirSize(dir), nil
 }
 
 // SHA256 is the hex sha256 of the file at path.

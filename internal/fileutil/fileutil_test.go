@@ -135,3 +135,49 @@ func TestCopyTree(t *testing.T) {
 type placer func(pid int) error
 
 func (p placer) AddProc(pid int) error { return p(pid) }
+
+// TestWriteDir makes a directory whole or not at all.
+func TestWriteDir(t *testing.T) {
+	base := t.TempDir()
+	dir := filepath.Join(base, "a", "snap")
+	size, err := WriteDir(dir, func(tmp string) error {
+		if tmp != dir+".partial" {
+			t.Errorf("written into %s", tmp)
+		}
+		if err := os.Mkdir(tmp, 0o700); err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(tmp, "f"), []byte("abc"), 0o600)
+	})
+	if err != nil || size != 3 {
+		t.Fatalf("WriteDir: %d bytes, %v", size, err)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "f")); err != nil || string(b) != "abc" {
+		t.Fatalf("its file: %q %v", b, err)
+	}
+	if _, err := WriteDir(dir, func(string) error { t.Error("write called for a dir that exists"); return nil }); err == nil {
+		t.Error("a dir that exists was written again")
+	}
+
+	// A failed write leaves nothing, a crash's leftover included.
+	failed := filepath.Join(base, "failed")
+	if err := os.MkdirAll(filepath.Join(failed+".partial", "old"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	boom := errors.New("boom")
+	_, err = WriteDir(failed, func(tmp string) error {
+		if _, err := os.Lstat(tmp); !os.IsNotExist(err) {
+			t.Errorf("a leftover %s is there for the write: %v", tmp, err)
+		}
+		os.Mkdir(tmp, 0o700)
+		return boom
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("a failed write: %v", err)
+	}
+	for _, p := range []string{failed, failed + ".partial"} {
+		if _, err := os.Lstat(p); !os.IsNotExist(err) {
+			t.Errorf("%s after a failed write: %v", p, err)
+		}
+	}
+}

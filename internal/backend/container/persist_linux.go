@@ -86,9 +86,7 @@ func (s *Sandbox) PersistPaused(ctx context.Context, dir string) (int64, error) 
 	if cc := s.Core.CloneContexts(); cc != nil {
 		m.Contexts = cc.State()
 	}
-	tmp := dir + ".partial"
-	os.RemoveAll(tmp)
-	err = func() error {
+	size, err := fileutil.WriteDir(dir, func(tmp string) error {
 		for _, d := range []string{tmp, filepath.Join(tmp, "image")} {
 			if err := os.Mkdir(d, 0o700); err != nil {
 				return err
@@ -103,15 +101,11 @@ func (s *Sandbox) PersistPaused(ctx context.Context, dir string) (int64, error) 
 			return err
 		}
 		return writeJSON(filepath.Join(tmp, snapshotFile), m)
-	}()
-	if err == nil {
-		err = os.Rename(tmp, dir)
-	}
+	})
 	if err != nil {
-		os.RemoveAll(tmp)
 		return 0, fmt.Errorf("persist: %w", err)
 	}
-	return fileutil.DirSize(dir), nil
+	return size, nil
 }
 
 // ReleasePaused implements sandbox.PausedReleaser: the paused sandbox,

@@ -121,23 +121,11 @@ func (s *Sandbox) SaveSnapshot(ctx context.Context, dir string) (int64, error) {
 	if err := s.SnapshotSupported(); err != nil {
 		return 0, err
 	}
-	if _, err := os.Lstat(dir); err == nil {
-		return 0, fmt.Errorf("snapshot: %s exists", dir)
-	}
-	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
-		return 0, err
-	}
-	tmp := dir + ".partial"
-	os.RemoveAll(tmp)
-	if err := s.snapshot(ctx, tmp); err != nil {
-		os.RemoveAll(tmp)
+	size, err := fileutil.WriteDir(dir, func(tmp string) error { return s.snapshot(ctx, tmp) })
+	if err != nil {
 		return 0, fmt.Errorf("snapshot: %w", err)
 	}
-	if err := os.Rename(tmp, dir); err != nil {
-		os.RemoveAll(tmp)
-		return 0, err
-	}
-	return fileutil.DirSize(dir), nil
+	return size, nil
 }
 
 // snapshot saves the running sandbox into dir, which it makes.

@@ -182,20 +182,7 @@ func (s *Sandbox) SaveSnapshot(ctx context.Context, dir string) (int64, error) {
 // imported pandas): for a paused sandbox kept on disk, not for a
 // snapshot, which is made to start sandboxes fast.
 func writeSnapshot(snap *forkSnapshot, dir string, pack bool) (int64, error) {
-	tmp := dir + ".partial"
-	os.RemoveAll(tmp)
-	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
-		return 0, err
-	}
-	if err := writeSnapshotFiles(snap, tmp, pack); err != nil {
-		os.RemoveAll(tmp)
-		return 0, err
-	}
-	if err := os.Rename(tmp, dir); err != nil {
-		os.RemoveAll(tmp)
-		return 0, err
-	}
-	return fileutil.DirSize(dir), nil
+	return fileutil.WriteDir(dir, func(tmp string) error { return writeSnapshotFiles(snap, tmp, pack) })
 }
 
 // writeSnapshotFiles writes snap into dir, which it makes.
