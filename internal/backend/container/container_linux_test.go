@@ -1,7 +1,6 @@
 package container
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"io"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/vivarium-sandbox/vivarium/internal/runner"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
 
 // newBackend is a backend of rt whose state and checkpoints are in a
@@ -53,6 +53,17 @@ func create(t *testing.T, b *Backend) *Sandbox {
 	}
 	t.Cleanup(func() { sb.Close() })
 	return sb.(*Sandbox)
+}
+
+// started is a backend of rt and a sandbox of it that holds x = 41 and
+// the file notes.txt ("kept").
+func started(t *testing.T, rt Runtime) (*Backend, *Sandbox) {
+	t.Helper()
+	b := newBackend(t, rt)
+	s := create(t, b)
+	run(t, s, "x = 41")
+	writeFile(t, s, "notes.txt", "kept")
+	return b, s
 }
 
 // run executes code in s and returns its main result's text, or the name
@@ -107,20 +118,13 @@ func entries(t *testing.T, dir string) []string {
 	return names
 }
 
-// mountedUnder lists the mounts of this process below dir; nil without
+// mountedUnder lists the mounts of this process below dir; none without
 // root, whose sandboxes' disks are not mounts.
-func mountedUnder(t *testing.T, dir string) []string {
-	t.Helper()
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
+func mountedUnder(dir string) []string {
 	var out []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if fields := strings.Fields(sc.Text()); len(fields) > 4 && strings.HasPrefix(fields[4], dir+"/") {
-			out = append(out, fields[4])
+	for _, m := range testutil.Mounts() {
+		if strings.HasPrefix(m, dir+"/") {
+			out = append(out, m)
 		}
 	}
 	return out
@@ -191,7 +195,7 @@ func TestCreateRunsCodeAndCloses(t *testing.T) {
 	if fi, err := os.Stat(filepath.Join(s.disk.Workspace, "notes.txt")); err != nil || fi.Size() != 4 {
 		t.Errorf("the file on the sandbox's disk: %v %v", fi, err)
 	}
-	if m := mountedUnder(t, b.cfg.StateDir); len(m) != disks(1) {
+	if m := mountedUnder(b.cfg.StateDir); len(m) != disks(1) {
 		t.Errorf("mounts of the sandbox: %v, want its disk", m)
 	}
 	if err := s.Close(); err != nil {
@@ -200,7 +204,7 @@ func TestCreateRunsCodeAndCloses(t *testing.T) {
 	if names := entries(t, b.cfg.StateDir); len(names) != 0 {
 		t.Errorf("a closed sandbox left %v", names)
 	}
-	if m := mountedUnder(t, b.cfg.StateDir); len(m) != 0 {
+	if m := mountedUnder(b.cfg.StateDir); len(m) != 0 {
 		t.Errorf("a closed sandbox left mounted %v", m)
 	}
 	if _, err := s.Execute(context.Background(), sandbox.ExecRequest{Code: "x"}, nil); !errors.Is(err, sandbox.ErrClosed) {
@@ -212,9 +216,7 @@ func TestCreateRunsCodeAndCloses(t *testing.T) {
 // disk: its files are kept, its state is not, and the result says so.
 func TestDeadContainerIsReplacedKeepingFiles(t *testing.T) {
 	rt := newFakeRuntime()
-	s := create(t, newBackend(t, rt))
-	run(t, s, "x = 1")
-	writeFile(t, s, "notes.txt", "kept")
+	_, s := started(t, rt)
 	res, err := s.Execute(context.Background(), sandbox.ExecRequest{Code: "crash"}, nil)
 	if err != nil {
 		t.Fatal(err)

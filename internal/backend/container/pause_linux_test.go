@@ -17,10 +17,7 @@ import (
 // checkpoint.
 func TestPauseAndResume(t *testing.T) {
 	rt := newFakeRuntime()
-	b := newBackend(t, rt)
-	s := create(t, b)
-	run(t, s, "x = 41")
-	writeFile(t, s, "notes.txt", "kept")
+	b, s := started(t, rt)
 	ctx := context.Background()
 	if err := s.Pause(ctx); err != nil {
 		t.Fatal(err)
@@ -64,11 +61,7 @@ func TestPauseRefusedWithoutRoomOnDisk(t *testing.T) {
 // from it, and each copy of a fork, has the source's state and files, and
 // its own from then on.
 func TestSnapshotRestoreAndFork(t *testing.T) {
-	rt := newFakeRuntime()
-	b := newBackend(t, restorer{rt})
-	s := create(t, b)
-	run(t, s, "x = 41")
-	writeFile(t, s, "notes.txt", "kept")
+	b, s := started(t, restorer{newFakeRuntime()})
 	ctx := context.Background()
 	dir := filepath.Join(t.TempDir(), "snap")
 	size, err := s.SaveSnapshot(ctx, dir)
@@ -167,7 +160,7 @@ func TestForkIsAllOrNone(t *testing.T) {
 	if names := entries(t, b.cfg.StateDir); len(names) != 1 || names[0] != s.id {
 		t.Errorf("state directories after the failed fork: %v", names)
 	}
-	if m := mountedUnder(t, b.cfg.StateDir); len(m) != disks(1) {
+	if m := mountedUnder(b.cfg.StateDir); len(m) != disks(1) {
 		t.Errorf("disks mounted after the failed fork: %v", m)
 	}
 	if got := run(t, s, "x"); got != "41" {
@@ -182,11 +175,7 @@ func TestForkIsAllOrNone(t *testing.T) {
 // checkpoint); its resume restores it from disk, and so does the resume
 // of the sandbox a later backend opens of the same directory.
 func TestPersistReleaseAndOpenPaused(t *testing.T) {
-	rt := newFakeRuntime()
-	b := newBackend(t, restorer{rt})
-	s := create(t, b)
-	run(t, s, "x = 41")
-	writeFile(t, s, "notes.txt", "kept")
+	b, s := started(t, restorer{newFakeRuntime()})
 	ctx := context.Background()
 	dir := filepath.Join(t.TempDir(), "paused")
 	if _, err := s.PersistPaused(ctx, dir); err == nil {
@@ -204,7 +193,7 @@ func TestPersistReleaseAndOpenPaused(t *testing.T) {
 	if _, ok := s.Workspace().(sandbox.DiskOnly); !ok {
 		t.Errorf("a released sandbox's workspace: %T", s.Workspace())
 	}
-	if m := mountedUnder(t, b.cfg.StateDir); len(m) != 0 {
+	if m := mountedUnder(b.cfg.StateDir); len(m) != 0 {
 		t.Errorf("a released sandbox holds %v", m)
 	}
 	if names := entries(t, filepath.Join(b.cfg.CheckpointDir, s.id)); len(names) != 0 {
