@@ -5,9 +5,39 @@ import (
 	"errors"
 	"io"
 	"testing"
+	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
+
+// Pause pauses p, and fails t unless it is paused then; it returns how
+// long the pause took, for the test's log.
+func Pause(t testing.TB, p sandbox.Pauser) time.Duration {
+	t.Helper()
+	return timed(t, "Pause", p.Pause, p, true)
+}
+
+// Resume resumes p, and fails t unless it runs then; it returns how long
+// the resume took, for the test's log.
+func Resume(t testing.TB, p sandbox.Pauser) time.Duration {
+	t.Helper()
+	return timed(t, "Resume", p.Resume, p, false)
+}
+
+// timed calls do (p's Pause or Resume), named what, and checks that p is
+// paused, or not, after it.
+func timed(t testing.TB, what string, do func(context.Context) error, p sandbox.Pauser, paused bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	if err := do(context.Background()); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	took := time.Since(start)
+	if p.Paused() != paused {
+		t.Fatalf("Paused() is %v after %s", !paused, what)
+	}
+	return took
+}
 
 // CheckPaused checks what every backend's paused sandbox does: each call
 // that needs its processes answers sandbox.ErrPaused (an execution, a

@@ -18,18 +18,13 @@ import (
 func TestPauseAndResume(t *testing.T) {
 	rt := newFakeRuntime()
 	b, s := started(t, rt)
-	ctx := context.Background()
-	if err := s.Pause(ctx); err != nil {
-		t.Fatal(err)
-	}
+	testutil.Pause(t, s)
 	testutil.CheckPaused(t, s, 8000, "notes.txt")
 	image := filepath.Join(b.cfg.CheckpointDir, s.id, "1", imageName)
 	if _, err := os.Stat(image); err != nil {
 		t.Fatalf("the checkpoint: %v", err)
 	}
-	if err := s.Resume(ctx); err != nil {
-		t.Fatal(err)
-	}
+	testutil.Resume(t, s)
 	if got := run(t, s, "x"); got != "41" {
 		t.Errorf("x after the resume: %q", got)
 	}

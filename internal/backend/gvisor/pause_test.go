@@ -157,14 +157,7 @@ func TestPauseResume(t *testing.T) {
 	for round := 1; round <= 2; round++ {
 		t.Run(fmt.Sprintf("round%d", round), func(t *testing.T) {
 			memBefore := sandboxMemory(t)
-			start := time.Now()
-			if err := p.Pause(ctx); err != nil {
-				t.Fatal(err)
-			}
-			pauseTook := time.Since(start)
-			if !p.Paused() {
-				t.Fatal("Paused() is false after Pause")
-			}
+			pauseTook := testutil.Pause(t, p)
 			memAfter := sandboxMemory(t)
 			image := fileutil.DirSize(cps)
 			t.Logf("pause: %v; the cgroup holds %d KiB before, %d KiB after; checkpoint %.1f MiB",
@@ -191,14 +184,7 @@ func TestPauseResume(t *testing.T) {
 				t.Errorf("write a workspace file while paused: %v", err)
 			}
 
-			start = time.Now()
-			if err := p.Resume(ctx); err != nil {
-				t.Fatal(err)
-			}
-			t.Logf("resume: %v", time.Since(start).Round(time.Millisecond))
-			if p.Paused() {
-				t.Fatal("Paused() is true after Resume")
-			}
+			t.Logf("resume: %v", testutil.Resume(t, p).Round(time.Millisecond))
 			if image := fileutil.DirSize(cps); image != 0 {
 				t.Errorf("the resumed sandbox's checkpoint is still there (%d bytes)", image)
 			}

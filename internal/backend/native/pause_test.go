@@ -117,14 +117,7 @@ func TestPauseResume(t *testing.T) {
 				t.Fatal(err)
 			}
 			memBefore := cgroupMemory(s)
-			start := time.Now()
-			if err := s.Pause(ctx); err != nil {
-				t.Fatal(err)
-			}
-			pauseTook := time.Since(start)
-			if !s.Paused() {
-				t.Fatal("Paused() is false after Pause")
-			}
+			pauseTook := testutil.Pause(t, s)
 			memAfter := cgroupMemory(s)
 			t.Logf("pause: %v; the cgroup holds %d KiB before, %d KiB after", pauseTook.Round(time.Millisecond), memBefore>>10, memAfter>>10)
 			// Its processes are gone and their memory with them; what the
@@ -144,14 +137,7 @@ func TestPauseResume(t *testing.T) {
 			// files are still there.
 			testutil.CheckPaused(t, s, 8765, "kept.txt")
 
-			start = time.Now()
-			if err := s.Resume(ctx); err != nil {
-				t.Fatal(err)
-			}
-			t.Logf("resume: %v", time.Since(start).Round(time.Millisecond))
-			if s.Paused() {
-				t.Fatal("Paused() is true after Resume")
-			}
+			t.Logf("resume: %v", testutil.Resume(t, s).Round(time.Millisecond))
 			for code, want := range map[string]string{
 				"x + 1":                      "42",
 				"'decimal' in sys.modules":   "True",

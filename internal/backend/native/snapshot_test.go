@@ -179,14 +179,7 @@ func TestPersistPaused(t *testing.T) {
 	if _, err := o.Usage(); err == nil {
 		t.Fatal("an opened sandbox has a cgroup")
 	}
-	start = time.Now()
-	if err := o.Resume(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("resumed from disk in %v", time.Since(start).Round(time.Millisecond))
-	if o.Paused() {
-		t.Fatal("paused after its resume")
-	}
+	t.Logf("resumed from disk in %v", testutil.Resume(t, o).Round(time.Millisecond))
 	if v := execText(t, o, "x, open('/workspace/kept.txt').read(), os.getcwd(), random.random()"); v != want {
 		t.Fatalf("resumed from disk: %s, want %s", v, want)
 	}
