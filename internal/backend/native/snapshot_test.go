@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
 
 // Cgroup parents and host users of the snapshot tests' own.
