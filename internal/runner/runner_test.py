@@ -245,10 +245,13 @@ class Rich(Base, unittest.TestCase):
         self.assertEqual((p["label"], p["min"], p["median"], p["max"], p["outliers"]), ("p", 1.0, 3.5, 5.0, [20.0]))
         self.assertEqual((q["label"], q["first_quartile"], q["third_quartile"]), ("q", 2.5, 3.5))
 
-    def test_supergraph_and_unknown(self):
+    def test_superchart_and_unknown(self):
         c = self.chart("fig, axs = plt.subplots(1, 2)\nfig.suptitle('S')\naxs[0].plot([1, 2])\naxs[1].scatter([1], [2])")
-        self.assertEqual((c["type"], c["title"]), ("supergraph", "S"))
+        self.assertEqual((c["type"], c["title"]), ("superchart", "S"))
         self.assertEqual([e["type"] for e in c["elements"]], ["line", "scatter"])
+        c = self.chart("fig, axs = plt.subplots(2)\naxs[0].plot([1, 2])\naxs[1].bar(['a'], [1])")
+        self.assertEqual((c["type"], c["title"]), ("superchart", ""))  # as E2B's get_suptitle()
+        self.assertEqual([e["type"] for e in c["elements"]], ["line", "bar"])
         c = self.chart("fig, ax = plt.subplots()\nax.add_artist(plt.Circle((0, 0), 1))\nplt.title('C')")
         self.assertEqual((c["type"], c["title"], c["elements"]), ("unknown", "C", []))
 

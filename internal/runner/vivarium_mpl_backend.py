@@ -20,7 +20,7 @@ def show(*args, **kwargs):
 # result's "chart", so that a program can read a plot without looking at
 # its picture. An axes is a line, scatter, bar, pie or box-and-whisker
 # chart when everything drawn on it is of that kind, "unknown" otherwise;
-# a figure of several axes is a "supergraph" of them. Read after the
+# a figure of several axes is a "superchart" of them. Read after the
 # figure was drawn: tick labels exist only then.
 
 import math
@@ -37,8 +37,10 @@ def describe(fig):
     if not axes:
         return None
     if len(axes) > 1:
-        title = fig._suptitle.get_text() if getattr(fig, "_suptitle", None) is not None else None
-        return {"type": "supergraph", "title": title or None, "elements": [_describe_axes(ax) for ax in axes]}
+        # Its title is the figure's suptitle, "" when it has none (E2B's
+        # is figure.get_suptitle(), which matplotlib 3.8 added).
+        title = fig._suptitle.get_text() if getattr(fig, "_suptitle", None) is not None else ""
+        return {"type": "superchart", "title": title, "elements": [_describe_axes(ax) for ax in axes]}
     return _describe_axes(axes[0])
 
 

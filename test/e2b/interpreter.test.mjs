@@ -192,7 +192,7 @@ describe('charts', () => {
       [[78, 85, 88, 90, 92, []], [84, 84.75, 88, 90.5, 95, [76]]])
   })
 
-  test('supergraph and unknown', async () => {
+  test('superchart and unknown', async () => {
     let c = await chartOf(`
       fig, axs = plt.subplots(1, 2)
       fig.suptitle("Both")
@@ -201,7 +201,7 @@ describe('charts', () => {
       axs[1].scatter([1, 2], [3, 4])
       plt.show()
     `)
-    assert.equal(c.type, 'supergraph')
+    assert.equal(c.type, 'superchart')
     assert.equal(c.title, 'Both')
     assert.deepEqual(c.elements.map((e) => [e.type, e.title]), [['line', 'Line'], ['scatter', null]])
     c = await chartOf('fig, ax = plt.subplots()\nax.add_artist(plt.Circle((0, 0), 1))\nplt.title("Circle")\nplt.show()')
