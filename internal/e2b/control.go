@@ -634,13 +634,23 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request, owner st
 	writeJSON(w, http.StatusCreated, toSnapshotInfo(info))
 }
 
-// listSnapshots lists the key's snapshots, of one sandbox with sandboxID.
+// listSnapshots lists the key's snapshots, newest first: of one sandbox
+// with sandboxID, and with name (Sandbox.listSnapshots({ name })) those
+// that template id names, as E2B's filter: a snapshot's id, or every
+// snapshot of a name ("name:latest": its newest, the one Sandbox.create
+// starts from). A name no snapshot can have (another tag, a default
+// template) lists none.
 func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request, owner string) {
-	from := r.URL.Query().Get("sandboxID")
+	from, name := r.URL.Query().Get("sandboxID"), r.URL.Query().Get("name")
+	ref := snapshotRef(name)
 	out := []snapshotInfo{}
 	for _, x := range s.svc.Snapshots(owner) {
-		if from == "" || x.SandboxID == from {
-			out = append(out, toSnapshotInfo(x))
+		if from != "" && x.SandboxID != from || name != "" && (ref == "" || ref != x.ID && ref != x.Name) {
+			continue
+		}
+		out = append(out, toSnapshotInfo(x))
+		if name != ref && x.Name == ref {
+			break // name:latest
 		}
 	}
 	writeJSON(w, http.StatusOK, out)

@@ -114,6 +114,10 @@ describe('pause', () => {
       await sbx.runCode('x = 2')
       const second = await sbx.createSnapshot({ name: 'e2e-named' })
       assert.notEqual(second.snapshotId, first.snapshotId)
+      // Listed by name as E2B's API filters: every snapshot of it, newest first.
+      const byName = await Sandbox.listSnapshots({ name: 'e2e-named' }).nextItems()
+      assert.deepEqual(byName.map((x) => x.snapshotId), [second.snapshotId, first.snapshotId])
+      assert.deepEqual(await Sandbox.listSnapshots({ name: 'e2e-named-does-not-exist' }).nextItems(), [])
       for (const ref of ['e2e-named', 'e2e-named:latest']) {
         const m = await Sandbox.create(ref)
         made.push(m)
