@@ -18,29 +18,60 @@ import (
 const metadataPrefix = "user.e2b."
 
 // Readlink returns the target of the symbolic link name, as written.
-func (d *Dir) Readlink(name string) (_ string, err error) {
+func (d *Dir) Readlink(name string) (target string, err error) {
+	err = d.inParent(name, func(pfd int, rel, base string) error {
+		buf := make([]byte, unix.PathMax)
+		n, err := unix.Readlinkat(pfd, base, buf)
+		if err == unix.EINVAL {
+			return fmt.Errorf("%w: %q is not a symbolic link", sandbox.ErrBadPath, rel)
+		}
+		if err != nil {
+			return fmt.Errorf("workspace: readlink %q: %w", rel, wrapNotExist(err))
+		}
+		target = string(buf[:n])
+		return nil
+	})
+	return target, err
+}
+
+// Symlink makes name a symbolic link to target, as the workspace's owner,
+// in a directory that exists. target is written as it is and never
+// resolved here; an entry already at name is ErrExists.
+func (d *Dir) Symlink(target, name string) error {
+	if target == "" || strings.ContainsRune(target, 0) || len(target) >= unix.PathMax {
+		return fmt.Errorf("%w: a link's target is 1 to %d bytes, without NUL", sandbox.ErrBadPath, unix.PathMax-1)
+	}
+	return d.inParent(name, func(pfd int, rel, base string) error {
+		return d.asOwner(func() error {
+			switch err := unix.Symlinkat(target, pfd, base); err {
+			case nil:
+				return nil
+			case unix.EEXIST:
+				return fmt.Errorf("%w: %q", sandbox.ErrExists, rel)
+			default:
+				return fmt.Errorf("workspace: symlink %q: %w", rel, err)
+			}
+		})
+	})
+}
+
+// inParent runs fn with a descriptor of the directory name is in, opened
+// confined, name cleaned (rel) and its last component (base).
+func (d *Dir) inParent(name string, fn func(pfd int, rel, base string) error) (err error) {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
 	defer permission(&err)
 	rel, err := Clean(name)
 	if err != nil {
-		return "", err
+		return err
 	}
 	parent, base := path.Split(rel)
 	pfd, err := d.openat(d.fd, path.Clean("./"+parent), unix.O_PATH|unix.O_DIRECTORY, 0)
 	if err != nil {
-		return "", fmt.Errorf("workspace: %q: %w", rel, linkOrNotExist(err))
+		return fmt.Errorf("workspace: %q: %w", rel, linkOrNotExist(err))
 	}
 	defer unix.Close(pfd)
-	buf := make([]byte, unix.PathMax)
-	n, err := unix.Readlinkat(pfd, base, buf)
-	if err != nil {
-		if err == unix.EINVAL {
-			return "", fmt.Errorf("%w: %q is not a symbolic link", sandbox.ErrBadPath, rel)
-		}
-		return "", fmt.Errorf("workspace: readlink %q: %w", rel, wrapNotExist(err))
-	}
-	return string(buf[:n]), nil
+	return fn(pfd, rel, base)
 }
 
 // withInode runs fn with a path that names name's inode itself

@@ -118,3 +118,55 @@ func TestMetadataAsOwner(t *testing.T) {
 		t.Fatalf("metadata on a file the user may not write: %v", err)
 	}
 }
+
+// Symlink writes a link as it is told, never follows one on its way
+// (a link planted as a parent is refused), and replaces nothing; as the
+// owner, it makes links only where the owner may.
+func TestSymlink(t *testing.T) {
+	d, root := newDir(t)
+	if err := d.Symlink("/etc/passwd", "abs"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.Readlink(filepath.Join(root, "abs")); err != nil || got != "/etc/passwd" {
+		t.Fatalf("abs -> %q (%v)", got, err)
+	}
+	if got, err := d.Readlink("abs"); err != nil || got != "/etc/passwd" {
+		t.Fatalf("Readlink: %q (%v)", got, err)
+	}
+	if err := d.Symlink("elsewhere", "abs"); !errors.Is(err, sandbox.ErrExists) {
+		t.Fatalf("over an entry: %v", err)
+	}
+	os.Symlink(t.TempDir(), filepath.Join(root, "out"))
+	if err := d.Symlink("x", "out/planted"); !errors.Is(err, sandbox.ErrBadPath) {
+		t.Fatalf("through a link: %v", err)
+	}
+	for _, target := range []string{"", "a\x00b"} {
+		if err := d.Symlink(target, "bad"); !errors.Is(err, sandbox.ErrBadPath) {
+			t.Fatalf("target %q: %v", target, err)
+		}
+	}
+	if err := d.Symlink("x", "../up"); !errors.Is(err, sandbox.ErrBadPath) {
+		t.Fatalf("outside: %v", err)
+	}
+
+	testutil.RequireRoot(t)
+	owned := t.TempDir()
+	const owner = 54321
+	os.Chown(owned, owner, owner)
+	os.Mkdir(filepath.Join(owned, "roots"), 0o755) // root's
+	u, err := Open(owned, owner, owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Close()
+	if err := u.Symlink("t", "mine"); err != nil {
+		t.Fatal(err)
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(filepath.Join(owned, "mine"), &st); err != nil || st.Uid != owner {
+		t.Fatalf("the link's owner: %d (%v)", st.Uid, err)
+	}
+	if err := u.Symlink("t", "roots/theirs"); !errors.Is(err, sandbox.ErrPermission) {
+		t.Fatalf("in root's directory: %v", err)
+	}
+}

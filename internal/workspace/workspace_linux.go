@@ -30,10 +30,11 @@ import (
 const resolveConfined = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS |
 	unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV
 
-// Limits on walking a tree the sandbox built.
+// Limits on walking a tree the sandbox built: a listing (List, ReadDir)
+// of MaxEntries may have been cut short there.
 const (
 	maxDepth   = 64
-	maxEntries = 100_000
+	MaxEntries = 100_000
 )
 
 // Dir is a confined directory.
@@ -359,7 +360,7 @@ func (d *Dir) ReadDir(name string, depth int) (_ []sandbox.FileInfo, err error) 
 	var out []sandbox.FileInfo
 	err = sub.walkDepth(max(depth, 1)-1, func(p string, st *unix.Stat_t) bool {
 		out = append(out, fileInfo(path.Join(rel, p), st))
-		return len(out) < maxEntries
+		return len(out) < MaxEntries
 	})
 	return out, err
 }
@@ -605,7 +606,7 @@ func (d *Dir) walkDepth(maxDepth int, visit func(rel string, st *unix.Stat_t) bo
 			return false, err
 		}
 		for _, name := range names {
-			if seen++; seen > maxEntries {
+			if seen++; seen > MaxEntries {
 				return false, nil
 			}
 			var st unix.Stat_t
@@ -653,7 +654,7 @@ func (d *Dir) CopyOut(dir string, maxFile, maxTotal int64) ([]sandbox.FileInfo, 
 		return nil, err
 	}
 	defer dst.Close()
-	files, err := d.list(maxEntries)
+	files, err := d.list(MaxEntries)
 	if err != nil {
 		return nil, err
 	}
@@ -733,7 +734,7 @@ func readDirNames(fd int) ([]string, error) {
 			break
 		}
 		_, _, names = unix.ParseDirent(buf[:n], -1, names)
-		if len(names) > maxEntries {
+		if len(names) > MaxEntries {
 			break
 		}
 	}

@@ -116,5 +116,9 @@ func (d gatedDir) Chmod(name string, mode uint32) error {
 	return d.gate.change(func() error { return d.Dir.Chmod(name, mode) })
 }
 
+func (d gatedDir) Symlink(target, name string) error {
+	return d.gate.change(func() error { return d.Dir.Symlink(target, name) })
+}
+
 // gated is d as the files API is given it.
 func (s *Sandbox) gated(d *workspace.Dir) sandbox.Workspace { return gatedDir{Dir: d, gate: &s.files} }
