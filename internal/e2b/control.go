@@ -119,7 +119,10 @@ type newSandbox struct {
 	Metadata   map[string]string `json:"metadata"`
 	EnvVars    map[string]string `json:"envVars"`
 	AutoPause  *bool             `json:"autoPause"`
-	AutoResume *struct {
+	// AutoPauseMemory false: the timeout's pause keeps the files alone
+	// (lifecycle onTimeout { action: 'pause', keepMemory: false }).
+	AutoPauseMemory *bool `json:"autoPauseMemory"`
+	AutoResume      *struct {
 		Enabled bool `json:"enabled"`
 	} `json:"autoResume"`
 	// AllowInternetAccess and Network's egress fields: see network.go.
@@ -253,7 +256,8 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, owner string) {
 	create := service.CreateRequest{Owner: owner, Idle: idle, Env: env, Metadata: req.Metadata,
 		Network: networkRequest(req.AllowInternetAccess, req.Network), Home: sandbox.HomeUser,
 		IDEnv: []string{"E2B_SANDBOX_ID"}, Ports: req.Network.portOptions(), Volumes: volumeMounts(req.VolumeMounts),
-		OnTimeout: req.onTimeout(), AutoResume: req.AutoResume != nil && req.AutoResume.Enabled, Pausable: s.cfg.Pausable}
+		OnTimeout: req.onTimeout(), AutoResume: req.AutoResume != nil && req.AutoResume.Enabled, Pausable: s.cfg.Pausable,
+		PauseFilesOnly: req.AutoPauseMemory != nil && !*req.AutoPauseMemory}
 	if ref := snapshotRef(req.TemplateID); ref != "" {
 		if !sandboxid.Snapshot.Valid(ref) && !s.hasSnapshot(owner, ref) {
 			// Not one of the key's snapshots' names: a template of E2B's cloud.
@@ -265,7 +269,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, owner string) {
 		// Sandbox.create(snapshotId or name): the snapshot's environment
 		// and home, E2B's among them.
 		create = service.CreateRequest{Owner: owner, Idle: idle, Metadata: req.Metadata, FromSnapshot: ref,
-			OnTimeout: create.OnTimeout, AutoResume: create.AutoResume}
+			OnTimeout: create.OnTimeout, AutoResume: create.AutoResume, PauseFilesOnly: create.PauseFilesOnly}
 		if len(req.EnvVars) > 0 || len(req.VolumeMounts) > 0 || !create.Network.Empty() {
 			s.fail(w, fmt.Errorf("%w: a sandbox made from a snapshot has the snapshot's environment, and no volumes or network yet",
 				sandbox.ErrInvalidSpec))
@@ -477,7 +481,8 @@ func (n *newSandbox) onTimeout() string {
 
 // pause serves POST /sandboxes/{id}/pause: 204 once paused, 409 when it
 // was already (the SDKs' pause() then answers false), 404 for no such
-// sandbox, 501 where the backend cannot pause.
+// sandbox, 501 where the backend cannot pause. With memory false
+// (keepMemory: false) the files alone are kept (service.PauseFiles).
 func (s *Server) pause(w http.ResponseWriter, r *http.Request, owner string) {
 	var req struct {
 		Memory *bool `json:"memory"`
@@ -485,11 +490,11 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request, owner string) {
 	if !decodeBody(w, r, &req) {
 		return
 	}
+	pause := s.svc.Pause
 	if req.Memory != nil && !*req.Memory {
-		s.unsupported(w, "pausing without memory (keepMemory: false)")
-		return
+		pause = s.svc.PauseFiles
 	}
-	_, err := s.svc.Pause(r.Context(), owner, r.PathValue("id"))
+	_, err := pause(r.Context(), owner, r.PathValue("id"))
 	switch {
 	case errors.Is(err, service.ErrAlreadyPaused):
 		writeEnvdError(w, http.StatusConflict, fmt.Sprintf("sandbox %q is already paused", r.PathValue("id")))

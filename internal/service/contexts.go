@@ -12,7 +12,7 @@ func (s *Service) keeper(owner, id string) (sandbox.ContextKeeper, error) {
 	if err != nil {
 		return nil, err
 	}
-	k, ok := b.sb.(sandbox.ContextKeeper)
+	k, ok := b.Sandbox().(sandbox.ContextKeeper)
 	if !ok {
 		return nil, fmt.Errorf("%w: this backend's sandboxes have no code contexts", sandbox.ErrUnsupported)
 	}

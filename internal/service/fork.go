@@ -28,7 +28,7 @@ func (s *Service) Fork(ctx context.Context, owner, id string, n int, opts sandbo
 	if err != nil {
 		return nil, err
 	}
-	f, ok := src.sb.(sandbox.Forker)
+	f, ok := src.Sandbox().(sandbox.Forker)
 	if !ok {
 		return nil, fmt.Errorf("%w: sandboxes of the %s backend cannot be forked (the native backend's can, with CRIU)",
 			sandbox.ErrUnsupported, src.backend)
@@ -102,7 +102,7 @@ func (s *Service) Fork(ctx context.Context, owner, id string, n int, opts sandbo
 			id: ids[i], owner: owner, sb: sb, createdAt: now, deadline: now.Add(life), idle: idle,
 			limits: src.limits, env: env, idEnv: src.idEnv, idStale: len(src.idEnv) > 0, metadata: maps.Clone(src.metadata),
 			expiresAt: minTime(now.Add(idle), now.Add(life)), backend: src.backend, ports: src.ports,
-			onTimeout: src.onTimeout, autoResume: src.autoResume,
+			onTimeout: src.onTimeout, autoResume: src.autoResume, spec: specWithEnv(src.spec, env), pauseFiles: src.pauseFiles,
 			pausable: pauseSupported(sb, src.backend) == nil,
 		}
 	}

@@ -57,7 +57,7 @@ func (s *Service) Execute(ctx context.Context, owner, id string, req sandbox.Exe
 	defer release()
 	done := s.use(b)
 	defer done()
-	res, err := b.sb.Execute(ctx, req, sink)
+	res, err := b.Sandbox().Execute(ctx, req, sink)
 	if err != nil {
 		return nil, err
 	}
@@ -165,7 +165,7 @@ func (s *Service) Interrupt(owner, id string) error {
 	if err != nil {
 		return err
 	}
-	return b.sb.Interrupt()
+	return b.Sandbox().Interrupt()
 }
 
 // Restart gives a sandbox a fresh Python process; files are kept.
@@ -176,7 +176,7 @@ func (s *Service) Restart(ctx context.Context, owner, id string) error {
 	}
 	done := s.use(b)
 	defer done()
-	return b.sb.Restart(ctx)
+	return b.Sandbox().Restart(ctx)
 }
 
 // CommandRequest is a shell command to run in a sandbox.
@@ -244,7 +244,7 @@ func (s *Service) run(ctx context.Context, owner, id string, b *Box, cmd sandbox
 	done := s.use(b)
 	defer done()
 	start := time.Now()
-	p, err := b.sb.Start(ctx, cmd)
+	p, err := b.Sandbox().Start(ctx, cmd)
 	if err != nil {
 		return nil, startError(err, cmd)
 	}
@@ -339,7 +339,7 @@ func (s *Service) Workspace(owner, id string) (sandbox.Workspace, func(), error)
 	if err != nil {
 		return nil, nil, err
 	}
-	ws, closeVolumes, err := b.withVolumes(b.sb.Workspace(), true, sandbox.UserSandbox)
+	ws, closeVolumes, err := b.withVolumes(b.Sandbox().Workspace(), true, sandbox.UserSandbox)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -355,7 +355,7 @@ func (s *Service) FileSystem(owner, id, user string) (sandbox.Workspace, func(),
 	if err != nil {
 		return nil, nil, err
 	}
-	fs, ok := b.sb.(sandbox.FileSystem)
+	fs, ok := b.Sandbox().(sandbox.FileSystem)
 	if !ok {
 		return nil, nil, fmt.Errorf("%w: this sandbox's files outside its workspace cannot be reached (its backend keeps "+
 			"them apart)", sandbox.ErrUnsupported)
@@ -382,7 +382,7 @@ func (s *Service) MakeDirsFor(owner, id, name, user string) error {
 	if err != nil {
 		return err
 	}
-	fs, ok := b.sb.(sandbox.FileSystem)
+	fs, ok := b.Sandbox().(sandbox.FileSystem)
 	if !ok {
 		return fmt.Errorf("%w: this sandbox's files outside its workspace cannot be reached", sandbox.ErrUnsupported)
 	}

@@ -27,10 +27,10 @@ const pauseWait = time.Minute
 
 // pauser returns the sandbox's Pauser, or why it has none.
 func (b *Box) pauser() (sandbox.Pauser, error) {
-	if p, ok := b.sb.(sandbox.Pauser); ok {
+	if p, ok := b.Sandbox().(sandbox.Pauser); ok {
 		return p, nil
 	}
-	return nil, pauseSupported(b.sb, b.backend)
+	return nil, pauseSupported(b.Sandbox(), b.backend)
 }
 
 // pauseSupported returns nil if sb can be paused, or why not.
@@ -51,11 +51,16 @@ func pauseSupported(sb sandbox.Sandbox, backend string) error {
 // pause a command that runs), ErrAlreadyPaused when it is paused, and
 // sandbox.ErrUnsupported where its backend cannot pause.
 func (s *Service) Pause(ctx context.Context, owner, id string) (Info, error) {
+	return s.changeState(ctx, owner, id, s.pause)
+}
+
+// changeState does change (a pause, a resume) to an owner's sandbox.
+func (s *Service) changeState(ctx context.Context, owner, id string, change func(context.Context, *Box) error) (Info, error) {
 	b, err := s.lookup(owner, id)
 	if err != nil {
 		return Info{}, err
 	}
-	if err := s.pause(ctx, b); err != nil {
+	if err := change(ctx, b); err != nil {
 		return Info{}, err
 	}
 	return b.info(), nil
@@ -69,13 +74,9 @@ func (s *Service) pause(ctx context.Context, b *Box) error {
 	b.pauseMu.Lock()
 	defer b.pauseMu.Unlock()
 	b.mu.Lock()
-	switch {
-	case b.paused:
+	if err := b.pauseRefused(); err != nil {
 		b.mu.Unlock()
-		return ErrAlreadyPaused
-	case b.executing:
-		b.mu.Unlock()
-		return fmt.Errorf("%w: code is running; pause the sandbox once it ends (or interrupt it)", sandbox.ErrBusy)
+		return err
 	}
 	// Commands may run: the backend pauses them with the sandbox, or
 	// refuses (sandbox.ErrBusy) what it cannot.
@@ -113,18 +114,23 @@ func (s *Service) pause(ctx context.Context, b *Box) error {
 	return nil
 }
 
+// pauseRefused says why b cannot be paused now, if it cannot: it is
+// paused already, or code runs in it. Callers hold b.mu.
+func (b *Box) pauseRefused() error {
+	switch {
+	case b.paused:
+		return ErrAlreadyPaused
+	case b.executing:
+		return fmt.Errorf("%w: code is running; pause the sandbox once it ends (or interrupt it)", sandbox.ErrBusy)
+	}
+	return nil
+}
+
 // Resume brings a paused sandbox back where it was paused. Its idle
 // timeout starts again, and its maximum lifetime is moved by the time it
 // spent paused. It fails with ErrNotPaused for a sandbox that is not.
 func (s *Service) Resume(ctx context.Context, owner, id string) (Info, error) {
-	b, err := s.lookup(owner, id)
-	if err != nil {
-		return Info{}, err
-	}
-	if err := s.resume(ctx, b); err != nil {
-		return Info{}, err
-	}
-	return b.info(), nil
+	return s.changeState(ctx, owner, id, s.resume)
 }
 
 func (s *Service) resume(ctx context.Context, b *Box) error {
@@ -145,7 +151,7 @@ func (s *Service) resume(ctx context.Context, b *Box) error {
 		return err
 	}
 	start := time.Now()
-	if err := p.Resume(ctx); err != nil {
+	if err := s.resumeSandbox(ctx, b, p); err != nil {
 		s.cfg.Logger.Warn("sandbox resume", "id", b.id, "err", err)
 		return err
 	}
@@ -190,7 +196,7 @@ func (s *Service) timedOut(b *Box) {
 	b.mu.Unlock()
 	if pause {
 		ctx, cancel := context.WithTimeout(context.Background(), pauseWait)
-		err := s.pause(ctx, b)
+		err := s.pauseOnTimeout(ctx, b)
 		cancel()
 		if err == nil || errors.Is(err, ErrAlreadyPaused) {
 			return

@@ -51,6 +51,14 @@ type pausedMeta struct {
 	// again by the server that opens it: never more than that server's
 	// allowlist allows then.
 	Network *netpolicy.Request `json:"network,omitempty"`
+	// Spec is what made it (Box.spec), nil where not known; PauseFiles
+	// is Box.pauseFiles.
+	Spec       *sandbox.Spec `json:"spec,omitempty"`
+	PauseFiles bool          `json:"pause_files,omitempty"`
+	// FilesOnly: it was paused without its memory (pausefiles.go), and
+	// data/ holds its files for its resume to make it again of Spec.
+	// Else data/ is its backend's (sandbox.PausePersister).
+	FilesOnly bool `json:"files_only,omitempty"`
 }
 
 var errNoOpener = errors.New("its backend is not offered here, or cannot open paused sandboxes")
@@ -96,7 +104,7 @@ func (s *Service) pausedConfigured() bool {
 // sandbox's memory and files each time.
 func (s *Service) persistPaused(b *Box, gen int) {
 	defer s.persisting.Done()
-	pp, ok := b.sb.(sandbox.PausePersister)
+	pp, ok := b.Sandbox().(sandbox.PausePersister)
 	if !ok || !s.keepsPaused() {
 		return
 	}
@@ -110,29 +118,73 @@ func (s *Service) persistPaused(b *Box, gen int) {
 	defer b.pauseMu.Unlock()
 	b.mu.Lock()
 	paused := b.paused && b.pauseGen == gen && !b.persisted
-	meta := pausedMeta{ID: b.id, Owner: b.owner, CreatedAt: b.createdAt, Deadline: b.deadline, ExpiresAt: b.expiresAt,
-		Idle: b.idle, Limits: b.limits, Env: b.env, IDEnv: b.idEnv, IDStale: b.idStale, Metadata: b.metadata,
-		Backend: b.backend, Ports: b.ports,
-		OnTimeout: b.onTimeout, AutoResume: b.autoResume, PausedAt: b.pausedAt, Executions: b.executions}
-	if p := b.network; !p.None() {
-		meta.Network = &netpolicy.Request{Allow: p.Allow(), Deny: p.Denied(), Except: p.Excepted(), Packages: p.Packages,
-			Limits: p.Limits}
-	}
+	meta := b.pausedMeta()
 	b.mu.Unlock()
 	if !paused {
 		return
 	}
-	// Written under a staging name, renamed once signed: a crash leaves
-	// no half-written sandbox for the next start to list.
+	start := time.Now()
+	final := filepath.Join(s.cfg.PausedDir, b.id)
+	size, err := s.writePaused(b, meta, func(data string) (int64, error) {
+		return pp.PersistPaused(context.Background(), data)
+	})
+	if err != nil {
+		if !errors.Is(err, ErrNotFound) {
+			s.cfg.Logger.Warn("a paused sandbox is not kept across a restart", "id", b.id, "err", err)
+		}
+		return
+	}
+	// Kept on disk only from now on: the backend lets go of the rest
+	// (its images, memory, host user, cgroup), and the resume reads the
+	// kept copy, checked whole first, as after a restart.
+	released := false
+	if r, ok := b.Sandbox().(sandbox.PausedReleaser); ok {
+		if err := r.ReleasePaused(filepath.Join(final, "data")); err != nil {
+			s.cfg.Logger.Info("a paused sandbox kept on disk stays in memory as well", "id", b.id, "err", err)
+		} else {
+			released = true
+		}
+	}
+	b.mu.Lock()
+	b.persisted = true
+	if released {
+		b.unverified = true
+	}
+	b.mu.Unlock()
+	s.cfg.Logger.Info("paused sandbox kept on disk", "id", b.id, "bytes", size, "ms", time.Since(start).Milliseconds(),
+		"released", released)
+}
+
+// pausedMeta is b's record as a paused sandbox kept on disk. Callers
+// hold b.mu.
+func (b *Box) pausedMeta() pausedMeta {
+	meta := pausedMeta{ID: b.id, Owner: b.owner, CreatedAt: b.createdAt, Deadline: b.deadline, ExpiresAt: b.expiresAt,
+		Idle: b.idle, Limits: b.limits, Env: b.env, IDEnv: b.idEnv, IDStale: b.idStale, Metadata: b.metadata,
+		Backend: b.backend, Ports: b.ports,
+		OnTimeout: b.onTimeout, AutoResume: b.autoResume, PausedAt: b.pausedAt, Executions: b.executions,
+		Spec: b.spec, PauseFiles: b.pauseFiles}
+	if p := b.network; !p.None() {
+		meta.Network = &netpolicy.Request{Allow: p.Allow(), Deny: p.Denied(), Except: p.Excepted(), Packages: p.Packages,
+			Limits: p.Limits}
+	}
+	return meta
+}
+
+// writePaused keeps b on disk, at PausedDir/<id>: data writes what its
+// resume needs into the directory it is given (data/, which it makes),
+// then meta is written and the whole signed. It is written under a
+// staging name, renamed once signed: a crash leaves no half-written
+// sandbox for the next start to list. It fails with ErrNotFound, and
+// leaves nothing, where b was closed meanwhile.
+func (s *Service) writePaused(b *Box, meta pausedMeta, data func(dir string) (int64, error)) (int64, error) {
 	final := filepath.Join(s.cfg.PausedDir, b.id)
 	dir := filepath.Join(s.cfg.PausedDir, ".partial-"+b.id)
 	os.RemoveAll(final)
 	os.RemoveAll(dir)
-	start := time.Now()
 	err := os.Mkdir(dir, 0o700)
 	var size int64
 	if err == nil {
-		size, err = pp.PersistPaused(context.Background(), filepath.Join(dir, "data"))
+		size, err = data(filepath.Join(dir, "data"))
 	}
 	if err == nil {
 		var buf []byte
@@ -154,33 +206,15 @@ func (s *Service) persistPaused(b *Box, gen int) {
 	s.mu.Lock()
 	gone := s.boxes[b.id] != b
 	s.mu.Unlock()
-	if err != nil || gone {
+	if err == nil && gone {
+		err = ErrNotFound
+	}
+	if err != nil {
 		os.RemoveAll(dir)
 		os.RemoveAll(final)
-		if err != nil {
-			s.cfg.Logger.Warn("a paused sandbox is not kept across a restart", "id", b.id, "err", err)
-		}
-		return
+		return 0, err
 	}
-	// Kept on disk only from now on: the backend lets go of the rest
-	// (its images, memory, host user, cgroup), and the resume reads the
-	// kept copy, checked whole first, as after a restart.
-	released := false
-	if r, ok := b.sb.(sandbox.PausedReleaser); ok {
-		if err := r.ReleasePaused(filepath.Join(final, "data")); err != nil {
-			s.cfg.Logger.Info("a paused sandbox kept on disk stays in memory as well", "id", b.id, "err", err)
-		} else {
-			released = true
-		}
-	}
-	b.mu.Lock()
-	b.persisted = true
-	if released {
-		b.unverified = true
-	}
-	b.mu.Unlock()
-	s.cfg.Logger.Info("paused sandbox kept on disk", "id", b.id, "bytes", size, "ms", time.Since(start).Milliseconds(),
-		"released", released)
+	return size, nil
 }
 
 // forgetPaused removes what persistPaused kept of b.
@@ -240,6 +274,10 @@ func (s *Service) openPaused() {
 			os.RemoveAll(dir)
 			continue
 		}
+		if m.FilesOnly {
+			s.openFilesPaused(m)
+			continue
+		}
 		backend := cmp.Or(m.Backend, s.cfg.Backend.Name())
 		kept[backend] = append(kept[backend], filepath.Join(dir, "data"))
 		policy, egress := s.reopenNetwork(m)
@@ -261,16 +299,22 @@ func (s *Service) openPaused() {
 			s.cfg.Logger.Warn("a kept paused sandbox could not be opened; it stays on disk", "id", m.ID, "err", err)
 			continue
 		}
-		b := &Box{
-			id: m.ID, owner: m.Owner, sb: sb, createdAt: m.CreatedAt, deadline: m.Deadline, idle: m.Idle,
-			limits: m.Limits, env: m.Env, idEnv: m.IDEnv, idStale: m.IDStale, metadata: m.Metadata, expiresAt: m.ExpiresAt,
-			backend: m.Backend,
-			ports:   m.Ports, onTimeout: m.OnTimeout, autoResume: m.AutoResume, paused: true, pausedAt: m.PausedAt,
-			executions: m.Executions, pausable: true, persisted: true, unverified: true, network: policy, egress: egress,
-		}
-		s.boxes[b.id] = b
-		s.cfg.Logger.Info("paused sandbox opened from disk", "id", b.id, "owner", b.owner)
+		s.opened(m, sb, policy, egress)
 	}
+}
+
+// opened lists again, paused, the sandbox m records, of sb.
+func (s *Service) opened(m pausedMeta, sb sandbox.Sandbox, policy *netpolicy.Policy, egress *netproxy.Proxy) *Box {
+	b := &Box{
+		id: m.ID, owner: m.Owner, sb: sb, createdAt: m.CreatedAt, deadline: m.Deadline, idle: m.Idle,
+		limits: m.Limits, env: m.Env, idEnv: m.IDEnv, idStale: m.IDStale, metadata: m.Metadata, expiresAt: m.ExpiresAt,
+		backend: m.Backend, spec: m.Spec, pauseFiles: m.PauseFiles,
+		ports: m.Ports, onTimeout: m.OnTimeout, autoResume: m.AutoResume, paused: true, pausedAt: m.PausedAt,
+		executions: m.Executions, pausable: true, persisted: true, unverified: true, network: policy, egress: egress,
+	}
+	s.boxes[b.id] = b
+	s.cfg.Logger.Info("paused sandbox opened from disk", "id", b.id, "owner", b.owner)
+	return b
 }
 
 // pruneBases lets each backend that keeps files for its kept paused

@@ -90,7 +90,7 @@ func (s *Service) portDialer(owner, id string, port int) (*Box, sandbox.PortDial
 	if err != nil {
 		return nil, nil, err
 	}
-	d, ok := b.sb.(sandbox.PortDialer)
+	d, ok := b.Sandbox().(sandbox.PortDialer)
 	if !ok {
 		return nil, nil, fmt.Errorf("%w: the %s backend's sandboxes have no ports to serve (no sockets); the native, gvisor and docker backends' have",
 			sandbox.ErrUnsupported, b.backend)

@@ -213,7 +213,7 @@ func (s *Service) StartProcess(ctx context.Context, owner, id string, req Proces
 	}
 	done := s.use(b)
 	cmd := sandbox.Command{Argv: req.Argv, Env: b.ownEnv(req.Env), Dir: req.Cwd, User: req.User, Terminal: req.Terminal}
-	sp, err := b.sb.Start(ctx, cmd)
+	sp, err := b.Sandbox().Start(ctx, cmd)
 	if err != nil {
 		err = startError(err, cmd)
 		done()

@@ -305,8 +305,12 @@ type CreateRequest struct {
 	// OnTimeout is what the idle timeout does: OnTimeoutKill ("" too)
 	// closes the sandbox, OnTimeoutPause pauses it (see Pause).
 	OnTimeout string
+	// PauseFilesOnly, with OnTimeoutPause, makes the timeout pause the
+	// sandbox without its memory (PauseFiles), which needs no pausable
+	// sandbox.
+	PauseFilesOnly bool
 	// Pausable asks for a sandbox that can be paused (sandbox.Spec.Pausable);
-	// OnTimeoutPause implies it.
+	// OnTimeoutPause implies it, but with PauseFilesOnly.
 	Pausable bool
 	// AutoResume: an operation on the paused sandbox (paused by its
 	// timeout or by Pause) resumes it first, instead of failing with
@@ -341,7 +345,11 @@ func (b *Box) ownEnv(env map[string]string) map[string]string {
 // Box is a managed sandbox.
 type Box struct {
 	id, owner string
-	sb        sandbox.Sandbox
+	sb        sandbox.Sandbox // under sbMu: a pause without memory replaces it (pausefiles.go)
+	sbMu      sync.RWMutex
+	// spec is what made sb, for a pause without memory to make it again
+	// (pausefiles.go); nil: not known (made from a snapshot).
+	spec      *sandbox.Spec
 	createdAt time.Time
 	deadline  time.Time // end of the maximum lifetime
 	idle      time.Duration
@@ -369,6 +377,7 @@ type Box struct {
 	volumes     []VolumeMountInfo
 	leases      []*volume.Lease // released once sb is closed
 	onTimeout   string
+	pauseFiles  bool // its timeout pauses it without its memory (CreateRequest.PauseFilesOnly)
 	autoResume  bool
 	paused      bool
 	pausedAt    time.Time
@@ -447,7 +456,11 @@ func (b *Box) info() Info {
 }
 
 // Sandbox returns the underlying sandbox (for its workspace).
-func (b *Box) Sandbox() sandbox.Sandbox { return b.sb }
+func (b *Box) Sandbox() sandbox.Sandbox {
+	b.sbMu.RLock()
+	defer b.sbMu.RUnlock()
+	return b.sb
+}
 
 // Paused reports whether the sandbox is paused now.
 func (b *Box) Paused() bool {
@@ -555,6 +568,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	start := time.Now()
 	mounts, leases, err := s.leaseVolumes(req.Owner, req.Volumes)
 	var sb sandbox.Sandbox
+	var spec *sandbox.Spec
 	var egress *netproxy.Proxy
 	switch {
 	case err == nil && snapDir != "":
@@ -563,13 +577,14 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		// Made without its id in its environment, which executions and
 		// commands are given (ownEnv): sandboxes of one spec are alike,
 		// and a pool keeps some ready.
-		sb, egress, err = s.makeSandbox(ctx, req.Owner, id, sandbox.Spec{Limits: limits, Env: withoutID(env, req.IDEnv),
-			Backend: req.Backend, Tenant: s.tenantOf(req.Owner), Home: req.Home, Volumes: mounts,
-			Pausable: req.Pausable || req.OnTimeout == OnTimeoutPause}, policy)
+		spec = &sandbox.Spec{Limits: limits, Env: withoutID(env, req.IDEnv), Backend: req.Backend,
+			Tenant: s.tenantOf(req.Owner), Home: req.Home, Volumes: mounts,
+			Pausable: req.Pausable || req.OnTimeout == OnTimeoutPause && !req.PauseFilesOnly}
+		sb, egress, err = s.makeSandbox(ctx, req.Owner, id, *spec, policy)
 	}
 	if err == nil && req.OnTimeout == OnTimeoutPause {
 		// Refused now rather than closed when its timeout comes.
-		if err = pauseSupported(sb, cmp.Or(req.Backend, s.cfg.Backend.Name())); err != nil {
+		if err = s.timeoutPauseSupported(sb, spec, req); err != nil {
 			sb.Close()
 			err = fmt.Errorf("on_timeout %q: %w", OnTimeoutPause, err)
 		}
@@ -592,7 +607,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		metadata: maps.Clone(req.Metadata), expiresAt: minTime(now.Add(idle), now.Add(life)),
 		backend: cmp.Or(req.Backend, s.cfg.Backend.Name()), network: policy, egress: egress,
 		ports: req.Ports, volumes: volumeInfos(mounts, leases), leases: leases,
-		onTimeout: req.OnTimeout, autoResume: req.AutoResume,
+		onTimeout: req.OnTimeout, autoResume: req.AutoResume, spec: spec, pauseFiles: req.PauseFilesOnly,
 		pausable: pauseSupported(sb, cmp.Or(req.Backend, s.cfg.Backend.Name())) == nil,
 	}
 	s.mu.Lock()
@@ -823,7 +838,7 @@ func (s *Service) removeIf(b *Box, why string, cond func() bool) bool {
 	delete(s.boxes, b.id)
 	s.mu.Unlock()
 	s.usage.closing(b.id) // no sample is taken from here on
-	if err := b.sb.Close(); err != nil {
+	if err := b.Sandbox().Close(); err != nil {
 		s.cfg.Logger.Warn("sandbox clean-up", "id", b.id, "err", err)
 	}
 	releaseVolumes(b.leases) // every process that could reach them is gone
@@ -1010,7 +1025,7 @@ func (s *Service) Shutdown(ctx context.Context) error {
 		s.mu.Unlock()
 		s.cfg.Logger.Warn("grace period over: interrupting executions", "running", n)
 		for _, b := range boxes {
-			b.sb.Interrupt()
+			b.Sandbox().Interrupt()
 		}
 		select {
 		case <-finished:

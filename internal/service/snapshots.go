@@ -113,7 +113,7 @@ func (s *Service) Snapshot(ctx context.Context, owner, id, name string) (Snapsho
 	if err != nil {
 		return SnapshotInfo{}, err
 	}
-	sn, ok := b.sb.(sandbox.Snapshotter)
+	sn, ok := b.Sandbox().(sandbox.Snapshotter)
 	if !ok {
 		return SnapshotInfo{}, fmt.Errorf("%w: sandboxes of the %s backend cannot be saved as snapshots (the native backend's can, with CRIU)",
 			sandbox.ErrUnsupported, b.backend)

@@ -101,12 +101,12 @@ func (l *usageLog) ordered() []Sample {
 func (s *Service) sample(b *Box, prev Sample) Sample {
 	now := s.cfg.Now()
 	smp := Sample{Time: now, CPUCount: runtime.NumCPU(), MemoryMax: b.limits.Memory, DiskMax: b.limits.Disk}
-	if r, ok := b.sb.(sandbox.UsageReporter); ok {
+	if r, ok := b.Sandbox().(sandbox.UsageReporter); ok {
 		if u, err := r.Usage(); err == nil {
 			smp.cpu, smp.Memory = u.CPU, u.Memory
 		}
 	}
-	if d, ok := b.sb.Workspace().(sandbox.DiskUser); ok {
+	if d, ok := b.Sandbox().Workspace().(sandbox.DiskUser); ok {
 		if used, err := d.DiskUsed(); err == nil {
 			smp.Disk = used
 		}

@@ -160,6 +160,56 @@ describe('control plane', () => {
     }
   })
 
+  test("pause({ keepMemory: false }): the files are kept, everything else starts afresh, as E2B's filesystem-only pause", async () => {
+    const sbx = await Sandbox.create()
+    try {
+      await sbx.files.write('/home/user/fs_only.txt', 'kept', { metadata: { k: 'v' } })
+      await sbx.commands.run('chmod 600 fs_only.txt && ln -s fs_only.txt link && mkdir -p /tmp/t && echo tmp > /tmp/t/x')
+      await sbx.commands.run('echo mine > /root/r && mkdir /opt/app', { user: 'root' })
+      await sbx.runCode('x = 41')
+      await sbx.commands.run('sleep 600', { background: true })
+      const boot = (await sbx.commands.run('cat /proc/sys/kernel/random/boot_id')).stdout.trim()
+
+      assert.equal(await sbx.pause({ keepMemory: false }), true)
+      assert.equal(await sbx.isRunning(), false)
+      assert.equal((await Sandbox.getInfo(sbx.sandboxId)).state, 'paused')
+      assert.equal(await sbx.pause({ keepMemory: false }), false) // paused already
+
+      const back = await sbx.connect()
+      assert.equal(back.sandboxId, sbx.sandboxId)
+      assert.equal(await back.isRunning(), true)
+      assert.equal(await back.files.read('/home/user/fs_only.txt'), 'kept')
+      assert.deepEqual((await back.files.getInfo('/home/user/fs_only.txt')).metadata, { k: 'v' })
+      const ls = await back.commands.run("stat -c '%n %a %U' fs_only.txt link /tmp/t/x /opt/app && readlink link", { user: 'root', cwd: '/home/user' })
+      assert.equal(ls.stdout, 'fs_only.txt 600 user\nlink 777 user\n/tmp/t/x 644 user\n/opt/app 755 root\nfs_only.txt\n')
+      assert.equal((await back.commands.run('cat /root/r', { user: 'root' })).stdout, 'mine\n')
+      // A fresh start: a new boot id, no process of before, a new kernel.
+      assert.notEqual((await back.commands.run('cat /proc/sys/kernel/random/boot_id')).stdout.trim(), boot)
+      assert.doesNotMatch((await back.commands.run('pgrep -a sleep || true')).stdout, /sleep 600/)
+      assert.equal((await back.runCode('x')).error?.name, 'NameError')
+      assert.equal((await back.runCode('41 + 1')).text, '42')
+    } finally {
+      await sbx.kill()
+    }
+  })
+
+  test("lifecycle onTimeout { action: 'pause', keepMemory: false }: the timeout keeps the files alone, connect starts it afresh", async () => {
+    const sbx = await Sandbox.create({ timeoutMs: 2000, lifecycle: { onTimeout: { action: 'pause', keepMemory: false } } })
+    try {
+      await sbx.files.write('/home/user/marker.txt', 'auto-paused')
+      let state = 'running'
+      for (let i = 0; i < 50 && state !== 'paused'; i++) {
+        await sleep(200)
+        state = (await Sandbox.getInfo(sbx.sandboxId)).state
+      }
+      assert.equal(state, 'paused', 'the timeout did not pause the sandbox')
+      await sbx.connect()
+      assert.equal(await sbx.files.read('/home/user/marker.txt'), 'auto-paused')
+    } finally {
+      await sbx.kill()
+    }
+  })
+
   test('what vivarium cannot do is a clear error, never a hang', async () => {
     await assert.rejects(Sandbox.create('my-custom-template'), /custom templates are not supported/)
     await assert.rejects(Sandbox.create({ network: { allowOut: ['example.com'] } }), /no network/)
