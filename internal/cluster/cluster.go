@@ -96,8 +96,9 @@ type Client struct {
 }
 
 // scheme knows Leases and the core group's types alone: the client links
-// no other API group.
-var scheme = func() *runtime.Scheme {
+// no other API group. Made on first use: every process of the binary (a
+// sandbox's init too) would pay for it at its start.
+var scheme = sync.OnceValue(func() *runtime.Scheme {
 	s := runtime.NewScheme()
 	if err := coordinationv1.AddToScheme(s); err != nil {
 		panic(err)
@@ -108,7 +109,7 @@ var scheme = func() *runtime.Scheme {
 	metav1.AddToGroupVersion(s, coordinationv1.SchemeGroupVersion)
 	metav1.AddToGroupVersion(s, corev1.SchemeGroupVersion)
 	return s
-}()
+})
 
 // New connects to the API server of cfg (nothing is asked of it yet).
 func New(cfg Config) (*Client, error) {
@@ -136,7 +137,7 @@ func New(cfg Config) (*Client, error) {
 		c := rest.CopyConfig(rc)
 		c.GroupVersion, c.APIPath = &gv, path
 		c.ContentType = runtime.ContentTypeJSON
-		c.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
+		c.NegotiatedSerializer = serializer.NewCodecFactory(scheme()).WithoutConversion()
 		return rest.RESTClientFor(c)
 	}
 	leases, err := client(coordinationv1.SchemeGroupVersion, "/apis")

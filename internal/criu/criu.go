@@ -75,7 +75,7 @@ func Find() (string, error) {
 	return "", ErrNotFound
 }
 
-var versionRe = regexp.MustCompile(`(?m)^Version:\s*(\S+)`)
+var versionRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`(?m)^Version:\s*(\S+)`) })
 
 // Version returns what `criu --version` says its version is ("4.1.1").
 func Version(bin string) (string, error) {
@@ -83,7 +83,7 @@ func Version(bin string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("criu --version: %w", err)
 	}
-	m := versionRe.FindSubmatch(out)
+	m := versionRe().FindSubmatch(out)
 	if m == nil {
 		return "", fmt.Errorf("criu --version: no version in %q", strings.TrimSpace(string(out)))
 	}

@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/netpolicy"
@@ -13,7 +14,7 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/volume"
 )
 
-var pathParam = regexp.MustCompile(`\{([a-z]+)(\.\.\.)?\}`)
+var pathParam = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`\{([a-z]+)(\.\.\.)?\}`) })
 
 // operation says what one route takes and answers: Go values whose types
 // the schemas are derived from, so the document cannot drift from the
@@ -103,7 +104,7 @@ type errorBody struct {
 func OpenAPI() map[string]any {
 	paths := map[string]any{}
 	for _, r := range Routes {
-		p := pathParam.ReplaceAllString(r.Pattern, "{$1}")
+		p := pathParam().ReplaceAllString(r.Pattern, "{$1}")
 		item, _ := paths[p].(map[string]any)
 		if item == nil {
 			item = map[string]any{}
@@ -134,7 +135,7 @@ func OpenAPI() map[string]any {
 			},
 		}
 		var params []any
-		for _, m := range pathParam.FindAllStringSubmatch(r.Pattern, -1) {
+		for _, m := range pathParam().FindAllStringSubmatch(r.Pattern, -1) {
 			params = append(params, map[string]any{"name": m[1], "in": "path", "required": true, "schema": map[string]any{"type": "string"}})
 		}
 		if r.Name == "listFiles" || r.Name == "listVolumeFiles" {

@@ -69,24 +69,24 @@ func ParseAllowed(s string) (Allowed, error) {
 }
 
 var (
-	nameRE    = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$`)
-	versionRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9.+!_-]{0,63}$`)
-	runsRE    = regexp.MustCompile(`[-_.]+`)
+	nameRE    = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$`) })
+	versionRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9.+!_-]{0,63}$`) })
+	runsRE    = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`[-_.]+`) })
 )
 
 // NormalizeName checks a project name and returns its PEP 503 form
 // (lower case, runs of "-", "_" and "." as one "-").
 func NormalizeName(s string) (string, error) {
-	if len(s) > 100 || !nameRE.MatchString(s) {
+	if len(s) > 100 || !nameRE().MatchString(s) {
 		return "", fmt.Errorf("%w: %q is not a package name (letters, digits, '.', '_', '-')", ErrInvalid, clip(s))
 	}
-	return runsRE.ReplaceAllString(strings.ToLower(s), "-"), nil
+	return runsRE().ReplaceAllString(strings.ToLower(s), "-"), nil
 }
 
 // ValidVersion checks a version's characters (PEP 440's, loosely): it is
 // matched as written, against the versions in wheel file names.
 func ValidVersion(v string) error {
-	if !versionRE.MatchString(v) {
+	if !versionRE().MatchString(v) {
 		return fmt.Errorf("%w: %q is not a version", ErrInvalid, clip(v))
 	}
 	return nil
@@ -376,8 +376,8 @@ const (
 	shaRegex = `[0-9a-f]{64}`
 )
 
-var anchorRE = regexp.MustCompile(`(?is)<a\s[^>]*href\s*=\s*["']([^"']+)["'][^>]*>`)
-var shaRE = regexp.MustCompile(`(?:^|[#&])sha256=(` + shaRegex + `)`)
+var anchorRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`(?is)<a\s[^>]*href\s*=\s*["']([^"']+)["'][^>]*>`) })
+var shaRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`(?:^|[#&])sha256=(` + shaRegex + `)`) })
 
 func (ix *Index) listUpstream(n string) ([]fileEntry, error) {
 	ix.mu.Lock()
@@ -411,7 +411,7 @@ func (ix *Index) listUpstream(n string) ([]fileEntry, error) {
 		return nil, err
 	}
 	var out []fileEntry
-	for _, m := range anchorRE.FindAllStringSubmatch(string(page), -1) {
+	for _, m := range anchorRE().FindAllStringSubmatch(string(page), -1) {
 		href := html.UnescapeString(m[1])
 		u, err := base.Parse(href)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") {
@@ -422,7 +422,7 @@ func (ix *Index) listUpstream(n string) ([]fileEntry, error) {
 			filename = unescaped
 		}
 		name, version, ok := wheelInfo(filename)
-		sha := shaRE.FindStringSubmatch(u.Fragment)
+		sha := shaRE().FindStringSubmatch(u.Fragment)
 		if !ok || name != n || !ix.versionAllowed(n, version) || sha == nil {
 			// Files without a hash are not offered: the server relays
 			// bytes it cannot check, and pip checks them against this.

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -223,7 +224,7 @@ func cgroupsOne(host string) string {
 }
 
 // number is a whole number, not the digits in a name (pgalloc_dma32).
-var number = regexp.MustCompile(`\b[0-9]+\b`)
+var number = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`\b[0-9]+\b`) })
 
 // zeroNumbers keeps a file's layout and names and makes every number 0.
-func zeroNumbers(host string) string { return number.ReplaceAllString(host, "0") }
+func zeroNumbers(host string) string { return number().ReplaceAllString(host, "0") }

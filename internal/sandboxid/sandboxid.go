@@ -11,6 +11,7 @@ import (
 	"encoding/hex"
 	"regexp"
 	"strings"
+	"sync"
 )
 
 // A Kind of id: its prefix.
@@ -25,17 +26,19 @@ const (
 
 const nodeRE = `[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?`
 
+// The patterns, compiled on first use: every process of the binary (a
+// sandbox's init too) would compile them at its start.
 var (
-	node    = regexp.MustCompile(`^` + nodeRE + `$`)
-	ids     = map[Kind]*regexp.Regexp{}
-	session = regexp.MustCompile(`^(` + nodeRE + `)\.[0-9a-f]{32}$`)
+	node = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^` + nodeRE + `$`) })
+	ids  = sync.OnceValue(func() map[Kind]*regexp.Regexp {
+		m := map[Kind]*regexp.Regexp{}
+		for _, k := range []Kind{Sandbox, Snapshot, Volume} {
+			m[k] = regexp.MustCompile(`^` + string(k) + `_(?:(` + nodeRE + `)_)?[0-9a-f]{24}$`)
+		}
+		return m
+	})
+	session = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^(` + nodeRE + `)\.[0-9a-f]{32}$`) })
 )
-
-func init() {
-	for _, k := range []Kind{Sandbox, Snapshot, Volume} {
-		ids[k] = regexp.MustCompile(`^` + string(k) + `_(?:(` + nodeRE + `)_)?[0-9a-f]{24}$`)
-	}
-}
 
 // MaxName is the length of the longest name a snapshot may have.
 const MaxName = 63
@@ -57,7 +60,7 @@ func ValidName(s string) bool {
 
 // ValidNode reports whether name can be a node's name in ids: a DNS label
 // (what Kubernetes names its nodes and pods with), lower case.
-func ValidNode(name string) bool { return node.MatchString(name) }
+func ValidNode(name string) bool { return node().MatchString(name) }
 
 // New returns a new random id of a sandbox of node ("": none).
 func New(node string) string { return Sandbox.New(node) }
@@ -80,12 +83,12 @@ func (k Kind) New(node string) string {
 }
 
 // Valid reports whether s is an id of this kind, of a node or not.
-func (k Kind) Valid(s string) bool { return ids[k].MatchString(s) }
+func (k Kind) Valid(s string) bool { return ids()[k].MatchString(s) }
 
 // Node returns the node an id of this kind names; ok is false for an id
 // that names none, or is no id of this kind.
 func (k Kind) Node(s string) (name string, ok bool) {
-	m := ids[k].FindStringSubmatch(s)
+	m := ids()[k].FindStringSubmatch(s)
 	if m == nil || m[1] == "" {
 		return "", false
 	}
@@ -103,7 +106,7 @@ func NewSession(node string) string {
 
 // SessionNode returns the node an MCP session's id names.
 func SessionNode(s string) (name string, ok bool) {
-	m := session.FindStringSubmatch(s)
+	m := session().FindStringSubmatch(s)
 	if m == nil {
 		return "", false
 	}

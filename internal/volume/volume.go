@@ -122,13 +122,13 @@ type Store struct {
 	closed      bool
 }
 
-var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]*$`)
+var nameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]*$`) })
 
 // ValidName checks a volume's name: 1 to 63 letters, digits, '_', '.' and
 // '-', starting with a letter or digit (so never "." or "..", never a
 // path).
 func ValidName(name string) error {
-	if len(name) == 0 || len(name) > MaxNameLen || !nameRE.MatchString(name) {
+	if len(name) == 0 || len(name) > MaxNameLen || !nameRE().MatchString(name) {
 		return fmt.Errorf("%w: a volume name is 1 to %d letters, digits, '_', '.' and '-', starting with a letter or digit",
 			ErrInvalid, MaxNameLen)
 	}

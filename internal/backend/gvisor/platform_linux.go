@@ -112,7 +112,7 @@ func (e errNoAnswer) Error() string {
 // answered (nil) or it cannot (why), giving up when ctx ends.
 type probeFunc func(ctx context.Context, platform string) error
 
-var validPlatform = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,31}$`)
+var validPlatform = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z][a-z0-9_-]{0,31}$`) })
 
 // choose returns the first of candidates whose probe succeeds within
 // timeout. A probe that does not return once its context has ended is
@@ -120,7 +120,7 @@ var validPlatform = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,31}$`)
 func choose(ctx context.Context, candidates []string, timeout time.Duration, probe probeFunc) (Choice, error) {
 	var c Choice
 	for _, p := range candidates {
-		if !validPlatform.MatchString(p) {
+		if !validPlatform().MatchString(p) {
 			c.Rejected = append(c.Rejected, Rejection{p, fmt.Errorf("%q is not a platform name", p)})
 			continue
 		}
