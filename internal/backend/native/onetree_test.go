@@ -148,3 +148,43 @@ func TestOneTreeSnapshot(t *testing.T) {
 		t.Errorf("from the snapshot: the runner is in %s Landlock domains, not 1", got)
 	}
 }
+
+// TestOneTreeRunnerRestartsAfterRestore: a restored copy of a forked
+// sandbox is no longer under its zygote: a runner that dies there is
+// started again by the sandbox's own init, and the sandbox goes on.
+func TestOneTreeRunnerRestartsAfterRestore(t *testing.T) {
+	bin := requireCRIU(t)
+	b := zygotePauseBackend(t)
+	b.criuBin = bin
+	ctx := context.Background()
+	sbx, err := b.Create(ctx, sandbox.Spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sbx.Close()
+	s := sbx.(*Sandbox)
+	execText(t, s, "x = 1")
+	if err := s.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	copies, err := s.Fork(ctx, 1, sandbox.ForkOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer copies[0].Close()
+	for name, c := range map[string]*Sandbox{"resumed": s, "copy": copies[0].(*Sandbox)} {
+		res, err := c.Execute(ctx, sandbox.ExecRequest{Code: "import os\nos._exit(3)"}, nil)
+		if err != nil {
+			t.Fatalf("%s: the runner's exit: %v", name, err)
+		}
+		if res.Status == sandbox.StatusOK {
+			t.Fatalf("%s: os._exit answered ok", name)
+		}
+		if got := execText(t, c, "1 + 1"); got != "2" {
+			t.Errorf("%s: after its runner died: %s", name, got)
+		}
+	}
+}

@@ -157,12 +157,17 @@ const reconfineCode = `import landlock as __viv_landlock
 __viv_landlock.abi() and __viv_landlock.confine_to_root(__viv_landlock.abi())
 del __viv_landlock`
 
-// reconfine gives a restored sandbox's runner back what confined it and
-// CRIU does not restore: a forked sandbox's Landlock domain. A runner that
-// cannot have it again is an error: the caller ends the sandbox.
+// reconfine makes a restored forked sandbox whole again: its init starts
+// its next runners itself (no zygote is above it now: opStandalone), and
+// its runner gets back what confined it and CRIU does not restore, its
+// Landlock domain. A runner that cannot have it again is an error: the
+// caller ends the sandbox.
 func (s *Sandbox) reconfine(ctx context.Context) error {
 	if s.cfg.Role != roleForked {
 		return nil
+	}
+	if err := s.send(ctlMsg{Op: opStandalone}); err != nil {
+		return fmt.Errorf("the restored sandbox's init: %w", err)
 	}
 	res, err := s.Execute(ctx, sandbox.ExecRequest{Code: reconfineCode}, nil)
 	if err != nil {
