@@ -670,10 +670,22 @@ func (f sinkFunc) Stderr(p []byte) { f(p) }
 // TestPauseEgress: a sandbox with network access (its proxy listening in
 // its network namespace) is paused and resumed, and finds its proxy again
 // at the same address; the proxy's old listener is closed, and nothing
-// of it is left after Close.
+// of it is left after Close. A classic sandbox and a zygote's.
 func TestPauseEgress(t *testing.T) {
+	for _, kind := range []struct {
+		name    string
+		backend func(testing.TB) *Backend
+	}{
+		{"classic", func(t testing.TB) *Backend { return pauseBackend(t, pauseCgroupParent, pauseUIDBase) }},
+		{"forked", zygotePauseBackend},
+	} {
+		t.Run(kind.name, func(t *testing.T) { testPauseEgress(t, kind.backend) })
+	}
+}
+
+func testPauseEgress(t *testing.T, backend func(testing.TB) *Backend) {
 	bin := requireCRIU(t)
-	b := pauseBackend(t, pauseCgroupParent, pauseUIDBase)
+	b := backend(t)
 	b.criuBin = bin
 	ctx := context.Background()
 	e := testutil.NewEgress(t, testutil.EgressConfig{Allow: []string{"example.com"}, Names: map[string][]netip.Addr{}})
