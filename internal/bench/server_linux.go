@@ -48,6 +48,10 @@ type server struct {
 	http  *http.Client
 	wait  chan struct{}
 	reaps sync.WaitGroup // sandboxes being deleted in the background
+	// cpu reads what the server and its sandboxes spent (W8), made on
+	// first use.
+	cpu    *cpuMeter
+	cpuErr error
 }
 
 // serverParent is the bench server's cgroup parent: its sandboxes' memory
@@ -85,6 +89,10 @@ func (s *server) release() error {
 		<-s.wait
 	}
 	s.cmd = nil
+	if s.cpu != nil {
+		s.cpu.self.Destroy()
+	}
+	s.cpu, s.cpuErr = nil, nil
 	os.RemoveAll(s.data)
 	return nil
 }

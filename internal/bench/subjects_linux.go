@@ -281,6 +281,8 @@ func Subjects(ctx context.Context, cfg Config) ([]Subject, func()) {
 			Unit: "MiB", Skip: pandasSkip, Measure: pythonPandasPSS(py)},
 	)
 
+	out = append(out, cpuSubjects(srv, serverSetup, cliSkip, pySkip, py)...)
+
 	pauseSkip := vivSkip
 	if pauseSkip == "" && cfg.Pausing == nil {
 		pauseSkip = "no native backend that pauses"

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"syscall"
@@ -18,11 +19,13 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
 
-// Build compiles the vivarium binary into a temporary directory.
+// Build compiles the vivarium binary into a temporary directory, as make
+// build does (statically linked).
 func Build(t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "vivarium")
 	cmd := exec.Command("go", "build", "-o", bin, "github.com/vivarium-sandbox/vivarium/cmd/vivarium")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
