@@ -86,6 +86,7 @@ type bucket struct {
 	lastUse  time.Time
 	lastMiss time.Time
 	failedAt time.Time // the last creation error: refills pause a while
+	failures int       // creation errors in a row: each doubles the pause
 	hits     int64
 	misses   int64
 }
@@ -205,9 +206,11 @@ func (p *Pool) bucketLocked(k string, spec sandbox.Spec) *bucket {
 
 // refillLocked starts creations until ready and in-flight sandboxes reach
 // the target. One creation at a time per configuration: the backend's own
-// throughput is the limit, and requests that miss create their own.
+// throughput is the limit, and requests that miss create their own. After
+// a creation failed, refills pause: a second, doubled with each failure
+// in a row, up to maxFailurePause.
 func (p *Pool) refillLocked(b *bucket) {
-	if p.closed || b.creating > 0 || len(b.ready) >= b.target || time.Since(b.failedAt) < time.Second {
+	if p.closed || b.creating > 0 || len(b.ready) >= b.target || time.Since(b.failedAt) < b.pause() {
 		return
 	}
 	b.creating++
@@ -222,6 +225,7 @@ func (p *Pool) refillLocked(b *bucket) {
 			if err != nil {
 				b.creating--
 				b.failedAt = time.Now()
+				b.failures++
 				p.mu.Unlock()
 				p.log.Warn("pool: could not make a sandbox", "err", err)
 				return
@@ -232,6 +236,7 @@ func (p *Pool) refillLocked(b *bucket) {
 				sb.Close()
 				return
 			}
+			b.failures = 0
 			b.ready = append(b.ready, sb)
 			if len(b.ready) >= b.target {
 				b.creating--
@@ -243,8 +248,23 @@ func (p *Pool) refillLocked(b *bucket) {
 	}()
 }
 
+// maxFailurePause bounds the pause of a configuration's refills after
+// creations failed in a row.
+const maxFailurePause = time.Minute
+
+// pause is how long refills wait after the last creation error.
+func (b *bucket) pause() time.Duration {
+	if b.failures == 0 {
+		return 0
+	}
+	return min(time.Second<<min(b.failures-1, 6), maxFailurePause)
+}
+
 // janitor drops configurations nobody uses and shrinks those whose demand
-// fell: a target decays by one for every minute without a miss.
+// fell: a target decays by one for every minute without a miss. Every
+// second it also closes the ready sandboxes that died while they waited
+// (a gVisor sandbox whose runsc was killed, say) and refills what is
+// short, so that a failure is replaced before a request finds it.
 func (p *Pool) janitor() {
 	defer p.wg.Done()
 	t := time.NewTicker(time.Second)
@@ -257,6 +277,7 @@ func (p *Pool) janitor() {
 		}
 		now := time.Now()
 		var drop []sandbox.Sandbox
+		dead := 0
 		p.mu.Lock()
 		for k, b := range p.buckets {
 			switch {
@@ -272,8 +293,22 @@ func (p *Pool) janitor() {
 					b.ready = slices.Clip(b.ready[:b.target])
 				}
 			}
+			if p.buckets[k] == b {
+				b.ready = slices.DeleteFunc(b.ready, func(sb sandbox.Sandbox) bool {
+					if pr, ok := sb.(sandbox.Prober); ok && !pr.Alive() {
+						drop = append(drop, sb)
+						dead++
+						return true
+					}
+					return false
+				})
+				p.refillLocked(b)
+			}
 		}
 		p.mu.Unlock()
+		if dead > 0 {
+			p.log.Warn("pool: ready sandboxes died while they waited; they are replaced", "count", dead)
+		}
 		for _, sb := range drop {
 			sb.Close()
 		}

@@ -2,6 +2,7 @@ package pool
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,9 +12,11 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
 
-// fake is a backend of numbered sandboxes that records their lives.
+// fake is a backend of numbered sandboxes that records their lives. Its
+// next fail creations fail.
 type fake struct {
 	made, closed atomic.Int64
+	fail         atomic.Int64
 	mu           sync.Mutex
 	dead         map[int64]bool
 }
@@ -28,6 +31,10 @@ type fakeSandbox struct {
 
 func (f *fake) Name() string { return "fake" }
 func (f *fake) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
+	if f.fail.Add(-1) >= 0 {
+		return nil, errors.New("no sandbox today")
+	}
+	f.fail.Store(0)
 	return &fakeSandbox{f: f, n: f.made.Add(1), spec: spec}, nil
 }
 func (s *fakeSandbox) Close() error {
@@ -138,4 +145,40 @@ func TestDisabledPoolPassesThrough(t *testing.T) {
 	if f.made.Load() != 1 {
 		t.Fatalf("made %d", f.made.Load())
 	}
+}
+
+// A ready sandbox that dies while it waits is closed and replaced by the
+// pool itself, before any request comes.
+func TestDeadReadySandboxesAreReplaced(t *testing.T) {
+	f := &fake{dead: map[int64]bool{}}
+	p := New(Config{Backend: f, Max: 2, Min: 2})
+	defer p.Close()
+	p.Prewarm(sandbox.Spec{}, 2)
+	testutil.WaitFor(t, 5*time.Second, "the pool to fill", func() bool { return f.made.Load() == 2 })
+	f.mu.Lock()
+	f.dead[1] = true
+	f.mu.Unlock()
+	testutil.WaitFor(t, 10*time.Second, "the dead sandbox to be closed and replaced", func() bool {
+		st := p.Stats()
+		return f.closed.Load() == 1 && f.made.Load() == 3 && len(st) == 1 && st[0].Ready == 2
+	})
+	for range 2 {
+		sb, _ := p.Create(context.Background(), sandbox.Spec{})
+		if sb.(*fakeSandbox).n == 1 {
+			t.Fatal("handed out the dead sandbox")
+		}
+	}
+}
+
+// A creation that failed is tried again without waiting for a request.
+func TestRefillsAfterAFailure(t *testing.T) {
+	f := &fake{dead: map[int64]bool{}}
+	f.fail.Store(2)
+	p := New(Config{Backend: f, Max: 2, Min: 1})
+	defer p.Close()
+	p.Prewarm(sandbox.Spec{}, 1)
+	testutil.WaitFor(t, 15*time.Second, "the pool to fill after two failed creations", func() bool {
+		st := p.Stats()
+		return len(st) == 1 && st[0].Ready == 1
+	})
 }
