@@ -173,11 +173,11 @@ func TestDeadReadySandboxesAreReplaced(t *testing.T) {
 // A creation that failed is tried again without waiting for a request.
 func TestRefillsAfterAFailure(t *testing.T) {
 	f := &fake{dead: map[int64]bool{}}
-	f.fail.Store(2)
+	f.fail.Store(1)
 	p := New(Config{Backend: f, Max: 2, Min: 1})
 	defer p.Close()
 	p.Prewarm(sandbox.Spec{}, 1)
-	testutil.WaitFor(t, 15*time.Second, "the pool to fill after two failed creations", func() bool {
+	testutil.WaitFor(t, 15*time.Second, "the pool to fill after a failed creation", func() bool {
 		st := p.Stats()
 		return len(st) == 1 && st[0].Ready == 1
 	})
