@@ -57,6 +57,13 @@ type Subject struct {
 	// for concurrent use, as throughput rows call it from several
 	// goroutines at once. The row is the iterations' latency.
 	Run func(ctx context.Context) error
+	// Ready, if set, runs before each latency iteration and is not timed:
+	// it waits until what the row draws on is ready again (a pool
+	// refilled, the last sandbox torn down), so that the row measures
+	// what a request finds when requests are spaced out. An error counts
+	// as the iteration's. Throughput runs never call it: there, the
+	// refill is part of what is measured.
+	Ready func(ctx context.Context) error
 	// Unit, when set, makes a value row: instead of Run, each iteration
 	// calls Measure, which returns a quantity in Unit that is not its own
 	// duration (memory per idle sandbox, say). Value rows are printed
@@ -290,6 +297,11 @@ func iterate(ctx context.Context, s Subject, opts Options) (float64, error) {
 	defer cancel()
 	if s.Unit != "" {
 		return s.Measure(ctx)
+	}
+	if s.Ready != nil {
+		if err := s.Ready(ctx); err != nil {
+			return 0, err
+		}
 	}
 	start := time.Now()
 	err := s.Run(ctx)

@@ -260,6 +260,48 @@ func TestWriteJSON(t *testing.T) {
 	}
 }
 
+// Ready runs before every latency iteration, warm-up included, and its
+// error is the iteration's; throughput runs never call it.
+func TestReadyPrecedesEachLatencyIteration(t *testing.T) {
+	var mu sync.Mutex
+	var log []string
+	readies := 0
+	s := Subject{Workload: "W", Name: "pooled", Reference: true,
+		Ready: func(context.Context) error {
+			mu.Lock()
+			defer mu.Unlock()
+			readies++
+			log = append(log, "ready")
+			if readies == 3 {
+				return errors.New("not ready")
+			}
+			return nil
+		},
+		Run: func(context.Context) error {
+			mu.Lock()
+			defer mu.Unlock()
+			log = append(log, "run")
+			return nil
+		}}
+	rep := Run(context.Background(), []Subject{s}, Options{Iterations: 4, WarmUp: 1, Concurrency: 2,
+		Duration: 20 * time.Millisecond})
+	want := []string{"ready", "run", "ready", "run", "ready", "ready", "run", "ready", "run"}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(log) < len(want) || !slices.Equal(log[:len(want)], want) {
+		t.Errorf("iterations %v, want %v first", log, want)
+	}
+	if readies != 5 {
+		t.Errorf("Ready called %d times, want 5 (the latency iterations only)", readies)
+	}
+	if r := rep.Latency[0]; r.N != 3 || r.Errors != 1 || r.FirstError != "not ready" {
+		t.Errorf("row %+v, want 3 measured and Ready's error counted", r)
+	}
+	if len(rep.Throughput) != 1 || rep.Throughput[0].Completed == 0 {
+		t.Errorf("throughput %+v, want iterations without Ready", rep.Throughput)
+	}
+}
+
 func TestThroughput(t *testing.T) {
 	var inFlight, most atomic.Int32
 	s := Subject{Workload: "W", Name: "sleep", Reference: true, Run: func(context.Context) error {

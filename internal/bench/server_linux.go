@@ -197,6 +197,36 @@ func (s *server) oneShot(w Workload) func(context.Context) error {
 	}
 }
 
+// poolSettled waits until the server's pool makes no sandbox: every
+// configuration it keeps ready is as deep as its target (a one-shot
+// starts the refill of its configuration as it takes its sandbox), or a
+// creation failed.
+func (s *server) poolSettled(ctx context.Context) error {
+	for {
+		req, err := http.NewRequestWithContext(ctx, "GET", s.url+"/metrics", nil)
+		if err != nil {
+			return err
+		}
+		resp, err := s.http.Do(req)
+		if err != nil {
+			return err
+		}
+		raw, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		resp.Body.Close()
+		if err != nil {
+			return err
+		}
+		if bytes.Contains(raw, []byte("\nvivarium_pool_creating 0\n")) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the server's pool did not fill: %w", ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
 // create is P6: POST /v1/sandboxes until the sandbox is ready for code;
 // it is deleted afterwards, in the background and untimed.
 func (s *server) create(ctx context.Context) error {

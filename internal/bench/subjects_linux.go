@@ -58,7 +58,9 @@ const DefaultDockerImage = "vivarium-bench-python"
 // Subjects returns the rows `vivarium bench` measures, in the order
 // printed: for the one-shot workloads W1 and W2, a `vivarium serve`'s
 // one-shot endpoint (the reference), Vivarium's CLI and in-process
-// RunOnce (and for W1 the gvisor, docker and wasm backends' RunOnce), then python3 alone, bubblewrap, gVisor, Docker and a Jupyter
+// RunOnce (and for W1 a gvisor server's one-shot and the gvisor backend's
+// RunOnce from a pool and without one, the docker and wasm backends'
+// RunOnce), then python3 alone, bubblewrap, gVisor, Docker and a Jupyter
 // kernel per request; for the warm workload W3, a running sandbox over HTTP
 // (the reference), in-process and in gvisor, docker and wasm sandboxes, and a running
 // Jupyter kernel; W4, the
@@ -178,8 +180,24 @@ func Subjects(ctx context.Context, cfg Config) ([]Subject, func()) {
 			},
 		)
 		if w.ID == W1.ID {
+			gvisorPooled := Subject{Workload: w.Label(), Name: "vivarium gvisor RunOnce from a pool (in-process)",
+				Optional: true, Skip: gvisorSkip}
+			if cfg.Gvisor != nil {
+				po := newPooledOneShots(cfg.Gvisor, w)
+				gvisorPooled.Setup, gvisorPooled.Ready, gvisorPooled.Run, gvisorPooled.Teardown = po.setup, po.ready, po.run, po.teardown
+			}
+			// A server whose default backend is gvisor, apart from the
+			// reference's: its pool holds gvisor sandboxes.
+			gvisorSrv := newServer(cfg.Vivarium)
+			gvisorSrv.parent, gvisorSrv.uidBase = serverParent+"-gvisor", 1_000_000_000+15<<24
+			gvisorSrv.extra = []string{"--backend", "gvisor"}
 			out = append(out, Subject{
-				Workload: w.Label(), Name: "vivarium gvisor RunOnce (in-process)",
+				Workload: w.Label(), Name: "vivarium serve --backend gvisor, HTTP one-shot from a pool",
+				Optional: true, Skip: firstOf(cliSkip, gvisorSkip),
+				Setup: gvisorSrv.acquire, Ready: gvisorSrv.poolSettled, Run: gvisorSrv.oneShot(w),
+				Teardown: gvisorSrv.release,
+			}, gvisorPooled, Subject{
+				Workload: w.Label(), Name: "vivarium gvisor RunOnce (in-process, no pool)",
 				Optional: true, Skip: gvisorSkip, Run: oneShot(cfg.Gvisor, w),
 			}, Subject{
 				Workload: w.Label(), Name: "vivarium docker RunOnce (in-process)",

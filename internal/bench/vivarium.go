@@ -2,9 +2,13 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
+	"sync"
+	"time"
 
+	sbpool "github.com/vivarium-sandbox/vivarium/internal/pool"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
 
@@ -21,6 +25,87 @@ func oneShot(b sandbox.Backend, w Workload) func(context.Context) error {
 		// even if the code ran.
 		return warn
 	}
+}
+
+// pooledOneShots times sandbox.RunOnceOpen through a pool of ready
+// one-shot sandboxes (internal/pool, as a server keeps them): each
+// iteration takes a sandbox that was started beforehand, runs the code in
+// it, and hands it to a tear-down that the answer does not wait for, as a
+// server's one-shot does. Ready waits, untimed, until the pool has
+// refilled and the last sandbox is torn down; a throughput run, which does
+// not wait, also makes the sandboxes the pool cannot keep up with.
+type pooledOneShots struct {
+	w    Workload
+	b    sandbox.Backend
+	p    *sbpool.Pool
+	spec sandbox.Spec
+
+	closing sync.WaitGroup
+	mu      sync.Mutex
+	errs    []error // tear-downs that failed since the last Ready
+}
+
+func newPooledOneShots(b sandbox.Backend, w Workload) *pooledOneShots {
+	return &pooledOneShots{w: w, b: b, spec: sandbox.Spec{OneShot: true}}
+}
+
+// setup starts the pool, one sandbox deep, as a server's default.
+func (po *pooledOneShots) setup(ctx context.Context) error {
+	po.p = sbpool.New(sbpool.Config{Backend: po.b, Max: 4, Min: 1})
+	po.p.Prewarm(po.spec, 1)
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	return po.ready(ctx)
+}
+
+func (po *pooledOneShots) run(ctx context.Context) error {
+	res, sb, warn := sandbox.RunOnceOpen(ctx, po.p, sandbox.OneShot{Spec: po.spec, Request: sandbox.ExecRequest{Code: po.w.Code}})
+	if sb != nil {
+		po.closing.Go(func() {
+			if err := sb.Close(); err != nil {
+				po.mu.Lock()
+				po.errs = append(po.errs, err)
+				po.mu.Unlock()
+			}
+		})
+	}
+	if err := checkResult(res, po.w.Want); err != nil {
+		return err
+	}
+	return warn
+}
+
+// ready waits for the last tear-downs and a sandbox ready in the pool. A
+// tear-down that failed is the error of the iteration after it.
+func (po *pooledOneShots) ready(ctx context.Context) error {
+	po.closing.Wait()
+	po.mu.Lock()
+	err := errors.Join(po.errs...)
+	po.errs = nil
+	po.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("tear-down: %w", err)
+	}
+	for {
+		for _, st := range po.p.Stats() {
+			if st.Spec.OneShot && st.Ready > 0 {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("no sandbox ready in the pool: %w", ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+func (po *pooledOneShots) teardown() error {
+	po.closing.Wait()
+	if po.p == nil {
+		return nil
+	}
+	return errors.Join(errors.Join(po.errs...), po.p.Close())
 }
 
 // warmSandboxes times an execution in a persistent sandbox that is already
