@@ -24,3 +24,12 @@ func ProcessPSS(pid int) int64 {
 	}
 	return 0
 }
+
+// ProcessesPSS is the sum of the processes' proportional set sizes.
+func ProcessesPSS(pids []int) int64 {
+	var total int64
+	for _, pid := range pids {
+		total += ProcessPSS(pid)
+	}
+	return total
+}

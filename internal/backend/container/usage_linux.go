@@ -10,4 +10,23 @@ import (
 // not read: cgroups.ErrNoGroup).
 func (s *Sandbox) Usage() (sandbox.Usage, error) { return cgroups.UsageOf(s.group()) }
 
-var _ sandbox.UsageReporter = (*Sandbox)(nil)
+// MemoryPSS implements sandbox.MemoryUser from the processes of the
+// sandbox's cgroup: the agent and the code's, and the runtime's own where
+// it runs them there (gVisor's kernel and gofer), so that a pool reports
+// what its ready sandboxes hold.
+func (s *Sandbox) MemoryPSS() (int64, error) {
+	cg := s.group()
+	if cg == nil {
+		return 0, cgroups.ErrNoGroup
+	}
+	pids, err := cg.Procs()
+	if err != nil {
+		return 0, err
+	}
+	return sandbox.ProcessesPSS(pids), nil
+}
+
+var (
+	_ sandbox.UsageReporter = (*Sandbox)(nil)
+	_ sandbox.MemoryUser    = (*Sandbox)(nil)
+)

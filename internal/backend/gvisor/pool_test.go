@@ -133,6 +133,13 @@ func TestPoolRefillsDiscardsTheDeadAndClosesClean(t *testing.T) {
 	b := pauseBackend(t, gvisor.Config{StateDir: dir, CheckpointDir: cps})
 	p := poolOf(t, b, 2)
 	defer p.Close()
+	// What the ready sandboxes hold is reported (gVisor's kernel and
+	// gofer are in each sandbox's cgroup, with the agent and the runner).
+	if st := p.Stats(); st[0].MemoryBytes <= 0 {
+		t.Errorf("the pool reports %d bytes for its two ready gVisor sandboxes", st[0].MemoryBytes)
+	} else {
+		t.Logf("two ready gVisor sandboxes: %.1f MiB PSS", float64(st[0].MemoryBytes)/(1<<20))
+	}
 
 	_, used := runPooled(t, p, "print(1)", nil)
 	waitReady(t, p, 2)
