@@ -13,10 +13,12 @@ import (
 )
 
 // fake is a backend of numbered sandboxes that records their lives. Its
-// next fail creations fail.
+// next fail creations fail; with gate set, creations wait until it is
+// closed.
 type fake struct {
 	made, closed atomic.Int64
 	fail         atomic.Int64
+	gate         chan struct{}
 	mu           sync.Mutex
 	dead         map[int64]bool
 }
@@ -31,6 +33,9 @@ type fakeSandbox struct {
 
 func (f *fake) Name() string { return "fake" }
 func (f *fake) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
+	if f.gate != nil {
+		<-f.gate
+	}
 	if f.fail.Add(-1) >= 0 {
 		return nil, errors.New("no sandbox today")
 	}
@@ -104,12 +109,21 @@ func TestServesReadySandboxesOfTheSameConfiguration(t *testing.T) {
 }
 
 func TestMissesRaiseTheTargetAndCloseEmpties(t *testing.T) {
-	f := &fake{dead: map[int64]bool{}}
+	// Creations wait at the gate, so that all six requests find the pool
+	// empty and miss.
+	f := &fake{dead: map[int64]bool{}, gate: make(chan struct{})}
 	p := New(Config{Backend: f, Max: 4, Min: 0})
 	spec := sandbox.Spec{}
+	var requests sync.WaitGroup
 	for range 6 {
-		p.Create(context.Background(), spec)
+		requests.Go(func() { p.Create(context.Background(), spec) })
 	}
+	testutil.WaitFor(t, 5*time.Second, "six misses", func() bool {
+		st := p.Stats()
+		return len(st) == 1 && st[0].Misses == 6
+	})
+	close(f.gate)
+	requests.Wait()
 	testutil.WaitFor(t, 5*time.Second, "the target to grow to the maximum", func() bool {
 		st := p.Stats()
 		return len(st) == 1 && st[0].Target == 4 && st[0].Ready == 4
