@@ -192,20 +192,23 @@ func (s *Service) pauseFiles(ctx context.Context, b *Box) error {
 	meta.FilesOnly, meta.PausedAt = true, s.cfg.Now()
 	start := time.Now()
 	size, err := s.writePaused(b, meta, func(dir string) (int64, error) { return s.saveFiles(old, b.backend, dir) })
-	b.mu.Lock()
-	b.running--
-	if err == nil {
-		b.paused, b.pausedAt, b.persisted = true, meta.PausedAt, true
-	}
-	b.mu.Unlock()
 	if err != nil {
+		b.mu.Lock()
+		b.running--
+		b.mu.Unlock()
 		s.install(b, old) // it runs on
 		s.cfg.Logger.Warn("sandbox pause without memory", "id", b.id, "err", err)
 		return ownDisk(err)
 	}
+	// Ended before it is said to be paused: whoever sees it paused finds
+	// nothing of it running.
 	if err := old.Close(); err != nil {
 		s.cfg.Logger.Warn("sandbox clean-up", "id", b.id, "err", err)
 	}
+	b.mu.Lock()
+	b.running--
+	b.paused, b.pausedAt, b.persisted = true, meta.PausedAt, true
+	b.mu.Unlock()
 	s.metrics.pauses.Add(1)
 	s.cfg.Logger.Info("sandbox paused", "id", b.id, "memory", false, "bytes", size,
 		"ms", time.Since(start).Milliseconds())
