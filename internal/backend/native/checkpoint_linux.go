@@ -1,8 +1,9 @@
 package native
 
-// A prototype of checkpoint and restore (issue 15, docs/snapshots.md):
-// CRIU saves a classic sandbox's process tree (init, its runner and
-// everything they started, with their namespaces) and brings it back
+// Checkpoint and restore (docs/snapshots.md; the design:
+// docs/notes/2026-11-27-pause-resume-design.md): CRIU saves a sandbox's
+// process tree (init, its runner and everything they started, with their
+// namespaces; a zygote's sandbox too, zygotefiles_linux.go) and brings it back
 // (restore_linux.go). What the tree holds of the host is external to it,
 // and CRIU must be told about each:
 //

@@ -1,7 +1,8 @@
 package native
 
-// Reference images of paused sandboxes kept on disk (Config.PauseBaseDir,
-// docs/snapshots.md "Kept copies against a base").
+// Reference images of paused sandboxes kept on disk (Config.PauseBaseDir;
+// the design and its measurements: docs/notes/2026-11-27-pause-resume-design.md,
+// "Kept copies against a base").
 //
 // A pandas sandbox kept on disk is about 40 MB of pages, 11 MB packed:
 // 10,000 of them do not fit on a common disk. Most of those pages are the
