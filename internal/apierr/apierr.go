@@ -230,9 +230,10 @@ var (
 	// another once cleaned.
 	BadPath = &Kind{Code: "bad_path", Status: http.StatusBadRequest,
 		Connect: ConnectInvalidArgument, Public: true}
-	// Conflict: a name the key has on several nodes of a cluster.
+	// Conflict: a name the key has on several nodes of a cluster; what a
+	// pause, resume, fork or snapshot cannot keep of a sandbox.
 	Conflict = &Kind{Code: "conflict", Status: http.StatusConflict,
-		Connect: ConnectFailedPrecondition, Public: true}
+		Connect: ConnectFailedPrecondition, Public: true, errs: []error{sandbox.ErrCannotKeep}}
 	// StateLost: what lived on a node of a cluster that is gone.
 	StateLost = &Kind{Code: "state_lost", Status: http.StatusGone,
 		Connect: ConnectUnavailable, Public: true}

@@ -33,6 +33,11 @@ var (
 	// ErrNoRoom: the host has no room left for what was asked (the
 	// disk a paused sandbox's images go to); nothing was changed.
 	ErrNoRoom = errors.New("no room on the host")
+	// ErrCannotKeep: a pause, a resume, a fork or a snapshot cannot keep
+	// something of the sandbox as asked (a volume's files in a snapshot;
+	// a file it held open on a volume, changed while it was paused); the
+	// text says what, and what to do. Nothing was changed.
+	ErrCannotKeep = errors.New("cannot be kept")
 	// ErrPaused: the sandbox is paused (Pauser); resume it first.
 	ErrPaused = errors.New("sandbox paused")
 	// ErrNoTerminal: a process started without a terminal was asked to

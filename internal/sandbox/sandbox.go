@@ -103,6 +103,11 @@ type ForkOptions struct {
 	// reproducible search. By default each copy reseeds them from the
 	// OS, so that copies do not share a random future.
 	SameRandomState bool
+	// Volumes, for a sandbox that mounts volumes, are each copy's, in
+	// the order of the copies: the source's volumes at the same paths,
+	// through leases of the copy's own (a copy may outlive its source).
+	// Nil: the source's, for copies that do not outlive it.
+	Volumes [][]VolumeMount
 }
 
 // MaxFork bounds the copies one Fork makes.
@@ -176,6 +181,9 @@ type FromSnapshot struct {
 	// (PausedOpener): its proxy from now on, which it owns once opened;
 	// nil, none.
 	Egress Egress
+	// Volumes, for a paused sandbox that mounted volumes (PausedOpener):
+	// the same volumes at the same paths, mounted again at its resume.
+	Volumes []VolumeMount
 }
 
 // ContextKeeper is a Sandbox that runs code in separate code contexts, as a

@@ -236,6 +236,10 @@ func userSysctlArgs(values []sysctl) ([]string, error) {
 //     network namespace up (it is made empty, criu --empty-ns net, as a
 //     sandbox's was before init brought its loopback up), and set the
 //     user namespace's budgets (userNSSysctls);
+//   - setup-namespaces, only where the tree mounts volumes: once CRIU
+//     has made the user namespace and before it mounts anything, mount
+//     the volumes idmapped by that namespace for CRIU to bind
+//     (restoreVolumes.attach);
 //   - pre-resume, once the tree is restored and before it runs: remount
 //     each of mounts with the flags it had (CRIU restores binds of one
 //     source as binds of the first, without their own flags: most /proc
@@ -250,13 +254,23 @@ type restoreHooks struct {
 	req, ans *os.File // the FIFOs, held open read-write: the script never waits for this side to open them
 	sysctls  []sysctl
 	mounts   []extMount
+	volumes  *restoreVolumes // nil: none
 	done     chan struct{}
 	err      error // the first hook that failed, once done is closed
 }
 
-// hookActions are the steps of a restore at which the action script has
-// something to do.
-var hookActions = []string{"post-setup-namespaces", "pre-resume"}
+// hookActions are the steps of a restore at which the action script may
+// have something to do (actions says at which it has).
+var hookActions = []string{"setup-namespaces", "post-setup-namespaces", "pre-resume"}
+
+// actions are the steps of this restore at which the action script has
+// something to do: CRIU runs it at no other.
+func (h *restoreHooks) actions() []string {
+	if h.volumes == nil {
+		return hookActions[1:]
+	}
+	return hookActions
+}
 
 // startRestoreHooks makes the FIFOs and the action script in a directory
 // of their own under dir (the copies of a fork are restored at once from
@@ -349,6 +363,11 @@ func (h *restoreHooks) run(line string) error {
 		return os.Open(fmt.Sprintf("/proc/%d/ns/%s", pid, kind))
 	}
 	switch action {
+	case "setup-namespaces":
+		if h.volumes == nil {
+			return nil
+		}
+		return h.volumes.attach(pid)
 	case "post-setup-namespaces":
 		net, err := ns("net")
 		if err != nil {

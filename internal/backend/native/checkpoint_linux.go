@@ -92,6 +92,9 @@ type checkpoint struct {
 	// zygoteFiles is the backend's copy of a zygote's files, which the
 	// overlays of a forked sandbox's checkpoint name (zygotefiles_linux.go).
 	zygoteFiles string
+	// volumes are the volumes the restored tree mounts, where its mounts
+	// name one (extMount.volume): the restored sandbox's.
+	volumes []sandbox.VolumeMount
 }
 
 // close lets go of the sandbox's mount namespace, and so of its files,
@@ -206,6 +209,9 @@ type extMount struct {
 	key, mountpoint, source string
 	lower                   string
 	flags                   string // its per-mount options at dump time
+	// volume, for a volume's mount, is the volume's path in the spec: a
+	// restore mounts that volume anew (volpause_linux.go).
+	volume string
 }
 
 // extFile is a host file that init held, restored by opening it again;
@@ -300,7 +306,11 @@ func (s *Sandbox) dumpTree(ctx context.Context, bin, dir string, opts dumpOption
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: %w", err)
 	}
-	cp, err := prepareDump(pid, rp.pid, dir, zfiles)
+	vdevs, err := volumeDevs(s.spec.Volumes)
+	if err != nil {
+		return nil, err
+	}
+	cp, err := prepareDump(pid, rp.pid, dir, zfiles, vdevs)
 	if err != nil {
 		return nil, err
 	}
@@ -429,7 +439,7 @@ func (s *Sandbox) dumpTree(ctx context.Context, bin, dir string, opts dumpOption
 // dir holds images/, CRIU's images, and ext/, the copies of the /proc
 // masks. Its parent must let the sandbox's host root group through (mode
 // 0711): see handOver.
-func prepareDump(pid, runner int, dir, zygoteFiles string) (*checkpoint, error) {
+func prepareDump(pid, runner int, dir, zygoteFiles string, volumes map[string]string) (*checkpoint, error) {
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, err
 	}
@@ -444,7 +454,7 @@ func prepareDump(pid, runner int, dir, zygoteFiles string) (*checkpoint, error) 
 	if err != nil {
 		return nil, err
 	}
-	if err := cp.collectMounts(pid, mnts); err != nil {
+	if err := cp.collectMounts(pid, mnts, volumes); err != nil {
 		return nil, err
 	}
 	tree, err := processTree(pid)
@@ -516,8 +526,9 @@ func unescapeMount(s string) string {
 // collectMounts finds the mounts CRIU cannot dump on its own: binds whose
 // source has no mount of its file system's root in the sandbox. /dev
 // nodes are restored from the host's; every other one is a /proc mask,
-// copied into dir/ext.
-func (cp *checkpoint) collectMounts(pid int, mnts []mountEntry) error {
+// copied into dir/ext. The mounts of a device of volumes (its file
+// system's, by the volume's path in the spec) are the volume's.
+func (cp *checkpoint) collectMounts(pid int, mnts []mountEntry, volumes map[string]string) error {
 	rooted := map[string]bool{}
 	for _, m := range mnts {
 		if m.root == "/" {
@@ -531,6 +542,14 @@ func (cp *checkpoint) collectMounts(pid int, mnts []mountEntry) error {
 	defer root.Close()
 	for _, m := range mnts {
 		key := "m" + m.id
+		if p, ok := volumes[m.dev]; ok {
+			vm, err := volumeMount(key, m, p)
+			if err != nil {
+				return err
+			}
+			cp.mounts = append(cp.mounts, vm)
+			continue
+		}
 		if m.fstype == "overlay" {
 			// Its second layer is an empty directory of init's scratch
 			// tmpfs, gone once init set up.

@@ -87,6 +87,31 @@ func (s *Sandbox) forkable() error {
 	return nil
 }
 
+// copyVolumes returns the volumes of each of n copies (opts.Volumes, or
+// the source's), checked to be the source's at the same paths.
+func (s *Sandbox) copyVolumes(n int, opts sandbox.ForkOptions) ([][]sandbox.VolumeMount, error) {
+	out := make([][]sandbox.VolumeMount, n)
+	if opts.Volumes == nil {
+		for i := range out {
+			out[i] = s.spec.Volumes
+		}
+		return out, nil
+	}
+	if len(opts.Volumes) != n {
+		return nil, fmt.Errorf("%w: volumes for %d copies, not %d", sandbox.ErrInvalidSpec, len(opts.Volumes), n)
+	}
+	for _, vols := range opts.Volumes {
+		same := len(vols) == len(s.spec.Volumes)
+		for j := 0; same && j < len(vols); j++ {
+			same = vols[j].Path == s.spec.Volumes[j].Path && vols[j].Mount != nil
+		}
+		if !same {
+			return nil, fmt.Errorf("%w: a copy's volumes are not the source's at the same paths", sandbox.ErrInvalidSpec)
+		}
+	}
+	return opts.Volumes, nil
+}
+
 // Fork implements sandbox.Forker. It fails with sandbox.ErrBusy while an
 // execution, or a command in a terminal, runs, and with sandbox.ErrPaused
 // for a paused sandbox. The source goes on unchanged, whatever the outcome.
@@ -99,6 +124,10 @@ func (s *Sandbox) Fork(ctx context.Context, n int, opts sandbox.ForkOptions) ([]
 		return nil, err
 	}
 	if err := s.forkable(); err != nil {
+		return nil, err
+	}
+	vols, err := s.copyVolumes(n, opts)
+	if err != nil {
 		return nil, err
 	}
 	bin, err := s.b.criu()
@@ -127,7 +156,7 @@ func (s *Sandbox) Fork(ctx context.Context, n int, opts sandbox.ForkOptions) ([]
 	copies, err := sandbox.Copies(n, forkParallel, func(i int) (sandbox.Sandbox, error) {
 		start := time.Now()
 		defer func() { times[i].total = time.Since(start) }()
-		c, t, err := s.b.restoreCopy(context.WithoutCancel(ctx), bin, snap, newID())
+		c, t, err := s.b.restoreCopy(context.WithoutCancel(ctx), bin, snap, newID(), vols[i])
 		times[i] = t
 		if err != nil {
 			return nil, err
@@ -355,12 +384,15 @@ func (cp *checkpoint) copyFilesScript(files, filesOpts string) (script string, c
 
 // restoreCopy makes a new sandbox, id, of snap: its own host user,
 // cgroup, checkpoint directory and root tmpfs, and the snapshot's tree
-// restored into them.
-func (b *Backend) restoreCopy(ctx context.Context, bin string, snap *forkSnapshot, id string) (*Sandbox, copyTimes, error) {
+// restored into them, mounting vols (the source's volumes, through the
+// copy's leases).
+func (b *Backend) restoreCopy(ctx context.Context, bin string, snap *forkSnapshot, id string,
+	vols []sandbox.VolumeMount) (*Sandbox, copyTimes, error) {
 	c, err := b.newCopy(snap, id)
 	if err != nil {
 		return nil, copyTimes{}, err
 	}
+	c.spec.Volumes = vols
 	times, err := c.restoreFrom(ctx, bin, snap)
 	if err == nil {
 		err = c.reconfine(ctx)
@@ -447,6 +479,7 @@ func (c *Sandbox) restoreFrom(ctx context.Context, bin string, snap *forkSnapsho
 		return times, err
 	}
 	cp.restoreArgs = restoreArgs
+	cp.volumes = c.spec.Volumes
 	// The cgroup files init held (the Go runtime's CPU limit): the
 	// copy's own group's, not the source's, which may be gone (a
 	// snapshot's source).

@@ -138,15 +138,8 @@ func (s *Sandbox) Pause(ctx context.Context) error {
 
 // pausable says why the sandbox cannot be paused, if it cannot.
 func (s *Sandbox) pausable() error {
-	var why string
-	switch {
-	case s.spec.OneShot:
-		why = "a one-shot sandbox cannot be paused"
-	case len(s.spec.Volumes) > 0:
-		why = "a sandbox with volumes cannot be paused yet"
-	}
-	if why != "" {
-		return fmt.Errorf("%w: %s", sandbox.ErrUnsupported, why)
+	if s.spec.OneShot {
+		return fmt.Errorf("%w: a one-shot sandbox cannot be paused", sandbox.ErrUnsupported)
 	}
 	return nil
 }
@@ -227,6 +220,7 @@ func (s *Sandbox) resumeTree(ctx context.Context, bin string) error {
 		if s.cg != nil {
 			s.cp.group = s.cg.Path()
 		}
+		s.cp.volumes = s.spec.Volumes
 		undo := restoreRoom(s.cg, groupLimits(s.spec).Pids)
 		r, err := restoreTree(context.WithoutCancel(ctx), bin, s.cp)
 		undo()

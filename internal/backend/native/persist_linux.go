@@ -114,6 +114,9 @@ func (s *Sandbox) ReleasePaused(dir string) error {
 	// Its proxy, whose listener the pause closed: the resume binds
 	// another in the restored network namespace, as a hot resume does.
 	snap.spec.Egress = s.spec.Egress
+	// Its volumes, which the caller's leases keep: mounted anew at the
+	// resume (volpause_linux.go).
+	snap.spec.Volumes = s.spec.Volumes
 	cp := s.cp
 	s.cp = nil
 	cp.close()
@@ -167,9 +170,15 @@ func (b *Backend) OpenPaused(ctx context.Context, dir string, opts sandbox.FromS
 	if err != nil {
 		return nil, err
 	}
-	snap.spec.Tenant, snap.spec.Egress = opts.Tenant, opts.Egress
+	snap.spec.Tenant, snap.spec.Egress, snap.spec.Volumes = opts.Tenant, opts.Egress, opts.Volumes
 	if err := snap.spec.Validate(); err != nil {
 		return nil, fmt.Errorf("a paused sandbox on disk: %w", err)
+	}
+	for _, m := range snap.mounts {
+		if m.volume != "" && sliceIndex(opts.Volumes, m.volume) < 0 {
+			return nil, fmt.Errorf("%w: a paused sandbox on disk mounts a volume at %s, which it was not given",
+				sandbox.ErrInvalidSpec, m.volume)
+		}
 	}
 	s, err := b.newCopy(snap, newID())
 	if err != nil {

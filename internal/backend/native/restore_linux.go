@@ -81,10 +81,19 @@ func restoreTree(ctx context.Context, bin string, cp *checkpoint) (_ *restoredTr
 	os.Remove(pidfile)
 	args := []string{"restore", "--images-dir", cp.images(), "--log-file", "restore.log", "-v2",
 		"--root", root, "--restore-detached", "--restore-sibling", "--pidfile", pidfile, "--empty-ns", "net"}
+	vols, volArgs, err := prepareVolumes(cp, cp.volumes)
+	if err != nil {
+		return nil, err
+	}
+	// Deferred before the hooks' close (which runs first): no hook
+	// attaches a volume once they are detached.
+	defer vols.cleanup()
+	args = append(args, volArgs...)
 	hooks, err := startRestoreHooks(cp.dir, cp.userSysctls, cp.mounts)
 	if err != nil {
 		return nil, err
 	}
+	hooks.volumes = vols
 	closeHooks := sync.OnceValue(hooks.close)
 	defer closeHooks()
 	script, err := hooks.script()
@@ -96,6 +105,9 @@ func restoreTree(ctx context.Context, bin string, cp *checkpoint) (_ *restoredTr
 	overlays := map[string]string{} // mount point → the restore's overlay
 	for _, m := range cp.mounts {
 		src := m.source
+		if m.volume != "" {
+			continue // volArgs
+		}
 		if m.lower != "" {
 			if src, err = mountOverlayFor(cp, m); err != nil {
 				return nil, err
@@ -139,9 +151,12 @@ func restoreTree(ctx context.Context, bin string, cp *checkpoint) (_ *restoredTr
 		inherit(os.NewFile(uintptr(pair[1]), "control (sandbox)"), fmt.Sprintf("socket:[%d]", s.ino))
 	}
 	start := time.Now()
-	err = criu.Run(ctx, bin, args, give, cp.images(), "restore.log", hookActions...)
+	err = criu.Run(ctx, bin, args, give, cp.images(), "restore.log", hooks.actions()...)
 	if herr := closeHooks(); herr != nil && err != nil {
 		err = fmt.Errorf("%w (%v)", err, herr)
+	}
+	if verr := volumeChanged(err, cp.mounts, cp.volumes); verr != nil {
+		err = verr // what the client can do; CRIU's own words are in its restore.log
 	}
 	if err != nil {
 		reapFailedRestore(cp.group)

@@ -96,6 +96,9 @@ type manifestMount struct {
 	Key, Mountpoint string
 	Source          string // a host path, or ext/NAME: the snapshot's
 	Lower, Flags    string
+	// Volume: a volume's mount, by the volume's path in the spec (a
+	// paused sandbox kept on disk; a snapshot holds none).
+	Volume string `json:",omitempty"`
 }
 
 // manifestFile is an external file: Under, for a file mapped from the
@@ -134,6 +137,14 @@ func (s *Sandbox) snapshotable() error {
 	}
 	if s.spec.Egress != nil {
 		return fmt.Errorf("%w: a sandbox with network access cannot be saved as a snapshot yet", sandbox.ErrUnsupported)
+	}
+	if len(s.spec.Volumes) > 0 {
+		// Its processes' memory may hold what they read of a volume,
+		// their open files point into it: a snapshot of them without the
+		// volume's files, which it cannot hold, would not be the sandbox.
+		return fmt.Errorf("%w: a snapshot does not hold a volume's files, and this sandbox mounts %d volume(s); "+
+			"only a sandbox without volumes is saved (a fork's copies mount the same volumes)", sandbox.ErrCannotKeep,
+			len(s.spec.Volumes))
 	}
 	return nil
 }
@@ -256,7 +267,7 @@ func writeSnapshotFiles(snap *forkSnapshot, dir string, pack bool) error {
 			}
 		}
 		m.Mounts = append(m.Mounts, manifestMount{Key: x.key, Mountpoint: x.mountpoint, Source: src,
-			Lower: x.lower, Flags: x.flags})
+			Lower: x.lower, Flags: x.flags, Volume: x.volume})
 	}
 	for _, f := range snap.checkpoint.files {
 		m.Files = append(m.Files, manifestFile{Key: f.key, Path: f.path, Under: f.under})
@@ -299,7 +310,7 @@ func (b *Backend) CreateFromSnapshot(ctx context.Context, dir string, opts sandb
 	if err := snap.spec.Validate(); err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
-	c, _, err := b.restoreCopy(ctx, bin, snap, newID())
+	c, _, err := b.restoreCopy(ctx, bin, snap, newID(), nil)
 	if err != nil {
 		return nil, fmt.Errorf("from snapshot: %w", err)
 	}
@@ -344,7 +355,8 @@ func loadSnapshot(dir string) (*forkSnapshot, error) {
 			}
 			src = filepath.Join(dir, src)
 		}
-		cp.mounts = append(cp.mounts, extMount{key: x.Key, mountpoint: x.Mountpoint, source: src, lower: x.Lower, flags: x.Flags})
+		cp.mounts = append(cp.mounts, extMount{key: x.Key, mountpoint: x.Mountpoint, source: src, lower: x.Lower, flags: x.Flags,
+			volume: x.Volume})
 	}
 	for _, f := range m.Files {
 		cp.files = append(cp.files, extFile{key: f.Key, path: f.Path, under: f.Under})

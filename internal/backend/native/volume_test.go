@@ -13,24 +13,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/testutil/voltest"
 	"github.com/vivarium-sandbox/vivarium/internal/volume"
 )
-
-// openVolumes opens a volume store in a temporary directory, skipping
-// where the host cannot keep volumes.
-func openVolumes(t *testing.T) (*volume.Store, string) {
-	t.Helper()
-	dir := filepath.Join(t.TempDir(), "volumes")
-	st, err := volume.Open(volume.Config{Dir: dir, MaxSize: 64 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Unavailable(); err != nil {
-		t.Skipf("volumes unavailable: %v", err)
-	}
-	t.Cleanup(func() { st.Close() })
-	return st, dir
-}
 
 func execOK(t *testing.T, sb sandbox.Sandbox, code string) string {
 	t.Helper()
@@ -42,18 +27,6 @@ func execOK(t *testing.T, sb sandbox.Sandbox, code string) string {
 		t.Fatalf("%s: %+v", code, res)
 	}
 	return res.Stdout
-}
-
-// loopsBacking counts the loop devices whose image is under dir.
-func loopsBacking(dir string) int {
-	n := 0
-	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
-	for _, f := range files {
-		if b, err := os.ReadFile(f); err == nil && strings.HasPrefix(string(b), dir) {
-			n++
-		}
-	}
-	return n
 }
 
 // mountHolders lists the processes in other mount namespaces than this
@@ -90,7 +63,7 @@ func mountHolders(dir string) []string {
 // attached once they end.
 func TestVolumesSharedOwnedAndBounded(t *testing.T) {
 	b := newBackend(t)
-	st, dir := openVolumes(t)
+	st, dir := voltest.TempVolumes(t)
 	v, err := st.Create("alice", "data", 32<<20)
 	if err != nil {
 		t.Fatal(err)
@@ -168,7 +141,7 @@ print(bool(st.f_flag & os.ST_NOSUID), bool(st.f_flag & os.ST_NODEV))`); got != "
 	}
 	// The kernel lets go of a dead sandbox's mounts, and so of the
 	// device, a moment after its last process.
-	for deadline := time.Now().Add(10 * time.Second); loopsBacking(dir) > 0; time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); voltest.LoopsBacking(dir) > 0; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			// Seen once, with three test packages at once: who still has
 			// a mount of it (a mount namespace copied from the host's
@@ -197,7 +170,7 @@ print(bool(st.f_flag & os.ST_NOSUID), bool(st.f_flag & os.ST_NODEV))`); got != "
 // planted in a volume leads nowhere outside it when mounted.
 func TestVolumePathsAndLinks(t *testing.T) {
 	b := newBackend(t)
-	st, _ := openVolumes(t)
+	st, _ := voltest.TempVolumes(t)
 	if _, err := st.Create("alice", "v", 0); err != nil {
 		t.Fatal(err)
 	}
