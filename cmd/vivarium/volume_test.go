@@ -64,21 +64,27 @@ func volumeLeftovers(dir string) []string {
 	return out
 }
 
-// A volume made with the CLI outlives its sandbox and the server; a
-// stopped server leaves nothing of it mounted or attached.
-func TestServeVolumes(t *testing.T) {
-	needSandbox(t)
-	dataDir := t.TempDir()
-	// After the last server is killed (a cleanup registered later, so run
-	// before this one), the processes of its sandboxes may still be ending
-	// and hold a volume's mount for a moment: the directory is removed
-	// once it is unmounted (never unmounted here).
+// awaitUnmounted makes the test, as it ends, wait until nothing of
+// dataDir (its volumes) is mounted here. After the last server is killed
+// (a cleanup registered later, so run before this one), the processes of
+// its sandboxes may still be ending and hold a volume's mount for a
+// moment: the directory is removed once it is unmounted (never unmounted
+// here). Call it right after making dataDir.
+func awaitUnmounted(t *testing.T, dataDir string) {
 	t.Cleanup(func() {
 		testutil.WaitFor(t, 10*time.Second, "the volumes to be unmounted", func() bool {
 			b, err := os.ReadFile("/proc/self/mountinfo")
 			return err == nil && !strings.Contains(string(b), dataDir)
 		})
 	})
+}
+
+// A volume made with the CLI outlives its sandbox and the server; a
+// stopped server leaves nothing of it mounted or attached.
+func TestServeVolumes(t *testing.T) {
+	needSandbox(t)
+	dataDir := t.TempDir()
+	awaitUnmounted(t, dataDir)
 	key, _ := createKey(t, dataDir, "alice")
 	flags := []string{"--volume-size", "32MiB", "--preload", "json", "--pool", "0"}
 	srv := startServer(t, dataDir, flags...)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/sandboxid"
@@ -80,10 +81,21 @@ func (s *Service) Fork(ctx context.Context, owner, id string, n int, opts sandbo
 		}
 	}
 
-	done := s.use(src)
-	copies, err := f.Fork(ctx, n, opts)
-	done()
+	volMounts, volLeases, err := s.forkVolumes(src, n)
+	var copies []sandbox.Sandbox
+	if err == nil {
+		opts.Volumes = volMounts
+		done := s.use(src)
+		copies, err = f.Fork(ctx, n, opts)
+		done()
+	}
+	releaseAll := func() {
+		for _, ls := range volLeases {
+			releaseVolumes(ls)
+		}
+	}
 	if err != nil {
+		releaseAll()
 		s.mu.Lock()
 		for _, c := range ids {
 			delete(s.boxes, c)
@@ -105,6 +117,9 @@ func (s *Service) Fork(ctx context.Context, owner, id string, n int, opts sandbo
 			onTimeout: src.onTimeout, autoResume: src.autoResume, spec: specWithEnv(src.spec, env), pauseFiles: src.pauseFiles,
 			pausable: pauseSupported(sb, src.backend) == nil,
 		}
+		if volLeases != nil {
+			boxes[i].volumes, boxes[i].leases = slices.Clone(src.volumes), volLeases[i]
+		}
 	}
 	src.mu.Unlock()
 	s.mu.Lock()
@@ -117,6 +132,7 @@ func (s *Service) Fork(ctx context.Context, owner, id string, n int, opts sandbo
 		for _, sb := range copies {
 			sb.Close()
 		}
+		releaseAll()
 		return nil, ErrShuttingDown
 	}
 	for _, b := range boxes {

@@ -146,6 +146,9 @@ func (s *Service) resume(ctx context.Context, b *Box) error {
 	if !paused {
 		return ErrNotPaused
 	}
+	if b.volumesLost != nil {
+		return b.volumesLost
+	}
 	if err := s.verifyOpened(b); err != nil {
 		s.cfg.Logger.Warn("sandbox resume", "id", b.id, "err", err)
 		return err

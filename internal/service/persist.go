@@ -59,6 +59,9 @@ type pausedMeta struct {
 	// data/ holds its files for its resume to make it again of Spec.
 	// Else data/ is its backend's (sandbox.PausePersister).
 	FilesOnly bool `json:"files_only,omitempty"`
+	// Volumes are the owner's volumes it mounts, leased again by the
+	// server that opens it (reopenVolumes).
+	Volumes []VolumeMountInfo `json:"volumes,omitempty"`
 }
 
 var errNoOpener = errors.New("its backend is not offered here, or cannot open paused sandboxes")
@@ -162,7 +165,7 @@ func (b *Box) pausedMeta() pausedMeta {
 		Idle: b.idle, Limits: b.limits, Env: b.env, IDEnv: b.idEnv, IDStale: b.idStale, Metadata: b.metadata,
 		Backend: b.backend, Ports: b.ports,
 		OnTimeout: b.onTimeout, AutoResume: b.autoResume, PausedAt: b.pausedAt, Executions: b.executions,
-		Spec: b.spec, PauseFiles: b.pauseFiles}
+		Spec: b.spec, PauseFiles: b.pauseFiles, Volumes: b.volumes}
 	if p := b.network; !p.None() {
 		meta.Network = &netpolicy.Request{Allow: p.Allow(), Deny: p.Denied(), Except: p.Excepted(), Packages: p.Packages,
 			Limits: p.Limits}
@@ -281,12 +284,13 @@ func (s *Service) openPaused() {
 		backend := cmp.Or(m.Backend, s.cfg.Backend.Name())
 		kept[backend] = append(kept[backend], filepath.Join(dir, "data"))
 		policy, egress := s.reopenNetwork(m)
+		mounts, leases, lost := s.reopenVolumes(m)
 		opener, ok := sandbox.BackendAs[sandbox.PausedOpener](s.cfg.Backend, m.Backend)
 		var sb sandbox.Sandbox
 		if !ok {
 			err = errNoOpener
 		} else {
-			opts := sandbox.FromSnapshot{Tenant: s.tenantOf(m.Owner)}
+			opts := sandbox.FromSnapshot{Tenant: s.tenantOf(m.Owner), Volumes: mounts}
 			if egress != nil {
 				opts.Egress = egress
 			}
@@ -296,10 +300,12 @@ func (s *Service) openPaused() {
 			if egress != nil {
 				egress.Close()
 			}
+			releaseVolumes(leases)
 			s.cfg.Logger.Warn("a kept paused sandbox could not be opened; it stays on disk", "id", m.ID, "err", err)
 			continue
 		}
-		s.opened(m, sb, policy, egress)
+		b := s.opened(m, sb, policy, egress)
+		b.leases, b.volumesLost = leases, lost
 	}
 }
 
@@ -311,6 +317,7 @@ func (s *Service) opened(m pausedMeta, sb sandbox.Sandbox, policy *netpolicy.Pol
 		backend: m.Backend, spec: m.Spec, pauseFiles: m.PauseFiles,
 		ports: m.Ports, onTimeout: m.OnTimeout, autoResume: m.AutoResume, paused: true, pausedAt: m.PausedAt,
 		executions: m.Executions, pausable: true, persisted: true, unverified: true, network: policy, egress: egress,
+		volumes: m.Volumes,
 	}
 	s.boxes[b.id] = b
 	s.cfg.Logger.Info("paused sandbox opened from disk", "id", b.id, "owner", b.owner)

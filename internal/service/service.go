@@ -376,6 +376,9 @@ type Box struct {
 	procs       map[int]*Process // by pid, while they run
 	volumes     []VolumeMountInfo
 	leases      []*volume.Lease // released once sb is closed
+	// volumesLost, for a paused sandbox opened from disk whose volumes
+	// could not be leased again (reopenVolumes): why it cannot resume.
+	volumesLost error
 	onTimeout   string
 	pauseFiles  bool // its timeout pauses it without its memory (CreateRequest.PauseFilesOnly)
 	autoResume  bool

@@ -56,6 +56,73 @@ func (s *Service) leaseVolumes(owner string, reqs []VolumeRequest) (_ []sandbox.
 	return mounts, leases, nil
 }
 
+// reopenVolumes leases again, for a paused sandbox an earlier server kept
+// on disk, the volumes it mounts (m.Volumes, by ID), so that none of them
+// is deleted while it is paused, and returns their mounts for its resume.
+// Where one cannot be leased (the volume is gone, or this server keeps no
+// volumes), none is: the sandbox is listed all the same, and lost says
+// why it cannot resume (Box.volumesLost).
+func (s *Service) reopenVolumes(m pausedMeta) (_ []sandbox.VolumeMount, _ []*volume.Lease, lost error) {
+	var mounts []sandbox.VolumeMount
+	var leases []*volume.Lease
+	for _, v := range m.Volumes {
+		var l *volume.Lease
+		err := ErrNoVolumes
+		if s.cfg.Volumes != nil {
+			l, err = s.cfg.Volumes.Acquire(m.Owner, v.ID, true)
+		}
+		if err != nil {
+			releaseVolumes(leases)
+			lost = fmt.Errorf("%w: the volume %q it mounted at %s cannot be mounted again (%v), and it cannot resume "+
+				"without it; close it", sandbox.ErrCannotKeep, v.Name, v.Path, err)
+			s.cfg.Logger.Warn("a kept paused sandbox's volume cannot be leased again", "id", m.ID, "volume", v.ID, "err", err)
+			return lostMounts(m.Volumes, lost), nil, lost
+		}
+		leases = append(leases, l)
+		mounts = append(mounts, sandbox.VolumeMount{Path: v.Path, Name: v.Name, Mount: l.Mount})
+	}
+	return mounts, leases, nil
+}
+
+// lostMounts are the mounts of vols for a sandbox that cannot mount them:
+// each fails with lost.
+func lostMounts(vols []VolumeMountInfo, lost error) []sandbox.VolumeMount {
+	var out []sandbox.VolumeMount
+	for _, v := range vols {
+		out = append(out, sandbox.VolumeMount{Path: v.Path, Name: v.Name, Mount: func() (int, error) { return -1, lost }})
+	}
+	return out
+}
+
+// forkVolumes leases, for each of n copies of src, the volumes src
+// mounts, at the same paths: a copy may outlive src. Nil where src mounts
+// none.
+func (s *Service) forkVolumes(src *Box, n int) (_ [][]sandbox.VolumeMount, _ [][]*volume.Lease, err error) {
+	if len(src.leases) == 0 {
+		return nil, nil, nil
+	}
+	mounts := make([][]sandbox.VolumeMount, n)
+	leases := make([][]*volume.Lease, n)
+	defer func() {
+		if err != nil {
+			for _, ls := range leases {
+				releaseVolumes(ls)
+			}
+		}
+	}()
+	for i := range n {
+		for _, v := range src.volumes {
+			l, err := s.cfg.Volumes.Acquire(src.owner, v.ID, true)
+			if err != nil {
+				return nil, nil, err
+			}
+			leases[i] = append(leases[i], l)
+			mounts[i] = append(mounts[i], sandbox.VolumeMount{Path: v.Path, Name: v.Name, Mount: l.Mount})
+		}
+	}
+	return mounts, leases, nil
+}
+
 // releaseVolumes ends a closed sandbox's leases: a volume no sandbox
 // uses any longer is unmounted.
 func releaseVolumes(leases []*volume.Lease) {

@@ -349,7 +349,7 @@ func (s *Store) List(owner string) []Volume {
 }
 
 // Delete removes an owner's volume and everything in it. A volume that a
-// live sandbox mounts is ErrInUse: close the sandbox first.
+// sandbox mounts, running or paused, is ErrInUse: close the sandbox first.
 func (s *Store) Delete(owner, idOrName string) error {
 	s.mu.Lock()
 	e, err := s.lookup(owner, idOrName)
@@ -359,7 +359,8 @@ func (s *Store) Delete(owner, idOrName string) error {
 	}
 	if e.sandboxes > 0 {
 		s.mu.Unlock()
-		return fmt.Errorf("%w: volume %q is mounted by %d live sandbox(es); close them first", ErrInUse, e.Name, e.sandboxes)
+		return fmt.Errorf("%w: volume %q is mounted by %d sandbox(es), running or paused; close them first", ErrInUse, e.Name,
+			e.sandboxes)
 	}
 	if e.users > 0 {
 		s.mu.Unlock()
