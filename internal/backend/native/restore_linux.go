@@ -81,13 +81,11 @@ func restoreTree(ctx context.Context, bin string, cp *checkpoint) (_ *restoredTr
 	os.Remove(pidfile)
 	args := []string{"restore", "--images-dir", cp.images(), "--log-file", "restore.log", "-v2",
 		"--root", root, "--restore-detached", "--restore-sibling", "--pidfile", pidfile, "--empty-ns", "net"}
-	vols, volArgs, err := prepareVolumes(cp, cp.volumes)
+	vols, volArgs, err := prepareVolumes(cp)
 	if err != nil {
 		return nil, err
 	}
-	// Deferred before the hooks' close (which runs first): no hook
-	// attaches a volume once they are detached.
-	defer vols.cleanup()
+	defer vols.cleanup() // after the hooks' close, deferred below
 	args = append(args, volArgs...)
 	hooks, err := startRestoreHooks(cp.dir, cp.userSysctls, cp.mounts)
 	if err != nil {

@@ -87,10 +87,11 @@ type restoreVolumes struct {
 
 // prepareVolumes makes the directories cp's volumes are attached on for
 // its restore, and returns the arguments that tell CRIU to bind them
-// from there; nil where cp mounts no volume. vols are the volumes the
-// restored sandbox mounts (its spec's): each of cp's must be one of
-// them, by its path. Callers call cleanup once CRIU has returned.
-func prepareVolumes(cp *checkpoint, vols []sandbox.VolumeMount) (*restoreVolumes, []string, error) {
+// from there; nil where cp mounts no volume. Each of cp's must be one of
+// the volumes the restored sandbox mounts (cp.volumes), by its path.
+// Callers call cleanup once CRIU has returned.
+func prepareVolumes(cp *checkpoint) (*restoreVolumes, []string, error) {
+	vols := cp.volumes
 	rv := &restoreVolumes{dir: filepath.Join(cp.dir, "volumes")}
 	for _, m := range cp.mounts {
 		if m.volume == "" {
