@@ -502,6 +502,9 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request, owner string) {
 		// Not 409, which the SDKs read as "already paused".
 		writeEnvdError(w, http.StatusNotImplemented, "pausing a sandbox while code runs in it, or a terminal is "+
 			"open, is not supported yet: "+err.Error())
+	case errors.Is(err, sandbox.ErrCannotKeep):
+		// Not 409 either: what the sandbox holds cannot be kept.
+		writeEnvdError(w, http.StatusNotImplemented, err.Error())
 	case err != nil:
 		s.notFound(w, r, err)
 	default:

@@ -2,13 +2,16 @@ package e2b
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/service"
 	snapshotkey "github.com/vivarium-sandbox/vivarium/internal/snapshot"
 )
@@ -89,5 +92,43 @@ func TestPauseWithoutMemory(t *testing.T) {
 		if resp, out := c.do("POST", "/e2b/v2/sandboxes", strings.NewReader(body), key); resp.StatusCode != want {
 			t.Errorf("create %s: %d %s, want %d", body, resp.StatusCode, out, want)
 		}
+	}
+}
+
+// unkeptBackend's sandboxes can be paused, but each pause finds something
+// it cannot keep.
+type unkeptBackend struct{ fakeBackend }
+
+func (b unkeptBackend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
+	sb, err := b.fakeBackend.Create(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	return unkeptSandbox{sb.(*fakeSandbox)}, nil
+}
+
+type unkeptSandbox struct{ *fakeSandbox }
+
+func (unkeptSandbox) Pause(context.Context) error {
+	return fmt.Errorf("%w: a process of the sandbox has a TCP connection open", sandbox.ErrCannotKeep)
+}
+func (unkeptSandbox) Resume(context.Context) error { return nil }
+func (unkeptSandbox) Paused() bool                 { return false }
+func (unkeptSandbox) PauseSupported() error        { return nil }
+
+// A pause that cannot keep what the sandbox holds answers 501 with why,
+// never the 409 E2B's SDKs read as "already paused" (and return false
+// from pause() without an error).
+func TestPauseCannotKeep(t *testing.T) {
+	svc := service.New(service.Config{Backend: unkeptBackend{fakeBackend{t.TempDir()}}})
+	t.Cleanup(func() { svc.Close() })
+	ts := httptest.NewServer(New(Config{Service: svc, Auth: keys{"key-a": "a"}, Prefix: "/e2b"}))
+	t.Cleanup(ts.Close)
+	c := client{t, ts.URL}
+	sb := c.create("key-a", `{}`)
+	resp, body := c.do("POST", "/e2b/sandboxes/"+sb.SandboxID+"/pause", strings.NewReader(`{}`),
+		map[string]string{"X-API-Key": "key-a", "Content-Type": "application/json"})
+	if resp.StatusCode != http.StatusNotImplemented || !strings.Contains(string(body), "TCP connection") {
+		t.Fatalf("a pause that cannot keep the sandbox: %d %s", resp.StatusCode, body)
 	}
 }

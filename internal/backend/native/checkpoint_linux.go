@@ -766,6 +766,7 @@ func (cp *checkpoint) collectFiles(initPID int, tree []int, mnts []mountEntry) e
 	}
 	pipes := map[uint64]*pipeEnds{}
 	var order []uint64
+	sockets := map[string]int{} // the sandbox's sockets' inodes → a process holding it
 	seenFile := map[string]bool{}
 	addFile := func(pid int, mntID string, st *unix.Stat_t, path string, mapped bool) error {
 		ino := st.Ino
@@ -845,6 +846,8 @@ func (cp *checkpoint) collectFiles(initPID int, tree []int, mnts []mountEntry) e
 			case strings.HasPrefix(link, "socket:[") && pid == initPID && fd == fdControl:
 				ino, _ := strconv.ParseUint(strings.TrimSuffix(strings.TrimPrefix(link, "socket:["), "]"), 10, 64)
 				cp.socks = append(cp.socks, extSock{ino: ino, fd: fd})
+			case strings.HasPrefix(link, "socket:["):
+				sockets[strings.TrimSuffix(strings.TrimPrefix(link, "socket:["), "]")] = pid
 			case sandboxMemory(link):
 				// A memfd or a SysV shared memory segment: the sandbox's
 				// own memory, which CRIU saves with it.
@@ -896,6 +899,9 @@ func (cp *checkpoint) collectFiles(initPID int, tree []int, mnts []mountEntry) e
 			}
 		}
 	}
+	if err := connectedTCP(initPID, sockets); err != nil {
+		return err
+	}
 	for _, ino := range order {
 		p := pipes[ino]
 		if p.readers > 0 && p.writers > 0 {
@@ -928,6 +934,42 @@ func (cp *checkpoint) overlayOf(path string) string {
 		}
 	}
 	return best
+}
+
+// connectedTCP refuses a dump of a sandbox whose processes hold a TCP
+// socket that is neither listening nor closed (sockets: inode → holder):
+// CRIU does not keep established connections, and would fail saying so in
+// its own words. The sandbox's TCP sockets are read from its network
+// namespace's tables, through init.
+func connectedTCP(initPID int, sockets map[string]int) error {
+	if len(sockets) == 0 {
+		return nil
+	}
+	for _, table := range []string{"tcp", "tcp6"} {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/%s", initPID, table))
+		if err != nil {
+			if gone(err) {
+				continue
+			}
+			return fmt.Errorf("checkpoint: the sandbox's TCP sockets: %w", err)
+		}
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			f := strings.Fields(line)
+			if len(f) < 10 {
+				continue
+			}
+			// st: 0A is LISTEN, 07 CLOSE (a socket never connected).
+			pid, held := sockets[f[9]]
+			if !held || f[3] == "0A" || f[3] == "07" {
+				continue
+			}
+			comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+			return fmt.Errorf("%w: a process of the sandbox (%s) has a TCP connection open, which a pause, a fork or "+
+				"a snapshot cannot keep (CRIU restores no established connection): close it first",
+				sandbox.ErrCannotKeep, strings.TrimSpace(string(comm)))
+		}
+	}
+	return nil
 }
 
 // gone reports whether err says a process, or a descriptor, is no more.

@@ -2,8 +2,10 @@ package native
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
@@ -186,5 +188,31 @@ func TestOneTreeRunnerRestartsAfterRestore(t *testing.T) {
 		if got := execText(t, c, "1 + 1"); got != "2" {
 			t.Errorf("%s: after its runner died: %s", name, got)
 		}
+	}
+}
+
+// TestPauseRefusesWhatCannotBeKept: a TCP connection open in the sandbox
+// (CRIU does not keep established connections) makes a pause a clear
+// refusal that names it, and the sandbox goes on.
+func TestPauseRefusesWhatCannotBeKept(t *testing.T) {
+	bin := requireCRIU(t)
+	b := zygotePauseBackend(t)
+	b.criuBin = bin
+	ctx := context.Background()
+	sbx, err := b.Create(ctx, sandbox.Spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sbx.Close()
+	s := sbx.(*Sandbox)
+	execText(t, s, "import socket\nsrv = socket.socket()\nsrv.bind(('127.0.0.1', 0))\nsrv.listen()\n"+
+		"c = socket.create_connection(srv.getsockname())\na, _ = srv.accept()\n1")
+	err = s.Pause(ctx)
+	t.Logf("pause: %v", err)
+	if !errors.Is(err, sandbox.ErrCannotKeep) || !strings.Contains(err.Error(), "TCP") {
+		t.Fatalf("a pause with a TCP connection open: %v", err)
+	}
+	if got := execText(t, s, "c.sendall(b'x')\na.recv(1)"); got != "b'x'" {
+		t.Errorf("the connection after the refused pause: %s", got)
 	}
 }
