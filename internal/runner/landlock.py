@@ -1,7 +1,8 @@
 """Landlock (linux/landlock.h) for a runner forked from a zygote: its file
 access confined beneath its own root. The zygote's child applies it before
-it becomes the runner (zygote.py); a restored runner applies it again, as
-CRIU neither saves nor restores it (the native backend's reconfine)."""
+it becomes the runner (zygote.py). CRIU does not save it: a restore gives
+every restored thread a domain with the same rules again, in CRIU's
+restorer (scripts/criu/landlock-restore.patch)."""
 
 import ctypes
 import os

@@ -394,9 +394,6 @@ func (b *Backend) restoreCopy(ctx context.Context, bin string, snap *forkSnapsho
 	}
 	c.spec.Volumes = vols
 	times, err := c.restoreFrom(ctx, bin, snap)
-	if err == nil {
-		err = c.reconfine(ctx)
-	}
 	if err != nil {
 		c.Close()
 		return nil, times, err

@@ -201,17 +201,9 @@ func (s *Sandbox) Resume(ctx context.Context) error {
 		return err
 	}
 	if s.persisted != nil {
-		err = s.resumePersisted(ctx, bin)
-	} else {
-		err = s.resumeTree(ctx, bin)
+		return s.resumePersisted(ctx, bin)
 	}
-	if err == nil {
-		if err = s.reconfine(ctx); err != nil {
-			s.kill()
-			err = fmt.Errorf("resume: %w; the sandbox is closed", err)
-		}
-	}
-	return err
+	return s.resumeTree(ctx, bin)
 }
 
 // resumeTree restores the tree of the sandbox's checkpoint (s.cp).
@@ -463,7 +455,7 @@ func (b *Backend) criu() (string, error) {
 // docs/snapshots.md): a CRIU that make criu built names those it has in
 // its BUILD-INFO.
 var criuPatches = []string{"rlimits-from-proc.patch", "external-deleted-mount.patch", "socket-pass-opts.patch",
-	"userns-check-fds.patch"}
+	"userns-check-fds.patch", "landlock-restore.patch"}
 
 // checkpointDir returns a new directory's path for a checkpoint of
 // sandbox id (prepareDump makes it): CheckpointDir/id/N. CheckpointDir and

@@ -336,7 +336,7 @@ func TestPauseOldCRIU(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := criu.MissingPatches(filepath.Join(dir, "criu"), criuPatches)
-	if want := []string{"socket-pass-opts.patch", "userns-check-fds.patch"}; !slices.Equal(got, want) {
+	if want := []string{"socket-pass-opts.patch", "userns-check-fds.patch", "landlock-restore.patch"}; !slices.Equal(got, want) {
 		t.Errorf("missing patches: %v, want %v", got, want)
 	}
 	if got := criu.MissingPatches(filepath.Join(t.TempDir(), "criu"), criuPatches); got != nil {

@@ -99,6 +99,15 @@ func restoreTree(ctx context.Context, bin string, cp *checkpoint) (_ *restoredTr
 		return nil, err
 	}
 	args = append(args, "--action-script", script)
+	if cp.hasZygoteLower() {
+		// A sandbox forked from a zygote: its runner was confined with
+		// Landlock by the zygote (runner/landlock.py), and so was every
+		// process and thread it made. CRIU saves no Landlock domain; it
+		// gives every restored thread but init's one of its own, with
+		// the same rules (scripts/criu/landlock-restore.patch), before
+		// the thread runs again.
+		args = append(args, "--landlock-beneath-root")
+	}
 	args = append(args, cp.restoreArgs...)
 	overlays := map[string]string{} // mount point → the restore's overlay
 	for _, m := range cp.mounts {

@@ -1,7 +1,6 @@
 package native
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -15,7 +14,6 @@ import (
 
 	"github.com/vivarium-sandbox/vivarium/internal/rootview"
 	"github.com/vivarium-sandbox/vivarium/internal/runner"
-	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/seccomp"
 )
 
@@ -147,38 +145,4 @@ func resolveLower(lower, zygoteFiles string) (string, error) {
 		return "", fmt.Errorf("a lower layer %q", lower)
 	}
 	return filepath.Join(zygoteFiles, rel), nil
-}
-
-// reconfineCode applies Landlock again to a restored runner of a forked
-// sandbox (runner/landlock.py), as the zygote's child did before it became
-// the runner: CRIU saves no Landlock domain. Without a result, and leaving
-// no names behind.
-const reconfineCode = `import landlock as __viv_landlock
-__viv_landlock.abi() and __viv_landlock.confine_to_root(__viv_landlock.abi())
-del __viv_landlock`
-
-// reconfine makes a restored forked sandbox whole again: its init starts
-// its next runners itself (no zygote is above it now: opStandalone), and
-// its runner gets back what confined it and CRIU does not restore, its
-// Landlock domain. A runner that cannot have it again is an error: the
-// caller ends the sandbox.
-func (s *Sandbox) reconfine(ctx context.Context) error {
-	if s.cfg.Role != roleForked {
-		return nil
-	}
-	if err := s.send(ctlMsg{Op: opStandalone}); err != nil {
-		return fmt.Errorf("the restored sandbox's init: %w", err)
-	}
-	res, err := s.Execute(ctx, sandbox.ExecRequest{Code: reconfineCode}, nil)
-	if err != nil {
-		return fmt.Errorf("confine the restored runner again: %w", err)
-	}
-	if res.Status != sandbox.StatusOK {
-		msg := res.Stderr
-		if res.Error != nil {
-			msg = res.Error.Name + ": " + res.Error.Value
-		}
-		return fmt.Errorf("confine the restored runner again: %s", msg)
-	}
-	return nil
 }
