@@ -110,7 +110,41 @@ func (g *group2) SetPidsMax(n int) error {
 	return writeFile(g.dir, "pids.max", strconv.Itoa(n))
 }
 
+// MemorySetter is a Group whose memory limit can be changed, and whose
+// memory controller's directory is known (/proc/kpagecgroup names the
+// group a page is charged to by that directory's inode): a restored
+// sandbox forked from a zygote is charged for the zygote's pages it
+// shared, and its limit is raised by them.
+type MemorySetter interface {
+	SetMemoryMax(bytes int64) error
+	MemoryDir() string
+}
+
+// SetMemoryMax implements MemorySetter.
+func (g *group1) SetMemoryMax(bytes int64) error {
+	if g.dirs == nil {
+		return errDestroyed
+	}
+	return limitMemoryV1(g.dir(g.m.memory), bytes)
+}
+
+// MemoryDir implements MemorySetter.
+func (g *group1) MemoryDir() string { return g.dir(g.m.memory) }
+
+// SetMemoryMax implements MemorySetter.
+func (g *group2) SetMemoryMax(bytes int64) error {
+	if g.dir == "" {
+		return errDestroyed
+	}
+	return writeFile(g.dir, "memory.max", strconv.FormatInt(bytes, 10))
+}
+
+// MemoryDir implements MemorySetter.
+func (g *group2) MemoryDir() string { return g.dir }
+
 var (
+	_ MemorySetter = (*group1)(nil)
+	_ MemorySetter = (*group2)(nil)
 	_ PidsSetter   = (*group1)(nil)
 	_ PidsSetter   = (*group2)(nil)
 	_ MemoryReader = (*group1)(nil)

@@ -95,6 +95,9 @@ type checkpoint struct {
 	// volumes are the volumes the restored tree mounts, where its mounts
 	// name one (extMount.volume): the restored sandbox's.
 	volumes []sandbox.VolumeMount
+	// tookOver is the zygote's memory a restore of the tree is charged
+	// for, what its memory limit is raised by (zygotememory_linux.go).
+	tookOver int64
 }
 
 // close lets go of the sandbox's mount namespace, and so of its files,
@@ -414,6 +417,12 @@ func (s *Sandbox) dumpTree(ctx context.Context, bin, dir string, opts dumpOption
 			return nil, fmt.Errorf("checkpoint: init %d is not in the sandbox's cgroup (%v)", pid, err)
 		}
 	}
+	share, err := s.zygoteShare()
+	if err != nil {
+		cp.close()
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	cp.tookOver = s.tookOver + share
 	start := time.Now()
 	if err := criu.Run(ctx, bin, args, nil, cp.images(), "dump.log", "post-dump"); err != nil {
 		unmountUnder(cp.images()) // what a criu that was killed left mounted

@@ -135,14 +135,15 @@ func (s *Sandbox) Fork(ctx context.Context, n int, opts sandbox.ForkOptions) ([]
 		return nil, err
 	}
 	// The copies' memory, from the host's: each holds what the source
-	// does now (a restore shares no page with it).
-	if u, err := s.Usage(); err == nil {
-		if err := hostmem.Room(hostMemory, int64(n)*u.Memory, "the copies"); err != nil {
+	// does now (a restore shares no page with it), and of a sandbox
+	// forked from a zygote, the zygote's memory it shares too.
+	if usage, share, err := s.restoreMemory(); err == nil {
+		if err := hostmem.Room(hostMemory, int64(n)*(usage+share), "the copies"); err != nil {
 			return nil, fmt.Errorf("fork into %d: %w", n, err)
 		}
 		// Each copy is restored under the source's memory limit: one
 		// that would not fit there is killed by it halfway through.
-		if err := s.restoreFits(u.Memory); err != nil {
+		if err := s.restoreFits(usage); err != nil {
 			return nil, fmt.Errorf("fork: %w", err)
 		}
 	}
@@ -451,7 +452,11 @@ func (c *Sandbox) restoreFrom(ctx context.Context, bin string, snap *forkSnapsho
 	c.hasOwner = true
 	var restoreArgs []string
 	if b.cgroups != nil {
-		g, err := b.cgroups.New(c.id, groupLimits(snap.spec))
+		l := groupLimits(snap.spec)
+		if l.MemoryBytes > 0 {
+			l.MemoryBytes += snap.tookOver // zygotememory_linux.go
+		}
+		g, err := b.cgroups.New(c.id, l)
 		if err != nil {
 			return times, err
 		}
@@ -532,6 +537,7 @@ func (c *Sandbox) restoreFrom(ctx context.Context, bin string, snap *forkSnapsho
 		return times, err
 	}
 	adopted = true
+	c.tookOver = snap.tookOver
 	c.pidsMax.Store(0)
 	c.fitPids()
 	settleStops(c.cg)

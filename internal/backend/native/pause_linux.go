@@ -213,12 +213,16 @@ func (s *Sandbox) resumeTree(ctx context.Context, bin string) error {
 			s.cp.group = s.cg.Path()
 		}
 		s.cp.volumes = s.spec.Volumes
+		if err := s.memoryTookOver(s.cp.tookOver); err != nil {
+			return fmt.Errorf("resume: %w", err)
+		}
 		undo := restoreRoom(s.cg, groupLimits(s.spec).Pids)
 		r, err := restoreTree(context.WithoutCancel(ctx), bin, s.cp)
 		undo()
 		if err != nil {
 			return fmt.Errorf("resume: %w", err)
 		}
+		s.tookOver = s.cp.tookOver
 		if err := s.adopt(r, s.cp); err != nil {
 			r.kill()
 			return fmt.Errorf("resume: %w", err)

@@ -21,15 +21,16 @@ func checkpointRoom(dir string, memory int64) error {
 }
 
 // restoreFits refuses a pause whose resume, or a fork whose copies, would
-// not fit in the sandbox's memory limit, so that a paused sandbox is
+// not fit in the sandbox's memory limit (with what its restores took over
+// of a zygote's: zygotememory_linux.go), so that a paused sandbox is
 // never one that cannot come back and a fork never dies halfway: a restore holds what the kernel kept for the sandbox (data queued
 // in its sockets, above all) twice while it writes it back, once read
 // from the images and once queued again, and the limit kills it there
 // (seen with 72 of 128 MiB queued in Unix sockets).
 func (s *Sandbox) restoreFits(memory int64) error {
 	km, ok := s.cg.(cgroups.KernelMemory)
-	limit := s.spec.Limits.Memory
-	if s.cg == nil || !ok || limit <= 0 {
+	limit := s.spec.Limits.Memory + s.tookOver
+	if s.cg == nil || !ok || s.spec.Limits.Memory <= 0 {
 		return nil
 	}
 	kernel, err := km.MemoryKernel()

@@ -79,7 +79,11 @@ type Sandbox struct {
 	// last resumed from: its /proc masks' copies are bound in the
 	// sandbox. Under pauseMu.
 	lastCheckpoint string
-	startGate      sync.RWMutex // Start holds it read, Pause write: no command starts as the sandbox pauses
+	// tookOver is the zygote's memory the sandbox's restored tree is
+	// charged for, by which its memory limit is raised
+	// (zygotememory_linux.go). Set by a restore, under Exclusive.
+	tookOver  int64
+	startGate sync.RWMutex // Start holds it read, Pause write: no command starts as the sandbox pauses
 
 	// From init's status pipe.
 	statusMu   sync.Mutex

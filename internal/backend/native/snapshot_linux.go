@@ -83,6 +83,9 @@ type manifest struct {
 	Packed map[string]int64 `json:"packed,omitempty"`
 	// Base: pages left to a pause base (pausebase_linux.go).
 	Base *manifestBase `json:"base,omitempty"`
+	// TookOver: the zygote's memory a restore is charged for
+	// (zygotememory_linux.go).
+	TookOver int64 `json:"took_over,omitempty"`
 }
 
 // manifestBase names the base a kept copy's pages refer to, and which of
@@ -247,7 +250,7 @@ func writeSnapshotFiles(snap *forkSnapshot, dir string, pack bool) error {
 	m := manifest{Version: snapshotVersion, Arch: runtime.GOARCH, Spec: snap.spec, Init: &cfg,
 		Contexts: snap.contexts, Owner: snap.owner.First, RunnerNS: snap.runnerNS, RootOpts: snap.rootOpts,
 		RunnerPID: snap.runnerPID, Group: snap.group, Cgroups: snap.cgroups, Sysctls: snap.userSysctls, Packed: packed,
-		Base: base}
+		Base: base, TookOver: snap.tookOver}
 	switch {
 	case len(packed) == 0:
 		m.Version = 1 // nothing packed: readable by a Vivarium that does not unpack
@@ -346,7 +349,7 @@ func loadSnapshot(dir string) (*forkSnapshot, error) {
 	case m.Init == nil || m.Owner == 0 || m.RunnerNS <= 0 || m.RootOpts == "":
 		return nil, errors.New("snapshot: its manifest is incomplete")
 	}
-	cp := &checkpoint{dir: dir, userSysctls: m.Sysctls, runnerPID: m.RunnerPID, cgroups: m.Cgroups}
+	cp := &checkpoint{dir: dir, userSysctls: m.Sysctls, runnerPID: m.RunnerPID, cgroups: m.Cgroups, tookOver: m.TookOver}
 	for _, x := range m.Mounts {
 		src := x.Source
 		if src != "" && !filepath.IsAbs(src) {
