@@ -879,11 +879,26 @@ def _preload():
     gc.freeze()
 
 
+def _confine():
+    """A runner that init started itself in a restored sandbox of a
+    zygote's (VIVARIUM_LANDLOCK) confines itself as the zygote confines
+    its runners (landlock.py): every runner of such a sandbox is in a
+    Landlock domain, whatever started it."""
+    if os.environ.pop("VIVARIUM_LANDLOCK", "") != "1":
+        return
+    import landlock
+
+    abi = landlock.abi()
+    if abi:
+        landlock.confine_to_root(abi)
+
+
 def main(mode=None):
     """Serves requests until the supervisor closes the pipe (or, with
     "--oneshot", after one execution); returns the exit code."""
     if mode is None:
         mode = sys.argv[1] if len(sys.argv) > 1 else "--oneshot"
+    _confine()
     _first_to_go()
     channel = Channel(3, 4)
     _prepare_interpreter()

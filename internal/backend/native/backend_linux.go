@@ -617,15 +617,11 @@ func checkPython(p string) error {
 
 func (b *Backend) initConfig(spec sandbox.Spec, etc []rootview.File, top []rootview.TopDir) *initConfig {
 	l := spec.Limits
-	mode := "--persistent"
-	if spec.OneShot {
-		mode = "--oneshot"
-	}
 	cfg := &initConfig{
 		Sysctls:     b.cfg.KernelLimits.namespaceSysctls(l.Memory),
 		Kernel:      b.cfg.KernelLimits,
 		Python:      spec.Python,
-		RunnerArgs:  []string{"-s", "-B", runnerDir + "/" + runner.ScriptName, mode},
+		RunnerArgs:  runnerArgs(spec.OneShot),
 		RunnerFiles: runner.Files(),
 		Env:         sandboxEnv(spec.UserEnv(sandbox.UserSandbox)),
 		Etc:         etc,

@@ -222,6 +222,12 @@ func supervise(cfg *initConfig, report func(initStatus)) int {
 					unix.Kill(runner, unix.SIGINT)
 				}
 			case opRestart:
+				// Argv: from now on init starts the runner itself, with
+				// these arguments (a restored sandbox of a zygote's, whose
+				// PID namespace the zygote cannot enter any more).
+				if len(m.Argv) > 0 {
+					cfg.RunnerArgs = m.Argv
+				}
 				// Every process of the namespace but init itself.
 				unix.Kill(-1, unix.SIGKILL)
 				for pid, ws := range reapAll(true) {

@@ -39,22 +39,30 @@ func (d *driver) Closed() bool { return !d.Core.Paused() && isClosed(d.s().dead(
 func (d *driver) Dead() <-chan struct{} { return d.s().dead() }
 
 // Restart has init kill every process of the sandbox but itself and start
-// a runner (readControl hands it over).
+// a runner (readControl hands it over): from the zygote for a forked
+// sandbox, by itself (as a classic sandbox's init does) for a restored one,
+// whose PID namespace is no longer one the zygote's can enter (setns:
+// EINVAL). That runner maps nothing of the zygote's.
 func (d *driver) Restart(context.Context) error {
 	if d.Core.Paused() {
 		return sandbox.ErrPaused
 	}
-	return d.s().send(ctlMsg{Op: opRestart})
+	m := ctlMsg{Op: opRestart}
+	if d.ownRunners.Load() {
+		m.Argv = runnerArgs(false)
+	}
+	return d.s().send(m)
 }
 
 // Interrupt sends SIGINT to the runner, which Python turns into
 // KeyboardInterrupt.
 func (d *driver) Interrupt(r *core.Runner) error {
-	if d.z == nil {
+	rp := r.Conn().(*runnerProc)
+	if d.z == nil || rp.pidfd < 0 {
+		// Init's child, or adopted by init (a restored one's).
 		return d.s().send(ctlMsg{Op: opInterrupt})
 	}
 	// A zygote's runner is not init's child: signal it directly.
-	rp := r.Conn().(*runnerProc)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if rp.pidfd >= 0 {

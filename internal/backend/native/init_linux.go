@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vivarium-sandbox/vivarium/internal/rootview"
+	"github.com/vivarium-sandbox/vivarium/internal/runner"
 	"github.com/vivarium-sandbox/vivarium/internal/seccomp"
 )
 
@@ -418,7 +419,7 @@ func dropCapabilities() error {
 // (request reader, event writer, stdout, stderr) for the supervisor to hand
 // to the zygote.
 func startRunner(cfg *initConfig) (int, []int, error) {
-	if cfg.Role == roleForked {
+	if cfg.Role == roleForked && len(cfg.RunnerArgs) == 0 {
 		return runnerPipes()
 	}
 	if _, err := os.Stat(cfg.Python); err != nil {
@@ -436,10 +437,16 @@ func startRunner(cfg *initConfig) (int, []int, error) {
 	}
 	defer evR.Close()
 	defer evW.Close()
+	env := cfg.runnerEnv()
+	if cfg.Role == roleForked {
+		// A restored forked sandbox's runner, which init starts itself
+		// (driver.Restart): confined as the zygote's are (runner.py).
+		env = append(slices.Clip(env), "VIVARIUM_LANDLOCK=1")
+	}
 	cmd := &exec.Cmd{
 		Path:        cfg.Python,
 		Args:        append([]string{cfg.Python}, cfg.RunnerArgs...),
-		Env:         cfg.runnerEnv(),
+		Env:         env,
 		Dir:         cfg.home(),
 		Stdout:      stdoutFile,
 		Stderr:      stderrFile,
@@ -462,6 +469,16 @@ func startRunner(cfg *initConfig) (int, []int, error) {
 		fds = append(fds, fd)
 	}
 	return pid, fds, nil
+}
+
+// runnerArgs are the interpreter's arguments that start a runner in the
+// sandbox, a one-shot's or a lasting one's.
+func runnerArgs(oneShot bool) []string {
+	mode := "--persistent"
+	if oneShot {
+		mode = "--oneshot"
+	}
+	return []string{"-s", "-B", runnerDir + "/" + runner.ScriptName, mode}
 }
 
 // runnerEnv is the runner's environment: the sandbox's, and the fixed

@@ -334,6 +334,7 @@ func (s *Sandbox) adopt(r *restoredTree, cp *checkpoint) error {
 		f.Close()
 	}
 	ip := &initProc{pid: r.pid, proc: r.proc, pidfd: -1, inCgroup: true}
+	s.ownRunners.Store(s.cfg.Role == roleForked)
 	done := make(chan struct{})
 	s.lifeMu.Lock()
 	s.init, s.initDone = ip, done

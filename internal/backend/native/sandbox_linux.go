@@ -82,8 +82,11 @@ type Sandbox struct {
 	// tookOver is the zygote's memory the sandbox's restored tree is
 	// charged for, by which its memory limit is raised
 	// (zygotememory_linux.go). Set by a restore, under Exclusive.
-	tookOver  int64
-	startGate sync.RWMutex // Start holds it read, Pause write: no command starts as the sandbox pauses
+	tookOver int64
+	// ownRunners: init starts the sandbox's runners itself from now on
+	// (driver.Restart): a restored sandbox forked from a zygote.
+	ownRunners atomic.Bool
+	startGate  sync.RWMutex // Start holds it read, Pause write: no command starts as the sandbox pauses
 
 	// From init's status pipe.
 	statusMu   sync.Mutex
