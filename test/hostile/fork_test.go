@@ -72,9 +72,6 @@ type forkWorld struct {
 func newForkWorld(t *testing.T) *forkWorld {
 	testutil.RequireRoot(t)
 	testutil.RequirePython(t)
-	if testutil.ZygoteMode() {
-		t.Skip("fork is of classic sandboxes only: tested in the classic run")
-	}
 	if _, err := criu.Usable(); err != nil {
 		t.Skipf("fork needs CRIU 4 (internal/criu.Find: %v); make criu builds it", err)
 	}
@@ -88,8 +85,8 @@ func newForkWorld(t *testing.T) *forkWorld {
 		t.Fatal(err)
 	}
 	dir := filepath.Join(parent, "checkpoints")
-	cfg := native.Config{CgroupParent: forkCgroupParent, UIDBase: forkUIDBase,
-		UIDRanges: forkUIDRanges, CheckpointDir: dir}
+	cfg := ofKind(t, native.Config{CgroupParent: forkCgroupParent, UIDBase: forkUIDBase,
+		UIDRanges: forkUIDRanges, CheckpointDir: dir})
 	if os.Getenv("VIVARIUM_HOSTILE_FORK_DEBUG") != "" {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
@@ -139,8 +136,8 @@ func (w *forkWorld) checkLeftovers(t *testing.T) {
 	if left := testutil.CgroupsUnder(forkCgroupParent); len(left) > 0 {
 		t.Errorf("cgroups left: %v", left)
 	}
-	if tree, err := testutil.Tree(w.dir); err != nil || len(tree) > 0 {
-		t.Errorf("left in the checkpoint directory: %v %v", tree, err)
+	if left, err := checkpointsLeft(w.dir); err != nil || len(left) > 0 {
+		t.Errorf("left in the checkpoint directory: %v %v", left, err)
 	}
 	// Other test packages run beside this one and mount their own
 	// sandboxes' disks: only mounts under this suite's directory, where
@@ -955,12 +952,8 @@ func (w *forkWorld) hostileSource(t *testing.T, c forkCase) string {
 		if groups := testutil.CgroupsUnder(forkCgroupParent); len(groups) == 0 || !allOf(groups, s.ID()) {
 			t.Errorf("cgroups after a failed fork: %v", groups)
 		}
-		if ents, _ := os.ReadDir(w.dir); len(ents) > 0 {
-			var n []string
-			for _, e := range ents {
-				n = append(n, e.Name())
-			}
-			t.Errorf("checkpoint directories after a failed fork: %v", n)
+		if left, _ := checkpointsLeft(w.dir); len(left) > 0 {
+			t.Errorf("checkpoint directories after a failed fork: %v", left)
 		}
 		root := w.hostRoot(t, s)
 		var foreign []string

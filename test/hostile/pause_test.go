@@ -17,9 +17,11 @@ package hostile
 // paused sandbox leaves nothing on the host.
 //
 // The suite makes its own backend (a cgroup parent, host users and a
-// checkpoint directory of its own), apart from TestHostile's: pause is of
-// classic sandboxes only, and the backends TestHostile runs include
-// zygote-forked ones.
+// checkpoint directory of its own), apart from TestHostile's: of classic
+// sandboxes in the first run, of sandboxes forked from a zygote with the
+// server's preloads (the pool's) in the zygote run (ofKind). Every case
+// runs on a sandbox and on a copy of it (Fork), both paused and resumed
+// again and again: restored trees.
 
 import (
 	"bufio"
@@ -31,6 +33,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -50,7 +53,7 @@ import (
 const (
 	pauseCgroupParent = "vivarium-hostile-pause-test"
 	pauseUIDBase      = native.DefaultUIDBase + 30<<24
-	pauseUIDRanges    = 8
+	pauseUIDRanges    = 16
 	// pauseCallLimit bounds each Pause, Resume, Execute and Close: a
 	// call that has not returned pauseHangGrace after it hangs.
 	pauseCallLimit = 2 * time.Minute
@@ -59,6 +62,20 @@ const (
 	// that Close ends.
 	pauseRounds = 2
 )
+
+// serverPreload is what vivarium serve's zygote imports by default.
+var serverPreload = []string{"numpy", "pandas", "matplotlib"}
+
+// ofKind is cfg for the sandboxes of this run (testutil.RunBothModes):
+// classic ones, or in the zygote run, forked from a zygote with the
+// server's preloads, as vivarium serve makes them (the pool's).
+func ofKind(t *testing.T, cfg native.Config) native.Config {
+	if testutil.ZygoteMode() {
+		testutil.RequirePythonModules(t, serverPreload...)
+		cfg.Zygote, cfg.Preload = true, serverPreload
+	}
+	return cfg
+}
 
 // pauseWorld is the backend the pause cases share, and the canaries.
 type pauseWorld struct {
@@ -336,15 +353,51 @@ print('ready')`,
 		check: `print('small', os.pread(small.fileno(), 4, 1000), os.fstat(small.fileno()).st_size, 'big', os.pread(big.fileno(), 4, 1000), os.fstat(big.fileno()).st_size)`,
 	},
 	{
-		// A process whose working directory was removed.
+		// A process whose working directory was removed. It says where
+		// its working directory is itself: in a restored sandbox forked
+		// from a zygote, each process is in a Landlock domain of its own
+		// (landlock_domains), and Landlock lets none read another's
+		// /proc/PID/cwd.
 		name: "deleted_cwd",
 		setup: `import os, subprocess, sys, time
 os.makedirs('gone', exist_ok=True)
-homeless = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3600)'], cwd='gone')
+homeless = subprocess.Popen([sys.executable, '-c', 'import os, sys\nfor _ in sys.stdin:\n    print(os.readlink("/proc/self/cwd"), flush=True)'],
+                            cwd='gone', stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 time.sleep(0.2)
 os.rmdir('gone')
+def _cwd():
+    homeless.stdin.write('?\n')
+    homeless.stdin.flush()
+    return homeless.stdout.readline().strip()
 print('ready')`,
-		check: `print('homeless', homeless.poll(), os.readlink('/proc/%d/cwd' % homeless.pid))`,
+		check: `print('homeless', homeless.poll(), _cwd())`,
+	},
+	{
+		// The Landlock domains the sandbox's processes are in, each as
+		// it sees itself: the runner, a process it forked, one it
+		// started (a new program), and a thread of it. A runner forked
+		// from a zygote is confined with Landlock before it runs any
+		// code (runner/landlock.py), and so is all it makes; CRIU saves
+		// no domain, and a restore must give each one back.
+		name: "landlock_domains",
+		setup: layersCode + `import os, subprocess, sys, threading
+def _pair():
+    a, b = os.pipe()
+    c, d = os.pipe()
+    return (a, d), (c, b)  # theirs (read, write), ours (read, write)
+def _ask(ours):
+    os.write(ours[1], b'?')
+    return os.read(ours[0], 16).decode().strip()
+theirs, forked = _pair()
+if os.fork() == 0:
+    _serve(*theirs)
+    os._exit(0)
+theirs, started = _pair()
+subprocess.Popen([sys.executable, '-c', _layers_src + '_serve(%d, %d)' % theirs], pass_fds=theirs)
+theirs, threaded = _pair()
+threading.Thread(target=_serve, args=theirs, daemon=True).start()
+print('ready')`,
+		check: `print('runner', _layers(), 'forked', _ask(forked), 'started', _ask(started), 'thread', _ask(threaded))`,
 	},
 	{
 		// Unix sockets listening, on a path and in the abstract
@@ -441,12 +494,27 @@ print('filtered', filtered.poll(), open('/tmp/ppid').read(), 'filters', _filters
 	},
 }
 
+// layersCode defines _layers(), the Landlock domains the calling thread
+// is in (testutil.LandlockLayersPython), and _serve(rfd, wfd), which
+// answers each byte read with it; _layers_src is the code of both, for a
+// new program.
+const layersCode = `_layers_src = r"""
+import os
+` + testutil.LandlockLayersPython + `
+_layers = landlock_layers
+def _serve(rfd, wfd):
+    while os.read(rfd, 1):
+        os.write(wfd, b'%d\n' % _layers())
+"""
+exec(_layers_src)
+`
+
 // viewCode prints what confines the sandbox as its processes see it (the
 // runner, and a new process): capabilities, no_new_privs, seccomp, the
-// id maps, the flags of /usr and of the /proc masks; then tries the
-// host's secret (its path, the canary variable, every environment under
-// /proc).
-const viewCode = `import os, re, subprocess
+// id maps, the Landlock domains the runner is in, the flags of /usr and
+// of the /proc masks; then tries the host's secret (its path, the canary
+// variable, every environment under /proc).
+const viewCode = layersCode + `import os, re, subprocess
 def _status(text):
     out = []
     for k in ('CapInh', 'CapPrm', 'CapEff', 'CapBnd', 'CapAmb', 'NoNewPrivs', 'Seccomp', 'Seccomp_filters'):
@@ -458,6 +526,7 @@ _v += ['child ' + x for x in _status(subprocess.run(['cat', '/proc/self/status']
 _v.append('uid_map ' + ' '.join(open('/proc/self/uid_map').read().split()))
 _v.append('gid_map ' + ' '.join(open('/proc/self/gid_map').read().split()))
 _v.append('setgroups ' + open('/proc/self/setgroups').read().strip())
+_v.append('landlock domains %d' % _layers())
 for l in open('/proc/self/mountinfo'):
     f = l.split()
     if f[4] == '/usr' or f[4].startswith('/usr/') or f[4] == '/proc' or f[4].startswith('/proc/'):
@@ -485,7 +554,16 @@ func TestHostilePause(t *testing.T) {
 		for _, c := range pauseCases {
 			t.Run(c.name, func(t *testing.T) {
 				t.Parallel()
-				w.runCase(t, c)
+				w.runCase(t, c, false)
+			})
+		}
+	})
+	// The same on copies (Fork): restored trees from the start.
+	t.Run("copies", func(t *testing.T) {
+		for _, c := range pauseCases {
+			t.Run(c.name, func(t *testing.T) {
+				t.Parallel()
+				w.runCase(t, c, true)
 			})
 		}
 	})
@@ -510,9 +588,6 @@ func newPauseWorldWithBase(t *testing.T) *pauseWorld {
 func newPauseWorldOf(t *testing.T, withBase bool) *pauseWorld {
 	testutil.RequireRoot(t)
 	testutil.RequirePython(t)
-	if testutil.ZygoteMode() {
-		t.Skip("pause is of classic sandboxes only: tested in the classic run")
-	}
 	if _, err := criu.Usable(); err != nil {
 		t.Skipf("pause and resume need CRIU 4 (internal/criu.Find: %v); make criu builds it", err)
 	}
@@ -528,8 +603,8 @@ func newPauseWorldOf(t *testing.T, withBase bool) *pauseWorld {
 		t.Fatal(err)
 	}
 	dir := filepath.Join(parent, "checkpoints")
-	cfg := native.Config{CgroupParent: pauseCgroupParent, UIDBase: pauseUIDBase,
-		UIDRanges: pauseUIDRanges, CheckpointDir: dir}
+	cfg := ofKind(t, native.Config{CgroupParent: pauseCgroupParent, UIDBase: pauseUIDBase,
+		UIDRanges: pauseUIDRanges, CheckpointDir: dir})
 	if withBase {
 		testutil.RequirePythonModules(t, "numpy", "pandas", "matplotlib")
 		cfg.PauseBaseDir, cfg.Preload = filepath.Join(parent, "bases"), []string{"numpy", "pandas", "matplotlib"}
@@ -677,8 +752,11 @@ func (w *pauseWorld) imagesSize(t *testing.T, s *native.Sandbox) int64 {
 
 // runCase sets the attack up, then pauses and resumes pauseRounds times,
 // comparing the attack's state and the sandbox's view after each; a last
-// pause is ended by Close.
-func (w *pauseWorld) runCase(t *testing.T, c pauseCase) {
+// pause is ended by Close. With copy, the sandbox paused is a copy of the
+// one the attack was set up in (Fork, the source then closed): a restored
+// tree from the start, whose state and view (but for its host ids) must
+// be its source's.
+func (w *pauseWorld) runCase(t *testing.T, c pauseCase, copy bool) {
 	s := w.create(t, c.limits)
 	closed := false
 	t.Cleanup(func() {
@@ -692,6 +770,29 @@ func (w *pauseWorld) runCase(t *testing.T, c pauseCase) {
 	}
 	want := w.exec(t, s, c.check, nil)
 	t.Logf("state: %s", strings.TrimSpace(want))
+	same := func(a, b string) bool { return a == b }
+	if copy {
+		copies, err := bounded(t, "Fork", func(ctx context.Context) ([]sandbox.Sandbox, error) {
+			return s.Fork(ctx, 1, sandbox.ForkOptions{})
+		})
+		if err != nil {
+			// Refused: said, and the source goes on.
+			t.Logf("%s: fork refused: %v", c.name, err)
+			if got := w.exec(t, s, c.check, nil); got != want {
+				t.Errorf("the source after a refused fork: %s, want %s", got, want)
+			}
+			return
+		}
+		w.close(t, s)
+		s = copies[0].(*native.Sandbox)
+		same = func(a, b string) bool { return normView(a) == normView(b) }
+		if got := settled(func() string { return w.exec(t, s, c.check, nil) }, want); got != want {
+			t.Errorf("the copy: the attack's state is not its source's:\n%s\nwant:\n%s", got, want)
+		}
+		if got := w.view(t, s); !same(got, before) {
+			t.Errorf("the copy's view of its confinement is not its source's:\n%s\nthe source's:\n%s", got, before)
+		}
+	}
 	var outcomes []string
 	for round := 1; round <= pauseRounds; round++ {
 		start := time.Now()
@@ -722,7 +823,7 @@ func (w *pauseWorld) runCase(t *testing.T, c pauseCase) {
 		if got := settled(func() string { return w.exec(t, s, c.check, nil) }, want); got != want {
 			t.Errorf("round %d: the attack's state changed:\n%s\nwant:\n%s", round, got, want)
 		}
-		if got := w.view(t, s); got != before {
+		if got := w.view(t, s); !same(got, before) {
 			t.Errorf("round %d: the sandbox's view of its confinement changed:\n%s\nbefore:\n%s", round, got, before)
 		}
 	}
@@ -915,12 +1016,17 @@ func (w *pauseWorld) checkModes(t *testing.T, vdir string, group, otherRoot int)
 
 // memoryLimit fills a sandbox's memory to near its limit, pauses it, and
 // measures what the pause wrote to the host's disk: about the limit at
-// most. Nothing in the native backend bounds the checkpoint directory as
-// a whole (see docs/security.md): every paused sandbox adds its own.
+// most, and for a sandbox forked from a zygote, the zygote's memory it
+// shared besides, which the restored sandbox is charged for and its limit
+// raised by (never by more than its runner mapped when it was new).
+// Nothing in the native backend bounds the checkpoint directory as a
+// whole (see docs/security.md): every paused sandbox adds its own.
 func (w *pauseWorld) memoryLimit(t *testing.T) {
 	const limit = 256 << 20
 	s := w.create(t, sandbox.Limits{Memory: limit, Timeout: 2 * time.Minute})
 	defer w.close(t, s)
+	var idle int64 // KiB
+	fmt.Sscan(w.exec(t, s, "print([l for l in open('/proc/self/status') if l.startswith('RssAnon')][0].split()[1])", nil), &idle)
 	// 8 MiB chunks, each byte written, distinct per chunk, until the
 	// sandbox holds about 230 MiB (the runner takes some 15 MiB).
 	out := w.exec(t, s, `chunks = [bytes([i % 250 + 1]) * (8 << 20) for i in range(27)]
@@ -938,11 +1044,18 @@ print(int(rss) >> 10)`, nil)
 	if size < 200<<20 {
 		t.Errorf("the checkpoint takes %d MiB: the memory the sandbox filled is not in it", size>>20)
 	}
-	if size > limit+16<<20 {
-		t.Errorf("the checkpoint takes %d MiB, over the sandbox's %d MiB memory limit", size>>20, limit>>20)
-	}
 	if err := w.resume(t, s); err != nil {
 		t.Fatal(err)
+	}
+	raised := w.cgroupValue("memory.limit_in_bytes", "memory.max") - limit
+	t.Logf("the resumed sandbox's memory limit is raised by %.1f MiB (its runner mapped %d MiB of anonymous memory new)",
+		float64(raised)/(1<<20), idle>>10)
+	if raised < 0 || raised > idle<<10 || raised > 0 && !testutil.ZygoteMode() {
+		t.Errorf("the resumed sandbox's memory limit is raised by %d MiB: by more than what it took over of a zygote", raised>>20)
+	}
+	if size > limit+raised+16<<20 {
+		t.Errorf("the checkpoint takes %d MiB, over the sandbox's %d MiB memory limit and the %d MiB of a zygote's it shared",
+			size>>20, limit>>20, raised>>20)
 	}
 	if got := w.exec(t, s, "print(sum(c[0] + c[-1] for c in chunks), len(chunks))", nil); got != "756 27\n" {
 		t.Errorf("the filled memory after resume: %q", got)
@@ -983,7 +1096,7 @@ except OSError as e:
 print(total >> 20, len(pairs), err)`, map[string]string{"FILL": strconv.Itoa(fill)})
 	var queued, pairs int
 	fmt.Sscan(out, &queued, &pairs)
-	usage := w.cgroupMemory(t)
+	usage := w.cgroupValue("memory.usage_in_bytes", "memory.current")
 	t.Logf("queued %d MiB in %d Unix socket pairs (%q); the sandbox's cgroup charges %d MiB of its %d MiB limit",
 		queued, pairs, strings.TrimSpace(out), usage>>20, limit>>20)
 	start := time.Now()
@@ -1004,11 +1117,12 @@ print(total >> 20, len(pairs), err)`, map[string]string{"FILL": strconv.Itoa(fil
 	}
 }
 
-// cgroupMemory is what the memory controller charges the one sandbox of
-// the suite's cgroup parent (v1 or v2), or -1.
-func (w *pauseWorld) cgroupMemory(t *testing.T) int64 {
+// cgroupValue is the number in the first of files (the cgroup v1 and v2
+// names of a memory controller's file) of the one sandbox of the suite's
+// cgroup parent, or -1.
+func (w *pauseWorld) cgroupValue(files ...string) int64 {
 	for _, g := range testutil.CgroupsUnder(pauseCgroupParent) {
-		for _, f := range []string{"memory.usage_in_bytes", "memory.current"} {
+		for _, f := range files {
 			if b, err := os.ReadFile(filepath.Join(g, f)); err == nil {
 				n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
 				return n
@@ -1039,13 +1153,28 @@ func (w *pauseWorld) checkLeftovers(t *testing.T, mounts []string) {
 	if left := testutil.CgroupsUnder(pauseCgroupParent); len(left) > 0 {
 		t.Errorf("cgroups left: %v", left)
 	}
-	if tree, err := testutil.Tree(w.dir); err != nil || len(tree) > 0 {
-		t.Errorf("left in the checkpoint directory: %v %v", tree, err)
+	if left, err := checkpointsLeft(w.dir); err != nil || len(left) > 0 {
+		t.Errorf("left in the checkpoint directory: %v %v", left, err)
 	}
 	for _, m := range testutil.MountsAdded(mounts, 5*time.Second, pauseCgroupParent) {
 		t.Errorf("mount left on the host: %s", m)
 	}
 	w.canaries.Check(t)
+}
+
+// checkpointsLeft lists what is left in a backend's checkpoint directory
+// but its copy of a zygote's files (zygote-files-*, which snapshots of
+// its sandboxes name, kept as long as the directory).
+func checkpointsLeft(dir string) ([]string, error) {
+	tree, err := testutil.Tree(dir)
+	var left []string
+	for p := range tree {
+		if !strings.HasPrefix(p, "zygote-files-") {
+			left = append(left, p)
+		}
+	}
+	sort.Strings(left)
+	return left, err
 }
 
 // TestHostilePauseExitingProcesses pauses a sandbox whose processes fork
@@ -1312,9 +1441,6 @@ func TestHostilePauseSupervisorKilled(t *testing.T) {
 	}
 	testutil.RequireRoot(t)
 	testutil.RequirePython(t)
-	if testutil.ZygoteMode() {
-		t.Skip("pause is of classic sandboxes only: tested in the classic run")
-	}
 	if _, err := criu.Usable(); err != nil {
 		t.Skipf("pause and resume need CRIU 4 (internal/criu.Find: %v); make criu builds it", err)
 	}
@@ -1411,8 +1537,8 @@ func TestHostilePauseSupervisorKilled(t *testing.T) {
 // kills: it prints the host roots of its two sandboxes once the first is
 // paused and resumed, then waits.
 func killedSupervisor(t *testing.T, dir string) {
-	b, err := native.New(native.Config{CgroupParent: pauseCgroupParent, UIDBase: pauseUIDBase,
-		UIDRanges: pauseUIDRanges, CheckpointDir: dir})
+	b, err := native.New(ofKind(t, native.Config{CgroupParent: pauseCgroupParent, UIDBase: pauseUIDBase,
+		UIDRanges: pauseUIDRanges, CheckpointDir: dir}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1444,6 +1570,96 @@ func killLeft(procs []string) {
 			unix.Kill(n, unix.SIGKILL)
 		}
 	}
+}
+
+// TestHostilePauseRunnerEnds ends the runner of a resumed sandbox, and of
+// a copy of it, every way code can: past its memory limit, an interrupt
+// of a loop without end, a restart asked for. Each time the execution
+// answers as in a sandbox never paused (memory_limit, KeyboardInterrupt),
+// the sandbox goes on with a new runner, its files kept, its view of its
+// confinement as before. It failed before the fix on sandboxes forked
+// from a zygote: a restored sandbox's PID namespace is no descendant of
+// the zygote's, which cannot enter it to fork a runner (setns: EINVAL),
+// so the first restart closed the sandbox ("restart: runner: fork: enter
+// the sandbox's PID namespace: Invalid argument"); and an interrupt was
+// sent to no process (the runner, restored, has no pidfd of the
+// zygote's), the loop running to its time limit.
+func TestHostilePauseRunnerEnds(t *testing.T) {
+	w := newPauseWorld(t)
+	mounts := testutil.Mounts()
+	func() {
+		s := w.create(t, sandbox.Limits{Memory: 128 << 20, Timeout: time.Minute})
+		defer w.close(t, s)
+		before := w.view(t, s)
+		w.exec(t, s, "open('kept.txt', 'w').write('kept')", nil)
+		if err := w.pause(t, s); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.resume(t, s); err != nil {
+			t.Fatal(err)
+		}
+		copies, err := bounded(t, "Fork", func(ctx context.Context) ([]sandbox.Sandbox, error) {
+			return s.Fork(ctx, 1, sandbox.ForkOptions{})
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := copies[0].(*native.Sandbox)
+		defer w.close(t, c)
+		for name, sb := range map[string]*native.Sandbox{"the resumed sandbox": s, "its copy": c} {
+			goesOn := func(after string) {
+				t.Helper()
+				if got := w.exec(t, sb, "print(open('kept.txt').read())", nil); got != "kept\n" {
+					t.Errorf("%s, after %s: %q", name, after, got)
+				}
+				if got := w.view(t, sb); normView(got) != restartedView(normView(before)) {
+					t.Errorf("%s, after %s: its view of its confinement changed:\n%s\nbefore:\n%s", name, after, got, before)
+				}
+			}
+			res := w.run(t, sb, "b = bytearray(300 << 20)", nil)
+			if res.Status != sandbox.StatusMemoryLimit {
+				t.Errorf("%s: an allocation past its memory limit: %s %+v", name, res.Status, res.Error)
+			}
+			goesOn("its memory limit")
+			looping := make(chan struct{})
+			var once sync.Once
+			done := make(chan *sandbox.Result, 1)
+			go func() {
+				res, _ := sb.Execute(context.Background(), sandbox.ExecRequest{Code: "print('looping', flush=True)\nwhile True:\n    pass"},
+					stdoutSink(func([]byte) { once.Do(func() { close(looping) }) }))
+				done <- res
+			}()
+			select {
+			case <-looping:
+			case res := <-done:
+				t.Fatalf("%s: the loop ended before it was interrupted: %+v", name, res)
+			}
+			if err := sb.Interrupt(); err != nil {
+				t.Errorf("%s: interrupt: %v", name, err)
+			}
+			if res := <-done; res == nil || res.Error == nil || res.Error.Name != "KeyboardInterrupt" {
+				t.Errorf("%s: the interrupted loop: %+v", name, res)
+			}
+			goesOn("an interrupt")
+			if _, err := bounded(t, "Restart", func(ctx context.Context) (struct{}, error) { return struct{}{}, sb.Restart(ctx) }); err != nil {
+				t.Errorf("%s: restart: %v", name, err)
+			}
+			goesOn("a restart")
+		}
+	}()
+	w.checkLeftovers(t, mounts)
+}
+
+// restartedView is the view (viewCode) of a sandbox's first runner as a
+// runner started anew in it has it: in a sandbox forked from a zygote, in
+// one filter (the sandbox's, which init loaded) where the zygote's had
+// two, the zygote's own first (the sandbox's and what the zygote needs
+// beside: never stricter), as in a classic sandbox.
+func restartedView(v string) string {
+	if !testutil.ZygoteMode() {
+		return v
+	}
+	return strings.ReplaceAll(v, "Seccomp_filters=2", "Seccomp_filters=1")
 }
 
 // TestHostilePauseConcurrentCalls calls Pause, Resume, Execute, Start
@@ -1716,7 +1932,8 @@ func TestHostilePauseForeignCgroups(t *testing.T) {
 // but for its host range; nothing is left behind. A case whose pause, or
 // writing down, is refused says so. The sandboxes are pausable ones of a
 // backend with a pause base, as vivarium serve makes them: they start
-// from the fixed point and their kept copies refer to the base.
+// from the fixed point and their kept copies refer to the base; in the
+// zygote run, forks of the zygote, kept whole.
 func TestHostilePausePersisted(t *testing.T) {
 	w := newPauseWorldWithBase(t)
 	mounts := testutil.Mounts()
@@ -1751,8 +1968,11 @@ func TestHostilePausePersisted(t *testing.T) {
 				t.Logf("not written down: %v", err)
 				return
 			}
-			if m, err := os.ReadFile(filepath.Join(dir, "manifest.json")); err != nil || !strings.Contains(string(m), `"base": {`) {
-				t.Errorf("kept without the pause base (%v)", err)
+			// A zygote's sandbox shares the zygote's memory layout, not
+			// the base's: it is kept whole.
+			m, err := os.ReadFile(filepath.Join(dir, "manifest.json"))
+			if based := strings.Contains(string(m), `"base": {`); err != nil || based == testutil.ZygoteMode() {
+				t.Errorf("kept against the pause base: %v, want %v (%v)", based, !testutil.ZygoteMode(), err)
 			}
 			// The same server lets go of it (as 5 s after a pause: its
 			// host user, cgroup and memory) and resumes it from disk.

@@ -92,32 +92,8 @@ func TestOneTreePause(t *testing.T) {
 	}
 }
 
-// landlockLayersCode counts the Landlock domains the runner is in: a
-// child of it stacks empty ones until the kernel's limit of 16 refuses.
-const landlockLayersCode = `def __viv_layers():
-    import os, ctypes, landlock
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        n = 0
-        attr = landlock._RulesetAttr(1)
-        while n < 20:
-            fd = landlock._libc.syscall(444, ctypes.byref(attr), ctypes.sizeof(attr), 0)
-            if fd < 0:
-                break
-            rc = landlock._libc.syscall(446, fd, 0)
-            os.close(fd)
-            if rc != 0:
-                break
-            n += 1
-        os.write(w, str(n).encode())
-        os._exit(0)
-    os.close(w)
-    n = int(os.read(r, 16))
-    os.waitpid(pid, 0)
-    os.close(r)
-    return 16 - n
-__viv_layers()`
+// landlockLayersCode counts the Landlock domains the runner is in.
+const landlockLayersCode = testutil.LandlockLayersPython + "landlock_layers()"
 
 // TestOneTreeSnapshot: a forked sandbox saved as a snapshot comes back, in
 // a new sandbox, with its state and its runner confined as before; so does
