@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
+	"github.com/vivarium-sandbox/vivarium/internal/criu"
 	"github.com/vivarium-sandbox/vivarium/internal/netproxy"
 	"github.com/vivarium-sandbox/vivarium/internal/pool"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
@@ -144,57 +145,44 @@ func runCorpus(t *testing.T, be testbackends.Backend, corpus []snippet, canaries
 		took    time.Duration
 	}
 	var proxied atomic.Int64 // connections the proxies of the allowlist pass saw
-	jobs := make(chan snippet)
 	outcomes := make(chan outcome, len(corpus))
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for s := range jobs {
-				start := time.Now()
-				spec := sandbox.Spec{Limits: sandbox.Limits{Timeout: timeout, Memory: 256 << 20}}
-				if be.Name == "native" {
-					var err error
-					if spec.Egress, err = allowlisted(&proxied); err != nil {
-						t.Errorf("%s: the proxy: %v", s.Index, err)
-						continue
-					}
-				}
-				res, warn := sandbox.RunOnce(context.Background(), b, sandbox.OneShot{
-					Spec:    spec,
-					Request: sandbox.ExecRequest{Code: s.Code, Filename: "redcode_" + s.Index + ".py"},
-				})
-				took := time.Since(start)
-				if warn != nil {
-					t.Errorf("%s: clean-up: %v", s.Index, warn)
-				}
-				if res.Status == sandbox.StatusSetupFailed {
-					t.Errorf("%s: the sandbox did not start, the snippet was not tested: %s", s.Index, res.Error.Value)
-				}
-				if ran := time.Duration(res.DurationMS * float64(time.Millisecond)); ran > timeout+execSlack {
-					t.Errorf("%s: ran %v, over its %v limit", s.Index, ran, timeout)
-				}
-				if took > timeout+slack {
-					t.Errorf("%s: took %v with its sandbox's start and end, over its %v limit", s.Index, took, timeout)
-				}
-				if canaries.LeakedIn(res.Stdout) || canaries.LeakedIn(res.Stderr) {
-					t.Errorf("%s: the host's canary token reached the sandbox", s.Index)
-				}
-				o := outcome{index: s.Index, status: res.Status, took: took}
-				if res.Error != nil {
-					o.errName = res.Error.Name
-				}
-				outcomes <- o
-			}
-		}()
-	}
 	start := time.Now()
-	for _, s := range corpus {
-		jobs <- s
-	}
-	close(jobs)
-	wg.Wait()
+	eachAtOnce(corpus, func(s snippet) {
+		start := time.Now()
+		spec := sandbox.Spec{Limits: sandbox.Limits{Timeout: timeout, Memory: 256 << 20}}
+		if be.Name == "native" {
+			var err error
+			if spec.Egress, err = allowlisted(&proxied); err != nil {
+				t.Errorf("%s: the proxy: %v", s.Index, err)
+				return
+			}
+		}
+		res, warn := sandbox.RunOnce(context.Background(), b, sandbox.OneShot{
+			Spec:    spec,
+			Request: sandbox.ExecRequest{Code: s.Code, Filename: "redcode_" + s.Index + ".py"},
+		})
+		took := time.Since(start)
+		if warn != nil {
+			t.Errorf("%s: clean-up: %v", s.Index, warn)
+		}
+		if res.Status == sandbox.StatusSetupFailed {
+			t.Errorf("%s: the sandbox did not start, the snippet was not tested: %s", s.Index, res.Error.Value)
+		}
+		if ran := time.Duration(res.DurationMS * float64(time.Millisecond)); ran > timeout+execSlack {
+			t.Errorf("%s: ran %v, over its %v limit", s.Index, ran, timeout)
+		}
+		if took > timeout+slack {
+			t.Errorf("%s: took %v with its sandbox's start and end, over its %v limit", s.Index, took, timeout)
+		}
+		if canaries.LeakedIn(res.Stdout) || canaries.LeakedIn(res.Stderr) {
+			t.Errorf("%s: the host's canary token reached the sandbox", s.Index)
+		}
+		o := outcome{index: s.Index, status: res.Status, took: took}
+		if res.Error != nil {
+			o.errName = res.Error.Name
+		}
+		outcomes <- o
+	})
 	close(outcomes)
 
 	byStatus := map[sandbox.Status]int{}
@@ -248,4 +236,129 @@ func runCorpus(t *testing.T, be testbackends.Backend, corpus []snippet, canaries
 	for _, m := range testutil.MountsAdded(mounts, 5*time.Second, "redcode") {
 		t.Errorf("mount left on the host: %s", m)
 	}
+}
+
+// restoredUIDBase: host users of TestRedCodeRestored's backend, past the
+// suite's (testutil.UIDSpan).
+const restoredUIDBase = uidBase + 1<<23
+
+// TestRedCodeRestored runs every tenth snippet in a restored sandbox
+// forked from a zygote with the suite's preloads (the pool's kind): one
+// paused and resumed, or a copy of one (Fork, its source closed), before
+// the snippet runs, so that it attacks what a restore gave back (seccomp,
+// capabilities, Landlock, id maps, cgroup), with the canaries on the host.
+// In the zygote run.
+func TestRedCodeRestored(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequirePython(t)
+	if !testutil.ZygoteMode() {
+		t.Skip("of sandboxes forked from a zygote: in the zygote run")
+	}
+	if _, err := criu.Usable(); err != nil {
+		t.Skipf("pause needs CRIU 4 (%v)", err)
+	}
+	// Every tenth snippet, in turn in a resumed sandbox and in a copy.
+	type job struct {
+		snippet
+		fork bool // a fork's copy, not a resumed sandbox
+	}
+	var sample []job
+	for i, s := range loadCorpus(t) {
+		if i%10 == 0 {
+			sample = append(sample, job{s, len(sample)%2 == 1})
+		}
+	}
+	parent := "vivarium-redcode-restored-test"
+	testutil.RemoveStaleCgroups(parent)
+	dir, err := os.MkdirTemp("", "vivarium-redcode-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	if err := os.Chmod(dir, 0o711); err != nil { // a restore reads it as the sandbox's host root
+		t.Fatal(err)
+	}
+	b, err := native.New(native.Config{CgroupParent: parent, UIDBase: restoredUIDBase, UIDRanges: 8, Zygote: true,
+		Preload: suite.Preload, CheckpointDir: filepath.Join(dir, "checkpoints")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	mounts := testutil.Mounts()
+	canaries := testutil.SetupCanaries(t, 5758, 5389, 5388)
+	ctx := context.Background()
+	restored := func(fork bool) (*native.Sandbox, error) {
+		sbx, err := b.Create(ctx, sandbox.Spec{Limits: sandbox.Limits{Timeout: timeout, Memory: 256 << 20}})
+		if err != nil {
+			return nil, err
+		}
+		s := sbx.(*native.Sandbox)
+		if !fork {
+			if err = s.Pause(ctx); err == nil {
+				err = s.Resume(ctx)
+			}
+			if err != nil {
+				s.Close()
+			}
+			return s, err
+		}
+		copies, err := s.Fork(ctx, 1, sandbox.ForkOptions{})
+		s.Close()
+		if err != nil {
+			return nil, err
+		}
+		return copies[0].(*native.Sandbox), nil
+	}
+	var mu sync.Mutex
+	byStatus := map[sandbox.Status]int{}
+	start := time.Now()
+	eachAtOnce(sample, func(sn job) {
+		s, err := restored(sn.fork)
+		if err != nil {
+			t.Errorf("%s: the restored sandbox: %v", sn.Index, err)
+			return
+		}
+		res, err := s.Execute(ctx, sandbox.ExecRequest{Code: sn.Code, Filename: "redcode_" + sn.Index + ".py"}, nil)
+		s.Close()
+		if err != nil {
+			t.Errorf("%s: %v", sn.Index, err)
+			return
+		}
+		if canaries.LeakedIn(res.Stdout) || canaries.LeakedIn(res.Stderr) {
+			t.Errorf("%s: the host's canary token reached the sandbox", sn.Index)
+		}
+		mu.Lock()
+		byStatus[res.Status]++
+		mu.Unlock()
+	})
+	t.Logf("RedCode-Exec, every tenth snippet, in restored sandboxes of a zygote: %d in %v; by status: %v",
+		len(sample), time.Since(start).Round(time.Second), byStatus)
+	b.Close()
+	if left := append(testutil.ProcessesOwnedBy(int(restoredUIDBase), int(restoredUIDBase)+8<<16), testutil.CgroupsUnder(parent)...); len(left) > 0 {
+		t.Errorf("left behind: %v", left)
+	}
+	for _, m := range testutil.MountsAdded(mounts, 5*time.Second, "redcode") {
+		t.Errorf("mount left on the host: %s", m)
+	}
+	canaries.Check(t)
+}
+
+// eachAtOnce calls f with every item of items, workers at a time.
+func eachAtOnce[T any](items []T, f func(T)) {
+	jobs := make(chan T)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for it := range jobs {
+				f(it)
+			}
+		}()
+	}
+	for _, it := range items {
+		jobs <- it
+	}
+	close(jobs)
+	wg.Wait()
 }
