@@ -58,17 +58,20 @@ func (d *driver) Restart(context.Context) error {
 // KeyboardInterrupt.
 func (d *driver) Interrupt(r *core.Runner) error {
 	rp := r.Conn().(*runnerProc)
-	if d.z == nil || rp.pidfd < 0 {
-		// Init's child, or adopted by init (a restored one's).
+	d.mu.Lock()
+	byInit := d.z == nil || rp.pidfd < 0
+	var err error
+	if !byInit {
+		// A runner the zygote forked, with a pidfd of it (a one-shot's
+		// is not init's child): signal it directly.
+		err = unix.PidfdSendSignal(rp.pidfd, unix.SIGINT, nil, 0)
+	}
+	d.mu.Unlock()
+	if byInit {
+		// Init's child, or adopted by init (a restored sandbox's).
 		return d.s().send(ctlMsg{Op: opInterrupt})
 	}
-	// A zygote's runner is not init's child: signal it directly.
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if rp.pidfd >= 0 {
-		return unix.PidfdSendSignal(rp.pidfd, unix.SIGINT, nil, 0)
-	}
-	return nil
+	return err
 }
 
 func (d *driver) Usage() core.Usage {
