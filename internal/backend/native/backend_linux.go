@@ -322,9 +322,9 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 		cfg.Role = roleForked
 		// Its memory layout and hash seed are the zygote's, not the
 		// pause base's (pausebase_linux.go): its kept copies are whole.
-		// RunnerArgs stay: a restored copy's init starts its runners
-		// itself (opStandalone).
-		cfg.RunnerFiles, cfg.HashSeed, cfg.Preload = nil, "", nil
+		// Its runners come from the zygote (no RunnerArgs), until a
+		// restore, after which init starts them (Restart's Argv).
+		cfg.RunnerFiles, cfg.RunnerArgs, cfg.HashSeed, cfg.Preload = nil, nil, "", nil
 		return start(ctx, b, spec, cfg, z)
 	}
 	cfg := b.initConfig(spec, etc, top)

@@ -28,7 +28,7 @@ const fdControl = 7
 const maxControlMsg = 256 << 10
 
 // Control operations. Supervisor → init: opSpawn, opSignal, opInterrupt,
-// opRestart, opRebind, opAdopt, opStandalone. Init → supervisor: opSpawned, opExited, opRunner.
+// opRestart, opRebind, opAdopt. Init → supervisor: opSpawned, opExited, opRunner.
 const (
 	opSpawn     = "spawn"     // start a command: ID, Argv, Env, Dir, User, Term
 	opSignal    = "signal"    // signal a command's process group: PID, Signal
@@ -37,11 +37,6 @@ const (
 	opSpawned   = "spawned"   // a command started (PID, with its stdin, stdout and stderr, or its terminal's master) or not (Error)
 	opExited    = "exited"    // a command (ID) or the runner (ID 0) ended: Code, Signal
 	opRunner    = "runner"    // a runner started
-	// opStandalone tells a restored forked sandbox's init that no zygote
-	// forks its runners any more (its PID namespace is no longer under
-	// one): it starts them itself, as a classic init does, from the
-	// runner's files its root has.
-	opStandalone = "standalone"
 	// opAdopt names a zygote's runner that init adopted (PID, in the
 	// sandbox's PID namespace): init reports its end as a runner's.
 	opAdopt = "adopt"
@@ -212,10 +207,6 @@ func supervise(cfg *initConfig, report func(initStatus)) int {
 				runner = m.PID
 				if ws, ok := orphans.take(m.PID); ok {
 					exited(m.PID, ws, &runner, commands, nil)
-				}
-			case opStandalone:
-				if cfg.Role == roleForked && len(cfg.RunnerArgs) > 0 {
-					cfg.Role = roleClassic
 				}
 			case opInterrupt:
 				if runner > 0 {

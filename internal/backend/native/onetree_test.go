@@ -45,6 +45,10 @@ func TestOneTreePause(t *testing.T) {
 	}
 	defer sbx.Close()
 	s := sbx.(*Sandbox)
+	// Forked from the zygote: its preloads are there before any import.
+	if got := execText(t, s, "import sys\n'numpy' in sys.modules"); got != "True" {
+		t.Fatalf("numpy preloaded in the runner: %s", got)
+	}
 	if got := execText(t, s, "import os, numpy\nx = numpy.arange(5)\nos.getppid()"); got != "1" {
 		t.Fatalf("the runner's parent: %s", got)
 	}
