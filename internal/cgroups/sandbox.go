@@ -26,7 +26,7 @@ func Of(spec sandbox.Spec) Limits {
 // ErrNoGroup is UsageOf's error for a sandbox without a group of
 // Vivarium's (a backend run without cgroups, a runtime that makes its
 // own, a paused sandbox released to disk): its usage is not known.
-var ErrNoGroup = errors.New("the sandbox has no cgroup of Vivarium's: its usage is not known")
+var ErrNoGroup = errors.New("the sandbox has no cgroup of Vivarium's (a runtime that makes its own is not read): its usage is not known")
 
 // UsageOf is what a sandbox's group says it uses now (sandbox.Usage): its
 // CPU time so far, and its memory where the group can tell it apart from
