@@ -143,8 +143,11 @@ func init() {
 // No garbage collection until init has set the sandbox up (gcOn): what it
 // allocates until then is little and mostly kept, and the collector's
 // cycles during the packages' initialisation and the setup were a tenth of
-// a sandbox init's CPU time.
-var initEnv = []string{"GOMAXPROCS=1", "GOGC=off"}
+// a sandbox init's CPU time. No cgroup-aware GOMAXPROCS
+// (containermaxprocs=0): the runtime would keep the cgroup's CPU quota file
+// open, on a mount the sandbox does not have, which a checkpoint of a
+// zygote's sandbox cannot reopen by its path.
+var initEnv = []string{"GOMAXPROCS=1", "GOGC=off", "GODEBUG=containermaxprocs=0"}
 
 // gcOn gives init the runtime's default collection back, once it is set up.
 func gcOn() { debug.SetGCPercent(100) }

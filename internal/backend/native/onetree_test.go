@@ -39,7 +39,8 @@ func TestOneTreePause(t *testing.T) {
 	b := zygotePauseBackend(t)
 	b.criuBin = bin
 	ctx := context.Background()
-	sbx, err := b.Create(ctx, sandbox.Spec{})
+	// A CPU cap, as a server's sandboxes have.
+	sbx, err := b.Create(ctx, sandbox.Spec{Limits: sandbox.Limits{CPUs: 1}})
 	if err != nil {
 		t.Fatal(err)
 	}
