@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -132,7 +133,17 @@ func restoreTree(ctx context.Context, bin string, cp *checkpoint) (_ *restoredTr
 	for _, f := range cp.files {
 		h, err := reopenFile(f, overlays)
 		if err != nil {
-			return nil, fmt.Errorf("restore: reopen %s: %w", f.path, err)
+			// Not wrapped: a file of the host's gone is no "not found" of
+			// the client's, and its path is the host's.
+			var pe *fs.PathError
+			if errors.As(err, &pe) {
+				err = pe.Err
+			}
+			what := "a file of init's"
+			if f.under != "" {
+				what = f.path
+			}
+			return nil, fmt.Errorf("restore: reopen %s: %v", what, err)
 		}
 		inherit(h, f.key)
 	}
