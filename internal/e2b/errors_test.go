@@ -15,22 +15,9 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/pkgindex"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/service"
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 	"github.com/vivarium-sandbox/vivarium/internal/volume"
 )
-
-// failingBackend fails every creation with the error its spec's FAIL
-// variable names (an index into errs).
-type failingBackend struct{ errs []error }
-
-func (failingBackend) Name() string { return "failing" }
-
-func (b failingBackend) Create(_ context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
-	i, err := strconv.Atoi(spec.Env["FAIL"])
-	if err != nil {
-		return nil, errors.New("the test sent no FAIL")
-	}
-	return nil, b.errs[i]
-}
 
 // tableErrors is an error of each kind of apierr's table, as the layers
 // below raise it (wrapped), and an internal one naming a host path.
@@ -68,7 +55,7 @@ func TestErrorsFromTheTable(t *testing.T) {
 		}
 	}
 
-	svc := service.New(service.Config{Backend: failingBackend{errs}, MaxPerOwner: 1000})
+	svc := service.New(service.Config{Backend: testutil.FailingBackend{Errs: errs}, MaxPerOwner: 1000})
 	defer svc.Close()
 	ts := httptest.NewServer(New(Config{Service: svc, Auth: keys{"key-a": "a"}, Prefix: "/e2b"}))
 	defer ts.Close()

@@ -1,7 +1,6 @@
 package httpapi_test
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,23 +11,9 @@ import (
 
 	"github.com/vivarium-sandbox/vivarium/internal/apierr"
 	"github.com/vivarium-sandbox/vivarium/internal/httpapi"
-	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/service"
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
-
-// failingBackend fails every creation with the error its spec's FAIL
-// variable names (an index into errs).
-type failingBackend struct{ errs []error }
-
-func (failingBackend) Name() string { return "failing" }
-
-func (b failingBackend) Create(_ context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
-	i, err := strconv.Atoi(spec.Env["FAIL"])
-	if err != nil {
-		return nil, errors.New("the test sent no FAIL")
-	}
-	return nil, b.errs[i]
-}
 
 // TestErrorsFromTheTable: an error of each kind of apierr's table,
 // raised below the API (by the backend, wrapped as backends wrap them),
@@ -54,7 +39,7 @@ func TestErrorsFromTheTable(t *testing.T) {
 	for i, c := range cases {
 		errs[i] = c.err
 	}
-	svc := service.New(service.Config{Backend: failingBackend{errs}, MaxPerOwner: 1000})
+	svc := service.New(service.Config{Backend: testutil.FailingBackend{Errs: errs}, MaxPerOwner: 1000})
 	defer svc.Close()
 	srv := httptest.NewServer(httpapi.New(svc, keys{"alice-key": "alice"}, nil))
 	defer srv.Close()
