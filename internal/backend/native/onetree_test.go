@@ -30,22 +30,29 @@ func zygotePauseBackend(t testing.TB) *Backend {
 	return b
 }
 
+// zygoteSandbox is a sandbox of spec forked from the zygote of a backend of
+// zygotePauseBackend's that pauses with CRIU, closed when the test ends.
+func zygoteSandbox(t *testing.T, spec sandbox.Spec) (*Backend, *Sandbox) {
+	t.Helper()
+	bin := requireCRIU(t)
+	b := zygotePauseBackend(t)
+	b.criuBin = bin
+	sbx, err := b.Create(context.Background(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sbx.Close() })
+	return b, sbx.(*Sandbox)
+}
+
 // TestOneTreePause: a sandbox forked from a zygote is one process tree,
 // its runner init's child, which pauses and resumes with its state (twice),
 // forks into copies that go on and pause in turn; its runner is confined
 // by Landlock again after every restore.
 func TestOneTreePause(t *testing.T) {
-	bin := requireCRIU(t)
-	b := zygotePauseBackend(t)
-	b.criuBin = bin
 	ctx := context.Background()
 	// A CPU cap, as a server's sandboxes have.
-	sbx, err := b.Create(ctx, sandbox.Spec{Limits: sandbox.Limits{CPUs: 1}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sbx.Close()
-	s := sbx.(*Sandbox)
+	_, s := zygoteSandbox(t, sandbox.Spec{Limits: sandbox.Limits{CPUs: 1}})
 	// Forked from the zygote: its preloads are there before any import.
 	if got := execText(t, s, "import sys\n'numpy' in sys.modules"); got != "True" {
 		t.Fatalf("numpy preloaded in the runner: %s", got)
@@ -104,16 +111,8 @@ const landlockLayersCode = testutil.LandlockLayersPython + "landlock_layers()"
 // a new sandbox, with its state and its runner confined as before; so does
 // a paused one written down and opened by another backend.
 func TestOneTreeSnapshot(t *testing.T) {
-	bin := requireCRIU(t)
-	b := zygotePauseBackend(t)
-	b.criuBin = bin
 	ctx := context.Background()
-	sbx, err := b.Create(ctx, sandbox.Spec{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sbx.Close()
-	s := sbx.(*Sandbox)
+	b, s := zygoteSandbox(t, sandbox.Spec{})
 	execText(t, s, "import numpy\nx = numpy.arange(4)")
 	dir := filepath.Join(t.TempDir(), "snap")
 	if _, err := s.SaveSnapshot(ctx, dir); err != nil {
@@ -136,16 +135,8 @@ func TestOneTreeSnapshot(t *testing.T) {
 // sandbox is no longer under its zygote: a runner that dies there is
 // started again by the sandbox's own init, and the sandbox goes on.
 func TestOneTreeRunnerRestartsAfterRestore(t *testing.T) {
-	bin := requireCRIU(t)
-	b := zygotePauseBackend(t)
-	b.criuBin = bin
 	ctx := context.Background()
-	sbx, err := b.Create(ctx, sandbox.Spec{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sbx.Close()
-	s := sbx.(*Sandbox)
+	_, s := zygoteSandbox(t, sandbox.Spec{})
 	execText(t, s, "x = 1")
 	if err := s.Pause(ctx); err != nil {
 		t.Fatal(err)
@@ -176,19 +167,11 @@ func TestOneTreeRunnerRestartsAfterRestore(t *testing.T) {
 // (CRIU does not keep established connections) makes a pause a clear
 // refusal that names it, and the sandbox goes on.
 func TestPauseRefusesWhatCannotBeKept(t *testing.T) {
-	bin := requireCRIU(t)
-	b := zygotePauseBackend(t)
-	b.criuBin = bin
 	ctx := context.Background()
-	sbx, err := b.Create(ctx, sandbox.Spec{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sbx.Close()
-	s := sbx.(*Sandbox)
+	_, s := zygoteSandbox(t, sandbox.Spec{})
 	execText(t, s, "import socket\nsrv = socket.socket()\nsrv.bind(('127.0.0.1', 0))\nsrv.listen()\n"+
 		"c = socket.create_connection(srv.getsockname())\na, _ = srv.accept()\n1")
-	err = s.Pause(ctx)
+	err := s.Pause(ctx)
 	t.Logf("pause: %v", err)
 	if !errors.Is(err, sandbox.ErrCannotKeep) || !strings.Contains(err.Error(), "TCP") {
 		t.Fatalf("a pause with a TCP connection open: %v", err)
