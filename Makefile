@@ -1,10 +1,10 @@
 # Everyday targets, and what `go build` cannot build. docs/testing.md says
 # what each test tier covers.
 #
-#   make build       bin/vivarium, the one binary, statically linked
-#                    (CGO_ENABLED=0 go build ./cmd/vivarium): every
-#                    sandbox's init is this binary started again, and a
-#                    static one skips the dynamic loader each time
+#   make build       bin/vivarium, the one binary, statically linked, with
+#                    the program every sandbox starts inside itself built
+#                    in (scripts/build.sh; a plain go build has none, and
+#                    its sandboxes start the whole binary again)
 #   make test        the full suite, exactly what CI runs (scripts/test.sh):
 #                    installs what the tests need, builds the wasm
 #                    interpreter and CRIU, then runs every test as root.
@@ -39,7 +39,7 @@ CRIU_DIR ?=
 .PHONY: build test test-short check-docs wasm clean-wasm criu
 
 build:
-	CGO_ENABLED=0 $(GO) build -o bin/vivarium ./cmd/vivarium
+	GO=$(GO) scripts/build.sh bin/vivarium
 
 test:
 	scripts/test.sh

@@ -7,7 +7,7 @@
 set -eu
 cd "$(dirname "$0")/.."
 VIVARIUM_DEPS_EXTRA="bubblewrap runsc python3-ipykernel python3-jupyter-client ${VIVARIUM_DEPS_EXTRA:-}" scripts/deps.sh
-CGO_ENABLED=0 go build -o bin/vivarium ./cmd/vivarium
+scripts/build.sh bin/vivarium
 sudo=""
 [ "$(id -u)" -ne 0 ] && sudo="sudo"
 exec $sudo bin/vivarium bench "$@"

@@ -4,7 +4,7 @@
 set -eu
 cd "$(dirname "$0")/.."
 scripts/deps.sh
-CGO_ENABLED=0 go build -o bin/vivarium ./cmd/vivarium
+scripts/build.sh bin/vivarium
 sudo=""
 [ "$(id -u)" -ne 0 ] && sudo="sudo"
 $sudo bin/vivarium run --out out examples/quickstart.py

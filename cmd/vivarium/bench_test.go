@@ -3,34 +3,18 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
 	"testing"
 
 	"github.com/vivarium-sandbox/vivarium/internal/bench"
+	"github.com/vivarium-sandbox/vivarium/test/testserver"
 )
 
 // buildVivarium builds the real binary: the bench times `vivarium run` as
 // a process of its own, which the test binary cannot stand in for.
-func buildVivarium(t *testing.T) string {
-	t.Helper()
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
-		if _, err := os.Stat(goTool); err != nil {
-			t.Skip("needs the go tool to build vivarium")
-		}
-	}
-	exe := filepath.Join(t.TempDir(), "vivarium")
-	if out, err := exec.Command(goTool, "build", "-o", exe, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return exe
-}
+func buildVivarium(t *testing.T) string { return testserver.Build(t) }
 
 func runBench(t *testing.T, exe string, args ...string) (stdout, stderr string) {
 	t.Helper()

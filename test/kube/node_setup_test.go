@@ -544,10 +544,10 @@ func (n *node) images() error {
 
 	start = time.Now()
 	n.vivarium = filepath.Join(n.dir, "vivarium")
-	build := exec.Command("go", "build", "-o", n.vivarium, "./cmd/vivarium")
+	build := exec.Command("scripts/build.sh", n.vivarium)
 	build.Dir = filepath.Join(chartDir(n.t), "..", "..", "..")
 	if out, err := build.CombinedOutput(); err != nil {
-		return fmt.Errorf("go build ./cmd/vivarium: %v\n%s", err, out)
+		return fmt.Errorf("scripts/build.sh: %v\n%s", err, out)
 	}
 	sum, err := fileutil.SHA256(n.vivarium)
 	if err != nil {

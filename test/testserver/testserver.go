@@ -12,6 +12,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -20,14 +22,26 @@ import (
 )
 
 // Build compiles the vivarium binary into a temporary directory, as make
-// build does (statically linked).
+// build does (scripts/build.sh: statically linked, the program sandboxes
+// start embedded). It skips the test where there is no go tool.
 func Build(t *testing.T) string {
 	t.Helper()
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
+		if _, err := os.Stat(goTool); err != nil {
+			t.Skip("needs the go tool to build vivarium")
+		}
+	}
+	gomod, err := exec.Command(goTool, "env", "GOMOD").Output()
+	if err != nil {
+		t.Fatalf("go env GOMOD: %v", err)
+	}
 	bin := filepath.Join(t.TempDir(), "vivarium")
-	cmd := exec.Command("go", "build", "-o", bin, "github.com/vivarium-sandbox/vivarium/cmd/vivarium")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	cmd := exec.Command(filepath.Join(filepath.Dir(strings.TrimSpace(string(gomod))), "scripts", "build.sh"), bin)
+	cmd.Env = append(os.Environ(), "GO="+goTool)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+		t.Fatalf("scripts/build.sh: %v\n%s", err, out)
 	}
 	return bin
 }

@@ -66,8 +66,9 @@ type Config struct {
 	// StateDir holds the root view and the sandboxes' disks; default
 	// /run/vivarium/NAME without its "vivarium-" prefix.
 	StateDir string
-	// Exe is the vivarium binary bound into each container as the agent;
-	// default: this one.
+	// Exe is the program bound into each container as the agent;
+	// default: the one vivarium carries for it (sandbox.Program), else
+	// this binary.
 	Exe string
 	// UIDBase is the first host uid of the pool the sandboxes' users come
 	// from, a range of hostuid.RangeSize ids per sandbox (of which the
@@ -121,6 +122,9 @@ func New(cfg Config) (*container.Backend, error) {
 	}
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("%w: the docker backend needs root (it mounts each sandbox's disk and its root view)", sandbox.ErrUnsupported)
+	}
+	if cfg.Exe == "" {
+		cfg.Exe = sandbox.Program()
 	}
 	if cfg.Exe == "" {
 		exe, err := os.Executable()

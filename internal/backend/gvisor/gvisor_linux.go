@@ -52,8 +52,9 @@ type Config struct {
 	// resumes or closes; default:
 	// sandbox.DefaultCheckpointDir(CgroupParent), on disk.
 	CheckpointDir string
-	// Exe is the vivarium binary bound into each sandbox as the agent;
-	// default: this one.
+	// Exe is the program bound into each sandbox as the agent;
+	// default: the one vivarium carries for it (sandbox.Program), else
+	// this binary.
 	Exe    string
 	Logger *slog.Logger
 }
@@ -91,6 +92,9 @@ func New(cfg Config) (*Backend, error) {
 	}
 	if cfg.CheckpointDir == "" {
 		cfg.CheckpointDir = sandbox.DefaultCheckpointDir(cfg.CgroupParent)
+	}
+	if cfg.Exe == "" {
+		cfg.Exe = sandbox.Program()
 	}
 	if cfg.Exe == "" {
 		exe, err := os.Executable()

@@ -72,7 +72,8 @@ type Config struct {
 	// sandbox), and CPU time is not accounted across processes; nothing
 	// bounds memory sandboxes leave behind (MemoryTotal, MemoryPerTenant).
 	InsecureNoCgroups bool
-	// Exe is the binary re-executed as the sandbox's init. Default: this one.
+	// Exe is the program started as the sandbox's init. Default: the one
+	// vivarium carries for it (sandbox.Program), else this binary again.
 	Exe string
 	// Zygote forks every sandbox's runner from a zygote, a Python that has
 	// imported the runner and Preload once (see zygote_linux.go): a
@@ -172,7 +173,7 @@ func New(cfg Config) (*Backend, error) {
 	}
 	cfg.KernelLimits = cfg.KernelLimits.withDefaults()
 	if cfg.Exe == "" {
-		cfg.Exe = "/proc/self/exe"
+		cfg.Exe = cmp.Or(sandbox.Program(), "/proc/self/exe")
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
