@@ -79,7 +79,7 @@ var ProcSynthesised = []ProcFile{
 	{"cgroups", func(_ *ProcView, host string) string { return cgroupsOne(host) }},
 	{"swaps", func(*ProcView, string) string { return "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n" }},
 	{"vmstat", func(_ *ProcView, host string) string { return zeroNumbers(host) }},
-	{"sys/kernel/random/boot_id", func(v *ProcView, _ string) string { return v.BootID + "\n" }},
+	{bootIDPath, func(v *ProcView, _ string) string { return v.BootID + "\n" }},
 	// Counters of the whole kernel: open files, inodes, dentries, aio
 	// contexts and terminals of every process on the host.
 	{"sys/fs/file-nr", func(_ *ProcView, host string) string { return zeroNumbers(host) }},
@@ -104,14 +104,67 @@ func NewProcView(memTotal int64) (*ProcView, error) {
 			v.CPUs = append(v.CPUs, c)
 		}
 	}
+	v.BootID = NewBootID()
+	return v, nil
+}
+
+// NewBootID is a random boot id, as the kernel makes one (a version 4
+// UUID).
+func NewBootID() string {
 	var id [16]byte
-	if _, err := rand.Read(id[:]); err != nil {
-		return nil, err
-	}
+	rand.Read(id[:]) // crypto/rand does not fail on Linux
 	id[6] = id[6]&0x0f | 0x40 // version 4: random
 	id[8] = id[8]&0x3f | 0x80 // RFC 4122 variant
-	v.BootID = fmt.Sprintf("%x-%x-%x-%x-%x", id[0:4], id[4:6], id[6:8], id[8:10], id[10:16])
-	return v, nil
+	return fmt.Sprintf("%x-%x-%x-%x-%x", id[0:4], id[4:6], id[6:8], id[8:10], id[10:16])
+}
+
+// ProcMask is a file or directory of a sandbox's /proc that a bind
+// covers: with a synthesised file (Data), or, Hidden, with an empty file
+// or directory (Dir).
+type ProcMask struct {
+	Path   string `json:"path"` // relative to /proc
+	Data   string `json:"data,omitempty"`
+	Hidden bool   `json:"hidden,omitempty"`
+	Dir    bool   `json:"dir,omitempty"`
+}
+
+// bootIDPath is the synthesised file that is each sandbox's own.
+const bootIDPath = "sys/kernel/random/boot_id"
+
+// ProcMasks is what covers a sandbox's /proc, made from the kernel's files
+// under proc for the view v: the synthesised files this kernel has
+// (ProcSynthesised), then the masked paths it has (ProcMasked), in that
+// order. Only the boot id is of one sandbox: a list made once serves every
+// sandbox of the same memory limit and CPUs, each with its own boot id
+// (WithBootID).
+func ProcMasks(proc string, v *ProcView) []ProcMask {
+	var out []ProcMask
+	for _, f := range ProcSynthesised {
+		host, err := os.ReadFile(filepath.Join(proc, f.Path))
+		if err != nil {
+			continue // not in this kernel
+		}
+		out = append(out, ProcMask{Path: f.Path, Data: f.Make(v, string(host))})
+	}
+	for _, name := range ProcMasked {
+		fi, err := os.Stat(filepath.Join(proc, name))
+		if err != nil {
+			continue
+		}
+		out = append(out, ProcMask{Path: name, Hidden: true, Dir: fi.IsDir()})
+	}
+	return out
+}
+
+// WithBootID is masks with the boot id's file saying id.
+func WithBootID(masks []ProcMask, id string) []ProcMask {
+	out := slices.Clone(masks)
+	for i := range out {
+		if out[i].Path == bootIDPath {
+			out[i].Data = id + "\n"
+		}
+	}
+	return out
 }
 
 // ProcFiles is the /proc view for a runtime that mounts a sandbox's /proc

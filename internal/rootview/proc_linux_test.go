@@ -108,3 +108,38 @@ func BenchmarkProcFiles(b *testing.B) {
 		}
 	}
 }
+
+// ProcMasks covers what the kernel under proc has, synthesised files
+// first; WithBootID gives one list a boot id per sandbox. Runs without
+// root, on a proc of the test's making.
+func TestProcMasks(t *testing.T) {
+	proc := t.TempDir()
+	for path, content := range map[string]string{
+		"loadavg": "3.1 2.0 1.0 5/900 4242\n", "vmstat": "nr_free_pages 1128559\n",
+		"sys/kernel/random/boot_id": "the host's\n", "kcore": "", "keys": "",
+	} {
+		os.MkdirAll(filepath.Join(proc, filepath.Dir(path)), 0o755)
+		os.WriteFile(filepath.Join(proc, path), []byte(content), 0o444)
+	}
+	os.Mkdir(filepath.Join(proc, "acpi"), 0o755)
+	v := &ProcView{MemTotal: 256 << 20, CPUs: []int{0}, BootID: "ignored"}
+	masks := ProcMasks(proc, v)
+	want := []ProcMask{
+		{Path: "loadavg", Data: "0.00 0.00 0.00 1/1 1\n"},
+		{Path: "vmstat", Data: "nr_free_pages 0\n"},
+		{Path: bootIDPath, Data: "ignored\n"},
+		{Path: "kcore", Hidden: true},
+		{Path: "keys", Hidden: true},
+		{Path: "acpi", Hidden: true, Dir: true},
+	}
+	if !slices.Equal(masks, want) {
+		t.Fatalf("masks:\n%+v\nwant\n%+v", masks, want)
+	}
+	a, b := WithBootID(masks, NewBootID()), WithBootID(masks, NewBootID())
+	if a[2].Data == b[2].Data || a[2].Data == "ignored\n" || len(a[2].Data) != 37 {
+		t.Errorf("boot ids %q and %q: not each sandbox's own", a[2].Data, b[2].Data)
+	}
+	if masks[2].Data != "ignored\n" {
+		t.Error("WithBootID changed the list it was given")
+	}
+}

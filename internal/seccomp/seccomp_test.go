@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -535,6 +536,24 @@ func BenchmarkCompile(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		if _, err := Compile(DefaultRules()); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// A program goes through Encode and Decode unchanged; Decode refuses what
+// is no program.
+func TestEncodeDecode(t *testing.T) {
+	prog, err := Compile(DefaultRules())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Decode(Encode(prog))
+	if err != nil || !slices.Equal(got, prog) {
+		t.Fatalf("round trip: %v (%d of %d instructions)", err, len(got), len(prog))
+	}
+	for _, bad := range [][]byte{nil, make([]byte, 7), make([]byte, 8*(unix.BPF_MAXINSNS+1))} {
+		if _, err := Decode(bad); err == nil {
+			t.Errorf("a program of %d bytes decoded", len(bad))
 		}
 	}
 }

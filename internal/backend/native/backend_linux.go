@@ -129,6 +129,9 @@ type Backend struct {
 	etcErr  error
 	top     []rootview.TopDir
 
+	procMu    sync.Mutex // procCache
+	procCache map[string][]rootview.ProcMask
+
 	zfilesOnce   sync.Once // zygoteFiles
 	zfiles       string
 	zfilesLayers map[string][]rootview.File
@@ -319,7 +322,10 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 		if err != nil {
 			return nil, err
 		}
-		cfg := b.initConfig(spec, nil, nil)
+		cfg, err := b.initConfig(spec, nil, nil)
+		if err != nil {
+			return nil, err
+		}
 		cfg.Role = roleForked
 		// Its memory layout and hash seed are the zygote's, not the
 		// pause base's (pausebase_linux.go): its kept copies are whole.
@@ -328,7 +334,10 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 		cfg.RunnerFiles, cfg.RunnerArgs, cfg.HashSeed, cfg.Preload = nil, nil, "", nil
 		return start(ctx, b, spec, cfg, z)
 	}
-	cfg := b.initConfig(spec, etc, top)
+	cfg, err := b.initConfig(spec, etc, top)
+	if err != nil {
+		return nil, err
+	}
 	return start(ctx, b, spec, cfg, nil)
 }
 
@@ -616,9 +625,19 @@ func checkPython(p string) error {
 	return nil
 }
 
-func (b *Backend) initConfig(spec sandbox.Spec, etc []rootview.File, top []rootview.TopDir) *initConfig {
+func (b *Backend) initConfig(spec sandbox.Spec, etc []rootview.File, top []rootview.TopDir) (*initConfig, error) {
 	l := spec.Limits
+	filter, err := sandboxFilter()
+	if err != nil {
+		return nil, fmt.Errorf("seccomp filter: %w", err)
+	}
+	proc, err := b.procMasks(l.Memory)
+	if err != nil {
+		return nil, fmt.Errorf("/proc: %w", err)
+	}
 	cfg := &initConfig{
+		Seccomp:     filter,
+		Proc:        proc,
 		Sysctls:     b.cfg.KernelLimits.namespaceSysctls(l.Memory),
 		Kernel:      b.cfg.KernelLimits,
 		Python:      spec.Python,
@@ -653,7 +672,7 @@ func (b *Backend) initConfig(spec sandbox.Spec, etc []rootview.File, top []rootv
 		cfg.MaxProcs = uint64(l.Pids)
 		cfg.MemoryBytes = uint64(l.Memory)
 	}
-	return cfg
+	return cfg, nil
 }
 
 // sandboxEnv is the runner's environment: a fixed base, then the user's.

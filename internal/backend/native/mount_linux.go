@@ -372,11 +372,7 @@ func mountProc(proc string, cfg *initConfig, scratch string) error {
 			return step("read-only /proc/"+name, err)
 		}
 	}
-	v, err := rootview.NewProcView(cfg.MemTotal)
-	if err != nil {
-		return step("describe /proc", err)
-	}
-	return maskProc(proc, scratch, v)
+	return maskProc(proc, scratch, cfg.Proc)
 }
 
 // bindReadOnly bind-mounts src (not its submounts) at dst, read-only,

@@ -3,7 +3,6 @@ package native
 import (
 	"bufio"
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -325,18 +324,6 @@ func (z *zygote) retire() {
 	if last {
 		go z.closeRetired()
 	}
-}
-
-// filterBytes lays a BPF program out as struct sock_filter[] in this
-// machine's byte order, for the zygote to load with prctl.
-func filterBytes(prog []unix.SockFilter) []byte {
-	out := make([]byte, 0, 8*len(prog))
-	for _, f := range prog {
-		out = binary.NativeEndian.AppendUint16(out, f.Code)
-		out = append(out, f.Jt, f.Jf)
-		out = binary.NativeEndian.AppendUint32(out, f.K)
-	}
-	return out
 }
 
 // readControl follows the zygote's init: first the Python zygote's socket,

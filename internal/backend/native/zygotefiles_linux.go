@@ -29,7 +29,7 @@ const zygoteLowerPrefix = "zygote:"
 // zygoteRunnerFiles are the files of a zygote's runner directory: the
 // runner's, the sandbox's seccomp filter and the zygote's own.
 func zygoteRunnerFiles() (map[string][]byte, error) {
-	prog, err := seccomp.Compile(seccomp.DefaultRules())
+	prog, err := sandboxFilter()
 	if err != nil {
 		return nil, err
 	}
@@ -38,10 +38,10 @@ func zygoteRunnerFiles() (map[string][]byte, error) {
 		return nil, err
 	}
 	files := runner.Files()
-	files["seccomp.bpf"] = filterBytes(prog)
+	files["seccomp.bpf"] = prog
 	// The zygote's own filter, loaded before it imports anything: the
 	// sandbox's, plus setns and what dropping privileges takes.
-	files["zygote.bpf"] = filterBytes(zprog)
+	files["zygote.bpf"] = seccomp.Encode(zprog)
 	return files, nil
 }
 
