@@ -40,7 +40,8 @@ import (
 //     no capability outside itself, so nothing of the thread's odd state
 //     reaches it;
 //  4. the thread stays alive as long as the process: it is the parent
-//     (for Pdeathsig) of every init it started, which dies with it.
+//     (for Pdeathsig) of every init it started, which dies with it;
+//  5. the thread has no supplementary groups, so neither has any init.
 type spawner struct {
 	reqs chan spawnRequest
 }
@@ -82,6 +83,13 @@ func (sp *spawner) loop(ready chan<- error) {
 	}
 	if err != nil {
 		ready <- fmt.Errorf("spawner: securebits (needs CAP_SETPCAP): %w", err)
+		return
+	}
+	// No supplementary groups (root's, of the server): every init starts
+	// without them, and need not drop them on all of its threads
+	// (initMain's setgroups). The raw call changes this thread alone.
+	if _, _, e := unix.RawSyscall(unix.SYS_SETGROUPS, 0, 0, 0); e != 0 {
+		ready <- fmt.Errorf("spawner: setgroups: %w", e)
 		return
 	}
 	ready <- nil
