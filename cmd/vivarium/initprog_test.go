@@ -7,12 +7,12 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
 
 func TestWriteInitProg(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("the program's directory and file must be root's")
-	}
+	testutil.RequireRoot(t, "the program's directory and file must be root's")
 	prog := []byte("\x7fELF a stand-in for the init program")
 	sum := sha256.Sum256(prog)
 	want := hex.EncodeToString(sum[:])

@@ -18,9 +18,7 @@ import (
 // carries inside each sandbox, not itself: every process of a sandbox
 // that is no Python is that program.
 func TestSandboxesStartTheInitProgram(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
+	testutil.RequireRoot(t)
 	const parent = "vivarium-test-initprog"
 	srv := Start(t, Build(t), Options{CgroupParent: parent, UIDBase: native.DefaultUIDBase + 36<<24, Keys: []string{"k"}})
 	req, _ := http.NewRequest("POST", srv.URL+"/v1/sandboxes", bytes.NewBufferString(`{}`))
