@@ -387,7 +387,8 @@ func (p *Process) WriteStdin(ctx context.Context, data []byte) error {
 		return fmt.Errorf("%w: the standard input of pid %d is closed (start it with stdin kept open)", sandbox.ErrInvalidSpec, p.info.PID)
 	}
 	w := p.p.Stdin()
-	if f, ok := w.(*os.File); ok {
+	// A pipe's *os.File, or a terminal's input, which takes deadlines too.
+	if f, ok := w.(interface{ SetWriteDeadline(time.Time) error }); ok {
 		deadline, ok := ctx.Deadline()
 		if !ok {
 			deadline = time.Now().Add(30 * time.Second)

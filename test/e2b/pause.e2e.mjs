@@ -48,6 +48,37 @@ describe('pause', () => {
     }
   })
 
+  test('a terminal (pty) is paused with its sandbox: after connect, pty.connect reaches the same shell', async () => {
+    const sbx = await Sandbox.create()
+    try {
+      const enc = new TextEncoder()
+      const dec = new TextDecoder()
+      let text = ''
+      const until = async (re) => {
+        for (let waited = 0; !re.test(text); waited += 20) {
+          if (waited > 30_000) throw new Error(`the terminal did not show ${re}; it showed ${JSON.stringify(text)}`)
+          await new Promise((r) => setTimeout(r, 20))
+        }
+      }
+      const onData = (d) => { text += dec.decode(d, { stream: true }) }
+      const term = await sbx.pty.create({ cols: 80, rows: 24, onData })
+      await sbx.pty.sendInput(term.pid, enc.encode('x=kept; echo m-$((6*7))\n'))
+      await until(/m-42\r\n/)
+      await term.disconnect()
+      assert.equal(await sbx.pause(), true)
+
+      const back = await Sandbox.connect(sbx.sandboxId)
+      text = ''
+      const again = await back.pty.connect(term.pid, { onData })
+      await back.pty.sendInput(term.pid, enc.encode('echo $x m-$((6*8)); tty\n'))
+      await until(/kept m-48\r\n\/dev\/pts\/\d+\r\n/)
+      await back.pty.sendInput(term.pid, enc.encode('exit 0\n'))
+      assert.equal((await again.wait()).exitCode, 0)
+    } finally {
+      await sbx.kill()
+    }
+  })
+
   test('fork: copies of a running sandbox, each a sandbox of its own', async () => {
     const sbx = await Sandbox.create()
     const copies = []

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -28,7 +29,8 @@ const fdControl = 7
 const maxControlMsg = 256 << 10
 
 // Control operations. Supervisor → init: opSpawn, opSignal, opInterrupt,
-// opRestart, opRebind, opAdopt. Init → supervisor: opSpawned, opExited, opRunner.
+// opRestart, opRebind, opAdopt, opTerminals, opTerminalEnd. Init →
+// supervisor: opSpawned, opExited, opRunner, opTerminal.
 const (
 	opSpawn     = "spawn"     // start a command: ID, Argv, Env, Dir, User, Term
 	opSignal    = "signal"    // signal a command's process group: PID, Signal
@@ -43,6 +45,16 @@ const (
 	// opRebind carries a socket that becomes init's control socket: one
 	// made in the sandbox's network namespace, which CRIU can dump.
 	opRebind = "rebind"
+	// Terminals across a pause (terminal_linux.go). Init keeps a copy of
+	// each terminal's master, so that the pair is whole in the tree CRIU
+	// dumps. opTerminals (IDs: the supervisor's terminals, after a
+	// restore) asks for them again: init answers opTerminal (ID, with the
+	// master) for each of those it holds, and lets go of the others.
+	// opTerminalEnd (ID): the supervisor read the terminal's end, init
+	// lets go of its copy.
+	opTerminals   = "terminals"
+	opTerminal    = "terminal"
+	opTerminalEnd = "terminal-end"
 )
 
 type ctlMsg struct {
@@ -60,6 +72,9 @@ type ctlMsg struct {
 	Owner uint32 `json:"owner,omitempty"`
 	// Term starts a command in a terminal of this size (opSpawn).
 	Term *sandbox.TerminalSize `json:"term,omitempty"`
+	// IDs are the commands whose terminals the supervisor reads
+	// (opTerminals).
+	IDs []uint64 `json:"ids,omitempty"`
 }
 
 func sendCtl(fd int, m ctlMsg, files ...int) error {
@@ -163,6 +178,7 @@ func supervise(cfg *initConfig, report func(initStatus)) int {
 	closeAll(pipes)
 	commands := map[int]uint64{} // pid → command ID
 	terminals := map[int]bool{}  // the commands started in a terminal
+	masters := map[uint64]int{}  // init's copies of their masters, by command ID (at most maxPTYs)
 	var orphans recentExits      // orphans reaped: one may be a runner not yet adopted
 
 	for {
@@ -175,6 +191,13 @@ func supervise(cfg *initConfig, report func(initStatus)) int {
 			case opSpawn:
 				pid, files, err := spawn(cfg, m)
 				reply := ctlMsg{Op: opSpawned, ID: m.ID, PID: pid}
+				if err == nil && m.Term != nil {
+					if err = keepMaster(masters, m.ID, files[0]); err != nil {
+						signalSession(pid, unix.SIGKILL)
+						closeAll(files)
+						files = nil
+					}
+				}
 				if err != nil {
 					reply.Error = err.Error()
 				} else {
@@ -208,6 +231,24 @@ func supervise(cfg *initConfig, report func(initStatus)) int {
 				if ws, ok := orphans.take(m.PID); ok {
 					exited(m.PID, ws, &runner, commands, nil)
 				}
+			case opTerminals:
+				for id, fd := range masters {
+					if slices.Contains(m.IDs, id) {
+						sendCtl(fdControl, ctlMsg{Op: opTerminal, ID: id}, fd)
+						continue
+					}
+					// Nobody reads it (a fork's copy: its supervisor
+					// knows none of the source's commands): its end
+					// hangs the terminal up, as a copy's pipes are closed.
+					unix.Close(fd)
+					delete(masters, id)
+				}
+				sendCtl(fdControl, ctlMsg{Op: opTerminals}) // the answer's end
+			case opTerminalEnd:
+				if fd, ok := masters[m.ID]; ok {
+					unix.Close(fd)
+					delete(masters, m.ID)
+				}
 			case opInterrupt:
 				if runner > 0 {
 					unix.Kill(runner, unix.SIGINT)
@@ -219,8 +260,13 @@ func supervise(cfg *initConfig, report func(initStatus)) int {
 				if len(m.Argv) > 0 {
 					cfg.RunnerArgs = m.Argv
 				}
-				// Every process of the namespace but init itself.
+				// Every process of the namespace but init itself, and the
+				// terminals they had.
 				unix.Kill(-1, unix.SIGKILL)
+				for id, fd := range masters {
+					unix.Close(fd)
+					delete(masters, id)
+				}
 				for pid, ws := range reapAll(true) {
 					exited(pid, ws, &runner, commands, nil)
 				}

@@ -6,7 +6,7 @@ package native
 // sandbox of its own:
 //
 //  1. the snapshot: under the same locks as a pause (no execution runs or
-//     starts, no command starts, none runs in a terminal), criu dump
+//     starts, no command starts), criu dump
 //     --leave-running; while the dumped tree is still frozen (CRIU's
 //     post-dump action) the root tmpfs's files are copied (cp -a, owners
 //     kept) into the snapshot's directory, so that they are those the
@@ -113,11 +113,11 @@ func (s *Sandbox) copyVolumes(n int, opts sandbox.ForkOptions) ([][]sandbox.Volu
 }
 
 // Fork implements sandbox.Forker. It fails with sandbox.ErrBusy while an
-// execution, or a command in a terminal, runs, and with sandbox.ErrPaused
-// for a paused sandbox. The source goes on unchanged, whatever the outcome.
-// Commands running in the source run in the copies too, but their
-// pipes to the host are closed there (their input is at its end, their
-// output goes nowhere), and the copies' cores know only the default code
+// execution runs, and with sandbox.ErrPaused for a paused sandbox. The
+// source goes on unchanged, whatever the outcome. Commands running in the
+// source run in the copies too, but their pipes to the host are closed
+// there (their input is at its end, their output goes nowhere), their
+// terminals hung up, and the copies' cores know only the default code
 // contexts.
 func (s *Sandbox) Fork(ctx context.Context, n int, opts sandbox.ForkOptions) ([]sandbox.Sandbox, error) {
 	if err := sandbox.CheckForkCount(n); err != nil {
@@ -222,13 +222,8 @@ func (s *Sandbox) snapshot(ctx context.Context, bin string) (*forkSnapshot, erro
 		s.startGate.Lock()
 		defer s.startGate.Unlock()
 		s.mu.Lock()
-		n := len(s.terminals)
 		rp := s.rp
 		s.mu.Unlock()
-		if n > 0 {
-			return fmt.Errorf("%w: %d command(s) started in a terminal still run; end them before forking",
-				sandbox.ErrBusy, n)
-		}
 		if rp == nil {
 			return errors.New("fork: the sandbox has no runner")
 		}
@@ -408,7 +403,7 @@ func (b *Backend) newCopy(snap *forkSnapshot, id string) (*Sandbox, error) {
 	c := &Sandbox{
 		id: id, b: b, spec: snap.spec, ctl: -1, cfg: snap.cfg, failed: make(chan struct{}),
 		initDone: make(chan struct{}), statusDone: make(chan struct{}), runnerGone: make(chan struct{}),
-		ctlDone: make(chan struct{}), terminals: map[uint64]bool{},
+		ctlDone: make(chan struct{}), terminals: map[uint64]*terminal{},
 	}
 	// The copy's runner is the source's, with its code contexts.
 	var contexts *runner.Contexts

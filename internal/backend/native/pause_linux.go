@@ -18,8 +18,8 @@ package native
 //
 // Order of a pause, under pauseMu and the core's Exclusive (no execution
 // runs or starts):
-//  1. no command starts (startGate) and none runs in a terminal, the
-//     files API changes no file (files); paused;
+//  1. no command starts (startGate), the files API changes no file
+//     (files); paused; the terminals are held (terminal_linux.go);
 //  2. dump: init takes a control socket CRIU can dump, which the Sandbox
 //     reads from then on (so a dump that fails leaves it running); the
 //     supervisor holds the sandbox's ends of the commands' pipes
@@ -30,8 +30,9 @@ package native
 //
 // A resume, under the same locks: CRIU restores the tree; adopt gives
 // the Sandbox its init, pipes, control socket, network namespace and
-// runner, and joins the commands' pipes (joinPipe); the proxy listens
-// again; the images are removed.
+// runner, and joins the commands' pipes (joinPipe) and, as init answers,
+// their terminals (terminal.swap); the proxy listens again; the images
+// are removed.
 
 import (
 	"context"
@@ -58,7 +59,7 @@ import (
 var _ sandbox.Pauser = (*Sandbox)(nil)
 
 // Pause implements sandbox.Pauser. It fails with sandbox.ErrBusy while an
-// execution, or a command in a terminal, runs, and with
+// execution runs, and with
 // sandbox.ErrUnsupported, naming why, for a sandbox that cannot be paused. A pause that fails leaves the
 // sandbox running, unpaused. Pausing a paused sandbox does nothing.
 func (s *Sandbox) Pause(ctx context.Context) error {
@@ -90,16 +91,8 @@ func (s *Sandbox) Pause(ctx context.Context) error {
 			return sandbox.ErrClosed
 		}
 		// No command starts from here. Those running go on after a
-		// resume, but not one in a terminal.
+		// resume, in a terminal or not.
 		s.startGate.Lock()
-		s.mu.Lock()
-		n := len(s.terminals)
-		s.mu.Unlock()
-		if n > 0 {
-			s.startGate.Unlock()
-			return fmt.Errorf("%w: %d command(s) started in a terminal still run; end them before pausing",
-				sandbox.ErrBusy, n)
-		}
 		// Nor does the files API change a file from here
 		// (pausefiles_linux.go).
 		if err := s.files.hold(); err != nil {
@@ -118,9 +111,11 @@ func (s *Sandbox) Pause(ctx context.Context) error {
 		// CRIU is not stopped half-way (its parasite code is in the
 		// sandbox's processes while it dumps): a caller that gives up
 		// does not end it.
+		s.eachTerminal((*terminal).hold)
 		cp, err := s.dump(context.WithoutCancel(ctx), bin, dir)
 		s.files.release(err == nil)
 		if err != nil {
+			s.eachTerminal((*terminal).release)
 			s.Core.SetPaused(false)
 			os.RemoveAll(dir)
 			if isClosed(s.dead()) {
@@ -370,6 +365,9 @@ func (s *Sandbox) adopt(r *restoredTree, cp *checkpoint) error {
 	s.ctlDone = make(chan struct{})
 	go s.readControl(s.ctl, s.ctlDone)
 	s.sendMu.Unlock()
+	// The terminals' masters, held by the restored init; a copy's init
+	// lets go of those of the source's.
+	s.askTerminals()
 	return nil
 }
 
@@ -425,8 +423,9 @@ func (s *Sandbox) treeGone() {
 	s.CommandsGone()
 	s.mu.Lock()
 	rp := s.rp
-	s.terminals = map[uint64]bool{}
 	s.mu.Unlock()
+	// Their ends are the commands' now: each reads its end of output.
+	s.eachTerminal((*terminal).release)
 	if rp != nil {
 		s.RunnerExited(rp.r, core.Exit{Exited: true, Code: 128 + int(syscall.SIGKILL), Signal: int(syscall.SIGKILL)})
 	}

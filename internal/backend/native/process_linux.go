@@ -2,7 +2,9 @@ package native
 
 import (
 	"context"
+	"maps"
 	"os"
+	"slices"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -31,7 +33,7 @@ func (s *Sandbox) Start(ctx context.Context, c sandbox.Command) (sandbox.Process
 // or a terminal's master.
 func (s *Sandbox) spawned(m ctlMsg, fds []int) core.Spawned {
 	if m.Error == "" && len(fds) == 1 {
-		return s.spawnedTerminal(m.PID, fds[0])
+		return s.spawnedTerminal(m.ID, m.PID, fds[0])
 	}
 	if m.Error != "" || len(fds) != 3 {
 		closeAll(fds)
@@ -56,15 +58,54 @@ func (s *Sandbox) spawned(m ctlMsg, fds []int) core.Spawned {
 	}
 }
 
-// spawnedTerminal is a command started in a terminal: its master is its
-// Stdin and Stdout, and resizes it.
-func (s *Sandbox) spawnedTerminal(pid, master int) core.Spawned {
-	in, out, resize, err := terminalFiles(master)
+// spawnedTerminal is command id, started in a terminal: its master is
+// its Stdin and Stdout, and resizes it. The sandbox knows the terminal
+// until its output ends, the command's exit and a pause notwithstanding.
+func (s *Sandbox) spawnedTerminal(id uint64, pid, master int) core.Spawned {
+	t, err := newTerminal(id, master, s.terminalEnded)
 	if err != nil {
 		return core.Spawned{Err: "terminal: " + err.Error()}
 	}
-	return core.Spawned{PID: pid, Stdin: in, Stdout: terminalReader{out}, Stderr: noOutput{},
-		Signal: s.signaller(pid), Resize: resize}
+	s.mu.Lock()
+	s.terminals[id] = t
+	s.mu.Unlock()
+	return core.Spawned{PID: pid, Stdin: terminalIn{t}, Stdout: terminalOut{t}, Stderr: noOutput{},
+		Signal: s.signaller(pid), Resize: t.resize}
+}
+
+// terminalEnded forgets terminal id, whose output ended, and has init let
+// go of its copy of the master.
+func (s *Sandbox) terminalEnded(id uint64) {
+	s.mu.Lock()
+	delete(s.terminals, id)
+	s.mu.Unlock()
+	s.send(ctlMsg{Op: opTerminalEnd, ID: id}) // a sandbox gone, or paused, has let go already
+}
+
+// eachTerminal calls f with each of the sandbox's terminals.
+func (s *Sandbox) eachTerminal(f func(*terminal)) {
+	s.mu.Lock()
+	ts := slices.Collect(maps.Values(s.terminals))
+	s.mu.Unlock()
+	for _, t := range ts {
+		f(t)
+	}
+}
+
+// askTerminals asks the restored init for the masters of the sandbox's
+// terminals (readControl swaps them in: terminal).
+func (s *Sandbox) askTerminals() {
+	s.mu.Lock()
+	ids := slices.Collect(maps.Keys(s.terminals))
+	s.mu.Unlock()
+	// Not send: the sandbox is still paused, as far as the core knows,
+	// until the resume is done.
+	s.sendMu.Lock()
+	err := sendCtl(s.ctl, ctlMsg{Op: opTerminals, IDs: ids})
+	s.sendMu.Unlock()
+	if err != nil {
+		s.eachTerminal((*terminal).release)
+	}
 }
 
 // signaller signals a command: init signals only the process groups of

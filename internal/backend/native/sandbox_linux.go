@@ -102,10 +102,9 @@ type Sandbox struct {
 	failed  chan struct{} // closed when a zygote could not give a runner
 	failErr error         // why; valid once failed is closed
 	rp      *runnerProc   // the current runner's process; nil before the first
-	// terminals are the commands started in a terminal and not known to
-	// have exited, by ID: a pause refuses them (a terminal's master is
-	// the supervisor's, and CRIU cannot take its slave without it).
-	terminals map[uint64]bool
+	// terminals are the terminals of commands, by command ID, until
+	// their output ends (terminal_linux.go).
+	terminals map[uint64]*terminal
 	ctlDone   chan struct{}
 	ctlRead   bool // readControl was started: ctlDone will be closed
 	sendMu    sync.Mutex
@@ -176,7 +175,7 @@ func start(ctx context.Context, b *Backend, spec sandbox.Spec, cfg *initConfig, 
 	s := &Sandbox{
 		id: newID(), b: b, spec: spec, ctl: -1, z: z, cfg: cfg, failed: make(chan struct{}),
 		initDone: make(chan struct{}), statusDone: make(chan struct{}), runnerGone: make(chan struct{}),
-		ctlDone: make(chan struct{}), terminals: map[uint64]bool{},
+		ctlDone: make(chan struct{}), terminals: map[uint64]*terminal{},
 	}
 	s.Core = core.New((*driver)(s), core.Config{Spec: spec, Contexts: runner.NewContexts(spec.HomeDir())})
 	defer func() {
@@ -462,9 +461,6 @@ func (s *Sandbox) readControl(ctl int, done chan struct{}) {
 		case opExited:
 			closeAll(fds)
 			if m.ID != 0 {
-				s.mu.Lock()
-				delete(s.terminals, m.ID)
-				s.mu.Unlock()
 				s.CommandExited(m.ID, m.Code)
 				continue
 			}
@@ -479,12 +475,25 @@ func (s *Sandbox) readControl(ctl int, done chan struct{}) {
 				s.RunnerExited(rp.r, core.Exit{Exited: true, Code: m.Code, Signal: m.Signal})
 			}
 		case opSpawned:
-			if m.Error == "" && len(fds) == 1 {
-				s.mu.Lock()
-				s.terminals[m.ID] = true
-				s.mu.Unlock()
-			}
 			s.Started(m.ID, s.spawned(m, fds))
+		case opTerminal:
+			// A restored terminal's master (askTerminals).
+			s.mu.Lock()
+			t := s.terminals[m.ID]
+			s.mu.Unlock()
+			if t == nil || len(fds) != 1 {
+				closeAll(fds)
+				continue
+			}
+			if err := t.swap(fds[0]); err != nil {
+				s.b.log.Warn("sandbox: a terminal could not be given back after a restore; it ends", "id", s.id, "err", err)
+			}
+		case opTerminals:
+			// The end of init's answer: a terminal it did not send is
+			// gone (an init restored from an older server's images),
+			// and ends.
+			closeAll(fds)
+			s.eachTerminal((*terminal).release)
 		default:
 			closeAll(fds)
 		}
@@ -717,9 +726,10 @@ func (s *Sandbox) Close() error {
 		}
 		if cp != nil {
 			// A paused sandbox's files, held by its mount namespace,
-			// and its commands, which end now.
+			// and its commands and terminals, which end now.
 			cp.close()
 			s.CommandsGone()
+			s.eachTerminal((*terminal).release)
 		}
 		// The last references to the disk tmpfs: its memory is freed.
 		s.dirMu.Lock()

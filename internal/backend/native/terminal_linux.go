@@ -9,7 +9,9 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -26,7 +28,8 @@ import (
 // A command with a terminal is started by init, inside the sandbox: it
 // opens a pair on the sandbox's ptmx, makes the slave the command's
 // stdin, stdout, stderr and controlling terminal (setsid, TIOCSCTTY),
-// and passes the master to the supervisor over the control socket. The
+// and passes the master to the supervisor over the control socket,
+// keeping a copy of its own (see terminal: across a pause). The
 // supervisor reads, writes and resizes (TIOCSWINSZ) the master; it never
 // interprets a byte of it.
 
@@ -151,47 +154,284 @@ func setSize(fd int, size sandbox.TerminalSize) error {
 	return nil
 }
 
-// terminalFiles makes the supervisor's files of a terminal from the
-// master init passed: the same descriptor to write input to and to read
-// output from, and resize through.
-func terminalFiles(fd int) (in, out *os.File, resize func(sandbox.TerminalSize) error, err error) {
+// terminal is the supervisor's side of a command's terminal: the master
+// init passed, read for the output, written (through a duplicate, which
+// CloseStdin closes alone) for the input, and resized.
+//
+// Across a pause the master is replaced. Init keeps a copy of every
+// terminal's master (keepMaster), so that CRIU finds each pair whole in
+// the tree it dumps and restores it, in the restored sandbox's devpts,
+// with the command's session and controlling terminal. In order:
+//  1. before the dump, hold: from here an end of the master (EIO: the
+//     dumped tree's slaves are gone) is the dump's, not the command's;
+//     reads and writes wait instead of ending;
+//  2. a dump that fails releases: the old master is read on, and its end
+//     is the command's again;
+//  3. after a restore, the supervisor asks init for the masters again
+//     (opTerminals), and swap puts each in place of the old one: the
+//     Process the core holds reads and writes on, never having seen an
+//     end. A terminal init no longer holds is released at its answer's
+//     end, and ends.
+type terminal struct {
+	id    uint64
+	ended func(id uint64) // told once, when its output ends
+	once  sync.Once
+
+	mu        sync.Mutex
+	out       *os.File // the master: read, resized
+	in        *os.File // nil once closed
+	outClosed bool
+	gen       uint64        // counts the masters it has had
+	held      bool          // a pause is under way (step 1)
+	changed   chan struct{} // closed, and made again, at each change of the above or of wdeadline
+	wdeadline time.Time
+	size      *sandbox.TerminalSize // a resize asked while held, for the next master
+}
+
+// newTerminal makes the supervisor's terminal of command id from the
+// master fd init passed.
+func newTerminal(id uint64, fd int, ended func(uint64)) (*terminal, error) {
+	t := &terminal{id: id, ended: ended, changed: make(chan struct{})}
+	if err := t.setMaster(fd); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// setMaster makes fd the terminal's master (t.mu held, or t not yet
+// shared), and returns the files it replaces.
+func (t *terminal) setMaster(fd int) error {
 	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
 		unix.Close(fd)
-		return nil, nil, nil, err
+		return err
 	}
 	// Non-blocking descriptors make pollable files, whose Close
 	// interrupts a pending Read and whose writes take deadlines.
 	unix.SetNonblock(fd, true)
-	out = os.NewFile(uintptr(fd), "terminal")
-	in = os.NewFile(uintptr(dup), "terminal")
-	resize = func(size sandbox.TerminalSize) error {
-		// Through the output's descriptor: the input may be closed
-		// (CloseStdin) while the terminal lives on.
-		rc, err := out.SyscallConn()
-		if err != nil {
-			return err
-		}
-		var serr error
-		if err := rc.Control(func(fd uintptr) { serr = setSize(int(fd), size) }); err != nil {
-			return fmt.Errorf("resize the terminal: %w", err)
-		}
-		return serr
+	t.out = os.NewFile(uintptr(fd), "terminal")
+	in := os.NewFile(uintptr(dup), "terminal")
+	if t.gen > 0 && t.in == nil {
+		in.Close() // its input was closed before the pause
+	} else {
+		t.in = in
+		in.SetWriteDeadline(t.wdeadline)
 	}
-	return in, out, resize, nil
+	return nil
 }
 
-// terminalReader reads a terminal's master: the end of the terminal
-// (every slave closed: the command and what it left are gone) reads as
-// EIO, which is the output's end, io.EOF.
-type terminalReader struct{ *os.File }
+// notify wakes whoever waits on a change (t.mu held).
+func (t *terminal) notify() {
+	close(t.changed)
+	t.changed = make(chan struct{})
+}
 
-func (r terminalReader) Read(p []byte) (int, error) {
-	n, err := r.File.Read(p)
-	if err != nil && errors.Is(err, syscall.EIO) {
-		err = io.EOF
+// hold is step 1 of a pause.
+func (t *terminal) hold() {
+	t.mu.Lock()
+	t.held = true
+	t.notify()
+	t.mu.Unlock()
+}
+
+// release is step 2, and what ends a terminal whose master does not come
+// back.
+func (t *terminal) release() {
+	t.mu.Lock()
+	t.held = false
+	t.notify()
+	t.mu.Unlock()
+}
+
+// swap is step 3: fd, the restored tree's master, takes the place of the
+// old one, which is closed (a read or write on it returns, and goes on on
+// the new one).
+func (t *terminal) swap(fd int) error {
+	t.mu.Lock()
+	oldOut, oldIn := t.out, t.in
+	t.gen++
+	err := t.setMaster(fd)
+	if err != nil {
+		t.gen--
+		t.held = false
+		t.notify()
+		t.mu.Unlock()
+		return err
 	}
-	return n, err
+	if t.size != nil {
+		setSize(int(t.out.Fd()), *t.size) // asked while paused: the restore set the dumped size
+		t.size = nil
+	}
+	t.held = false
+	if t.outClosed {
+		t.out.Close()
+	}
+	t.notify()
+	t.mu.Unlock()
+	oldOut.Close()
+	if oldIn != nil {
+		oldIn.Close()
+	}
+	return nil
+}
+
+func (t *terminal) resize(size sandbox.TerminalSize) error {
+	t.mu.Lock()
+	out := t.out
+	if t.held {
+		t.size = &size
+	}
+	t.mu.Unlock()
+	// Through the output's descriptor: the input may be closed
+	// (CloseStdin) while the terminal lives on.
+	rc, err := out.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) { serr = setSize(int(fd), size) }); err != nil {
+		return fmt.Errorf("resize the terminal: %w", err)
+	}
+	return serr
+}
+
+// waitChange waits for ch, or until deadline (none: zero).
+func waitChange(ch <-chan struct{}, deadline time.Time) error {
+	if deadline.IsZero() {
+		<-ch
+		return nil
+	}
+	d := time.Until(deadline)
+	if d <= 0 {
+		return os.ErrDeadlineExceeded
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-ch:
+		return nil
+	case <-timer.C:
+		return os.ErrDeadlineExceeded
+	}
+}
+
+// terminalOut is a terminal's output: the end of the terminal (every
+// slave closed: the command and what it left are gone) reads as EIO,
+// which is the output's end, io.EOF.
+type terminalOut struct{ t *terminal }
+
+func (o terminalOut) Read(p []byte) (int, error) {
+	t := o.t
+	for {
+		t.mu.Lock()
+		f, gen, ch, closed := t.out, t.gen, t.changed, t.outClosed
+		t.mu.Unlock()
+		if closed {
+			return 0, os.ErrClosed
+		}
+		n, err := f.Read(p)
+		if err == nil {
+			return n, nil
+		}
+		t.mu.Lock()
+		swapped, held := t.gen != gen, t.held && !t.outClosed
+		t.mu.Unlock()
+		switch {
+		case swapped:
+			continue
+		case held:
+			waitChange(ch, time.Time{})
+			continue
+		case errors.Is(err, syscall.EIO):
+			t.once.Do(func() { t.ended(t.id) })
+			return n, io.EOF
+		}
+		return n, err
+	}
+}
+
+func (o terminalOut) Close() error {
+	t := o.t
+	t.mu.Lock()
+	t.outClosed = true
+	f := t.out
+	t.notify()
+	t.mu.Unlock()
+	return f.Close()
+}
+
+// terminalIn is a terminal's input. Written while the sandbox pauses, or
+// is paused, it is written once the sandbox resumes, as a pipe's would
+// be read then; the deadline bounds the wait too.
+type terminalIn struct{ t *terminal }
+
+func (w terminalIn) Write(p []byte) (int, error) {
+	t := w.t
+	total := 0
+	for {
+		t.mu.Lock()
+		f, gen, ch, held, deadline := t.in, t.gen, t.changed, t.held, t.wdeadline
+		t.mu.Unlock()
+		if f == nil {
+			return total, os.ErrClosed
+		}
+		if held {
+			if err := waitChange(ch, deadline); err != nil {
+				return total, err
+			}
+			continue
+		}
+		n, err := f.Write(p)
+		total, p = total+n, p[n:]
+		if err == nil {
+			return total, nil
+		}
+		t.mu.Lock()
+		again := t.gen != gen || t.held
+		t.mu.Unlock()
+		if !again {
+			return total, err
+		}
+	}
+}
+
+// SetWriteDeadline bounds Write, as an *os.File's does (the service's
+// WriteStdin sets one).
+func (w terminalIn) SetWriteDeadline(d time.Time) error {
+	t := w.t
+	t.mu.Lock()
+	t.wdeadline = d
+	f := t.in
+	t.notify()
+	t.mu.Unlock()
+	if f == nil {
+		return os.ErrClosed
+	}
+	return f.SetWriteDeadline(d)
+}
+
+func (w terminalIn) Close() error {
+	t := w.t
+	t.mu.Lock()
+	f := t.in
+	t.in = nil
+	t.notify()
+	t.mu.Unlock()
+	if f == nil {
+		return nil
+	}
+	return f.Close()
+}
+
+// keepMaster keeps init's copy of command id's terminal master (see
+// terminal).
+func keepMaster(masters map[uint64]int, id uint64, fd int) error {
+	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("keep the terminal: %w", err)
+	}
+	masters[id] = dup
+	return nil
 }
 
 // noOutput is a terminal's Stderr: everything the command writes is on

@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,82 +15,6 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
-
-// screen collects what a terminal shows.
-type screen struct {
-	mu   sync.Mutex
-	buf  []byte
-	from int // where the next expect looks from
-	eof  chan struct{}
-}
-
-func watch(r io.Reader) *screen {
-	s := &screen{eof: make(chan struct{})}
-	go func() {
-		defer close(s.eof)
-		p := make([]byte, 32<<10)
-		for {
-			n, err := r.Read(p)
-			s.mu.Lock()
-			s.buf = append(s.buf, p[:n]...)
-			s.mu.Unlock()
-			if err != nil {
-				return
-			}
-		}
-	}()
-	return s
-}
-
-// expect waits until the terminal shows a match of re past what earlier
-// expects consumed, and returns it. The bound is for a failing test only.
-func (s *screen) expect(t *testing.T, re string) []string {
-	t.Helper()
-	rx := regexp.MustCompile(re)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		s.mu.Lock()
-		loc := rx.FindSubmatchIndex(s.buf[s.from:])
-		var m []string
-		if loc != nil {
-			for i := 0; i < len(loc); i += 2 {
-				if loc[i] >= 0 {
-					m = append(m, string(s.buf[s.from+loc[i]:s.from+loc[i+1]]))
-				} else {
-					m = append(m, "")
-				}
-			}
-			s.from += loc[1]
-		}
-		shown := string(s.buf)
-		s.mu.Unlock()
-		if m != nil {
-			return m
-		}
-		select {
-		case <-s.eof:
-			s.mu.Lock()
-			shown = string(s.buf)
-			s.mu.Unlock()
-			if rx.MatchString(shown[min(s.from, len(shown)):]) {
-				continue
-			}
-			t.Fatalf("the terminal ended without showing %q; it showed %q", re, shown)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the terminal did not show %q; it showed %q", re, shown)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
-func typeIn(t *testing.T, p sandbox.Process, s string) {
-	t.Helper()
-	if _, err := io.WriteString(p.Stdin(), s); err != nil {
-		t.Fatal(err)
-	}
-}
 
 // A shell in a terminal: its own pty, a size that follows resizes, echo
 // of what is typed, Ctrl-C to the foreground job, and its exit status.
@@ -111,42 +33,42 @@ func TestTerminalShell(t *testing.T) {
 	if errOut, _ := io.ReadAll(p.Stderr()); len(errOut) > 0 {
 		t.Fatalf("a terminal's stderr is %q, want nothing", errOut)
 	}
-	s := watch(p.Stdout())
-	s.expect(t, `READY\$ `)
+	s := testutil.Watch(p.Stdout())
+	s.Expect(t, `READY\$ `)
 
 	// Standard streams and controlling terminal are one pty of the
 	// sandbox's own devpts, the user's.
-	typeIn(t, p, "tty; stty size; echo term=$TERM; stat -c '%U %a' $(tty); [ -t 2 ] && echo err-is-tty\n")
-	s.expect(t, `\r/dev/pts/[0-9]+\r\n24 80\r\nterm=xterm-256color\r\nsandbox 620\r\nerr-is-tty\r\n`)
+	testutil.TypeIn(t, p, "tty; stty size; echo term=$TERM; stat -c '%U %a' $(tty); [ -t 2 ] && echo err-is-tty\n")
+	s.Expect(t, `\r/dev/pts/[0-9]+\r\n24 80\r\nterm=xterm-256color\r\nsandbox 620\r\nerr-is-tty\r\n`)
 
 	// A resize reaches the terminal (and the shell, by SIGWINCH).
 	if err := p.(sandbox.Resizer).Resize(sandbox.TerminalSize{Rows: 33, Cols: 101}); err != nil {
 		t.Fatal(err)
 	}
-	typeIn(t, p, "stty size; echo cols=$COLUMNS\n")
-	s.expect(t, `\r33 101\r\ncols=101\r\n`)
+	testutil.TypeIn(t, p, "stty size; echo cols=$COLUMNS\n")
+	s.Expect(t, `\r33 101\r\ncols=101\r\n`)
 	if err := p.(sandbox.Resizer).Resize(sandbox.TerminalSize{Rows: 0, Cols: 10}); !errors.Is(err, sandbox.ErrInvalidSpec) {
 		t.Fatalf("resize to 0 rows: %v", err)
 	}
 
 	// The line discipline echoes what is typed; the shell runs it.
-	typeIn(t, p, "echo ab''cd\n")
-	s.expect(t, `echo ab''cd\r\n(?:\x1b\[\?2004l\r)?abcd\r\n`)
+	testutil.TypeIn(t, p, "echo ab''cd\n")
+	s.Expect(t, `echo ab''cd\r\n(?:\x1b\[\?2004l\r)?abcd\r\n`)
 
 	// Ctrl-C interrupts the foreground job, not the shell.
-	typeIn(t, p, "sh -c 'echo sleeping; exec sleep 1000'\n")
-	s.expect(t, `\rsleeping\r\n`)
-	typeIn(t, p, "\x03")
-	s.expect(t, `READY\$ `)
-	typeIn(t, p, "echo status=$?\n")
-	s.expect(t, `\rstatus=130\r\n`)
+	testutil.TypeIn(t, p, "sh -c 'echo sleeping; exec sleep 1000'\n")
+	s.Expect(t, `\rsleeping\r\n`)
+	testutil.TypeIn(t, p, "\x03")
+	s.Expect(t, `READY\$ `)
+	testutil.TypeIn(t, p, "echo status=$?\n")
+	s.Expect(t, `\rstatus=130\r\n`)
 
-	typeIn(t, p, "exit 7\n")
+	testutil.TypeIn(t, p, "exit 7\n")
 	<-p.Done()
 	if p.ExitCode() != 7 {
 		t.Fatalf("exit code %d, want 7", p.ExitCode())
 	}
-	<-s.eof // the terminal's end reads as end-of-file
+	<-s.EOF() // the terminal's end reads as end-of-file
 }
 
 // A command as root gets a terminal that is root's; bytes of every value
@@ -207,13 +129,13 @@ print(out.split(b"\r\n")[0].decode())
 	if err != nil {
 		t.Fatal(err)
 	}
-	ws := watch(w.Stdout())
-	ws.expect(t, "ready\r\n")
+	ws := testutil.Watch(w.Stdout())
+	ws.Expect(t, "ready\r\n")
 	w.Stdin().Close()
 	if err := w.(sandbox.Resizer).Resize(sandbox.TerminalSize{Rows: 7, Cols: 9}); err != nil {
 		t.Fatal(err)
 	}
-	ws.expect(t, "7 9\r\n")
+	ws.Expect(t, "7 9\r\n")
 	<-w.Done()
 
 	// A command without a terminal has none to resize.
@@ -324,14 +246,14 @@ func TestTerminalDiesWithSandbox(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := watch(p.Stdout())
-	s.expect(t, `READY\$ `)
-	typeIn(t, p, fmt.Sprintf("(setsid bash -c 'exec -a %s sleep 1000' &) ; nohup bash -c 'exec -a %s sleep 1000' >/dev/null 2>&1 & echo started\n",
+	s := testutil.Watch(p.Stdout())
+	s.Expect(t, `READY\$ `)
+	testutil.TypeIn(t, p, fmt.Sprintf("(setsid bash -c 'exec -a %s sleep 1000' &) ; nohup bash -c 'exec -a %s sleep 1000' >/dev/null 2>&1 & echo started\n",
 		marker, marker))
-	s.expect(t, `\nstarted\r\n`)
+	s.Expect(t, `\nstarted\r\n`)
 	testutil.WaitFor(t, 30*time.Second, "the sandbox's sleeps", func() bool { return len(testutil.ProcessesMatching(marker)) == 2 })
 	sb.Close()
 	<-p.Done()
-	<-s.eof
+	<-s.EOF()
 	testutil.WaitFor(t, 30*time.Second, "the sandbox's processes to go", func() bool { return len(testutil.ProcessesMatching(marker)) == 0 })
 }
