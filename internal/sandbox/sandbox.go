@@ -108,6 +108,11 @@ type ForkOptions struct {
 	// through leases of the copy's own (a copy may outlive its source).
 	// Nil: the source's, for copies that do not outlive it.
 	Volumes [][]VolumeMount
+	// Egress, for a sandbox with network access, are each copy's proxy,
+	// in the order of the copies: one of its own, never the source's.
+	// The copies own those they are given; where Fork fails, the caller
+	// closes them (Close is safe twice).
+	Egress []Egress
 }
 
 // MaxFork bounds the copies one Fork makes.

@@ -7,6 +7,8 @@ import (
 	"maps"
 	"slices"
 
+	"github.com/vivarium-sandbox/vivarium/internal/netpolicy"
+	"github.com/vivarium-sandbox/vivarium/internal/netproxy"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/sandboxid"
 )
@@ -82,9 +84,16 @@ func (s *Service) Fork(ctx context.Context, owner, id string, n int, opts sandbo
 	}
 
 	volMounts, volLeases, err := s.forkVolumes(src, n)
+	var proxies []*netproxy.Proxy
+	if err == nil {
+		proxies, err = s.forkNetwork(src, ids)
+	}
 	var copies []sandbox.Sandbox
 	if err == nil {
 		opts.Volumes = volMounts
+		for _, p := range proxies {
+			opts.Egress = append(opts.Egress, p)
+		}
 		done := s.use(src)
 		copies, err = f.Fork(ctx, n, opts)
 		done()
@@ -95,6 +104,9 @@ func (s *Service) Fork(ctx context.Context, owner, id string, n int, opts sandbo
 		}
 	}
 	if err != nil {
+		for _, p := range proxies {
+			p.Close()
+		}
 		releaseAll()
 		s.mu.Lock()
 		for _, c := range ids {
@@ -106,7 +118,7 @@ func (s *Service) Fork(ctx context.Context, owner, id string, n int, opts sandbo
 	}
 	now := s.cfg.Now()
 	src.mu.Lock()
-	idle, life := src.idle, src.deadline.Sub(src.createdAt)
+	idle, life, network := src.idle, src.deadline.Sub(src.createdAt), src.network
 	boxes := make([]*Box, n)
 	for i, sb := range copies {
 		env, _ := withID(maps.Clone(src.env), src.idEnv, ids[i]) // the source's, valid, with the copy's id
@@ -119,6 +131,9 @@ func (s *Service) Fork(ctx context.Context, owner, id string, n int, opts sandbo
 		}
 		if volLeases != nil {
 			boxes[i].volumes, boxes[i].leases = slices.Clone(src.volumes), volLeases[i]
+		}
+		if proxies != nil {
+			boxes[i].egress, boxes[i].network = proxies[i], network
 		}
 	}
 	src.mu.Unlock()
@@ -182,4 +197,32 @@ func (b *Box) quietFor(verb string) error {
 		return fmt.Errorf("%w: code is running; %s the sandbox once it ends", sandbox.ErrBusy, verb)
 	}
 	return nil
+}
+
+// forkNetwork makes the proxies of the copies, ids, of src where it has
+// network access (nil where it has none): each copy's own, with src's
+// policy, recording its connections under the copy's id. The caller
+// closes them where the copies are not made.
+func (s *Service) forkNetwork(src *Box, ids []string) ([]*netproxy.Proxy, error) {
+	src.mu.Lock()
+	policy := src.network
+	src.mu.Unlock()
+	if src.egress == nil {
+		return nil, nil
+	}
+	if policy == nil {
+		policy = &netpolicy.Policy{} // taken away (UpdateNetwork): none
+	}
+	out := make([]*netproxy.Proxy, 0, len(ids))
+	for _, id := range ids {
+		p, err := s.proxyFor(src.owner, id, policy)
+		if err != nil {
+			for _, q := range out {
+				q.Close()
+			}
+			return nil, fmt.Errorf("the copies' network proxies: %w", err)
+		}
+		out = append(out, p)
+	}
+	return out, nil
 }

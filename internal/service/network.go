@@ -102,6 +102,13 @@ func (s *Service) newEgress(owner, id string, p *netpolicy.Policy) (*netproxy.Pr
 	if p.None() {
 		return nil, nil
 	}
+	return s.proxyFor(owner, id, p)
+}
+
+// proxyFor makes the proxy of one sandbox with policy p, even one that
+// allows nothing (a fork's copy of a sandbox whose access was taken
+// away: UpdateNetwork).
+func (s *Service) proxyFor(owner, id string, p *netpolicy.Policy) (*netproxy.Proxy, error) {
 	cfg := netproxy.Config{
 		Checker: s.cfg.Network.Policy.Checker(p, s.cfg.Network.Resolver),
 		Dial:    s.cfg.Network.Dial,

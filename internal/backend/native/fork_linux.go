@@ -81,10 +81,23 @@ func (s *Sandbox) forkable() error {
 	if err := s.pausable(); err != nil {
 		return fmt.Errorf("%w (nor forked)", err)
 	}
-	if s.spec.Egress != nil {
-		return fmt.Errorf("%w: a sandbox with network access cannot be forked yet", sandbox.ErrUnsupported)
-	}
 	return nil
+}
+
+// copyEgress returns the proxy of each of n copies (opts.Egress): a copy
+// of a sandbox with network access has one of its own, which records its
+// connections under the copy and ends with it; never the source's.
+func (s *Sandbox) copyEgress(n int, opts sandbox.ForkOptions) ([]sandbox.Egress, error) {
+	if s.spec.Egress == nil {
+		if opts.Egress != nil {
+			return nil, fmt.Errorf("%w: proxies for the copies of a sandbox without network access", sandbox.ErrInvalidSpec)
+		}
+		return make([]sandbox.Egress, n), nil
+	}
+	if len(opts.Egress) != n || slices.Contains(opts.Egress, nil) {
+		return nil, fmt.Errorf("%w: each copy of a sandbox with network access needs a proxy of its own", sandbox.ErrInvalidSpec)
+	}
+	return opts.Egress, nil
 }
 
 // copyVolumes returns the volumes of each of n copies (opts.Volumes, or
@@ -130,6 +143,10 @@ func (s *Sandbox) Fork(ctx context.Context, n int, opts sandbox.ForkOptions) ([]
 	if err != nil {
 		return nil, err
 	}
+	egress, err := s.copyEgress(n, opts)
+	if err != nil {
+		return nil, err
+	}
 	bin, err := s.b.criu()
 	if err != nil {
 		return nil, err
@@ -157,7 +174,7 @@ func (s *Sandbox) Fork(ctx context.Context, n int, opts sandbox.ForkOptions) ([]
 	copies, err := sandbox.Copies(n, forkParallel, func(i int) (sandbox.Sandbox, error) {
 		start := time.Now()
 		defer func() { times[i].total = time.Since(start) }()
-		c, t, err := s.b.restoreCopy(context.WithoutCancel(ctx), bin, snap, newID(), vols[i])
+		c, t, err := s.b.restoreCopy(context.WithoutCancel(ctx), bin, snap, newID(), vols[i], egress[i])
 		times[i] = t
 		if err != nil {
 			return nil, err
@@ -381,14 +398,18 @@ func (cp *checkpoint) copyFilesScript(files, filesOpts string) (script string, c
 // restoreCopy makes a new sandbox, id, of snap: its own host user,
 // cgroup, checkpoint directory and root tmpfs, and the snapshot's tree
 // restored into them, mounting vols (the source's volumes, through the
-// copy's leases).
+// copy's leases), with egress as its proxy (nil: no network access),
+// which it owns from then on, made or not.
 func (b *Backend) restoreCopy(ctx context.Context, bin string, snap *forkSnapshot, id string,
-	vols []sandbox.VolumeMount) (*Sandbox, copyTimes, error) {
+	vols []sandbox.VolumeMount, egress sandbox.Egress) (*Sandbox, copyTimes, error) {
 	c, err := b.newCopy(snap, id)
 	if err != nil {
+		if egress != nil {
+			egress.Close()
+		}
 		return nil, copyTimes{}, err
 	}
-	c.spec.Volumes = vols
+	c.spec.Volumes, c.spec.Egress = vols, egress
 	times, err := c.restoreFrom(ctx, bin, snap)
 	if err != nil {
 		c.Close()
@@ -545,8 +566,9 @@ func (c *Sandbox) restoreFrom(ctx context.Context, bin string, snap *forkSnapsho
 		return times, err
 	}
 	if c.spec.Egress != nil {
-		// A paused sandbox with network access, resumed from disk: its
-		// proxy, at its address in the restored namespace (as Resume).
+		// A fork's copy of a sandbox with network access, or a paused
+		// one resumed from disk: its own proxy, at its address in the
+		// restored namespace (as Resume).
 		if err := c.startEgress(c.spec.Egress); err != nil {
 			return times, fmt.Errorf("the network proxy in the restored sandbox: %w", err)
 		}

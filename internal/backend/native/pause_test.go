@@ -686,12 +686,7 @@ func testPauseEgress(t *testing.T, backend func(testing.TB) *Backend) {
 	}
 	s := sbx.(*Sandbox)
 	defer s.Close()
-	// The proxy answers a CONNECT (here refused: the name does not
-	// resolve) with an HTTP status.
-	const ask = "import socket\nc = socket.create_connection(('127.0.0.1', 3128), timeout=10)\n" +
-		"c.sendall(b'CONNECT example.com:443 HTTP/1.1\\r\\nHost: example.com:443\\r\\n\\r\\n')\n" +
-		"r = c.recv(64).split(b' ')[0].decode()\nc.close()\nr"
-	if got := execText(t, s, ask); !strings.HasPrefix(got, "HTTP/1.") {
+	if got := execText(t, s, askProxy); !strings.HasPrefix(got, "HTTP/1.") {
 		t.Fatalf("the proxy before the pause: %q", got)
 	}
 	for round := 1; round <= 2; round++ {
@@ -701,7 +696,7 @@ func testPauseEgress(t *testing.T, backend func(testing.TB) *Backend) {
 		if err := s.Resume(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if got := execText(t, s, ask); !strings.HasPrefix(got, "HTTP/1.") {
+		if got := execText(t, s, askProxy); !strings.HasPrefix(got, "HTTP/1.") {
 			t.Errorf("the proxy after resume %d: %q", round, got)
 		}
 	}
@@ -719,7 +714,7 @@ func testPauseEgress(t *testing.T, backend func(testing.TB) *Backend) {
 	if err := s.Resume(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := execText(t, s, ask); !strings.HasPrefix(got, "HTTP/1.") {
+	if got := execText(t, s, askProxy); !strings.HasPrefix(got, "HTTP/1.") {
 		t.Errorf("the proxy after a resume from disk: %q", got)
 	}
 	// Opened by another server, which gives it a proxy of its own.
@@ -739,7 +734,7 @@ func testPauseEgress(t *testing.T, backend func(testing.TB) *Backend) {
 	if err := o.(*Sandbox).Resume(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := execText(t, o.(*Sandbox), ask); !strings.HasPrefix(got, "HTTP/1.") {
+	if got := execText(t, o.(*Sandbox), askProxy); !strings.HasPrefix(got, "HTTP/1.") {
 		t.Errorf("the proxy of a sandbox opened from disk: %q", got)
 	}
 	if err := s.Resume(ctx); err != nil {
@@ -755,6 +750,13 @@ func testPauseEgress(t *testing.T, backend func(testing.TB) *Backend) {
 		t.Errorf("after the refused pause: %q", got)
 	}
 }
+
+// askProxy is code that asks the sandbox's proxy for a CONNECT to
+// example.com, and returns the first word of its answer: "HTTP/1.1" where
+// a proxy answers (here with a refusal: the name does not resolve).
+const askProxy = "import socket\nc = socket.create_connection(('127.0.0.1', 3128), timeout=10)\n" +
+	"c.sendall(b'CONNECT example.com:443 HTTP/1.1\\r\\nHost: example.com:443\\r\\n\\r\\n')\n" +
+	"r = c.recv(64).split(b' ')[0].decode()\nc.close()\nr"
 
 // pauseResume pauses s and resumes it, failing the test if either fails.
 func pauseResume(t *testing.T, s *Sandbox) {

@@ -138,9 +138,6 @@ func (s *Sandbox) snapshotable() error {
 	if err := s.pausable(); err != nil {
 		return fmt.Errorf("%w (nor saved as a snapshot)", err)
 	}
-	if s.spec.Egress != nil {
-		return fmt.Errorf("%w: a sandbox with network access cannot be saved as a snapshot yet", sandbox.ErrUnsupported)
-	}
 	if len(s.spec.Volumes) > 0 {
 		// Its processes' memory may hold what they read of a volume,
 		// their open files point into it: a snapshot of them without the
@@ -313,7 +310,9 @@ func (b *Backend) CreateFromSnapshot(ctx context.Context, dir string, opts sandb
 	if err := snap.spec.Validate(); err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
-	c, _, err := b.restoreCopy(ctx, bin, snap, newID(), nil)
+	// No network access: a snapshot holds none (the saved sandbox's
+	// proxy is not in it), and the sandbox made of it asks for none.
+	c, _, err := b.restoreCopy(ctx, bin, snap, newID(), nil, nil)
 	if err != nil {
 		return nil, fmt.Errorf("from snapshot: %w", err)
 	}
