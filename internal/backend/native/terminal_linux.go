@@ -174,13 +174,14 @@ func setSize(fd int, size sandbox.TerminalSize) error {
 //     end, and ends.
 type terminal struct {
 	id    uint64
-	ended func(id uint64) // told once, when its output ends
+	ended func(id uint64) // told once, when its output ends (finish)
 	once  sync.Once
 
 	mu        sync.Mutex
 	out       *os.File // the master: read, resized
 	in        *os.File // nil once closed
 	outClosed bool
+	over      bool          // its output ended (finish): reads say io.EOF
 	gen       uint64        // counts the masters it has had
 	held      bool          // a pause is under way (step 1)
 	changed   chan struct{} // closed, and made again, at each change of the above or of wdeadline
@@ -199,7 +200,7 @@ func newTerminal(id uint64, fd int, ended func(uint64)) (*terminal, error) {
 }
 
 // setMaster makes fd the terminal's master (t.mu held, or t not yet
-// shared), and returns the files it replaces.
+// shared); the caller closes the files it replaces.
 func (t *terminal) setMaster(fd int) error {
 	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
@@ -248,6 +249,11 @@ func (t *terminal) release() {
 // the new one).
 func (t *terminal) swap(fd int) error {
 	t.mu.Lock()
+	if t.over {
+		t.mu.Unlock()
+		unix.Close(fd) // ended meanwhile: nobody reads it
+		return nil
+	}
 	oldOut, oldIn := t.out, t.in
 	t.gen++
 	err := t.setMaster(fd)
@@ -259,7 +265,7 @@ func (t *terminal) swap(fd int) error {
 		return err
 	}
 	if t.size != nil {
-		setSize(int(t.out.Fd()), *t.size) // asked while paused: the restore set the dumped size
+		setSize(rawFD(t.out), *t.size) // asked while paused: the restore set the dumped size
 		t.size = nil
 	}
 	t.held = false
@@ -324,8 +330,11 @@ func (o terminalOut) Read(p []byte) (int, error) {
 	t := o.t
 	for {
 		t.mu.Lock()
-		f, gen, ch, closed := t.out, t.gen, t.changed, t.outClosed
+		f, gen, ch, closed, over := t.out, t.gen, t.changed, t.outClosed, t.over
 		t.mu.Unlock()
+		if over {
+			return 0, io.EOF
+		}
 		if closed {
 			return 0, os.ErrClosed
 		}
@@ -343,20 +352,44 @@ func (o terminalOut) Read(p []byte) (int, error) {
 			waitChange(ch, time.Time{})
 			continue
 		case errors.Is(err, syscall.EIO):
-			t.once.Do(func() { t.ended(t.id) })
+			t.finish()
 			return n, io.EOF
 		}
 		return n, err
 	}
 }
 
+// finish ends a terminal whose output ended, once: the supervisor's
+// masters are closed first, then init is told to close its copy, the
+// last, and the pty is gone. (Were init's closed first, a process of the
+// sandbox could open the pty's slave again by its path, with its master
+// only outside the tree, which CRIU cannot dump.)
+func (t *terminal) finish() {
+	t.once.Do(func() {
+		t.mu.Lock()
+		t.over = true
+		out, in := t.out, t.in
+		t.in = nil
+		t.notify()
+		t.mu.Unlock()
+		out.Close()
+		if in != nil {
+			in.Close()
+		}
+		t.ended(t.id)
+	})
+}
+
 func (o terminalOut) Close() error {
 	t := o.t
 	t.mu.Lock()
 	t.outClosed = true
-	f := t.out
+	f, over := t.out, t.over
 	t.notify()
 	t.mu.Unlock()
+	if over {
+		return nil // closed by finish
+	}
 	return f.Close()
 }
 

@@ -16,7 +16,8 @@ import (
 // (Ctrl-C reaches its job, a resize reaches it), what is typed while the
 // sandbox is paused read once it resumes; the sandbox forks with the
 // shell running, which goes on in the source and is hung up in the copy,
-// whose supervisor does not read it.
+// whose supervisor does not read it. Once the shell has exited, nothing of
+// its terminal is left to pause.
 func TestPauseTerminal(t *testing.T) {
 	bothKinds(t, func(t *testing.T, b *Backend) {
 		ctx := context.Background()
@@ -102,5 +103,8 @@ func TestPauseTerminal(t *testing.T) {
 		if left != 0 {
 			t.Errorf("%d terminal(s) still known once the shell's output ended", left)
 		}
+		// Its pty is gone (neither the supervisor nor init holds a
+		// master): the sandbox pauses with nothing of it.
+		pauseResume(t, s)
 	})
 }
