@@ -36,6 +36,11 @@ func TestPauseTerminal(t *testing.T) {
 		scr.Expect(t, `READY\$ `)
 		testutil.TypeIn(t, p, "x=kept; echo pid=$$\n")
 		pid := scr.Expect(t, `\rpid=([0-9]+)\r\n`)[1]
+		// Its confinement, as the kernel tells it.
+		const confinement = "grep -E '^(Seccomp|Seccomp_filters|NoNewPrivs|CapInh|CapPrm|CapEff|CapBnd|CapAmb):' /proc/$$/status | tr -s '\\t ' ' ' | tr '\\n' ';'; echo END\n"
+		const confined = `((?:(?:Seccomp|Seccomp_filters|NoNewPrivs|Cap[A-Za-z]+): [^;]*;)+)END`
+		testutil.TypeIn(t, p, confinement)
+		before := scr.Expect(t, confined)[1]
 
 		for round := 1; round <= 2; round++ {
 			if err := s.Pause(ctx); err != nil {
@@ -63,6 +68,14 @@ func TestPauseTerminal(t *testing.T) {
 			scr.Expect(t, fmt.Sprintf(`\rround=%d x=kept pid=%s\r\n`, round, pid))
 			testutil.TypeIn(t, p, "stty size\n")
 			scr.Expect(t, fmt.Sprintf(`\r%d 90\r\n`, 30+round))
+		}
+		testutil.TypeIn(t, p, confinement)
+		if after := scr.Expect(t, confined)[1]; after != before {
+			t.Errorf("the shell's confinement after two pauses: %s, before: %s", after, before)
+		}
+		if !strings.Contains(before, "NoNewPrivs: 1;") || !strings.Contains(before, "Seccomp: 2;") ||
+			!strings.Contains(before, "CapEff: 0000000000000000;") {
+			t.Errorf("the shell's confinement: %s", before)
 		}
 		// Still its controlling terminal: Ctrl-C interrupts the job.
 		testutil.TypeIn(t, p, "sh -c 'echo sleeping; exec sleep 1000'\n")
