@@ -17,7 +17,8 @@ import (
 // TestForkEgress: a sandbox with network access forks into copies that
 // each reach a proxy of their own (the one the fork gave it, never the
 // source's), keep it once the source is gone and across a pause; a fork
-// given no proxies is refused. It is saved as a snapshot, and the sandbox
+// given no proxies is refused, and so is one while a connection through
+// the proxy is open (409 conflict, saying so). It is saved as a snapshot, and the sandbox
 // made of it has no network access: nothing listens at the proxy's
 // address there.
 func TestForkEgress(t *testing.T) {
@@ -59,6 +60,14 @@ func TestForkEgress(t *testing.T) {
 		if _, err := s.Fork(ctx, 1, sandbox.ForkOptions{}); !errors.Is(err, sandbox.ErrInvalidSpec) {
 			t.Fatalf("a fork of a sandbox with network access given no proxies: %v", err)
 		}
+		// A connection open through the proxy cannot be copied: refused,
+		// saying so, and the source goes on.
+		execText(t, s, "import socket\nheld = socket.create_connection(('127.0.0.1', 3128), timeout=10)")
+		if _, err := s.Fork(ctx, 1, sandbox.ForkOptions{Egress: []sandbox.Egress{proxy(&seen0)}}); !errors.Is(err, sandbox.ErrCannotKeep) ||
+			!strings.Contains(err.Error(), "TCP connection") {
+			t.Fatalf("a fork with a connection to the proxy open: %v", err)
+		}
+		execText(t, s, "held.close()")
 		copies, err := s.Fork(ctx, 2, sandbox.ForkOptions{Egress: []sandbox.Egress{proxy(&seen0), proxy(&seen1)}})
 		if err != nil {
 			t.Fatal(err)
