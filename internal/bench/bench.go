@@ -70,6 +70,16 @@ type Subject struct {
 	// apart and get no throughput measurement.
 	Unit    string
 	Measure func(ctx context.Context) (float64, error)
+	// Iterations, when > 0, caps the row's measured iterations below
+	// Options.Iterations, and the row runs no warm-up: for rows whose
+	// every iteration is costly (hundreds of sandboxes made) and whose
+	// value does not depend on a warm cache. Such rows take part in the
+	// first rounds after the warm-up ones.
+	Iterations int
+	// Note, if set, is called after the last iteration: what the row's
+	// value means that its name cannot say (which bound a projection
+	// hit), printed under it.
+	Note func() string
 	// Teardown, if set, runs after the last iteration, also when Setup
 	// failed.
 	Teardown func() error
@@ -235,7 +245,7 @@ func measureWorkload(ctx context.Context, group []Subject, opts Options) ([]Row,
 
 	for i := 0; i < opts.WarmUp+opts.Iterations; i++ {
 		for _, r := range runs {
-			if !r.active || ctx.Err() != nil {
+			if !r.active || ctx.Err() != nil || !r.s.inRound(i, opts) {
 				continue
 			}
 			v, err := iterate(ctx, r.s, opts)
@@ -280,6 +290,9 @@ func measureWorkload(ctx context.Context, group []Subject, opts Options) ([]Row,
 
 	rows := make([]Row, len(runs))
 	for i, r := range runs {
+		if len(r.values) > 0 && r.s.Note != nil {
+			r.row.Note = r.s.Note()
+		}
 		if r.setUp && r.s.Teardown != nil {
 			if err := r.s.Teardown(); err != nil && r.row.FirstError == "" {
 				r.row.FirstError = "teardown: " + err.Error()
@@ -288,6 +301,15 @@ func measureWorkload(ctx context.Context, group []Subject, opts Options) ([]Row,
 		rows[i] = r.row
 	}
 	return rows, tps
+}
+
+// inRound says whether s runs an iteration in round i (warm-up rounds
+// first).
+func (s *Subject) inRound(i int, opts Options) bool {
+	if s.Iterations <= 0 {
+		return true
+	}
+	return i >= opts.WarmUp && i-opts.WarmUp < s.Iterations
 }
 
 // iterate runs one iteration of s: its duration in milliseconds for a
@@ -319,6 +341,9 @@ func progressLine(row Row, tp *ThroughputRow) string {
 	line := fmt.Sprintf("%sp50 %s, p95 %s over %d runs", head, formatValue(row.P50, row.Unit), formatValue(row.P95, row.Unit), row.N)
 	if row.Errors > 0 {
 		line += fmt.Sprintf(", %d errors (first: %s)", row.Errors, row.FirstError)
+	}
+	if row.Note != "" {
+		line += "; " + row.Note
 	}
 	if tp != nil {
 		line += fmt.Sprintf("; %.1f executions/s with %d clients, %d errors", tp.PerSecond, tp.Clients, tp.Errors)

@@ -534,3 +534,35 @@ func TestValueRows(t *testing.T) {
 		}
 	}
 }
+
+// A row with Iterations of its own runs that many, after the warm-up
+// rounds and in the same rounds as the others (a row that reads what
+// another made in its round relies on it), and its Note is printed.
+func TestRowIterationsAndNote(t *testing.T) {
+	var events []string
+	value := func(name string) func(context.Context) (float64, error) {
+		return func(context.Context) (float64, error) {
+			events = append(events, name)
+			return float64(len(events)), nil
+		}
+	}
+	subjects := []Subject{
+		{Workload: "W", Name: "costly", Reference: true, Unit: "MiB", Measure: value("costly"), Iterations: 2},
+		{Workload: "W", Name: "reads it", Unit: "sandboxes", Measure: value("reads"), Iterations: 2,
+			Note: func() string { return "bound by memory" }},
+		{Workload: "W", Name: "cheap", Unit: "MiB", Measure: value("cheap")},
+	}
+	rep := Run(context.Background(), subjects, Options{Iterations: 3, WarmUp: 1})
+	want := []string{"cheap", "costly", "reads", "cheap", "costly", "reads", "cheap", "cheap"}
+	if !slices.Equal(events, want) {
+		t.Errorf("iterations\n%v\nwant\n%v", events, want)
+	}
+	if n := []int{rep.Values[0].N, rep.Values[1].N, rep.Values[2].N}; !slices.Equal(n, []int{2, 2, 3}) {
+		t.Errorf("measured iterations %v, want [2 2 3]", n)
+	}
+	var b bytes.Buffer
+	rep.WriteTable(&b)
+	if !strings.Contains(b.String(), "      bound by memory\n") || rep.Values[1].Note != "bound by memory" {
+		t.Errorf("the note is not printed under its row:\n%s", b.String())
+	}
+}

@@ -39,6 +39,9 @@ type Row struct {
 	Stats
 	Errors     int    `json:"errors"`
 	FirstError string `json:"first_error,omitempty"`
+	// Note says what the value means that the row's name cannot
+	// (Subject.Note).
+	Note string `json:"note,omitempty"`
 	// Ratio is P50 over the reference row's P50: for latency, 2 means
 	// twice as slow as Vivarium. Zero when there is nothing to compare.
 	Ratio float64 `json:"ratio,omitempty"`
@@ -191,6 +194,9 @@ func writeRows(b *strings.Builder, rows []Row, width int) {
 				row.Errors, formatRatio(row.Ratio))
 			if row.Errors > 0 {
 				fmt.Fprintf(b, "      first error: %s\n", oneLine(row.FirstError))
+			}
+			if row.Note != "" {
+				fmt.Fprintf(b, "      %s\n", row.Note)
 			}
 		}
 	}
