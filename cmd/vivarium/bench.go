@@ -42,7 +42,10 @@ Flags:
 	timeout := fs.Duration("timeout", 2*time.Minute, "limit on one iteration")
 	python := fs.String("python", sandbox.DefaultPython, "interpreter every subject runs")
 	dockerImage := fs.String("docker-image", bench.DefaultDockerImage, "image for the docker row; built from the host's Python when missing")
-	idle := fs.Int("idle", 20, "live stateful sandboxes the memory row (W5) holds at once")
+	idle := fs.Int("idle", 20, "live stateful sandboxes the memory row (W5) holds at once, and projects how many the host holds from; "+
+		"W5's rows that make them run at most 1000/N iterations")
+	fill := fs.Int("fill", 0, "add a W5 row that makes `N` idle sandboxes at once, to check the projection (0: none; "+
+		"give --timeout the time it takes)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -76,6 +79,9 @@ Flags:
 	case *concurrency > 0 && *duration <= 0:
 		fmt.Fprintln(os.Stderr, "vivarium bench: --duration must be positive")
 		return 2
+	case *idle < 1 || *fill < 0:
+		fmt.Fprintln(os.Stderr, "vivarium bench: --idle must be at least 1 and --fill not negative")
+		return 2
 	case *timeout <= 0:
 		fmt.Fprintln(os.Stderr, "vivarium bench: --timeout must be positive")
 		return 2
@@ -96,7 +102,7 @@ Flags:
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	cfg := bench.Config{Python: *python, DockerImage: *dockerImage, IdleSandboxes: *idle}
+	cfg := bench.Config{Python: *python, DockerImage: *dockerImage, IdleSandboxes: *idle, Fill: *fill}
 	if exe, err := os.Executable(); err == nil {
 		cfg.Vivarium = exe
 	}

@@ -75,6 +75,10 @@ func TestBenchShort(t *testing.T) {
 	if !regexp.MustCompile(`\* vivarium serve, 20 idle sandboxes at once\s+\d+\s+[\d.]+ MiB`).MatchString(stdout) {
 		t.Error("no memory row for idle sandboxes")
 	}
+	// So is the projection of how many the host holds, with its bound.
+	if !regexp.MustCompile(`idle sandboxes this host holds: a projection from the 20 live\s+\d+\s+\d+ sandboxes.*\n\s+projected from 20 live: bound by `).MatchString(stdout) {
+		t.Error("no projection of the idle sandboxes the host holds, or no bound named")
+	}
 	if !strings.Contains(stdout, "ratio = the row's p50 / the p50 of its workload's Vivarium row") {
 		t.Error("the table does not say which way ratios go")
 	}

@@ -37,6 +37,10 @@ type server struct {
 	keys    []string
 	tokens  map[string]string
 	extra   []string
+	// holds is how many sandboxes the server must hold at once (W5's
+	// --idle and --fill); its pool of host users and its --max-sandboxes
+	// are made that large.
+	holds int
 
 	mu    sync.Mutex
 	users int
@@ -59,7 +63,9 @@ type server struct {
 const serverParent = "vivarium-bench-serve"
 
 func newServer(bin string) *server {
-	return &server{bin: bin, parent: serverParent, uidBase: 1_000_000_000 + 12<<24,
+	// Its host users start where no other server of the bench's does, so
+	// that thousands (--fill) fit below 2^32.
+	return &server{bin: bin, parent: serverParent, uidBase: 1_000_000_000 + 16<<24,
 		http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}}
 }
 
@@ -108,8 +114,8 @@ func (s *server) start(ctx context.Context) error {
 		return err
 	}
 	args := []string{"serve", "--listen", addr, "--data-dir", s.data,
-		"--cgroup-parent", s.parent, "--uid-base", fmt.Sprint(s.uidBase), "--uid-ranges", "256",
-		"--max-sandboxes", "2000", "--max-sandboxes-per-key", "2000",
+		"--cgroup-parent", s.parent, "--uid-base", fmt.Sprint(s.uidBase), "--uid-ranges", fmt.Sprint(max(256, s.holds+64)),
+		"--max-sandboxes", fmt.Sprint(max(2000, s.holds+64)), "--max-sandboxes-per-key", fmt.Sprint(max(2000, s.holds+64)),
 		"--max-executions", "512", "--max-executions-per-key", "512", "--log-level", "warn"}
 	if len(s.keys) == 0 {
 		args = append(args, "--dev")
@@ -297,108 +303,59 @@ func (s *server) warm(w Workload) (setup func(context.Context) error, run func(c
 	return setup, run, teardown
 }
 
-// idleMemory is P5: the proportional memory (PSS) per stateful sandbox
-// that imported pandas and sits idle, over n such sandboxes alive at
-// once. Each iteration makes n, reads the memory of every process in the
-// server's sandbox cgroups, and deletes them.
-func (s *server) idleMemory(n int) func(context.Context) (float64, error) {
-	return func(ctx context.Context) (float64, error) {
-		ids := make([]string, n)
-		defer func() {
-			var wg sync.WaitGroup
-			for _, id := range ids {
-				if id != "" {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						s.post(context.Background(), "DELETE", "/v1/sandboxes/"+id, nil, nil)
-					}()
-				}
-			}
-			wg.Wait()
-		}()
-		sem := make(chan struct{}, 4)
-		errs := make(chan error, n)
-		for i := range ids {
-			sem <- struct{}{}
-			go func() {
-				defer func() { <-sem }()
-				var info struct{ ID string }
-				if err := s.post(ctx, "POST", "/v1/sandboxes", map[string]any{"timeout_s": 3600}, &info); err != nil {
-					errs <- err
-					return
-				}
-				ids[i] = info.ID
-				var res sandbox.Result
-				err := s.post(ctx, "POST", "/v1/sandboxes/"+info.ID+"/execute",
-					map[string]any{"code": "import pandas as pd\ndf = pd.DataFrame({'a': range(100)})"}, &res)
-				if err == nil {
-					err = checkResult(&res, "")
-				}
-				if err != nil {
-					errs <- err
-				}
-			}()
-		}
-		for range cap(sem) {
-			sem <- struct{}{}
-		}
-		close(errs)
-		if err := <-errs; err != nil {
-			return 0, err
-		}
-		pids := sandboxProcesses(serverParent)
-		var total int64
-		for _, pid := range pids {
-			total += sandbox.ProcessPSS(pid)
-		}
-		// The pool's ready sandboxes are under the parent too: count
-		// them as what they are, sandboxes at rest.
-		groups := len(sandboxGroups(serverParent))
-		if groups == 0 {
-			return 0, errors.New("no sandbox cgroup found")
-		}
-		return float64(total) / float64(groups) / (1 << 20), nil
-	}
-}
-
 // sandboxGroups lists the sandbox cgroups under parent (not the zygote's),
 // those in a tenant's group (parent/TENANT/SANDBOX) included.
 func sandboxGroups(parent string) []string {
-	var out []string
+	sandboxes, _ := parentGroups(parent)
+	return sandboxes
+}
+
+// zygoteGroups lists the zygotes' cgroups under parent.
+func zygoteGroups(parent string) []string {
+	_, zygotes := parentGroups(parent)
+	return zygotes
+}
+
+// parentGroups lists the sandbox and the zygote cgroups under parent, in
+// the pids hierarchy on cgroup v1.
+func parentGroups(parent string) (sandboxes, zygotes []string) {
 	for _, root := range []string{"/sys/fs/cgroup/pids", "/sys/fs/cgroup"} {
 		entries, err := os.ReadDir(filepath.Join(root, parent))
 		if err != nil {
 			continue
 		}
 		for _, e := range entries {
-			if !e.IsDir() || strings.HasPrefix(e.Name(), "zygote-") {
+			if !e.IsDir() {
 				continue
 			}
 			dir := filepath.Join(root, parent, e.Name())
+			if strings.HasPrefix(e.Name(), "zygote-") {
+				zygotes = append(zygotes, dir)
+				continue
+			}
 			subs, _ := os.ReadDir(dir)
 			tenant := false
 			for _, sub := range subs {
 				if sub.IsDir() {
 					tenant = true
-					out = append(out, filepath.Join(dir, sub.Name()))
+					sandboxes = append(sandboxes, filepath.Join(dir, sub.Name()))
 				}
 			}
 			if !tenant {
-				out = append(out, dir)
+				sandboxes = append(sandboxes, dir)
 			}
 		}
-		if len(out) > 0 {
-			return out
+		if len(sandboxes)+len(zygotes) > 0 {
+			return sandboxes, zygotes
 		}
 	}
-	return out
+	return sandboxes, zygotes
 }
 
-// sandboxProcesses lists the processes of the sandboxes under parent.
-func sandboxProcesses(parent string) []int {
+// groupProcesses lists the processes of the cgroups.
+func groupProcesses(groups []string) []int {
 	var pids []int
-	for _, g := range sandboxGroups(parent) {
+	for _, g := range groups {
 		b, err := os.ReadFile(filepath.Join(g, "cgroup.procs"))
 		if err != nil {
 			continue
@@ -410,6 +367,62 @@ func sandboxProcesses(parent string) []int {
 		}
 	}
 	return pids
+}
+
+// parentMemory is the memory charged to the cgroup parent (its sandboxes
+// and zygotes, what the kernel keeps for them included) and its limit,
+// the server's --max-memory-total (0: none, or not read).
+func parentMemory(parent string) (charge, limit int64) {
+	for _, f := range [][2]string{
+		{"/sys/fs/cgroup/memory/" + parent + "/memory.usage_in_bytes", "/sys/fs/cgroup/memory/" + parent + "/memory.limit_in_bytes"},
+		{"/sys/fs/cgroup/" + parent + "/memory.current", "/sys/fs/cgroup/" + parent + "/memory.max"},
+	} {
+		if c := readProcInt(f[0]); c > 0 {
+			if l := readProcInt(f[1]); l > 0 && l < 1<<60 {
+				limit = l
+			}
+			return c, limit
+		}
+	}
+	return 0, 0
+}
+
+// openFiles is the server process's open files and its limit on them.
+func (s *server) openFiles() (open int, limit int64) {
+	s.mu.Lock()
+	cmd := s.cmd
+	s.mu.Unlock()
+	if cmd == nil {
+		return 0, 0
+	}
+	pid := cmd.Process.Pid
+	for _, l := range strings.Split(readProc(fmt.Sprintf("/proc/%d/limits", pid)), "\n") {
+		if rest, ok := strings.CutPrefix(l, "Max open files"); ok {
+			if f := strings.Fields(rest); len(f) > 0 {
+				limit, _ = strconv.ParseInt(f[0], 10, 64)
+			}
+		}
+	}
+	return countDir(fmt.Sprintf("/proc/%d/fd", pid)), limit
+}
+
+// readProc reads a small kernel file; "" when it cannot.
+func readProc(path string) string {
+	b, _ := os.ReadFile(path)
+	return strings.TrimSpace(string(b))
+}
+
+// readProcInt reads a kernel file that holds a number; 0 when it cannot.
+func readProcInt(path string) int64 {
+	n, _ := strconv.ParseInt(readProc(path), 10, 64)
+	return n
+}
+
+// countDir is the number of entries of a directory (a process's fd or
+// task directory); 0 when it cannot be read.
+func countDir(path string) int {
+	entries, _ := os.ReadDir(path)
+	return len(entries)
 }
 
 // pythonPandasPSS is the floor of a design that shares nothing: the PSS of

@@ -32,8 +32,12 @@ type Config struct {
 	// Python when missing. Default DefaultDockerImage.
 	DockerImage string
 	// IdleSandboxes is how many live stateful sandboxes the memory row
-	// holds at once (default 20).
+	// holds at once (default 20); W5's projection of how many this host
+	// holds is taken from them.
 	IdleSandboxes int
+	// Fill, when > 0, adds a W5 row that makes that many idle sandboxes
+	// at once, to check the projection.
+	Fill int
 	// Wasm runs the wasm backend's rows; when nil, one is made from the
 	// interpreter `make wasm` built, and the rows are skipped without it.
 	Wasm sandbox.Backend
@@ -108,6 +112,7 @@ func Subjects(ctx context.Context, cfg Config) ([]Subject, func()) {
 		cfg.IdleSandboxes = 20
 	}
 	srv := newServer(cfg.Vivarium)
+	srv.holds = max(cfg.IdleSandboxes, cfg.Fill)
 	serverSetup := func(ctx context.Context) error { return srv.acquire(ctx) }
 	wasmSkip := ""
 	if cfg.Wasm == nil {
@@ -290,17 +295,6 @@ func Subjects(ctx context.Context, cfg Config) ([]Subject, func()) {
 			}},
 	)
 
-	w = W5
-	out = append(out,
-		Subject{Workload: w.Label(), Name: fmt.Sprintf("vivarium serve, %d idle sandboxes at once", cfg.IdleSandboxes),
-			Reference: true, Unit: "MiB", Skip: firstOf(cliSkip, pandasSkip), Setup: serverSetup,
-			Measure: srv.idleMemory(cfg.IdleSandboxes)},
-		Subject{Workload: w.Label(), Name: "python3 with pandas imported (nothing shared)", Peer: true,
-			Unit: "MiB", Skip: pandasSkip, Measure: pythonPandasPSS(py)},
-	)
-
-	out = append(out, cpuSubjects(srv, serverSetup, cliSkip, pySkip, py)...)
-
 	pauseSkip := vivSkip
 	if pauseSkip == "" && cfg.Pausing == nil {
 		pauseSkip = "no native backend that pauses"
@@ -308,6 +302,10 @@ func Subjects(ctx context.Context, cfg Config) ([]Subject, func()) {
 			pauseSkip = cfg.PausingErr.Error()
 		}
 	}
+	out = append(out, idleSubjects(srv, cfg.IdleSandboxes, cfg.Fill, firstOf(cliSkip, pandasSkip), pandasSkip, pauseSkip, py)...)
+
+	out = append(out, cpuSubjects(srv, serverSetup, cliSkip, pySkip, py)...)
+
 	out = append(out, pauseSubjects(cfg.Pausing, pauseSkip)...)
 
 	fair, stopFair := fairnessSubjects(cfg.Vivarium, cliSkip)

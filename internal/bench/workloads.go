@@ -32,5 +32,5 @@ var (
 	W3 = Workload{ID: "W3", Title: "warm round trip: x += 1 in a running interpreter",
 		Code: "x += 1", Init: "x = 0"}
 	W4 = Workload{ID: "W4", Title: "create a stateful sandbox, ready for code"}
-	W5 = Workload{ID: "W5", Title: "memory (PSS) of an idle stateful sandbox that imported pandas"}
+	W5 = Workload{ID: "W5", Title: "idle stateful sandboxes that imported pandas: memory (PSS) of one, how many a host holds"}
 )
