@@ -78,6 +78,10 @@ func (c *census) perSandboxMemory() (int64, string) {
 	return pss, fmt.Sprintf("%.1f MiB PSS a sandbox, its zygote's share included", mib(pss))
 }
 
+// ceilDiv is what each of n sandboxes takes of a total, rounded up: a
+// projection errs on the side of fewer.
+func ceilDiv(total, n int) int64 { return int64((total + n - 1) / n) }
+
 func mib(b int64) float64 { return float64(b) / (1 << 20) }
 
 // bound is one limit on how many idle sandboxes the host holds.
@@ -105,24 +109,24 @@ func (c *census) bounds() []bound {
 	}
 	pidMax := min(readProcInt("/proc/sys/kernel/pid_max"), readProcInt("/proc/sys/kernel/threads-max"))
 	if c.tasks > 0 && pidMax > 0 {
-		each := max(1, int64(c.tasks/c.groups))
+		each := ceilDiv(c.tasks, c.groups)
 		more(pidMax-int64(c.hostTasks), each, fmt.Sprintf("tasks (kernel.pid_max %d, %d on the host now, %d a sandbox)", pidMax, c.hostTasks, each))
 	}
 	if files := c.serverFiles - c.serverFilesBefore; files > 0 && c.serverMaxFiles > 0 {
-		each := max(1, int64(files/c.live))
+		each := ceilDiv(files, c.live)
 		more(c.serverMaxFiles-int64(c.serverFiles), each, fmt.Sprintf("the server's open files (limit %d, %d a sandbox)", c.serverMaxFiles, each))
 	}
 	if nr := strings.Fields(readProc("/proc/sys/fs/file-nr")); len(nr) == 3 {
 		used, _ := strconv.ParseInt(nr[0], 10, 64)
 		limit, _ := strconv.ParseInt(nr[2], 10, 64)
-		each := int64(c.sandboxFiles/c.groups + max(c.serverFiles-c.serverFilesBefore, 0)/c.live)
-		more(limit-used, max(each, 1), fmt.Sprintf("the host's open files (fs.file-max %d, %d a sandbox)", limit, each))
+		each := ceilDiv(c.sandboxFiles, c.groups) + ceilDiv(max(c.serverFiles-c.serverFilesBefore, 0), c.live)
+		more(limit-used, each, fmt.Sprintf("the host's open files (fs.file-max %d, %d a sandbox)", limit, each))
 	}
 	// Of the namespaces, the kind that runs out first.
 	var ns bound
 	for kind, n := range c.namespaces {
 		limit := readProcInt("/proc/sys/user/max_" + kind + "_namespaces")
-		if each := int64(n / c.groups); limit > 0 && each > 0 && (ns.what == "" || int(limit/each) < ns.n) {
+		if each := ceilDiv(n, c.groups); limit > 0 && each > 0 && (ns.what == "" || int(limit/each) < ns.n) {
 			ns = bound{int(limit / each), fmt.Sprintf("%s namespaces (user.max_%s_namespaces %d, %d a sandbox)", kind, kind, limit, each)}
 		}
 	}
@@ -213,7 +217,7 @@ func (f *idleFleet) hold(ctx context.Context, n int, look func(made int) error) 
 		}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			err := f.makeIdle(ctx, &ids[i])
+			err := f.srv.makeIdle(ctx, &ids[i])
 			errMu.Lock()
 			defer errMu.Unlock()
 			if err == nil {
@@ -270,14 +274,14 @@ func hostTasks() int64 {
 
 // makeIdle makes one idle sandbox that imported pandas; its id is set as
 // soon as it exists, so that it is deleted whatever happens next.
-func (f *idleFleet) makeIdle(ctx context.Context, id *string) error {
+func (s *server) makeIdle(ctx context.Context, id *string) error {
 	var info struct{ ID string }
-	if err := f.srv.post(ctx, "POST", "/v1/sandboxes", map[string]any{"timeout_s": 3600}, &info); err != nil {
+	if err := s.post(ctx, "POST", "/v1/sandboxes", map[string]any{"timeout_s": 3600}, &info); err != nil {
 		return err
 	}
 	*id = info.ID
 	var res sandbox.Result
-	if err := f.srv.post(ctx, "POST", "/v1/sandboxes/"+info.ID+"/execute", map[string]any{"code": idleCode}, &res); err != nil {
+	if err := s.post(ctx, "POST", "/v1/sandboxes/"+info.ID+"/execute", map[string]any{"code": idleCode}, &res); err != nil {
 		return err
 	}
 	return checkResult(&res, "")
@@ -390,8 +394,7 @@ func (p *pausedDisk) measure(ctx context.Context) (float64, error) {
 			p.srv.post(context.Background(), "DELETE", "/v1/sandboxes/"+id, nil, nil)
 		}
 	}()
-	f := &idleFleet{srv: p.srv}
-	if err := f.makeIdle(ctx, &id); err != nil {
+	if err := p.srv.makeIdle(ctx, &id); err != nil {
 		return 0, err
 	}
 	if err := p.srv.post(ctx, "POST", "/v1/sandboxes/"+id+"/pause", nil, nil); err != nil {
