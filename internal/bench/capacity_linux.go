@@ -138,7 +138,7 @@ func (c *census) bounds() []bound {
 	z := native.DefaultZygoteMaxSandboxes
 	out = append(out,
 		bound{native.DefaultUIDRanges * z / (z + 1), fmt.Sprintf("host-user ranges (--uid-ranges %d by default, a zygote for each %d sandboxes)", native.DefaultUIDRanges, z)},
-		bound{defaultMaxSandboxes, fmt.Sprintf("--max-sandboxes (%d by default)", defaultMaxSandboxes)})
+		maxSandboxesBound)
 	slices.SortStableFunc(out, func(a, b bound) int { return a.n - b.n })
 	return out
 }
@@ -351,13 +351,23 @@ func (f *idleFleet) project(context.Context) (float64, error) {
 		return 0, errors.New("no census: the memory row's iteration of this round failed")
 	}
 	bs := c.bounds()
-	note := fmt.Sprintf("projected from %d live: bound by %s", c.live, bs[0].what)
-	for i, b := range bs[1:] {
-		note += map[bool]string{true: "; then ", false: ", "}[i == 0] + fmt.Sprintf("%d by %s", b.n, b.what)
-	}
-	f.projected.set(note)
+	f.projected.set(fmt.Sprintf("projected from %d live: %s", c.live, describe(bs)))
 	return float64(bs[0].n), nil
 }
+
+// describe says which of bounds (sorted, the lowest first) binds, and
+// the others.
+func describe(bounds []bound) string {
+	s := "bound by " + bounds[0].what
+	for i, b := range bounds[1:] {
+		s += map[bool]string{true: "; then ", false: ", "}[i == 0] + fmt.Sprintf("%d by %s", b.n, b.what)
+	}
+	return s
+}
+
+// maxSandboxesBound is --max-sandboxes at its default, which counts paused
+// sandboxes as well as running ones.
+var maxSandboxesBound = bound{defaultMaxSandboxes, fmt.Sprintf("--max-sandboxes (%d by default)", defaultMaxSandboxes)}
 
 // fill is --fill's row: it makes n idle sandboxes at once for real, and
 // is how many were alive at once (n, or how many were made before the
@@ -381,7 +391,8 @@ func (f *idleFleet) fill(n int) func(context.Context) (float64, error) {
 // imported pandas is paused through the server, which keeps it on disk
 // (under its data directory) once it has stayed paused 5 s and then
 // releases it; the row is how many such copies the free space of that
-// file system holds, less the reserve the server keeps free there.
+// file system holds, less the reserve the server keeps free there, or
+// fewer where a server at its defaults keeps fewer sandboxes.
 type pausedDisk struct {
 	srv  *server
 	said note
@@ -419,10 +430,14 @@ func (p *pausedDisk) measure(ctx context.Context) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	n := max(free-reserve, 0) / size
-	p.said.set(fmt.Sprintf("bound by the disk of the data directory: %.1f GiB free less %.1f GiB kept free, %.1f MiB a paused sandbox "+
-		"(its kept copy: images, files, record)", float64(free)/(1<<30), float64(reserve)/(1<<30), mib(size)))
-	return float64(n), nil
+	// A paused sandbox kept on disk and released holds no memory, host
+	// user or cgroup; it is still one of the server's sandboxes.
+	bs := []bound{maxSandboxesBound, {int(max(free-reserve, 0) / size), fmt.Sprintf("the disk of the data directory "+
+		"(%.1f GiB free less %.1f GiB kept free, %.1f MiB a paused sandbox: its kept copy's images, files and record)",
+		float64(free)/(1<<30), float64(reserve)/(1<<30), mib(size))}}
+	slices.SortStableFunc(bs, func(a, b bound) int { return a.n - b.n })
+	p.said.set(describe(bs))
+	return float64(bs[0].n), nil
 }
 
 // diskUsage is the disk the files under dir take (their allocated
@@ -463,7 +478,7 @@ func idleSubjects(srv *server, n, fill int, skip, pandasSkip, pauseSkip, python 
 	}
 	p := &pausedDisk{srv: srv}
 	return append(out,
-		Subject{Workload: w, Name: "paused idle sandboxes the data directory's disk holds (each kept on disk, released)",
+		Subject{Workload: w, Name: "paused idle sandboxes this host keeps (each kept on disk, released)",
 			Unit: "sandboxes", Skip: firstOf(skip, pauseSkip), Setup: srv.acquire, Measure: p.measure, Iterations: 3, Note: p.said.get},
 		Subject{Workload: w, Name: "python3 with pandas imported (nothing shared)", Peer: true,
 			Unit: "MiB", Skip: pandasSkip, Measure: pythonPandasPSS(python)},
