@@ -43,13 +43,18 @@ func idleIterations(n int) int { return max(1, idleSandboxBudget/max(n, 1)) }
 // census is what N idle sandboxes of a bench server take, read while they
 // are alive.
 type census struct {
-	live   int // sandboxes the iteration made
-	groups int // sandbox cgroups under the server's parent: live and the pool's
-	// pss is the PSS of the sandboxes' processes, zygotePSS of the
-	// zygotes' (the pages they share with their sandboxes).
-	pss, zygotePSS int64
-	tasks          int // threads of the sandboxes' processes
-	sandboxFiles   int // open files of the sandboxes' processes
+	live   int   // sandboxes the iteration made
+	groups int   // sandbox cgroups under the server's parent: live and the pool's
+	pss    int64 // the PSS of the sandboxes' processes
+	// zygotes is how many zygotes there were before the sandboxes were
+	// made, zygoteCharge the memory charged to their cgroups then: their
+	// own pages, which their sandboxes share. (What a sandbox's process
+	// is charged before it moves to its own cgroup stays the zygote's
+	// cgroup's: it is in charge, the parent's, and not counted twice.)
+	zygotes      int
+	zygoteCharge int64
+	tasks        int // threads of the sandboxes' processes
+	sandboxFiles int // open files of the sandboxes' processes
 	// serverFiles is the server's open files, before the sandboxes were
 	// made and while they live; serverMaxFiles its limit.
 	serverFilesBefore, serverFiles int
@@ -65,17 +70,25 @@ type census struct {
 	namespaces map[string]int
 }
 
-// perSandboxMemory is the memory one more idle sandbox takes: the PSS of
-// its processes with its share of its zygote's, or the memory charged to
-// the server's cgroup parent per sandbox (its kernel memory, page tables,
-// files in tmpfs included) if that is more; and which it is.
+// perSandboxMemory is the memory one more idle sandbox takes, and how it
+// was reckoned: its own, the PSS of its processes or the memory charged
+// to the server's cgroup parent per sandbox (its kernel memory, page
+// tables and files in tmpfs included), whichever is more; and its share
+// of its zygote's pages, which a zygote shares with the
+// DefaultZygoteMaxSandboxes sandboxes it makes before it is replaced.
 func (c *census) perSandboxMemory() (int64, string) {
-	pss := (c.pss + c.zygotePSS) / int64(c.groups)
+	pss := c.pss / int64(c.groups)
 	charge := (c.charge - c.chargeBefore) / int64(c.live)
+	own, how := pss, "its PSS"
 	if charge > pss {
-		return charge, fmt.Sprintf("%.1f MiB a sandbox charged to the server's cgroup (PSS %.1f MiB)", mib(charge), mib(pss))
+		own, how = charge, fmt.Sprintf("charged to the server's cgroup (PSS %.1f MiB)", mib(pss))
 	}
-	return pss, fmt.Sprintf("%.1f MiB PSS a sandbox, its zygote's share included", mib(pss))
+	if c.zygotes == 0 {
+		return own, fmt.Sprintf("%.1f MiB a sandbox: %s", mib(own), how)
+	}
+	share := c.zygoteCharge / int64(c.zygotes*native.DefaultZygoteMaxSandboxes)
+	return own + share, fmt.Sprintf("%.1f MiB a sandbox: %.1f MiB %s, and %.2f MiB of its zygote's %.0f MiB",
+		mib(own+share), mib(own), how, mib(share), mib(c.zygoteCharge/int64(c.zygotes)))
 }
 
 // ceilDiv is what each of n sandboxes takes of a total, rounded up: a
@@ -294,6 +307,11 @@ func (s *server) makeIdle(ctx context.Context, id *string) error {
 func (f *idleFleet) memory(ctx context.Context) (float64, error) {
 	before, maxFiles := f.srv.openFiles()
 	chargeBefore, _ := parentMemory(f.srv.parent)
+	zygotes := zygoteGroups(f.srv.parent)
+	var zygoteCharge int64
+	for _, z := range zygotes {
+		zygoteCharge += groupMemory(z)
+	}
 	var c *census
 	_, err := f.hold(ctx, f.n, func(made int) error {
 		var err error
@@ -304,6 +322,7 @@ func (f *idleFleet) memory(ctx context.Context) (float64, error) {
 		return 0, err
 	}
 	c.serverFilesBefore, c.serverMaxFiles, c.chargeBefore = before, maxFiles, chargeBefore
+	c.zygotes, c.zygoteCharge = len(zygotes), zygoteCharge
 	f.mu.Lock()
 	f.last = c
 	f.mu.Unlock()
@@ -328,9 +347,6 @@ func (f *idleFleet) count(made int) (*census, error) {
 				c.namespaces[kind]++
 			}
 		}
-	}
-	for _, pid := range groupProcesses(zygoteGroups(f.srv.parent)) {
-		c.zygotePSS += sandbox.ProcessPSS(pid)
 	}
 	c.serverFiles, _ = f.srv.openFiles()
 	c.charge, c.ceiling = parentMemory(f.srv.parent)

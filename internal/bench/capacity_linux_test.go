@@ -18,10 +18,12 @@ func TestCensusBounds(t *testing.T) {
 		want       int
 		wantReason string
 	}{
-		{"memory at PSS", census{live: 10, groups: 12, pss: 12 * 7 << 20, zygotePSS: 12 << 20,
-			memAvailable: hostmem.Reserve(total) + 80<<20, memTotal: total}, 20, "8.0 MiB PSS a sandbox"},
+		{"memory at PSS", census{live: 10, groups: 12, pss: 12 * 8 << 20,
+			memAvailable: hostmem.Reserve(total) + 80<<20, memTotal: total}, 20, "8.0 MiB a sandbox: its PSS"},
+		{"with a zygote's share", census{live: 10, groups: 12, pss: 12 * 7 << 20, zygotes: 2, zygoteCharge: 2 * 256 << 20,
+			memAvailable: hostmem.Reserve(total) + 80<<20, memTotal: total}, 20, "8.0 MiB a sandbox: 7.0 MiB its PSS, and 1.00 MiB of its zygote's 256 MiB"},
 		{"memory at the cgroup's charge", census{live: 10, groups: 12, pss: 12 * 7 << 20, chargeBefore: 1 << 30, charge: 1<<30 + 10*16<<20,
-			memAvailable: hostmem.Reserve(total) + 80<<20, memTotal: total}, 15, "16.0 MiB a sandbox charged"},
+			memAvailable: hostmem.Reserve(total) + 80<<20, memTotal: total}, 15, "16.0 MiB a sandbox: charged to the server's cgroup (PSS 7.0 MiB)"},
 		{"the server's ceiling", census{live: 10, groups: 10, pss: 10 * 8 << 20, chargeBefore: 1<<30 - 10*8<<20, charge: 1 << 30, ceiling: 1<<30 + 16<<20,
 			memAvailable: total, memTotal: total}, 12, "--max-memory-total"},
 		{"the server's open files", census{live: 100, groups: 100, pss: 100 << 20, serverFilesBefore: 50, serverFiles: 1350,

@@ -387,6 +387,16 @@ func parentMemory(parent string) (charge, limit int64) {
 	return 0, 0
 }
 
+// groupMemory is the memory charged to a cgroup parentGroups listed (in
+// the pids hierarchy on cgroup v1: its memory hierarchy is read); 0 when
+// it cannot be read.
+func groupMemory(dir string) int64 {
+	if rel, ok := strings.CutPrefix(dir, "/sys/fs/cgroup/pids/"); ok {
+		return readProcInt(filepath.Join("/sys/fs/cgroup/memory", rel, "memory.usage_in_bytes"))
+	}
+	return readProcInt(filepath.Join(dir, "memory.current"))
+}
+
 // openFiles is the server process's open files and its limit on them.
 func (s *server) openFiles() (open int, limit int64) {
 	s.mu.Lock()
