@@ -76,6 +76,11 @@ func writeInitProg(dir string, prog []byte, want string) (string, error) {
 		return "", fmt.Errorf("the embedded init program is not the one this binary was built with "+
 			"(sha256 %.12s, want %.12s); rebuild with scripts/build.sh", got, want)
 	}
+	// The data directory above it lets others through, not list it
+	// (docs/operations.md), when this makes it.
+	if err := os.MkdirAll(filepath.Dir(dir), 0o711); err != nil {
+		return "", err
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
@@ -110,17 +115,22 @@ func writeInitProg(dir string, prog []byte, want string) (string, error) {
 	return path, nil
 }
 
-// checkRootOnly refuses a directory that anyone but root could change: a
-// program in it is started by root.
+// checkRootOnly refuses a directory that anyone but root could change,
+// or whose path anyone but root could: a program in it is started by
+// root.
 func checkRootOnly(dir string) error {
-	var st unix.Stat_t
-	if err := unix.Lstat(dir, &st); err != nil {
-		return err
+	for d := dir; ; d = filepath.Dir(d) {
+		var st unix.Stat_t
+		if err := unix.Lstat(d, &st); err != nil {
+			return err
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFDIR || st.Uid != 0 || st.Mode&0o022 != 0 {
+			return fmt.Errorf("%s must be a directory of root's that only root can write", d)
+		}
+		if d == "/" || d == "." {
+			return nil
+		}
 	}
-	if st.Mode&unix.S_IFMT != unix.S_IFDIR || st.Uid != 0 || st.Mode&0o022 != 0 {
-		return fmt.Errorf("%s must be a directory of root's that only root can write", dir)
-	}
-	return nil
 }
 
 // fileSHA256 is the hex SHA-256 of the file at path, or "" unless it is a

@@ -16,7 +16,17 @@ func TestWriteInitProg(t *testing.T) {
 	prog := []byte("\x7fELF a stand-in for the init program")
 	sum := sha256.Sum256(prog)
 	want := hex.EncodeToString(sum[:])
-	dir := filepath.Join(t.TempDir(), "bin")
+	// Under a directory only root may write: t.TempDir's /tmp is
+	// everyone's.
+	if err := checkRootOnly("/run"); err != nil {
+		t.Skip(err)
+	}
+	top, err := os.MkdirTemp("/run", "vivarium-initprog-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(top) })
+	dir := filepath.Join(top, "data", "bin")
 
 	path, err := writeInitProg(dir, prog, want)
 	if err != nil {
@@ -66,9 +76,19 @@ func TestWriteInitProg(t *testing.T) {
 	if _, err := writeInitProg(dir, []byte("other"), want); err == nil || !strings.Contains(err.Error(), "rebuild") {
 		t.Errorf("a program of another hash: %v", err)
 	}
-	// A directory others may write is refused: a program in it runs as root.
+	if st, err := os.Stat(filepath.Dir(dir)); err != nil || st.Mode().Perm() != 0o711 {
+		t.Errorf("the data directory made: %v %v", st.Mode(), err)
+	}
+
+	// A directory others may write is refused, and so is one below such
+	// a directory: a program in it runs as root.
 	os.Chmod(dir, 0o777)
 	if _, err := writeInitProg(dir, prog, want); err == nil || !strings.Contains(err.Error(), "only root can write") {
 		t.Errorf("a directory anyone may write: %v", err)
+	}
+	os.Chmod(dir, 0o755)
+	os.Chmod(filepath.Dir(dir), 0o777)
+	if _, err := writeInitProg(dir, prog, want); err == nil || !strings.Contains(err.Error(), filepath.Dir(dir)+" must be") {
+		t.Errorf("below a directory anyone may write: %v", err)
 	}
 }
