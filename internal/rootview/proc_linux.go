@@ -112,7 +112,7 @@ func NewProcView(memTotal int64) (*ProcView, error) {
 // UUID).
 func NewBootID() string {
 	var id [16]byte
-	rand.Read(id[:]) // crypto/rand does not fail on Linux
+	rand.Read(id[:])          // crypto/rand does not fail on Linux
 	id[6] = id[6]&0x0f | 0x40 // version 4: random
 	id[8] = id[8]&0x3f | 0x80 // RFC 4122 variant
 	return fmt.Sprintf("%x-%x-%x-%x-%x", id[0:4], id[4:6], id[6:8], id[8:10], id[10:16])
