@@ -308,11 +308,11 @@ func initMain(report func(initStatus)) (int, error) {
 	if err := seccomp.Install(prog); err != nil {
 		return 0, step("seccomp", err)
 	}
-	// The runner's files and /etc are written: a lasting sandbox's init
-	// gives their memory back (1.2 MB of every sandbox's, and of every
-	// paused sandbox's images); a one-shot's ends soon, and does not
-	// spend a collection on it.
-	cfg.RunnerFiles, cfg.Etc = nil, nil
+	// The runner's files, /etc and /proc's files are written and the
+	// filter loaded: a lasting sandbox's init gives their memory back
+	// (1.2 MB of every sandbox's, and of every paused sandbox's images);
+	// a one-shot's ends soon, and does not spend a collection on it.
+	cfg.RunnerFiles, cfg.Etc, cfg.Proc, cfg.Seccomp = nil, nil, nil, nil
 	gcOn()
 	if !cfg.OneShot {
 		debug.FreeOSMemory()
