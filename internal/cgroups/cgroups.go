@@ -80,8 +80,9 @@ type Ceilings struct {
 type Stats struct {
 	CPU        time.Duration // user + system time of every process, living and dead
 	MemoryPeak int64         // high-water mark of memory charged, bytes
-	Memory     int64         // memory charged now, bytes; 0 where unknown
 	OOMKills   int64         // processes the kernel killed for exceeding the memory limit
+	// Memory charged now is not here: an execution reads Stats before
+	// and after, and has no use for it (MemoryReader reads it).
 }
 
 // Group is one sandbox's control group.
@@ -290,8 +291,42 @@ func writeFile(dir, file, value string) error {
 	return nil
 }
 
+// smallFile bounds what readSmall reads without os.ReadFile: a number,
+// or the few "key value" lines of cpu.stat, memory.events or
+// memory.oom_control.
+const smallFile = 512
+
+// readSmall reads a small control file with open, read and close alone.
+// os.ReadFile also stats the file and, since control files can be
+// polled, registers it with the runtime's poller and removes it again:
+// together more than the read itself, on a path that every execution
+// takes twice (its usage before and after). A file larger than
+// smallFile is read with os.ReadFile.
+func readSmall(path string) ([]byte, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	defer unix.Close(fd)
+	buf := make([]byte, smallFile)
+	n := 0
+	for n < len(buf) {
+		m, err := unix.Read(fd, buf[n:])
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err != nil:
+			return nil, &os.PathError{Op: "read", Path: path, Err: err}
+		case m == 0:
+			return buf[:n], nil
+		}
+		n += m
+	}
+	return os.ReadFile(path)
+}
+
 func readInt(dir, file string) (int64, error) {
-	b, err := os.ReadFile(filepath.Join(dir, file))
+	b, err := readSmall(filepath.Join(dir, file))
 	if err != nil {
 		return 0, fmt.Errorf("cgroups: %w", err)
 	}
@@ -308,7 +343,7 @@ func readInt(dir, file string) (int64, error) {
 
 // readKeyed reads one value of a "key value" per line file (memory.events, cpu.stat).
 func readKeyed(dir, file, key string) (int64, error) {
-	b, err := os.ReadFile(filepath.Join(dir, file))
+	b, err := readSmall(filepath.Join(dir, file))
 	if err != nil {
 		return 0, fmt.Errorf("cgroups: %w", err)
 	}

@@ -4,6 +4,7 @@ package cgroups
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -403,5 +404,34 @@ func TestKillListed(t *testing.T) {
 	}
 	if err := member.Wait(); err == nil || member.ProcessState.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
 		t.Fatalf("listed process: %v, want killed by SIGKILL", err)
+	}
+}
+
+// Control files are read without os.ReadFile while they fit in
+// smallFile, and whole when they do not: a key past the first smallFile
+// bytes is found, and a file that is not there is os.ErrNotExist.
+func TestReadSmallAndLargeControlFiles(t *testing.T) {
+	dir := t.TempDir()
+	var long strings.Builder
+	for i := 0; long.Len() <= 2*smallFile; i++ {
+		fmt.Fprintf(&long, "filler_%d %d\n", i, i)
+	}
+	long.WriteString("oom_kill 7\n")
+	for name, body := range map[string]string{"memory.events": long.String(), "memory.peak": "4096\n", "memory.max": "max\n"} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, err := readKeyed(dir, "memory.events", "oom_kill"); err != nil || n != 7 {
+		t.Errorf("readKeyed of a %d-byte file: %d, %v; want 7", long.Len(), n, err)
+	}
+	if n, err := readInt(dir, "memory.peak"); err != nil || n != 4096 {
+		t.Errorf("readInt: %d, %v; want 4096", n, err)
+	}
+	if n, err := readInt(dir, "memory.max"); err != nil || n != -1 {
+		t.Errorf("readInt of max: %d, %v; want -1", n, err)
+	}
+	if _, err := readInt(dir, "memory.current"); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("readInt of a missing file: %v, want os.ErrNotExist", err)
 	}
 }

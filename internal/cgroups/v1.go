@@ -388,9 +388,6 @@ func statsV1(cpuacct, mem string) (Stats, error) {
 	if s.MemoryPeak, err = readInt(mem, "memory.max_usage_in_bytes"); err != nil {
 		return s, err
 	}
-	if m, err := readInt(mem, "memory.usage_in_bytes"); err == nil {
-		s.Memory = m
-	}
 	// oom_kill appeared in Linux 4.13; before that, a failed charge is the
 	// best evidence there is.
 	if s.OOMKills, err = readKeyed(mem, "memory.oom_control", "oom_kill"); err != nil {

@@ -345,9 +345,6 @@ func statsV2(dir string) (Stats, error) {
 	if s.OOMKills, err = readKeyed(dir, "memory.events", "oom_kill"); err != nil {
 		return s, err
 	}
-	if m, err := readInt(dir, "memory.current"); err == nil {
-		s.Memory = m
-	}
 	return s, nil
 }
 

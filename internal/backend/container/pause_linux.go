@@ -37,6 +37,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vivarium-sandbox/vivarium/internal/agent"
+	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
 	"github.com/vivarium-sandbox/vivarium/internal/core"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
@@ -244,10 +245,14 @@ func (s *Sandbox) checkpointFits(cp Checkpointer, dir string) error {
 		if err == nil && st.MemoryPeak > 0 && st.MemoryPeak < need {
 			need = st.MemoryPeak
 		}
-		if over := cp.RestoreOverhead(); err == nil && over > 0 && st.Memory+over > s.spec.Limits.Memory {
+		var now int64
+		if m, ok := cg.(cgroups.MemoryReader); ok && err == nil {
+			now, err = m.MemoryCurrent()
+		}
+		if over := cp.RestoreOverhead(); err == nil && over > 0 && now+over > s.spec.Limits.Memory {
 			return fmt.Errorf("%w: the sandbox holds %d MiB of its %d MiB memory limit, and resuming it would take "+
 				"about %d MiB more (the %s backend's restore): it could not be resumed; free memory in it first",
-				sandbox.ErrUnsupported, st.Memory>>20, s.spec.Limits.Memory>>20, over>>20, s.b.Name())
+				sandbox.ErrUnsupported, now>>20, s.spec.Limits.Memory>>20, over>>20, s.b.Name())
 		}
 	}
 	need += checkpointMargin
