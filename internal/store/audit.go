@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"crypto/sha256"
+	"database/sql"
 	"encoding/hex"
 	"fmt"
 	"strings"
@@ -55,10 +56,20 @@ func (s *Store) Append(ctx context.Context, recs ...Record) error {
 	return err
 }
 
-// appendRows adds records in one transaction and returns their seqs.
+// appendRows adds records in one transaction and returns their seqs. One
+// record, a request's on a quiet server, is its INSERT alone, which
+// SQLite commits as it ends: BEGIN and COMMIT would be two more
+// statements through database/sql for the same commit.
 func (s *Store) appendRows(ctx context.Context, recs []Record) ([]int64, error) {
 	if len(recs) == 0 {
 		return nil, nil
+	}
+	if len(recs) == 1 {
+		seq, err := insertRecord(ctx, s.insertAudit, recs[0])
+		if err != nil {
+			return nil, err
+		}
+		return []int64{seq}, nil
 	}
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -69,19 +80,25 @@ func (s *Store) appendRows(ctx context.Context, recs []Record) ([]int64, error) 
 	defer stmt.Close()
 	seqs := make([]int64, len(recs))
 	for i, r := range recs {
-		if r.Time.IsZero() {
-			r.Time = time.Now()
-		}
-		res, err := stmt.ExecContext(ctx, r.Time.UnixMicro(), r.Kind, r.KeyID, r.SandboxID, r.CodeSHA256, r.Status,
-			r.ExitCode, r.DurationMS, r.CPUMS, r.PeakMemoryBytes, r.Detail, r.Host, r.Port, r.BytesIn, r.BytesOut, max(r.Count, 1))
-		if err != nil {
-			return nil, err
-		}
-		if seqs[i], err = res.LastInsertId(); err != nil {
+		if seqs[i], err = insertRecord(ctx, stmt, r); err != nil {
 			return nil, err
 		}
 	}
 	return seqs, tx.Commit()
+}
+
+// insertRecord inserts r with stmt (the prepared insertAudit) and returns
+// its seq.
+func insertRecord(ctx context.Context, stmt *sql.Stmt, r Record) (int64, error) {
+	if r.Time.IsZero() {
+		r.Time = time.Now()
+	}
+	res, err := stmt.ExecContext(ctx, r.Time.UnixMicro(), r.Kind, r.KeyID, r.SandboxID, r.CodeSHA256, r.Status,
+		r.ExitCode, r.DurationMS, r.CPUMS, r.PeakMemoryBytes, r.Detail, r.Host, r.Port, r.BytesIn, r.BytesOut, max(r.Count, 1))
+	if err != nil {
+		return 0, err
+	}
+	return res.LastInsertId()
 }
 
 // rowAdd is what a counted row gains: more connections, their bytes
