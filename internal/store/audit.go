@@ -211,7 +211,9 @@ type Query struct {
 	Limit     int // default 100, at most 100000
 }
 
-// Audit returns the records that match q, newest first.
+// Audit returns the records that match q, newest first: every record
+// whose request has been answered, though its commit may not have ended
+// when the answer was sent (AuditLog).
 func (s *Store) Audit(ctx context.Context, q Query) ([]Record, error) {
 	var where []string
 	var args []any
@@ -250,7 +252,18 @@ func (s *Store) Audit(ctx context.Context, q Query) ([]Record, error) {
 	}
 	query += " ORDER BY seq DESC LIMIT ?"
 	args = append(args, q.Limit)
-	rows, err := s.db.QueryContext(ctx, query, args...)
+	conn, err := s.db.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	// Records of answered requests may still be in a server's open
+	// transaction (writer.go): its commit comes first. Where the lock
+	// cannot be had, what is committed is read.
+	s.waiting.Lock()
+	waitForWriters(ctx, conn)
+	s.waiting.Unlock()
+	rows, err := conn.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err
 	}

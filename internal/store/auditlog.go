@@ -55,21 +55,26 @@ type AuditStats struct {
 	Counted int64
 }
 
-// AuditLog writes the audit log with group commit: Record returns once its
-// record is committed, so that a request's answer, sent after, always has
-// its record in the database (and a crash of the server loses no record of
-// an answered request). The caller whose record finds no commit under way
-// writes it at once, on its own goroutine; records that arrive while a
-// commit is under way wait for the next one, which the first of their
-// callers makes, taking them all in one transaction. Under load a commit
-// serves many requests, and nobody waits for a timer.
+// AuditLog writes the audit log in batches, on a goroutine of its own,
+// one transaction a batch. Record returns once its record is taken into
+// the open transaction, whose write lock the log holds from before the
+// first record of the batch is taken until it is committed (writer.go):
+// a reader that takes the lock first (Store.Audit: `vivarium audit`,
+// tests) waits for that commit, so it sees every record whose request
+// was answered, and the request does not wait for the commit itself.
+// Records that arrive while a batch is being written wait for the next
+// transaction to begin; at most maxBatch wait in the queue, and a record
+// past them waits for room (none is dropped). Close writes what is
+// queued. A crash of the server (kill -9) loses the batch being written:
+// records of requests answered a fraction of a millisecond before.
 //
 // In the background, off every request's path, the log checkpoints,
 // writes what its counted rows have gathered (auditcount.go) and deletes
 // what its AuditOptions no longer keep, each in short transactions taken
 // as the log's writer: a record that arrives meanwhile waits for one
-// such transaction at most, as it would behind another commit, and a
-// request's commit waiting goes before the next batch.
+// such transaction at most, as it would behind a batch, and a background
+// write that waits goes between two batches (a steady stream of records
+// does not hold it off).
 //
 // A write that fails (SQLITE_FULL, ENOSPC) does not stop the server:
 // Record returns, the failure is logged (once, then at most once a
@@ -79,14 +84,19 @@ type AuditLog struct {
 	st  *Store
 	log *slog.Logger
 	opt AuditOptions
+	w   writer // used by the batch writer, and by Record to begin
 
 	mu        sync.Mutex
-	wrote     *sync.Cond // a commit or a background write ended
-	queue     []queued   // records of the next commit
-	next      uint64     // the number of the next commit, which queue is for
-	committed uint64     // how many commits have ended
-	writing   bool       // a commit or a background write is under way
-	writes    uint64     // writes of every kind, for the checkpointer
+	changed   *sync.Cond // the state changed, or a batch began or ended
+	state     logState
+	queue     []queued // records of the next batch to write
+	batch     uint64   // batches numbered so far: queue is for batch+1
+	begun     uint64   // batches whose transaction has begun (or failed to)
+	done      uint64   // batches written (or failed)
+	last      uint64   // the batch of the last record taken
+	bgWait    int      // background writes waiting for their turn
+	callers   int      // Records under way, which Close waits for
+	writes    uint64   // writes of every kind, for the checkpointer
 	closed    bool
 	counts    counts // counted rows (auditcount.go)
 	stats     AuditStats
@@ -94,10 +104,24 @@ type AuditLog struct {
 	okLog     time.Time // when a recovery was last logged
 	lostSince int64     // records lost since a line last said so
 
-	stop    chan struct{} // ends the background work
+	stop    chan struct{} // ends the background work and the batch writer
 	stopped chan struct{}
+	written chan struct{} // the batch writer has ended
 	once    sync.Once
 }
+
+// logState is what holds the database: nothing; the transaction of the
+// next batch, beginning or open (taking records); the batch being
+// written; or a background write.
+type logState int
+
+const (
+	logIdle logState = iota
+	logBeginning
+	logOpen
+	logCommitting
+	logBackground
+)
 
 type queued struct {
 	rec   Record
@@ -132,10 +156,12 @@ func NewAuditLog(st *Store, log *slog.Logger, opt AuditOptions) *AuditLog {
 	if opt.Now == nil {
 		opt.Now = time.Now
 	}
-	a := &AuditLog{st: st, log: log, opt: opt, next: 1, stop: make(chan struct{}), stopped: make(chan struct{})}
-	a.wrote = sync.NewCond(&a.mu)
+	a := &AuditLog{st: st, log: log, opt: opt, w: writer{st: st},
+		stop: make(chan struct{}), stopped: make(chan struct{}), written: make(chan struct{})}
+	a.changed = sync.NewCond(&a.mu)
 	a.counts.init()
 	go a.background()
+	go a.writeBatches()
 	return a
 }
 
@@ -172,10 +198,14 @@ func (a *AuditLog) background() {
 	}
 }
 
-// Record writes r and returns once it is committed, or the commit has
-// failed (which is logged and counted). A connection that the log counts
-// (see counted) returns at once when a row of its window is there to
-// count it. After Close it writes nothing.
+// Record takes r into the next batch and returns once that batch's
+// transaction has begun: a reader of the log sees r from then on (see
+// AuditLog). On a quiet server its caller begins it; a record that
+// arrives while a batch is written waits for the writer to begin the
+// next. A failure to begin is logged and counted, and the batch's
+// records are lost. A connection that the log counts (see counted)
+// returns at once when a row of its window is there to count it. After
+// Close it writes nothing.
 func (a *AuditLog) Record(r Record) {
 	if r.Time.IsZero() {
 		r.Time = a.opt.Now()
@@ -186,6 +216,12 @@ func (a *AuditLog) Record(r Record) {
 		a.log.Error("audit record after the log was closed", "kind", r.Kind, "sandbox", r.SandboxID)
 		return
 	}
+	a.callers++
+	defer func() {
+		if a.callers--; a.closed {
+			a.changed.Broadcast() // Close waits for the last caller
+		}
+	}()
 	var t *tally
 	if counted(r) {
 		var done bool
@@ -194,33 +230,84 @@ func (a *AuditLog) Record(r Record) {
 		}
 	}
 	for len(a.queue) >= maxBatch {
-		a.wrote.Wait()
+		a.changed.Wait()
 	}
 	a.queue = append(a.queue, queued{rec: r, tally: t})
-	mine := a.next
-	for a.committed < mine {
-		if a.writing {
-			a.wrote.Wait()
+	mine := a.batch + 1
+	a.last = mine
+	if a.state == logIdle && a.bgWait == 0 {
+		a.begin() // no batch under way: this caller begins one
+		return
+	}
+	for a.begun < mine {
+		a.changed.Wait()
+	}
+}
+
+// begin begins the next batch's transaction, taking SQLite's write lock;
+// called with a.mu held, in state logIdle, with records queued. If it
+// fails, they are lost, and counted as such.
+func (a *AuditLog) begin() {
+	a.state = logBeginning
+	a.mu.Unlock()
+	err := a.w.begin(context.Background())
+	a.mu.Lock()
+	a.begun++
+	a.state = logOpen
+	if err != nil {
+		lost := a.queue
+		a.queue = nil
+		for _, q := range lost {
+			if q.tally != nil {
+				q.tally.seq = -1 // its row is lost: counts go to a new one
+			}
+		}
+		a.batch++
+		a.done++
+		a.state = logIdle
+		a.mu.Unlock()
+		a.failed("write", len(lost), err)
+		a.mu.Lock()
+	}
+	a.changed.Broadcast()
+}
+
+// writeBatches writes the open transaction's records and commits them,
+// batch after batch, and begins the transaction of records that came
+// meanwhile, until the log closes.
+func (a *AuditLog) writeBatches() {
+	defer close(a.written)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for {
+		switch {
+		case a.state == logIdle && len(a.queue) > 0 && a.bgWait == 0:
+			a.begin()
+			continue
+		case a.state == logOpen:
+		case a.state == logIdle && len(a.queue) == 0 && a.stopping():
+			return
+		default:
+			a.changed.Wait()
 			continue
 		}
-		// No commit under way: this caller makes the next one, with
-		// every record queued for it, after letting the requests that
-		// are about to record have their turn.
-		a.writing = true
+		// Let the requests that are about to record join this batch.
 		a.mu.Unlock()
 		runtime.Gosched()
 		a.mu.Lock()
+		a.state = logCommitting
+		a.batch++
 		batch := a.queue
 		a.queue = nil
-		a.next++
+		a.changed.Broadcast() // room in the queue
 		a.mu.Unlock()
 		recs := make([]Record, len(batch))
 		for i, q := range batch {
 			recs[i] = q.rec
 		}
-		seqs, err := a.st.appendRows(context.Background(), recs)
+		seqs, lost, err := a.w.commit(context.Background(), recs)
 		if err != nil {
-			a.failed("write", len(batch), err)
+			a.failed("write", lost, err)
 		} else {
 			a.succeeded()
 		}
@@ -228,39 +315,46 @@ func (a *AuditLog) Record(r Record) {
 		for i, q := range batch {
 			if q.tally != nil {
 				q.tally.seq = -1 // its row is lost: counts go to a new one
-				if err == nil {
+				if seqs != nil && seqs[i] > 0 {
 					q.tally.seq = seqs[i]
 				}
 			}
 		}
-		a.writing = false
-		a.committed++
+		a.state = logIdle
+		a.done++
 		a.writes++
-		a.wrote.Broadcast()
+		a.changed.Broadcast()
 	}
 }
 
-// asWriter runs fn as the log's writer, between commits: a commit that
-// records wait for goes first, and records that arrive while fn runs
-// wait for the next commit, as they would behind another's. fn holds the
-// database for one short transaction.
+// Flush returns once every record that Record has taken is written, or
+// its write has failed (and Stats says so).
+func (a *AuditLog) Flush() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for a.done < a.last {
+		a.changed.Wait()
+	}
+}
+
+// asWriter runs fn as the log's writer, between batches: after the batch
+// under way, before the next one begins; records that arrive while fn
+// runs wait for it, as they would behind a batch. fn holds the database
+// for one short transaction.
 func (a *AuditLog) asWriter(fn func()) {
 	a.mu.Lock()
-	if len(a.queue) > 0 {
-		for turn := a.next; a.committed < turn; {
-			a.wrote.Wait()
-		}
+	a.bgWait++
+	for a.state != logIdle {
+		a.changed.Wait()
 	}
-	for a.writing {
-		a.wrote.Wait()
-	}
-	a.writing = true
+	a.bgWait--
+	a.state = logBackground
 	a.mu.Unlock()
 	fn()
 	a.mu.Lock()
-	a.writing = false
+	a.state = logIdle
 	a.writes++
-	a.wrote.Broadcast()
+	a.changed.Broadcast()
 	a.mu.Unlock()
 }
 
@@ -392,19 +486,24 @@ func (a *AuditLog) Stats() AuditStats {
 	return a.stats
 }
 
-// Close waits for the commit under way, writes what counted rows have
-// gathered and checkpoints; records that come after are not written
-// (and logged as such).
+// Close writes the records taken and waits for their commit, writes
+// what counted rows have gathered and checkpoints; records that come
+// after are not written (and logged as such).
 func (a *AuditLog) Close() {
 	a.mu.Lock()
 	a.closed = true
-	for a.writing || len(a.queue) > 0 {
-		a.wrote.Wait()
+	for a.callers > 0 || a.done < a.last {
+		a.changed.Wait()
 	}
 	a.mu.Unlock()
 	a.once.Do(func() {
 		close(a.stop)
+		a.mu.Lock()
+		a.changed.Broadcast()
+		a.mu.Unlock()
+		<-a.written
 		<-a.stopped
+		a.w.close()
 		a.flushCounts(true)
 		if err := a.st.Checkpoint(context.Background()); err != nil {
 			a.log.Warn("audit log checkpoint failed", "err", err)

@@ -20,6 +20,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
@@ -38,6 +39,11 @@ const FileName = "vivarium.db"
 type Store struct {
 	db          *sql.DB
 	insertAudit *sql.Stmt // prepared once: every request's record uses it
+	// waiting lets one reader of the audit log at a time wait for a
+	// server's writer (waitForWriters): a process's many readers (a
+	// test's hundreds) do not all take turns at SQLite's write lock,
+	// whose waiters sleep between tries, with the server's writer.
+	waiting sync.Mutex
 }
 
 const schema = `
@@ -116,15 +122,17 @@ func Open(dir string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("database %s: %w", path, err)
 	}
-	insert, err := db.Prepare(`INSERT INTO audit (time, kind, key_id, sandbox_id, code_sha256, status,
-		exit_code, duration_ms, cpu_ms, peak_memory_bytes, detail, host, port, bytes_in, bytes_out, count)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`)
+	insert, err := db.Prepare(insertAuditSQL)
 	if err != nil {
 		db.Close()
 		return nil, fmt.Errorf("database %s: %w", path, err)
 	}
 	return &Store{db: db, insertAudit: insert}, nil
 }
+
+const insertAuditSQL = `INSERT INTO audit (time, kind, key_id, sandbox_id, code_sha256, status,
+	exit_code, duration_ms, cpu_ms, peak_memory_bytes, detail, host, port, bytes_in, bytes_out, count)
+	VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
 
 // addedColumns are columns added to a table after its first release: a
 // database made by an older server gets them on open.
