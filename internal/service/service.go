@@ -90,8 +90,9 @@ type Config struct {
 	// Audit receives a record of every execution, command, one-shot run
 	// and network connection. An execution's, command's or run's record
 	// is given before its result is returned or its end told to anyone:
-	// an Audit that returns once the record is stored (store.AuditLog)
-	// keeps a record of every answer sent. Nil: nothing is recorded.
+	// an Audit that returns once readers of the log see the record
+	// (store.AuditLog) keeps a record of every answer sent. Nil: nothing
+	// is recorded.
 	Audit  func(store.Record)
 	Logger *slog.Logger
 	// Volumes keeps the owners' persistent volumes; nil: sandboxes
