@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"embed"
 	"encoding/hex"
@@ -69,13 +70,10 @@ func installInitProg() (string, error) {
 
 // writeInitProg writes prog, whose SHA-256 must be want, into dir as
 // vivarium-init-HASH, unless that file is there with that content (a file
-// of other content, or of another owner, or writable, is replaced).
+// of other content, or of another owner, or writable, is replaced). The
+// file there is compared with prog byte for byte: a server's start hashes
+// nothing unless it writes.
 func writeInitProg(dir string, prog []byte, want string) (string, error) {
-	sum := sha256.Sum256(prog)
-	if got := hex.EncodeToString(sum[:]); got != want {
-		return "", fmt.Errorf("the embedded init program is not the one this binary was built with "+
-			"(sha256 %.12s, want %.12s); rebuild with scripts/build.sh", got, want)
-	}
 	// The data directory above it lets others through, not list it
 	// (docs/operations.md), when this makes it.
 	if err := os.MkdirAll(filepath.Dir(dir), 0o711); err != nil {
@@ -88,8 +86,13 @@ func writeInitProg(dir string, prog []byte, want string) (string, error) {
 		return "", err
 	}
 	path := filepath.Join(dir, "vivarium-init-"+want[:16])
-	if fileSHA256(path) == want {
+	if holds(path, prog) {
 		return path, nil
+	}
+	sum := sha256.Sum256(prog)
+	if got := hex.EncodeToString(sum[:]); got != want {
+		return "", fmt.Errorf("the embedded init program is not the one this binary was built with "+
+			"(sha256 %.12s, want %.12s); rebuild with scripts/build.sh", got, want)
 	}
 	tmp, err := os.CreateTemp(dir, ".vivarium-init-*")
 	if err != nil {
@@ -133,22 +136,20 @@ func checkRootOnly(dir string) error {
 	}
 }
 
-// fileSHA256 is the hex SHA-256 of the file at path, or "" unless it is a
-// regular file of root's that nobody may write (a symbolic link is not
-// followed).
-func fileSHA256(path string) string {
+// holds reports whether path is a regular file of root's that nobody may
+// write (a symbolic link is not followed) and whose content is want.
+func holds(path string, want []byte) bool {
 	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW, 0)
 	if err != nil {
-		return ""
+		return false
 	}
 	defer f.Close()
 	var st unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || st.Uid != 0 || st.Mode&0o222 != 0 {
-		return ""
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || st.Uid != 0 ||
+		st.Mode&0o222 != 0 || st.Size != int64(len(want)) {
+		return false
 	}
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return ""
-	}
-	return hex.EncodeToString(h.Sum(nil))
+	got := make([]byte, len(want)+1) // one more: a file that grew meanwhile
+	n, err := io.ReadFull(f, got)
+	return err == io.ErrUnexpectedEOF && bytes.Equal(got[:n], want)
 }
