@@ -3,15 +3,16 @@
 package conformance
 
 import (
-	"bytes"
 	"context"
 	"io"
-	"sync"
+	"regexp"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
 
 // runTerminal: a command in a terminal has a pty of the sandbox's as its
@@ -31,16 +32,16 @@ func terminalCase(t *testing.T, be *backend, ctrlC bool) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.Signal(9) })
-	s := watchTerminal(p.Stdout())
-	s.expect(t, "24 80\r\nterm=xterm-256color\r\n")
-	if !bytes.HasPrefix(s.bytes(), []byte("/dev/pts/")) {
-		t.Fatalf("tty printed %q", s.bytes())
+	s := testutil.Watch(p.Stdout())
+	s.Expect(t, regexp.QuoteMeta("24 80\r\nterm=xterm-256color\r\n"))
+	if !strings.HasPrefix(s.Shown(), "/dev/pts/") {
+		t.Fatalf("tty printed %q", s.Shown())
 	}
 	if err := p.(sandbox.Resizer).Resize(sandbox.TerminalSize{Rows: 30, Cols: 100}); err != nil {
 		t.Fatal(err)
 	}
 	io.WriteString(p.Stdin(), "hello\n")
-	s.expect(t, "hello\r\ngot=hello\r\n30 100\r\n")
+	s.Expect(t, regexp.QuoteMeta("hello\r\ngot=hello\r\n30 100\r\n"))
 	if ctrlC {
 		io.WriteString(p.Stdin(), "\x03") // SIGINT to the foreground group: sleep
 	} else if err := p.Signal(syscall.SIGINT); err != nil {
@@ -49,7 +50,7 @@ func terminalCase(t *testing.T, be *backend, ctrlC bool) {
 	select {
 	case <-p.Done():
 	case <-time.After(30 * time.Second):
-		t.Fatalf("the interrupt did not end the command; the terminal showed %q", s.bytes())
+		t.Fatalf("the interrupt did not end the command; the terminal showed %q", s.Shown())
 	}
 	if p.ExitCode() != 130 {
 		t.Fatalf("exit %d, want 130 (SIGINT)", p.ExitCode())
@@ -71,9 +72,9 @@ func runTerminalJobs(t *testing.T, be *backend) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := watchTerminal(p.Stdout())
+	s := testutil.Watch(p.Stdout())
 	io.WriteString(p.Stdin(), "sleep 1234 & sleep 1235 & echo started-$((2*3))\n")
-	s.expect(t, "started-6\r\n")
+	s.Expect(t, regexp.QuoteMeta("started-6\r\n"))
 	count := `
 import os, time
 def sleeps():
@@ -110,55 +111,4 @@ for _ in range(300):
     time.sleep(0.05)
 print(sleeps())`))
 	wantStdout(t, res, "0\n")
-}
-
-// terminalScreen collects what a terminal shows.
-type terminalScreen struct {
-	mu   sync.Mutex
-	buf  []byte
-	from int
-}
-
-func watchTerminal(r io.Reader) *terminalScreen {
-	s := &terminalScreen{}
-	go func() {
-		p := make([]byte, 4096)
-		for {
-			n, err := r.Read(p)
-			s.mu.Lock()
-			s.buf = append(s.buf, p[:n]...)
-			s.mu.Unlock()
-			if err != nil {
-				return
-			}
-		}
-	}()
-	return s
-}
-
-func (s *terminalScreen) bytes() []byte {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return bytes.Clone(s.buf)
-}
-
-// expect waits until want shows past the previous match; the bound is for
-// a failing test only.
-func (s *terminalScreen) expect(t *testing.T, want string) {
-	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		s.mu.Lock()
-		i := bytes.Index(s.buf[s.from:], []byte(want))
-		if i >= 0 {
-			s.from += i + len(want)
-		}
-		shown := string(s.buf)
-		s.mu.Unlock()
-		if i >= 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the terminal did not show %q; it showed %q", want, shown)
-		}
-	}
 }
