@@ -273,7 +273,8 @@ func (s *Sandbox) control(ss *session, c agent.Ctl) {
 			}
 			return
 		}
-		s.CommandExited(uint64(c.ID), c.Code)
+		// Marked exited before its waiters hear of it: a pause or
+		// snapshot that follows the wait must not count it as running.
 		s.mu.Lock()
 		if cs := s.cmds[c.ID]; cs != nil {
 			// The ends of its output streams may come after the exit
@@ -284,6 +285,7 @@ func (s *Sandbox) control(ss *session, c agent.Ctl) {
 			}
 		}
 		s.mu.Unlock()
+		s.CommandExited(uint64(c.ID), c.Code)
 	}
 }
 
