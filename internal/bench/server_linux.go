@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
 
@@ -59,8 +60,10 @@ type server struct {
 }
 
 // serverParent is the bench server's cgroup parent: its sandboxes' memory
-// is read from there.
-const serverParent = "vivarium-bench-serve"
+// is read from there. Named by the bench's process, so that two benches
+// on one host do not refuse each other's servers; removed when its
+// server has stopped.
+var serverParent = fmt.Sprintf("vivarium-bench-serve-%d", os.Getpid())
 
 func newServer(bin string) *server {
 	// Its host users start where no other server of the bench's does, so
@@ -100,6 +103,7 @@ func (s *server) release() error {
 	}
 	s.cpu, s.cpuErr = nil, nil
 	os.RemoveAll(s.data)
+	cgroups.RemoveEmpty(s.parent)
 	return nil
 }
 
