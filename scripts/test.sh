@@ -12,6 +12,8 @@ extra="bubblewrap make runsc"
 extra="$extra docker.io"
 # iproute2: the network tests' hosts, in network namespaces of their own.
 extra="$extra iproute2"
+# docker-registry (the CNCF distribution): the image tests' registry.
+extra="$extra docker-registry"
 # The MCP and E2B tests drive the server with their official JavaScript SDKs.
 command -v npm >/dev/null 2>&1 || extra="$extra nodejs npm"
 # R code contexts: 4 packages, 26 MB to download, 42 MB installed, 13 s.
