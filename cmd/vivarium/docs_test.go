@@ -138,6 +138,7 @@ var pageCommands = map[string][]string{
 	"run.md":        {"run"},
 	"security.md":   {"serve", "run", "mcp"},
 	"snapshots.md":  {"serve", "sandbox"},
+	"templates.md":  {"image"},
 	"benchmarks.md": {"bench", "serve"},
 }
 
@@ -162,7 +163,7 @@ func (c *commandFlags) of(cmd string) map[string]bool {
 		fs = runFlags(&runOptions{})
 	case "mcp":
 		fs = mcpFlags(&mcpConfig{})
-	case "sandbox", "volume":
+	case "sandbox", "volume", "image":
 		// Named without a subcommand: any of them.
 		for _, sub := range subcommandNames(cmd) {
 			for f := range c.of(cmd + " " + sub) {
@@ -191,6 +192,8 @@ func subcommandNames(cmd string) []string {
 		return sandboxCmd.names()
 	case "volume":
 		return volumeCmd.names()
+	case "image":
+		return imageSubcommands
 	}
 	return nil
 }
@@ -227,12 +230,10 @@ func commandName(cmd, next string) string {
 		cmd = "volume"
 	}
 	switch cmd {
-	case "sandbox", "volume":
+	case "sandbox", "volume", "image":
 		if slices.Contains(subcommandNames(cmd), next) {
 			return cmd + " " + next
 		}
-	case "image":
-		return "image build"
 	}
 	return cmd
 }
@@ -338,7 +339,7 @@ func strictSpans(b docBlock) [][3]int {
 // paragraph, list item or table row names or the page is about.
 func TestDocsFlags(t *testing.T) {
 	cf := &commandFlags{t: t, cache: map[string]map[string]bool{}}
-	all := []string{"run", "serve", "gateway", "mcp", "keys", "audit", "volume", "doctor", "bench", "image build"}
+	all := []string{"run", "serve", "gateway", "mcp", "keys", "audit", "volume", "doctor", "bench", "image"}
 	var problems []string
 	checked := 0
 	for _, page := range docPages(t) {

@@ -9,7 +9,7 @@
 //	vivarium volume ls|create|info|rm         a key's persistent volumes
 //	vivarium doctor                           what this host supports
 //	vivarium bench                            start-up against python3 and peers
-//	vivarium image build                      the docker backend's image
+//	vivarium image pull|import|ls|rm|build    OCI images on the host
 //
 // The same binary is the sandbox's init: the native backend re-executes it
 // inside new namespaces, and main hands over to the backend first thing.
@@ -37,7 +37,7 @@ Usage:
   vivarium volume SUBCOMMAND      a key's persistent volumes: ls, create, info, rm
   vivarium doctor                 show what this host supports
   vivarium bench [flags]          compare sandbox start-up with python3 and peers
-  vivarium image build            build the docker backend's image in the local daemon
+  vivarium image SUBCOMMAND       OCI images on the host: pull, import, ls, rm (build: the docker backend's)
   vivarium version
 
 Run "vivarium run -h" for the flags of run.
