@@ -21,6 +21,7 @@ type entry struct {
 	mode       int64
 	body       string
 	size       int64 // a body of this many zero bytes, when body is ""
+	uid        int   // the owner, when not the test's own user (root only)
 }
 
 // layerTar is the tar archive of entries, owned by the test's own user
@@ -32,6 +33,9 @@ func layerTar(t *testing.T, entries ...entry) []byte {
 	for _, e := range entries {
 		h := &tar.Header{Name: e.name, Linkname: e.link, Typeflag: e.typ, Mode: e.mode,
 			Uid: os.Getuid(), Gid: os.Getgid(), Format: tar.FormatPAX}
+		if e.uid != 0 {
+			h.Uid, h.Gid = e.uid, e.uid
+		}
 		if h.Typeflag == 0 {
 			h.Typeflag = tar.TypeReg
 		}
@@ -77,6 +81,16 @@ func unpackInto(t *testing.T, lim Limits, layer []byte) (string, *budget, error)
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
+	// A layer's read-only directories must not stop the test's cleanup
+	// without root.
+	t.Cleanup(func() {
+		filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				os.Chmod(p, 0o700)
+			}
+			return nil
+		})
+	})
 	b := &budget{lim: lim}
 	_, err := unpackLayer(dir, bytes.NewReader(layer), b)
 	return dir, b, err

@@ -1,0 +1,105 @@
+package image
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// ErrNoIdmap: the kernel cannot give a layer the ids of a user namespace
+// (idmapped mounts of the layers' file system, Linux 5.12 and later, and
+// overlayfs over idmapped layers, 5.19 and later).
+var ErrNoIdmap = errors.New("this kernel cannot stack idmapped layers with overlayfs (needs Linux 5.19 or later)")
+
+// RootMount stacks an image's layers, lowest first, into a detached
+// overlay mount whose files carry the ids the user namespace userns maps
+// the layers' ids to: a file the image gives to root is root's in a
+// sandbox of that namespace, and no other sandbox's, nor the host
+// root's. It is made by host root, in this order:
+//
+//  1. each layer's directory is cloned as a detached mount (open_tree),
+//     made read-only, nosuid and nodev, and idmapped through userns
+//     (mount_setattr);
+//  2. an overlay is made of them (fsopen, their /proc/self/fd paths as
+//     its lower directories, the top layer first), with upper and work, if given, as its writable
+//     layer (directories of one file system, owned by the namespace's
+//     root so that it may write there), else read-only;
+//  3. it is returned as a detached mount (fsmount, nosuid and nodev):
+//     move_mount attaches it where the caller wants it, in the sandbox's
+//     own mount namespace. Its flags are the sandbox's to change, as those
+//     of every mount its init makes: the boundary is the user namespace
+//     (no device node can be made in it; a set-ID file is one of the
+//     namespace's ids, and the store drops the image's set-ID bits).
+//
+// The layer mounts are not attached anywhere; the overlay keeps what it
+// needs of them.
+func (s *Store) RootMount(diffIDs []string, userns *os.File, upper, work string) (*os.File, error) {
+	if len(diffIDs) == 0 {
+		return nil, errors.New("an image without layers has no root")
+	}
+	var layers []int
+	defer func() {
+		for _, fd := range layers {
+			unix.Close(fd)
+		}
+	}()
+	for _, id := range diffIDs {
+		fd, err := unix.OpenTree(unix.AT_FDCWD, s.LayerDir(id), unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+		if err != nil {
+			return nil, fmt.Errorf("clone layer %.19s: %w", id, err)
+		}
+		layers = append(layers, fd)
+		attr := unix.MountAttr{
+			Attr_set:  unix.MOUNT_ATTR_IDMAP | unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV,
+			Userns_fd: uint64(userns.Fd()),
+		}
+		if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &attr); err != nil {
+			if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) {
+				return nil, fmt.Errorf("%w: idmap layer %.19s: %v", ErrNoIdmap, id, err)
+			}
+			return nil, fmt.Errorf("idmap layer %.19s: %w", id, err)
+		}
+	}
+	fs, err := unix.Fsopen("overlay", unix.FSOPEN_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("overlay: %w", err)
+	}
+	defer unix.Close(fs)
+	set := func(key, value string) error {
+		if err := unix.FsconfigSetString(fs, key, value); err != nil {
+			return fmt.Errorf("overlay %s: %w", key, err)
+		}
+		return nil
+	}
+	// One lowerdir of every layer, the top first: "lowerdir+" would
+	// need Linux 6.8.
+	var lower []string
+	for i := len(layers) - 1; i >= 0; i-- {
+		lower = append(lower, fmt.Sprintf("/proc/self/fd/%d", layers[i]))
+	}
+	if err := set("lowerdir", strings.Join(lower, ":")); err != nil {
+		return nil, err
+	}
+	flags := unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV
+	if upper != "" {
+		if err := set("upperdir", upper); err != nil {
+			return nil, err
+		}
+		if err := set("workdir", work); err != nil {
+			return nil, err
+		}
+	} else {
+		flags |= unix.MOUNT_ATTR_RDONLY
+	}
+	if err := unix.FsconfigCreate(fs); err != nil {
+		return nil, fmt.Errorf("overlay over the idmapped layers: %w", err)
+	}
+	m, err := unix.Fsmount(fs, unix.FSMOUNT_CLOEXEC, flags)
+	if err != nil {
+		return nil, fmt.Errorf("overlay mount: %w", err)
+	}
+	return os.NewFile(uintptr(m), "image root"), nil
+}
