@@ -119,6 +119,8 @@ var flagExceptions = map[string]string{
 	"--no-audit":                         "npm's",
 	"--no-fund":                          "npm's",
 	"--loglevel":                         "npm's",
+	"--tls":                              "scripts/registry.sh's",
+	"--auth":                             "scripts/registry.sh's",
 }
 
 // pageCommands are the commands a page is about: a flag named outside a

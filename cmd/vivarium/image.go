@@ -140,7 +140,7 @@ func cmdImage(args []string) int {
 		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "NAME\tDIGEST\tLAYERS\tSIZE\tSTORED")
 		for _, im := range list {
-			fmt.Fprintf(tw, "%s\t%.19s\t%d\t%s\t%s\n", im.Name, im.Digest, len(im.Layers), formatSize(im.Size),
+			fmt.Fprintf(tw, "%s\t%.19s\t%d\t%s\t%s\n", im.Name, im.Digest, len(im.Layers), image.FormatBytes(im.Size),
 				im.Stored.Local().Format(time.DateTime))
 		}
 		tw.Flush()
@@ -199,10 +199,10 @@ func imageProgress(what string) func(image.Progress) {
 	return func(p image.Progress) {
 		switch {
 		case p.Done:
-			fmt.Fprintf(os.Stderr, "vivarium image %s: layer %d/%d: %s\n", what, p.Layer, p.Layers, formatSize(p.Bytes))
+			fmt.Fprintf(os.Stderr, "vivarium image %s: layer %d/%d: %s\n", what, p.Layer, p.Layers, image.FormatBytes(p.Bytes))
 		case time.Since(last) >= time.Second:
 			last = time.Now()
-			fmt.Fprintf(os.Stderr, "vivarium image %s: layer %d/%d: %s so far\n", what, p.Layer, p.Layers, formatSize(p.Bytes))
+			fmt.Fprintf(os.Stderr, "vivarium image %s: layer %d/%d: %s so far\n", what, p.Layer, p.Layers, image.FormatBytes(p.Bytes))
 		}
 	}
 }

@@ -3,13 +3,17 @@ package main
 import (
 	"archive/tar"
 	"bytes"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
@@ -100,5 +104,46 @@ func TestImagePull(t *testing.T) {
 	r = vivarium(t, "", "image", "pull", "--data-dir", data, "--username", "u", addr+"/tools:1")
 	if r.code != 1 || !strings.Contains(r.stderr, "--password-stdin") {
 		t.Errorf("--username without --password-stdin: %+v", r)
+	}
+}
+
+// TestImagePullTLSAuth pulls from a registry that serves HTTPS with a
+// CA of its own and asks for a password: the CA is trusted through
+// SSL_CERT_FILE, the credentials come from standard input, and a wrong
+// password or an untrusted CA fails saying so.
+func TestImagePullTLSAuth(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a registry")
+	}
+	addr, ca := testutil.RegistryWith(t, testutil.RegistryOptions{TLS: true, User: "agent", Password: "s3cret"})
+	pem, err := os.ReadFile(ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(pem)
+	ref, err := name.ParseReference(addr + "/private/tools:2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = remote.Write(ref, oneFileImage(t, "etc/private", "p"),
+		remote.WithAuth(&authn.Basic{Username: "agent", Password: "s3cret"}),
+		remote.WithTransport(&http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := t.TempDir()
+	r := vivarium(t, "s3cret\n", "image", "pull", "--data-dir", data, "--username", "agent", "--password-stdin", addr+"/private/tools:2")
+	if r.code != 1 || !strings.Contains(r.stderr, "certificate signed by unknown authority") {
+		t.Errorf("a pull from a registry whose CA is not trusted: %+v", r)
+	}
+	t.Setenv("SSL_CERT_FILE", ca)
+	r = vivarium(t, "wrong\n", "image", "pull", "--data-dir", data, "--username", "agent", "--password-stdin", addr+"/private/tools:2")
+	if r.code != 1 || !strings.Contains(r.stderr, "UNAUTHORIZED") {
+		t.Errorf("a pull with a wrong password: %+v", r)
+	}
+	r = vivarium(t, "s3cret\n", "image", "pull", "--data-dir", data, "--username", "agent", "--password-stdin", addr+"/private/tools:2")
+	if r.code != 0 || !strings.HasPrefix(r.stdout, addr+"/private/tools:2 sha256:") {
+		t.Errorf("a pull with the password: %+v", r)
 	}
 }

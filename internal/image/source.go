@@ -231,7 +231,7 @@ func scanArchive(file string) (string, error) {
 			continue
 		}
 		if hdr.Size > maxArchiveJSON {
-			return "", fmt.Errorf("%w: its %s is larger than %s", ErrRefused, hdr.Name, formatBytes(maxArchiveJSON))
+			return "", fmt.Errorf("%w: its %s is larger than %s", ErrRefused, hdr.Name, FormatBytes(maxArchiveJSON))
 		}
 	}
 	switch {

@@ -269,7 +269,7 @@ func (s *Store) add(ctx context.Context, n string, img v1.Image, progress func(P
 		return Image{}, err
 	}
 	if len(raw) > maxConfig {
-		return Image{}, fmt.Errorf("%w: its configuration is larger than %s", ErrRefused, formatBytes(maxConfig))
+		return Image{}, fmt.Errorf("%w: its configuration is larger than %s", ErrRefused, FormatBytes(maxConfig))
 	}
 	cfg, err := v1.ParseConfigFile(bytes.NewReader(raw))
 	if err != nil {

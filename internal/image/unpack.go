@@ -74,7 +74,7 @@ func (b *budget) addFile() error {
 
 func (b *budget) addWrite(n int64) error {
 	if b.wrote += n; b.wrote > b.lim.Bytes {
-		return b.tooLarge(formatBytes(b.lim.Bytes))
+		return b.tooLarge(FormatBytes(b.lim.Bytes))
 	}
 	return nil
 }
@@ -91,7 +91,7 @@ func (c *countedReader) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
 	c.h.Write(p[:n])
 	if c.b.read += int64(n); c.b.read > c.b.lim.Bytes {
-		return n, c.b.tooLarge(formatBytes(c.b.lim.Bytes) + " of tar streams")
+		return n, c.b.tooLarge(FormatBytes(c.b.lim.Bytes) + " of tar streams")
 	}
 	return n, err
 }
@@ -389,8 +389,8 @@ func pathError(err error, name string) error {
 	return fmt.Errorf("unpack %.200q: %w", name, err)
 }
 
-// formatBytes is n in the largest binary unit that keeps it whole-ish.
-func formatBytes(n int64) string {
+// FormatBytes is n in the largest binary unit that keeps it whole-ish.
+func FormatBytes(n int64) string {
 	switch {
 	case n >= 1<<30:
 		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))

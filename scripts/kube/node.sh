@@ -29,7 +29,8 @@
 #
 # Output, in $VIVARIUM_KUBE_NODE_DIR (default
 # ~/.cache/vivarium/kubenode-<hash>, the hash of the version, of this
-# script and of k8s.sh: a change of them builds anew, an unchanged one
+# script, of k8s.sh and of scripts/docker-save.sh: a change of them
+# builds anew, an unchanged one
 # reuses what it built). Each piece is built once; its file appears last, when complete.
 # BUILD-INFO says what was built, from what, and how long each took.
 # Nothing is downloaded from anywhere but the Go module proxy (go env
@@ -50,7 +51,7 @@ version=${VIVARIUM_KUBE_VERSION:-v1.33.4}
 suite=bookworm
 root=$(cd "$(dirname "$0")/../.." && pwd)
 if [ -z "${VIVARIUM_KUBE_NODE_DIR:-}" ]; then
-	key=$( (echo "$version"; cat "$root/scripts/kube/node.sh" "$root/scripts/kube/k8s.sh") | sha256sum | cut -c1-12)
+	key=$( (echo "$version"; cat "$root/scripts/kube/node.sh" "$root/scripts/kube/k8s.sh" "$root/scripts/docker-save.sh") | sha256sum | cut -c1-12)
 	VIVARIUM_KUBE_NODE_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/vivarium/kubenode-$key"
 fi
 out=$VIVARIUM_KUBE_NODE_DIR
@@ -101,30 +102,8 @@ if [ -n "$missing" ]; then
 	rm -rf "$src"
 fi
 
-# An image as `docker save` writes it, which `ctr images import` reads:
-# manifest.json names the config and the layers (uncompressed tars), the
-# config lists the layers' sha256 (diff_ids). image NAME CONFIG-JSON OUT
-# LAYER... (CONFIG-JSON: the "config" object, Entrypoint, Env...).
-image() {
-	name=$1 cfg=$2 dest=$3 # sh has no locals: no name of the caller's
-	shift 3
-	img=$(mktemp -d "$out/image.XXXXXX")
-	ids="" layers=""
-	i=0
-	for l in "$@"; do
-		i=$((i + 1))
-		ln "$l" "$img/layer$i.tar" 2>/dev/null || cp "$l" "$img/layer$i.tar"
-		ids="$ids${ids:+,}\"sha256:$(sha256sum < "$l" | cut -d' ' -f1)\""
-		layers="$layers${layers:+,}\"layer$i.tar\""
-	done
-	printf '{"architecture":"amd64","os":"linux","config":%s,"rootfs":{"type":"layers","diff_ids":[%s]}}' "$cfg" "$ids" > "$img/config.json"
-	c=$(sha256sum < "$img/config.json" | cut -d' ' -f1)
-	mv "$img/config.json" "$img/$c.json"
-	printf '[{"Config":"%s.json","RepoTags":["%s"],"Layers":[%s]}]' "$c" "$name" "$layers" > "$img/manifest.json"
-	(cd "$img" && tar --owner=0 --group=0 -cf "$dest.tmp" manifest.json "$c.json" $(echo "$layers" | tr -d '"' | tr ',' ' '))
-	rm -rf "$img"
-	mv "$dest.tmp" "$dest"
-}
+# Images as `docker save` writes them: docker_save.
+. "$root/scripts/docker-save.sh"
 
 # 3. The pause image: a static program that sleeps until SIGTERM or
 # SIGINT (the sandbox's PID 1 holds its namespaces, nothing more).
@@ -148,7 +127,7 @@ C
 	mkdir -p "$d/root"
 	cp "$d/pause" "$d/root/pause"
 	tar --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$d/root" -cf "$d/layer.tar" pause
-	image localhost/vivarium-test/pause:1 '{"Entrypoint":["/pause"]}' "$out/pause.tar" "$d/layer.tar"
+	docker_save localhost/vivarium-test/pause:1 '{"Entrypoint":["/pause"]}' "$out/pause.tar" "$d/layer.tar"
 	rm -rf "$d"
 	info "pause.tar: localhost/vivarium-test/pause:1, a static C program ($(gcc --version | head -1))"
 fi
