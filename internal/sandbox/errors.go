@@ -8,9 +8,11 @@ import (
 var (
 	// ErrInvalidSpec: the request asked for something impossible.
 	ErrInvalidSpec = errors.New("invalid sandbox spec")
-	// ErrUnsupported: the host lacks a feature the backend needs. The error
-	// text names the feature and the option that accepts a weaker sandbox.
-	ErrUnsupported = errors.New("isolation not supported on this host")
+	// ErrUnsupported: the host lacks a feature the backend needs, or the
+	// backend cannot do what was asked (give its sandboxes network
+	// access, pause a one-shot). The error text names what and, where
+	// there is one, the option or backend that can.
+	ErrUnsupported = errors.New("not supported")
 	// ErrSetup: the sandbox could not be started; the text says which step
 	// failed.
 	ErrSetup = errors.New("sandbox setup failed")
