@@ -644,6 +644,19 @@ func serve(c *serveConfig, log *slog.Logger) error {
 		Tenants:               c.tenants,
 		Volumes:               vols,
 	}
+	if nb, ok := nativeOf(b); ok && !c.noCgroups {
+		// The native sandboxes' ceilings, read from their cgroup parent:
+		// a new sandbox that does not fit is refused, not made to push
+		// running ones into the OOM killer.
+		if cg, err := cgroups.Detect(c.cgroupParent); err == nil {
+			svcCfg.MemoryHeld = func(backend, tenant string) (int64, int64, error) {
+				if backend != nb.Name() {
+					return 0, 0, nil
+				}
+				return cgroups.MemoryHeld(cg, tenant)
+			}
+		}
+	}
 	if keyring != nil {
 		svcCfg.Quota, svcCfg.KeyRevoked = keyring.Quota, keyring.Revoked
 	}

@@ -50,7 +50,7 @@ func TestToolErrorsFromTheTable(t *testing.T) {
 		// error" before the table).
 		fmt.Errorf("%w: resume it first", sandbox.ErrPaused):  "sandbox paused: resume it first",
 		fmt.Errorf("%w: data/x", sandbox.ErrPermission):       "permission denied: data/x",
-		fmt.Errorf("%w: the disk is full", sandbox.ErrNoRoom): "no room on the host: the disk is full",
+		fmt.Errorf("%w: the disk is full", sandbox.ErrNoRoom): "no room: the disk is full",
 		fmt.Errorf("%w: snap_x", service.ErrSnapshotNotFound): "snapshot not found: snap_x",
 	} {
 		if got := toolError(log, err).Error(); got != want {

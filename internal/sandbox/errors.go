@@ -32,9 +32,11 @@ var (
 	// ErrPermission: the sandbox's user (or root) may not do that to a
 	// file of the sandbox's (its permissions say no).
 	ErrPermission = errors.New("permission denied")
-	// ErrNoRoom: the host has no room left for what was asked (the
-	// disk a paused sandbox's images go to); nothing was changed.
-	ErrNoRoom = errors.New("no room on the host")
+	// ErrNoRoom: the host or the server has no room left for what was
+	// asked (the disk a paused sandbox's images go to, the memory its
+	// sandboxes may hold together); the text says which. Nothing was
+	// changed.
+	ErrNoRoom = errors.New("no room")
 	// ErrCannotKeep: a pause, a resume, a fork or a snapshot cannot keep
 	// something of the sandbox as asked (a volume's files in a snapshot;
 	// a file it held open on a volume, changed while it was paused); the

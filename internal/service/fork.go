@@ -39,6 +39,9 @@ func (s *Service) Fork(ctx context.Context, owner, id string, n int, opts sandbo
 	if err := f.ForkSupported(); err != nil {
 		return nil, err
 	}
+	if err := s.memoryRoom(src.backend, owner, n); err != nil {
+		return nil, err
+	}
 	again, err := s.awake(ctx, src, "fork")
 	if err != nil {
 		return nil, err

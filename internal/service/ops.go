@@ -122,6 +122,9 @@ func (s *Service) RunOnceWithNetwork(ctx context.Context, owner string, job sand
 	if err != nil {
 		return nil, err
 	}
+	if err := s.memoryRoom(job.Spec.Backend, owner, 1); err != nil {
+		return nil, err
+	}
 	job.OutDir = "" // never the server's file system
 	release, err := s.acquire(owner)
 	if err != nil {

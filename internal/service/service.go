@@ -125,6 +125,12 @@ type Config struct {
 	// sandboxes, every second. It answers revoked for a key that cannot
 	// be looked up. Nil: no key is ever revoked (vivarium serve --dev).
 	KeyRevoked func(owner string) (revoked, closeSandboxes bool)
+	// MemoryHeld reads, for sandboxes of a backend, what those of a
+	// tenant's group ("": all of the server's) hold that the kernel
+	// cannot take back, and the group's memory ceiling (0: none; serve
+	// --max-memory-total, --max-memory-per-key): a new sandbox that does
+	// not fit under a ceiling is refused (room.go). Nil: none is read.
+	MemoryHeld func(backend, tenant string) (held, ceiling int64, err error)
 }
 
 func (c *Config) setDefaults() {
@@ -532,6 +538,9 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	}
 	policy, err := s.grantNetwork(req.Network, req.Backend)
 	if err != nil {
+		return Info{}, err
+	}
+	if err := s.memoryRoom(req.Backend, req.Owner, 1); err != nil {
 		return Info{}, err
 	}
 
