@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"strconv"
@@ -98,5 +99,71 @@ func TestServeGvisorOneShotsFromThePool(t *testing.T) {
 	}
 	if got := metric(t, srv, "vivarium_pool_hits_total"); got != hits+1 {
 		t.Errorf("pool hits %d after the second one-shot, want %d: it did not come from the pool", got, hits+1)
+	}
+}
+
+// A gVisor sandbox with network access, on a server whose default backend
+// is gvisor: it reaches the allowed host through its proxy (the agent
+// carries the connections out of gVisor's network stack), after a pause
+// and a resume too; it forks into two copies, each reaching it through a
+// proxy of its own that records its connections under the copy's id; a
+// sandbox made of its snapshot has no network access.
+func TestServeGvisorNetworkAcrossPause(t *testing.T) {
+	needSandbox(t)
+	if err := gvisor.Check(); err != nil {
+		t.Skip(err)
+	}
+	h := testutil.NewNetHost(t)
+	hostPort := fmt.Sprintf("%s:%d", h.Addr, h.Port)
+	dataDir := t.TempDir()
+	srv := startServer(t, dataDir, "--dev", "--backend", "gvisor", "--pool", "0", "--allow-net", hostPort,
+		"--cgroup-parent", serveParent+"-gvnet")
+	t.Cleanup(func() {
+		srv.cmd.Process.Signal(syscall.SIGTERM)
+		<-srv.exited
+	})
+	run := func(want int, args ...string) string { t.Helper(); return srv.run(t, want, args...) }
+	fetch := fmt.Sprintf(`
+import urllib.request
+try:
+    print(urllib.request.urlopen("http://%s/hello.txt", timeout=20).read().decode().strip())
+except OSError as e:
+    print("unreachable", type(getattr(e, "reason", e)).__name__)`, hostPort)
+	want := "hello from " + h.Name
+
+	id := run(0, "sandbox", "create", "--allow-net", hostPort)
+	if out := run(0, "sandbox", "exec", id, "-c", fetch); out != want {
+		t.Fatalf("a gvisor sandbox with network access: %q", out)
+	}
+	run(0, "sandbox", "pause", id)
+	run(0, "sandbox", "resume", id)
+	if out := run(0, "sandbox", "exec", id, "-c", fetch); out != want {
+		t.Fatalf("after the resume: %q", out)
+	}
+
+	snap := run(0, "sandbox", "snapshot", id)
+	fromSnap := run(0, "sandbox", "create", "--from-snapshot", snap)
+	if out := run(0, "sandbox", "exec", fromSnap, "-c", fetch); !strings.HasPrefix(out, "unreachable ") {
+		t.Errorf("a sandbox made of the snapshot: %q", out)
+	}
+	run(0, "sandbox", "kill", fromSnap)
+
+	copies := strings.Fields(run(0, "sandbox", "fork", id, "--count", "2"))
+	if len(copies) != 2 {
+		t.Fatalf("fork printed %q", copies)
+	}
+	run(0, "sandbox", "kill", id)
+	for _, c := range copies {
+		if out := run(0, "sandbox", "exec", c, "-c", fetch); out != want {
+			t.Errorf("copy %s: %q", c, out)
+		}
+	}
+	run(0, append([]string{"sandbox", "kill"}, copies...)...)
+	// The audit log is written in batches: wait for the copies' connections.
+	for _, c := range copies {
+		testutil.WaitFor(t, 20*time.Second, "copy "+c+"'s connection in the audit log", func() bool {
+			audit := srv.cliAs(t, "", "", "audit", "--data-dir", dataDir, "--kind", "net", "--sandbox", c).stdout
+			return strings.Contains(audit, hostPort)
+		})
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -52,6 +53,7 @@ type agent struct {
 	pgids    map[uint32]int     // command id → pid (its process group)
 	waiting  map[uint32][]*pump // command id → its output pumps, flushed before its exit is told
 	terms    map[uint32]int     // command id → its terminal's master, to resize it
+	egress   *egress            // the sandbox's connections to its network proxy; nil: none
 }
 
 // Run is the agent: it returns the exit code of the container.
@@ -73,6 +75,11 @@ func Run(in io.Reader, outw io.Writer) int {
 	}
 	if step, err := a.setup(); err != nil {
 		return fail(step, err)
+	}
+	// Listening before anything of the sandbox's starts: its code cannot
+	// take the proxy's address first.
+	if a.egress, err = listenEgress(a.cfg.Egress, out); err != nil {
+		return fail("listen for the network proxy", err)
 	}
 	sigchld := make(chan os.Signal, 16)
 	signal.Notify(sigchld, syscall.SIGCHLD)
@@ -342,6 +349,12 @@ func (d dataWriter) Write(p []byte) (int, error) {
 
 // handleData passes bytes from the supervisor on to a runner or a command.
 func (a *agent) handleData(f Frame) {
+	if IsEgressStream(f.Stream) {
+		if a.egress != nil {
+			a.egress.data(f)
+		}
+		return
+	}
 	a.mu.Lock()
 	q := a.requests[f.Stream]
 	a.mu.Unlock()
@@ -391,6 +404,14 @@ func (a *agent) handle(f Frame) {
 			a.restart()
 		case OpResize:
 			a.resize(c)
+		case OpEgressReset:
+			if a.egress != nil {
+				a.egress.reset()
+			}
+		case OpEgressRelease:
+			if a.egress != nil {
+				a.egress.release()
+			}
 		case OpPing:
 			a.out.Ctl(Ctl{Op: OpPing, ID: c.ID})
 		}
@@ -654,11 +675,15 @@ func (p *pump) sync() {
 // queue writes to a pipe without ever blocking the agent's main loop: what
 // the pipe cannot take yet waits here, up to maxQueued bytes; beyond that
 // it is dropped (a process that reads nothing cannot make the agent hold
-// more).
+// more), or, for a connection (abort set), whose bytes cannot be dropped,
+// the connection is ended.
 type queue struct {
 	mu     sync.Mutex
 	cond   *sync.Cond
-	w      *os.File
+	w      io.Writer
+	end    func() // once written: the write side closed
+	abort  func() // over maxQueued; nil: drop
+	done   chan struct{}
 	data   [][]byte
 	size   int
 	closed bool
@@ -666,8 +691,23 @@ type queue struct {
 
 const maxQueued = 64 << 20
 
-func newQueue(w *os.File) *queue {
-	q := &queue{w: w}
+func newQueue(w *os.File) *queue { return startQueue(w, func() { w.Close() }, nil) }
+
+// newConnQueue is a queue to a connection: its end closes the
+// connection's write side, and too much queued ends it.
+func newConnQueue(c net.Conn) *queue {
+	end := func() {
+		if cw, ok := c.(interface{ CloseWrite() error }); ok {
+			cw.CloseWrite()
+		} else {
+			c.Close()
+		}
+	}
+	return startQueue(c, end, func() { c.Close() })
+}
+
+func startQueue(w io.Writer, end, abort func()) *queue {
+	q := &queue{w: w, end: end, abort: abort, done: make(chan struct{})}
 	q.cond = sync.NewCond(&q.mu)
 	go q.loop()
 	return q
@@ -676,7 +716,16 @@ func newQueue(w *os.File) *queue {
 func (q *queue) push(p []byte) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.closed || q.size+len(p) > maxQueued {
+	if q.closed {
+		return
+	}
+	if q.size+len(p) > maxQueued {
+		if q.abort != nil {
+			q.closed = true
+			q.data, q.size = nil, 0
+			q.abort()
+			q.cond.Signal()
+		}
 		return
 	}
 	q.data = append(q.data, p)
@@ -692,7 +741,8 @@ func (q *queue) close() {
 }
 
 func (q *queue) loop() {
-	defer q.w.Close()
+	defer close(q.done)
+	defer q.end()
 	for {
 		q.mu.Lock()
 		for len(q.data) == 0 && !q.closed {

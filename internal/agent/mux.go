@@ -69,14 +69,18 @@ type Config struct {
 	// MaxProcs is RLIMIT_NPROC of the sandbox user: processes and threads
 	// of the code, counted by the kernel the code sees (0: none).
 	MaxProcs uint64 `json:"max_procs"`
+	// Egress is where the agent listens for the sandbox's connections to
+	// its network proxy (sandbox.EgressAddr), each passed to the
+	// supervisor (OpConnect); "": the sandbox has no network access.
+	Egress string `json:"egress,omitempty"`
 	// Seccomp is the filter (struct sock_filter[], native byte order) the
 	// agent loads before it starts anything; empty: none (the runtime's).
 	Seccomp []byte `json:"seccomp,omitempty"`
 }
 
 // Control operations. Supervisor → agent: OpSpawn, OpSignal, OpInterrupt,
-// OpRestart, OpResize, OpPing. Agent → supervisor: OpReady, OpRunner, OpSpawned, OpExited,
-// OpError, OpPing.
+// OpRestart, OpResize, OpPing, OpEgressReset, OpEgressRelease. Agent → supervisor: OpReady, OpRunner, OpSpawned, OpExited,
+// OpError, OpPing, OpConnect.
 const (
 	OpReady     = "ready"     // the agent is set up
 	OpError     = "error"     // setup failed: Error (Step: what)
@@ -92,6 +96,14 @@ const (
 	// before it has been read: a round trip through both streams (a
 	// container restored from a checkpoint is reached through new ones).
 	OpPing = "ping"
+	// OpConnect (agent → supervisor): the sandbox made a connection to
+	// its network proxy (Config.Egress); ID is its stream (EgressStream).
+	OpConnect = "connect"
+	// OpEgressReset (supervisor → agent): end every connection to the
+	// proxy, and close those that come until OpEgressRelease (before a
+	// checkpoint, which the proxy's side of them does not survive).
+	OpEgressReset   = "egress-reset"
+	OpEgressRelease = "egress-release"
 )
 
 // Ctl is a control message.

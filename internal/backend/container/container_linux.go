@@ -167,7 +167,10 @@ type Config struct {
 	// checkpoint is removed once resumed. Needed by runtimes whose
 	// containers are Checkpointers.
 	CheckpointDir string
-	Logger        *slog.Logger
+	// Egress: the runtime's containers can carry a sandbox's network
+	// proxy (egress_linux.go): its agent's connections reach the host.
+	Egress bool
+	Logger *slog.Logger
 }
 
 // Backend makes container sandboxes.
@@ -256,6 +259,9 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 	}
 	if spec.Python == "" {
 		spec.Python = sandbox.DefaultPython
+	}
+	if spec.Egress != nil {
+		spec.Env = sandbox.WithEgressEnv(spec.Env)
 	}
 	spec.Limits = spec.Limits.WithDefaults()
 	s, err := b.start(ctx, spec)
@@ -419,6 +425,9 @@ func (s *Sandbox) launch(ctx context.Context) error {
 		// processes are the sandbox's alone (a user of its own, or a
 		// runtime's kernel of its own).
 		MaxProcs: uint64(spec.Limits.Pids),
+	}
+	if spec.Egress != nil {
+		cfg.Egress = sandbox.EgressAddr
 	}
 	if spec.OneShot && spec.Limits.CPUTime > 0 {
 		cfg.CPUSeconds = uint64((spec.Limits.CPUTime + time.Second - 1) / time.Second)

@@ -65,9 +65,12 @@ func (s *Sandbox) Fork(ctx context.Context, n int, opts sandbox.ForkOptions) ([]
 		return nil, fmt.Errorf("fork: %w", err)
 	}
 	saved := time.Since(start)
-	copies, err := sandbox.Copies(n, forkParallel, func(int) (sandbox.Sandbox, error) {
-		return s.b.RestoreSnapshot(context.WithoutCancel(ctx), snap,
-			sandbox.FromSnapshot{Tenant: s.spec.Tenant, SameRandomState: opts.SameRandomState})
+	copies, err := sandbox.Copies(n, forkParallel, func(i int) (sandbox.Sandbox, error) {
+		from := sandbox.FromSnapshot{Tenant: s.spec.Tenant, SameRandomState: opts.SameRandomState}
+		if i < len(opts.Egress) {
+			from.Egress = opts.Egress[i] // the copy's own proxy, with the source's policy
+		}
+		return s.b.RestoreSnapshot(context.WithoutCancel(ctx), snap, from)
 	})
 	if err != nil {
 		return nil, err

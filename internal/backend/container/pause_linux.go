@@ -171,9 +171,15 @@ func (s *Sandbox) saveContainer(ctx context.Context, dir string) error {
 	if err := s.checkpointFits(cp, dir); err != nil {
 		return err
 	}
+	// The sandbox's connections to its proxy end before the ping: the
+	// proxy's side of them would not be in the checkpoint.
+	if s.spec.Egress != nil {
+		ss.out.Ctl(agent.Ctl{Op: agent.OpEgressReset})
+	}
 	if err := s.ping(ctx, ss, pingTimeout); err != nil {
 		return fmt.Errorf("the agent did not answer before the checkpoint: %w", err)
 	}
+	ss.endEgress(false)
 	ss.runnerKept.Store(true)
 	start := time.Now()
 	// Not stopped half-way: a runtime's save is not undone by a caller
@@ -182,11 +188,17 @@ func (s *Sandbox) saveContainer(ctx context.Context, dir string) error {
 	if errors.Is(err, sandbox.ErrUnsupported) {
 		// Refused before anything was done to the container.
 		ss.runnerKept.Store(false)
+		if s.spec.Egress != nil {
+			ss.out.Ctl(agent.Ctl{Op: agent.OpEgressRelease})
+		}
 		return err
 	}
 	if err != nil {
 		if s.survived(ctx, ss) {
 			ss.runnerKept.Store(false)
+			if s.spec.Egress != nil {
+				ss.out.Ctl(agent.Ctl{Op: agent.OpEgressRelease})
+			}
 			return err
 		}
 		if rerr := s.relaunch(context.WithoutCancel(ctx), true); rerr != nil {
@@ -371,6 +383,12 @@ func (s *Sandbox) adopt(ctx context.Context, c Container, gen uint32) error {
 		return fmt.Errorf("the restored container's agent did not answer: %v%s", err, why)
 	}
 	s.b.cfg.Logger.Debug("sandbox restored", "id", s.id, "ms", time.Since(start).Milliseconds())
+	if s.spec.Egress != nil {
+		// Its agent has held its proxy's connections since the
+		// checkpoint (saveContainer); a sandbox without a proxy keeps
+		// them closed.
+		ss.out.Ctl(agent.Ctl{Op: agent.OpEgressRelease})
+	}
 	pr, pw := io.Pipe()
 	r := &agentRunner{ss: ss, gen: gen, events: pw}
 	r.r = core.NewRunner(r)

@@ -102,6 +102,10 @@ type session struct {
 	// is not lost with it.
 	runnerKept atomic.Bool
 
+	// egress are the sandbox's connections to its network proxy
+	// (egress_linux.go).
+	egress egressConns
+
 	endOnce sync.Once
 	endErr  error
 }
@@ -206,6 +210,10 @@ func (s *Sandbox) read(ss *session) {
 				s.control(ss, c)
 			}
 		case agent.KindData, agent.KindClose:
+			if agent.IsEgressStream(f.Stream) {
+				ss.egressData(f)
+				continue
+			}
 			s.data(f)
 		}
 	}
@@ -215,6 +223,7 @@ func (s *Sandbox) read(ss *session) {
 // ss is gone, and every process in it (unless it was checkpointed: its
 // runner then comes back with a restore).
 func (s *Sandbox) teardownStreams(ss *session) {
+	ss.endEgress(true)
 	s.mu.Lock()
 	r := s.runner
 	cmds := s.cmds
@@ -261,6 +270,8 @@ func (s *Sandbox) control(ss *session, c agent.Ctl) {
 		s.runner = r
 		s.mu.Unlock()
 		s.SetRunner(r.r)
+	case agent.OpConnect:
+		s.connect(ss, c.ID)
 	case agent.OpSpawned:
 		s.Started(uint64(c.ID), s.spawned(c))
 	case agent.OpExited:
@@ -423,6 +434,9 @@ func (s *Sandbox) Close() error {
 		}
 		if err := s.removeCheckpoints(); err != nil {
 			errs = append(errs, err)
+		}
+		if s.spec.Egress != nil {
+			s.spec.Egress.Close() // the sandbox's own once made
 		}
 		s.closeErr = errors.Join(errs...)
 	})

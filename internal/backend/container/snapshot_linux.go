@@ -242,7 +242,9 @@ func (b *Backend) openSnapshot(dir string, opts sandbox.FromSnapshot) (*Sandbox,
 		return nil, nil, err
 	}
 	if opts.Egress != nil {
-		return nil, nil, fmt.Errorf("%w: sandboxes of the %s backend have no network access", sandbox.ErrUnsupported, b.Name())
+		if err := b.EgressSupported(); err != nil {
+			return nil, nil, fmt.Errorf("%w: sandboxes of the %s backend have no network access: %v", sandbox.ErrUnsupported, b.Name(), err)
+		}
 	}
 	m, err := b.loadSnapshot(dir)
 	if err != nil {
@@ -250,10 +252,11 @@ func (b *Backend) openSnapshot(dir string, opts sandbox.FromSnapshot) (*Sandbox,
 	}
 	spec := m.Spec
 	spec.Tenant = opts.Tenant
+	spec.Egress = opts.Egress // the proxy the copy is given: the checkpoint's agent listens for it
 	if err := spec.Validate(); err != nil {
 		return nil, nil, fmt.Errorf("snapshot: %w", err)
 	}
-	if spec.OneShot || spec.Egress != nil || len(spec.Volumes) > 0 {
+	if spec.OneShot || len(spec.Volumes) > 0 {
 		return nil, nil, errors.New("snapshot: its spec is not one of a sandbox that can be saved")
 	}
 	contexts := runner.NewContexts("/workspace")

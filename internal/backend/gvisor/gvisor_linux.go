@@ -125,6 +125,9 @@ func New(cfg Config) (*Backend, error) {
 		Runtime: rt, StateDir: filepath.Join(cfg.StateDir, "sandboxes"), Cgroups: cg,
 		UID: container.SandboxUID, GID: container.SandboxGID, Logger: cfg.Logger,
 		HostPids: hostPids, CheckpointDir: cfg.CheckpointDir,
+		// The agent carries the proxy's connections; the sandbox's own
+		// stack stays --network=none.
+		Egress: true,
 	})
 	if err != nil {
 		rt.Close()
