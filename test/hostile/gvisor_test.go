@@ -163,6 +163,12 @@ var gvisorDifferences = withReadOnlyRoot(map[string]difference{
 	"dns": {why: netstack, check: want("example.com gaierror", "metadata.google.internal gaierror",
 		"kubernetes.default.svc gaierror", "host.docker.internal gaierror", "localhost 127.0.0.1",
 		"resolv.conf ''", "query 8.8.8.8 directly EHOSTUNREACH")},
+	"egress_around_the_proxy": {why: netstack + "; the proxy is reached through the agent, and around it " +
+		"nothing is", check: func(t *testing.T, h *harness, o *outcome) {
+		wantOK(t, o, lines("direct EHOSTUNREACH", "direct peer EHOSTUNREACH", "udp dns EHOSTUNREACH",
+			"resolve gaierror", "raw EPERM", "no proxy env refused"))
+		wantSeen(t, h.egress)
+	}},
 	"netlink_reconfigure_network": {why: netstack + "; it refuses changes with EACCES (the ioctl is refused by " +
 		"the seccomp allowlist before the Sentry sees it, as on native)",
 		check: want("interfaces [(1, 'lo')]", "add address EACCES", "add link EACCES", "add route EACCES",
