@@ -252,8 +252,9 @@ func (b *Backend) Sweep() ([]string, error) {
 
 // Create implements sandbox.Backend.
 func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
-	// This backend has no way out and mounts no volume: a spec that
-	// asks for either is refused.
+	// It mounts no volume, and has a way out only where its runtime
+	// carries the proxy (Config.Egress): a spec that asks for more is
+	// refused.
 	if err := sandbox.CheckSpec(b, spec); err != nil {
 		return nil, err
 	}

@@ -3,8 +3,9 @@
 // the system calls the code makes is gVisor's to contain. Each sandbox is an
 // OCI bundle Vivarium writes (the same root file system view as the native
 // backend: the host's /usr read-only, a synthetic /etc, the runner), started
-// with `runsc run`, no network, in a cgroup of Vivarium's; Vivarium's agent
-// runs inside (see internal/backend/container).
+// with `runsc run`, no network (a sandbox's proxy is reached through the
+// agent), in a cgroup of Vivarium's; Vivarium's agent runs inside (see
+// internal/backend/container).
 package gvisor
 
 import (
