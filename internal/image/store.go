@@ -264,6 +264,11 @@ func (s *Store) add(ctx context.Context, n string, img v1.Image, progress func(P
 	if len(m.Layers) > s.lim.Layers {
 		return Image{}, fmt.Errorf("%w: it has %d layers, more than the %d allowed", ErrRefused, len(m.Layers), s.lim.Layers)
 	}
+	// The manifest's word on the configuration's size first: a source
+	// is read whole for it.
+	if m.Config.Size > maxConfig {
+		return Image{}, fmt.Errorf("%w: its configuration is larger than %s", ErrRefused, FormatBytes(maxConfig))
+	}
 	raw, err := img.RawConfigFile()
 	if err != nil {
 		return Image{}, err

@@ -242,6 +242,7 @@ func TestHostileImages(t *testing.T) {
 		{"wrong diff ID", forged, ErrRefused, "content's digest"},
 		{"hostile layer", testImage(t, good, layerTar(t, entry{name: "../../x", body: "x"})), ErrRefused, "leads out"},
 		{"too many layers", manyLayers{n: 10_000}, ErrRefused, "10000 layers"},
+		{"huge configuration", manyLayers{n: 1, config: 10 << 30}, ErrRefused, "configuration is larger"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			s, dir := openStore(t, small)
@@ -277,15 +278,16 @@ func TestHostileImages(t *testing.T) {
 	})
 }
 
-// manyLayers is an image whose manifest lists n layers; nothing else of
-// it may be read.
+// manyLayers is an image whose manifest lists n layers and a
+// configuration of the given size; nothing else of it may be read.
 type manyLayers struct {
 	v1.Image
-	n int
+	n      int
+	config int64 // the configuration's size the manifest gives
 }
 
 func (m manyLayers) Manifest() (*v1.Manifest, error) {
-	out := &v1.Manifest{SchemaVersion: 2}
+	out := &v1.Manifest{SchemaVersion: 2, Config: v1.Descriptor{Size: m.config}}
 	for i := range m.n {
 		out.Layers = append(out.Layers, v1.Descriptor{Digest: v1.Hash{Algorithm: "sha256", Hex: fmt.Sprintf("%064x", i)}})
 	}
