@@ -21,6 +21,7 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/backend/wasm"
 	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
 	"github.com/vivarium-sandbox/vivarium/internal/criu"
+	"github.com/vivarium-sandbox/vivarium/internal/image"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/seccomp"
 	"github.com/vivarium-sandbox/vivarium/internal/volume"
@@ -257,6 +258,12 @@ func doctorChecks() []check {
 	// in a user namespace of its own, as a sandbox's init mounts them.
 	if rootErr == nil {
 		add("overlayfs", native.CheckOverlay(), "read-only overlays in user namespaces: each sandbox sees /usr through inodes of its own")
+		c := check{Name: "image roots", OK: true, Optional: true,
+			Detail: "an image's layers (vivarium image), idmapped to a user namespace, attach there as a root of its own"}
+		if err := image.CheckRootMount(); err != nil {
+			c.OK, c.Detail = false, err.Error()
+		}
+		out = append(out, c)
 	}
 
 	if m, err := cgroups.Detect(""); err != nil {

@@ -24,7 +24,8 @@ var ErrNoIdmap = errors.New("this kernel cannot stack idmapped layers with overl
 //     made read-only, nosuid and nodev, and idmapped through userns
 //     (mount_setattr);
 //  2. an overlay is made of them (fsopen, their /proc/self/fd paths as
-//     its lower directories, the top layer first), with upper and work, if given, as its writable
+//     its lower directories, the top layer first; a single layer without
+//     a writable one is the root as it is), with upper and work, if given, as its writable
 //     layer (directories of one file system, owned by the namespace's
 //     root so that it may write there), else read-only;
 //  3. it is returned as a detached mount (fsmount, nosuid and nodev):
@@ -62,6 +63,13 @@ func (s *Store) RootMount(diffIDs []string, userns *os.File, upper, work string)
 			}
 			return nil, fmt.Errorf("idmap layer %.19s: %w", id, err)
 		}
+	}
+	if len(layers) == 1 && upper == "" {
+		// overlayfs wants two layers at least without an upper one; the
+		// idmapped layer is the root as it is, read-only.
+		root := os.NewFile(uintptr(layers[0]), "image root")
+		layers = nil
+		return root, nil
 	}
 	fs, err := unix.Fsopen("overlay", unix.FSOPEN_CLOEXEC)
 	if err != nil {

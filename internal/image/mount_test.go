@@ -186,3 +186,15 @@ func TestRootMount(t *testing.T) {
 		t.Errorf("the layer itself was changed: %q", b)
 	}
 }
+
+// TestCheckRootMount: this host's probe says what TestRootMount shows in
+// full (an idmapped root, attached in a user namespace, its files the
+// namespace's own).
+func TestCheckRootMount(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: idmapped mounts and overlayfs")
+	}
+	if err := CheckRootMount(); err != nil {
+		t.Fatal(err)
+	}
+}
