@@ -136,7 +136,7 @@ func Import(ctx context.Context, s *Store, file, tag string, progress func(Progr
 		if err != nil {
 			return Image{}, fmt.Errorf("%w: %v", ErrRefused, err)
 		}
-		return s.Add(ctx, tag, img, progress)
+		return s.Add(ctx, tag, rawLayers{img}, progress)
 	}
 	// An OCI layout is read from a directory: its blobs are copied to
 	// staging first (by name, each a plain file).
@@ -222,16 +222,19 @@ func scanArchive(file string) (string, error) {
 		if n >= maxArchiveEntries {
 			return "", fmt.Errorf("%w: the archive has more than %d entries", ErrRefused, maxArchiveEntries)
 		}
-		switch path.Clean(hdr.Name) {
-		case "manifest.json":
+		limit := int64(maxArchiveJSON)
+		switch name := path.Clean(hdr.Name); {
+		case name == "manifest.json":
 			docker = true
-		case "index.json":
+		case name == "index.json":
 			oci = true
+		case strings.HasSuffix(name, ".json"):
+			limit = maxConfig // a docker save archive's configurations
 		default:
 			continue
 		}
-		if hdr.Size > maxArchiveJSON {
-			return "", fmt.Errorf("%w: its %s is larger than %s", ErrRefused, hdr.Name, FormatBytes(maxArchiveJSON))
+		if hdr.Size > limit {
+			return "", fmt.Errorf("%w: its %s is larger than %s", ErrRefused, hdr.Name, FormatBytes(limit))
 		}
 	}
 	switch {

@@ -43,7 +43,9 @@ type Image struct {
 	// Name is the image's reference, normalised
 	// ("index.docker.io/library/python:3", "localhost:5000/tools:1").
 	Name string `json:"name"`
-	// Digest is its manifest's digest; Config its configuration's.
+	// Digest is its manifest's digest (for an image of a docker save
+	// archive, which has none, its configuration's); Config its
+	// configuration's.
 	Digest string `json:"digest"`
 	Config string `json:"config"`
 	// Layers are the diff IDs of its layers, the lowest first.
@@ -224,6 +226,11 @@ func (s *Store) collect() error {
 	return err
 }
 
+// rawLayers is an image whose layers are read uncompressed (an
+// archive's: go-containerregistry would compress them to give their
+// blobs).
+type rawLayers struct{ v1.Image }
+
 // layerMeta is what layers/HEX.json says of a layer.
 type layerMeta struct {
 	Bytes int64 `json:"bytes"`
@@ -257,17 +264,27 @@ func (s *Store) Add(ctx context.Context, ref string, img v1.Image, progress func
 }
 
 func (s *Store) add(ctx context.Context, n string, img v1.Image, progress func(Progress)) (Image, error) {
-	m, err := img.Manifest()
-	if err != nil {
-		return Image{}, err
-	}
-	if len(m.Layers) > s.lim.Layers {
-		return Image{}, fmt.Errorf("%w: it has %d layers, more than the %d allowed", ErrRefused, len(m.Layers), s.lim.Layers)
-	}
-	// The manifest's word on the configuration's size first: a source
-	// is read whole for it.
-	if m.Config.Size > maxConfig {
-		return Image{}, fmt.Errorf("%w: its configuration is larger than %s", ErrRefused, FormatBytes(maxConfig))
+	// An archive's image has no manifest of its own: go-containerregistry
+	// would compress every layer to make one. Its layers are counted
+	// from its configuration, and it is known by its configuration's
+	// digest (as Docker knows an image by its ID).
+	r, uncompressed := img.(rawLayers)
+	var m *v1.Manifest
+	if uncompressed {
+		img = r.Image
+	} else {
+		var err error
+		if m, err = img.Manifest(); err != nil {
+			return Image{}, err
+		}
+		if err := s.checkLayers(len(m.Layers)); err != nil {
+			return Image{}, err
+		}
+		// The manifest's word on the configuration's size first: a
+		// source is read whole for it.
+		if m.Config.Size > maxConfig {
+			return Image{}, fmt.Errorf("%w: its configuration is larger than %s", ErrRefused, FormatBytes(maxConfig))
+		}
 	}
 	raw, err := img.RawConfigFile()
 	if err != nil {
@@ -284,7 +301,10 @@ func (s *Store) add(ctx context.Context, n string, img v1.Image, progress func(P
 		return Image{}, fmt.Errorf("%w: it is an image for %s, not linux", ErrRefused, cfg.OS)
 	}
 	diffIDs := cfg.RootFS.DiffIDs
-	if len(diffIDs) != len(m.Layers) {
+	if err := s.checkLayers(len(diffIDs)); err != nil {
+		return Image{}, err
+	}
+	if m != nil && len(diffIDs) != len(m.Layers) {
 		return Image{}, fmt.Errorf("%w: its configuration lists %d layers, its manifest %d", ErrRefused, len(diffIDs), len(m.Layers))
 	}
 	layers, err := img.Layers()
@@ -301,7 +321,7 @@ func (s *Store) add(ctx context.Context, n string, img v1.Image, progress func(P
 		if want.Algorithm != "sha256" || len(want.Hex) != 64 {
 			return Image{}, fmt.Errorf("%w: layer %d has a diff ID that is not sha256 (%.80s)", ErrRefused, i+1, want.String())
 		}
-		meta, err := s.unpack(l, want.String(), b, func(bytes int64) {
+		meta, err := s.unpack(l, want.String(), uncompressed, b, func(bytes int64) {
 			progress(Progress{Layer: i + 1, Layers: len(layers), Bytes: bytes})
 		})
 		if err != nil {
@@ -313,17 +333,20 @@ func (s *Store) add(ctx context.Context, n string, img v1.Image, progress func(P
 	}
 	sum := sha256.Sum256(raw)
 	im.Config = "sha256:" + hex.EncodeToString(sum[:])
-	if im.Config != m.Config.Digest.String() {
+	if m != nil && im.Config != m.Config.Digest.String() {
 		return Image{}, fmt.Errorf("%w: its configuration's digest is %s, where its manifest says %s", ErrRefused, im.Config, m.Config.Digest)
 	}
 	if err := writeAtomic(filepath.Join(s.dir, "configs", hex.EncodeToString(sum[:])+".json"), raw); err != nil {
 		return Image{}, err
 	}
-	d, err := img.Digest()
-	if err != nil {
-		return Image{}, err
+	im.Digest = im.Config
+	if !uncompressed {
+		d, err := img.Digest()
+		if err != nil {
+			return Image{}, err
+		}
+		im.Digest = d.String()
 	}
-	im.Digest = d.String()
 	err = s.withLock("refs.lock", unix.LOCK_EX, func() error {
 		refs, err := s.readRefs()
 		if err != nil {
@@ -335,11 +358,32 @@ func (s *Store) add(ctx context.Context, n string, img v1.Image, progress func(P
 	return im, err
 }
 
+// checkLayers refuses an image of more layers than the store allows.
+func (s *Store) checkLayers(n int) error {
+	if n > s.lim.Layers {
+		return fmt.Errorf("%w: it has %d layers, more than the %d allowed", ErrRefused, n, s.lim.Layers)
+	}
+	return nil
+}
+
 // unpack makes the layer diffID in the store from l, unless the store
 // has it from the same blob.
-func (s *Store) unpack(l v1.Layer, diffID string, b *budget, read func(int64)) (layerMeta, error) {
+//
+// The reuse is the store's owner's: a manifest that names a blob the
+// store has seen gets its layer without serving it. That is right for
+// the images an operator pulls; a build on behalf of a client that must
+// not borrow others' layers will have to fetch and check each blob.
+func (s *Store) unpack(l v1.Layer, diffID string, raw bool, b *budget, read func(int64)) (layerMeta, error) {
 	final := s.LayerDir(diffID)
-	blob, err := l.Digest()
+	var blob v1.Hash
+	var err error
+	if raw {
+		// An archive's own layers are uncompressed tars: the blob is the
+		// content, its digest the diff ID (checked as it is unpacked).
+		blob, err = v1.NewHash(diffID)
+	} else {
+		blob, err = l.Digest()
+	}
 	if err != nil {
 		return layerMeta{}, err
 	}
@@ -352,15 +396,21 @@ func (s *Store) unpack(l v1.Layer, diffID string, b *budget, read func(int64)) (
 		return layerMeta{}, err
 	}
 	defer os.RemoveAll(staging)
-	rc, err := l.Compressed()
+	open := l.Compressed
+	if raw {
+		open = l.Uncompressed
+	}
+	rc, err := open()
 	if err != nil {
 		return layerMeta{}, err
 	}
 	defer rc.Close()
 	blobHash := sha256.New()
-	ur, err := decompress(io.TeeReader(rc, blobHash))
-	if err != nil {
-		return layerMeta{}, err
+	var ur io.ReadCloser = io.NopCloser(io.TeeReader(rc, blobHash))
+	if !raw {
+		if ur, err = decompress(io.TeeReader(rc, blobHash)); err != nil {
+			return layerMeta{}, err
+		}
 	}
 	defer ur.Close()
 	files0, wrote0 := b.files, b.wrote
