@@ -25,10 +25,11 @@
 #                    scripts/criu/*>, from Debian trixie's criu source with
 #                    bookworm's build dependencies. About 30 s on two
 #                    cores; does nothing when the binary is there.
-#
-# There is no `make image`: the repository has no Dockerfile, and the Helm
-# chart takes an image built elsewhere (deploy/helm/vivarium/README.md,
-# "The image", says what it must hold).
+#   make image       Vivarium's image (nodes and gateways) in
+#                    bin/vivarium-image.tar, a `docker save` archive,
+#                    without a Docker daemon (scripts/image.sh): Debian by
+#                    debootstrap with what sandboxes run, vivarium and
+#                    CRIU. Its base takes 3 to 4 minutes the first time.
 
 GO ?= go
 
@@ -36,7 +37,7 @@ WASM_DIR ?= build/wasm
 
 CRIU_DIR ?=
 
-.PHONY: build test test-short check-docs wasm clean-wasm criu
+.PHONY: build test test-short check-docs wasm clean-wasm criu image
 
 build:
 	GO=$(GO) scripts/build.sh bin/vivarium
@@ -58,6 +59,9 @@ $(WASM_DIR)/python.wasm: scripts/wasm/build.sh scripts/wasm/deps.sh scripts/wasm
 
 clean-wasm:
 	rm -rf $(WASM_DIR)
+
+image:
+	GO=$(GO) scripts/image.sh bin/vivarium-image.tar
 
 criu:
 	scripts/criu/deps.sh

@@ -12,20 +12,14 @@
 #       a config, one layer): a static C program that waits for a signal,
 #       named localhost/vivarium-test/pause:1 (registry.k8s.io/pause
 #       cannot be pulled here);
-#   base.tar, base.diffid
-#       the Vivarium image's root file system but for the vivarium binary
-#       (the test adds it from the checkout, as a layer of its own):
-#       Debian bookworm by debootstrap, with python3 and the modules
-#       sandboxes preload (numpy, pandas, matplotlib, scipy) and
-#       e2fsprogs, from the Debian archive this host's apt uses (for
-#       bookworm, else for its own release: scripts/apt-sources.sh) or
-#       VIVARIUM_DEBIAN_MIRROR; 1.3 GB, as Debian's scipy depends on
-#       pythran, which brings g++ and Boost's headers;
+#
+# (Vivarium's own image the test builds with scripts/image.sh, `make
+# image`, which keeps its base in a cache of its own.)
 #
 # and installs, with apt, containerd and runc (the container runtime, run
 # by the test with its own config, root, state and socket: the system's
 # containerd is left alone), containernetworking-plugins (bridge,
-# host-local, loopback, portmap) and debootstrap.
+# host-local, loopback, portmap).
 #
 # Output, in $VIVARIUM_KUBE_NODE_DIR (default
 # ~/.cache/vivarium/kubenode-<hash>, the hash of the version, of this
@@ -36,11 +30,9 @@
 # Nothing is downloaded from anywhere but the Go module proxy (go env
 # GOPROXY) and Debian's archive (the host's apt sources).
 #
-# `node.sh binaries` or `node.sh images` builds one half only (they can
-# run side by side: one compiles, the other mostly downloads). Measured
+# `node.sh binaries` or `node.sh images` builds one half only. Measured
 # here (2 cores, Go's build cache warm from build.sh's kube-apiserver):
-# the three binaries in about 2 minutes, the base in about 3 (debootstrap
-# 182 s).
+# the three binaries in about 2 minutes.
 set -eu
 what=${1:-all}
 case $what in
@@ -68,7 +60,6 @@ need=""
 command -v containerd >/dev/null 2>&1 || need="$need containerd"
 command -v runc >/dev/null 2>&1 || need="$need runc"
 [ -x /usr/lib/cni/bridge ] || need="$need containernetworking-plugins"
-command -v debootstrap >/dev/null 2>&1 || need="$need debootstrap"
 command -v iptables >/dev/null 2>&1 || need="$need iptables"
 command -v gcc >/dev/null 2>&1 || need="$need gcc libc6-dev"
 if [ -n "$need" ]; then
@@ -132,36 +123,4 @@ C
 	info "pause.tar: localhost/vivarium-test/pause:1, a static C program ($(gcc --version | head -1))"
 fi
 
-# 4. The Vivarium image's base: Debian with what sandboxes run. The
-# chroot's apt gets no daemons started (policy-rc.d) and keeps no
-# package lists or caches.
-if [ "$what" != binaries ] && [ ! -f "$out/base.tar" ]; then
-	# The archive this host's apt uses for $suite (scripts/apt-sources.sh),
-	# or for its own release, or VIVARIUM_DEBIAN_MIRROR.
-	. "$root/scripts/apt-sources.sh"
-	apt_debian_uri "$suite" || fail "no Debian archive to debootstrap $suite from"
-	mirror=$apt_uri
-	rfs=$out/rootfs
-	rm -rf "$rfs"
-	pkgs=python3,python3-numpy,python3-pandas,python3-matplotlib,python3-scipy,e2fsprogs,ca-certificates
-	step "debootstrap $suite from $mirror with $pkgs (minutes)"
-	start=$(date +%s)
-	if ! $sudo debootstrap --variant=minbase --include="$pkgs" "$suite" "$rfs" "$mirror" > "$out/debootstrap.log" 2>&1; then
-		# debootstrap mounts /proc and /sys in the chroot; a failure may
-		# leave them.
-		for m in $(awk -v r="$rfs/" 'index($5, r) == 1 {print $5}' /proc/self/mountinfo | sort -r); do
-			$sudo umount -l "$m" || true
-		done
-		tail -20 "$out/debootstrap.log" >&2
-		fail "debootstrap failed (log: $out/debootstrap.log)"
-	fi
-	took=$(($(date +%s) - start))
-	$sudo rm -rf "$rfs/var/lib/apt/lists"/* "$rfs/var/cache/apt"/*.bin "$rfs/var/cache/apt/archives"/*.deb "$rfs/var/log"/* "$rfs/dev"/*
-	mkdir -p "$rfs/var/lib/vivarium" "$rfs/etc/vivarium" "$rfs/usr/local/bin"
-	$sudo tar --numeric-owner --xattrs -C "$rfs" -cf "$out/base.tar.tmp" .
-	sha256sum < "$out/base.tar.tmp" | cut -d' ' -f1 > "$out/base.diffid"
-	$sudo rm -rf "$rfs"
-	mv "$out/base.tar.tmp" "$out/base.tar"
-	info "base.tar: debootstrap --variant=minbase $suite from $mirror, $pkgs, in ${took}s; $(du -m "$out/base.tar" | cut -f1) MiB"
-fi
 step "up to date: $out"

@@ -3,14 +3,12 @@
 package kube
 
 import (
-	"archive/tar"
+	"bytes"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -43,7 +41,7 @@ func findNodeBuild() (string, error) {
 		}
 		dir = filepath.Dir(built[0])
 	}
-	for _, f := range []string{"kubelet", "kube-controller-manager", "kube-scheduler", "pause.tar", "base.tar", "base.diffid"} {
+	for _, f := range []string{"kubelet", "kube-controller-manager", "kube-scheduler", "pause.tar"} {
 		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
 			return "", fmt.Errorf("%s: %v: run scripts/kube/node.sh", dir, err)
 		}
@@ -530,11 +528,10 @@ func unmountUnder(t *testing.T, dir string) {
 	}
 }
 
-// images imports the pause image node.sh built, and Vivarium's: its base
-// (Debian with python3 and the preloaded modules, node.sh's) with this
-// checkout's vivarium binary as a layer of its own, as `docker save`
-// would write it, under a tag of the binary's hash. The kubelet never
-// pulls (imagePullPolicy Never).
+// images imports the pause image node.sh built, and Vivarium's as
+// `make image` builds it (scripts/image.sh: its base, Debian with what
+// sandboxes run, and this checkout's vivarium). The kubelet never pulls
+// (imagePullPolicy Never).
 func (n *node) images() error {
 	start := time.Now()
 	if err := n.ctr("images", "import", filepath.Join(n.build, "pause.tar")); err != nil {
@@ -543,22 +540,24 @@ func (n *node) images() error {
 	n.t.Logf("  %s imported in %v", pauseImage, time.Since(start).Round(time.Millisecond))
 
 	start = time.Now()
+	checkout := filepath.Join(chartDir(n.t), "..", "..", "..")
 	n.vivarium = filepath.Join(n.dir, "vivarium")
 	build := exec.Command("scripts/build.sh", n.vivarium)
-	build.Dir = filepath.Join(chartDir(n.t), "..", "..", "..")
+	build.Dir = checkout
 	if out, err := build.CombinedOutput(); err != nil {
 		return fmt.Errorf("scripts/build.sh: %v\n%s", err, out)
 	}
-	sum, err := fileutil.SHA256(n.vivarium)
-	if err != nil {
-		return err
-	}
-	n.image = "localhost/vivarium-test/vivarium:" + sum[:12]
 	archive := filepath.Join(n.dir, "vivarium-image.tar")
-	if err := n.writeImage(archive); err != nil {
-		return err
+	image := exec.Command("scripts/image.sh", archive)
+	image.Dir = checkout
+	var stderr bytes.Buffer
+	image.Stderr = &stderr
+	out, err := image.Output()
+	if err != nil {
+		return fmt.Errorf("scripts/image.sh: %v\n%s", err, stderr.String())
 	}
-	n.t.Logf("  vivarium built and its image written in %v", time.Since(start).Round(time.Millisecond))
+	n.image = "docker.io/library/" + strings.TrimSpace(string(out))
+	n.t.Logf("  make image: %s in %v", n.image, time.Since(start).Round(time.Millisecond))
 	start = time.Now()
 	if err := n.ctr("images", "import", archive); err != nil {
 		return err
@@ -566,94 +565,6 @@ func (n *node) images() error {
 	os.Remove(archive)
 	n.t.Logf("  %s imported (and unpacked) in %v", n.image, time.Since(start).Round(time.Millisecond))
 	return nil
-}
-
-// writeImage writes Vivarium's image in the format `docker save`
-// writes, which `ctr images import` reads: manifest.json, the config
-// (whose diff_ids are the layers' sha256) and the layers, uncompressed.
-func (n *node) writeImage(path string) error {
-	base := filepath.Join(n.build, "base.tar")
-	baseID, err := os.ReadFile(filepath.Join(n.build, "base.diffid"))
-	if err != nil {
-		return err
-	}
-	// The binary's layer: /usr/local/bin/vivarium.
-	layer := filepath.Join(n.dir, "layer.tar")
-	lf, err := os.Create(layer)
-	if err != nil {
-		return err
-	}
-	h := sha256.New()
-	tw := tar.NewWriter(io.MultiWriter(lf, h))
-	for _, d := range []string{"usr/", "usr/local/", "usr/local/bin/"} {
-		tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d, Mode: 0o755, ModTime: time.Unix(0, 0)})
-	}
-	bin, err := os.ReadFile(n.vivarium)
-	if err != nil {
-		return err
-	}
-	tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: "usr/local/bin/vivarium", Mode: 0o755, Size: int64(len(bin)), ModTime: time.Unix(0, 0)})
-	tw.Write(bin)
-	if err := tw.Close(); err != nil {
-		return err
-	}
-	if err := lf.Close(); err != nil {
-		return err
-	}
-	config, _ := json.Marshal(map[string]any{
-		"architecture": "amd64", "os": "linux",
-		"config": map[string]any{
-			"Env": []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
-			"Cmd": []string{"vivarium"},
-		},
-		"rootfs": map[string]any{"type": "layers", "diff_ids": []string{
-			"sha256:" + strings.TrimSpace(string(baseID)), "sha256:" + hex.EncodeToString(h.Sum(nil))}},
-	})
-	cs := sha256.Sum256(config)
-	configName := hex.EncodeToString(cs[:]) + ".json"
-	manifest, _ := json.Marshal([]map[string]any{{
-		"Config": configName, "RepoTags": []string{n.image}, "Layers": []string{"base.tar", "vivarium.tar"}}})
-
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	tw = tar.NewWriter(f)
-	add := func(name string, data []byte, file string) error {
-		if file != "" {
-			st, err := os.Stat(file)
-			if err != nil {
-				return err
-			}
-			if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o644, Size: st.Size(), ModTime: time.Unix(0, 0)}); err != nil {
-				return err
-			}
-			src, err := os.Open(file)
-			if err != nil {
-				return err
-			}
-			defer src.Close()
-			_, err = io.Copy(tw, src)
-			return err
-		}
-		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o644, Size: int64(len(data)), ModTime: time.Unix(0, 0)}); err != nil {
-			return err
-		}
-		_, err := tw.Write(data)
-		return err
-	}
-	for _, e := range []struct {
-		name string
-		data []byte
-		file string
-	}{{"manifest.json", manifest, ""}, {configName, config, ""}, {"base.tar", nil, base}, {"vivarium.tar", nil, layer}} {
-		if err := add(e.name, e.data, e.file); err != nil {
-			return err
-		}
-	}
-	os.Remove(layer)
-	return tw.Close()
 }
 
 // controlPlane starts the controller manager (Deployments' ReplicaSets,
