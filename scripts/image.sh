@@ -18,7 +18,8 @@
 #              script> (about 1.3 GB, 3 to 4 minutes here)
 #   vivarium   /usr/local/bin/vivarium (scripts/build.sh), and
 #              /usr/local/bin/criu when `make criu` has built one
-#              (VIVARIUM_CRIU_DIR, else the newest in ~/.cache/vivarium):
+#              (VIVARIUM_CRIU, VIVARIUM_CRIU_DIR, else make criu's
+#              directory for this checkout):
 #              pause, resume, fork and snapshots; without it the image
 #              says so and nodes answer those calls 501
 #
@@ -77,7 +78,8 @@ if [ -z "$criu" ] && [ -n "${VIVARIUM_CRIU_DIR:-}" ]; then
 	criu=$VIVARIUM_CRIU_DIR/criu
 fi
 if [ -z "$criu" ]; then
-	criu=$(ls -dt "${XDG_CACHE_HOME:-$HOME/.cache}"/vivarium/criu-*/criu 2>/dev/null | head -1 || true)
+	# Where make criu puts the build of this checkout's scripts/criu.
+	criu=${XDG_CACHE_HOME:-$HOME/.cache}/vivarium/criu-$(cat "$root"/scripts/criu/* | sha256sum | cut -c1-12)/criu
 fi
 if [ -n "$criu" ] && [ -x "$criu" ]; then
 	cp "$criu" "$work/root/usr/local/bin/criu"
