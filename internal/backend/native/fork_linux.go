@@ -153,18 +153,24 @@ func (s *Sandbox) Fork(ctx context.Context, n int, opts sandbox.ForkOptions) ([]
 	}
 	// The copies' memory, from the host's: each holds what the source
 	// does now (a restore shares no page with it), and of a sandbox
-	// forked from a zygote, the zygote's memory it shares too.
-	if usage, share, err := s.restoreMemory(); err == nil {
-		if err := hostmem.Room(hostMemory, int64(n)*(usage+share), "the copies"); err != nil {
-			return nil, fmt.Errorf("fork into %d: %w", n, err)
+	// forked from a zygote, the zygote's memory it shares too (counted
+	// once, for this check and the dump: snapshot).
+	roomFor := func(share int64) error {
+		u, err := s.Usage()
+		if err != nil {
+			return nil
+		}
+		if err := hostmem.Room(hostMemory, int64(n)*(u.Memory+share), "the copies"); err != nil {
+			return fmt.Errorf("fork into %d: %w", n, err)
 		}
 		// Each copy is restored under the source's memory limit: one
 		// that would not fit there is killed by it halfway through.
-		if err := s.restoreFits(usage); err != nil {
-			return nil, fmt.Errorf("fork: %w", err)
+		if err := s.restoreFits(u.Memory); err != nil {
+			return fmt.Errorf("fork: %w", err)
 		}
+		return nil
 	}
-	snap, err := s.snapshot(ctx, bin)
+	snap, err := s.snapshot(ctx, bin, roomFor)
 	if err != nil {
 		return nil, err
 	}
@@ -221,8 +227,11 @@ type forkSnapshot struct {
 }
 
 // snapshot dumps the running sandbox, which goes on running, with its
-// root's files, into a new directory of its checkpoints.
-func (s *Sandbox) snapshot(ctx context.Context, bin string) (*forkSnapshot, error) {
+// root's files, into a new directory of its checkpoints. check, if not
+// nil, is given the zygote's memory the sandbox shares (zygoteShare),
+// counted once for it and the dump, as no execution runs: an error it
+// returns is the snapshot's, before anything is dumped.
+func (s *Sandbox) snapshot(ctx context.Context, bin string, check func(share int64) error) (*forkSnapshot, error) {
 	s.pauseMu.Lock()
 	defer s.pauseMu.Unlock()
 	if s.closing {
@@ -250,6 +259,15 @@ func (s *Sandbox) snapshot(ctx context.Context, bin string) (*forkSnapshot, erro
 			return err
 		}
 		defer s.files.release(false)
+		share, err := s.zygoteShare()
+		if err != nil {
+			return fmt.Errorf("fork: checkpoint: %w", err)
+		}
+		if check != nil {
+			if err := check(share); err != nil {
+				return err
+			}
+		}
 		// A directory of its own, not the source's: a Close of the
 		// source while the copies are made does not take it away.
 		dir, err := s.b.checkpointDir("fork-" + newID())
@@ -259,7 +277,7 @@ func (s *Sandbox) snapshot(ctx context.Context, bin string) (*forkSnapshot, erro
 		files := filepath.Join(dir, "files")
 		start := time.Now()
 		cp, err := s.dumpTree(context.WithoutCancel(ctx), bin, dir,
-			dumpOptions{leaveRunning: true, files: files, filesOpts: s.rootOpts()})
+			dumpOptions{leaveRunning: true, files: files, filesOpts: s.rootOpts(), share: &share})
 		if err != nil {
 			removeSnapshot(dir)
 			return fmt.Errorf("fork: %w", err)

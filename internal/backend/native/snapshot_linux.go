@@ -174,7 +174,7 @@ func (s *Sandbox) SaveSnapshot(ctx context.Context, dir string) (int64, error) {
 			return 0, err
 		}
 	}
-	snap, err := s.snapshot(ctx, bin)
+	snap, err := s.snapshot(ctx, bin, nil)
 	if err != nil {
 		return 0, err
 	}

@@ -11,9 +11,11 @@ package native
 // never resume: the restore was killed by the limit; a fork's copies ran
 // out of memory where their source did not).
 //
-// So the pages are counted at the dump, just before CRIU freezes the tree
-// (sharedMemory: the pages of the tree's processes charged to another
-// group, as /proc/kpagecgroup says), kept with the checkpoint (tookOver,
+// So the pages are counted at the dump, under its locks (no execution
+// runs, no command starts), before CRIU freezes the tree (sharedMemory:
+// the pages of the tree's processes charged to another group, as
+// /proc/kpagecgroup says; a fork's check of the host's memory is given
+// the same count), kept with the checkpoint (tookOver,
 // in a snapshot's manifest too), and the restored sandbox's memory limit
 // is its spec's plus them, for as long as it lives. Its own memory stays
 // within its limit; what the limit grows by is memory the sandbox already
@@ -46,9 +48,19 @@ const (
 
 // zygoteShare is what a restore of s's tree would be charged beyond its
 // cgroup's usage now: the zygote's pages its processes share, for a
-// sandbox forked from a zygote (0 for any other).
+// sandbox forked from a zygote whose tree was never restored (0 for any
+// other).
+//
+// A restored tree shares none: CRIU moves each restored process into the
+// sandbox's cgroup before it writes the process's memory back, so every
+// page of the tree was allocated there, and what its processes fork
+// later shares only their pages (measured: 0 bytes, where the tree
+// before its first pause shared 56 MiB with pandas). Its pages are not
+// walked again (some 20 ms at every later pause, and at every fork of a
+// fork's copy); what it took over at its restore stays in tookOver.
 func (s *Sandbox) zygoteShare() (int64, error) {
-	if s.cfg == nil || s.cfg.Role != roleForked {
+	if s.cfg == nil || s.cfg.Role != roleForked || s.ownRunners.Load() {
+		// ownRunners: a restored tree (adopt).
 		return 0, nil
 	}
 	ms, ok := s.cg.(cgroups.MemorySetter)
@@ -64,19 +76,6 @@ func (s *Sandbox) zygoteShare() (int64, error) {
 		return 0, fmt.Errorf("the zygote's memory the sandbox shares: %w", err)
 	}
 	return n, nil
-}
-
-// restoreMemory is what a restore of s's tree takes of memory: its
-// cgroup's usage now, and share, the zygote's pages it would be charged
-// for too (zygoteShare, which costs some 10 to 20 ms with pandas: a fork
-// counts it for its copies, a pause only at its dump).
-func (s *Sandbox) restoreMemory() (usage, share int64, err error) {
-	u, err := s.Usage()
-	if err != nil {
-		return 0, 0, err
-	}
-	share, err = s.zygoteShare()
-	return u.Memory, share, err
 }
 
 // memoryTookOver sets the memory limit of the sandbox's cgroup to its

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
 
@@ -59,6 +60,14 @@ func TestZygoteShareResumes(t *testing.T) {
 		if s.tookOver < share/2 {
 			t.Errorf("%s: the limit is raised by %d MiB, the share was %d MiB", what, s.tookOver>>20, share>>20)
 		}
+		// What lets a pause of a restored tree skip counting the
+		// zygote's pages: it maps none.
+		if n := restoredShare(t, s); n != 0 {
+			t.Errorf("%s: the restored tree maps %d bytes of pages charged to another group", what, n)
+		}
+		if n, err := s.zygoteShare(); err != nil || n != 0 {
+			t.Errorf("%s: the restored tree's share is %d (%v), not 0", what, n, err)
+		}
 	}
 	roundTrip(s, "the sandbox")
 	roundTrip(s, "the sandbox again")
@@ -72,4 +81,23 @@ func TestZygoteShareResumes(t *testing.T) {
 		t.Errorf("the copy's limit is raised by %d bytes, its source's by %d", c.tookOver, s.tookOver)
 	}
 	roundTrip(c, "the copy")
+}
+
+// restoredShare walks the pages of s's processes as zygoteShare does
+// before a first pause: the bytes charged to another group than s's.
+func restoredShare(t *testing.T, s *Sandbox) int64 {
+	t.Helper()
+	ms, ok := s.cg.(cgroups.MemorySetter)
+	if !ok {
+		t.Fatal("the sandbox's group sets no memory limit")
+	}
+	pids, err := s.cg.Procs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := sharedMemory(pids, ms.MemoryDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
