@@ -35,6 +35,8 @@ package native
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -180,6 +182,16 @@ func grabPipe(pid, fd int, ino uint64) (*os.File, error) {
 // the host can, and no process of the sandbox exists while it is paused.
 // The /proc masks' copies keep their modes (0444, 0555).
 func (cp *checkpoint) handOver(gid int) error {
+	// The masks' files the checkpoint's are links to (maskStore): the
+	// same inodes, handed over below; their directory as any other.
+	if store := maskStore(cp.dir); isDir(store) {
+		if err := os.Lchown(store, 0, gid); err != nil {
+			return err
+		}
+		if err := os.Chmod(store, 0o750); err != nil {
+			return err
+		}
+	}
 	return filepath.Walk(cp.dir, func(p string, fi os.FileInfo, err error) error {
 		if err != nil {
 			return err
@@ -200,6 +212,12 @@ func (cp *checkpoint) handOver(gid int) error {
 		}
 		return os.Chmod(p, 0o640)
 	})
+}
+
+// isDir reports whether p is a directory (not a link to one).
+func isDir(p string) bool {
+	fi, err := os.Lstat(p)
+	return err == nil && fi.IsDir()
 }
 
 // images is the directory of CRIU's images.
@@ -468,7 +486,8 @@ func (s *Sandbox) dumpTree(ctx context.Context, bin, dir string, opts dumpOption
 //
 // dir holds images/, CRIU's images, and ext/, the copies of the /proc
 // masks. Its parent must let the sandbox's host root group through (mode
-// 0711): see handOver.
+// 0711): see handOver. The masks' files are hard links to copies kept in
+// the parent, the sandbox's own directory (maskStore).
 func prepareDump(pid, runner int, dir, zygoteFiles string, volumes map[string]string) (*checkpoint, error) {
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, err
@@ -598,7 +617,7 @@ func (cp *checkpoint) collectMounts(pid int, mnts []mountEntry, volumes map[stri
 			cp.mounts = append(cp.mounts, extMount{key: key, mountpoint: m.point, source: m.point, flags: m.flags})
 		case strings.HasPrefix(m.point, "/proc/"):
 			src := filepath.Join(cp.dir, "ext", key)
-			if err := copyMask(int(root.Fd()), m.point, src); err != nil {
+			if err := copyMask(int(root.Fd()), m.point, src, maskStore(cp.dir)); err != nil {
 				return fmt.Errorf("checkpoint: copy the mask over %s: %w", m.point, err)
 			}
 			cp.mounts = append(cp.mounts, extMount{key: key, mountpoint: m.point, source: src, flags: m.flags})
@@ -640,8 +659,10 @@ func overlayLower(options, zygoteFiles string) (string, error) {
 // copyMask copies what the sandbox sees at point (a mask: an empty
 // directory or a small file) to dst. The path is resolved inside the
 // sandbox's root without following symbolic links, and only a directory
-// or a regular file of at most maxMaskFile bytes is taken.
-func copyMask(rootFD int, point, dst string) error {
+// or a regular file of at most maxMaskFile bytes is taken. A file is a
+// hard link to the copy of the same bytes in store, made there the first
+// time.
+func copyMask(rootFD int, point, dst, store string) error {
 	fd, err := unix.Openat2(rootFD, strings.TrimPrefix(point, "/"), &unix.OpenHow{
 		Flags:   unix.O_RDONLY | unix.O_CLOEXEC | unix.O_NOFOLLOW,
 		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
@@ -668,7 +689,52 @@ func copyMask(rootFD int, point, dst string) error {
 	if len(b) > maxMaskFile {
 		return fmt.Errorf("over %d bytes", maxMaskFile)
 	}
-	return os.WriteFile(dst, b, 0o444)
+	return storedMask(store, b, dst)
+}
+
+// maskStore is where the checkpoints in dir's parent (a sandbox's, or a
+// snapshot's) keep the /proc masks' files, each once: a sandbox's masks do
+// not change, and each checkpoint's are hard links to them. A new inode
+// of a busy ext4 costs far more than its bytes (the allocator passes
+// over the inodes freed in the last seconds, and pausing and forking
+// sandboxes free many): the 20 or so files a pause wrote took some 20 ms
+// of CPU on this project's shared machine. The store goes with the
+// directory (removeCheckpoints, removeSnapshot); it is made root's, 0700,
+// and handed over with a pause's checkpoint as the rest (handOver); its
+// files are root's, 0444, as bound in the sandbox.
+func maskStore(dir string) string { return filepath.Join(filepath.Dir(dir), "masks") }
+
+// storedMask makes dst a hard link to the file of store holding b (made
+// there if it is not, named by its SHA-256).
+func storedMask(store string, b []byte, dst string) error {
+	sum := sha256.Sum256(b)
+	kept := filepath.Join(store, hex.EncodeToString(sum[:]))
+	if err := os.Link(kept, dst); !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	if err := os.Mkdir(store, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return err
+	}
+	// Written under another name and renamed: a kept file is whole.
+	tmp, err := os.CreateTemp(store, "new-")
+	if err != nil {
+		return err
+	}
+	_, err = tmp.Write(b)
+	if err == nil {
+		err = tmp.Chmod(0o444)
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), kept)
+	}
+	if err != nil {
+		os.Remove(tmp.Name())
+		return err
+	}
+	return os.Link(kept, dst)
 }
 
 // processTree lists pid and its descendants.

@@ -335,7 +335,9 @@ func TestCheckpointFailedDump(t *testing.T) {
 	if out, _ := io.ReadAll(p.Stdout()); strings.TrimSpace(string(out)) != "started" || p.ExitCode() != 0 {
 		t.Errorf("command after a failed dump: %q, exit %d", out, p.ExitCode())
 	}
-	if entries, _ := os.ReadDir(filepath.Join(s.b.cfg.CheckpointDir, s.id)); len(entries) != 0 {
+	// The sandbox's masks' files (maskStore) stay for its next pause.
+	if entries, _ := os.ReadDir(filepath.Join(s.b.cfg.CheckpointDir, s.id)); len(entries) != 0 &&
+		(len(entries) != 1 || entries[0].Name() != "masks") {
 		t.Errorf("a failed dump left %v", entries)
 	}
 }

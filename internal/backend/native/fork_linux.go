@@ -47,6 +47,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -724,7 +725,10 @@ func (snap *forkSnapshot) copyFor(dir string, owner hostuid.Range) (*checkpoint,
 }
 
 // copyMaskFile copies a /proc mask's copy (an empty directory, 0555, or a
-// small file, 0444).
+// small file, 0444). A file is a hard link to the snapshot's where both
+// are on one file system, as the images are (and for the same reason as
+// maskStore): root's, read-only, bound read-only in each copy, its owner
+// changed by none (handOverCopy).
 func copyMaskFile(src, dst string) error {
 	fi, err := os.Lstat(src)
 	if err != nil {
@@ -738,6 +742,12 @@ func copyMaskFile(src, dst string) error {
 	}
 	if !fi.Mode().IsRegular() || fi.Size() > maxMaskFile {
 		return fmt.Errorf("fork: unexpected mask %s", src)
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && fi.Mode().Perm() == 0o444 && st.Uid == 0 {
+		err := os.Link(src, dst)
+		if !errors.Is(err, unix.EXDEV) {
+			return err
+		}
 	}
 	b, err := os.ReadFile(src)
 	if err != nil {
@@ -767,7 +777,17 @@ func handOverCopy(dir string, gid int) error {
 		return err
 	}
 	for _, e := range ents {
-		if err := os.Lchown(filepath.Join(dir, "ext", e.Name()), 0, gid); err != nil {
+		p := filepath.Join(dir, "ext", e.Name())
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil {
+			return err
+		}
+		if st.Mode&unix.S_IFMT == unix.S_IFREG && st.Nlink > 1 {
+			// A mask shared with the snapshot and the siblings
+			// (copyMaskFile): root's, readable by all.
+			continue
+		}
+		if err := os.Lchown(p, 0, gid); err != nil {
 			return err
 		}
 	}

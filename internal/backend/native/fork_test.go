@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -597,5 +598,63 @@ while True: f.write(b"x" * (1 << 20))`}, nil)
 	}
 	if got := execText(t, s, `import os; os.remove("/dev/shm/fill"); 6 * 7`); got != "42" {
 		t.Fatalf("the source after the fork: %q", got)
+	}
+}
+
+// TestForkMasksShared: a fork's copies share the snapshot's /proc masks'
+// files (copyMaskFile), root's and read-only: no copy writes one, each
+// reads the source's, and one stays whole when its siblings and the
+// source are gone.
+func TestForkMasksShared(t *testing.T) {
+	const bootID = "open('/proc/sys/kernel/random/boot_id').read().strip()"
+	b, _ := forkBackend(t)
+	s := forkSource(t, b)
+	id := execText(t, s, bootID)
+	copies, err := s.Fork(context.Background(), 2, sandbox.ForkOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer copies[1].Close()
+	inodes := func(c *Sandbox) map[uint64]bool {
+		t.Helper()
+		ext := filepath.Join(c.lastCheckpoint, "ext")
+		ents, err := os.ReadDir(ext)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[uint64]bool{}
+		for _, e := range ents {
+			var st syscall.Stat_t
+			if err := syscall.Lstat(filepath.Join(ext, e.Name()), &st); err != nil {
+				t.Fatal(err)
+			}
+			if st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+				continue
+			}
+			if st.Uid != 0 || st.Gid != 0 || st.Mode&0o777 != 0o444 {
+				t.Errorf("mask %s: owner %d:%d, mode %o", e.Name(), st.Uid, st.Gid, st.Mode&0o777)
+			}
+			out[st.Ino] = true
+		}
+		return out
+	}
+	c0, c1 := copies[0].(*Sandbox), copies[1].(*Sandbox)
+	if a, b := inodes(c0), inodes(c1); len(a) == 0 || !maps.Equal(a, b) {
+		t.Errorf("the copies' masks are not the same files: %v, %v", a, b)
+	}
+	for _, c := range []*Sandbox{c0, c1} {
+		if got := execText(t, c, bootID); got != id {
+			t.Errorf("a copy's boot id %s, the source's %s", got, id)
+		}
+		got := execText(t, c, "try:\n  open('/proc/sys/kernel/random/boot_id', 'w').write('x')\n  r = 'written'\n"+
+			"except OSError as e:\n  r = type(e).__name__\nr")
+		if got == "written" {
+			t.Fatal("a copy wrote a mask it shares with its siblings")
+		}
+	}
+	c0.Close()
+	s.Close()
+	if got := execText(t, c1, bootID); got != id {
+		t.Errorf("the last copy's boot id %s, the source's %s", got, id)
 	}
 }

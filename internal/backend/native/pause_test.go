@@ -189,8 +189,11 @@ func TestPauseResume(t *testing.T) {
 
 	dir := filepath.Join(b.cfg.CheckpointDir, s.id)
 	// What is left of two pauses: the last checkpoint, without its
-	// images (the /proc masks' copies, bound in the sandbox).
-	if entries, err := os.ReadDir(dir); err != nil || len(entries) != 1 {
+	// images (the /proc masks' copies, bound in the sandbox), and the
+	// masks' files they are links to (maskStore).
+	entries, err := os.ReadDir(dir)
+	entries = slices.DeleteFunc(entries, func(e os.DirEntry) bool { return e.Name() == "masks" })
+	if err != nil || len(entries) != 1 {
 		t.Errorf("the sandbox's checkpoint directory holds %v (%v), want the last checkpoint", entries, err)
 	} else if _, err := os.Stat(filepath.Join(dir, entries[0].Name(), "images")); !os.IsNotExist(err) {
 		t.Errorf("the images of a resumed sandbox: %v", err)
@@ -901,5 +904,88 @@ func TestPauseFailedRestoreReaped(t *testing.T) {
 	}
 	if got := execText(t, s, "held.seek(0); print(held.read(), x + 1)"); got != "abc 42" {
 		t.Errorf("after the resume: %q", got)
+	}
+}
+
+// TestPauseMasksKept: the /proc masks' files of a sandbox's checkpoints
+// are kept once for the sandbox (maskStore): a second pause links the
+// first's, and the sandbox reads them as before. Another sandbox's are
+// its own.
+func TestPauseMasksKept(t *testing.T) {
+	const bootID = "open('/proc/sys/kernel/random/boot_id').read().strip()"
+	s := pausableSandbox(t)
+	ctx := context.Background()
+	id := execText(t, s, bootID)
+	masks := func(s *Sandbox) map[uint64]string {
+		t.Helper()
+		ext := filepath.Join(s.cp.dir, "ext")
+		ents, err := os.ReadDir(ext)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[uint64]string{}
+		for _, e := range ents {
+			var st syscall.Stat_t
+			if err := syscall.Lstat(filepath.Join(ext, e.Name()), &st); err != nil {
+				t.Fatal(err)
+			}
+			if st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+				continue
+			}
+			if st.Nlink < 2 || st.Uid != 0 || st.Mode&0o777 != 0o444 {
+				t.Errorf("mask %s: %d links, owner %d, mode %o: not a kept copy", e.Name(), st.Nlink, st.Uid, st.Mode&0o777)
+			}
+			out[st.Ino] = e.Name()
+		}
+		if len(out) == 0 {
+			t.Fatal("the checkpoint has no mask's file")
+		}
+		return out
+	}
+	if err := s.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	first := masks(s)
+	resumeAndPause := func() {
+		if err := s.Resume(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Pause(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resumeAndPause()
+	second := masks(s)
+	for ino, name := range second {
+		if _, ok := first[ino]; !ok {
+			t.Errorf("the second pause's mask %s is a new file", name)
+		}
+	}
+	if err := s.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := execText(t, s, bootID); got != id {
+		t.Errorf("boot id %s after two pauses, %s before", got, id)
+	}
+
+	other, err := s.b.Create(ctx, sandbox.Spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	o := other.(*Sandbox)
+	if got := execText(t, o, bootID); got == id {
+		t.Fatalf("two sandboxes have the boot id %s", id)
+	}
+	if err := o.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for ino, name := range masks(o) {
+		if _, ok := first[ino]; ok {
+			t.Errorf("another sandbox's mask %s is the first's file", name)
+		}
+	}
+	if err := o.Resume(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
