@@ -175,3 +175,16 @@ func TestRunnerPython(t *testing.T) {
 		t.Fatalf("runner_test.py: %v", err)
 	}
 }
+
+// TestZygotePython runs zygote_test.py: what the zygote does before its
+// first fork (the warm-up, the pools' free blocks taken) in the host's
+// Python, without a sandbox. Not in -X dev mode: its debug allocator puts
+// objects in other blocks than the zygote's allocator does.
+func TestZygotePython(t *testing.T) {
+	py := testutil.RequirePython(t)
+	out, err := exec.Command(py, "zygote_test.py", "-v").CombinedOutput()
+	t.Logf("%s", out)
+	if err != nil {
+		t.Fatalf("zygote_test.py: %v", err)
+	}
+}

@@ -397,6 +397,108 @@ class Zygote:
                 os.close(fd)
 
 
+# The cells _warm_up runs: the runner's own path for any cell, and, where
+# pandas is preloaded, the construction of a small DataFrame.
+WARM_UP_CELLS = ("x = [1, 2.5, 'a']\ny = {'k': x}",)
+# CPython 3.11 quickens a code object at its eighth call: the runner's
+# functions run once a cell.
+WARM_UP_RUNS = 8
+PANDAS_WARM_UP_CELLS = (
+    "import pandas as pd\nframe = pd.DataFrame({'n': range(8), 'f': [0.5] * 8, 's': list('abcdefgh')})",
+)
+
+
+def _warm_up():
+    """Runs a few cells through the runner's own path (a request read, the
+    cell compiled and run, its end sent) before the zygote freezes its
+    objects.
+
+    CPython 3.11 rewrites a function's code object as it first runs it
+    (each call counts towards quickening, each unspecialised instruction
+    towards specialising it): done in every child, that wrote to pages of
+    code objects the zygote shares with all of them, and made them the
+    child's own. Done here once, the children run code already specialised,
+    and most of it writes nothing but reference counts. The cells' state is
+    dropped: a child starts with nothing of theirs but warmer code."""
+    import builtins
+    import linecache
+
+    import runner
+
+    cells = list(WARM_UP_CELLS)
+    if "pandas" in sys.modules:
+        cells += PANDAS_WARM_UP_CELLS
+    req_r, req_w = os.pipe()
+    evt_r, evt_w = os.pipe()
+    saved_main, had_display = sys.modules.get("__main__"), hasattr(builtins, "display")
+    channel = runner.Channel(req_r, evt_w)
+    try:
+        rt = runner.Runtime(channel)
+        for code in cells:
+            for _ in range(WARM_UP_RUNS):
+                body = json.dumps({"type": "execute", "code": code}).encode()
+                os.write(req_w, struct.pack(">I", len(body)) + body)
+                req = channel.receive()
+                exit_code, _ = rt.run_cell(req["code"], "<warm-up>", None)
+                channel.send({"type": "done", "exit_code": exit_code})
+                os.read(evt_r, 1 << 16)
+        rt.default.close()
+    finally:
+        for fd in (req_w, evt_r, channel.req, channel.evt):
+            os.close(fd)
+        sys.modules["__main__"] = saved_main
+        sys.modules.pop("_vivarium_runtime", None)
+        if not had_display:
+            builtins.__dict__.pop("display", None)
+        linecache.cache.pop("<warm-up>", None)
+
+
+# What _fill_pools allocated: kept for the zygote's life, as the blocks
+# they fill must stay taken.
+_fillers = []
+
+
+def _free_blocks():
+    """The free blocks of pymalloc's partly used pools, by block size, as
+    sys._debugmallocstats writes them to the C library's stderr."""
+    with open(os.memfd_create("mallocstats"), "w+b") as f:
+        saved = os.dup(2)
+        try:
+            os.dup2(f.fileno(), 2)
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        f.seek(0)
+        text = f.read().decode("ascii", "replace")
+    free = {}
+    for line in text.splitlines():
+        fields = line.split()
+        # class, size, pools, blocks in use, available blocks
+        if len(fields) == 5 and all(x.isdigit() for x in fields):
+            free[int(fields[1])] = int(fields[4])
+    return free
+
+
+def _fill_pools():
+    """Takes every free block of the pools the zygote's objects are in.
+
+    Python's allocator gives a new object a free block of a partly used
+    pool first, and after gc.collect the zygote's pools are full of holes.
+    A child would put each of its new objects into one of them: a page of
+    the zygote's, copied for one object. With those blocks taken, the
+    child's new objects go to pools of their own, side by side."""
+    free = _free_blocks()
+    for size, n in free.items():
+        if size <= 16:
+            make = object
+        elif size <= 32:
+            make = lambda: float(len(_fillers)) + 0.5  # noqa: E731
+        else:
+            make = lambda: bytes(size - 33)  # noqa: E731 (bytes' header is 33 bytes)
+        _fillers.append([make() for _ in range(n)])
+
+
 MADV_COLLAPSE = 25
 HUGE_PAGE = 2 << 20
 
@@ -449,11 +551,19 @@ def main():
             import matplotlib.pyplot  # noqa: F401  (the backend and fonts, once)
         except BaseException as e:
             errors["matplotlib.pyplot"] = str(e)
+    try:
+        _warm_up()
+    except BaseException as e:
+        errors["warm-up"] = "%s: %s" % (type(e).__name__, e)
     sys.stdout.flush()
     sys.stderr.flush()
     # Pages the zygote wrote stay shared with every child as long as no one
     # writes them: keep the collector away from the preloaded objects.
     gc.collect()
+    try:
+        _fill_pools()
+    except Exception as e:  # the children's pages are then as they were
+        errors["filling the allocator's pools"] = "%s: %s" % (type(e).__name__, e)
     gc.freeze()
     gc.disable()
     _collapse_huge_pages()
