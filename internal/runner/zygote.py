@@ -567,6 +567,11 @@ def main():
     gc.freeze()
     gc.disable()
     _collapse_huge_pages()
+    # The interpreter's cache of attribute lookups holds a reference to each
+    # name it caches: a child's lookups replaced entries, and the counts of
+    # two names, strings all over the zygote's pages, changed with each. An
+    # empty cache's entries hold one static name instead.
+    sys._clear_type_cache()
     z = Zygote(sock)
     z.send({"op": "ready", "errors": errors, "modules": len(sys.modules), "landlock": LANDLOCK_ABI})
     child = z.serve()
