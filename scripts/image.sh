@@ -14,8 +14,8 @@
 #              VIVARIUM_DEBIAN_MIRROR: python3 with the modules sandboxes
 #              preload (numpy, pandas, matplotlib) and scipy, e2fsprogs
 #              (volumes), runsc (--backend gvisor), CRIU's libraries;
-#              built once into ~/.cache/vivarium/imagebase-<hash of this
-#              script> (about 1.3 GB, 3 to 4 minutes here)
+#              built once into ~/.cache/vivarium/imagebase-<hash of the
+#              lines that build it> (about 1.3 GB; 3 to 10 minutes here)
 #   vivarium   /usr/local/bin/vivarium (scripts/build.sh), and
 #              /usr/local/bin/criu when `make criu` has built one
 #              (VIVARIUM_CRIU, VIVARIUM_CRIU_DIR, else make criu's
@@ -39,7 +39,9 @@ command -v debootstrap >/dev/null 2>&1 || {
 }
 . "$root/scripts/docker-save.sh"
 
-key=$(cat "$root/scripts/image.sh" | sha256sum | cut -c1-12)
+# The base's key: the lines of this script that make it (from here to
+# "# The vivarium layer."), so that a change of the rest reuses it.
+key=$(sed -n '/^key=/,/^# The vivarium layer\./p' "$root/scripts/image.sh" | sha256sum | cut -c1-12)
 base=${XDG_CACHE_HOME:-$HOME/.cache}/vivarium/imagebase-$key
 mkdir -p "$base"
 if [ ! -f "$base/base.tar" ]; then
@@ -68,6 +70,7 @@ if [ ! -f "$base/base.tar" ]; then
 	step "base: $(du -m "$base/base.tar" | cut -f1) MiB in $(($(date +%s) - start))s"
 fi
 
+# The vivarium layer.
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/root/usr/local/bin"
