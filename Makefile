@@ -29,7 +29,7 @@
 #                    bin/vivarium-image.tar, a `docker save` archive,
 #                    without a Docker daemon (scripts/image.sh): Debian by
 #                    debootstrap with what sandboxes run, vivarium and
-#                    CRIU. Its base takes 3 to 4 minutes the first time.
+#                    CRIU. Its base takes 3 to 10 minutes the first time.
 
 GO ?= go
 
