@@ -122,48 +122,5 @@ func TestServeGvisorNetworkAcrossPause(t *testing.T) {
 		srv.cmd.Process.Signal(syscall.SIGTERM)
 		<-srv.exited
 	})
-	run := func(want int, args ...string) string { t.Helper(); return srv.run(t, want, args...) }
-	fetch := fmt.Sprintf(`
-import urllib.request
-try:
-    print(urllib.request.urlopen("http://%s/hello.txt", timeout=20).read().decode().strip())
-except OSError as e:
-    print("unreachable", type(getattr(e, "reason", e)).__name__)`, hostPort)
-	want := "hello from " + h.Name
-
-	id := run(0, "sandbox", "create", "--allow-net", hostPort)
-	if out := run(0, "sandbox", "exec", id, "-c", fetch); out != want {
-		t.Fatalf("a gvisor sandbox with network access: %q", out)
-	}
-	run(0, "sandbox", "pause", id)
-	run(0, "sandbox", "resume", id)
-	if out := run(0, "sandbox", "exec", id, "-c", fetch); out != want {
-		t.Fatalf("after the resume: %q", out)
-	}
-
-	snap := run(0, "sandbox", "snapshot", id)
-	fromSnap := run(0, "sandbox", "create", "--from-snapshot", snap)
-	if out := run(0, "sandbox", "exec", fromSnap, "-c", fetch); !strings.HasPrefix(out, "unreachable ") {
-		t.Errorf("a sandbox made of the snapshot: %q", out)
-	}
-	run(0, "sandbox", "kill", fromSnap)
-
-	copies := strings.Fields(run(0, "sandbox", "fork", id, "--count", "2"))
-	if len(copies) != 2 {
-		t.Fatalf("fork printed %q", copies)
-	}
-	run(0, "sandbox", "kill", id)
-	for _, c := range copies {
-		if out := run(0, "sandbox", "exec", c, "-c", fetch); out != want {
-			t.Errorf("copy %s: %q", c, out)
-		}
-	}
-	run(0, append([]string{"sandbox", "kill"}, copies...)...)
-	// The audit log is written in batches: wait for the copies' connections.
-	for _, c := range copies {
-		testutil.WaitFor(t, 20*time.Second, "copy "+c+"'s connection in the audit log", func() bool {
-			audit := srv.cliAs(t, "", "", "audit", "--data-dir", dataDir, "--kind", "net", "--sandbox", c).stdout
-			return strings.Contains(audit, hostPort)
-		})
-	}
+	networkAcrossPause(t, srv, dataDir, h, func(out string) bool { return strings.HasPrefix(out, "unreachable ") })
 }
