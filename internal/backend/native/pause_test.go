@@ -918,27 +918,12 @@ func TestPauseMasksKept(t *testing.T) {
 	id := execText(t, s, bootID)
 	masks := func(s *Sandbox) map[uint64]string {
 		t.Helper()
-		ext := filepath.Join(s.cp.dir, "ext")
-		ents, err := os.ReadDir(ext)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out := map[uint64]string{}
-		for _, e := range ents {
+		out := maskFiles(t, filepath.Join(s.cp.dir, "ext"))
+		for ino, name := range out {
 			var st syscall.Stat_t
-			if err := syscall.Lstat(filepath.Join(ext, e.Name()), &st); err != nil {
-				t.Fatal(err)
+			if err := syscall.Lstat(filepath.Join(s.cp.dir, "ext", name), &st); err != nil || st.Ino != ino || st.Nlink < 2 {
+				t.Errorf("mask %s: %d links (%v): not a kept copy", name, st.Nlink, err)
 			}
-			if st.Mode&syscall.S_IFMT != syscall.S_IFREG {
-				continue
-			}
-			if st.Nlink < 2 || st.Uid != 0 || st.Mode&0o777 != 0o444 {
-				t.Errorf("mask %s: %d links, owner %d, mode %o: not a kept copy", e.Name(), st.Nlink, st.Uid, st.Mode&0o777)
-			}
-			out[st.Ino] = e.Name()
-		}
-		if len(out) == 0 {
-			t.Fatal("the checkpoint has no mask's file")
 		}
 		return out
 	}
@@ -988,4 +973,33 @@ func TestPauseMasksKept(t *testing.T) {
 	if err := o.Resume(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// maskFiles lists the /proc masks' files in a checkpoint's ext directory
+// (by inode), each of which must be root's and read-only (its group may
+// be the sandbox's); it fails the test where there is none.
+func maskFiles(t *testing.T, ext string) map[uint64]string {
+	t.Helper()
+	ents, err := os.ReadDir(ext)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[uint64]string{}
+	for _, e := range ents {
+		var st syscall.Stat_t
+		if err := syscall.Lstat(filepath.Join(ext, e.Name()), &st); err != nil {
+			t.Fatal(err)
+		}
+		if st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+			continue
+		}
+		if st.Uid != 0 || st.Mode&0o777 != 0o444 {
+			t.Errorf("mask %s: owner %d, mode %o", e.Name(), st.Uid, st.Mode&0o777)
+		}
+		out[st.Ino] = e.Name()
+	}
+	if len(out) == 0 {
+		t.Fatal("the checkpoint has no mask's file")
+	}
+	return out
 }
