@@ -30,7 +30,7 @@
 # ~/.cache/vivarium/standins-<hash of this script and docker-save.sh>)
 # as `docker save` archives: about 2 minutes and 250 MB.
 # Installs with apt what it lacks: docker-registry, skopeo, debootstrap,
-# openssl.
+# openssl, curl.
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
 step() { echo "registry: $*" >&2; }
@@ -56,6 +56,7 @@ command -v docker-registry >/dev/null 2>&1 || need="$need docker-registry"
 command -v skopeo >/dev/null 2>&1 || need="$need skopeo"
 command -v debootstrap >/dev/null 2>&1 || need="$need debootstrap"
 command -v openssl >/dev/null 2>&1 || need="$need openssl"
+command -v curl >/dev/null 2>&1 || need="$need curl"
 if [ -n "$need" ]; then
 	step "installing$need with apt"
 	apt-get update -qq

@@ -20,8 +20,10 @@ import (
 // excludes. It is read through os.Root: a symbolic link is archived as a
 // link, never followed out of the directory.
 type Context struct {
-	root   *os.Root
-	ignore []ignoreRule
+	root    *os.Root
+	ignore  []ignoreRule
+	entries []contextEntry // what walk found, once for every COPY
+	walked  bool
 }
 
 type ignoreRule struct {
@@ -195,8 +197,12 @@ type contextEntry struct {
 	info fs.FileInfo
 }
 
-// walk lists the context's entries that .dockerignore keeps, sorted.
+// walk lists the context's entries that .dockerignore keeps, sorted:
+// read once, the first time a COPY asks.
 func (c *Context) walk() ([]contextEntry, error) {
+	if c.walked {
+		return c.entries, nil
+	}
 	var out []contextEntry
 	err := fs.WalkDir(c.root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -215,8 +221,12 @@ func (c *Context) walk() ([]contextEntry, error) {
 		out = append(out, contextEntry{path: p, dir: d.IsDir(), info: info})
 		return nil
 	})
+	if err != nil {
+		return nil, err
+	}
 	slices.SortFunc(out, func(a, b contextEntry) int { return strings.Compare(a.path, b.path) })
-	return out, err
+	c.entries, c.walked = out, true
+	return out, nil
 }
 
 // add writes one entry: a directory, a file, or a link as a link;

@@ -124,7 +124,10 @@ type dockerfile struct {
 	cmdShell bool
 }
 
-var heredoc = regexp.MustCompile(`(^|\s)<<-?["']?[A-Za-z_]`)
+var (
+	heredoc   = regexp.MustCompile(`(^|\s)<<-?["']?[A-Za-z_]`)
+	octalMode = regexp.MustCompile(`^0?[0-7]{3,4}$`)
+)
 
 func (p *dockerfile) instruction(l line) error {
 	keyword, rest, _ := strings.Cut(l.text, " ")
@@ -330,7 +333,7 @@ func (p *dockerfile) copy(keyword, rest string) error {
 		case "--chown":
 			chown = value
 		case "--chmod":
-			if !regexp.MustCompile(`^0?[0-7]{3,4}$`).MatchString(value) {
+			if !octalMode.MatchString(value) {
 				return fmt.Errorf("%s --chmod=%s: an octal mode is needed", keyword, value)
 			}
 			chmod = value
