@@ -22,3 +22,13 @@ func (l *Buffer) String() string {
 	defer l.mu.Unlock()
 	return l.b.String()
 }
+
+// SinkFunc is a sandbox.Sink that hands both streams' output to a
+// function.
+type SinkFunc func([]byte)
+
+// Stdout implements sandbox.Sink.
+func (f SinkFunc) Stdout(p []byte) { f(p) }
+
+// Stderr implements sandbox.Sink.
+func (f SinkFunc) Stderr(p []byte) { f(p) }

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -593,17 +594,24 @@ func TestPauseFailedResume(t *testing.T) {
 	p := sb.(sandbox.Pauser)
 	execValue(t, sb, "x = 41")
 
+	// The execution says it runs before a pause is tried: a pause tried
+	// before it started would pause the sandbox, and it would never run.
 	running := make(chan struct{})
+	var once sync.Once
 	done := make(chan error, 1)
 	go func() {
-		close(running)
-		_, err := sb.Execute(ctx, sandbox.ExecRequest{Code: "import time; time.sleep(2)"}, nil)
+		_, err := sb.Execute(ctx, sandbox.ExecRequest{Code: "import time; print('running', flush=True); time.sleep(2)"},
+			testutil.SinkFunc(func([]byte) { once.Do(func() { close(running) }) }))
 		done <- err
 	}()
-	<-running
-	testutil.WaitFor(t, 10*time.Second, "the execution to start", func() bool {
-		return errors.Is(p.Pause(ctx), sandbox.ErrBusy)
-	})
+	select {
+	case <-running:
+	case err := <-done:
+		t.Fatalf("the execution ended before it said it ran: %v", err)
+	}
+	if err := p.Pause(ctx); !errors.Is(err, sandbox.ErrBusy) {
+		t.Fatalf("Pause while an execution runs: %v", err)
+	}
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
