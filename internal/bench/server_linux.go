@@ -103,7 +103,11 @@ func (s *server) release() error {
 	}
 	s.cpu, s.cpuErr = nil, nil
 	os.RemoveAll(s.data)
-	cgroups.RemoveEmpty(s.parent)
+	// The parent is named by this process: nothing else will remove it,
+	// nor the groups named after it (the meter's own, serve's for gvisor).
+	for _, g := range []string{s.parent, s.parent + "-self", s.parent + "-gvisor"} {
+		cgroups.RemoveEmpty(g)
+	}
 	return nil
 }
 
