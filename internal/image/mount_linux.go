@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -38,7 +39,17 @@ var ErrNoIdmap = errors.New("this kernel cannot stack idmapped layers with overl
 // The layer mounts are not attached anywhere; the overlay keeps what it
 // needs of them.
 func (s *Store) RootMount(diffIDs []string, userns *os.File, upper, work string) (*os.File, error) {
-	if len(diffIDs) == 0 {
+	dirs := make([]string, len(diffIDs))
+	for i, id := range diffIDs {
+		dirs[i] = s.LayerDir(id)
+	}
+	return MountLayers(dirs, userns, upper, work)
+}
+
+// MountLayers is RootMount of layers given by their directories (a
+// store's LayerDir), the lowest first.
+func MountLayers(dirs []string, userns *os.File, upper, work string) (*os.File, error) {
+	if len(dirs) == 0 {
 		return nil, errors.New("an image without layers has no root")
 	}
 	var layers []int
@@ -47,8 +58,9 @@ func (s *Store) RootMount(diffIDs []string, userns *os.File, upper, work string)
 			unix.Close(fd)
 		}
 	}()
-	for _, id := range diffIDs {
-		fd, err := unix.OpenTree(unix.AT_FDCWD, s.LayerDir(id), unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	for _, dir := range dirs {
+		id := filepath.Base(dir)
+		fd, err := unix.OpenTree(unix.AT_FDCWD, dir, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
 		if err != nil {
 			return nil, fmt.Errorf("clone layer %.19s: %w", id, err)
 		}
@@ -98,6 +110,14 @@ func (s *Store) RootMount(diffIDs []string, userns *os.File, upper, work string)
 		}
 		if err := set("workdir", work); err != nil {
 			return nil, err
+		}
+		// The writable layer holds files and whiteouts only, in the
+		// form the store's layers have: no redirects, no metadata-only
+		// copies (a build turns it into a layer; nothing else reads it).
+		for _, o := range []string{"redirect_dir", "metacopy", "index"} {
+			if err := set(o, "off"); err != nil {
+				return nil, err
+			}
 		}
 	} else {
 		flags |= unix.MOUNT_ATTR_RDONLY

@@ -66,6 +66,15 @@ func (p *Pool) VolumesSupported() error {
 	return fmt.Errorf("the %s backend cannot mount volumes", p.cfg.Backend.Name())
 }
 
+// RootsSupported implements sandbox.RootBackend for the backend the pool
+// keeps sandboxes of.
+func (p *Pool) RootsSupported() error {
+	if rb, ok := p.cfg.Backend.(sandbox.RootBackend); ok {
+		return rb.RootsSupported()
+	}
+	return fmt.Errorf("the %s backend cannot run templates", p.cfg.Backend.Name())
+}
+
 // EgressSupported implements sandbox.EgressBackend for the backend the
 // pool wraps.
 func (p *Pool) EgressSupported() error { return sandbox.EgressSupported(p.cfg.Backend) }
@@ -125,6 +134,9 @@ func key(spec sandbox.Spec) string {
 // Create implements sandbox.Backend: a ready sandbox for this exact
 // configuration if there is one, a new one otherwise.
 func (p *Pool) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
+	if err := sandbox.CheckRoot(p.cfg.Backend, spec); err != nil {
+		return nil, err
+	}
 	if p.cfg.Max <= 0 || spec.Egress != nil || len(spec.Volumes) > 0 {
 		// A sandbox with network access or volumes is made for its
 		// caller: its proxy and volumes are the caller's, and cannot

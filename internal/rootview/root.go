@@ -48,6 +48,10 @@ var etcGenerated = map[string]string{
 	"timezone":    "Etc/UTC\n",
 }
 
+// GeneratedEtc is the content every sandbox's /etc/NAME has (hostname,
+// hosts, resolv.conf ...), "" for a file it has none of.
+func GeneratedEtc(name string) string { return etcGenerated[name] }
+
 // etcFromHost are copied from the host when present: public, non-secret
 // files that libraries need. Directories are copied recursively (regular
 // files and links only).

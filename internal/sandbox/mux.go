@@ -64,6 +64,9 @@ func (m *Mux) Create(ctx context.Context, spec Spec) (Sandbox, error) {
 	if err := CheckVolumes(b, spec); err != nil {
 		return nil, err
 	}
+	if err := CheckRoot(b, spec); err != nil {
+		return nil, err
+	}
 	return b.Create(ctx, spec)
 }
 
@@ -74,6 +77,10 @@ func (m *Mux) EgressSupported() error { return nil }
 // VolumesSupported implements sandbox.VolumeBackend: Create checks the
 // backend a spec names.
 func (m *Mux) VolumesSupported() error { return nil }
+
+// RootsSupported implements sandbox.RootBackend: Create checks the
+// backend a spec names.
+func (m *Mux) RootsSupported() error { return nil }
 
 // EgressSupportedBy implements EgressChooser.
 func (m *Mux) EgressSupportedBy(name string) error {

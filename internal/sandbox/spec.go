@@ -167,6 +167,11 @@ type Spec struct {
 	// whose faster sandboxes cannot be (native's, forked from a zygote)
 	// makes this one the way that can. Part of a pool's key.
 	Pausable bool `json:",omitempty"`
+	// Root, when set, is a template's file system, the sandbox's root in
+	// place of the host's /usr (see Root); its Python is the template's.
+	// Backends that cannot refuse the spec (CheckRoot). Part of a pool's
+	// key.
+	Root *Root `json:",omitempty"`
 }
 
 // The homes a sandbox user may have (Spec.Home).
@@ -244,6 +249,9 @@ func (s Spec) Validate() error {
 	if s.Python != "" && !strings.HasPrefix(s.Python, "/") {
 		return fmt.Errorf("%w: python must be an absolute path, got %q", ErrInvalidSpec, s.Python)
 	}
+	if err := s.Root.validate(); err != nil {
+		return err
+	}
 	return validVolumes(s.Volumes)
 }
 
@@ -256,6 +264,9 @@ func CheckSpec(b Backend, spec Spec) error {
 		return err
 	}
 	if err := CheckEgress(b, spec); err != nil {
+		return err
+	}
+	if err := CheckRoot(b, spec); err != nil {
 		return err
 	}
 	return CheckVolumes(b, spec)

@@ -300,6 +300,9 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 	if err := spec.Validate(); err != nil {
 		return nil, err
 	}
+	if spec.Root != nil {
+		return b.createFromTemplate(ctx, spec)
+	}
 	if spec.Python == "" {
 		spec.Python = sandbox.DefaultPython
 	}

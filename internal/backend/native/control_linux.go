@@ -438,7 +438,7 @@ func spawn(cfg *initConfig, m ctlMsg) (int, []int, error) {
 	}
 	dir := m.Dir
 	if dir == "" {
-		dir = cfg.home()
+		dir = cfg.startDir()
 	}
 	attr := userAttr()
 	if m.User == sandbox.UserRoot {

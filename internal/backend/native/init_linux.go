@@ -97,6 +97,12 @@ type initConfig struct {
 	// Proc is what init binds over its /proc (procMasks), but the boot
 	// id, its own.
 	Proc []rootview.ProcMask `json:"proc,omitempty"`
+	// Image: the root is a template's, which comes on the control socket
+	// (template_linux.go); Python "" is python3 on Env's PATH. Workdir,
+	// if set, is where the runner and commands start (the template's
+	// WORKDIR) instead of the home.
+	Image   bool   `json:"image,omitempty"`
+	Workdir string `json:"workdir,omitempty"`
 }
 
 // sandboxFilter is every sandbox's seccomp filter, encoded.
@@ -137,6 +143,15 @@ func (cfg *initConfig) home() string {
 		return workspacePath
 	}
 	return cfg.Home
+}
+
+// startDir is where the runner and commands start: the template's WORKDIR
+// or the home.
+func (cfg *initConfig) startDir() string {
+	if cfg.Workdir != "" {
+		return cfg.Workdir
+	}
+	return cfg.home()
 }
 
 // A sandbox's init runs from this package's init function, before main
@@ -286,8 +301,8 @@ func initMain(report func(initStatus)) (int, error) {
 	if err := loopbackUp(); err != nil {
 		return 0, step("loopback up", err)
 	}
-	if err := os.Chdir(cfg.home()); err != nil {
-		return 0, step("chdir home", err)
+	if err := os.Chdir(cfg.startDir()); err != nil {
+		return 0, step("chdir "+cfg.startDir(), err)
 	}
 	// Init's own data must not be readable by the sandbox user through
 	// /proc/1 (its environment, memory, descriptors).
@@ -448,6 +463,13 @@ func startRunner(cfg *initConfig) (int, []int, error) {
 	if cfg.Role == roleForked && len(cfg.RunnerArgs) == 0 {
 		return runnerPipes()
 	}
+	if cfg.Image && cfg.Python == "" {
+		p, err := lookPath("python3", cfg.Env)
+		if err != nil {
+			return 0, nil, fmt.Errorf("the template has no python3 on its PATH: its sandboxes run commands, not code: %w", err)
+		}
+		cfg.Python = p
+	}
 	if _, err := os.Stat(cfg.Python); err != nil {
 		return 0, nil, fmt.Errorf("python %s is not in the sandbox (only the host's /usr is visible): %w", cfg.Python, err)
 	}
@@ -473,7 +495,7 @@ func startRunner(cfg *initConfig) (int, []int, error) {
 		Path:        cfg.Python,
 		Args:        append([]string{cfg.Python}, cfg.RunnerArgs...),
 		Env:         env,
-		Dir:         cfg.home(),
+		Dir:         cfg.startDir(),
 		Stdout:      stdoutFile,
 		Stderr:      stderrFile,
 		ExtraFiles:  []*os.File{reqR, evW},

@@ -87,7 +87,14 @@ func buildRoot(cfg *initConfig) error {
 		// top of the disk's, so that its user keeps all of its share.
 		rootOpts = fmt.Sprintf("size=%d,nr_inodes=%d,mode=755", cfg.DiskBytes, cfg.DiskInodes+rootInodes)
 	}
-	if err := unix.Mount("tmpfs", newRoot, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, rootOpts); err != nil {
+	if cfg.Image {
+		if err := attachRoot(newRoot); err != nil {
+			return err
+		}
+		if err := rootDirs(newRoot, imageDirs); err != nil {
+			return step("the template's directories", err)
+		}
+	} else if err := unix.Mount("tmpfs", newRoot, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, rootOpts); err != nil {
 		return step("mount root tmpfs", err)
 	}
 	r := func(p string) string { return filepath.Join(newRoot, p) }
@@ -99,7 +106,11 @@ func buildRoot(cfg *initConfig) error {
 		hostDir = func(name string) string { return filepath.Join("/", hostDirs, name) }
 		top = rootview.HostTopLevel("/") // the zygote's root has the host's layout
 	}
-	for _, name := range append([]string{"usr"}, bindsOf(top)...) {
+	hostNames := append([]string{"usr"}, bindsOf(top)...)
+	if cfg.Image {
+		hostNames, top = nil, nil // the template's, not the host's
+	}
+	for _, name := range hostNames {
 		if err := mountOverlay(hostDir(name), empty, r(name)); err != nil {
 			return step("overlay /"+name, err)
 		}
@@ -144,7 +155,16 @@ func buildRoot(cfg *initConfig) error {
 			return step("overlay "+runnerDir, err)
 		}
 	} else {
-		if err := rootview.WriteFiles(r("etc"), cfg.Etc); err != nil {
+		if cfg.Image {
+			if err := imageEtc(r("etc"), cfg.UserName, cfg.home()); err != nil {
+				return step("/etc of the template", err)
+			}
+			// The runner's own small file system: nothing of the
+			// image's is in its directory.
+			if err := unix.Mount("tmpfs", r(runnerDir), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "size=8m,nr_inodes=1024,mode=755"); err != nil {
+				return step("mount the runner's directory", err)
+			}
+		} else if err := rootview.WriteFiles(r("etc"), cfg.Etc); err != nil {
 			return step("write /etc", err)
 		}
 		if err := rootview.WriteFiles(r(runnerDir), rootview.RunnerTree(cfg.RunnerFiles)); err != nil {
@@ -164,8 +184,10 @@ func buildRoot(cfg *initConfig) error {
 				return step("link /"+l.name, err)
 			}
 		}
-	} else if err := writeUsers(r("etc"), cfg.UserName, cfg.Home); err != nil {
-		return step("write /etc/passwd", err)
+	} else if !cfg.Image {
+		if err := writeUsers(r("etc"), cfg.UserName, cfg.Home); err != nil {
+			return step("write /etc/passwd", err)
+		}
 	}
 	if err := mountDev(r("dev"), cfg.Devices); err != nil {
 		return err
@@ -269,7 +291,9 @@ func mountDisk(cfg *initConfig, r func(string) string) error {
 			}
 		}
 	}
-	if err := os.Symlink("../tmp", r("var/tmp")); err != nil {
+	if _, err := os.Lstat(r("var/tmp")); err == nil && cfg.Image {
+		// The template's own /var/tmp, in the sandbox's writable layer.
+	} else if err := os.Symlink("../tmp", r("var/tmp")); err != nil {
 		return step("link /var/tmp", err)
 	}
 	for _, b := range []struct{ src, dst string }{{"workspace", "home/user"}, {"run/shm", "dev/shm"}} {

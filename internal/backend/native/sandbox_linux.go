@@ -233,9 +233,9 @@ func start(ctx context.Context, b *Backend, spec sandbox.Spec, cfg *initConfig, 
 		p.closeParent()
 		return nil, err
 	}
-	// Also before the wait: the volumes' mounts are mapped by the user
-	// namespace of this pid.
-	if err := s.sendVolumes(); err != nil {
+	// Also before the wait: the root's and the volumes' mounts are
+	// mapped by the user namespace of this pid.
+	if err := s.sendMounts(); err != nil {
 		s.init.kill()
 		s.init.wait()
 		close(s.initDone)

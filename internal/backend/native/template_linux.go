@@ -1,0 +1,255 @@
+package native
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vivarium-sandbox/vivarium/internal/image"
+	"github.com/vivarium-sandbox/vivarium/internal/rootview"
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+)
+
+// A template's sandbox (sandbox.Spec.Root) has the template's file system
+// as its root, in place of the host's /usr. The layers are the image
+// store's, owned on the host by the ids the image gives (root is host
+// root); each sandbox sees them through its own user namespace. In order:
+//
+//  1. the supervisor makes the sandbox's writable layer, a tmpfs of the
+//     sandbox's disk limit made as a detached mount (in no namespace: the
+//     host never sees it), with its upper and work directories owned by
+//     the sandbox's root;
+//  2. it stacks the layers, each idmapped through the sandbox's user
+//     namespace, under that writable layer into an overlay
+//     (image.MountLayers): a file of the image's root is the sandbox's
+//     root's, and no other sandbox's, nor the host root's; what the
+//     sandbox writes anywhere is copied up into its own tmpfs;
+//  3. it sends the overlay, a detached mount, to init on the control
+//     socket (opRoot), before the volumes and the config;
+//  4. init attaches it where a classic sandbox mounts its root tmpfs and
+//     builds the rest as buildRoot does for every sandbox: the runner on
+//     a tmpfs of its own, /dev, the disk's directories, the volumes,
+//     /proc. The image is hostile: every directory init makes or mounts
+//     on is made a real directory first (rootDirs), so that no link of
+//     the image leads a mount or a write out of the root before the
+//     pivot; the files of /etc it writes replace whatever the image had
+//     there.
+//
+// The template's Python (python3 on its PATH) runs the runner.
+const opRoot = "root"
+
+// RootsSupported implements sandbox.RootBackend: the kernel's support is
+// checked when a template's sandbox starts (idmapped layers under
+// overlayfs, Linux 5.19), which fails naming the step; `vivarium doctor`
+// probes it beforehand.
+func (b *Backend) RootsSupported() error { return nil }
+
+// createFromTemplate starts a template's sandbox: an init of its own
+// (roleClassic) that runs the template's Python.
+func (b *Backend) createFromTemplate(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
+	if spec.Python != "" {
+		return nil, fmt.Errorf("%w: a template's sandbox runs the template's python3; python cannot be chosen", sandbox.ErrInvalidSpec)
+	}
+	spec.Limits = spec.Limits.WithDefaults()
+	if spec.Egress != nil {
+		spec.Env = sandbox.WithEgressEnv(spec.Env)
+	}
+	cfg, err := b.initConfig(spec, nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Image, cfg.Workdir, cfg.Python = true, spec.Root.Dir, ""
+	cfg.HashSeed, cfg.Preload = "", nil
+	return start(ctx, b, spec, cfg, nil)
+}
+
+// rootMount makes the root of a template's sandbox whose init is pid (not
+// yet reaped), whose root is the host user owner, as a detached mount.
+func rootMount(pid int, root *sandbox.Root, owner uint32, disk, inodes int64) (*os.File, error) {
+	fs, err := unix.Fsopen("tmpfs", unix.FSOPEN_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("template root: the writable layer: %w", err)
+	}
+	defer unix.Close(fs)
+	for k, v := range map[string]string{"size": fmt.Sprint(disk), "nr_inodes": fmt.Sprint(inodes), "mode": "0700"} {
+		if err := unix.FsconfigSetString(fs, k, v); err != nil {
+			return nil, fmt.Errorf("template root: the writable layer's %s: %w", k, err)
+		}
+	}
+	if err := unix.FsconfigCreate(fs); err != nil {
+		return nil, fmt.Errorf("template root: the writable layer: %w", err)
+	}
+	tmp, err := unix.Fsmount(fs, unix.FSMOUNT_CLOEXEC, unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV)
+	if err != nil {
+		return nil, fmt.Errorf("template root: the writable layer: %w", err)
+	}
+	defer unix.Close(tmp)
+	for _, d := range []string{"upper", "work"} {
+		if err := unix.Mkdirat(tmp, d, 0o755); err != nil {
+			return nil, fmt.Errorf("template root: %s: %w", d, err)
+		}
+		if err := unix.Fchownat(tmp, d, int(owner), int(owner), unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return nil, fmt.Errorf("template root: %s: %w", d, err)
+		}
+	}
+	userns, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", pid))
+	if err != nil {
+		return nil, fmt.Errorf("template root: the sandbox's user namespace: %w", err)
+	}
+	defer userns.Close()
+	dir := fmt.Sprintf("/proc/self/fd/%d/", tmp)
+	m, err := image.MountLayers(root.Layers, userns, dir+"upper", dir+"work")
+	if err != nil {
+		return nil, fmt.Errorf("template %s: %w", root.Template, err)
+	}
+	return m, nil
+}
+
+// sendRoot makes and sends a template sandbox's root to its init.
+func (s *Sandbox) sendRoot() error {
+	if s.spec.Root == nil {
+		return nil
+	}
+	m, err := rootMount(s.init.pid, s.spec.Root, s.owner.ID(0), s.cfg.DiskBytes, s.cfg.DiskInodes+rootInodes)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	if err := sendCtl(s.ctl, ctlMsg{Op: opRoot}, int(m.Fd())); err != nil {
+		return fmt.Errorf("send the template's root to init: %w", err)
+	}
+	return nil
+}
+
+// sendMounts sends init the mounts it attaches while it builds the root:
+// a template's root first, then the volumes.
+func (s *Sandbox) sendMounts() error {
+	if err := s.sendRoot(); err != nil {
+		return err
+	}
+	return s.sendVolumes()
+}
+
+// attachRoot is init's side: it receives the root and attaches it at dst.
+func attachRoot(dst string) error {
+	buf, oob := make([]byte, 4096), make([]byte, unix.CmsgSpace(4))
+	m, fds, err := recvCtl(fdControl, buf, oob)
+	if err != nil {
+		return step("receive the template's root", err)
+	}
+	defer closeAll(fds)
+	if m.Op != opRoot || len(fds) != 1 {
+		return step("receive the template's root", fmt.Errorf("expected it, got %q with %d descriptors", m.Op, len(fds)))
+	}
+	if err := unix.MoveMount(fds[0], "", unix.AT_FDCWD, dst, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return step("attach the template's root (move_mount)", err)
+	}
+	return nil
+}
+
+// imageDirs are the directories of a template's root that init makes,
+// mounts on or writes in.
+var imageDirs = []string{"dev", "proc", "tmp", "workspace", "home/user", "root", "run/shm", "var", "etc",
+	strings.TrimPrefix(runnerDir, "/")}
+
+// rootDirs makes each of dirs (relative, clean) a directory of the root
+// at root, component by component: a link or a file of the image in the
+// way is removed first (the removal is the sandbox's writable layer's,
+// the image is unchanged), so that nothing init does below follows a link
+// the image made.
+func rootDirs(root string, dirs []string) error {
+	for _, d := range dirs {
+		fd, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		for _, part := range strings.Split(d, "/") {
+			next, err := unix.Openat(fd, part, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+			if errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP) {
+				if err = unix.Unlinkat(fd, part, 0); err == nil {
+					err = unix.ENOENT
+				}
+			}
+			if errors.Is(err, unix.ENOENT) {
+				if err = unix.Mkdirat(fd, part, 0o755); err == nil {
+					next, err = unix.Openat(fd, part, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+				}
+			}
+			unix.Close(fd)
+			if err != nil {
+				return fmt.Errorf("/%s: %w", d, err)
+			}
+			fd = next
+		}
+		unix.Close(fd)
+	}
+	return nil
+}
+
+// imageEtc writes what a template sandbox's /etc must say whatever the
+// image says (its host name and hosts, no name server), and gives the
+// sandbox's user (1000) an entry of its own if the image has none.
+func imageEtc(etc, name, home string) error {
+	for _, f := range []string{"hostname", "hosts", "resolv.conf"} {
+		if err := replaceFile(filepath.Join(etc, f), []byte(rootview.GeneratedEtc(f))); err != nil {
+			return err
+		}
+	}
+	if name == "" {
+		name = "sandbox"
+	}
+	for _, f := range []struct{ file, entry string }{
+		{"passwd", name + ":x:1000:1000:" + name + ":" + home + ":/bin/sh\n"},
+		{"group", name + ":x:1000:\n"},
+	} {
+		p := filepath.Join(etc, f.file)
+		old, err := os.ReadFile(p) // rootDirs made etc a directory; a link in it is replaced below
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+		if hasID(string(old)) {
+			continue
+		}
+		if len(old) > 0 && !strings.HasSuffix(string(old), "\n") {
+			old = append(old, '\n')
+		}
+		if err := replaceFile(p, append(old, f.entry...)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// hasID reports whether an /etc/passwd (or /etc/group) has an entry of id
+// 1000.
+func hasID(db string) bool {
+	for _, l := range strings.Split(db, "\n") {
+		f := strings.Split(l, ":")
+		if len(f) >= 3 && f[2] == "1000" {
+			return true
+		}
+	}
+	return false
+}
+
+// replaceFile writes a new file at p in place of whatever is there (a link
+// of the image's is removed, never followed).
+func replaceFile(p string, data []byte) error {
+	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o644)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
