@@ -89,7 +89,7 @@ func cmdImage(args []string) int {
 		fmt.Fprintf(os.Stderr, "vivarium image %s: wrong arguments\n\n%s", sub, imageUsage)
 		return 2
 	}
-	s, err := image.Open(filepath.Join(*dataDir, "images"), image.DefaultLimits)
+	s, err := openImages(*dataDir)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "vivarium image %s: %v\n", sub, err)
 		return 1
@@ -230,4 +230,10 @@ func imageBuild(args []string) int {
 	}
 	fmt.Println(name)
 	return 0
+}
+
+// openImages opens the image store of a data directory, which holds the
+// templates sandboxes are made of.
+func openImages(dataDir string) (*image.Store, error) {
+	return image.Open(filepath.Join(dataDir, "images"), image.DefaultLimits)
 }

@@ -129,6 +129,12 @@ func cmdMCP(args []string) int {
 		Backend: b, MaxLimits: limits, DefaultIdle: c.idle, MaxIdle: c.lifetime, DefaultLifetime: c.lifetime,
 		MaxLifetime: c.lifetime, MaxPerOwner: c.maxSandboxes, MaxTotal: c.maxSandboxes, Logger: log,
 	}
+	// create_sandbox's templates are those of vivarium serve's store.
+	if images, err := openImages(defaultDataDir()); err == nil {
+		svcCfg.Images = images
+	} else {
+		log.Warn("templates cannot be used: create_sandbox will say so", "err", err)
+	}
 	// snapshot_sandbox keeps its snapshots where vivarium serve keeps
 	// its own (another owner's: neither sees the other's).
 	if key, err := snapshot.LoadKey(filepath.Join(defaultDataDir(), "snapshot.key")); err == nil {

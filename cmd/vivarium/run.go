@@ -19,10 +19,12 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
 	"github.com/vivarium-sandbox/vivarium/internal/backend/wasm"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/service"
 )
 
 type runOptions struct {
 	code, python              string
+	template, dataDir         string
 	backend, wasmDir          string
 	gvisorPlatform            string
 	dockerHost, dockerRuntime string
@@ -69,6 +71,8 @@ Flags:
 	fs.StringVar(&o.out, "out", "", "after the run, copy the workspace's regular files to `DIR`; for a .ipynb FILE, the executed notebook's path (- for standard output)")
 	fs.BoolVar(&o.allowErrors, "allow-errors", false, "for a .ipynb FILE: run every cell even after one fails")
 	fs.StringVar(&o.python, "python", sandbox.DefaultPython, "Python interpreter inside the sandbox (must be under /usr)")
+	fs.StringVar(&o.template, "template", "", "run in the file system and Python of `NAME`, an image of the store (vivarium image ls; native backend); default: the host's")
+	fs.StringVar(&o.dataDir, "data-dir", defaultDataDir(), "with --template: the data `DIR` whose image store holds it")
 	fs.StringVar(&o.backend, "backend", "native", "isolation: `native` (Linux namespaces, seccomp, cgroups), gvisor (the same inside gVisor's user-space kernel: runsc), docker (a container of a local Docker daemon) or wasm (CPython compiled to WebAssembly: standard library only)")
 	fs.StringVar(&o.gvisorPlatform, "gvisor-platform", "", "for --backend gvisor: runsc's `PLATFORM` (systrap, kvm, ptrace); default: the first that starts a sandbox here")
 	fs.StringVar(&o.dockerHost, "docker-host", "", "for --backend docker: the daemon's `ADDRESS` (unix:///PATH); default $DOCKER_HOST, else unix:///var/run/docker.sock")
@@ -251,6 +255,11 @@ func (o *runOptions) job(positional []string) (sandbox.OneShot, error) {
 		Env:    env,
 		Python: o.python,
 	}
+	if o.template != "" {
+		if err := o.withTemplate(&job.Spec); err != nil {
+			return job, err
+		}
+	}
 	var err error
 	if job.Spec.Limits, err = o.io.apply(job.Spec.Limits); err != nil {
 		return job, err
@@ -268,6 +277,17 @@ func (o *runOptions) job(positional []string) (sandbox.OneShot, error) {
 	job.Request = sandbox.ExecRequest{Code: code, Filename: filename}
 	job.OutDir = o.out
 	return job, nil
+}
+
+// withTemplate gives spec the template of --template, from --data-dir's
+// image store.
+func (o *runOptions) withTemplate(spec *sandbox.Spec) error {
+	images, err := openImages(o.dataDir)
+	if err != nil {
+		return err
+	}
+	spec.Template, spec.Python = o.template, ""
+	return service.ResolveTemplate(images, spec)
 }
 
 // passThrough streams the sandbox's output to ours as it arrives.

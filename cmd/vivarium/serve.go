@@ -624,7 +624,12 @@ func serve(c *serveConfig, log *slog.Logger) error {
 		log.Info("network policy", "allow", c.net.allow.String(), "packages", c.net.packages.String())
 	}
 
+	images, err := openImages(c.dataDir)
+	if err != nil {
+		return err
+	}
 	svcCfg := service.Config{
+		Images:                images,
 		Backend:               warm,
 		Backends:              b.Names(),
 		Pool:                  warm,

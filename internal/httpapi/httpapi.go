@@ -337,6 +337,7 @@ type createRequest struct {
 	Network      netpolicy.Request       `json:"network" doc:"network access through the sandbox's proxy, within the server's allowlist; default: none"`
 	Home         string                  `json:"home" doc:"the sandbox user's home, where code starts: /workspace (default; the user is \"sandbox\") or /home/user (E2B's layout; the user is \"user\"), the same directory"`
 	Volumes      []service.VolumeRequest `json:"volumes" doc:"the key's volumes to mount (native backend only)"`
+	Template     string                  `json:"template" doc:"the template (an image of the server's store: vivarium image ls) whose file system and Python the sandbox has; default: the server's own"`
 	Pausable     bool                    `json:"pausable" doc:"kept for compatibility: every stateful native or gvisor sandbox can be paused"`
 	OnTimeout    string                  `json:"on_timeout" doc:"what the idle timeout does: kill (default) or pause (where the backend can pause; else kill)"`
 	AutoResume   bool                    `json:"auto_resume" doc:"a call on the paused sandbox (by its timeout or /pause) resumes it first, instead of answering 409 paused"`
@@ -352,7 +353,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		Owner: owner(r), Idle: sandbox.Seconds(req.TimeoutS), MaxLifetime: sandbox.Seconds(req.MaxLifetimeS),
 		Limits: req.Limits.limits(), Env: req.Env, Metadata: req.Metadata, Backend: req.Backend,
 		Network: req.Network, Home: req.Home, Volumes: req.Volumes, OnTimeout: req.OnTimeout, AutoResume: req.AutoResume, Pausable: req.Pausable,
-		FromSnapshot: req.FromSnapshot,
+		FromSnapshot: req.FromSnapshot, Template: req.Template,
 	})
 	if err != nil {
 		s.fail(w, err)
@@ -434,6 +435,7 @@ type runOnceRequest struct {
 	Stream   bool              `json:"stream" doc:"stream NDJSON events"`
 	Backend  string            `json:"backend" doc:"isolation backend, one the server offers; default: the server's"`
 	Network  netpolicy.Request `json:"network" doc:"network access through the sandbox's proxy, within the server's allowlist; default: none"`
+	Template string            `json:"template" doc:"the template (an image of the server's store) to run the code in; default: the server's own Python"`
 }
 
 func (s *Server) runOnce(w http.ResponseWriter, r *http.Request) {
@@ -442,7 +444,7 @@ func (s *Server) runOnce(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	job := sandbox.OneShot{
-		Spec:    sandbox.Spec{Limits: req.Limits.limits(), Env: req.Env, Backend: req.Backend},
+		Spec:    sandbox.Spec{Limits: req.Limits.limits(), Env: req.Env, Backend: req.Backend, Template: req.Template},
 		Request: sandbox.ExecRequest{Code: req.Code},
 	}
 	if req.TimeoutS != 0 {

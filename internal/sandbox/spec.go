@@ -172,6 +172,9 @@ type Spec struct {
 	// Backends that cannot refuse the spec (CheckRoot). Part of a pool's
 	// key.
 	Root *Root `json:",omitempty"`
+	// Template names the template a service resolves into Root and Env
+	// (a name of its image store); backends ignore it.
+	Template string `json:",omitempty"`
 }
 
 // The homes a sandbox user may have (Spec.Home).

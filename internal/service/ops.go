@@ -118,6 +118,9 @@ func (s *Service) RunOnceWithNetwork(ctx context.Context, owner string, job sand
 	if err := errors.Join(checkEnv(job.Spec.Env), checkEnv(job.Request.Env), checkFileNames(job.Files)); err != nil {
 		return nil, err
 	}
+	if err := s.withTemplate(&job.Spec); err != nil {
+		return nil, err
+	}
 	policy, err := s.grantNetwork(network, job.Spec.Backend)
 	if err != nil {
 		return nil, err

@@ -23,6 +23,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vivarium-sandbox/vivarium/internal/image"
 	"github.com/vivarium-sandbox/vivarium/internal/netpolicy"
 	"github.com/vivarium-sandbox/vivarium/internal/netproxy"
 	"github.com/vivarium-sandbox/vivarium/internal/pool"
@@ -98,6 +99,9 @@ type Config struct {
 	// Volumes keeps the owners' persistent volumes; nil: sandboxes
 	// cannot mount any.
 	Volumes *volume.Store
+	// Images keeps the templates sandboxes may be made of
+	// (sandbox.Spec.Template); nil: none.
+	Images *image.Store
 	// Now is the clock; tests replace it.
 	Now func() time.Time
 	// MaxPaused is how long a paused sandbox is kept; zero: MaxLifetime.
@@ -316,6 +320,9 @@ type CreateRequest struct {
 	// sandbox without its memory (PauseFiles), which needs no pausable
 	// sandbox.
 	PauseFilesOnly bool
+	// Template names the template the sandbox is made of ("": the
+	// server's own Python and packages).
+	Template string
 	// Pausable asks for a sandbox that can be paused (sandbox.Spec.Pausable);
 	// OnTimeoutPause implies it, but with PauseFilesOnly.
 	Pausable bool
@@ -419,6 +426,7 @@ type Info struct {
 	Pausable       bool              `json:"pausable" doc:"the sandbox can be paused (POST .../pause)"`
 	ExecutionCount int               `json:"execution_count"`
 	Volumes        []VolumeMountInfo `json:"volumes"`
+	Template       string            `json:"template,omitempty" doc:"the template the sandbox is made of; absent: the server's own"`
 }
 
 // LimitsInfo is Limits in API units.
@@ -462,6 +470,7 @@ func (b *Box) info() Info {
 		IdleTimeoutS: b.idle.Seconds(), Limits: limitsInfo(b.limits), Metadata: md, Backend: b.backend,
 		Network: networkInfo(b.network), Ports: b.ports, State: state, ExecutionCount: b.executions, Volumes: b.volumes,
 		OnTimeout: cmp.Or(b.onTimeout, OnTimeoutKill), AutoResume: b.autoResume, PausedAt: pausedAt, Pausable: b.pausable,
+		Template: b.template(),
 	}
 }
 
@@ -488,9 +497,9 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	var snapDir string
 	if req.FromSnapshot != "" {
 		if req.Limits != (sandbox.Limits{}) || len(req.Env) > 0 || req.Backend != "" || req.Home != "" ||
-			len(req.Volumes) > 0 || !req.Network.Empty() {
+			len(req.Volumes) > 0 || !req.Network.Empty() || req.Template != "" {
 			return Info{}, fmt.Errorf("%w: a sandbox made from a snapshot has the snapshot's limits, environment, "+
-				"backend and home, and no network or volumes yet", sandbox.ErrInvalidSpec)
+				"backend, template and home, and no network or volumes yet", sandbox.ErrInvalidSpec)
 		}
 		var err error
 		if snap, snapDir, err = s.fromSnapshot(req.Owner, req.FromSnapshot); err != nil {
@@ -592,8 +601,10 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		// and a pool keeps some ready.
 		spec = &sandbox.Spec{Limits: limits, Env: withoutID(env, req.IDEnv), Backend: req.Backend,
 			Tenant: s.tenantOf(req.Owner), Home: req.Home, Volumes: mounts,
-			Pausable: req.Pausable || req.OnTimeout == OnTimeoutPause && !req.PauseFilesOnly}
-		sb, egress, err = s.makeSandbox(ctx, req.Owner, id, *spec, policy)
+			Pausable: req.Pausable || req.OnTimeout == OnTimeoutPause && !req.PauseFilesOnly, Template: req.Template}
+		if err = s.withTemplate(spec); err == nil {
+			sb, egress, err = s.makeSandbox(ctx, req.Owner, id, *spec, policy)
+		}
 	}
 	if err == nil && req.OnTimeout == OnTimeoutPause {
 		// Refused now rather than closed when its timeout comes.
