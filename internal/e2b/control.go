@@ -149,9 +149,6 @@ type networkConfig struct {
 func (n *newSandbox) check() error {
 	unsupported := func(what string) error { return fmt.Errorf("%w: %s", errUnsupported, what) }
 	switch {
-	case n.TemplateID != "" && !slices.Contains(KnownTemplates, n.TemplateID) && snapshotRef(n.TemplateID) == "":
-		return fmt.Errorf("%w: template %q: custom templates are not supported; vivarium sandboxes run the server's "+
-			"Python with its packages (create with the default template)", sandbox.ErrInvalidSpec, n.TemplateID)
 	case n.Timeout != nil && *n.Timeout < 0:
 		return fmt.Errorf("%w: negative timeout", sandbox.ErrInvalidSpec)
 	case n.AutoResume != nil && n.AutoResume.Enabled && (n.AutoPause == nil || !*n.AutoPause):
@@ -258,14 +255,9 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, owner string) {
 		IDEnv: []string{"E2B_SANDBOX_ID"}, Ports: req.Network.portOptions(), Volumes: volumeMounts(req.VolumeMounts),
 		OnTimeout: req.onTimeout(), AutoResume: req.AutoResume != nil && req.AutoResume.Enabled, Pausable: s.cfg.Pausable,
 		PauseFilesOnly: req.AutoPauseMemory != nil && !*req.AutoPauseMemory}
-	if ref := snapshotRef(req.TemplateID); ref != "" {
-		if !sandboxid.Snapshot.Valid(ref) && !s.hasSnapshot(owner, ref) {
-			// Not one of the key's snapshots' names: a template of E2B's cloud.
-			s.fail(w, fmt.Errorf("%w: template %q: custom templates are not supported, and no snapshot of this key's "+
-				"has that name; vivarium sandboxes run the server's Python with its packages (create with the default template)",
-				sandbox.ErrInvalidSpec, req.TemplateID))
-			return
-		}
+	ref := snapshotRef(req.TemplateID)
+	switch {
+	case ref != "" && (sandboxid.Snapshot.Valid(ref) || s.hasSnapshot(owner, ref)):
 		// Sandbox.create(snapshotId or name): the snapshot's environment
 		// and home, E2B's among them.
 		create = service.CreateRequest{Owner: owner, Idle: idle, Metadata: req.Metadata, FromSnapshot: ref,
@@ -275,11 +267,14 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, owner string) {
 				sandbox.ErrInvalidSpec))
 			return
 		}
+	case req.TemplateID != "" && !slices.Contains(KnownTemplates, req.TemplateID):
+		// A template of the server's image store (docs/templates.md).
+		create.Template = req.TemplateID
 	}
 	info, err := s.svc.Create(r.Context(), create)
-	if errors.Is(err, service.ErrSnapshotNotFound) {
-		writeEnvdError(w, http.StatusNotFound, fmt.Sprintf("template %q not found: it is not a snapshot of this key's, "+
-			"and custom templates are not supported (vivarium sandboxes run the server's Python with its packages)", req.TemplateID))
+	if errors.Is(err, service.ErrSnapshotNotFound) || errors.Is(err, service.ErrNoTemplate) {
+		writeEnvdError(w, http.StatusNotFound, fmt.Sprintf("template %q not found: it is neither a template of this "+
+			"server's (vivarium image ls) nor a snapshot of this key's", req.TemplateID))
 		return
 	}
 	if err != nil {

@@ -31,7 +31,7 @@
 // Volumes (volumes.go) are the service's: an owner's, persistent, mounted
 // by name.
 //
-// What E2B offers and Vivarium does not (custom templates, E2B's MCP
+// What E2B offers and Vivarium does not (E2B's MCP
 // gateway, workload identity, E2B's teams and secrets: docs/e2b.md lists
 // them) is answered with an error that says so, which the SDKs raise.
 package e2b

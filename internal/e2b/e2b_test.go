@@ -103,7 +103,7 @@ func TestControlPlane(t *testing.T) {
 		{"pause", "POST", "/e2b/sandboxes/" + a.SandboxID + "/pause", `{}`, auth, 501, `cannot be paused`},
 		{"templates", "GET", "/e2b/templates", "", auth, 501, `templates`},
 		{"bad json", "POST", "/e2b/v2/sandboxes", `{`, auth, 400, `invalid JSON`},
-		{"custom template", "POST", "/e2b/v2/sandboxes", `{"templateID":"mine"}`, auth, 400, `custom templates are not supported`},
+		{"custom template without an image store", "POST", "/e2b/v2/sandboxes", `{"templateID":"mine"}`, auth, 501, `keeps no templates`},
 		{"internet, as the Python SDK asks by default", "POST", "/e2b/v2/sandboxes", `{"allow_internet_access":true}`, auth, 201, `sandboxID`},
 		{"no internet is fine", "POST", "/e2b/v2/sandboxes", `{"allow_internet_access":false,"network":{"denyOut":["0.0.0.0/0"]}}`, auth, 201, `sandboxID`},
 		{"egress", "POST", "/e2b/v2/sandboxes", `{"network":{"egressProxy":{"address":"p:1"}}}`, auth, 501, `network settings`},

@@ -211,7 +211,7 @@ describe('control plane', () => {
   })
 
   test('what vivarium cannot do is a clear error, never a hang', async () => {
-    await assert.rejects(Sandbox.create('my-custom-template'), /custom templates are not supported/)
+    await assert.rejects(Sandbox.create('my-custom-template'), /template "my-custom-template" not found/)
     await assert.rejects(Sandbox.create({ network: { allowOut: ['example.com'] } }), /no network/)
     await withSandbox(async (sbx) => {
       await assert.rejects(sbx.updateNetwork({ allowOut: ['1.1.1.1'] }), /no network/)
