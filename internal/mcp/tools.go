@@ -34,6 +34,7 @@ type (
 	createSandboxInput struct {
 		IdleTimeoutS float64 `json:"idle_timeout_s,omitempty" jsonschema:"Close the sandbox after this many seconds without use. Without it, the server's default applies (the answer gives it)."`
 		FromSnapshot string  `json:"from_snapshot,omitempty" jsonschema:"Start the sandbox from a snapshot_id (from snapshot_sandbox), or a snapshot's name (the newest of that name): its variables, imports and files as they were saved."`
+		Template     string  `json:"template,omitempty" jsonschema:"Make the sandbox of a template the server has (for example python:3.12): its file system, Python and packages instead of the server's own. Leave it out for the server's own."`
 	}
 	snapshotSandboxInput struct {
 		SandboxID string `json:"sandbox_id" jsonschema:"The sandbox, from create_sandbox."`
@@ -270,7 +271,7 @@ func (s *server) createSandbox(ctx context.Context, req *sdk.CallToolRequest, in
 	// (a classic sandbox on the native backend: slower to create, once a
 	// conversation).
 	create := service.CreateRequest{Owner: owner, Idle: idle, Limits: s.cfg.Limits,
-		Metadata: map[string]string{"created_by": "mcp"}, AutoResume: true, Pausable: true}
+		Metadata: map[string]string{"created_by": "mcp"}, AutoResume: true, Pausable: true, Template: in.Template}
 	if in.FromSnapshot != "" {
 		// The snapshot's limits and environment.
 		create.Limits, create.FromSnapshot = sandbox.Limits{}, in.FromSnapshot

@@ -208,7 +208,7 @@ class Client:
 
     def create_sandbox(self, timeout_s=None, max_lifetime_s=None, limits=None, env=None, metadata=None,
                        backend=None, network=None, home=None, volumes=None, on_timeout=None, auto_resume=None,
-                       pausable=None, from_snapshot=None):
+                       pausable=None, from_snapshot=None, template=None):
         """Creates a stateful sandbox. ``timeout_s`` is its idle timeout;
         ``limits`` a dict of memory, cpu_time_s, timeout_s, pids, disk,
         max_output, cpus; ``backend`` one the server offers (native,
@@ -228,12 +228,15 @@ class Client:
         slower to create; on_timeout "pause" implies it); ``from_snapshot``
         a snapshot's id (Sandbox.snapshot): the new sandbox has its
         variables, files, limits and environment (limits, env, backend,
-        home, network and volumes are then not given)."""
+        home, network and volumes are then not given); ``template`` a
+        template of the server's (an image of its store, e.g. "python:3"):
+        the sandbox has its file system and Python instead of the
+        server's."""
         body = {}
         for k, v in (("timeout_s", timeout_s), ("max_lifetime_s", max_lifetime_s), ("limits", limits),
                      ("env", env), ("metadata", metadata), ("backend", backend), ("network", network),
                      ("home", home), ("on_timeout", on_timeout), ("auto_resume", auto_resume),
-                     ("pausable", pausable), ("from_snapshot", from_snapshot)):
+                     ("pausable", pausable), ("from_snapshot", from_snapshot), ("template", template)):
             if v is not None:
                 body[k] = v
         if volumes:
@@ -275,11 +278,12 @@ class Client:
         return self._call("GET", "/v1/volumes")["volumes"]
 
     def run(self, code, files=None, limits=None, timeout_s=None, env=None,
-            on_stdout=None, on_stderr=None, on_result=None, on_error=None, backend=None, network=None):
+            on_stdout=None, on_stderr=None, on_result=None, on_error=None, backend=None, network=None,
+            template=None):
         """Runs code in a fresh sandbox destroyed afterwards. ``files`` maps
         workspace paths to bytes or str, placed there first; ``backend`` is
-        one the server offers (default: the server's); ``network`` as for
-        create_sandbox."""
+        one the server offers (default: the server's); ``network`` and
+        ``template`` as for create_sandbox."""
         body = {"code": code}
         if files:
             body["files"] = {k: base64.b64encode(v.encode() if isinstance(v, str) else v).decode() for k, v in files.items()}
@@ -293,6 +297,8 @@ class Client:
             body["backend"] = backend
         if network:
             body["network"] = network
+        if template:
+            body["template"] = template
         wait = (timeout_s or (limits or {}).get("timeout_s") or 30) + _GRACE
         callbacks = (on_stdout, on_stderr, on_result, on_error)
         if any(callbacks):

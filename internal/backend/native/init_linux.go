@@ -301,8 +301,16 @@ func initMain(report func(initStatus)) (int, error) {
 	if err := loopbackUp(); err != nil {
 		return 0, step("loopback up", err)
 	}
+	if cfg.Workdir != "" {
+		// A template's WORKDIR, made if the image lacks it, as a
+		// Dockerfile's WORKDIR is (inside the root: after the pivot,
+		// the image's links lead nowhere else).
+		if err := os.MkdirAll(cfg.Workdir, 0o755); err != nil {
+			return 0, step("the template's working directory", err)
+		}
+	}
 	if err := os.Chdir(cfg.startDir()); err != nil {
-		return 0, step("chdir "+cfg.startDir(), err)
+		return 0, step("chdir", err)
 	}
 	// Init's own data must not be readable by the sandbox user through
 	// /proc/1 (its environment, memory, descriptors).
