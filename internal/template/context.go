@@ -256,3 +256,22 @@ func (c *Context) add(tw *tar.Writer, name string, e contextEntry) error {
 	}
 	return fmt.Errorf("%w: %s is not a file, a directory or a link", ErrInvalid, e.path)
 }
+
+// IsDir says whether src names a directory of the build's files (a COPY
+// of it copies what it holds).
+func (c *Context) IsDir(src string) (bool, error) {
+	src = path.Clean(strings.TrimPrefix(src, "/"))
+	if src == "." {
+		return true, nil
+	}
+	all, err := c.walk()
+	if err != nil {
+		return false, err
+	}
+	for _, e := range all {
+		if e.path == src {
+			return e.dir, nil
+		}
+	}
+	return false, nil
+}

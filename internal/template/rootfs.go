@@ -1,0 +1,285 @@
+package template
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// rootView reads the file system an image's layers make, as overlayfs
+// stacks them, from the store's layer directories: for COPY's
+// destination and owners, and WORKDIR's directory. Every layer is read
+// through os.Root, one path element at a time; a link is never
+// followed on the host: a link of the image is resolved as a path of
+// the image (resolve), inside its root.
+type rootView struct {
+	layers []string // the layers' directories, the lowest first
+}
+
+// found is a path of the image, as the topmost layer that has it gives
+// it.
+type found struct {
+	layer string
+	fi    fs.FileInfo
+}
+
+func isWhiteout(fi fs.FileInfo) bool {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	return ok && fi.Mode()&fs.ModeCharDevice != 0 && st.Rdev == 0
+}
+
+// ownerOf is fi's owners.
+func ownerOf(fi fs.FileInfo) (uid, gid int) {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return int(st.Uid), int(st.Gid)
+	}
+	return 0, 0
+}
+
+// lstat finds p (slash-separated, relative to the image's root, its
+// parents not links) in the image; fs.ErrNotExist where no layer has it
+// or one above hides it.
+func (v *rootView) lstat(p string) (found, error) {
+	p = path.Clean(p)
+	if p == "." {
+		return found{}, fmt.Errorf("the root: %w", fs.ErrInvalid)
+	}
+	parts := strings.Split(p, "/")
+	for i := len(v.layers) - 1; i >= 0; i-- {
+		f, stop, err := lstatIn(v.layers[i], parts)
+		if err == nil || !errors.Is(err, fs.ErrNotExist) || stop {
+			return f, err
+		}
+	}
+	return found{}, fs.ErrNotExist
+}
+
+// lstatIn looks for parts in one layer. stop says that the layers below
+// cannot have it: this one whites it out, or has a parent of it that is
+// opaque or not a directory.
+func lstatIn(layer string, parts []string) (f found, stop bool, err error) {
+	root, err := os.OpenRoot(layer)
+	if err != nil {
+		return found{}, true, err
+	}
+	defer root.Close()
+	opaque := false
+	for j := range parts {
+		q := strings.Join(parts[:j+1], "/")
+		fi, err := root.Lstat(q)
+		if errors.Is(err, fs.ErrNotExist) {
+			return found{}, opaque, err
+		}
+		if err != nil {
+			return found{}, true, err
+		}
+		if isWhiteout(fi) {
+			return found{}, true, fs.ErrNotExist
+		}
+		if j == len(parts)-1 {
+			return found{layer: layer, fi: fi}, true, nil
+		}
+		if !fi.IsDir() {
+			return found{}, true, fs.ErrNotExist
+		}
+		if !opaque {
+			if opaque, err = isOpaque(root, q); err != nil {
+				return found{}, true, err
+			}
+		}
+	}
+	return found{}, true, fs.ErrNotExist
+}
+
+func isOpaque(root *os.Root, dir string) (bool, error) {
+	d, err := root.Open(dir)
+	if err != nil {
+		return false, err
+	}
+	defer d.Close()
+	v := make([]byte, 8)
+	n, err := unix.Fgetxattr(int(d.Fd()), overlayOpaque, v)
+	if errors.Is(err, unix.ENODATA) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return string(v[:n]) == "y", nil
+}
+
+// maxLinks bounds the links resolve follows, as the kernel's ELOOP.
+const maxLinks = 40
+
+// resolve is p (absolute or relative to the root) with every link of
+// the image on its way resolved, inside the image's root: ".." stops
+// at the root, an absolute link starts again from it. What does not
+// exist is kept as it is. The result is relative to the root ("." for
+// the root itself).
+func (v *rootView) resolve(p string) (string, error) {
+	var done []string
+	rest := strings.Split(p, "/")
+	links := 0
+	for len(rest) > 0 {
+		c := rest[0]
+		rest = rest[1:]
+		switch c {
+		case "", ".":
+			continue
+		case "..":
+			if len(done) > 0 {
+				done = done[:len(done)-1]
+			}
+			continue
+		}
+		cur := path.Join(append(done, c)...)
+		f, err := v.lstat(cur)
+		if errors.Is(err, fs.ErrNotExist) {
+			done = append(done, c)
+			continue
+		}
+		if err != nil {
+			return "", err
+		}
+		if f.fi.Mode()&fs.ModeSymlink != 0 {
+			if links++; links > maxLinks {
+				return "", fmt.Errorf("%w: /%s: too many levels of links", ErrInvalid, p)
+			}
+			root, err := os.OpenRoot(f.layer)
+			if err != nil {
+				return "", err
+			}
+			target, err := root.Readlink(cur)
+			root.Close()
+			if err != nil {
+				return "", err
+			}
+			if strings.HasPrefix(target, "/") {
+				done = nil
+			}
+			rest = append(strings.Split(target, "/"), rest...)
+			continue
+		}
+		done = append(done, c)
+	}
+	if len(done) == 0 {
+		return ".", nil
+	}
+	return path.Join(done...), nil
+}
+
+// stat is p's entry, its links resolved.
+func (v *rootView) stat(p string) (string, found, error) {
+	r, err := v.resolve(p)
+	if err != nil {
+		return "", found{}, err
+	}
+	if r == "." {
+		return r, found{}, nil // the root: a directory
+	}
+	f, err := v.lstat(r)
+	return r, f, err
+}
+
+// isDir says whether p is a directory of the image (the root is).
+func (v *rootView) isDir(p string) (bool, error) {
+	r, f, err := v.stat(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return r == "." || f.fi.IsDir(), nil
+}
+
+// maxIDFile bounds the /etc/passwd and /etc/group read.
+const maxIDFile = 4 << 20
+
+// readFile reads a regular file of the image; "" if it has none.
+func (v *rootView) readFile(p string) (string, error) {
+	r, f, err := v.stat(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	if r == "." || !f.fi.Mode().IsRegular() {
+		return "", nil
+	}
+	root, err := os.OpenRoot(f.layer)
+	if err != nil {
+		return "", err
+	}
+	defer root.Close()
+	// r has no link on its way in the image, nor in this layer.
+	file, err := root.OpenFile(r, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return "", err
+	}
+	defer file.Close()
+	b, err := io.ReadAll(io.LimitReader(file, maxIDFile))
+	return string(b), err
+}
+
+// owner resolves a step's user ("name", "uid", "name:group",
+// "uid:gid") through the image's /etc/passwd and /etc/group: "" is
+// root. A user without a group takes its own id as its group's, as
+// Docker's COPY --chown does.
+func (v *rootView) owner(user string) (uid, gid int, err error) {
+	if user == "" {
+		return 0, 0, nil
+	}
+	u, g, hasGroup := strings.Cut(user, ":")
+	if uid, err = v.lookupID("/etc/passwd", u); err != nil {
+		return 0, 0, err
+	}
+	gid = uid
+	if hasGroup {
+		if gid, err = v.lookupID("/etc/group", g); err != nil {
+			return 0, 0, err
+		}
+	}
+	return uid, gid, nil
+}
+
+// lookupID is name's id in the image's file (/etc/passwd or
+// /etc/group), or name itself if it is a number; an id a sandbox does
+// not have (65,536 and up) is refused.
+func (v *rootView) lookupID(file, name string) (int, error) {
+	id, err := strconv.Atoi(name)
+	if err != nil {
+		text, err := v.readFile(file)
+		if err != nil {
+			return 0, err
+		}
+		id = -1
+		sc := bufio.NewScanner(strings.NewReader(text))
+		for sc.Scan() {
+			f := strings.Split(sc.Text(), ":")
+			if len(f) >= 3 && f[0] == name {
+				if id, err = strconv.Atoi(f[2]); err != nil {
+					return 0, fmt.Errorf("%w: the image's %s gives %s the id %q", ErrInvalid, file, name, f[2])
+				}
+				break
+			}
+		}
+		if id < 0 {
+			return 0, fmt.Errorf("%w: %s: no such name in the image's %s", ErrInvalid, name, file)
+		}
+	}
+	if id < 0 || id >= sandboxIDs {
+		return 0, fmt.Errorf("%w: id %d: a sandbox's ids are 0 to %d", ErrInvalid, id, sandboxIDs-1)
+	}
+	return id, nil
+}
