@@ -439,6 +439,10 @@ func (b *Builder) runCommand(ctx context.Context, st state, step Step, log io.Wr
 	if errors.As(err, &exit) {
 		return "", fmt.Errorf("%w; its last lines:\n%s", err, tail.lines(10))
 	}
+	if err == nil && !committed {
+		// Its changes would be lost without a word.
+		return "", errors.New("the sandbox ended the step without committing its changes")
+	}
 	return layer, err
 }
 

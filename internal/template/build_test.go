@@ -118,20 +118,34 @@ func (f *fakeSandboxes) Run(ctx context.Context, r RunRequest) error {
 		return err
 	}
 	defer os.RemoveAll(upper)
+	// The sandbox's ids are host ids from uid0 on; what it makes is its
+	// user's.
+	const uid0 = 200_000
+	id := uid0
+	if r.User == "user" {
+		id += 1000
+	}
 	switch {
 	case strings.HasPrefix(cmd, "rm "):
 		p := filepath.Join(upper, strings.TrimPrefix(cmd, "rm "))
 		os.MkdirAll(filepath.Dir(p), 0o755)
+		os.Chown(filepath.Dir(p), uid0, uid0) // copied up, as the image has it
 		if err := syscall.Mknod(p, syscall.S_IFCHR, 0); err != nil {
 			return err
 		}
 	case cmd != "true":
-		os.Mkdir(filepath.Join(upper, "out"), 0o755)
-		if err := os.WriteFile(filepath.Join(upper, "out", strings.ReplaceAll(cmd, " ", "-")), []byte(cmd), 0o644); err != nil {
+		out := filepath.Join(upper, "out")
+		file := filepath.Join(out, strings.ReplaceAll(cmd, " ", "-"))
+		os.Mkdir(out, 0o755)
+		if err := os.WriteFile(file, []byte(cmd), 0o644); err != nil {
+			return err
+		}
+		os.Chown(out, uid0, uid0)
+		if err := os.Chown(file, id, id); err != nil {
 			return err
 		}
 	}
-	return r.Commit(upper, 0, 0)
+	return r.Commit(upper, uid0, uid0)
 }
 
 func (f *fakeSandboxes) commands() []string {
@@ -387,7 +401,7 @@ func TestBuildCache(t *testing.T) {
 func TestBuildRunRequest(t *testing.T) {
 	s := newStore(t)
 	b, f := newBuilder(t, s)
-	spec := specOf(t, "FROM base:1\nARG V=1\nENV E=x\nWORKDIR /w\nUSER user\nRUN true\nRUN rm old/file\n")
+	spec := specOf(t, "FROM base:1\nARG V=1\nENV E=x\nWORKDIR /w\nUSER user\nRUN true\nRUN rm old/file\nRUN write\n")
 	im, err := b.Build(context.Background(), "run:1", spec, nil, io.Discard)
 	if err != nil {
 		t.Fatal(err)
@@ -397,11 +411,16 @@ func TestBuildRunRequest(t *testing.T) {
 		t.Errorf("RunRequest: layers %v env %v dir %q user %q", r.Layers, r.Env, r.Dir, r.User)
 	}
 	// RUN true changed nothing: no layer; RUN rm whited a file out.
-	if len(im.Layers) != 3 {
-		t.Errorf("the image has %d layers, want the base's, WORKDIR's and rm's", len(im.Layers))
+	if len(im.Layers) != 4 {
+		t.Errorf("the image has %d layers, want the base's, WORKDIR's, rm's and write's", len(im.Layers))
 	}
-	if _, _, _, err := stat(t, viewOf(t, s, im), "/old/file"); !errors.Is(err, fs.ErrNotExist) {
+	v := viewOf(t, s, im)
+	if _, _, _, err := stat(t, v, "/old/file"); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("a file a RUN removed is seen: %v", err)
+	}
+	// The sandbox's user's file is the image's user's.
+	if body, _, uid, err := stat(t, v, "/out/write"); err != nil || body != "write" || uid != 1000 {
+		t.Errorf("/out/write: %q, owner %d (%v)", body, uid, err)
 	}
 }
 
@@ -432,10 +451,20 @@ func TestBuildFails(t *testing.T) {
 	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "no such name in the image's /etc/passwd") {
 		t.Errorf("--chown of an unknown user: %v", err)
 	}
+	b.Sandboxes = forgetful{}
+	_, err = b.Build(context.Background(), "x:1", specOf(t, "FROM base:1\nRUN lost\n"), nil, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "without committing its changes") {
+		t.Errorf("a sandbox that did not commit: %v", err)
+	}
 	if list, _ := s.List(); len(list) != 1 {
 		t.Errorf("after failed builds the store lists %v", list)
 	}
 }
+
+// forgetful runs a RUN step and does not commit its changes.
+type forgetful struct{}
+
+func (forgetful) Run(context.Context, RunRequest) error { return nil }
 
 // TestBuildFromTemplate: a template built on another has its layers and
 // configuration, then its own.

@@ -204,6 +204,10 @@ func (c *copyStep) entry(tw *tar.Writer, tr *tar.Reader, h *tar.Header, dir, nam
 		if out.Linkname = within(dir, h.Linkname); out.Linkname == "" {
 			return fmt.Errorf("%w: %s holds a hard link to its root", ErrInvalid, c.src)
 		}
+	case tar.TypeFifo, tar.TypeChar, tar.TypeBlock:
+		// An archive's (a root file system's /dev): the store makes FIFOs
+		// and no device node.
+		out.Devmajor, out.Devminor = h.Devmajor, h.Devminor
 	default:
 		return fmt.Errorf("%w: %s holds %s, which is not a file, a directory or a link", ErrInvalid, c.src, h.Name)
 	}
