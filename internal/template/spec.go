@@ -4,6 +4,12 @@
 // says them (ParseDockerfile), and the key under which each step's
 // result is cached: a step's key is its parent's key and the step
 // itself, so a changed step changes its own key and every key after it.
+//
+// Builder builds a Spec into an image of the image store (build.go): its
+// COPY and ADD layers from the build's Files (copy.go), its RUN layers
+// from a sandbox's upper directory (upper.go), each through the store's
+// own unpacking, owners and destinations read from the image's layers
+// (rootfs.go).
 package template
 
 import (
