@@ -211,6 +211,13 @@ func (s *Store) collect() error {
 			if err != nil {
 				return err
 			}
+			// A layer's record before its directory: a record names a
+			// whole layer, and a collection cut short must not leave one
+			// naming a half-removed directory (a build's cache and an
+			// addition reuse a layer by its record).
+			slices.SortStableFunc(entries, func(a, b os.DirEntry) int {
+				return cmpBool(strings.HasSuffix(b.Name(), ".json"), strings.HasSuffix(a.Name(), ".json"))
+			})
 			for _, e := range entries {
 				if !keep[e.Name()] {
 					errs = append(errs, os.RemoveAll(filepath.Join(s.dir, sub, e.Name())))
@@ -224,6 +231,17 @@ func (s *Store) collect() error {
 		return nil
 	}
 	return err
+}
+
+// cmpBool orders false before true.
+func cmpBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return 1
+	}
+	return -1
 }
 
 // rawLayers is an image whose layers are read uncompressed (an
