@@ -94,6 +94,12 @@ func (b *Builder) Build(ctx context.Context, name string, spec Spec, files Files
 	if err != nil {
 		return image.Image{}, err
 	}
+	if strings.Contains(ref, "@") {
+		return image.Image{}, fmt.Errorf("%w: %s: a template is named by a tag, not a digest", ErrInvalid, name)
+	}
+	if log == nil {
+		log = io.Discard
+	}
 	if err := os.MkdirAll(b.CacheDir, 0o700); err != nil {
 		return image.Image{}, err
 	}
