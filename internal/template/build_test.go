@@ -529,3 +529,17 @@ func TestConcurrentBuilds(t *testing.T) {
 		t.Errorf("its files: %q %v", body, err)
 	}
 }
+
+// TestBuildWorkdirExisting: a WORKDIR the image has (through a link
+// too) adds no layer.
+func TestBuildWorkdirExisting(t *testing.T) {
+	s := newStore(t)
+	b, _ := newBuilder(t, s)
+	im, err := b.Build(context.Background(), "wd:1", specOf(t, "FROM base:1\nWORKDIR /home/user\nWORKDIR /bin\n"), nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(im.Layers) != 1 {
+		t.Errorf("the image has %d layers, want the base's alone", len(im.Layers))
+	}
+}
