@@ -10,6 +10,7 @@
 //	vivarium doctor                           what this host supports
 //	vivarium bench                            start-up against python3 and peers
 //	vivarium image pull|import|ls|rm|build    OCI images on the host
+//	vivarium template build|ls|inspect|rm     templates built from Dockerfiles
 //
 // The same binary is the sandbox's init: the native backend re-executes it
 // inside new namespaces, and main hands over to the backend first thing.
@@ -38,6 +39,7 @@ Usage:
   vivarium doctor                 show what this host supports
   vivarium bench [flags]          compare sandbox start-up with python3 and peers
   vivarium image SUBCOMMAND       OCI images on the host: pull, import, ls, rm (build: the docker backend's)
+  vivarium template SUBCOMMAND    templates: build (from a Dockerfile), ls, inspect, rm
   vivarium version
 
 Run "vivarium run -h" for the flags of run.
@@ -81,6 +83,8 @@ func run(args []string) int {
 		return cmdBench(args[1:])
 	case "image":
 		return cmdImage(args[1:])
+	case "template", "templates":
+		return cmdTemplate(args[1:])
 	case "version", "--version":
 		fmt.Println("vivarium", version)
 		return 0

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -85,5 +86,67 @@ func TestServeTemplates(t *testing.T) {
 	code, body = req(t, "POST", srv.url+"/v1/sandboxes", nil, map[string]any{"template": "absent:1"})
 	if code != 404 || !strings.Contains(string(body), "template_not_found") {
 		t.Fatalf("an unknown template: %d %s", code, body)
+	}
+}
+
+// vivarium template build makes a template of a Dockerfile: each step as
+// Docker would, RUN in a sandbox of the image so far, what it deletes
+// gone; its sandboxes have it all; a second build is all cached; a build
+// whose RUN fails names nothing; a template without python3 runs
+// commands, and code there fails saying why.
+func TestTemplateBuild(t *testing.T) {
+	needSandbox(t)
+	dataDir := t.TempDir()
+	addTemplate(t, dataDir, "base:1", v1.Config{Env: []string{"PATH=/usr/bin:/bin"}})
+	dir := t.TempDir()
+	write := func(name, data string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("Dockerfile", `FROM base:1
+ARG WHO=nobody
+ENV GREETING="hello there"
+WORKDIR /app
+COPY data.txt /app/
+RUN echo "made by $WHO" > /app/made.txt && rm /usr/bin/cat && mkdir -p /opt/tool && echo v1 > /opt/tool/version
+`)
+	write("data.txt", "copied\n")
+	build := func(name string, args ...string) cli {
+		t.Helper()
+		return vivarium(t, "", append([]string{"template", "build", "--data-dir", dataDir, "-t", name}, append(args, dir)...)...)
+	}
+	r := build("built:1", "--build-arg", "WHO=the build")
+	if r.code != 0 {
+		t.Fatalf("build: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	run := func(template, code string) cli {
+		t.Helper()
+		return vivarium(t, "", "run", "--data-dir", dataDir, "--template", template, "-c", code)
+	}
+	r = run("built:1", `import os, subprocess
+print(os.getcwd(), os.environ["GREETING"])
+print(open("made.txt").read().strip(), open("data.txt").read().strip(), open("/opt/tool/version").read().strip())
+print(os.path.exists("/usr/bin/cat"), os.path.exists("/usr/bin/ls"))`)
+	if want := "/app hello there\nmade by the build copied v1\nFalse True\n"; r.code != 0 || r.stdout != want {
+		t.Fatalf("a sandbox of the template: exit %d\n%q\nwant %q\n%s", r.code, r.stdout, want, r.stderr)
+	}
+	if r = build("built:1", "--build-arg", "WHO=the build"); r.code != 0 || strings.Count(r.stderr, "cached") < 4 {
+		t.Fatalf("a rebuild: exit %d, want every step cached\n%s", r.code, r.stderr)
+	}
+	write("Dockerfile", "FROM base:1\nRUN echo half && exit 7\n")
+	if r = build("failed:1"); r.code == 0 || !strings.Contains(r.stderr, "7") {
+		t.Fatalf("a failing RUN: exit %d\n%s", r.code, r.stderr)
+	}
+	if ls := vivarium(t, "", "template", "ls", "--data-dir", dataDir); strings.Contains(ls.stdout, "failed") {
+		t.Fatalf("a failed build is listed:\n%s", ls.stdout)
+	}
+	write("Dockerfile", "FROM base:1\nRUN rm /usr/bin/python3*\n")
+	if r = build("nopython:1"); r.code != 0 {
+		t.Fatalf("build without python: exit %d\n%s", r.code, r.stderr)
+	}
+	if r = run("nopython:1", "print(1)"); r.code == 0 || !strings.Contains(r.stdout+r.stderr, "no python3") {
+		t.Fatalf("code in a template without python3: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 }

@@ -103,6 +103,11 @@ type initConfig struct {
 	// WORKDIR) instead of the home.
 	Image   bool   `json:"image,omitempty"`
 	Workdir string `json:"workdir,omitempty"`
+	// Build: the sandbox runs a template build's step (a command), and
+	// what it writes becomes a layer: init writes nothing of its own in
+	// the root that the sandbox would not (no /etc files, no runner),
+	// and its runner has no Python.
+	Build bool `json:"build,omitempty"`
 }
 
 // sandboxFilter is every sandbox's seccomp filter, encoded.
@@ -166,6 +171,9 @@ func init() {
 	if IsInit() {
 		runtime.LockOSThread()
 		RunInit()
+	}
+	if len(os.Args) > 1 && os.Args[0] == noPythonArg0 {
+		os.Exit(serveNoPython(os.Args[1] == "--oneshot"))
 	}
 }
 
@@ -471,14 +479,19 @@ func startRunner(cfg *initConfig) (int, []int, error) {
 	if cfg.Role == roleForked && len(cfg.RunnerArgs) == 0 {
 		return runnerPipes()
 	}
+	path, args := cfg.Python, append([]string{cfg.Python}, cfg.RunnerArgs...)
 	if cfg.Image && cfg.Python == "" {
-		p, err := lookPath("python3", cfg.Env)
-		if err != nil {
-			return 0, nil, fmt.Errorf("the template has no python3 on its PATH: its sandboxes run commands, not code: %w", err)
+		// The template's python3, else a runner without Python
+		// (nopython_linux.go), this binary again: /proc/self/exe is
+		// init's own executable, wherever its root is.
+		if p, err := lookPath("python3", cfg.Env); err == nil && !cfg.Build {
+			path, args[0] = p, p
+		} else {
+			mode := runnerArgs(cfg.OneShot)
+			path, args = "/proc/self/exe", []string{noPythonArg0, mode[len(mode)-1]}
+			cfg.Env = append(slices.Clip(cfg.Env), initEnv...) // a Go program's, small
 		}
-		cfg.Python = p
-	}
-	if _, err := os.Stat(cfg.Python); err != nil {
+	} else if _, err := os.Stat(cfg.Python); err != nil {
 		return 0, nil, fmt.Errorf("python %s is not in the sandbox (only the host's /usr is visible): %w", cfg.Python, err)
 	}
 	reqR, reqW, err := os.Pipe()
@@ -500,8 +513,8 @@ func startRunner(cfg *initConfig) (int, []int, error) {
 		env = append(slices.Clip(env), "VIVARIUM_LANDLOCK=1")
 	}
 	cmd := &exec.Cmd{
-		Path:        cfg.Python,
-		Args:        append([]string{cfg.Python}, cfg.RunnerArgs...),
+		Path:        path,
+		Args:        args,
 		Env:         env,
 		Dir:         cfg.startDir(),
 		Stdout:      stdoutFile,

@@ -91,7 +91,11 @@ func buildRoot(cfg *initConfig) error {
 		if err := attachRoot(newRoot); err != nil {
 			return err
 		}
-		if err := rootDirs(newRoot, imageDirs); err != nil {
+		dirs := imageDirs
+		if cfg.Build {
+			dirs = buildDirs
+		}
+		if err := rootDirs(newRoot, dirs); err != nil {
 			return step("the template's directories", err)
 		}
 	} else if err := unix.Mount("tmpfs", newRoot, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, rootOpts); err != nil {
@@ -155,7 +159,9 @@ func buildRoot(cfg *initConfig) error {
 			return step("overlay "+runnerDir, err)
 		}
 	} else {
-		if cfg.Image {
+		if cfg.Build {
+			// Nothing of init's: what the step writes is the layer.
+		} else if cfg.Image {
 			if err := imageEtc(r("etc"), cfg.UserName, cfg.home()); err != nil {
 				return step("/etc of the template", err)
 			}
@@ -167,10 +173,12 @@ func buildRoot(cfg *initConfig) error {
 		} else if err := rootview.WriteFiles(r("etc"), cfg.Etc); err != nil {
 			return step("write /etc", err)
 		}
-		if err := rootview.WriteFiles(r(runnerDir), rootview.RunnerTree(cfg.RunnerFiles)); err != nil {
+		if cfg.Build {
+			// No runner's files: its runner has no Python.
+		} else if err := rootview.WriteFiles(r(runnerDir), rootview.RunnerTree(cfg.RunnerFiles)); err != nil {
 			return step("write runner", err)
 		}
-		if cfg.Role != roleZygote {
+		if cfg.Role != roleZygote && !cfg.Build {
 			// The runner's files stay as written, whoever the code is.
 			if err := bindReadOnly(r(runnerDir), r(runnerDir)); err != nil {
 				return step("make the runner read-only", err)
@@ -282,17 +290,26 @@ func mountDisk(cfg *initConfig, r func(string) string) error {
 		if err := os.MkdirAll(r(d.name), 0o755); err != nil {
 			return step("directory /"+d.name, err)
 		}
-		if err := os.Chmod(r(d.name), d.mode); err != nil { // Mkdir's mode is masked by umask
+		// Changed only where it differs: a template's directory is
+		// copied into the sandbox's writable layer by any change.
+		var st unix.Stat_t
+		if err := unix.Lstat(r(d.name), &st); err != nil {
 			return step("directory /"+d.name, err)
 		}
-		if d.owned {
+		if os.FileMode(st.Mode&0o7777) != d.mode.Perm()|sticky(d.mode) {
+			if err := os.Chmod(r(d.name), d.mode); err != nil { // Mkdir's mode is masked by umask
+				return step("directory /"+d.name, err)
+			}
+		}
+		if d.owned && (st.Uid != SandboxUID || st.Gid != SandboxGID) {
 			if err := os.Chown(r(d.name), SandboxUID, SandboxGID); err != nil {
 				return step("chown /"+d.name, err)
 			}
 		}
 	}
-	if _, err := os.Lstat(r("var/tmp")); err == nil && cfg.Image {
-		// The template's own /var/tmp, in the sandbox's writable layer.
+	if _, err := os.Lstat(r("var/tmp")); err == nil && cfg.Image || cfg.Build {
+		// The template's own /var/tmp, in the sandbox's writable layer;
+		// a build's step makes its own.
 	} else if err := os.Symlink("../tmp", r("var/tmp")); err != nil {
 		return step("link /var/tmp", err)
 	}

@@ -38,6 +38,9 @@ type Sandbox struct {
 	b        *Backend
 	spec     sandbox.Spec
 	init     *initProc
+	// upper, for a build's step, is the detached tmpfs that holds its
+	// writable layer (build_linux.go).
+	upper *os.File
 	pidsMax  atomic.Int64  // the cgroup's pids limit fitPids set last
 	z        *zygote       // the zygote that forks runners; nil: init starts them
 	cg       cgroups.Group // nil without cgroups
@@ -688,6 +691,9 @@ func (s *Sandbox) Close() error {
 				s.init.awaitReaped()
 				unix.Close(s.init.pidfd)
 			}
+		}
+		if s.upper != nil {
+			s.upper.Close()
 		}
 		if s.ctl >= 0 {
 			// Shut down, not close: readControl may still be in recvmsg.

@@ -70,44 +70,52 @@ func (b *Backend) createFromTemplate(ctx context.Context, spec sandbox.Spec) (sa
 
 // rootMount makes the root of a template's sandbox whose init is pid (not
 // yet reaped), whose root is the host user owner, as a detached mount.
-func rootMount(pid int, root *sandbox.Root, owner uint32, disk, inodes int64) (*os.File, error) {
+// With keep, the tmpfs of the writable layer is returned too.
+func rootMount(pid int, root *sandbox.Root, owner uint32, disk, inodes int64, keep bool) (_, _ *os.File, err error) {
 	fs, err := unix.Fsopen("tmpfs", unix.FSOPEN_CLOEXEC)
 	if err != nil {
-		return nil, fmt.Errorf("template root: the writable layer: %w", err)
+		return nil, nil, fmt.Errorf("template root: the writable layer: %w", err)
 	}
 	defer unix.Close(fs)
 	for k, v := range map[string]string{"size": fmt.Sprint(disk), "nr_inodes": fmt.Sprint(inodes), "mode": "0700"} {
 		if err := unix.FsconfigSetString(fs, k, v); err != nil {
-			return nil, fmt.Errorf("template root: the writable layer's %s: %w", k, err)
+			return nil, nil, fmt.Errorf("template root: the writable layer's %s: %w", k, err)
 		}
 	}
 	if err := unix.FsconfigCreate(fs); err != nil {
-		return nil, fmt.Errorf("template root: the writable layer: %w", err)
+		return nil, nil, fmt.Errorf("template root: the writable layer: %w", err)
 	}
 	tmp, err := unix.Fsmount(fs, unix.FSMOUNT_CLOEXEC, unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV)
 	if err != nil {
-		return nil, fmt.Errorf("template root: the writable layer: %w", err)
+		return nil, nil, fmt.Errorf("template root: the writable layer: %w", err)
 	}
-	defer unix.Close(tmp)
+	defer func() {
+		if !keep || err != nil {
+			unix.Close(tmp)
+		}
+	}()
 	for _, d := range []string{"upper", "work"} {
 		if err := unix.Mkdirat(tmp, d, 0o755); err != nil {
-			return nil, fmt.Errorf("template root: %s: %w", d, err)
+			return nil, nil, fmt.Errorf("template root: %s: %w", d, err)
 		}
 		if err := unix.Fchownat(tmp, d, int(owner), int(owner), unix.AT_SYMLINK_NOFOLLOW); err != nil {
-			return nil, fmt.Errorf("template root: %s: %w", d, err)
+			return nil, nil, fmt.Errorf("template root: %s: %w", d, err)
 		}
 	}
 	userns, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", pid))
 	if err != nil {
-		return nil, fmt.Errorf("template root: the sandbox's user namespace: %w", err)
+		return nil, nil, fmt.Errorf("template root: the sandbox's user namespace: %w", err)
 	}
 	defer userns.Close()
 	dir := fmt.Sprintf("/proc/self/fd/%d/", tmp)
 	m, err := image.MountLayers(root.Layers, userns, dir+"upper", dir+"work")
 	if err != nil {
-		return nil, fmt.Errorf("template %s: %w", root.Template, err)
+		return nil, nil, fmt.Errorf("template %s: %w", root.Template, err)
 	}
-	return m, nil
+	if keep {
+		return m, os.NewFile(uintptr(tmp), "writable layer"), nil
+	}
+	return m, nil, nil
 }
 
 // sendRoot makes and sends a template sandbox's root to its init.
@@ -115,10 +123,11 @@ func (s *Sandbox) sendRoot() error {
 	if s.spec.Root == nil {
 		return nil
 	}
-	m, err := rootMount(s.init.pid, s.spec.Root, s.owner.ID(0), s.cfg.DiskBytes, s.cfg.DiskInodes+rootInodes)
+	m, upper, err := rootMount(s.init.pid, s.spec.Root, s.owner.ID(0), s.cfg.DiskBytes, s.cfg.DiskInodes+rootInodes, s.cfg.Build)
 	if err != nil {
 		return err
 	}
+	s.upper = upper
 	defer m.Close()
 	if err := sendCtl(s.ctl, ctlMsg{Op: opRoot}, int(m.Fd())); err != nil {
 		return fmt.Errorf("send the template's root to init: %w", err)
@@ -156,6 +165,17 @@ func attachRoot(dst string) error {
 // mounts on or writes in.
 var imageDirs = []string{"dev", "proc", "tmp", "workspace", "home/user", "root", "run/shm", "var", "etc",
 	strings.TrimPrefix(runnerDir, "/")}
+
+// buildDirs are those of a build's sandbox: no runner's.
+var buildDirs = imageDirs[:len(imageDirs)-1]
+
+// sticky is the sticky bit of m in the kernel's form.
+func sticky(m os.FileMode) os.FileMode {
+	if m&os.ModeSticky != 0 {
+		return unix.S_ISVTX
+	}
+	return 0
+}
 
 // rootDirs makes each of dirs (relative, clean) a directory of the root
 // at root, component by component: a link or a file of the image in the

@@ -1,0 +1,158 @@
+package native
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/image"
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/template"
+)
+
+// BuildSandboxes runs a template build's RUN steps (template.Sandboxes),
+// each in a sandbox of the backend whose root is the layers built so far
+// under a writable layer of its own: the walls of every sandbox (its own
+// user namespace and host user, seccomp, cgroup limits, no network). Its
+// init writes nothing of its own into the root (initConfig.Build), and
+// its runner has no Python: what the step's command writes is all the
+// writable layer holds, and the build makes it the step's layer.
+type BuildSandboxes struct {
+	Backend *Backend
+	Store   *image.Store
+	// Limits are each step's; zero fields are DefaultBuildLimits'.
+	Limits sandbox.Limits
+	// Tenant groups the steps' sandboxes as a tenant's (sandbox.Spec).
+	Tenant string
+}
+
+var _ template.Sandboxes = (*BuildSandboxes)(nil)
+
+// DefaultBuildLimits bound a build's step: its writable layer is a tmpfs,
+// in memory, as large as Disk, and Memory must hold it.
+var DefaultBuildLimits = sandbox.Limits{Timeout: 30 * time.Minute, Memory: 4 << 30, Disk: 2 << 30, Pids: 1024}
+
+// Run implements template.Sandboxes.
+func (bs *BuildSandboxes) Run(ctx context.Context, r template.RunRequest) error {
+	if len(r.Args) == 0 {
+		return errors.New("a RUN step without a command")
+	}
+	user, err := buildUser(r.User)
+	if err != nil {
+		return err
+	}
+	lim := bs.Limits
+	def := DefaultBuildLimits
+	if lim.Timeout == 0 {
+		lim.Timeout = def.Timeout
+	}
+	if lim.Memory == 0 {
+		lim.Memory = def.Memory
+	}
+	if lim.Disk == 0 {
+		lim.Disk = def.Disk
+	}
+	if lim.Pids == 0 {
+		lim.Pids = def.Pids
+	}
+	env := map[string]string{}
+	for _, kv := range r.Env {
+		if k, v, ok := strings.Cut(kv, "="); ok && k != "" {
+			env[k] = v
+		}
+	}
+	root := &sandbox.Root{Template: "build", ID: "build", Dir: r.Dir}
+	for _, id := range r.Layers {
+		root.Layers = append(root.Layers, bs.Store.LayerDir(id))
+	}
+	spec := sandbox.Spec{Limits: lim, Env: env, Root: root, Tenant: bs.Tenant}
+	if err := spec.Validate(); err != nil {
+		return err
+	}
+	spec.Limits = spec.Limits.WithDefaults()
+	cfg, err := bs.Backend.initConfig(spec, nil, nil)
+	if err != nil {
+		return err
+	}
+	cfg.Image, cfg.Build, cfg.Workdir, cfg.Python = true, true, r.Dir, ""
+	cfg.HashSeed, cfg.Preload, cfg.RunnerFiles = "", nil, nil
+	s, err := start(ctx, bs.Backend, spec, cfg, nil)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(ctx, lim.Timeout)
+	defer cancel()
+	p, err := s.Start(ctx, sandbox.Command{Argv: r.Args, Dir: r.Dir, User: user})
+	if err != nil {
+		return err
+	}
+	p.Stdin().Close()
+	log := &lockedWriter{w: r.Log}
+	var copies sync.WaitGroup
+	for _, out := range []io.Reader{p.Stdout(), p.Stderr()} {
+		copies.Add(1)
+		go func() {
+			defer copies.Done()
+			io.Copy(log, out)
+		}()
+	}
+	select {
+	case <-p.Done():
+	case <-ctx.Done():
+		p.Signal(syscall.SIGKILL)
+		<-p.Done()
+		copies.Wait()
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return fmt.Errorf("the step ran longer than its limit of %v", lim.Timeout)
+		}
+		return ctx.Err()
+	}
+	copies.Wait()
+	if code := p.ExitCode(); code != 0 {
+		return &template.ExitError{Status: code}
+	}
+	if s.upper == nil {
+		return errors.New("the step's sandbox kept no writable layer")
+	}
+	// Nothing of the step runs on while its layer is read: a process it
+	// left behind could change the files under the build's walk.
+	s.kill()
+	<-s.dead()
+	return r.Commit(fmt.Sprintf("/proc/self/fd/%d/upper", s.upper.Fd()), s.owner.ID(0), s.owner.ID(0))
+}
+
+// buildUser is who runs a step: root ("", "root", "0"), or the sandbox
+// user ("user", "1000" and the names E2B and Vivarium give it). Other
+// users of the image are not yet supported.
+func buildUser(u string) (string, error) {
+	name, _, _ := strings.Cut(u, ":")
+	switch name {
+	case "", "root", "0":
+		return sandbox.UserRoot, nil
+	case "user", "sandbox", "1000":
+		return sandbox.UserSandbox, nil
+	}
+	return "", fmt.Errorf("%w: RUN as %q: a build's steps run as root or as the sandbox user (uid 1000)", template.ErrInvalid, u)
+}
+
+// lockedWriter serialises the writes of a step's two output streams.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	if l.w == nil {
+		return len(p), nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
