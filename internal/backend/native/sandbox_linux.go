@@ -34,13 +34,13 @@ const drainTimeout = 5 * time.Second
 // follows what init reports.
 type Sandbox struct {
 	*core.Core
-	id       string
-	b        *Backend
-	spec     sandbox.Spec
-	init     *initProc
+	id   string
+	b    *Backend
+	spec sandbox.Spec
+	init *initProc
 	// upper, for a build's step, is the detached tmpfs that holds its
 	// writable layer (build_linux.go).
-	upper *os.File
+	upper    *os.File
 	pidsMax  atomic.Int64  // the cgroup's pids limit fitPids set last
 	z        *zygote       // the zygote that forks runners; nil: init starts them
 	cg       cgroups.Group // nil without cgroups
