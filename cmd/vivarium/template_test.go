@@ -83,6 +83,16 @@ func TestServeTemplates(t *testing.T) {
 	if code != 200 || !strings.Contains(string(body), `"stdout":"False from the image\n"`) {
 		t.Fatalf("one-shot: %d %s", code, body)
 	}
+	// Removed while a sandbox of it runs (by another process): the
+	// sandbox goes on, its layers whole; a new one is refused.
+	if r := vivarium(t, "", "image", "rm", "--data-dir", dataDir, "tpl:1"); r.code != 0 {
+		t.Fatalf("image rm: %d %s", r.code, r.stderr)
+	}
+	code, body = req(t, "POST", srv.url+"/v1/sandboxes/"+info.ID+"/execute", nil, map[string]any{
+		"code": "import decimal, fractions, statistics; print(statistics.mean([1, 2]))"})
+	if code != 200 || !strings.Contains(string(body), `"stdout":"1.5\n"`) {
+		t.Fatalf("execute after the template's removal: %d %s", code, body)
+	}
 	code, body = req(t, "POST", srv.url+"/v1/sandboxes", nil, map[string]any{"template": "absent:1"})
 	if code != 404 || !strings.Contains(string(body), "template_not_found") {
 		t.Fatalf("an unknown template: %d %s", code, body)

@@ -205,6 +205,8 @@ func (s *Store) collect() error {
 				keep[h], keep[h+".json"] = true, true
 			}
 		}
+		held := s.newHeldCheck()
+		defer held.close()
 		var errs []error
 		for _, sub := range []string{"configs", "layers"} {
 			entries, err := os.ReadDir(filepath.Join(s.dir, sub))
@@ -219,9 +221,15 @@ func (s *Store) collect() error {
 				return cmpBool(strings.HasSuffix(b.Name(), ".json"), strings.HasSuffix(a.Name(), ".json"))
 			})
 			for _, e := range entries {
-				if !keep[e.Name()] {
-					errs = append(errs, os.RemoveAll(filepath.Join(s.dir, sub, e.Name())))
+				if keep[e.Name()] {
+					continue
 				}
+				// A layer a sandbox still stacks stays, its record with
+				// it, until the last hold goes (hold.go).
+				if sub == "layers" && held.elsewhere(strings.TrimSuffix(e.Name(), ".json")) {
+					continue
+				}
+				errs = append(errs, os.RemoveAll(filepath.Join(s.dir, sub, e.Name())))
 			}
 		}
 		errs = append(errs, s.clearStaging())

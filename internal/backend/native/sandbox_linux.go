@@ -39,8 +39,10 @@ type Sandbox struct {
 	spec sandbox.Spec
 	init *initProc
 	// upper, for a build's step, is the detached tmpfs that holds its
-	// writable layer (build_linux.go).
+	// writable layer (build_linux.go); unhold lets go of a template's
+	// layers (image.HoldLayers).
 	upper    *os.File
+	unhold   func()
 	pidsMax  atomic.Int64  // the cgroup's pids limit fitPids set last
 	z        *zygote       // the zygote that forks runners; nil: init starts them
 	cg       cgroups.Group // nil without cgroups
@@ -694,6 +696,9 @@ func (s *Sandbox) Close() error {
 		}
 		if s.upper != nil {
 			s.upper.Close()
+		}
+		if s.unhold != nil {
+			s.unhold()
 		}
 		if s.ctl >= 0 {
 			// Shut down, not close: readControl may still be in recvmsg.

@@ -123,6 +123,11 @@ func (s *Sandbox) sendRoot() error {
 	if s.spec.Root == nil {
 		return nil
 	}
+	unhold, err := image.HoldLayers(s.spec.Root.Layers)
+	if err != nil {
+		return fmt.Errorf("template %s: %w", s.spec.Root.Template, err)
+	}
+	s.unhold = unhold
 	m, upper, err := rootMount(s.init.pid, s.spec.Root, s.owner.ID(0), s.cfg.DiskBytes, s.cfg.DiskInodes+rootInodes, s.cfg.Build)
 	if err != nil {
 		return err
