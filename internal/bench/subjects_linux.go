@@ -308,6 +308,8 @@ func Subjects(ctx context.Context, cfg Config) ([]Subject, func()) {
 
 	out = append(out, pauseSubjects(cfg.Pausing, pauseSkip)...)
 
+	out = append(out, templateSubjects(srv, firstOf(cliSkip, pySkip), py)...)
+
 	fair, stopFair := fairnessSubjects(cfg.Vivarium, cliSkip)
 	out = append(out, fair...)
 	return out, func() {
