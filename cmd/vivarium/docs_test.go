@@ -140,8 +140,8 @@ var pageCommands = map[string][]string{
 	"run.md":        {"run"},
 	"security.md":   {"serve", "run", "mcp"},
 	"snapshots.md":  {"serve", "sandbox"},
-	"templates.md":  {"image"},
-	"benchmarks.md": {"bench", "serve"},
+	"templates.md":  {"image", "template", "run", "serve"},
+	"benchmarks.md": {"bench", "serve", "template"},
 }
 
 // commandFlags finds the flags of a vivarium command as the command
@@ -165,7 +165,7 @@ func (c *commandFlags) of(cmd string) map[string]bool {
 		fs = runFlags(&runOptions{})
 	case "mcp":
 		fs = mcpFlags(&mcpConfig{})
-	case "sandbox", "volume", "image":
+	case "sandbox", "volume", "image", "template":
 		// Named without a subcommand: any of them.
 		for _, sub := range subcommandNames(cmd) {
 			for f := range c.of(cmd + " " + sub) {
@@ -196,6 +196,8 @@ func subcommandNames(cmd string) []string {
 		return volumeCmd.names()
 	case "image":
 		return imageSubcommands
+	case "template":
+		return templateSubcommands
 	}
 	return nil
 }
@@ -217,7 +219,7 @@ func helpFlags(t *testing.T, args ...string) map[string]bool {
 
 // commandRef finds "vivarium CMD" (with the subcommand of those whose
 // flags differ by subcommand) in docs.
-var commandRef = regexp.MustCompile(`(?:^|[^A-Za-z0-9_.-])vivarium (run|serve|gateway|mcp|keys|audit|sandbox|sb|volumes?|doctor|bench|image)\b(?: ([a-z][a-z-]*))?`)
+var commandRef = regexp.MustCompile(`(?:^|[^A-Za-z0-9_.-])vivarium (run|serve|gateway|mcp|keys|audit|sandbox|sb|volumes?|doctor|bench|image|template)\b(?: ([a-z][a-z-]*))?`)
 
 // flagRef is a flag in docs: two dashes and a name, not part of a word.
 var flagRef = regexp.MustCompile(`(?:^|[^A-Za-z0-9_-])(--[a-z][a-z0-9]*(?:-[a-z0-9]+)*)`)
@@ -232,7 +234,7 @@ func commandName(cmd, next string) string {
 		cmd = "volume"
 	}
 	switch cmd {
-	case "sandbox", "volume", "image":
+	case "sandbox", "volume", "image", "template":
 		if slices.Contains(subcommandNames(cmd), next) {
 			return cmd + " " + next
 		}
@@ -341,7 +343,7 @@ func strictSpans(b docBlock) [][3]int {
 // paragraph, list item or table row names or the page is about.
 func TestDocsFlags(t *testing.T) {
 	cf := &commandFlags{t: t, cache: map[string]map[string]bool{}}
-	all := []string{"run", "serve", "gateway", "mcp", "keys", "audit", "volume", "doctor", "bench", "image"}
+	all := []string{"run", "serve", "gateway", "mcp", "keys", "audit", "volume", "doctor", "bench", "image", "template"}
 	var problems []string
 	checked := 0
 	for _, page := range docPages(t) {

@@ -34,6 +34,10 @@ Each subcommand takes its own flags, which "vivarium template SUBCOMMAND -h"
 lists.
 `
 
+// templateSubcommands are `vivarium template`'s subcommands, aliases
+// included.
+var templateSubcommands = []string{"build", "inspect", "ls", "list", "rm"}
+
 // cmdTemplate is `vivarium template`.
 func cmdTemplate(args []string) int {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
