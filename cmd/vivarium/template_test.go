@@ -15,6 +15,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
+	"github.com/vivarium-sandbox/vivarium/internal/criu"
 	"github.com/vivarium-sandbox/vivarium/internal/image"
 	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
@@ -49,8 +50,8 @@ func addTemplate(t *testing.T, dataDir, name string, cfg v1.Config) {
 
 // A server makes sandboxes of its store's templates on /v1: stateful and
 // one-shot, with the template's environment, working directory and
-// Python; an unknown template is 404, and pausing one is refused saying
-// why.
+// Python, paused and resumed; an unknown template is 404, and forking one
+// is refused saying why.
 func TestServeTemplates(t *testing.T) {
 	needSandbox(t)
 	dataDir := t.TempDir()
@@ -75,8 +76,21 @@ func TestServeTemplates(t *testing.T) {
 	if code != 200 || !strings.Contains(string(body), `"stdout":"added\n"`) {
 		t.Fatalf("a command as root: %d %s", code, body)
 	}
-	if code, body = req(t, "POST", srv.url+"/v1/sandboxes/"+info.ID+"/pause", nil, nil); code != 501 || !strings.Contains(string(body), "template") {
-		t.Errorf("pause: %d %s, want 501 naming the template", code, body)
+	// Paused and resumed with its state and its writes; not forked yet.
+	if _, err := criu.Usable(); err == nil {
+		for _, op := range []string{"pause", "resume"} {
+			if code, body = req(t, "POST", srv.url+"/v1/sandboxes/"+info.ID+"/"+op, nil, nil); code/100 != 2 {
+				t.Fatalf("%s: %d %s", op, code, body)
+			}
+		}
+		code, body = req(t, "POST", srv.url+"/v1/sandboxes/"+info.ID+"/execute", nil, map[string]any{
+			"code": "print(open('/usr/bin/added').read().strip(), os.environ['TPL'])"})
+		if code != 200 || !strings.Contains(string(body), `"stdout":"added from the image\n"`) {
+			t.Fatalf("execute after a resume: %d %s", code, body)
+		}
+		if code, body = req(t, "POST", srv.url+"/v1/sandboxes/"+info.ID+"/fork", nil, map[string]any{"count": 1}); code != 501 || !strings.Contains(string(body), "template") {
+			t.Errorf("fork: %d %s, want 501 naming the template", code, body)
+		}
 	}
 	code, body = req(t, "POST", srv.url+"/v1/execute", nil, map[string]any{"template": "tpl:1",
 		"code": "import os; print(os.path.exists('/usr/bin/added'), os.environ['TPL'])"})

@@ -1,9 +1,14 @@
 package testutil
 
 import (
+	"os"
+	"path/filepath"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/vivarium-sandbox/vivarium/internal/hostroot"
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
 
 // RootLayer makes, in dir, an image layer of the host's python3, a shell
@@ -25,4 +30,47 @@ func TarDir(t testing.TB, dir string) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// TemplateRoot makes a template's root of two layers: the host's Python
+// and a few programs (testutil.RootLayer), and over it a layer as an
+// image's would be, hostile where it can be: a file deleted (a
+// whiteout), a file of uid 1000, a working directory, and links where
+// init makes its directories (/tmp to the host's /var/tmp, /home to /).
+func TemplateRoot(t testing.TB) *sandbox.Root {
+	t.Helper()
+	dir := t.TempDir()
+	base, top := filepath.Join(dir, "base"), filepath.Join(dir, "top")
+	for _, d := range []string{base, top} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	RootLayer(t, base)
+	write := func(layer, p, data string, uid int) {
+		t.Helper()
+		full := filepath.Join(layer, p)
+		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(full, []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(full, uid, uid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(base, "etc/gone", "lower\n", 0)
+	write(base, "etc/passwd", "root:x:0:0:root:/root:/bin/sh\nimg:x:1000:1000::/home/img:/bin/sh\n", 0)
+	write(top, "etc/motd", "from the template\n", 0)
+	write(top, "srv/app/owned", "uid 1000's\n", 1000)
+	if err := unix.Mknod(filepath.Join(top, "etc/gone"), unix.S_IFCHR, 0); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []struct{ name, target string }{{"tmp", "/var/tmp"}, {"home", "/"}} {
+		if err := os.Symlink(l.target, filepath.Join(top, l.name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return &sandbox.Root{Template: "test", ID: "sha256:test", Layers: []string{base, top}, Dir: "/srv/app"}
 }

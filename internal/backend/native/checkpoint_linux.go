@@ -579,9 +579,13 @@ func unescapeMount(s string) string {
 // system's, by the volume's path in the spec) are the volume's.
 func (cp *checkpoint) collectMounts(pid int, mnts []mountEntry, volumes map[string]string) error {
 	rooted := map[string]bool{}
+	templateRoot := ""
 	for _, m := range mnts {
 		if m.root == "/" {
 			rooted[m.dev] = true
+		}
+		if m.point == "/" && m.fstype == "overlay" {
+			templateRoot = m.dev
 		}
 	}
 	root, err := os.Open(fmt.Sprintf("/proc/%d/root", pid))
@@ -597,6 +601,12 @@ func (cp *checkpoint) collectMounts(pid int, mnts []mountEntry, volumes map[stri
 				return err
 			}
 			cp.mounts = append(cp.mounts, vm)
+			continue
+		}
+		if m.fstype == "overlay" && m.dev == templateRoot {
+			// A template's root (a restore gives it to CRIU: --root),
+			// or a bind of a directory of it (/home/user, /dev/shm),
+			// which CRIU binds again from there.
 			continue
 		}
 		if m.fstype == "overlay" {

@@ -82,7 +82,7 @@ func (s *Sandbox) forkable() error {
 	if err := s.pausable(); err != nil {
 		return fmt.Errorf("%w (nor forked)", err)
 	}
-	return nil
+	return templateKept(s.spec, "forked")
 }
 
 // copyEgress returns the proxy of each of n copies (opts.Egress): a copy

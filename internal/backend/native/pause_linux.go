@@ -136,9 +136,6 @@ func (s *Sandbox) pausable() error {
 	if s.spec.OneShot {
 		return fmt.Errorf("%w: a one-shot sandbox cannot be paused", sandbox.ErrUnsupported)
 	}
-	if s.spec.Root != nil {
-		return fmt.Errorf("%w: a template's sandbox cannot be paused yet", sandbox.ErrUnsupported)
-	}
 	return nil
 }
 

@@ -48,6 +48,9 @@ func (s *Sandbox) PersistPaused(ctx context.Context, dir string) (int64, error) 
 	case s.cp == nil || !s.Core.Paused():
 		return 0, errors.New("persist: the sandbox is not paused")
 	}
+	if err := templateKept(s.spec, "kept on disk"); err != nil {
+		return 0, err
+	}
 	s.mu.Lock()
 	rp := s.rp
 	s.mu.Unlock()

@@ -68,6 +68,18 @@ func (b *Backend) createFromTemplate(ctx context.Context, spec sandbox.Spec) (sa
 	return start(ctx, b, spec, cfg, nil)
 }
 
+// templateKept refuses to keep a template's sandbox other than paused in
+// memory (how: "forked", "saved as a snapshot"): a copy's root would be
+// an overlay of the same layers over a copy of its writable layer, idmapped
+// to the copy's own host user, which restores do not make yet. A pause
+// keeps the sandbox's mount namespace, and its root with it.
+func templateKept(spec sandbox.Spec, how string) error {
+	if spec.Root == nil {
+		return nil
+	}
+	return fmt.Errorf("%w: a template's sandbox can be paused and resumed, not %s yet", sandbox.ErrUnsupported, how)
+}
+
 // rootMount makes the root of a template's sandbox whose init is pid (not
 // yet reaped), whose root is the host user owner, as a detached mount.
 // With keep, the tmpfs of the writable layer is returned too.
