@@ -82,4 +82,3 @@ print(os.path.exists('/usr/bin/pip'), sys.version_info[0])
 		t.Fatalf("the host's /var/tmp gained entries: %s", strings.Join(names, " "))
 	}
 }
-
