@@ -19,9 +19,17 @@ import (
 	"syscall"
 )
 
-// programs are the host's programs a layer's root has.
-var programs = []string{"/bin/sh", "/bin/cat", "/bin/ls", "/bin/id", "/bin/touch", "/bin/rm", "/bin/mkdir",
-	"/usr/bin/env", "/bin/stat", "/bin/echo"}
+// programs are the host's programs a layer's root has, those the host
+// has: a shell, coreutils a program expects, and what the hostile suite's
+// cases run.
+var programs = []string{"/bin/sh", "/bin/bash", "/bin/cat", "/bin/ls", "/bin/id", "/bin/touch", "/bin/rm", "/bin/mkdir",
+	"/usr/bin/env", "/bin/stat", "/bin/echo", "/bin/sleep", "/usr/bin/nohup", "/usr/bin/nsenter", "/usr/bin/unshare",
+	"/usr/bin/setarch", "/bin/true", "/bin/false", "/usr/bin/md5sum", "/bin/cp", "/bin/mv", "/bin/ln", "/bin/chmod",
+	"/bin/kill", "/usr/bin/head", "/usr/bin/tail", "/bin/grep", "/usr/bin/wc", "/usr/bin/yes", "/bin/su", "/usr/bin/sudo",
+	"/usr/bin/node", "/usr/bin/timeout", "/bin/dd", "/usr/bin/tty", "/usr/bin/strace", "/usr/bin/gdb"}
+
+// files are the host's other files a layer's root has, those the host has.
+var files = []string{"/usr/share/common-licenses/GPL-3"}
 
 // Layer makes, in dir, an image layer in overlayfs's form (as the image
 // store keeps them) with the host's python3 (python the path it has,
@@ -36,11 +44,16 @@ func Layer(dir, python string) error {
 	if err != nil {
 		return err
 	}
-	files := append([]string{real}, programs...)
+	var have []string
+	for _, p := range append(append([]string{real}, programs...), files...) {
+		if _, err := os.Lstat(p); err == nil {
+			have = append(have, p)
+		}
+	}
 	stdlib := filepath.Join("/usr/lib", filepath.Base(real))
 	dynload, _ := filepath.Glob(filepath.Join(stdlib, "lib-dynload", "*.so"))
 	var libs []string
-	for _, f := range append(append([]string{}, files...), dynload...) {
+	for _, f := range append(append([]string{}, have...), dynload...) {
 		libs = append(libs, sharedLibraries(f)...)
 	}
 	for _, l := range []struct{ name, target string }{
@@ -52,7 +65,7 @@ func Layer(dir, python string) error {
 			}
 		}
 	}
-	for _, f := range append(files, libs...) {
+	for _, f := range append(have, libs...) {
 		if err := linkInto(dir, f); err != nil {
 			return err
 		}

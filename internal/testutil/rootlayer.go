@@ -33,11 +33,34 @@ func TarDir(t testing.TB, dir string) []byte {
 }
 
 // TemplateRoot makes a template's root of two layers: the host's Python
-// and a few programs (testutil.RootLayer), and over it a layer as an
-// image's would be, hostile where it can be: a file deleted (a
-// whiteout), a file of uid 1000, a working directory, and links where
-// init makes its directories (/tmp to the host's /var/tmp, /home to /).
+// and a few programs (RootLayer), and over it a layer as an image's would
+// be, hostile where it can be: a file deleted (a whiteout), a file of uid
+// 1000, a working directory (/srv/app), and links where init makes its
+// directories (/tmp to the host's /var/tmp, /home to /).
 func TemplateRoot(t testing.TB) *sandbox.Root {
+	t.Helper()
+	r := templateRoot(t, func(base, top string) {
+		writeOwned(t, base, "etc/gone", "lower\n", 0)
+		writeOwned(t, base, "etc/passwd", "root:x:0:0:root:/root:/bin/sh\nimg:x:1000:1000::/home/img:/bin/sh\n", 0)
+		writeOwned(t, top, "etc/motd", "from the template\n", 0)
+		writeOwned(t, top, "srv/app/owned", "uid 1000's\n", 1000)
+		if err := unix.Mknod(filepath.Join(top, "etc/gone"), unix.S_IFCHR, 0); err != nil {
+			t.Fatal(err)
+		}
+	})
+	r.Dir = "/srv/app"
+	return r
+}
+
+// SuiteTemplateRoot is the root of the suites' native-template backend:
+// TemplateRoot's links over the host's Python, no more.
+func SuiteTemplateRoot(t testing.TB) *sandbox.Root {
+	t.Helper()
+	return templateRoot(t, func(base, top string) {})
+}
+
+// templateRoot makes the two layers, fill adds to them, and the links.
+func templateRoot(t testing.TB, fill func(base, top string)) *sandbox.Root {
 	t.Helper()
 	dir := t.TempDir()
 	base, top := filepath.Join(dir, "base"), filepath.Join(dir, "top")
@@ -47,30 +70,26 @@ func TemplateRoot(t testing.TB) *sandbox.Root {
 		}
 	}
 	RootLayer(t, base)
-	write := func(layer, p, data string, uid int) {
-		t.Helper()
-		full := filepath.Join(layer, p)
-		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(full, []byte(data), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Chown(full, uid, uid); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write(base, "etc/gone", "lower\n", 0)
-	write(base, "etc/passwd", "root:x:0:0:root:/root:/bin/sh\nimg:x:1000:1000::/home/img:/bin/sh\n", 0)
-	write(top, "etc/motd", "from the template\n", 0)
-	write(top, "srv/app/owned", "uid 1000's\n", 1000)
-	if err := unix.Mknod(filepath.Join(top, "etc/gone"), unix.S_IFCHR, 0); err != nil {
-		t.Fatal(err)
-	}
+	fill(base, top)
 	for _, l := range []struct{ name, target string }{{"tmp", "/var/tmp"}, {"home", "/"}} {
 		if err := os.Symlink(l.target, filepath.Join(top, l.name)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	return &sandbox.Root{Template: "test", ID: "sha256:test", Layers: []string{base, top}, Dir: "/srv/app"}
+	return &sandbox.Root{Template: "test", ID: "sha256:test", Layers: []string{base, top}}
+}
+
+// writeOwned writes a file of a layer, its directories made, owned by uid.
+func writeOwned(t testing.TB, layer, p, data string, uid int) {
+	t.Helper()
+	full := filepath.Join(layer, p)
+	if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(full, []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(full, uid, uid); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -70,7 +70,7 @@ func flagSet(name string) bool {
 // under a network allowlist: cases_egress_test.go), and gvisor, wasm and
 // docker where they can run; the zygote run tests native-zygote alone.
 var suite = testbackends.Suite{Name: "hostile", UIDBase: native.DefaultUIDBase + 2<<24, Env: "VIVARIUM_HOSTILE_BACKENDS",
-	Docker: true, Allowlist: true}
+	Docker: true, Allowlist: true, Template: true}
 
 // Host ports the canaries listen on; a sandbox must reach none of them.
 var canaryPorts = []int{5759, 6380, 9229}
@@ -85,6 +85,7 @@ type backendUnderTest struct {
 // where its safe outcome is not the native one.
 var differencesOf = map[string]map[string]difference{
 	"native-allowlist": allowlistDifferences,
+	"native-template":  templateDifferences,
 	"wasm":             wasmDifferences,
 	"gvisor":           gvisorDifferences,
 	"docker":           dockerDifferences,
@@ -293,6 +294,9 @@ func (h *harness) runCase(t *testing.T, c hostileCase) {
 	}
 	if h.be.Allowlist && j.Spec.Egress == nil {
 		j.Spec.Egress = h.egress.proxy(t)
+	}
+	if h.be.Root != nil {
+		j.Spec.Root = h.be.Root
 	}
 	o := h.run(t, j)
 	if o.Status == sandbox.StatusSetupFailed && c.knownSetupBug != "" {

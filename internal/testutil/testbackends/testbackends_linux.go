@@ -42,6 +42,10 @@ type Backend struct {
 	// proxy in the sandbox (the native-allowlist backend). What the
 	// allowlist names is the suite's.
 	Allowlist bool
+	// Root, for native-template, is the template's root every sandbox of
+	// the suite has (testutil.SuiteTemplateRoot: the host's python3 and
+	// a few programs, under a layer of hostile links).
+	Root *sandbox.Root
 	// Leftovers closes the backend and lists what its sandboxes left on
 	// the host: processes, cgroups, state directories, containers, and
 	// the docker backend's test daemon (stopped, so that its processes
@@ -53,7 +57,7 @@ type Backend struct {
 
 // Names are the backends Open knows, which a suite's Env may name and its
 // tables of differences be keyed by.
-var Names = []string{"native", "native-zygote", "native-allowlist", "gvisor", "wasm", "docker"}
+var Names = []string{"native", "native-zygote", "native-allowlist", "native-template", "gvisor", "wasm", "docker"}
 
 // Suite names a test suite's resources.
 type Suite struct {
@@ -77,6 +81,10 @@ type Suite struct {
 	// backend, whose every case the suite runs with a network allowlist
 	// set (Backend.Allowlist).
 	Allowlist bool
+	// Template adds native-template to the defaults: the native backend,
+	// whose every case the suite runs in a template's sandbox
+	// (Backend.Root).
+	Template bool
 }
 
 // Open returns the backends to test: those Env names, or every one this
@@ -94,6 +102,9 @@ func Open(t *testing.T, s Suite) []Backend {
 		} else {
 			if s.Allowlist {
 				names += ",native-allowlist"
+			}
+			if s.Template {
+				names += ",native-template"
 			}
 			if err := gvisor.Check(); err == nil {
 				names += ",gvisor"
@@ -122,12 +133,17 @@ func Open(t *testing.T, s Suite) []Backend {
 			t.Fatalf("%s=%q: the %s suite does not stop a test daemon (Suite.Docker)", s.Env, names, s.Name)
 		case name == "native-allowlist" && !s.Allowlist:
 			t.Fatalf("%s=%q: the %s suite sets no allowlist (Suite.Allowlist)", s.Env, names, s.Name)
+		case name == "native-template" && !s.Template:
+			t.Fatalf("%s=%q: the %s suite runs no template (Suite.Template)", s.Env, names, s.Name)
 		case name == "docker":
 			be = openDocker(t, s)
 		default:
 			var err error
 			if be, err = open(name, s); err != nil {
 				t.Fatalf("%s backend: %v", name, err)
+			}
+			if name == "native-template" {
+				be.Root = testutil.SuiteTemplateRoot(t)
 			}
 		}
 		out = append(out, closedAtEnd(t, be))
@@ -148,7 +164,7 @@ func closedAtEnd(t *testing.T, be Backend) Backend {
 func open(name string, s Suite) (Backend, error) {
 	parent := "vivarium-" + s.Name + "-test"
 	switch name {
-	case "native", "native-zygote", "native-allowlist":
+	case "native", "native-zygote", "native-allowlist", "native-template":
 		zygote := name == "native-zygote"
 		var preload []string
 		if zygote {
