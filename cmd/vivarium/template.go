@@ -13,6 +13,7 @@ import (
 	"syscall"
 
 	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/template"
 )
 
@@ -69,6 +70,9 @@ func templateBuild(args []string) int {
 	noCache := fs.Bool("no-cache", false, "run every step again, whatever the build cache holds")
 	var buildArgs listFlag
 	fs.Var(&buildArgs, "build-arg", "`K=V`: a value for the Dockerfile's ARG K (repeatable)")
+	var allowNet ruleList
+	fs.Var(&allowNet, "allow-net", "`RULE` a RUN step may reach through its sandbox's HTTP(S) proxy (repeatable): "+
+		"HOST, *.DOMAIN, CIDR or [IPV6-CIDR], each with :PORTS (80,443 when none); default: no network")
 	pos, err := parseInterleaved(fs, args)
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -129,8 +133,16 @@ func templateBuild(args []string) int {
 	defer b.Close()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	builder := &template.Builder{Store: images, Sandboxes: &native.BuildSandboxes{Backend: b, Store: images},
-		CacheDir: filepath.Join(*dataDir, "build-cache")}
+	if e, err := runEgress(allowNet); err != nil {
+		return fail(err) // the rules, checked before the first step
+	} else if e != nil {
+		e.Close()
+	}
+	sandboxes := &native.BuildSandboxes{Backend: b, Store: images}
+	if len(allowNet) > 0 {
+		sandboxes.Egress = func() (sandbox.Egress, error) { return runEgress(allowNet) }
+	}
+	builder := &template.Builder{Store: images, Sandboxes: sandboxes, CacheDir: filepath.Join(*dataDir, "build-cache")}
 	im, err := builder.Build(ctx, *name, spec, files, os.Stderr)
 	if err != nil {
 		return fail(err)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -172,5 +173,46 @@ print(os.path.exists("/usr/bin/cat"), os.path.exists("/usr/bin/ls"))`)
 	}
 	if r = run("nopython:1", "print(1)"); r.code == 0 || !strings.Contains(r.stdout+r.stderr, "no python3") {
 		t.Fatalf("code in a template without python3: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+}
+
+// A build's RUN reaches what --allow-net names through its sandbox's
+// proxy, and nothing else; without it, nothing.
+func TestTemplateBuildAllowNet(t *testing.T) {
+	needSandbox(t)
+	h := testutil.NewNetHost(t)
+	dataDir, dir := t.TempDir(), t.TempDir()
+	addTemplate(t, dataDir, "base:1", v1.Config{Env: []string{"PATH=/usr/bin:/bin"}})
+	fetch := fmt.Sprintf(`import urllib.request, sys
+try:
+    print(urllib.request.urlopen("http://%s:%d/hello.txt", timeout=10).read().decode().strip())
+except Exception as e:
+    print("refused", type(e).__name__)
+`, h.Addr, h.Port)
+	if err := os.WriteFile(filepath.Join(dir, "fetch.py"), []byte(fetch), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dockerfile := "FROM base:1\nCOPY fetch.py /fetch.py\nRUN python3 /fetch.py > /fetched.txt\n"
+	if err := os.WriteFile(filepath.Join(dir, "Dockerfile"), []byte(dockerfile), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"net:1", []string{"--allow-net", fmt.Sprintf("%s/30:%d", h.Peer, h.Port)}, "hello from " + h.Name},
+		// The cache does not know a step's network (as Docker's does
+		// not): the same steps again, made anew.
+		{"nonet:1", []string{"--no-cache"}, "refused URLError"},
+	} {
+		args := append([]string{"template", "build", "--data-dir", dataDir, "-t", c.name}, append(c.args, dir)...)
+		if r := vivarium(t, "", args...); r.code != 0 {
+			t.Fatalf("build %s: exit %d\n%s", c.name, r.code, r.stderr)
+		}
+		r := vivarium(t, "", "run", "--data-dir", dataDir, "--template", c.name, "-c", "print(open('/fetched.txt').read().strip())")
+		if r.code != 0 || strings.TrimSpace(r.stdout) != c.want {
+			t.Errorf("%s: %q, want %q (exit %d, %s)", c.name, r.stdout, c.want, r.code, r.stderr)
+		}
 	}
 }

@@ -29,6 +29,10 @@ type BuildSandboxes struct {
 	Limits sandbox.Limits
 	// Tenant groups the steps' sandboxes as a tenant's (sandbox.Spec).
 	Tenant string
+	// Egress, if set, gives each step's sandbox its way out: a proxy of
+	// its own, within the policy of whoever builds (apt's and pip's
+	// hosts, say); nil: no network.
+	Egress func() (sandbox.Egress, error)
 }
 
 var _ template.Sandboxes = (*BuildSandboxes)(nil)
@@ -73,6 +77,15 @@ func (bs *BuildSandboxes) Run(ctx context.Context, r template.RunRequest) error 
 	spec := sandbox.Spec{Limits: lim, Env: env, Root: root, Tenant: bs.Tenant}
 	if err := spec.Validate(); err != nil {
 		return err
+	}
+	if bs.Egress != nil {
+		if spec.Egress, err = bs.Egress(); err != nil {
+			return err
+		}
+		if spec.Egress != nil {
+			defer spec.Egress.Close() // the sandbox's Close closes it too
+			spec.Env = sandbox.WithEgressEnv(spec.Env)
+		}
 	}
 	spec.Limits = spec.Limits.WithDefaults()
 	cfg, err := bs.Backend.initConfig(spec, nil, nil)
