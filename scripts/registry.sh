@@ -14,21 +14,27 @@
 #       stops it (its storage stays in DIR).
 #   scripts/registry.sh images
 #       builds the stand-ins only.
+#   scripts/registry.sh built
+#       exits 0 when the stand-ins are built (in the cache below), 1
+#       when they are not, saying where they would be.
 #
 # The stand-ins cannot be the real images (no registry of the internet
-# is reachable here): they are Debian bookworm by debootstrap, from the
-# Debian archive this host's apt uses (scripts/apt-sources.sh) or
+# is reachable here): they are Debian by debootstrap, from the Debian
+# archive this host's apt uses (scripts/apt-sources.sh; trixie from the
+# same archive as bookworm when the host names no trixie) or
 # VIVARIUM_DEBIAN_MIRROR, each labelled as a stand-in
 # (org.opencontainers.image.description), under the names
 #
-#   library/ubuntu:22.04, library/ubuntu:24.04   Debian minbase
-#   library/python:3                           Debian minbase with python3, pip and venv
-#   e2bdev/base:latest                         the same, with a user "user" (uid 1000)
+#   library/ubuntu:22.04, library/ubuntu:24.04   Debian bookworm minbase
+#   library/python:3                           bookworm minbase with python3 (3.11), pip and venv
+#   library/python:3.13                        Debian trixie minbase with python3 (3.13), pip and venv
+#   e2bdev/base:latest                         bookworm's python:3, with a user "user" (uid 1000)
 #
 # so that `--registry-mirror docker.io=HOST:PORT` serves `ubuntu:22.04`.
 # They are built once into $VIVARIUM_STANDINS_DIR (default
-# ~/.cache/vivarium/standins-<hash of this script and docker-save.sh>)
-# as `docker save` archives: about 2 minutes and 250 MB.
+# ~/.cache/vivarium/standins-<hash of the part of this script that
+# builds them, and of docker-save.sh>) as `docker save` archives: about
+# 10 minutes, 600 MB of downloads and 600 MB kept.
 # Installs with apt what it lacks: docker-registry, skopeo, debootstrap,
 # openssl, curl.
 set -eu
@@ -36,7 +42,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 step() { echo "registry: $*" >&2; }
 fail() { echo "registry: $*" >&2; exit 1; }
 usage() {
-	echo "usage: $0 start DIR [--tls] [--auth USER:PASSWORD] | stop DIR | images" >&2
+	echo "usage: $0 start DIR [--tls] [--auth USER:PASSWORD] | stop DIR | images | built" >&2
 	exit 2
 }
 [ $# -ge 1 ] || usage
@@ -49,6 +55,23 @@ if [ "$cmd" = stop ]; then
 	[ -f "$1/pid" ] && kill "$(cat "$1/pid")" 2>/dev/null || true
 	rm -f "$1/pid"
 	exit 0
+fi
+
+# The stand-ins, each a `docker save` archive of one layer, named by
+# what builds them: the lines between "stand-ins: begin" and "stand-ins:
+# end" below, and docker-save.sh (not the registry's start, which may
+# change without them being built again).
+if [ -z "${VIVARIUM_STANDINS_DIR:-}" ]; then
+	key=$({
+		sed -n '/^# stand-ins: begin/,/^# stand-ins: end/p' "$root/scripts/registry.sh"
+		cat "$root/scripts/docker-save.sh"
+	} | sha256sum | cut -c1-12)
+	VIVARIUM_STANDINS_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/vivarium/standins-$key"
+fi
+out=$VIVARIUM_STANDINS_DIR
+if [ "$cmd" = built ]; then
+	[ -f "$out/built" ] && exit 0
+	fail "the stand-ins are not built in $out (scripts/registry.sh images builds them)"
 fi
 
 need=""
@@ -64,27 +87,23 @@ if [ -n "$need" ]; then
 		fail "apt-get install$need failed"
 fi
 
-# The stand-ins, each a `docker save` archive of one layer.
-if [ -z "${VIVARIUM_STANDINS_DIR:-}" ]; then
-	key=$(cat "$root/scripts/registry.sh" "$root/scripts/docker-save.sh" | sha256sum | cut -c1-12)
-	VIVARIUM_STANDINS_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/vivarium/standins-$key"
-fi
-out=$VIVARIUM_STANDINS_DIR
 mkdir -p "$out"
 . "$root/scripts/docker-save.sh"
 
-# standin FLAVOUR PACKAGES CONFIG: $out/FLAVOUR.tar, Debian minbase with
-# PACKAGES (comma separated, may be empty), its config CONFIG.
+# stand-ins: begin
+# standin FLAVOUR SUITE PACKAGES CONFIG: $out/FLAVOUR.tar, Debian SUITE's
+# minbase with PACKAGES (comma separated, may be empty), its config
+# CONFIG (JSON members; the stand-in's label is added).
 standin() {
-	flavour=$1 pkgs=$2 cfg=$3
+	flavour=$1 suite=$2 pkgs=$3 cfg=$4
 	[ -f "$out/$flavour.tar" ] && return 0
 	. "$root/scripts/apt-sources.sh"
-	apt_debian_uri bookworm || fail "no Debian archive to debootstrap bookworm from"
+	apt_debian_uri "$suite" || fail "no Debian archive to debootstrap $suite from"
 	rfs=$out/rootfs-$flavour
 	rm -rf "$rfs"
-	step "debootstrap bookworm ($flavour${pkgs:+: $pkgs}) from $apt_uri"
-	mkdir -p "$out/debs"
-	if ! debootstrap --variant=minbase --cache-dir="$out/debs" ${pkgs:+--include="$pkgs"} bookworm "$rfs" "$apt_uri" \
+	step "debootstrap $suite ($flavour${pkgs:+: $pkgs}) from $apt_uri"
+	mkdir -p "$out/debs-$suite"
+	if ! debootstrap --variant=minbase --cache-dir="$out/debs-$suite" ${pkgs:+--include="$pkgs"} "$suite" "$rfs" "$apt_uri" \
 		> "$out/debootstrap-$flavour.log" 2>&1; then
 		# debootstrap mounts /proc and /sys in the chroot; a failure may
 		# leave them.
@@ -99,15 +118,18 @@ standin() {
 	fi
 	rm -rf "$rfs/var/lib/apt/lists"/* "$rfs/var/cache/apt"/*.bin "$rfs/var/cache/apt/archives"/*.deb "$rfs/var/log"/* "$rfs/dev"/*
 	tar --numeric-owner -C "$rfs" -cf "$out/$flavour.layer" .
-	docker_save "vivarium-standin/$flavour:1" "$cfg" "$out/$flavour.tar" "$out/$flavour.layer"
+	label="\"Labels\":{\"org.opencontainers.image.description\":\"Vivarium test stand-in: Debian $suite by debootstrap, not the image of this name\"}"
+	docker_save "vivarium-standin/$flavour:1" "{$cfg,$label}" "$out/$flavour.tar" "$out/$flavour.layer"
 	rm -rf "$rfs" "$out/$flavour.layer"
 	step "built $out/$flavour.tar ($(du -m "$out/$flavour.tar" | cut -f1) MiB)"
 }
-label='"Labels":{"org.opencontainers.image.description":"Vivarium test stand-in: Debian bookworm by debootstrap, not the image of this name"}'
 path='"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"'
-standin minbase "" "{\"Env\":[$path],\"Cmd\":[\"/bin/bash\"],$label}"
-standin python python3,python3-pip,python3-venv "{\"Env\":[$path],\"Cmd\":[\"python3\"],$label}"
-standin base python3,python3-pip,python3-venv,sudo "{\"Env\":[$path],\"User\":\"user\",\"WorkingDir\":\"/home/user\",\"Cmd\":[\"/bin/bash\"],$label}"
+standin minbase bookworm "" "\"Env\":[$path],\"Cmd\":[\"/bin/bash\"]"
+standin python bookworm python3,python3-pip,python3-venv "\"Env\":[$path],\"Cmd\":[\"python3\"]"
+standin python3.13 trixie python3,python3-pip,python3-venv "\"Env\":[$path],\"Cmd\":[\"python3\"]"
+standin base bookworm python3,python3-pip,python3-venv,sudo "\"Env\":[$path],\"User\":\"user\",\"WorkingDir\":\"/home/user\",\"Cmd\":[\"/bin/bash\"]"
+touch "$out/built"
+# stand-ins: end
 [ "$cmd" = images ] && exit 0
 
 [ "$cmd" = start ] && [ $# -ge 1 ] || usage
@@ -160,8 +182,8 @@ push() {
 	fi
 	skopeo copy -q ${auth:+--dest-creds "$auth"} "$@" > /dev/null
 }
-for pair in minbase:library/ubuntu:22.04 minbase:library/ubuntu:24.04 python:library/python:3 base:e2bdev/base:latest; do
+for pair in minbase:library/ubuntu:22.04 minbase:library/ubuntu:24.04 python:library/python:3 python3.13:library/python:3.13 base:e2bdev/base:latest; do
 	push "docker-archive:$out/${pair%%:*}.tar" "docker://$addr/${pair#*:}" || fail "push ${pair#*:} failed"
 done
-step "serving ubuntu:22.04, ubuntu:24.04, python:3, e2bdev/base (stand-ins) at $scheme://$addr (pid $(cat "$dir/pid"))"
+step "serving ubuntu:22.04, ubuntu:24.04, python:3, python:3.13, e2bdev/base (stand-ins) at $scheme://$addr (pid $(cat "$dir/pid"))"
 echo "$addr"
