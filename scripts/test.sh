@@ -51,6 +51,12 @@ export VIVARIUM_CRIU_DIR
 # same way; once they are built, those tests fail rather than skip.
 scripts/kube/helm.sh && export VIVARIUM_REQUIRE_HELM=1 || echo "kube: helm could not be built; TestHelmChart will skip" >&2
 scripts/kube/build.sh && export VIVARIUM_REQUIRE_KUBE=1 || echo "kube: kube-apiserver could not be built; the Kubernetes tests will skip" >&2
+# The stand-in images of the repository's registry (scripts/registry.sh
+# images: Debian bookworm and trixie by debootstrap, about 7 minutes),
+# cached the same way; once they are built, the tests that pull them
+# fail rather than skip.
+scripts/registry.sh images && export VIVARIUM_REQUIRE_STANDINS=1 ||
+	echo "registry: the stand-ins could not be built; the tests that pull them will skip" >&2
 go vet ./...
 unformatted=$(gofmt -l cmd internal test 2>/dev/null || true)
 if [ -n "$unformatted" ]; then
