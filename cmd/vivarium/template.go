@@ -138,9 +138,9 @@ func templateBuild(args []string) int {
 	} else if e != nil {
 		e.Close()
 	}
-	sandboxes := &native.BuildSandboxes{Backend: b, Store: images}
+	sandboxes := &buildSandboxes{backend: b, store: images}
 	if len(allowNet) > 0 {
-		sandboxes.Egress = func() (sandbox.Egress, error) { return runEgress(allowNet) }
+		sandboxes.egress = func() (sandbox.Egress, error) { return runEgress(allowNet) }
 	}
 	builder := &template.Builder{Store: images, Sandboxes: sandboxes, CacheDir: filepath.Join(*dataDir, "build-cache")}
 	im, err := builder.Build(ctx, *name, spec, files, os.Stderr)

@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/vivarium-sandbox/vivarium/internal/layers"
 )
 
 // A held layer outlives its image's removal, in this process or
@@ -21,11 +23,11 @@ func TestHoldLayers(t *testing.T) {
 		t.Fatal(err)
 	}
 	dirs := []string{s.LayerDir(im.Layers[0]), s.LayerDir(im.Layers[1])}
-	first, err := HoldLayers(dirs)
+	first, err := layers.HoldLayers(dirs)
 	if err != nil {
 		t.Fatal(err)
 	}
-	second, err := HoldLayers(dirs[1:])
+	second, err := layers.HoldLayers(dirs[1:])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +60,7 @@ func TestHoldLayers(t *testing.T) {
 			t.Errorf("%s holds %v after the last hold went", sub, left)
 		}
 	}
-	if _, err := HoldLayers(dirs); !errors.Is(err, ErrLayerGone) {
+	if _, err := layers.HoldLayers(dirs); !errors.Is(err, layers.ErrLayerGone) {
 		t.Errorf("holding a collected layer: %v", err)
 	}
 	if left := dirNames(t, filepath.Join(dir, "holds")); len(left) > 0 {

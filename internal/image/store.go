@@ -35,6 +35,7 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/vivarium-sandbox/vivarium/internal/layers"
 	"golang.org/x/sys/unix"
 )
 
@@ -205,8 +206,8 @@ func (s *Store) collect() error {
 				keep[h], keep[h+".json"] = true, true
 			}
 		}
-		held := s.newHeldCheck()
-		defer held.close()
+		held := layers.NewHeldCheck(s.dir)
+		defer held.Close()
 		var errs []error
 		for _, sub := range []string{"configs", "layers"} {
 			entries, err := os.ReadDir(filepath.Join(s.dir, sub))
@@ -226,7 +227,7 @@ func (s *Store) collect() error {
 				}
 				// A layer a sandbox still stacks stays, its record with
 				// it, until the last hold goes (hold.go).
-				if sub == "layers" && held.elsewhere(strings.TrimSuffix(e.Name(), ".json")) {
+				if sub == "layers" && held.Elsewhere(strings.TrimSuffix(e.Name(), ".json")) {
 					continue
 				}
 				errs = append(errs, os.RemoveAll(filepath.Join(s.dir, sub, e.Name())))
@@ -564,3 +565,6 @@ func writeAtomic(path string, b []byte) error {
 	}
 	return os.Rename(tmp.Name(), path)
 }
+
+// A layer's last hold released collects its store (layers.HoldLayers).
+func init() { layers.Collect = func(dir string) { (&Store{dir: dir}).collect() } }

@@ -10,39 +10,51 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/vivarium-sandbox/vivarium/internal/image"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
-	"github.com/vivarium-sandbox/vivarium/internal/template"
 )
 
-// BuildSandboxes runs a template build's RUN steps (template.Sandboxes),
-// each in a sandbox of the backend whose root is the layers built so far
-// under a writable layer of its own: the walls of every sandbox (its own
-// user namespace and host user, seccomp, cgroup limits, no network). Its
-// init writes nothing of its own into the root (initConfig.Build), and
-// its runner has no Python: what the step's command writes is all the
-// writable layer holds, and the build makes it the step's layer.
-type BuildSandboxes struct {
-	Backend *Backend
-	Store   *image.Store
-	// Limits are each step's; zero fields are DefaultBuildLimits'.
+// BuildStep is one step of a template's build (a Dockerfile's RUN) that
+// RunBuildStep runs in a sandbox of the backend whose root is the layers
+// built so far under a writable layer of its own: the walls of every
+// sandbox (its own user namespace and host user, seccomp, cgroup limits,
+// no network unless Egress). Its init writes nothing of its own into the
+// root (initConfig.Build), and its runner has no Python: what the
+// command writes is all the writable layer holds, and Commit makes it the
+// step's layer.
+type BuildStep struct {
+	Layers []string // host directories of the layers (an image store's), the lowest first
+	Args   []string // the command
+	Env    []string // KEY=VALUE
+	Dir    string   // its working directory
+	User   string   // root ("", "root", "0") or the sandbox user ("user", "sandbox", "1000")
+	Log    io.Writer
+	// Limits are the step's; zero fields are DefaultBuildLimits'.
 	Limits sandbox.Limits
-	// Tenant groups the steps' sandboxes as a tenant's (sandbox.Spec).
+	// Tenant groups the step's sandbox as a tenant's (sandbox.Spec).
 	Tenant string
-	// Egress, if set, gives each step's sandbox its way out: a proxy of
-	// its own, within the policy of whoever builds (apt's and pip's
-	// hosts, say); nil: no network.
-	Egress func() (sandbox.Egress, error)
+	// Egress, if set, is the step's way out (a proxy of its own); the
+	// step closes it.
+	Egress sandbox.Egress
+	// Commit is called once the command exited 0 and every process of
+	// the step ended, with the writable layer (overlayfs's upper
+	// directory) and the host uid and gid that are the sandbox's 0.
+	Commit func(upper string, uid0, gid0 uint32) error
 }
-
-var _ template.Sandboxes = (*BuildSandboxes)(nil)
 
 // DefaultBuildLimits bound a build's step: its writable layer is a tmpfs,
 // in memory, as large as Disk, and Memory must hold it.
 var DefaultBuildLimits = sandbox.Limits{Timeout: 30 * time.Minute, Memory: 4 << 30, Disk: 2 << 30, Pids: 1024}
 
-// Run implements template.Sandboxes.
-func (bs *BuildSandboxes) Run(ctx context.Context, r template.RunRequest) error {
+// BuildExitError: a step's command exited with a status other than 0.
+type BuildExitError struct{ Status int }
+
+func (e *BuildExitError) Error() string { return fmt.Sprintf("exit status %d", e.Status) }
+
+// RunBuildStep runs a build's step.
+func (b *Backend) RunBuildStep(ctx context.Context, r BuildStep) (err error) {
+	if r.Egress != nil {
+		defer r.Egress.Close() // the sandbox's Close closes it too
+	}
 	if len(r.Args) == 0 {
 		return errors.New("a RUN step without a command")
 	}
@@ -50,7 +62,7 @@ func (bs *BuildSandboxes) Run(ctx context.Context, r template.RunRequest) error 
 	if err != nil {
 		return err
 	}
-	lim := bs.Limits
+	lim := r.Limits
 	def := DefaultBuildLimits
 	if lim.Timeout == 0 {
 		lim.Timeout = def.Timeout
@@ -70,31 +82,22 @@ func (bs *BuildSandboxes) Run(ctx context.Context, r template.RunRequest) error 
 			env[k] = v
 		}
 	}
-	root := &sandbox.Root{Template: "build", ID: "build", Dir: r.Dir}
-	for _, id := range r.Layers {
-		root.Layers = append(root.Layers, bs.Store.LayerDir(id))
-	}
-	spec := sandbox.Spec{Limits: lim, Env: env, Root: root, Tenant: bs.Tenant}
+	root := &sandbox.Root{Template: "build", ID: "build", Dir: r.Dir, Layers: r.Layers}
+	spec := sandbox.Spec{Limits: lim, Env: env, Root: root, Tenant: r.Tenant, Egress: r.Egress}
 	if err := spec.Validate(); err != nil {
 		return err
 	}
-	if bs.Egress != nil {
-		if spec.Egress, err = bs.Egress(); err != nil {
-			return err
-		}
-		if spec.Egress != nil {
-			defer spec.Egress.Close() // the sandbox's Close closes it too
-			spec.Env = sandbox.WithEgressEnv(spec.Env)
-		}
+	if spec.Egress != nil {
+		spec.Env = sandbox.WithEgressEnv(spec.Env)
 	}
 	spec.Limits = spec.Limits.WithDefaults()
-	cfg, err := bs.Backend.initConfig(spec, nil, nil)
+	cfg, err := b.initConfig(spec, nil, nil)
 	if err != nil {
 		return err
 	}
 	cfg.Image, cfg.Build, cfg.Workdir, cfg.Python = true, true, r.Dir, ""
 	cfg.HashSeed, cfg.Preload, cfg.RunnerFiles = "", nil, nil
-	s, err := start(ctx, bs.Backend, spec, cfg, nil)
+	s, err := start(ctx, b, spec, cfg, nil)
 	if err != nil {
 		return err
 	}
@@ -128,7 +131,7 @@ func (bs *BuildSandboxes) Run(ctx context.Context, r template.RunRequest) error 
 	}
 	copies.Wait()
 	if code := p.ExitCode(); code != 0 {
-		return &template.ExitError{Status: code}
+		return &BuildExitError{Status: code}
 	}
 	if s.upper == nil {
 		return errors.New("the step's sandbox kept no writable layer")
@@ -151,7 +154,7 @@ func buildUser(u string) (string, error) {
 	case "user", "sandbox", "1000":
 		return sandbox.UserSandbox, nil
 	}
-	return "", fmt.Errorf("%w: RUN as %q: a build's steps run as root or as the sandbox user (uid 1000)", template.ErrInvalid, u)
+	return "", fmt.Errorf("%w: RUN as %q: a build's steps run as root or as the sandbox user (uid 1000)", sandbox.ErrInvalidSpec, u)
 }
 
 // lockedWriter serialises the writes of a step's two output streams.

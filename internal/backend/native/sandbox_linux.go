@@ -40,7 +40,7 @@ type Sandbox struct {
 	init *initProc
 	// upper, for a build's step, is the detached tmpfs that holds its
 	// writable layer (build_linux.go); unhold lets go of a template's
-	// layers (image.HoldLayers).
+	// layers (layers.HoldLayers).
 	upper    *os.File
 	unhold   func()
 	pidsMax  atomic.Int64  // the cgroup's pids limit fitPids set last

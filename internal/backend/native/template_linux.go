@@ -10,7 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/vivarium-sandbox/vivarium/internal/image"
+	"github.com/vivarium-sandbox/vivarium/internal/layers"
 	"github.com/vivarium-sandbox/vivarium/internal/rootview"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
@@ -26,7 +26,7 @@ import (
 //     the sandbox's root;
 //  2. it stacks the layers, each idmapped through the sandbox's user
 //     namespace, under that writable layer into an overlay
-//     (image.MountLayers): a file of the image's root is the sandbox's
+//     (layers.MountLayers): a file of the image's root is the sandbox's
 //     root's, and no other sandbox's, nor the host root's; what the
 //     sandbox writes anywhere is copied up into its own tmpfs;
 //  3. it sends the overlay, a detached mount, to init on the control
@@ -120,7 +120,7 @@ func rootMount(pid int, root *sandbox.Root, owner uint32, disk, inodes int64, ke
 	}
 	defer userns.Close()
 	dir := fmt.Sprintf("/proc/self/fd/%d/", tmp)
-	m, err := image.MountLayers(root.Layers, userns, dir+"upper", dir+"work")
+	m, err := layers.MountLayers(root.Layers, userns, dir+"upper", dir+"work")
 	if err != nil {
 		return nil, nil, fmt.Errorf("template %s: %w", root.Template, err)
 	}
@@ -135,7 +135,7 @@ func (s *Sandbox) sendRoot() error {
 	if s.spec.Root == nil {
 		return nil
 	}
-	unhold, err := image.HoldLayers(s.spec.Root.Layers)
+	unhold, err := layers.HoldLayers(s.spec.Root.Layers)
 	if err != nil {
 		return fmt.Errorf("template %s: %w", s.spec.Root.Template, err)
 	}

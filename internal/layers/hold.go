@@ -1,4 +1,4 @@
-package image
+package layers
 
 import (
 	"errors"
@@ -110,24 +110,32 @@ func releaseHolds(paths []string) {
 	}
 	holds.Unlock()
 	for dir := range stores {
-		(&Store{dir: dir}).collect()
+		if Collect != nil {
+			Collect(dir)
+		}
 	}
 }
 
-// heldCheck answers, once per layer of a collection, whether another
-// holds it; the hold files of those it may delete stay locked
-// exclusively until the collection ends.
-type heldCheck struct {
+// Collect, set by the image store, collects the store at dir: what a
+// release that held a layer last starts.
+var Collect func(dir string)
+
+// HeldCheck answers, once per layer of a collection of the store at dir,
+// whether another holds it; the hold files of those it may delete stay
+// locked exclusively until the collection ends (Close).
+type HeldCheck struct {
 	dir   string
 	seen  map[string]bool
 	files []*os.File
 }
 
-func (s *Store) newHeldCheck() *heldCheck {
-	return &heldCheck{dir: filepath.Join(s.dir, "holds"), seen: map[string]bool{}}
+// NewHeldCheck starts the checks of a collection of the store at dir.
+func NewHeldCheck(dir string) *HeldCheck {
+	return &HeldCheck{dir: filepath.Join(dir, "holds"), seen: map[string]bool{}}
 }
 
-func (c *heldCheck) elsewhere(hex string) bool {
+// Elsewhere reports whether a process holds the layer HEX.
+func (c *HeldCheck) Elsewhere(hex string) bool {
 	if held, ok := c.seen[hex]; ok {
 		return held
 	}
@@ -145,10 +153,10 @@ func (c *heldCheck) elsewhere(hex string) bool {
 	return held
 }
 
-// close removes the hold files of the layers the collection deleted, then
+// Close removes the hold files of the layers the collection deleted, then
 // lets go of them: a holder waiting on one finds its layer gone, and one
 // that makes the file anew does too.
-func (c *heldCheck) close() {
+func (c *HeldCheck) Close() {
 	for _, f := range c.files {
 		os.Remove(f.Name())
 		f.Close()
