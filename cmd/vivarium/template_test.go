@@ -51,8 +51,7 @@ func addTemplate(t *testing.T, dataDir, name string, cfg v1.Config) {
 
 // A server makes sandboxes of its store's templates on /v1: stateful and
 // one-shot, with the template's environment, working directory and
-// Python, paused and resumed; an unknown template is 404, and forking one
-// is refused saying why.
+// Python, paused, resumed, forked and saved; an unknown template is 404.
 func TestServeTemplates(t *testing.T) {
 	needSandbox(t)
 	dataDir := t.TempDir()
@@ -89,8 +88,32 @@ func TestServeTemplates(t *testing.T) {
 		if code != 200 || !strings.Contains(string(body), `"stdout":"added from the image\n"`) {
 			t.Fatalf("execute after a resume: %d %s", code, body)
 		}
-		if code, body = req(t, "POST", srv.url+"/v1/sandboxes/"+info.ID+"/fork", nil, map[string]any{"count": 1}); code != 501 || !strings.Contains(string(body), "template") {
-			t.Errorf("fork: %d %s, want 501 naming the template", code, body)
+		// Forked and saved: the copies and a sandbox of the snapshot
+		// have the template, its state and the sandbox's writes.
+		var forked struct{ Sandboxes []struct{ ID string } }
+		if code, body = req(t, "POST", srv.url+"/v1/sandboxes/"+info.ID+"/fork", nil, map[string]any{"count": 1}); code != 201 {
+			t.Fatalf("fork: %d %s", code, body)
+		}
+		json.Unmarshal(body, &forked)
+		var snap struct{ ID string }
+		if code, body = req(t, "POST", srv.url+"/v1/sandboxes/"+info.ID+"/snapshots", nil, map[string]any{}); code != 201 {
+			t.Fatalf("snapshot: %d %s", code, body)
+		}
+		json.Unmarshal(body, &snap)
+		var ofSnap struct{ ID, Template string }
+		if code, body = req(t, "POST", srv.url+"/v1/sandboxes", nil, map[string]any{"from_snapshot": snap.ID}); code != 201 {
+			t.Fatalf("a sandbox of the snapshot: %d %s", code, body)
+		}
+		json.Unmarshal(body, &ofSnap)
+		if len(forked.Sandboxes) != 1 || ofSnap.Template != "tpl:1" {
+			t.Fatalf("fork answered %+v; the snapshot's sandbox %+v", forked, ofSnap)
+		}
+		for _, id := range []string{forked.Sandboxes[0].ID, ofSnap.ID} {
+			code, body = req(t, "POST", srv.url+"/v1/sandboxes/"+id+"/execute", nil, map[string]any{
+				"code": "print(open('/usr/bin/added').read().strip(), os.environ['TPL'])"})
+			if code != 200 || !strings.Contains(string(body), `"stdout":"added from the image\n"`) {
+				t.Fatalf("execute in %s: %d %s", id, code, body)
+			}
 		}
 	}
 	code, body = req(t, "POST", srv.url+"/v1/execute", nil, map[string]any{"template": "tpl:1",

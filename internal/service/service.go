@@ -359,8 +359,11 @@ func (b *Box) ownEnv(env map[string]string) map[string]string {
 // Box is a managed sandbox.
 type Box struct {
 	id, owner string
-	sb        sandbox.Sandbox // under sbMu: a pause without memory replaces it (pausefiles.go)
-	sbMu      sync.RWMutex
+	// snapTemplate, for a sandbox made of a snapshot (spec nil), is the
+	// template the snapshot records.
+	snapTemplate snapshotTemplate
+	sb           sandbox.Sandbox // under sbMu: a pause without memory replaces it (pausefiles.go)
+	sbMu         sync.RWMutex
 	// spec is what made sb, for a pause without memory to make it again
 	// (pausefiles.go); nil: not known (made from a snapshot).
 	spec      *sandbox.Spec
@@ -632,7 +635,8 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		backend: cmp.Or(req.Backend, s.cfg.Backend.Name()), network: policy, egress: egress,
 		ports: req.Ports, volumes: volumeInfos(mounts, leases), leases: leases,
 		onTimeout: req.OnTimeout, autoResume: req.AutoResume, spec: spec, pauseFiles: req.PauseFilesOnly,
-		pausable: pauseSupported(sb, cmp.Or(req.Backend, s.cfg.Backend.Name())) == nil,
+		pausable:     pauseSupported(sb, cmp.Or(req.Backend, s.cfg.Backend.Name())) == nil,
+		snapTemplate: snapshotTemplate{snap.Template, snap.TemplateDigest},
 	}
 	s.mu.Lock()
 	unreserve()

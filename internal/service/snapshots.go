@@ -58,13 +58,15 @@ func CheckSnapshotName(name string) error {
 
 // SnapshotInfo is what owners see of a snapshot.
 type SnapshotInfo struct {
-	ID        string     `json:"id"`
-	Name      string     `json:"name,omitempty" doc:"the name it was saved with: the newest of the key's snapshots of a name is found by it"`
-	SandboxID string     `json:"sandbox_id" doc:"the sandbox it was saved from"`
-	CreatedAt time.Time  `json:"created_at"`
-	SizeBytes int64      `json:"size_bytes" doc:"its size on the server's disk"`
-	Backend   string     `json:"backend"`
-	Limits    LimitsInfo `json:"limits" doc:"the limits of sandboxes made from it"`
+	ID             string     `json:"id"`
+	Name           string     `json:"name,omitempty" doc:"the name it was saved with: the newest of the key's snapshots of a name is found by it"`
+	SandboxID      string     `json:"sandbox_id" doc:"the sandbox it was saved from"`
+	CreatedAt      time.Time  `json:"created_at"`
+	SizeBytes      int64      `json:"size_bytes" doc:"its size on the server's disk"`
+	Backend        string     `json:"backend"`
+	Limits         LimitsInfo `json:"limits" doc:"the limits of sandboxes made from it"`
+	Template       string     `json:"template,omitempty" doc:"the template its sandbox was made of, and that template's digest"`
+	TemplateDigest string     `json:"template_digest,omitempty"`
 }
 
 // snapshotMeta is a snapshot's meta.json.
@@ -80,11 +82,15 @@ type snapshotMeta struct {
 	Env       map[string]string `json:"env,omitempty"`
 	IDEnv     []string          `json:"id_env,omitempty"` // which of Env hold the sandbox's id
 	Metadata  map[string]string `json:"metadata,omitempty"`
+	// Template and TemplateDigest are the template the sandbox was made
+	// of, by its name and its configuration's digest.
+	Template       string `json:"template,omitempty"`
+	TemplateDigest string `json:"template_digest,omitempty"`
 }
 
 func (m snapshotMeta) info() SnapshotInfo {
 	return SnapshotInfo{ID: m.ID, Name: m.Name, SandboxID: m.SandboxID, CreatedAt: m.CreatedAt, SizeBytes: m.SizeBytes,
-		Backend: m.Backend, Limits: limitsInfo(m.Limits)}
+		Backend: m.Backend, Limits: limitsInfo(m.Limits), Template: m.Template, TemplateDigest: m.TemplateDigest}
 }
 
 // snapshotsOn says why snapshots cannot be kept, if they cannot.
@@ -138,7 +144,8 @@ func (s *Service) Snapshot(ctx context.Context, owner, id, name string) (Snapsho
 		return SnapshotInfo{}, err
 	}
 	meta := snapshotMeta{ID: sandboxid.Snapshot.New(s.cfg.Node), Name: name, Owner: owner, SandboxID: id, CreatedAt: s.cfg.Now().UTC(),
-		Backend: b.backend, Limits: b.limits, Env: maps.Clone(b.env), IDEnv: slices.Clone(b.idEnv), Metadata: maps.Clone(b.metadata)}
+		Backend: b.backend, Limits: b.limits, Env: maps.Clone(b.env), IDEnv: slices.Clone(b.idEnv), Metadata: maps.Clone(b.metadata),
+		Template: b.template(), TemplateDigest: b.templateDigest()}
 	// Written under a staging name and renamed once signed: a listing,
 	// and a sweep by another server sharing the directory, never see
 	// half of it.

@@ -63,7 +63,20 @@ func ResolveTemplate(images *image.Store, spec *sandbox.Spec) error {
 // template is the name of the template the sandbox is made of, or "".
 func (b *Box) template() string {
 	if b.spec == nil {
-		return ""
+		return b.snapTemplate.name
 	}
 	return b.spec.Template
 }
+
+// templateDigest is the digest of the configuration of the template the
+// sandbox is made of, or "".
+func (b *Box) templateDigest() string {
+	if b.spec == nil || b.spec.Root == nil {
+		return b.snapTemplate.digest
+	}
+	return b.spec.Root.ID
+}
+
+// snapshotTemplate is the template of a sandbox made of a snapshot, as
+// the snapshot records it.
+type snapshotTemplate struct{ name, digest string }

@@ -296,6 +296,9 @@ type dumpOptions struct {
 	// the dumped tree is still frozen (CRIU's post-dump action), so
 	// that they are those the images' memory saw.
 	files, filesOpts string
+	// filesFrom, if set, is what is copied to files instead of the
+	// root: a template's sandbox's writable layer (upperDir).
+	filesFrom string
 	// share, if not nil, is the zygote's memory the tree shares,
 	// counted by the caller as no execution ran (zygoteShare); else the
 	// dump counts it.
@@ -432,7 +435,7 @@ func (s *Sandbox) dumpTree(ctx context.Context, bin, dir string, opts dumpOption
 		args = append(args, "--leave-running")
 	}
 	if opts.files != "" {
-		script, cleanup, err := cp.copyFilesScript(opts.files, opts.filesOpts)
+		script, cleanup, err := cp.copyFilesScript(opts.files, opts.filesOpts, opts.filesFrom)
 		if err != nil {
 			cp.close()
 			return nil, err

@@ -82,7 +82,7 @@ func (s *Sandbox) forkable() error {
 	if err := s.pausable(); err != nil {
 		return fmt.Errorf("%w (nor forked)", err)
 	}
-	return templateKept(s.spec, "forked")
+	return nil
 }
 
 // copyEgress returns the proxy of each of n copies (opts.Egress): a copy
@@ -278,7 +278,7 @@ func (s *Sandbox) snapshot(ctx context.Context, bin string, check func(share int
 		files := filepath.Join(dir, "files")
 		start := time.Now()
 		cp, err := s.dumpTree(context.WithoutCancel(ctx), bin, dir,
-			dumpOptions{leaveRunning: true, files: files, filesOpts: s.rootOpts(), share: &share})
+			dumpOptions{leaveRunning: true, files: files, filesOpts: s.rootOpts(), filesFrom: s.upperDir(), share: &share})
 		if err != nil {
 			removeSnapshot(dir)
 			return fmt.Errorf("fork: %w", err)
@@ -379,7 +379,7 @@ func cgroupControllers(pid int, path string) ([]string, error) {
 // cp.dir/live, and writes a CRIU action script that, at
 // post-dump (the tree dumped and still frozen), copies them to files.
 // cleanup unmounts it.
-func (cp *checkpoint) copyFilesScript(files, filesOpts string) (script string, cleanup func(), err error) {
+func (cp *checkpoint) copyFilesScript(files, filesOpts, from string) (script string, cleanup func(), err error) {
 	// On a tmpfs: cp -a of a sandbox's root (some 600 inodes, most of
 	// them directories) took 170 ms to ext4 here, 7 ms to a tmpfs. Its
 	// memory is the supervisor's until the fork ends.
@@ -390,16 +390,21 @@ func (cp *checkpoint) copyFilesScript(files, filesOpts string) (script string, c
 		return "", nil, fmt.Errorf("fork: the snapshot's tmpfs: %w", err)
 	}
 	live := filepath.Join(cp.dir, "live")
-	if err := os.Mkdir(live, 0o700); err != nil {
-		return "", nil, err
-	}
-	if err := mountRootOf(cp.mntns, live); err != nil {
-		os.Remove(live)
-		return "", nil, fmt.Errorf("fork: %w", err)
-	}
-	cleanup = func() {
-		unix.Unmount(live, unix.MNT_DETACH)
-		os.Remove(live)
+	cleanup = func() {}
+	if from != "" {
+		live = from
+	} else {
+		if err := os.Mkdir(live, 0o700); err != nil {
+			return "", nil, err
+		}
+		if err := mountRootOf(cp.mntns, live); err != nil {
+			os.Remove(live)
+			return "", nil, fmt.Errorf("fork: %w", err)
+		}
+		cleanup = func() {
+			unix.Unmount(live, unix.MNT_DETACH)
+			os.Remove(live)
+		}
 	}
 	// Both paths are the supervisor's (the checkpoint's directory).
 	quote := func(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
@@ -532,8 +537,28 @@ func (c *Sandbox) restoreFrom(ctx context.Context, bin string, snap *forkSnapsho
 	if err := os.Mkdir(cp.root, 0o700); err != nil {
 		return times, err
 	}
-	if err := unix.Mount("tmpfs", cp.root, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, snap.rootOpts); err != nil {
-		return times, fmt.Errorf("fork: the copy's root tmpfs: %w", err)
+	filesStart := time.Now()
+	if c.spec.Root != nil {
+		// A template's: the layers under a copy of the writable layer.
+		done, err := c.copyTemplateRoot(snap, dir, cp.root)
+		defer done()
+		if err != nil {
+			return times, err
+		}
+	} else {
+		if err := unix.Mount("tmpfs", cp.root, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, snap.rootOpts); err != nil {
+			return times, fmt.Errorf("fork: the copy's root tmpfs: %w", err)
+		}
+		// cp -a, owners kept, run in the copy's cgroup: the tmpfs's
+		// memory is charged to the copy.
+		if err := fileutil.CopyTree(snap.rootFiles, cp.root, c.cg); err != nil {
+			unix.Unmount(cp.root, unix.MNT_DETACH)
+			return times, fmt.Errorf("fork: copy the files: %w", err)
+		}
+		if err := shiftOwners(cp.root, snap.owner.First, c.owner.First); err != nil {
+			unix.Unmount(cp.root, unix.MNT_DETACH)
+			return times, err
+		}
 	}
 	// Mounted here until the copy holds it (its namespace, its
 	// workspace's descriptors).
@@ -541,15 +566,6 @@ func (c *Sandbox) restoreFrom(ctx context.Context, bin string, snap *forkSnapsho
 		unix.Unmount(cp.root, unix.MNT_DETACH)
 		os.Remove(cp.root)
 	}()
-	filesStart := time.Now()
-	// cp -a, owners kept, run in the copy's cgroup: the tmpfs's memory
-	// is charged to the copy.
-	if err := fileutil.CopyTree(snap.rootFiles, cp.root, c.cg); err != nil {
-		return times, fmt.Errorf("fork: copy the files: %w", err)
-	}
-	if err := shiftOwners(cp.root, snap.owner.First, c.owner.First); err != nil {
-		return times, err
-	}
 	times.files = time.Since(filesStart)
 	if err := handOverCopy(dir, int(c.owner.ID(0))); err != nil {
 		return times, err
@@ -827,6 +843,9 @@ func shiftOwners(root string, from, to uint32) error {
 				return nil
 			}
 			shifted[st.Ino] = true
+		}
+		if st.Mode&unix.S_IFMT == unix.S_IFCHR && st.Rdev == 0 && st.Uid == 0 && st.Gid == 0 {
+			return nil // a whiteout of a template's writable layer, overlayfs's own
 		}
 		uid, ok1 := shift(st.Uid)
 		gid, ok2 := shift(st.Gid)

@@ -175,6 +175,11 @@ func init() {
 	if len(os.Args) > 1 && os.Args[0] == noPythonArg0 {
 		os.Exit(serveNoPython(os.Args[1] == "--oneshot"))
 	}
+	if len(os.Args) == 1 && os.Args[0] == idmapArg0 {
+		// Holds its user namespace (idmapNamespace) until told.
+		os.Stdin.Read(make([]byte, 1))
+		os.Exit(0)
+	}
 }
 
 // initEnv is init's whole environment. One P from the start: every thread

@@ -48,9 +48,6 @@ func (s *Sandbox) PersistPaused(ctx context.Context, dir string) (int64, error) 
 	case s.cp == nil || !s.Core.Paused():
 		return 0, errors.New("persist: the sandbox is not paused")
 	}
-	if err := templateKept(s.spec, "kept on disk"); err != nil {
-		return 0, err
-	}
 	s.mu.Lock()
 	rp := s.rp
 	s.mu.Unlock()
@@ -64,16 +61,20 @@ func (s *Sandbox) PersistPaused(ctx context.Context, dir string) (int64, error) 
 	if err := checkpointRoom(filepath.Dir(dir), fileutil.DirSize(s.cp.images())); err != nil {
 		return 0, err
 	}
-	// The root's files, through the held mount namespace.
-	live := filepath.Join(s.cp.dir, "persist-root")
-	if err := os.Mkdir(live, 0o700); err != nil {
-		return 0, err
+	// The root's files, through the held mount namespace; a template's
+	// sandbox's writable layer.
+	live := s.upperDir()
+	if live == "" {
+		live = filepath.Join(s.cp.dir, "persist-root")
+		if err := os.Mkdir(live, 0o700); err != nil {
+			return 0, err
+		}
+		defer os.Remove(live)
+		if err := mountRootOf(s.cp.mntns, live); err != nil {
+			return 0, fmt.Errorf("persist: %w", err)
+		}
+		defer unix.Unmount(live, unix.MNT_DETACH)
 	}
-	defer os.Remove(live)
-	if err := mountRootOf(s.cp.mntns, live); err != nil {
-		return 0, fmt.Errorf("persist: %w", err)
-	}
-	defer unix.Unmount(live, unix.MNT_DETACH)
 	snap := s.snapshotOf(s.cp, live, rp.pid)
 	switch base, err := s.b.pauseBaseFor(ctx, s); {
 	case err != nil:

@@ -138,9 +138,6 @@ func (s *Sandbox) snapshotable() error {
 	if err := s.pausable(); err != nil {
 		return fmt.Errorf("%w (nor saved as a snapshot)", err)
 	}
-	if err := templateKept(s.spec, "saved as a snapshot"); err != nil {
-		return err
-	}
 	if len(s.spec.Volumes) > 0 {
 		// Its processes' memory may hold what they read of a volume,
 		// their open files point into it: a snapshot of them without the

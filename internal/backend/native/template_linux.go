@@ -5,11 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vivarium-sandbox/vivarium/internal/fileutil"
+	"github.com/vivarium-sandbox/vivarium/internal/hostuid"
 	"github.com/vivarium-sandbox/vivarium/internal/layers"
 	"github.com/vivarium-sandbox/vivarium/internal/rootview"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
@@ -66,18 +70,6 @@ func (b *Backend) createFromTemplate(ctx context.Context, spec sandbox.Spec) (sa
 	cfg.Image, cfg.Workdir, cfg.Python = true, spec.Root.Dir, ""
 	cfg.HashSeed, cfg.Preload = "", nil
 	return start(ctx, b, spec, cfg, nil)
-}
-
-// templateKept refuses to keep a template's sandbox other than paused in
-// memory (how: "forked", "saved as a snapshot"): a copy's root would be
-// an overlay of the same layers over a copy of its writable layer, idmapped
-// to the copy's own host user, which restores do not make yet. A pause
-// keeps the sandbox's mount namespace, and its root with it.
-func templateKept(spec sandbox.Spec, how string) error {
-	if spec.Root == nil {
-		return nil
-	}
-	return fmt.Errorf("%w: a template's sandbox can be paused and resumed, not %s yet", sandbox.ErrUnsupported, how)
 }
 
 // rootMount makes the root of a template's sandbox whose init is pid (not
@@ -140,7 +132,7 @@ func (s *Sandbox) sendRoot() error {
 		return fmt.Errorf("template %s: %w", s.spec.Root.Template, err)
 	}
 	s.unhold = unhold
-	m, upper, err := rootMount(s.init.pid, s.spec.Root, s.owner.ID(0), s.cfg.DiskBytes, s.cfg.DiskInodes+rootInodes, s.cfg.Build)
+	m, upper, err := rootMount(s.init.pid, s.spec.Root, s.owner.ID(0), s.cfg.DiskBytes, s.cfg.DiskInodes+rootInodes, true)
 	if err != nil {
 		return err
 	}
@@ -150,6 +142,114 @@ func (s *Sandbox) sendRoot() error {
 		return fmt.Errorf("send the template's root to init: %w", err)
 	}
 	return nil
+}
+
+// upperDir is the template sandbox's writable layer, as the supervisor
+// reaches it (its tmpfs held by s.upper), or "" for a sandbox without a
+// template.
+func (s *Sandbox) upperDir() string {
+	if s.upper == nil {
+		return ""
+	}
+	return fmt.Sprintf("/proc/%d/fd/%d/upper", os.Getpid(), s.upper.Fd())
+}
+
+// copyTemplateRoot mounts at root the root of c, a copy of a template's
+// sandbox: the template's layers, held for c and idmapped to c's host
+// user, under a copy of the source's writable layer (snap.rootFiles) on a
+// tmpfs of c's own, its owners shifted to c's. done unmounts what root's
+// mount does not need once CRIU has it.
+func (c *Sandbox) copyTemplateRoot(snap *forkSnapshot, dir, root string) (done func(), err error) {
+	fsDir := filepath.Join(dir, "writable")
+	done = func() {
+		unix.Unmount(fsDir, unix.MNT_DETACH)
+		os.Remove(fsDir)
+	}
+	unhold, err := layers.HoldLayers(c.spec.Root.Layers)
+	if err != nil {
+		return done, fmt.Errorf("template %s: %w", c.spec.Root.Template, err)
+	}
+	// A paused sandbox resumed from disk had its own before.
+	if c.unhold != nil {
+		c.unhold()
+	}
+	if c.upper != nil {
+		c.upper.Close()
+		c.upper = nil
+	}
+	c.unhold = unhold
+	if err := os.Mkdir(fsDir, 0o700); err != nil {
+		return done, err
+	}
+	if err := unix.Mount("tmpfs", fsDir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, snap.rootOpts); err != nil {
+		return done, fmt.Errorf("fork: the copy's writable layer: %w", err)
+	}
+	upper, work := filepath.Join(fsDir, "upper"), filepath.Join(fsDir, "work")
+	// cp -a (whiteouts and overlayfs's attributes kept), in the copy's
+	// cgroup: the tmpfs's memory is charged to the copy.
+	if err := fileutil.CopyTree(snap.rootFiles, upper, c.cg); err != nil {
+		return done, fmt.Errorf("fork: copy the writable layer: %w", err)
+	}
+	if err := shiftOwners(upper, snap.owner.First, c.owner.First); err != nil {
+		return done, err
+	}
+	if err := os.Mkdir(work, 0o700); err != nil {
+		return done, err
+	}
+	if err := os.Chown(work, int(c.owner.ID(0)), int(c.owner.ID(0))); err != nil {
+		return done, err
+	}
+	if c.upper, err = os.OpenFile(fsDir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
+		return done, err
+	}
+	userns, release, err := idmapNamespace(c.owner.ID(0))
+	if err != nil {
+		return done, fmt.Errorf("fork: %w", err)
+	}
+	defer release()
+	m, err := layers.MountLayers(c.spec.Root.Layers, userns, upper, work)
+	if err != nil {
+		return done, fmt.Errorf("fork: template %s: %w", c.spec.Root.Template, err)
+	}
+	defer m.Close()
+	if err := unix.MoveMount(int(m.Fd()), "", unix.AT_FDCWD, root, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return done, fmt.Errorf("fork: attach the copy's root: %w", err)
+	}
+	return done, nil
+}
+
+// idmapArg0 is argv[0] of this binary re-executed by idmapNamespace: a
+// process that holds a user namespace until its standard input closes.
+const idmapArg0 = "vivarium-idmap-userns"
+
+// idmapNamespace returns a user namespace whose ids 0 to 65,535 are the
+// host's from first on, as a sandbox's of that host user: the layers of a
+// copy of a template's sandbox are idmapped through it before CRIU makes
+// the copy's own. release ends the process that holds it.
+func idmapNamespace(first uint32) (userns *os.File, release func(), err error) {
+	cmd := exec.Command("/proc/self/exe")
+	cmd.Args = []string{idmapArg0}
+	cmd.Env = []string{}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, nil, err
+	}
+	ids := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(first), Size: hostuid.RangeSize}}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWUSER, UidMappings: ids, GidMappings: ids,
+		Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return nil, nil, fmt.Errorf("a user namespace to idmap the layers: %w", err)
+	}
+	end := func() {
+		stdin.Close()
+		cmd.Process.Kill()
+		cmd.Wait()
+	}
+	if userns, err = os.Open(fmt.Sprintf("/proc/%d/ns/user", cmd.Process.Pid)); err != nil {
+		end()
+		return nil, nil, err
+	}
+	return userns, func() { userns.Close(); end() }, nil
 }
 
 // sendMounts sends init the mounts it attaches while it builds the root:

@@ -2,8 +2,8 @@ package native
 
 import (
 	"context"
-	"errors"
-	"strings"
+	"fmt"
+	"path/filepath"
 	"testing"
 
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
@@ -45,20 +45,79 @@ func TestTemplateRootPause(t *testing.T) {
 	}
 }
 
-// A template's sandbox is not forked, saved or kept on disk yet, and says
-// so.
-func TestTemplateRootNotForked(t *testing.T) {
-	requireCRIU(t)
+// A template's sandbox forks: each copy has its state, the source's own
+// writes to the template's files (owned as the source's were, by the
+// copy's own ids), the template's files and whiteouts, and goes its own
+// way.
+func TestTemplateRootFork(t *testing.T) {
+	bin := requireCRIU(t)
 	b := pauseBackend(t, pauseCgroupParent, pauseUIDBase)
-	sb, err := b.Create(context.Background(), sandbox.Spec{Root: testutil.TemplateRoot(t)})
+	b.criuBin = bin
+	ctx := context.Background()
+	sb, err := b.Create(ctx, sandbox.Spec{Root: testutil.TemplateRoot(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sb.Close()
 	s := sb.(*Sandbox)
-	for what, err := range map[string]error{"fork": s.ForkSupported(), "snapshot": s.SnapshotSupported()} {
-		if !errors.Is(err, sandbox.ErrUnsupported) || !strings.Contains(err.Error(), "template") {
-			t.Errorf("%s: %v", what, err)
+	if res, err := s.Execute(ctx, sandbox.ExecRequest{Code: "x = 41"}, nil); err != nil || res.Status != sandbox.StatusOK {
+		t.Fatalf("%+v %v", res, err)
+	}
+	cmd, err := s.Start(ctx, sandbox.Command{Argv: []string{"sh", "-c", "printf kept > /usr/bin/mine && rm /etc/motd"}, User: sandbox.UserRoot})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if <-cmd.Done(); cmd.ExitCode() != 0 {
+		t.Fatalf("write as root: exit %d", cmd.ExitCode())
+	}
+	copies, err := s.Fork(ctx, 2, sandbox.ForkOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range copies {
+		defer c.Close()
+		code := fmt.Sprintf(`import os
+x += %d
+st = os.stat('/usr/bin/mine')
+print(x, open('/usr/bin/mine').read(), st.st_uid, os.path.exists('/etc/motd'), os.path.exists('/etc/gone'), os.path.exists('/usr/bin/python3'))`, i+1)
+		res, err := c.Execute(ctx, sandbox.ExecRequest{Code: code}, nil)
+		if want := fmt.Sprintf("%d kept 0 False False True\n", 42+i); err != nil || res.Stdout != want {
+			t.Fatalf("copy %d: %+v %v, want %q", i, res, err, want)
+		}
+	}
+	if res, err := s.Execute(ctx, sandbox.ExecRequest{Code: "print(x)"}, nil); err != nil || res.Stdout != "41\n" {
+		t.Fatalf("the source after its copies: %+v %v", res, err)
+	}
+	// Paused, kept on disk and let go of, resumed from there; and opened
+	// from disk as another server would.
+	if err := s.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	kept, again := filepath.Join(t.TempDir(), "kept"), filepath.Join(t.TempDir(), "again")
+	if _, err := s.PersistPaused(ctx, kept); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.PersistPaused(ctx, again); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ReleasePaused(kept); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	o, err := b.OpenPaused(ctx, again, sandbox.FromSnapshot{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Close()
+	if err := o.(*Sandbox).Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for what, sb := range map[string]*Sandbox{"resumed from disk": s, "opened from disk": o.(*Sandbox)} {
+		res, err := sb.Execute(ctx, sandbox.ExecRequest{Code: "print(x, open('/usr/bin/mine').read(), open('/etc/passwd').read().count('img:x'))"}, nil)
+		if err != nil || res.Stdout != "41 kept 1\n" {
+			t.Errorf("%s: %+v %v", what, res, err)
 		}
 	}
 }
