@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"runtime"
 	"sync"
 	"syscall"
 	"time"
@@ -24,6 +23,9 @@ type AuditOptions struct {
 	// CountWindow is how long one counted row gathers the connections
 	// it stands for (see counted); zero: DefaultCountWindow.
 	CountWindow time.Duration
+	// Linger is how long a batch's transaction stays open for more
+	// records after its first (see AuditLog); zero: DefaultLinger.
+	Linger time.Duration
 	// Now is the clock of records and of retention; nil: time.Now.
 	// Tests replace it.
 	Now func() time.Time
@@ -37,6 +39,10 @@ const (
 	DefaultAuditRetention = 30 * 24 * time.Hour
 	DefaultAuditMaxRows   = 2_000_000
 	DefaultCountWindow    = time.Minute
+	// DefaultLinger: a server answering one client's executions back to
+	// back (0.3 to 1 ms each) commits several of their records at once,
+	// and the CLI's read waits a few milliseconds at most.
+	DefaultLinger = 2 * time.Millisecond
 )
 
 // AuditStats are what the audit log has done, and failed to do, since
@@ -53,6 +59,9 @@ type AuditStats struct {
 	// Counted counts the connections counted into a row written
 	// before, rather than written as rows of their own.
 	Counted int64
+	// Commits counts the batches of records committed: the
+	// transactions the records took.
+	Commits int64
 }
 
 // AuditLog writes the audit log in batches, on a goroutine of its own,
@@ -62,11 +71,18 @@ type AuditStats struct {
 // a reader that takes the lock first (Store.Audit: `vivarium audit`,
 // tests) waits for that commit, so it sees every record whose request
 // was answered, and the request does not wait for the commit itself.
+//
+// A batch stays open for the records that come within its linger
+// (AuditOptions.Linger) after its first, and is committed then, or at
+// once when it holds maxBatch records or something waits for it (Flush,
+// Close, a background write): a transaction's cost (its BEGIN, and the
+// pages its commit writes to the log) is paid once for the records of
+// many requests, those of one client's requests sent back to back too.
 // Records that arrive while a batch is being written wait for the next
 // transaction to begin; at most maxBatch wait in the queue, and a record
 // past them waits for room (none is dropped). Close writes what is
-// queued. A crash of the server (kill -9) loses the batch being written:
-// records of requests answered a fraction of a millisecond before.
+// queued. A crash of the server (kill -9) loses the open batch: records
+// of requests answered within its linger before.
 //
 // In the background, off every request's path, the log checkpoints,
 // writes what its counted rows have gathered (auditcount.go) and deletes
@@ -96,6 +112,7 @@ type AuditLog struct {
 	last      uint64   // the batch of the last record taken
 	bgWait    int      // background writes waiting for their turn
 	callers   int      // Records under way, which Close waits for
+	flushing  int      // Flush calls waiting: the open batch is committed now
 	writes    uint64   // writes of every kind, for the checkpointer
 	closed    bool
 	counts    counts // counted rows (auditcount.go)
@@ -155,6 +172,9 @@ func NewAuditLog(st *Store, log *slog.Logger, opt AuditOptions) *AuditLog {
 	}
 	if opt.Now == nil {
 		opt.Now = time.Now
+	}
+	if opt.Linger <= 0 {
+		opt.Linger = DefaultLinger
 	}
 	a := &AuditLog{st: st, log: log, opt: opt, w: writer{st: st},
 		stop: make(chan struct{}), stopped: make(chan struct{}), written: make(chan struct{})}
@@ -233,6 +253,9 @@ func (a *AuditLog) Record(r Record) {
 		a.changed.Wait()
 	}
 	a.queue = append(a.queue, queued{rec: r, tally: t})
+	if len(a.queue) == maxBatch {
+		a.changed.Broadcast() // a full batch lingers no more
+	}
 	mine := a.batch + 1
 	a.last = mine
 	if a.state == logIdle && a.bgWait == 0 {
@@ -291,10 +314,7 @@ func (a *AuditLog) writeBatches() {
 			a.changed.Wait()
 			continue
 		}
-		// Let the requests that are about to record join this batch.
-		a.mu.Unlock()
-		runtime.Gosched()
-		a.mu.Lock()
+		a.linger()
 		a.state = logCommitting
 		a.batch++
 		batch := a.queue
@@ -312,6 +332,9 @@ func (a *AuditLog) writeBatches() {
 			a.succeeded()
 		}
 		a.mu.Lock()
+		if lost < len(recs) {
+			a.stats.Commits++
+		}
 		for i, q := range batch {
 			if q.tally != nil {
 				q.tally.seq = -1 // its row is lost: counts go to a new one
@@ -327,11 +350,32 @@ func (a *AuditLog) writeBatches() {
 	}
 }
 
+// linger keeps the open batch open, with a.mu held, for the records that
+// come within a.opt.Linger of its beginning: until then, unless the batch
+// is full or something waits for it.
+func (a *AuditLog) linger() {
+	deadline := time.Now().Add(a.opt.Linger)
+	wake := time.AfterFunc(a.opt.Linger, func() {
+		a.mu.Lock()
+		a.changed.Broadcast()
+		a.mu.Unlock()
+	})
+	defer wake.Stop()
+	for len(a.queue) < maxBatch && a.flushing == 0 && a.bgWait == 0 && !a.closed && !a.stopping() &&
+		time.Now().Before(deadline) {
+		a.changed.Wait()
+	}
+}
+
 // Flush returns once every record that Record has taken is written, or
-// its write has failed (and Stats says so).
+// its write has failed (and Stats says so); the open batch is committed
+// without waiting for its linger.
 func (a *AuditLog) Flush() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.flushing++
+	defer func() { a.flushing-- }()
+	a.changed.Broadcast()
 	for a.done < a.last {
 		a.changed.Wait()
 	}
@@ -344,6 +388,7 @@ func (a *AuditLog) Flush() {
 func (a *AuditLog) asWriter(fn func()) {
 	a.mu.Lock()
 	a.bgWait++
+	a.changed.Broadcast() // the open batch lingers no more
 	for a.state != logIdle {
 		a.changed.Wait()
 	}
@@ -492,6 +537,7 @@ func (a *AuditLog) Stats() AuditStats {
 func (a *AuditLog) Close() {
 	a.mu.Lock()
 	a.closed = true
+	a.changed.Broadcast() // the open batch lingers no more
 	for a.callers > 0 || a.done < a.last {
 		a.changed.Wait()
 	}

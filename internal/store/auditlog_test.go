@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"sync"
 	"testing"
+	"time"
 )
 
 // A record is in the database for another connection (the CLI's) to read
@@ -51,6 +52,61 @@ func TestAuditRecordIsCommittedWhenItReturns(t *testing.T) {
 	}
 	if got, _ := cli.Audit(ctx, Query{KeyID: "key_2", Limit: 1000}); len(got) != 400 {
 		t.Fatalf("%d records of 400", len(got))
+	}
+}
+
+// committed counts the audit rows committed, without waiting for a
+// writer's open transaction as Store.Audit does.
+func committed(t *testing.T, s *Store) int {
+	t.Helper()
+	var n int
+	if err := s.db.QueryRow(`SELECT count(*) FROM audit`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// Records that come one after another, as one client's executions sent
+// back to back, share a transaction: the batch stays open for its
+// linger, and Flush commits it without waiting for the rest.
+func TestAuditBatchesRecordsThatComeOneAfterAnother(t *testing.T) {
+	s := open(t, t.TempDir())
+	audit := NewAuditLog(s, slog.New(slog.DiscardHandler), AuditOptions{Linger: time.Hour})
+	defer audit.Close()
+	for i := range 50 {
+		audit.Record(Record{Kind: "execute", KeyID: "k", SandboxID: fmt.Sprintf("sb_%d", i)})
+		if n := committed(t, s); n != 0 {
+			t.Fatalf("after record %d: %d records committed before the batch's linger ended", i, n)
+		}
+	}
+	audit.Flush()
+	if n, commits := committed(t, s), audit.Stats().Commits; n != 50 || commits != 1 {
+		t.Fatalf("after Flush: %d records of 50 committed, in %d transactions (want 1)", n, commits)
+	}
+}
+
+// A full batch is committed without waiting for its linger, and records
+// past it wait for room in the next: none is dropped.
+func TestAuditFullBatchIsCommittedAtOnce(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir)
+	audit := NewAuditLog(s, slog.New(slog.DiscardHandler), AuditOptions{Linger: time.Hour})
+	const n = maxBatch + 100
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			audit.Record(Record{Kind: "execute", KeyID: "k", SandboxID: fmt.Sprintf("sb_%d", i)})
+		}()
+	}
+	wg.Wait() // every Record returned: those past the first batch found room
+	if got := committed(t, s); got < maxBatch {
+		t.Fatalf("%d records committed once all of %d were taken; a full batch holds %d", got, n, maxBatch)
+	}
+	audit.Close()
+	if got := committed(t, s); got != n {
+		t.Fatalf("%d records of %d after Close", got, n)
 	}
 }
 
@@ -123,11 +179,12 @@ func TestAuditLogCheckpoints(t *testing.T) {
 }
 
 // Close writes every record Record has taken: a server that stops loses
-// none of them, though their commits were not waited for.
+// none of them, though their commits were not waited for, and does not
+// wait for the open batch's linger.
 func TestAuditLogCloseWritesWhatItTook(t *testing.T) {
 	dir := t.TempDir()
 	s := open(t, dir)
-	audit := NewAuditLog(s, slog.New(slog.DiscardHandler), AuditOptions{})
+	audit := NewAuditLog(s, slog.New(slog.DiscardHandler), AuditOptions{Linger: time.Hour})
 	var wg sync.WaitGroup
 	for i := range 300 {
 		wg.Add(1)

@@ -102,21 +102,17 @@ func Open(dir string) (*Store, error) {
 	// machine). No automatic checkpoint: it would run, with its fsync,
 	// inside whichever request's commit crossed the threshold; a server
 	// checkpoints in the background (AuditLog), and the last connection
-	// to close checkpoints too. auto_vacuum(INCREMENTAL) takes effect
-	// only on a new database (before its first table): the audit log's
-	// pruning then gives the pages it frees back to the file system
-	// (AuditLog.vacuum); an older database keeps its pages for reuse.
-	// journal_size_limit: the log file is cut back to 64 MiB when it is
-	// reset after a burst of writes, not left at its largest.
-	dsn := "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=auto_vacuum(INCREMENTAL)&_pragma=journal_mode(WAL)" +
+	// to close checkpoints too. journal_size_limit: the log file is cut
+	// back to 64 MiB when it is reset after a burst of writes, not left
+	// at its largest.
+	dsn := "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)" +
 		"&_pragma=synchronous(NORMAL)&_pragma=wal_autocheckpoint(0)&_pragma=journal_size_limit(67108864)"
+	if err := create(path); err != nil {
+		return nil, fmt.Errorf("database %s: %w", path, err)
+	}
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {
 		return nil, fmt.Errorf("database: %w", err)
-	}
-	if _, err := db.Exec(schema); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("database %s: %w", path, err)
 	}
 	if err := migrate(db); err != nil {
 		db.Close()
@@ -128,6 +124,25 @@ func Open(dir string) (*Store, error) {
 		return nil, fmt.Errorf("database %s: %w", path, err)
 	}
 	return &Store{db: db, insertAudit: insert}, nil
+}
+
+// create makes the tables that are missing, on a connection of its own.
+// auto_vacuum(INCREMENTAL) takes effect only on a new database (before its
+// first table, and before WAL mode is written into its header), so this
+// connection sets it first: the audit log's pruning then gives the pages
+// it frees back to the file system (AuditLog.vacuum); an older database
+// keeps its pages for reuse. The pool's connections do not set it:
+// setting it takes SQLite's write lock, which a new connection would
+// then wait for while a server's batch of audit records is open
+// (AuditLog).
+func create(path string) error {
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)&_pragma=auto_vacuum(INCREMENTAL)&_pragma=journal_mode(WAL)")
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	_, err = db.Exec(schema)
+	return err
 }
 
 const insertAuditSQL = `INSERT INTO audit (time, kind, key_id, sandbox_id, code_sha256, status,
