@@ -308,25 +308,37 @@ func readSmall(path string) ([]byte, error) {
 		return nil, &os.PathError{Op: "open", Path: path, Err: err}
 	}
 	defer unix.Close(fd)
+	return readFD(fd, func() string { return path })
+}
+
+// readFD reads the control file open as fd from its start, with pread:
+// a descriptor held open (statFiles) reads the file as formatted now. A
+// file larger than smallFile is read with os.ReadFile(path()).
+func readFD(fd int, path func() string) ([]byte, error) {
 	buf := make([]byte, smallFile)
 	n := 0
 	for n < len(buf) {
-		m, err := unix.Read(fd, buf[n:])
+		m, err := unix.Pread(fd, buf[n:], int64(n))
 		switch {
 		case err == unix.EINTR:
 			continue
 		case err != nil:
-			return nil, &os.PathError{Op: "read", Path: path, Err: err}
+			return nil, &os.PathError{Op: "read", Path: path(), Err: err}
 		case m == 0:
 			return buf[:n], nil
 		}
 		n += m
 	}
-	return os.ReadFile(path)
+	return os.ReadFile(path())
 }
 
 func readInt(dir, file string) (int64, error) {
 	b, err := readSmall(filepath.Join(dir, file))
+	return parseInt(b, err, file)
+}
+
+// parseInt parses what a read of a one-number file returned (b, err).
+func parseInt(b []byte, err error, file string) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("cgroups: %w", err)
 	}
@@ -344,6 +356,11 @@ func readInt(dir, file string) (int64, error) {
 // readKeyed reads one value of a "key value" per line file (memory.events, cpu.stat).
 func readKeyed(dir, file, key string) (int64, error) {
 	b, err := readSmall(filepath.Join(dir, file))
+	return parseKeyed(b, err, file, key)
+}
+
+// parseKeyed finds key in what a read of a "key value" file returned.
+func parseKeyed(b []byte, err error, file, key string) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("cgroups: %w", err)
 	}

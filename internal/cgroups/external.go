@@ -117,9 +117,9 @@ func ofProcess(procCgroup string, mounts []mount) (*External, error) {
 // Stats reads the group's accounting, as Group.Stats does.
 func (e *External) Stats() (Stats, error) {
 	if e.v2 != "" {
-		return statsV2(e.v2)
+		return statsV2(byPath{}, e.v2)
 	}
-	return statsV1(e.cpuacct, e.mem)
+	return statsV1(byPath{}, e.cpuacct, e.mem)
 }
 
 // RemoveEmpty removes the group name (a path from the top of each

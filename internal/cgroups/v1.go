@@ -315,6 +315,7 @@ type group1 struct {
 	rel    string // the group's path under the parent: NAME or TENANT/NAME
 	tenant string
 	dirs   []string // the group's directory in each hierarchy; nil once destroyed
+	stats  statFiles
 	// destroyed: Destroy ran (the tenant's count was given back once).
 	destroyed bool
 }
@@ -374,24 +375,26 @@ func (g *group1) Path() string { return "/" + filepath.Join(g.m.parent, g.rel) }
 
 func (g *group1) Procs() ([]int, error) { return readProcs(g.dir(g.m.pids)) }
 
-func (g *group1) Stats() (Stats, error) { return statsV1(g.dir(g.m.cpuacct), g.dir(g.m.memory)) }
+func (g *group1) Stats() (Stats, error) {
+	return statsV1(&g.stats, g.dir(g.m.cpuacct), g.dir(g.m.memory))
+}
 
 // statsV1 reads a v1 group's accounting from its cpuacct and memory
 // directories.
-func statsV1(cpuacct, mem string) (Stats, error) {
+func statsV1(r statReader, cpuacct, mem string) (Stats, error) {
 	var s Stats
-	ns, err := readInt(cpuacct, "cpuacct.usage")
+	ns, err := r.readInt(cpuacct, "cpuacct.usage")
 	if err != nil {
 		return s, err
 	}
 	s.CPU = time.Duration(ns)
-	if s.MemoryPeak, err = readInt(mem, "memory.max_usage_in_bytes"); err != nil {
+	if s.MemoryPeak, err = r.readInt(mem, "memory.max_usage_in_bytes"); err != nil {
 		return s, err
 	}
 	// oom_kill appeared in Linux 4.13; before that, a failed charge is the
 	// best evidence there is.
-	if s.OOMKills, err = readKeyed(mem, "memory.oom_control", "oom_kill"); err != nil {
-		fail, ferr := readInt(mem, "memory.failcnt")
+	if s.OOMKills, err = r.readKeyed(mem, "memory.oom_control", "oom_kill"); err != nil {
+		fail, ferr := r.readInt(mem, "memory.failcnt")
 		if ferr != nil {
 			return s, err
 		}
@@ -408,6 +411,7 @@ func (g *group1) Destroy() error {
 		return nil
 	}
 	g.destroyed = true
+	g.stats.close()
 	kill := func() {
 		var fz string
 		if g.m.freezer != "" {

@@ -279,6 +279,7 @@ type group2 struct {
 	dir    string // "" before it is made and once destroyed
 	fd     int
 	tenant string
+	stats  statFiles
 	// destroyed: Destroy ran (the tenant's count was given back once).
 	destroyed bool
 }
@@ -328,21 +329,21 @@ func (g *group2) Path() string {
 
 func (g *group2) Procs() ([]int, error) { return readProcs(g.dir) }
 
-func (g *group2) Stats() (Stats, error) { return statsV2(g.dir) }
+func (g *group2) Stats() (Stats, error) { return statsV2(&g.stats, g.dir) }
 
 // statsV2 reads a v2 group's accounting.
-func statsV2(dir string) (Stats, error) {
+func statsV2(r statReader, dir string) (Stats, error) {
 	var s Stats
-	us, err := readKeyed(dir, "cpu.stat", "usage_usec")
+	us, err := r.readKeyed(dir, "cpu.stat", "usage_usec")
 	if err != nil {
 		return s, err
 	}
 	s.CPU = time.Duration(us) * time.Microsecond
 	// memory.peak arrived in Linux 5.19; older kernels report no peak.
-	if p, err := readInt(dir, "memory.peak"); err == nil {
+	if p, err := r.readInt(dir, "memory.peak"); err == nil {
 		s.MemoryPeak = p
 	}
-	if s.OOMKills, err = readKeyed(dir, "memory.events", "oom_kill"); err != nil {
+	if s.OOMKills, err = r.readKeyed(dir, "memory.events", "oom_kill"); err != nil {
 		return s, err
 	}
 	return s, nil
@@ -353,6 +354,7 @@ func (g *group2) Destroy() error {
 		return nil
 	}
 	g.destroyed = true
+	g.stats.close()
 	var errs []error
 	if g.dir != "" {
 		kill := func() {

@@ -151,6 +151,36 @@ func BenchmarkAuditRecord(b *testing.B) {
 	}
 }
 
+// What a batch's transaction costs, by the records it holds: its BEGIN
+// and COMMIT are paid once, each record's insert once per record.
+func BenchmarkAuditTransaction(b *testing.B) {
+	s, err := Open(b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	w := writer{st: s}
+	defer w.close()
+	ctx := context.Background()
+	for _, n := range []int{1, 3, 10} {
+		recs := make([]Record, n)
+		for i := range recs {
+			recs[i] = Record{Kind: "execute", KeyID: "key_1", SandboxID: "sb_1", Status: "ok", CodeSHA256: CodeHash("x")}
+		}
+		b.Run(fmt.Sprintf("records=%d", n), func(b *testing.B) {
+			for range b.N {
+				if err := w.begin(ctx); err != nil {
+					b.Fatal(err)
+				}
+				if _, _, err := w.commit(ctx, recs); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N*n), "µs/record")
+		})
+	}
+}
+
 // Commits do not checkpoint (that would put an fsync in some request's
 // path); the log does it in the background and when it closes, so the
 // write-ahead log is copied into the database file.
