@@ -258,8 +258,16 @@ func (a *agent) startRunner() error {
 		return err
 	}
 	defer evW.Close()
+	python := a.cfg.Python
+	if python == "" {
+		// A template's sandbox: python3 on the template's PATH.
+		if python, err = lookPath("python3", a.cfg.Env); err != nil {
+			reqW.Close()
+			return fmt.Errorf("the template has no python3 on its PATH: %w", err)
+		}
+	}
 	cmd := &exec.Cmd{
-		Path: a.cfg.Python, Args: append([]string{a.cfg.Python}, a.cfg.RunnerArgs...),
+		Path: python, Args: append([]string{python}, a.cfg.RunnerArgs...),
 		Env: a.cfg.Env, Dir: a.cfg.Workspace, Stdout: a.stdoutW, Stderr: a.stderrW,
 		ExtraFiles: []*os.File{reqR, evW}, SysProcAttr: a.userAttr(),
 	}

@@ -20,7 +20,8 @@ var ErrNoIdmap = errors.New("this kernel cannot stack idmapped layers with overl
 
 // MountLayers stacks the layers at dirs (an image store's LayerDir), the
 // lowest first, as image.Store.RootMount says: each idmapped through
-// userns, under upper and work if given, into a detached overlay mount.
+// userns (nil: as they are, the host's ids), under upper and work if
+// given, into a detached overlay mount.
 func MountLayers(dirs []string, userns *os.File, upper, work string) (*os.File, error) {
 	if len(dirs) == 0 {
 		return nil, errors.New("an image without layers has no root")
@@ -38,9 +39,10 @@ func MountLayers(dirs []string, userns *os.File, upper, work string) (*os.File, 
 			return nil, fmt.Errorf("clone layer %.19s: %w", id, err)
 		}
 		layers = append(layers, fd)
-		attr := unix.MountAttr{
-			Attr_set:  unix.MOUNT_ATTR_IDMAP | unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV,
-			Userns_fd: uint64(userns.Fd()),
+		attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV}
+		if userns != nil {
+			attr.Attr_set |= unix.MOUNT_ATTR_IDMAP
+			attr.Userns_fd = uint64(userns.Fd())
 		}
 		if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &attr); err != nil {
 			if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) {

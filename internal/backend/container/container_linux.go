@@ -258,7 +258,7 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 	if err := sandbox.CheckSpec(b, spec); err != nil {
 		return nil, err
 	}
-	if spec.Python == "" {
+	if spec.Python == "" && spec.Root == nil { // a template's: python3 on its PATH (the agent finds it)
 		spec.Python = sandbox.DefaultPython
 	}
 	if spec.Egress != nil {
@@ -270,6 +270,15 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 		return nil, fmt.Errorf("%w: %s: %w", sandbox.ErrSetup, b.Name(), err)
 	}
 	return s, nil
+}
+
+// RootsSupported implements sandbox.RootBackend: a runtime that gives a
+// bundle a template's root (gvisor's) runs templates; others do not.
+func (b *Backend) RootsSupported() error {
+	if rr, ok := b.cfg.Runtime.(interface{ RootsSupported() error }); ok {
+		return rr.RootsSupported()
+	}
+	return errors.New("its containers run the host's Python; templates need the native or gvisor backend")
 }
 
 func newID() string {

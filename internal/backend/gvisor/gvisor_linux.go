@@ -157,6 +157,9 @@ type Runtime struct {
 	cpMu     sync.Mutex
 	cpProbed time.Time
 	cpErr    error
+	// templates are the templates' roots its sandboxes use
+	// (template_linux.go).
+	templates templateRoots
 	// kind is ImageKind's answer, once found (under cpMu).
 	kind string
 }
@@ -212,6 +215,10 @@ func (r *Runtime) Sweep() ([]string, error) {
 	// And its root skeleton, and what a platform probe it did not see
 	// to the end left (the probe's processes were in a cgroup of the
 	// parent, which the backend has swept).
+	templates, _ := filepath.Glob(filepath.Join(r.cfg.StateDir, "template-*"))
+	for _, dir := range templates {
+		errs = append(errs, unmountTemplateRoot(dir))
+	}
 	roots, _ := filepath.Glob(filepath.Join(r.cfg.StateDir, "root-*"))
 	probes, _ := filepath.Glob(filepath.Join(r.cfg.StateDir, "probe-*"))
 	for _, dir := range append(roots, probes...) {
@@ -228,7 +235,7 @@ func (r *Runtime) Sweep() ([]string, error) {
 // Close removes the root skeleton.
 func (r *Runtime) Close() error {
 	r.lingering.Wait()
-	return os.RemoveAll(r.root)
+	return errors.Join(r.closeTemplates(), os.RemoveAll(r.root))
 }
 
 type mount struct {
@@ -238,30 +245,37 @@ type mount struct {
 	Options     []string `json:"options,omitempty"`
 }
 
-// spec is the OCI runtime specification of one sandbox.
-func (r *Runtime) spec(l container.Launch) map[string]any {
+// spec is the OCI runtime specification of one sandbox; root is its
+// root (r.root, or a template's: bundleRoot).
+func (r *Runtime) spec(l container.Launch, root string) map[string]any {
 	ro := func(src, dst string) mount {
 		return mount{Destination: dst, Type: "bind", Source: src, Options: []string{"rbind", "ro", "nosuid", "nodev"}}
 	}
 	rw := func(src, dst string) mount {
 		return mount{Destination: dst, Type: "bind", Source: src, Options: []string{"rbind", "rw", "nosuid", "nodev"}}
 	}
-	mounts := []mount{
-		ro("/usr", "/usr"),
-		ro(filepath.Join(r.root, "etc"), "/etc"),
+	var mounts []mount
+	if l.Spec.Root == nil {
+		mounts = append(mounts, ro("/usr", "/usr"), ro(filepath.Join(r.root, "etc"), "/etc"))
+		for _, d := range rootview.TopLevelBinds() {
+			mounts = append(mounts, ro(d, d))
+		}
+	} else {
+		for _, f := range templateMountFiles {
+			mounts = append(mounts, ro(filepath.Join(r.root, f), "/"+f))
+		}
+	}
+	mounts = append(mounts,
 		ro(filepath.Join(r.root, "opt/vivarium"), container.RunnerDir),
 		ro(r.cfg.Exe, container.RunnerDir+"/bin/"+agent.Arg0),
 		rw(l.Disk.Workspace, "/workspace"),
 		rw(l.Disk.Tmp, "/tmp"),
 		rw(l.Disk.Shm, "/dev/shm"),
-		{Destination: "/proc", Type: "proc", Source: "proc"},
+		mount{Destination: "/proc", Type: "proc", Source: "proc"},
 		// gVisor's /sys is its own, but the code has no use for it: an
 		// empty read-only directory, as in the native backend.
-		{Destination: "/sys", Type: "tmpfs", Source: "none", Options: []string{"ro", "nosuid", "nodev", "noexec", "size=4k", "mode=0555"}},
-	}
-	for _, d := range rootview.TopLevelBinds() {
-		mounts = append(mounts, ro(d, d))
-	}
+		mount{Destination: "/sys", Type: "tmpfs", Source: "none", Options: []string{"ro", "nosuid", "nodev", "noexec", "size=4k", "mode=0555"}},
+	)
 	none := []string{}
 	spec := map[string]any{
 		"ociVersion": "1.0.2",
@@ -281,7 +295,7 @@ func (r *Runtime) spec(l container.Launch) map[string]any {
 			"noNewPrivileges": true,
 			"rlimits":         []map[string]any{{"type": "RLIMIT_NOFILE", "hard": l.Spec.Limits.OpenFiles, "soft": l.Spec.Limits.OpenFiles}},
 		},
-		"root":     map[string]any{"path": r.root, "readonly": true},
+		"root":     map[string]any{"path": root, "readonly": true},
 		"hostname": rootview.Hostname,
 		"mounts":   mounts,
 		"linux": map[string]any{
@@ -319,7 +333,11 @@ func (r *Runtime) writeBundle(l container.Launch) (string, error) {
 	if err := os.Mkdir(bundle, 0o700); err != nil {
 		return "", err
 	}
-	b, err := json.Marshal(r.spec(l))
+	root, err := r.bundleRoot(l)
+	if err != nil {
+		return "", err
+	}
+	b, err := json.Marshal(r.spec(l, root))
 	if err != nil {
 		return "", err
 	}
@@ -327,6 +345,14 @@ func (r *Runtime) writeBundle(l container.Launch) (string, error) {
 		return "", err
 	}
 	return bundle, nil
+}
+
+// bundleRoot is the root of l's bundle: the skeleton, or its template's.
+func (r *Runtime) bundleRoot(l container.Launch) (string, error) {
+	if l.Spec.Root == nil {
+		return r.root, nil
+	}
+	return r.templateRoot(l.Spec.Root)
 }
 
 // start runs the runsc command that is the container (run, restore): the

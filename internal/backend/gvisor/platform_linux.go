@@ -238,7 +238,7 @@ func (r *Runtime) probe(ctx context.Context, platform string) (err error) {
 	if err := os.Mkdir(bundle, 0o700); err != nil {
 		return err
 	}
-	b, err := json.Marshal(r.spec(l))
+	b, err := json.Marshal(r.spec(l, r.root)) // a probe's sandbox has no template
 	if err != nil {
 		return err
 	}
