@@ -18,6 +18,7 @@ import (
 
 	"github.com/vivarium-sandbox/vivarium/internal/criu"
 	"github.com/vivarium-sandbox/vivarium/internal/image"
+	"github.com/vivarium-sandbox/vivarium/internal/template"
 	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
 
@@ -237,5 +238,59 @@ except Exception as e:
 		if r.code != 0 || strings.TrimSpace(r.stdout) != c.want {
 			t.Errorf("%s: %q, want %q (exit %d, %s)", c.name, r.stdout, c.want, r.code, r.stderr)
 		}
+	}
+}
+
+// A template's start command runs in each of its sandboxes, whose
+// creation waits for its ready command; one that never gets ready fails
+// the creation, saying what it printed.
+func TestServeTemplateStartCommand(t *testing.T) {
+	needSandbox(t)
+	dataDir, dir := t.TempDir(), t.TempDir()
+	addTemplate(t, dataDir, "base:1", v1.Config{Env: []string{"PATH=/usr/bin:/bin"}})
+	for name, dockerfile := range map[string]string{
+		"served:1": "FROM base:1\nCMD sleep 0.5 && echo up > /tmp/ready && sleep 1000\n",
+		"broken:1": "FROM base:1\nCMD echo cannot start && exit 3\n",
+	} {
+		if err := os.WriteFile(filepath.Join(dir, "Dockerfile"), []byte(dockerfile), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if r := vivarium(t, "", "template", "build", "--data-dir", dataDir, "-t", name, dir); r.code != 0 {
+			t.Fatalf("build %s: %s", name, r.stderr)
+		}
+	}
+	// The ready command: the Dockerfile has none; set it as E2B's
+	// setReadyCmd does, in the template's labels.
+	s, err := image.Open(filepath.Join(dataDir, "images"), image.DefaultLimits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"served:1", "broken:1"} {
+		im, err := s.Get(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := s.ConfigFile(im)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Config.Labels[template.LabelReadyCmd] = "test -f /tmp/ready"
+		if _, err := s.Commit(name, cfg, im.Layers); err != nil {
+			t.Fatal(err)
+		}
+	}
+	srv := startServer(t, dataDir, "--dev", "--pool", "0", "--cgroup-parent", serveParent+"-template-start")
+	code, body := req(t, "POST", srv.url+"/v1/sandboxes", nil, map[string]any{"template": "served:1"})
+	var info struct{ ID string }
+	if json.Unmarshal(body, &info); code != 201 {
+		t.Fatalf("create: %d %s", code, body)
+	}
+	code, body = req(t, "POST", srv.url+"/v1/sandboxes/"+info.ID+"/execute", nil, map[string]any{"code": "print(open('/tmp/ready').read().strip())"})
+	if code != 200 || !strings.Contains(string(body), `"stdout":"up\n"`) {
+		t.Fatalf("created before it was ready: %d %s", code, body)
+	}
+	code, body = req(t, "POST", srv.url+"/v1/sandboxes", nil, map[string]any{"template": "broken:1"})
+	if code/100 == 2 || !strings.Contains(string(body), "cannot start") {
+		t.Fatalf("a template that never gets ready: %d %s", code, body)
 	}
 }

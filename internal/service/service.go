@@ -650,6 +650,10 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	s.boxes[id] = b
 	s.mu.Unlock()
 	// backend_id: the name the backend's own log lines give it.
+	if err := s.startTemplate(ctx, req.Owner, b); err != nil {
+		s.Delete(req.Owner, id)
+		return Info{}, err
+	}
 	s.cfg.Logger.Info("sandbox created", "id", id, "backend_id", sb.ID(), "owner", req.Owner, "ms", time.Since(start).Milliseconds())
 	return b.info(), nil
 }

@@ -1,13 +1,17 @@
 package service
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"maps"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/image"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/template"
 )
 
 // ErrNoTemplate: no template (image of the server's store) has the name
@@ -58,6 +62,102 @@ func ResolveTemplate(images *image.Store, spec *sandbox.Spec) error {
 	}
 	spec.Root, spec.Env = root, env
 	return nil
+}
+
+// templateCmds are a template's start and ready commands, as its build
+// labelled them (template.LabelStartCmd, LabelReadyCmd): "" for none. An
+// image's own CMD is not run.
+func (s *Service) templateCmds(name string) (start, ready string) {
+	if s.cfg.Images == nil || name == "" {
+		return "", ""
+	}
+	im, err := s.cfg.Images.Get(name)
+	if err != nil {
+		return "", ""
+	}
+	cfg, err := s.cfg.Images.ConfigFile(im)
+	if err != nil {
+		return "", ""
+	}
+	return cfg.Config.Labels[template.LabelStartCmd], cfg.Config.Labels[template.LabelReadyCmd]
+}
+
+// Bounds of a template's start: how long its ready command may take to
+// succeed, each try of it, and the pause between tries.
+const (
+	templateReadyTimeout = 2 * time.Minute
+	templateReadyTry     = 10 * time.Second
+	templateReadyEvery   = 200 * time.Millisecond
+	maxStartOutput       = 2 << 10
+)
+
+// startTemplate runs the start command of the template of b, a new
+// sandbox, as a process of it (tagged "start", listed as any other), and
+// waits until its ready command exits 0: E2B's setStartCmd and
+// setReadyCmd. A start command that ends first, or a ready command that
+// never succeeds, fails the creation, saying what the start command
+// printed.
+func (s *Service) startTemplate(ctx context.Context, owner string, b *Box) error {
+	start, ready := s.templateCmds(b.template())
+	if start == "" {
+		return nil
+	}
+	p, sub, err := s.StartProcess(ctx, owner, b.id, ProcessRequest{Argv: []string{"/bin/sh", "-c", start}, Tag: "start"})
+	if err != nil {
+		return fmt.Errorf("%w: the template's start command: %w", sandbox.ErrSetup, err)
+	}
+	defer sub.Close()
+	if ready == "" {
+		return nil
+	}
+	// What it prints until it is ready, the last of it kept, to say why
+	// it was not.
+	var outMu sync.Mutex
+	var out []byte
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		for {
+			select {
+			case ev, ok := <-sub.Events():
+				if !ok {
+					return
+				}
+				outMu.Lock()
+				out = append(append(out, ev.Stdout...), ev.Stderr...)
+				if len(out) > maxStartOutput {
+					out = out[len(out)-maxStartOutput:]
+				}
+				outMu.Unlock()
+			case <-stop:
+				return
+			}
+		}
+	}()
+	printed := func() string {
+		outMu.Lock()
+		defer outMu.Unlock()
+		return strings.TrimSpace(strings.ToValidUTF8(string(out), "?"))
+	}
+	deadline := time.NewTimer(templateReadyTimeout)
+	defer deadline.Stop()
+	for {
+		res, err := s.Command(ctx, owner, b.id, CommandRequest{Cmd: ready, Timeout: templateReadyTry}, nil)
+		if err == nil && res.Status == sandbox.StatusOK && res.ExitCode == 0 {
+			return nil
+		}
+		select {
+		case <-p.Done():
+			return fmt.Errorf("%w: the template's start command ended (exit status %d) before its ready command succeeded; it printed: %q",
+				sandbox.ErrSetup, p.End().ExitCode, printed())
+		case <-deadline.C:
+			return fmt.Errorf("%w: the template's ready command did not succeed within %v; its start command printed: %q",
+				sandbox.ErrSetup, templateReadyTimeout, printed())
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(templateReadyEvery):
+		}
+	}
 }
 
 // template is the name of the template the sandbox is made of, or "".
