@@ -141,13 +141,9 @@ func globRegexp(pattern string) (*regexp.Regexp, error) {
 // names, modes, links and content. A source that matches nothing, or
 // only what .dockerignore excludes, is an error.
 func (c *Context) Archive(src string, w io.Writer) (string, error) {
-	src = path.Clean(strings.TrimPrefix(src, "/"))
-	if src == ".." || strings.HasPrefix(src, "../") {
-		return "", fmt.Errorf("%w: %s is outside the build's files", ErrInvalid, src)
-	}
-	re, err := globRegexp(src)
+	src, re, err := copyPattern(src)
 	if err != nil {
-		return "", fmt.Errorf("%w: %s: %v", ErrInvalid, src, err)
+		return "", err
 	}
 	all, err := c.walk()
 	if err != nil {
@@ -157,25 +153,9 @@ func (c *Context) Archive(src string, w io.Writer) (string, error) {
 	tw := tar.NewWriter(io.MultiWriter(w, h))
 	found := false
 	for _, e := range all {
-		// The entry is the source itself, or inside a directory that is.
-		var name string
-		switch {
-		case src == ".":
-			name = e.path
-		case re.MatchString(e.path):
-			name = path.Base(e.path)
-			if e.dir {
-				continue // its content comes as the entries below it
-			}
-		default:
-			top := e.path
-			for top != "." && !re.MatchString(top) {
-				top = path.Dir(top)
-			}
-			if top == "." {
-				continue
-			}
-			name = strings.TrimPrefix(e.path, top+"/")
+		name, ok := copyName(src, re, e.path, e.dir)
+		if !ok {
+			continue
 		}
 		found = true
 		if err := c.add(tw, name, e); err != nil {
@@ -189,6 +169,40 @@ func (c *Context) Archive(src string, w io.Writer) (string, error) {
 		return "", err
 	}
 	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// copyPattern is a COPY's source, cleaned, and its pattern.
+func copyPattern(src string) (string, *regexp.Regexp, error) {
+	src = path.Clean(strings.TrimPrefix(src, "/"))
+	if src == ".." || strings.HasPrefix(src, "../") {
+		return "", nil, fmt.Errorf("%w: %s is outside the build's files", ErrInvalid, src)
+	}
+	re, err := globRegexp(src)
+	if err != nil {
+		return "", nil, fmt.Errorf("%w: %s: %v", ErrInvalid, src, err)
+	}
+	return src, re, nil
+}
+
+// copyName is the name under which a COPY of src (re its pattern) takes
+// the entry at p (slash-separated, relative to the build's files): the
+// entry is the source itself, or inside a directory that is. A directory
+// the source names comes as the entries below it, not as itself.
+func copyName(src string, re *regexp.Regexp, p string, dir bool) (string, bool) {
+	switch {
+	case src == ".":
+		return p, true
+	case re.MatchString(p):
+		return path.Base(p), !dir
+	}
+	top := p
+	for top != "." && !re.MatchString(top) {
+		top = path.Dir(top)
+	}
+	if top == "." {
+		return "", false
+	}
+	return strings.TrimPrefix(p, top+"/"), true
 }
 
 type contextEntry struct {
