@@ -26,6 +26,7 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/pkgindex"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/service"
+	"github.com/vivarium-sandbox/vivarium/internal/template"
 	"github.com/vivarium-sandbox/vivarium/internal/volume"
 )
 
@@ -151,7 +152,7 @@ var (
 	TemplateNotFound = &Kind{Code: "template_not_found", Status: http.StatusNotFound,
 		Connect: ConnectNotFound, Public: true,
 		MCP:  "{message}. Create the sandbox without a template, or with one of the server's.",
-		errs: []error{service.ErrNoTemplate}}
+		errs: []error{service.ErrNoTemplate, service.ErrTemplateNotFound}}
 	FileNotFound = &Kind{Code: "file_not_found", Status: http.StatusNotFound,
 		Connect: ConnectNotFound, Public: true,
 		MCP:  "no such file in the sandbox's workspace: {message}. Use list_files to see what is there.",
@@ -167,7 +168,7 @@ var (
 	TooLarge = &Kind{Code: "too_large", Status: http.StatusRequestEntityTooLarge,
 		// The SDKs' NotEnoughSpaceError: an upload past the disk limit.
 		E2BStatus: http.StatusInsufficientStorage,
-		Connect:   ConnectResourceExhausted, Public: true, errs: []error{sandbox.ErrTooLarge},
+		Connect:   ConnectResourceExhausted, Public: true, errs: []error{sandbox.ErrTooLarge, template.ErrTooLarge},
 		as: func(err error) bool {
 			var mbe *http.MaxBytesError
 			return errors.As(err, &mbe)
@@ -176,7 +177,8 @@ var (
 		Connect: ConnectInvalidArgument, Public: true, errs: []error{service.ErrCannotStart}}
 	InvalidRequest = &Kind{Code: "invalid_request", Status: http.StatusBadRequest,
 		Connect: ConnectInvalidArgument, Public: true,
-		errs: []error{sandbox.ErrBadPath, sandbox.ErrInvalidSpec, volume.ErrInvalid, netpolicy.ErrInvalid, pkgindex.ErrInvalid}}
+		errs: []error{sandbox.ErrBadPath, sandbox.ErrInvalidSpec, volume.ErrInvalid, netpolicy.ErrInvalid, pkgindex.ErrInvalid,
+			template.ErrInvalid}}
 	NotAllowed = &Kind{Code: "not_allowed", Status: http.StatusForbidden,
 		Connect: ConnectPermissionDenied, Public: true, errs: []error{netpolicy.ErrNotAllowed, pkgindex.ErrNotAllowed}}
 	PermissionDenied = &Kind{Code: "permission_denied", Status: http.StatusForbidden,
@@ -237,7 +239,7 @@ var (
 	// Conflict: a name the key has on several nodes of a cluster; what a
 	// pause, resume, fork or snapshot cannot keep of a sandbox.
 	Conflict = &Kind{Code: "conflict", Status: http.StatusConflict,
-		Connect: ConnectFailedPrecondition, Public: true, errs: []error{sandbox.ErrCannotKeep}}
+		Connect: ConnectFailedPrecondition, Public: true, errs: []error{sandbox.ErrCannotKeep, service.ErrBuildStarted}}
 	// StateLost: what lived on a node of a cluster that is gone.
 	StateLost = &Kind{Code: "state_lost", Status: http.StatusGone,
 		Connect: ConnectUnavailable, Public: true}

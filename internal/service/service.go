@@ -135,6 +135,8 @@ type Config struct {
 	// --max-memory-total, --max-memory-per-key): a new sandbox that does
 	// not fit under a ceiling is refused (room.go). Nil: none is read.
 	MemoryHeld func(backend, tenant string) (held, ceiling int64, err error)
+	// Builds configures template builds (builds.go).
+	Builds BuildConfig
 }
 
 func (c *Config) setDefaults() {
@@ -214,13 +216,15 @@ type Service struct {
 	usage      usageLogs           // samples of every sandbox's use (usage.go)
 	pausedLock io.Closer           // PausedDir's lock, held while paused sandboxes are kept (persist.go)
 	tokenKey   []byte              // the secret of the tokens (tokens.go)
+	builds     *builds             // template builds (builds.go)
 }
 
 // New starts a service; Close ends it and every sandbox.
 func New(cfg Config) *Service {
 	cfg.setDefaults()
 	s := &Service{cfg: cfg, boxes: map[string]*Box{}, pending: map[string]int{}, running: map[string]int{},
-		stop: make(chan struct{}), metrics: newMetrics(), tokenKey: make([]byte, 32)}
+		stop: make(chan struct{}), metrics: newMetrics(), tokenKey: make([]byte, 32),
+		builds: newBuilds(cfg.Builds, cfg.Logger, cfg.Now)}
 	rand.Read(s.tokenKey)
 	s.idle = sync.NewCond(&s.mu)
 	if s.snapshotsOn() == nil {
@@ -1015,6 +1019,12 @@ func (s *Service) closeRevoked() {
 			}
 		}
 	}
+	// A revoked key's templates are never built on or used again.
+	for _, owner := range s.builds.ownersNow() {
+		if revoked, _ := s.cfg.KeyRevoked(owner); revoked {
+			s.builds.closeOwner(owner)
+		}
+	}
 }
 
 // CloseOwner closes every sandbox of owner (its key revoked) and returns
@@ -1024,6 +1034,7 @@ func (s *Service) CloseOwner(owner string) int {
 	for _, b := range boxes {
 		s.remove(b, "key revoked")
 	}
+	s.builds.closeOwner(owner)
 	return len(boxes)
 }
 
@@ -1129,6 +1140,7 @@ func (s *Service) Close() error {
 	s.wg.Wait()
 	s.closing.Wait()
 	s.persisting.Wait()
+	s.builds.close()
 	defer s.stopNetwork()
 	var wg sync.WaitGroup
 	for _, b := range boxes {
