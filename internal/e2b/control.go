@@ -61,6 +61,7 @@ func (s *Server) routeControl() {
 	handle("POST /sandboxes/{id}/snapshots", s.createSnapshot)
 	handle("GET /snapshots", s.listSnapshots)
 	handle("DELETE /templates/{id}", s.deleteSnapshot)
+	s.routeTemplates(handle)
 	for pattern, what := range map[string]string{
 		"GET /sandboxes/{id}/logs":    "sandbox logs",
 		"GET /v2/sandboxes/{id}/logs": "sandbox logs",
@@ -659,9 +660,13 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request, owner str
 	writeJSON(w, http.StatusOK, out)
 }
 
-// deleteSnapshot deletes a snapshot by its template id, or all of a name
-// (E2B's Sandbox.deleteSnapshot); other templates are E2B's cloud.
+// deleteSnapshot deletes a template of the key's (templates.go), else a
+// snapshot by its template id, or all of a name (E2B's
+// Sandbox.deleteSnapshot); other templates are E2B's cloud.
 func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request, owner string) {
+	if s.deleteTemplate(w, owner, r.PathValue("id")) {
+		return
+	}
 	id := snapshotRef(r.PathValue("id"))
 	if id == "" {
 		s.unsupported(w, "DELETE /templates (templates are E2B's cloud, not part of vivarium)")

@@ -98,7 +98,7 @@ type Server struct {
 	cfg     Config
 	svc     *service.Service
 	log     *slog.Logger
-	secret  []byte
+	secret  []byte     // signs files upload URLs (templates.go)
 	control *route.Mux // Routes
 	envd    *http.ServeMux
 	interp  *http.ServeMux
@@ -157,7 +157,8 @@ func New(cfg Config) *Server {
 	s := &Server{cfg: cfg, svc: cfg.Service, log: cfg.Logger,
 		control: route.NewMux(Routes), envd: http.NewServeMux(), interp: http.NewServeMux(),
 		templates: map[string]templateOf{}, templateSweepAt: templateSweepAt, waiting: map[string]int{}, watchers: map[string]*watcher{},
-		signGate: fairgate.New(max(2, runtime.GOMAXPROCS(0)), maxSignQueued, signScanWait)}
+		signGate: fairgate.New(max(2, runtime.GOMAXPROCS(0)), maxSignQueued, signScanWait), secret: make([]byte, 32)}
+	rand.Read(s.secret)
 	s.routeControl()
 	s.control.Complete()
 	s.routeEnvd()
