@@ -664,16 +664,23 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request, owner str
 // snapshot by its template id, or all of a name (E2B's
 // Sandbox.deleteSnapshot); other templates are E2B's cloud.
 func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request, owner string) {
-	if s.deleteTemplate(w, owner, r.PathValue("id")) {
+	answered, builds := s.deleteTemplate(w, owner, r.PathValue("id"))
+	if answered {
 		return
 	}
 	id := snapshotRef(r.PathValue("id"))
-	if id == "" {
+	switch {
+	case id == "" && builds:
+		writeEnvdError(w, http.StatusNotFound, fmt.Sprintf("template %q not found", r.PathValue("id")))
+		return
+	case id == "":
 		s.unsupported(w, "DELETE /templates (templates are E2B's cloud, not part of vivarium)")
 		return
 	}
 	if err := s.svc.DeleteSnapshot(owner, id); err != nil {
-		if errors.Is(err, service.ErrSnapshotNotFound) {
+		// Neither a template nor a snapshot of the key's; a server
+		// that builds templates and keeps no snapshots says so too.
+		if errors.Is(err, service.ErrSnapshotNotFound) || builds && errors.Is(err, sandbox.ErrUnsupported) {
 			writeEnvdError(w, http.StatusNotFound, fmt.Sprintf("template %q not found", id))
 			return
 		}

@@ -162,6 +162,13 @@ func (s *Server) uploadBuildFiles(w http.ResponseWriter, r *http.Request) {
 	// The client sends at its pace, for at most this long.
 	http.NewResponseController(w).SetReadDeadline(time.Now().Add(uploadReadTimeout))
 	if err := s.svc.PutBuildFiles(owner, id, hash, r.Body); err != nil {
+		if errors.Is(err, template.ErrTooLarge) {
+			// The table's too_large is E2B's 507 (NotEnoughSpaceError,
+			// a sandbox's disk); an upload past its bound is 413, as a
+			// storage service answers it.
+			writeEnvdError(w, http.StatusRequestEntityTooLarge, err.Error())
+			return
+		}
 		s.fail(w, err)
 		return
 	}
@@ -328,16 +335,19 @@ func (s *Server) removeTags(w http.ResponseWriter, r *http.Request, owner string
 }
 
 // deleteTemplate deletes the key's template id names (by ID or name),
-// and says whether there was one.
-func (s *Server) deleteTemplate(w http.ResponseWriter, owner, id string) bool {
+// and says whether it answered: not when the key has no such template,
+// or the server no builds (builds false).
+func (s *Server) deleteTemplate(w http.ResponseWriter, owner, id string) (answered, builds bool) {
 	err := s.svc.DeleteTemplate(owner, id)
-	if errors.Is(err, service.ErrTemplateNotFound) || errors.Is(err, sandbox.ErrUnsupported) {
-		return false
-	}
-	if err != nil {
+	switch {
+	case errors.Is(err, sandbox.ErrUnsupported):
+		return false, false
+	case errors.Is(err, service.ErrTemplateNotFound):
+		return false, true
+	case err != nil:
 		s.fail(w, err)
-	} else {
+	default:
 		w.WriteHeader(http.StatusNoContent)
 	}
-	return true
+	return true, true
 }
