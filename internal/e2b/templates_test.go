@@ -748,3 +748,38 @@ func TestTemplateAliasesAndBuildsOff(t *testing.T) {
 		t.Errorf("an unsigned upload: %d", code)
 	}
 }
+
+// Finished builds past MaxKept that no tag names are forgotten, their
+// images removed; a tagged one is kept, its log dropped.
+func TestTemplateKeptBuilds(t *testing.T) {
+	b := &fakeBuilder{}
+	c, _, _ := newBuildServer(t, b, service.BuildConfig{MaxKept: 1})
+	var rs []requested
+	for i := range 4 {
+		tag := "default"
+		if i == 0 {
+			tag = "pinned"
+		}
+		r := c.request("key-a", `{"name":"kept:`+tag+`"}`)
+		c.start("key-a", r, `{"fromImage":"x","steps":[{"type":"RUN","args":["true"]}]}`)
+		c.wait("key-a", r)
+		rs = append(rs, r)
+	}
+	// The second and third lost their tag to the next: the second is past
+	// MaxKept.
+	if code, _ := c.call("key-a", "GET", "/e2b/templates/"+rs[1].TemplateID+"/builds/"+rs[1].BuildID+"/status", "", nil); code != 404 {
+		t.Errorf("an untagged build past the bound: %d", code)
+	}
+	testutil.WaitFor(t, 10*time.Second, "its image removed", func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return len(b.removed) == 1 && b.removed[0] == b.names[1]
+	})
+	// The first is tagged "pinned": kept, without its log.
+	if st := c.status("key-a", rs[0], ""); st.Status != "ready" || len(st.LogEntries) != 0 {
+		t.Errorf("the tagged build: %+v", st)
+	}
+	if st := c.status("key-a", rs[3], ""); len(st.LogEntries) != 1 {
+		t.Errorf("the last build's log: %+v", st.LogEntries)
+	}
+}

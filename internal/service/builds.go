@@ -83,7 +83,9 @@ type BuildConfig struct {
 	// MaxTags one template's tags (64).
 	MaxRunning, MaxWaiting, MaxKept, MaxTemplates, MaxTags int
 	// MaxLogLines and MaxLogBytes bound a build's log (10,000 lines,
-	// 4 MiB): past them its oldest lines are dropped.
+	// 1 MiB): past them its oldest lines are dropped. The logs of a
+	// key's builds older than its MaxKept last finished are dropped
+	// whole, tagged or not.
 	MaxLogLines, MaxLogBytes int
 	// MaxFiles and MaxFilesBytes bound the archives one key keeps (64,
 	// 1 GiB as uploaded): past them the least recently used that no
@@ -107,7 +109,7 @@ func (c *BuildConfig) setDefaults() {
 	def(&c.MaxTemplates, 64)
 	def(&c.MaxTags, 64)
 	def(&c.MaxLogLines, 10_000)
-	def(&c.MaxLogBytes, 4<<20)
+	def(&c.MaxLogBytes, 1<<20)
 	def(&c.MaxFiles, 64)
 	def(&c.Archive.MaxEntries, 100_000)
 	if c.MaxFilesBytes <= 0 {
@@ -548,8 +550,14 @@ func (bs *builds) finish(ob *ownerBuilds, b *build, state BuildState, reason str
 }
 
 // trim forgets the oldest finished builds past MaxKept that no tag
-// names, and removes their images. Called holding ob.mu.
+// names, and removes their images; the logs of those a tag keeps are
+// dropped. Called holding ob.mu.
 func (bs *builds) trim(ob *ownerBuilds) {
+	defer func() {
+		for _, b := range ob.finished[:max(0, len(ob.finished)-bs.cfg.MaxKept)] {
+			b.log.forget()
+		}
+	}()
 	untagged := func(b *build) bool {
 		for _, x := range b.tmpl.tags {
 			if x.build == b {
@@ -855,6 +863,12 @@ func (l *buildLog) add(e BuildLogEntry, cfg BuildConfig) {
 		l.lines = l.lines[1:]
 		l.dropped++
 	}
+}
+
+// forget drops every line, offsets counting on.
+func (l *buildLog) forget() {
+	l.dropped += len(l.lines)
+	l.lines, l.bytes = nil, 0
 }
 
 // from is the log from line offset on (the first kept if those were
