@@ -31,6 +31,10 @@
 // Volumes (volumes.go) are the service's: an owner's, persistent, mounted
 // by name.
 //
+// Templates (templates.go) are built by the service, the key's own, as
+// E2B's Template SDK asks; Sandbox.create(NAME) makes a sandbox of one,
+// or of an image of the server's store.
+//
 // What E2B offers and Vivarium does not (E2B's MCP
 // gateway, workload identity, E2B's teams and secrets: docs/e2b.md lists
 // them) is answered with an error that says so, which the SDKs raise.
