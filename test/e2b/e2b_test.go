@@ -7,6 +7,7 @@ package e2b_test
 import (
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -28,8 +29,8 @@ const (
 )
 
 // requireNode skips without node and npm, and installs the pinned packages
-// when they are missing.
-func requireNode(t *testing.T) {
+// of dir (its package-lock.json) when one of pkgs is missing.
+func requireNode(t *testing.T, dir string, pkgs ...string) {
 	t.Helper()
 	testutil.SkipShort(t, "needs Node.js and E2B's JavaScript SDKs")
 	for _, tool := range []string{"node", "npm"} {
@@ -37,21 +38,29 @@ func requireNode(t *testing.T) {
 			t.Skipf("needs %s (Node.js 20.18 or later) to run E2B's JavaScript SDKs", tool)
 		}
 	}
-	_, errA := os.Stat("node_modules/e2b/package.json")
-	_, errB := os.Stat("node_modules/@e2b/code-interpreter/package.json")
-	if errA == nil && errB == nil {
+	missing := false
+	for _, p := range pkgs {
+		if _, err := os.Stat(filepath.Join(dir, "node_modules", p, "package.json")); err != nil {
+			missing = true
+		}
+	}
+	if !missing {
 		return
 	}
 	cmd := exec.Command("npm", "ci", "--no-audit", "--no-fund")
+	cmd.Dir = dir
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("npm ci: %v\n%s", err, out)
+		t.Fatalf("npm ci in %s: %v\n%s", dir, err, out)
 	}
 }
+
+// sdks are the E2B SDKs this directory's tests use.
+var sdks = []string{"e2b", "@e2b/code-interpreter"}
 
 func TestE2BSDKs(t *testing.T) {
 	testutil.RequireRoot(t)
 	testutil.RequirePythonModules(t, "pandas", "matplotlib")
-	requireNode(t)
+	requireNode(t, ".", sdks...)
 	bin := testserver.Build(t)
 	srv := testserver.Start(t, bin, testserver.Options{CgroupParent: cgroupParent, UIDBase: uidBase,
 		Keys: []string{"e2b-sdk", "e2b-other"}, Args: []string{"--domain", previewDomain, "--volume-size", "32MiB"}})
@@ -88,7 +97,7 @@ func TestE2BSDKs(t *testing.T) {
 // sandboxes can be paused: the native backend without a zygote, with CRIU.
 func TestE2BPause(t *testing.T) {
 	testutil.RequireRoot(t)
-	requireNode(t)
+	requireNode(t, ".", sdks...)
 	if _, err := criu.Usable(); err != nil {
 		t.Skipf("pausing needs CRIU, not built here (make criu): %v", err)
 	}

@@ -19,7 +19,7 @@ import (
 // run (TestE2BSDKs) skips network.test.mjs, which needs these hosts.
 func TestE2BNetwork(t *testing.T) {
 	testutil.RequireRoot(t)
-	requireNode(t)
+	requireNode(t, ".", sdks...)
 	a, b, outside := testutil.NewNetHost(t), testutil.NewNetHost(t), testutil.NewNetHost(t)
 	bin := testserver.Build(t)
 	// A cgroup parent and host users of its own: TestE2BSDKs, here or in
