@@ -123,7 +123,9 @@ func newBuildServer(t *testing.T, b *fakeBuilder, cfg service.BuildConfig) (buil
 		b.copied = map[string][]string{}
 		cfg.Builder = b
 	}
-	cfg.FilesDir = t.TempDir()
+	if cfg.FilesDir == "" {
+		cfg.FilesDir = t.TempDir()
+	}
 	svc := service.New(service.Config{Backend: fakeBackend{t.TempDir()}, Builds: cfg})
 	t.Cleanup(func() { svc.Close() })
 	h := New(Config{Service: svc, Auth: keys{"key-a": "a", "key-b": "b"}, Prefix: "/e2b"})
@@ -781,5 +783,52 @@ func TestTemplateKeptBuilds(t *testing.T) {
 	}
 	if st := c.status("key-a", rs[3], ""); len(st.LogEntries) != 1 {
 		t.Errorf("the last build's log: %+v", st.LogEntries)
+	}
+}
+
+// A key's templates, their tags, ready builds and uploaded files are
+// kept in the files directory: the next server on it has them.
+func TestTemplatesSurviveRestart(t *testing.T) {
+	dir := t.TempDir()
+	c, svc, _ := newBuildServer(t, &fakeBuilder{}, service.BuildConfig{FilesDir: dir})
+	r := c.request("key-a", `{"name":"kept:v1"}`)
+	c.upload(c.link("key-a", r, hash1).URL, archive(t, true, file("a", "x")))
+	c.start("key-a", r, `{"fromImage":"x","steps":[{"type":"COPY","args":["a","a"],"filesHash":"`+hash1+`"}]}`)
+	c.wait("key-a", r)
+	c.call("key-a", "POST", "/e2b/templates/tags", `{"target":"kept:v1","tags":["prod"]}`, nil)
+	failed := c.request("key-a", `{"name":"kept"}`) // waiting: the running server's alone
+	im, err := svc.TemplateImage("a", "kept:prod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.Close()
+
+	b := &fakeBuilder{}
+	c, svc, _ = newBuildServer(t, b, service.BuildConfig{FilesDir: dir})
+	if got, err := svc.TemplateImage("a", "kept:prod"); err != nil || got.Name != im.Name || got.Digest != im.Digest {
+		t.Errorf("after a restart: %+v, %v; want %+v", got, err, im)
+	}
+	if st := c.status("key-a", r, ""); st.Status != "ready" {
+		t.Errorf("the ready build after a restart: %+v", st)
+	}
+	if code, _ := c.call("key-a", "GET", "/e2b/templates/"+failed.TemplateID+"/builds/"+failed.BuildID+"/status", "", nil); code != 404 {
+		t.Errorf("a build that never ran, after a restart: %d", code)
+	}
+	var tags []map[string]string
+	c.call("key-a", "GET", "/e2b/templates/kept/tags", "", &tags)
+	if len(tags) != 2 {
+		t.Errorf("tags after a restart: %v", tags)
+	}
+	if !c.link("key-a", r, hash1).Present {
+		t.Error("the uploaded files are gone after a restart")
+	}
+	if code, _ := c.call("key-b", "GET", "/e2b/templates/aliases/kept", "", nil); code != 404 {
+		t.Errorf("another key sees the template after a restart: %d", code)
+	}
+	if code, _ := c.call("key-a", "DELETE", "/e2b/templates/kept", "", nil); code != 204 {
+		t.Fatalf("delete after a restart: %d", code)
+	}
+	if fmt.Sprint(b.removed) != "["+im.Name+"]" {
+		t.Errorf("removed %v, want %s", b.removed, im.Name)
 	}
 }

@@ -73,8 +73,10 @@ var (
 type BuildConfig struct {
 	// Builder builds templates; nil: builds are refused as not supported.
 	Builder TemplateBuilder
-	// FilesDir keeps the files uploaded for builds; "": a temporary
-	// directory, removed by Close.
+	// FilesDir keeps the files uploaded for builds, and each key's
+	// templates (buildsaved.go), which the next server on it has; "": a
+	// temporary directory, removed by Close, and templates are the
+	// running server's alone.
 	FilesDir string
 	// MaxRunning bounds one key's builds running at once (2);
 	// MaxWaiting its builds requested and not yet started (8: past it,
@@ -244,8 +246,17 @@ type build struct {
 func newBuilds(cfg BuildConfig, log *slog.Logger, now func() time.Time) *builds {
 	cfg.setDefaults()
 	ctx, cancel := context.WithCancel(context.Background())
-	return &builds{cfg: cfg, log: log, now: now, ctx: ctx, cancel: cancel, files: buildFilesDir{dir: cfg.FilesDir},
+	bs := &builds{cfg: cfg, log: log, now: now, ctx: ctx, cancel: cancel, files: buildFilesDir{dir: cfg.FilesDir},
 		owners: map[string]*ownerBuilds{}, byID: map[string]string{}}
+	if cfg.FilesDir != "" && cfg.Builder != nil {
+		bs.load() // buildsaved.go
+	}
+	return bs
+}
+
+func newOwnerBuilds(owner string) *ownerBuilds {
+	return &ownerBuilds{owner: owner, templates: map[string]*tmpl{}, names: map[string]*tmpl{},
+		builds: map[string]*build{}, files: map[string]*storedFiles{}}
 }
 
 // errBuildsOff: no builder on this server.
@@ -260,8 +271,7 @@ func (bs *builds) of(owner string, make bool) (*ownerBuilds, error) {
 	defer bs.mu.Unlock()
 	ob := bs.owners[owner]
 	if ob == nil && make {
-		ob = &ownerBuilds{owner: owner, templates: map[string]*tmpl{}, names: map[string]*tmpl{},
-			builds: map[string]*build{}, files: map[string]*storedFiles{}}
+		ob = newOwnerBuilds(owner)
 		bs.owners[owner] = ob
 	}
 	if ob == nil {
@@ -351,6 +361,7 @@ func (s *Service) RequestBuild(owner string, req BuildRequest) (BuildCreated, er
 		bs.byID[t.id] = owner
 		bs.mu.Unlock()
 		ob.templates[t.id], ob.names[name] = t, t
+		bs.save(ob)
 	}
 	if len(ob.waiting) >= bs.cfg.MaxWaiting {
 		old := ob.waiting[0]
@@ -547,6 +558,9 @@ func (bs *builds) finish(ob *ownerBuilds, b *build, state BuildState, reason str
 		ob.finished = append(ob.finished, b)
 		bs.trim(ob)
 	}
+	if state == BuildReady {
+		bs.save(ob)
+	}
 }
 
 // trim forgets the oldest finished builds past MaxKept that no tag
@@ -702,6 +716,7 @@ func (s *Service) DeleteTemplate(owner, ref string) error {
 		delete(ob.builds, b.id)
 	}
 	ob.finished = slices.DeleteFunc(ob.finished, func(b *build) bool { return b.tmpl == t })
+	bs.save(ob)
 	ob.mu.Unlock()
 	bs.mu.Lock()
 	delete(bs.byID, t.id)
@@ -739,6 +754,7 @@ func (s *Service) AssignTags(owner, target string, tags []string) (string, error
 	for _, t := range tags {
 		b.tmpl.tags[t] = tagged{build: b, assigned: s.builds.now()}
 	}
+	s.builds.save(ob)
 	return b.id, nil
 }
 
@@ -759,6 +775,7 @@ func (s *Service) RemoveTags(owner, name string, tags []string) error {
 		delete(t.tags, tag)
 	}
 	s.builds.trim(ob)
+	s.builds.save(ob)
 	return nil
 }
 
