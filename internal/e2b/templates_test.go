@@ -832,3 +832,48 @@ func TestTemplatesSurviveRestart(t *testing.T) {
 		t.Errorf("removed %v, want %s", b.removed, im.Name)
 	}
 }
+
+// A key sends at most 4 archives at once: each is staged whole before
+// its bounds are checked.
+func TestTemplateUploadsAtOnce(t *testing.T) {
+	c, _, _ := newBuildServer(t, &fakeBuilder{}, service.BuildConfig{})
+	r := c.request("key-a", `{"name":"slow"}`)
+	l := c.link("key-a", r, hash1)
+	var writers []*io.PipeWriter
+	done := make(chan struct{}, 4)
+	for range 4 {
+		pr, pw := io.Pipe()
+		writers = append(writers, pw)
+		go func() {
+			defer func() { done <- struct{}{} }()
+			req, _ := http.NewRequest("PUT", l.URL, pr)
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				resp.Body.Close()
+			}
+		}()
+		pw.Write([]byte("partial"))
+	}
+	closeAll := func() {
+		for _, w := range writers {
+			w.CloseWithError(errors.New("client gone"))
+		}
+	}
+	t.Cleanup(closeAll) // before the server's close, which waits for them
+	body := archive(t, true, file("a", "x"))
+	testutil.WaitFor(t, 10*time.Second, "a fifth upload refused", func() bool {
+		code, _ := c.upload(l.URL, body)
+		return code == http.StatusTooManyRequests
+	})
+	rb := c.request("key-b", `{"name":"other"}`)
+	if code, body := c.upload(c.link("key-b", rb, hash1).URL, body); code != 200 {
+		t.Errorf("another key's upload meanwhile: %d %s", code, body)
+	}
+	closeAll()
+	for range 4 {
+		<-done
+	}
+	testutil.WaitFor(t, 10*time.Second, "an upload taken again", func() bool {
+		code, _ := c.upload(l.URL, body)
+		return code == http.StatusOK
+	})
+}

@@ -28,6 +28,9 @@ import (
 //
 // Layout: DIR/k<digest of the owner>/<hash>, DIR/staging/.
 
+// maxUploadsAtOnce bounds one key's archives being sent at once.
+const maxUploadsAtOnce = 4
+
 // filesHashRE is a files hash as the SDKs make it: SHA-256 in hex.
 var filesHashRE = regexp.MustCompile(`^[0-9a-f]{64}$`)
 
@@ -123,6 +126,25 @@ func (s *Service) PutBuildFiles(owner, templateID, hash string, body io.Reader) 
 	if err != nil {
 		return err
 	}
+	ob, err := bs.of(owner, false)
+	if err != nil {
+		return err
+	}
+	// Uploads at once are bounded too: each stages up to MaxUpload
+	// before the key's bounds are checked.
+	ob.mu.Lock()
+	if ob.uploading >= maxUploadsAtOnce {
+		ob.mu.Unlock()
+		return fmt.Errorf("%w: this key sends %d archives of build files at once, the most it may: wait for one to end",
+			ErrQuota, ob.uploading)
+	}
+	ob.uploading++
+	ob.mu.Unlock()
+	defer func() {
+		ob.mu.Lock()
+		ob.uploading--
+		ob.mu.Unlock()
+	}()
 	// Staged and checked without a lock: the client's bytes come at
 	// the client's pace.
 	f, err := os.CreateTemp(filepath.Join(dir, "staging"), hash+"-")
@@ -142,10 +164,6 @@ func (s *Service) PutBuildFiles(owner, templateID, hash string, body io.Reader) 
 		return fmt.Errorf("%w: an archive of build files is at most %d bytes as uploaded", template.ErrTooLarge, bs.cfg.MaxUpload)
 	}
 	if err := checkStaged(staged, bs.cfg.Archive); err != nil {
-		return err
-	}
-	ob, err := bs.of(owner, false)
-	if err != nil {
 		return err
 	}
 	ob.mu.Lock()

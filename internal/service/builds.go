@@ -214,6 +214,7 @@ type ownerBuilds struct {
 	running   int
 	files     map[string]*storedFiles // by hash (buildfiles.go)
 	filesSize int64
+	uploading int // archives being sent
 	closed    bool
 }
 
