@@ -666,6 +666,12 @@ func TestTemplateKeysApart(t *testing.T) {
 func TestTemplateKeyRevoked(t *testing.T) {
 	b := &fakeBuilder{gate: make(chan struct{}), started: make(chan string, 1), ended: make(chan error, 1)}
 	c, svc, _ := newBuildServer(t, b, service.BuildConfig{})
+	ready := c.request("key-a", `{"name":"built"}`)
+	c.start("key-a", ready, `{"fromImage":"x"}`)
+	<-b.started
+	b.gate <- struct{}{}
+	<-b.ended
+	c.wait("key-a", ready)
 	r := c.request("key-a", `{"name":"doomed"}`)
 	c.start("key-a", r, `{"fromImage":"x"}`)
 	<-b.started
@@ -679,6 +685,11 @@ func TestTemplateKeyRevoked(t *testing.T) {
 	if owner, ok := svc.TemplateOwner(r.TemplateID); ok {
 		t.Errorf("the template is still %s's", owner)
 	}
+	testutil.WaitFor(t, 10*time.Second, "the ready build's image removed", func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return len(b.removed) == 1 && b.removed[0] == b.names[0]
+	})
 }
 
 // Tags: a build's tags from its name and its request, more assigned to

@@ -807,10 +807,15 @@ func (bs *builds) closeOwner(owner string) {
 		}
 	}
 	ob.mu.Unlock()
-	for _, name := range gone {
-		bs.remove(name)
-	}
 	bs.files.removeOwner(owner)
+	// Not on the caller's time: the service's reaper calls this.
+	bs.wg.Add(1)
+	go func() {
+		defer bs.wg.Done()
+		for _, name := range gone {
+			bs.remove(name)
+		}
+	}()
 }
 
 // ownersNow lists the owners with templates or builds.
