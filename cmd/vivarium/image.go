@@ -102,16 +102,9 @@ func cmdImage(args []string) int {
 	}
 	switch sub {
 	case "pull":
-		o := image.PullOptions{Insecure: insecure, Mirrors: map[string]string{}}
-		for _, m := range mirrors {
-			reg, mirror, ok := strings.Cut(m, "=")
-			if !ok || reg == "" || mirror == "" {
-				return fail(fmt.Errorf("--registry-mirror %q: want REGISTRY=MIRROR", m))
-			}
-			if reg == "docker.io" {
-				reg = "index.docker.io"
-			}
-			o.Mirrors[reg] = mirror
+		o, err := pullOptions(insecure, mirrors)
+		if err != nil {
+			return fail(err)
 		}
 		if o.Keychain, err = pullKeychain(*authFile, *user, *passStdin, os.Stdin); err != nil {
 			return fail(err)

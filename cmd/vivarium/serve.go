@@ -88,6 +88,7 @@ type serveConfig struct {
 	pool               int
 	poolIdle           time.Duration
 	net                netServeFlags
+	templates          templateServeFlags
 	audit              auditServeFlags
 	io                 ioFlags
 	tenants            bool
@@ -165,6 +166,7 @@ Flags:
 	c.io.register(fs, "every sandbox (clients may ask for less)")
 	fs.BoolVar(&c.tenants, "tenant-share", true,
 		"group each API key's sandboxes in a cgroup of the key's own, with one CPU and I/O weight per key: a key gets its share however many sandboxes it runs")
+	c.templates.register(fs)
 	fs.Var(&c.allowOrigins, "allow-origin", "`ORIGIN` of web pages allowed to call the API (repeatable; default: none)")
 	fs.Var(&c.allowHosts, "allow-host", "`NAME` a request to the server on loopback may give as its Host, besides localhost, "+
 		"127.0.0.1, [::1] and --domain's (repeatable; others are refused: DNS rebinding)")
@@ -628,8 +630,13 @@ func serve(c *serveConfig, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	builds, err := c.templates.buildConfig(c.dataDir, images, b)
+	if err != nil {
+		return err
+	}
 	svcCfg := service.Config{
 		Images:                images,
+		Builds:                builds,
 		Backend:               warm,
 		Backends:              b.Names(),
 		Pool:                  warm,

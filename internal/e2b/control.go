@@ -274,8 +274,8 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, owner string) {
 	}
 	info, err := s.svc.Create(r.Context(), create)
 	if errors.Is(err, service.ErrSnapshotNotFound) || errors.Is(err, service.ErrNoTemplate) {
-		writeEnvdError(w, http.StatusNotFound, fmt.Sprintf("template %q not found: it is neither a template of this "+
-			"server's (vivarium image ls) nor a snapshot of this key's", req.TemplateID))
+		writeEnvdError(w, http.StatusNotFound, fmt.Sprintf("template %q not found: no snapshot of this key's, and no "+
+			"template of this key's or of the server's (vivarium image ls), has that name", req.TemplateID))
 		return
 	}
 	if err != nil {

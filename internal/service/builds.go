@@ -529,6 +529,15 @@ func (bs *builds) reason(err error, step int, spec template.Spec) string {
 		return "the build's base could not be made (see the build's log)"
 	case step > 0 && step <= len(spec.Steps):
 		st := spec.Steps[step-1]
+		// A RUN's, in the words E2B's SDKs show for it.
+		var ue *template.UserError
+		var ee *template.ExitError
+		switch {
+		case st.Type == template.Run && errors.As(err, &ue):
+			return fmt.Sprintf("failed to run command '%s': command failed: unauthenticated: invalid username: '%s'", st.Args[0], ue.User)
+		case st.Type == template.Run && errors.As(err, &ee):
+			return fmt.Sprintf("failed to run command '%s': exit status %d (see the build's log)", st.Args[0], ee.Status)
+		}
 		return fmt.Sprintf("step %d (%s) failed (see the build's log)", step, st.Type)
 	case step > len(spec.Steps):
 		return "the start or ready command failed (see the build's log)"

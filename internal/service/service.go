@@ -609,7 +609,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		spec = &sandbox.Spec{Limits: limits, Env: withoutID(env, req.IDEnv), Backend: req.Backend,
 			Tenant: s.tenantOf(req.Owner), Home: req.Home, Volumes: mounts,
 			Pausable: req.Pausable || req.OnTimeout == OnTimeoutPause && !req.PauseFilesOnly, Template: req.Template}
-		if err = s.withTemplate(spec); err == nil {
+		if err = s.withTemplate(req.Owner, spec); err == nil {
 			sb, egress, err = s.makeSandbox(ctx, req.Owner, id, *spec, policy)
 		}
 	}

@@ -21,7 +21,17 @@ var ErrNoTemplate = errors.New("no such template")
 // withTemplate gives spec the template it names (spec.Template), from the
 // server's image store: its layers as the root (sandbox.Root), its
 // environment under the spec's own, its WORKDIR.
-func (s *Service) withTemplate(spec *sandbox.Spec) error { return ResolveTemplate(s.cfg.Images, spec) }
+// A name of the owner's own templates (built through E2B's API: builds.go)
+// comes before the store's images.
+func (s *Service) withTemplate(owner string, spec *sandbox.Spec) error {
+	if spec.Template == "" {
+		return nil
+	}
+	if im, err := s.TemplateImage(owner, spec.Template); err == nil {
+		return resolveTemplate(s.cfg.Images, spec, im.Name)
+	}
+	return ResolveTemplate(s.cfg.Images, spec)
+}
 
 // ResolveTemplate is withTemplate with the image store images (nil: none),
 // for what makes sandboxes without a server (vivarium run).
@@ -29,13 +39,18 @@ func ResolveTemplate(images *image.Store, spec *sandbox.Spec) error {
 	if spec.Template == "" {
 		return nil
 	}
+	return resolveTemplate(images, spec, spec.Template)
+}
+
+// resolveTemplate gives spec the template stored as ref.
+func resolveTemplate(images *image.Store, spec *sandbox.Spec, ref string) error {
 	if images == nil {
 		return fmt.Errorf("%w: this server keeps no templates (it runs without an image store)", sandbox.ErrUnsupported)
 	}
 	if spec.Python != "" {
 		return fmt.Errorf("%w: a template's sandbox runs the template's python3; python cannot be chosen with a template", sandbox.ErrInvalidSpec)
 	}
-	im, err := images.Get(spec.Template)
+	im, err := images.Get(ref)
 	if errors.Is(err, image.ErrNotFound) {
 		return fmt.Errorf("%w: %q (the server's templates: vivarium image ls)", ErrNoTemplate, spec.Template)
 	}
@@ -46,7 +61,7 @@ func ResolveTemplate(images *image.Store, spec *sandbox.Spec) error {
 	if err != nil {
 		return fmt.Errorf("template %q: %w", spec.Template, err)
 	}
-	root := &sandbox.Root{Template: spec.Template, ID: im.Config, Dir: cfg.Config.WorkingDir}
+	root := &sandbox.Root{Template: spec.Template, Image: im.Name, ID: im.Config, Dir: cfg.Config.WorkingDir}
 	for _, id := range im.Layers {
 		root.Layers = append(root.Layers, images.LayerDir(id))
 	}
@@ -67,11 +82,11 @@ func ResolveTemplate(images *image.Store, spec *sandbox.Spec) error {
 // templateCmds are a template's start and ready commands, as its build
 // labelled them (template.LabelStartCmd, LabelReadyCmd): "" for none. An
 // image's own CMD is not run.
-func (s *Service) templateCmds(name string) (start, ready string) {
-	if s.cfg.Images == nil || name == "" {
+func (s *Service) templateCmds(root *sandbox.Root) (start, ready string) {
+	if s.cfg.Images == nil || root == nil {
 		return "", ""
 	}
-	im, err := s.cfg.Images.Get(name)
+	im, err := s.cfg.Images.Get(root.Image)
 	if err != nil {
 		return "", ""
 	}
@@ -98,7 +113,10 @@ const (
 // never succeeds, fails the creation, saying what the start command
 // printed.
 func (s *Service) startTemplate(ctx context.Context, owner string, b *Box) error {
-	start, ready := s.templateCmds(b.template())
+	if b.spec == nil {
+		return nil
+	}
+	start, ready := s.templateCmds(b.spec.Root)
 	if start == "" {
 		return nil
 	}

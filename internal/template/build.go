@@ -110,7 +110,7 @@ func (b *Builder) Build(ctx context.Context, name string, spec Spec, files Files
 	defer release()
 	base, err := b.base(spec)
 	if err != nil {
-		return image.Image{}, err
+		return image.Image{}, &StepError{Step: 0, Err: err}
 	}
 	cfg, err := b.Store.ConfigFile(base)
 	if err != nil {
@@ -143,7 +143,8 @@ func (b *Builder) Build(ctx context.Context, name string, spec Spec, files Files
 			// read for the layer; one the caller gave is its own (E2B's).
 			next, err = b.run(ctx, st, step, files, spec.Steps[i].FilesHash == "", log)
 			if err != nil {
-				return image.Image{}, fmt.Errorf("%w: step %d/%d (%.200s): %w", ErrStepFailed, i+1, len(steps), what, err)
+				return image.Image{}, &StepError{Step: i + 1,
+					Err: fmt.Errorf("%w: step %d/%d (%.200s): %w", ErrStepFailed, i+1, len(steps), what, err)}
 			}
 			if err := b.remember(keys[i], next); err != nil {
 				return image.Image{}, err

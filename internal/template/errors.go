@@ -24,3 +24,22 @@ type ExitError struct {
 }
 
 func (e *ExitError) Error() string { return fmt.Sprintf("exit status %d", e.Status) }
+
+// StepError is a build's failure at one of its steps: 0 its base (FROM),
+// i the spec's Steps[i-1]. E2B's SDKs point at the line that made it.
+type StepError struct {
+	Step int
+	Err  error
+}
+
+func (e *StepError) Error() string { return e.Err.Error() }
+func (e *StepError) Unwrap() error { return e.Err }
+
+// BuildStep is the step that failed.
+func (e *StepError) BuildStep() int { return e.Step }
+
+// UserError is what Sandboxes.Run returns for a step that asks to run as
+// a user it cannot run as.
+type UserError struct{ User string }
+
+func (e *UserError) Error() string { return fmt.Sprintf("invalid username: '%s'", e.User) }

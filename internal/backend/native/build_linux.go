@@ -58,6 +58,9 @@ func (b *Backend) RunBuildStep(ctx context.Context, r BuildStep) (err error) {
 	if len(r.Args) == 0 {
 		return errors.New("a RUN step without a command")
 	}
+	if r.Dir == "" {
+		r.Dir = "/" // no WORKDIR: the root, as Docker's RUN
+	}
 	user, err := buildUser(r.User)
 	if err != nil {
 		return err
@@ -154,8 +157,18 @@ func buildUser(u string) (string, error) {
 	case "user", "sandbox", "1000":
 		return sandbox.UserSandbox, nil
 	}
-	return "", fmt.Errorf("%w: RUN as %q: a build's steps run as root or as the sandbox user (uid 1000)", sandbox.ErrInvalidSpec, u)
+	return "", &BuildUserError{User: u}
 }
+
+// BuildUserError: a step asks to run as a user it cannot (one other than
+// root and the sandbox user).
+type BuildUserError struct{ User string }
+
+func (e *BuildUserError) Error() string {
+	return fmt.Sprintf("invalid username: '%s' (a build's steps run as root or as the sandbox user, uid 1000)", e.User)
+}
+
+func (e *BuildUserError) Unwrap() error { return sandbox.ErrInvalidSpec }
 
 // lockedWriter serialises the writes of a step's two output streams.
 type lockedWriter struct {

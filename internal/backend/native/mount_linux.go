@@ -313,7 +313,14 @@ func mountDisk(cfg *initConfig, r func(string) string) error {
 	} else if err := os.Symlink("../tmp", r("var/tmp")); err != nil {
 		return step("link /var/tmp", err)
 	}
-	for _, b := range []struct{ src, dst string }{{"workspace", "home/user"}, {"run/shm", "dev/shm"}} {
+	binds := []struct{ src, dst string }{{"workspace", "home/user"}, {"run/shm", "dev/shm"}}
+	if cfg.Image {
+		// A template's /home/user is the image's, with what it put
+		// there (E2B's templates copy their files into it): /workspace
+		// is the same directory, bound from it.
+		binds[0].src, binds[0].dst = "home/user", "workspace"
+	}
+	for _, b := range binds {
 		if err := os.MkdirAll(r(b.dst), 0o755); err != nil {
 			return step("mount point /"+b.dst, err)
 		}
