@@ -53,10 +53,20 @@ func TemplateRoot(t testing.TB) *sandbox.Root {
 }
 
 // SuiteTemplateRoot is the root of the suites' native-template backend:
-// TemplateRoot's links over the host's Python, no more.
+// TemplateRoot's links over the host's Python, and its /etc/passwd and
+// /etc/group links to the host's.
 func SuiteTemplateRoot(t testing.TB) *sandbox.Root {
 	t.Helper()
-	return templateRoot(t, func(base, top string) {})
+	return templateRoot(t, func(base, top string) {
+		if err := os.MkdirAll(filepath.Join(top, "etc"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range []string{"passwd", "group"} {
+			if err := os.Symlink("/etc/"+f, filepath.Join(top, "etc", f)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
 }
 
 // templateRoot makes the two layers, fill adds to them, and the links.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -345,8 +346,8 @@ func imageEtc(etc, name, home string) error {
 		{"group", name + ":x:1000:\n"},
 	} {
 		p := filepath.Join(etc, f.file)
-		old, err := os.ReadFile(p) // rootDirs made etc a directory; a link in it is replaced below
-		if err != nil && !errors.Is(err, os.ErrNotExist) {
+		old, err := readImageFile(p)
+		if err != nil {
 			return err
 		}
 		if hasID(string(old)) {
@@ -360,6 +361,32 @@ func imageEtc(etc, name, home string) error {
 		}
 	}
 	return nil
+}
+
+// maxImageEtcFile bounds a file of the image's /etc that init reads.
+const maxImageEtcFile = 1 << 20
+
+// readImageFile reads a file of the image at p (its directory a real one,
+// rootDirs), or nothing if it is absent or not a regular file: a link of
+// the image's is never followed (it could name the host's files, before
+// the pivot), and a file too large is refused.
+func readImageFile(p string) ([]byte, error) {
+	f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ELOOP) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return nil, err
+	}
+	b, err := io.ReadAll(io.LimitReader(f, maxImageEtcFile+1))
+	if err == nil && len(b) > maxImageEtcFile {
+		err = fmt.Errorf("%s is larger than %d bytes", filepath.Base(p), maxImageEtcFile)
+	}
+	return b, err
 }
 
 // hasID reports whether an /etc/passwd (or /etc/group) has an entry of id
