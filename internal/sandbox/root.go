@@ -15,8 +15,6 @@ type Root struct {
 	// configuration's digest, which tells two builds of one name apart.
 	Template string `json:"template"`
 	ID       string `json:"id"`
-	// Image is its name in the server's image store.
-	Image string `json:"image,omitempty"`
 	// Layers are the host directories of its layers (overlayfs's form),
 	// the lowest first.
 	Layers []string `json:"layers"`

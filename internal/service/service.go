@@ -598,6 +598,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	mounts, leases, err := s.leaseVolumes(req.Owner, req.Volumes)
 	var sb sandbox.Sandbox
 	var spec *sandbox.Spec
+	var tstart templateStart
 	var egress *netproxy.Proxy
 	switch {
 	case err == nil && snapDir != "":
@@ -609,7 +610,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		spec = &sandbox.Spec{Limits: limits, Env: withoutID(env, req.IDEnv), Backend: req.Backend,
 			Tenant: s.tenantOf(req.Owner), Home: req.Home, Volumes: mounts,
 			Pausable: req.Pausable || req.OnTimeout == OnTimeoutPause && !req.PauseFilesOnly, Template: req.Template}
-		if err = s.withTemplate(req.Owner, spec); err == nil {
+		if tstart, err = s.withTemplate(req.Owner, spec); err == nil {
 			sb, egress, err = s.makeSandbox(ctx, req.Owner, id, *spec, policy)
 		}
 	}
@@ -654,7 +655,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	s.boxes[id] = b
 	s.mu.Unlock()
 	// backend_id: the name the backend's own log lines give it.
-	if err := s.startTemplate(ctx, req.Owner, b); err != nil {
+	if err := s.startTemplate(ctx, req.Owner, b, tstart); err != nil {
 		s.Delete(req.Owner, id)
 		return Info{}, err
 	}

@@ -20,17 +20,18 @@ var ErrNoTemplate = errors.New("no such template")
 
 // withTemplate gives spec the template it names (spec.Template), from the
 // server's image store: its layers as the root (sandbox.Root), its
-// environment under the spec's own, its WORKDIR.
-// A name of the owner's own templates (built through E2B's API: builds.go)
-// comes before the store's images.
-func (s *Service) withTemplate(owner string, spec *sandbox.Spec) error {
+// environment under the spec's own, its WORKDIR; and returns what its
+// sandboxes start with. A name of the owner's own templates (built
+// through E2B's API: builds.go) comes before the store's images.
+func (s *Service) withTemplate(owner string, spec *sandbox.Spec) (templateStart, error) {
 	if spec.Template == "" {
-		return nil
+		return templateStart{}, nil
 	}
+	ref := spec.Template
 	if im, err := s.TemplateImage(owner, spec.Template); err == nil {
-		return resolveTemplate(s.cfg.Images, spec, im.Name)
+		ref = im.Name
 	}
-	return ResolveTemplate(s.cfg.Images, spec)
+	return resolveTemplate(s.cfg.Images, spec, ref)
 }
 
 // ResolveTemplate is withTemplate with the image store images (nil: none),
@@ -39,29 +40,35 @@ func ResolveTemplate(images *image.Store, spec *sandbox.Spec) error {
 	if spec.Template == "" {
 		return nil
 	}
-	return resolveTemplate(images, spec, spec.Template)
+	_, err := resolveTemplate(images, spec, spec.Template)
+	return err
 }
 
+// templateStart is a template's start and ready commands, as its build
+// labelled them (template.LabelStartCmd, LabelReadyCmd): "" for none. An
+// image's own CMD is not run.
+type templateStart struct{ start, ready string }
+
 // resolveTemplate gives spec the template stored as ref.
-func resolveTemplate(images *image.Store, spec *sandbox.Spec, ref string) error {
+func resolveTemplate(images *image.Store, spec *sandbox.Spec, ref string) (templateStart, error) {
 	if images == nil {
-		return fmt.Errorf("%w: this server keeps no templates (it runs without an image store)", sandbox.ErrUnsupported)
+		return templateStart{}, fmt.Errorf("%w: this server keeps no templates (it runs without an image store)", sandbox.ErrUnsupported)
 	}
 	if spec.Python != "" {
-		return fmt.Errorf("%w: a template's sandbox runs the template's python3; python cannot be chosen with a template", sandbox.ErrInvalidSpec)
+		return templateStart{}, fmt.Errorf("%w: a template's sandbox runs the template's python3; python cannot be chosen with a template", sandbox.ErrInvalidSpec)
 	}
 	im, err := images.Get(ref)
 	if errors.Is(err, image.ErrNotFound) {
-		return fmt.Errorf("%w: %q (the server's templates: vivarium image ls)", ErrNoTemplate, spec.Template)
+		return templateStart{}, fmt.Errorf("%w: %q (the server's templates: vivarium image ls)", ErrNoTemplate, spec.Template)
 	}
 	if err != nil {
-		return fmt.Errorf("template %q: %w", spec.Template, err)
+		return templateStart{}, fmt.Errorf("template %q: %w", spec.Template, err)
 	}
 	cfg, err := images.ConfigFile(im)
 	if err != nil {
-		return fmt.Errorf("template %q: %w", spec.Template, err)
+		return templateStart{}, fmt.Errorf("template %q: %w", spec.Template, err)
 	}
-	root := &sandbox.Root{Template: spec.Template, Image: im.Name, ID: im.Config, Dir: cfg.Config.WorkingDir}
+	root := &sandbox.Root{Template: spec.Template, ID: im.Config, Dir: cfg.Config.WorkingDir}
 	for _, id := range im.Layers {
 		root.Layers = append(root.Layers, images.LayerDir(id))
 	}
@@ -73,28 +80,10 @@ func resolveTemplate(images *image.Store, spec *sandbox.Spec, ref string) error 
 	}
 	maps.Copy(env, spec.Env)
 	if err := checkEnv(env); err != nil {
-		return fmt.Errorf("template %q: %w", spec.Template, err)
+		return templateStart{}, fmt.Errorf("template %q: %w", spec.Template, err)
 	}
 	spec.Root, spec.Env = root, env
-	return nil
-}
-
-// templateCmds are a template's start and ready commands, as its build
-// labelled them (template.LabelStartCmd, LabelReadyCmd): "" for none. An
-// image's own CMD is not run.
-func (s *Service) templateCmds(root *sandbox.Root) (start, ready string) {
-	if s.cfg.Images == nil || root == nil {
-		return "", ""
-	}
-	im, err := s.cfg.Images.Get(root.Image)
-	if err != nil {
-		return "", ""
-	}
-	cfg, err := s.cfg.Images.ConfigFile(im)
-	if err != nil {
-		return "", ""
-	}
-	return cfg.Config.Labels[template.LabelStartCmd], cfg.Config.Labels[template.LabelReadyCmd]
+	return templateStart{cfg.Config.Labels[template.LabelStartCmd], cfg.Config.Labels[template.LabelReadyCmd]}, nil
 }
 
 // Bounds of a template's start: how long its ready command may take to
@@ -106,17 +95,14 @@ const (
 	maxStartOutput       = 2 << 10
 )
 
-// startTemplate runs the start command of the template of b, a new
-// sandbox, as a process of it (tagged "start", listed as any other), and
+// startTemplate runs the start command (cmds) of the template of b, a
+// new sandbox, as a process of it (tagged "start", listed as any other), and
 // waits until its ready command exits 0: E2B's setStartCmd and
 // setReadyCmd. A start command that ends first, or a ready command that
 // never succeeds, fails the creation, saying what the start command
 // printed.
-func (s *Service) startTemplate(ctx context.Context, owner string, b *Box) error {
-	if b.spec == nil {
-		return nil
-	}
-	start, ready := s.templateCmds(b.spec.Root)
+func (s *Service) startTemplate(ctx context.Context, owner string, b *Box, cmds templateStart) error {
+	start, ready := cmds.start, cmds.ready
 	if start == "" {
 		return nil
 	}
