@@ -8,6 +8,9 @@ import (
 	"io"
 	"path/filepath"
 	"strings"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
 
 	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
 	"github.com/vivarium-sandbox/vivarium/internal/image"
@@ -21,7 +24,7 @@ import (
 type buildSandboxes struct {
 	backend *native.Backend
 	store   *image.Store
-	tenant  string
+	limits  sandbox.Limits // each step's; zero fields: native.DefaultBuildLimits
 	// egress, if set, gives each step its proxy; nil: no network.
 	egress func() (sandbox.Egress, error)
 }
@@ -30,7 +33,7 @@ var _ template.Sandboxes = (*buildSandboxes)(nil)
 
 // Run implements template.Sandboxes.
 func (bs *buildSandboxes) Run(ctx context.Context, r template.RunRequest) error {
-	step := native.BuildStep{Args: r.Args, Env: r.Env, Dir: r.Dir, User: r.User, Log: r.Log, Tenant: bs.tenant,
+	step := native.BuildStep{Args: r.Args, Env: r.Env, Dir: r.Dir, User: r.User, Log: r.Log, Limits: bs.limits,
 		Commit: r.Commit}
 	for _, id := range r.Layers {
 		step.Layers = append(step.Layers, bs.store.LayerDir(id))
@@ -56,12 +59,14 @@ func (bs *buildSandboxes) Run(ctx context.Context, r template.RunRequest) error 
 // keys build (E2B's Template SDK): where their bases are pulled from and
 // what network their steps have.
 type templateServeFlags struct {
-	insecure, mirrors listFlag
-	allowNet          ruleList
+	insecure, mirrors, registries listFlag
+	allowNet                      ruleList
 }
 
 func (f *templateServeFlags) register(fs *flag.FlagSet) {
-	fs.Var(&f.mirrors, "registry-mirror", "`REGISTRY=MIRROR`: pull the bases of templates built here from MIRROR first (repeatable; docker.io is index.docker.io)")
+	fs.Var(&f.registries, "pull-registry", "a `REGISTRY` the bases of templates built here may be pulled from (repeatable; docker.io is index.docker.io); "+
+		"default: none but --registry-mirror's, a base must be in the image store")
+	fs.Var(&f.mirrors, "registry-mirror", "`REGISTRY=MIRROR`: pull the bases of templates built here from MIRROR first, and allow REGISTRY (repeatable; docker.io is index.docker.io)")
 	fs.Var(&f.insecure, "insecure-registry", "a registry `HOST[:PORT]` the bases of templates are pulled from over plain HTTP (repeatable); no other is")
 	fs.Var(&f.allowNet, "build-allow-net", "`RULE` a template build's RUN steps may reach through their sandbox's proxy (repeatable): "+
 		"HOST, *.DOMAIN, CIDR or [IPV6-CIDR], each with :PORTS (80,443 when none); default: no network")
@@ -69,7 +74,9 @@ func (f *templateServeFlags) register(fs *flag.FlagSet) {
 
 // buildConfig is the service's build configuration: a builder whose RUN
 // steps are sandboxes of the native backend, if the server offers it.
-func (f *templateServeFlags) buildConfig(dataDir string, images *image.Store, m *sandbox.Mux) (service.BuildConfig, error) {
+// Each step is held to the server's limits of a sandbox (max), as a
+// key's sandboxes are: a build spends no more of the host than they may.
+func (f *templateServeFlags) buildConfig(dataDir string, images *image.Store, m *sandbox.Mux, max sandbox.Limits) (service.BuildConfig, error) {
 	cfg := service.BuildConfig{FilesDir: filepath.Join(dataDir, "template-files")}
 	pull, err := pullOptions(f.insecure, f.mirrors)
 	if err != nil {
@@ -84,13 +91,31 @@ func (f *templateServeFlags) buildConfig(dataDir string, images *image.Store, m 
 	if !ok {
 		return cfg, nil // builds are refused, saying so
 	}
-	sandboxes := &buildSandboxes{backend: nb, store: images}
+	max = max.WithDefaults()
+	def := native.DefaultBuildLimits
+	sandboxes := &buildSandboxes{backend: nb, store: images, limits: sandbox.Limits{Timeout: def.Timeout,
+		Memory: min(def.Memory, max.Memory), Disk: min(def.Disk, max.Disk), Pids: min(def.Pids, max.Pids)}}
 	if len(f.allowNet) > 0 {
 		sandboxes.egress = func() (sandbox.Egress, error) { return runEgress(f.allowNet) }
 	}
+	allowed := map[string]bool{}
+	for reg := range pull.Mirrors {
+		allowed[reg] = true
+	}
+	for _, reg := range f.registries {
+		allowed[dockerHub(reg)] = true
+	}
 	cfg.Builder = &serveBuilder{builder: &template.Builder{Store: images, Sandboxes: sandboxes,
-		CacheDir: filepath.Join(dataDir, "build-cache")}, store: images, pull: pull}
+		CacheDir: filepath.Join(dataDir, "build-cache")}, store: images, pull: pull, registries: allowed}
 	return cfg, nil
+}
+
+// dockerHub names Docker Hub's registry as references resolve it.
+func dockerHub(reg string) string {
+	if reg == "docker.io" {
+		return "index.docker.io"
+	}
+	return reg
 }
 
 // e2bBaseImage is what E2B's own templates ("base", "code-interpreter")
@@ -105,7 +130,15 @@ type serveBuilder struct {
 	builder *template.Builder
 	store   *image.Store
 	pull    image.PullOptions
+	// registries are those a base may be pulled from: a key's build
+	// makes the server reach no other host (its network, its cloud's
+	// metadata).
+	registries map[string]bool
 }
+
+// maxBasePull bounds the pull of a build's base: a registry that stalls
+// ends the build, not hold one of its key's build slots.
+const maxBasePull = 30 * time.Minute
 
 var (
 	_ service.TemplateBuilder = (*serveBuilder)(nil)
@@ -120,13 +153,32 @@ func (sb *serveBuilder) Build(ctx context.Context, name string, spec template.Sp
 	}
 	if spec.FromImage != "" {
 		if _, err := sb.store.Get(spec.FromImage); errors.Is(err, image.ErrNotFound) {
-			fmt.Fprintf(log, "pulling %s\n", spec.FromImage)
-			if _, err := image.Pull(ctx, sb.store, spec.FromImage, sb.pull, nil); err != nil {
-				return image.Image{}, &template.StepError{Step: 0, Err: fmt.Errorf("pull %s: %w", spec.FromImage, err)}
+			if err := sb.pullBase(ctx, spec.FromImage, log); err != nil {
+				return image.Image{}, &template.StepError{Step: 0, Err: err}
 			}
 		}
 	}
 	return sb.builder.Build(ctx, name, spec, files, log)
+}
+
+// pullBase pulls a build's base image, from a registry the server pulls
+// from.
+func (sb *serveBuilder) pullBase(ctx context.Context, ref string, log io.Writer) error {
+	r, err := name.ParseReference(ref)
+	if err != nil {
+		return fmt.Errorf("%w: base image %q: %v", image.ErrBadName, ref, err)
+	}
+	if reg := r.Context().RegistryStr(); !sb.registries[reg] {
+		return fmt.Errorf("%w: base image %s is not in the server's image store, and this server pulls from no registry %s "+
+			"(vivarium serve --pull-registry, or vivarium image pull on the server)", image.ErrNotFound, ref, reg)
+	}
+	fmt.Fprintf(log, "pulling %s\n", ref)
+	ctx, cancel := context.WithTimeout(ctx, maxBasePull)
+	defer cancel()
+	if _, err := image.Pull(ctx, sb.store, ref, sb.pull, nil); err != nil {
+		return fmt.Errorf("pull %s: %w", ref, err)
+	}
+	return nil
 }
 
 // Remove implements service.TemplateRemover.
@@ -141,10 +193,7 @@ func pullOptions(insecure, mirrors []string) (image.PullOptions, error) {
 		if !ok || reg == "" || mirror == "" {
 			return o, fmt.Errorf("--registry-mirror %q: want REGISTRY=MIRROR", m)
 		}
-		if reg == "docker.io" {
-			reg = "index.docker.io"
-		}
-		o.Mirrors[reg] = mirror
+		o.Mirrors[dockerHub(reg)] = mirror
 	}
 	return o, nil
 }

@@ -630,7 +630,7 @@ func serve(c *serveConfig, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	builds, err := c.templates.buildConfig(c.dataDir, images, b)
+	builds, err := c.templates.buildConfig(c.dataDir, images, b, c.maxLimits())
 	if err != nil {
 		return err
 	}

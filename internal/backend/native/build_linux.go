@@ -30,8 +30,6 @@ type BuildStep struct {
 	Log    io.Writer
 	// Limits are the step's; zero fields are DefaultBuildLimits'.
 	Limits sandbox.Limits
-	// Tenant groups the step's sandbox as a tenant's (sandbox.Spec).
-	Tenant string
 	// Egress, if set, is the step's way out (a proxy of its own); the
 	// step closes it.
 	Egress sandbox.Egress
@@ -86,7 +84,7 @@ func (b *Backend) RunBuildStep(ctx context.Context, r BuildStep) (err error) {
 		}
 	}
 	root := &sandbox.Root{Template: "build", ID: "build", Dir: r.Dir, Layers: r.Layers}
-	spec := sandbox.Spec{Limits: lim, Env: env, Root: root, Tenant: r.Tenant, Egress: r.Egress}
+	spec := sandbox.Spec{Limits: lim, Env: env, Root: root, Egress: r.Egress}
 	if err := spec.Validate(); err != nil {
 		return err
 	}
