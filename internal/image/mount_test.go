@@ -4,13 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
 
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 	"golang.org/x/sys/unix"
 )
 
@@ -99,20 +99,7 @@ func TestRootMount(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	holder := exec.Command("sleep", "600")
-	holder.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWUSER,
-		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: hostBase, Size: 65536}},
-		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: hostBase, Size: 65536}}}
-	if err := holder.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Wait()
-	defer holder.Process.Kill()
-	userns, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", holder.Process.Pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer userns.Close()
+	userns := testutil.UserNamespace(t, int(hostBase))
 
 	rw := t.TempDir()
 	if err := unix.Mount("tmpfs", rw, "tmpfs", 0, "size=4m,mode=700"); err != nil {

@@ -1,7 +1,6 @@
 package template
 
 import (
-	"archive/tar"
 	"bytes"
 	"errors"
 	"io"
@@ -26,8 +25,7 @@ func writeTree(t *testing.T, files map[string]string) string {
 	return dir
 }
 
-// archived lists a tar's entries: "name" for a file with its content,
-// "name/" for a directory, "name -> target" for a link.
+// archived lists the archive of src (tarEntries) and its digest.
 func archived(t *testing.T, c *Context, src string) ([]string, string) {
 	t.Helper()
 	var buf bytes.Buffer
@@ -35,26 +33,7 @@ func archived(t *testing.T, c *Context, src string) ([]string, string) {
 	if err != nil {
 		t.Fatalf("Archive(%q): %v", src, err)
 	}
-	var out []string
-	tr := tar.NewReader(&buf)
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			return out, hash
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		switch h.Typeflag {
-		case tar.TypeSymlink:
-			out = append(out, h.Name+" -> "+h.Linkname)
-		case tar.TypeReg:
-			b, _ := io.ReadAll(tr)
-			out = append(out, h.Name+"="+string(b))
-		default:
-			out = append(out, h.Name)
-		}
-	}
+	return tarEntries(t, buf.Bytes()), hash
 }
 
 func TestContextArchive(t *testing.T) {

@@ -4,11 +4,9 @@ import (
 	"archive/tar"
 	"bytes"
 	"errors"
-	"fmt"
 	"io"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -17,6 +15,7 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/vivarium-sandbox/vivarium/internal/image"
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 	"golang.org/x/sys/unix"
 )
 
@@ -46,20 +45,7 @@ func TestUpperLayerOverlay(t *testing.T) {
 	}
 	layers := append(base.Layers, id)
 
-	holder := exec.Command("sleep", "600")
-	holder.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWUSER,
-		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: sandboxRoot, Size: 65536}},
-		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: sandboxRoot, Size: 65536}}}
-	if err := holder.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Wait()
-	defer holder.Process.Kill()
-	userns, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", holder.Process.Pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer userns.Close()
+	userns := testutil.UserNamespace(t, int(sandboxRoot))
 
 	rw := t.TempDir()
 	upper, work, merged := filepath.Join(rw, "upper"), filepath.Join(rw, "work"), filepath.Join(rw, "merged")

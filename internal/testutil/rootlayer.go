@@ -1,8 +1,11 @@
 package testutil
 
 import (
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -102,4 +105,27 @@ func writeOwned(t testing.TB, layer, p, data string, uid int) {
 	if err := os.Chown(full, uid, uid); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// UserNamespace is a new user namespace whose ids 0 to 65,535 are the
+// host's from first on, as a sandbox's of that host user, held by a
+// process that ends with the test.
+func UserNamespace(t testing.TB, first int) *os.File {
+	t.Helper()
+	holder := exec.Command("sleep", "600")
+	ids := []syscall.SysProcIDMap{{ContainerID: 0, HostID: first, Size: 65536}}
+	holder.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWUSER, UidMappings: ids, GidMappings: ids}
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		holder.Process.Kill()
+		holder.Wait()
+	})
+	userns, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", holder.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { userns.Close() })
+	return userns
 }

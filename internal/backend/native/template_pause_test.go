@@ -13,30 +13,12 @@ import (
 // A template's sandbox pauses and resumes with its state, its own writes
 // to the template's files and the template's files as they were.
 func TestTemplateRootPause(t *testing.T) {
-	bin := requireCRIU(t)
-	b := pauseBackend(t, pauseCgroupParent, pauseUIDBase)
-	b.criuBin = bin
+	_, sb := templateSandboxToKeep(t, "printf kept > /usr/bin/mine")
 	ctx := context.Background()
-	sb, err := b.Create(ctx, sandbox.Spec{Root: testutil.TemplateRoot(t)})
-	if err != nil {
+	if err := sb.Pause(ctx); err != nil {
 		t.Fatal(err)
 	}
-	defer sb.Close()
-	if res, err := sb.Execute(ctx, sandbox.ExecRequest{Code: "x = 41"}, nil); err != nil || res.Status != sandbox.StatusOK {
-		t.Fatalf("%+v %v", res, err)
-	}
-	cmd, err := sb.Start(ctx, sandbox.Command{Argv: []string{"sh", "-c", "printf kept > /usr/bin/mine"}, User: sandbox.UserRoot})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if <-cmd.Done(); cmd.ExitCode() != 0 {
-		t.Fatalf("write as root: exit %d", cmd.ExitCode())
-	}
-	p := sb.(sandbox.Pauser)
-	if err := p.Pause(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Resume(ctx); err != nil {
+	if err := sb.Resume(ctx); err != nil {
 		t.Fatal(err)
 	}
 	res, err := sb.Execute(ctx, sandbox.ExecRequest{Code: "print(x + 1, open('/usr/bin/mine').read(), open('/etc/motd').read().strip())"}, nil)
@@ -50,26 +32,8 @@ func TestTemplateRootPause(t *testing.T) {
 // copy's own ids), the template's files and whiteouts, and goes its own
 // way.
 func TestTemplateRootFork(t *testing.T) {
-	bin := requireCRIU(t)
-	b := pauseBackend(t, pauseCgroupParent, pauseUIDBase)
-	b.criuBin = bin
+	b, s := templateSandboxToKeep(t, "printf kept > /usr/bin/mine && rm /etc/motd")
 	ctx := context.Background()
-	sb, err := b.Create(ctx, sandbox.Spec{Root: testutil.TemplateRoot(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sb.Close()
-	s := sb.(*Sandbox)
-	if res, err := s.Execute(ctx, sandbox.ExecRequest{Code: "x = 41"}, nil); err != nil || res.Status != sandbox.StatusOK {
-		t.Fatalf("%+v %v", res, err)
-	}
-	cmd, err := s.Start(ctx, sandbox.Command{Argv: []string{"sh", "-c", "printf kept > /usr/bin/mine && rm /etc/motd"}, User: sandbox.UserRoot})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if <-cmd.Done(); cmd.ExitCode() != 0 {
-		t.Fatalf("write as root: exit %d", cmd.ExitCode())
-	}
 	copies, err := s.Fork(ctx, 2, sandbox.ForkOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -120,4 +84,31 @@ print(x, open('/usr/bin/mine').read(), st.st_uid, os.path.exists('/etc/motd'), o
 			t.Errorf("%s: %+v %v", what, res, err)
 		}
 	}
+}
+
+// templateSandboxToKeep is a sandbox of testutil.TemplateRoot on a backend
+// that pauses, closed when the test ends, whose Python holds x = 41 and
+// whose root has run root's command.
+func templateSandboxToKeep(t *testing.T, root string) (*Backend, *Sandbox) {
+	t.Helper()
+	bin := requireCRIU(t)
+	b := pauseBackend(t, pauseCgroupParent, pauseUIDBase)
+	b.criuBin = bin
+	ctx := context.Background()
+	sb, err := b.Create(ctx, sandbox.Spec{Root: testutil.TemplateRoot(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sb.Close() })
+	if res, err := sb.Execute(ctx, sandbox.ExecRequest{Code: "x = 41"}, nil); err != nil || res.Status != sandbox.StatusOK {
+		t.Fatalf("%+v %v", res, err)
+	}
+	cmd, err := sb.Start(ctx, sandbox.Command{Argv: []string{"sh", "-c", root}, User: sandbox.UserRoot})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if <-cmd.Done(); cmd.ExitCode() != 0 {
+		t.Fatalf("%s as root: exit %d", root, cmd.ExitCode())
+	}
+	return b, sb.(*Sandbox)
 }
