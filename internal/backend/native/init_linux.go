@@ -485,6 +485,7 @@ func startRunner(cfg *initConfig) (int, []int, error) {
 		return runnerPipes()
 	}
 	path, args := cfg.Python, append([]string{cfg.Python}, cfg.RunnerArgs...)
+	env := cfg.runnerEnv()
 	if cfg.Image && cfg.Python == "" {
 		// The template's python3, else a runner without Python
 		// (nopython_linux.go), this binary again: /proc/self/exe is
@@ -494,7 +495,7 @@ func startRunner(cfg *initConfig) (int, []int, error) {
 		} else {
 			mode := runnerArgs(cfg.OneShot)
 			path, args = "/proc/self/exe", []string{noPythonArg0, mode[len(mode)-1]}
-			cfg.Env = append(slices.Clip(cfg.Env), initEnv...) // a Go program's, small
+			env = append(slices.Clip(env), initEnv...) // a Go program's, small
 		}
 	} else if _, err := os.Stat(cfg.Python); err != nil {
 		return 0, nil, fmt.Errorf("python %s is not in the sandbox (only the host's /usr is visible): %w", cfg.Python, err)
@@ -511,7 +512,6 @@ func startRunner(cfg *initConfig) (int, []int, error) {
 	}
 	defer evR.Close()
 	defer evW.Close()
-	env := cfg.runnerEnv()
 	if cfg.Role == roleForked {
 		// A restored forked sandbox's runner, which init starts itself
 		// (driver.Restart): confined as the zygote's are (runner.py).
