@@ -198,6 +198,33 @@ print(os.path.exists("/usr/bin/cat"), os.path.exists("/usr/bin/ls"))`)
 	if r = run("nopython:1", "print(1)"); r.code == 0 || !strings.Contains(r.stdout+r.stderr, "no python3") {
 		t.Fatalf("code in a template without python3: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
+
+	// RUN as the image's root gives files to other users (as useradd
+	// and package scripts do), and runs as any user the image names:
+	// its ids, primary group and home from the image's /etc/passwd.
+	write("passwd", "root:x:0:0:root:/root:/bin/sh\napp:x:1001:1002:App:/srv/app:/bin/sh\n")
+	write("group", "root:x:0:\napp:x:1002:\n")
+	asApp := `FROM base:1
+COPY passwd group /etc/
+RUN python3 -c "import os; os.makedirs('/srv/app'); os.chown('/srv/app', 1001, 1002)"
+USER app
+WORKDIR /srv/app
+RUN id -u > who && id -g >> who && echo $HOME >> who
+`
+	write("Dockerfile", asApp+"USER nobody-here\nRUN true\n")
+	if r = build("users:1"); r.code == 0 || !strings.Contains(r.stderr, "invalid username: 'nobody-here'") {
+		t.Fatalf("a RUN as a user the image lacks: exit %d\n%s", r.code, r.stderr)
+	}
+	write("Dockerfile", asApp)
+	if r = build("users:1"); r.code != 0 {
+		t.Fatalf("build as app: exit %d\n%s", r.code, r.stderr)
+	}
+	r = run("users:1", `import os
+st = os.stat("who")
+print(open("who").read().split(), st.st_uid, st.st_gid, os.stat(".").st_uid)`)
+	if want := "['1001', '1002', '/srv/app'] 1001 1002 1001\n"; r.code != 0 || r.stdout != want {
+		t.Fatalf("a sandbox of the template built as app: exit %d\n%q\nwant %q\n%s", r.code, r.stdout, want, r.stderr)
+	}
 }
 
 // A build's RUN reaches what --allow-net names through its sandbox's

@@ -45,7 +45,7 @@ type RunRequest struct {
 	Args   []string  // argv, e.g. {"/bin/sh", "-c", "apt-get install -y x"}
 	Env    []string  // KEY=VALUE: the image's ENV so far, then the step's build arguments
 	Dir    string    // the working directory (WORKDIR so far; "/" if none)
-	User   string    // USER so far (name or uid[:gid]; "" is root)
+	User   string    // who runs it, "UID:GID" (USER so far, resolved through the image)
 	Log    io.Writer // the command's stdout and stderr, as they come
 	// Commit is called, when the command exited 0 and before the sandbox
 	// goes, with the directory of the sandbox's writable layer
@@ -411,6 +411,14 @@ func (b *Builder) runCommand(ctx context.Context, st state, step Step, log io.Wr
 	if len(step.Args) > 1 && step.Args[1] != "" {
 		user = step.Args[1]
 	}
+	uid, gid, home, err := b.view(st).runAs(user)
+	if err != nil {
+		return "", fmt.Errorf("USER %s: %w", user, err)
+	}
+	env := slices.Clone(st.Env)
+	if !slices.ContainsFunc(env, func(kv string) bool { return strings.HasPrefix(kv, "HOME=") }) {
+		env = append(env, "HOME="+home)
+	}
 	dir := st.Workdir
 	if dir == "" {
 		dir = "/"
@@ -421,9 +429,9 @@ func (b *Builder) runCommand(ctx context.Context, st state, step Step, log io.Wr
 	req := RunRequest{
 		Layers: slices.Clone(st.layers),
 		Args:   []string{"/bin/sh", "-c", step.Args[0]},
-		Env:    append(slices.Clone(st.Env), step.BuildArgs...),
+		Env:    append(env, step.BuildArgs...),
 		Dir:    dir,
-		User:   user,
+		User:   fmt.Sprintf("%d:%d", uid, gid),
 		Log:    io.MultiWriter(log, tail),
 		Commit: func(upper string, uid0, gid0 uint32) error {
 			if committed {
@@ -441,7 +449,7 @@ func (b *Builder) runCommand(ctx context.Context, st state, step Step, log io.Wr
 			return err
 		},
 	}
-	err := b.Sandboxes.Run(ctx, req)
+	err = b.Sandboxes.Run(ctx, req)
 	var exit *ExitError
 	if errors.As(err, &exit) {
 		return "", fmt.Errorf("%w; its last lines:\n%s", err, tail.lines(10))

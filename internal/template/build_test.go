@@ -121,10 +121,11 @@ func (f *fakeSandboxes) Run(ctx context.Context, r RunRequest) error {
 	// The sandbox's ids are host ids from uid0 on; what it makes is its
 	// user's.
 	const uid0 = 200_000
-	id := uid0
-	if r.User == "user" {
-		id += 1000
+	var uid, gid int
+	if _, err := fmt.Sscanf(r.User, "%d:%d", &uid, &gid); err != nil {
+		return fmt.Errorf("user %q: %w", r.User, err)
 	}
+	id := uid0 + uid
 	switch {
 	case strings.HasPrefix(cmd, "rm "):
 		p := filepath.Join(upper, strings.TrimPrefix(cmd, "rm "))
@@ -407,7 +408,8 @@ func TestBuildRunRequest(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := f.runs[0]
-	if len(r.Layers) != 2 || strings.Join(r.Env, ",") != "PATH=/usr/bin:/bin,E=x,V=1" || r.Dir != "/w" || r.User != "user" {
+	if len(r.Layers) != 2 || strings.Join(r.Env, ",") != "PATH=/usr/bin:/bin,E=x,HOME=/home/user,V=1" || r.Dir != "/w" ||
+		r.User != "1000:1000" {
 		t.Errorf("RunRequest: layers %v env %v dir %q user %q", r.Layers, r.Env, r.Dir, r.User)
 	}
 	// RUN true changed nothing: no layer; RUN rm whited a file out.
@@ -421,6 +423,49 @@ func TestBuildRunRequest(t *testing.T) {
 	// The sandbox's user's file is the image's user's.
 	if body, _, uid, err := stat(t, v, "/out/write"); err != nil || body != "write" || uid != 1000 {
 		t.Errorf("/out/write: %q, owner %d (%v)", body, uid, err)
+	}
+}
+
+// A RUN's user is resolved through the image's /etc/passwd and
+// /etc/group, as Docker resolves it: its primary group and home, or
+// group 0 and / for an id the image does not name.
+func TestRunAs(t *testing.T) {
+	layer := writeTree(t, map[string]string{
+		"etc/passwd": "root:x:0:0:root:/root:/bin/sh\n_apt:x:42:65534::/nonexistent:/usr/sbin/nologin\n" +
+			"app:x:1001:1002:App:/srv/app:/bin/sh\nbad:x:7:x::/:/bin/sh\nbig:x:70000:70000::/:/bin/sh\n",
+		"etc/group": "root:x:0:\nstaff:x:50:\napp:x:1002:\n",
+	})
+	v := &rootView{layers: []string{layer}}
+	for _, c := range []struct {
+		user     string
+		uid, gid int
+		home     string
+		err      bool
+	}{
+		{"", 0, 0, "/root", false},
+		{"root", 0, 0, "/root", false},
+		{"app", 1001, 1002, "/srv/app", false},
+		{"1001", 1001, 1002, "/srv/app", false},
+		{"app:staff", 1001, 50, "/srv/app", false},
+		{"app:7", 1001, 7, "/srv/app", false},
+		{"_apt", 42, 65534, "/nonexistent", false},
+		{"4242", 4242, 0, "/", false},
+		{"user", 1000, 1000, "/home/user", false},
+		{"nobody-here", 0, 0, "", true},
+		{"app:nogroup", 0, 0, "", true},
+		{"bad", 0, 0, "", true},
+		{"big", 0, 0, "", true},
+		{"65535", 65535, 0, "/", false},
+		{"65536", 0, 0, "", true},
+	} {
+		uid, gid, home, err := v.runAs(c.user)
+		if ue := (*UserError)(nil); c.user == "nobody-here" && !errors.As(err, &ue) {
+			t.Errorf("runAs(%q): %v, want a UserError", c.user, err)
+		}
+		if (err != nil) != c.err || !c.err && (uid != c.uid || gid != c.gid || home != c.home) {
+			t.Errorf("runAs(%q) = %d, %d, %q, %v; want %d, %d, %q, error %v", c.user, uid, gid, home, err,
+				c.uid, c.gid, c.home, c.err)
+		}
 	}
 }
 

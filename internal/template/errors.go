@@ -38,8 +38,8 @@ func (e *StepError) Unwrap() error { return e.Err }
 // BuildStep is the step that failed.
 func (e *StepError) BuildStep() int { return e.Step }
 
-// UserError is what Sandboxes.Run returns for a step that asks to run as
-// a user it cannot run as.
+// UserError: a RUN step's user is not one of the image's (no such name in
+// its /etc/passwd), or Sandboxes.Run cannot run as it.
 type UserError struct{ User string }
 
 func (e *UserError) Error() string { return fmt.Sprintf("invalid username: '%s'", e.User) }

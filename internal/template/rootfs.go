@@ -253,6 +253,60 @@ func (v *rootView) owner(user string) (uid, gid int, err error) {
 	return uid, gid, nil
 }
 
+// runAs resolves the user a RUN step runs as (USER's "name", "uid",
+// "name:group" or "uid:gid"; "" is root) through the image's
+// /etc/passwd and /etc/group, as Docker does: the user's id, its
+// primary group unless one is given, and its home, which is "/" for an
+// id the image does not name (its group then 0). The sandbox user's
+// names ("user", "sandbox") are uid 1000 where the image lacks them.
+func (v *rootView) runAs(user string) (uid, gid int, home string, err error) {
+	if user == "" {
+		return 0, 0, "/root", nil
+	}
+	u, g, hasGroup := strings.Cut(user, ":")
+	text, err := v.readFile("/etc/passwd")
+	if err != nil {
+		return 0, 0, "", err
+	}
+	uid, gid, home = -1, 0, "/"
+	n, numeric := strconv.Atoi(u)
+	sc := bufio.NewScanner(strings.NewReader(text))
+	for sc.Scan() {
+		f := strings.Split(sc.Text(), ":")
+		if len(f) < 7 || !(f[0] == u || numeric == nil && f[2] == u) {
+			continue
+		}
+		id, err1 := strconv.Atoi(f[2])
+		group, err2 := strconv.Atoi(f[3])
+		if err1 != nil || err2 != nil {
+			return 0, 0, "", fmt.Errorf("%w: the image's /etc/passwd gives %s the ids %q:%q", ErrInvalid, f[0], f[2], f[3])
+		}
+		uid, gid, home = id, group, f[5]
+		break
+	}
+	switch {
+	case uid >= 0:
+	case numeric == nil:
+		uid = n
+	case u == "user" || u == "sandbox":
+		uid, gid, home = 1000, 1000, "/home/user"
+	default:
+		return 0, 0, "", &UserError{User: u} // as E2B's builds answer
+	}
+	if hasGroup {
+		if gid, err = v.lookupID("/etc/group", g); err != nil {
+			return 0, 0, "", err
+		}
+	}
+	if uid < 0 || uid >= sandboxIDs || gid < 0 || gid >= sandboxIDs {
+		return 0, 0, "", fmt.Errorf("%w: user %s: a build's step runs as ids 0 to %d", ErrInvalid, user, sandboxIDs-1)
+	}
+	if home == "" {
+		home = "/"
+	}
+	return uid, gid, home, nil
+}
+
 // lookupID is name's id in the image's file (/etc/passwd or
 // /etc/group), or name itself if it is a number; an id a sandbox does
 // not have (65,536 and up) is refused.

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -26,8 +28,12 @@ type BuildStep struct {
 	Args   []string // the command
 	Env    []string // KEY=VALUE
 	Dir    string   // its working directory
-	User   string   // root ("", "root", "0") or the sandbox user ("user", "sandbox", "1000")
-	Log    io.Writer
+	// User runs the command: root ("", "root", "0"), the sandbox user
+	// ("user", "sandbox", "1000") or any other user of the image by its
+	// ids, "UID:GID" (0 to 65535 each). Root keeps the capabilities of
+	// buildCapabilities in the step's own user namespace.
+	User string
+	Log  io.Writer
 	// Limits are the step's; zero fields are DefaultBuildLimits'.
 	Limits sandbox.Limits
 	// Egress, if set, is the step's way out (a proxy of its own); the
@@ -59,7 +65,7 @@ func (b *Backend) RunBuildStep(ctx context.Context, r BuildStep) (err error) {
 	if r.Dir == "" {
 		r.Dir = "/" // no WORKDIR: the root, as Docker's RUN
 	}
-	user, err := buildUser(r.User)
+	cred, err := buildUser(r.User)
 	if err != nil {
 		return err
 	}
@@ -105,7 +111,7 @@ func (b *Backend) RunBuildStep(ctx context.Context, r BuildStep) (err error) {
 	defer s.Close()
 	ctx, cancel := context.WithTimeout(ctx, lim.Timeout)
 	defer cancel()
-	p, err := s.Start(ctx, sandbox.Command{Argv: r.Args, Dir: r.Dir, User: user})
+	p, err := s.startAs(ctx, r.Args, r.Dir, cred)
 	if err != nil {
 		return err
 	}
@@ -144,18 +150,48 @@ func (b *Backend) RunBuildStep(ctx context.Context, r BuildStep) (err error) {
 	return r.Commit(fmt.Sprintf("/proc/self/fd/%d/upper", s.upper.Fd()), s.owner.ID(0), s.owner.ID(0))
 }
 
-// buildUser is who runs a step: root ("", "root", "0"), or the sandbox
-// user ("user", "1000" and the names E2B and Vivarium give it). Other
-// users of the image are not yet supported.
-func buildUser(u string) (string, error) {
-	name, _, _ := strings.Cut(u, ":")
-	switch name {
-	case "", "root", "0":
-		return sandbox.UserRoot, nil
-	case "user", "sandbox", "1000":
-		return sandbox.UserSandbox, nil
+// startAs starts a build step's command as the user of cred, with the
+// step's environment over HOME (root's /root, else the root directory:
+// the builder gives the image's home of a user it names).
+func (s *Sandbox) startAs(ctx context.Context, argv []string, dir string, cred [2]uint32) (sandbox.Process, error) {
+	base := map[string]string{"HOME": "/"}
+	if cred[0] == 0 {
+		base["HOME"] = "/root"
 	}
-	return "", &BuildUserError{User: u}
+	maps.Copy(base, s.spec.Env)
+	return s.StartCommand(ctx, sandbox.Command{Argv: argv, Dir: dir}, base, func(id uint64, env map[string]string) error {
+		return s.send(ctlMsg{Op: opSpawn, ID: id, Argv: argv, Env: sandboxEnv(env), Dir: dir, Cred: &cred})
+	})
+}
+
+// maxBuildID is the last id a build step's command may have: a
+// sandbox's user namespace maps 0 to 65535.
+const maxBuildID = 65535
+
+// buildUser is who runs a step: root ("", "root", "0"), the sandbox
+// user ("user", "sandbox", "1000"), or other ids, "UID[:GID]", which
+// the builder resolved through the image's /etc/passwd and /etc/group
+// (a GID left out is 0).
+func buildUser(u string) ([2]uint32, error) {
+	name, group, hasGroup := strings.Cut(u, ":")
+	switch name {
+	case "", "root":
+		name = "0"
+	case "user", "sandbox":
+		name = "1000"
+	}
+	if !hasGroup {
+		group = "0"
+		if name == "1000" {
+			group = "1000"
+		}
+	}
+	uid, err1 := strconv.ParseUint(name, 10, 32)
+	gid, err2 := strconv.ParseUint(group, 10, 32)
+	if err1 != nil || err2 != nil || uid > maxBuildID || gid > maxBuildID {
+		return [2]uint32{}, &BuildUserError{User: u}
+	}
+	return [2]uint32{uint32(uid), uint32(gid)}, nil
 }
 
 // BuildUserError: a step asks to run as a user it cannot (one other than
@@ -163,7 +199,8 @@ func buildUser(u string) (string, error) {
 type BuildUserError struct{ User string }
 
 func (e *BuildUserError) Error() string {
-	return fmt.Sprintf("invalid username: '%s' (a build's steps run as root or as the sandbox user, uid 1000)", e.User)
+	return fmt.Sprintf("invalid username: '%s' (a build's step runs as root, the sandbox user, or UID:GID of "+
+		"the image's users, 0 to %d)", e.User, maxBuildID)
 }
 
 func (e *BuildUserError) Unwrap() error { return sandbox.ErrInvalidSpec }

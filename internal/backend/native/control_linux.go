@@ -75,6 +75,9 @@ type ctlMsg struct {
 	// IDs are the commands whose terminals the supervisor reads
 	// (opTerminals).
 	IDs []uint64 `json:"ids,omitempty"`
+	// Cred is the uid and gid a build step's command runs as (opSpawn,
+	// in place of User): any user of the image.
+	Cred *[2]uint32 `json:"cred,omitempty"`
 }
 
 func sendCtl(fd int, m ctlMsg, files ...int) error {
@@ -446,6 +449,12 @@ func spawn(cfg *initConfig, m ctlMsg) (int, []int, error) {
 		// system directories, and has no capability (the bounding set is
 		// empty and the securebits locked: dropCapabilities).
 		attr.Credential.Uid, attr.Credential.Gid = 0, 0
+	}
+	if m.Cred != nil {
+		if !cfg.Build || m.Cred[0] > maxBuildID || m.Cred[1] > maxBuildID {
+			return 0, nil, fmt.Errorf("no command of this sandbox runs as %d:%d", m.Cred[0], m.Cred[1])
+		}
+		attr.Credential.Uid, attr.Credential.Gid = m.Cred[0], m.Cred[1]
 	}
 	var parent, child []*os.File
 	defer func() {

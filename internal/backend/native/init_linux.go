@@ -334,7 +334,11 @@ func initMain(report func(initStatus)) (int, error) {
 	if err := setRlimits(&cfg); err != nil {
 		return 0, err
 	}
-	if err := dropCapabilities(); err != nil {
+	var keep []uintptr
+	if cfg.Build {
+		keep = buildCapabilities
+	}
+	if err := dropCapabilities(keep); err != nil {
 		return 0, step("drop capabilities", err)
 	}
 	prog, err := seccomp.Decode(cfg.Seccomp)
@@ -440,13 +444,18 @@ func setRlimits(cfg *initConfig) error {
 	return nil
 }
 
-// dropCapabilities empties the bounding and ambient sets and locks the
-// securebits so that no exec, of a setuid file or by uid 0, can ever give
-// capabilities back. The runner's setuid to the sandbox user then clears
-// the permitted and effective sets.
-func dropCapabilities() error {
-	for c := 0; ; c++ {
-		if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err != nil {
+// dropCapabilities empties the bounding set but for keep, empties the
+// ambient set and locks the securebits so that nothing the sandbox
+// executes can ever gain more. With keep empty (every sandbox but a
+// build's step) uid 0 gets no capability from an exec either
+// (SECBIT_NOROOT): the runner's setuid to the sandbox user then clears
+// the permitted and effective sets, and root's commands have none.
+func dropCapabilities(keep []uintptr) error {
+	for c := uintptr(0); ; c++ {
+		if slices.Contains(keep, c) {
+			continue
+		}
+		if err := unix.Prctl(unix.PR_CAPBSET_DROP, c, 0, 0, 0); err != nil {
 			if err == unix.EINVAL && c > 0 { // past the last capability
 				break
 			}
@@ -464,12 +473,28 @@ func dropCapabilities() error {
 		noCapAmbientRaise       = 1 << 6
 		noCapAmbientRaiseLocked = 1 << 7
 	)
-	const bits = noRoot | noRootLocked | keepCapsLocked | noCapAmbientRaise | noCapAmbientRaiseLocked
-	if err := unix.Prctl(unix.PR_SET_SECUREBITS, bits, 0, 0, 0); err != nil {
+	bits := keepCapsLocked | noCapAmbientRaise | noCapAmbientRaiseLocked
+	if len(keep) == 0 {
+		bits |= noRoot | noRootLocked
+	}
+	if err := unix.Prctl(unix.PR_SET_SECUREBITS, uintptr(bits), 0, 0, 0); err != nil {
 		return fmt.Errorf("securebits: %w", err)
 	}
 	return nil
 }
+
+// buildCapabilities are what the root of a build's step keeps, so that
+// a Dockerfile's RUN as root works as it does under Docker (apt-get
+// dropping to its user _apt, useradd giving /etc/shadow to group shadow,
+// chown in package scripts): Docker's default set for a container less
+// what touches devices, raw sockets, file capabilities, chroot and the
+// audit log. They are capabilities of the step's own user namespace,
+// which maps only the sandbox's host range: they act on its own ids and
+// files (an inode whose owner the namespace does not map, the host's
+// /proc/sys or device nodes, stays out of their reach), never on the
+// host's or another sandbox's. docs/security.md, "Templates".
+var buildCapabilities = []uintptr{unix.CAP_CHOWN, unix.CAP_DAC_OVERRIDE, unix.CAP_FOWNER, unix.CAP_FSETID,
+	unix.CAP_KILL, unix.CAP_SETGID, unix.CAP_SETUID, unix.CAP_NET_BIND_SERVICE}
 
 // startRunner starts a runner as the sandbox user with fresh request and
 // event pipes, and returns its pid and the supervisor's ends of the pipes
