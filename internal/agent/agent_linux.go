@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vivarium-sandbox/vivarium/internal/runner"
 	"github.com/vivarium-sandbox/vivarium/internal/seccomp"
 )
 
@@ -258,16 +259,21 @@ func (a *agent) startRunner() error {
 		return err
 	}
 	defer evW.Close()
-	python := a.cfg.Python
+	python, args := a.cfg.Python, a.cfg.RunnerArgs
 	if python == "" {
-		// A template's sandbox: python3 on the template's PATH.
-		if python, err = lookPath("python3", a.cfg.Env); err != nil {
-			reqW.Close()
-			return fmt.Errorf("the template has no python3 on its PATH: %w", err)
+		// A template's sandbox: python3 on the template's PATH, else a
+		// runner without Python (runner.ServeNoPython), this program
+		// again, which answers executions with an error; commands run.
+		if python, err = lookPath("python3", a.cfg.Env); err != nil && len(args) > 0 {
+			python, args = "/proc/self/exe", []string{args[len(args)-1]}
 		}
 	}
+	argv0 := python
+	if python == "/proc/self/exe" {
+		argv0 = runner.NoPythonArg0
+	}
 	cmd := &exec.Cmd{
-		Path: python, Args: append([]string{python}, a.cfg.RunnerArgs...),
+		Path: python, Args: append([]string{argv0}, args...),
 		Env: a.cfg.Env, Dir: a.cfg.Workspace, Stdout: a.stdoutW, Stderr: a.stderrW,
 		ExtraFiles: []*os.File{reqR, evW}, SysProcAttr: a.userAttr(),
 	}

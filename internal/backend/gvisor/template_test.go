@@ -2,9 +2,13 @@ package gvisor_test
 
 import (
 	"context"
+	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/testutil"
@@ -44,5 +48,51 @@ except OSError as e:
 	}
 	if m, _ := filepath.Glob(filepath.Join(dir, "template-*")); len(m) > 0 {
 		t.Errorf("left behind: %v", m)
+	}
+}
+
+// A template without python3 on gVisor has a runner all the same (the
+// agent's program again): code gets an error that says why, commands run.
+func TestTemplateWithoutPython(t *testing.T) {
+	dir := t.TempDir()
+	b := newBackend(t, "vivarium-gvisor-nopython-test", dir)
+	defer b.Close()
+	root := testutil.TemplateRoot(t)
+	gone := t.TempDir()
+	real, err := filepath.EvalSymlinks("/usr/bin/python3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(gone, "usr/bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"python3", filepath.Base(real)} {
+		// Whiteouts, as an image's layer that removed them.
+		if err := unix.Mknod(filepath.Join(gone, "usr/bin", name), unix.S_IFCHR, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	root.Layers, root.ID = append(root.Layers, gone), "sha256:nopython"
+	ctx := context.Background()
+	for _, oneShot := range []bool{false, true} {
+		sb, err := b.Create(ctx, sandbox.Spec{Root: root, OneShot: oneShot, Env: map[string]string{"PATH": "/usr/bin:/bin"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := sb.Execute(ctx, sandbox.ExecRequest{Code: "print(1)"}, nil)
+		if err != nil || res.Error == nil || !strings.Contains(res.Error.Value, "no python3") || res.Stdout != "" {
+			t.Fatalf("code in a template without python3 (one-shot %v): %+v %v", oneShot, res, err)
+		}
+		if !oneShot {
+			p, err := sb.Start(ctx, sandbox.Command{Argv: []string{"sh", "-c", "echo $((6 * 7)); command -v python3 || echo none"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, _ := io.ReadAll(p.Stdout())
+			if <-p.Done(); string(out) != "42\nnone\n" || p.ExitCode() != 0 {
+				t.Errorf("a command: %q, exit %d", out, p.ExitCode())
+			}
+		}
+		sb.Close()
 	}
 }

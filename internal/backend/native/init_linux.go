@@ -172,9 +172,6 @@ func init() {
 		runtime.LockOSThread()
 		RunInit()
 	}
-	if len(os.Args) > 1 && os.Args[0] == noPythonArg0 {
-		os.Exit(serveNoPython(os.Args[1] == "--oneshot"))
-	}
 	if len(os.Args) == 1 && os.Args[0] == idmapArg0 {
 		// Holds its user namespace (idmapNamespace) until told.
 		os.Stdin.Read(make([]byte, 1))
@@ -513,13 +510,13 @@ func startRunner(cfg *initConfig) (int, []int, error) {
 	env := cfg.runnerEnv()
 	if cfg.Image && cfg.Python == "" {
 		// The template's python3, else a runner without Python
-		// (nopython_linux.go), this binary again: /proc/self/exe is
+		// (runner.ServeNoPython), this binary again: /proc/self/exe is
 		// init's own executable, wherever its root is.
 		if p, err := lookPath("python3", cfg.Env); err == nil && !cfg.Build {
 			path, args[0] = p, p
 		} else {
 			mode := runnerArgs(cfg.OneShot)
-			path, args = "/proc/self/exe", []string{noPythonArg0, mode[len(mode)-1]}
+			path, args = "/proc/self/exe", []string{runner.NoPythonArg0, mode[len(mode)-1]}
 			env = append(slices.Clip(env), initEnv...) // a Go program's, small
 		}
 	} else if _, err := os.Stat(cfg.Python); err != nil {
