@@ -279,8 +279,17 @@ func (s *Sandbox) control(ss *session, c agent.Ctl) {
 			s.mu.Lock()
 			r := s.runner
 			s.mu.Unlock()
-			if r != nil && r.gen == c.Gen {
+			if r == nil || r.gen != c.Gen {
+				return
+			}
+			select {
+			case <-r.r.Ready():
 				s.RunnerExited(r.r, core.Exit{Exited: true, Code: c.Code, Signal: c.Signal})
+			default:
+				// It never got ready (a template's python3 that
+				// fails to start, say): its start-up failed, and
+				// whoever waits for it hears so now.
+				s.RunnerFailed(r.r, fmt.Errorf("the runner exited during start-up with status %d", c.Code))
 			}
 			return
 		}

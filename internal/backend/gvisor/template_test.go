@@ -96,3 +96,28 @@ func TestTemplateWithoutPython(t *testing.T) {
 		sb.Close()
 	}
 }
+
+// A template whose python3 exits at once fails its sandbox's start-up
+// as soon as it exits, saying so, not after the setup's time limit.
+func TestTemplateBrokenPython(t *testing.T) {
+	dir := t.TempDir()
+	b := newBackend(t, "vivarium-gvisor-brokenpy-test", dir)
+	defer b.Close()
+	root := testutil.TemplateRoot(t)
+	broken := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(broken, "usr/bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(broken, "usr/bin/python3"), []byte("#!/bin/sh\nexit 3\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	root.Layers, root.ID = append(root.Layers, broken), "sha256:brokenpy"
+	sb, err := b.Create(context.Background(), sandbox.Spec{Root: root, Env: map[string]string{"PATH": "/usr/bin:/bin"}})
+	if err == nil {
+		sb.Close()
+		t.Fatal("a sandbox whose runner cannot start was made")
+	}
+	if !strings.Contains(err.Error(), "exited during start-up with status 3") {
+		t.Errorf("got %v, want the runner's exit during start-up", err)
+	}
+}
