@@ -5,12 +5,14 @@ package hostile
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"maps"
 	"strings"
 	"sync"
 	"testing"
 
+	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
 
@@ -83,31 +85,111 @@ func (h *harness) compareAsRoot(t *testing.T, c hostileCase) {
 		env = map[string]string{}
 	}
 	maps.Copy(env, j.vars)
-	var user, root string
+	j.Spec.Root = h.be.Root
+	var user, root, buildRoot string
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() { defer wg.Done(); user = h.runCommand(t, j.Spec, c.code, env, sandbox.UserSandbox) }()
 	go func() { defer wg.Done(); root = h.runCommand(t, j.Spec, c.code, env, sandbox.UserRoot) }()
+	if h.be.Root != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); buildRoot = h.runBuildStep(t, j.Spec, c.code, env) }()
+	}
 	wg.Wait()
 	if t.Failed() {
 		return
 	}
 	userOK := attempts(user)
-	gained := 0
-	for label, outcome := range attempts(root) {
-		if outcome != "ok" || userOK[label] == "ok" {
-			continue
+	compare := func(who, out string, owns ...map[string]string) {
+		gained := 0
+		for label, outcome := range attempts(out) {
+			if outcome != "ok" || userOK[label] == "ok" {
+				continue
+			}
+			if why, ok := declared(c.name+": "+label, owns); ok {
+				t.Logf("%s may: %s: %s", who, label, why)
+				continue
+			}
+			gained++
+			t.Errorf("as %s %q succeeds, as the user it ends %q", who, label, userOK[label])
 		}
-		if why, ok := rootOwns[c.name+": "+label]; ok {
-			t.Logf("root may: %s: %s", label, why)
-			continue
+		if gained > 0 {
+			t.Logf("as the user:\n%s\nas %s:\n%s", user, who, out)
 		}
-		gained++
-		t.Errorf("as root %q succeeds, as the user it ends %q", label, userOK[label])
 	}
-	if gained > 0 {
-		t.Logf("as the user:\n%s\nas root:\n%s", user, root)
+	if h.be.Root == nil {
+		compare("root", root, rootOwns)
+	} else {
+		compare("root", root, rootOwns, templateRootOwns)
+		compare("a build step's root", buildRoot, rootOwns, templateRootOwns, buildRootOwns)
 	}
+}
+
+// declared is why the first of owns that names label lets it succeed.
+func declared(label string, owns []map[string]string) (string, bool) {
+	for _, m := range owns {
+		if why, ok := m[label]; ok {
+			return why, true
+		}
+	}
+	return "", false
+}
+
+// buildRootOwns names attempts that may succeed for a build step's root
+// (the capabilities of native.buildCapabilities in the step's own user
+// namespace) and not for the user, with why: each acts on the step's own
+// files and ids only.
+var buildRootOwns = map[string]string{
+	"become_root: setgroups [0]": "CAP_SETGID: gid 0 of its own namespace, which it has already",
+}
+
+// templateRootOwns names attempts that may succeed for root in a
+// template's sandbox, whose every file is the image's, copied up into the
+// sandbox's own writable layer when changed (the layers never change:
+// TestTemplateRoot).
+var templateRootOwns = map[string]string{
+	"change_host_file_metadata: chmod su":        templateDisk,
+	"change_host_file_metadata: setxattr":        templateDisk,
+	"change_host_file_metadata: truncate os.py":  templateDisk,
+	"change_host_file_metadata: utime python":    templateDisk,
+	"write_read_only_root: create /usr/bin/evil": templateDisk,
+}
+
+const templateDisk = "the template's files are its root's, changed in the sandbox's own writable layer"
+
+// runBuildStep runs code with python3 as the root of a template build's
+// step (native.Backend.RunBuildStep) on the backend's template root, and
+// returns what it printed; nothing of the step is kept.
+func (h *harness) runBuildStep(t *testing.T, spec sandbox.Spec, code string, env map[string]string) string {
+	t.Helper()
+	nb, ok := h.be.B.(*native.Backend)
+	if !ok {
+		t.Errorf("the %s backend runs no build step", h.be.Name)
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), longLimit+grace)
+	defer cancel()
+	var kv []string
+	for k, v := range spec.Env {
+		kv = append(kv, k+"="+v)
+	}
+	for k, v := range env {
+		kv = append(kv, k+"="+v)
+	}
+	var out bytes.Buffer // RunBuildStep serialises the writes, and returns after the last
+	lim := spec.Limits
+	lim.Timeout = longLimit
+	err := nb.RunBuildStep(ctx, native.BuildStep{Layers: h.be.Root.Layers, Args: []string{"python3", "-c", code},
+		Env: append(kv, "PATH=/usr/bin:/bin"), Limits: lim, Log: &out,
+		Commit: func(string, uint32, uint32) error { return nil }})
+	if ee := (*native.BuildExitError)(nil); err != nil && !errors.As(err, &ee) {
+		t.Errorf("a build step: %v", err)
+	}
+	text := out.String()
+	if h.canaries.LeakedIn(text) {
+		t.Errorf("as a build step's root, the host's canary token reached the sandbox: it shows in its output")
+	}
+	return text
 }
 
 // runCommand runs code with python3 in a fresh sandbox of spec, as who,
