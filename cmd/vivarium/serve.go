@@ -87,6 +87,7 @@ type serveConfig struct {
 	preload            string
 	pool               int
 	poolIdle           time.Duration
+	poolConfigs        int
 	net                netServeFlags
 	templates          templateServeFlags
 	audit              auditServeFlags
@@ -188,6 +189,8 @@ Flags:
 	fs.StringVar(&c.preload, "preload", "numpy,pandas,matplotlib", "`MODULES` the zygote imports once for every sandbox (comma-separated)")
 	fs.IntVar(&c.pool, "pool", 4, "most fresh sandboxes kept ready per configuration (0: none)")
 	fs.DurationVar(&c.poolIdle, "pool-idle", 10*time.Minute, "a configuration unused this long is no longer kept ready")
+	fs.IntVar(&c.poolConfigs, "pool-configs", pool.DefaultConfigs, "most configurations (templates, limits) an API key keeps ready; "+
+		"a new one drops its least recently used")
 	c.net.register(fs)
 	c.volumeSize, c.volumeMaxSize = volume.DefaultSize, volume.DefaultMaxSize
 	fs.Var(&c.volumeSize, "volume-size", "size of a persistent volume whose creator names none (the default is 1GiB)")
@@ -271,6 +274,7 @@ func (c *serveConfig) validate() error {
 	check(c.zygoteMaxSandboxes == 0 || c.zygoteMaxAge == 0, "--zygote-max-sandboxes and --zygote-max-age must not be 0 (-1: never)")
 	check(c.pool < 0 || c.pool > 1000, "--pool must be between 0 and 1000")
 	check(c.poolIdle <= 0, "--pool-idle must be positive")
+	check(c.poolConfigs < 1, "--pool-configs must be at least 1")
 	check(c.preload != "" && !c.zygote, "--preload needs --zygote (without a zygote nothing is preloaded)")
 	for _, name := range c.backendNames() {
 		check(name != "native" && name != "gvisor" && name != "docker" && name != "wasm",
@@ -581,7 +585,7 @@ func serve(c *serveConfig, log *slog.Logger) error {
 			}
 		}
 	}
-	warm := pool.New(pool.Config{Backend: b, Max: c.pool, Min: 1, Idle: c.poolIdle, Logger: log})
+	warm := pool.New(pool.Config{Backend: b, Max: c.pool, Min: 1, Idle: c.poolIdle, Configs: c.poolConfigs, Logger: log})
 	defer warm.Close()
 
 	var auth httpapi.Authenticator

@@ -479,3 +479,32 @@ func TestLetThrough(t *testing.T) {
 		}
 	}
 }
+
+// A client that asks for many configurations (here, environments) makes
+// the server keep no more of its configurations ready than
+// --pool-configs: the least recently used are dropped, their ready
+// sandboxes closed.
+func TestServePoolConfigsBound(t *testing.T) {
+	needSandbox(t)
+	srv := startServer(t, t.TempDir(), "--dev", "--pool", "1", "--pool-configs", "2", "--cgroup-parent", serveParent+"-poolconfigs")
+	for i := range 6 {
+		code, body := req(t, "POST", srv.url+"/v1/sandboxes", nil, map[string]any{"env": map[string]string{"N": fmt.Sprint(i)}})
+		var info struct{ ID string }
+		if json.Unmarshal(body, &info); code != 201 {
+			t.Fatalf("create %d: %d %s", i, code, body)
+		}
+		if code, body := req(t, "DELETE", srv.url+"/v1/sandboxes/"+info.ID, nil, nil); code != 204 {
+			t.Fatalf("delete %d: %d %s", i, code, body)
+		}
+	}
+	testutil.WaitFor(t, 30*time.Second, "the pool's refills", func() bool { return metric(t, srv, "vivarium_pool_creating") == 0 })
+	if n := metric(t, srv, "vivarium_pool_configurations"); n > 2 {
+		t.Errorf("%d configurations kept ready, want at most 2", n)
+	}
+	if n := metric(t, srv, "vivarium_pool_ready"); n > 2 {
+		t.Errorf("%d sandboxes kept ready, want at most 2", n)
+	}
+	if n := metric(t, srv, "vivarium_pool_evictions_total"); n < 4 {
+		t.Errorf("%d configurations evicted, want at least 4", n)
+	}
+}

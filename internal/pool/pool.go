@@ -9,7 +9,10 @@
 // sandbox has run no code; once handed out it belongs to the caller and
 // never comes back. Each configuration's target size follows demand: a
 // request that finds the pool empty raises it (up to Max), and a
-// configuration nobody used for Idle is dropped.
+// configuration nobody used for Idle is dropped. A tenant keeps at most
+// Configs configurations ready (a template's is one): a new one drops its
+// least recently used, so that no client, however many configurations it
+// asks for, holds more than Configs*Max ready sandboxes.
 package pool
 
 import (
@@ -34,8 +37,12 @@ type Config struct {
 	// Min is how many a configuration keeps ready while in use.
 	Min int
 	// Idle drops a configuration unused that long (default 10 minutes).
-	Idle   time.Duration
-	Logger *slog.Logger
+	Idle time.Duration
+	// Configs is the most configurations a tenant (Spec.Tenant) keeps
+	// ready; a new one drops the tenant's least recently used (default
+	// DefaultConfigs).
+	Configs int
+	Logger  *slog.Logger
 }
 
 // Pool is a sandbox.Backend with ready sandboxes.
@@ -45,6 +52,7 @@ type Pool struct {
 
 	mu      sync.Mutex
 	buckets map[string]*bucket
+	evicted int64 // configurations dropped to make room for another
 	closed  bool
 	stop    chan struct{}
 	wg      sync.WaitGroup
@@ -111,6 +119,9 @@ func New(cfg Config) *Pool {
 	if cfg.Min > cfg.Max {
 		cfg.Min = cfg.Max
 	}
+	if cfg.Configs <= 0 {
+		cfg.Configs = DefaultConfigs
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -119,6 +130,10 @@ func New(cfg Config) *Pool {
 	go p.janitor()
 	return p
 }
+
+// DefaultConfigs is Config.Configs's default: a tenant's default
+// configuration, and a few templates or limits of its own.
+const DefaultConfigs = 4
 
 // Name implements sandbox.Backend.
 func (p *Pool) Name() string { return p.cfg.Backend.Name() }
@@ -210,10 +225,40 @@ func (p *Pool) Prewarm(spec sandbox.Spec, n int) {
 func (p *Pool) bucketLocked(k string, spec sandbox.Spec) *bucket {
 	b := p.buckets[k]
 	if b == nil {
+		p.makeRoomLocked(spec.Tenant)
 		b = &bucket{key: k, spec: spec, target: p.cfg.Min}
 		p.buckets[k] = b
 	}
 	return b
+}
+
+// makeRoomLocked drops the least recently used configurations of tenant
+// until it has room for one more; their ready sandboxes are closed, and
+// their refills in flight close what they make.
+func (p *Pool) makeRoomLocked(tenant string) {
+	for {
+		var mine []*bucket
+		for _, b := range p.buckets {
+			if b.spec.Tenant == tenant {
+				mine = append(mine, b)
+			}
+		}
+		if len(mine) < p.cfg.Configs {
+			return
+		}
+		lru := slices.MinFunc(mine, func(a, b *bucket) int { return a.lastUse.Compare(b.lastUse) })
+		delete(p.buckets, lru.key)
+		drop := lru.ready
+		lru.ready = nil
+		p.evicted++
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			for _, sb := range drop {
+				sb.Close()
+			}
+		}()
+	}
 }
 
 // refillLocked starts creations until ready and in-flight sandboxes reach
@@ -361,6 +406,14 @@ func (p *Pool) Stats() []Stat {
 		}
 	}
 	return out
+}
+
+// Evicted is how many configurations were dropped to make room for
+// another of their tenant's (Config.Configs).
+func (p *Pool) Evicted() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.evicted
 }
 
 // Close closes every ready sandbox and stops refilling. It does not close

@@ -196,3 +196,73 @@ func TestRefillsAfterAFailure(t *testing.T) {
 		return len(st) == 1 && st[0].Ready == 1
 	})
 }
+
+// A tenant keeps at most Configs configurations ready: one more drops
+// its least recently used, whose ready sandboxes are closed; another
+// tenant's are untouched. No client, however many configurations it asks
+// for, holds more than Configs*Max ready sandboxes.
+func TestTenantsKeepFewConfigurations(t *testing.T) {
+	f := &fake{dead: map[int64]bool{}}
+	p := New(Config{Backend: f, Max: 2, Min: 1, Configs: 3})
+	defer p.Close()
+	spec := func(tenant string, n int) sandbox.Spec {
+		return sandbox.Spec{Tenant: tenant, Env: map[string]string{"N": string(rune('a' + n))}}
+	}
+	readyOf := func() map[string]int {
+		m := map[string]int{}
+		for _, s := range p.Stats() {
+			m[s.Spec.Tenant+"/"+s.Spec.Env["N"]] = s.Ready
+		}
+		return m
+	}
+	p.Prewarm(spec("other", 0), 2)
+	for n := range 3 {
+		if _, err := p.Create(context.Background(), spec("t", n)); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond) // distinct last uses
+	}
+	testutil.WaitFor(t, 5*time.Second, "four configurations filled", func() bool {
+		m := readyOf()
+		return len(m) == 4 && m["t/a"] == 2 && m["t/b"] == 2 && m["t/c"] == 2 && m["other/a"] == 2
+	})
+	// t/a used again: t/b is the least recently used.
+	if _, err := p.Create(context.Background(), spec("t", 0)); err != nil {
+		t.Fatal(err)
+	}
+	closedBefore := f.closed.Load()
+	time.Sleep(5 * time.Millisecond)
+	if _, err := p.Create(context.Background(), spec("t", 3)); err != nil {
+		t.Fatal(err)
+	}
+	if m := readyOf(); len(m) != 4 {
+		t.Fatalf("a fourth configuration of t: the pool keeps %v, want t/b dropped", m)
+	} else if _, ok := m["t/a"]; !ok {
+		t.Fatalf("t/a, used last, was dropped: %v", m)
+	}
+	if _, ok := readyOf()["t/b"]; ok {
+		t.Fatal("t/b, the least recently used, was kept")
+	}
+	for n := 4; n < 40; n++ {
+		if _, err := p.Create(context.Background(), spec("t", n)); err != nil {
+			t.Fatal(err)
+		}
+		if got := len(readyOf()); got > 4 {
+			t.Fatalf("after %d configurations of one tenant the pool keeps %d", n+1, got)
+		}
+	}
+	testutil.WaitFor(t, 5*time.Second, "the dropped configurations' sandboxes closed", func() bool {
+		m := readyOf()
+		_, a := m["t/a"]
+		_, b := m["t/b"]
+		return !a && !b && m["other/a"] == 2 && f.closed.Load() > closedBefore
+	})
+	if got := p.Evicted(); got != 37 {
+		t.Errorf("%d configurations evicted, want 37", got)
+	}
+	p.Close()
+	// Every sandbox made was handed out or closed: none left behind.
+	if made, closed := f.made.Load(), f.closed.Load(); made-closed != 40+1 {
+		t.Errorf("made %d, closed %d: %d open, want the 41 handed out", made, closed, made-closed)
+	}
+}

@@ -135,7 +135,7 @@ func (h *histogram) write(w io.Writer, name, help string) {
 }
 
 // writePoolMetrics reports what the pool holds ready and what that costs.
-func writePoolMetrics(w io.Writer, stats []pool.Stat) {
+func writePoolMetrics(w io.Writer, stats []pool.Stat, evicted int64) {
 	var ready, creating, memory, hits, misses int64
 	for _, st := range stats {
 		ready += int64(st.Ready)
@@ -150,4 +150,5 @@ func writePoolMetrics(w io.Writer, stats []pool.Stat) {
 	fmt.Fprintf(w, "# HELP vivarium_pool_memory_bytes Memory (PSS) of the ready sandboxes: the pool's cost at rest.\n# TYPE vivarium_pool_memory_bytes gauge\nvivarium_pool_memory_bytes %d\n", memory)
 	fmt.Fprintf(w, "# HELP vivarium_pool_hits_total Sandboxes served from the pool.\n# TYPE vivarium_pool_hits_total counter\nvivarium_pool_hits_total %d\n", hits)
 	fmt.Fprintf(w, "# HELP vivarium_pool_misses_total Sandboxes made on demand because the pool was empty.\n# TYPE vivarium_pool_misses_total counter\nvivarium_pool_misses_total %d\n", misses)
+	fmt.Fprintf(w, "# HELP vivarium_pool_evictions_total Configurations dropped to make room for another of their key's (serve --pool-configs).\n# TYPE vivarium_pool_evictions_total counter\nvivarium_pool_evictions_total %d\n", evicted)
 }

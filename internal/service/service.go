@@ -251,7 +251,7 @@ func (s *Service) Metrics() *Metrics { return s.metrics }
 func (s *Service) WriteMetrics(w io.Writer) {
 	s.metrics.Write(w, s.Live())
 	if s.cfg.Pool != nil {
-		writePoolMetrics(w, s.cfg.Pool.Stats())
+		writePoolMetrics(w, s.cfg.Pool.Stats(), s.cfg.Pool.Evicted())
 	}
 }
 
