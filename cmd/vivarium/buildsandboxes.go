@@ -25,6 +25,7 @@ type buildSandboxes struct {
 	backend *native.Backend
 	store   *image.Store
 	limits  sandbox.Limits // each step's; zero fields: native.DefaultBuildLimits
+	tenant  string         // the group of the key whose build it is (sandbox.Spec.Tenant)
 	// egress, if set, gives each step its proxy; nil: no network.
 	egress func() (sandbox.Egress, error)
 }
@@ -34,7 +35,7 @@ var _ template.Sandboxes = (*buildSandboxes)(nil)
 // Run implements template.Sandboxes.
 func (bs *buildSandboxes) Run(ctx context.Context, r template.RunRequest) error {
 	step := native.BuildStep{Args: r.Args, Env: r.Env, Dir: r.Dir, User: r.User, Log: r.Log, Limits: bs.limits,
-		Commit: r.Commit}
+		Tenant: bs.tenant, Commit: r.Commit}
 	for _, id := range r.Layers {
 		step.Layers = append(step.Layers, bs.store.LayerDir(id))
 	}
@@ -146,7 +147,7 @@ var (
 )
 
 // Build implements service.TemplateBuilder.
-func (sb *serveBuilder) Build(ctx context.Context, name string, spec template.Spec, files service.BuildFiles, log io.Writer) (image.Image, error) {
+func (sb *serveBuilder) Build(ctx context.Context, tenant, name string, spec template.Spec, files service.BuildFiles, log io.Writer) (image.Image, error) {
 	switch spec.FromTemplate {
 	case "base", "code-interpreter", "code-interpreter-v1":
 		spec.FromTemplate, spec.FromImage = "", e2bBaseImage
@@ -158,7 +159,11 @@ func (sb *serveBuilder) Build(ctx context.Context, name string, spec template.Sp
 			}
 		}
 	}
-	return sb.builder.Build(ctx, name, spec, files, log)
+	b := *sb.builder
+	steps := *b.Sandboxes.(*buildSandboxes)
+	steps.tenant = tenant
+	b.Sandboxes = &steps
+	return b.Build(ctx, name, spec, files, log)
 }
 
 // pullBase pulls a build's base image, from a registry the server pulls

@@ -40,7 +40,7 @@ type fakeBuilder struct {
 	ended   chan error
 }
 
-func (f *fakeBuilder) Build(ctx context.Context, name string, spec template.Spec, files service.BuildFiles, log io.Writer) (image.Image, error) {
+func (f *fakeBuilder) Build(ctx context.Context, tenant, name string, spec template.Spec, files service.BuildFiles, log io.Writer) (image.Image, error) {
 	f.mu.Lock()
 	f.names = append(f.names, name)
 	f.specs = append(f.specs, spec)

@@ -40,9 +40,10 @@ type BuildFiles interface {
 }
 
 // TemplateBuilder builds a template: the image spec makes, stored under
-// name, its steps' output written to log as they run.
+// name, its steps' output written to log as they run, its steps'
+// sandboxes in tenant's group (sandbox.Spec.Tenant; "" for none).
 type TemplateBuilder interface {
-	Build(ctx context.Context, name string, spec template.Spec, files BuildFiles, log io.Writer) (image.Image, error)
+	Build(ctx context.Context, tenant, name string, spec template.Spec, files BuildFiles, log io.Writer) (image.Image, error)
 }
 
 // TemplateRemover is a TemplateBuilder that also removes what it built
@@ -195,6 +196,10 @@ type builds struct {
 	wg     sync.WaitGroup
 	files  buildFilesDir
 
+	// tenantOf is the group of an owner's sandboxes (Service.tenantOf),
+	// where its builds' steps run too.
+	tenantOf func(owner string) string
+
 	mu     sync.Mutex // owners, byID
 	owners map[string]*ownerBuilds
 	byID   map[string]string // template ID → its owner
@@ -248,7 +253,7 @@ func newBuilds(cfg BuildConfig, log *slog.Logger, now func() time.Time) *builds 
 	cfg.setDefaults()
 	ctx, cancel := context.WithCancel(context.Background())
 	bs := &builds{cfg: cfg, log: log, now: now, ctx: ctx, cancel: cancel, files: buildFilesDir{dir: cfg.FilesDir},
-		owners: map[string]*ownerBuilds{}, byID: map[string]string{}}
+		tenantOf: func(string) string { return "" }, owners: map[string]*ownerBuilds{}, byID: map[string]string{}}
 	if cfg.FilesDir != "" && cfg.Builder != nil {
 		bs.load() // buildsaved.go
 	}
@@ -486,7 +491,7 @@ func (bs *builds) run(ctx context.Context, ob *ownerBuilds, b *build, spec templ
 	defer bs.wg.Done()
 	name := templateImageName(ob.owner, b)
 	w := &buildLogWriter{bs: bs, ob: ob, b: b}
-	img, err := bs.cfg.Builder.Build(ctx, name, spec, files, w)
+	img, err := bs.cfg.Builder.Build(ctx, bs.tenantOf(ob.owner), name, spec, files, w)
 	w.flush()
 	files.release()
 	built := err == nil

@@ -226,6 +226,7 @@ func New(cfg Config) *Service {
 		stop: make(chan struct{}), metrics: newMetrics(), tokenKey: make([]byte, 32),
 		builds: newBuilds(cfg.Builds, cfg.Logger, cfg.Now)}
 	rand.Read(s.tokenKey)
+	s.builds.tenantOf = s.tenantOf
 	s.idle = sync.NewCond(&s.mu)
 	if s.snapshotsOn() == nil {
 		s.sweepSnapshotLeftovers()

@@ -36,6 +36,9 @@ type BuildStep struct {
 	Log  io.Writer
 	// Limits are the step's; zero fields are DefaultBuildLimits'.
 	Limits sandbox.Limits
+	// Tenant is the group the step's sandbox is made in (sandbox.Spec's):
+	// a key's builds share its CPU and memory with its sandboxes.
+	Tenant string
 	// Egress, if set, is the step's way out (a proxy of its own); the
 	// step closes it.
 	Egress sandbox.Egress
@@ -90,7 +93,7 @@ func (b *Backend) RunBuildStep(ctx context.Context, r BuildStep) (err error) {
 		}
 	}
 	root := &sandbox.Root{Template: "build", ID: "build", Dir: r.Dir, Layers: r.Layers}
-	spec := sandbox.Spec{Limits: lim, Env: env, Root: root, Egress: r.Egress}
+	spec := sandbox.Spec{Limits: lim, Env: env, Root: root, Egress: r.Egress, Tenant: r.Tenant}
 	if err := spec.Validate(); err != nil {
 		return err
 	}

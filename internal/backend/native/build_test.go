@@ -122,3 +122,43 @@ func TestBuildStepCapabilities(t *testing.T) {
 		}
 	}
 }
+
+// A build step's sandbox is made in its key's group (BuildStep.Tenant),
+// as the key's sandboxes are: its builds share the key's CPU and memory.
+func TestBuildStepInTenantGroup(t *testing.T) {
+	b := newBackend(t)
+	const tenant = "build_tenant"
+	groups := func() []string {
+		var dirs []string
+		for _, pattern := range []string{"/sys/fs/cgroup/*/" + cgroupParent + "/" + tenant + "/*",
+			"/sys/fs/cgroup/" + cgroupParent + "/" + tenant + "/*"} {
+			m, _ := filepath.Glob(pattern)
+			for _, p := range m {
+				if st, err := os.Stat(p); err == nil && st.IsDir() {
+					dirs = append(dirs, p)
+				}
+			}
+		}
+		return dirs
+	}
+	var seen []string
+	log := writerFunc(func(p []byte) (int, error) {
+		if seen == nil {
+			seen = groups() // the step runs on: it sleeps after its first line
+		}
+		return len(p), nil
+	})
+	err := b.RunBuildStep(context.Background(), native.BuildStep{Layers: testutil.TemplateRoot(t).Layers,
+		Args: []string{"sh", "-c", "echo started; sleep 2"}, Env: []string{"PATH=/usr/bin:/bin"}, Tenant: tenant, Log: log,
+		Commit: func(string, uint32, uint32) error { return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(seen) == 0 {
+		t.Errorf("no group of the step's under %s/%s while it ran", cgroupParent, tenant)
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
