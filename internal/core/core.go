@@ -20,6 +20,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -475,3 +476,18 @@ func (c *Core) Paused() bool { return c.paused.Load() }
 // sandbox: meanwhile Interrupt and the code contexts' changes answer
 // sandbox.ErrPaused, as the backend's own calls do.
 func (c *Core) SetPaused(p bool) { c.paused.Store(p) }
+
+// StartFailure is why a runner ended before it was ready: why, and the
+// last lines its standard error had by then (what the interpreter said),
+// on one line.
+func (c *Core) StartFailure(why string) error {
+	out := strings.TrimSpace(c.Stderr.Setup())
+	if out == "" {
+		return errors.New(why)
+	}
+	lines := strings.Split(out, "\n")
+	if len(lines) > 5 {
+		lines = lines[len(lines)-5:]
+	}
+	return fmt.Errorf("%s; it wrote: %s", why, strings.Join(lines, " | "))
+}

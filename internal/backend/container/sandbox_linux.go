@@ -289,7 +289,7 @@ func (s *Sandbox) control(ss *session, c agent.Ctl) {
 				// It never got ready (a template's python3 that
 				// fails to start, say): its start-up failed, and
 				// whoever waits for it hears so now.
-				s.RunnerFailed(r.r, fmt.Errorf("the runner exited during start-up with status %d", c.Code))
+				s.RunnerFailed(r.r, s.StartFailure(fmt.Sprintf("the runner exited during start-up with status %d", c.Code)))
 			}
 			return
 		}

@@ -359,7 +359,7 @@ func (s *Sandbox) setupFailure() error {
 		return errors.New(s.setupError)
 	}
 	if s.runnerExit != nil {
-		return fmt.Errorf("the runner exited during start-up with status %d", s.runnerExit.Code)
+		return s.StartFailure(fmt.Sprintf("the runner exited during start-up with status %d", s.runnerExit.Code))
 	}
 	return fmt.Errorf("init exited during setup: %v", s.initErr)
 }

@@ -2,7 +2,6 @@ package wasm
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -162,11 +161,7 @@ func (s *Sandbox) startFailure(inst *instance) error {
 	if inst.exitCode != nil {
 		why = fmt.Sprintf("it exited with status %d", *inst.exitCode)
 	}
-	msg := "the interpreter ended during start-up: " + why
-	if out := strings.TrimSpace(s.core.Stderr.Setup()); out != "" {
-		msg += "; it wrote: " + lastLines(out, 5)
-	}
-	return errors.New(msg)
+	return s.core.StartFailure("the interpreter ended during start-up: " + why)
 }
 
 // ID implements sandbox.Sandbox.
@@ -337,12 +332,4 @@ func sizeText(n int64) string {
 		return fmt.Sprintf("%d MiB", n>>20)
 	}
 	return fmt.Sprintf("%d bytes", n)
-}
-
-func lastLines(s string, n int) string {
-	lines := strings.Split(strings.TrimSpace(s), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, " | ")
 }
