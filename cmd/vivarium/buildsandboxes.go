@@ -62,6 +62,7 @@ func (bs *buildSandboxes) Run(ctx context.Context, r template.RunRequest) error 
 type templateServeFlags struct {
 	insecure, mirrors, registries listFlag
 	allowNet                      ruleList
+	bytesPerKey                   sizeFlag
 }
 
 func (f *templateServeFlags) register(fs *flag.FlagSet) {
@@ -71,6 +72,9 @@ func (f *templateServeFlags) register(fs *flag.FlagSet) {
 	fs.Var(&f.insecure, "insecure-registry", "a registry `HOST[:PORT]` the bases of templates are pulled from over plain HTTP (repeatable); no other is")
 	fs.Var(&f.allowNet, "build-allow-net", "`RULE` a template build's RUN steps may reach through their sandbox's proxy (repeatable): "+
 		"HOST, *.DOMAIN, CIDR or [IPV6-CIDR], each with :PORTS (80,443 when none); default: no network")
+	f.bytesPerKey = service.DefaultBuildBytes
+	fs.Var(&f.bytesPerKey, "build-disk-per-key", "most an API key's built templates may add to their bases on disk, "+
+		"its running builds' budgets included; one build at most half of it")
 }
 
 // buildConfig is the service's build configuration: a builder whose RUN
@@ -78,7 +82,10 @@ func (f *templateServeFlags) register(fs *flag.FlagSet) {
 // Each step is held to the server's limits of a sandbox (max), as a
 // key's sandboxes are: a build spends no more of the host than they may.
 func (f *templateServeFlags) buildConfig(dataDir string, images *image.Store, m *sandbox.Mux, max sandbox.Limits) (service.BuildConfig, error) {
-	cfg := service.BuildConfig{FilesDir: filepath.Join(dataDir, "template-files")}
+	cfg := service.BuildConfig{FilesDir: filepath.Join(dataDir, "template-files"), MaxBytes: int64(f.bytesPerKey)}
+	if f.bytesPerKey < 1<<20 {
+		return cfg, errors.New("--build-disk-per-key must be at least 1MiB")
+	}
 	pull, err := pullOptions(f.insecure, f.mirrors)
 	if err != nil {
 		return cfg, err
@@ -147,7 +154,7 @@ var (
 )
 
 // Build implements service.TemplateBuilder.
-func (sb *serveBuilder) Build(ctx context.Context, tenant, name string, spec template.Spec, files service.BuildFiles, log io.Writer) (image.Image, error) {
+func (sb *serveBuilder) Build(ctx context.Context, job service.BuildJob, spec template.Spec, files service.BuildFiles, log io.Writer) (service.Built, error) {
 	switch spec.FromTemplate {
 	case "base", "code-interpreter", "code-interpreter-v1":
 		spec.FromTemplate, spec.FromImage = "", e2bBaseImage
@@ -155,15 +162,16 @@ func (sb *serveBuilder) Build(ctx context.Context, tenant, name string, spec tem
 	if spec.FromImage != "" {
 		if _, err := sb.store.Get(spec.FromImage); errors.Is(err, image.ErrNotFound) {
 			if err := sb.pullBase(ctx, spec.FromImage, log); err != nil {
-				return image.Image{}, &template.StepError{Step: 0, Err: err}
+				return service.Built{}, &template.StepError{Step: 0, Err: err}
 			}
 		}
 	}
 	b := *sb.builder
 	steps := *b.Sandboxes.(*buildSandboxes)
-	steps.tenant = tenant
-	b.Sandboxes = &steps
-	return b.Build(ctx, name, spec, files, log)
+	steps.tenant = job.Tenant
+	b.Sandboxes, b.MaxBytes = &steps, job.MaxBytes
+	im, added, err := b.BuildSized(ctx, job.Name, spec, files, log)
+	return service.Built{Image: im, Added: added}, err
 }
 
 // pullBase pulls a build's base image, from a registry the server pulls

@@ -137,6 +137,11 @@ func templateSubjects(srv *server, skip, python string) []Subject {
 			Run: func(ctx context.Context) error {
 				return t.create(ctx, fmt.Sprintf("vivarium-bench-cold-%d:1", t.cold.Load()))
 			}},
+		// What the goal of the first sandbox compares with: the image's
+		// own interpreter started, as the template's layer holds the
+		// host's python3.
+		{Workload: w9, Name: "python3 -c 'print(1)', the template's interpreter (no isolation)", Peer: true, Skip: skip,
+			Run: command{argv: []string{python, "-c", W1.Code}, env: peerEnv(), want: W1.Want}.run},
 		{Workload: w10, Name: "vivarium template build, every step cached", Reference: true,
 			Skip: skip, Setup: t.setup,
 			Run: func(ctx context.Context) error { return t.build(ctx) }},

@@ -29,7 +29,9 @@ import (
 type fakeBuilder struct {
 	mu      sync.Mutex
 	names   []string
+	jobs    []service.BuildJob
 	specs   []template.Spec
+	added   int64               // what each build says its layers added
 	copied  map[string][]string // a COPY's source → the names of its tar
 	removed []string
 	// fail: the error Build returns; gate: Build waits for it (or its
@@ -40,9 +42,11 @@ type fakeBuilder struct {
 	ended   chan error
 }
 
-func (f *fakeBuilder) Build(ctx context.Context, tenant, name string, spec template.Spec, files service.BuildFiles, log io.Writer) (image.Image, error) {
+func (f *fakeBuilder) Build(ctx context.Context, job service.BuildJob, spec template.Spec, files service.BuildFiles, log io.Writer) (service.Built, error) {
+	name := job.Name
 	f.mu.Lock()
 	f.names = append(f.names, name)
+	f.jobs = append(f.jobs, job)
 	f.specs = append(f.specs, spec)
 	f.mu.Unlock()
 	for i, st := range spec.Steps {
@@ -52,7 +56,7 @@ func (f *fakeBuilder) Build(ctx context.Context, tenant, name string, spec templ
 		}
 		var buf bytes.Buffer
 		if _, err := files.Archive(st.Args[0], &buf); err != nil {
-			return image.Image{}, err
+			return service.Built{}, err
 		}
 		var names []string
 		tr := tar.NewReader(&buf)
@@ -86,9 +90,9 @@ func (f *fakeBuilder) Build(ctx context.Context, tenant, name string, spec templ
 		f.ended <- err
 	}
 	if err != nil {
-		return image.Image{}, err
+		return service.Built{}, err
 	}
-	return image.Image{Name: name, Digest: "sha256:" + strings.Repeat("ab", 32)}, nil
+	return service.Built{Image: image.Image{Name: name, Digest: "sha256:" + strings.Repeat("ab", 32)}, Added: f.added}, nil
 }
 
 func (f *fakeBuilder) Remove(name string) error {
@@ -607,6 +611,52 @@ func TestTemplateBounds(t *testing.T) {
 	}
 	if code, body := c.start("key-a", r2, `{"fromImage":"x"}`); code != 202 {
 		t.Errorf("once the first ended: %d %s", code, body)
+	}
+}
+
+// What a key's builds add to their bases is bounded (MaxBytes): a build
+// may add the room its key has left, half of MaxBytes at most (two
+// builds at once); a key whose templates hold it all starts none, until
+// it deletes some; another key has room of its own.
+func TestTemplateBuildBytes(t *testing.T) {
+	const gib = 1 << 30
+	b := &fakeBuilder{added: 6 * gib}
+	c, _, _ := newBuildServer(t, b, service.BuildConfig{MaxBytes: 16 * gib})
+	var ids []string
+	for i, want := range []int64{8 * gib, 8 * gib, 4 * gib} {
+		r := c.request("key-a", fmt.Sprintf(`{"name":"t%d"}`, i))
+		if code, body := c.start("key-a", r, `{"fromImage":"x"}`); code != 202 {
+			t.Fatalf("build %d: %d %s", i, code, body)
+		}
+		c.wait("key-a", r)
+		if got := b.jobs[len(b.jobs)-1].MaxBytes; got != want {
+			t.Errorf("build %d may add %d bytes, want %d", i, got, want)
+		}
+		ids = append(ids, r.TemplateID)
+	}
+	// 18 GiB held: no room for a fourth.
+	r := c.request("key-a", `{"name":"t3"}`)
+	if code, body := c.start("key-a", r, `{"fromImage":"x"}`); code != 429 || !strings.Contains(body, "delete templates") {
+		t.Errorf("a build past the key's bytes: %d %s", code, body)
+	}
+	// Another key has room of its own.
+	other := c.request("key-b", `{"name":"t0"}`)
+	if code, body := c.start("key-b", other, `{"fromImage":"x"}`); code != 202 {
+		t.Errorf("another key's build: %d %s", code, body)
+	}
+	c.wait("key-b", other)
+	// Two templates deleted (12 GiB): room again, 8 GiB at most.
+	for _, id := range ids[:2] {
+		if code, body := c.call("key-a", "DELETE", "/e2b/templates/"+id, "", nil); code != 204 {
+			t.Fatalf("delete %s: %d %s", id, code, body)
+		}
+	}
+	if code, body := c.start("key-a", r, `{"fromImage":"x"}`); code != 202 {
+		t.Fatalf("once templates were deleted: %d %s", code, body)
+	}
+	c.wait("key-a", r)
+	if got := b.jobs[len(b.jobs)-1].MaxBytes; got != 8*gib {
+		t.Errorf("after the deletes a build may add %d bytes, want %d", got, int64(8*gib))
 	}
 }
 

@@ -386,6 +386,19 @@ func (s *Store) add(ctx context.Context, n string, img v1.Image, progress func(P
 }
 
 // checkLayers refuses an image of more layers than the store allows.
+// CheckLayers fails when an image of n layers is more than the store
+// takes: a build checks it as its layers are made.
+func (s *Store) CheckLayers(n int) error { return s.checkLayers(n) }
+
+// LayerBytes is what the layer diffID holds unpacked.
+func (s *Store) LayerBytes(diffID string) (int64, error) {
+	m, err := readMeta(s.LayerDir(diffID) + ".json")
+	if err != nil {
+		return 0, fmt.Errorf("%w: layer %.19s is not in the store", ErrNotFound, diffID)
+	}
+	return m.Bytes, nil
+}
+
 func (s *Store) checkLayers(n int) error {
 	if n > s.lim.Layers {
 		return fmt.Errorf("%w: it has %d layers, more than the %d allowed", ErrRefused, n, s.lim.Layers)

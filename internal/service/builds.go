@@ -39,11 +39,25 @@ type BuildFiles interface {
 	Archive(src string, w io.Writer) (string, error)
 }
 
-// TemplateBuilder builds a template: the image spec makes, stored under
-// name, its steps' output written to log as they run, its steps'
-// sandboxes in tenant's group (sandbox.Spec.Tenant; "" for none).
+// TemplateBuilder builds a template: the image spec makes, for job, its
+// steps' output written to log as they run.
 type TemplateBuilder interface {
-	Build(ctx context.Context, tenant, name string, spec template.Spec, files BuildFiles, log io.Writer) (image.Image, error)
+	Build(ctx context.Context, job BuildJob, spec template.Spec, files BuildFiles, log io.Writer) (Built, error)
+}
+
+// BuildJob is one build of a key's: the name its image is stored under,
+// the group its steps' sandboxes are made in (sandbox.Spec.Tenant; ""
+// for none), and the most its layers may add to its base (0: the
+// store's bound of an image).
+type BuildJob struct {
+	Name, Tenant string
+	MaxBytes     int64
+}
+
+// Built is a build's image, and what its layers added to its base hold.
+type Built struct {
+	Image image.Image
+	Added int64
 }
 
 // TemplateRemover is a TemplateBuilder that also removes what it built
@@ -90,6 +104,11 @@ type BuildConfig struct {
 	// key's builds older than its MaxKept last finished are dropped
 	// whole, tagged or not.
 	MaxLogLines, MaxLogBytes int
+	// MaxBytes bounds what the layers of one key's builds add to their
+	// bases (16 GiB): those of its builds kept, and the budgets of those
+	// running. A build may add the room left, at most MaxBytes /
+	// MaxRunning; past it, it fails; with no room, none starts.
+	MaxBytes int64
 	// MaxFiles and MaxFilesBytes bound the archives one key keeps (64,
 	// 1 GiB as uploaded): past them the least recently used that no
 	// running build holds are dropped. MaxUpload bounds one archive as
@@ -99,6 +118,9 @@ type BuildConfig struct {
 	MaxUpload     int64
 	Archive       template.ArchiveLimits
 }
+
+// DefaultBuildBytes is BuildConfig.MaxBytes's default.
+const DefaultBuildBytes = 16 << 30
 
 func (c *BuildConfig) setDefaults() {
 	def := func(v *int, d int) {
@@ -117,6 +139,9 @@ func (c *BuildConfig) setDefaults() {
 	def(&c.Archive.MaxEntries, 100_000)
 	if c.MaxFilesBytes <= 0 {
 		c.MaxFilesBytes = 1 << 30
+	}
+	if c.MaxBytes <= 0 {
+		c.MaxBytes = DefaultBuildBytes
 	}
 	if c.MaxUpload <= 0 {
 		c.MaxUpload = 256 << 20
@@ -245,8 +270,11 @@ type build struct {
 	steps   int
 	created time.Time
 	image   image.Image
-	cancel  context.CancelFunc
-	log     buildLog
+	// added is what a ready build's layers added to its base; budget,
+	// while it runs, the most they may.
+	added, budget int64
+	cancel        context.CancelFunc
+	log           buildLog
 }
 
 func newBuilds(cfg BuildConfig, log *slog.Logger, now func() time.Time) *builds {
@@ -258,6 +286,22 @@ func newBuilds(cfg BuildConfig, log *slog.Logger, now func() time.Time) *builds 
 		bs.load() // buildsaved.go
 	}
 	return bs
+}
+
+// bytesFree is the budget of a build that starts now (what the key's
+// builds may add, most, less what its ready builds added and its running
+// ones may, and at most most/running of it), and what those hold; ob.mu
+// held.
+func (ob *ownerBuilds) bytesFree(most int64, running int) (budget, used int64) {
+	for _, b := range ob.builds {
+		switch b.state {
+		case BuildReady:
+			used += b.added
+		case BuildBuilding:
+			used += b.budget
+		}
+	}
+	return min(most-used, most/int64(max(running, 1))), used
 }
 
 func newOwnerBuilds(owner string) *ownerBuilds {
@@ -403,6 +447,12 @@ func (s *Service) StartBuild(owner, templateID, buildID string, spec template.Sp
 	if ob.running >= bs.cfg.MaxRunning {
 		return fmt.Errorf("%w: this key runs %d builds, the most it may at once: wait for one to finish", ErrQuota, ob.running)
 	}
+	budget, used := ob.bytesFree(bs.cfg.MaxBytes, bs.cfg.MaxRunning)
+	if budget <= 0 {
+		return fmt.Errorf("%w: this key's templates, and the builds it runs, hold %s of the %s its builds may add: "+
+			"delete templates it no longer needs, or wait for its builds to finish", ErrQuota,
+			image.FormatBytes(used), image.FormatBytes(bs.cfg.MaxBytes))
+	}
 	files := &uploadedFiles{bs: bs, ob: ob, byPath: map[string]string{}}
 	for i := range spec.Steps {
 		st := &spec.Steps[i]
@@ -432,6 +482,7 @@ func (s *Service) StartBuild(owner, templateID, buildID string, spec template.Sp
 	}
 	files.pin()
 	b.state = BuildBuilding
+	b.budget = budget
 	ob.running++
 	ctx, cancel := context.WithCancel(bs.ctx)
 	b.cancel = cancel
@@ -491,17 +542,19 @@ func (bs *builds) run(ctx context.Context, ob *ownerBuilds, b *build, spec templ
 	defer bs.wg.Done()
 	name := templateImageName(ob.owner, b)
 	w := &buildLogWriter{bs: bs, ob: ob, b: b}
-	img, err := bs.cfg.Builder.Build(ctx, bs.tenantOf(ob.owner), name, spec, files, w)
+	out, err := bs.cfg.Builder.Build(ctx, BuildJob{Name: name, Tenant: bs.tenantOf(ob.owner), MaxBytes: b.budget},
+		spec, files, w)
 	w.flush()
 	files.release()
 	built := err == nil
 	ob.mu.Lock()
+	b.budget = 0
 	if built && (ob.closed || b.tmpl.deleted) {
 		err = context.Canceled // the build's template, or key, went while it ran
 	}
 	switch {
 	case err == nil:
-		b.image = img
+		b.image, b.added = out.Image, out.Added
 		bs.finish(ob, b, BuildReady, "", -1)
 	case ctx.Err() != nil || errors.Is(err, context.Canceled):
 		bs.finish(ob, b, BuildError, "the build was cancelled: its template was deleted, its key revoked, or the server stopped", -1)

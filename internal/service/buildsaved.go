@@ -35,6 +35,7 @@ type savedTemplate struct {
 type savedTag struct {
 	Build    string      `json:"build"`
 	Image    image.Image `json:"image"`
+	Added    int64       `json:"added,omitempty"`
 	Built    time.Time   `json:"built"`
 	Assigned time.Time   `json:"assigned"`
 }
@@ -49,7 +50,7 @@ func (bs *builds) save(ob *ownerBuilds) {
 	for _, t := range ob.templates {
 		st := savedTemplate{ID: t.id, Name: t.name, Created: t.created, Tags: map[string]savedTag{}}
 		for tag, x := range t.tags {
-			st.Tags[tag] = savedTag{Build: x.build.id, Image: x.build.image, Built: x.build.created, Assigned: x.assigned}
+			st.Tags[tag] = savedTag{Build: x.build.id, Image: x.build.image, Added: x.build.added, Built: x.build.created, Assigned: x.assigned}
 		}
 		out.Templates = append(out.Templates, st)
 	}
@@ -107,7 +108,8 @@ func (bs *builds) load() {
 			for tag, x := range st.Tags {
 				b := ob.builds[x.Build]
 				if b == nil {
-					b = &build{id: x.Build, tmpl: t, state: BuildReady, step: -1, created: x.Built, image: x.Image}
+					b = &build{id: x.Build, tmpl: t, state: BuildReady, step: -1, created: x.Built, image: x.Image,
+						added: x.Added}
 					ob.builds[b.id] = b
 					ob.finished = append(ob.finished, b)
 				}

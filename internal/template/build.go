@@ -71,6 +71,10 @@ type Builder struct {
 	Store     *image.Store
 	Sandboxes Sandboxes
 	CacheDir  string // where the build cache keeps what a step's key made
+	// MaxBytes bounds what the layers a build adds to its base hold,
+	// cached or made (0: the store's bound of an image): a build past it
+	// fails at the step that passed it.
+	MaxBytes int64
 }
 
 // state is the image as the steps so far make it.
@@ -87,38 +91,45 @@ type state struct {
 // steps' output to log (one line per step as it starts: "step 3/7: RUN
 // ...", "cached" when it was). A build that fails names nothing.
 func (b *Builder) Build(ctx context.Context, name string, spec Spec, files Files, log io.Writer) (image.Image, error) {
+	im, _, err := b.BuildSized(ctx, name, spec, files, log)
+	return im, err
+}
+
+// BuildSized is Build, and says what the layers the build added to its
+// base hold (its cached layers too).
+func (b *Builder) BuildSized(ctx context.Context, name string, spec Spec, files Files, log io.Writer) (_ image.Image, added int64, _ error) {
 	if err := spec.Validate(); err != nil {
-		return image.Image{}, err
+		return image.Image{}, 0, err
 	}
 	ref, err := image.ParseName(name)
 	if err != nil {
-		return image.Image{}, err
+		return image.Image{}, 0, err
 	}
 	if strings.Contains(ref, "@") {
-		return image.Image{}, fmt.Errorf("%w: %s: a template is named by a tag, not a digest", ErrInvalid, name)
+		return image.Image{}, 0, fmt.Errorf("%w: %s: a template is named by a tag, not a digest", ErrInvalid, name)
 	}
 	if log == nil {
 		log = io.Discard
 	}
 	if err := os.MkdirAll(b.CacheDir, 0o700); err != nil {
-		return image.Image{}, err
+		return image.Image{}, 0, err
 	}
 	release, err := b.Store.Hold()
 	if err != nil {
-		return image.Image{}, err
+		return image.Image{}, 0, err
 	}
 	defer release()
 	base, err := b.base(spec)
 	if err != nil {
-		return image.Image{}, &StepError{Step: 0, Err: err}
+		return image.Image{}, 0, &StepError{Step: 0, Err: err}
 	}
 	cfg, err := b.Store.ConfigFile(base)
 	if err != nil {
-		return image.Image{}, err
+		return image.Image{}, 0, err
 	}
 	steps, err := hashFiles(spec.Steps, files)
 	if err != nil {
-		return image.Image{}, err
+		return image.Image{}, 0, err
 	}
 	keyed := spec
 	keyed.Steps = steps
@@ -130,7 +141,7 @@ func (b *Builder) Build(ctx context.Context, name string, spec Spec, files Files
 	rerun := false // a step run again: those after it run too
 	for i, step := range steps {
 		if err := ctx.Err(); err != nil {
-			return image.Image{}, err
+			return image.Image{}, 0, err
 		}
 		what := describe(step)
 		fmt.Fprintf(log, "step %d/%d: %s\n", i+1, len(steps), what)
@@ -143,16 +154,20 @@ func (b *Builder) Build(ctx context.Context, name string, spec Spec, files Files
 			// read for the layer; one the caller gave is its own (E2B's).
 			next, err = b.run(ctx, st, step, files, spec.Steps[i].FilesHash == "", log)
 			if err != nil {
-				return image.Image{}, &StepError{Step: i + 1,
+				return image.Image{}, 0, &StepError{Step: i + 1,
 					Err: fmt.Errorf("%w: step %d/%d (%.200s): %w", ErrStepFailed, i+1, len(steps), what, err)}
 			}
 			if err := b.remember(keys[i], next); err != nil {
-				return image.Image{}, err
+				return image.Image{}, 0, err
 			}
 		}
 		next.layers = st.layers
 		if next.Layer != "" {
 			next.layers = append(slices.Clone(st.layers), next.Layer)
+			if err := b.checkGrowth(next.layers, &added, next.Layer); err != nil {
+				return image.Image{}, 0, &StepError{Step: i + 1,
+					Err: fmt.Errorf("%w: step %d/%d (%.200s): %w", ErrStepFailed, i+1, len(steps), what, err)}
+			}
 		}
 		st = next
 		history = append(history, v1.History{Created: v1.Time{Time: time.Now().UTC()}, CreatedBy: what,
@@ -160,7 +175,26 @@ func (b *Builder) Build(ctx context.Context, name string, spec Spec, files Files
 	}
 	out := finalConfig(cfg, spec, st)
 	out.History = history
-	return b.Store.Commit(ref, out, st.layers)
+	im, err := b.Store.Commit(ref, out, st.layers)
+	return im, added, err
+}
+
+// checkGrowth fails when the image so far, layers, has more layers than
+// the store takes, or the layers added to the base hold more than
+// MaxBytes with layer's; added counts them.
+func (b *Builder) checkGrowth(layers []string, added *int64, layer string) error {
+	if err := b.Store.CheckLayers(len(layers)); err != nil {
+		return err
+	}
+	n, err := b.Store.LayerBytes(layer)
+	if err != nil {
+		return err
+	}
+	if *added += n; b.MaxBytes > 0 && *added > b.MaxBytes {
+		return fmt.Errorf("%w: the layers it adds hold more than %s, the most this build may add",
+			image.ErrTooLarge, image.FormatBytes(b.MaxBytes))
+	}
+	return nil
 }
 
 // base is the image the build starts from.

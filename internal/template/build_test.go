@@ -66,10 +66,15 @@ const passwd = "root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000::/home/user:/bin
 // with a user (1000), a home of its own and /bin a link to usr/bin.
 func newStore(t *testing.T) *image.Store {
 	t.Helper()
+	return newStoreWith(t, image.DefaultLimits)
+}
+
+func newStoreWith(t *testing.T, lim image.Limits) *image.Store {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: a layer's files keep the owners the image gives them")
 	}
-	s, err := image.Open(filepath.Join(t.TempDir(), "images"), image.DefaultLimits)
+	s, err := image.Open(filepath.Join(t.TempDir(), "images"), lim)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -466,6 +471,39 @@ func TestRunAs(t *testing.T) {
 			t.Errorf("runAs(%q) = %d, %d, %q, %v; want %d, %d, %q, error %v", c.user, uid, gid, home, err,
 				c.uid, c.gid, c.home, c.err)
 		}
+	}
+}
+
+// A build fails at the step whose layer passes the store's bound of
+// layers, or what its builder may add (MaxBytes), and runs no step after
+// it; nothing is named.
+func TestBuildBounds(t *testing.T) {
+	lim := image.DefaultLimits
+	lim.Layers = 3
+	s := newStoreWith(t, lim)
+	b, f := newBuilder(t, s)
+	df := "FROM base:1\nRUN write a\nRUN write b\nRUN write c\nRUN write d\n"
+	_, err := b.Build(context.Background(), "many:1", specOf(t, df), nil, io.Discard)
+	var se *StepError
+	if !errors.As(err, &se) || se.Step != 3 || !errors.Is(err, image.ErrRefused) {
+		t.Errorf("a fourth layer of a store of three: %v", err)
+	}
+	if got := f.commands(); strings.Join(got, ",") != "write a,write b,write c" {
+		t.Errorf("the build ran %v", got)
+	}
+	if _, err := s.Get("many:1"); !errors.Is(err, image.ErrNotFound) {
+		t.Errorf("the failed build is named: %v", err)
+	}
+
+	b, f = newBuilder(t, newStore(t))
+	b.MaxBytes = 10 // "write 1234" is 10 bytes: one such layer, not two
+	df = "FROM base:1\nRUN write 1234\nRUN write 5678\nRUN write 9\n"
+	_, err = b.Build(context.Background(), "big:1", specOf(t, df), nil, io.Discard)
+	if !errors.As(err, &se) || se.Step != 2 || !errors.Is(err, image.ErrTooLarge) {
+		t.Errorf("past MaxBytes: %v", err)
+	}
+	if got := f.commands(); strings.Join(got, ",") != "write 1234,write 5678" {
+		t.Errorf("the build ran %v", got)
 	}
 }
 

@@ -3,6 +3,7 @@ package template
 import (
 	"errors"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -172,9 +173,13 @@ func TestValidate(t *testing.T) {
 		{FromImage: "a", Steps: []Step{{Type: Env, Args: []string{"K"}}}},
 		{FromImage: "a", Steps: []Step{{Type: Run, Args: []string{""}}}},
 		{FromImage: "a", Steps: []Step{{Type: Workdir, Args: []string{"/a", "/b"}}}},
+		{FromImage: "a", Steps: slices.Repeat([]Step{{Type: Run, Args: []string{"true"}}}, MaxSteps+1)},
 	} {
 		if err := s.Validate(); !errors.Is(err, ErrInvalid) {
-			t.Errorf("%+v: %v", s, err)
+			t.Errorf("%.200v: %v", s, err)
 		}
+	}
+	if err := (Spec{FromImage: "a", Steps: slices.Repeat([]Step{{Type: Run, Args: []string{"true"}}}, MaxSteps)}).Validate(); err != nil {
+		t.Errorf("%d steps: %v", MaxSteps, err)
 	}
 }

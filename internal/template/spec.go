@@ -76,10 +76,17 @@ var argCounts = map[StepType][2]int{
 	Run: {1, 2}, Copy: {2, 4}, Add: {2, 4}, Env: {2, -1}, Workdir: {1, 1}, User: {1, 1},
 }
 
+// MaxSteps bounds a template's steps (each RUN a sandbox, whether or
+// not it makes a layer).
+const MaxSteps = 1000
+
 // Validate says what is wrong with a build, if anything.
 func (s Spec) Validate() error {
 	if (s.FromImage == "") == (s.FromTemplate == "") {
 		return fmt.Errorf("%w: it needs one base, an image or a template", ErrInvalid)
+	}
+	if len(s.Steps) > MaxSteps {
+		return fmt.Errorf("%w: it has %d steps, more than the %d a template may have", ErrInvalid, len(s.Steps), MaxSteps)
 	}
 	for i, st := range s.Steps {
 		n, ok := argCounts[st.Type]
