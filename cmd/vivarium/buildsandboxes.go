@@ -8,6 +8,7 @@ import (
 	"io"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -134,6 +135,14 @@ const e2bBaseImage = "e2bdev/base"
 // in the store yet is pulled first (the serve flags' registries), E2B's
 // own templates as a base are its base image, and the steps are the
 // template builder's.
+//
+// A base pulled for a build is the build's to pay for: its bytes count
+// in what the build added (its key's --build-disk-per-key), its pull
+// may unpack no more than the build's budget, and its name is removed
+// from the store once no build uses it, its layers living on in the
+// templates built on it (and collected with the last of them). Without
+// that, a key could fill the disk with bases that no template holds.
+// The images of the store the operator put there are never removed.
 type serveBuilder struct {
 	builder *template.Builder
 	store   *image.Store
@@ -142,6 +151,16 @@ type serveBuilder struct {
 	// makes the server reach no other host (its network, its cloud's
 	// metadata).
 	registries map[string]bool
+
+	mu    sync.Mutex
+	bases map[string]*pulledBase // bases pulled for builds that run, by name
+}
+
+// pulledBase is a base a build pulled, and the builds that use it.
+type pulledBase struct {
+	users int
+	ready chan struct{} // closed once pulled, or not
+	err   error
 }
 
 // maxBasePull bounds the pull of a build's base: a registry that stalls
@@ -159,39 +178,108 @@ func (sb *serveBuilder) Build(ctx context.Context, job service.BuildJob, spec te
 	case "base", "code-interpreter", "code-interpreter-v1":
 		spec.FromTemplate, spec.FromImage = "", e2bBaseImage
 	}
+	var paid int64
 	if spec.FromImage != "" {
-		if _, err := sb.store.Get(spec.FromImage); errors.Is(err, image.ErrNotFound) {
-			if err := sb.pullBase(ctx, spec.FromImage, log); err != nil {
-				return service.Built{}, &template.StepError{Step: 0, Err: err}
+		n, release, err := sb.acquireBase(ctx, spec.FromImage, job.MaxBytes, log)
+		if err != nil {
+			return service.Built{}, &template.StepError{Step: 0, Err: err}
+		}
+		defer release()
+		paid = n
+	}
+	b := *sb.builder
+	if bs, ok := b.Sandboxes.(*buildSandboxes); ok {
+		steps := *bs
+		steps.tenant = job.Tenant
+		b.Sandboxes = &steps
+	}
+	if job.MaxBytes > 0 {
+		b.MaxBytes = max(job.MaxBytes-paid, 1) // a base that took it all leaves no room for a layer
+	}
+	im, added, err := b.BuildSized(ctx, job.Name, spec, files, log)
+	return service.Built{Image: im, Added: added + paid}, err
+}
+
+// acquireBase makes sure the base ref is in the store for a build: the
+// operator's image of that name, one another running build pulled, or
+// one it pulls now, within maxBytes (0: the store's bound), whose bytes
+// it returns as its to pay. release ends its use: the last build to
+// release a base pulled for builds removes its name.
+func (sb *serveBuilder) acquireBase(ctx context.Context, ref string, maxBytes int64, log io.Writer) (paid int64, release func(), err error) {
+	key, err := image.ParseName(ref)
+	if err != nil {
+		return 0, nil, err
+	}
+	sb.mu.Lock()
+	pb := sb.bases[key]
+	if pb == nil {
+		if _, err := sb.store.Get(key); err == nil {
+			sb.mu.Unlock()
+			return 0, func() {}, nil // the operator's
+		}
+		if sb.bases == nil {
+			sb.bases = map[string]*pulledBase{}
+		}
+		pb = &pulledBase{ready: make(chan struct{})}
+		sb.bases[key] = pb
+	}
+	pb.users++
+	first := pb.users == 1
+	sb.mu.Unlock()
+	release = func() {
+		sb.mu.Lock()
+		defer sb.mu.Unlock()
+		if pb.users--; pb.users > 0 {
+			return
+		}
+		delete(sb.bases, key)
+		if pb.err == nil {
+			if err := sb.store.Remove(key); err != nil && !errors.Is(err, image.ErrNotFound) {
+				fmt.Fprintf(log, "removing base %s: %v\n", ref, err)
 			}
 		}
 	}
-	b := *sb.builder
-	steps := *b.Sandboxes.(*buildSandboxes)
-	steps.tenant = job.Tenant
-	b.Sandboxes, b.MaxBytes = &steps, job.MaxBytes
-	im, added, err := b.BuildSized(ctx, job.Name, spec, files, log)
-	return service.Built{Image: im, Added: added}, err
+	if first {
+		var im image.Image
+		im, pb.err = sb.pullBase(ctx, ref, maxBytes, log)
+		close(pb.ready)
+		paid = im.Size
+	} else {
+		select {
+		case <-pb.ready:
+		case <-ctx.Done():
+			release()
+			return 0, nil, ctx.Err()
+		}
+	}
+	if pb.err != nil {
+		release()
+		return 0, nil, pb.err
+	}
+	return paid, release, nil
 }
 
 // pullBase pulls a build's base image, from a registry the server pulls
-// from.
-func (sb *serveBuilder) pullBase(ctx context.Context, ref string, log io.Writer) error {
+// from, its layers unpacking to at most maxBytes (0: the store's bound).
+func (sb *serveBuilder) pullBase(ctx context.Context, ref string, maxBytes int64, log io.Writer) (image.Image, error) {
 	r, err := name.ParseReference(ref)
 	if err != nil {
-		return fmt.Errorf("%w: base image %q: %v", image.ErrBadName, ref, err)
+		return image.Image{}, fmt.Errorf("%w: base image %q: %v", image.ErrBadName, ref, err)
 	}
 	if reg := r.Context().RegistryStr(); !sb.registries[reg] {
-		return fmt.Errorf("%w: base image %s is not in the server's image store, and this server pulls from no registry %s "+
-			"(vivarium serve --pull-registry, or vivarium image pull on the server)", image.ErrNotFound, ref, reg)
+		return image.Image{}, fmt.Errorf("%w: base image %s is not in the server's image store, and this server pulls from "+
+			"no registry %s (vivarium serve --pull-registry, or vivarium image pull on the server)", image.ErrNotFound, ref, reg)
 	}
 	fmt.Fprintf(log, "pulling %s\n", ref)
 	ctx, cancel := context.WithTimeout(ctx, maxBasePull)
 	defer cancel()
-	if _, err := image.Pull(ctx, sb.store, ref, sb.pull, nil); err != nil {
-		return fmt.Errorf("pull %s: %w", ref, err)
+	opts := sb.pull
+	opts.MaxBytes = maxBytes
+	im, err := image.Pull(ctx, sb.store, ref, opts, nil)
+	if err != nil {
+		return image.Image{}, fmt.Errorf("pull %s: %w", ref, err)
 	}
-	return nil
+	return im, nil
 }
 
 // Remove implements service.TemplateRemover.

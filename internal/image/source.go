@@ -37,6 +37,9 @@ type PullOptions struct {
 	// Keychain gives credentials; nil: Docker's config.json
 	// ($DOCKER_CONFIG, else ~/.docker).
 	Keychain authn.Keychain
+	// MaxBytes bounds what the image's layers unpack to, below the
+	// store's own bound (0: the store's).
+	MaxBytes int64
 }
 
 // Pull adds the image ref from its registry (or its mirror) to the store.
@@ -70,7 +73,7 @@ func Pull(ctx context.Context, s *Store, ref string, o PullOptions, progress fun
 			return Image{}, errors.Join(err, fmt.Errorf("pull %s: %w", ref, rerr))
 		}
 	}
-	return s.Add(ctx, r.Name(), img, progress)
+	return s.AddWithin(ctx, r.Name(), img, o.MaxBytes, progress)
 }
 
 // parse parses ref; with a mirror, ref's registry is replaced by it.

@@ -274,6 +274,16 @@ type layerMeta struct {
 // its configuration gives. progress, if not nil, hears of each layer.
 // On failure nothing of img is named and its staging is removed.
 func (s *Store) Add(ctx context.Context, ref string, img v1.Image, progress func(Progress)) (Image, error) {
+	return s.AddWithin(ctx, ref, img, 0, progress)
+}
+
+// AddWithin is Add, its layers unpacking to at most maxBytes (0: the
+// store's bound).
+func (s *Store) AddWithin(ctx context.Context, ref string, img v1.Image, maxBytes int64, progress func(Progress)) (Image, error) {
+	lim := s.lim
+	if maxBytes > 0 {
+		lim.Bytes = min(lim.Bytes, maxBytes)
+	}
 	n, err := ParseName(ref)
 	if err != nil {
 		return Image{}, err
@@ -284,13 +294,13 @@ func (s *Store) Add(ctx context.Context, ref string, img v1.Image, progress func
 	var out Image
 	err = s.withLock("gc.lock", unix.LOCK_SH, func() error {
 		var err error
-		out, err = s.add(ctx, n, img, progress)
+		out, err = s.add(ctx, n, img, lim, progress)
 		return err
 	})
 	return out, err
 }
 
-func (s *Store) add(ctx context.Context, n string, img v1.Image, progress func(Progress)) (Image, error) {
+func (s *Store) add(ctx context.Context, n string, img v1.Image, lim Limits, progress func(Progress)) (Image, error) {
 	// An archive's image has no manifest of its own: go-containerregistry
 	// would compress every layer to make one. Its layers are counted
 	// from its configuration, and it is known by its configuration's
@@ -338,7 +348,7 @@ func (s *Store) add(ctx context.Context, n string, img v1.Image, progress func(P
 	if err != nil {
 		return Image{}, err
 	}
-	b := &budget{lim: s.lim}
+	b := &budget{lim: lim}
 	im := Image{Name: n, Stored: time.Now().UTC()}
 	for i, l := range layers {
 		if err := ctx.Err(); err != nil {
