@@ -40,10 +40,12 @@ const wasmSlow = "the wasm interpreter builds the case's tens of megabytes of re
 func wasmWallClock(t *testing.T, h *harness, j *job) { j.Spec.Limits.Timeout = 4 * time.Minute }
 
 var wasmDifferences = withReadOnlyRoot(map[string]difference{
-	"huge_result":                {why: wasmSlow, prepare: wasmWallClock},
-	"results_over_the_total_cap": {why: wasmSlow, prepare: wasmWallClock},
-	"volume_escape":              {why: noVolumes},
-	"volume_pass_descriptors":    {why: noVolumes},
+	"huge_result":                    {why: wasmSlow, prepare: wasmWallClock},
+	"huge_frame_data":                {why: wasmSlow, prepare: wasmWallClock},
+	"result_encoding_outgrows_frame": {why: wasmSlow, prepare: wasmWallClock},
+	"results_over_the_total_cap":     {why: wasmSlow, prepare: wasmWallClock},
+	"volume_escape":                  {why: noVolumes},
+	"volume_pass_descriptors":        {why: noVolumes},
 	// Kernel budgets (cases_budgets_test.go): nothing to take.
 	"take_all_inotify_instances":      {why: noKernelBudgets},
 	"take_all_inotify_watches":        {why: noKernelBudgets},
