@@ -35,7 +35,7 @@ var _ template.Sandboxes = (*buildSandboxes)(nil)
 
 // Run implements template.Sandboxes.
 func (bs *buildSandboxes) Run(ctx context.Context, r template.RunRequest) error {
-	step := native.BuildStep{Args: r.Args, Env: r.Env, Dir: r.Dir, User: r.User, Log: r.Log, Limits: bs.limits,
+	step := native.BuildStep{Args: r.Args, Env: r.Env, Dir: r.Dir, UID: uint32(r.UID), GID: uint32(r.GID), Log: r.Log, Limits: bs.limits,
 		Tenant: bs.tenant, Commit: r.Commit}
 	for _, id := range r.Layers {
 		step.Layers = append(step.Layers, bs.store.LayerDir(id))
@@ -50,9 +50,6 @@ func (bs *buildSandboxes) Run(ctx context.Context, r template.RunRequest) error 
 	err := bs.backend.RunBuildStep(ctx, step)
 	if ee := (*native.BuildExitError)(nil); errors.As(err, &ee) {
 		return &template.ExitError{Status: ee.Status}
-	}
-	if ue := (*native.BuildUserError)(nil); errors.As(err, &ue) {
-		return &template.UserError{User: ue.User}
 	}
 	return err
 }

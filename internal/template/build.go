@@ -41,11 +41,12 @@ type Sandboxes interface {
 
 // RunRequest is one RUN step.
 type RunRequest struct {
-	Layers []string  // the root: diff IDs of the store's layers, the lowest first
-	Args   []string  // argv, e.g. {"/bin/sh", "-c", "apt-get install -y x"}
-	Env    []string  // KEY=VALUE: the image's ENV so far, then the step's build arguments
-	Dir    string    // the working directory (WORKDIR so far; "/" if none)
-	User   string    // who runs it, "UID:GID" (USER so far, resolved through the image)
+	Layers []string // the root: diff IDs of the store's layers, the lowest first
+	Args   []string // argv, e.g. {"/bin/sh", "-c", "apt-get install -y x"}
+	Env    []string // KEY=VALUE: the image's ENV so far, then the step's build arguments
+	Dir    string   // the working directory (WORKDIR so far; "/" if none)
+	UID    int      // who runs it (USER so far, resolved through the image)
+	GID    int
 	Log    io.Writer // the command's stdout and stderr, as they come
 	// Commit is called, when the command exited 0 and before the sandbox
 	// goes, with the directory of the sandbox's writable layer
@@ -465,7 +466,8 @@ func (b *Builder) runCommand(ctx context.Context, st state, step Step, log io.Wr
 		Args:   []string{"/bin/sh", "-c", step.Args[0]},
 		Env:    append(env, step.BuildArgs...),
 		Dir:    dir,
-		User:   fmt.Sprintf("%d:%d", uid, gid),
+		UID:    uid,
+		GID:    gid,
 		Log:    io.MultiWriter(log, tail),
 		Commit: func(upper string, uid0, gid0 uint32) error {
 			if committed {

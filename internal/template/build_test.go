@@ -126,11 +126,7 @@ func (f *fakeSandboxes) Run(ctx context.Context, r RunRequest) error {
 	// The sandbox's ids are host ids from uid0 on; what it makes is its
 	// user's.
 	const uid0 = 200_000
-	var uid, gid int
-	if _, err := fmt.Sscanf(r.User, "%d:%d", &uid, &gid); err != nil {
-		return fmt.Errorf("user %q: %w", r.User, err)
-	}
-	id := uid0 + uid
+	id := uid0 + r.UID
 	switch {
 	case strings.HasPrefix(cmd, "rm "):
 		p := filepath.Join(upper, strings.TrimPrefix(cmd, "rm "))
@@ -414,8 +410,8 @@ func TestBuildRunRequest(t *testing.T) {
 	}
 	r := f.runs[0]
 	if len(r.Layers) != 2 || strings.Join(r.Env, ",") != "PATH=/usr/bin:/bin,E=x,HOME=/home/user,V=1" || r.Dir != "/w" ||
-		r.User != "1000:1000" {
-		t.Errorf("RunRequest: layers %v env %v dir %q user %q", r.Layers, r.Env, r.Dir, r.User)
+		r.UID != 1000 || r.GID != 1000 {
+		t.Errorf("RunRequest: layers %v env %v dir %q user %d:%d", r.Layers, r.Env, r.Dir, r.UID, r.GID)
 	}
 	// RUN true changed nothing: no layer; RUN rm whited a file out.
 	if len(im.Layers) != 4 {

@@ -39,7 +39,7 @@ func (e *StepError) Unwrap() error { return e.Err }
 func (e *StepError) BuildStep() int { return e.Step }
 
 // UserError: a RUN step's user is not one of the image's (no such name in
-// its /etc/passwd), or Sandboxes.Run cannot run as it.
+// its /etc/passwd).
 type UserError struct{ User string }
 
 func (e *UserError) Error() string { return fmt.Sprintf("invalid username: '%s'", e.User) }

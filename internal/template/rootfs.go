@@ -264,25 +264,19 @@ func (v *rootView) runAs(user string) (uid, gid int, home string, err error) {
 		return 0, 0, "/root", nil
 	}
 	u, g, hasGroup := strings.Cut(user, ":")
-	text, err := v.readFile("/etc/passwd")
+	n, numeric := strconv.Atoi(u)
+	f, err := v.entry("/etc/passwd", func(f []string) bool { return len(f) >= 7 && (f[0] == u || numeric == nil && f[2] == u) })
 	if err != nil {
 		return 0, 0, "", err
 	}
 	uid, gid, home = -1, 0, "/"
-	n, numeric := strconv.Atoi(u)
-	sc := bufio.NewScanner(strings.NewReader(text))
-	for sc.Scan() {
-		f := strings.Split(sc.Text(), ":")
-		if len(f) < 7 || !(f[0] == u || numeric == nil && f[2] == u) {
-			continue
-		}
+	if f != nil {
 		id, err1 := strconv.Atoi(f[2])
 		group, err2 := strconv.Atoi(f[3])
 		if err1 != nil || err2 != nil {
 			return 0, 0, "", fmt.Errorf("%w: the image's /etc/passwd gives %s the ids %q:%q", ErrInvalid, f[0], f[2], f[3])
 		}
 		uid, gid, home = id, group, f[5]
-		break
 	}
 	switch {
 	case uid >= 0:
@@ -307,29 +301,37 @@ func (v *rootView) runAs(user string) (uid, gid int, home string, err error) {
 	return uid, gid, home, nil
 }
 
+// entry is the first line of the image's file (/etc/passwd or
+// /etc/group), split at its colons, that match takes; nil if none does.
+func (v *rootView) entry(file string, match func(fields []string) bool) ([]string, error) {
+	text, err := v.readFile(file)
+	if err != nil {
+		return nil, err
+	}
+	sc := bufio.NewScanner(strings.NewReader(text))
+	for sc.Scan() {
+		if f := strings.Split(sc.Text(), ":"); match(f) {
+			return f, nil
+		}
+	}
+	return nil, nil
+}
+
 // lookupID is name's id in the image's file (/etc/passwd or
 // /etc/group), or name itself if it is a number; an id a sandbox does
 // not have (65,536 and up) is refused.
 func (v *rootView) lookupID(file, name string) (int, error) {
 	id, err := strconv.Atoi(name)
 	if err != nil {
-		text, err := v.readFile(file)
+		f, err := v.entry(file, func(f []string) bool { return len(f) >= 3 && f[0] == name })
 		if err != nil {
 			return 0, err
 		}
-		id = -1
-		sc := bufio.NewScanner(strings.NewReader(text))
-		for sc.Scan() {
-			f := strings.Split(sc.Text(), ":")
-			if len(f) >= 3 && f[0] == name {
-				if id, err = strconv.Atoi(f[2]); err != nil {
-					return 0, fmt.Errorf("%w: the image's %s gives %s the id %q", ErrInvalid, file, name, f[2])
-				}
-				break
-			}
-		}
-		if id < 0 {
+		if f == nil {
 			return 0, fmt.Errorf("%w: %s: no such name in the image's %s", ErrInvalid, name, file)
+		}
+		if id, err = strconv.Atoi(f[2]); err != nil {
+			return 0, fmt.Errorf("%w: the image's %s gives %s the id %q", ErrInvalid, file, name, f[2])
 		}
 	}
 	if id < 0 || id >= sandboxIDs {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -28,12 +27,11 @@ type BuildStep struct {
 	Args   []string // the command
 	Env    []string // KEY=VALUE
 	Dir    string   // its working directory
-	// User runs the command: root ("", "root", "0"), the sandbox user
-	// ("user", "sandbox", "1000") or any other user of the image by its
-	// ids, "UID:GID" (0 to 65535 each). Root keeps the capabilities of
-	// buildCapabilities in the step's own user namespace.
-	User string
-	Log  io.Writer
+	// UID and GID run the command (0 to 65535, the ids the builder
+	// resolved through the image); 0 is root, which keeps the
+	// capabilities of buildCapabilities in the step's own user namespace.
+	UID, GID uint32
+	Log      io.Writer
 	// Limits are the step's; zero fields are DefaultBuildLimits'.
 	Limits sandbox.Limits
 	// Tenant is the group the step's sandbox is made in (sandbox.Spec's):
@@ -68,9 +66,8 @@ func (b *Backend) RunBuildStep(ctx context.Context, r BuildStep) (err error) {
 	if r.Dir == "" {
 		r.Dir = "/" // no WORKDIR: the root, as Docker's RUN
 	}
-	cred, err := buildUser(r.User)
-	if err != nil {
-		return err
+	if r.UID > maxBuildID || r.GID > maxBuildID {
+		return fmt.Errorf("%w: a build's step runs as ids 0 to %d, not %d:%d", sandbox.ErrInvalidSpec, maxBuildID, r.UID, r.GID)
 	}
 	lim := r.Limits
 	def := DefaultBuildLimits
@@ -114,7 +111,7 @@ func (b *Backend) RunBuildStep(ctx context.Context, r BuildStep) (err error) {
 	defer s.Close()
 	ctx, cancel := context.WithTimeout(ctx, lim.Timeout)
 	defer cancel()
-	p, err := s.startAs(ctx, r.Args, r.Dir, cred)
+	p, err := s.startAs(ctx, r.Args, r.Dir, [2]uint32{r.UID, r.GID})
 	if err != nil {
 		return err
 	}
@@ -170,43 +167,6 @@ func (s *Sandbox) startAs(ctx context.Context, argv []string, dir string, cred [
 // maxBuildID is the last id a build step's command may have: a
 // sandbox's user namespace maps 0 to 65535.
 const maxBuildID = 65535
-
-// buildUser is who runs a step: root ("", "root", "0"), the sandbox
-// user ("user", "sandbox", "1000"), or other ids, "UID[:GID]", which
-// the builder resolved through the image's /etc/passwd and /etc/group
-// (a GID left out is 0).
-func buildUser(u string) ([2]uint32, error) {
-	name, group, hasGroup := strings.Cut(u, ":")
-	switch name {
-	case "", "root":
-		name = "0"
-	case "user", "sandbox":
-		name = "1000"
-	}
-	if !hasGroup {
-		group = "0"
-		if name == "1000" {
-			group = "1000"
-		}
-	}
-	uid, err1 := strconv.ParseUint(name, 10, 32)
-	gid, err2 := strconv.ParseUint(group, 10, 32)
-	if err1 != nil || err2 != nil || uid > maxBuildID || gid > maxBuildID {
-		return [2]uint32{}, &BuildUserError{User: u}
-	}
-	return [2]uint32{uint32(uid), uint32(gid)}, nil
-}
-
-// BuildUserError: a step asks to run as a user it cannot (one other than
-// root and the sandbox user).
-type BuildUserError struct{ User string }
-
-func (e *BuildUserError) Error() string {
-	return fmt.Sprintf("invalid username: '%s' (a build's step runs as root, the sandbox user, or UID:GID of "+
-		"the image's users, 0 to %d)", e.User, maxBuildID)
-}
-
-func (e *BuildUserError) Unwrap() error { return sandbox.ErrInvalidSpec }
 
 // lockedWriter serialises the writes of a step's two output streams.
 type lockedWriter struct {

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
 
@@ -106,7 +107,7 @@ func TestBuildStepCapabilities(t *testing.T) {
 	// As another user of the image: its ids, no capability.
 	log.Reset()
 	step.Args = []string{"sh", "-c", `id -u; id -g; grep CapEff /proc/self/status; echo $HOME`}
-	step.User = "1001:1002"
+	step.UID, step.GID = 1001, 1002
 	step.Commit = func(string, uint32, uint32) error { return nil }
 	if err := b.RunBuildStep(ctx, step); err != nil {
 		t.Fatalf("%v\n%s", err, log.String())
@@ -114,11 +115,10 @@ func TestBuildStepCapabilities(t *testing.T) {
 	if got := log.String(); got != "1001\n1002\nCapEff:\t0000000000000000\n/\n" {
 		t.Errorf("a step as 1001:1002 printed %q", got)
 	}
-	for _, u := range []string{"65536", "0:70000", "app", "-1"} {
-		step.User = u
-		var ue *native.BuildUserError
-		if err := b.RunBuildStep(ctx, step); !errors.As(err, &ue) {
-			t.Errorf("a step as %q: %v, want a BuildUserError", u, err)
+	for _, ids := range [][2]uint32{{65536, 0}, {0, 70000}} {
+		step.UID, step.GID = ids[0], ids[1]
+		if err := b.RunBuildStep(ctx, step); !errors.Is(err, sandbox.ErrInvalidSpec) {
+			t.Errorf("a step as %d:%d: %v, want an invalid spec", ids[0], ids[1], err)
 		}
 	}
 }
