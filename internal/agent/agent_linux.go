@@ -264,7 +264,11 @@ func (a *agent) startRunner() error {
 		// A template's sandbox: python3 on the template's PATH, else a
 		// runner without Python (runner.ServeNoPython), this program
 		// again, which answers executions with an error; commands run.
-		if python, err = lookPath("python3", a.cfg.Env); err != nil && len(args) > 0 {
+		if python, err = lookPath("python3", a.cfg.Env); err != nil {
+			if len(args) == 0 {
+				reqW.Close()
+				return fmt.Errorf("the template has no python3 on its PATH: %w", err)
+			}
 			python, args = "/proc/self/exe", []string{args[len(args)-1]}
 		}
 	}

@@ -54,25 +54,21 @@ except OSError as e:
 // A template without python3 on gVisor has a runner all the same (the
 // agent's program again): code gets an error that says why, commands run.
 func TestTemplateWithoutPython(t *testing.T) {
-	dir := t.TempDir()
-	b := newBackend(t, "vivarium-gvisor-nopython-test", dir)
+	b := newBackend(t, "vivarium-gvisor-nopython-test", t.TempDir())
 	defer b.Close()
-	root := testutil.TemplateRoot(t)
-	gone := t.TempDir()
 	real, err := filepath.EvalSymlinks("/usr/bin/python3")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.MkdirAll(filepath.Join(gone, "usr/bin"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for _, name := range []string{"python3", filepath.Base(real)} {
-		// Whiteouts, as an image's layer that removed them.
-		if err := unix.Mknod(filepath.Join(gone, "usr/bin", name), unix.S_IFCHR, 0); err != nil {
-			t.Fatal(err)
+	root := templateWith(t, "sha256:nopython", func(usrBin string) error {
+		for _, name := range []string{"python3", filepath.Base(real)} {
+			// Whiteouts, as an image's layer that removed them.
+			if err := unix.Mknod(filepath.Join(usrBin, name), unix.S_IFCHR, 0); err != nil {
+				return err
+			}
 		}
-	}
-	root.Layers, root.ID = append(root.Layers, gone), "sha256:nopython"
+		return nil
+	})
 	ctx := context.Background()
 	for _, oneShot := range []bool{false, true} {
 		sb, err := b.Create(ctx, sandbox.Spec{Root: root, OneShot: oneShot, Env: map[string]string{"PATH": "/usr/bin:/bin"}})
@@ -100,18 +96,11 @@ func TestTemplateWithoutPython(t *testing.T) {
 // A template whose python3 exits at once fails its sandbox's start-up
 // as soon as it exits, saying so, not after the setup's time limit.
 func TestTemplateBrokenPython(t *testing.T) {
-	dir := t.TempDir()
-	b := newBackend(t, "vivarium-gvisor-brokenpy-test", dir)
+	b := newBackend(t, "vivarium-gvisor-brokenpy-test", t.TempDir())
 	defer b.Close()
-	root := testutil.TemplateRoot(t)
-	broken := t.TempDir()
-	if err := os.MkdirAll(filepath.Join(broken, "usr/bin"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(broken, "usr/bin/python3"), []byte("#!/bin/sh\nexit 3\n"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	root.Layers, root.ID = append(root.Layers, broken), "sha256:brokenpy"
+	root := templateWith(t, "sha256:brokenpy", func(usrBin string) error {
+		return os.WriteFile(filepath.Join(usrBin, "python3"), []byte("#!/bin/sh\nexit 3\n"), 0o755)
+	})
 	sb, err := b.Create(context.Background(), sandbox.Spec{Root: root, Env: map[string]string{"PATH": "/usr/bin:/bin"}})
 	if err == nil {
 		sb.Close()
@@ -120,4 +109,21 @@ func TestTemplateBrokenPython(t *testing.T) {
 	if !strings.Contains(err.Error(), "exited during start-up with status 3") {
 		t.Errorf("got %v, want the runner's exit during start-up", err)
 	}
+}
+
+// templateWith is testutil.TemplateRoot under one more layer, whose
+// usr/bin fill makes, named id.
+func templateWith(t *testing.T, id string, fill func(usrBin string) error) *sandbox.Root {
+	t.Helper()
+	root := testutil.TemplateRoot(t)
+	top := t.TempDir()
+	usrBin := filepath.Join(top, "usr/bin")
+	if err := os.MkdirAll(usrBin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := fill(usrBin); err != nil {
+		t.Fatal(err)
+	}
+	root.Layers, root.ID = append(root.Layers, top), id
+	return root
 }
