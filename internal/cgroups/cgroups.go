@@ -496,7 +496,10 @@ func killListed(list func() ([]int, error)) (int, error) {
 		}
 	}()
 	for _, pid := range pids {
-		if _, ok := fds[pid]; ok {
+		if _, ok := fds[pid]; ok || pid == os.Getpid() {
+			// This process, never: it is in a sandbox's group only
+			// while one of its threads starts the sandbox's first
+			// process there (EnterThread), before the group is used.
 			continue
 		}
 		fd, err := unix.PidfdOpen(pid, 0)

@@ -397,6 +397,12 @@ func TestKillListed(t *testing.T) {
 		t.Fatal("a process no longer listed at the second read was killed")
 	}
 
+	// This process is never killed, even listed (a thread of it is in a
+	// new group while it starts the group's first process).
+	if n, err := killListed(func() ([]int, error) { return []int{os.Getpid()}, nil }); err != nil || n != 0 {
+		t.Fatalf("killListed of this process = %d, %v; want 0 kills", n, err)
+	}
+
 	member := start()
 	n, err = killListed(func() ([]int, error) { return []int{member.Process.Pid, 1 << 30}, nil })
 	if err != nil || n != 1 {

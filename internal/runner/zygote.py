@@ -11,7 +11,10 @@ sandbox is a host user of its own). It never runs user code. Each child,
 before any user code runs, and in this order:
 
   0. leaves the zygote's session and process group;
-  1. waits until the supervisor has moved it into the sandbox's cgroup;
+  1. moves itself into the sandbox's cgroup, where the supervisor sent
+     its "tasks" files (cgroup v1: a process that moves itself waits for
+     no RCU grace period, as a move by its pid does), and waits until the
+     supervisor lets it go on (having moved it in by its pid otherwise);
   2. joins the sandbox's user namespace, and then, with the capabilities it
      has there, its mount, network, IPC, UTS and cgroup namespaces (its PID
      namespace was chosen before the fork);
@@ -156,14 +159,24 @@ def become_sandbox(req, fds, filter_prog, sock):
     """The child's side: everything from the fork to the runner. It returns
     the runner's exit code, for the interpreter to exit with as python3
     would (threads joined, atexit handlers run, objects finalized)."""
-    (user_ns, pid_ns, mnt_ns, net_ns, ipc_ns, uts_ns, cgroup_ns), (req_r, evt_w, out_w, err_w, go_r) = fds[:7], fds[7:]
+    (user_ns, pid_ns, mnt_ns, net_ns, ipc_ns, uts_ns, cgroup_ns) = fds[:7]
+    (req_r, evt_w, out_w, err_w, go_r), tasks = fds[7:12], fds[12:]
     os.close(pid_ns)
     os.close(sock.detach())
     # A session and process group of its own at once: the zygote's group
     # holds every other sandbox's runner, and a signal to one's own group
     # (kill(0, ...)) must not reach them.
     os.setsid()
-    # 1. Wait for the cgroup. EOF: the supervisor gave up on this child.
+    # 1. The cgroup: this process is single-threaded (as the zygote is), so
+    # "0" moves all of it. Then the supervisor's word; EOF: it gave up on
+    # this child.
+    for fd in tasks:
+        try:
+            os.write(fd, b"0")
+        except OSError as e:
+            _setup_error(evt_w, "move into the sandbox's cgroup: %s" % e)
+            os._exit(125)
+        os.close(fd)
     if os.read(go_r, 1) != b"g":
         os._exit(125)
     os.close(go_r)
@@ -276,7 +289,7 @@ class Zygote:
 
     def receive(self):
         fds = array.array("i")
-        msg, anc, flags, _ = self.sock.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(16 * fds.itemsize))
+        msg, anc, flags, _ = self.sock.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(32 * fds.itemsize))
         for level, kind, data in anc:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
@@ -291,8 +304,10 @@ class Zygote:
         the child, what the child needs to become the sandbox's runner,
         once the zygote's own stack is unwound."""
         token = req.get("token")
-        if len(fds) != 12:
-            raise ValueError("fork needs 12 descriptors, got %d" % len(fds))
+        # The sandbox's namespaces, the runner's pipes and the gate, and the
+        # tasks files of the sandbox's cgroup (cgroup v1), one a hierarchy.
+        if not 12 <= len(fds) <= 24:
+            raise ValueError("fork needs 12 descriptors and tasks files, got %d" % len(fds))
         # The child is born in the sandbox's PID namespace: this sets the
         # namespace of the zygote's next child, and only that.
         _check("enter the sandbox's PID namespace", _libc.setns(fds[1], CLONE_NEWPID))

@@ -70,6 +70,11 @@ type ctlMsg struct {
 	Error  string   `json:"error,omitempty"`
 	// Owner is the host user of a forked sandbox (opSpawnInit).
 	Owner uint32 `json:"owner,omitempty"`
+	// Tasks is how many of an opSpawnInit's descriptors, after init's
+	// five, are the sandbox's cgroup's tasks files; as many follow, the
+	// zygote's own (cgroup v1: the init is born in its group,
+	// threadCgroup).
+	Tasks int `json:"tasks,omitempty"`
 	// Term starts a command in a terminal of this size (opSpawn).
 	Term *sandbox.TerminalSize `json:"term,omitempty"`
 	// IDs are the commands whose terminals the supervisor reads

@@ -169,7 +169,7 @@ func (p *initProc) awaitReaped() {
 // execInit starts a classic init from the supervisor: in new user, mount,
 // PID, network, IPC and UTS namespaces, the user namespace owned by the
 // sandbox's host user (spawn_linux.go).
-func (b *Backend) execInit(child []*os.File, cgroupFD int, owner uint32, fixedLayout bool) (*initProc, error) {
+func (b *Backend) execInit(child []*os.File, cgroupFD int, tasks *groupTasks, owner uint32, fixedLayout bool) (*initProc, error) {
 	cmd := initCommand(b.cfg.Exe, child)
 	// A session of its own: the sandbox shares no session or process
 	// group with the supervisor, and CRIU can dump its tree (a session
@@ -182,7 +182,13 @@ func (b *Backend) execInit(child []*os.File, cgroupFD int, owner uint32, fixedLa
 		cmd.SysProcAttr.CgroupFD = cgroupFD
 		p.inCgroup = true
 	}
-	if err := startOwned(cmd, owner, fixedLayout); err != nil {
+	cg := b.spawnGroup(tasks)
+	if cg != nil {
+		// cgroup v1: born inside its group by the spawner's thread,
+		// which enters it for the clone.
+		p.inCgroup = true
+	}
+	if err := startOwned(cmd, owner, fixedLayout, cg); err != nil {
 		return nil, fmt.Errorf("start init (user namespaces: %w)", err)
 	}
 	p.pid = cmd.Process.Pid

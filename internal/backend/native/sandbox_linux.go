@@ -216,14 +216,19 @@ func start(ctx context.Context, b *Backend, spec sandbox.Spec, cfg *initConfig, 
 	defer p.closeChild()
 	s.ctl = p.ctl
 	defer p.ctrlW.Close()
+	var tasks *groupTasks
+	if s.cg != nil {
+		tasks = openGroupTasks(s.cg)
+		defer tasks.close()
+	}
 	if z == nil {
 		var cgfd = -1
 		if s.cg != nil {
 			cgfd = s.cg.IntoFD()
 		}
-		s.init, err = b.execInit(p.child, cgfd, s.owner.First, cfg.HashSeed != "")
+		s.init, err = b.execInit(p.child, cgfd, tasks, s.owner.First, cfg.HashSeed != "")
 	} else {
-		s.init, err = z.spawnInit(ctx, p.child, s.owner.First)
+		s.init, err = z.spawnInit(ctx, p.child, tasks, s.owner.First)
 	}
 	if err != nil {
 		p.closeParent()
@@ -530,6 +535,15 @@ func (s *Sandbox) forkRunner(r *runnerProc, fds []int) {
 	}
 	defer closeAll(ns)
 	sent := append(append(ns, fds...), gate[0])
+	// cgroup v1: the runner moves itself into the sandbox's group, as its
+	// first step (zygote.py), where a move by its pid would wait for the
+	// kernel (threadCgroup).
+	var tasks *groupTasks
+	if s.cg != nil {
+		tasks = openGroupTasks(s.cg)
+		defer tasks.close()
+		sent = append(sent, tasks.fds()...)
+	}
 	onExit := func(code, signal int) { s.runnerExited(r, code, signal) }
 	if adopt {
 		onExit = nil // init says
@@ -541,7 +555,7 @@ func (s *Sandbox) forkRunner(r *runnerProc, fds []int) {
 		return
 	}
 	hostPID, err := pidfdPID(res.pidfd)
-	if err == nil && s.cg != nil {
+	if err == nil && s.cg != nil && tasks == nil {
 		err = s.cg.AddProc(hostPID)
 	}
 	if err != nil {

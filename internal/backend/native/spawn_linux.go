@@ -9,6 +9,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
 )
 
 // Every sandbox is a host user of its own, and its user namespace must be
@@ -52,8 +54,17 @@ type spawnRequest struct {
 	// fixedLayout starts cmd without address-space randomization
 	// (fixedLayout's comment).
 	fixedLayout bool
-	done        chan error
+	// cg, if not nil, is the group cmd is born in (cgroup v1).
+	cg   *threadCgroup
+	done chan error
 }
+
+// threadCgroup is a cgroup v1 group a spawned process is born in: the
+// spawner's thread enters it before the clone and goes back home after
+// (cgroups.EnterThread), where a move of the child by its pid would wait
+// for an RCU grace period. into and home are "tasks" files
+// (cgroups.ThreadEntry, cgroups.ThreadHome), the caller's, not closed.
+type threadCgroup struct{ into, home []int }
 
 var (
 	spawnerOnce sync.Once
@@ -94,8 +105,30 @@ func (sp *spawner) loop(ready chan<- error) {
 	}
 	ready <- nil
 	for r := range sp.reqs {
-		r.done <- spawnWithLayout(r.cmd, r.owner, r.fixedLayout)
+		r.done <- spawnInGroup(r)
 	}
+}
+
+// spawnInGroup is spawnWithLayout, in r.cg where it is given. The thread
+// is back home before it serves the next request, whatever happened: a
+// thread of this process left in a sandbox's group would be counted,
+// frozen and killed with the sandbox.
+func spawnInGroup(r spawnRequest) error {
+	if r.cg == nil {
+		return spawnWithLayout(r.cmd, r.owner, r.fixedLayout)
+	}
+	err := cgroups.EnterThread(r.cg.into)
+	if err == nil {
+		err = spawnWithLayout(r.cmd, r.owner, r.fixedLayout)
+	} else {
+		err = fmt.Errorf("start in the sandbox's cgroup: %w", err)
+	}
+	if herr := cgroups.EnterThread(r.cg.home); herr != nil {
+		// Nothing can repair it (the spawner's thread is the parent of
+		// every init, and lives as long as the process).
+		panic(fmt.Sprintf("spawner: back from a sandbox's cgroup: %v", herr))
+	}
+	return err
 }
 
 // addrNoRandomize is the personality flag ADDR_NO_RANDOMIZE.
@@ -165,7 +198,7 @@ func setThreadEIDs(id uint32) error {
 // startOwned starts cmd in new user, mount, PID, network, IPC and UTS
 // namespaces; the user namespace belongs to owner and maps ids 0-65535 to
 // owner, owner+1, ...; the child becomes root of it before exec.
-func startOwned(cmd *exec.Cmd, owner uint32, fixedLayout bool) error {
+func startOwned(cmd *exec.Cmd, owner uint32, fixedLayout bool, cg *threadCgroup) error {
 	ids := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(owner), Size: 65536}}
 	attr := cmd.SysProcAttr
 	if attr == nil {
@@ -179,7 +212,7 @@ func startOwned(cmd *exec.Cmd, owner uint32, fixedLayout bool) error {
 	// Root of the new namespace before exec: an unmapped uid keeps no
 	// capability across execve.
 	attr.Credential = &syscall.Credential{Uid: 0, Gid: 0}
-	return spawnFrom(cmd, owner, fixedLayout)
+	return spawnFrom(cmd, owner, fixedLayout, cg)
 }
 
 // spawnCmd starts cmd from the spawner's thread, as owner, and with
@@ -187,10 +220,10 @@ func startOwned(cmd *exec.Cmd, owner uint32, fixedLayout bool) error {
 // follows the creating thread, and the spawner's thread lives as long as
 // the process; another thread of the runtime might exit first.)
 func spawnCmd(cmd *exec.Cmd, owner uint32) error {
-	return spawnFrom(cmd, owner, false)
+	return spawnFrom(cmd, owner, false, nil)
 }
 
-func spawnFrom(cmd *exec.Cmd, owner uint32, fixedLayout bool) error {
+func spawnFrom(cmd *exec.Cmd, owner uint32, fixedLayout bool, cg *threadCgroup) error {
 	if cmd.SysProcAttr == nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
 	}
@@ -200,7 +233,7 @@ func spawnFrom(cmd *exec.Cmd, owner uint32, fixedLayout bool) error {
 		return err
 	}
 	done := make(chan error, 1)
-	sp.reqs <- spawnRequest{cmd: cmd, owner: owner, fixedLayout: fixedLayout, done: done}
+	sp.reqs <- spawnRequest{cmd: cmd, owner: owner, fixedLayout: fixedLayout, cg: cg, done: done}
 	return <-done
 }
 

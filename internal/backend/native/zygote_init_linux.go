@@ -88,7 +88,8 @@ func zygoteInit(cfg *initConfig, report func(initStatus)) (int, error) {
 	reqs := make(chan request)
 	go func() {
 		defer close(reqs)
-		buf, oob := make([]byte, maxControlMsg), make([]byte, unix.CmsgSpace(8*4))
+		// Init's five descriptors, and two sets of tasks files.
+		buf, oob := make([]byte, maxControlMsg), make([]byte, unix.CmsgSpace(32*4))
 		for {
 			m, fds, err := recvCtl(fdControl, buf, oob)
 			if err != nil {
@@ -107,7 +108,7 @@ func zygoteInit(cfg *initConfig, report func(initStatus)) (int, error) {
 				closeAll(r.fds)
 				continue
 			}
-			pid, pidfd, err := spawnForkedInit(r.fds, r.m.Owner)
+			pid, pidfd, err := spawnForkedInit(r.fds, r.m.Owner, r.m.Tasks)
 			reply := ctlMsg{Op: opSpawned, ID: r.m.ID, PID: pid}
 			if err != nil {
 				reply.Error = err.Error()
@@ -135,10 +136,20 @@ func zygoteInit(cfg *initConfig, report func(initStatus)) (int, error) {
 // spawnForkedInit starts a forked sandbox's init (this binary again) with
 // the five descriptors the supervisor sent, in order fdCtrl..fdControl,
 // and closes them. Its user namespace is owned by, and maps 0 to, owner.
-func spawnForkedInit(fds []int, owner uint32) (pid, pidfd int, err error) {
-	if len(fds) != fdControl-fdCtrl+1 || owner == 0 {
+// With tasks, the five are followed by the tasks files of the sandbox's
+// cgroup and of this init's own, tasks of each: init is born in its group
+// (threadCgroup).
+func spawnForkedInit(fds []int, owner uint32, tasks int) (pid, pidfd int, err error) {
+	n := fdControl - fdCtrl + 1
+	if tasks < 0 || len(fds) != n+2*tasks || owner == 0 {
 		closeAll(fds)
 		return 0, -1, unix.EINVAL
+	}
+	var cg *threadCgroup
+	if tasks > 0 {
+		defer closeAll(fds[n:])
+		cg = &threadCgroup{into: fds[n : n+tasks], home: fds[n+tasks:]}
+		fds = fds[:n]
 	}
 	files := make([]*os.File, len(fds))
 	for i, fd := range fds {
@@ -153,7 +164,7 @@ func spawnForkedInit(fds []int, owner uint32) (pid, pidfd int, err error) {
 	// A session of its own, as a classic init's (initproc_linux.go):
 	// CRIU dumps no tree whose session leader is outside it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := startOwned(cmd, owner, false); err != nil {
+	if err := startOwned(cmd, owner, false, cg); err != nil {
 		return 0, -1, err
 	}
 	pid = cmd.Process.Pid

@@ -492,7 +492,7 @@ func (z *zygote) token() uint64 {
 
 // spawnInit asks the zygote's init to start a forked sandbox's init with
 // the given descriptors (in order fdCtrl..fdControl).
-func (z *zygote) spawnInit(ctx context.Context, child []*os.File, owner uint32) (*initProc, error) {
+func (z *zygote) spawnInit(ctx context.Context, child []*os.File, tasks *groupTasks, owner uint32) (*initProc, error) {
 	id := z.token()
 	ch := make(chan spawnResult, 1)
 	z.mu.Lock()
@@ -506,8 +506,20 @@ func (z *zygote) spawnInit(ctx context.Context, child []*os.File, owner uint32) 
 	for i, f := range child {
 		fds[i] = int(f.Fd())
 	}
+	m := ctlMsg{Op: opSpawnInit, ID: id, Owner: owner}
+	if tasks != nil {
+		// cgroup v1: the zygote's init starts it in its group, and goes
+		// back to the zygote's (threadCgroup).
+		if home := openGroupTasks(z.cg); home != nil && len(home.files) == len(tasks.files) {
+			defer home.close()
+			m.Tasks = len(tasks.files)
+			fds = append(append(fds, tasks.fds()...), home.fds()...)
+		} else {
+			home.close()
+		}
+	}
 	z.ctlMu.Lock()
-	err := sendCtl(z.ctl, ctlMsg{Op: opSpawnInit, ID: id, Owner: owner}, fds...)
+	err := sendCtl(z.ctl, m, fds...)
 	z.ctlMu.Unlock()
 	if err != nil {
 		z.mu.Lock()
@@ -533,7 +545,7 @@ func (z *zygote) spawnInit(ctx context.Context, child []*os.File, owner uint32) 
 		unix.Close(res.pidfd)
 		return nil, err
 	}
-	return &initProc{pid: pid, pidfd: res.pidfd}, nil
+	return &initProc{pid: pid, pidfd: res.pidfd, inCgroup: m.Tasks > 0}, nil
 }
 
 // fork asks the Python zygote for a runner. fds are the sandbox init's

@@ -1,0 +1,108 @@
+package native
+
+import (
+	"context"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/testutil"
+)
+
+// Every process of a sandbox is in its cgroup from its start, in every
+// hierarchy, classic or forked from a zygote, one-shot or not; on cgroup
+// v1 its init was born there (no move by pid), and no thread of this
+// process stays in it.
+func TestSandboxProcessesBornInTheirGroup(t *testing.T) {
+	testutil.RequireRoot(t)
+	if testutil.ZygoteMode() {
+		t.Skip("makes its own zygote")
+	}
+	ctx := context.Background()
+	for _, zyg := range []bool{false, true} {
+		b, err := New(Config{CgroupParent: pauseCgroupParent, UIDBase: pauseUIDBase, UIDRanges: 4, Zygote: zyg, Preload: []string{"json"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, oneShot := range []bool{false, true} {
+			name := map[bool]string{false: "classic", true: "zygote"}[zyg] + map[bool]string{false: "", true: " one-shot"}[oneShot]
+			sb, err := b.Create(ctx, sandbox.Spec{OneShot: oneShot})
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			s := sb.(*Sandbox)
+			if err := s.AwaitRunner(ctx); err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			if b.cgroups.Version() == 1 && !s.init.inCgroup {
+				t.Errorf("%s: init was moved into its group by pid, not born there", name)
+			}
+			pids, err := s.cg.Procs()
+			if err != nil {
+				t.Fatal(err)
+			}
+			runners := 0
+			for _, pid := range pids {
+				comm, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm")
+				if strings.HasPrefix(string(comm), "python") {
+					runners++
+				}
+				if pid == os.Getpid() {
+					t.Errorf("%s: this process is listed in the sandbox's group", name)
+				}
+				inGroup(t, name, b.cgroups.Version(), pid, s.cg.Path())
+			}
+			if runners != 1 || !contains(pids, s.init.pid) {
+				t.Errorf("%s: the group holds %v: want init %d and one runner", name, pids, s.init.pid)
+			}
+			if res, err := s.Execute(ctx, sandbox.ExecRequest{Code: "print(6 * 7)"}, nil); err != nil || strings.TrimSpace(res.Stdout) != "42" {
+				t.Errorf("%s: %+v %v", name, res, err)
+			}
+			s.Close()
+		}
+		b.Close()
+	}
+	// Every thread of this process is back in its own groups.
+	own, _ := os.ReadFile("/proc/self/cgroup")
+	tasks, _ := os.ReadDir("/proc/self/task")
+	for _, task := range tasks {
+		got, _ := os.ReadFile("/proc/self/task/" + task.Name() + "/cgroup")
+		if string(got) != string(own) {
+			t.Errorf("thread %s is in %s, the process in %s", task.Name(), got, own)
+		}
+	}
+}
+
+// inGroup checks that pid is in the group at path: in the memory, pids,
+// cpuacct and freezer hierarchies on cgroup v1, in the unified one on v2.
+func inGroup(t *testing.T, name string, version, pid int, path string) {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
+	if err != nil {
+		return // gone since the list was read
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		f := strings.SplitN(line, ":", 3)
+		if len(f) != 3 {
+			continue
+		}
+		checked := version == 2 && f[0] == "0" && f[1] == ""
+		for _, c := range strings.Split(f[1], ",") {
+			checked = checked || (version == 1 && (c == "memory" || c == "pids" || c == "cpuacct" || c == "freezer"))
+		}
+		if checked && f[2] != path {
+			t.Errorf("%s: process %d is in %s of %q, want %s", name, pid, f[2], f[1], path)
+		}
+	}
+}
+
+func contains(xs []int, x int) bool {
+	for _, y := range xs {
+		if y == x {
+			return true
+		}
+	}
+	return false
+}
