@@ -7,8 +7,10 @@
 // request is served only by a sandbox made for exactly that configuration:
 // a tenant's sandboxes come from pools of its own, made in its group. A pooled
 // sandbox has run no code; once handed out it belongs to the caller and
-// never comes back. Each configuration's target size follows demand: a
-// request that finds the pool empty raises it (up to Max), and a
+// never comes back. Each configuration's target size follows demand: it
+// starts at Min once the configuration's first sandbox (the first
+// request's own) is made, a request that finds the pool empty raises it
+// (up to Max), and a
 // configuration nobody used for Idle is dropped. A tenant keeps at most
 // Configs configurations ready (a template's is one): a new one drops its
 // least recently used, so that no client, however many configurations it
@@ -174,7 +176,7 @@ func (p *Pool) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, 
 		p.mu.Unlock()
 		return nil, sandbox.ErrClosed
 	}
-	b := p.bucketLocked(k, spec)
+	b, fresh := p.bucketLocked(k, spec)
 	b.lastUse = now
 	var stale []sandbox.Sandbox
 	var got sandbox.Sandbox
@@ -193,7 +195,26 @@ func (p *Pool) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, 
 	} else {
 		b.misses++
 		b.lastMiss = now
-		b.target = min(b.target+1, p.cfg.Max)
+		if !fresh {
+			b.target = min(b.target+1, p.cfg.Max)
+		}
+	}
+	if fresh {
+		// A configuration's first request: its sandbox is made first,
+		// with the host to itself, and the pool starts once it is (a
+		// new template's first sandbox starts a whole interpreter, as
+		// each refill of it does). One request is no sign of many at
+		// once: the target stays Min until a miss raises it.
+		p.mu.Unlock()
+		sb, err := p.cfg.Backend.Create(ctx, spec)
+		if err == nil {
+			p.mu.Lock()
+			if p.buckets[k] == b {
+				p.refillLocked(b)
+			}
+			p.mu.Unlock()
+		}
+		return sb, err
 	}
 	p.refillLocked(b)
 	p.mu.Unlock()
@@ -216,20 +237,22 @@ func (p *Pool) Prewarm(spec sandbox.Spec, n int) {
 	if p.closed {
 		return
 	}
-	b := p.bucketLocked(key(spec), spec)
+	b, _ := p.bucketLocked(key(spec), spec)
 	b.target = max(b.target, min(n, p.cfg.Max))
 	b.lastUse = time.Now()
 	p.refillLocked(b)
 }
 
-func (p *Pool) bucketLocked(k string, spec sandbox.Spec) *bucket {
-	b := p.buckets[k]
+// bucketLocked is the configuration k's bucket; fresh, made now.
+func (p *Pool) bucketLocked(k string, spec sandbox.Spec) (b *bucket, fresh bool) {
+	b = p.buckets[k]
 	if b == nil {
 		p.makeRoomLocked(spec.Tenant)
 		b = &bucket{key: k, spec: spec, target: p.cfg.Min}
 		p.buckets[k] = b
+		fresh = true
 	}
-	return b
+	return b, fresh
 }
 
 // makeRoomLocked drops the least recently used configurations of tenant

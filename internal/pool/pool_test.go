@@ -224,7 +224,7 @@ func TestTenantsKeepFewConfigurations(t *testing.T) {
 	}
 	testutil.WaitFor(t, 5*time.Second, "four configurations filled", func() bool {
 		m := readyOf()
-		return len(m) == 4 && m["t/a"] == 2 && m["t/b"] == 2 && m["t/c"] == 2 && m["other/a"] == 2
+		return len(m) == 4 && m["t/a"] == 1 && m["t/b"] == 1 && m["t/c"] == 1 && m["other/a"] == 2
 	})
 	// t/a used again: t/b is the least recently used.
 	if _, err := p.Create(context.Background(), spec("t", 0)); err != nil {
@@ -264,5 +264,39 @@ func TestTenantsKeepFewConfigurations(t *testing.T) {
 	// Every sandbox made was handed out or closed: none left behind.
 	if made, closed := f.made.Load(), f.closed.Load(); made-closed != 40+1 {
 		t.Errorf("made %d, closed %d: %d open, want the 41 handed out", made, closed, made-closed)
+	}
+}
+
+// A configuration's first request makes its own sandbox alone: no refill
+// competes with it; then the pool keeps Min ready (a miss after that
+// raises the target: TestMissesRaiseTheTargetAndCloseEmpties).
+func TestFirstRequestMadeBeforeTheRefills(t *testing.T) {
+	f := &fake{dead: map[int64]bool{}, gate: make(chan struct{})}
+	p := New(Config{Backend: f, Max: 4, Min: 1})
+	defer p.Close()
+	spec := sandbox.Spec{Env: map[string]string{"A": "1"}}
+	got := make(chan sandbox.Sandbox, 1)
+	go func() {
+		sb, _ := p.Create(context.Background(), spec)
+		got <- sb
+	}()
+	testutil.WaitFor(t, 5*time.Second, "the first request's miss", func() bool {
+		st := p.Stats()
+		return len(st) == 1 && st[0].Misses == 1
+	})
+	time.Sleep(20 * time.Millisecond)
+	if st := p.Stats(); st[0].Creating != 0 || st[0].Target != 1 {
+		t.Fatalf("while the first sandbox is made: %d refills, target %d; want none, and Min", st[0].Creating, st[0].Target)
+	}
+	close(f.gate)
+	if sb := <-got; sb == nil || sb.(*fakeSandbox).n != 1 {
+		t.Fatalf("the first request got %v, want the first sandbox made", sb)
+	}
+	testutil.WaitFor(t, 5*time.Second, "Min ready", func() bool {
+		st := p.Stats()
+		return len(st) == 1 && st[0].Ready == 1
+	})
+	if st := p.Stats(); st[0].Target != 1 || f.made.Load() != 2 {
+		t.Fatalf("after the first request: target %d, %d made; want 1 and 2", st[0].Target, f.made.Load())
 	}
 }
