@@ -25,7 +25,8 @@ var (
 )
 
 // benchTemplate is the template W9 and W10 use: one layer of the host's
-// python3 and a few programs (hostroot), in the bench server's store.
+// python3, its standard library compiled as the host has it, and a few
+// programs (hostroot), in the bench server's store.
 const benchTemplate = "vivarium-bench-python:1"
 
 // templates are the server's templates for W9 and W10, made once.
@@ -59,7 +60,7 @@ func (t *templates) make() error {
 		return err
 	}
 	defer os.RemoveAll(root)
-	if err := hostroot.Layer(root, t.python); err != nil {
+	if err := hostroot.Layer(root, t.python, true); err != nil {
 		return err
 	}
 	tarred, err := hostroot.Tar(root)

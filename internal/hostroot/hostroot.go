@@ -35,8 +35,11 @@ var files = []string{"/usr/share/common-licenses/GPL-3"}
 // store keeps them) with the host's python3 (python the path it has,
 // /usr/bin/python3 when empty) and its standard library, a shell and a
 // few programs, and their libraries. Files are hard links to the host's
-// where dir is on the same file system, copies elsewhere.
-func Layer(dir, python string) error {
+// where dir is on the same file system, copies elsewhere. With bytecode,
+// the standard library's compiled modules (__pycache__) come too, as an
+// image that ships them has: its Python then starts as the host's does,
+// instead of compiling every module it imports.
+func Layer(dir, python string, bytecode bool) error {
 	if python == "" {
 		python = "/usr/bin/python3"
 	}
@@ -77,7 +80,7 @@ func Layer(dir, python string) error {
 		if err != nil {
 			return err
 		}
-		if d.IsDir() && (d.Name() == "test" || d.Name() == "__pycache__" || d.Name() == "idlelib") {
+		if d.IsDir() && (d.Name() == "test" || (d.Name() == "__pycache__" && !bytecode) || d.Name() == "idlelib") {
 			return filepath.SkipDir
 		}
 		if !d.IsDir() {

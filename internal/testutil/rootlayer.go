@@ -20,7 +20,7 @@ import (
 func RootLayer(t testing.TB, dir string) {
 	t.Helper()
 	RequirePython(t)
-	if err := hostroot.Layer(dir, ""); err != nil {
+	if err := hostroot.Layer(dir, "", false); err != nil {
 		t.Fatal(err)
 	}
 }
