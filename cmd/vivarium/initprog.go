@@ -34,7 +34,7 @@ var initProgSHA256 string
 // initProgDir is where the program is written out, once per content (its
 // name carries its hash): a path that outlives the server, as paused and
 // snapshotted sandboxes need the very file their init maps.
-const initProgDir = "/var/lib/vivarium/bin"
+const initProgDir = sandbox.ProgramDir
 
 var errNoInitProg = errors.New("this vivarium was built without its init program (build it with scripts/build.sh or make build)")
 

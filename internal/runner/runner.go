@@ -22,13 +22,14 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
 
-//go:embed runner.py cells.py vivarium_mpl_backend.py zygote.py landlock.py kernels.py kernel_node.js kernel_r.R kernel_java.java
+//go:embed runner.py start.py cells.py vivarium_mpl_backend.py zygote.py landlock.py kernels.py kernel_node.js kernel_r.R kernel_java.java
 var files embed.FS
 
-// ScriptName is the runner's entry point among Files; ZygoteName is the
-// zygote's, which forks preloaded runners into sandboxes.
+// ScriptName is the runner's entry point among Files (start.py, which
+// imports runner.py); ZygoteName is the zygote's, which forks preloaded
+// runners into sandboxes.
 const (
-	ScriptName = "runner.py"
+	ScriptName = "start.py"
 	ZygoteName = "zygote.py"
 )
 

@@ -29,7 +29,7 @@ import types
 _RUNNER_FILE = os.path.abspath(__file__)
 _RUNNER_DIR = os.path.dirname(_RUNNER_FILE)
 # The runner's own files, whose frames tracebacks leave out.
-_OWN_FILES = (_RUNNER_FILE, os.path.join(_RUNNER_DIR, "cells.py"))
+_OWN_FILES = (_RUNNER_FILE, os.path.join(_RUNNER_DIR, "cells.py"), os.path.join(_RUNNER_DIR, "start.py"))
 
 # Rich results beyond this many bytes (per result) are replaced by a note:
 # the supervisor caps frames, and nobody wants a 100 MB HTML table anyway.

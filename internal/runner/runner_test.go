@@ -98,8 +98,11 @@ func TestOutputKeepsOnlyWellTypedRepresentations(t *testing.T) {
 
 func TestFilesEmbedsRunnerAndBackend(t *testing.T) {
 	f := Files()
-	if !strings.Contains(string(f[ScriptName]), "def main(") {
+	if !strings.Contains(string(f["runner.py"]), "def main(") {
 		t.Fatal("runner.py missing from the embedded files")
+	}
+	if !strings.Contains(string(f[ScriptName]), "import runner") {
+		t.Fatalf("%s, the entry point, does not import the runner", ScriptName)
 	}
 	if !strings.Contains(string(f[ZygoteName]), "def become_sandbox(") {
 		t.Fatal("zygote.py missing from the embedded files")

@@ -21,3 +21,9 @@ func Program() string {
 	}
 	return ""
 }
+
+// ProgramDir is where the program is written out (cmd/vivarium), and
+// where backends keep other files every sandbox starts with that are made
+// once per host (the runner's compiled bytecode): a directory only root
+// can write, which outlives any one server.
+const ProgramDir = "/var/lib/vivarium/bin"

@@ -89,6 +89,11 @@ type Config struct {
 	// never.
 	ZygoteMaxSandboxes int
 	ZygoteMaxAge       time.Duration
+	// RunnerCache is where the runner's bytecode, compiled once per
+	// interpreter by the host's (runner.Bytecode), is kept between
+	// processes: a directory only root can write. Default:
+	// sandbox.ProgramDir; "-" keeps it in memory only.
+	RunnerCache string
 	// CheckpointDir is where paused sandboxes keep their checkpoints (the
 	// images of their processes' memory, on disk), a directory each,
 	// removed when the sandbox resumes or closes. Default:
@@ -128,6 +133,8 @@ type Backend struct {
 	etc     []rootview.File
 	etcErr  error
 	top     []rootview.TopDir
+
+	bytecodeWarn sync.Once
 
 	procMu    sync.Mutex // procCache
 	procCache map[string][]rootview.ProcMask
@@ -180,6 +187,12 @@ func New(cfg Config) (*Backend, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	switch cfg.RunnerCache {
+	case "":
+		cfg.RunnerCache = sandbox.ProgramDir
+	case "-":
+		cfg.RunnerCache = ""
 	}
 	if cfg.CheckpointDir == "" {
 		cfg.CheckpointDir = sandbox.DefaultCheckpointDir(cmp.Or(cfg.CgroupParent, "native"))
@@ -645,7 +658,7 @@ func (b *Backend) initConfig(spec sandbox.Spec, etc []rootview.File, top []rootv
 		Kernel:      b.cfg.KernelLimits,
 		Python:      spec.Python,
 		RunnerArgs:  runnerArgs(spec.OneShot),
-		RunnerFiles: runner.Files(),
+		RunnerFiles: b.runnerFiles(spec.Python),
 		Env:         sandboxEnv(spec.UserEnv(sandbox.UserSandbox)),
 		Etc:         etc,
 		TopLevel:    top,
@@ -688,4 +701,22 @@ func newID() string {
 		panic(err) // crypto/rand does not fail on Linux
 	}
 	return hex.EncodeToString(b[:])
+}
+
+// runnerFiles are the runner's files, and its bytecode compiled by python
+// (the sandbox's interpreter; for a template's sandbox, the host's
+// default), which an interpreter of the same version loads instead of
+// compiling the runner at its start (runner.Bytecode). Without it the
+// runner is compiled in the sandbox, as it always can be.
+func (b *Backend) runnerFiles(python string) map[string][]byte {
+	files := runner.Files()
+	pycs, err := runner.Bytecode(context.Background(), cmp.Or(python, sandbox.DefaultPython), runnerDir, b.cfg.RunnerCache)
+	if err != nil {
+		b.bytecodeWarn.Do(func() {
+			b.log.Warn("runner: no compiled bytecode; each sandbox compiles the runner at its start", "err", err)
+		})
+		return files
+	}
+	maps.Copy(files, pycs)
+	return files
 }

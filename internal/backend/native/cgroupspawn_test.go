@@ -106,3 +106,33 @@ func contains(xs []int, x int) bool {
 	}
 	return false
 }
+
+// A sandbox that starts its own interpreter loads the runner's bytecode
+// the host's compiled (runner.Bytecode), where its interpreter is of that
+// version, instead of compiling the runner: the file is the one init
+// wrote (the interpreter runs with -B and writes none), and its magic is
+// the interpreter's.
+func TestRunnerStartsFromBytecode(t *testing.T) {
+	testutil.RequireRoot(t)
+	b, err := New(Config{CgroupParent: pauseCgroupParent, UIDBase: pauseUIDBase, UIDRanges: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ctx := context.Background()
+	sb, err := b.Create(ctx, sandbox.Spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	res, err := sb.Execute(ctx, sandbox.ExecRequest{Code: `import importlib.util, sys
+spec = sys.modules["runner"].__spec__
+print(spec.cached, open(spec.cached, "rb").read()[:4] == importlib.util.MAGIC_NUMBER)`}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := strings.Fields(res.Stdout)
+	if len(got) != 2 || !strings.HasPrefix(got[0], runnerDir+"/__pycache__/runner.cpython-") || got[1] != "True" {
+		t.Fatalf("the runner's bytecode: %q %s", res.Stdout, res.Stderr)
+	}
+}
