@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -35,7 +36,7 @@ var _ template.Sandboxes = (*buildSandboxes)(nil)
 
 // Run implements template.Sandboxes.
 func (bs *buildSandboxes) Run(ctx context.Context, r template.RunRequest) error {
-	step := native.BuildStep{Args: r.Args, Env: r.Env, Dir: r.Dir, UID: uint32(r.UID), GID: uint32(r.GID), Log: r.Log, Limits: bs.limits,
+	step := native.BuildStep{Args: r.Args, Env: r.Env, Dir: r.Dir, UID: uint32(r.UID), GID: uint32(r.GID), Groups: buildGroups(r.Groups), Log: r.Log, Limits: bs.limits,
 		Tenant: bs.tenant, Commit: r.Commit}
 	for _, id := range r.Layers {
 		step.Layers = append(step.Layers, bs.store.LayerDir(id))
@@ -294,4 +295,17 @@ func pullOptions(insecure, mirrors []string) (image.PullOptions, error) {
 		o.Mirrors[dockerHub(reg)] = mirror
 	}
 	return o, nil
+}
+
+// buildGroups are a RUN step's supplementary groups as native takes them
+// (the builder gives ids 0 to 65535; anything else is refused there).
+func buildGroups(groups []int) []uint32 {
+	out := make([]uint32, 0, len(groups))
+	for _, g := range groups {
+		if g < 0 {
+			g = math.MaxUint32 // refused by the backend
+		}
+		out = append(out, uint32(g))
+	}
+	return out
 }

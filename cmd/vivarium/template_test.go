@@ -201,15 +201,16 @@ print(os.path.exists("/usr/bin/cat"), os.path.exists("/usr/bin/ls"))`)
 
 	// RUN as the image's root gives files to other users (as useradd
 	// and package scripts do), and runs as any user the image names:
-	// its ids, primary group and home from the image's /etc/passwd.
+	// its ids, primary group and home from the image's /etc/passwd, its
+	// supplementary groups from /etc/group.
 	write("passwd", "root:x:0:0:root:/root:/bin/sh\napp:x:1001:1002:App:/srv/app:/bin/sh\n")
-	write("group", "root:x:0:\napp:x:1002:\n")
+	write("group", "root:x:0:\napp:x:1002:\nstaff:x:50:other,app\n")
 	asApp := `FROM base:1
 COPY passwd group /etc/
 RUN python3 -c "import os; os.makedirs('/srv/app'); os.chown('/srv/app', 1001, 1002)"
 USER app
 WORKDIR /srv/app
-RUN id -u > who && id -g >> who && echo $HOME >> who
+RUN id -u > who && id -g >> who && echo $HOME >> who && id -G >> who
 `
 	write("Dockerfile", asApp+"USER nobody-here\nRUN true\n")
 	if r = build("users:1"); r.code == 0 || !strings.Contains(r.stderr, "invalid username: 'nobody-here'") {
@@ -222,7 +223,7 @@ RUN id -u > who && id -g >> who && echo $HOME >> who
 	r = run("users:1", `import os
 st = os.stat("who")
 print(open("who").read().split(), st.st_uid, st.st_gid, os.stat(".").st_uid)`)
-	if want := "['1001', '1002', '/srv/app'] 1001 1002 1001\n"; r.code != 0 || r.stdout != want {
+	if want := "['1001', '1002', '/srv/app', '1002', '50'] 1001 1002 1001\n"; r.code != 0 || r.stdout != want {
 		t.Fatalf("a sandbox of the template built as app: exit %d\n%q\nwant %q\n%s", r.code, r.stdout, want, r.stderr)
 	}
 }

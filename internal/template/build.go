@@ -47,6 +47,7 @@ type RunRequest struct {
 	Dir    string   // the working directory (WORKDIR so far; "/" if none)
 	UID    int      // who runs it (USER so far, resolved through the image)
 	GID    int
+	Groups []int     // and its supplementary groups
 	Log    io.Writer // the command's stdout and stderr, as they come
 	// Commit is called, when the command exited 0 and before the sandbox
 	// goes, with the directory of the sandbox's writable layer
@@ -446,13 +447,13 @@ func (b *Builder) runCommand(ctx context.Context, st state, step Step, log io.Wr
 	if len(step.Args) > 1 && step.Args[1] != "" {
 		user = step.Args[1]
 	}
-	uid, gid, home, err := b.view(st).runAs(user)
+	who, err := b.view(st).runAs(user)
 	if err != nil {
 		return "", fmt.Errorf("USER %s: %w", user, err)
 	}
 	env := slices.Clone(st.Env)
 	if !slices.ContainsFunc(env, func(kv string) bool { return strings.HasPrefix(kv, "HOME=") }) {
-		env = append(env, "HOME="+home)
+		env = append(env, "HOME="+who.home)
 	}
 	dir := st.Workdir
 	if dir == "" {
@@ -466,8 +467,9 @@ func (b *Builder) runCommand(ctx context.Context, st state, step Step, log io.Wr
 		Args:   []string{"/bin/sh", "-c", step.Args[0]},
 		Env:    append(env, step.BuildArgs...),
 		Dir:    dir,
-		UID:    uid,
-		GID:    gid,
+		UID:    who.uid,
+		GID:    who.gid,
+		Groups: who.groups,
 		Log:    io.MultiWriter(log, tail),
 		Commit: func(upper string, uid0, gid0 uint32) error {
 			if committed {

@@ -434,38 +434,42 @@ func TestRunAs(t *testing.T) {
 	layer := writeTree(t, map[string]string{
 		"etc/passwd": "root:x:0:0:root:/root:/bin/sh\n_apt:x:42:65534::/nonexistent:/usr/sbin/nologin\n" +
 			"app:x:1001:1002:App:/srv/app:/bin/sh\nbad:x:7:x::/:/bin/sh\nbig:x:70000:70000::/:/bin/sh\n",
-		"etc/group": "root:x:0:\nstaff:x:50:\napp:x:1002:\n",
+		"etc/group": "root:x:0:\nstaff:x:50:app,_apt\napp:x:1002:app\naudio:x:29:other,app\nhuge:x:70000:app\n",
 	})
 	v := &rootView{layers: []string{layer}}
 	for _, c := range []struct {
 		user     string
 		uid, gid int
+		groups   string // supplementary, as fmt prints them
 		home     string
 		err      bool
 	}{
-		{"", 0, 0, "/root", false},
-		{"root", 0, 0, "/root", false},
-		{"app", 1001, 1002, "/srv/app", false},
-		{"1001", 1001, 1002, "/srv/app", false},
-		{"app:staff", 1001, 50, "/srv/app", false},
-		{"app:7", 1001, 7, "/srv/app", false},
-		{"_apt", 42, 65534, "/nonexistent", false},
-		{"4242", 4242, 0, "/", false},
-		{"user", 1000, 1000, "/home/user", false},
-		{"nobody-here", 0, 0, "", true},
-		{"app:nogroup", 0, 0, "", true},
-		{"bad", 0, 0, "", true},
-		{"big", 0, 0, "", true},
-		{"65535", 65535, 0, "/", false},
-		{"65536", 0, 0, "", true},
+		{"", 0, 0, "[]", "/root", false},
+		{"root", 0, 0, "[]", "/root", false},
+		// Its groups but its primary, and none past a sandbox's ids.
+		{"app", 1001, 1002, "[50 29]", "/srv/app", false},
+		{"1001", 1001, 1002, "[50 29]", "/srv/app", false},
+		// A group given: no supplementary ones, as Docker.
+		{"app:staff", 1001, 50, "[]", "/srv/app", false},
+		{"app:7", 1001, 7, "[]", "/srv/app", false},
+		{"_apt", 42, 65534, "[50]", "/nonexistent", false},
+		{"4242", 4242, 0, "[]", "/", false},
+		{"user", 1000, 1000, "[]", "/home/user", false},
+		{"nobody-here", 0, 0, "", "", true},
+		{"app:nogroup", 0, 0, "", "", true},
+		{"bad", 0, 0, "", "", true},
+		{"big", 0, 0, "", "", true},
+		{"65535", 65535, 0, "[]", "/", false},
+		{"65536", 0, 0, "", "", true},
 	} {
-		uid, gid, home, err := v.runAs(c.user)
+		r, err := v.runAs(c.user)
 		if ue := (*UserError)(nil); c.user == "nobody-here" && !errors.As(err, &ue) {
 			t.Errorf("runAs(%q): %v, want a UserError", c.user, err)
 		}
-		if (err != nil) != c.err || !c.err && (uid != c.uid || gid != c.gid || home != c.home) {
-			t.Errorf("runAs(%q) = %d, %d, %q, %v; want %d, %d, %q, error %v", c.user, uid, gid, home, err,
-				c.uid, c.gid, c.home, c.err)
+		groups := fmt.Sprint(r.groups)
+		if (err != nil) != c.err || !c.err && (r.uid != c.uid || r.gid != c.gid || groups != c.groups || r.home != c.home) {
+			t.Errorf("runAs(%q) = %d, %d, %s, %q, %v; want %d, %d, %s, %q, error %v", c.user, r.uid, r.gid, groups, r.home, err,
+				c.uid, c.gid, c.groups, c.home, c.err)
 		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -253,52 +254,96 @@ func (v *rootView) owner(user string) (uid, gid int, err error) {
 	return uid, gid, nil
 }
 
+// runUser is who a RUN step runs as.
+type runUser struct {
+	uid, gid int
+	groups   []int // supplementary
+	home     string
+}
+
+// maxGroups bounds a RUN step's supplementary groups.
+const maxGroups = 64
+
 // runAs resolves the user a RUN step runs as (USER's "name", "uid",
 // "name:group" or "uid:gid"; "" is root) through the image's
 // /etc/passwd and /etc/group, as Docker does: the user's id, its
-// primary group unless one is given, and its home, which is "/" for an
-// id the image does not name (its group then 0). The sandbox user's
-// names ("user", "sandbox") are uid 1000 where the image lacks them.
-func (v *rootView) runAs(user string) (uid, gid int, home string, err error) {
+// primary group unless one is given, its home, which is "/" for an id
+// the image does not name (its group then 0), and, where no group is
+// given, the supplementary groups /etc/group lists its name in. The
+// sandbox user's names ("user", "sandbox") are uid 1000 where the image
+// lacks them.
+func (v *rootView) runAs(user string) (runUser, error) {
 	if user == "" {
-		return 0, 0, "/root", nil
+		return runUser{uid: 0, gid: 0, home: "/root"}, nil
 	}
 	u, g, hasGroup := strings.Cut(user, ":")
 	n, numeric := strconv.Atoi(u)
 	f, err := v.entry("/etc/passwd", func(f []string) bool { return len(f) >= 7 && (f[0] == u || numeric == nil && f[2] == u) })
 	if err != nil {
-		return 0, 0, "", err
+		return runUser{}, err
 	}
-	uid, gid, home = -1, 0, "/"
+	r := runUser{uid: -1, home: "/"}
+	name := ""
 	if f != nil {
 		id, err1 := strconv.Atoi(f[2])
 		group, err2 := strconv.Atoi(f[3])
 		if err1 != nil || err2 != nil {
-			return 0, 0, "", fmt.Errorf("%w: the image's /etc/passwd gives %s the ids %q:%q", ErrInvalid, f[0], f[2], f[3])
+			return runUser{}, fmt.Errorf("%w: the image's /etc/passwd gives %s the ids %q:%q", ErrInvalid, f[0], f[2], f[3])
 		}
-		uid, gid, home = id, group, f[5]
+		r.uid, r.gid, r.home, name = id, group, f[5], f[0]
 	}
 	switch {
-	case uid >= 0:
+	case r.uid >= 0:
 	case numeric == nil:
-		uid = n
+		r.uid = n
 	case u == "user" || u == "sandbox":
-		uid, gid, home = 1000, 1000, "/home/user"
+		r.uid, r.gid, r.home = 1000, 1000, "/home/user"
 	default:
-		return 0, 0, "", &UserError{User: u} // as E2B's builds answer
+		return runUser{}, &UserError{User: u} // as E2B's builds answer
 	}
 	if hasGroup {
-		if gid, err = v.lookupID("/etc/group", g); err != nil {
-			return 0, 0, "", err
+		if r.gid, err = v.lookupID("/etc/group", g); err != nil {
+			return runUser{}, err
+		}
+	} else if name != "" {
+		if r.groups, err = v.groupsOf(name, r.gid); err != nil {
+			return runUser{}, err
 		}
 	}
-	if uid < 0 || uid >= sandboxIDs || gid < 0 || gid >= sandboxIDs {
-		return 0, 0, "", fmt.Errorf("%w: user %s: a build's step runs as ids 0 to %d", ErrInvalid, user, sandboxIDs-1)
+	if r.uid < 0 || r.uid >= sandboxIDs || r.gid < 0 || r.gid >= sandboxIDs {
+		return runUser{}, fmt.Errorf("%w: user %s: a build's step runs as ids 0 to %d", ErrInvalid, user, sandboxIDs-1)
 	}
-	if home == "" {
-		home = "/"
+	if r.home == "" {
+		r.home = "/"
 	}
-	return uid, gid, home, nil
+	return r, nil
+}
+
+// groupsOf lists the groups of the image's /etc/group whose members
+// include name, but primary: a user's supplementary groups. A group of
+// an id a sandbox lacks is left out, as one the kernel could not give.
+func (v *rootView) groupsOf(name string, primary int) ([]int, error) {
+	text, err := v.readFile("/etc/group")
+	if err != nil {
+		return nil, err
+	}
+	var groups []int
+	sc := bufio.NewScanner(strings.NewReader(text))
+	for sc.Scan() {
+		f := strings.Split(sc.Text(), ":")
+		if len(f) < 4 || !slices.Contains(strings.Split(f[3], ","), name) {
+			continue
+		}
+		id, err := strconv.Atoi(f[2])
+		if err != nil || id < 0 || id >= sandboxIDs || id == primary || slices.Contains(groups, id) {
+			continue
+		}
+		if len(groups) == maxGroups {
+			return nil, fmt.Errorf("%w: user %s is in more than %d groups of the image", ErrInvalid, name, maxGroups)
+		}
+		groups = append(groups, id)
+	}
+	return groups, nil
 }
 
 // entry is the first line of the image's file (/etc/passwd or

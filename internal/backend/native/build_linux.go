@@ -31,7 +31,10 @@ type BuildStep struct {
 	// resolved through the image); 0 is root, which keeps the
 	// capabilities of buildCapabilities in the step's own user namespace.
 	UID, GID uint32
-	Log      io.Writer
+	// Groups are its supplementary groups (each 0 to 65535, at most
+	// maxBuildGroups).
+	Groups []uint32
+	Log    io.Writer
 	// Limits are the step's; zero fields are DefaultBuildLimits'.
 	Limits sandbox.Limits
 	// Tenant is the group the step's sandbox is made in (sandbox.Spec's):
@@ -68,6 +71,9 @@ func (b *Backend) RunBuildStep(ctx context.Context, r BuildStep) (err error) {
 	}
 	if r.UID > maxBuildID || r.GID > maxBuildID {
 		return fmt.Errorf("%w: a build's step runs as ids 0 to %d, not %d:%d", sandbox.ErrInvalidSpec, maxBuildID, r.UID, r.GID)
+	}
+	if err := checkBuildGroups(r.Groups); err != nil {
+		return fmt.Errorf("%w: %w", sandbox.ErrInvalidSpec, err)
 	}
 	lim := r.Limits
 	def := DefaultBuildLimits
@@ -111,7 +117,7 @@ func (b *Backend) RunBuildStep(ctx context.Context, r BuildStep) (err error) {
 	defer s.Close()
 	ctx, cancel := context.WithTimeout(ctx, lim.Timeout)
 	defer cancel()
-	p, err := s.startAs(ctx, r.Args, r.Dir, [2]uint32{r.UID, r.GID})
+	p, err := s.startAs(ctx, r.Args, r.Dir, [2]uint32{r.UID, r.GID}, r.Groups)
 	if err != nil {
 		return err
 	}
@@ -153,20 +159,37 @@ func (b *Backend) RunBuildStep(ctx context.Context, r BuildStep) (err error) {
 // startAs starts a build step's command as the user of cred, with the
 // step's environment over HOME (root's /root, else the root directory:
 // the builder gives the image's home of a user it names).
-func (s *Sandbox) startAs(ctx context.Context, argv []string, dir string, cred [2]uint32) (sandbox.Process, error) {
+func (s *Sandbox) startAs(ctx context.Context, argv []string, dir string, cred [2]uint32, groups []uint32) (sandbox.Process, error) {
 	base := map[string]string{"HOME": "/"}
 	if cred[0] == 0 {
 		base["HOME"] = "/root"
 	}
 	maps.Copy(base, s.spec.Env)
 	return s.StartCommand(ctx, sandbox.Command{Argv: argv, Dir: dir}, base, func(id uint64, env map[string]string) error {
-		return s.send(ctlMsg{Op: opSpawn, ID: id, Argv: argv, Env: sandboxEnv(env), Dir: dir, Cred: &cred})
+		return s.send(ctlMsg{Op: opSpawn, ID: id, Argv: argv, Env: sandboxEnv(env), Dir: dir, Cred: &cred, Groups: groups})
 	})
 }
 
 // maxBuildID is the last id a build step's command may have: a
 // sandbox's user namespace maps 0 to 65535.
 const maxBuildID = 65535
+
+// maxBuildGroups bounds a build step's supplementary groups.
+const maxBuildGroups = 64
+
+// checkBuildGroups refuses supplementary groups a build step's command
+// cannot have.
+func checkBuildGroups(groups []uint32) error {
+	if len(groups) > maxBuildGroups {
+		return fmt.Errorf("a build's step has at most %d supplementary groups, not %d", maxBuildGroups, len(groups))
+	}
+	for _, g := range groups {
+		if g > maxBuildID {
+			return fmt.Errorf("a build's step's groups are 0 to %d, not %d", maxBuildID, g)
+		}
+	}
+	return nil
+}
 
 // lockedWriter serialises the writes of a step's two output streams.
 type lockedWriter struct {

@@ -106,7 +106,7 @@ func TestBuildStepCapabilities(t *testing.T) {
 
 	// As another user of the image: its ids, no capability.
 	log.Reset()
-	step.Args = []string{"sh", "-c", `id -u; id -g; grep CapEff /proc/self/status; echo $HOME`}
+	step.Args = []string{"sh", "-c", `id -u; id -G; grep CapEff /proc/self/status; echo $HOME`}
 	step.UID, step.GID = 1001, 1002
 	step.Commit = func(string, uint32, uint32) error { return nil }
 	if err := b.RunBuildStep(ctx, step); err != nil {
@@ -115,10 +115,24 @@ func TestBuildStepCapabilities(t *testing.T) {
 	if got := log.String(); got != "1001\n1002\nCapEff:\t0000000000000000\n/\n" {
 		t.Errorf("a step as 1001:1002 printed %q", got)
 	}
-	for _, ids := range [][2]uint32{{65536, 0}, {0, 70000}} {
-		step.UID, step.GID = ids[0], ids[1]
+	// With the supplementary groups the image gives the user.
+	log.Reset()
+	step.Groups = []uint32{29, 50}
+	if err := b.RunBuildStep(ctx, step); err != nil {
+		t.Fatalf("%v\n%s", err, log.String())
+	}
+	if got := log.String(); got != "1001\n1002 29 50\nCapEff:\t0000000000000000\n/\n" {
+		t.Errorf("a step as 1001:1002 in groups 29 and 50 printed %q", got)
+	}
+	step.Groups = nil
+	for _, c := range []struct {
+		ids    [2]uint32
+		groups []uint32
+	}{{[2]uint32{65536, 0}, nil}, {[2]uint32{0, 70000}, nil}, {[2]uint32{1001, 1002}, []uint32{65536}},
+		{[2]uint32{1001, 1002}, make([]uint32, 65)}} {
+		step.UID, step.GID, step.Groups = c.ids[0], c.ids[1], c.groups
 		if err := b.RunBuildStep(ctx, step); !errors.Is(err, sandbox.ErrInvalidSpec) {
-			t.Errorf("a step as %d:%d: %v, want an invalid spec", ids[0], ids[1], err)
+			t.Errorf("a step as %d:%d in %d groups: %v, want an invalid spec", c.ids[0], c.ids[1], len(c.groups), err)
 		}
 	}
 }

@@ -83,6 +83,8 @@ type ctlMsg struct {
 	// Cred is the uid and gid a build step's command runs as (opSpawn,
 	// in place of User): any user of the image.
 	Cred *[2]uint32 `json:"cred,omitempty"`
+	// Groups are that command's supplementary groups (with Cred).
+	Groups []uint32 `json:"groups,omitempty"`
 }
 
 func sendCtl(fd int, m ctlMsg, files ...int) error {
@@ -459,7 +461,13 @@ func spawn(cfg *initConfig, m ctlMsg) (int, []int, error) {
 		if !cfg.Build || m.Cred[0] > maxBuildID || m.Cred[1] > maxBuildID {
 			return 0, nil, fmt.Errorf("no command of this sandbox runs as %d:%d", m.Cred[0], m.Cred[1])
 		}
+		if err := checkBuildGroups(m.Groups); err != nil {
+			return 0, nil, err
+		}
 		attr.Credential.Uid, attr.Credential.Gid = m.Cred[0], m.Cred[1]
+		attr.Credential.Groups = append([]uint32{}, m.Groups...)
+	} else if len(m.Groups) > 0 {
+		return 0, nil, errors.New("supplementary groups are a build step's alone")
 	}
 	var parent, child []*os.File
 	defer func() {
