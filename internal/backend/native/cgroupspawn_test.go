@@ -53,6 +53,13 @@ func TestSandboxProcessesBornInTheirGroup(t *testing.T) {
 					t.Errorf("%s: this process is listed in the sandbox's group", name)
 				}
 				inGroup(t, name, b.cgroups.Version(), pid, s.cg.Path())
+				// The tasks files that put it there are nobody's now.
+				fds, _ := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/fd")
+				for _, fd := range fds {
+					if target, _ := os.Readlink("/proc/" + strconv.Itoa(pid) + "/fd/" + fd.Name()); strings.HasPrefix(target, "/sys/fs/cgroup") {
+						t.Errorf("%s: process %d holds %s", name, pid, target)
+					}
+				}
 			}
 			if runners != 1 || !contains(pids, s.init.pid) {
 				t.Errorf("%s: the group holds %v: want init %d and one runner", name, pids, s.init.pid)
