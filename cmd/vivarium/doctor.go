@@ -274,7 +274,21 @@ func doctorChecks() []check {
 	} else {
 		detail := fmt.Sprintf("v%d", m.Version())
 		if m.Version() == 1 {
-			detail += " (memory, pids, cpuacct controllers; CPU time by polling)"
+			detail += " (memory, pids, cpuacct controllers; CPU time by polling; "
+			var err error = errors.New("not offered")
+			if h, ok := m.(cgroups.ThreadHome); ok {
+				var home []*os.File
+				if home, err = h.ThreadTaskFiles(); err == nil {
+					for _, f := range home {
+						f.Close()
+					}
+				}
+			}
+			if err == nil {
+				detail += "a sandbox's processes start in its group)"
+			} else {
+				detail += fmt.Sprintf("a sandbox's processes are moved into its group by pid, which waits for the kernel: %v)", err)
+			}
 		} else {
 			detail += " (memory, pids; clone into cgroup)"
 		}
