@@ -9,8 +9,8 @@ so nothing user code prints can look like a protocol message.
 Standard library only; it must start fast and run on any Python 3.8+.
 """
 
-import ast
-import base64
+import _ast
+import binascii
 import builtins
 import fcntl
 import gc
@@ -23,7 +23,6 @@ import sys
 import textwrap
 import threading
 import time as _time
-import traceback
 import types
 
 _RUNNER_FILE = os.path.abspath(__file__)
@@ -113,7 +112,7 @@ def _encode(mime, value):
         return None
     if mime in _BINARY_MIME:
         if isinstance(value, (bytes, bytearray, memoryview)):
-            return base64.b64encode(bytes(value)).decode("ascii")
+            return _b64(bytes(value))
         return str(value)
     if mime == "application/json":
         if isinstance(value, (str, bytes)):
@@ -127,12 +126,16 @@ def _encode(mime, value):
     return str(value)
 
 
+def _b64(data):
+    return binascii.b2a_base64(data, newline=False).decode("ascii")
+
+
 def _figure_png(fig):
     import io
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", bbox_inches="tight")
-    return base64.b64encode(buf.getvalue()).decode("ascii")
+    return _b64(buf.getvalue())
 
 
 def mime_bundle(obj):
@@ -592,11 +595,14 @@ class Runtime:
 
     def _run_python(self, code, filename, ns):
         try:
-            tree = ast.parse(code, filename, "exec")
+            # The syntax tree from compile and _ast, as ast.parse makes it:
+            # the ast module's own imports (enum, contextlib ...) would
+            # cost a runner that starts its own interpreter a few ms.
+            tree = compile(code, filename, "exec", _ast.PyCF_ONLY_AST, dont_inherit=True)
             last = None
-            if tree.body and isinstance(tree.body[-1], ast.Expr):
-                last = ast.Expression(tree.body.pop().value)
-            flags = getattr(ast, "PyCF_ALLOW_TOP_LEVEL_AWAIT", 0)
+            if tree.body and isinstance(tree.body[-1], _ast.Expr):
+                last = _ast.Expression(tree.body.pop().value)
+            flags = getattr(_ast, "PyCF_ALLOW_TOP_LEVEL_AWAIT", 0)
             body = compile(tree, filename, "exec", flags=flags, dont_inherit=True)
             _await(eval(body, ns))
             if last is not None:
@@ -685,6 +691,8 @@ def _error_event(e):
     while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) in _OWN_FILES:
         tb = tb.tb_next
     try:
+        import traceback  # only where code failed
+
         te = traceback.TracebackException(type(e), e, tb)
         # The magics' frames are the runner's: the user's code is what
         # the traceback shows.
