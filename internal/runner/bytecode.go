@@ -36,6 +36,22 @@ const (
 	maxBytecode = 16 << 20
 )
 
+// filesKey is the digest of the runner's files, made once.
+var filesKey = sync.OnceValue(func() string {
+	h := sha256.New()
+	files := Files()
+	names := make([]string, 0, len(files))
+	for name := range files {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		fmt.Fprintf(h, "%s\x00%d\x00", name, len(files[name]))
+		h.Write(files[name])
+	}
+	return hex.EncodeToString(h.Sum(nil))
+})
+
 var (
 	bytecodeMu   sync.Mutex
 	bytecodeMemo = map[string]bytecodeResult{}
@@ -69,17 +85,7 @@ func Bytecode(ctx context.Context, python, dir, cacheDir string) (map[string][]b
 		return nil, fmt.Errorf("runner bytecode: %w", err)
 	}
 	h := sha256.New()
-	files := Files()
-	names := make([]string, 0, len(files))
-	for name := range files {
-		names = append(names, name)
-	}
-	slices.Sort(names)
-	for _, name := range names {
-		fmt.Fprintf(h, "%s\x00%d\x00", name, len(files[name]))
-		h.Write(files[name])
-	}
-	fmt.Fprintf(h, "%s\x00%d\x00%d\x00%s", real, st.Size(), st.ModTime().UnixNano(), dir)
+	fmt.Fprintf(h, "%s\x00%s\x00%d\x00%d\x00%s", filesKey(), real, st.Size(), st.ModTime().UnixNano(), dir)
 	key := hex.EncodeToString(h.Sum(nil))[:16]
 
 	bytecodeMu.Lock()
@@ -89,7 +95,7 @@ func Bytecode(ctx context.Context, python, dir, cacheDir string) (map[string][]b
 	}
 	out, err := cachedBytecode(cacheDir, key)
 	if err != nil || out == nil {
-		if out, err = compileBytecode(ctx, real, dir, files); err == nil && cacheDir != "" {
+		if out, err = compileBytecode(ctx, real, dir, Files()); err == nil && cacheDir != "" {
 			keepBytecode(cacheDir, key, out) // a cache that cannot be written is not needed
 		}
 	}

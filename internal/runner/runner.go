@@ -33,6 +33,11 @@ const (
 	ZygoteName = "zygote.py"
 )
 
+// SourceName is the runner's own file, which also runs as a script (as
+// ScriptName was before start.py): what a sandbox restored from before
+// start.py has.
+const SourceName = "runner.py"
+
 // Files returns the runner's files by name, to be placed in one directory.
 func Files() map[string][]byte {
 	out := map[string][]byte{}

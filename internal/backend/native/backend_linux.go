@@ -347,13 +347,14 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 		// pause base's (pausebase_linux.go): its kept copies are whole.
 		// Its runners come from the zygote (no RunnerArgs), until a
 		// restore, after which init starts them (Restart's Argv).
-		cfg.RunnerFiles, cfg.RunnerArgs, cfg.HashSeed, cfg.Preload = nil, nil, "", nil
+		cfg.RunnerArgs, cfg.HashSeed, cfg.Preload = nil, "", nil
 		return start(ctx, b, spec, cfg, z)
 	}
 	cfg, err := b.initConfig(spec, etc, top)
 	if err != nil {
 		return nil, err
 	}
+	cfg.RunnerFiles = b.runnerFiles(spec.Python)
 	return start(ctx, b, spec, cfg, nil)
 }
 
@@ -652,17 +653,16 @@ func (b *Backend) initConfig(spec sandbox.Spec, etc []rootview.File, top []rootv
 		return nil, fmt.Errorf("/proc: %w", err)
 	}
 	cfg := &initConfig{
-		Seccomp:     filter,
-		Proc:        proc,
-		Sysctls:     b.cfg.KernelLimits.namespaceSysctls(l.Memory),
-		Kernel:      b.cfg.KernelLimits,
-		Python:      spec.Python,
-		RunnerArgs:  runnerArgs(spec.OneShot),
-		RunnerFiles: b.runnerFiles(spec.Python),
-		Env:         sandboxEnv(spec.UserEnv(sandbox.UserSandbox)),
-		Etc:         etc,
-		TopLevel:    top,
-		DiskBytes:   l.Disk,
+		Seccomp:    filter,
+		Proc:       proc,
+		Sysctls:    b.cfg.KernelLimits.namespaceSysctls(l.Memory),
+		Kernel:     b.cfg.KernelLimits,
+		Python:     spec.Python,
+		RunnerArgs: runnerArgs(spec.OneShot),
+		Env:        sandboxEnv(spec.UserEnv(sandbox.UserSandbox)),
+		Etc:        etc,
+		TopLevel:   top,
+		DiskBytes:  l.Disk,
 		// One inode per 8 KiB of disk: enough for source trees, not
 		// enough for an inode-exhaustion attack to cost much kernel memory.
 		DiskInodes: max(l.Disk/(8<<10), 1024),

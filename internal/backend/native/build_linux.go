@@ -109,7 +109,7 @@ func (b *Backend) RunBuildStep(ctx context.Context, r BuildStep) (err error) {
 		return err
 	}
 	cfg.Image, cfg.Build, cfg.Workdir, cfg.Python = true, true, r.Dir, ""
-	cfg.HashSeed, cfg.Preload, cfg.RunnerFiles = "", nil, nil
+	cfg.HashSeed, cfg.Preload = "", nil
 	s, err := start(ctx, b, spec, cfg, nil)
 	if err != nil {
 		return err

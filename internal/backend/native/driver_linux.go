@@ -8,6 +8,7 @@ import (
 
 	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
 	"github.com/vivarium-sandbox/vivarium/internal/core"
+	"github.com/vivarium-sandbox/vivarium/internal/runner"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
 
@@ -49,7 +50,11 @@ func (d *driver) Restart(context.Context) error {
 	}
 	m := ctlMsg{Op: opRestart}
 	if d.ownRunners.Load() {
-		m.Argv = runnerArgs(false)
+		// runner.py itself, which also runs as a script: a sandbox paused
+		// by an older server has no start.py in its runner's directory.
+		args := runnerArgs(false)
+		args[len(args)-2] = runnerDir + "/" + runner.SourceName
+		m.Argv = args
 	}
 	return d.s().send(m)
 }

@@ -70,6 +70,7 @@ func (b *Backend) createFromTemplate(ctx context.Context, spec sandbox.Spec) (sa
 	}
 	cfg.Image, cfg.Workdir, cfg.Python = true, spec.Root.Dir, ""
 	cfg.HashSeed, cfg.Preload = "", nil
+	cfg.RunnerFiles = b.runnerFiles("")
 	return start(ctx, b, spec, cfg, nil)
 }
 
