@@ -3,6 +3,7 @@ package native
 import (
 	"context"
 	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -141,5 +142,37 @@ print(spec.cached, open(spec.cached, "rb").read()[:4] == importlib.util.MAGIC_NU
 	got := strings.Fields(res.Stdout)
 	if len(got) != 2 || !strings.HasPrefix(got[0], runnerDir+"/__pycache__/runner.cpython-") || got[1] != "True" {
 		t.Fatalf("the runner's bytecode: %q %s", res.Stdout, res.Stderr)
+	}
+}
+
+// A spawn whose group cannot be entered fails, starts nothing, and
+// leaves the spawner's thread where it was.
+func TestSpawnIntoAGroupItCannotEnter(t *testing.T) {
+	testutil.RequireRoot(t)
+	b, err := New(Config{CgroupParent: pauseCgroupParent, UIDBase: pauseUIDBase, UIDRanges: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	home := b.homeTasks()
+	if home == nil {
+		t.Skip("no cgroup v1 tasks files to go home through")
+	}
+	full, err := os.OpenFile("/dev/full", os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer full.Close()
+	before, _ := os.ReadFile("/proc/self/cgroup")
+	cmd := exec.Command("/bin/true")
+	err = spawnFrom(cmd, 0, false, &threadCgroup{into: []int{int(full.Fd())}, home: home})
+	if err == nil || cmd.Process != nil {
+		t.Fatalf("a spawn into a group it could not enter: %v, process %v", err, cmd.Process)
+	}
+	tasks, _ := os.ReadDir("/proc/self/task")
+	for _, task := range tasks {
+		if got, _ := os.ReadFile("/proc/self/task/" + task.Name() + "/cgroup"); string(got) != string(before) {
+			t.Errorf("thread %s is in %s, the process in %s", task.Name(), got, before)
+		}
 	}
 }
