@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -183,7 +184,16 @@ func (r *Runtime) prepare() error {
 	}
 	// A new skeleton per process: the host's /etc may have changed, and
 	// an old one may belong to a server still running.
-	if err := rootview.RootSkeleton(root, runner.Files()); err != nil {
+	// With the runner's bytecode the host's python3 compiled
+	// (runner.Bytecode): a sandbox's interpreter is the host's, and loads
+	// it instead of compiling the runner at its start.
+	files := runner.Files()
+	if pycs, err := runner.Bytecode(context.Background(), sandbox.DefaultPython, rootview.RunnerDir, sandbox.ProgramDir); err == nil {
+		maps.Copy(files, pycs)
+	} else {
+		r.cfg.Logger.Warn("gvisor: no compiled runner; each sandbox compiles it at its start", "err", err)
+	}
+	if err := rootview.RootSkeleton(root, files); err != nil {
 		os.RemoveAll(root)
 		return err
 	}
