@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"math"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -298,14 +297,11 @@ func pullOptions(insecure, mirrors []string) (image.PullOptions, error) {
 }
 
 // buildGroups are a RUN step's supplementary groups as native takes them
-// (the builder gives ids 0 to 65535; anything else is refused there).
+// (the builder resolves ids 0 to 65535; native refuses any other).
 func buildGroups(groups []int) []uint32 {
-	out := make([]uint32, 0, len(groups))
-	for _, g := range groups {
-		if g < 0 {
-			g = math.MaxUint32 // refused by the backend
-		}
-		out = append(out, uint32(g))
+	out := make([]uint32, len(groups))
+	for i, g := range groups {
+		out[i] = uint32(g)
 	}
 	return out
 }

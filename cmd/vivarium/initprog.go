@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vivarium-sandbox/vivarium/internal/fileutil"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
 
@@ -82,7 +83,7 @@ func writeInitProg(dir string, prog []byte, want string) (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
-	if err := checkRootOnly(dir); err != nil {
+	if err := fileutil.CheckRootOnly(dir); err != nil {
 		return "", err
 	}
 	path := filepath.Join(dir, "vivarium-init-"+want[:16])
@@ -116,24 +117,6 @@ func writeInitProg(dir string, prog []byte, want string) (string, error) {
 		return "", fmt.Errorf("write the init program to %s: %w", dir, err)
 	}
 	return path, nil
-}
-
-// checkRootOnly refuses a directory that anyone but root could change,
-// or whose path anyone but root could: a program in it is started by
-// root.
-func checkRootOnly(dir string) error {
-	for d := dir; ; d = filepath.Dir(d) {
-		var st unix.Stat_t
-		if err := unix.Lstat(d, &st); err != nil {
-			return err
-		}
-		if st.Mode&unix.S_IFMT != unix.S_IFDIR || st.Uid != 0 || st.Mode&0o022 != 0 {
-			return fmt.Errorf("%s must be a directory of root's that only root can write", d)
-		}
-		if d == "/" || d == "." {
-			return nil
-		}
-	}
 }
 
 // holds reports whether path is a regular file of root's that nobody may

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/vivarium-sandbox/vivarium/internal/fileutil"
 	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
 
@@ -18,7 +19,7 @@ func TestWriteInitProg(t *testing.T) {
 	want := hex.EncodeToString(sum[:])
 	// Under a directory only root may write: t.TempDir's /tmp is
 	// everyone's.
-	if err := checkRootOnly("/run"); err != nil {
+	if err := fileutil.CheckRootOnly("/run"); err != nil {
 		t.Skip(err)
 	}
 	top, err := os.MkdirTemp("/run", "vivarium-initprog-test-")

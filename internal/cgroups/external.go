@@ -51,19 +51,21 @@ func OfProcess(pid int) (*External, error) {
 	return ofProcess(string(b), mounts)
 }
 
-func ofProcess(procCgroup string, mounts []mount) (*External, error) {
-	// dir is where path, a group's path in a hierarchy, is under the
-	// mount of that hierarchy (whose root may be a group itself).
-	dir := func(m mount, path string) string {
-		rel, ok := strings.CutPrefix(path, m.root)
-		if m.root == "/" {
-			rel, ok = path, true
-		}
-		if !ok || (rel != "" && !strings.HasPrefix(rel, "/")) {
-			return ""
-		}
-		return filepath.Join(m.point, rel)
+// groupDir is where path, a group's path in a hierarchy (as
+// /proc/PID/cgroup names it), is under m, the mount of that hierarchy
+// (whose root may be a group itself); "" if it is not under it.
+func groupDir(m mount, path string) string {
+	rel, ok := strings.CutPrefix(path, m.root)
+	if m.root == "/" {
+		rel, ok = path, true
 	}
+	if !ok || (rel != "" && !strings.HasPrefix(rel, "/")) {
+		return ""
+	}
+	return filepath.Join(m.point, rel)
+}
+
+func ofProcess(procCgroup string, mounts []mount) (*External, error) {
 	e := &External{}
 	var unified string
 	for _, line := range strings.Split(strings.TrimSpace(procCgroup), "\n") {
@@ -87,9 +89,9 @@ func ofProcess(procCgroup string, mounts []mount) (*External, error) {
 					}
 					switch c {
 					case "cpuacct":
-						e.cpuacct = dir(m, f[2])
+						e.cpuacct = groupDir(m, f[2])
 					case "memory":
-						e.mem = dir(m, f[2])
+						e.mem = groupDir(m, f[2])
 					}
 				}
 			}
@@ -102,7 +104,7 @@ func ofProcess(procCgroup string, mounts []mount) (*External, error) {
 		if p := mounts2(mounts); p != "" {
 			for _, m := range mounts {
 				if m.fstype == "cgroup2" && m.point == p {
-					if d := dir(m, unified); d != "" {
+					if d := groupDir(m, unified); d != "" {
 						if _, err := os.Stat(filepath.Join(d, "memory.events")); err == nil {
 							return &External{v2: d}, nil
 						}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -100,14 +101,9 @@ func threadDirs(procCgroup string, mounts []mount, points []string) ([]string, e
 			if len(f) != 3 || f[1] == "" || !sameControllers(f[1], m.options) {
 				continue
 			}
-			rel, ok := f[2], true
-			if m.root != "/" {
-				rel, ok = strings.CutPrefix(f[2], m.root)
-			}
-			if !ok || (rel != "" && !strings.HasPrefix(rel, "/")) {
+			if dir = groupDir(*m, f[2]); dir == "" {
 				return nil, fmt.Errorf("cgroups: group %s is outside the mount at %s", f[2], point)
 			}
-			dir = filepath.Join(point, rel)
 		}
 		if dir == "" {
 			return nil, fmt.Errorf("cgroups: this thread's group at %s was not found", point)
@@ -121,13 +117,7 @@ func threadDirs(procCgroup string, mounts []mount, points []string) ([]string, e
 // the controllers of a mount with these options: all of them, none other.
 func sameControllers(list string, options []string) bool {
 	for _, c := range strings.Split(list, ",") {
-		found := false
-		for _, o := range options {
-			if o == c {
-				found = true
-			}
-		}
-		if !found {
+		if !slices.Contains(options, c) {
 			return false
 		}
 	}

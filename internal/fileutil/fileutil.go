@@ -1,7 +1,8 @@
 // Package fileutil holds the few file operations several packages need
 // alike: a regular file copied to a new one, a tree copied whole (cp -a),
 // a directory written whole or not at all, a file's sha256, a tree's
-// size, and the builds the project's scripts cache.
+// size, whether only root can change a directory, and the builds the
+// project's scripts cache.
 package fileutil
 
 import (
@@ -14,6 +15,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 )
 
 // CopyNew copies the regular file src to dst, which it creates (it must
@@ -155,4 +157,22 @@ func CachedBuilds(name, file string) (paths []string, pattern string) {
 	}
 	sort.Slice(paths, func(i, j int) bool { return mtime(paths[i]) > mtime(paths[j]) })
 	return paths, pattern
+}
+
+// CheckRootOnly refuses a directory that anyone but root could change,
+// or whose path anyone but root could: what root starts or sandboxes
+// load from it is trusted.
+func CheckRootOnly(dir string) error {
+	for d := dir; ; d = filepath.Dir(d) {
+		var st syscall.Stat_t
+		if err := syscall.Lstat(d, &st); err != nil {
+			return err
+		}
+		if st.Mode&syscall.S_IFMT != syscall.S_IFDIR || st.Uid != 0 || st.Mode&0o022 != 0 {
+			return fmt.Errorf("%s must be a directory of root's that only root can write", d)
+		}
+		if d == "/" || d == "." {
+			return nil
+		}
+	}
 }

@@ -14,6 +14,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/vivarium-sandbox/vivarium/internal/fileutil"
 )
 
 // compileScript compiles every .py file of argv[1] into its __pycache__,
@@ -72,7 +74,8 @@ type bytecodeResult struct {
 // python runs outside any sandbox, as the caller, isolated from the
 // environment and without site (-I -S), on nothing but the runner's own
 // files. Its results are kept for the life of the process and, where
-// cacheDir is not "", in cacheDir (a directory only root can write),
+// cacheDir is not "", in cacheDir (a directory only root can write, on
+// a path only root can change: fileutil.CheckRootOnly),
 // under a name that changes with the runner's files and the
 // interpreter's file: a host compiles them once.
 func Bytecode(ctx context.Context, python, dir, cacheDir string) (map[string][]byte, error) {
@@ -172,27 +175,23 @@ func readBounded(path string, limit int64) ([]byte, error) {
 	return b, err
 }
 
-// rootOnly reports whether path is a directory of root's that only root
-// can write: what is read from it runs in every sandbox.
-func rootOnly(path string) bool {
-	var st syscall.Stat_t
-	return syscall.Lstat(path, &st) == nil && st.Mode&syscall.S_IFMT == syscall.S_IFDIR && st.Uid == 0 && st.Mode&0o022 == 0
-}
-
 // cachedBytecode reads cacheDir's bytecode of key: nil, nil if there is
 // none, or none to be trusted.
 func cachedBytecode(cacheDir, key string) (map[string][]byte, error) {
-	entry := filepath.Join(cacheDir, "runner-"+key)
-	if cacheDir == "" || !rootOnly(cacheDir) || !rootOnly(entry) || !rootOnly(filepath.Join(entry, "__pycache__")) {
+	dir := filepath.Join(cacheDir, "runner-"+key, "__pycache__")
+	if cacheDir == "" || fileutil.CheckRootOnly(dir) != nil {
 		return nil, nil
 	}
-	return readBytecode(filepath.Join(entry, "__pycache__"))
+	return readBytecode(dir)
 }
 
 // keepBytecode writes files to cacheDir as key's, whole or not at all.
 func keepBytecode(cacheDir, key string, files map[string][]byte) error {
-	if err := os.MkdirAll(cacheDir, 0o755); err != nil || !rootOnly(cacheDir) {
-		return fmt.Errorf("runner bytecode cache %s: not a directory only root can write", cacheDir)
+	if err := os.MkdirAll(cacheDir, 0o755); err != nil {
+		return err
+	}
+	if err := fileutil.CheckRootOnly(cacheDir); err != nil {
+		return err
 	}
 	tmp, err := os.MkdirTemp(cacheDir, ".runner-")
 	if err != nil {
@@ -213,10 +212,8 @@ func keepBytecode(cacheDir, key string, files map[string][]byte) error {
 	return os.Rename(tmp, filepath.Join(cacheDir, "runner-"+key))
 }
 
+// lastLines is the end of a command's output, for an error.
 func lastLines(b []byte) string {
 	s := strings.TrimSpace(string(b))
-	if i := strings.LastIndexByte(s, '\n'); i >= 0 && len(s) > 400 {
-		s = s[max(0, len(s)-400):]
-	}
-	return s
+	return s[max(0, len(s)-400):]
 }

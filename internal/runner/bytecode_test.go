@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/vivarium-sandbox/vivarium/internal/fileutil"
 	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
 
@@ -49,7 +50,23 @@ print(b[:4] == importlib.util.MAGIC_NUMBER, int.from_bytes(b[4:8], "little"), ma
 	}
 
 	testutil.RequireRoot(t)
-	cache := filepath.Join(t.TempDir(), "cache")
+	// Under a directory only root may write: t.TempDir's /tmp is
+	// everyone's.
+	if err := fileutil.CheckRootOnly("/run"); err != nil {
+		t.Skip(err)
+	}
+	top, err := os.MkdirTemp("/run", "vivarium-bytecode-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(top) })
+	if got, err := cachedBytecode(filepath.Join(t.TempDir(), "cache"), "k"); got != nil || err != nil {
+		t.Errorf("a cache under /tmp was read: %d files, %v", len(got), err)
+	}
+	if err := keepBytecode(filepath.Join(t.TempDir(), "cache"), "k", pycs); err == nil {
+		t.Error("a cache was kept under /tmp, which anyone can change")
+	}
+	cache := filepath.Join(top, "cache")
 	if err := keepBytecode(cache, "k", pycs); err != nil {
 		t.Fatal(err)
 	}

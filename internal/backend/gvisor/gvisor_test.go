@@ -231,20 +231,10 @@ func runPrint(t *testing.T, b sandbox.Backend) {
 func TestRunnerStartsFromBytecode(t *testing.T) {
 	b := newBackend(t, "vivarium-gvisor-bytecode-test", t.TempDir())
 	defer b.Close()
-	ctx := context.Background()
-	sb, err := b.Create(ctx, sandbox.Spec{})
+	sb, err := b.Create(context.Background(), sandbox.Spec{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sb.Close()
-	res, err := sb.Execute(ctx, sandbox.ExecRequest{Code: `import importlib.util, sys
-spec = sys.modules["runner"].__spec__
-print(spec.cached, open(spec.cached, "rb").read()[:4] == importlib.util.MAGIC_NUMBER)`}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := strings.Fields(res.Stdout)
-	if len(got) != 2 || !strings.HasPrefix(got[0], "/opt/vivarium/__pycache__/runner.cpython-") || got[1] != "True" {
-		t.Fatalf("the runner's bytecode: %q %s", res.Stdout, res.Stderr)
-	}
+	testutil.RequireRunnerFromBytecode(t, sb)
 }

@@ -92,7 +92,7 @@ type Config struct {
 	// RunnerCache is where the runner's bytecode, compiled once per
 	// interpreter by the host's (runner.Bytecode), is kept between
 	// processes: a directory only root can write. Default:
-	// sandbox.ProgramDir; "-" keeps it in memory only.
+	// sandbox.ProgramDir.
 	RunnerCache string
 	// CheckpointDir is where paused sandboxes keep their checkpoints (the
 	// images of their processes' memory, on disk), a directory each,
@@ -188,12 +188,7 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	switch cfg.RunnerCache {
-	case "":
-		cfg.RunnerCache = sandbox.ProgramDir
-	case "-":
-		cfg.RunnerCache = ""
-	}
+	cfg.RunnerCache = cmp.Or(cfg.RunnerCache, sandbox.ProgramDir)
 	if cfg.CheckpointDir == "" {
 		cfg.CheckpointDir = sandbox.DefaultCheckpointDir(cmp.Or(cfg.CgroupParent, "native"))
 	}

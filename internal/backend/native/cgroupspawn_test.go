@@ -17,16 +17,12 @@ import (
 // v1 its init was born there (no move by pid), and no thread of this
 // process stays in it.
 func TestSandboxProcessesBornInTheirGroup(t *testing.T) {
-	testutil.RequireRoot(t)
 	if testutil.ZygoteMode() {
 		t.Skip("makes its own zygote")
 	}
 	ctx := context.Background()
 	for _, zyg := range []bool{false, true} {
-		b, err := New(Config{CgroupParent: pauseCgroupParent, UIDBase: pauseUIDBase, UIDRanges: 4, Zygote: zyg, Preload: []string{"json"}})
-		if err != nil {
-			t.Fatal(err)
-		}
+		b := groupTestBackend(t, zyg)
 		for _, oneShot := range []bool{false, true} {
 			name := map[bool]string{false: "classic", true: "zygote"}[zyg] + map[bool]string{false: "", true: " one-shot"}[oneShot]
 			sb, err := b.Create(ctx, sandbox.Spec{OneShot: oneShot})
@@ -121,39 +117,19 @@ func contains(xs []int, x int) bool {
 // wrote (the interpreter runs with -B and writes none), and its magic is
 // the interpreter's.
 func TestRunnerStartsFromBytecode(t *testing.T) {
-	testutil.RequireRoot(t)
-	b, err := New(Config{CgroupParent: pauseCgroupParent, UIDBase: pauseUIDBase, UIDRanges: 4})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	ctx := context.Background()
-	sb, err := b.Create(ctx, sandbox.Spec{})
+	b := groupTestBackend(t, false)
+	sb, err := b.Create(context.Background(), sandbox.Spec{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sb.Close()
-	res, err := sb.Execute(ctx, sandbox.ExecRequest{Code: `import importlib.util, sys
-spec = sys.modules["runner"].__spec__
-print(spec.cached, open(spec.cached, "rb").read()[:4] == importlib.util.MAGIC_NUMBER)`}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := strings.Fields(res.Stdout)
-	if len(got) != 2 || !strings.HasPrefix(got[0], runnerDir+"/__pycache__/runner.cpython-") || got[1] != "True" {
-		t.Fatalf("the runner's bytecode: %q %s", res.Stdout, res.Stderr)
-	}
+	testutil.RequireRunnerFromBytecode(t, sb)
 }
 
 // A spawn whose group cannot be entered fails, starts nothing, and
 // leaves the spawner's thread where it was.
 func TestSpawnIntoAGroupItCannotEnter(t *testing.T) {
-	testutil.RequireRoot(t)
-	b, err := New(Config{CgroupParent: pauseCgroupParent, UIDBase: pauseUIDBase, UIDRanges: 4})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b := groupTestBackend(t, false)
 	home := b.homeTasks()
 	if home == nil {
 		t.Skip("no cgroup v1 tasks files to go home through")
@@ -175,4 +151,17 @@ func TestSpawnIntoAGroupItCannotEnter(t *testing.T) {
 			t.Errorf("thread %s is in %s, the process in %s", task.Name(), got, before)
 		}
 	}
+}
+
+// groupTestBackend is a backend of the tests of this file, with a zygote
+// (json preloaded) or without, closed when the test ends.
+func groupTestBackend(t *testing.T, zygote bool) *Backend {
+	t.Helper()
+	testutil.RequireRoot(t)
+	b, err := New(Config{CgroupParent: pauseCgroupParent, UIDBase: pauseUIDBase, UIDRanges: 4, Zygote: zygote, Preload: []string{"json"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
 }

@@ -52,9 +52,7 @@ func (d *driver) Restart(context.Context) error {
 	if d.ownRunners.Load() {
 		// runner.py itself, which also runs as a script: a sandbox paused
 		// by an older server has no start.py in its runner's directory.
-		args := runnerArgs(false)
-		args[len(args)-2] = runnerDir + "/" + runner.SourceName
-		m.Argv = args
+		m.Argv = scriptArgs(runner.SourceName, false)
 	}
 	return d.s().send(m)
 }

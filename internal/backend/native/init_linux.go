@@ -569,12 +569,16 @@ func startRunner(cfg *initConfig) (int, []int, error) {
 
 // runnerArgs are the interpreter's arguments that start a runner in the
 // sandbox, a one-shot's or a lasting one's.
-func runnerArgs(oneShot bool) []string {
+func runnerArgs(oneShot bool) []string { return scriptArgs(runner.ScriptName, oneShot) }
+
+// scriptArgs are runnerArgs with script, a file of the runner's
+// directory, as the entry point.
+func scriptArgs(script string, oneShot bool) []string {
 	mode := "--persistent"
 	if oneShot {
 		mode = "--oneshot"
 	}
-	return []string{"-s", "-B", runnerDir + "/" + runner.ScriptName, mode}
+	return []string{"-s", "-B", runnerDir + "/" + script, mode}
 }
 
 // runnerEnv is the runner's environment: the sandbox's, and the fixed
