@@ -10,6 +10,7 @@ Standard library only; it must start fast and run on any Python 3.8+.
 """
 
 import _ast
+import _signal
 import binascii
 import builtins
 import fcntl
@@ -48,6 +49,45 @@ _REPR_METHODS = (
 _BINARY_MIME = ("image/png", "image/jpeg")
 
 
+class _Interrupts:
+    """Where SIGINT, with which the supervisor stops a cell, raises
+    KeyboardInterrupt: only in the cell's code. Raised in the runner's own
+    code it would leave a frame half-written or half-read, or a result's
+    ack unread in the pipe, and the next cell would wait forever; between
+    cells it would end the runner. There it is held until the cell's code
+    runs again, and one still held when the next request comes (it was
+    meant for a cell that has ended) is dropped."""
+
+    def __init__(self):
+        self.open = False  # the main thread runs a cell's code
+        self.held = False
+        self.main = threading.get_ident()
+
+    def handler(self, signum, frame):
+        if self.open:
+            raise KeyboardInterrupt
+        self.held = True
+
+    def enter(self):
+        """The cell's code runs from here: a held interrupt fires now."""
+        self.open = True
+        if self.held:
+            self.held = False
+            raise KeyboardInterrupt
+
+    def shut(self):
+        """Holds interrupts while the runner's code runs on behalf of a
+        cell's (a result sent from display()); returns whether to enter
+        again after."""
+        if self.open and threading.get_ident() == self.main:
+            self.open = False
+            return True
+        return False
+
+
+_interrupts = _Interrupts()
+
+
 class Channel:
     """The framed pipes to the supervisor, moved out of user code's way."""
 
@@ -73,10 +113,15 @@ class Channel:
             buf += chunk
         return bytes(buf)
 
-    def receive(self, _unpack=struct.unpack, _loads=json.loads):
+    def receive(self, fresh=False, _unpack=struct.unpack, _loads=json.loads):
+        """The next message, or None at the end. fresh: the main loop waits
+        for the next request; an interrupt held until its first bytes came
+        was for a cell that has ended."""
         head = self._read_exact(4)
         if head is None:
             return None
+        if fresh:
+            _interrupts.held = False
         (n,) = _unpack(">I", head)
         body = self._read_exact(n)
         if body is None:
@@ -86,19 +131,24 @@ class Channel:
     def send(self, event, wait_ack=False, _dumps=json.dumps, _pack=struct.pack, _write=os.write):
         body = _dumps(event, ensure_ascii=False, default=str).encode("utf-8", "surrogatepass")
         frame = _pack(">I", len(body)) + body
-        with self.lock:
-            view = memoryview(frame)
-            while view:
-                n = _write(self.evt, view)
-                view = view[n:]
-            if wait_ack:
-                # The supervisor reads the output pipes up to here before
-                # it acknowledges: nothing printed after this result can
-                # overtake it.
-                while True:
-                    req = self.receive()
-                    if req is None or req.get("type") == "ack":
-                        break
+        reopen = _interrupts.shut()
+        try:
+            with self.lock:
+                view = memoryview(frame)
+                while view:
+                    n = _write(self.evt, view)
+                    view = view[n:]
+                if wait_ack:
+                    # The supervisor reads the output pipes up to here
+                    # before it acknowledges: nothing printed after this
+                    # result can overtake it.
+                    while True:
+                        req = self.receive()
+                        if req is None or req.get("type") == "ack":
+                            break
+        finally:
+            if reopen:
+                _interrupts.enter()
 
 
 _json_loads = json.loads
@@ -534,8 +584,10 @@ class Runtime:
         ctx = self.context(key, language, cwd)
         if ctx.language != "python":
             try:
+                _interrupts.enter()
                 return ctx.run(code, env)
             finally:
+                _interrupts.open = False
                 _flush_std()
         _forget_missing_path_entries()
         saved_env = {}
@@ -604,13 +656,19 @@ class Runtime:
                 last = _ast.Expression(tree.body.pop().value)
             flags = getattr(_ast, "PyCF_ALLOW_TOP_LEVEL_AWAIT", 0)
             body = compile(tree, filename, "exec", flags=flags, dont_inherit=True)
-            _await(eval(body, ns))
+            expr = value = None
             if last is not None:
                 expr = compile(last, filename, "eval", flags=flags, dont_inherit=True)
-                value = _await(eval(expr, ns))
-                if value is not None:
-                    ns["_"] = value
-                    self.emit_result(mime_bundle(value), main=True)
+            try:
+                _interrupts.enter()
+                _await(eval(body, ns))
+                if expr is not None:
+                    value = _await(eval(expr, ns))
+            finally:
+                _interrupts.open = False
+            if value is not None:
+                ns["_"] = value
+                self.emit_result(mime_bundle(value), main=True)
             return 0, None
         except SystemExit as e:
             return _exit_code(e), None
@@ -912,12 +970,13 @@ def main(mode=None):
     _prepare_interpreter()
     _preload()
     rt = Runtime(channel)
+    _signal.signal(_signal.SIGINT, _interrupts.handler)
     channel.send({"type": "ready"})
     while True:
         # Under the channel's lock: a thread of the code waiting for a
         # result's ack reads the same pipe.
         with channel.lock:
-            req = channel.receive()
+            req = channel.receive(fresh=True)
         if req is None:
             return 0
         if req.get("type") == "contexts":
@@ -925,8 +984,14 @@ def main(mode=None):
             continue
         if req.get("type") != "execute":
             continue
-        code, err = rt.run_cell(req.get("code", ""), req.get("filename") or "<cell>", req.get("env"),
-                                req.get("context") or "", req.get("language") or "python", req.get("cwd") or None)
+        try:
+            code, err = rt.run_cell(req.get("code", ""), req.get("filename") or "<cell>", req.get("env"),
+                                    req.get("context") or "", req.get("language") or "python", req.get("cwd") or None)
+        except KeyboardInterrupt as e:
+            # Raised as the cell's code ended, in the runner's code around
+            # it: the cell was interrupted all the same.
+            _interrupts.open = False
+            code, err = 1, _error_event(e)
         if err is not None:
             channel.send(err)
         channel.send({"type": "done", "exit_code": code})
