@@ -2,6 +2,7 @@ package native
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"strconv"
@@ -83,7 +84,23 @@ func TestSandboxProcessesBornInTheirGroup(t *testing.T) {
 // cpuacct and freezer hierarchies on cgroup v1, in the unified one on v2.
 func inGroup(t *testing.T, name string, version, pid int, path string) {
 	t.Helper()
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
+	inGroupAt(t, name, version, "/proc/"+strconv.Itoa(pid), path)
+}
+
+// threadsInGroup is inGroup for each thread of pid: a thread may be in
+// another group than its process's on cgroup v1.
+func threadsInGroup(t *testing.T, name string, version, pid int, path string) {
+	t.Helper()
+	dir := "/proc/" + strconv.Itoa(pid) + "/task/"
+	tasks, _ := os.ReadDir(dir)
+	for _, task := range tasks {
+		inGroupAt(t, fmt.Sprintf("%s, thread %s of %d", name, task.Name(), pid), version, dir+task.Name(), path)
+	}
+}
+
+func inGroupAt(t *testing.T, name string, version int, proc, path string) {
+	t.Helper()
+	b, err := os.ReadFile(proc + "/cgroup")
 	if err != nil {
 		return // gone since the list was read
 	}
@@ -97,7 +114,7 @@ func inGroup(t *testing.T, name string, version, pid int, path string) {
 			checked = checked || (version == 1 && (c == "memory" || c == "pids" || c == "cpuacct" || c == "freezer"))
 		}
 		if checked && f[2] != path {
-			t.Errorf("%s: process %d is in %s of %q, want %s", name, pid, f[2], f[1], path)
+			t.Errorf("%s: %s is in %s of %q, want %s", name, proc, f[2], f[1], path)
 		}
 	}
 }

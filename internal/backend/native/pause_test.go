@@ -166,6 +166,16 @@ func TestPauseResume(t *testing.T) {
 			if s.cg.Path() != hostCgroup {
 				t.Errorf("cgroup %s after resume, %s before", s.cg.Path(), hostCgroup)
 			}
+			// Every restored process, each of its threads too (init's are
+			// many), is in the group in every hierarchy: CRIU moved each
+			// task there before it made its threads.
+			pids, err := s.cg.Procs()
+			if err != nil || len(pids) < 3 {
+				t.Errorf("the resumed sandbox's group holds %v (%v): want init, the runner and the child", pids, err)
+			}
+			for _, pid := range pids {
+				threadsInGroup(t, "after resume", b.cgroups.Version(), pid, hostCgroup)
+			}
 			// New commands start, and the listening socket is reached in
 			// the restored network namespace.
 			p, err := s.Start(ctx, sandbox.Command{Argv: []string{"sh", "-c", "echo started; pwd"}})
