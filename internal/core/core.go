@@ -128,6 +128,11 @@ type Core struct {
 	runnerSet chan struct{} // closed and replaced when runner changes
 	cur       *execution
 	lost      bool // the runner died since the last execution
+
+	// interrupts is held (read) by each Interrupt from the moment it sees
+	// the execution until the runner has its signal; awaitInterrupts
+	// takes it (write) before a runner is given a request or replaced.
+	interrupts sync.RWMutex
 }
 
 // Config configures a Core.
@@ -376,12 +381,28 @@ func (c *Core) Interrupt() error {
 		return sandbox.ErrClosed
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.cur == nil {
+	x := c.cur
+	if x == nil {
+		c.mu.Unlock()
 		return nil
 	}
-	// Under the lock: the execution cannot end meanwhile.
-	return c.d.Interrupt(c.cur.runner)
+	c.interrupts.RLock()
+	c.mu.Unlock()
+	defer c.interrupts.RUnlock()
+	// The backend returns once the runner has the signal (or gives up
+	// waiting): till then no request is written and no runner replaced
+	// (awaitInterrupts), so an interrupt of this execution never reaches
+	// the next, whose request the runner reads after the signal (and a
+	// runner drops a signal that came before a request). Not under mu:
+	// the backend may deliver the execution's events meanwhile.
+	return c.d.Interrupt(x.runner)
+}
+
+// awaitInterrupts waits until every interrupt sent has reached its runner:
+// a barrier, nothing is done under the lock.
+func (c *Core) awaitInterrupts() {
+	c.interrupts.Lock()
+	c.interrupts.Unlock()
 }
 
 // Restart implements sandbox.Sandbox.
@@ -421,6 +442,7 @@ func (c *Core) Exclusive(f func() error) error {
 // it returns, every process that could write output is dead. Callers hold
 // execMu.
 func (c *Core) restart(ctx context.Context) error {
+	c.awaitInterrupts()
 	dead := c.d.Dead()
 	c.mu.Lock()
 	old, set := c.runner, c.runnerSet

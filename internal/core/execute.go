@@ -96,6 +96,7 @@ func (c *Core) Execute(ctx context.Context, req sandbox.ExecRequest, sink sandbo
 	// up the limits. A runner that cannot be reached is dead, which the
 	// wait below sees.
 	sent := make(chan error, 1)
+	c.awaitInterrupts()
 	go func() {
 		sent <- r.conn.Send(runner.Request{Type: "execute", Code: req.Code, Filename: filename, Env: req.Env,
 			Context: runner.ContextKey(cc.ID), Language: cc.Language, Cwd: cc.Cwd})

@@ -8,6 +8,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"io"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -313,6 +314,44 @@ except OSError as e:
 		}
 		if res := exec(t, sb, code("n > 0")); len(res.Results) != 1 || res.Results[0].Text != "True" {
 			t.Fatalf("state after the interrupt: %+v", res)
+		}
+	}},
+	{name: "interrupts_at_any_moment", run: func(t *testing.T, be *backend) {
+		// The code sends results all the time, each waiting for its ack,
+		// and interrupts come at any moment, again and again until the
+		// cell ends, the last ones after it has: none may break the
+		// runner's channel or end the runner.
+		sb := be.create(t, sandbox.Spec{Limits: sandbox.Limits{Timeout: 60 * time.Second}})
+		exec(t, sb, code("n = 0"))
+		rng := rand.New(rand.NewPCG(27, 1))
+		for round := range 20 {
+			done := make(chan *sandbox.Result, 1)
+			go func() {
+				res, err := sb.Execute(context.Background(), code("while True:\n    n += 1\n    display(n)"), nil)
+				if err != nil {
+					t.Errorf("round %d: %v", round, err)
+				}
+				done <- res
+			}()
+			var res *sandbox.Result
+		wait:
+			for {
+				select {
+				case res = <-done:
+					break wait
+				case <-time.After(time.Duration(rng.IntN(3000)) * time.Microsecond):
+					sb.Interrupt()
+				}
+			}
+			if res == nil {
+				t.FailNow()
+			}
+			if res.Error == nil || res.Error.Name != "KeyboardInterrupt" || res.StateLost {
+				t.Fatalf("round %d: %s lost=%v %+v", round, res.Status, res.StateLost, res.Error)
+			}
+		}
+		if res := exec(t, sb, code("isinstance(n, int)")); len(res.Results) != 1 || res.Results[0].Text != "True" {
+			t.Fatalf("after the interrupts: %+v", res)
 		}
 	}},
 	{name: "restart_keeps_files", run: func(t *testing.T, be *backend) {

@@ -38,7 +38,8 @@ for label, fn in (("thread", lambda: threading.Thread(target=print).start()),
 			}
 		}
 	}},
-	"limit_pids": {why: "no processes or threads to count"},
+	"limit_pids":               {why: "no processes or threads to count"},
+	"interrupts_at_any_moment": {why: "no signals: an interrupt is refused while code runs (interrupt_keeps_state)"},
 	"limit_disk": {why: "WASI preview 1 in wazero has no ENOSPC: the limit holds with EIO, and stderr says why",
 		run: func(t *testing.T, be *backend) {
 			res := be.oneShot(t, `

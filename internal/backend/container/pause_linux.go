@@ -289,11 +289,14 @@ func (s *Sandbox) ping(ctx context.Context, ss *session, timeout time.Duration) 
 	t := time.NewTimer(timeout)
 	defer t.Stop()
 	for {
+		ss.pongMu.Lock()
+		done, answered := ss.ponged >= id, ss.pongCh
+		ss.pongMu.Unlock()
+		if done {
+			return nil
+		}
 		select {
-		case got := <-ss.pongs:
-			if got == id {
-				return nil
-			}
+		case <-answered:
 		case <-ss.ended:
 			return errors.New("the container ended")
 		case <-t.C:

@@ -34,7 +34,7 @@ const maxControlMsg = 256 << 10
 const (
 	opSpawn     = "spawn"     // start a command: ID, Argv, Env, Dir, User, Term
 	opSignal    = "signal"    // signal a command's process group: PID, Signal
-	opInterrupt = "interrupt" // SIGINT to the runner
+	opInterrupt = "interrupt" // SIGINT to the runner; with an ID, init answers it once sent
 	opRestart   = "restart"   // kill every process but init, start a new runner
 	opSpawned   = "spawned"   // a command started (PID, with its stdin, stdout and stderr, or its terminal's master) or not (Error)
 	opExited    = "exited"    // a command (ID) or the runner (ID 0) ended: Code, Signal
@@ -262,6 +262,9 @@ func supervise(cfg *initConfig, report func(initStatus)) int {
 			case opInterrupt:
 				if runner > 0 {
 					unix.Kill(runner, unix.SIGINT)
+				}
+				if m.ID != 0 {
+					sendCtl(fdControl, ctlMsg{Op: opInterrupt, ID: m.ID})
 				}
 			case opRestart:
 				// Argv: from now on init starts the runner itself, with

@@ -72,7 +72,7 @@ func (d *driver) Interrupt(r *core.Runner) error {
 	d.mu.Unlock()
 	if byInit {
 		// Init's child, or adopted by init (a restored sandbox's).
-		return d.s().send(ctlMsg{Op: opInterrupt})
+		return d.s().interrupt()
 	}
 	return err
 }
