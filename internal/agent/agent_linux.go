@@ -416,7 +416,10 @@ func (a *agent) handle(f Frame) {
 			pid := a.runner
 			a.mu.Unlock()
 			if pid > 0 {
-				unix.Kill(pid, unix.SIGINT)
+				// To its main thread: Python handles signals there, and
+				// only the thread a signal goes to leaves a call that
+				// blocks (threads of a library, numpy's, do not).
+				unix.Tgkill(pid, pid, unix.SIGINT)
 			}
 		case OpRestart:
 			a.restart()

@@ -261,7 +261,10 @@ func supervise(cfg *initConfig, report func(initStatus)) int {
 				}
 			case opInterrupt:
 				if runner > 0 {
-					unix.Kill(runner, unix.SIGINT)
+					// To its main thread: Python handles signals there,
+					// and only the thread a signal goes to leaves a call
+					// that blocks (threads of a library, numpy's, do not).
+					unix.Tgkill(runner, runner, unix.SIGINT)
 				}
 				if m.ID != 0 {
 					sendCtl(fdControl, ctlMsg{Op: opInterrupt, ID: m.ID})

@@ -67,7 +67,7 @@ func (d *driver) Interrupt(r *core.Runner) error {
 	if !byInit {
 		// A runner the zygote forked, with a pidfd of it (a one-shot's
 		// is not init's child): signal it directly.
-		err = unix.PidfdSendSignal(rp.pidfd, unix.SIGINT, nil, 0)
+		err = signalMainThread(rp.pidfd, unix.SIGINT)
 	}
 	d.mu.Unlock()
 	if byInit {
@@ -149,4 +149,22 @@ func (s *Sandbox) stats() cgroups.Stats {
 	}
 	st, _ := s.cg.Stats()
 	return st
+}
+
+// pidfdSignalThread is PIDFD_SIGNAL_THREAD (Linux 6.9): the signal goes to
+// the thread the pidfd names, a process's main thread for its pid.
+const pidfdSignalThread = 1
+
+// signalMainThread sends sig to the main thread of the process pidfd
+// names: Python handles signals on its main thread, and only the thread a
+// signal is delivered to leaves a call that blocks; sent to the process,
+// it may go to another thread (a library's, numpy's), and a runner
+// blocked in a read would not see it. A kernel before 6.9 sends it to the
+// process.
+func signalMainThread(pidfd int, sig unix.Signal) error {
+	err := unix.PidfdSendSignal(pidfd, sig, nil, pidfdSignalThread)
+	if err == unix.EINVAL {
+		err = unix.PidfdSendSignal(pidfd, sig, nil, 0)
+	}
+	return err
 }
