@@ -217,20 +217,51 @@ func (b *Backend) pauseBaseFor(ctx context.Context, s *Sandbox) (*pauseBase, err
 // once it has run anything (the runner's first compile and execution).
 const baseCell = "None"
 
-// makeBase starts a pausable sandbox, runs a first cell, pauses it and
-// keeps its runner's images as the base.
+// baseCandidates bounds the sandboxes makeBase starts to find two whose
+// runners have their files mapped at the same addresses.
+const baseCandidates = 3
+
+// makeBase starts pausable sandboxes and runs a first cell in each until
+// two have their runner's files mapped alike, then pauses one of those
+// and keeps its runner's images as the base. A sandbox's libraries land
+// a page apart now and then (on a loaded host), and a base made of such
+// a one would share almost nothing with the sandboxes kept against it,
+// for as long as it is the backend's; the layout two sandboxes agree on
+// is the one the others have.
 func (b *Backend) makeBase(ctx context.Context) (*pauseBase, error) {
-	sbx, err := b.Create(ctx, sandbox.Spec{Pausable: true})
-	if err != nil {
-		return nil, err
+	var s *Sandbox
+	var seen []*Sandbox
+	layouts := map[*Sandbox]string{}
+	defer func() {
+		for _, c := range seen {
+			if c != s {
+				c.Close()
+			}
+		}
+	}()
+	for len(seen) < baseCandidates && s == nil {
+		c, err := b.baseCandidate(ctx)
+		if err != nil {
+			return nil, err
+		}
+		seen = append(seen, c)
+		layouts[c], err = runnerLayout(c)
+		if err != nil {
+			return nil, err
+		}
+		for _, other := range seen[:len(seen)-1] {
+			if layouts[other] == layouts[c] {
+				s = other
+				break
+			}
+		}
 	}
-	s := sbx.(*Sandbox)
+	if s == nil {
+		b.log.Warn("pause base: no two of its candidates had their runner's files mapped alike; the base is the first",
+			"candidates", len(seen))
+		s = seen[0]
+	}
 	defer s.Close()
-	if res, err := s.Execute(ctx, sandbox.ExecRequest{Code: baseCell}, nil); err != nil {
-		return nil, err
-	} else if res.Status != sandbox.StatusOK {
-		return nil, fmt.Errorf("its first cell: %s %s", res.Status, res.Error)
-	}
 	if err := s.Pause(ctx); err != nil {
 		return nil, err
 	}
@@ -288,6 +319,54 @@ func (b *Backend) makeBase(ctx context.Context) (*pauseBase, error) {
 		return nil, err
 	}
 	return b.openBase(key)
+}
+
+// baseCandidate is a pausable sandbox that has run its first cell.
+func (b *Backend) baseCandidate(ctx context.Context) (*Sandbox, error) {
+	sbx, err := b.Create(ctx, sandbox.Spec{Pausable: true})
+	if err != nil {
+		return nil, err
+	}
+	s := sbx.(*Sandbox)
+	if res, err := s.Execute(ctx, sandbox.ExecRequest{Code: baseCell}, nil); err != nil {
+		s.Close()
+		return nil, err
+	} else if res.Status != sandbox.StatusOK {
+		s.Close()
+		return nil, fmt.Errorf("its first cell: %s %s", res.Status, res.Error)
+	}
+	return s, nil
+}
+
+// runnerLayout is where s's runner has its files mapped: the address
+// range and path of each file mapping in its /proc/PID/maps.
+func runnerLayout(s *Sandbox) (string, error) {
+	if s.cg == nil {
+		return "", nil // no group to find it by (--insecure-no-cgroups): taken as alike
+	}
+	pids, err := s.cg.Procs()
+	if err != nil {
+		return "", err
+	}
+	for _, pid := range pids {
+		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		if !strings.HasPrefix(string(comm), "python") {
+			continue
+		}
+		maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+		if err != nil {
+			return "", err
+		}
+		var out strings.Builder
+		for _, line := range strings.Split(string(maps), "\n") {
+			f := strings.Fields(line)
+			if len(f) >= 6 && strings.HasPrefix(f[5], "/") {
+				out.WriteString(f[0] + " " + f[5] + "\n")
+			}
+		}
+		return out.String(), nil
+	}
+	return "", errors.New("the base candidate's runner was not found")
 }
 
 // PruneBases implements sandbox.BasePruner: the bases of PauseBaseDir
