@@ -286,24 +286,15 @@ func (s *Sandbox) ping(ctx context.Context, ss *session, timeout time.Duration) 
 	if err := ss.out.Ctl(agent.Ctl{Op: agent.OpPing, ID: id}); err != nil {
 		return fmt.Errorf("the agent is gone: %v", err)
 	}
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	for {
-		ss.pongMu.Lock()
-		done, answered := ss.ponged >= id, ss.pongCh
-		ss.pongMu.Unlock()
-		if done {
-			return nil
-		}
-		select {
-		case <-answered:
-		case <-ss.ended:
-			return errors.New("the container ended")
-		case <-t.C:
-			return fmt.Errorf("no answer within %v", timeout)
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	switch err := ss.pongs.Wait(wctx, uint64(id), ss.ended); {
+	case errors.Is(err, core.ErrGone):
+		return errors.New("the container ended")
+	case err != nil && ctx.Err() == nil:
+		return fmt.Errorf("no answer within %v", timeout)
+	default:
+		return err
 	}
 }
 

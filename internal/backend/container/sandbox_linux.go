@@ -95,11 +95,8 @@ type session struct {
 	out   *agent.Writer
 	ended chan struct{} // the agent's stream ended: the container is gone
 	ready chan struct{} // the agent is set up
-	// ponged is the ID of the agent's last answer to a ping (it answers
-	// in order), under pongMu; pongCh is closed and replaced at each.
-	pongMu sync.Mutex
-	ponged uint32
-	pongCh chan struct{}
+	// pongs follows the agent's answers to pings.
+	pongs core.Answers
 	// runnerKept: the container's end is not its runner's (a checkpoint
 	// ended it, or it is a restore not yet adopted): the sandbox's state
 	// is not lost with it.
@@ -116,8 +113,7 @@ type session struct {
 func (s *Sandbox) session() *session { return s.sess.Load() }
 
 func newSession(c Container) *session {
-	return &session{c: c, out: agent.NewWriter(c.Stdin()), ended: make(chan struct{}), ready: make(chan struct{}),
-		pongCh: make(chan struct{})}
+	return &session{c: c, out: agent.NewWriter(c.Stdin()), ended: make(chan struct{}), ready: make(chan struct{})}
 }
 
 // agentRunner is a runner of a container, reached through the agent's
@@ -253,11 +249,7 @@ func (s *Sandbox) control(ss *session, c agent.Ctl) {
 			close(ss.ready)
 		}
 	case agent.OpPing:
-		ss.pongMu.Lock()
-		ss.ponged = max(ss.ponged, c.ID)
-		close(ss.pongCh)
-		ss.pongCh = make(chan struct{})
-		ss.pongMu.Unlock()
+		ss.pongs.Answered(uint64(c.ID))
 	case agent.OpError:
 		s.mu.Lock()
 		s.setupErr = c.Step + ": " + c.Error
@@ -517,18 +509,16 @@ func (d *driver) Restart(context.Context) error {
 // the core holds the execution meanwhile (Core.Interrupt), so the signal
 // is the runner's before the next execution's request is written, and a
 // runner drops a signal that came before a request (runner.py's
-// _Interrupts): an interrupt never reaches the next cell.
+// _Interrupts): an interrupt never reaches the next cell. The wait is
+// at most core.InterruptWait; the signal is sent either way.
 func (d *driver) Interrupt(*core.Runner) error {
 	s := d.s()
 	if err := s.ctl(agent.Ctl{Op: agent.OpInterrupt}); err != nil {
 		return err
 	}
-	s.ping(context.Background(), s.session(), interruptWait)
+	s.ping(context.Background(), s.session(), core.InterruptWait)
 	return nil
 }
-
-// interruptWait bounds how long an interrupt waits for the agent's answer.
-const interruptWait = time.Second
 
 func (d *driver) Usage() core.Usage {
 	var st cgroups.Stats

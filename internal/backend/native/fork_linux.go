@@ -448,7 +448,7 @@ func (b *Backend) newCopy(snap *forkSnapshot, id string) (*Sandbox, error) {
 	c := &Sandbox{
 		id: id, b: b, spec: snap.spec, ctl: -1, cfg: snap.cfg, failed: make(chan struct{}),
 		initDone: make(chan struct{}), statusDone: make(chan struct{}), runnerGone: make(chan struct{}),
-		ctlDone: make(chan struct{}), terminals: map[uint64]*terminal{}, interruptedCh: make(chan struct{}),
+		ctlDone: make(chan struct{}), terminals: map[uint64]*terminal{},
 	}
 	// The copy's runner is the source's, with its code contexts.
 	var contexts *runner.Contexts

@@ -113,11 +113,8 @@ type Sandbox struct {
 	ctlDone   chan struct{}
 	ctlRead   bool // readControl was started: ctlDone will be closed
 	sendMu    sync.Mutex
-	// interrupted is the ID of init's last answer to opInterrupt (init
-	// answers in order), under mu; interruptedCh is closed and replaced
-	// at each.
-	interrupted   uint64
-	interruptedCh chan struct{}
+	// interrupted follows init's answers to opInterrupt.
+	interrupted core.Answers
 
 	// Closed when the proxy (Spec.Egress), serving on its listener in the
 	// sandbox, has returned; nil without one. A pause closes the listener,
@@ -185,7 +182,7 @@ func start(ctx context.Context, b *Backend, spec sandbox.Spec, cfg *initConfig, 
 	s := &Sandbox{
 		id: newID(), b: b, spec: spec, ctl: -1, z: z, cfg: cfg, failed: make(chan struct{}),
 		initDone: make(chan struct{}), statusDone: make(chan struct{}), runnerGone: make(chan struct{}),
-		ctlDone: make(chan struct{}), terminals: map[uint64]*terminal{}, interruptedCh: make(chan struct{}),
+		ctlDone: make(chan struct{}), terminals: map[uint64]*terminal{},
 	}
 	s.Core = core.New((*driver)(s), core.Config{Spec: spec, Contexts: runner.NewContexts(spec.HomeDir())})
 	defer func() {
@@ -505,11 +502,7 @@ func (s *Sandbox) readControl(ctl int, done chan struct{}) {
 			}
 		case opInterrupt:
 			closeAll(fds)
-			s.mu.Lock()
-			s.interrupted = max(s.interrupted, m.ID)
-			close(s.interruptedCh)
-			s.interruptedCh = make(chan struct{})
-			s.mu.Unlock()
+			s.interrupted.Answered(m.ID)
 		case opTerminals:
 			// The end of init's answer: a terminal it did not send is
 			// gone (an init restored from an older server's images),
@@ -658,36 +651,19 @@ func (s *Sandbox) send(m ctlMsg) error {
 // and a runner drops a signal that came before a request (runner.py's
 // _Interrupts): an interrupt never reaches the next cell. An init that
 // does not answer (one restored from an older server's images) is waited
-// for at most interruptWait.
+// for at most core.InterruptWait.
 func (s *Sandbox) interrupt() error {
 	id := interruptID.Add(1)
 	if err := s.send(ctlMsg{Op: opInterrupt, ID: id}); err != nil {
 		return err
 	}
-	dead := s.dead()
-	t := time.NewTimer(interruptWait)
-	defer t.Stop()
-	for {
-		s.mu.Lock()
-		done, answered := s.interrupted >= id, s.interruptedCh
-		s.mu.Unlock()
-		if done {
-			return nil
-		}
-		select {
-		case <-answered:
-		case <-dead:
-			return nil
-		case <-t.C:
-			return nil
-		}
-	}
+	ctx, cancel := context.WithTimeout(context.Background(), core.InterruptWait)
+	defer cancel()
+	s.interrupted.Wait(ctx, id, s.dead()) // sent either way; the wait only orders it
+	return nil
 }
 
 var interruptID atomic.Uint64
-
-// interruptWait bounds how long an interrupt waits for init's answer.
-const interruptWait = time.Second
 
 // ID implements sandbox.Sandbox.
 func (s *Sandbox) ID() string { return s.id }
