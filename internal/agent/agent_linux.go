@@ -294,8 +294,12 @@ func (a *agent) startRunner() error {
 	a.runner = pid
 	a.requests[RequestStream(gen)] = newQueue(reqW)
 	a.mu.Unlock()
+	// The supervisor hears of the runner before any of its events: it
+	// drops the events of a runner it does not know, and its ready event
+	// lost would leave the sandbox waiting for it.
+	err = a.out.Ctl(Ctl{Op: OpRunner, Gen: gen, PID: pid})
 	go a.forwardEvents(evR, EventStream(gen))
-	return a.out.Ctl(Ctl{Op: OpRunner, Gen: gen, PID: pid})
+	return err
 }
 
 // forwardEvents passes a runner's event frames on, as many as were read
