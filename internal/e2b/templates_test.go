@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -897,7 +898,8 @@ func TestTemplatesSurviveRestart(t *testing.T) {
 // A key sends at most 4 archives at once: each is staged whole before
 // its bounds are checked.
 func TestTemplateUploadsAtOnce(t *testing.T) {
-	c, _, _ := newBuildServer(t, &fakeBuilder{}, service.BuildConfig{})
+	files := t.TempDir()
+	c, _, _ := newBuildServer(t, &fakeBuilder{}, service.BuildConfig{FilesDir: files})
 	r := c.request("key-a", `{"name":"slow"}`)
 	l := c.link("key-a", r, hash1)
 	var writers []*io.PipeWriter
@@ -920,11 +922,17 @@ func TestTemplateUploadsAtOnce(t *testing.T) {
 		}
 	}
 	t.Cleanup(closeAll) // before the server's close, which waits for them
-	body := archive(t, true, file("a", "x"))
-	testutil.WaitFor(t, 10*time.Second, "a fifth upload refused", func() bool {
-		code, _ := c.upload(l.URL, body)
-		return code == http.StatusTooManyRequests
+	// Each holds its slot once its archive is staged. A fifth sent
+	// earlier could take the slot of one of the four, which would be
+	// refused instead.
+	testutil.WaitFor(t, 30*time.Second, "four uploads staged", func() bool {
+		staged, _ := filepath.Glob(filepath.Join(files, "staging", "*"))
+		return len(staged) == 4
 	})
+	body := archive(t, true, file("a", "x"))
+	if code, b := c.upload(l.URL, body); code != http.StatusTooManyRequests {
+		t.Fatalf("a fifth upload: %d %s, want %d", code, b, http.StatusTooManyRequests)
+	}
 	rb := c.request("key-b", `{"name":"other"}`)
 	if code, body := c.upload(c.link("key-b", rb, hash1).URL, body); code != 200 {
 		t.Errorf("another key's upload meanwhile: %d %s", code, body)
