@@ -22,7 +22,16 @@ func runBench(t *testing.T, exe string, args ...string) (stdout, stderr string) 
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := cmd.Run(); err != nil {
-		t.Fatalf("vivarium bench %s: %v\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), err, out.String(), errb.String())
+		// What failed first: a long report may be cut short where it is
+		// shown, and its failures are the last lines of stderr.
+		var problems []string
+		for _, line := range strings.Split(errb.String(), "\n") {
+			if strings.HasPrefix(line, "vivarium bench: ") {
+				problems = append(problems, line)
+			}
+		}
+		t.Fatalf("vivarium bench %s: %v\n%s\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), err,
+			strings.Join(problems, "\n"), out.String(), errb.String())
 	}
 	return out.String(), errb.String()
 }
