@@ -93,12 +93,16 @@ def _hex(s):
 
 class KernelContext:
     """A context whose state lives in a kernel process (see the module
-    doc). emit(data, main) passes a result on, as Runtime.emit_result."""
+    doc). emit(data, main) passes a result on, as Runtime.emit_result;
+    wait(fd) returns once fd is readable, as the runner's
+    _Interrupts.wait_readable, which a signal that came just before it
+    wakes too."""
 
-    def __init__(self, language, cwd, emit):
+    def __init__(self, language, cwd, emit, wait=None):
         self.language = language
         self.cwd = cwd
         self.emit = emit
+        self.wait = wait or (lambda fd: select.select([fd], [], []))
         self.proc = None
         self.fds = ()  # the runner's ends: request, event, ack
         self.buf = bytearray()
@@ -193,6 +197,8 @@ class KernelContext:
                 left = deadline - time.monotonic()
                 if left <= 0 or not select.select([self.fds[1]], [], [], left)[0]:
                     return None
+            else:
+                self.wait(self.fds[1])
             chunk = os.read(self.fds[1], 1 << 20)
             if not chunk:
                 return None

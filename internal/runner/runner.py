@@ -19,6 +19,7 @@ import json
 import linecache
 import os
 import re
+import select
 import struct
 import sys
 import textwrap
@@ -62,6 +63,41 @@ class _Interrupts:
         self.open = False  # the main thread runs a cell's code
         self.held = False
         self.main = threading.get_ident()
+        self.wake = self.wake_w = -1
+
+    def install(self):
+        """Installs the handler, and a pipe the kernel's signal handler
+        writes a byte to (signal.set_wakeup_fd), which the runner's waits
+        for a kernel or a shell watch too (wait_readable)."""
+        r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        # Out of the way of the code's descriptors, as the channel's are.
+        self.wake = fcntl.fcntl(r, fcntl.F_DUPFD_CLOEXEC, 10)
+        self.wake_w = fcntl.fcntl(w, fcntl.F_DUPFD_CLOEXEC, 10)
+        os.close(r)
+        os.close(w)
+        _signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
+        _signal.signal(_signal.SIGINT, self.handler)
+
+    def wait_readable(self, fd, _select=select.select, _read=os.read):
+        """Returns once fd is readable, or raises KeyboardInterrupt where
+        the cell's code may be interrupted. A signal that came just before
+        the wait began wakes it too: Python runs a handler between
+        bytecodes, so a bare read entered after the signal came would
+        sleep through it until the kernel or the shell wrote, maybe never
+        (a cell's busy loop)."""
+        while True:
+            if self.wake_w >= 0:
+                # Again each time: the code may have taken it (asyncio does).
+                _signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
+            ready = _select([fd, self.wake] if self.wake >= 0 else [fd], [], [])[0]
+            if self.wake in ready:
+                try:
+                    _read(self.wake, 512)
+                except OSError:
+                    pass
+            if fd in ready:
+                return
+            # Only the wake-up: the loop's next turn runs the handler.
 
     def handler(self, signum, frame):
         if self.open:
@@ -412,6 +448,7 @@ class BashContext:
     def _status_line(self):
         buf = b""
         while not buf.endswith(b"\n"):
+            _interrupts.wait_readable(self.status_r)
             chunk = os.read(self.status_r, 64)
             if not chunk:
                 return None
@@ -571,7 +608,7 @@ class Runtime:
             if language == "bash":
                 ctx = BashContext(cwd)
             elif language in ("javascript", "typescript", "r", "java"):
-                ctx = _kernels().KernelContext(language, cwd, self.emit_result)
+                ctx = _kernels().KernelContext(language, cwd, self.emit_result, _interrupts.wait_readable)
             else:
                 ctx = PythonContext(cwd or os.getcwd())
             self.contexts[key] = ctx
@@ -970,7 +1007,7 @@ def main(mode=None):
     _prepare_interpreter()
     _preload()
     rt = Runtime(channel)
-    _signal.signal(_signal.SIGINT, _interrupts.handler)
+    _interrupts.install()
     channel.send({"type": "ready"})
     while True:
         # Under the channel's lock: a thread of the code waiting for a
