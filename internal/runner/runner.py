@@ -1003,11 +1003,13 @@ def main(mode=None):
         mode = sys.argv[1] if len(sys.argv) > 1 else "--oneshot"
     _confine()
     _first_to_go()
+    # Before the channel: the event pipe stays the runner's last
+    # descriptor, as code that forges frames on it looks for it.
+    _interrupts.install()
     channel = Channel(3, 4)
     _prepare_interpreter()
     _preload()
     rt = Runtime(channel)
-    _interrupts.install()
     channel.send({"type": "ready"})
     while True:
         # Under the channel's lock: a thread of the code waiting for a
