@@ -942,15 +942,27 @@ func shiftCapability(v []byte, shift func(uint32) (uint32, bool)) error {
 // openFiles opens the copy's workspace and root (sandbox.FileSystem) from
 // its root tmpfs, mounted at root on the host. The sandbox's code has run
 // in them: nothing on the way is followed if it is a link.
+//
+// A template's root tmpfs is only the writable layer of its overlay: its
+// files are reached through the restored init's root, as a resumed
+// sandbox's are (reopenRoot), where the workspace is a mount of its own
+// (a bind of the image's /home/user), which its code cannot replace.
 func (c *Sandbox) openFiles(root string) error {
-	rfd, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	flags := unix.O_PATH | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC
+	resolve := uint64(unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV)
+	if c.spec.Root != nil {
+		root = fmt.Sprintf("/proc/%d/root", c.init.pid)
+		flags &^= unix.O_NOFOLLOW // the magic link is what is opened
+		resolve &^= unix.RESOLVE_NO_XDEV
+	}
+	rfd, err := unix.Open(root, flags, 0)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(rfd)
 	wfd, err := unix.Openat2(rfd, strings.TrimPrefix(workspacePath, "/"), &unix.OpenHow{
 		Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC,
-		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV,
+		Resolve: resolve,
 	})
 	if err != nil {
 		return fmt.Errorf("fork: the copy's workspace: %w", err)

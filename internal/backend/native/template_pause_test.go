@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
@@ -29,8 +30,8 @@ func TestTemplateRootPause(t *testing.T) {
 
 // A template's sandbox forks: each copy has its state, the source's own
 // writes to the template's files (owned as the source's were, by the
-// copy's own ids), the template's files and whiteouts, and goes its own
-// way.
+// copy's own ids), the template's files and whiteouts, files uploaded to
+// it, and goes its own way.
 func TestTemplateRootFork(t *testing.T) {
 	b, s := templateSandboxToKeep(t, "printf kept > /usr/bin/mine && rm /etc/motd")
 	ctx := context.Background()
@@ -40,12 +41,16 @@ func TestTemplateRootFork(t *testing.T) {
 	}
 	for i, c := range copies {
 		defer c.Close()
+		// An upload reaches the root the copy's code sees.
+		if err := c.Workspace().WriteFile("up.txt", strings.NewReader("up"), 10); err != nil {
+			t.Fatal(err)
+		}
 		code := fmt.Sprintf(`import os
 x += %d
 st = os.stat('/usr/bin/mine')
-print(x, open('/usr/bin/mine').read(), st.st_uid, os.path.exists('/etc/motd'), os.path.exists('/etc/gone'), os.path.exists('/usr/bin/python3'))`, i+1)
+print(x, open('/usr/bin/mine').read(), st.st_uid, os.path.exists('/etc/motd'), os.path.exists('/etc/gone'), os.path.exists('/usr/bin/python3'), open('/workspace/up.txt').read())`, i+1)
 		res, err := c.Execute(ctx, sandbox.ExecRequest{Code: code}, nil)
-		if want := fmt.Sprintf("%d kept 0 False False True\n", 42+i); err != nil || res.Stdout != want {
+		if want := fmt.Sprintf("%d kept 0 False False True up\n", 42+i); err != nil || res.Stdout != want {
 			t.Fatalf("copy %d: %+v %v, want %q", i, res, err, want)
 		}
 	}
