@@ -52,14 +52,29 @@ func addTemplate(t *testing.T, dataDir, name string, cfg v1.Config) {
 
 // A server makes sandboxes of its store's templates on /v1: stateful and
 // one-shot, with the template's environment, working directory and
-// Python, paused, resumed, forked and saved; an unknown template is 404.
+// Python, paused, resumed, forked and saved; its USER runs its code; an
+// unknown template is 404.
 func TestServeTemplates(t *testing.T) {
 	needSandbox(t)
 	dataDir := t.TempDir()
 	addTemplate(t, dataDir, "tpl:1", v1.Config{Env: []string{"PATH=/usr/bin:/bin", "TPL=from the image"}, WorkingDir: "/srv"})
+	addTemplate(t, dataDir, "tpl:user", v1.Config{Env: []string{"PATH=/usr/bin:/bin"}, User: "4321:4322"})
+	addTemplate(t, dataDir, "tpl:ghost", v1.Config{Env: []string{"PATH=/usr/bin:/bin"}, User: "ghost"})
 	srv := startServer(t, dataDir, "--dev", "--cgroup-parent", serveParent+"-template")
 
-	code, body := req(t, "POST", srv.url+"/v1/sandboxes", nil, map[string]any{"template": "tpl:1", "env": map[string]string{"OWN": "mine"}})
+	// The image's USER runs its code; a USER the image does not know
+	// fails the creation, saying so.
+	code, body := req(t, "POST", srv.url+"/v1/execute", nil, map[string]any{"template": "tpl:user",
+		"code": "import os; print(os.getuid(), os.getgid())"})
+	if code != 200 || !strings.Contains(string(body), `"stdout":"4321 4322\n"`) {
+		t.Fatalf("a template's USER: %d %s", code, body)
+	}
+	code, body = req(t, "POST", srv.url+"/v1/sandboxes", nil, map[string]any{"template": "tpl:ghost"})
+	if code != 400 || !strings.Contains(string(body), "invalid username: 'ghost'") {
+		t.Fatalf("a template of an unknown USER: %d %s", code, body)
+	}
+
+	code, body = req(t, "POST", srv.url+"/v1/sandboxes", nil, map[string]any{"template": "tpl:1", "env": map[string]string{"OWN": "mine"}})
 	var info struct {
 		ID       string
 		Template string

@@ -239,7 +239,7 @@ func cloexecFrom(fd int) error {
 // killed if the agent dies.
 func (a *agent) userAttr() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{
-		Credential: &syscall.Credential{Uid: uint32(a.cfg.UID), Gid: uint32(a.cfg.GID), Groups: []uint32{}},
+		Credential: &syscall.Credential{Uid: uint32(a.cfg.UID), Gid: uint32(a.cfg.GID), Groups: append([]uint32{}, a.cfg.Groups...)},
 		Setsid:     true,
 		Pdeathsig:  syscall.SIGKILL,
 	}

@@ -63,6 +63,7 @@ type Config struct {
 	Workspace  string   `json:"workspace"`
 	UID        int      `json:"uid"`
 	GID        int      `json:"gid"`
+	Groups     []uint32 `json:"groups,omitempty"` // supplementary
 	OpenFiles  uint64   `json:"open_files"`
 	FileSize   uint64   `json:"file_size"`
 	CPUSeconds uint64   `json:"cpu_seconds"`

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
@@ -22,7 +23,29 @@ type Root struct {
 	Env []string `json:"env,omitempty"`
 	// Dir is where its code and commands start ("": the sandbox's home).
 	Dir string `json:"dir,omitempty"`
+	// User is the sandbox user of its sandboxes, the template's USER;
+	// nil: the default (uid and gid 1000).
+	User *RootUser `json:"user,omitempty"`
 }
+
+// RootUser is who a template's USER names, as its /etc/passwd and
+// /etc/group give it: the sandbox user of its sandboxes, who runs their
+// code and commands ("" and UserSandbox; UserRoot stays uid 0).
+type RootUser struct {
+	UID    uint32   `json:"uid"`
+	GID    uint32   `json:"gid"`
+	Groups []uint32 `json:"groups,omitempty"` // supplementary
+	// Name is its name in the image's /etc/passwd ("": none).
+	Name string `json:"name,omitempty"`
+}
+
+// The default sandbox user's ids, and bounds of a template's: a sandbox's
+// user namespace maps ids 0 to MaxUserID.
+const (
+	DefaultUID, DefaultGID = 1000, 1000
+	MaxUserID              = 65535
+	maxUserGroups          = 64
+)
 
 // RootBackend is a Backend whose sandboxes can have a template's root.
 // Backends that are not one refuse a Spec with a Root (CheckRoot).
@@ -75,5 +98,24 @@ func (r *Root) validate() error {
 	if r.Dir != "" && (!filepath.IsAbs(r.Dir) || strings.Contains(r.Dir, "\x00")) {
 		return fmt.Errorf("%w: template %q: working directory %q is not absolute", ErrInvalidSpec, r.Template, r.Dir)
 	}
+	if u := r.User; u != nil {
+		if u.UID > MaxUserID || u.GID > MaxUserID || len(u.Groups) > maxUserGroups ||
+			slices.ContainsFunc(u.Groups, func(g uint32) bool { return g > MaxUserID }) {
+			return fmt.Errorf("%w: template %q: user %d:%d (ids 0 to %d, at most %d groups)", ErrInvalidSpec, r.Template,
+				u.UID, u.GID, MaxUserID, maxUserGroups)
+		}
+		if strings.ContainsAny(u.Name, ":\n\x00") {
+			return fmt.Errorf("%w: template %q: user name %q", ErrInvalidSpec, r.Template, u.Name)
+		}
+	}
 	return nil
+}
+
+// SandboxUser is the sandbox user of a sandbox of spec: its template's
+// USER, or the default.
+func (s Spec) SandboxUser() RootUser {
+	if s.Root != nil && s.Root.User != nil {
+		return *s.Root.User
+	}
+	return RootUser{UID: DefaultUID, GID: DefaultGID}
 }

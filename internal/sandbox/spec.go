@@ -205,8 +205,12 @@ func (s Spec) UserEnv(who string) map[string]string {
 	return env
 }
 
-// UserName is the name of the sandbox user, which depends on its home.
+// UserName is the name of the sandbox user: its template's USER's name,
+// else one that depends on its home.
 func (s Spec) UserName() string {
+	if u := s.SandboxUser(); u.Name != "" {
+		return u.Name
+	}
 	if s.HomeDir() == HomeUser {
 		return "user"
 	}

@@ -20,7 +20,7 @@ var ErrNoTemplate = errors.New("no such template")
 
 // withTemplate gives spec the template it names (spec.Template), from the
 // server's image store: its layers as the root (sandbox.Root), its
-// environment under the spec's own, its WORKDIR; and returns what its
+// environment under the spec's own, its WORKDIR and USER; and returns what its
 // sandboxes start with. A name of the owner's own templates (built
 // through E2B's API: builds.go) comes before the store's images.
 func (s *Service) withTemplate(owner string, spec *sandbox.Spec) (templateStart, error) {
@@ -82,8 +82,27 @@ func resolveTemplate(images *image.Store, spec *sandbox.Spec, ref string) (templ
 	if err := checkEnv(env); err != nil {
 		return templateStart{}, fmt.Errorf("template %q: %w", spec.Template, err)
 	}
+	if u := cfg.Config.User; u != "" {
+		if root.User, err = imageUser(root.Layers, u); err != nil {
+			return templateStart{}, fmt.Errorf("%w: template %q: its USER %q: %w", sandbox.ErrInvalidSpec, spec.Template, u, err)
+		}
+	}
 	spec.Root, spec.Env = root, env
 	return templateStart{cfg.Config.Labels[template.LabelStartCmd], cfg.Config.Labels[template.LabelReadyCmd]}, nil
+}
+
+// imageUser is the sandbox user an image's USER (not "") names, resolved
+// through its layers' /etc/passwd and /etc/group.
+func imageUser(layers []string, user string) (*sandbox.RootUser, error) {
+	u, err := template.ImageUser(layers, user)
+	if err != nil {
+		return nil, err
+	}
+	r := &sandbox.RootUser{UID: uint32(u.UID), GID: uint32(u.GID), Name: u.Name}
+	for _, g := range u.Groups {
+		r.Groups = append(r.Groups, uint32(g))
+	}
+	return r, nil
 }
 
 // Bounds of a template's start: how long its ready command may take to

@@ -259,6 +259,27 @@ type runUser struct {
 	uid, gid int
 	groups   []int // supplementary
 	home     string
+	name     string // in the image's /etc/passwd; "": none
+}
+
+// ImageUserIDs is who an image's USER names, as its /etc/passwd and
+// /etc/group give it.
+type ImageUserIDs struct {
+	UID, GID int
+	Groups   []int  // supplementary
+	Name     string // in the image's /etc/passwd; "": none
+}
+
+// ImageUser resolves an image's USER (not "") through the /etc/passwd and
+// /etc/group of its layers (their directories, the lowest first), as a
+// RUN step's user is: the sandbox user of the image's sandboxes.
+func ImageUser(layers []string, user string) (ImageUserIDs, error) {
+	v := &rootView{layers: layers}
+	r, err := v.runAs(user)
+	if err != nil {
+		return ImageUserIDs{}, err
+	}
+	return ImageUserIDs{UID: r.uid, GID: r.gid, Groups: r.groups, Name: r.name}, nil
 }
 
 // maxGroups bounds a RUN step's supplementary groups.
@@ -291,6 +312,7 @@ func (v *rootView) runAs(user string) (runUser, error) {
 			return runUser{}, fmt.Errorf("%w: the image's /etc/passwd gives %s the ids %q:%q", ErrInvalid, f[0], f[2], f[3])
 		}
 		r.uid, r.gid, r.home, name = id, group, f[5], f[0]
+		r.name = name
 	}
 	switch {
 	case r.uid >= 0:

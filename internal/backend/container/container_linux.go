@@ -258,6 +258,12 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 	if err := sandbox.CheckSpec(b, spec); err != nil {
 		return nil, err
 	}
+	if u := spec.SandboxUser(); u.UID == 0 {
+		// uid 0 of the container is the host's (docker) or gVisor's
+		// kernel's: not given to code (process_linux.go).
+		return nil, fmt.Errorf("%w: template %q runs as root (its USER); the %s backend runs code as a user only",
+			sandbox.ErrUnsupported, spec.Root.Template, b.Name())
+	}
 	if spec.Python == "" && spec.Root == nil { // a template's: python3 on its PATH (the agent finds it)
 		spec.Python = sandbox.DefaultPython
 	}
@@ -327,13 +333,18 @@ func (s *Sandbox) provision(files string) error {
 	// The disk: a tmpfs of the disk limit's size, in a directory only
 	// root can enter, so that no host user reaches it by path.
 	s.uid, s.gid = b.cfg.UID, b.cfg.GID
+	if u := spec.Root; u != nil && u.User != nil {
+		// A template's USER: the runtime's kernel maps ids one to one.
+		s.uid, s.gid = int(u.User.UID), int(u.User.GID)
+	}
 	if b.cfg.Users != nil && s.users == nil {
 		r, err := b.cfg.Users.Acquire()
 		if err != nil {
 			return err
 		}
 		s.users = &r
-		s.uid, s.gid = int(r.ID(SandboxUID)), int(r.ID(SandboxGID))
+		u := spec.SandboxUser()
+		s.uid, s.gid = int(r.ID(u.UID)), int(r.ID(u.GID))
 	}
 	s.dir = filepath.Join(b.cfg.StateDir, s.id)
 	if err := os.Mkdir(s.dir, 0o700); err != nil {
@@ -428,7 +439,7 @@ func (s *Sandbox) launch(ctx context.Context) error {
 		RunnerArgs: []string{"-s", "-B", RunnerDir + "/" + runner.ScriptName, runnerMode(spec)},
 		Env:        sandbox.Environ(spec.Env),
 		Workspace:  "/workspace",
-		UID:        s.uid, GID: s.gid,
+		UID:        s.uid, GID: s.gid, Groups: spec.SandboxUser().Groups,
 		OpenFiles: uint64(spec.Limits.OpenFiles),
 		FileSize:  uint64(spec.Limits.Disk),
 		// The kernel counts RLIMIT_NPROC per user: the sandbox user's

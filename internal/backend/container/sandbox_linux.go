@@ -21,12 +21,13 @@ import (
 	"github.com/vivarium-sandbox/vivarium/internal/workspace"
 )
 
-// Where things are inside a container, and who the code runs as.
+// Where things are inside a container, and who the code runs as (unless
+// a template's USER names another user).
 const (
 	RunnerDir  = "/opt/vivarium"
 	AgentPath  = "/opt/vivarium/agent"
-	SandboxUID = 1000
-	SandboxGID = 1000
+	SandboxUID = sandbox.DefaultUID
+	SandboxGID = sandbox.DefaultGID
 )
 
 // Sandbox is one container sandbox. Its executions, code contexts and

@@ -2,6 +2,7 @@ package gvisor_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"os"
 	"path/filepath"
@@ -126,4 +127,43 @@ func templateWith(t *testing.T, id string, fill func(usrBin string) error) *sand
 	}
 	root.Layers, root.ID = append(root.Layers, top), id
 	return root
+}
+
+// A template's USER on gVisor: its code and commands run as it, with its
+// groups, and uploads are its; a USER of root is refused (root's
+// commands are not offered on gVisor).
+func TestTemplateUser(t *testing.T) {
+	b := newBackend(t, "vivarium-gvisor-user-test", t.TempDir())
+	defer b.Close()
+	ctx := context.Background()
+	root := testutil.TemplateRoot(t)
+	root.User = &sandbox.RootUser{UID: 1234, GID: 1235, Groups: []uint32{50}, Name: "app"}
+	sb, err := b.Create(ctx, sandbox.Spec{Root: root, Env: map[string]string{"PATH": "/usr/bin:/bin"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	if err := sb.Workspace().WriteFile("up.txt", strings.NewReader("up"), 10); err != nil {
+		t.Fatal(err)
+	}
+	res, err := sb.Execute(ctx, sandbox.ExecRequest{Code: `import os
+print(os.getuid(), os.getgid(), os.getgroups(), os.stat('/workspace/up.txt').st_uid)`}, nil)
+	if want := "1234 1235 [50] 1234\n"; err != nil || res.Stdout != want {
+		t.Fatalf("%+v %v\nwant %q", res, err, want)
+	}
+	p, err := sb.Start(ctx, sandbox.Command{Argv: []string{"id", "-u"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _ := io.ReadAll(p.Stdout())
+	if <-p.Done(); string(out) != "1234\n" {
+		t.Fatalf("a command runs as %q", out)
+	}
+	root.User = &sandbox.RootUser{UID: 0, GID: 0, Name: "root"}
+	if sb, err := b.Create(ctx, sandbox.Spec{Root: root}); !errors.Is(err, sandbox.ErrUnsupported) {
+		if err == nil {
+			sb.Close()
+		}
+		t.Fatalf("a template of USER root: %v, want ErrUnsupported", err)
+	}
 }

@@ -456,12 +456,12 @@ func spawn(cfg *initConfig, m ctlMsg) (int, []int, error) {
 	if dir == "" {
 		dir = cfg.startDir()
 	}
-	attr := userAttr()
+	attr := userAttr(cfg)
 	if m.User == sandbox.UserRoot {
 		// uid 0 of the sandbox's user namespace: it owns the sandbox's
 		// system directories, and has no capability (the bounding set is
 		// empty and the securebits locked: dropCapabilities).
-		attr.Credential.Uid, attr.Credential.Gid = 0, 0
+		attr.Credential.Uid, attr.Credential.Gid, attr.Credential.Groups = 0, 0, []uint32{}
 	}
 	if m.Cred != nil {
 		if !cfg.Build || m.Cred[0] > maxBuildID || m.Cred[1] > maxBuildID {
@@ -537,9 +537,10 @@ func spawn(cfg *initConfig, m ctlMsg) (int, []int, error) {
 
 // userAttr makes a process the sandbox user's, in a session of its own,
 // killed if init dies.
-func userAttr() *syscall.SysProcAttr {
+func userAttr(cfg *initConfig) *syscall.SysProcAttr {
+	u := cfg.user()
 	return &syscall.SysProcAttr{
-		Credential: &syscall.Credential{Uid: SandboxUID, Gid: SandboxGID, Groups: []uint32{}},
+		Credential: &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: append([]uint32{}, u.Groups...)},
 		Setsid:     true,
 		Pdeathsig:  syscall.SIGKILL,
 	}

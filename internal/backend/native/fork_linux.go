@@ -971,12 +971,13 @@ func (c *Sandbox) openFiles(root string) error {
 	// The descriptors' own files, through their magic links: no path
 	// the sandbox could change is looked up.
 	byFD := func(fd int) string { return fmt.Sprintf("/proc/self/fd/%d", fd) }
-	user, root0 := int(c.owner.ID(SandboxUID)), int(c.owner.ID(0))
-	ws, err := workspace.Open(byFD(wfd), user, int(c.owner.ID(SandboxGID)))
+	uid, gid := c.userIDs()
+	root0 := int(c.owner.ID(0))
+	ws, err := workspace.Open(byFD(wfd), uid, gid)
 	if err != nil {
 		return err
 	}
-	asUser, err := workspace.Open(byFD(rfd), user, int(c.owner.ID(SandboxGID)))
+	asUser, err := workspace.Open(byFD(rfd), uid, gid)
 	if err != nil {
 		ws.Close()
 		return err

@@ -17,6 +17,7 @@ import (
 
 	"github.com/vivarium-sandbox/vivarium/internal/rootview"
 	"github.com/vivarium-sandbox/vivarium/internal/runner"
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/seccomp"
 )
 
@@ -103,6 +104,9 @@ type initConfig struct {
 	// WORKDIR) instead of the home.
 	Image   bool   `json:"image,omitempty"`
 	Workdir string `json:"workdir,omitempty"`
+	// User is the sandbox user, a template's USER; nil: uid and gid
+	// SandboxUID and SandboxGID (user()).
+	User *sandbox.RootUser `json:"user,omitempty"`
 	// Build: the sandbox runs a template build's step (a command), and
 	// what it writes becomes a layer: init writes nothing of its own in
 	// the root that the sandbox would not (no /etc files, no runner),
@@ -148,6 +152,15 @@ func (cfg *initConfig) home() string {
 		return workspacePath
 	}
 	return cfg.Home
+}
+
+// user is the sandbox user: who runs the runner, and commands unless as
+// root.
+func (cfg *initConfig) user() sandbox.RootUser {
+	if cfg.User != nil {
+		return *cfg.User
+	}
+	return sandbox.RootUser{UID: SandboxUID, GID: SandboxGID}
 }
 
 // startDir is where the runner and commands start: the template's WORKDIR
@@ -547,7 +560,7 @@ func startRunner(cfg *initConfig) (int, []int, error) {
 		Stdout:      stdoutFile,
 		Stderr:      stderrFile,
 		ExtraFiles:  []*os.File{reqR, evW},
-		SysProcAttr: userAttr(),
+		SysProcAttr: userAttr(cfg),
 	}
 	if err := cmd.Start(); err != nil {
 		return 0, nil, err

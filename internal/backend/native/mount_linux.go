@@ -162,7 +162,7 @@ func buildRoot(cfg *initConfig) error {
 		if cfg.Build {
 			// Nothing of init's: what the step writes is the layer.
 		} else if cfg.Image {
-			if err := imageEtc(r("etc"), cfg.UserName, cfg.home()); err != nil {
+			if err := imageEtc(r("etc"), cfg.UserName, cfg.home(), cfg.user().UID == SandboxUID); err != nil {
 				return step("/etc of the template", err)
 			}
 			// The runner's own small file system: nothing of the
@@ -301,8 +301,8 @@ func mountDisk(cfg *initConfig, r func(string) string) error {
 				return step("directory /"+d.name, err)
 			}
 		}
-		if d.owned && (st.Uid != SandboxUID || st.Gid != SandboxGID) {
-			if err := os.Chown(r(d.name), SandboxUID, SandboxGID); err != nil {
+		if u := cfg.user(); d.owned && (st.Uid != u.UID || st.Gid != u.GID) {
+			if err := os.Chown(r(d.name), int(u.UID), int(u.GID)); err != nil {
 				return step("chown /"+d.name, err)
 			}
 		}

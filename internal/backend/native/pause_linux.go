@@ -543,7 +543,8 @@ type pauseState struct {
 // system, reached the same way.
 func (s *Sandbox) reopenRoot() error {
 	rootPath := fmt.Sprintf("/proc/%d/root", s.init.pid)
-	asUser, err := workspace.Open(rootPath, int(s.owner.ID(SandboxUID)), int(s.owner.ID(SandboxGID)))
+	uid, gid := s.userIDs()
+	asUser, err := workspace.Open(rootPath, uid, gid)
 	if err != nil {
 		return err
 	}

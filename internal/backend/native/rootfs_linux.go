@@ -4,6 +4,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
 
 // The sandbox's root file system, seen from inside:
@@ -22,10 +24,11 @@ import (
 //
 // /usr, the host's directories and the runner are read-only mounts.
 
-// SandboxUID and SandboxGID are the user code's ids inside the sandbox.
+// SandboxUID and SandboxGID are the user code's ids inside the sandbox,
+// unless its template's USER names another user (initConfig.user).
 const (
-	SandboxUID = 1000
-	SandboxGID = 1000
+	SandboxUID = sandbox.DefaultUID
+	SandboxGID = sandbox.DefaultGID
 )
 
 // writeUsers writes the sandbox's /etc/passwd and /etc/group: root, the

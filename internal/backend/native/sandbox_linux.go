@@ -155,6 +155,13 @@ func (s *Sandbox) Root(user string) (sandbox.Workspace, error) {
 		sandbox.UserRoot, user)
 }
 
+// userIDs are the sandbox user's uid and gid as the host sees them: what
+// files written as the sandbox user (sandbox.Workspace) are owned by.
+func (s *Sandbox) userIDs() (uid, gid int) {
+	u := s.cfg.user()
+	return int(s.owner.ID(u.UID)), int(s.owner.ID(u.GID))
+}
+
 // Alive implements sandbox.Prober: init runs and a runner is ready.
 func (s *Sandbox) Alive() bool {
 	return !isClosed(s.failed) && s.Core.Alive()
@@ -304,11 +311,12 @@ func start(ctx context.Context, b *Backend, spec sandbox.Spec, cfg *initConfig, 
 	// files can be collected after every sandboxed process is dead. No user
 	// code has run yet, so the path cannot have been tampered with.
 	wsPath := fmt.Sprintf("/proc/%d/root%s", s.init.pid, workspacePath)
-	if s.ws, err = workspace.Open(wsPath, int(s.owner.ID(SandboxUID)), int(s.owner.ID(SandboxGID))); err != nil {
+	uid, gid := s.userIDs()
+	if s.ws, err = workspace.Open(wsPath, uid, gid); err != nil {
 		return nil, err
 	}
 	rootPath := fmt.Sprintf("/proc/%d/root", s.init.pid)
-	if s.rootAsUser, err = workspace.Open(rootPath, int(s.owner.ID(SandboxUID)), int(s.owner.ID(SandboxGID))); err != nil {
+	if s.rootAsUser, err = workspace.Open(rootPath, uid, gid); err != nil {
 		return nil, err
 	}
 	if s.rootAsRoot, err = workspace.Open(rootPath, int(s.owner.ID(0)), int(s.owner.ID(0))); err != nil {
@@ -531,7 +539,8 @@ func (s *Sandbox) forkRunner(r *runnerProc, fds []int) {
 	// tree, which can be paused, forked and snapshotted. A one-shot's
 	// stays the zygote's, one fork cheaper (zygote.py's _fork_adopted).
 	adopt := !s.spec.OneShot
-	req := forkRequest{Mode: mode, Env: s.cfg.Env, UID: SandboxUID, GID: SandboxGID, Dir: s.cfg.home(),
+	u := s.cfg.user()
+	req := forkRequest{Mode: mode, Env: s.cfg.Env, UID: int(u.UID), GID: int(u.GID), Dir: s.cfg.home(),
 		Rlimits: s.cfg.runnerRlimits(), Adopt: adopt}
 	ns, err := s.init.namespaces()
 	if err != nil {

@@ -68,7 +68,7 @@ func (b *Backend) createFromTemplate(ctx context.Context, spec sandbox.Spec) (sa
 	if err != nil {
 		return nil, err
 	}
-	cfg.Image, cfg.Workdir, cfg.Python = true, spec.Root.Dir, ""
+	cfg.Image, cfg.Workdir, cfg.Python, cfg.User = true, spec.Root.Dir, "", spec.Root.User
 	cfg.HashSeed, cfg.Preload = "", nil
 	cfg.RunnerFiles = b.runnerFiles("")
 	return start(ctx, b, spec, cfg, nil)
@@ -331,13 +331,17 @@ func rootDirs(root string, dirs []string) error {
 }
 
 // imageEtc writes what a template sandbox's /etc must say whatever the
-// image says (its host name and hosts, no name server), and gives the
-// sandbox's user (1000) an entry of its own if the image has none.
-func imageEtc(etc, name, home string) error {
+// image says (its host name and hosts, no name server), and, with
+// user1000 (the sandbox user is uid 1000, not an image's USER of another
+// id), gives it an entry of its own if the image has none.
+func imageEtc(etc, name, home string, user1000 bool) error {
 	for _, f := range []string{"hostname", "hosts", "resolv.conf"} {
 		if err := replaceFile(filepath.Join(etc, f), []byte(rootview.GeneratedEtc(f))); err != nil {
 			return err
 		}
+	}
+	if !user1000 {
+		return nil // the sandbox user is the image's USER, another id
 	}
 	if name == "" {
 		name = "sandbox"

@@ -91,6 +91,38 @@ print(x, open('/usr/bin/mine').read(), st.st_uid, os.path.exists('/etc/motd'), o
 	}
 }
 
+// A copy of a sandbox of a template with a USER runs as that user, and
+// what the file API writes in it is that user's, by the copy's own ids.
+func TestTemplateUserFork(t *testing.T) {
+	bin := requireCRIU(t)
+	b := pauseBackend(t, pauseCgroupParent, pauseUIDBase)
+	b.criuBin = bin
+	ctx := context.Background()
+	root := testutil.TemplateRoot(t)
+	root.User = &sandbox.RootUser{UID: 1234, GID: 1234, Name: "app"}
+	sb, err := b.Create(ctx, sandbox.Spec{Root: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	if res, err := sb.Execute(ctx, sandbox.ExecRequest{Code: "x = 41"}, nil); err != nil || res.Status != sandbox.StatusOK {
+		t.Fatalf("%+v %v", res, err)
+	}
+	copies, err := sb.(*Sandbox).Fork(ctx, 1, sandbox.ForkOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := copies[0]
+	defer c.Close()
+	if err := c.Workspace().WriteFile("up.txt", strings.NewReader("up"), 10); err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.Execute(ctx, sandbox.ExecRequest{Code: "import os; print(x, os.getuid(), os.stat('/workspace/up.txt').st_uid)"}, nil)
+	if err != nil || res.Stdout != "41 1234 1234\n" {
+		t.Fatalf("the copy: %+v %v", res, err)
+	}
+}
+
 // templateSandboxToKeep is a sandbox of testutil.TemplateRoot on a backend
 // that pauses, closed when the test ends, whose Python holds x = 41 and
 // whose root has run root's command.

@@ -2,6 +2,7 @@ package native_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -80,5 +81,85 @@ print(os.path.exists('/usr/bin/pip'), sys.version_info[0])
 			names = append(names, e.Name())
 		}
 		t.Fatalf("the host's /var/tmp gained entries: %s", strings.Join(names, " "))
+	}
+}
+
+// A template's USER is its sandboxes' user: their code and commands run
+// as it, with its groups and its name; the home is its, and what the file
+// API writes as the sandbox user is its. Root stays uid 0.
+func TestTemplateUser(t *testing.T) {
+	b := newBackend(t)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name string
+		user sandbox.RootUser
+		want string
+	}{
+		{"app", sandbox.RootUser{UID: 1234, GID: 1235, Groups: []uint32{50}, Name: "app"}, "1234 1235 [50] app 1234 x 1234\n"},
+		{"root", sandbox.RootUser{UID: 0, GID: 0, Name: "root"}, "0 0 [] root 0 x 0\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := testutil.TemplateRoot(t)
+			// A file of the image that only its user may write.
+			theirs := filepath.Join(root.Layers[1], "srv/app/theirs")
+			if err := os.WriteFile(theirs, nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chown(theirs, int(tc.user.UID), int(tc.user.GID)); err != nil {
+				t.Fatal(err)
+			}
+			root.User = &tc.user
+			sb, err := b.Create(ctx, sandbox.Spec{Root: root})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer sb.Close()
+			res, err := sb.Execute(ctx, sandbox.ExecRequest{Code: `
+import os
+open('/srv/app/theirs', 'a').write('x')
+print(os.getuid(), os.getgid(), sorted(os.getgroups()), os.environ['USER'], os.stat('/workspace').st_uid,
+      open('/srv/app/theirs').read(), os.stat('/srv/app/theirs').st_uid)
+`}, nil)
+			if err != nil || res.Stdout != tc.want {
+				t.Fatalf("code: %+v %v\nwant stdout %q", res, err, tc.want)
+			}
+			p, err := sb.Start(ctx, sandbox.Command{Argv: []string{"sh", "-c", "id -u; id -G"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, _ := io.ReadAll(p.Stdout())
+			<-p.Done()
+			wantIDs := fmt.Sprintf("%d\n%d", tc.user.UID, tc.user.GID)
+			for _, g := range tc.user.Groups {
+				wantIDs += fmt.Sprintf(" %d", g)
+			}
+			if string(out) != wantIDs+"\n" {
+				t.Fatalf("a command runs as %q, want %q", out, wantIDs+"\n")
+			}
+			// Root's commands are root's, without the user's groups.
+			p, err = sb.Start(ctx, sandbox.Command{Argv: []string{"id", "-G"}, User: sandbox.UserRoot})
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, _ = io.ReadAll(p.Stdout())
+			<-p.Done()
+			if string(out) != "0\n" {
+				t.Fatalf("root's command's groups: %q", out)
+			}
+			fs, err := sb.(sandbox.FileSystem).Root(sandbox.UserSandbox)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := fs.WriteFile("tmp/up.txt", strings.NewReader("up"), 10); err != nil {
+				t.Fatal(err)
+			}
+			if err := sb.Workspace().WriteFile("up.txt", strings.NewReader("up"), 10); err != nil {
+				t.Fatal(err)
+			}
+			res, err = sb.Execute(ctx, sandbox.ExecRequest{Code: "import os; print(os.stat('/tmp/up.txt').st_uid, os.stat('/workspace/up.txt').st_uid)"}, nil)
+			if want := fmt.Sprintf("%d %[1]d\n", tc.user.UID); err != nil || res.Stdout != want {
+				t.Fatalf("an upload is owned by %+v %v, want %q", res, err, want)
+			}
+		})
 	}
 }
