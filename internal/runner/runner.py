@@ -1003,8 +1003,6 @@ def main(mode=None):
         mode = sys.argv[1] if len(sys.argv) > 1 else "--oneshot"
     _confine()
     _first_to_go()
-    # Before the channel: the event pipe stays the runner's last
-    # descriptor, as code that forges frames on it looks for it.
     _interrupts.install()
     channel = Channel(3, 4)
     _prepare_interpreter()

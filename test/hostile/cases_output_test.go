@@ -443,13 +443,26 @@ for _ in range(10):
 }
 
 // forgeFrames finds the runner's event pipe among the code's own
-// descriptors and defines send(), which writes a well-formed frame to it.
+// descriptors (a pipe it can write whose reading end is another
+// process's, the supervisor's) and defines send(), which writes a
+// well-formed frame to it.
 const forgeFrames = `
 import json, os, stat, struct, sys
+def _both_ends_here(fd, fds):
+    # The runner's own pipes (its signals' wake-up) are read here too.
+    st = os.fstat(fd)
+    for o in fds:
+        try:
+            if o != fd and o > 2 and (os.fstat(o).st_dev, os.fstat(o).st_ino) == (st.st_dev, st.st_ino):
+                return True
+        except OSError:
+            pass
+    return False
 EVENTS = None
-for fd in sorted(int(f) for f in os.listdir("/proc/self/fd")):
+FDS = sorted(int(f) for f in os.listdir("/proc/self/fd"))
+for fd in FDS:
     try:
-        if fd > 2 and stat.S_ISFIFO(os.fstat(fd).st_mode):
+        if fd > 2 and stat.S_ISFIFO(os.fstat(fd).st_mode) and not _both_ends_here(fd, FDS):
             os.write(fd, b"")  # EBADF unless open for writing
             EVENTS = fd
     except OSError:
