@@ -31,6 +31,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -69,7 +70,38 @@ type Progress struct {
 type Store struct {
 	dir string
 	lim Limits
+
+	// What List and ConfigFile read last, kept for the next sandbox of a
+	// template: the names while refs.json is the same file, and
+	// configurations, which their digests name, for good.
+	mu      sync.Mutex
+	refs    map[string]Image
+	refsID  fileID
+	configs map[string]*v1.ConfigFile
 }
+
+// fileID tells one version of a file from another: each is a new file
+// (writeAtomic), whose inode number may be an older one's but whose
+// change time is then later.
+type fileID struct {
+	dev, ino     uint64
+	size         int64
+	mtime, ctime unix.Timespec
+}
+
+func idOf(st *unix.Stat_t) fileID {
+	return fileID{dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim, ctime: st.Ctim}
+}
+
+// Bounds of what the store keeps in memory: configurations, and how old
+// (by its change time) a version of refs.json must be when read to be
+// kept, so that a later version made within the file system clock's
+// granularity (with a reused inode number and the same size) cannot be
+// taken for it.
+const (
+	maxCachedConfigs = 64
+	refsSettled      = time.Second
+)
 
 // maxConfig bounds an image's configuration.
 const maxConfig = 8 << 20
@@ -119,16 +151,13 @@ func (s *Store) LayerDir(diffID string) string {
 
 // List returns the store's images, by name.
 func (s *Store) List() ([]Image, error) {
-	var refs map[string]Image
-	err := s.withLock("refs.lock", unix.LOCK_SH, func() (err error) {
-		refs, err = s.readRefs()
-		return err
-	})
+	refs, err := s.currentRefs()
 	if err != nil {
 		return nil, err
 	}
 	out := make([]Image, 0, len(refs))
 	for _, im := range refs {
+		im.Layers = slices.Clone(im.Layers) // refs is shared
 		out = append(out, im)
 	}
 	slices.SortFunc(out, func(a, b Image) int { return strings.Compare(a.Name, b.Name) })
@@ -153,13 +182,61 @@ func (s *Store) Get(ref string) (Image, error) {
 	return Image{}, fmt.Errorf("%w: %s", ErrNotFound, ref)
 }
 
-// ConfigFile returns an image's configuration.
+// currentRefs is refs.json's names, read again only when it is another
+// file than the one read last. The map is shared: not to be changed.
+func (s *Store) currentRefs() (map[string]Image, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(filepath.Join(s.dir, "refs.json"), &st); err == nil {
+		s.mu.Lock()
+		refs, id := s.refs, s.refsID
+		s.mu.Unlock()
+		if refs != nil && id == idOf(&st) {
+			return refs, nil
+		}
+	}
+	var refs map[string]Image
+	var id fileID
+	read := time.Now()
+	err := s.withLock("refs.lock", unix.LOCK_SH, func() (err error) {
+		refs, id, err = s.readRefsID()
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if id != (fileID{}) && time.Unix(id.ctime.Unix()).Before(read.Add(-refsSettled)) {
+		s.mu.Lock()
+		s.refs, s.refsID = refs, id
+		s.mu.Unlock()
+	}
+	return refs, nil
+}
+
+// ConfigFile returns an image's configuration, the caller's to change.
 func (s *Store) ConfigFile(im Image) (*v1.ConfigFile, error) {
+	s.mu.Lock()
+	cfg := s.configs[im.Config]
+	s.mu.Unlock()
+	if cfg != nil {
+		return cfg.DeepCopy(), nil
+	}
 	b, err := os.ReadFile(filepath.Join(s.dir, "configs", strings.TrimPrefix(im.Config, "sha256:")+".json"))
 	if err != nil {
 		return nil, err
 	}
-	return v1.ParseConfigFile(bytes.NewReader(b))
+	if cfg, err = v1.ParseConfigFile(bytes.NewReader(b)); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	if len(s.configs) >= maxCachedConfigs {
+		clear(s.configs)
+	}
+	if s.configs == nil {
+		s.configs = map[string]*v1.ConfigFile{}
+	}
+	s.configs[im.Config] = cfg.DeepCopy()
+	s.mu.Unlock()
+	return cfg, nil
 }
 
 // Remove deletes the image ref names, and what no other image uses.
@@ -533,18 +610,34 @@ func (p *progressReader) Read(b []byte) (int, error) {
 }
 
 func (s *Store) readRefs() (map[string]Image, error) {
+	refs, _, err := s.readRefsID()
+	return refs, err
+}
+
+// readRefsID is readRefs with the identity of the file it read (zero if
+// there is none yet).
+func (s *Store) readRefsID() (map[string]Image, fileID, error) {
 	refs := map[string]Image{}
-	b, err := os.ReadFile(filepath.Join(s.dir, "refs.json"))
+	f, err := os.Open(filepath.Join(s.dir, "refs.json"))
 	if errors.Is(err, fs.ErrNotExist) {
-		return refs, nil
+		return refs, fileID{}, nil
 	}
 	if err != nil {
-		return nil, err
+		return nil, fileID{}, err
+	}
+	defer f.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return nil, fileID{}, err
+	}
+	b, err := io.ReadAll(f)
+	if err != nil {
+		return nil, fileID{}, err
 	}
 	if err := json.Unmarshal(b, &refs); err != nil {
-		return nil, fmt.Errorf("the image store's refs.json: %w", err)
+		return nil, fileID{}, fmt.Errorf("the image store's refs.json: %w", err)
 	}
-	return refs, nil
+	return refs, idOf(&st), nil
 }
 
 func (s *Store) writeRefs(refs map[string]Image) error {

@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -336,5 +337,67 @@ func TestPull(t *testing.T) {
 	}
 	if _, err := Pull(ctx, s, addr+"/absent:1", PullOptions{Insecure: []string{addr}}, nil); err == nil {
 		t.Error("a pull of an absent image worked")
+	}
+}
+
+// A store keeps the names and configurations it read, and sees at once
+// what another store of its directory (another process) adds and
+// removes; a configuration it gives is the caller's to change.
+func TestStoreSeesOtherStores(t *testing.T) {
+	ctx := context.Background()
+	s, dir := openStore(t, DefaultLimits)
+	other, err := Open(dir, DefaultLimits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img := testImage(t, layerTar(t, entry{name: "usr/bin/python3", body: "python", mode: 0o755}))
+	names := func() string {
+		t.Helper()
+		all, err := s.List()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n []string
+		for _, im := range all {
+			n = append(n, im.Name)
+		}
+		return strings.Join(n, " ")
+	}
+	if _, err := Import(ctx, other, dockerArchive(t, img, "example.test/a:1"), "", nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := names(); got != "example.test/a:1" {
+		t.Fatalf("after another store's import: %q", got)
+	}
+	// Read again once refs.json is old enough to be kept (refsSettled),
+	// then changed by the other store, twice.
+	time.Sleep(refsSettled + 100*time.Millisecond)
+	if got := names(); got != "example.test/a:1" || s.refs == nil {
+		t.Fatalf("kept: %q (kept %v)", got, s.refs != nil)
+	}
+	if _, err := Import(ctx, other, dockerArchive(t, img, "example.test/b:1"), "", nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := names(); got != "example.test/a:1 example.test/b:1" {
+		t.Fatalf("after a second import: %q", got)
+	}
+	if err := other.Remove("example.test/a:1"); err != nil {
+		t.Fatal(err)
+	}
+	if got := names(); got != "example.test/b:1" {
+		t.Fatalf("after another store's removal: %q", got)
+	}
+	b, err := s.Get("example.test/b:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := s.ConfigFile(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Config.Env = append(cfg.Config.Env, "MINE=1")
+	again, err := s.ConfigFile(b)
+	if err != nil || strings.Join(again.Config.Env, ",") != "PATH=/usr/bin" {
+		t.Fatalf("the configuration again: %+v %v", again, err)
 	}
 }

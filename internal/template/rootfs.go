@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -272,15 +273,41 @@ type ImageUserIDs struct {
 
 // ImageUser resolves an image's USER (not "") through the /etc/passwd and
 // /etc/group of its layers (their directories, the lowest first), as a
-// RUN step's user is: the sandbox user of the image's sandboxes.
+// RUN step's user is: the sandbox user of the image's sandboxes. The
+// answer is kept for the next sandbox: a layer's directory is named by
+// its content's digest, and never changes.
 func ImageUser(layers []string, user string) (ImageUserIDs, error) {
+	key := strings.Join(layers, "\n") + "\x00" + user
+	imageUsers.Lock()
+	u, ok := imageUsers.m[key]
+	imageUsers.Unlock()
+	if ok {
+		u.Groups = slices.Clone(u.Groups)
+		return u, nil
+	}
 	v := &rootView{layers: layers}
 	r, err := v.runAs(user)
 	if err != nil {
 		return ImageUserIDs{}, err
 	}
-	return ImageUserIDs{UID: r.uid, GID: r.gid, Groups: r.groups, Name: r.name}, nil
+	u = ImageUserIDs{UID: r.uid, GID: r.gid, Groups: r.groups, Name: r.name}
+	imageUsers.Lock()
+	if len(imageUsers.m) >= maxImageUsers {
+		clear(imageUsers.m)
+	}
+	imageUsers.m[key] = u
+	imageUsers.Unlock()
+	u.Groups = slices.Clone(u.Groups)
+	return u, nil
 }
+
+// imageUsers are ImageUser's answers, by layers and USER.
+var imageUsers = struct {
+	sync.Mutex
+	m map[string]ImageUserIDs
+}{m: map[string]ImageUserIDs{}}
+
+const maxImageUsers = 256
 
 // maxGroups bounds a RUN step's supplementary groups.
 const maxGroups = 64
