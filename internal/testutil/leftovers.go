@@ -99,3 +99,31 @@ func RemoveStaleCgroups(parent string) {
 		os.Remove(g) // EBUSY while it has members
 	}
 }
+
+// DescribeCgroups says what each group of groups (paths, as CgroupsUnder
+// gives them) holds: its processes, by pid, name and state, or "empty".
+func DescribeCgroups(groups []string) string {
+	var out []string
+	for _, g := range groups {
+		b, err := os.ReadFile(filepath.Join(g, "cgroup.procs"))
+		if err != nil {
+			out = append(out, fmt.Sprintf("%s: %v", g, err))
+			continue
+		}
+		var procs []string
+		for _, pid := range strings.Fields(string(b)) {
+			stat, _ := os.ReadFile(filepath.Join("/proc", pid, "stat"))
+			// pid (comm) state ...: comm may hold spaces and parentheses.
+			s := string(stat)
+			if i := strings.LastIndexByte(s, ')'); i > 0 && len(s) > i+2 {
+				s = s[strings.IndexByte(s, '(')+1:i] + " " + s[i+2:i+3]
+			}
+			procs = append(procs, pid+" "+s)
+		}
+		if len(procs) == 0 {
+			procs = []string{"empty"}
+		}
+		out = append(out, g+": "+strings.Join(procs, ", "))
+	}
+	return strings.Join(out, "; ")
+}

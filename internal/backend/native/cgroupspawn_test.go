@@ -65,7 +65,9 @@ func TestSandboxProcessesBornInTheirGroup(t *testing.T) {
 			if res, err := s.Execute(ctx, sandbox.ExecRequest{Code: "print(6 * 7)"}, nil); err != nil || strings.TrimSpace(res.Stdout) != "42" {
 				t.Errorf("%s: %+v %v", name, res, err)
 			}
-			s.Close()
+			if err := s.Close(); err != nil {
+				t.Errorf("%s: close: %v", name, err)
+			}
 		}
 		b.Close()
 	}
@@ -179,6 +181,9 @@ func groupTestBackend(t *testing.T, zygote bool) *Backend {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { b.Close() })
+	t.Cleanup(func() {
+		b.Close()
+		noGroupsLeft(t, pauseCgroupParent)
+	})
 	return b
 }

@@ -26,7 +26,10 @@ func zygotePauseBackend(t testing.TB) *Backend {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { b.Close() })
+	t.Cleanup(func() {
+		b.Close()
+		noGroupsLeft(t, pauseCgroupParent)
+	})
 	return b
 }
 
@@ -41,7 +44,11 @@ func zygoteSandbox(t *testing.T, spec sandbox.Spec) (*Backend, *Sandbox) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { sbx.Close() })
+	t.Cleanup(func() {
+		if err := sbx.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
 	return b, sbx.(*Sandbox)
 }
 

@@ -46,8 +46,21 @@ func pauseBackend(t testing.TB, parent string, uidBase uint32) *Backend {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { b.Close() })
+	t.Cleanup(func() {
+		b.Close()
+		noGroupsLeft(t, parent)
+	})
 	return b
+}
+
+// noGroupsLeft fails t if a sandbox's group is left under parent once t
+// has closed its sandboxes: the test that leaves it is named, not the
+// next one that looks.
+func noGroupsLeft(t testing.TB, parent string) {
+	t.Helper()
+	if left := testutil.CgroupsUnder(parent); len(left) != 0 {
+		t.Errorf("cgroups left: %s", testutil.DescribeCgroups(left))
+	}
 }
 
 // TestPauseResume pauses a sandbox that holds Python state, an imported
@@ -215,9 +228,7 @@ func TestPauseResume(t *testing.T) {
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Errorf("the checkpoint directory after Close: %v", err)
 	}
-	if left := testutil.CgroupsUnder(pauseCgroupParent); len(left) != 0 {
-		t.Errorf("cgroups left: %v", left)
-	}
+	noGroupsLeft(t, pauseCgroupParent)
 	if left := testutil.ProcessesOwnedBy(int(pauseUIDBase), int(pauseUIDBase)+4<<16); len(left) != 0 {
 		t.Errorf("processes left: %v", left)
 	}
@@ -256,9 +267,7 @@ func TestPauseClosePaused(t *testing.T) {
 	if entries, _ := os.ReadDir(b.cfg.CheckpointDir); len(entries) != 0 {
 		t.Errorf("checkpoints left: %v", entries)
 	}
-	if left := testutil.CgroupsUnder(pauseCgroupParent); len(left) != 0 {
-		t.Errorf("cgroups left: %v", left)
-	}
+	noGroupsLeft(t, pauseCgroupParent)
 	if left := testutil.ProcessesOwnedBy(int(pauseUIDBase), int(pauseUIDBase)+4<<16); len(left) != 0 {
 		t.Errorf("processes left: %v", left)
 	}
