@@ -83,26 +83,14 @@ func resolveTemplate(images *image.Store, spec *sandbox.Spec, ref string) (templ
 		return templateStart{}, fmt.Errorf("template %q: %w", spec.Template, err)
 	}
 	if u := cfg.Config.User; u != "" {
-		if root.User, err = imageUser(root.Layers, u); err != nil {
+		user, err := template.ImageUser(root.Layers, u)
+		if err != nil {
 			return templateStart{}, fmt.Errorf("%w: template %q: its USER %q: %w", sandbox.ErrInvalidSpec, spec.Template, u, err)
 		}
+		root.User = &user
 	}
 	spec.Root, spec.Env = root, env
 	return templateStart{cfg.Config.Labels[template.LabelStartCmd], cfg.Config.Labels[template.LabelReadyCmd]}, nil
-}
-
-// imageUser is the sandbox user an image's USER (not "") names, resolved
-// through its layers' /etc/passwd and /etc/group.
-func imageUser(layers []string, user string) (*sandbox.RootUser, error) {
-	u, err := template.ImageUser(layers, user)
-	if err != nil {
-		return nil, err
-	}
-	r := &sandbox.RootUser{UID: uint32(u.UID), GID: uint32(u.GID), Name: u.Name}
-	for _, g := range u.Groups {
-		r.Groups = append(r.Groups, uint32(g))
-	}
-	return r, nil
 }
 
 // Bounds of a template's start: how long its ready command may take to

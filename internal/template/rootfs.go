@@ -15,6 +15,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 )
 
 // rootView reads the file system an image's layers make, as overlayfs
@@ -263,40 +265,34 @@ type runUser struct {
 	name     string // in the image's /etc/passwd; "": none
 }
 
-// ImageUserIDs is who an image's USER names, as its /etc/passwd and
-// /etc/group give it.
-type ImageUserIDs struct {
-	UID, GID int
-	Groups   []int  // supplementary
-	Name     string // in the image's /etc/passwd; "": none
-}
-
 // ImageUser resolves an image's USER (not "") through the /etc/passwd and
 // /etc/group of its layers (their directories, the lowest first), as a
 // RUN step's user is: the sandbox user of the image's sandboxes. The
-// answer is kept for the next sandbox: a layer's directory is named by
-// its content's digest, and never changes.
-func ImageUser(layers []string, user string) (ImageUserIDs, error) {
+// answer is kept for the next sandbox (the lookup takes about 0.1 ms): a
+// layer's directory in the store is named by its content's digest, and
+// never changes.
+func ImageUser(layers []string, user string) (sandbox.RootUser, error) {
 	key := strings.Join(layers, "\n") + "\x00" + user
 	imageUsers.Lock()
 	u, ok := imageUsers.m[key]
 	imageUsers.Unlock()
-	if ok {
-		u.Groups = slices.Clone(u.Groups)
-		return u, nil
+	if !ok {
+		v := &rootView{layers: layers}
+		r, err := v.runAs(user)
+		if err != nil {
+			return sandbox.RootUser{}, err
+		}
+		u = sandbox.RootUser{UID: uint32(r.uid), GID: uint32(r.gid), Name: r.name}
+		for _, g := range r.groups {
+			u.Groups = append(u.Groups, uint32(g))
+		}
+		imageUsers.Lock()
+		if len(imageUsers.m) >= maxImageUsers {
+			clear(imageUsers.m)
+		}
+		imageUsers.m[key] = u
+		imageUsers.Unlock()
 	}
-	v := &rootView{layers: layers}
-	r, err := v.runAs(user)
-	if err != nil {
-		return ImageUserIDs{}, err
-	}
-	u = ImageUserIDs{UID: r.uid, GID: r.gid, Groups: r.groups, Name: r.name}
-	imageUsers.Lock()
-	if len(imageUsers.m) >= maxImageUsers {
-		clear(imageUsers.m)
-	}
-	imageUsers.m[key] = u
-	imageUsers.Unlock()
 	u.Groups = slices.Clone(u.Groups)
 	return u, nil
 }
@@ -304,8 +300,8 @@ func ImageUser(layers []string, user string) (ImageUserIDs, error) {
 // imageUsers are ImageUser's answers, by layers and USER.
 var imageUsers = struct {
 	sync.Mutex
-	m map[string]ImageUserIDs
-}{m: map[string]ImageUserIDs{}}
+	m map[string]sandbox.RootUser
+}{m: map[string]sandbox.RootUser{}}
 
 const maxImageUsers = 256
 
@@ -331,15 +327,13 @@ func (v *rootView) runAs(user string) (runUser, error) {
 		return runUser{}, err
 	}
 	r := runUser{uid: -1, home: "/"}
-	name := ""
 	if f != nil {
 		id, err1 := strconv.Atoi(f[2])
 		group, err2 := strconv.Atoi(f[3])
 		if err1 != nil || err2 != nil {
 			return runUser{}, fmt.Errorf("%w: the image's /etc/passwd gives %s the ids %q:%q", ErrInvalid, f[0], f[2], f[3])
 		}
-		r.uid, r.gid, r.home, name = id, group, f[5], f[0]
-		r.name = name
+		r.uid, r.gid, r.home, r.name = id, group, f[5], f[0]
 	}
 	switch {
 	case r.uid >= 0:
@@ -354,8 +348,8 @@ func (v *rootView) runAs(user string) (runUser, error) {
 		if r.gid, err = v.lookupID("/etc/group", g); err != nil {
 			return runUser{}, err
 		}
-	} else if name != "" {
-		if r.groups, err = v.groupsOf(name, r.gid); err != nil {
+	} else if r.name != "" {
+		if r.groups, err = v.groupsOf(r.name, r.gid); err != nil {
 			return runUser{}, err
 		}
 	}
