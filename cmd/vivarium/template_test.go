@@ -1,20 +1,15 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/vivarium-sandbox/vivarium/internal/criu"
 	"github.com/vivarium-sandbox/vivarium/internal/image"
@@ -29,18 +24,7 @@ func addTemplate(t *testing.T, dataDir, name string, cfg v1.Config) {
 	t.Helper()
 	dir := t.TempDir()
 	testutil.RootLayer(t, dir)
-	tarred := testutil.TarDir(t, dir)
-	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(tarred)), nil })
-	if err != nil {
-		t.Fatal(err)
-	}
-	img, err := mutate.AppendLayers(empty.Image, layer)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if img, err = mutate.Config(img, cfg); err != nil {
-		t.Fatal(err)
-	}
+	img := testutil.DirImage(t, dir, cfg)
 	s, err := image.Open(filepath.Join(dataDir, "images"), image.DefaultLimits)
 	if err != nil {
 		t.Fatal(err)

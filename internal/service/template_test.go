@@ -1,10 +1,8 @@
 package service
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"io"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -12,9 +10,6 @@ import (
 	"testing"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/vivarium-sandbox/vivarium/internal/image"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
@@ -37,15 +32,6 @@ func TestResolveTemplateUser(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	tarred := testutil.TarDir(t, dir)
-	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(tarred)), nil })
-	if err != nil {
-		t.Fatal(err)
-	}
-	base, err := mutate.AppendLayers(empty.Image, layer)
-	if err != nil {
-		t.Fatal(err)
-	}
 	store, err := image.Open(filepath.Join(t.TempDir(), "images"), image.DefaultLimits)
 	if err != nil {
 		t.Fatal(err)
@@ -64,10 +50,7 @@ func TestResolveTemplateUser(t *testing.T) {
 		{"big", nil, "ids 0 to 65535"},
 	} {
 		t.Run(tc.user, func(t *testing.T) {
-			img, err := mutate.Config(base, v1.Config{Env: []string{"PATH=/usr/bin:/bin"}, User: tc.user})
-			if err != nil {
-				t.Fatal(err)
-			}
+			img := testutil.DirImage(t, dir, v1.Config{Env: []string{"PATH=/usr/bin:/bin"}, User: tc.user})
 			if _, err := store.Add(context.Background(), "tpl:1", img, nil); err != nil {
 				t.Fatal(err)
 			}

@@ -1,13 +1,19 @@
 package testutil
 
 import (
+	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"golang.org/x/sys/unix"
 
 	"github.com/vivarium-sandbox/vivarium/internal/hostroot"
@@ -128,4 +134,23 @@ func UserNamespace(t testing.TB, first int) *os.File {
 	}
 	t.Cleanup(func() { userns.Close() })
 	return userns
+}
+
+// DirImage is an image of one layer, dir's files as they are (owners
+// included), with the configuration cfg.
+func DirImage(t testing.TB, dir string, cfg v1.Config) v1.Image {
+	t.Helper()
+	tarred := TarDir(t, dir)
+	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(tarred)), nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := mutate.AppendLayers(empty.Image, layer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if img, err = mutate.Config(img, cfg); err != nil {
+		t.Fatal(err)
+	}
+	return img
 }
