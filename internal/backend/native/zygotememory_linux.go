@@ -90,7 +90,7 @@ func (s *Sandbox) memoryTookOver(tookOver int64) error {
 
 // sharedMemory returns the bytes of the private anonymous pages that the
 // processes pids map, each page once, and that are charged to a memory
-// cgroup other than the one whose directory is memcg.
+// cgroup other than the one whose directory is memcg (not to none).
 func sharedMemory(pids []int, memcg string) (int64, error) {
 	var st unix.Stat_t
 	if err := unix.Stat(memcg, &st); err != nil {
@@ -131,7 +131,9 @@ func sharedMemory(pids []int, memcg string) (int64, error) {
 			return 0, fmt.Errorf("/proc/kpagecgroup: %w", err)
 		}
 		for _, pfn := range frames[i : j+1] {
-			if binary.NativeEndian.Uint64(buf[(pfn-first)*8:]) != st.Ino {
+			// 0: charged to no group, as the shared zero page that a
+			// read of untouched memory maps is.
+			if ino := binary.NativeEndian.Uint64(buf[(pfn-first)*8:]); ino != st.Ino && ino != 0 {
 				n++
 			}
 		}
