@@ -83,6 +83,7 @@ type serveConfig struct {
 	wasmDir            string
 	zygote             bool
 	zygoteMaxSandboxes int
+	zygoteTemplates    int
 	zygoteMaxAge       time.Duration
 	preload            string
 	pool               int
@@ -186,6 +187,9 @@ Flags:
 	fs.IntVar(&c.zygoteMaxSandboxes, "zygote-max-sandboxes", native.DefaultZygoteMaxSandboxes,
 		"replace the zygote after this many sandboxes (sandboxes of one zygote share its memory layout); -1: never")
 	fs.DurationVar(&c.zygoteMaxAge, "zygote-max-age", native.DefaultZygoteMaxAge, "replace the zygote after this long; -1s: never")
+	fs.IntVar(&c.zygoteTemplates, "zygote-templates", native.DefaultZygoteTemplates,
+		"most templates with a zygote of their own at once, each for one key (started by its first sandbox; one more retires "+
+			"the least recently used); 0: none, each sandbox of a template starts its own python3")
 	fs.StringVar(&c.preload, "preload", "numpy,pandas,matplotlib", "`MODULES` the zygote imports once for every sandbox (comma-separated)")
 	fs.IntVar(&c.pool, "pool", 4, "most fresh sandboxes kept ready per configuration (0: none)")
 	fs.DurationVar(&c.poolIdle, "pool-idle", 10*time.Minute, "a configuration unused this long is no longer kept ready")
@@ -272,6 +276,7 @@ func (c *serveConfig) validate() error {
 	check(c.uidBase < 100000 || c.uidRanges < 1 || uint64(c.uidBase)+uint64(c.uidRanges)<<16 >= 1<<32-1,
 		"--uid-base must be at least 100000, --uid-ranges at least 1, and the ranges must end below 4294967295")
 	check(c.zygoteMaxSandboxes == 0 || c.zygoteMaxAge == 0, "--zygote-max-sandboxes and --zygote-max-age must not be 0 (-1: never)")
+	check(c.zygoteTemplates < 0, "--zygote-templates must not be negative")
 	check(c.pool < 0 || c.pool > 1000, "--pool must be between 0 and 1000")
 	check(c.poolIdle <= 0, "--pool-idle must be positive")
 	check(c.poolConfigs < 1, "--pool-configs must be at least 1")
@@ -380,7 +385,7 @@ func (c *serveConfig) openBackend(name string, log *slog.Logger) (sandbox.Backen
 	return native.New(native.Config{CgroupParent: c.cgroupParent, UIDBase: uint32(c.uidBase), UIDRanges: c.uidRanges,
 		MemoryTotal: int64(c.memoryTotal), MemoryPerTenant: perKey,
 		KernelLimits: c.kernelLimits, InsecureNoCgroups: c.noCgroups, Zygote: c.zygote, Preload: c.preloads(),
-		ZygoteMaxSandboxes: c.zygoteMaxSandboxes, ZygoteMaxAge: c.zygoteMaxAge, CheckpointDir: c.checkpointDir,
+		ZygoteMaxSandboxes: c.zygoteMaxSandboxes, ZygoteMaxAge: c.zygoteMaxAge, ZygoteTemplates: cmp.Or(c.zygoteTemplates, -1), CheckpointDir: c.checkpointDir,
 		PauseBaseDir: c.pauseBaseDir(), Logger: log})
 }
 

@@ -7,8 +7,11 @@ The zygote runs in the zygote's own mount, PID, network, IPC and UTS
 namespaces, in the host's user namespace, as a host user of its own with
 one capability, CAP_SYS_ADMIN: setns needs it to place each child into a
 sandbox's namespaces, whose user namespace is a child of the host's (each
-sandbox is a host user of its own). It never runs user code. Each child,
-before any user code runs, and in this order:
+sandbox is a host user of its own). It never runs user code; a template's
+zygote runs the image's interpreter and modules, and so starts confined
+(no_new_privs and the zygote's filter, loaded by its init's zygoteExec
+before the interpreter ran) and serves one tenant. Each child, before any
+user code runs, and in this order:
 
   0. leaves the zygote's session and process group;
   1. moves itself into the sandbox's cgroup, where the supervisor sent
@@ -22,7 +25,8 @@ before any user code runs, and in this order:
      descriptor the zygote held;
   4. sets the sandbox's resource limits;
   5. drops every capability (bounding and ambient sets, securebits
-     locked), its supplementary groups, and becomes the sandbox user;
+     locked), takes the sandbox user's supplementary groups and ids,
+     and empties its capability sets (the sandbox user may be root);
   6. sets no_new_privs and loads the sandbox's seccomp filter;
   7. takes the sandbox's environment, reseeds every random generator the
      zygote seeded, and runs the runner.
@@ -128,7 +132,25 @@ def _drop_capabilities():
     _prctl("securebits", PR_SET_SECUREBITS, SECUREBITS)
 
 
+def _clear_capabilities():
+    """Empties the permitted, effective and inheritable sets (capset): a
+    change of ids to uid 0, a template's USER root, keeps them."""
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
+    data = (ctypes.c_uint32 * 6)()  # two of {effective, permitted, inheritable}
+    _check("clear capabilities (capset)", _libc.capset(header, data))
+
+
 LANDLOCK_ABI = landlock.abi()
+
+
+def _check_confined():
+    """The zygote starts confined (its init's zygoteExec set no_new_privs
+    and loaded its filter before the interpreter ran): say so, or fail."""
+    with open("/proc/self/status") as f:
+        status = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+    if status.get("NoNewPrivs") != "1" or status.get("Seccomp") != "2":
+        raise SetupError("the zygote's confinement", "no_new_privs %s, seccomp %s"
+                         % (status.get("NoNewPrivs"), status.get("Seccomp")))
 
 
 def _check_no_capabilities():
@@ -226,10 +248,11 @@ def become_sandbox(req, fds, filter_prog, sock):
             resource.setrlimit(res, (cur, top))
         # 5. Privileges.
         _drop_capabilities()
-        os.setgroups([])
+        os.setgroups(req.get("groups") or [])
         uid, gid = req["uid"], req["gid"]
         os.setresgid(gid, gid, gid)
         os.setresuid(uid, uid, uid)
+        _clear_capabilities()
         _check_no_capabilities()
         # Credential changes reset these two: set them as the sandbox user.
         _prctl("set dumpable", PR_SET_DUMPABLE, 1)
@@ -545,12 +568,16 @@ def _collapse_huge_pages():
 
 
 def main():
+    if not hasattr(os, "pidfd_open") or not hasattr(socket, "send_fds"):
+        # A template's python3 may be older: its sandboxes then start one
+        # each, without a zygote.
+        sys.exit("the zygote needs Python 3.9 or later (os.pidfd_open, socket.send_fds); this is %s"
+                 % sys.version.split()[0])
     sock = socket.socket(fileno=3)
-    # The zygote confines itself before it imports anything: no privilege
+    # The zygote started confined, before the interpreter ran: no privilege
     # gained by exec, and a filter that is the sandbox's plus setns and the
     # calls that drop privileges (the children stack the sandbox's on it).
-    _prctl("no_new_privs", PR_SET_NO_NEW_PRIVS, 1)
-    _install_filter(_load_filter(os.path.join(HERE, "zygote.bpf")))
+    _check_confined()
     sys.path.append(HERE)
     errors = {}
     import runner  # noqa: F401  (the runner, imported once for every child)

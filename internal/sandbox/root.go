@@ -28,6 +28,14 @@ type Root struct {
 	User *RootUser `json:"user,omitempty"`
 }
 
+// RootLayers is the spec's template's layers (nil: no template).
+func (s Spec) RootLayers() []string {
+	if s.Root == nil {
+		return nil
+	}
+	return s.Root.Layers
+}
+
 // RootUser is who a template's USER names, as its /etc/passwd and
 // /etc/group give it: the sandbox user of its sandboxes, who runs their
 // code and commands ("" and UserSandbox; UserRoot stays uid 0).

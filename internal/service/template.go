@@ -68,7 +68,7 @@ func resolveTemplate(images *image.Store, spec *sandbox.Spec, ref string) (templ
 	if err != nil {
 		return templateStart{}, fmt.Errorf("template %q: %w", spec.Template, err)
 	}
-	root := &sandbox.Root{Template: spec.Template, ID: im.Config, Dir: cfg.Config.WorkingDir}
+	root := &sandbox.Root{Template: spec.Template, ID: im.Config, Dir: cfg.Config.WorkingDir, Env: cfg.Config.Env}
 	for _, id := range im.Layers {
 		root.Layers = append(root.Layers, images.LayerDir(id))
 	}

@@ -89,6 +89,12 @@ type Config struct {
 	// never.
 	ZygoteMaxSandboxes int
 	ZygoteMaxAge       time.Duration
+	// ZygoteTemplates bounds the templates (each for one tenant) that have
+	// a zygote of their own at once, each started by its first sandbox:
+	// one more retires the least recently used. Zero:
+	// DefaultZygoteTemplates; negative: none, every sandbox of a template
+	// starts its own python3.
+	ZygoteTemplates int
 	// RunnerCache is where the runner's bytecode, compiled once per
 	// interpreter by the host's (runner.Bytecode), is kept between
 	// processes: a directory only root can write. Default:
@@ -114,6 +120,7 @@ const (
 	DefaultUIDRanges          = 4096
 	DefaultZygoteMaxSandboxes = 256
 	DefaultZygoteMaxAge       = 15 * time.Minute
+	DefaultZygoteTemplates    = 4
 )
 
 // DefaultUIDBase is far above the ranges distributions hand out to users and
@@ -150,12 +157,16 @@ type Backend struct {
 	zstarting      map[string]chan struct{} // closed when a start ends
 	zreplacing     map[string]bool          // a replacement is starting
 	zreplaceFailed map[string]time.Time     // when a replacement last failed
+	zfailed        map[string]time.Time     // when a template's zygote last failed to start
 	retired        []*zygote                // replaced, serving their last sandboxes
 	closed         bool
 	// zstarts counts the zygotes starting (zstarting, zreplacing): Close
 	// waits for them, each of which, started, sees closed and closes.
 	// Added to under zmu while not closed only.
 	zstarts sync.WaitGroup
+	// zsweep starts sweepTemplates once; zdone ends it (Close).
+	zsweep sync.Once
+	zdone  chan struct{}
 
 	pauseState
 }
@@ -181,6 +192,9 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.ZygoteMaxAge == 0 {
 		cfg.ZygoteMaxAge = DefaultZygoteMaxAge
 	}
+	if cfg.ZygoteTemplates == 0 {
+		cfg.ZygoteTemplates = DefaultZygoteTemplates
+	}
 	cfg.KernelLimits = cfg.KernelLimits.withDefaults()
 	if cfg.Exe == "" {
 		cfg.Exe = cmp.Or(sandbox.Program(), "/proc/self/exe")
@@ -192,8 +206,8 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.CheckpointDir == "" {
 		cfg.CheckpointDir = sandbox.DefaultCheckpointDir(cmp.Or(cfg.CgroupParent, "native"))
 	}
-	b := &Backend{cfg: cfg, log: cfg.Logger, zygotes: map[string]*zygote{}, zstarting: map[string]chan struct{}{},
-		zreplacing: map[string]bool{}, zreplaceFailed: map[string]time.Time{}}
+	b := &Backend{cfg: cfg, log: cfg.Logger, zdone: make(chan struct{}), zygotes: map[string]*zygote{}, zstarting: map[string]chan struct{}{},
+		zreplacing: map[string]bool{}, zreplaceFailed: map[string]time.Time{}, zfailed: map[string]time.Time{}}
 	for _, m := range cfg.Preload {
 		if !validModule(m) {
 			return nil, fmt.Errorf("%w: preload %q is not a module name", sandbox.ErrInvalidSpec, m)
@@ -329,7 +343,7 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 	// init's child, which can be paused, forked and snapshotted
 	// (spec.Pausable asks nothing more of it).
 	if b.cfg.Zygote {
-		z, err := b.zygoteFor(ctx, spec.Python, true)
+		z, err := b.zygoteFor(ctx, zygoteKind{python: spec.Python}, true)
 		if err != nil {
 			return nil, err
 		}
@@ -359,25 +373,45 @@ func (b *Backend) Warm(ctx context.Context) error {
 	if !b.cfg.Zygote {
 		return nil
 	}
-	_, err := b.zygoteFor(ctx, sandbox.DefaultPython, false)
+	_, err := b.zygoteFor(ctx, zygoteKind{python: sandbox.DefaultPython}, false)
 	return err
 }
 
-// zygoteFor returns the live zygote for an interpreter, starting one if
-// needed (once, however many callers wait for it); with take, the caller
-// is a new sandbox of it, which releases it when it closes. A zygote that
-// has served its sandboxes or its time keeps serving until a replacement,
+// zygoteKind is what a zygote is of: an interpreter of the host's, or a
+// template's root and its python3 for one tenant. A template's zygote runs
+// the image's code (its interpreter, site hooks and preloads), which the
+// sandboxes forked from it share: a hostile image could pass data between
+// them, so they are one tenant's alone.
+type zygoteKind struct {
+	python string
+	root   *sandbox.Root
+	tenant string
+}
+
+// key names the zygote of k among the backend's.
+func (k zygoteKind) key() string {
+	if k.root != nil {
+		return "template\x00" + k.tenant + "\x00" + k.root.ID + "\x00" + strings.Join(k.root.Layers, "\x00")
+	}
+	return k.python
+}
+
+// zygoteFor returns the live zygote of a kind, starting one if needed
+// (once, however many callers wait for it); with take, the caller is a
+// new sandbox of it, which releases it when it closes. A zygote that has
+// served its sandboxes or its time keeps serving until a replacement,
 // started in the background, is ready.
-func (b *Backend) zygoteFor(ctx context.Context, python string, take bool) (*zygote, error) {
+func (b *Backend) zygoteFor(ctx context.Context, kind zygoteKind, take bool) (*zygote, error) {
+	key := kind.key()
 	b.zmu.Lock()
 	for {
 		if b.closed {
 			b.zmu.Unlock()
 			return nil, sandbox.ErrClosed
 		}
-		if z := b.zygotes[python]; z != nil && z.alive() {
+		if z := b.zygotes[key]; z != nil && z.alive() {
 			if z.expired() {
-				b.replaceZygoteLocked(python)
+				b.replaceZygoteLocked(key, kind)
 			}
 			if take {
 				z.acquire()
@@ -385,7 +419,7 @@ func (b *Backend) zygoteFor(ctx context.Context, python string, take bool) (*zyg
 			b.zmu.Unlock()
 			return z, nil
 		}
-		ch := b.zstarting[python]
+		ch := b.zstarting[key]
 		if ch == nil {
 			break
 		}
@@ -398,18 +432,21 @@ func (b *Backend) zygoteFor(ctx context.Context, python string, take bool) (*zyg
 		b.zmu.Lock()
 	}
 	ch := make(chan struct{})
-	b.zstarting[python] = ch
+	b.zstarting[key] = ch
 	b.zstarts.Add(1)
 	defer b.zstarts.Done()
-	old := b.zygotes[python]
+	old := b.zygotes[key]
+	if old == nil && kind.root != nil {
+		b.retireColdTemplateLocked()
+	}
 	b.zmu.Unlock()
 	if old != nil {
-		b.log.Warn("zygote died; starting a new one", "python", python, "err", old.deadErr)
+		b.log.Warn("zygote died; starting a new one", "python", kind.python, "template", templateName(kind.root), "err", old.deadErr)
 		old.close()
 	}
-	z, err := b.newZygote(python)
+	z, err := b.newZygote(kind)
 	b.zmu.Lock()
-	delete(b.zstarting, python)
+	delete(b.zstarting, key)
 	close(ch)
 	if err == nil {
 		if b.closed {
@@ -417,18 +454,59 @@ func (b *Backend) zygoteFor(ctx context.Context, python string, take bool) (*zyg
 			z.close()
 			return nil, sandbox.ErrClosed
 		}
-		b.zygotes[python] = z
+		b.zygotes[key] = z
 		if take {
 			z.acquire()
 		}
+	} else if old != nil {
+		delete(b.zygotes, key)
 	}
 	b.zmu.Unlock()
 	return z, err
 }
 
+// retireColdTemplateLocked makes room for one more template's zygote:
+// with ZygoteTemplates of them already, the one that started a sandbox
+// least recently retires (it closes with its last sandbox). Callers
+// hold zmu.
+func (b *Backend) retireColdTemplateLocked() {
+	var cold *zygote
+	var coldKey string
+	var coldUsed time.Time
+	n := 0
+	for key, z := range b.zygotes {
+		if z.root == nil {
+			continue
+		}
+		n++
+		z.mu.Lock()
+		used := z.used
+		z.mu.Unlock()
+		if cold == nil || used.Before(coldUsed) {
+			cold, coldKey, coldUsed = z, key, used
+		}
+	}
+	if n < b.cfg.ZygoteTemplates || cold == nil {
+		return
+	}
+	delete(b.zygotes, coldKey)
+	b.retired = append(b.retired, cold)
+	b.log.Info("zygote: a template's retires to make room for another's", "template", cold.root.Template,
+		"warm_templates", b.cfg.ZygoteTemplates)
+	go cold.retire()
+}
+
+// templateName is a template's name for logs ("" for none).
+func templateName(root *sandbox.Root) string {
+	if root == nil {
+		return ""
+	}
+	return root.Template
+}
+
 // newZygote starts a zygote, with a deadline of its own: others may wait
 // for it too, so not the caller's context.
-func (b *Backend) newZygote(python string) (*zygote, error) {
+func (b *Backend) newZygote(kind zygoteKind) (*zygote, error) {
 	etc, top, err := b.hostFiles()
 	if err != nil {
 		return nil, err
@@ -436,33 +514,34 @@ func (b *Backend) newZygote(python string) (*zygote, error) {
 	sctx, cancel := context.WithTimeout(context.Background(), zygoteStartTimeout)
 	defer cancel()
 	start := time.Now()
-	z, err := b.startZygote(sctx, python, etc, top)
+	z, err := b.startZygote(sctx, kind, etc, top)
 	if err == nil {
-		b.log.Info("zygote ready", "python", python, "preload", b.cfg.Preload,
+		b.log.Info("zygote ready", "python", kind.python, "template", templateName(kind.root), "preload", b.cfg.Preload,
 			"uid", z.owner.First, "ms", time.Since(start).Milliseconds())
 	}
 	return z, err
 }
 
-// replaceZygoteLocked starts a replacement for the interpreter's zygote in
-// the background, once; when it is ready it takes the old one's place and
+// replaceZygoteLocked starts a replacement for the zygote of key in the
+// background, once; when it is ready it takes the old one's place and
 // the old one retires. A replacement that fails to start is retried no
 // sooner than a minute later. Callers hold zmu.
-func (b *Backend) replaceZygoteLocked(python string) {
-	if b.zreplacing[python] || time.Since(b.zreplaceFailed[python]) < time.Minute {
+func (b *Backend) replaceZygoteLocked(key string, kind zygoteKind) {
+	if b.zreplacing[key] || time.Since(b.zreplaceFailed[key]) < time.Minute {
 		return
 	}
-	b.zreplacing[python] = true
+	b.zreplacing[key] = true
 	b.zstarts.Add(1)
 	go func() {
 		defer b.zstarts.Done()
-		z, err := b.newZygote(python)
+		z, err := b.newZygote(kind)
 		b.zmu.Lock()
-		delete(b.zreplacing, python)
+		delete(b.zreplacing, key)
 		if err != nil {
-			b.zreplaceFailed[python] = time.Now()
+			b.zreplaceFailed[key] = time.Now()
 			b.zmu.Unlock()
-			b.log.Warn("zygote: the replacement did not start; the old one goes on serving", "python", python, "err", err)
+			b.log.Warn("zygote: the replacement did not start; the old one goes on serving", "python", kind.python,
+				"template", templateName(kind.root), "err", err)
 			return
 		}
 		if b.closed {
@@ -470,14 +549,15 @@ func (b *Backend) replaceZygoteLocked(python string) {
 			z.close()
 			return
 		}
-		old := b.zygotes[python]
-		b.zygotes[python] = z
+		old := b.zygotes[key]
+		b.zygotes[key] = z
 		if old != nil {
 			b.retired = append(b.retired, old)
 		}
 		b.zmu.Unlock()
 		if old != nil {
-			b.log.Info("zygote replaced", "python", python, "old_uid", old.owner.First, "new_uid", z.owner.First)
+			b.log.Info("zygote replaced", "python", kind.python, "template", templateName(kind.root),
+				"old_uid", old.owner.First, "new_uid", z.owner.First)
 			old.retire()
 		}
 	}()
@@ -485,7 +565,8 @@ func (b *Backend) replaceZygoteLocked(python string) {
 
 // ZygoteStatus describes one zygote, for logs and the doctor.
 type ZygoteStatus struct {
-	Python   string
+	Python   string // "" for a template's
+	Template string // the template's name, for a template's
 	UID      uint32 // the Python zygote's host user
 	PID      int    // its init's host pid
 	Started  time.Time
@@ -509,8 +590,9 @@ func (b *Backend) Zygotes() []ZygoteStatus {
 	out := make([]ZygoteStatus, 0, len(zs))
 	for _, z := range zs {
 		z.mu.Lock()
-		st := ZygoteStatus{Python: z.python, UID: z.owner.First, Started: z.started, Forked: z.forked,
-			Live: z.live, Retired: z.retired, Starting: !z.retired && replacing[z.python]}
+		kind := zygoteKind{python: z.python, root: z.root, tenant: z.tenant}
+		st := ZygoteStatus{Python: z.python, Template: templateName(z.root), UID: z.owner.First, Started: z.started,
+			Forked: z.forked, Live: z.live, Retired: z.retired, Starting: !z.retired && replacing[kind.key()]}
 		z.mu.Unlock()
 		if z.init != nil {
 			st.PID = z.init.pid
@@ -536,6 +618,9 @@ func (b *Backend) dropRetired(z *zygote) {
 // with them. Sandboxes should be closed first.
 func (b *Backend) Close() error {
 	b.zmu.Lock()
+	if !b.closed {
+		close(b.zdone)
+	}
 	b.closed = true
 	zs := b.zygotes
 	b.zygotes = map[string]*zygote{}

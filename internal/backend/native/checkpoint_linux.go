@@ -100,6 +100,11 @@ type checkpoint struct {
 	// tookOver is the zygote's memory a restore of the tree is charged
 	// for, what its memory limit is raised by (zygotememory_linux.go).
 	tookOver int64
+	// layerMounts are the mounts (by id) of a template's layers as they
+	// are, whose files the tree may map (Sandbox.layerMounts); layers,
+	// at a restore, the template's layers those files are opened from.
+	layerMounts []string
+	layers      []string
 }
 
 // close lets go of the sandbox's mount namespace, and so of its files,
@@ -238,11 +243,17 @@ type extMount struct {
 // extFile is a host file that init held, restored by opening it again;
 // or, with under set, a file of the sandbox's own overlay at under that a
 // process of a forked sandbox maps from the zygote's root (its
-// interpreter and libraries), restored from the restore's overlay.
+// interpreter and libraries), restored from the restore's overlay; or,
+// with under templateUnder, a file of a template's layers (path beneath
+// their root) that a process of a sandbox forked from the template's
+// zygote maps, restored from the template's layers as they are.
 type extFile struct {
 	key, path string
 	under     string
 }
+
+// templateUnder is extFile.under for a file of the template's layers.
+const templateUnder = "template:"
 
 // extPipe is a pipe whose other end is the host's.
 type extPipe struct {
@@ -355,7 +366,7 @@ func (s *Sandbox) dumpTree(ctx context.Context, bin, dir string, opts dumpOption
 	if err != nil {
 		return nil, err
 	}
-	cp, err := prepareDump(pid, rp.pid, dir, zfiles, vdevs)
+	cp, err := prepareDump(pid, rp.pid, dir, zfiles, vdevs, s.layerMounts)
 	if err != nil {
 		return nil, err
 	}
@@ -491,11 +502,11 @@ func (s *Sandbox) dumpTree(ctx context.Context, bin, dir string, opts dumpOption
 // masks. Its parent must let the sandbox's host root group through (mode
 // 0711): see handOver. The masks' files are hard links to copies kept in
 // the parent, the sandbox's own directory (maskStore).
-func prepareDump(pid, runner int, dir, zygoteFiles string, volumes map[string]string) (*checkpoint, error) {
+func prepareDump(pid, runner int, dir, zygoteFiles string, volumes map[string]string, layerMounts []string) (*checkpoint, error) {
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, err
 	}
-	cp := &checkpoint{dir: dir, zygoteFiles: zygoteFiles}
+	cp := &checkpoint{dir: dir, zygoteFiles: zygoteFiles, layerMounts: layerMounts}
 	if err := os.Mkdir(filepath.Join(dir, "ext"), 0o700); err != nil {
 		return nil, err
 	}
@@ -887,6 +898,16 @@ func (cp *checkpoint) collectFiles(initPID int, tree []int, mnts []mountEntry) e
 			// pause): the same again.
 		} else if inNS[mntID] {
 			return nil
+		} else if pid != initPID && slices.Contains(cp.layerMounts, mntID) {
+			// A sandbox forked from a template's zygote maps its
+			// interpreter and libraries from the template's layers as
+			// they are, through the zygote's root (or, restored, the
+			// restore's): a restore maps the same path of the layers,
+			// beneath their root, never a file of the host's.
+			if !mapped || st.Mode&unix.S_IFMT != unix.S_IFREG || !filepath.IsAbs(path) || filepath.Clean(path) != path {
+				return fmt.Errorf("checkpoint: process %d of the sandbox holds %s, a file outside it", pid, path)
+			}
+			under = templateUnder
 		} else if pid != initPID {
 			// A forked sandbox's process maps its interpreter and
 			// libraries from the zygote's root (path is the zygote's),

@@ -82,7 +82,7 @@ func TestCheckpointExternals(t *testing.T) {
 	}
 	bootID := strings.TrimSpace(res.Stdout)
 	dir := filepath.Join(t.TempDir(), "images")
-	cp, err := prepareDump(s.init.pid, 0, dir, "", nil)
+	cp, err := prepareDump(s.init.pid, 0, dir, "", nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

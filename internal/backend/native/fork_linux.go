@@ -573,6 +573,7 @@ func (c *Sandbox) restoreFrom(ctx context.Context, bin string, snap *forkSnapsho
 	if c.cg != nil {
 		cp.group = c.cg.Path()
 	}
+	cp.layers = c.spec.RootLayers()
 	undo := restoreRoom(c.cg, groupLimits(snap.spec).Pids)
 	r, err := restoreTree(ctx, bin, cp)
 	undo()
@@ -581,6 +582,9 @@ func (c *Sandbox) restoreFrom(ctx context.Context, bin string, snap *forkSnapsho
 		return times, err
 	}
 	times.restore = r.took
+	if r.layerMount != "" {
+		c.layerMounts = []string{r.layerMount}
+	}
 	c.rp = &runnerProc{pid: snap.runnerNS, pidfd: -1} // adopt takes its pid in the sandbox
 	if err := c.adopt(r, cp); err != nil {
 		r.kill()

@@ -185,6 +185,9 @@ func init() {
 		runtime.LockOSThread()
 		RunInit()
 	}
+	if len(os.Args) > 3 && os.Args[0] == zygoteExecArg0 {
+		zygoteExec(os.Args[1], os.Args[2:])
+	}
 	if len(os.Args) == 1 && os.Args[0] == idmapArg0 {
 		// Holds its user namespace (idmapNamespace) until told.
 		os.Stdin.Read(make([]byte, 1))

@@ -140,6 +140,23 @@ func (p *initProc) namespaces() ([]int, error) {
 	return fds, nil
 }
 
+// samePIDNamespace fails unless process pid is in init's PID namespace.
+// Callers hold a pidfd of pid, so that it names the same process
+// throughout.
+func (p *initProc) samePIDNamespace(pid int) error {
+	var mine, theirs unix.Stat_t
+	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/pid", p.pid), &mine); err != nil {
+		return fmt.Errorf("the sandbox's PID namespace: %w", err)
+	}
+	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/pid", pid), &theirs); err != nil {
+		return fmt.Errorf("the PID namespace of process %d: %w", pid, err)
+	}
+	if mine.Dev != theirs.Dev || mine.Ino != theirs.Ino {
+		return fmt.Errorf("process %d is not in the sandbox's PID namespace", pid)
+	}
+	return nil
+}
+
 // kill sends SIGKILL: init is PID 1 of the sandbox's PID namespace, so
 // every process of the sandbox dies with it.
 func (p *initProc) kill() {

@@ -147,12 +147,18 @@ func buildRoot(cfg *initConfig) error {
 		}
 	}
 	if cfg.Role == roleForked {
-		// The zygote's /etc is the host's root's, whose ids the
-		// sandbox's user namespace does not map: /etc and its files are
-		// the sandbox's own copies, writable by its root; its
-		// directories (fonts, alternatives, ssl, a JDK's ...) read-only
-		// overlays of the zygote's, whose pages every sandbox shares.
-		if err := etcOfZygote("/etc", r("etc"), empty); err != nil {
+		if cfg.Image {
+			// The template's own /etc, in the sandbox's root.
+			if err := imageEtc(r("etc"), cfg.UserName, cfg.home(), cfg.user().UID == SandboxUID); err != nil {
+				return step("/etc of the template", err)
+			}
+		} else if err := etcOfZygote("/etc", r("etc"), empty); err != nil {
+			// The zygote's /etc is the host's root's, whose ids the
+			// sandbox's user namespace does not map: /etc and its files
+			// are the sandbox's own copies, writable by its root; its
+			// directories (fonts, alternatives, ssl, a JDK's ...)
+			// read-only overlays of the zygote's, whose pages every
+			// sandbox shares.
 			return step("/etc", err)
 		}
 		if err := mountOverlay(runnerDir, empty, r(runnerDir)); err != nil {
@@ -162,8 +168,11 @@ func buildRoot(cfg *initConfig) error {
 		if cfg.Build {
 			// Nothing of init's: what the step writes is the layer.
 		} else if cfg.Image {
-			if err := imageEtc(r("etc"), cfg.UserName, cfg.home(), cfg.user().UID == SandboxUID); err != nil {
-				return step("/etc of the template", err)
+			// A template's zygote keeps the image's /etc as it is.
+			if cfg.Role != roleZygote {
+				if err := imageEtc(r("etc"), cfg.UserName, cfg.home(), cfg.user().UID == SandboxUID); err != nil {
+					return step("/etc of the template", err)
+				}
 			}
 			// The runner's own small file system: nothing of the
 			// image's is in its directory.
@@ -185,7 +194,9 @@ func buildRoot(cfg *initConfig) error {
 			}
 		}
 	}
-	if cfg.Role == roleZygote {
+	if cfg.Role == roleZygote && cfg.Image {
+		// A template's zygote: the image's own /root, /home and /var/tmp.
+	} else if cfg.Role == roleZygote {
 		for _, l := range []struct{ name, target string }{{"var/tmp", "../tmp"}, {"root", "workspace"}, {"home/user", "/workspace"}} {
 			os.MkdirAll(filepath.Dir(r(l.name)), 0o755)
 			if err := os.Symlink(l.target, r(l.name)); err != nil {

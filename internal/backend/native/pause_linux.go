@@ -208,6 +208,7 @@ func (s *Sandbox) resumeTree(ctx context.Context, bin string) error {
 			s.cp.group = s.cg.Path()
 		}
 		s.cp.volumes = s.spec.Volumes
+		s.cp.layers = s.spec.RootLayers()
 		if err := s.memoryTookOver(s.cp.tookOver); err != nil {
 			return fmt.Errorf("resume: %w", err)
 		}
@@ -218,6 +219,10 @@ func (s *Sandbox) resumeTree(ctx context.Context, bin string) error {
 			return fmt.Errorf("resume: %w", err)
 		}
 		s.tookOver = s.cp.tookOver
+		s.layerMounts = nil
+		if r.layerMount != "" {
+			s.layerMounts = []string{r.layerMount}
+		}
 		if err := s.adopt(r, s.cp); err != nil {
 			r.kill()
 			return fmt.Errorf("resume: %w", err)

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/vivarium-sandbox/vivarium/internal/cgroups"
 	"github.com/vivarium-sandbox/vivarium/internal/criu"
+	"github.com/vivarium-sandbox/vivarium/internal/layers"
 )
 
 // restoredTree is a sandbox's tree brought back by restore, with the
@@ -26,6 +28,9 @@ type restoredTree struct {
 	pipes map[uint64]*os.File // by the dumped pipe's inode
 	ctl   *os.File
 	took  time.Duration
+	// layerMount is the id of the mount of a template's layers whose
+	// files the tree maps ("": none).
+	layerMount string
 }
 
 // kill ends the restored tree (init is PID 1 of its namespace) and reaps
@@ -130,6 +135,15 @@ func restoreTree(ctx context.Context, bin string, cp *checkpoint) (_ *restoredTr
 		args = append(args, "--inherit-fd", fmt.Sprintf("fd[%d]:%s", 3+len(give), id))
 		give = append(give, f)
 	}
+	if slices.ContainsFunc(cp.files, func(f extFile) bool { return f.under == templateUnder }) {
+		src, id, err := mountLayersFor(cp.layers)
+		if err != nil {
+			return nil, fmt.Errorf("restore: %w", err)
+		}
+		defer src.Close()
+		overlays[templateUnder] = fmt.Sprintf("/proc/self/fd/%d", src.Fd())
+		r.layerMount = id
+	}
 	for _, f := range cp.files {
 		h, err := reopenFile(f, overlays)
 		if err != nil {
@@ -217,6 +231,26 @@ func mountOverlayFor(cp *checkpoint, m extMount) (string, error) {
 	return dst, nil
 }
 
+// mountLayersFor mounts a template's layers as they are, read-only, as a
+// detached mount (nothing of the host's tree): what a restored sandbox
+// forked from the template's zygote maps its interpreter and libraries
+// from. It returns the mount and its id.
+func mountLayersFor(dirs []string) (*os.File, string, error) {
+	if len(dirs) == 0 {
+		return nil, "", errors.New("the tree maps a template's files, and the sandbox has no template")
+	}
+	m, err := layers.MountLayers(dirs, nil, "", "")
+	if err != nil {
+		return nil, "", fmt.Errorf("the template's layers: %w", err)
+	}
+	var stx unix.Statx_t
+	if err := unix.Statx(int(m.Fd()), "", unix.AT_EMPTY_PATH, unix.STATX_MNT_ID, &stx); err != nil || stx.Mask&unix.STATX_MNT_ID == 0 {
+		m.Close()
+		return nil, "", fmt.Errorf("the template's layers: no mount id (statx, Linux 5.8): %v", err)
+	}
+	return m, strconv.FormatUint(stx.Mnt_id, 10), nil
+}
+
 // reopenFile opens an external file of a checkpoint again: init's host
 // file by its path, or a mapped file of a forked sandbox beneath the
 // restore's overlay of its mount (f.under), never leaving it.
@@ -226,6 +260,9 @@ func reopenFile(f extFile, overlays map[string]string) (*os.File, error) {
 	}
 	src, ok := overlays[f.under]
 	rel, beneath := strings.CutPrefix(f.path, f.under+"/")
+	if f.under == templateUnder {
+		rel, beneath = strings.CutPrefix(f.path, "/")
+	}
 	if !ok || !beneath {
 		return nil, errors.New("not beneath an overlay of the sandbox")
 	}

@@ -84,6 +84,11 @@ type Sandbox struct {
 	// last resumed from: its /proc masks' copies are bound in the
 	// sandbox. Under pauseMu.
 	lastCheckpoint string
+	// layerMounts are the mounts (by id) of its template's layers as
+	// they are that its processes map files of: its zygote's root, or
+	// the mount its last restore made. Set at start and by a restore,
+	// under Exclusive.
+	layerMounts []string
 	// tookOver is the zygote's memory the sandbox's restored tree is
 	// charged for, by which its memory limit is raised
 	// (zygotememory_linux.go). Set by a restore, under Exclusive.
@@ -217,6 +222,9 @@ func start(ctx context.Context, b *Backend, spec sandbox.Spec, cfg *initConfig, 
 	cfg.Devices = devs
 	if z != nil {
 		cfg.Devices = filepath.Join("/", hostDirs, "devices", s.id)
+		if z.rootMount != "" {
+			s.layerMounts = []string{z.rootMount}
+		}
 	}
 	p, err := newInitPipes()
 	if err != nil {
@@ -540,7 +548,7 @@ func (s *Sandbox) forkRunner(r *runnerProc, fds []int) {
 	// stays the zygote's, one fork cheaper (zygote.py's _fork_adopted).
 	adopt := !s.spec.OneShot
 	u := s.cfg.user()
-	req := forkRequest{Mode: mode, Env: s.cfg.Env, UID: int(u.UID), GID: int(u.GID), Dir: s.cfg.home(),
+	req := forkRequest{Mode: mode, Env: s.cfg.Env, UID: int(u.UID), GID: int(u.GID), Groups: u.Groups, Dir: s.cfg.startDir(),
 		Rlimits: s.cfg.runnerRlimits(), Adopt: adopt}
 	ns, err := s.init.namespaces()
 	if err != nil {
@@ -569,6 +577,12 @@ func (s *Sandbox) forkRunner(r *runnerProc, fds []int) {
 		return
 	}
 	hostPID, err := pidfdPID(res.pidfd)
+	if err == nil {
+		// The zygote names its child by a pidfd of any process it sees:
+		// one of this sandbox's alone is taken (a template's zygote runs
+		// the image's code).
+		err = s.init.samePIDNamespace(hostPID)
+	}
 	if err == nil && s.cg != nil && tasks == nil {
 		err = s.cg.AddProc(hostPID)
 	}

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -54,8 +55,11 @@ const opRoot = "root"
 // probes it beforehand.
 func (b *Backend) RootsSupported() error { return nil }
 
-// createFromTemplate starts a template's sandbox: an init of its own
-// (roleClassic) that runs the template's Python.
+// createFromTemplate starts a template's sandbox: forked from the
+// template's zygote (its python3 with the preloads imported, started by
+// the template's first sandbox) once it is ready, or else an init of its
+// own (roleClassic) that runs the template's python3 or the runner
+// without Python.
 func (b *Backend) createFromTemplate(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
 	if spec.Python != "" {
 		return nil, fmt.Errorf("%w: a template's sandbox runs the template's python3; python cannot be chosen", sandbox.ErrInvalidSpec)
@@ -70,14 +74,120 @@ func (b *Backend) createFromTemplate(ctx context.Context, spec sandbox.Spec) (sa
 	}
 	cfg.Image, cfg.Workdir, cfg.Python, cfg.User = true, spec.Root.Dir, "", spec.Root.User
 	cfg.HashSeed, cfg.Preload = "", nil
+	if z := b.templateZygote(spec.Root, spec.Tenant); z != nil {
+		// As a default sandbox of a zygote (Create): one tree, its
+		// runner from the zygote until a restore.
+		cfg.Role, cfg.RunnerArgs = roleForked, nil
+		return start(ctx, b, spec, cfg, z)
+	}
 	cfg.RunnerFiles = b.runnerFiles("")
 	return start(ctx, b, spec, cfg, nil)
 }
 
-// rootMount makes the root of a template's sandbox whose init is pid (not
-// yet reaped), whose root is the host user owner, as a detached mount.
-// With keep, the tmpfs of the writable layer is returned too.
-func rootMount(pid int, root *sandbox.Root, owner uint32, disk, inodes int64, keep bool) (_, _ *os.File, err error) {
+// templateZygote returns the zygote of a template for a tenant, taken for
+// a new sandbox, or nil where this sandbox starts without one: the backend
+// runs without zygotes of templates; the template's zygote is not ready
+// (this sandbox does not wait for its preloads: the zygote starts in the
+// background, and serves the template's next sandboxes once ready); or
+// it failed to start within the last noZygoteRetry (the template has no
+// python3 the zygote can run; tried again later, for a template may be
+// rebuilt under its name).
+func (b *Backend) templateZygote(root *sandbox.Root, tenant string) *zygote {
+	if !b.cfg.Zygote || b.cfg.ZygoteTemplates < 0 {
+		return nil
+	}
+	kind := zygoteKind{root: root, tenant: tenant}
+	key := kind.key()
+	b.zmu.Lock()
+	defer b.zmu.Unlock()
+	if failed, ok := b.zfailed[key]; ok && time.Since(failed) < noZygoteRetry {
+		return nil
+	}
+	if z := b.zygotes[key]; z != nil && z.alive() {
+		if z.expired() {
+			b.replaceZygoteLocked(key, kind)
+		}
+		z.acquire()
+		return z
+	}
+	if b.zstarting[key] == nil && !b.closed {
+		go b.warmTemplate(kind)
+	}
+	return nil
+}
+
+// WarmTemplate starts the zygote of a template for a tenant, if the
+// backend has one for it, and returns once it is ready (or failed: the
+// template's sandboxes then start without one).
+func (b *Backend) WarmTemplate(ctx context.Context, root *sandbox.Root, tenant string) error {
+	if !b.cfg.Zygote || b.cfg.ZygoteTemplates < 0 {
+		return nil
+	}
+	b.zsweep.Do(func() { go b.sweepTemplates() })
+	_, err := b.zygoteFor(ctx, zygoteKind{root: root, tenant: tenant}, false)
+	return err
+}
+
+// templateZygoteIdle is how long a template's zygote that starts no
+// sandbox is kept: then it retires, and ends with its last sandbox, its
+// memory and its hold on the template's layers let go of.
+const templateZygoteIdle = 10 * time.Minute
+
+// sweepTemplates retires the templates' zygotes that have been idle for
+// templateZygoteIdle, every minute until the backend closes.
+func (b *Backend) sweepTemplates() {
+	tick := time.NewTicker(time.Minute)
+	defer tick.Stop()
+	for {
+		select {
+		case <-b.zdone:
+			return
+		case <-tick.C:
+		}
+		b.zmu.Lock()
+		for key, z := range b.zygotes {
+			z.mu.Lock()
+			idle := z.root != nil && time.Since(z.used) >= templateZygoteIdle
+			z.mu.Unlock()
+			if idle {
+				delete(b.zygotes, key)
+				b.retired = append(b.retired, z)
+				b.log.Info("zygote: a template's retires, idle", "template", z.root.Template)
+				go z.retire()
+			}
+		}
+		b.zmu.Unlock()
+	}
+}
+
+// warmTemplate starts a template's zygote, and records its failure.
+func (b *Backend) warmTemplate(kind zygoteKind) {
+	b.zsweep.Do(func() { go b.sweepTemplates() })
+	_, err := b.zygoteFor(context.Background(), kind, false)
+	if err == nil || errors.Is(err, sandbox.ErrClosed) {
+		return
+	}
+	b.zmu.Lock()
+	for key, at := range b.zfailed {
+		if time.Since(at) >= noZygoteRetry {
+			delete(b.zfailed, key)
+		}
+	}
+	b.zfailed[kind.key()] = time.Now()
+	b.zmu.Unlock()
+	b.log.Warn("zygote: the template's did not start; its sandboxes start a python3 each", "template", kind.root.Template, "err", err)
+}
+
+// noZygoteRetry is how long a template whose zygote failed to start
+// starts its sandboxes without one.
+const noZygoteRetry = 10 * time.Minute
+
+// rootMount makes the root of a template's sandbox, as a detached mount:
+// its layers idmapped through userns (nil: as they are, for a zygote of
+// the host's user namespace), under a writable layer of disk bytes whose
+// directories are the host user owner's. With keep, the tmpfs of the
+// writable layer is returned too.
+func rootMount(userns *os.File, root *sandbox.Root, owner uint32, disk, inodes int64, keep bool) (_, _ *os.File, err error) {
 	fs, err := unix.Fsopen("tmpfs", unix.FSOPEN_CLOEXEC)
 	if err != nil {
 		return nil, nil, fmt.Errorf("template root: the writable layer: %w", err)
@@ -108,11 +218,6 @@ func rootMount(pid int, root *sandbox.Root, owner uint32, disk, inodes int64, ke
 			return nil, nil, fmt.Errorf("template root: %s: %w", d, err)
 		}
 	}
-	userns, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", pid))
-	if err != nil {
-		return nil, nil, fmt.Errorf("template root: the sandbox's user namespace: %w", err)
-	}
-	defer userns.Close()
 	dir := fmt.Sprintf("/proc/self/fd/%d/", tmp)
 	m, err := layers.MountLayers(root.Layers, userns, dir+"upper", dir+"work")
 	if err != nil {
@@ -134,7 +239,13 @@ func (s *Sandbox) sendRoot() error {
 		return fmt.Errorf("template %s: %w", s.spec.Root.Template, err)
 	}
 	s.unhold = unhold
-	m, upper, err := rootMount(s.init.pid, s.spec.Root, s.owner.ID(0), s.cfg.DiskBytes, s.cfg.DiskInodes+rootInodes, true)
+	// The init's pid is not reaped yet: its namespace is the sandbox's.
+	userns, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", s.init.pid))
+	if err != nil {
+		return fmt.Errorf("template root: the sandbox's user namespace: %w", err)
+	}
+	defer userns.Close()
+	m, upper, err := rootMount(userns, s.spec.Root, s.owner.ID(0), s.cfg.DiskBytes, s.cfg.DiskInodes+rootInodes, true)
 	if err != nil {
 		return err
 	}
@@ -144,6 +255,46 @@ func (s *Sandbox) sendRoot() error {
 		return fmt.Errorf("send the template's root to init: %w", err)
 	}
 	return nil
+}
+
+// sendRoot makes and sends a template zygote's root to its init: the
+// template's layers as they are (the zygote is of the host's user
+// namespace), read by the zygote alone, under a small writable layer of
+// root's, which its init makes read-only once built. The layers are held
+// while the zygote lives: its sandboxes map its files.
+func (z *zygote) sendRoot() error {
+	unhold, err := layers.HoldLayers(z.root.Layers)
+	if err != nil {
+		return fmt.Errorf("template %s: %w", z.root.Template, err)
+	}
+	z.unhold = unhold
+	m, _, err := rootMount(nil, z.root, 0, 64<<20, 16384, false)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	z.ctlMu.Lock()
+	err = sendCtl(z.ctl, ctlMsg{Op: opRoot}, int(m.Fd()))
+	z.ctlMu.Unlock()
+	if err != nil {
+		return fmt.Errorf("send the template's root to the zygote's init: %w", err)
+	}
+	return nil
+}
+
+// rootEnv is a template's environment, as sandboxEnv takes it (nil: no
+// template).
+func rootEnv(root *sandbox.Root) map[string]string {
+	if root == nil {
+		return nil
+	}
+	env := map[string]string{}
+	for _, kv := range root.Env {
+		if k, v, ok := strings.Cut(kv, "="); ok && k != "" {
+			env[k] = v
+		}
+	}
+	return env
 }
 
 // upperDir is the template sandbox's writable layer, as the supervisor

@@ -6,9 +6,11 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
 	"github.com/vivarium-sandbox/vivarium/internal/testutil"
 )
@@ -24,6 +26,7 @@ func TestTemplateRoot(t *testing.T) {
 	root := testutil.TemplateRoot(t)
 	hostTmp, _ := os.ReadDir("/var/tmp")
 	ctx := context.Background()
+	warmTemplate(t, b, root, "")
 	sb, err := b.Create(ctx, sandbox.Spec{Root: root, Env: map[string]string{"IMAGE_ENV": "set"}})
 	if err != nil {
 		t.Fatal(err)
@@ -109,6 +112,7 @@ func TestTemplateUser(t *testing.T) {
 				t.Fatal(err)
 			}
 			root.User = &tc.user
+			warmTemplate(t, b, root, "")
 			sb, err := b.Create(ctx, sandbox.Spec{Root: root})
 			if err != nil {
 				t.Fatal(err)
@@ -161,5 +165,141 @@ print(os.getuid(), os.getgid(), sorted(os.getgroups()), os.environ['USER'], os.s
 				t.Fatalf("an upload is owned by %+v %v, want %q", res, err, want)
 			}
 		})
+	}
+}
+
+// A template without python3 runs commands, and code fails saying why;
+// with zygotes, its sandboxes start without one (the template's cannot).
+func TestTemplateWithoutPython(t *testing.T) {
+	b := newBackend(t)
+	root := testutil.TemplateRoot(t)
+	root.Template = "no-python"
+	pythons, _ := filepath.Glob(filepath.Join(root.Layers[0], "usr/bin/python3*"))
+	if len(pythons) == 0 {
+		t.Fatal("the template's layer has no python3 to take away")
+	}
+	for _, p := range pythons {
+		if err := os.Remove(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx := context.Background()
+	if testutil.ZygoteMode() {
+		if err := b.WarmTemplate(ctx, root, ""); err == nil {
+			t.Fatal("a zygote started for a template without python3")
+		}
+	}
+	for i := range 2 {
+		sb, err := b.Create(ctx, sandbox.Spec{Root: root})
+		if err != nil {
+			t.Fatalf("sandbox %d: %v", i, err)
+		}
+		defer sb.Close()
+		p, err := sb.Start(ctx, sandbox.Command{Argv: []string{"sh", "-c", "echo ok; pwd"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, _ := io.ReadAll(p.Stdout())
+		if <-p.Done(); string(out) != "ok\n/srv/app\n" {
+			t.Fatalf("sandbox %d: the command said %q", i, out)
+		}
+		res, err := sb.Execute(ctx, sandbox.ExecRequest{Code: "print(1)"}, nil)
+		if err != nil || res.Error == nil || !strings.Contains(res.Error.Value, "no python3") {
+			t.Fatalf("sandbox %d: code: %+v %v", i, res, err)
+		}
+	}
+	for _, z := range b.Zygotes() {
+		if z.Template == root.Template && !z.Retired {
+			t.Errorf("a zygote of a template without python3: %+v", z)
+		}
+	}
+}
+
+// An image's code that runs as its interpreter starts (a sitecustomize,
+// as an image's site hooks or preloads would) runs confined, in a
+// template's zygote as in a sandbox: no_new_privs and the filter are there
+// already, and mount and unshare are refused. A sandbox forked from the
+// zygote inherits what the hook found; one of its own ran it itself.
+func TestTemplateSiteHookConfined(t *testing.T) {
+	b := newBackend(t)
+	root := testutil.TemplateRoot(t)
+	root.Template = "site-hook"
+	stdlib, _ := filepath.Glob(filepath.Join(root.Layers[0], "usr/lib/python3.*"))
+	if len(stdlib) == 0 {
+		t.Fatal("no standard library in the template's layer")
+	}
+	hook := filepath.Join(root.Layers[1], strings.TrimPrefix(stdlib[0], root.Layers[0]), "sitecustomize.py")
+	if err := os.MkdirAll(filepath.Dir(hook), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(hook, []byte(`import ctypes, os
+_libc = ctypes.CDLL(None, use_errno=True)
+_status = dict(l.split(":\t", 1) for l in open("/proc/self/status").read().splitlines() if ":\t" in l)
+report = {"pid": os.getpid(), "nnp": _status["NoNewPrivs"], "seccomp": _status["Seccomp"]}
+for name, call in (("mount", lambda: _libc.mount(b"none", b"/tmp", b"tmpfs", 0, None)),
+                   ("unshare", lambda: _libc.unshare(0x00020000))):
+    rc = call()
+    report[name] = "refused" if rc != 0 and ctypes.get_errno() == 1 else "rc %d errno %d" % (rc, ctypes.get_errno())
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	warmTemplate(t, b, root, "")
+	sb, err := b.Create(ctx, sandbox.Spec{Root: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	res, err := sb.Execute(ctx, sandbox.ExecRequest{Code: `import os, sitecustomize
+r = sitecustomize.report
+print(r["nnp"], r["seccomp"], r["mount"], r["unshare"], r["pid"] == os.getpid())`}, nil)
+	want := "1 2 refused refused False\n" // ran in the zygote
+	if !testutil.ZygoteMode() {
+		want = "1 2 refused refused True\n" // ran in the sandbox's own python3
+	}
+	if err != nil || res.Stdout != want {
+		t.Fatalf("the image's site hook: %+v %v, want %q", res, err, want)
+	}
+}
+
+// A template's zygote serves one tenant: another tenant's sandboxes of
+// the same template come from a zygote of their own.
+func TestTemplateZygotePerTenant(t *testing.T) {
+	if !testutil.ZygoteMode() {
+		t.Skip("zygotes only")
+	}
+	b := newBackend(t)
+	root := testutil.TemplateRoot(t)
+	root.Template = "per-tenant"
+	ctx := context.Background()
+	warmTemplate(t, b, root, "alice")
+	warmTemplate(t, b, root, "bob")
+	for _, tenant := range []string{"alice", "bob", "alice"} {
+		sb, err := b.Create(ctx, sandbox.Spec{Root: root, Tenant: tenant})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sb.Close()
+	}
+	var forked []int
+	for _, z := range b.Zygotes() {
+		if z.Template == root.Template {
+			forked = append(forked, z.Forked)
+		}
+	}
+	if slices.Sort(forked); !slices.Equal(forked, []int{1, 2}) {
+		t.Fatalf("the template's zygotes forked %v sandboxes, want one zygote of 2 (alice) and one of 1 (bob); zygotes: %+v", forked, b.Zygotes())
+	}
+}
+
+// warmTemplate starts the template's zygote for tenant, in the zygote
+// mode's run, so that the sandboxes the test makes are forked from it.
+func warmTemplate(t *testing.T, b *native.Backend, root *sandbox.Root, tenant string) {
+	t.Helper()
+	if !testutil.ZygoteMode() {
+		return
+	}
+	if err := b.WarmTemplate(context.Background(), root, tenant); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -2,6 +2,7 @@ package native
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -11,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vivarium-sandbox/vivarium/internal/runner"
+	"github.com/vivarium-sandbox/vivarium/internal/seccomp"
 )
 
 // Control operations of a zygote's init. Init → supervisor: opZygote (the
@@ -53,9 +55,21 @@ func zygoteInit(cfg *initConfig, report func(initStatus)) (int, error) {
 		// One BLAS thread: the zygote must stay single-threaded to fork
 		// into other namespaces, and its children inherit the setting.
 		"OPENBLAS_NUM_THREADS=1", "OMP_NUM_THREADS=1", "MKL_NUM_THREADS=1")
+	python := cfg.Python
+	if cfg.Image {
+		// A template's zygote: its python3, by its PATH.
+		p, err := lookPath("python3", cfg.Env)
+		if err != nil {
+			return 0, step("the template's python3", err)
+		}
+		python = p
+	}
+	// Through zygoteExec: the interpreter, and everything it runs before
+	// zygote.py (a template's are the image's), starts confined.
 	zyg := &exec.Cmd{
-		Path:       cfg.Python,
-		Args:       []string{cfg.Python, "-s", "-B", runnerDir + "/" + runner.ZygoteName},
+		Path: "/proc/self/exe",
+		Args: []string{zygoteExecArg0, runnerDir + "/" + zygoteFilter, python, "-s", "-B",
+			runnerDir + "/" + runner.ZygoteName},
 		Env:        env,
 		Dir:        "/",
 		Stderr:     stderrFile, // tracebacks reach the supervisor's log
@@ -131,6 +145,40 @@ func zygoteInit(cfg *initConfig, report func(initStatus)) (int, error) {
 			}
 		}
 	}
+}
+
+// zygoteExecArg0 is argv[0] of this binary re-executed by a zygote's init
+// to start the Python zygote: zygoteExec.
+const zygoteExecArg0 = "vivarium-zygote-exec"
+
+// zygoteFilter is the zygote's seccomp filter, in its runner directory
+// (zygoteRunnerFiles).
+const zygoteFilter = "zygote.bpf"
+
+// zygoteExec is the start of the Python zygote: as its host user, with
+// CAP_SYS_ADMIN, it sets no_new_privs and loads the zygote's filter
+// (filter, a file of the zygote's runner directory), then executes argv.
+// A template's interpreter, its libraries, its site hooks and the modules
+// it preloads are the image's: none of them runs before the filter
+// (which refuses mount, unshare, bpf and the rest to what setns places
+// in a sandbox), nor can gain a privilege by executing. It never returns.
+func zygoteExec(filter string, argv []string) {
+	fail := func(step string, err error) {
+		fmt.Fprintf(os.Stderr, "zygote: %s: %v\n", step, err)
+		os.Exit(125)
+	}
+	b, err := os.ReadFile(filter)
+	if err != nil {
+		fail("read its seccomp filter", err)
+	}
+	prog, err := seccomp.Decode(b)
+	if err != nil {
+		fail("its seccomp filter", err)
+	}
+	if err := seccomp.Install(prog); err != nil {
+		fail("load its seccomp filter", err)
+	}
+	fail("execute "+argv[0], unix.Exec(argv[0], argv, os.Environ()))
 }
 
 // spawnForkedInit starts a forked sandbox's init (this binary again) with

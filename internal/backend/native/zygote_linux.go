@@ -22,9 +22,9 @@ import (
 )
 
 // A zygote makes sandboxes fast to start and cheap to keep. It is an init
-// of its own (roleZygote: same root file system as every sandbox) running a
-// Python that has imported the runner and the preloaded modules once. For
-// each sandbox:
+// of its own (roleZygote: same root file system as every sandbox; a
+// template's zygote, the template's layers) running a Python that has
+// imported the runner and the preloaded modules once. For each sandbox:
 //
 //  1. the zygote's init starts the sandbox's init in new user, mount, PID,
 //     network, IPC and UTS namespaces (roleForked), the user namespace owned
@@ -43,7 +43,10 @@ import (
 // root (it creates namespaces owned by other users and writes their id
 // maps), the Python zygote as a host user of its own with one capability,
 // CAP_SYS_ADMIN, which setns needs to place children in a sandbox's
-// namespaces. Neither runs user code.
+// namespaces. Neither runs user code. A template's Python zygote runs the
+// image's (its interpreter, site hooks and preloads), as hostile as user
+// code: it starts confined (zygoteExec), its cgroup is bounded as a
+// sandbox's, and it serves one tenant's sandboxes (zygoteKind).
 //
 // A fork takes a millisecond or two where starting Python and importing
 // pandas take over a second, and the preloaded pages are shared
@@ -51,24 +54,33 @@ import (
 // its own. What sandboxes of one zygote share is its memory layout, so a
 // zygote is replaced after a number of sandboxes or an age (Config).
 type zygote struct {
-	b       *Backend
-	python  string
-	owner   hostuid.Range // the Python zygote's host user
-	started time.Time
-	init    *initProc
-	reaped  chan struct{} // closed once init has exited and been reaped
-	cg      cgroups.Group
-	ctl     int // control socket to the zygote's init
-	zs      int // socket to the Python zygote
-	dead    chan struct{}
+	b      *Backend
+	python string
+	// root is the template whose root and python3 the zygote has (nil:
+	// the host's /usr and python), unhold lets go of its layers.
+	root   *sandbox.Root
+	tenant string // whose sandboxes a template's zygote serves
+	unhold func()
+	// rootMount is the id of a template's zygote's root, the mount its
+	// sandboxes' runners map the template's files from.
+	rootMount string
+	owner     hostuid.Range // the Python zygote's host user
+	started   time.Time
+	init      *initProc
+	reaped    chan struct{} // closed once init has exited and been reaped
+	cg        cgroups.Group
+	ctl       int // control socket to the zygote's init
+	zs        int // socket to the Python zygote
+	dead      chan struct{}
 
 	ctlMu, zsMu sync.Mutex // one sender at a time per socket
 
 	mu      sync.Mutex
 	next    uint64
-	forked  int  // sandboxes started from this zygote
-	live    int  // of them, not yet closed
-	retired bool // replaced: closes when its last sandbox does
+	used    time.Time // when it last started a sandbox
+	forked  int       // sandboxes started from this zygote
+	live    int       // of them, not yet closed
+	retired bool      // replaced: closes when its last sandbox does
 	spawns  map[uint64]chan spawnResult
 	forks   map[uint64]chan forkResult
 	exits   map[uint64]func(code, signal int)
@@ -112,6 +124,7 @@ type forkRequest struct {
 	Env     []string    `json:"env"`
 	UID     int         `json:"uid"`
 	GID     int         `json:"gid"`
+	Groups  []uint32    `json:"groups,omitempty"` // supplementary
 	Dir     string      `json:"dir"`
 	Rlimits [][3]uint64 `json:"rlimits"`
 	// Adopt: the runner is handed to the sandbox's init, its parent from
@@ -119,12 +132,18 @@ type forkRequest struct {
 	Adopt bool `json:"adopt,omitempty"`
 }
 
+// templateZygoteMemory is the memory limit of a template's zygote: its
+// interpreter with the preloads imported (numpy, pandas and matplotlib
+// take about 150 MiB).
+const templateZygoteMemory = 1 << 30
+
 // zygoteStartTimeout bounds the zygote's start-up: importing pandas and
 // matplotlib takes a few seconds on a busy machine.
 const zygoteStartTimeout = 3 * time.Minute
 
-// startZygote starts a zygote for python with the backend's preloads.
-func (b *Backend) startZygote(ctx context.Context, python string, etc []rootview.File, top []rootview.TopDir) (_ *zygote, err error) {
+// startZygote starts a zygote of a kind, with the backend's preloads.
+func (b *Backend) startZygote(ctx context.Context, kind zygoteKind, etc []rootview.File, top []rootview.TopDir) (_ *zygote, err error) {
+	python, root := kind.python, kind.root
 	files, err := zygoteRunnerFiles()
 	if err != nil {
 		return nil, err
@@ -132,7 +151,7 @@ func (b *Backend) startZygote(ctx context.Context, python string, etc []rootview
 	cfg := &initConfig{
 		Python:      python,
 		RunnerFiles: files,
-		Env:         sandboxEnv(nil),
+		Env:         sandboxEnv(rootEnv(root)),
 		Etc:         etc,
 		TopLevel:    top,
 		DiskBytes:   64 << 20, // the zygote's own /tmp
@@ -141,8 +160,11 @@ func (b *Backend) startZygote(ctx context.Context, python string, etc []rootview
 		Preload:     b.cfg.Preload,
 		Devices:     b.devices,
 	}
+	if root != nil {
+		cfg.Image, cfg.Python = true, ""
+	}
 	z := &zygote{
-		b: b, python: python, ctl: -1, zs: -1, dead: make(chan struct{}), started: time.Now(),
+		b: b, python: python, root: root, tenant: kind.tenant, ctl: -1, zs: -1, dead: make(chan struct{}), started: time.Now(), used: time.Now(),
 		spawns: map[uint64]chan spawnResult{}, forks: map[uint64]chan forkResult{},
 		exits: map[uint64]func(int, int){},
 	}
@@ -158,9 +180,21 @@ func (b *Backend) startZygote(ctx context.Context, python string, etc []rootview
 	}
 	cfg.ZygoteUID = z.owner.First
 	if b.cgroups != nil {
-		// No memory limit: the zygote's pages are shared by every sandbox
-		// forked from it, and an OOM kill would take them all down.
-		if z.cg, err = b.cgroups.New("zygote-"+newID(), cgroups.Limits{Pids: 256}); err != nil {
+		// No memory limit for the host's interpreter: the zygote's pages
+		// are shared by every sandbox forked from it, and an OOM kill
+		// would take them all down. A template's runs the image's code:
+		// bounded as a sandbox is, in its tenant's group.
+		limits := cgroups.Limits{Pids: 256}
+		if root != nil {
+			limits = cgroups.Limits{Pids: 256, MemoryBytes: templateZygoteMemory, CPUs: 1, Tenant: kind.tenant}
+		}
+		z.cg, err = b.cgroups.New("zygote-"+newID(), limits)
+		if errors.Is(err, cgroups.ErrUnavailable) && limits.CPUs > 0 {
+			// No cpu controller: its sandboxes have no CPU cap either.
+			limits.CPUs = 0
+			z.cg, err = b.cgroups.New("zygote-"+newID(), limits)
+		}
+		if err != nil {
 			return nil, err
 		}
 	}
@@ -188,6 +222,11 @@ func (b *Backend) startZygote(ctx context.Context, python string, etc []rootview
 	p.closeChild()
 	if z.cg != nil && !z.init.inCgroup {
 		if err := z.cg.AddProc(z.init.pid); err != nil {
+			return nil, err
+		}
+	}
+	if root != nil {
+		if err := z.sendRoot(); err != nil {
 			return nil, err
 		}
 	}
@@ -243,6 +282,12 @@ wait:
 	select {
 	case m := <-zsReady:
 		for mod, e := range m.Errors {
+			if root != nil {
+				// A template has what it has: a module it lacks is
+				// imported by no sandbox of it either.
+				b.log.Debug("zygote: a module of the template's was not preloaded", "template", root.Template, "module", mod, "err", e)
+				continue
+			}
 			b.log.Warn("zygote: a module could not be preloaded", "module", mod, "err", e)
 		}
 		if m.Landlock == 0 {
@@ -256,6 +301,15 @@ wait:
 		return nil, fmt.Errorf("the zygote did not import its modules within %v", zygoteStartTimeout)
 	case <-ctx.Done():
 		return nil, ctx.Err()
+	}
+	if root != nil {
+		// Its init lives (z.dead is open): the pid is its.
+		var stx unix.Statx_t
+		err := unix.Statx(unix.AT_FDCWD, fmt.Sprintf("/proc/%d/root", z.init.pid), 0, unix.STATX_MNT_ID, &stx)
+		if err != nil || stx.Mask&unix.STATX_MNT_ID == 0 || !z.alive() {
+			return nil, fmt.Errorf("the id of its root's mount (statx, Linux 5.8): %v", err)
+		}
+		z.rootMount = strconv.FormatUint(stx.Mnt_id, 10)
 	}
 	return z, nil
 }
@@ -284,6 +338,7 @@ func startZygoteInit(exe string, child []*os.File, cgroupFD int) (*initProc, err
 // acquire counts a sandbox started from the zygote; release, its end.
 func (z *zygote) acquire() {
 	z.mu.Lock()
+	z.used = time.Now()
 	z.forked++
 	z.live++
 	z.mu.Unlock()
@@ -627,6 +682,9 @@ func (z *zygote) doClose() {
 	if z.owner.First != 0 {
 		z.b.releaseOwner(z.owner)
 	}
+	if z.unhold != nil {
+		z.unhold()
+	}
 }
 
 // pidfdPID reads the host pid a pidfd refers to.
@@ -688,16 +746,24 @@ func waitPidfd(pidfd int) error {
 	})
 }
 
-// logLines logs what a zygote writes on stderr (tracebacks), bounded.
+// logLines logs what a zygote writes on stderr (tracebacks), bounded: a
+// template's zygote runs the image's code, which could write without end.
 func (b *Backend) logLines(who string, r *os.File) {
 	defer r.Close()
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 4096), 64<<10)
-	for sc.Scan() {
+	for n := 0; sc.Scan(); n++ {
+		if n == maxLoggedLines {
+			b.log.Warn(who+" says more; the rest is not logged", "lines", n)
+			break
+		}
 		b.log.Warn(who+" says", "line", sc.Text())
 	}
 	discard(r)
 }
+
+// maxLoggedLines bounds the lines logged of a zygote's stderr.
+const maxLoggedLines = 200
 
 func discard(r *os.File) {
 	buf := make([]byte, 32<<10)

@@ -41,7 +41,7 @@ func zygoteRunnerFiles() (map[string][]byte, error) {
 	files["seccomp.bpf"] = prog
 	// The zygote's own filter, loaded before it imports anything: the
 	// sandbox's, plus setns and what dropping privileges takes.
-	files["zygote.bpf"] = seccomp.Encode(zprog)
+	files[zygoteFilter] = seccomp.Encode(zprog)
 	return files, nil
 }
 
