@@ -88,9 +88,10 @@ type Suite struct {
 }
 
 // Open returns the backends to test: those Env names, or every one this
-// machine can run. The native backend is always among the defaults; the
-// others are tested in the classic mode only (not again with a zygote,
-// which is the native backend's). Each is closed when t ends, if
+// machine can run. The native backend is always among the defaults, and
+// native-template where the suite runs templates; the others are tested
+// in the classic mode only (not again with a zygote, which is the native
+// backend's). Each is closed when t ends, if
 // Leftovers has not closed it by then.
 func Open(t *testing.T, s Suite) []Backend {
 	t.Helper()
@@ -99,6 +100,10 @@ func Open(t *testing.T, s Suite) []Backend {
 		names = "native"
 		if testutil.ZygoteMode() {
 			names = "native-zygote"
+			if s.Template {
+				// A template's sandboxes forked from its zygote.
+				names += ",native-template"
+			}
 		} else {
 			if s.Allowlist {
 				names += ",native-allowlist"
@@ -165,7 +170,9 @@ func open(name string, s Suite) (Backend, error) {
 	parent := "vivarium-" + s.Name + "-test"
 	switch name {
 	case "native", "native-zygote", "native-allowlist", "native-template":
-		zygote := name == "native-zygote"
+		// native-template's sandboxes are forked from the template's
+		// zygote in the zygote mode's run, started one by one in the other.
+		zygote := name == "native-zygote" || name == "native-template" && testutil.ZygoteMode()
 		var preload []string
 		if zygote {
 			preload = s.Preload
