@@ -126,6 +126,32 @@ func BenchmarkCreate(b *testing.B) {
 	}
 }
 
+// BenchmarkCreateTemplate is BenchmarkCreate for a template's sandbox
+// (testutil.TemplateRoot: the host's python3 in a layer): "classic"
+// starts the template's python3 per sandbox, "zygote-bare" forks it from
+// the template's zygote, warmed first.
+func BenchmarkCreateTemplate(b *testing.B) {
+	for _, mode := range []string{"classic", "zygote-bare"} {
+		b.Run(mode, func(b *testing.B) {
+			be := benchBackend(b, mode)
+			root := testutil.TemplateRoot(b)
+			ctx := context.Background()
+			if err := be.WarmTemplate(ctx, root, ""); err != nil {
+				b.Fatal(err)
+			}
+			cpu0 := hostCPUms()
+			for b.Loop() {
+				sb, err := be.Create(ctx, sandbox.Spec{Root: root})
+				if err != nil {
+					b.Fatal(err)
+				}
+				sb.Close()
+			}
+			b.ReportMetric((hostCPUms()-cpu0)/float64(b.N), "host-cpu-ms/op")
+		})
+	}
+}
+
 // BenchmarkWarmExecute is a round trip to a persistent sandbox that is
 // already running.
 func BenchmarkWarmExecute(b *testing.B) {

@@ -74,46 +74,50 @@ func (b *Backend) createFromTemplate(ctx context.Context, spec sandbox.Spec) (sa
 	}
 	cfg.Image, cfg.Workdir, cfg.Python, cfg.User = true, spec.Root.Dir, "", spec.Root.User
 	cfg.HashSeed, cfg.Preload = "", nil
-	if z := b.templateZygote(spec.Root, spec.Tenant); z != nil {
+	z, warm := b.templateZygote(spec.Root, spec.Tenant)
+	if z != nil {
 		// As a default sandbox of a zygote (Create): one tree, its
 		// runner from the zygote until a restore.
 		cfg.Role, cfg.RunnerArgs = roleForked, nil
 		return start(ctx, b, spec, cfg, z)
 	}
 	cfg.RunnerFiles = b.runnerFiles("")
-	return start(ctx, b, spec, cfg, nil)
+	sb, err := start(ctx, b, spec, cfg, nil)
+	if warm {
+		// Once this sandbox is made: its start does not share the CPU
+		// with the zygote's.
+		go b.warmTemplate(zygoteKind{root: spec.Root, tenant: spec.Tenant})
+	}
+	return sb, err
 }
 
 // templateZygote returns the zygote of a template for a tenant, taken for
 // a new sandbox, or nil where this sandbox starts without one: the backend
 // runs without zygotes of templates; the template's zygote is not ready
-// (this sandbox does not wait for its preloads: the zygote starts in the
-// background, and serves the template's next sandboxes once ready); or
-// it failed to start within the last noZygoteRetry (the template has no
-// python3 the zygote can run; tried again later, for a template may be
-// rebuilt under its name).
-func (b *Backend) templateZygote(root *sandbox.Root, tenant string) *zygote {
+// (this sandbox does not wait for its preloads; with warm, the caller
+// starts the zygote in the background, which serves the template's next
+// sandboxes once ready); or it failed to start within the last
+// noZygoteRetry (the template has no python3 the zygote can run; tried
+// again later, for a template may be rebuilt under its name).
+func (b *Backend) templateZygote(root *sandbox.Root, tenant string) (z *zygote, warm bool) {
 	if !b.cfg.Zygote || b.cfg.ZygoteTemplates < 0 {
-		return nil
+		return nil, false
 	}
 	kind := zygoteKind{root: root, tenant: tenant}
 	key := kind.key()
 	b.zmu.Lock()
 	defer b.zmu.Unlock()
 	if failed, ok := b.zfailed[key]; ok && time.Since(failed) < noZygoteRetry {
-		return nil
+		return nil, false
 	}
 	if z := b.zygotes[key]; z != nil && z.alive() {
 		if z.expired() {
 			b.replaceZygoteLocked(key, kind)
 		}
 		z.acquire()
-		return z
+		return z, false
 	}
-	if b.zstarting[key] == nil && !b.closed {
-		go b.warmTemplate(kind)
-	}
-	return nil
+	return nil, b.zstarting[key] == nil && !b.closed
 }
 
 // WarmTemplate starts the zygote of a template for a tenant, if the
