@@ -19,10 +19,10 @@ import (
 // every restore.
 func TestTemplateZygotePause(t *testing.T) {
 	ctx := context.Background()
-	root := testutil.TemplateRoot(t)
-	root.User = &sandbox.RootUser{UID: 1234, GID: 1234, Groups: []uint32{50}, Name: "app"}
 	b := zygotePauseBackend(t)
 	b.criuBin = requireCRIU(t)
+	root := testutil.TemplateRoot(t)
+	root.User = &sandbox.RootUser{UID: 1234, GID: 1234, Groups: []uint32{50}, Name: "app"}
 	if err := b.WarmTemplate(ctx, root, ""); err != nil {
 		t.Fatal(err)
 	}
