@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vivarium-sandbox/vivarium/internal/backend/native"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
@@ -302,4 +303,71 @@ func warmTemplate(t *testing.T, b *native.Backend, root *sandbox.Root, tenant st
 	if err := b.WarmTemplate(context.Background(), root, tenant); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// At most ZygoteTemplates templates have a zygote at once: one more
+// retires the least recently used, whose sandboxes go on; a sandbox of
+// the retired template starts without one, and starts its zygote again,
+// which retires the other (closed at once: it has no sandbox).
+func TestTemplateZygotesBounded(t *testing.T) {
+	if testutil.ZygoteMode() {
+		t.Skip("runs once, with its own backend")
+	}
+	testutil.RequireRoot(t)
+	testutil.RequirePython(t)
+	b, err := native.New(native.Config{CgroupParent: "vivarium-template-lru-test", UIDBase: uidBase, UIDRanges: testutil.UIDRanges,
+		Zygote: true, ZygoteTemplates: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ctx := context.Background()
+	first, second := testutil.TemplateRoot(t), testutil.TemplateRoot(t)
+	first.Template, second.Template = "first", "second"
+	if err := b.WarmTemplate(ctx, first, ""); err != nil {
+		t.Fatal(err)
+	}
+	kept, err := b.Create(ctx, sandbox.Spec{Root: first})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kept.Close()
+	if err := b.WarmTemplate(ctx, second, ""); err != nil {
+		t.Fatal(err)
+	}
+	state := func() map[string]native.ZygoteStatus {
+		out := map[string]native.ZygoteStatus{}
+		for _, z := range b.Zygotes() {
+			if z.Template != "" {
+				out[z.Template] = z
+			}
+		}
+		return out
+	}
+	if z := state(); !z["first"].Retired || z["first"].Live != 1 || z["second"].Retired {
+		t.Fatalf("after a second template's zygote: %+v", z)
+	}
+	if res, err := kept.Execute(ctx, sandbox.ExecRequest{Code: "print(6 * 7)"}, nil); err != nil || res.Stdout != "42\n" {
+		t.Fatalf("the retired zygote's sandbox: %+v %v", res, err)
+	}
+	again, err := b.Create(ctx, sandbox.Spec{Root: first})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	forked := 0
+	for _, z := range b.Zygotes() {
+		if z.Template == "first" {
+			forked += z.Forked
+		}
+	}
+	if forked != 1 {
+		t.Fatalf("a sandbox of the retired template came from a zygote: %+v", b.Zygotes())
+	}
+	kept.Close()
+	testutil.WaitFor(t, 30*time.Second, "the first template's zygote again, the second's gone", func() bool {
+		z := state()
+		_, second := z["second"]
+		return z["first"].Forked == 0 && !z["first"].Retired && z["first"].UID != 0 && !second
+	})
 }
