@@ -479,21 +479,25 @@ func (b *Backend) retireColdTemplateLocked() {
 			continue
 		}
 		n++
-		z.mu.Lock()
-		used := z.used
-		z.mu.Unlock()
-		if cold == nil || used.Before(coldUsed) {
+		if used := z.lastUsed(); cold == nil || used.Before(coldUsed) {
 			cold, coldKey, coldUsed = z, key, used
 		}
 	}
 	if n < b.cfg.ZygoteTemplates || cold == nil {
 		return
 	}
-	delete(b.zygotes, coldKey)
-	b.retired = append(b.retired, cold)
 	b.log.Info("zygote: a template's retires to make room for another's", "template", cold.root.Template,
 		"warm_templates", b.cfg.ZygoteTemplates)
-	go cold.retire()
+	b.retireLocked(coldKey)
+}
+
+// retireLocked takes the zygote of key out of service: it closes with its
+// last sandbox. Callers hold zmu.
+func (b *Backend) retireLocked(key string) {
+	z := b.zygotes[key]
+	delete(b.zygotes, key)
+	b.retired = append(b.retired, z)
+	go z.retire()
 }
 
 // templateName is a template's name for logs ("" for none).

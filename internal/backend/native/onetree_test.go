@@ -70,13 +70,7 @@ func TestOneTreePause(t *testing.T) {
 	// Landlock keeps the runner's file access beneath its root (the
 	// zygote's interpreter, its /proc/self/exe, is outside): one domain,
 	// which a restore applies again (CRIU saves none).
-	landlocked := func(s *Sandbox, when string) {
-		t.Helper()
-		if got := execText(t, s, landlockLayersCode); got != "1" {
-			t.Errorf("%s: the runner is in %s Landlock domains, not 1", when, got)
-		}
-	}
-	landlocked(s, "before a pause")
+	oneLandlockDomain(t, s, "before a pause")
 	for round := 1; round <= 2; round++ {
 		if err := s.Pause(ctx); err != nil {
 			t.Fatalf("pause %d: %v", round, err)
@@ -87,7 +81,7 @@ func TestOneTreePause(t *testing.T) {
 		if got := execText(t, s, "x += 1\nint(x.sum())"); got != fmt.Sprint(10+5*round) {
 			t.Fatalf("after resume %d: %s", round, got)
 		}
-		landlocked(s, fmt.Sprintf("after resume %d", round))
+		oneLandlockDomain(t, s, fmt.Sprintf("after resume %d", round))
 	}
 	copies, err := s.Fork(ctx, 2, sandbox.ForkOptions{})
 	if err != nil {
@@ -98,7 +92,7 @@ func TestOneTreePause(t *testing.T) {
 		if got := execText(t, c.(*Sandbox), "int(x.sum())"); got != "20" {
 			t.Errorf("copy %d: %s", i, got)
 		}
-		landlocked(c.(*Sandbox), fmt.Sprintf("copy %d", i))
+		oneLandlockDomain(t, c.(*Sandbox), fmt.Sprintf("copy %d", i))
 		if err := c.(*Sandbox).Pause(ctx); err != nil {
 			t.Fatalf("pause copy %d: %v", i, err)
 		}
@@ -109,6 +103,30 @@ func TestOneTreePause(t *testing.T) {
 			t.Errorf("copy %d resumed: %s", i, got)
 		}
 	}
+}
+
+// oneLandlockDomain fails t unless s's runner is in one Landlock domain:
+// the zygote's child confines itself once, and a restore gives it back.
+func oneLandlockDomain(t *testing.T, s *Sandbox, when string) {
+	t.Helper()
+	if got := execText(t, s, landlockLayersCode); got != "1" {
+		t.Errorf("%s: the runner is in %s Landlock domains, not 1", when, got)
+	}
+}
+
+// openResumed opens the paused sandbox kept at dir, as another server
+// would, and resumes it; it is closed when t ends.
+func openResumed(t *testing.T, b *Backend, dir string, opts sandbox.FromSnapshot) *Sandbox {
+	t.Helper()
+	o, err := b.OpenPaused(context.Background(), dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { o.Close() })
+	if err := o.(*Sandbox).Resume(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return o.(*Sandbox)
 }
 
 // landlockLayersCode counts the Landlock domains the runner is in.
@@ -133,9 +151,7 @@ func TestOneTreeSnapshot(t *testing.T) {
 	if got := execText(t, c.(*Sandbox), "int(x.sum())"); got != "6" {
 		t.Errorf("from the snapshot: %s", got)
 	}
-	if got := execText(t, c.(*Sandbox), landlockLayersCode); got != "1" {
-		t.Errorf("from the snapshot: the runner is in %s Landlock domains, not 1", got)
-	}
+	oneLandlockDomain(t, c.(*Sandbox), "from the snapshot")
 }
 
 // TestOneTreeRunnerRestartsAfterRestore: a restored copy of a forked

@@ -748,15 +748,8 @@ func testPauseEgress(t *testing.T, backend func(testing.TB) *Backend) {
 		t.Fatal(err)
 	}
 	e2 := testutil.NewEgress(t, testutil.EgressConfig{Allow: []string{"example.com"}, Names: map[string][]netip.Addr{}})
-	o, err := b.OpenPaused(ctx, again, sandbox.FromSnapshot{Egress: e2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer o.Close()
-	if err := o.(*Sandbox).Resume(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if got := execText(t, o.(*Sandbox), askProxy); !strings.HasPrefix(got, "HTTP/1.") {
+	o := openResumed(t, b, again, sandbox.FromSnapshot{Egress: e2})
+	if got := execText(t, o, askProxy); !strings.HasPrefix(got, "HTTP/1.") {
 		t.Errorf("the proxy of a sandbox opened from disk: %q", got)
 	}
 	if err := s.Resume(ctx); err != nil {

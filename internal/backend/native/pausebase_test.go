@@ -63,18 +63,11 @@ func TestPersistPausedBase(t *testing.T) {
 	if b2.hashSeed != b.hashSeed || b2.bases.current == nil || b2.bases.current.key != k.baseKey {
 		t.Fatalf("a restarted backend: seed %s (was %s), base %+v", b2.hashSeed, b.hashSeed, b2.bases.current)
 	}
-	o, err := b2.OpenPaused(ctx, dir, sandbox.FromSnapshot{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer o.Close()
-	if err := o.(*Sandbox).Resume(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if got := execText(t, o.(*Sandbox), "(int(df.a.sum()), x)"); got != want {
+	o := openResumed(t, b2, dir, sandbox.FromSnapshot{})
+	if got := execText(t, o, "(int(df.a.sum()), x)"); got != want {
 		t.Fatalf("resumed: %s, want %s", got, want)
 	}
-	if got := execText(t, o.(*Sandbox), "open('/workspace/kept.txt').read()"); got != "kept" {
+	if got := execText(t, o, "open('/workspace/kept.txt').read()"); got != "kept" {
 		t.Fatalf("resumed file: %s", got)
 	}
 	// A new sandbox of the restarted backend hashes as the first did.

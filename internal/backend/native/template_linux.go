@@ -150,14 +150,9 @@ func (b *Backend) sweepTemplates() {
 		}
 		b.zmu.Lock()
 		for key, z := range b.zygotes {
-			z.mu.Lock()
-			idle := z.root != nil && time.Since(z.used) >= templateZygoteIdle
-			z.mu.Unlock()
-			if idle {
-				delete(b.zygotes, key)
-				b.retired = append(b.retired, z)
+			if z.root != nil && time.Since(z.lastUsed()) >= templateZygoteIdle {
 				b.log.Info("zygote: a template's retires, idle", "template", z.root.Template)
-				go z.retire()
+				b.retireLocked(key)
 			}
 		}
 		b.zmu.Unlock()

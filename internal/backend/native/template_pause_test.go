@@ -75,15 +75,8 @@ print(x, open('/usr/bin/mine').read(), st.st_uid, os.path.exists('/etc/motd'), o
 	if err := s.Resume(ctx); err != nil {
 		t.Fatal(err)
 	}
-	o, err := b.OpenPaused(ctx, again, sandbox.FromSnapshot{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer o.Close()
-	if err := o.(*Sandbox).Resume(ctx); err != nil {
-		t.Fatal(err)
-	}
-	for what, sb := range map[string]*Sandbox{"resumed from disk": s, "opened from disk": o.(*Sandbox)} {
+	o := openResumed(t, b, again, sandbox.FromSnapshot{})
+	for what, sb := range map[string]*Sandbox{"resumed from disk": s, "opened from disk": o} {
 		res, err := sb.Execute(ctx, sandbox.ExecRequest{Code: "print(x, open('/usr/bin/mine').read(), open('/etc/passwd').read().count('img:x'))"}, nil)
 		if err != nil || res.Stdout != "41 kept 1\n" {
 			t.Errorf("%s: %+v %v", what, res, err)

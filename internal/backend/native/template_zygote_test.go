@@ -51,13 +51,7 @@ func TestTemplateZygotePause(t *testing.T) {
 	if <-cmd.Done(); cmd.ExitCode() != 0 {
 		t.Fatalf("root's command: exit %d", cmd.ExitCode())
 	}
-	landlocked := func(s *Sandbox, when string) {
-		t.Helper()
-		if got := execText(t, s, landlockLayersCode); got != "1" {
-			t.Errorf("%s: the runner is in %s Landlock domains, not 1", when, got)
-		}
-	}
-	landlocked(s, "before a pause")
+	oneLandlockDomain(t, s, "before a pause")
 	for round := 1; round <= 2; round++ {
 		if err := s.Pause(ctx); err != nil {
 			t.Fatalf("pause %d: %v", round, err)
@@ -68,7 +62,7 @@ func TestTemplateZygotePause(t *testing.T) {
 		if got := execText(t, s, "x += 1\n(x, open('/usr/bin/mine').read(), __import__('os').getuid())"); got != fmt.Sprintf("(%d, 'kept', 1234)", 41+round) {
 			t.Fatalf("after resume %d: %s", round, got)
 		}
-		landlocked(s, fmt.Sprintf("after resume %d", round))
+		oneLandlockDomain(t, s, fmt.Sprintf("after resume %d", round))
 	}
 	copies, err := s.Fork(ctx, 2, sandbox.ForkOptions{})
 	if err != nil {
@@ -83,7 +77,7 @@ func TestTemplateZygotePause(t *testing.T) {
 		if got := execText(t, c.(*Sandbox), fmt.Sprintf("x += %d\n(x, open('/usr/bin/mine').read(), open('/workspace/up.txt').read(), __import__('os').getuid())", i+1)); got != want {
 			t.Fatalf("copy %d: %s, want %s", i, got, want)
 		}
-		landlocked(c.(*Sandbox), fmt.Sprintf("copy %d", i))
+		oneLandlockDomain(t, c.(*Sandbox), fmt.Sprintf("copy %d", i))
 	}
 	for _, c := range copies {
 		c.Close() // their host users, for the one opened below
@@ -96,16 +90,9 @@ func TestTemplateZygotePause(t *testing.T) {
 	if _, err := s.PersistPaused(ctx, kept); err != nil {
 		t.Fatal(err)
 	}
-	o, err := b.OpenPaused(ctx, kept, sandbox.FromSnapshot{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer o.Close()
-	if err := o.(*Sandbox).Resume(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if got := execText(t, o.(*Sandbox), "(x, open('/usr/bin/mine').read())"); got != "(43, 'kept')" {
+	o := openResumed(t, b, kept, sandbox.FromSnapshot{})
+	if got := execText(t, o, "(x, open('/usr/bin/mine').read())"); got != "(43, 'kept')" {
 		t.Fatalf("opened from disk: %s", got)
 	}
-	landlocked(o.(*Sandbox), "opened from disk")
+	oneLandlockDomain(t, o, "opened from disk")
 }

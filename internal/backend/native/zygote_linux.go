@@ -186,15 +186,15 @@ func (b *Backend) startZygote(ctx context.Context, kind zygoteKind, etc []rootvi
 		// bounded as a sandbox is, in its tenant's group.
 		limits := cgroups.Limits{Pids: 256}
 		if root != nil {
-			limits = cgroups.Limits{Pids: 256, MemoryBytes: templateZygoteMemory, CPUs: 1, Tenant: kind.tenant}
+			limits = cgroups.Limits{Pids: 256, MemoryBytes: templateZygoteMemory, Tenant: kind.tenant}
+			if b.cgroups.CPUController() {
+				// Without the controller no sandbox has a CPU cap
+				// either (--cpus is refused): memory and processes
+				// bound it there.
+				limits.CPUs = 1
+			}
 		}
-		z.cg, err = b.cgroups.New("zygote-"+newID(), limits)
-		if errors.Is(err, cgroups.ErrUnavailable) && limits.CPUs > 0 {
-			// No cpu controller: its sandboxes have no CPU cap either.
-			limits.CPUs = 0
-			z.cg, err = b.cgroups.New("zygote-"+newID(), limits)
-		}
-		if err != nil {
+		if z.cg, err = b.cgroups.New("zygote-"+newID(), limits); err != nil {
 			return nil, err
 		}
 	}
@@ -342,6 +342,13 @@ func (z *zygote) acquire() {
 	z.forked++
 	z.live++
 	z.mu.Unlock()
+}
+
+// lastUsed is when the zygote last started a sandbox (or itself).
+func (z *zygote) lastUsed() time.Time {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	return z.used
 }
 
 func (z *zygote) release() {
