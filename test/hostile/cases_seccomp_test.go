@@ -146,9 +146,15 @@ syscall("fadvise64 DONTNEED", "fadvise64", fd, 0, 0, 4)
 			// ENOTSUP is Python's name for EOPNOTSUPP, the same number.
 			wantOK(t, o, lines("read True", "preadv2 ok", "fadvise WILLNEED ok", "preadv2 RWF_NOWAIT ENOTSUP",
 				"pwritev2 RWF_NOWAIT ENOTSUP", "cachestat ENOSYS", "fadvise DONTNEED ok", "fadvise64 DONTNEED ok"))
+			// The sandbox's DONTNEED of the whole file would leave no page
+			// cached. A page or two may go meanwhile on their own: a host
+			// with proactive reclaim (DAMON's pageout, a balloon) pages out
+			// what it finds cold at any time.
 			path := o.vars["CACHED_FILE"]
-			if cached, total := cachedPages(t, path); cached != total {
+			if cached, total := cachedPages(t, path); cached*2 < total {
 				t.Errorf("%s: %d of %d pages left in the host's page cache after the sandbox's DONTNEED", path, cached, total)
+			} else if cached < total {
+				t.Logf("%s: %d of %d pages left in the host's page cache (the host's own reclaim)", path, cached, total)
 			}
 		},
 	},
