@@ -20,6 +20,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/vivarium-sandbox/vivarium/internal/backend/docker"
 	"github.com/vivarium-sandbox/vivarium/internal/image"
+	"github.com/vivarium-sandbox/vivarium/internal/template"
 )
 
 const imageUsage = `Usage: vivarium image SUBCOMMAND [flags] ...
@@ -29,6 +30,8 @@ layer once, by its digest, unpacked and checked. Needs root, as the
 server does.
 
   pull REF                 an image from its registry (or a mirror)
+  push REF DEST            an image of the store (a template) to a
+                           registry, as DEST
   import FILE [--tag REF]  an image from a docker save archive or an OCI
                            image layout tar
   ls                       the store's images
@@ -40,7 +43,7 @@ lists.
 `
 
 // imageSubcommands are `vivarium image`'s subcommands, aliases included.
-var imageSubcommands = []string{"pull", "import", "ls", "list", "rm", "build"}
+var imageSubcommands = []string{"pull", "push", "import", "ls", "list", "rm", "build"}
 
 // cmdImage is `vivarium image`.
 func cmdImage(args []string) int {
@@ -66,9 +69,11 @@ func cmdImage(args []string) int {
 	var passStdin, asJSON *bool
 	var tag *string
 	switch sub {
-	case "pull":
+	case "pull", "push":
 		fs.Var(&insecure, "insecure-registry", "a registry `HOST[:PORT]` reached over plain HTTP (repeatable); no other is")
-		fs.Var(&mirrors, "registry-mirror", "`REGISTRY=MIRROR`: pull REGISTRY's images from MIRROR first (repeatable; docker.io is index.docker.io)")
+		if sub == "pull" {
+			fs.Var(&mirrors, "registry-mirror", "`REGISTRY=MIRROR`: pull REGISTRY's images from MIRROR first (repeatable; docker.io is index.docker.io)")
+		}
 		authFile = fs.String("auth-file", "", "credentials from this Docker `config.json` (default $DOCKER_CONFIG/config.json, else ~/.docker/config.json)")
 		user = fs.String("username", "", "the registry's `USER` (with --password-stdin)")
 		passStdin = fs.Bool("password-stdin", false, "read the password for --username from standard input")
@@ -84,7 +89,7 @@ func cmdImage(args []string) int {
 		return 2
 	}
 	pos := fs.Args()
-	want := map[string]int{"pull": 1, "import": 1}[sub]
+	want := map[string]int{"pull": 1, "push": 2, "import": 1}[sub]
 	if (want > 0 && len(pos) != want) || (sub == "rm" && len(pos) == 0) || ((sub == "ls" || sub == "list") && len(pos) > 0) {
 		fmt.Fprintf(os.Stderr, "vivarium image %s: wrong arguments\n\n%s", sub, imageUsage)
 		return 2
@@ -114,6 +119,25 @@ func cmdImage(args []string) int {
 			return fail(err)
 		}
 		fmt.Println(im.Name, im.Digest)
+	case "push":
+		o, err := pullOptions(insecure, nil)
+		if err != nil {
+			return fail(err)
+		}
+		if o.Keychain, err = pullKeychain(*authFile, *user, *passStdin, os.Stdin); err != nil {
+			return fail(err)
+		}
+		var last time.Time
+		digest, err := template.Push(ctx, s, pos[0], pos[1], o, func(sent, total int64) {
+			if time.Since(last) >= time.Second || sent == total {
+				last = time.Now()
+				fmt.Fprintf(os.Stderr, "vivarium image push: %s of %s\n", image.FormatBytes(sent), image.FormatBytes(total))
+			}
+		})
+		if err != nil {
+			return fail(err)
+		}
+		fmt.Println(pos[1], digest)
 	case "import":
 		im, err := image.Import(ctx, s, pos[0], *tag, imageProgress("import"))
 		if err != nil {

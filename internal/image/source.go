@@ -14,6 +14,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
@@ -48,13 +49,7 @@ func Pull(ctx context.Context, s *Store, ref string, o PullOptions, progress fun
 	if err != nil {
 		return Image{}, err
 	}
-	kc := o.Keychain
-	if kc == nil {
-		kc = authn.DefaultKeychain
-	}
-	opts := []remote.Option{remote.WithContext(ctx), remote.WithAuthFromKeychain(kc),
-		remote.WithPlatform(v1.Platform{OS: "linux", Architecture: runtime.GOARCH}),
-		remote.WithTransport(&plainHTTPGuard{base: remote.DefaultTransport, insecure: o.Insecure})}
+	opts := o.RemoteOptions(ctx)
 	var img v1.Image
 	if m := o.Mirrors[r.Context().RegistryStr()]; m != "" {
 		mr, merr := o.parse(ref, m)
@@ -75,6 +70,40 @@ func Pull(ctx context.Context, s *Store, ref string, o PullOptions, progress fun
 	}
 	return s.AddWithin(ctx, r.Name(), img, o.MaxBytes, progress)
 }
+
+// RemoteOptions are go-containerregistry's options for reaching a
+// registry as o says: its credentials, plain HTTP only to the registries
+// named insecure, and the host's platform of a multi-platform index.
+func (o PullOptions) RemoteOptions(ctx context.Context) []remote.Option {
+	kc := o.Keychain
+	if kc == nil {
+		kc = authn.DefaultKeychain
+	}
+	return []remote.Option{remote.WithContext(ctx), remote.WithAuthFromKeychain(kc),
+		remote.WithPlatform(v1.Platform{OS: "linux", Architecture: runtime.GOARCH}),
+		remote.WithTransport(&plainHTTPGuard{base: remote.DefaultTransport, insecure: o.Insecure})}
+}
+
+// Resolve returns the digest of the manifest ref names in its registry
+// (not its mirror's): what a pull of it would take, asked without
+// taking it.
+func Resolve(ctx context.Context, ref string, o PullOptions) (string, error) {
+	r, err := o.Parse(ref)
+	if err != nil {
+		return "", err
+	}
+	// One retry, soon: a look-up is on a creation's path.
+	opts := append(o.RemoteOptions(ctx), remote.WithRetryBackoff(remote.Backoff{Duration: 100 * time.Millisecond, Factor: 2, Steps: 2}))
+	d, err := remote.Head(r, opts...)
+	if err != nil {
+		return "", fmt.Errorf("look up %s: %w", ref, err)
+	}
+	return d.Digest.String(), nil
+}
+
+// Parse parses ref as a reference of its registry, over plain HTTP
+// where o names the registry insecure.
+func (o PullOptions) Parse(ref string) (name.Reference, error) { return o.parse(ref, "") }
 
 // parse parses ref; with a mirror, ref's registry is replaced by it.
 func (o PullOptions) parse(ref, mirror string) (name.Reference, error) {
