@@ -61,6 +61,7 @@ type templateServeFlags struct {
 	insecure, mirrors, registries listFlag
 	allowNet                      ruleList
 	bytesPerKey                   sizeFlag
+	shared                        string
 }
 
 func (f *templateServeFlags) register(fs *flag.FlagSet) {
@@ -70,9 +71,18 @@ func (f *templateServeFlags) register(fs *flag.FlagSet) {
 	fs.Var(&f.insecure, "insecure-registry", "a registry `HOST[:PORT]` the bases of templates are pulled from over plain HTTP (repeatable); no other is")
 	fs.Var(&f.allowNet, "build-allow-net", "`RULE` a template build's RUN steps may reach through their sandbox's proxy (repeatable): "+
 		"HOST, *.DOMAIN, CIDR or [IPV6-CIDR], each with :PORTS (80,443 when none); default: no network")
+	fs.StringVar(&f.shared, "template-registry", "", "`REGISTRY/REPOSITORY` a cluster's nodes share templates through: "+
+		"a key's builds are pushed there, and a template this node lacks is pulled from there on first use "+
+		"(credentials: Docker's config.json, $DOCKER_CONFIG; plain HTTP only with --insecure-registry)")
 	f.bytesPerKey = service.DefaultBuildBytes
 	fs.Var(&f.bytesPerKey, "build-disk-per-key", "most an API key's built templates may add to their bases on disk, "+
 		"its running builds' budgets included; one build at most half of it")
+}
+
+// registry is where the server shares templates (service.Config.Registry).
+func (f *templateServeFlags) registry() (service.TemplateRegistry, error) {
+	r := service.TemplateRegistry{Repo: f.shared, Options: image.PullOptions{Insecure: f.insecure}}
+	return r, r.Check()
 }
 
 // buildConfig is the service's build configuration: a builder whose RUN

@@ -643,8 +643,13 @@ func serve(c *serveConfig, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	shared, err := c.templates.registry()
+	if err != nil {
+		return err
+	}
 	svcCfg := service.Config{
 		Images:                images,
+		Registry:              shared,
 		Builds:                builds,
 		Backend:               warm,
 		Backends:              b.Names(),

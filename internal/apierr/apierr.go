@@ -153,6 +153,10 @@ var (
 		Connect: ConnectNotFound, Public: true,
 		MCP:  "{message}. Create the sandbox without a template, or with one of the server's.",
 		errs: []error{service.ErrNoTemplate, service.ErrTemplateNotFound}}
+	TemplateRegistry = &Kind{Code: "template_registry_failed", Status: http.StatusServiceUnavailable,
+		Connect: ConnectUnavailable, Public: true,
+		MCP:  "{message}. Try again later, or create the sandbox without a template.",
+		errs: []error{service.ErrRegistry}}
 	FileNotFound = &Kind{Code: "file_not_found", Status: http.StatusNotFound,
 		Connect: ConnectNotFound, Public: true,
 		MCP:  "no such file in the sandbox's workspace: {message}. Use list_files to see what is there.",
@@ -265,7 +269,7 @@ var (
 // only when no named error says more (a setup that timed out is
 // setup_failed, with its step).
 var Table = []*Kind{
-	NotFound, SnapshotNotFound, VolumeNotFound, TemplateNotFound, FileNotFound, ContextNotFound, ProcessNotFound,
+	NotFound, SnapshotNotFound, VolumeNotFound, TemplateNotFound, TemplateRegistry, FileNotFound, ContextNotFound, ProcessNotFound,
 	Exists, InUse, TooLarge, CannotStart, InvalidRequest, NotAllowed, PermissionDenied,
 	Quota, ShuttingDown, Busy, Paused, NoRoom, NotPaused, Closed, Unsupported,
 	Cancelled, SetupFailed, PortClosed, TLSFailed, Timeout,

@@ -37,20 +37,21 @@ var Routes = []route.Route{
 	{Method: "GET", Path: "/v2/sandboxes/{id}/logs", Forward: route.Sandbox},
 	{Method: "POST", Path: "/sandboxes/{id}/snapshots", Forward: route.Sandbox},
 	{Method: "GET", Path: "/snapshots", Forward: route.Every("")},
-	// A template of the key's, else a snapshot, by its template id
-	// (SnapshotRef); other templates are E2B's cloud, which any node says.
-	{Method: "DELETE", Path: "/templates/{id}", Forward: route.Snapshot},
+	// A snapshot, by its template id (SnapshotRef), else a template of
+	// the key's; other templates are E2B's cloud, which any node says.
+	{Method: "DELETE", Path: "/templates/{id}", Forward: route.TemplateOrSnapshot},
 	// Template builds (templates.go). A build and its template live on
-	// the node that made them, which no ID names yet: through a
-	// cluster's gateway they are not supported.
-	{Method: "POST", Path: "/v3/templates", Forward: route.Pick},
-	{Method: "GET", Path: "/templates/{templateID}/files/{hash}", Forward: route.Pick},
-	{Method: "PUT", Path: "/templates/{templateID}/files/{hash}", Forward: route.Pick},
-	{Method: "POST", Path: "/v2/templates/{templateID}/builds/{buildID}", Forward: route.Pick},
-	{Method: "GET", Path: "/templates/{templateID}/builds/{buildID}/status", Forward: route.Pick},
-	{Method: "GET", Path: "/templates/{templateID}/{what}", Forward: route.Pick},
-	{Method: "POST", Path: "/templates/tags", Forward: route.Pick},
-	{Method: "DELETE", Path: "/templates/tags", Forward: route.Pick},
+	// the node that made them, which a cluster's template ids name; a
+	// key's builds are made on its node (route.Key), and their images
+	// shared through the cluster's template registry.
+	{Method: "POST", Path: "/v3/templates", Forward: route.Key},
+	{Method: "GET", Path: "/templates/{templateID}/files/{hash}", Forward: route.Template},
+	{Method: "PUT", Path: "/templates/{templateID}/files/{hash}", Forward: route.Template},
+	{Method: "POST", Path: "/v2/templates/{templateID}/builds/{buildID}", Forward: route.Template},
+	{Method: "GET", Path: "/templates/{templateID}/builds/{buildID}/status", Forward: route.Template},
+	{Method: "GET", Path: "/templates/{templateID}/{what}", Forward: route.Template},
+	{Method: "POST", Path: "/templates/tags", Forward: route.Key},
+	{Method: "DELETE", Path: "/templates/tags", Forward: route.Key},
 	{Method: "POST", Path: "/volumes", Forward: route.NewVolume},
 	{Method: "GET", Path: "/volumes", Forward: route.Every("")},
 	{Method: "GET", Path: "/volumes/{volumeID}", Forward: route.Volume},

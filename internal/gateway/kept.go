@@ -82,14 +82,24 @@ const maxBody = 1 << 20
 // toKept sends r to the node that keeps ref, a snapshot or a volume: its
 // id, or its name, looked up in l.
 func (g *Gateway) toKept(w http.ResponseWriter, r *http.Request, a *api, l listing, ref string) {
-	if l.kind == sandboxid.Snapshot && !sandboxid.Snapshot.Valid(ref) && !sandboxid.ValidName(ref) {
-		a.fail(w, apierr.SnapshotNotFound, fmt.Sprintf("no snapshot %q in this cluster", ref))
-		return
+	g.toKeptOr(w, r, a, l, ref, nil)
+}
+
+// toKeptOr is toKept, calling notFound (if not nil) where no node keeps
+// ref.
+func (g *Gateway) toKeptOr(w http.ResponseWriter, r *http.Request, a *api, l listing, ref string, orElse func()) {
+	var name string
+	found := false
+	var err error
+	if l.kind != sandboxid.Snapshot || sandboxid.Snapshot.Valid(ref) || sandboxid.ValidName(ref) {
+		name, found, err = g.keptNode(r, l, &nameLists{}, ref)
 	}
-	name, found, err := g.keptNode(r, l, &nameLists{}, ref)
 	switch {
 	case err != nil:
 		a.failList(w, l, ref, err)
+		return
+	case !found && orElse != nil:
+		orElse()
 		return
 	case !found:
 		a.fail(w, notFound(l.kind), fmt.Sprintf("no %s %q in this cluster", what(l.kind), ref))
@@ -132,11 +142,18 @@ func (g *Gateway) toCreate(w http.ResponseWriter, r *http.Request, a *api) {
 		g.toPicked(w, r, a) // the node says what is wrong with it
 		return
 	}
-	var from []string // "snapshot <id>", "volume <ref>": what names a node
+	var from []string // "snapshot <id>", "volume <ref>", "template <id>": what names a node
 	var nodes []string
 	var snap string
 	json.Unmarshal(req[a.snapshot], &snap)
-	if ref := a.snapshotRef(snap); sandboxid.Snapshot.Valid(ref) || sandboxid.ValidName(ref) {
+	if id, _, _ := strings.Cut(snap, ":"); a.e2b && sandboxid.Template.Valid(id) {
+		// A template by its id: on the node that built it, the one
+		// that knows the id (every node knows the key's templates by
+		// name, through the template registry).
+		if node, ok := sandboxid.Template.Node(id); ok {
+			from, nodes = append(from, "template "+id), append(nodes, node)
+		}
+	} else if ref := a.snapshotRef(snap); sandboxid.Snapshot.Valid(ref) || sandboxid.ValidName(ref) {
 		n, found, err := g.keptNode(r, a.snapshots, &nameLists{}, ref)
 		if err != nil {
 			a.failList(w, a.snapshots, ref, err)

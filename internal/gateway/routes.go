@@ -54,8 +54,8 @@ func (g *Gateway) routes() *http.ServeMux {
 // handler forwards rt's requests, of API a, as its Forward says.
 func (g *Gateway) handler(rt route.Route, a *api) (http.HandlerFunc, error) {
 	id := rt.ID()
-	if id == "" && (rt.Forward == route.Sandbox || rt.Forward == route.Snapshot ||
-		rt.Forward == route.Volume || rt.Forward == route.VolumeID) {
+	if id == "" && (rt.Forward == route.Sandbox || rt.Forward == route.Snapshot || rt.Forward == route.Template ||
+		rt.Forward == route.TemplateOrSnapshot || rt.Forward == route.Volume || rt.Forward == route.VolumeID) {
 		return nil, fmt.Errorf("gateway: route %q is forwarded by the id in its path, and its path has none", rt.Pattern())
 	}
 	switch rt.Forward {
@@ -88,6 +88,19 @@ func (g *Gateway) handler(rt route.Route, a *api) (http.HandlerFunc, error) {
 				return
 			}
 			g.toKept(w, r, a, a.snapshots, ref)
+		}, nil
+	case route.Key:
+		return func(w http.ResponseWriter, r *http.Request) { g.toKeyNode(w, r, a) }, nil
+	case route.Template:
+		return func(w http.ResponseWriter, r *http.Request) { g.toTemplate(w, r, a, r.PathValue(id)) }, nil
+	case route.TemplateOrSnapshot:
+		return func(w http.ResponseWriter, r *http.Request) {
+			ref := a.snapshotRef(r.PathValue(id))
+			if _, isTemplate := sandboxid.Template.Node(r.PathValue(id)); ref == "" || isTemplate {
+				g.toTemplate(w, r, a, r.PathValue(id))
+				return
+			}
+			g.toKeptOr(w, r, a, a.snapshots, ref, func() { g.toTemplate(w, r, a, r.PathValue(id)) })
 		}, nil
 	case route.Volume:
 		return func(w http.ResponseWriter, r *http.Request) { g.toKept(w, r, a, a.volumes, r.PathValue(id)) }, nil

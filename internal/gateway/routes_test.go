@@ -38,7 +38,11 @@ func TestEveryRoute(t *testing.T) {
 		route.Snapshot: "snap_a_0123456789abcdef01234567",
 		route.Volume:   "vol_a_0123456789abcdef01234567",
 		route.VolumeID: "vol_a_0123456789abcdef01234567",
+		// A template id names its node; a name goes to the key's.
+		route.Template:           "tpl_a_0123456789abcdef01234567",
+		route.TemplateOrSnapshot: "tpl_a_0123456789abcdef01234567",
 	}
+	keyOn, _ := keyNode(nodes.Nodes(), "the-key")
 	routes := append(httpapi.ClusterRoutes(), e2b.ClusterRoutes()...)
 	for _, rt := range routes {
 		method := rt.Method
@@ -70,6 +74,7 @@ func TestEveryRoute(t *testing.T) {
 		}
 		req, _ := http.NewRequest(method, g.URL+p+query, nil)
 		req.Header.Set("E2b-Sandbox-Id", "sb_a_0123456789abcdef01234567")
+		req.Header.Set("X-API-Key", "the-key")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
@@ -98,13 +103,18 @@ func TestEveryRoute(t *testing.T) {
 				t.Errorf("%s (local): %s, want the gateway's own health, or 501", rt.Pattern(), got)
 			}
 		case rt.Forward == route.Sandbox || rt.Forward == route.SandboxHeader || rt.Forward == route.Snapshot ||
-			rt.Forward == route.Volume || rt.Forward == route.VolumeID || rt.Forward == route.Signed:
+			rt.Forward == route.Volume || rt.Forward == route.VolumeID || rt.Forward == route.Signed ||
+			rt.Forward == route.Template || rt.Forward == route.TemplateOrSnapshot:
 			if !strings.HasPrefix(got, on("a")) {
 				t.Errorf("%s (%v): %s, want %q...", rt.Pattern(), rt.Forward, got, on("a"))
 			}
 		case rt.Forward == route.Pick || rt.Forward == route.Create || rt.Forward == route.NewVolume:
 			if !strings.HasPrefix(got, on("b")) {
 				t.Errorf("%s (%v): %s, want %q...", rt.Pattern(), rt.Forward, got, on("b"))
+			}
+		case rt.Forward == route.Key:
+			if !strings.HasPrefix(got, on(keyOn.Name)) {
+				t.Errorf("%s (%v): %s, want %q...", rt.Pattern(), rt.Forward, got, on(keyOn.Name))
 			}
 		default:
 			t.Errorf("%s: forward %v: this test does not know where it goes", rt.Pattern(), rt.Forward)
@@ -139,5 +149,39 @@ func TestListings(t *testing.T) {
 		if list, ok := lists[l.path]; !ok || list != l.key {
 			t.Errorf("the gateway lists %s under %q; the adapters declare %q (declared: %v)", l.path, l.key, list, ok)
 		}
+	}
+}
+
+// A key's node is the same at every ask, the keys spread over the
+// nodes, and a node that goes moves only its own keys.
+func TestKeyNode(t *testing.T) {
+	var nodes []cluster.Node
+	for _, n := range []string{"a", "b", "c", "d"} {
+		nodes = append(nodes, cluster.Node{Name: n})
+	}
+	count := map[string]int{}
+	before := map[string]string{}
+	for i := range 4000 {
+		key := fmt.Sprintf("key-%d", i)
+		n, ok := keyNode(nodes, key)
+		if again, _ := keyNode(slices.Clone(nodes), key); !ok || again.Name != n.Name {
+			t.Fatalf("key %s: %s, then %s", key, n.Name, again.Name)
+		}
+		count[n.Name]++
+		before[key] = n.Name
+	}
+	for _, n := range nodes {
+		if c := count[n.Name]; c < 800 || c > 1200 {
+			t.Errorf("node %s has %d of 4000 keys", n.Name, c)
+		}
+	}
+	without := slices.DeleteFunc(slices.Clone(nodes), func(n cluster.Node) bool { return n.Name == "c" })
+	for key, was := range before {
+		if n, _ := keyNode(without, key); was != "c" && n.Name != was {
+			t.Fatalf("key %s moved from %s to %s when c went", key, was, n.Name)
+		}
+	}
+	if _, ok := keyNode(nil, "k"); ok {
+		t.Error("a node of none")
 	}
 }

@@ -64,12 +64,16 @@ const (
 	volumeID
 	newVolume
 	signed
+	template
+	templateOrSnapshot
+	key
 	every
 )
 
 var names = [...]string{undeclared: "undeclared", local: "local", pick: "pick", create: "create", sandbox: "sandbox",
 	sandboxHeader: "sandbox header", snapshot: "snapshot", volume: "volume", volumeID: "volume id",
-	newVolume: "new volume", signed: "signed", every: "every"}
+	newVolume: "new volume", signed: "signed", template: "template", templateOrSnapshot: "template or snapshot",
+	key: "key", every: "every"}
 
 // The forwards. A sandbox, a snapshot and a volume live on one node, which
 // their ids name (internal/sandboxid); what is new goes where the load
@@ -104,6 +108,16 @@ var (
 	NewVolume = Forward{to: newVolume}
 	// Signed: a signed file URL: to the node whose sandbox signed it.
 	Signed = Forward{to: signed}
+	// Key: to the node the request's key picks, the same for a key while
+	// the nodes stay the same: a key's template builds, which live on
+	// the node that makes them.
+	Key = Forward{to: key}
+	// Template: to the node the template id of the path's first
+	// wildcard names (sandboxid.Template); a name, to the key's node.
+	Template = Forward{to: template}
+	// TemplateOrSnapshot: a snapshot's node, by the snapshot's id or
+	// name; else as Template.
+	TemplateOrSnapshot = Forward{to: templateOrSnapshot}
 )
 
 // Every: to every node, their answers joined: the arrays, or the objects,

@@ -1,5 +1,6 @@
 // Package sandboxid makes and reads the ids of what a server keeps:
-// sandboxes (sb_), snapshots (snap_) and volumes (vol_). What a cluster's
+// sandboxes (sb_), snapshots (snap_), volumes (vol_) and a cluster's
+// templates (tpl_). What a cluster's
 // node keeps names the node in its id (sb_<node>_<24 hex digits>), so that
 // a gateway sends every request for it to that node without asking anyone
 // (issue 16, docs/kubernetes.md); what a server on its own keeps has none
@@ -22,6 +23,9 @@ const (
 	Sandbox  Kind = "sb"
 	Snapshot Kind = "snap"
 	Volume   Kind = "vol"
+	// Template: a template a cluster's node builds (E2B's build API),
+	// whose builds and uploads are that node's.
+	Template Kind = "tpl"
 )
 
 const nodeRE = `[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?`
@@ -32,7 +36,7 @@ var (
 	node = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^` + nodeRE + `$`) })
 	ids  = sync.OnceValue(func() map[Kind]*regexp.Regexp {
 		m := map[Kind]*regexp.Regexp{}
-		for _, k := range []Kind{Sandbox, Snapshot, Volume} {
+		for _, k := range []Kind{Sandbox, Snapshot, Volume, Template} {
 			m[k] = regexp.MustCompile(`^` + string(k) + `_(?:(` + nodeRE + `)_)?[0-9a-f]{24}$`)
 		}
 		return m

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"regexp"
 	"slices"
 	"strings"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/vivarium-sandbox/vivarium/internal/image"
 	"github.com/vivarium-sandbox/vivarium/internal/sandbox"
+	"github.com/vivarium-sandbox/vivarium/internal/sandboxid"
 	"github.com/vivarium-sandbox/vivarium/internal/template"
 )
 
@@ -81,6 +83,8 @@ var (
 	ErrTemplateNotFound = errors.New("template not found")
 	// ErrBuildStarted: a build started twice.
 	ErrBuildStarted = errors.New("the build has already started")
+	// errPublish: a build's image not pushed to the template registry.
+	errPublish = errors.New("the template was not pushed to the registry")
 )
 
 // BuildConfig configures template builds (Config.Builds). Zero fields
@@ -225,6 +229,12 @@ type builds struct {
 	// where its builds' steps run too.
 	tenantOf func(owner string) string
 
+	// node is the cluster's node the builds are made on ("": none).
+	node string
+	// registry, if not nil, has every ready build's image pushed to it,
+	// under its tags, before the build is ready (registry.go).
+	registry *registry
+
 	mu     sync.Mutex // owners, byID
 	owners map[string]*ownerBuilds
 	byID   map[string]string // template ID → its owner
@@ -270,6 +280,9 @@ type build struct {
 	steps   int
 	created time.Time
 	image   image.Image
+	// pushed is the digest of its image's manifest in the template
+	// registry ("": none).
+	pushed string
 	// added is what a ready build's layers added to its base; budget,
 	// while it runs, the most they may.
 	added, budget int64
@@ -406,7 +419,7 @@ func (s *Service) RequestBuild(owner string, req BuildRequest) (BuildCreated, er
 			return BuildCreated{}, fmt.Errorf("%w: this key has %d templates, the most it may have: delete one first",
 				ErrQuota, len(ob.templates))
 		}
-		t = &tmpl{id: templateID(), name: name, created: bs.now(), tags: map[string]tagged{}}
+		t = &tmpl{id: templateID(bs.node), name: name, created: bs.now(), tags: map[string]tagged{}}
 		bs.mu.Lock()
 		bs.byID[t.id] = owner
 		bs.mu.Unlock()
@@ -534,8 +547,11 @@ func (ob *ownerBuilds) lookup(ref string) *build {
 // key's (by a digest of the owner), the template's ID, the build's.
 func templateImageName(owner string, b *build) string {
 	sum := sha256.Sum256([]byte(owner))
-	return fmt.Sprintf("templates.vivarium/k%s/%s:%s", hex.EncodeToString(sum[:8]), b.tmpl.id, b.id)
+	return fmt.Sprintf("%sk%s/%s:%s", templateImagePrefix, hex.EncodeToString(sum[:8]), b.tmpl.id, b.id)
 }
+
+// templateImagePrefix starts the names of the images of keys' builds.
+const templateImagePrefix = "templates.vivarium/"
 
 // run runs a build to its end.
 func (bs *builds) run(ctx context.Context, ob *ownerBuilds, b *build, spec template.Spec, files *uploadedFiles) {
@@ -544,9 +560,17 @@ func (bs *builds) run(ctx context.Context, ob *ownerBuilds, b *build, spec templ
 	w := &buildLogWriter{bs: bs, ob: ob, b: b}
 	out, err := bs.cfg.Builder.Build(ctx, BuildJob{Name: name, Tenant: bs.tenantOf(ob.owner), MaxBytes: b.budget},
 		spec, files, w)
+	if err == nil && bs.registry != nil {
+		// Ready only once every node can find it.
+		fmt.Fprintf(w, "pushing the template to the cluster's registry\n")
+		b.pushed, err = bs.registry.publish(ctx, ob.owner, name, b.tmpl.name, "", b.tags)
+		if err != nil {
+			err = errors.Join(err, errPublish)
+		}
+	}
 	w.flush()
 	files.release()
-	built := err == nil
+	built := out.Image.Name != ""
 	ob.mu.Lock()
 	b.budget = 0
 	if built && (ob.closed || b.tmpl.deleted) {
@@ -577,6 +601,10 @@ func (bs *builds) run(ctx context.Context, ob *ownerBuilds, b *build, spec templ
 // bound), else which step failed, whose output the log has. The rest is
 // logged: it may name the server's paths.
 func (bs *builds) reason(err error, step int, spec template.Spec) string {
+	if errors.Is(err, errPublish) && !errors.Is(err, template.ErrInvalid) {
+		bs.log.Warn("template build not pushed to the template registry", "err", err)
+		return "the template could not be pushed to the cluster's template registry (the server's log says why)"
+	}
 	if errors.Is(err, template.ErrInvalid) || errors.Is(err, template.ErrTooLarge) || errors.Is(err, image.ErrRefused) ||
 		errors.Is(err, image.ErrTooLarge) || errors.Is(err, image.ErrNotFound) || errors.Is(err, image.ErrBadName) {
 		return err.Error()
@@ -767,6 +795,14 @@ func (s *Service) DeleteTemplate(owner, ref string) error {
 	t.deleted = true
 	delete(ob.templates, t.id)
 	delete(ob.names, t.name)
+	if reg := bs.registry; reg != nil {
+		tags := slices.Collect(maps.Keys(t.tags))
+		go func() { // bounded: registryLookup a look-up
+			ctx, cancel := context.WithTimeout(context.Background(), registryLookup)
+			defer cancel()
+			reg.forget(ctx, owner, t.name, tags)
+		}()
+	}
 	var gone []string
 	for _, b := range ob.builds {
 		if b.tmpl != t {
@@ -811,18 +847,30 @@ func (s *Service) AssignTags(owner, target string, tags []string) (string, error
 		return "", err
 	}
 	ob.mu.Lock()
-	defer ob.mu.Unlock()
 	b := ob.lookup(target)
 	if b == nil {
+		ob.mu.Unlock()
 		return "", fmt.Errorf("%w: %q (or it has no ready build of that tag)", ErrTemplateNotFound, target)
 	}
 	if len(b.tmpl.tags)+len(tags) > s.builds.cfg.MaxTags {
+		ob.mu.Unlock()
 		return "", fmt.Errorf("%w: a template has at most %d tags", template.ErrInvalid, s.builds.cfg.MaxTags)
 	}
 	for _, t := range tags {
 		b.tmpl.tags[t] = tagged{build: b, assigned: s.builds.now()}
 	}
 	s.builds.save(ob)
+	tmplName, pushed, local := b.tmpl.name, b.pushed, templateImageName(owner, b)
+	ob.mu.Unlock()
+	if reg := s.builds.registry; reg != nil && pushed != "" {
+		// The registry's tags follow, outside the key's lock (a
+		// registry's answers are slow on purpose, at worst).
+		ctx, cancel := context.WithTimeout(context.Background(), registryLookup)
+		defer cancel()
+		if _, err := reg.publish(ctx, owner, local, tmplName, pushed, tags); err != nil {
+			return "", err
+		}
+	}
 	return b.id, nil
 }
 
@@ -913,8 +961,12 @@ func (s *Service) TemplateOwner(templateID string) (string, bool) {
 }
 
 // templateID is a new template's ID: 20 lowercase letters and digits, as
-// E2B's are.
-func templateID() string {
+// E2B's are; a cluster's node's names the node (tpl_NODE_HEX), so that a
+// gateway sends the template's build, its uploads and its status there.
+func templateID(node string) string {
+	if node != "" {
+		return sandboxid.Template.New(node)
+	}
 	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
 	b := make([]byte, 20)
 	rand.Read(b)

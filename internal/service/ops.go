@@ -118,7 +118,7 @@ func (s *Service) RunOnceWithNetwork(ctx context.Context, owner string, job sand
 	if err := errors.Join(checkEnv(job.Spec.Env), checkEnv(job.Request.Env), checkFileNames(job.Files)); err != nil {
 		return nil, err
 	}
-	if _, err := s.withTemplate(owner, &job.Spec); err != nil { // a one-shot runs no start command
+	if _, err := s.withTemplate(ctx, owner, &job.Spec); err != nil { // a one-shot runs no start command
 		return nil, err
 	}
 	policy, err := s.grantNetwork(network, job.Spec.Backend)

@@ -102,6 +102,9 @@ type Config struct {
 	// Images keeps the templates sandboxes may be made of
 	// (sandbox.Spec.Template); nil: none.
 	Images *image.Store
+	// Registry is where a cluster's nodes share templates (registry.go;
+	// its Repo "": none), with Images.
+	Registry TemplateRegistry
 	// Now is the clock; tests replace it.
 	Now func() time.Time
 	// MaxPaused is how long a paused sandbox is kept; zero: MaxLifetime.
@@ -217,6 +220,7 @@ type Service struct {
 	pausedLock io.Closer           // PausedDir's lock, held while paused sandboxes are kept (persist.go)
 	tokenKey   []byte              // the secret of the tokens (tokens.go)
 	builds     *builds             // template builds (builds.go)
+	registry   *registry           // templates shared by a cluster's nodes (registry.go); nil: none
 }
 
 // New starts a service; Close ends it and every sandbox.
@@ -227,6 +231,8 @@ func New(cfg Config) *Service {
 		builds: newBuilds(cfg.Builds, cfg.Logger, cfg.Now)}
 	rand.Read(s.tokenKey)
 	s.builds.tenantOf = s.tenantOf
+	s.registry = newRegistry(cfg.Registry, cfg.Images, cfg.Logger, cfg.Now)
+	s.builds.registry, s.builds.node = s.registry, cfg.Node
 	s.idle = sync.NewCond(&s.mu)
 	if s.snapshotsOn() == nil {
 		s.sweepSnapshotLeftovers()
@@ -611,7 +617,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		spec = &sandbox.Spec{Limits: limits, Env: withoutID(env, req.IDEnv), Backend: req.Backend,
 			Tenant: s.tenantOf(req.Owner), Home: req.Home, Volumes: mounts,
 			Pausable: req.Pausable || req.OnTimeout == OnTimeoutPause && !req.PauseFilesOnly, Template: req.Template}
-		if tstart, err = s.withTemplate(req.Owner, spec); err == nil {
+		if tstart, err = s.withTemplate(ctx, req.Owner, spec); err == nil {
 			sb, egress, err = s.makeSandbox(ctx, req.Owner, id, *spec, policy)
 		}
 	}

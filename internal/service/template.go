@@ -22,16 +22,58 @@ var ErrNoTemplate = errors.New("no such template")
 // server's image store: its layers as the root (sandbox.Root), its
 // environment under the spec's own, its WORKDIR and USER; and returns what its
 // sandboxes start with. A name of the owner's own templates (built
-// through E2B's API: builds.go) comes before the store's images.
-func (s *Service) withTemplate(owner string, spec *sandbox.Spec) (templateStart, error) {
+// through E2B's API: builds.go) comes before the store's images; with a
+// template registry (registry.go), the key's templates are the
+// registry's, and a name neither the key nor the store has is looked
+// up among the registry's shared templates.
+func (s *Service) withTemplate(ctx context.Context, owner string, spec *sandbox.Spec) (templateStart, error) {
 	if spec.Template == "" {
 		return templateStart{}, nil
 	}
-	ref := spec.Template
-	if im, err := s.TemplateImage(owner, spec.Template); err == nil {
-		ref = im.Name
+	ref, err := s.templateRef(ctx, owner, spec.Template)
+	if err != nil {
+		return templateStart{}, err
 	}
 	return resolveTemplate(s.cfg.Images, spec, ref)
+}
+
+// templateRef is the image store's name of owner's template tpl.
+func (s *Service) templateRef(ctx context.Context, owner, tpl string) (string, error) {
+	reg := s.registry
+	// A registry that fails is said only when nothing else has the name.
+	var regErr error
+	if reg != nil {
+		if ref := reg.keyRef(owner, tpl); ref != "" {
+			local, err := reg.local(ctx, ref)
+			switch {
+			case err == nil:
+				return local, nil
+			case errors.Is(err, ErrRegistry):
+				regErr = err
+			case !errors.Is(err, ErrNoTemplate):
+				return "", err
+			}
+		}
+	}
+	if im, err := s.TemplateImage(owner, tpl); err == nil {
+		return im.Name, nil
+	}
+	if reg == nil || s.cfg.Images == nil {
+		return tpl, nil
+	}
+	if _, err := s.cfg.Images.Get(tpl); !errors.Is(err, image.ErrNotFound) {
+		return tpl, nil
+	}
+	if ref := reg.sharedRef(tpl); ref != "" {
+		local, err := reg.local(ctx, ref)
+		if err == nil || !errors.Is(err, ErrNoTemplate) {
+			return local, err
+		}
+	}
+	if regErr != nil {
+		return "", regErr
+	}
+	return tpl, nil
 }
 
 // ResolveTemplate is withTemplate with the image store images (nil: none),

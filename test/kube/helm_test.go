@@ -21,6 +21,10 @@ import (
 const stsValues = `
 backend: gvisor
 domain: sb.example.com
+templateRegistry:
+  repository: registry.lan:5000/vivarium
+  insecure: true
+  authSecret: registry-credentials
 clusterToken:
   value: a-token-of-the-test
 node:
@@ -224,9 +228,35 @@ func checkStatefulSet(t *testing.T, objs []object, ns string) {
 	args := strs(container(s)["args"])
 	wantArgs(t, "statefulset node", args, "--backend=gvisor", "--allow-net=pypi.org", "--allow-net=*.pythonhosted.org:443",
 		"--deny-net=10.0.0.0/8", "--domain=sb.example.com", "--max-sandboxes=200", "--max-sandboxes-per-key=20",
-		"--max-executions=10000000", "--cpus=1.5", "--pause-on-shutdown")
+		"--max-executions=10000000", "--cpus=1.5", "--pause-on-shutdown",
+		"--template-registry=registry.lan:5000/vivarium", "--insecure-registry=registry.lan:5000")
 	if slices.Contains(args, "--backend=native") {
 		t.Errorf("statefulset node: both backends in %q", args)
+	}
+	// The template registry's credentials: the Secret's Docker
+	// config.json, where DOCKER_CONFIG says.
+	var dockerConfig any
+	for _, e := range container(s)["env"].([]any) {
+		if dig(e, "name") == "DOCKER_CONFIG" {
+			dockerConfig = dig(e, "value")
+		}
+	}
+	wantValue(t, "statefulset DOCKER_CONFIG", dockerConfig, "/etc/vivarium/registry")
+	auth := false
+	for _, v := range dig(s.Map, "spec", "template", "spec", "volumes").([]any) {
+		if dig(v, "name") == "registry-auth" {
+			auth = true
+			wantValue(t, "registry secret", dig(v, "secret", "secretName"), "registry-credentials")
+			wantValue(t, "registry secret's config.json", dig(v, "secret", "items", 0, "path"), "config.json")
+			wantValue(t, "registry secret's key", dig(v, "secret", "items", 0, "key"), ".dockerconfigjson")
+		}
+	}
+	mounted := false
+	for _, m := range container(s)["volumeMounts"].([]any) {
+		mounted = mounted || dig(m, "name") == "registry-auth" && dig(m, "mountPath") == "/etc/vivarium/registry"
+	}
+	if !auth || !mounted {
+		t.Errorf("statefulset node: the registry's Secret volume %v, mounted %v", auth, mounted)
 	}
 	wantArgs(t, "statefulset gateway", strs(container(find(t, objs, "Deployment", "v-vivarium-gateway"))["args"]),
 		"--domain=sb.example.com")
