@@ -344,6 +344,46 @@ type layerMeta struct {
 	// blob unpacked again: a manifest cannot borrow a layer it does not
 	// have by naming its diff ID.
 	Blobs []string `json:"blobs"`
+	// Packed is the layer written again as a blob (a push), if it was.
+	Packed *Packed `json:"packed,omitempty"`
+}
+
+// Packed is a layer of the store written again as a gzipped tar, as a
+// push sends it (template.Push): the tar's digest, the blob's digest and
+// size, and the Go version whose compress/gzip wrote it (another may
+// write other bytes for the same tar). The store's layers do not change,
+// so a push after the first knows its blob without writing it.
+type Packed struct {
+	DiffID string `json:"diffID"`
+	Digest string `json:"digest"`
+	Size   int64  `json:"size"`
+	Go     string `json:"go"`
+}
+
+// Packed returns what the layer diffID was packed as, if it was.
+func (s *Store) Packed(diffID string) (Packed, bool) {
+	meta, err := readMeta(s.LayerDir(diffID) + ".json")
+	if err != nil || meta.Packed == nil {
+		return Packed{}, false
+	}
+	return *meta.Packed, true
+}
+
+// SetPacked records what the layer diffID was packed as.
+func (s *Store) SetPacked(diffID string, p Packed) error {
+	path := s.LayerDir(diffID) + ".json"
+	return s.withLock("refs.lock", unix.LOCK_EX, func() error {
+		meta, err := readMeta(path)
+		if err != nil {
+			return err
+		}
+		meta.Packed = &p
+		raw, err := json.Marshal(meta)
+		if err != nil {
+			return err
+		}
+		return writeAtomic(path, raw)
+	})
 }
 
 // Add stores img under the name ref: its configuration, and each of its

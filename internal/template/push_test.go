@@ -69,6 +69,12 @@ func TestPushPull(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The store remembers each layer's blob, for the next push.
+	for _, l := range append(slices.Clone(base.Layers), id) {
+		if p, ok := s.Packed(l); !ok || p.Go != runtime.Version() || p.Size == 0 || p.DiffID == l {
+			t.Errorf("layer %s packed as %+v, %v", l, p, ok)
+		}
+	}
 	again, err := Push(ctx, s, "tpl:1", dest, o, nil)
 	if err != nil || again != digest {
 		t.Fatalf("pushed again: %s %v, first %s", again, err, digest)
