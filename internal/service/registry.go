@@ -29,10 +29,11 @@ import (
 //	REPO/PATH:TAG                             the operator's, for every key (vivarium image push)
 //
 // A key's own names come first; then the node's image store; then the
-// registry's shared templates. A tag a node has pulled is asked about
-// again (a HEAD of its manifest) once Recheck has passed since, so a
-// template rebuilt on another node is used within Recheck; a registry
-// out of reach leaves the node with what it has.
+// registry's shared templates. A tag a node has looked up is asked about
+// again (a HEAD of its manifest, in the background) by the first
+// creation after Recheck, so a template rebuilt on another node is used
+// soon after Recheck; a registry out of reach leaves the node with what
+// it has.
 
 // TemplateRegistry is where a cluster's nodes share templates.
 type TemplateRegistry struct {
@@ -142,24 +143,39 @@ func (r *registry) sharedRef(ref string) string {
 
 // local returns the image store's name of what the registry's ref is
 // now, pulling it if the store lacks it. ErrNoTemplate: the registry has
-// no such tag.
+// no such tag. A tag known (found or not) is answered at once; once
+// Recheck has passed, it is looked up again in the background, and the
+// creations after that use what it found. Only a tag never looked up,
+// or whose image has left the store, waits for the registry.
 func (r *registry) local(ctx context.Context, ref string) (string, error) {
 	for {
 		r.mu.Lock()
 		t := r.tags[ref]
-		if t != nil && t.busy != nil {
-			busy := t.busy
-			r.mu.Unlock()
+		var seen regTag
+		if t != nil {
+			seen = *t
+		}
+		r.mu.Unlock()
+		// The store is read outside the lock: a disk's pace is not
+		// every creation's.
+		if t != nil && !seen.checked.IsZero() && (seen.digest == "" || r.stored(seen.local)) {
+			if r.now().Sub(seen.checked) >= r.cfg.Recheck {
+				r.start(context.Background(), ref, t, false)
+			}
+			return seen.found(ref)
+		}
+		if seen.busy != nil {
 			select {
-			case <-busy:
+			case <-seen.busy:
 				continue
 			case <-ctx.Done():
 				return "", ctx.Err()
 			}
 		}
-		if t != nil && r.now().Sub(t.checked) < r.cfg.Recheck && (t.digest == "" || r.stored(t.local)) {
+		r.mu.Lock()
+		if r.tags[ref] != t || t != nil && t.busy != nil {
 			r.mu.Unlock()
-			return t.found(ref)
+			continue // another got there first
 		}
 		if t == nil {
 			if len(r.tags) >= maxRegTags {
@@ -168,14 +184,31 @@ func (r *registry) local(ctx context.Context, ref string) (string, error) {
 			t = &regTag{}
 			r.tags[ref] = t
 		}
-		t.busy = make(chan struct{})
-		was := *t
 		r.mu.Unlock()
-
 		// The look-up and the pull are the node's, not this request's:
 		// others may wait for them, so they go on if it goes.
-		digest, local, err := r.refresh(context.WithoutCancel(ctx), ref, was)
+		if err := r.start(context.WithoutCancel(ctx), ref, t, true); err != nil {
+			return "", err
+		}
+	}
+}
+
+// start looks ref (of t) up and pulls what it names, unless a look-up
+// of it is under way; with wait, it returns the look-up's error at its
+// end, else the look-up runs in the background.
+func (r *registry) start(ctx context.Context, ref string, t *regTag, wait bool) error {
+	r.mu.Lock()
+	if t.busy != nil {
+		r.mu.Unlock()
+		return nil
+	}
+	t.busy = make(chan struct{})
+	was := *t
+	r.mu.Unlock()
+	run := func() error {
+		digest, local, err := r.refresh(ctx, ref, was)
 		r.mu.Lock()
+		defer r.mu.Unlock()
 		if err == nil {
 			if was.local != "" && was.local != local && !strings.HasPrefix(was.local, templateImagePrefix) {
 				// The tag moved: the old image goes once no sandbox
@@ -186,12 +219,13 @@ func (r *registry) local(ctx context.Context, ref string) (string, error) {
 		}
 		close(t.busy)
 		t.busy = nil
-		r.mu.Unlock()
-		if err != nil {
-			return "", err
-		}
-		return t.found(ref)
+		return err
 	}
+	if !wait {
+		go run()
+		return nil
+	}
+	return run()
 }
 
 func (t regTag) found(ref string) (string, error) {
