@@ -46,6 +46,9 @@ type TemplateRegistry struct {
 	// Recheck is how long a tag looked up is used before the registry is
 	// asked again (30 s).
 	Recheck time.Duration
+	// Unused is how long a template this node pulled stays in its store
+	// unused (24 h): then it is removed, and pulled again when asked for.
+	Unused time.Duration
 }
 
 // Bounds of the registry's work on a creation's path: a look-up, and
@@ -55,6 +58,7 @@ const (
 	registryLookup   = 10 * time.Second
 	registryPull     = 30 * time.Minute
 	registryRecheck  = 30 * time.Second
+	registryUnused   = 24 * time.Hour
 	registryKeysPath = "keys"
 )
 
@@ -67,6 +71,9 @@ type registry struct {
 
 	mu   sync.Mutex
 	tags map[string]*regTag // by reference (REPO/PATH:TAG)
+	// used is when each image this node pulled (by its store name) was
+	// last made a sandbox of, or first seen by sweep.
+	used map[string]time.Time
 }
 
 // regTag is what a tag of the registry was last found to be.
@@ -104,7 +111,64 @@ func newRegistry(cfg TemplateRegistry, images *image.Store, log *slog.Logger, no
 	if cfg.Recheck <= 0 {
 		cfg.Recheck = registryRecheck
 	}
-	return &registry{cfg: cfg, images: images, log: log, now: now, tags: map[string]*regTag{}}
+	if cfg.Unused <= 0 {
+		cfg.Unused = registryUnused
+	}
+	return &registry{cfg: cfg, images: images, log: log, now: now, tags: map[string]*regTag{}, used: map[string]time.Time{}}
+}
+
+// pulled reports whether the store's image n is one this node pulled
+// from the registry (REPO/PATH@DIGEST).
+func (r *registry) pulled(n string) bool {
+	return strings.HasPrefix(n, r.cfg.Repo+"/") && strings.Contains(n, "@")
+}
+
+// sweep removes the images this node pulled that no creation has used
+// for Unused (an image already there when the server started counts
+// from then), and forgets the tags that named them. Their layers go once
+// no sandbox holds them (a sandbox of one goes on).
+func (r *registry) sweep() {
+	list, err := r.images.List()
+	if err != nil {
+		r.log.Warn("template registry: the image store's list", "err", err)
+		return
+	}
+	now := r.now()
+	var gone []string
+	r.mu.Lock()
+	present := map[string]bool{}
+	for _, im := range list {
+		if !r.pulled(im.Name) {
+			continue
+		}
+		present[im.Name] = true
+		last, ok := r.used[im.Name]
+		switch {
+		case !ok:
+			r.used[im.Name] = now
+		case now.Sub(last) >= r.cfg.Unused:
+			gone = append(gone, im.Name)
+			delete(r.used, im.Name)
+			for ref, t := range r.tags {
+				if t.local == im.Name && t.busy == nil {
+					delete(r.tags, ref)
+				}
+			}
+		}
+	}
+	for n := range r.used {
+		if !present[n] {
+			delete(r.used, n)
+		}
+	}
+	r.mu.Unlock()
+	for _, n := range gone {
+		if err := r.images.Remove(n); err != nil {
+			r.log.Warn("template registry: an unused template's removal", "image", n, "err", err)
+		} else {
+			r.log.Info("template registry: unused template removed", "image", n, "unused", r.cfg.Unused)
+		}
+	}
 }
 
 // keyRef is where the registry keeps owner's template ref ("name",
@@ -161,6 +225,11 @@ func (r *registry) local(ctx context.Context, ref string) (string, error) {
 		if t != nil && !seen.checked.IsZero() && (seen.digest == "" || r.stored(seen.local)) {
 			if r.now().Sub(seen.checked) >= r.cfg.Recheck {
 				r.start(context.Background(), ref, t, false)
+			}
+			if seen.digest != "" && r.pulled(seen.local) {
+				r.mu.Lock()
+				r.used[seen.local] = r.now()
+				r.mu.Unlock()
 			}
 			return seen.found(ref)
 		}

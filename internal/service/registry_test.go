@@ -243,6 +243,27 @@ func TestTemplateRegistry(t *testing.T) {
 	if _, err := create("owner-b", "elsewhere.example/tools:1"); !errors.Is(err, ErrNoTemplate) {
 		t.Errorf("a name of another registry: %v", err)
 	}
+
+	// What the node pulled and no creation used for a day is removed,
+	// and pulled again when asked for; the store's own images stay.
+	reg.down.Store(false)
+	addImage(t, node, "own:1", "own")
+	want("owner-b", "fresh:1", "fresh")
+	svc.registry.sweep()
+	now.Add(int64(registryUnused - time.Minute))
+	want("owner-b", "fresh:1", "fresh")
+	now.Add(int64(2 * time.Minute))
+	svc.registry.sweep()
+	list, _ := node.List()
+	var names []string
+	for _, im := range list {
+		names = append(names, im.Name)
+	}
+	if len(names) != 2 || !slices.Contains(names, "index.docker.io/library/own:1") ||
+		!slices.ContainsFunc(names, func(n string) bool { return strings.HasPrefix(n, repo+"/fresh@") }) {
+		t.Errorf("after the sweep the store holds %q, want own:1 and fresh, which was used", names)
+	}
+	want("owner-b", "tools:1", "two") // pulled again
 }
 
 func mustResolve(t *testing.T, ref string, reg *fakeRegistry) string {

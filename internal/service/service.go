@@ -248,7 +248,28 @@ func New(cfg Config) *Service {
 	s.wg.Add(2)
 	go s.reap()
 	go s.sampleUsage()
+	if s.registry != nil {
+		s.wg.Add(1)
+		go s.sweepRegistry()
+	}
 	return s
+}
+
+// sweepRegistry removes the templates this node pulled that are no
+// longer used (registry.sweep), every tenth of their bound.
+func (s *Service) sweepRegistry() {
+	defer s.wg.Done()
+	t := time.NewTicker(max(s.registry.cfg.Unused/10, time.Second))
+	defer t.Stop()
+	s.registry.sweep() // what an earlier server pulled counts from now
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			s.registry.sweep()
+		}
+	}
 }
 
 // Metrics returns the service's counters.
