@@ -1,10 +1,16 @@
 package main
 
 import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
 	"log"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -64,11 +70,12 @@ func TestTemplateRegistryNodes(t *testing.T) {
 		c, out := req(t, "POST", srv.url+"/v1/execute", hdr, map[string]any{"template": tpl, "code": code})
 		return c, string(out)
 	}
-	show := "import os; print(os.environ['TPL'], open('/built').read().strip() if os.path.exists('/built') else '-')"
-	if code, out := run(b, nil, "tools:1", show); code != 200 || !strings.Contains(out, `"stdout":"shared -\n"`) {
+	show := "import os; print(os.environ['TPL'], open('/built').read().strip() if os.path.exists('/built') else '-', " +
+		"open('/hello.txt').read().strip() if os.path.exists('/hello.txt') else '-')"
+	if code, out := run(b, nil, "tools:1", show); code != 200 || !strings.Contains(out, `"stdout":"shared - -\n"`) {
 		t.Fatalf("the operator's template on b: %d %s", code, out)
 	}
-	if code, out := run(b, key, "my-env", show); code != 200 || !strings.Contains(out, `"stdout":"the key's built\n"`) {
+	if code, out := run(b, key, "my-env", show); code != 200 || !strings.Contains(out, `"stdout":"the key's built hello\n"`) {
 		t.Fatalf("the key's template on b: %d %s", code, out)
 	}
 	if !strings.Contains(b.log.String(), "template pulled from the registry") {
@@ -80,11 +87,11 @@ func TestTemplateRegistryNodes(t *testing.T) {
 		t.Fatalf("E2B's create of the key's template on b: %d %s", code, body)
 	}
 	code, body = req(t, "POST", b.url+"/v1/sandboxes/"+sb.SandboxID+"/execute", key, map[string]any{"code": show})
-	if code != 200 || !strings.Contains(string(body), `"stdout":"the key's built\n"`) {
+	if code != 200 || !strings.Contains(string(body), `"stdout":"the key's built hello\n"`) {
 		t.Fatalf("in the E2B sandbox on b: %d %s", code, body)
 	}
 	// a, which built it, makes its sandboxes from its own build.
-	if code, out := run(a, key, "my-env", show); code != 200 || !strings.Contains(out, `"stdout":"the key's built\n"`) {
+	if code, out := run(a, key, "my-env", show); code != 200 || !strings.Contains(out, `"stdout":"the key's built hello\n"`) {
 		t.Fatalf("the key's template on a: %d %s", code, out)
 	}
 	if code, out := run(b, key, "absent:1", show); code != 404 || !strings.Contains(out, "template_not_found") {
@@ -93,23 +100,54 @@ func TestTemplateRegistryNodes(t *testing.T) {
 }
 
 // myEnv is a build of E2B's build API: base:1, a file written by a RUN
-// step, and TPL in its environment.
-var myEnv = map[string]any{"fromImage": "base:1", "steps": []map[string]any{
-	{"type": "RUN", "args": []string{"echo built > /built"}},
-	{"type": "ENV", "args": []string{"TPL", "the key's"}},
-}}
+// step, a file of the build's uploaded (e2bBuild's hello.txt), and TPL
+// in its environment.
+func myEnv(filesHash string) map[string]any {
+	return map[string]any{"fromImage": "base:1", "steps": []map[string]any{
+		{"type": "RUN", "args": []string{"echo built > /built"}},
+		{"type": "COPY", "args": []string{"hello.txt", "/hello.txt"}, "filesHash": filesHash},
+		{"type": "ENV", "args": []string{"TPL", "the key's"}},
+	}}
+}
 
-// e2bBuild builds the template name of spec through E2B's build API at
-// url, with the key in hdr, as E2B's SDK does, and returns its id once
-// the build is ready, checking that its log says it was pushed.
-func e2bBuild(t *testing.T, url string, hdr map[string]string, name string, spec map[string]any) string {
+// e2bBuild builds the template name of spec (given the hash of the
+// build's files) through E2B's build API at url, with the key in hdr, as
+// E2B's SDK does: the files (hello.txt) uploaded to the URL the server
+// answers, the build started and its status polled. It returns the
+// template's id once the build is ready, checking that its log says it
+// was pushed.
+func e2bBuild(t *testing.T, url string, hdr map[string]string, name string, spec func(string) map[string]any) string {
 	t.Helper()
 	var created struct{ TemplateID, BuildID string }
 	code, body := req(t, "POST", url+"/e2b/v3/templates", hdr, map[string]any{"name": name})
 	if json.Unmarshal(body, &created); code != 202 || created.BuildID == "" {
 		t.Fatalf("request a build: %d %s", code, body)
 	}
-	code, body = req(t, "POST", url+"/e2b/v2/templates/"+created.TemplateID+"/builds/"+created.BuildID, hdr, spec)
+	var files bytes.Buffer
+	gz := gzip.NewWriter(&files)
+	tw := tar.NewWriter(gz)
+	tw.WriteHeader(&tar.Header{Name: "hello.txt", Typeflag: tar.TypeReg, Mode: 0o644, Size: 6})
+	tw.Write([]byte("hello\n"))
+	tw.Close()
+	gz.Close()
+	sum := sha256.Sum256(files.Bytes())
+	hash := hex.EncodeToString(sum[:])
+	var link struct{ URL string }
+	code, body = req(t, "GET", url+"/e2b/templates/"+created.TemplateID+"/files/"+hash, hdr, nil)
+	if json.Unmarshal(body, &link); code != 201 || !strings.HasPrefix(link.URL, url) {
+		t.Fatalf("the files' upload URL: %d %s (want one of %s)", code, body, url)
+	}
+	put, _ := http.NewRequest("PUT", link.URL, bytes.NewReader(files.Bytes()))
+	resp, err := http.DefaultClient.Do(put)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("upload the files: %d %s", resp.StatusCode, body)
+	}
+	code, body = req(t, "POST", url+"/e2b/v2/templates/"+created.TemplateID+"/builds/"+created.BuildID, hdr, spec(hash))
 	if code != 202 {
 		t.Fatalf("start the build: %d %s", code, body)
 	}
@@ -195,8 +233,8 @@ func TestClusterTemplates(t *testing.T) {
 		}
 		var res struct{ Stdout string }
 		code := call(t, key, "POST", gw.url+"/v1/sandboxes/"+sb.ID+"/execute",
-			map[string]any{"code": "import os; print(os.environ['TPL'], open('/built').read().strip())"}, &res)
-		if code != 200 || res.Stdout != "the key's built\n" {
+			map[string]any{"code": "import os; print(os.environ['TPL'], open('/built').read().strip(), open('/hello.txt').read().strip())"}, &res)
+		if code != 200 || res.Stdout != "the key's built hello\n" {
 			t.Fatalf("in %s: %d %q", sb.ID, code, res.Stdout)
 		}
 		n, _ := sandboxid.Node(sb.ID)
