@@ -190,9 +190,11 @@ func (r *registry) keyRef(owner, ref string) string {
 // another registry, or one under the keys' path.
 func (r *registry) sharedRef(ref string) string {
 	parsed, err := name.ParseReference(ref)
-	if err != nil || parsed.Context().RegistryStr() != name.DefaultRegistry ||
-		strings.Contains(strings.SplitN(ref, "/", 2)[0], ".") { // docker.io/... names Docker Hub itself
+	if err != nil || parsed.Context().RegistryStr() != name.DefaultRegistry {
 		return ""
+	}
+	if first, _, ok := strings.Cut(ref, "/"); ok && (first == "docker.io" || first == name.DefaultRegistry) {
+		return "" // Docker Hub named, not a short name
 	}
 	path := strings.TrimPrefix(parsed.Context().RepositoryStr(), "library/")
 	if path == registryKeysPath || strings.HasPrefix(path, registryKeysPath+"/") {

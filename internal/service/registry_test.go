@@ -280,17 +280,19 @@ func mustResolve(t *testing.T, ref string, reg *fakeRegistry) string {
 func TestTemplateRegistryRefs(t *testing.T) {
 	r := &registry{cfg: TemplateRegistry{Repo: "reg.lan:5000/viv"}}
 	for in, want := range map[string]string{
-		"tools":                 "reg.lan:5000/viv/tools:latest",
-		"tools:1":               "reg.lan:5000/viv/tools:1",
-		"team/tools:1":          "reg.lan:5000/viv/team/tools:1",
-		"library/tools:1":       "reg.lan:5000/viv/tools:1",
-		"tools@sha256:" + hex64: "reg.lan:5000/viv/tools@sha256:" + hex64,
-		"docker.io/tools:1":     "",
-		"reg.lan:5000/viv/x:1":  "",
-		"localhost/x:1":         "",
-		"keys/k0123/my-env:1":   "",
-		"keys:1":                "",
-		"Bad Name":              "",
+		"tools":                   "reg.lan:5000/viv/tools:latest",
+		"tools:1":                 "reg.lan:5000/viv/tools:1",
+		"team/tools:1":            "reg.lan:5000/viv/team/tools:1",
+		"library/tools:1":         "reg.lan:5000/viv/tools:1",
+		"tools@sha256:" + hex64:   "reg.lan:5000/viv/tools@sha256:" + hex64,
+		"docker.io/tools:1":       "",
+		"index.docker.io/tools:1": "",
+		"my.env:1":                "reg.lan:5000/viv/my.env:1",
+		"reg.lan:5000/viv/x:1":    "",
+		"localhost/x:1":           "",
+		"keys/k0123/my-env:1":     "",
+		"keys:1":                  "",
+		"Bad Name":                "",
 	} {
 		if got := r.sharedRef(in); got != want {
 			t.Errorf("sharedRef(%q) = %q, want %q", in, got, want)
