@@ -68,7 +68,7 @@ func (f *templateServeFlags) register(fs *flag.FlagSet) {
 	fs.Var(&f.registries, "pull-registry", "a `REGISTRY` the bases of templates built here may be pulled from (repeatable; docker.io is index.docker.io); "+
 		"default: none but --registry-mirror's, a base must be in the image store")
 	fs.Var(&f.mirrors, "registry-mirror", "`REGISTRY=MIRROR`: pull the bases of templates built here from MIRROR first, and allow REGISTRY (repeatable; docker.io is index.docker.io)")
-	fs.Var(&f.insecure, "insecure-registry", "a registry `HOST[:PORT]` the bases of templates are pulled from over plain HTTP (repeatable); no other is")
+	fs.Var(&f.insecure, "insecure-registry", "a registry `HOST[:PORT]` reached over plain HTTP (repeatable): for the bases of templates, and --template-registry's; no other is")
 	fs.Var(&f.allowNet, "build-allow-net", "`RULE` a template build's RUN steps may reach through their sandbox's proxy (repeatable): "+
 		"HOST, *.DOMAIN, CIDR or [IPV6-CIDR], each with :PORTS (80,443 when none); default: no network")
 	fs.StringVar(&f.shared, "template-registry", "", "`REGISTRY/REPOSITORY` a cluster's nodes share templates through: "+
