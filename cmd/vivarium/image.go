@@ -105,13 +105,18 @@ func cmdImage(args []string) int {
 		fmt.Fprintf(os.Stderr, "vivarium image %s: %v\n", sub, err)
 		return 1
 	}
+	// registry is how pull and push reach a registry.
+	registry := func() (image.PullOptions, error) {
+		o, err := pullOptions(insecure, mirrors)
+		if err == nil {
+			o.Keychain, err = pullKeychain(*authFile, *user, *passStdin, os.Stdin)
+		}
+		return o, err
+	}
 	switch sub {
 	case "pull":
-		o, err := pullOptions(insecure, mirrors)
+		o, err := registry()
 		if err != nil {
-			return fail(err)
-		}
-		if o.Keychain, err = pullKeychain(*authFile, *user, *passStdin, os.Stdin); err != nil {
 			return fail(err)
 		}
 		im, err := image.Pull(ctx, s, pos[0], o, imageProgress("pull"))
@@ -120,11 +125,8 @@ func cmdImage(args []string) int {
 		}
 		fmt.Println(im.Name, im.Digest)
 	case "push":
-		o, err := pullOptions(insecure, nil)
+		o, err := registry()
 		if err != nil {
-			return fail(err)
-		}
-		if o.Keychain, err = pullKeychain(*authFile, *user, *passStdin, os.Stdin); err != nil {
 			return fail(err)
 		}
 		var last time.Time

@@ -85,7 +85,7 @@ func (g *Gateway) toKept(w http.ResponseWriter, r *http.Request, a *api, l listi
 	g.toKeptOr(w, r, a, l, ref, nil)
 }
 
-// toKeptOr is toKept, calling notFound (if not nil) where no node keeps
+// toKeptOr is toKept, calling orElse (if not nil) where no node keeps
 // ref.
 func (g *Gateway) toKeptOr(w http.ResponseWriter, r *http.Request, a *api, l listing, ref string, orElse func()) {
 	var name string

@@ -3,6 +3,7 @@ package gateway
 import (
 	"fmt"
 	"net/http"
+	"strings"
 
 	"github.com/vivarium-sandbox/vivarium/internal/apierr"
 	"github.com/vivarium-sandbox/vivarium/internal/e2b"
@@ -95,12 +96,14 @@ func (g *Gateway) handler(rt route.Route, a *api) (http.HandlerFunc, error) {
 		return func(w http.ResponseWriter, r *http.Request) { g.toTemplate(w, r, a, r.PathValue(id)) }, nil
 	case route.TemplateOrSnapshot:
 		return func(w http.ResponseWriter, r *http.Request) {
-			ref := a.snapshotRef(r.PathValue(id))
-			if _, isTemplate := sandboxid.Template.Node(r.PathValue(id)); ref == "" || isTemplate {
-				g.toTemplate(w, r, a, r.PathValue(id))
+			v := r.PathValue(id)
+			toTemplate := func() { g.toTemplate(w, r, a, v) }
+			tplID, _, _ := strings.Cut(v, ":")
+			if ref := a.snapshotRef(v); ref != "" && !sandboxid.Template.Valid(tplID) {
+				g.toKeptOr(w, r, a, a.snapshots, ref, toTemplate)
 				return
 			}
-			g.toKeptOr(w, r, a, a.snapshots, ref, func() { g.toTemplate(w, r, a, r.PathValue(id)) })
+			toTemplate()
 		}, nil
 	case route.Volume:
 		return func(w http.ResponseWriter, r *http.Request) { g.toKept(w, r, a, a.volumes, r.PathValue(id)) }, nil

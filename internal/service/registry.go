@@ -387,20 +387,19 @@ func (r *registry) publish(ctx context.Context, owner, localName, tmplName, push
 				"with single '.', '_' or '-' between them): %v", template.ErrInvalid, tmplName, err)
 		}
 	}
-	digest, from, rest := pushed, "", refs
+	digest, untagged := pushed, refs
 	if digest == "" {
 		var err error
 		if digest, err = template.Push(ctx, r.images, localName, refs[0], r.cfg.Options, nil); err != nil {
 			return "", fmt.Errorf("%w: push: %v", ErrRegistry, err)
 		}
-		rest = refs[1:]
+		untagged = refs[1:]
 	}
-	src, err := r.cfg.Options.Parse(refs[0])
+	repo, err := r.cfg.Options.Parse(refs[0])
 	if err != nil {
 		return "", err
 	}
-	from = src.Context().Name() + "@" + digest
-	if err := r.tag(ctx, from, rest); err != nil {
+	if err := r.tag(ctx, repo.Context().Name()+"@"+digest, untagged); err != nil {
 		return "", err
 	}
 	r.mu.Lock()
