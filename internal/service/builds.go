@@ -563,7 +563,9 @@ func (bs *builds) run(ctx context.Context, ob *ownerBuilds, b *build, spec templ
 	if err == nil && bs.registry != nil {
 		// Ready only once every node can find it.
 		fmt.Fprintf(w, "pushing the template to the cluster's registry\n")
-		b.pushed, err = bs.registry.publish(ctx, ob.owner, name, b.tmpl.name, "", b.tags)
+		pctx, cancel := context.WithTimeout(ctx, registryPull) // a registry that stalls ends the build, not holds it
+		b.pushed, err = bs.registry.publish(pctx, ob.owner, name, b.tmpl.name, "", b.tags)
+		cancel()
 		if err != nil {
 			err = errors.Join(err, errPublish)
 		}
